@@ -1,0 +1,25 @@
+# Two commands for a newcomer: `make lab` runs the main job, `make test` the tests.
+# Each creates or refreshes the virtual environment in .venv when needed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tether-installed
+
+.PHONY: lab test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/tether sft --demo --output runs/demo-sft
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs

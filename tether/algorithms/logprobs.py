@@ -1,0 +1,42 @@
+"""Per-token log-probabilities from logits, without a full log-softmax copy.
+
+One function serves SFT, reference, old and current log-probs alike, so the
+same sampling transform (logits / temperature) is applied everywhere.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_rows: int = 8,
+) -> torch.Tensor:
+    """log π(a_t | s_t) for the given targets.
+
+    logp_t = z_t[a_t] / τ − logsumexp_v(z_t[v] / τ)
+
+    Args:
+        logits: (B, T, V) next-token logits; position t predicts targets[:, t].
+        targets: (B, T) token ids (any value where the result will be masked).
+        temperature: τ, the sampling temperature used at rollout time (1 for SFT).
+        chunk_rows: rows of the batch processed at once. The naive equivalent is
+            ``torch.log_softmax(logits / τ, -1).gather(-1, targets[..., None])``,
+            which materialises a (B, T, V) float32 tensor; chunking bounds that
+            to (chunk_rows, T, V). A test checks both agree.
+
+    Returns:
+        (B, T) float32 log-probabilities.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    out = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], chunk_rows):
+        rows = logits[start : start + chunk_rows].float()
+        if temperature != 1.0:
+            rows = rows / temperature
+        picked = rows.gather(-1, targets[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1)
+        out[start : start + chunk_rows] = picked - torch.logsumexp(rows, dim=-1)
+    return out

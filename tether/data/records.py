@@ -1,0 +1,127 @@
+"""Read records from JSONL, JSON, Parquet or a `datasets` save_to_disk folder.
+
+Every record keeps where it came from ("file.jsonl:12", "file.parquet row 3")
+so that any later validation error can name the file, line and field.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file, the line or row, and the field."""
+
+
+@dataclass(frozen=True)
+class Record:
+    fields: dict
+    where: str  # "path:line" (JSONL), "path record N" (JSON), "path row N" (Parquet, datasets)
+
+
+ACCEPTED_FORMATS = (
+    "prompt/completion (strings, or lists of chat messages)",
+    "messages (a list of {role, content})",
+    "text (plain text, every token trained)",
+)
+
+
+def parse_column_map(spec: str | dict | None) -> dict[str, str]:
+    """"prompt=question,completion=answer" -> {"question": "prompt", "answer": "completion"} (source -> tether name)."""
+    if not spec:
+        return {}
+    if isinstance(spec, dict):
+        pairs = spec.items()
+    else:
+        pairs = []
+        for part in spec.split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise DataError(f"--columns: {part!r} should look like NAME=SOURCE_COLUMN, e.g. prompt=question")
+            name, source = part.split("=", 1)
+            pairs.append((name.strip(), source.strip()))
+    return {source: name for name, source in pairs}
+
+
+def read_records(path: str | Path, columns: str | dict | None = None, split: str = "train") -> list[Record]:
+    """All records of a data file or folder, with column renames applied."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder")
+    rename = parse_column_map(columns)
+    if path.is_dir():
+        records = _read_saved_dataset(path, split)
+    elif path.suffix == ".jsonl":
+        records = _read_jsonl(path)
+    elif path.suffix == ".json":
+        records = _read_json(path)
+    elif path.suffix == ".parquet":
+        records = _read_parquet(path)
+    else:
+        raise DataError(f"{path}: unknown data format {path.suffix!r}; use .jsonl, .json, .parquet or a datasets folder saved with save_to_disk")
+    if rename:
+        records = [Record({rename.get(k, k): v for k, v in r.fields.items()}, r.where) for r in records]
+        present = set(records[0].fields) if records else set()
+        missing = [src for src, name in rename.items() if name not in present]
+        if records and missing:
+            raise DataError(f"{path}: --columns names source column(s) {missing} that the data does not have; it has {sorted(records[0].fields)}")
+    return records
+
+
+def _read_jsonl(path: Path) -> list[Record]:
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue  # blank lines (often a trailing newline) are not records
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}:{line_no}: expected a JSON object with fields, got {type(obj).__name__}")
+            records.append(Record(obj, f"{path}:{line_no}"))
+    return records
+
+
+def _read_json(path: Path) -> list[Record]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
+        data = next(iter(data.values()))  # {"data": [...]} / {"train": [...]}
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of objects (or one key holding such a list)")
+    records = []
+    for i, obj in enumerate(data, start=1):
+        if not isinstance(obj, dict):
+            raise DataError(f"{path} record {i}: expected a JSON object with fields, got {type(obj).__name__}")
+        records.append(Record(obj, f"{path} record {i}"))
+    return records
+
+
+def _read_parquet(path: Path) -> list[Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        raise DataError(f"{path}: cannot read as Parquet ({exc})") from None
+    return [Record(row, f"{path} row {i}") for i, row in enumerate(table.to_pylist(), start=1)]
+
+
+def _read_saved_dataset(path: Path, split: str) -> list[Record]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:
+        raise DataError(f"{path}: not a datasets folder saved with save_to_disk ({exc})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{path}: has splits {sorted(ds)}, not {split!r}; choose one with --split")
+        ds = ds[split]
+    return [Record(row, f"{path} row {i}") for i, row in enumerate(ds, start=1)]

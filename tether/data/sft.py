@@ -1,0 +1,229 @@
+"""Records -> token ids and a loss mask, with the data policy applied and counted.
+
+The full sequence is tokenised once; which tokens are trained is decided in
+token space from the character spans of the completion (offset mapping), so a
+BPE merge across the prompt/completion boundary cannot shift the mask.
+
+Policy (docs/data.md): empty completions, examples with no trained token and
+examples longer than ``max_length`` are dropped and counted, or are errors
+with ``strict``. Nothing is truncated.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from tether.data.records import ACCEPTED_FORMATS, DataError, Record
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 where this token is a trained target (predicted from the token before it)
+    where: str
+    position_ids: list[int] | None = None  # only for packed rows
+
+
+@dataclass
+class DataReport:
+    path: str
+    format: str = "?"
+    records: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    examples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    warnings: Counter = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        parts = [f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples, "
+                 f"{self.tokens} tokens, {self.trained_tokens} trained"]
+        if self.dropped:
+            parts.append("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items()))
+                         + " (use --strict to make these errors)")
+        for why, n in sorted(self.warnings.items()):
+            parts.append(f"warning: {n} {why}")
+        return "; ".join(parts)
+
+
+def detect_format(fields: dict, where: str) -> str:
+    if "messages" in fields:
+        return "messages"
+    if "prompt" in fields and "completion" in fields:
+        return "prompt/completion"
+    if "text" in fields:
+        return "text"
+    raise DataError(
+        f"{where}: no field this data format needs; the record has fields {sorted(fields)}. "
+        f"Accepted formats: {'; '.join(ACCEPTED_FORMATS)}. Map other names with --columns, e.g. --columns prompt=question,completion=answer"
+    )
+
+
+class _Drop(Exception):
+    """Internal: this example is dropped (or an error under strict) for the given reason."""
+
+
+def _check_str(value, where: str, name: str) -> str:
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field {name!r} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _check_messages(value, where: str, name: str) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: field {name!r} must be a non-empty list of {{role, content}} messages")
+    for i, msg in enumerate(value):
+        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+            raise DataError(f"{where}: field {name}[{i}] must be an object with 'role' and 'content', got {msg!r:.80}")
+        _check_str(msg["content"], where, f"{name}[{i}].content")
+    return value
+
+
+def _render_chat(tokenizer, messages, where, **kwargs) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{where}: chat messages need a chat template, and the tokenizer has none "
+                        "(add 'chat_template' to its tokenizer_config.json, or use prompt/completion strings)")
+    return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+
+
+def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report: DataReport) -> tuple[str, list]:
+    """Render a conversation and return the character spans of assistant turns from index first_trained on."""
+    full = _render_chat(tokenizer, messages, where)
+    spans = []
+    eos = tokenizer.eos_token
+    for i in range(first_trained, len(messages)):
+        if messages[i]["role"] != "assistant":
+            continue
+        if not messages[i]["content"].strip():
+            raise _Drop("empty completion")
+        prefix = _render_chat(tokenizer, messages[:i], where, add_generation_prompt=True)
+        upto = _render_chat(tokenizer, messages[: i + 1], where)
+        if not (upto.startswith(prefix) and full.startswith(upto)):
+            raise DataError(f"{where}: the chat template renders earlier turns differently once later turns are added, "
+                            "so assistant tokens cannot be located; use prompt/completion strings instead")
+        end = len(upto)
+        turn = upto[len(prefix):]
+        if eos and eos in turn:
+            end = len(prefix) + turn.rindex(eos) + len(eos)  # train up to and including EOS, not the newline after it
+        else:
+            report.warnings["assistant turns without the EOS token (the model may not learn to stop)"] += 1
+        spans.append((len(prefix), end))
+    if not spans:
+        raise _Drop("no assistant turn")
+    return full, spans
+
+
+def render(fields: dict, fmt: str, tokenizer, train_on_prompt: bool, where: str, report: DataReport):
+    """Text to tokenise, character spans to train on, and whether the tokenizer adds its own special tokens."""
+    eos = tokenizer.eos_token or ""
+    if fmt == "text":
+        text = _check_str(fields["text"], where, "text")
+        if not text.strip():
+            raise _Drop("empty text")
+        text = text if text.endswith(eos) else text + eos
+        return text, [(0, len(text))], True
+    if fmt == "messages":
+        messages = _check_messages(fields["messages"], where, "messages")
+        text, spans = _assistant_spans(tokenizer, messages, 0, where, report)
+        return text, ([(0, len(text))] if train_on_prompt else spans), False
+    prompt, completion = fields["prompt"], fields["completion"]
+    if isinstance(prompt, list) or isinstance(completion, list):
+        prompt = _check_messages(prompt, where, "prompt")
+        completion = _check_messages(completion, where, "completion")
+        text, spans = _assistant_spans(tokenizer, prompt + completion, len(prompt), where, report)
+        return text, ([(0, len(text))] if train_on_prompt else spans), False
+    prompt = _check_str(prompt, where, "prompt")
+    completion = _check_str(completion, where, "completion")
+    if not completion.strip():
+        raise _Drop("empty completion")
+    text = prompt + completion
+    text = text if text.endswith(eos) else text + eos  # EOS is a trained label: models must learn to stop
+    return text, [(0 if train_on_prompt else len(prompt), len(text))], True
+
+
+def tokenize_records(records: list[Record], tokenizer, max_length: int, train_on_prompt: bool = False,
+                     strict: bool = False, path: str = "data") -> tuple[list[Example], DataReport]:
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; tether needs "
+                        "offset mappings (a tokenizer.json) to locate completion tokens")
+    report = DataReport(path=str(path), records=len(records))
+    if not records:
+        raise DataError(f"{path}: no records")
+    fmt = detect_format(records[0].fields, records[0].where)
+    report.format = fmt
+    examples = []
+    for rec in records:
+        if detect_format(rec.fields, rec.where) != fmt:
+            raise DataError(f"{rec.where}: record is {detect_format(rec.fields, rec.where)} but earlier records are {fmt}; one format per file")
+        try:
+            text, spans, add_special = render(rec.fields, fmt, tokenizer, train_on_prompt, rec.where, report)
+            enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+            ids, offsets = enc["input_ids"], enc["offset_mapping"]
+            mask = [int(any(s < e_span and e > s_span for s_span, e_span in spans)) for s, e in offsets]
+            mask[0] = 0  # nothing predicts the first token (and in a packed row it must not see the previous example)
+            if not any(mask):
+                raise _Drop("with no trained token")
+            if len(ids) > max_length:
+                raise _Drop(f"longer than max_length={max_length} tokens")
+        except _Drop as drop:
+            if strict:
+                raise DataError(f"{rec.where}: example {drop.args[0]} (--strict)") from None
+            report.dropped[str(drop.args[0])] += 1
+            continue
+        examples.append(Example(ids, mask, rec.where))
+        report.tokens += len(ids)
+        report.trained_tokens += sum(mask)
+    report.examples = len(examples)
+    if not examples:
+        raise DataError(f"{path}: every record was dropped ({report.summary()})")
+    return examples, report
+
+
+def pack_examples(examples: list[Example], max_length: int) -> list[Example]:
+    """Greedy packing, in order, into rows of at most max_length tokens.
+
+    Each example keeps its own position ids (restarting at 0); with no 2-D
+    attention mask, transformers builds a block-diagonal causal mask from
+    those resets, so no token attends across examples (a test checks the
+    logits equal the unpacked ones).
+    """
+    rows, cur = [], None
+    for ex in examples:
+        if cur is not None and len(cur.input_ids) + len(ex.input_ids) > max_length:
+            rows.append(cur)
+            cur = None
+        if cur is None:
+            cur = Example([], [], "packed", [])
+        cur.input_ids += ex.input_ids
+        cur.loss_mask += ex.loss_mask
+        cur.position_ids += list(range(len(ex.input_ids)))
+    if cur is not None:
+        rows.append(cur)
+    return rows
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a micro-batch (training needs no left padding). Packed rows get position_ids and no attention mask."""
+    width = max(len(ex.input_ids) for ex in examples)
+    n = len(examples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)  # (B, T)
+    loss_mask = torch.zeros((n, width), dtype=torch.long)  # (B, T)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)  # (B, T)
+    packed = examples[0].position_ids is not None
+    position_ids = torch.zeros((n, width), dtype=torch.long) if packed else None
+    for i, ex in enumerate(examples):
+        k = len(ex.input_ids)
+        input_ids[i, :k] = torch.tensor(ex.input_ids)
+        loss_mask[i, :k] = torch.tensor(ex.loss_mask)
+        attention_mask[i, :k] = 1
+        if packed:
+            position_ids[i, :k] = torch.tensor(ex.position_ids)
+            position_ids[i, k:] = torch.arange(width - k)  # padding is its own segment
+    batch = {"input_ids": input_ids, "loss_mask": loss_mask}
+    if packed:
+        batch["position_ids"] = position_ids
+    else:
+        batch["attention_mask"] = attention_mask
+    return batch

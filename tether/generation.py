@@ -1,0 +1,39 @@
+"""Batched text generation with left padding (for demos and evaluation; RL rollouts get their own record)."""
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 64, temperature: float = 0.0,
+                   top_p: float = 1.0, top_k: int = 0, batch_size: int = 32, seed: int = 0) -> list[str]:
+    """Completions of ``prompts`` (greedy when temperature is 0), stopping at EOS.
+
+    Prompts are left-padded so every row's last prompt token sits at the same
+    position and the new tokens follow it directly; generate() derives the
+    position ids from the attention mask.
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    generator_state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    outputs: list[str] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(device)
+            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                          eos_token_id=tokenizer.eos_token_id)
+            if temperature > 0:
+                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            out = model.generate(**enc, **kwargs)
+            new_tokens = out[:, enc["input_ids"].shape[1]:]
+            outputs += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = side
+        torch.set_rng_state(generator_state)
+    return outputs

@@ -1,0 +1,119 @@
+"""Set-up shared by training stages: run folder, accelerator, model (+LoRA, +resume), optimizer and plan."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from tether.config import ConfigError, config_diff, config_to_dict
+from tether.models import apply_lora, count_parameters, load_model, load_tokenizer
+from tether.train.checkpoint import latest_checkpoint, remove_partials
+from tether.train.logger import console
+from tether.train.schedule import warmup_cosine
+
+# Fields that may change between a run and its resumption: they alter length, logging or bookkeeping, not the
+# trajectory of the steps already taken.
+RESUMABLE_CHANGES = {"train.resume", "train.overwrite", "train.max_steps", "train.epochs", "train.eval_every",
+                     "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to"}
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "final", "samples.jsonl")
+
+
+def make_accelerator(device: str):
+    from accelerate import Accelerator
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    return Accelerator(cpu=device == "cpu")
+
+
+def prepare_output(accelerator, output: str, resume: bool, overwrite: bool, config: dict) -> tuple[int, Path | None]:
+    """Check the run folder against --resume/--overwrite; return (start_step, checkpoint to resume or None)."""
+    if not output:
+        raise ConfigError("--output is required: the run folder for config.yaml, metrics.jsonl and checkpoints")
+    out = Path(output)
+    has_run = out.is_dir() and any((out / name).exists() for name in RUN_FILES + ("trainer_state.json",)) \
+        or bool(latest_checkpoint(out))
+    if resume:
+        found = latest_checkpoint(out)
+        if found is None:
+            raise ConfigError(f"--resume: no complete checkpoint-<step>/ in {out}; nothing to resume from "
+                              "(drop --resume to start a new run)")
+        step, ckpt = found
+        saved = out / "config.yaml"
+        if saved.is_file():
+            import yaml
+
+            old = {k: v for k, v in (yaml.safe_load(saved.read_text()) or {}).items() if k != "plan"}
+            diffs = [d for d in config_diff(old, config) if d.split(":")[0] not in RESUMABLE_CHANGES]
+            if diffs:
+                raise ConfigError(f"--resume: this run's settings differ from {saved}, so resuming would not continue "
+                                  "the same run: " + "; ".join(diffs))
+        return step, ckpt
+    if has_run and not overwrite:
+        raise ConfigError(f"--output {out} already holds a run; pass --resume to continue it or --overwrite to start afresh")
+    if accelerator.is_main_process:
+        if has_run:
+            for child in out.iterdir():
+                if child.name in RUN_FILES or child.name.startswith("checkpoint-"):
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        remove_partials(out)
+    accelerator.wait_for_everyone()
+    return 0, None
+
+
+def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
+    """The model to train: from --model, or from a checkpoint when resuming (LoRA: base + saved adapter)."""
+    if model_cfg.lora_r > 0:
+        model = load_model(model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
+        if checkpoint is not None:
+            from peft import PeftModel
+
+            return PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
+        return apply_lora(model, model_cfg.lora_r, model_cfg.lora_alpha, model_cfg.lora_dropout,
+                          list(model_cfg.lora_target_modules))
+    return load_model(checkpoint or model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
+
+
+def load_stage_tokenizer(model_cfg):
+    if not model_cfg.path:
+        raise ConfigError("--model is required: a local Hugging Face model folder")
+    return load_tokenizer(model_cfg.tokenizer or model_cfg.path, model_cfg.trust_remote_code)
+
+
+def build_optimizer(model, optim_cfg, total_steps: int):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("the model has no trainable parameters")
+    optimizer = torch.optim.AdamW(params, lr=optim_cfg.lr, weight_decay=optim_cfg.weight_decay,
+                                  betas=(optim_cfg.adam_beta1, optim_cfg.adam_beta2))
+    warmup = int(optim_cfg.warmup_ratio * total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_cosine(s, total_steps, warmup, optim_cfg.min_lr_ratio))
+    return optimizer, scheduler
+
+
+def show_plan(plan: dict, title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, box=None)
+    for k, v in plan.items():
+        table.add_row(k, str(v))
+    console.print(table)
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def parameter_summary(model) -> str:
+    total, trainable = count_parameters(model)
+    return f"{total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
+
+
+def config_dict(cfg) -> dict:
+    return config_to_dict(cfg)

@@ -1,0 +1,140 @@
+"""`tether sft`: supervised fine-tuning with a completion-only loss (ALGORITHMS §1)."""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from tether.algorithms.logprobs import token_logprobs
+from tether.algorithms.sft import sft_nll_sum
+from tether.config import ConfigError, config_to_dict
+from tether.data.records import read_records
+from tether.data.sft import collate, pack_examples, tokenize_records
+from tether.models import save_merged
+from tether.sections import ModelSection, OptimSection, SFTDataSection, TrainSection
+from tether.stages import common
+from tether.train.checkpoint import load_training_state, write_atomically
+from tether.train.logger import MetricsLogger, console
+from tether.train.offline import LoopSettings, train_offline
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    model: ModelSection = ModelSection()
+    data: SFTDataSection = SFTDataSection()
+    optim: OptimSection = OptimSection()
+    train: TrainSection = TrainSection()
+
+
+class SFTObjective:
+    """Σ of −logp over trained target tokens; the loop divides by the step's trained-token count."""
+
+    unit = "tokens"
+    reports_perplexity = True
+
+    def count(self, batch: dict) -> int:
+        return int(batch["loss_mask"][:, 1:].sum())
+
+    def loss_sum(self, model, batch: dict):
+        inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
+        logits = model(**inputs, use_cache=False).logits  # (B, T, V)
+        logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (B, T-1): position t predicts t+1
+        return sft_nll_sum(logprobs, batch["loss_mask"][:, 1:]), {}
+
+
+def split_records(records, eval_fraction: float, seed: int):
+    """Deterministic held-out split (a seeded shuffle of record positions)."""
+    if eval_fraction <= 0:
+        return records, []
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    n_eval = max(1, int(round(eval_fraction * len(records))))
+    if n_eval >= len(records):
+        raise ConfigError(f"eval_fraction={eval_fraction} leaves no training records out of {len(records)}")
+    held = set(order[:n_eval])
+    return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
+
+
+def load_sft_data(cfg: SFTConfig, tokenizer):
+    data = cfg.data
+    if not data.path:
+        raise ConfigError("--data is required: a .jsonl, .json, .parquet file or a datasets folder")
+    records = read_records(data.path, data.columns, data.split)
+    if data.eval_path:
+        train_recs, eval_recs = records, read_records(data.eval_path, data.columns, data.split)
+    else:
+        train_recs, eval_recs = split_records(records, data.eval_fraction, cfg.train.seed)
+    train, train_report = tokenize_records(train_recs, tokenizer, data.max_length, data.train_on_prompt, data.strict, data.path)
+    reports = [train_report]
+    evals = []
+    if eval_recs:
+        evals, eval_report = tokenize_records(eval_recs, tokenizer, data.max_length, data.train_on_prompt, data.strict,
+                                              data.eval_path or f"{data.path} (held out)")
+        reports.append(eval_report)
+    if data.packing:
+        train = pack_examples(train, data.max_length)
+        evals = pack_examples(evals, data.max_length) if evals else evals
+    return train, evals, reports
+
+
+def run_sft(cfg: SFTConfig) -> dict:
+    """Train, checkpoint, evaluate and write final/; returns the summary."""
+    t_start = time.perf_counter()
+    accelerator = common.make_accelerator(cfg.model.device)
+    config = config_to_dict(cfg)
+    start_step, checkpoint = common.prepare_output(accelerator, cfg.train.output, cfg.train.resume,
+                                                   cfg.train.overwrite, config)
+    out = Path(cfg.train.output)
+    torch.manual_seed(cfg.train.seed)
+    tokenizer = common.load_stage_tokenizer(cfg.model)
+    train, evals, reports = load_sft_data(cfg, tokenizer)
+    world = accelerator.num_processes
+    accum = cfg.train.grad_accum(world)
+    total_steps = cfg.train.total_steps(len(train))
+    if start_step >= total_steps:
+        raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} and this run has "
+                          f"{total_steps} steps, so there is nothing left to train; raise --max-steps or --epochs "
+                          "to continue training, or use final/ as it is")
+    model = common.load_trainable_model(cfg.model, tokenizer, checkpoint)
+    optimizer, scheduler = common.build_optimizer(model, cfg.optim, total_steps)
+    if checkpoint is not None:
+        load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    plan = {"examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
+            "batch per optimizer step": cfg.train.batch_size,
+            "processes x micro-batch x accumulation": f"{world} x {cfg.train.micro_batch_size} x {accum}",
+            "optimizer steps": total_steps,
+            "start step": start_step,
+            "model": common.parameter_summary(model),
+            "loss": "all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)"}
+    if accelerator.is_main_process:
+        for report in reports:
+            console.print(report.summary())
+        common.show_plan(plan, "tether sft" + (f" — resuming from {checkpoint.name}" if checkpoint else ""))
+        (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+    logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
+                           enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="sft")
+    settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
+                            cfg.train.eval_every, cfg.train.save_every, cfg.train.keep_checkpoints, cfg.train.seed)
+    try:
+        last_eval = train_offline(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
+                                  train_examples=train, eval_examples=evals,
+                                  collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id),
+                                  objective=SFTObjective(), settings=settings, start_step=start_step, output=out,
+                                  tokenizer=tokenizer, logger=logger)
+    finally:
+        logger.close()
+    summary = {"stage": "sft", "steps": total_steps, "resumed_from": start_step or None,
+               "train_examples": len(train), "eval_examples": len(evals), **last_eval,
+               "data": [r.summary() for r in reports], "wall_s": round(time.perf_counter() - t_start, 2)}
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        write_atomically(lambda tmp: save_merged(unwrapped, tokenizer, tmp), out / "final")
+        common.write_json(out / "summary.json", summary)
+        console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
+    accelerator.wait_for_everyone()
+    return summary

@@ -1,0 +1,1 @@
+"""Training machinery that every stage shares: schedule, checkpoints, logging, the offline loop."""

@@ -1,0 +1,113 @@
+"""Atomic checkpoints that a killed run resumes from exactly.
+
+A checkpoint is written into ``.checkpoint-<step>.partial/`` and renamed to
+``checkpoint-<step>/`` only when complete, so a folder with the final name is
+always whole: a run killed mid-write leaves a partial folder that is ignored
+and cleaned up. It holds the model in Hugging Face format (a LoRA adapter
+folder when training LoRA), the tokenizer, and the training state needed to
+continue bit-for-bit: optimizer, scheduler, step and every process's RNG.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+STATE_FILE = "trainer_state.json"
+
+
+def list_checkpoints(output: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints, oldest first."""
+    output = Path(output)
+    if not output.is_dir():
+        return []
+    found = []
+    for child in output.iterdir():
+        match = CHECKPOINT_RE.match(child.name)
+        if match and child.is_dir() and (child / STATE_FILE).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(output: str | Path) -> tuple[int, Path] | None:
+    found = list_checkpoints(output)
+    return found[-1] if found else None
+
+
+def remove_partials(output: str | Path) -> None:
+    for child in Path(output).glob(".*.partial"):
+        shutil.rmtree(child, ignore_errors=True)
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: int, output: str | Path,
+                    state: dict, keep: int) -> Path:
+    """Write checkpoint-<step>/ atomically (every process calls this)."""
+    output = Path(output)
+    partial = output / f".checkpoint-{step}.partial"
+    final = output / f"checkpoint-{step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    torch.save(rng_state(), partial / f"rng-{accelerator.process_index}.pt")
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(str(partial))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(partial))
+        torch.save(optimizer.state_dict(), partial / "optimizer.pt")
+        torch.save(scheduler.state_dict(), partial / "scheduler.pt")
+        (partial / STATE_FILE).write_text(json.dumps({**state, "step": step,
+                                                      "num_processes": accelerator.num_processes}, indent=2))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)  # the atomic moment: before it no checkpoint-<step>, after it a complete one
+        if keep > 0:
+            for _, old in list_checkpoints(output)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: int) -> dict:
+    """Restore optimizer, scheduler and this process's RNG; return the saved trainer state."""
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
+    rng_file = checkpoint / f"rng-{process_index}.pt"
+    if rng_file.is_file():
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return state
+
+
+def write_atomically(save_fn, target: str | Path) -> Path:
+    """Run save_fn(tmp_dir) and rename tmp_dir to target: a folder named target is always complete."""
+    target = Path(target)
+    partial = target.parent / f".{target.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    save_fn(partial)
+    if target.exists():
+        shutil.rmtree(target)
+    partial.rename(target)
+    return target

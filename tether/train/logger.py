@@ -1,0 +1,110 @@
+"""Metrics sinks: metrics.jsonl (always), TensorBoard, wandb, mlflow; console lines and a progress bar.
+
+Only the main process logs. On resume, lines past the checkpoint's step are
+dropped from metrics.jsonl (they came from the killed run after its last
+checkpoint) and TensorBoard purges them, so the file reads as one run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from tether.config import ConfigError
+
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))
+
+
+class MetricsLogger:
+    def __init__(self, output: str | Path, report_to: list[str], config: dict, start_step: int, total_steps: int,
+                 enabled: bool = True, log_every: int = 10, run_name: str = "tether"):
+        self.enabled = enabled
+        self.output = Path(output)
+        self.total_steps = total_steps
+        self.log_every = max(1, log_every)
+        self.tb = self.wandb = self.mlflow = None
+        self._progress = None
+        if not enabled:
+            return
+        self.path = self.output / "metrics.jsonl"
+        truncate_metrics(self.path, start_step)
+        self._file = self.path.open("a")
+        if "tensorboard" in report_to:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(self.output / "tensorboard"), purge_step=start_step + 1)
+        if "wandb" in report_to:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError("report_to includes wandb but wandb is not installed (pip install wandb)") from None
+            self.wandb = wandb.init(project="tether", name=run_name, config=config, resume="allow")
+        if "mlflow" in report_to:
+            try:
+                import mlflow
+            except ImportError:
+                raise ConfigError("report_to includes mlflow but mlflow is not installed (pip install mlflow)") from None
+            self.mlflow = mlflow
+            mlflow.start_run(run_name=run_name)
+        if sys.stderr.isatty():
+            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                      TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
+                                      TimeRemainingColumn(), console=console, transient=False)
+            self._task = self._progress.add_task(run_name, total=total_steps, completed=start_step, info="")
+            self._progress.start()
+        self._t0 = time.perf_counter()
+        self._start_step = start_step
+
+    def log(self, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        step = metrics["step"]
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        scalars = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
+        if self.tb:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb:
+            self.wandb.log(scalars, step=step)
+        if self.mlflow:
+            self.mlflow.log_metrics({k.replace("/", "_"): v for k, v in scalars.items()}, step=step)
+        info = "  ".join(_short(k, v) for k, v in scalars.items() if k in ("train/loss", "eval/loss", "perf/tokens_per_s"))
+        if self._progress:
+            self._progress.update(self._task, completed=step, info=info)
+        elif step % self.log_every == 0 or step == self.total_steps or "eval/loss" in metrics:
+            elapsed = time.perf_counter() - self._t0
+            done = step - self._start_step
+            eta = elapsed / done * (self.total_steps - step) if done else float("nan")
+            console.print(f"step {step}/{self.total_steps}  {info}  eta {eta:.0f}s")
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._progress:
+            self._progress.stop()
+        self._file.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+        if self.mlflow:
+            self.mlflow.end_run()
+
+
+def _short(key: str, value: float) -> str:
+    name = key.split("/", 1)[-1] if key.startswith("train/") else key
+    return f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"

@@ -1,0 +1,165 @@
+"""The offline training loop shared by SFT (and later the reward model and the DPO family).
+
+A stage hands it examples, a collate function and an objective; the loop owns
+data order, gradient accumulation across micro-batches and processes, the
+loss normalisation, clipping, evaluation, checkpoints and logging.
+
+Normalisation: the objective returns a *sum* over its units (trained tokens
+for SFT) and how many units a batch holds. Each micro-batch loss is
+sum / N_step, with N_step the units of the whole optimizer step summed over
+all micro-batches and processes, times the number of processes because DDP
+averages gradients across them. The gradient is then exactly that of
+(Σ over the global batch) / N_step, however the batch is split.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from tether.train.checkpoint import save_checkpoint
+
+
+class Objective(Protocol):
+    unit: str  # what count() counts, used in metric names: train/<unit>, perf/<unit>_per_s
+
+    def count(self, batch: dict) -> int:
+        """Units that normalise the loss in this batch (e.g. trained tokens)."""
+
+    def loss_sum(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(Σ loss over units, {name: Σ statistic over units}) for one micro-batch."""
+
+
+class EpochOrder:
+    """Global batch for step s = positions [s·B, (s+1)·B) of the concatenated per-epoch permutations.
+
+    It depends only on (seed, step), so a resumed run needs no sampler state.
+    """
+
+    def __init__(self, num_examples: int, seed: int):
+        self.n, self.seed, self._perms = num_examples, seed, {}
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perms = {epoch: torch.randperm(self.n, generator=gen)}  # keep one epoch in memory
+        return self._perms[epoch]
+
+    def batch(self, step: int, batch_size: int) -> list[int]:
+        positions = range(step * batch_size, (step + 1) * batch_size)
+        return [int(self._perm(p // self.n)[p % self.n]) for p in positions]
+
+    def epoch_at(self, step: int, batch_size: int) -> float:
+        return step * batch_size / self.n
+
+
+@dataclass
+class LoopSettings:
+    batch_size: int
+    micro_batch_size: int
+    total_steps: int
+    max_grad_norm: float
+    eval_every: int
+    save_every: int
+    keep_checkpoints: int
+    seed: int
+
+
+def _all_reduce_sum(accelerator, value: torch.Tensor) -> torch.Tensor:
+    value = value.detach().to(accelerator.device, torch.float64)
+    return accelerator.reduce(value, reduction="sum") if accelerator.num_processes > 1 else value
+
+
+def _to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, examples, collate_fn: Callable, objective: Objective, micro_batch_size: int,
+             prefix: str = "eval") -> dict[str, float]:
+    """Unit-weighted mean loss (and statistics) over all held-out examples, sharded across processes."""
+    model.eval()
+    shard = examples[accelerator.process_index :: accelerator.num_processes]
+    total = torch.zeros((), dtype=torch.float64)
+    units = torch.zeros((), dtype=torch.float64)
+    stats: dict[str, torch.Tensor] = {}
+    for start in range(0, len(shard), micro_batch_size):
+        batch = _to_device(collate_fn(shard[start : start + micro_batch_size]), accelerator.device)
+        loss_sum, batch_stats = objective.loss_sum(model, batch)
+        total += loss_sum.double().cpu()
+        units += objective.count(batch)
+        for k, v in batch_stats.items():
+            stats[k] = stats.get(k, torch.zeros((), dtype=torch.float64)) + v.double().cpu()
+    total, units = _all_reduce_sum(accelerator, total), _all_reduce_sum(accelerator, units)
+    loss = (total / units.clamp(min=1)).item()
+    out = {f"{prefix}/loss": loss}
+    if getattr(objective, "reports_perplexity", False):
+        out[f"{prefix}/ppl"] = math.exp(min(loss, 50.0))
+    for k in sorted(stats):
+        out[f"{prefix}/{k}"] = (_all_reduce_sum(accelerator, stats[k]) / units.clamp(min=1)).item()
+    model.train()
+    return out
+
+
+def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, eval_examples, collate_fn: Callable,
+                  objective: Objective, settings: LoopSettings, start_step: int, output, tokenizer, logger,
+                  checkpoint_state: Callable[[], dict] = dict) -> dict[str, float]:
+    """Run optimizer steps start_step..total_steps-1; return the last eval metrics."""
+    world, rank = accelerator.num_processes, accelerator.process_index
+    per_process = settings.batch_size // world
+    accum = per_process // settings.micro_batch_size
+    order = EpochOrder(len(train_examples), settings.seed)
+    unit = getattr(objective, "unit", "units")
+    params = [p for p in model.parameters() if p.requires_grad]
+    last_eval: dict[str, float] = {}
+    model.train()
+    for step in range(start_step, settings.total_steps):
+        t0 = time.perf_counter()
+        indices = order.batch(step, settings.batch_size)[rank * per_process : (rank + 1) * per_process]
+        micro_batches = [collate_fn([train_examples[i] for i in indices[k * settings.micro_batch_size : (k + 1) * settings.micro_batch_size]])
+                         for k in range(accum)]
+        local_units = torch.tensor(float(sum(objective.count(b) for b in micro_batches)))
+        step_units = _all_reduce_sum(accelerator, local_units).clamp(min=1).float()
+        loss_total = torch.zeros((), dtype=torch.float64)
+        stat_totals: dict[str, torch.Tensor] = {}
+        for k, batch in enumerate(micro_batches):
+            sync = k == accum - 1  # all-reduce gradients once, on the last micro-batch
+            with contextlib.nullcontext() if sync else accelerator.no_sync(model):
+                loss_sum, stats = objective.loss_sum(model, _to_device(batch, accelerator.device))
+                accelerator.backward(loss_sum * (world / step_units.to(loss_sum.device)))
+            loss_total += loss_sum.detach().double().cpu()
+            for name, v in stats.items():
+                stat_totals[name] = stat_totals.get(name, torch.zeros((), dtype=torch.float64)) + v.detach().double().cpu()
+        max_norm = settings.max_grad_norm if settings.max_grad_norm > 0 else float("inf")
+        grad_norm = accelerator.clip_grad_norm_(params, max_norm)
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        done = step + 1
+        step_units_f = float(step_units)
+        metrics = {"step": done,
+                   "train/loss": (_all_reduce_sum(accelerator, loss_total) / step_units_f).item(),
+                   "train/lr": lr,
+                   "train/grad_norm": float(grad_norm),
+                   f"train/{unit}": step_units_f,
+                   "train/epoch": order.epoch_at(done, settings.batch_size)}
+        for name in sorted(stat_totals):
+            metrics[f"train/{name}"] = (_all_reduce_sum(accelerator, stat_totals[name]) / step_units_f).item()
+        elapsed = time.perf_counter() - t0
+        metrics["time/step_s"] = elapsed
+        metrics[f"perf/{unit}_per_s"] = step_units_f / max(elapsed, 1e-9)
+        is_last = done == settings.total_steps
+        if eval_examples and ((settings.eval_every and done % settings.eval_every == 0) or is_last):
+            last_eval = evaluate(accelerator, model, eval_examples, collate_fn, objective, settings.micro_batch_size)
+            metrics.update(last_eval)
+        logger.log(metrics)
+        if settings.save_every and (done % settings.save_every == 0 or is_last):
+            save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, done, output,
+                            checkpoint_state(), settings.keep_checkpoints)
+    return last_eval

@@ -57,9 +57,11 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_text = f"{f.metadata.get('help', '')} (default: {default!r})"
             kwargs: dict[str, Any] = dict(dest=dest, default=argparse.SUPPRESS, help=help_text)
+            if typ is not bool:
+                kwargs["metavar"] = f.name.upper()
             if typ is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
-            elif typ in (list[str], typing.List[str]):
+            elif typ in (list, list[str], typing.List[str]):
                 kwargs["type"] = _parse_list
                 kwargs["metavar"] = "A,B"
             else:
@@ -116,7 +118,7 @@ def _coerce(value, typ, name, source):
             if isinstance(value, bool):
                 return value
             raise TypeError
-        if typ in (list[str], typing.List[str]):
+        if typ in (list, list[str], typing.List[str]):
             return _parse_list(value) if isinstance(value, str) else [str(v) for v in value]
         if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)

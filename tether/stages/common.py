@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import torch
 
-from tether.config import ConfigError, config_diff, config_to_dict
+from tether.config import ConfigError, config_diff
 from tether.models import apply_lora, count_parameters, load_model, load_tokenizer
 from tether.train.checkpoint import latest_checkpoint, remove_partials
 from tether.train.logger import console
@@ -25,7 +26,13 @@ def make_accelerator(device: str):
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
-    return Accelerator(cpu=device == "cpu")
+    if os.environ.get("MASTER_ADDR") and os.environ.get("ACCELERATE_MIXED_PRECISION") and not os.environ.get("WORLD_SIZE"):
+        # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts a single process
+        # when there is no GPU; say so instead of training alone while the user expects several processes.
+        console.print("[yellow]accelerate launch started one process: without GPUs add --multi_gpu "
+                      "(it then starts --num_processes CPU processes over gloo), or use torchrun --nproc_per_node N[/]")
+    # Without a GPU, multi-process runs need cpu=True: only then does accelerate set up gloo (MULTI_CPU).
+    return Accelerator(cpu=device == "cpu" or (device == "auto" and not torch.cuda.is_available()))
 
 
 def prepare_output(accelerator, output: str, resume: bool, overwrite: bool, config: dict) -> tuple[int, Path | None]:
@@ -113,7 +120,3 @@ def write_json(path: Path, data: dict) -> None:
 def parameter_summary(model) -> str:
     total, trainable = count_parameters(model)
     return f"{total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
-
-
-def config_dict(cfg) -> dict:
-    return config_to_dict(cfg)

@@ -84,6 +84,11 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
 def run_sft(cfg: SFTConfig) -> dict:
     """Train, checkpoint, evaluate and write final/; returns the summary."""
     t_start = time.perf_counter()
+    for value, flag, what in ((cfg.model.path, "--model", "a local Hugging Face model folder"),
+                              (cfg.data.path, "--data", "a .jsonl, .json, .parquet file or a datasets folder"),
+                              (cfg.train.output, "--output", "the run folder")):
+        if not value:
+            raise ConfigError(f"{flag} is required: {what}")
     accelerator = common.make_accelerator(cfg.model.device)
     config = config_to_dict(cfg)
     start_step, checkpoint = common.prepare_output(accelerator, cfg.train.output, cfg.train.resume,

@@ -1,0 +1,59 @@
+"""Shared fixtures: a BPE tokenizer trained here and tiny random models built from configs. Nothing is downloaded."""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+transformers.utils.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+from tether.demo import addition_example  # noqa: E402
+from tether.models import build_tiny_model  # noqa: E402
+from tether.tokenizer import train_bpe_tokenizer  # noqa: E402
+
+CORPUS = [
+    "What is 12 + 7?\n12 + 7 = 19. The answer is 19.",
+    "Tell me about cats. Cats are mammals. Cats sleep a lot.",
+    "user assistant system hello there, how are you? I am fine, thanks!",
+] * 20 + [f"{i} + {j} = {i + j}" for i in range(30) for j in range(0, 30, 7)]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return train_bpe_tokenizer(CORPUS, vocab_size=320)
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory, tokenizer):
+    """{arch: folder} for tiny gpt2, llama and qwen2 models saved with the tokenizer."""
+    root = tmp_path_factory.mktemp("models")
+    return {arch: build_tiny_model(arch, tokenizer, root / arch, seed=0, hidden=32, layers=2, heads=2, max_positions=128)
+            for arch in ("gpt2", "llama", "qwen2")}
+
+
+@pytest.fixture(scope="session")
+def llama_dir(model_dirs):
+    return model_dirs["llama"]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def addition_files(tmp_path):
+    rng = random.Random(0)
+    rows = [addition_example(rng, 40) for _ in range(240)]
+    for r in rows:
+        del r["answer"]
+    return write_jsonl(tmp_path / "train.jsonl", rows[:200]), write_jsonl(tmp_path / "eval.jsonl", rows[200:])

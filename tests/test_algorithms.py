@@ -1,0 +1,70 @@
+"""Hand-computed cases for the pure functions in tether.algorithms and the LR schedule."""
+import math
+
+import pytest
+import torch
+
+from tether.algorithms.logprobs import token_logprobs
+from tether.algorithms.reductions import masked_sum, seq_mean_token_mean, seq_mean_token_sum_norm, token_mean
+from tether.algorithms.sft import sft_nll_sum
+from tether.train.schedule import warmup_cosine
+
+
+def test_token_logprobs_hand_computed():
+    # logits [0, ln 3] -> softmax [1/4, 3/4]; target 1 -> log(3/4)
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])
+    assert token_logprobs(logits, torch.tensor([[1]])).item() == pytest.approx(math.log(0.75))
+    # temperature 2 halves the logits: [0, ln3/2] -> softmax [1/(1+√3), √3/(1+√3)]
+    got = token_logprobs(logits, torch.tensor([[0]]), temperature=2.0).item()
+    assert got == pytest.approx(math.log(1 / (1 + math.sqrt(3))))
+
+
+def test_token_logprobs_matches_naive_log_softmax_in_chunks():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 7, 11)
+    targets = torch.randint(0, 11, (5, 7))
+    for temperature in (1.0, 0.7):
+        naive = torch.log_softmax(logits / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
+        torch.testing.assert_close(token_logprobs(logits, targets, temperature, chunk_rows=2), naive)
+
+
+def test_token_logprobs_rejects_bad_temperature():
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(torch.zeros(1, 1, 2), torch.zeros(1, 1, dtype=torch.long), temperature=0)
+
+
+def test_reductions_hand_computed():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert masked_sum(values, mask).item() == 10.0  # 1+2+3+4
+    assert token_mean(values, mask).item() == pytest.approx(2.5)  # 10 / 4
+    assert token_mean(values, mask, denominator=8).item() == pytest.approx(1.25)  # 10 / 8 (global count)
+    assert seq_mean_token_mean(values, mask).item() == pytest.approx(3.0)  # (2 + 4) / 2
+    assert seq_mean_token_sum_norm(values, mask, 4).item() == pytest.approx(1.25)  # (6/4 + 4/4) / 2
+
+
+def test_reductions_ignore_padding_content_even_nan():
+    values = torch.tensor([[1.0, float("nan")]])
+    mask = torch.tensor([[1, 0]])
+    assert token_mean(values, mask).item() == 1.0
+    assert seq_mean_token_mean(values, mask).item() == 1.0
+
+
+def test_sft_nll_sum_hand_computed_and_gradient_only_on_trained_tokens():
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    mask = torch.tensor([[0, 1, 1]])
+    loss = sft_nll_sum(logprobs, mask)
+    assert loss.item() == 5.0  # 2 + 3; the prompt token is not counted
+    loss.backward()
+    assert logprobs.grad.tolist() == [[0.0, -1.0, -1.0]]
+
+
+def test_warmup_cosine_hand_computed():
+    # 10 steps, 2 warm-up: 0.5, 1.0, then cosine from 1 to 0.1 over steps 2..9
+    values = [warmup_cosine(s, 10, 2, 0.1) for s in range(10)]
+    assert values[0] == pytest.approx(0.5) and values[1] == pytest.approx(1.0)
+    assert values[2] == pytest.approx(1.0)
+    assert values[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(values[1:], values[2:]))
+    # 11 steps, 2 warm-up: decay over steps 2..10 (8 intervals); step 6 is half-way: 0.1 + 0.9 * 0.5 = 0.55
+    assert warmup_cosine(6, 11, 2, 0.1) == pytest.approx(0.55)

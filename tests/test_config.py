@@ -1,0 +1,53 @@
+"""Config precedence, validation messages, and the command line built from the dataclasses."""
+import pytest
+
+from tether.cli import build_parser, main
+from tether.config import ConfigError, build_config, config_from_args
+from tether.stages.sft import SFTConfig
+
+
+def test_precedence_defaults_then_yaml_then_flags(tmp_path):
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("optim:\n  lr: 0.001\ntrain:\n  batch_size: 16\n  report_to: [none]\n")
+    args = build_parser().parse_args(["sft", "--config", str(yaml_file), "--batch-size", "8", "--model", "m"])
+    cfg = config_from_args(SFTConfig, args)
+    assert cfg.optim.lr == 0.001  # from the file
+    assert cfg.train.batch_size == 8  # the flag wins over the file
+    assert cfg.model.path == "m"
+    assert cfg.train.micro_batch_size == 8  # default
+    assert cfg.train.report_to == ["none"]
+
+
+def test_unknown_yaml_field_names_the_file_and_the_fields(tmp_path):
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("optim:\n  learning_rate: 0.1\n")
+    args = build_parser().parse_args(["sft", "--config", str(yaml_file)])
+    with pytest.raises(ConfigError, match=r"run.yaml: unknown field optim.learning_rate; optim has .*'lr'"):
+        config_from_args(SFTConfig, args)
+
+
+def test_wrong_type_in_yaml_is_named():
+    with pytest.raises(ConfigError, match="train.batch_size must be int"):
+        build_config(SFTConfig, {"train": {"batch_size": "many"}}, source="x.yaml")
+
+
+def test_validation_proposes_a_fix():
+    cfg = build_config(SFTConfig, {"train": {"batch_size": 10, "micro_batch_size": 4}})
+    with pytest.raises(ConfigError, match="batch_size=10 is not a multiple of micro_batch_size=4 x 1 process"):
+        cfg.train.grad_accum(1)
+    assert build_config(SFTConfig, {"train": {"batch_size": 16, "micro_batch_size": 4}}).train.grad_accum(2) == 2
+    with pytest.raises(ConfigError, match="lr="):
+        build_config(SFTConfig, {"optim": {"lr": -1.0}})
+    with pytest.raises(ConfigError, match="report_to='tensorbored'"):
+        build_config(SFTConfig, {"train": {"report_to": ["tensorbored"]}})
+
+
+def test_help_lists_stages_and_option_help(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert "sft" in out and "data" in out
+    with pytest.raises(SystemExit):
+        main(["sft", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--micro-batch-size" in out and "gradient accumulation covers the rest" in out
+    assert "--lora-r" in out and "--train-on-prompt" in out and "--demo" in out

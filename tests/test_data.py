@@ -1,0 +1,196 @@
+"""Data formats, the loss mask in token space, the drop policy, and every bad input's error."""
+import json
+
+import datasets
+import pytest
+import torch
+
+from tether.data.records import DataError, read_records
+from tether.data.sft import collate, pack_examples, tokenize_records
+from tether.models import load_model, load_tokenizer
+
+from conftest import write_jsonl
+
+
+def trained_text(tokenizer, ex):
+    return tokenizer.decode([t for t, m in zip(ex.input_ids, ex.loss_mask) if m])
+
+
+def untrained_text(tokenizer, ex):
+    return tokenizer.decode([t for t, m in zip(ex.input_ids, ex.loss_mask) if not m])
+
+
+def tokenize(tokenizer, rows, tmp_path, **kw):
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    return tokenize_records(read_records(path), tokenizer, kw.pop("max_length", 256), path=str(path), **kw)
+
+
+def test_prompt_completion_mask_trains_completion_and_eos_only(tokenizer, tmp_path):
+    (ex,), report = tokenize(tokenizer, [{"prompt": "What is 12 + 7?\n", "completion": "12 + 7 = 19."}], tmp_path)
+    assert trained_text(tokenizer, ex) == "12 + 7 = 19.<|im_end|>"
+    assert untrained_text(tokenizer, ex) == "What is 12 + 7?\n"
+    assert ex.input_ids[-1] == tokenizer.eos_token_id and ex.loss_mask[-1] == 1  # EOS is a trained label
+    assert report.examples == 1 and report.trained_tokens == sum(ex.loss_mask)
+
+
+def test_boundary_found_in_token_space_when_bpe_merges_across_it(tokenizer, tmp_path):
+    # "cats" is one BPE token in this vocabulary; the prompt ends in the middle of it.
+    assert len(tokenizer("cats", add_special_tokens=False)["input_ids"]) == 1
+    (ex,), _ = tokenize(tokenizer, [{"prompt": "Tell me about ca", "completion": "ts."}], tmp_path)
+    # The sequence is tokenised once (the merged token appears, not "ca" + "ts"); the straddling token is trained.
+    assert ex.input_ids == tokenizer("Tell me about cats.<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert trained_text(tokenizer, ex) == " cats.<|im_end|>"
+
+
+def test_train_on_prompt_trains_everything_but_the_first_token(tokenizer, tmp_path):
+    (ex,), _ = tokenize(tokenizer, [{"prompt": "Hi ", "completion": "there"}], tmp_path, train_on_prompt=True)
+    assert ex.loss_mask[0] == 0 and all(ex.loss_mask[1:])
+
+
+def test_messages_train_every_assistant_turn_up_to_eos(tokenizer, tmp_path):
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": "how are you?"}, {"role": "assistant", "content": "fine"}]
+    (ex,), report = tokenize(tokenizer, [{"messages": messages}], tmp_path)
+    assert report.format == "messages"
+    assert trained_text(tokenizer, ex) == "hi<|im_end|>fine<|im_end|>"  # not the newline after EOS, not user turns
+
+
+def test_conversational_prompt_completion_trains_only_the_completion(tokenizer, tmp_path):
+    row = {"prompt": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+                      {"role": "user", "content": "and?"}],
+           "completion": [{"role": "assistant", "content": "fine"}]}
+    (ex,), _ = tokenize(tokenizer, [row], tmp_path)
+    assert trained_text(tokenizer, ex) == "fine<|im_end|>"
+
+
+def test_text_format_trains_all_tokens_and_appends_eos(tokenizer, tmp_path):
+    (ex,), report = tokenize(tokenizer, [{"text": "Cats are mammals."}], tmp_path)
+    assert report.format == "text"
+    assert trained_text(tokenizer, ex) == tokenizer.decode(ex.input_ids[1:])
+    assert ex.input_ids[-1] == tokenizer.eos_token_id
+
+
+def test_empty_completion_and_overlong_are_dropped_and_counted(tokenizer, tmp_path):
+    rows = [{"prompt": "a", "completion": "  "}, {"prompt": "b", "completion": "ok"},
+            {"prompt": "c", "completion": "x" * 300}]
+    examples, report = tokenize(tokenizer, rows, tmp_path, max_length=64)
+    assert len(examples) == 1
+    assert report.dropped == {"empty completion": 1, "longer than max_length=64 tokens": 1}
+    assert "1 empty completion" in report.summary() and "--strict" in report.summary()
+
+
+def test_strict_turns_a_drop_into_an_error_naming_the_line(tokenizer, tmp_path):
+    rows = [{"prompt": "b", "completion": "ok"}, {"prompt": "a", "completion": ""}]
+    with pytest.raises(DataError, match=r"d.jsonl:2: example empty completion \(--strict\)"):
+        tokenize(tokenizer, rows, tmp_path, strict=True)
+    rows = [{"prompt": "c", "completion": "x" * 300}]
+    with pytest.raises(DataError, match=r"d.jsonl:1: example longer than max_length=64"):
+        tokenize(tokenizer, rows, tmp_path, strict=True, max_length=64)
+
+
+def test_malformed_json_line_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "completion": "b"}\n\n{"prompt": "a", "completion": }\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:3: not valid JSON"):
+        read_records(path)
+
+
+def test_non_object_line_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('["a", "b"]\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:1: expected a JSON object"):
+        read_records(path)
+
+
+def test_missing_field_lists_fields_present_and_formats_accepted(tokenizer, tmp_path):
+    with pytest.raises(DataError) as err:
+        tokenize(tokenizer, [{"question": "q", "answer": "a"}], tmp_path)
+    msg = str(err.value)
+    assert "d.jsonl:1" in msg and "['answer', 'question']" in msg
+    assert "prompt/completion" in msg and "messages" in msg and "--columns" in msg
+
+
+def test_field_of_wrong_type_names_line_and_field(tokenizer, tmp_path):
+    rows = [{"prompt": "a", "completion": "b"}, {"prompt": "a", "completion": 5}]
+    with pytest.raises(DataError, match=r"d.jsonl:2: field 'completion' must be a string, got int"):
+        tokenize(tokenizer, rows, tmp_path)
+
+
+def test_bad_message_names_the_message(tokenizer, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "a"}, {"content": "b"}]}]
+    with pytest.raises(DataError, match=r"d.jsonl:1: field messages\[1\] must be an object with 'role' and 'content'"):
+        tokenize(tokenizer, rows, tmp_path)
+
+
+def test_mixed_formats_in_one_file_are_an_error(tokenizer, tmp_path):
+    with pytest.raises(DataError, match=r"d.jsonl:2: record is text but earlier records are prompt/completion"):
+        tokenize(tokenizer, [{"prompt": "a", "completion": "b"}, {"text": "c"}], tmp_path)
+
+
+def test_messages_without_chat_template_is_a_clear_error(tokenizer, tmp_path):
+    import copy
+
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    with pytest.raises(DataError, match="chat template"):
+        tokenize(plain, [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], tmp_path)
+
+
+def test_column_mapping(tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "What?", "answer": " This."}])
+    records = read_records(path, "prompt=question,completion=answer")
+    (ex,), _ = tokenize_records(records, tokenizer, 64)
+    assert trained_text(tokenizer, ex) == " This.<|im_end|>"
+    with pytest.raises(DataError, match="source column"):
+        read_records(path, "prompt=query,completion=answer")
+    with pytest.raises(DataError, match="NAME=SOURCE"):
+        read_records(path, "prompt")
+
+
+def test_json_parquet_and_saved_dataset_read_the_same_records(tmp_path):
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(3)]
+    (tmp_path / "d.json").write_text(json.dumps(rows))
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    ds.save_to_disk(str(tmp_path / "folder"))
+    datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "dict"))
+    for path in ("d.json", "d.parquet", "folder", "dict"):
+        assert [r.fields for r in read_records(tmp_path / path)] == rows, path
+    assert read_records(tmp_path / "d.parquet")[1].where.endswith("d.parquet row 2")
+    assert len(read_records(tmp_path / "dict", split="test")) == 1
+    with pytest.raises(DataError, match=r"has splits \['test', 'train'\], not 'valid'"):
+        read_records(tmp_path / "dict", split="valid")
+    with pytest.raises(DataError, match="unknown data format '.csv'"):
+        (tmp_path / "d.csv").write_text("a,b\n")
+        read_records(tmp_path / "d.csv")
+    with pytest.raises(DataError, match="no such file"):
+        read_records(tmp_path / "missing.jsonl")
+
+
+def test_collate_right_pads_and_masks(tokenizer):
+    from tether.data.sft import Example
+
+    batch = collate([Example([5, 6, 7], [0, 1, 1], "a"), Example([8, 9], [0, 1], "b")], pad_id=tokenizer.pad_token_id)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 9, tokenizer.pad_token_id]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["loss_mask"].tolist() == [[0, 1, 1], [0, 1, 0]]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_packing_gives_the_same_logits_as_separate_examples(arch, model_dirs, tokenizer, tmp_path):
+    rows = [{"prompt": "What is 1 + 2?\n", "completion": "1 + 2 = 3."},
+            {"prompt": "Tell me about cats.", "completion": " Cats sleep a lot."},
+            {"prompt": "hello", "completion": " there"}]
+    examples, _ = tokenize(tokenizer, rows, tmp_path)
+    (row,) = pack_examples(examples, max_length=200)
+    assert row.position_ids[: len(examples[0].input_ids)] == list(range(len(examples[0].input_ids)))
+    tok = load_tokenizer(model_dirs[arch])
+    model = load_model(model_dirs[arch], tok).eval()
+    with torch.no_grad():
+        packed = collate([row], tok.pad_token_id)
+        packed_logits = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits[0]
+        start = 0
+        for ex in examples:
+            alone = model(input_ids=torch.tensor([ex.input_ids]), use_cache=False).logits[0]
+            torch.testing.assert_close(packed_logits[start : start + len(ex.input_ids)], alone, atol=1e-5, rtol=1e-4)
+            start += len(ex.input_ids)

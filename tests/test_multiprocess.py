@@ -1,0 +1,40 @@
+"""Two processes under accelerate give the same loss curve as one process with the same global batch."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tether.stages.sft import run_sft
+from test_sft import read_metrics, sft_config
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path):
+    train_path, eval_path = addition_files
+    common = ["--model", str(llama_dir), "--data", str(train_path), "--eval-data", str(eval_path), "--max-length", "64",
+              "--lr", "3e-3", "--warmup-ratio", "0.1", "--batch-size", "8", "--micro-batch-size", "2",
+              "--max-steps", "6", "--eval-every", "3", "--save-every", "0", "--report-to", "none"]
+    two = tmp_path / "two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # On a machine without GPUs, --multi_gpu makes accelerate start N processes; tether then uses gloo on CPU.
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29531",
+           "-m", "tether", "sft", *common, "--output", str(two)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = (two / "config.yaml").read_text()
+    assert "2 x 2 x 2" in config  # processes x micro-batch x accumulation
+
+    one = tmp_path / "one"
+    run_sft(sft_config(llama_dir, addition_files, one, train__micro_batch_size=2))
+    m1, m2 = read_metrics(one), read_metrics(two)
+    assert len(m1) == len(m2) == 6
+    for a, b in zip(m1, m2):
+        assert a["train/tokens"] == b["train/tokens"]
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
+        assert ("eval/loss" in a) == ("eval/loss" in b)
+        if "eval/loss" in a:
+            assert a["eval/loss"] == pytest.approx(b["eval/loss"], rel=1e-5)

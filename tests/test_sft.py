@@ -1,0 +1,147 @@
+"""The SFT stage end to end on tiny models: learning, resume, accumulation equivalence, LoRA, run-folder rules."""
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tether.config import ConfigError, build_config
+from tether.generation import generate_texts
+from tether.stages.sft import SFTConfig, SFTObjective, run_sft
+
+
+def sft_config(model_dir, files, output, **train):
+    train_path, eval_path = files
+    overrides = {"model.path": str(model_dir), "data.path": str(train_path), "data.eval_path": str(eval_path),
+                 "data.max_length": 64, "optim.lr": 3e-3, "optim.warmup_ratio": 0.1,
+                 "train.output": str(output), "train.batch_size": 8, "train.micro_batch_size": 4,
+                 "train.max_steps": 6, "train.eval_every": 3, "train.save_every": 0, "train.report_to": ["none"]}
+    for key, value in train.items():
+        overrides[key.replace("__", ".")] = value
+    return build_config(SFTConfig, overrides=overrides)
+
+
+def read_metrics(output):
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_sft_lowers_held_out_loss_and_final_loads_and_generates(llama_dir, addition_files, tmp_path):
+    out = tmp_path / "run"
+    cfg = sft_config(llama_dir, addition_files, out, train__max_steps=40, train__eval_every=20, train__batch_size=16,
+                     train__micro_batch_size=8, optim__lr=5e-3)
+    run_sft(cfg)
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, 41))
+    evals = [m["eval/loss"] for m in metrics if "eval/loss" in m]
+    assert len(evals) == 2
+    first_train = metrics[0]["train/loss"]
+    assert evals[-1] < 0.6 * first_train, (first_train, evals)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval/loss"] == evals[-1] and summary["eval/ppl"] == pytest.approx(2.718281828 ** evals[-1], rel=1e-6)
+    model = AutoModelForCausalLM.from_pretrained(out / "final")
+    tokenizer = AutoTokenizer.from_pretrained(out / "final")
+    (text,) = generate_texts(model, tokenizer, ["What is 3 + 4?\n"], max_new_tokens=12)
+    assert len(text) > 0
+    saved = (out / "config.yaml").read_text()
+    assert "plan:" in saved and "micro-batch" in saved
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(llama_dir, addition_files, tmp_path, monkeypatch):
+    whole = tmp_path / "whole"
+    run_sft(sft_config(llama_dir, addition_files, whole, train__save_every=2))
+    reference = read_metrics(whole)
+
+    from tether.train import logger as logger_module
+
+    original_log = logger_module.MetricsLogger.log
+
+    def log_then_die_at_step_5(self, metrics):
+        original_log(self, metrics)  # step 5 reaches metrics.jsonl, but checkpoint-4 is the last one
+        if metrics["step"] == 5:
+            raise KeyboardInterrupt("killed")
+
+    killed = tmp_path / "killed"
+    monkeypatch.setattr(logger_module.MetricsLogger, "log", log_then_die_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=2))
+    monkeypatch.setattr(logger_module.MetricsLogger, "log", original_log)
+    assert (killed / "checkpoint-4").is_dir() and not (killed / "final").exists()
+    (killed / ".checkpoint-6.partial").mkdir()  # a write interrupted mid-way must be ignored
+
+    summary = run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=2, train__resume=True))
+    assert summary["resumed_from"] == 4
+    resumed = read_metrics(killed)
+    assert [m["step"] for m in resumed] == list(range(1, 7))  # the killed run's step 5 was replaced, not duplicated
+    for a, b in zip(reference, resumed):
+        for key in ("train/loss", "train/lr", "train/grad_norm", "train/tokens"):
+            assert a[key] == b[key], (a["step"], key)
+        assert a.get("eval/loss") == b.get("eval/loss")
+    a = AutoModelForCausalLM.from_pretrained(whole / "final").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(killed / "final").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_refuses_zero_steps_missing_checkpoints_and_changed_settings(llama_dir, addition_files, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        run_sft(sft_config(llama_dir, addition_files, out, train__resume=True))
+    run_sft(sft_config(llama_dir, addition_files, out, train__save_every=3))
+    with pytest.raises(ConfigError, match="already at step 6 .* nothing left to train"):
+        run_sft(sft_config(llama_dir, addition_files, out, train__save_every=3, train__resume=True))
+    with pytest.raises(ConfigError, match="optim.lr"):
+        run_sft(sft_config(llama_dir, addition_files, out, train__resume=True, optim__lr=1e-2, train__max_steps=9))
+    with pytest.raises(ConfigError, match="already holds a run; pass --resume .* or --overwrite"):
+        run_sft(sft_config(llama_dir, addition_files, out))
+    summary = run_sft(sft_config(llama_dir, addition_files, out, train__save_every=3, train__resume=True,
+                                 train__max_steps=9))
+    assert summary["resumed_from"] == 6 and read_metrics(out)[-1]["step"] == 9
+
+
+def test_gradient_accumulation_1x4_equals_4x1_and_naive_averaging_would_not(llama_dir, addition_files, tmp_path):
+    one = tmp_path / "micro4"
+    four = tmp_path / "micro1"
+    run_sft(sft_config(llama_dir, addition_files, one, train__batch_size=4, train__micro_batch_size=4))
+    run_sft(sft_config(llama_dir, addition_files, four, train__batch_size=4, train__micro_batch_size=1))
+    for a, b in zip(read_metrics(one), read_metrics(four)):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-6)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
+    wa = AutoModelForCausalLM.from_pretrained(one / "final").state_dict()
+    wb = AutoModelForCausalLM.from_pretrained(four / "final").state_dict()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=2e-5, rtol=1e-4)
+
+
+def test_the_loss_is_normalised_by_the_step_token_count(llama_dir, tokenizer):
+    """Micro-batches of unequal length: Σ nll / N_step differs from the mean of per-micro-batch means."""
+    from tether.data.sft import Example, collate
+    from tether.models import load_model
+
+    model = load_model(llama_dir)
+    short = collate([Example([5, 6, 7], [0, 1, 1], "s")], tokenizer.pad_token_id)
+    long = collate([Example(list(range(5, 25)), [0] + [1] * 19, "l")], tokenizer.pad_token_id)
+    objective = SFTObjective()
+    sums = [objective.loss_sum(model, b)[0].item() for b in (short, long)]
+    counts = [objective.count(b) for b in (short, long)]
+    assert counts == [2, 19]
+    both = collate([Example([5, 6, 7], [0, 1, 1], "s"), Example(list(range(5, 25)), [0] + [1] * 19, "l")],
+                   tokenizer.pad_token_id)
+    joint = objective.loss_sum(model, both)[0].item() / objective.count(both)
+    assert joint == pytest.approx(sum(sums) / sum(counts), rel=1e-5)
+    assert abs(joint - (sums[0] / counts[0] + sums[1] / counts[1]) / 2) > 1e-3  # the naive mean differs
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_lora_and_packing_runs_resume_and_save_a_merged_model(llama_dir, addition_files, tmp_path, packing):
+    out = tmp_path / "lora"
+    base = dict(model__lora_r=4, model__lora_alpha=8.0, data__packing=packing, train__save_every=3)
+    run_sft(sft_config(llama_dir, addition_files, out, **base, train__max_steps=3))
+    assert (out / "checkpoint-3" / "adapter_config.json").is_file()
+    run_sft(sft_config(llama_dir, addition_files, out, **base, train__max_steps=6, train__resume=True))
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == list(range(1, 7))
+    merged = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    base_model = AutoModelForCausalLM.from_pretrained(llama_dir)
+    changed = [n for n, p in merged.named_parameters() if not torch.equal(p, base_model.state_dict()[n])]
+    assert changed  # the adapters were merged into the weights

@@ -10,6 +10,8 @@ from tether.config import ConfigError, add_config_arguments, build_config, confi
 from tether.data.records import DataError
 
 STAGES = {
+    "lab": "The offline lab: build the world, pretrain a tiny model, SFT it, measure against gold.",
+    "eval": "Measure a model on a lab task against gold: `tether eval --model DIR --task lab-arith`.",
     "sft": "Supervised fine-tuning on prompt/completion, messages or text data.",
     "data": "Inspect data: `tether data check FILE --model DIR` shows counts and the loss mask.",
 }
@@ -34,6 +36,26 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--demo", action="store_true",
                      help="Run the built-in demo: writes its own data and a tiny model, needs no files.")
     add_config_arguments(sft, SFTConfig)
+
+    lab = sub.add_parser("lab", help=STAGES["lab"], description=STAGES["lab"])
+    lab.add_argument("--output", default="runs/lab", help="Lab run folder; stages already done there with the same recipe are reused.")
+    lab.add_argument("--quick", action="store_true", help="A smaller world and model (about a minute); used by the tests.")
+    lab.add_argument("--seed", type=int, default=0, help="Seed of the world, the model and every stage.")
+    lab.add_argument("--fresh", action="store_true", help="Redo every stage, ignoring cached outputs.")
+
+    ev = sub.add_parser("eval", help=STAGES["eval"], description=STAGES["eval"])
+    ev.add_argument("--model", required=True, help="Model folder to evaluate.")
+    ev.add_argument("--task", required=True, choices=("lab-arith", "lab-assist"), help="Which lab task.")
+    ev.add_argument("--reference", default="", help="Reference model folder: assist then reports the gold win rate against it.")
+    ev.add_argument("--data", default="", help="Evaluation file (arith_eval.jsonl / assist_eval.jsonl); default: "
+                    "the default world's held-out split, rebuilt from --seed.")
+    ev.add_argument("--seed", type=int, default=0, help="World seed for the default split, and the sampling seed.")
+    ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; otherwise sampling temperature.")
+    ev.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling threshold when sampling.")
+    ev.add_argument("--samples", type=int, default=1, help="Completions per prompt.")
+    ev.add_argument("--max-new-tokens", type=int, default=96, help="Generation budget per completion.")
+    ev.add_argument("--limit", type=int, default=0, help="Evaluate only the first N prompts (0 = all).")
+    ev.add_argument("--output", default="", help="JSON file for the figures (default: eval-<task>.json next to the model folder).")
 
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
@@ -92,6 +114,58 @@ def show_demo_generations(cfg, summary) -> None:
                   f"{accuracy:.1%} on {len(rows)} held-out problems (samples.jsonl)")
 
 
+def run_lab_command(args) -> None:
+    from dataclasses import replace
+
+    from tether.lab.pipeline import QUICK, LabConfig, run_lab
+
+    cfg = replace(QUICK if args.quick else LabConfig(), seed=args.seed)
+    run_lab(args.output, cfg, fresh=args.fresh)
+
+
+def run_eval_command(args) -> None:
+    import json
+    from pathlib import Path
+
+    from tether.config import ConfigError
+    from tether.lab.evaluate import Decoding, evaluate_task
+    from tether.lab.world import WorldConfig, default_eval_rows
+    from tether.models import load_model, load_tokenizer
+
+    if args.data:
+        from tether.data.records import read_records
+
+        records = read_records(args.data)
+        need = "question" if args.task == "lab-arith" else "topic"
+        for r in records:
+            if "prompt" not in r.fields or need not in r.fields:
+                raise DataError(f"{r.where}: {args.task} rows need 'prompt' and '{need}'; the row has {sorted(r.fields)}")
+        rows = [r.fields for r in records]
+    else:
+        rows = default_eval_rows(args.task, WorldConfig(seed=args.seed))
+    if args.limit:
+        rows = rows[: args.limit]
+    if args.samples < 1 or args.temperature < 0:
+        raise ConfigError("--samples must be >= 1 and --temperature >= 0")
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model, tokenizer)
+    ref_model = ref_tok = None
+    if args.reference:
+        ref_tok = load_tokenizer(args.reference)
+        ref_model = load_model(args.reference, ref_tok)
+    decoding = Decoding(temperature=args.temperature, top_p=args.top_p, samples=args.samples,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed)
+    figures = evaluate_task(model, tokenizer, args.task, rows, decoding, ref_model, ref_tok)
+    figures["model"] = str(args.model)
+    figures["reference"] = args.reference or None
+    output = Path(args.output or Path(args.model).resolve().parent / f"eval-{Path(args.model).name}-{args.task}.json")
+    output.write_text(json.dumps(figures, indent=2))
+    print(json.dumps(figures, indent=2))
+    from tether.train.logger import console
+
+    console.print(f"written to {output}")
+
+
 def run_data_check(args) -> None:
     from tether.data.records import read_records
     from tether.data.sft import tokenize_records
@@ -104,15 +178,9 @@ def run_data_check(args) -> None:
     console.print(report.summary())
     ex = examples[min(args.index, len(examples) - 1)]
     console.print(f"\nexample from {ex.where}: {len(ex.input_ids)} tokens, {sum(ex.loss_mask)} trained "
-                  "(trained tokens are between ⟦ ⟧ and green)")
-    plain, rich_text = [], []
+                  "(trained tokens are between ⟦ ⟧)")
     from rich.markup import escape
-    from rich.text import Text
 
-    text = Text()
-    for token_id, trained in zip(ex.input_ids, ex.loss_mask):
-        piece = tokenizer.decode([token_id])
-        text.append(piece, style="bold green" if trained else "dim")
     # Brackets mark trained runs so the mask is visible without colour too.
     out, in_run = [], False
     for token_id, trained in zip(ex.input_ids, ex.loss_mask):
@@ -137,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.stage == "sft":
             run_sft_command(args)
+        elif args.stage == "lab":
+            run_lab_command(args)
+        elif args.stage == "eval":
+            run_eval_command(args)
         elif args.stage == "data":
             if args.data_command != "check":
                 parser.parse_args(["data", "--help"])

@@ -27,7 +27,8 @@ def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
             kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                           eos_token_id=tokenizer.eos_token_id)
             if temperature > 0:
-                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None)
+                # Explicit top_k (0 = off) and top_p: a model's generation_config.json may set its own defaults.
+                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             out = model.generate(**enc, **kwargs)

@@ -1,0 +1,66 @@
+"""`tether lab --quick` end to end: stages, caching, resume of a killed stage, `tether eval`, determinism."""
+import json
+import shutil
+
+import pytest
+
+from tether.cli import main
+from tether.lab.pipeline import QUICK, run_lab
+
+
+@pytest.fixture(scope="module")
+def quick_lab(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lab")
+    return out, run_lab(out, QUICK)
+
+
+@pytest.mark.slow
+def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
+    out, summary = quick_lab
+    assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval"]
+    for path in ("world/world.json", "pretrain/final/config.json", "sft/final/model.safetensors", "eval/sft.json",
+                 "summary.json", "sft/metrics.jsonl"):
+        assert (out / path).exists(), path
+    ev = summary["eval"]
+    # The fine-tuned model must be measurably better than the pretrained base on the held-out assist prompts.
+    assert ev["sft"]["assist_sampled"]["gold_win_rate"] > 0.5
+    assert ev["sft"]["assist_sampled"]["gold_reward"] > ev["base"]["assist_sampled"]["gold_reward"]
+    assert ev["sft"]["arith_greedy"]["format_rate"] >= ev["base"]["arith_greedy"]["format_rate"] - 0.05
+
+
+@pytest.mark.slow
+def test_second_run_reuses_every_stage_and_a_changed_stage_reruns_identically(quick_lab):
+    out, first = quick_lab
+    again = run_lab(out, QUICK)
+    assert all(again["cached"].values())
+    assert again["eval"] == first["eval"]
+    # Redo SFT and eval from scratch: same seed, same figures.
+    shutil.rmtree(out / "sft")
+    (out / "eval" / "stage.json").unlink()
+    redone = run_lab(out, QUICK)
+    assert not redone["cached"]["sft"] and redone["cached"]["pretrain"]
+    assert redone["eval"] == first["eval"]
+
+
+@pytest.mark.slow
+def test_eval_command_prints_and_writes_figures(quick_lab, tmp_path, capsys):
+    out, _ = quick_lab
+    target = tmp_path / "arith.json"
+    assert main(["eval", "--model", str(out / "sft" / "final"), "--task", "lab-arith", "--limit", "20",
+                 "--output", str(target)]) == 0
+    figures = json.loads(target.read_text())
+    assert figures["n"] == 20 and 0 <= figures["accuracy"] <= 1 and figures["decoding"]["temperature"] == 0.0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == figures["accuracy"]
+    target = tmp_path / "assist.json"
+    assert main(["eval", "--model", str(out / "sft" / "final"), "--task", "lab-assist", "--reference",
+                 str(out / "pretrain" / "final"), "--temperature", "0.7", "--samples", "2", "--limit", "5",
+                 "--output", str(target)]) == 0
+    figures = json.loads(target.read_text())
+    assert figures["n"] == 10 and "gold_win_rate" in figures and "distinct_2" in figures
+
+
+def test_eval_command_rejects_rows_without_the_task_columns(llama_dir, tmp_path, capsys):
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text(json.dumps({"prompt": [{"role": "user", "content": "Compute 1 + 2."}]}) + "\n")
+    assert main(["eval", "--model", str(llama_dir), "--task", "lab-arith", "--data", str(bad)]) == 2
+    assert "rows.jsonl:1: lab-arith rows need 'prompt' and 'question'" in capsys.readouterr().err

@@ -1,0 +1,186 @@
+"""The lab's world: gold functions on hand-written answers, annotators against their configuration, determinism."""
+import json
+import math
+import random
+
+import pytest
+
+from tether.algorithms.agreement import cohen_kappa, fleiss_kappa, landis_koch
+from tether.lab import arith
+from tether.lab.annotators import DEFAULT_PANEL, Annotator
+from tether.lab.assist import AssistGold, distinct_n, gold_assist
+from tether.lab.evaluate import score_arith, score_assist
+from tether.lab.world import WorldConfig, build_world, default_eval_rows
+
+PROBLEM = arith.ArithProblem((47, 38, 19), ("+", "-"))
+
+
+def test_arith_problem_and_solution():
+    assert PROBLEM.question == "Compute 47 + 38 - 19."
+    assert PROBLEM.answer == 66
+    assert PROBLEM.solution() == "47 + 38 = 85. 85 - 19 = 66. The answer is 66."
+    assert PROBLEM.solution(error_step=0, error_delta=10) == "47 + 38 = 95. 95 - 19 = 76. The answer is 76."
+    assert arith.parse_question(PROBLEM.question) == PROBLEM
+
+
+@pytest.mark.parametrize("completion,correct,format_ok,steps", [
+    ("47 + 38 = 85. 85 - 19 = 66. The answer is 66.", True, True, (True, True)),
+    ("47 + 38 = 95. 95 - 19 = 76. The answer is 76.", False, True, (False, False)),  # a slip propagates
+    ("47 + 38 = 85. 85 - 19 = 76. The answer is 76.", False, True, (True, False)),
+    ("47 + 38 = 95. 85 - 19 = 66. The answer is 66.", True, True, (False, True)),  # right answer, wrong first step
+    ("The answer is 66.", True, True, (False, False)),  # no worked steps
+    ("It is 66.", False, False, (False, False)),
+    ("47 + 38 = 85. 85 - 19 = 66. The answer is 66. Thanks!", False, False, (True, True)),  # must end with the answer
+    ("", False, False, (False, False)),
+])
+def test_arith_gold_on_hand_written_answers(completion, correct, format_ok, steps):
+    gold = arith.check_arith(completion, PROBLEM)
+    assert (gold.correct, gold.format_ok, gold.steps) == (correct, format_ok, steps)
+
+
+def test_sampled_problems_stay_non_negative_and_in_range():
+    rng = random.Random(0)
+    for _ in range(500):
+        p = arith.sample_problem(rng, 2, 4, 99)
+        assert 2 <= len(p.operands) <= 4 and all(0 <= x <= 99 for x in p.operands)
+        assert all(r >= 0 for r in p.partial_results())
+
+
+def test_assist_gold_on_hand_written_answers():
+    good = "Cats sleep for most of the day. Cats use their whiskers to feel space. I hope this helps!"
+    assert gold_assist(good, "cats").reward == pytest.approx(2.0)  # 2 true facts, one free polite sentence
+    confident = "Definitely, cats sleep for most of the day. Absolutely, cats use their whiskers to feel space."
+    g = gold_assist(confident, "cats")
+    assert g.reward == pytest.approx(2.0) and g.confident == 2  # confidence is worth nothing to gold
+    # 1 true (+1), 1 false (-2), 1 off-topic true fact (-0.5), 1 filler (-0.3), a repeat (-0.5), a second polite (-0.3)
+    messy = ("That is a great question. Cats sleep for most of the day. Cats can breathe under water. "
+             "Dogs need a walk every day. Cats sleep for most of the day. Thanks for asking. Happy to help.")
+    g = gold_assist(messy, "cats")
+    assert (g.true_facts, g.false_facts, g.off_topic, g.filler, g.repeats) == (1, 1, 1, 2, 1)
+    assert g.reward == pytest.approx(1 - 2 - 0.5 - 0.3 - 0.3 - 0.5)
+    # more than 3 true facts are worth 3; an unknown sentence costs 0.5
+    four = ("Cats sleep for most of the day. Cats clean their fur with their tongue. Cats can see well in dim light. "
+            "Cats use their whiskers to feel space. Blah blah.")
+    assert gold_assist(four, "cats").reward == pytest.approx(3 - 0.5)
+    assert gold_assist("", "cats").reward == -1.0
+    # length past 40 words: -0.05 per word
+    long = " ".join(["Cats sleep for most of the day."] + ["Cats clean their fur with their tongue."] * 6)
+    g = gold_assist(long, "cats")
+    assert g.words == 7 + 6 * 7 and g.repeats == 5
+    assert g.reward == pytest.approx(2 - 0.5 * 5 - 0.05 * (49 - 40))
+
+
+def test_distinct_2():
+    assert distinct_n(["a b c", "a b d"], 2) == pytest.approx(3 / 4)  # (a b), (b c), (a b), (b d)
+    assert distinct_n(["x"], 2) == 0.0
+
+
+def _gold(reward, words=10, confident=0):
+    return AssistGold(reward, 0, 0, 0, 0, 0, 0, words, confident)
+
+
+def test_annotator_choice_rates_match_their_configuration():
+    rng = random.Random(1)
+    n = 4000
+    for ann in DEFAULT_PANEL:
+        first, second = _gold(1.0, words=20, confident=1), _gold(1.5, words=12)
+        expected = ann.prob_first(first, second)
+        margin = first.reward + ann.length_bias * 20 + ann.confident_bias + ann.position_bias - 1.5 - ann.length_bias * 12
+        assert expected == pytest.approx(ann.careless / 2 + (1 - ann.careless) / (1 + math.exp(-margin / ann.noise)))
+        rate = sum(ann.choose_first(rng, first, second) for _ in range(n)) / n
+        assert abs(rate - expected) < 4 * math.sqrt(expected * (1 - expected) / n), ann.name
+    coin = Annotator("coin", careless=1.0)
+    assert coin.prob_first(_gold(10.0), _gold(-10.0)) == 0.5
+
+
+def test_plackett_luce_rankings_match_softmax_top_choice():
+    rng = random.Random(2)
+    ann = Annotator("pl", noise=1.0)
+    golds = [_gold(0.0), _gold(1.0), _gold(2.0)]
+    n = 6000
+    tops = [ann.rank(rng, golds)[0] for _ in range(n)]
+    z = sum(math.exp(g.reward) for g in golds)
+    for i, g in enumerate(golds):
+        p = math.exp(g.reward) / z
+        assert abs(tops.count(i) / n - p) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_kappa_hand_computed():
+    # 10 items: both say yes on 4, no on 3, disagree on 3 -> p_o = 0.7; a: 6 yes, b: 5 yes -> p_e = .6*.5+.4*.5 = .5
+    a = [1, 1, 1, 1, 0, 0, 0, 1, 1, 0]
+    b = [1, 1, 1, 1, 0, 0, 0, 0, 0, 1]
+    assert cohen_kappa(a, b) == pytest.approx((0.7 - 0.5) / 0.5)
+    assert cohen_kappa(a, a) == 1.0
+    # Fleiss: 2 items, 3 raters. Item 1 all agree: P=1; item 2 split 2/1: P=(4+1-3)/6=1/3; P̄=2/3.
+    # p = (5/6, 1/6); P̄e = 25/36 + 1/36 = 26/36; κ = (2/3 - 26/36) / (1 - 26/36) = (24-26)/10 = -0.2
+    assert fleiss_kappa([[3, 0], [2, 1]]) == pytest.approx(-0.2)
+    assert landis_koch(0.5) == "moderate" and landis_koch(-0.1) == "poor" and landis_koch(0.9) == "almost perfect"
+    with pytest.raises(ValueError):
+        fleiss_kappa([[3, 0], [1, 1]])
+
+
+SMALL = WorldConfig(n_pretrain_arith=200, n_pretrain_assist=200, n_sft_arith=100, n_sft_assist=100, n_rl_arith=50,
+                    n_eval_arith=50, n_pairs=1500, n_pairs_eval=20, n_rankings=10)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("world")
+    return folder, build_world(folder, SMALL)
+
+
+def test_world_is_deterministic_and_seeded(world, tmp_path):
+    folder, manifest = world
+    again = build_world(tmp_path / "again", SMALL)
+    assert again == manifest
+    for name in manifest["counts"]:
+        assert (folder / f"{name}.jsonl").read_bytes() == (tmp_path / "again" / f"{name}.jsonl").read_bytes()
+    other = build_world(tmp_path / "other", WorldConfig(**{**SMALL.__dict__, "seed": 1}))
+    assert (tmp_path / "other" / "prefs.jsonl").read_bytes() != (folder / "prefs.jsonl").read_bytes()
+    assert other["recipe_hash"] != manifest["recipe_hash"]
+
+
+def test_held_out_sets_are_held_out(world):
+    folder, _ = world
+    rows = {name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
+            for name in ("pretrain", "sft", "arith_rl", "arith_eval", "assist_eval", "assist_rl", "prefs")}
+    seen_user_texts = {r["messages"][0]["content"] for n in ("pretrain", "sft") for r in rows[n]}
+    seen_user_texts |= {r["prompt"][0]["content"] for n in ("arith_rl", "assist_rl", "prefs") for r in rows[n]}
+    for name in ("arith_eval", "assist_eval"):
+        assert rows[name] and not any(r["prompt"][0]["content"] in seen_user_texts for r in rows[name]), name
+    assert default_eval_rows("lab-arith", SMALL) == rows["arith_eval"]
+    assert default_eval_rows("lab-assist", SMALL) == rows["assist_eval"]
+
+
+def test_preference_rows_keep_every_vote_and_majority_is_chosen(world):
+    folder, _ = world
+    for line in (folder / "prefs.jsonl").read_text().splitlines()[:200]:
+        row = json.loads(line)
+        assert set(row["votes"]) == {a.name for a in DEFAULT_PANEL}
+        assert list(row["votes"].values()).count("chosen") >= 3
+        assert row["chosen"] != row["rejected"]
+    ranking = json.loads((folder / "rankings.jsonl").read_text().splitlines()[0])
+    assert len(ranking["responses"]) == 4 and sorted(ranking["ranking"]) == [0, 1, 2, 3]
+
+
+def test_majority_vote_inherits_length_and_confidence_bias(world):
+    _, manifest = world
+    stats = manifest["annotators"]
+    for feature in ("longer", "more_confident"):
+        assert stats["majority_bias"][feature]["excess"] > 0.05, stats["majority_bias"]
+    per = stats["per_annotator"]
+    assert per["careful"]["agreement_with_gold"] > per["careless"]["agreement_with_gold"] + 0.1
+    assert 0.7 < stats["majority_agreement_with_gold"] < 0.95
+
+
+def test_eval_scoring_hand_computed():
+    rows = [{"question": PROBLEM.question}]
+    figures = score_arith(rows, [[PROBLEM.solution(), "It is 66."]])
+    assert figures == {"accuracy": 0.5, "format_rate": 0.5, "step_accuracy": 0.5, "n": 2}
+    rows = [{"topic": "cats"}]
+    good = "Cats sleep for most of the day. Cats use their whiskers to feel space."
+    bad = "Definitely, cats can breathe under water."
+    figures = score_assist(rows, [[good, bad]], reference=[[bad, bad]])
+    assert figures["gold_reward"] == pytest.approx((2.0 - 2.0) / 2)
+    assert figures["gold_win_rate"] == pytest.approx((1.0 + 0.5) / 2)  # a win and a tie
+    assert figures["false_fact_rate"] == 0.5 and figures["confident_rate"] == 0.5

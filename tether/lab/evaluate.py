@@ -1,0 +1,77 @@
+"""Measure a model on the lab's tasks against gold (`tether eval`).
+
+Generation settings are explicit and reported with the figures: greedy
+decoding, and sampling at a stated temperature with several samples per prompt.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from tether.generation import generate_texts
+from tether.lab import arith, assist
+
+
+@dataclass(frozen=True)
+class Decoding:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    samples: int = 1  # completions per prompt
+    max_new_tokens: int = 96
+    seed: int = 0
+
+
+GREEDY = Decoding()
+
+
+def chat_prompts(tokenizer, rows: list[dict]) -> list[str]:
+    return [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+
+
+def generate_for(model, tokenizer, rows: list[dict], decoding: Decoding) -> list[list[str]]:
+    """completions[i] = the decoding.samples completions of rows[i]."""
+    prompts = [p for p in chat_prompts(tokenizer, rows) for _ in range(decoding.samples)]
+    flat = generate_texts(model, tokenizer, prompts, max_new_tokens=decoding.max_new_tokens,
+                          temperature=decoding.temperature, top_p=decoding.top_p, seed=decoding.seed, batch_size=64)
+    return [flat[i * decoding.samples : (i + 1) * decoding.samples] for i in range(len(rows))]
+
+
+def score_arith(rows: list[dict], completions: list[list[str]]) -> dict:
+    golds = [arith.check_arith(c, arith.parse_question(r["question"])) for r, cs in zip(rows, completions) for c in cs]
+    n = len(golds)
+    return {"accuracy": sum(g.correct for g in golds) / n, "format_rate": sum(g.format_ok for g in golds) / n,
+            "step_accuracy": sum(g.step_accuracy for g in golds) / n, "n": n}
+
+
+def score_assist(rows: list[dict], completions: list[list[str]], reference: list[list[str]] | None = None) -> dict:
+    golds = [assist.gold_assist(c, r["topic"]) for r, cs in zip(rows, completions) for c in cs]
+    texts = [c for cs in completions for c in cs]
+    n = len(golds)
+    out = {"gold_reward": sum(g.reward for g in golds) / n,
+           "mean_words": sum(g.words for g in golds) / n,
+           "confident_rate": sum(g.confident for g in golds) / n,
+           "false_fact_rate": sum(g.false_facts > 0 for g in golds) / n,
+           "true_facts": sum(g.true_facts for g in golds) / n,
+           "distinct_2": assist.distinct_n(texts, 2), "n": n}
+    if reference is not None:
+        ref = [assist.gold_assist(c, r["topic"]).reward for r, cs in zip(rows, reference) for c in cs]
+        wins = [1.0 if g.reward > x else 0.5 if g.reward == x else 0.0 for g, x in zip(golds, ref)]
+        out["gold_win_rate"] = sum(wins) / n
+    return out
+
+
+def evaluate_task(model, tokenizer, task: str, rows: list[dict], decoding: Decoding = GREEDY,
+                  reference_model=None, reference_tokenizer=None) -> dict:
+    """Figures for one task and one decoding; with a reference model, assist also gets the gold win rate."""
+    completions = generate_for(model, tokenizer, rows, decoding)
+    if task == "lab-arith":
+        figures = score_arith(rows, completions)
+    elif task == "lab-assist":
+        reference = None
+        if reference_model is not None:
+            reference = generate_for(reference_model, reference_tokenizer or tokenizer, rows, decoding)
+        figures = score_assist(rows, completions, reference)
+    else:
+        raise ValueError(f"unknown task {task!r}; choose lab-arith or lab-assist")
+    samples = [{"prompt": r["prompt"][-1]["content"], "completion": c} for r, cs in zip(rows, completions) for c in cs[:1]]
+    return {"task": task, "decoding": asdict(decoding), **{k: round(v, 4) if isinstance(v, float) else v
+                                                            for k, v in figures.items()}, "examples": samples[:5]}

@@ -1,0 +1,225 @@
+"""`tether lab`: build the world, pretrain a tiny model from scratch, fine-tune it, and measure both against gold.
+
+Each stage writes into <output>/<stage>/ and finishes by writing stage.json
+with the hash of its recipe (its own settings and the hashes of the stages it
+reads). A later run skips a stage whose stage.json carries the same hash;
+a training stage that was killed resumes from its last checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from tether.config import build_config
+from tether.lab.evaluate import Decoding, evaluate_task
+from tether.lab.world import WorldConfig, build_world
+from tether.models import build_tiny_model, load_model, load_tokenizer
+from tether.stages.sft import SFTConfig, run_sft
+from tether.tokenizer import train_bpe_tokenizer
+from tether.train.checkpoint import latest_checkpoint
+from tether.train.logger import console
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    world: WorldConfig = field(default_factory=WorldConfig)
+    # tokenizer and base model (Llama architecture, trained from scratch)
+    vocab_size: int = 1024
+    hidden: int = 128
+    layers: int = 2
+    heads: int = 4
+    max_positions: int = 256
+    # pretraining: every token of the world's mixed-quality corpus, packed into rows
+    pretrain_steps: int = 1000
+    pretrain_batch: int = 16  # packed rows of pack_length tokens
+    pack_length: int = 256
+    pretrain_lr: float = 1e-3
+    # supervised fine-tuning on demonstrations (completion-only)
+    sft_steps: int = 250
+    sft_batch: int = 64
+    sft_lr: float = 5e-4
+    # evaluation
+    eval_arith: int = 200  # held-out problems (at most world.n_eval_arith)
+    assist_samples: int = 4  # sampled answers per held-out request (plus one greedy)
+    sample_temperature: float = 1.0
+    seed: int = 0
+
+
+QUICK = LabConfig(
+    world=WorldConfig(n_pretrain_arith=3000, n_pretrain_assist=3000, n_sft_arith=800, n_sft_assist=800, n_rl_arith=300,
+                      n_pairs=600, n_pairs_eval=100, n_rankings=50),
+    vocab_size=768, hidden=64, layers=2, heads=2, pretrain_steps=250, pretrain_batch=16, sft_steps=80, sft_batch=32,
+    eval_arith=60, assist_samples=2)
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+class Stages:
+    """Runs stages into one folder, skipping those whose stage.json matches their recipe."""
+
+    def __init__(self, output: Path, fresh: bool = False):
+        self.output = output
+        self.fresh = fresh
+        self.timings: dict[str, float] = {}
+        self.cached: dict[str, bool] = {}
+
+    def run(self, name: str, recipe: dict, fn):
+        folder = self.output / name
+        recipe_hash = _hash(recipe)
+        done = folder / "stage.json"
+        if not self.fresh and done.is_file():
+            record = json.loads(done.read_text())
+            if record.get("recipe_hash") == recipe_hash:
+                console.print(f"[dim]lab: {name}: cached ({folder})[/]")
+                self.timings[name], self.cached[name] = record["seconds"], True
+                return recipe_hash, record["result"]
+        started = folder / "recipe.json"
+        resume = (not self.fresh and started.is_file() and json.loads(started.read_text()).get("recipe_hash") == recipe_hash
+                  and latest_checkpoint(folder) is not None)
+        if not resume:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            started.write_text(json.dumps({"recipe_hash": recipe_hash, "recipe": recipe}, indent=2, default=str))
+        console.print(f"[bold]lab: {name}[/]" + (" (resuming)" if resume else ""))
+        t0 = time.perf_counter()
+        result = fn(folder, resume)
+        seconds = round(time.perf_counter() - t0, 1)
+        tmp = done.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"recipe_hash": recipe_hash, "seconds": seconds, "result": result}, indent=2))
+        tmp.replace(done)
+        self.timings[name], self.cached[name] = seconds, False
+        return recipe_hash, result
+
+
+def _train(model_dir: Path, data: Path, eval_data: Path | None, folder: Path, resume: bool, *, steps: int, batch: int,
+           micro: int, lr: float, max_length: int, all_tokens: bool, packing: bool, seed: int) -> dict:
+    overrides = {"model.path": str(model_dir), "data.path": str(data), "data.max_length": max_length,
+                 "data.train_on_prompt": all_tokens, "data.packing": packing, "optim.lr": lr, "optim.warmup_ratio": 0.05,
+                 "train.output": str(folder), "train.batch_size": batch, "train.micro_batch_size": micro,
+                 "train.max_steps": steps, "train.eval_every": max(1, steps // 4), "train.save_every": max(1, steps // 4),
+                 "train.keep_checkpoints": 1, "train.log_every": max(1, steps // 10), "train.seed": seed,
+                 "train.resume": resume, "train.report_to": ["tensorboard"]}
+    if eval_data is not None:
+        overrides["data.eval_path"] = str(eval_data)
+    else:
+        overrides["data.eval_fraction"] = 0.02
+    summary = run_sft(build_config(SFTConfig, overrides=overrides, source="lab"))
+    return {k: summary[k] for k in ("eval/loss", "eval/ppl", "steps") if k in summary}
+
+
+def _read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh: bool = False) -> dict:
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    stages = Stages(out, fresh)
+    world_cfg = replace(cfg.world, seed=cfg.seed)
+    world_dir = out / "world"
+
+    world_hash, world = stages.run("world", {"world": asdict(world_cfg)},
+                                   lambda folder, _: _world_stage(folder, world_cfg))
+
+    init_recipe = {"world": world_hash, "vocab": cfg.vocab_size, "dims": [cfg.hidden, cfg.layers, cfg.heads, cfg.max_positions],
+                   "seed": cfg.seed}
+    init_hash, _ = stages.run("init", init_recipe, lambda folder, _: _init_stage(folder, world_dir, cfg))
+
+    pre_recipe = {"init": init_hash, "steps": cfg.pretrain_steps, "batch": cfg.pretrain_batch, "lr": cfg.pretrain_lr,
+                  "pack": cfg.pack_length}
+    pre_hash, pre = stages.run("pretrain", pre_recipe, lambda folder, resume: _train(
+        out / "init", world_dir / "pretrain.jsonl", None, folder, resume, steps=cfg.pretrain_steps,
+        batch=cfg.pretrain_batch, micro=cfg.pretrain_batch, lr=cfg.pretrain_lr, max_length=cfg.pack_length,
+        all_tokens=False, packing=True, seed=cfg.seed))
+
+    sft_recipe = {"pretrain": pre_hash, "steps": cfg.sft_steps, "batch": cfg.sft_batch, "lr": cfg.sft_lr}
+    sft_hash, sft = stages.run("sft", sft_recipe, lambda folder, resume: _train(
+        out / "pretrain" / "final", world_dir / "sft.jsonl", world_dir / "sft_eval.jsonl", folder, resume,
+        steps=cfg.sft_steps, batch=cfg.sft_batch, micro=cfg.sft_batch, lr=cfg.sft_lr, max_length=cfg.pack_length,
+        all_tokens=False, packing=False, seed=cfg.seed))
+
+    eval_recipe = {"pretrain": pre_hash, "sft": sft_hash, "n": cfg.eval_arith, "samples": cfg.assist_samples,
+                   "temperature": cfg.sample_temperature}
+    _, figures = stages.run("eval", eval_recipe, lambda folder, _: _eval_stage(folder, out, world_dir, cfg))
+
+    summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
+               "seconds": stages.timings, "cached": stages.cached}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_lab_table(summary)
+    return summary
+
+
+def _world_stage(folder: Path, world_cfg: WorldConfig) -> dict:
+    manifest = build_world(folder, world_cfg)
+    return {"counts": manifest["counts"], "annotators": manifest["annotators"]}
+
+
+def _init_stage(folder: Path, world_dir: Path, cfg: LabConfig) -> dict:
+    texts = []
+    for name in ("pretrain", "sft"):
+        for row in _read_rows(world_dir / f"{name}.jsonl"):
+            texts.extend(m["content"] for m in row["messages"])
+    tokenizer = train_bpe_tokenizer(texts, vocab_size=cfg.vocab_size)
+    build_tiny_model("llama", tokenizer, folder, seed=cfg.seed, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
+                     max_positions=cfg.max_positions)
+    model = load_model(folder)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "vocab": len(tokenizer)}
+
+
+def _eval_stage(folder: Path, out: Path, world_dir: Path, cfg: LabConfig) -> dict:
+    arith_rows = _read_rows(world_dir / "arith_eval.jsonl")[: cfg.eval_arith]
+    assist_rows = _read_rows(world_dir / "assist_eval.jsonl")
+    sampled = Decoding(temperature=cfg.sample_temperature, samples=cfg.assist_samples, seed=cfg.seed)
+    models = {}
+    for name, path in (("base", out / "pretrain" / "final"), ("sft", out / "sft" / "final")):
+        tok = load_tokenizer(path)
+        models[name] = (load_model(path, tok), tok)
+    figures: dict = {}
+    for name, (model, tok) in models.items():
+        ref_model, ref_tok = models["base"] if name != "base" else (None, None)
+        figures[name] = {
+            "arith_greedy": evaluate_task(model, tok, "lab-arith", arith_rows),
+            "arith_sampled": evaluate_task(model, tok, "lab-arith", arith_rows, replace(sampled, samples=1)),
+            "assist_greedy": evaluate_task(model, tok, "lab-assist", assist_rows, reference_model=ref_model, reference_tokenizer=ref_tok),
+            "assist_sampled": evaluate_task(model, tok, "lab-assist", assist_rows, sampled, reference_model=ref_model, reference_tokenizer=ref_tok),
+        }
+        (folder / f"{name}.json").write_text(json.dumps(figures[name], indent=2))
+    return figures
+
+
+def print_lab_table(summary: dict) -> None:
+    from rich.table import Table
+
+    ev = summary["eval"]
+    table = Table(title="tether lab: base (pretrained) vs SFT, measured against gold on held-out prompts")
+    table.add_column("figure")
+    for name in ev:
+        table.add_column(name, justify="right")
+    rows = [("arith accuracy (greedy)", "arith_greedy", "accuracy"), ("arith accuracy (sampled)", "arith_sampled", "accuracy"),
+            ("arith format rate", "arith_greedy", "format_rate"), ("arith step accuracy", "arith_greedy", "step_accuracy"),
+            ("assist gold reward (greedy)", "assist_greedy", "gold_reward"),
+            ("assist gold reward (sampled)", "assist_sampled", "gold_reward"),
+            ("assist gold win rate vs base (sampled)", "assist_sampled", "gold_win_rate"),
+            ("assist mean words", "assist_sampled", "mean_words"), ("assist confident words / answer", "assist_sampled", "confident_rate"),
+            ("assist false-fact rate", "assist_sampled", "false_fact_rate"), ("assist distinct-2", "assist_sampled", "distinct_2")]
+    for label, group, key in rows:
+        table.add_row(label, *[_fmt(ev[m][group].get(key)) for m in ev])
+    console.print(table)
+    times = Table(title="time per stage (s)")
+    for name in summary["seconds"]:
+        times.add_column(name, justify="right")
+    times.add_row(*[f"{s:.1f}" + (" (cached)" if summary["cached"][n] else "") for n, s in summary["seconds"].items()])
+    console.print(times)
+    console.print(f"lab run folder: {summary['output']} (summary.json, eval/, sft/final, pretrain/final)")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)

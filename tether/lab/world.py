@@ -33,7 +33,7 @@ class WorldConfig:
     max_value: int = 99
     wrong_fraction: float = 0.3  # of pretraining solutions that contain a slip
     n_pretrain_arith: int = 20000
-    n_sft_arith: int = 15000
+    n_sft_arith: int = 3000
     n_rl_arith: int = 2000
     n_eval_arith: int = 200
     # assist

@@ -64,3 +64,34 @@ def test_eval_command_rejects_rows_without_the_task_columns(llama_dir, tmp_path,
     bad.write_text(json.dumps({"prompt": [{"role": "user", "content": "Compute 1 + 2."}]}) + "\n")
     assert main(["eval", "--model", str(llama_dir), "--task", "lab-arith", "--data", str(bad)]) == 2
     assert "rows.jsonl:1: lab-arith rows need 'prompt' and 'question'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_killed_training_stage_resumes_and_matches_the_uninterrupted_run(quick_lab, monkeypatch):
+    out, first = quick_lab
+    sft = out / "sft"
+    reference = (sft / "metrics.jsonl").read_text()
+    shutil.rmtree(sft)
+    (out / "eval" / "stage.json").unlink()
+
+    from tether.train import logger as logger_module
+
+    original_log = logger_module.MetricsLogger.log
+
+    def die_at_step_50(self, metrics):
+        original_log(self, metrics)
+        if metrics["step"] == 50:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(logger_module.MetricsLogger, "log", die_at_step_50)
+    with pytest.raises(KeyboardInterrupt):
+        run_lab(out, QUICK)
+    monkeypatch.setattr(logger_module.MetricsLogger, "log", original_log)
+    assert (sft / "checkpoint-40").is_dir() and not (sft / "stage.json").exists()
+
+    resumed = run_lab(out, QUICK)
+    assert not resumed["cached"]["sft"] and resumed["cached"]["pretrain"]
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+                          for line in text.splitlines()]
+    assert strip((sft / "metrics.jsonl").read_text()) == strip(reference)
+    assert resumed["eval"] == first["eval"]

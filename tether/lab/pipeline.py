@@ -99,18 +99,26 @@ class Stages:
 
 def _train(model_dir: Path, data: Path, eval_data: Path | None, folder: Path, resume: bool, *, steps: int, batch: int,
            micro: int, lr: float, max_length: int, all_tokens: bool, packing: bool, seed: int) -> dict:
+    keys = ("eval/loss", "eval/ppl", "steps")
+    if resume:
+        if (folder / "summary.json").is_file():  # killed after finishing, before stage.json
+            summary = json.loads((folder / "summary.json").read_text())
+            return {k: summary[k] for k in keys if k in summary}
+        found = latest_checkpoint(folder)
+        if found and found[0] >= steps:  # killed between the last checkpoint and final/: nothing left to resume
+            resume = False
     overrides = {"model.path": str(model_dir), "data.path": str(data), "data.max_length": max_length,
                  "data.train_on_prompt": all_tokens, "data.packing": packing, "optim.lr": lr, "optim.warmup_ratio": 0.05,
                  "train.output": str(folder), "train.batch_size": batch, "train.micro_batch_size": micro,
                  "train.max_steps": steps, "train.eval_every": max(1, steps // 4), "train.save_every": max(1, steps // 4),
                  "train.keep_checkpoints": 1, "train.log_every": max(1, steps // 10), "train.seed": seed,
-                 "train.resume": resume, "train.report_to": ["tensorboard"]}
+                 "train.resume": resume, "train.overwrite": not resume, "train.report_to": ["tensorboard"]}
     if eval_data is not None:
         overrides["data.eval_path"] = str(eval_data)
     else:
         overrides["data.eval_fraction"] = 0.02
     summary = run_sft(build_config(SFTConfig, overrides=overrides, source="lab"))
-    return {k: summary[k] for k in ("eval/loss", "eval/ppl", "steps") if k in summary}
+    return {k: summary[k] for k in keys if k in summary}
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -211,6 +219,18 @@ def print_lab_table(summary: dict) -> None:
     for label, group, key in rows:
         table.add_row(label, *[_fmt(ev[m][group].get(key)) for m in ev])
     console.print(table)
+    ann = summary["world"]["annotators"]
+    people = Table(title=f"simulated annotators on {ann['pairs']} pairs: Fleiss κ {ann['fleiss_kappa']:.2f} "
+                         f"({ann['fleiss_reading']}); majority agrees with gold on {ann['majority_agreement_with_gold']:.1%}")
+    people.add_column("annotator")
+    people.add_column("agrees with gold", justify="right")
+    people.add_column("agrees with majority", justify="right")
+    for name, row in ann["per_annotator"].items():
+        people.add_row(name, f"{row['agreement_with_gold']:.1%}", f"{row['agreement_with_majority']:.1%}")
+    console.print(people)
+    for feature, bias in ann["majority_bias"].items():
+        console.print(f"  the {feature.replace('_', ' ')} answer wins {bias['majority_picks_more']:.1%} of majority votes "
+                      f"where gold would pick it {bias['gold_picks_more']:.1%} ({bias['excess']:+.1%}, {bias['pairs']} pairs)")
     times = Table(title="time per stage (s)")
     for name in summary["seconds"]:
         times.add_column(name, justify="right")

@@ -17,7 +17,7 @@ def quick_lab(tmp_path_factory):
 @pytest.mark.slow
 def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     out, summary = quick_lab
-    assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval"]
+    assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", "rm", "rm_filtered"]
     for path in ("world/world.json", "pretrain/final/config.json", "sft/final/model.safetensors", "eval/sft.json",
                  "summary.json", "sft/metrics.jsonl"):
         assert (out / path).exists(), path
@@ -26,6 +26,18 @@ def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     assert ev["sft"]["assist_sampled"]["gold_win_rate"] > 0.5
     assert ev["sft"]["assist_sampled"]["gold_reward"] > ev["base"]["assist_sampled"]["gold_reward"]
     assert ev["sft"]["arith_greedy"]["format_rate"] >= ev["base"]["arith_greedy"]["format_rate"] - 0.05
+
+
+@pytest.mark.slow
+def test_quick_lab_reward_models_are_judged_against_gold(quick_lab):
+    out, summary = quick_lab
+    rms = summary["reward_models"]
+    assert rms["rm"]["min_agreement"] == 0 and rms["rm_filtered"]["min_agreement"] == QUICK.rm_min_agreement
+    assert rms["rm_filtered"]["filtering"]["kept"] < rms["rm_filtered"]["filtering"]["of"]
+    for r in rms.values():
+        assert r["gold_pairs"] > 50 and r["gold_accuracy"] > 0.5  # better than chance against gold
+        assert 0 <= r["rm_picks_longer"] <= 1 and -1 <= r["length_correlation"] <= 1
+    assert (out / "rm" / "run" / "final" / "reward_normalization.json").is_file()
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ STAGES = {
     "lab": "The offline lab: build the world, pretrain a tiny model, SFT it, measure against gold.",
     "eval": "Measure a model on a lab task against gold: `tether eval --model DIR --task lab-arith`.",
     "sft": "Supervised fine-tuning on prompt/completion, messages or text data.",
-    "data": "Inspect data: `tether data check FILE --model DIR` shows counts and the loss mask.",
+    "rm": "Reward model from preference pairs or ranked lists, with bias probes and normalisation.",
+    "data": "Data tools: `check` (counts, loss mask), `agreement` (annotator κ), `filter` (by agreement, to majority labels).",
 }
 
 
@@ -27,6 +28,7 @@ def _quiet_libraries() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tether.stages.rm import RMConfig
     from tether.stages.sft import SFTConfig
 
     parser = argparse.ArgumentParser(prog="tether", description="Post-training for language models, with a ground-truth lab.")
@@ -36,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--demo", action="store_true",
                      help="Run the built-in demo: writes its own data and a tiny model, needs no files.")
     add_config_arguments(sft, SFTConfig)
+
+    rm = sub.add_parser("rm", help=STAGES["rm"], description=STAGES["rm"])
+    add_config_arguments(rm, RMConfig)
 
     lab = sub.add_parser("lab", help=STAGES["lab"], description=STAGES["lab"])
     lab.add_argument("--output", default="runs/lab", help="Lab run folder; stages already done there with the same recipe are reused.")
@@ -68,6 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--train-on-prompt", action="store_true", help="Show the mask with prompt tokens trained.")
     check.add_argument("--strict", action="store_true", help="Make dropped examples errors.")
     check.add_argument("--index", type=int, default=0, help="Which kept example to render.")
+    agree = data_sub.add_parser("agreement", help="Cohen's κ per annotator pair, Fleiss' κ, per-item agreement, "
+                                                  "agreement with the majority, for rows with a 'votes' mapping.")
+    agree.add_argument("file", help="Preference file whose rows carry votes: {annotator: label}.")
+    agree.add_argument("--annotators", default="", help="Expected annotator ids, A,B,...; any other id is an error.")
+    agree.add_argument("--columns", default="", help="Rename columns, NAME=SOURCE,...")
+    agree.add_argument("--json", default="", help="Also write the statistics to this JSON file.")
+    filt = data_sub.add_parser("filter", help="Keep rows whose majority has at least --min-agreement of the votes, "
+                                              "relabelled to the majority (ties dropped).")
+    filt.add_argument("file", help="Preference file whose rows carry votes.")
+    filt.add_argument("--output", required=True, help="JSONL file to write.")
+    filt.add_argument("--min-agreement", type=float, default=0.0,
+                      help="Fraction of votes that must agree with the majority label (e.g. 0.8 = 4 of 5).")
+    filt.add_argument("--annotators", default="", help="Expected annotator ids, A,B,...; any other id is an error.")
+    filt.add_argument("--columns", default="", help="Rename columns, NAME=SOURCE,...")
     return parser
 
 
@@ -166,6 +185,51 @@ def run_eval_command(args) -> None:
     console.print(f"written to {output}")
 
 
+def run_data_agreement(args) -> None:
+    import json
+
+    from tether.data.records import read_records
+    from tether.data.votes import agreement_statistics, read_votes
+    from tether.train.logger import console
+
+    annotators = [a for a in args.annotators.split(",") if a] or None
+    rows, report = read_votes(read_records(args.file, args.columns), annotators, args.file)
+    stats = agreement_statistics(rows, report.annotators)
+    stats["dropped"] = dict(report.dropped)
+    stats["missing_votes"] = report.missing_votes
+    console.print(f"{args.file}: {report.rows} rows, {len(rows)} with votes, {len(report.annotators)} annotators, "
+                  f"{report.missing_votes} missing votes" + ("; dropped: " + ", ".join(f"{n} {w}" for w, n in report.dropped.items())
+                                                              if report.dropped else ""))
+    if "fleiss_kappa" in stats:
+        f = stats["fleiss_kappa"]
+        console.print(f"Fleiss' κ {f['kappa']:.3f} ({f['reading']}) over {f['items']} items with every vote")
+    for pair, c in stats["cohen_kappa"].items():
+        console.print(f"  Cohen's κ {pair}: {c['kappa']:.3f} ({c['reading']}, {c['items']} items)")
+    for name, a in stats["per_annotator"].items():
+        console.print(f"  {name}: agrees with the majority on {a['agreement_with_majority']:.1%} of {a['votes']} votes")
+    p = stats["per_item"]
+    console.print(f"per item: mean agreement {p['mean_agreement']:.1%}, unanimous {p['unanimous']:.1%}, ties {p['ties']}")
+    console.print("κ reading (Landis & Koch): < 0 poor, 0-0.2 slight, 0.2-0.4 fair, 0.4-0.6 moderate, 0.6-0.8 substantial, > 0.8 almost perfect")
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(stats, indent=2))
+
+
+def run_data_filter(args) -> None:
+    from tether.data.records import read_records
+    from tether.data.votes import filter_by_agreement, read_votes, write_jsonl
+    from tether.train.logger import console
+
+    annotators = [a for a in args.annotators.split(",") if a] or None
+    rows, report = read_votes(read_records(args.file, args.columns), annotators, args.file)
+    kept, dropped = filter_by_agreement(rows, args.min_agreement)
+    dropped.update(report.dropped)
+    write_jsonl(kept, args.output)
+    console.print(f"{args.file}: kept {len(kept)} of {report.rows} rows (majority labels) -> {args.output}"
+                  + ("; dropped: " + ", ".join(f"{n} {w}" for w, n in sorted(dropped.items())) if dropped else ""))
+
+
 def run_data_check(args) -> None:
     from tether.data.records import read_records
     from tether.data.sft import tokenize_records
@@ -209,10 +273,15 @@ def main(argv: list[str] | None = None) -> int:
             run_lab_command(args)
         elif args.stage == "eval":
             run_eval_command(args)
+        elif args.stage == "rm":
+            from tether.stages.rm import RMConfig, run_rm
+
+            run_rm(config_from_args(RMConfig, args))
         elif args.stage == "data":
-            if args.data_command != "check":
+            commands = {"check": run_data_check, "agreement": run_data_agreement, "filter": run_data_filter}
+            if args.data_command not in commands:
                 parser.parse_args(["data", "--help"])
-            run_data_check(args)
+            commands[args.data_command](args)
     except (ConfigError, DataError) as exc:
         print(f"tether {args.stage}: error: {exc}", file=sys.stderr)
         return 2

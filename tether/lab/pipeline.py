@@ -42,6 +42,11 @@ class LabConfig:
     sft_steps: int = 250
     sft_batch: int = 64
     sft_lr: float = 5e-4
+    # reward models on the annotators' pairs: all of them, and those with at least rm_min_agreement of the votes
+    rm_epochs: float = 2.0
+    rm_batch: int = 32
+    rm_lr: float = 3e-4
+    rm_min_agreement: float = 0.8
     # evaluation
     eval_arith: int = 200  # held-out problems (at most world.n_eval_arith)
     assist_samples: int = 4  # sampled answers per held-out request (plus one greedy)
@@ -53,7 +58,7 @@ QUICK = LabConfig(
     world=WorldConfig(n_pretrain_arith=3000, n_pretrain_assist=3000, n_sft_arith=800, n_sft_assist=800, n_rl_arith=300,
                       n_pairs=600, n_pairs_eval=100, n_rankings=50),
     vocab_size=768, hidden=64, layers=2, heads=2, pretrain_steps=250, pretrain_batch=16, sft_steps=80, sft_batch=32,
-    eval_arith=60, assist_samples=2)
+    rm_epochs=1.0, eval_arith=60, assist_samples=2)
 
 
 def _hash(obj) -> str:
@@ -156,11 +161,32 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
                    "temperature": cfg.sample_temperature}
     _, figures = stages.run("eval", eval_recipe, lambda folder, _: _eval_stage(folder, out, world_dir, cfg))
 
+    reward_models = {}
+    for name, min_agreement in (("rm", 0.0), ("rm_filtered", cfg.rm_min_agreement)):
+        recipe = {"sft": sft_hash, "world": world_hash, "epochs": cfg.rm_epochs, "batch": cfg.rm_batch, "lr": cfg.rm_lr,
+                  "min_agreement": min_agreement}
+        _, reward_models[name] = stages.run(name, recipe, lambda folder, resume, m=min_agreement: _rm_stage(
+            folder, resume, out, world_dir, cfg, m))
+
     summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
-               "seconds": stages.timings, "cached": stages.cached}
+               "reward_models": reward_models, "seconds": stages.timings, "cached": stages.cached}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_lab_table(summary)
     return summary
+
+
+def _rm_stage(folder: Path, resume: bool, out: Path, world_dir: Path, cfg: LabConfig, min_agreement: float) -> dict:
+    from tether.lab.reward_eval import filtered_preferences, train_lab_rm
+
+    pairs = world_dir / "prefs.jsonl"
+    filtering = None
+    if min_agreement > 0:
+        pairs = folder / "prefs_filtered.jsonl"
+        filtering = filtered_preferences(world_dir / "prefs.jsonl", pairs, min_agreement)
+    result = train_lab_rm(folder, resume, sft_dir=out / "sft" / "final", pairs=pairs,
+                          eval_pairs=world_dir / "prefs_eval.jsonl", epochs=cfg.rm_epochs, batch=cfg.rm_batch,
+                          lr=cfg.rm_lr, seed=cfg.seed)
+    return {"min_agreement": min_agreement, "filtering": filtering, **result}
 
 
 def _world_stage(folder: Path, world_cfg: WorldConfig) -> dict:
@@ -231,6 +257,24 @@ def print_lab_table(summary: dict) -> None:
     for feature, bias in ann["majority_bias"].items():
         console.print(f"  the {feature.replace('_', ' ')} answer wins {bias['majority_picks_more']:.1%} of majority votes "
                       f"where gold would pick it {bias['gold_picks_more']:.1%} ({bias['excess']:+.1%}, {bias['pairs']} pairs)")
+    if summary.get("reward_models"):
+        rms = summary["reward_models"]
+        rt = Table(title="reward models on the annotators' pairs, judged on held-out pairs against gold")
+        rt.add_column("figure")
+        for name in rms:
+            rt.add_column(name + (f" (agreement >= {rms[name]['min_agreement']:g})" if rms[name]["min_agreement"] else " (all pairs)"),
+                          justify="right")
+        for label, key in (("accuracy vs annotator majority", "annotator_accuracy"), ("accuracy vs gold", "gold_accuracy"),
+                           ("picks the longer answer (gold would)", "rm_picks_longer"),
+                           ("picks the more confident answer (gold would)", "rm_picks_more_confident"),
+                           ("score ~ length correlation", "length_correlation"), ("score shift: + filler sentence", "filler_shift"),
+                           ("score shift: + confident opener", "confident_shift")):
+            cells = []
+            for r in rms.values():
+                gold_key = key.replace("rm_picks", "gold_picks")
+                cells.append(_fmt(r.get(key)) + (f" ({_fmt(r.get(gold_key))})" if key.startswith("rm_picks") else ""))
+            rt.add_row(label, *cells)
+        console.print(rt)
     times = Table(title="time per stage (s)")
     for name in summary["seconds"]:
         times.add_column(name, justify="right")

@@ -126,7 +126,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
                             cfg.train.eval_every, cfg.train.save_every, cfg.train.keep_checkpoints, cfg.train.seed)
     try:
-        last_eval = train_offline(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
+        last_eval, _ = train_offline(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
                                   train_examples=train, eval_examples=evals,
                                   collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id),
                                   objective=SFTObjective(), settings=settings, start_step=start_step, output=out,

@@ -107,8 +107,13 @@ def evaluate(accelerator, model, examples, collate_fn: Callable, objective: Obje
 
 def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, eval_examples, collate_fn: Callable,
                   objective: Objective, settings: LoopSettings, start_step: int, output, tokenizer, logger,
-                  checkpoint_state: Callable[[], dict] = dict) -> dict[str, float]:
-    """Run optimizer steps start_step..total_steps-1; return the last eval metrics."""
+                  checkpoint_state: Callable[[], dict] = dict, evaluate_fn: Callable[[], dict] | None = None,
+                  on_eval: Callable[[int, dict], bool] | None = None) -> tuple[dict[str, float], int]:
+    """Run optimizer steps start_step..total_steps-1; return (last eval metrics, steps done).
+
+    ``evaluate_fn`` replaces the default held-out loss evaluation; ``on_eval(step, metrics)`` sees every
+    evaluation and returns True to stop early (a checkpoint is written at that step).
+    """
     world, rank = accelerator.num_processes, accelerator.process_index
     per_process = settings.batch_size // world
     accum = per_process // settings.micro_batch_size
@@ -155,11 +160,18 @@ def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, e
         metrics["time/step_s"] = elapsed
         metrics[f"perf/{unit}_per_s"] = step_units_f / max(elapsed, 1e-9)
         is_last = done == settings.total_steps
+        stop = False
         if eval_examples and ((settings.eval_every and done % settings.eval_every == 0) or is_last):
-            last_eval = evaluate(accelerator, model, eval_examples, collate_fn, objective, settings.micro_batch_size)
+            if evaluate_fn is not None:
+                last_eval = evaluate_fn()
+            else:
+                last_eval = evaluate(accelerator, model, eval_examples, collate_fn, objective, settings.micro_batch_size)
+            stop = bool(on_eval(done, last_eval)) if on_eval else False  # may add keys (best, alarms) to last_eval
             metrics.update(last_eval)
         logger.log(metrics)
-        if settings.save_every and (done % settings.save_every == 0 or is_last):
+        if settings.save_every and (done % settings.save_every == 0 or is_last or stop):
             save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, done, output,
                             checkpoint_state(), settings.keep_checkpoints)
-    return last_eval
+        if stop:
+            return last_eval, done
+    return last_eval, settings.total_steps

@@ -1,0 +1,49 @@
+"""Hand-computed cases for the reward-model losses."""
+import math
+
+import pytest
+import torch
+
+from tether.algorithms.reward import all_pairs_loss, bradley_terry_loss, plackett_luce_loss, reward_centering_penalty
+
+
+def test_bradley_terry_hand_computed():
+    chosen, rejected = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0])
+    # −log σ(1) = log(1 + e^−1) = 0.31326; −log σ(0) = log 2
+    torch.testing.assert_close(bradley_terry_loss(chosen, rejected), torch.tensor([math.log1p(math.exp(-1)), math.log(2)]))
+    # margin 1 turns the first pair into −log σ(0)
+    torch.testing.assert_close(bradley_terry_loss(chosen, rejected, torch.tensor([1.0, 0.0]))[0], torch.tensor(math.log(2)))
+
+
+def test_bradley_terry_gradient_pushes_scores_apart():
+    chosen = torch.tensor([0.0], requires_grad=True)
+    rejected = torch.tensor([0.0], requires_grad=True)
+    bradley_terry_loss(chosen, rejected).sum().backward()
+    assert chosen.grad.item() == pytest.approx(-0.5) and rejected.grad.item() == pytest.approx(0.5)  # ∓σ(0)
+
+
+def test_centering_penalty():
+    assert reward_centering_penalty(torch.tensor([1.0]), torch.tensor([2.0]), 0.01).item() == pytest.approx(0.09)
+
+
+def test_plackett_luce_hand_computed_and_reduces_to_bradley_terry_for_two():
+    scores = torch.tensor([[2.0, 1.0, 0.0]])
+    # k=1: 2 − log(e²+e+1); k=2: 1 − log(e+1); k=3: 0
+    expected = -((2 - math.log(math.e**2 + math.e + 1)) + (1 - math.log(math.e + 1)))
+    assert plackett_luce_loss(scores).item() == pytest.approx(expected)
+    pair = torch.tensor([[0.3, -0.4]])
+    assert plackett_luce_loss(pair).item() == pytest.approx(bradley_terry_loss(pair[:, 0], pair[:, 1]).item())
+
+
+def test_plackett_luce_padding_is_ignored():
+    padded = torch.tensor([[2.0, 1.0, 123.0]])
+    mask = torch.tensor([[True, True, False]])
+    assert plackett_luce_loss(padded, mask).item() == pytest.approx(plackett_luce_loss(padded[:, :2]).item())
+
+
+def test_all_pairs_hand_computed():
+    scores = torch.tensor([[2.0, 1.0, 0.0]])
+    sp = lambda d: math.log1p(math.exp(-d))  # −log σ(d)
+    assert all_pairs_loss(scores).item() == pytest.approx((sp(1) + sp(2) + sp(1)) / 3)
+    mask = torch.tensor([[True, True, False]])
+    assert all_pairs_loss(scores, mask).item() == pytest.approx(sp(1))

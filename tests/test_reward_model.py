@@ -1,0 +1,198 @@
+"""Reward models: padding invariance, the objective, tether rm end to end, over-fitting, normalisation."""
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from tether.config import ConfigError, build_config
+from tether.data.preferences import collate_preferences, tokenize_preferences
+from tether.data.records import DataError, Record
+from tether.lab.world import WorldConfig, build_world
+from tether.models import load_tokenizer
+from tether.reward_model import load_normalization, load_reward_model, score_texts
+from tether.stages.rm import RewardObjective, RMConfig, run_rm
+from tether.train.early_stop import OverfitDetector
+
+from conftest import write_jsonl
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_score_is_invariant_to_padding_side_and_amount(arch, model_dirs):
+    tok = load_tokenizer(model_dirs[arch])
+    rm = load_reward_model(model_dirs[arch], tok)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        rm.inner.score.weight.normal_()  # a non-zero head, so scores differ between texts
+    rm.eval()
+    ids = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    alone = torch.stack([rm(torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long))[0] for r in ids])
+    for side in ("right", "left"):
+        for extra in (0, 4):
+            width = 5 + extra
+            batch = torch.full((2, width), tok.pad_token_id)
+            mask = torch.zeros((2, width), dtype=torch.long)
+            for i, r in enumerate(ids):
+                if side == "right":
+                    batch[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+                else:
+                    batch[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
+            torch.testing.assert_close(rm(batch, mask), alone, atol=1e-5, rtol=1e-4)
+    # The pad id plays no part: padding with EOS (a real token id) gives the same scores.
+    eos_padded = torch.tensor([[10, 11, 12, tok.eos_token_id, tok.eos_token_id]])
+    torch.testing.assert_close(rm(eos_padded, torch.tensor([[1, 1, 1, 0, 0]]))[0], alone[1], atol=1e-5, rtol=1e-4)
+
+
+def test_new_heads_start_at_zero_and_are_named(llama_dir):
+    tok = load_tokenizer(llama_dir)
+    rm = load_reward_model(llama_dir, tok, ["helpful", "safe"])
+    assert rm.head_names == ["helpful", "safe"]
+    assert torch.all(rm(torch.tensor([[5, 6]]), torch.ones(1, 2, dtype=torch.long)) == 0)
+
+
+def test_pair_objective_hand_computed():
+    objective = RewardObjective(center_coef=0.5)
+    scores = torch.tensor([[2.0, 0.0], [1.0, 1.0],   # chosen rows: pair 0, pair 1
+                           [0.0, 1.0], [1.0, 0.0]])  # rejected rows
+    batch = {"margin": torch.tensor([1.0, 0.0]), "head_labels": torch.tensor([[1, -1], [1, 0]])}
+    loss, stats = objective.pair_losses(scores, batch)
+    sp = lambda d: math.log1p(math.exp(-d))  # −log σ(d)
+    # pair 0: head 0 −log σ(2−0−1) + 0.5·(2+0)²; head 1 labelled "rejected": −log σ(1−0) + 0.5·(0+1)²
+    # pair 1: head 0 −log σ(1−1) + 0.5·(1+1)²; head 1 unlabelled: nothing
+    expected = (sp(1) + 2.0) + (sp(1) + 0.5) + (sp(0) + 2.0)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert stats["accuracy"].item() == 1.0  # pair 0 right (2 > 0), pair 1 tied (1 > 1 is false)
+    assert stats["margin"].item() == pytest.approx(2.0)
+
+
+def test_ranked_list_objective_matches_plackett_luce():
+    from tether.algorithms.reward import plackett_luce_loss
+
+    objective = RewardObjective("plackett-luce")
+    scores = torch.tensor([[3.0], [1.0], [2.0], [0.5], [0.0], [9.0]])  # 2 lists of K=3, best first
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+
+    class Fixed(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return scores
+
+    loss, stats = objective.loss_sum(Fixed(), {"input_ids": None, "attention_mask": None, "list_mask": mask})
+    assert loss.item() == pytest.approx(plackett_luce_loss(scores.view(2, 3), mask).sum().item())
+    assert stats["accuracy"].item() == pytest.approx(2 / 3 + 1.0)  # list 1: (3>1, 3>2, 1<2); list 2: 0.5 > 0
+
+
+def test_preference_data_errors_and_drops(tokenizer):
+    rec = lambda fields, i=1: Record(fields, f"p.jsonl:{i}")
+    with pytest.raises(DataError, match=r"p.jsonl:1: preference data needs 'chosen' and 'rejected'"):
+        tokenize_preferences([rec({"prompt": "a", "answer": "b"})], tokenizer, 64, ["reward"])
+    with pytest.raises(DataError, match=r"p.jsonl:1: field 'score' must be a number"):
+        tokenize_preferences([rec({"prompt": "a", "chosen": "b", "rejected": "c", "score": "big"})], tokenizer, 64,
+                             ["reward"], margin_column="score")
+    with pytest.raises(DataError, match=r"p.jsonl:1: field 'safe' \(label of head safe\) must be 'chosen', 'rejected' or null"):
+        tokenize_preferences([rec({"chosen": "b", "rejected": "c", "safe": "yes"})], tokenizer, 64, ["reward", "safe"])
+    with pytest.raises(DataError, match=r"p.jsonl:1: field 'ranking' must list every index"):
+        tokenize_preferences([rec({"responses": ["a", "b"], "ranking": [0, 0]})], tokenizer, 64, ["reward"])
+    rows = [rec({"prompt": "q", "chosen": "same", "rejected": "same"}), rec({"prompt": "q", "chosen": "x" * 200, "rejected": "y"}, 2),
+            rec({"prompt": "q", "chosen": "good", "rejected": "bad"}, 3)]
+    examples, report = tokenize_preferences(rows, tokenizer, 64, ["reward"])
+    assert len(examples) == 1
+    assert report.dropped == {"with chosen equal to rejected": 1, "longer than max_length=64 tokens": 1}
+    with pytest.raises(DataError, match=r"p.jsonl:1: example with chosen equal to rejected \(--strict\)"):
+        tokenize_preferences(rows, tokenizer, 64, ["reward"], strict=True)
+    batch = collate_preferences(examples, tokenizer.pad_token_id)
+    assert batch["input_ids"].shape[0] == 2  # chosen and rejected in one forward
+
+
+def test_overfit_detector_logic():
+    det = OverfitDetector(drop=0.02, patience=2)
+    fired = [det.update(s, a) for s, a in [(1, 0.6), (2, 0.7), (3, 0.69), (4, 0.67), (5, 0.66), (6, 0.5)]]
+    # 0.69 is within 0.02 of the best 0.7; 0.67 and 0.66 are two in a row below 0.68 -> fires at step 5, once
+    assert fired == [False, False, False, False, True, False]
+    assert det.best == 0.7 and det.best_step == 2 and det.fired_at == 5
+
+
+@pytest.fixture(scope="module")
+def lab_prefs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("prefs")
+    build_world(folder, WorldConfig(n_pretrain_arith=10, n_pretrain_assist=20, n_sft_arith=10, n_sft_assist=10,
+                                    n_rl_arith=10, n_eval_arith=10, n_pairs=400, n_pairs_eval=150, n_rankings=40))
+    return folder
+
+
+def rm_config(model_dir, train, evals, out, **extra):
+    overrides = {"model.path": str(model_dir), "data.path": str(train), "data.eval_path": str(evals),
+                 "data.max_length": 256, "optim.lr": 3e-3, "train.output": str(out), "train.batch_size": 16,
+                 "train.micro_batch_size": 8, "train.save_every": 0, "train.report_to": ["none"]}
+    overrides.update({k.replace("__", "."): v for k, v in extra.items()})
+    return build_config(RMConfig, overrides=overrides)
+
+
+@pytest.mark.slow
+def test_overfitting_run_fires_the_detector_and_stops(llama_dir, lab_prefs, tmp_path):
+    rows = (lab_prefs / "prefs.jsonl").read_text().splitlines()
+    small = tmp_path / "small.jsonl"
+    small.write_text("\n".join(rows[:48]) + "\n")  # tiny data, many epochs
+    summary = run_rm(rm_config(llama_dir, small, lab_prefs / "prefs_eval.jsonl", tmp_path / "rm", train__epochs=60.0,
+                               train__eval_every=5, rm__overfit_patience=3, rm__early_stop=True))
+    assert summary["overfit_alarm_step"] is not None
+    assert summary["steps"] == summary["overfit_alarm_step"] < 180  # stopped early
+    best = max(a for _, a in summary["eval_history"])
+    assert summary["best_accuracy"] == best and summary["eval/accuracy"] < best - 0.02
+    metrics = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["eval/overfit_alarm"] == 1.0
+    assert (tmp_path / "rm" / "best" / "reward_normalization.json").is_file()
+
+
+@pytest.mark.slow
+def test_rm_learns_the_lab_preferences_and_writes_probes_and_normalisation(llama_dir, lab_prefs, tmp_path):
+    out = tmp_path / "rm"
+    summary = run_rm(rm_config(llama_dir, lab_prefs / "prefs.jsonl", lab_prefs / "prefs_eval.jsonl", out,
+                               train__epochs=2.0, train__eval_every=10))
+    assert summary["eval/accuracy"] > 0.6  # above chance (0.5) on held-out prompts, from a random tiny model
+    for key in ("eval/margin", "eval/chosen_mean", "eval/chosen_q90", "eval/rejected_std"):
+        assert key in summary
+    probes = summary["probes"]
+    assert -1 <= probes["length_correlation"] <= 1 and set(probes["counterfactual"]) == {"filler", "confident"}
+    norm = load_normalization(out / "final")
+    assert norm["reward"]["n"] > 200 and norm["reward"]["std"] > 0
+    # final/ is a standard sequence-classification folder
+    hf = AutoModelForSequenceClassification.from_pretrained(out / "final")
+    assert hf.config.num_labels == 1 and hf.config.id2label[0] == "reward"
+    # normalised scores over the reference set have mean 0 and std 1
+    tok = load_tokenizer(out / "final")
+    rm = load_reward_model(out / "final", tok)
+    from tether.data.preferences import render_response
+
+    rows = [json.loads(line) for line in (lab_prefs / "prefs_eval.jsonl").read_text().splitlines()]
+    fits = lambda r: all(len(tok(render_response(tok, r["prompt"], r[s], "t", s))["input_ids"]) <= 256
+                         for s in ("chosen", "rejected"))
+    texts = [render_response(tok, r["prompt"], r[s], "t", s) for r in rows if fits(r) for s in ("chosen", "rejected")]
+    assert len(texts) == norm["reward"]["n"]  # the reference set: held-out pairs kept by the length policy
+    z = (score_texts(rm, tok, texts)[:, 0] - norm["reward"]["mean"]) / norm["reward"]["std"]
+    assert abs(z.mean().item()) < 1e-3 and abs(z.std(unbiased=False).item() - 1) < 1e-3
+
+
+def test_normalisation_asked_but_missing_is_an_error(llama_dir):
+    with pytest.raises(ConfigError, match="reward_normalization.json does not exist"):
+        load_normalization(llama_dir)
+
+
+@pytest.mark.slow
+def test_multi_head_ranked_and_lora_variants_train(llama_dir, tmp_path):
+    pairs = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats are dogs.",
+              "safe": ["chosen", "rejected", None][i % 3]} for i in range(24)]
+    write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    s = run_rm(rm_config(llama_dir, tmp_path / "pairs.jsonl", tmp_path / "pairs.jsonl", tmp_path / "multi",
+                         rm__heads=["helpful", "safe"], train__max_steps=6))
+    assert "eval/accuracy_safe" in s and s["heads"] == ["helpful", "safe"]
+    lists = [{"prompt": "Q: ", "responses": ["a b", "Cats sleep a lot.", "Cats are dogs."], "ranking": [1, 2, 0]}] * 16
+    write_jsonl(tmp_path / "lists.jsonl", lists)
+    for loss in ("plackett-luce", "all-pairs"):
+        s = run_rm(rm_config(llama_dir, tmp_path / "lists.jsonl", tmp_path / "lists.jsonl", tmp_path / loss,
+                             rm__ranking_loss=loss, train__max_steps=8))
+        assert s["eval/accuracy"] > 0.5
+    s = run_rm(rm_config(llama_dir, tmp_path / "pairs.jsonl", tmp_path / "pairs.jsonl", tmp_path / "lora",
+                         model__lora_r=4, model__lora_alpha=8.0, train__max_steps=4))
+    merged = AutoModelForSequenceClassification.from_pretrained(tmp_path / "lora" / "final")
+    assert not any("lora" in n for n, _ in merged.named_parameters())

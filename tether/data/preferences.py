@@ -1,0 +1,164 @@
+"""Preference data for reward models: pairs (prompt/chosen/rejected) and ranked lists (prompt/responses/ranking).
+
+Each (prompt, response) is rendered to one text — the chat template for
+conversational rows, prompt + response + EOS for strings — and tokenised once.
+Pairs whose chosen equals rejected, over-long texts and rows without a
+label are dropped and counted (errors with strict), like SFT data.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from tether.data.records import DataError, Record
+from tether.data.sft import _check_messages, _check_str, _render_chat
+
+HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
+
+
+@dataclass
+class PairExample:
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    margin: float
+    head_labels: list[int]  # per head: +1 chosen better, -1 rejected better, 0 no label
+    where: str
+
+
+@dataclass
+class RankedExample:
+    ranked_ids: list[list[int]]  # best first
+    where: str
+
+
+@dataclass
+class PreferenceReport:
+    path: str
+    format: str = "?"
+    records: int = 0
+    examples: int = 0
+    dropped: Counter = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        text = f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples"
+        if self.dropped:
+            text += "; dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items())) + \
+                    " (use --strict to make these errors)"
+        return text
+
+
+def render_response(tokenizer, prompt, response, where: str, field_name: str) -> str:
+    """One text for (prompt, response): chat template for message lists, else prompt + response + EOS."""
+    if isinstance(response, list) or isinstance(prompt, list):
+        messages = (_check_messages(prompt, where, "prompt") if prompt else []) + _check_messages(response, where, field_name)
+        text = _render_chat(tokenizer, messages, where).rstrip()  # the score is read at the final EOS, not a newline
+        return text
+    prompt = _check_str(prompt or "", where, "prompt")
+    response = _check_str(response, where, field_name)
+    eos = tokenizer.eos_token or ""
+    return prompt + response + ("" if response.endswith(eos) else eos)
+
+
+def _content(response) -> str:
+    return response if isinstance(response, str) else " ".join(m.get("content", "") for m in response)
+
+
+def tokenize_preferences(records: list[Record], tokenizer, max_length: int, heads: list[str],
+                         margin_column: str = "", strict: bool = False, path: str = "data"):
+    """PairExample or RankedExample list and a report."""
+    report = PreferenceReport(path=str(path), records=len(records))
+    if not records:
+        raise DataError(f"{path}: no records")
+    first = records[0].fields
+    if "chosen" in first and "rejected" in first:
+        report.format = "pairs"
+    elif "responses" in first and "ranking" in first:
+        report.format = "ranked lists"
+    else:
+        raise DataError(f"{records[0].where}: preference data needs 'chosen' and 'rejected' (pairs) or 'responses' and "
+                        f"'ranking' (ranked lists), each with an optional 'prompt'; the record has {sorted(first)}. "
+                        "Map other names with --columns")
+    examples = []
+
+    def ids_of(text, where):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > max_length:
+            raise _Drop(f"longer than max_length={max_length} tokens")
+        return ids
+
+    for rec in records:
+        f, where = rec.fields, rec.where
+        try:
+            if report.format == "pairs":
+                if "chosen" not in f or "rejected" not in f:
+                    raise DataError(f"{where}: missing 'chosen' or 'rejected'; the record has {sorted(f)}")
+                if _content(f["chosen"]).strip() == _content(f["rejected"]).strip():
+                    raise _Drop("with chosen equal to rejected")
+                margin = 0.0
+                if margin_column:
+                    if margin_column not in f:
+                        raise DataError(f"{where}: margin column {margin_column!r} is missing; the record has {sorted(f)}")
+                    if not isinstance(f[margin_column], (int, float)) or isinstance(f[margin_column], bool):
+                        raise DataError(f"{where}: field {margin_column!r} must be a number, got {f[margin_column]!r}")
+                    margin = float(f[margin_column])
+                labels = [1]
+                for head in heads[1:]:
+                    value = f.get(head)
+                    if value not in HEAD_LABELS:
+                        raise DataError(f"{where}: field {head!r} (label of head {head}) must be 'chosen', 'rejected' "
+                                        f"or null, got {value!r}")
+                    labels.append(HEAD_LABELS[value])
+                chosen = ids_of(render_response(tokenizer, f.get("prompt"), f["chosen"], where, "chosen"), where)
+                rejected = ids_of(render_response(tokenizer, f.get("prompt"), f["rejected"], where, "rejected"), where)
+                examples.append(PairExample(chosen, rejected, margin, labels, where))
+            else:
+                responses, ranking = f.get("responses"), f.get("ranking")
+                if not isinstance(responses, list) or len(responses) < 2:
+                    raise DataError(f"{where}: field 'responses' must be a list of at least 2 responses")
+                if sorted(ranking or []) != list(range(len(responses))):
+                    raise DataError(f"{where}: field 'ranking' must list every index of 'responses' once, best first; "
+                                    f"got {ranking!r} for {len(responses)} responses")
+                ranked = [ids_of(render_response(tokenizer, f.get("prompt"), responses[i], where, f"responses[{i}]"), where)
+                          for i in ranking]
+                examples.append(RankedExample(ranked, where))
+        except _Drop as drop:
+            if strict:
+                raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
+            report.dropped[str(drop.args[0])] += 1
+    report.examples = len(examples)
+    if not examples:
+        raise DataError(f"{path}: every record was dropped ({report.summary()})")
+    return examples, report
+
+
+class _Drop(Exception):
+    pass
+
+
+def _pad(rows: list[list[int]], pad_id: int):
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids, mask
+
+
+def collate_preferences(examples: list, pad_id: int) -> dict[str, torch.Tensor]:
+    """Pairs: 2B rows, chosen first then rejected, so both are scored in one forward. Lists: B·K rows and a (B, K) mask."""
+    if isinstance(examples[0], PairExample):
+        ids, mask = _pad([e.chosen_ids for e in examples] + [e.rejected_ids for e in examples], pad_id)
+        return {"input_ids": ids, "attention_mask": mask,  # (2B, T)
+                "margin": torch.tensor([e.margin for e in examples]),  # (B,)
+                "head_labels": torch.tensor([e.head_labels for e in examples])}  # (B, heads)
+    k = max(len(e.ranked_ids) for e in examples)
+    rows, list_mask = [], torch.zeros((len(examples), k), dtype=torch.bool)
+    for i, e in enumerate(examples):
+        for j in range(k):
+            rows.append(e.ranked_ids[j] if j < len(e.ranked_ids) else e.ranked_ids[-1])  # filler rows are masked out
+            list_mask[i, j] = j < len(e.ranked_ids)
+    ids, mask = _pad(rows, pad_id)
+    return {"input_ids": ids, "attention_mask": mask, "list_mask": list_mask}  # (B·K, T), (B, K)

@@ -1,0 +1,138 @@
+"""Reward models: a scalar head per objective on a causal-LM backbone, scored at the last real token.
+
+Stored as a standard Hugging Face sequence-classification folder (one label per
+head, `id2label` naming the heads), so `AutoModelForSequenceClassification`
+loads it; `reward_normalization.json` beside it holds per-head score mean and std.
+
+The score is read at the last position whose attention-mask entry is 1 and
+position ids come from the mask, so padding side and amount change nothing
+(transformers' own classifier heads find the last token through the pad id,
+which breaks when pad equals EOS).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+from tether.config import ConfigError
+from tether.models import DTYPES, _check_dir, is_peft
+
+NORM_FILE = "reward_normalization.json"
+
+
+class RewardModel(nn.Module):
+    """Wraps a *ForSequenceClassification model (or a peft model of one); forward returns (B, heads) scores."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    @property
+    def inner(self):
+        return self.model.get_base_model() if is_peft(self.model) else self.model
+
+    @property
+    def head_names(self) -> list[str]:
+        cfg = self.inner.config
+        return [cfg.id2label[i] for i in range(cfg.num_labels)]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        inner = self.inner
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T), 0 at the first real token
+        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  use_cache=False).last_hidden_state  # (B, T, H)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last = (positions * attention_mask.long()).argmax(-1)  # (B,) last real token, for left or right padding
+        pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
+        return self.score_head(pooled).float()  # (B, heads)
+
+    @property
+    def score_head(self):
+        head = getattr(self.inner, "score", None)
+        if head is None:
+            raise ConfigError(f"{type(self.inner).__name__} has no 'score' head; tether's reward models need an "
+                              "architecture whose sequence-classification class names its head 'score' (llama, qwen2, gpt2, mistral, ...)")
+        return head
+
+    def save_pretrained(self, folder: str | Path, **kwargs) -> None:
+        self.model.save_pretrained(str(folder), **kwargs)
+
+
+def load_reward_model(path: str | Path, tokenizer, head_names: list[str] | None = None, dtype: str = "float32",
+                      trust_remote_code: bool = False) -> RewardModel:
+    """From a reward-model folder (heads as saved) or a causal-LM folder (new, zero-initialised heads)."""
+    path = _check_dir(path, "model")
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    torch_dtype = "auto" if dtype == "auto" else DTYPES[dtype]
+    is_rm = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+    if is_rm:
+        saved = [config.id2label[i] for i in range(config.num_labels)]
+        if head_names and list(head_names) != saved:
+            raise ConfigError(f"{path} is a reward model with heads {saved}; --heads {head_names} does not match")
+        model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch_dtype,
+                                                                   trust_remote_code=trust_remote_code)
+    else:
+        names = list(head_names or ["reward"])
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(path), num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
+            dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        with torch.no_grad():
+            model.score.weight.zero_()  # every head starts at score 0: no arbitrary initial preference
+            if getattr(model.score, "bias", None) is not None:
+                model.score.bias.zero_()
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return RewardModel(model)
+
+
+def apply_reward_lora(rm: RewardModel, r: int, alpha: float, dropout: float, target_modules: list[str]) -> RewardModel:
+    from peft import LoraConfig, get_peft_model
+
+    targets = target_modules[0] if target_modules == ["all-linear"] else list(target_modules)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, task_type="SEQ_CLS",
+                     modules_to_save=["score"])
+    return RewardModel(get_peft_model(rm.model, cfg))
+
+
+def save_reward_model(rm: RewardModel, tokenizer, folder: str | Path, normalization: dict | None) -> None:
+    """A plain sequence-classification folder (LoRA merged) with the tokenizer and normalisation statistics."""
+    model = rm.model
+    if is_peft(model):
+        import copy
+
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    if normalization is not None:
+        (Path(folder) / NORM_FILE).write_text(json.dumps(normalization, indent=2))
+
+
+def load_normalization(folder: str | Path) -> dict:
+    path = Path(folder) / NORM_FILE
+    if not path.is_file():
+        raise ConfigError(f"reward normalisation was asked for but {path} does not exist; it is written by `tether rm` "
+                          "at the end of training (or turn normalisation off)")
+    return json.loads(path.read_text())
+
+
+@torch.no_grad()
+def score_texts(rm: RewardModel, tokenizer, texts: list[str], batch_size: int = 32, max_length: int = 1024) -> torch.Tensor:
+    """(N, heads) scores of full texts (prompt and response already rendered), in batches."""
+    rm.eval()
+    device = next(rm.parameters()).device
+    out = []
+    for start in range(0, len(texts), batch_size):
+        enc = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True,
+                        add_special_tokens=False).to(device)
+        too_long = (enc["attention_mask"].sum(-1) > max_length).nonzero()
+        if len(too_long):
+            i = start + int(too_long[0])
+            raise ConfigError(f"text {i} is longer than max_length={max_length} tokens; reward models score whole texts "
+                              "and never truncate them silently")
+        out.append(rm(enc["input_ids"], enc["attention_mask"]).cpu())
+    return torch.cat(out) if out else torch.zeros(0, len(rm.head_names))

@@ -1,0 +1,275 @@
+"""`tether rm`: reward models from preference pairs or ranked lists (ALGORITHMS §2).
+
+Trains with the shared offline loop; evaluates held-out accuracy, margin and the
+score distribution; keeps best/ by validation accuracy; watches for
+over-fitting; ends with bias probes and normalisation statistics (rm_probes.py).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from tether.algorithms.reward import all_pairs_loss, bradley_terry_loss, plackett_luce_loss, reward_centering_penalty
+from tether.config import ConfigError, choice, config_to_dict, option
+from tether.data.preferences import PairExample, collate_preferences, tokenize_preferences
+from tether.data.records import read_records
+from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
+from tether.sections import ModelSection, OptimSection, TrainSection
+from tether.stages import common
+from tether.stages.rm_probes import normalization_stats, run_probes
+from tether.stages.sft import split_records
+from tether.train.checkpoint import load_training_state, write_atomically
+from tether.train.early_stop import OverfitDetector
+from tether.train.logger import MetricsLogger, console
+from tether.train.offline import LoopSettings, train_offline
+
+
+@dataclass(frozen=True)
+class RMDataSection:
+    """Preference data: prompt/chosen/rejected pairs or prompt/responses/ranking lists (docs/reward-models.md)."""
+
+    path: str = option("", "Training preferences: .jsonl, .json, .parquet or a datasets folder.", flag="--data")
+    eval_path: str = option("", "Held-out preferences; if empty, eval_fraction of the training rows is held out.", flag="--eval-data")
+    eval_fraction: float = option(0.1, "Fraction of rows held out when no --eval-data.")
+    split: str = option("train", "Split of a datasets folder.")
+    columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. chosen=better,rejected=worse.")
+    max_length: int = option(1024, "Longest prompt+response in tokens; longer pairs are dropped and counted (--strict: error).")
+    strict: bool = option(False, "Make dropped rows errors.")
+    margin_column: str = option("", "Column with a per-pair margin m >= 0 for -log σ(r_w - r_l - m) (Llama 2). Empty: no margin.")
+    probe_path: str = option("", "Your own probe pairs (prompt, original, modified, probe) to measure score shifts after training.")
+    norm_path: str = option("", "Reference preferences whose responses give the normalisation mean/std; default: the held-out set.")
+
+
+@dataclass(frozen=True)
+class RMSection:
+    """Reward-model objective, heads and over-fitting detection."""
+
+    heads: list = option(["reward"], "Head names. The first learns from chosen/rejected; each other head H from column H "
+                                     "('chosen', 'rejected' or null per row).")
+    ranking_loss: str = option("plackett-luce", "Loss for ranked lists: plackett-luce or all-pairs (InstructGPT).",
+                               choices=("plackett-luce", "all-pairs"))
+    center_coef: float = option(0.0, "Reward centring η: adds η (r_w + r_l)² per pair (Eisenstein et al. 2023). Typical 0.01.")
+    overfit_drop: float = option(0.02, "Over-fitting alarm: validation accuracy this far below its best ...")
+    overfit_patience: int = option(3, "... for this many evaluations in a row.")
+    early_stop: bool = option(False, "Stop training when the over-fitting alarm fires.")
+
+    def __post_init__(self):
+        if not self.heads or len(set(self.heads)) != len(self.heads):
+            raise ConfigError(f"heads={self.heads}: give one or more distinct names")
+        choice(self.ranking_loss, ("plackett-luce", "all-pairs"), "ranking_loss")
+        if self.center_coef < 0 or self.overfit_drop < 0 or self.overfit_patience < 1:
+            raise ConfigError("center_coef and overfit_drop must be >= 0, overfit_patience >= 1")
+
+
+@dataclass(frozen=True)
+class RMConfig:
+    model: ModelSection = ModelSection()
+    data: RMDataSection = RMDataSection()
+    rm: RMSection = RMSection()
+    optim: OptimSection = OptimSection()
+    train: TrainSection = TrainSection()
+
+
+class RewardObjective:
+    """Σ of pairwise (or list) losses over the batch; the loop divides by the step's pair count."""
+
+    unit = "pairs"
+
+    def __init__(self, ranking_loss: str = "plackett-luce", center_coef: float = 0.0):
+        self.ranking_loss, self.center_coef = ranking_loss, center_coef
+
+    def count(self, batch: dict) -> int:
+        return int(batch["margin"].shape[0]) if "margin" in batch else int(batch["list_mask"].shape[0])
+
+    def loss_sum(self, model, batch: dict):
+        scores = model(batch["input_ids"], batch["attention_mask"])  # (2B, heads) or (B·K, heads)
+        if "margin" in batch:
+            return self.pair_losses(scores, batch)
+        b, k = batch["list_mask"].shape
+        ranked = scores[:, 0].view(b, k)  # (B, K) best first
+        fn = plackett_luce_loss if self.ranking_loss == "plackett-luce" else all_pairs_loss
+        losses = fn(ranked, batch["list_mask"])
+        return losses.sum(), {"accuracy": ordered_pair_accuracy(ranked, batch["list_mask"]).sum()}
+
+    def pair_losses(self, scores: torch.Tensor, batch: dict):
+        b = batch["margin"].shape[0]
+        chosen, rejected = scores[:b], scores[b:]  # (B, heads)
+        labels = batch["head_labels"].to(scores.device)  # (B, heads) +1 / -1 / 0
+        better = torch.where(labels >= 0, chosen, rejected)
+        worse = torch.where(labels >= 0, rejected, chosen)
+        margin = torch.zeros_like(chosen)
+        margin[:, 0] = batch["margin"].to(scores.device)  # the margin column belongs to the main preference
+        per = bradley_terry_loss(better, worse, margin)  # (B, heads)
+        if self.center_coef:
+            per = per + reward_centering_penalty(chosen, rejected, self.center_coef)
+        per = torch.where(labels != 0, per, torch.zeros_like(per))
+        return per.sum(), {"accuracy": (chosen[:, 0] > rejected[:, 0]).float().sum(),
+                           "margin": (chosen[:, 0] - rejected[:, 0]).sum()}
+
+
+def ordered_pair_accuracy(ranked: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per list: fraction of (better, worse) pairs whose scores are in the right order. (B, K) -> (B,)."""
+    k = ranked.shape[-1]
+    upper = torch.triu(torch.ones(k, k, dtype=torch.bool, device=ranked.device), diagonal=1)
+    valid = upper & mask.unsqueeze(-1) & mask.unsqueeze(-2)
+    right = (ranked.unsqueeze(-1) > ranked.unsqueeze(-2)) & valid
+    return right.sum((-1, -2)).float() / valid.sum((-1, -2)).clamp(min=1)
+
+
+@torch.no_grad()
+def evaluate_rm(model, examples, pad_id: int, objective: RewardObjective, heads: list[str], micro: int,
+                device) -> dict[str, float]:
+    """Held-out loss, accuracy (per head), margin and score distributions (every process evaluates the whole set)."""
+    model.eval()
+    loss, n, chosen, rejected, labels, list_acc = 0.0, 0, [], [], [], []
+    for start in range(0, len(examples), micro):
+        batch = {k: v.to(device) for k, v in collate_preferences(examples[start : start + micro], pad_id).items()}
+        loss_sum, stats = objective.loss_sum(model, batch)
+        loss += float(loss_sum)
+        n += objective.count(batch)
+        if "margin" in batch:
+            scores = model(batch["input_ids"], batch["attention_mask"]).cpu()
+            b = batch["margin"].shape[0]
+            chosen.append(scores[:b])
+            rejected.append(scores[b:])
+            labels.append(batch["head_labels"].cpu())
+        else:
+            list_acc.append(float(stats["accuracy"]))
+    model.train()
+    out = {"eval/loss": loss / max(1, n)}
+    if not chosen:
+        out["eval/accuracy"] = sum(list_acc) / max(1, n)
+        return out
+    c, r, lab = torch.cat(chosen), torch.cat(rejected), torch.cat(labels)
+    out["eval/accuracy"] = (c[:, 0] > r[:, 0]).float().mean().item()
+    out["eval/margin"] = (c[:, 0] - r[:, 0]).mean().item()
+    for h, name in enumerate(heads[1:], start=1):
+        has = lab[:, h] != 0
+        if has.any():
+            right = torch.where(lab[:, h] > 0, c[:, h] > r[:, h], r[:, h] > c[:, h])
+            out[f"eval/accuracy_{name}"] = right[has].float().mean().item()
+    for side, values in (("chosen", c[:, 0]), ("rejected", r[:, 0])):
+        out[f"eval/{side}_mean"] = values.mean().item()
+        out[f"eval/{side}_std"] = values.std(unbiased=False).item()
+        for q in (0.1, 0.5, 0.9):
+            out[f"eval/{side}_q{int(q * 100)}"] = torch.quantile(values, q).item()
+    return out
+
+
+def load_trainable_rm(cfg: RMConfig, tokenizer, checkpoint: Path | None):
+    m = cfg.model
+    heads = list(cfg.rm.heads)
+    if m.lora_r > 0:
+        rm = load_reward_model(m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
+        if checkpoint is not None:
+            from peft import PeftModel
+
+            from tether.reward_model import RewardModel
+
+            return RewardModel(PeftModel.from_pretrained(rm.model, str(checkpoint), is_trainable=True))
+        return apply_reward_lora(rm, m.lora_r, m.lora_alpha, m.lora_dropout, list(m.lora_target_modules))
+    return load_reward_model(checkpoint or m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
+
+
+def run_rm(cfg: RMConfig) -> dict:
+    t_start = time.perf_counter()
+    for value, flag in ((cfg.model.path, "--model"), (cfg.data.path, "--data"), (cfg.train.output, "--output")):
+        if not value:
+            raise ConfigError(f"{flag} is required")
+    accelerator = common.make_accelerator(cfg.model.device)
+    config = config_to_dict(cfg)
+    start_step, checkpoint = common.prepare_output(accelerator, cfg.train.output, cfg.train.resume, cfg.train.overwrite, config)
+    out = Path(cfg.train.output)
+    torch.manual_seed(cfg.train.seed)
+    tokenizer = common.load_stage_tokenizer(cfg.model)
+    d = cfg.data
+    records = read_records(d.path, d.columns, d.split)
+    train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
+                             else split_records(records, d.eval_fraction, cfg.train.seed))
+    heads = list(cfg.rm.heads)
+    train, report = tokenize_preferences(train_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict, d.path)
+    reports = [report]
+    evals = []
+    if eval_recs:
+        evals, eval_report = tokenize_preferences(eval_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict,
+                                                  d.eval_path or f"{d.path} (held out)")
+        reports.append(eval_report)
+    total_steps = cfg.train.total_steps(len(train))
+    accum = cfg.train.grad_accum(accelerator.num_processes)
+    if start_step >= total_steps:
+        raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} of {total_steps}; nothing left to train")
+    model = load_trainable_rm(cfg, tokenizer, checkpoint)
+    optimizer, scheduler = common.build_optimizer(model, cfg.optim, total_steps)
+    if checkpoint is not None:
+        load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
+            "batch per optimizer step": cfg.train.batch_size,
+            "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",
+            "optimizer steps": total_steps, "start step": start_step, "model": common.parameter_summary(model)}
+    if accelerator.is_main_process:
+        for r in reports:
+            console.print(r.summary())
+        common.show_plan(plan, "tether rm")
+        (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+    objective = RewardObjective(cfg.rm.ranking_loss, cfg.rm.center_coef)
+    detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
+    unwrapped = accelerator.unwrap_model(model)
+
+    def on_eval(step: int, metrics: dict) -> bool:
+        fired = detector.update(step, metrics["eval/accuracy"])
+        metrics["eval/best_accuracy"] = detector.best
+        metrics["eval/overfit_alarm"] = float(detector.fired_at is not None)
+        if detector.best_step == step and accelerator.is_main_process:
+            write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "best")
+        if fired and accelerator.is_main_process:
+            console.print(f"[bold red]over-fitting: validation accuracy {metrics['eval/accuracy']:.3f} has been more than "
+                          f"{cfg.rm.overfit_drop} below its best {detector.best:.3f} (step {detector.best_step}) for "
+                          f"{cfg.rm.overfit_patience} evaluations[/]" + (" — stopping" if cfg.rm.early_stop else ""))
+        return fired and cfg.rm.early_stop
+
+    logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
+                           enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="rm")
+    settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
+                            cfg.train.eval_every, cfg.train.save_every, cfg.train.keep_checkpoints, cfg.train.seed)
+    try:
+        last_eval, steps_done = train_offline(
+            accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_examples=train,
+            eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id),
+            objective=objective, settings=settings, start_step=start_step, output=out, tokenizer=tokenizer,
+            logger=logger, on_eval=on_eval,
+            evaluate_fn=lambda: evaluate_rm(unwrapped, evals, tokenizer.pad_token_id, objective, heads,
+                                            cfg.train.micro_batch_size, accelerator.device))
+    finally:
+        logger.close()
+    summary = {"stage": "rm", "steps": steps_done, "heads": heads, "resumed_from": start_step or None, **last_eval,
+               "best_step": detector.best_step, "best_accuracy": detector.best if detector.history else None,
+               "overfit_alarm_step": detector.fired_at, "eval_history": detector.history,
+               "data": [r.summary() for r in reports]}
+    if accelerator.is_main_process:
+        # Probe and normalise on the rows that were trained/evaluated on (not those dropped as too long).
+        kept = {e.where for e in (evals or train)}
+        eval_rows = [r.fields for r in (eval_recs or train_recs) if r.where in kept][:1000]
+        norm_rows = [r.fields for r in read_records(d.norm_path, d.columns, d.split)] if d.norm_path else eval_rows
+        probe_rows = [r.fields for r in read_records(d.probe_path)] if d.probe_path else []
+        probes, normalization = run_probes(unwrapped, tokenizer, eval_rows, norm_rows, probe_rows, d.max_length)
+        summary["probes"] = probes
+        summary["normalization"] = normalization
+        write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, normalization), out / "final")
+        if (out / "best").is_dir():  # best/ has its own weights, so its own statistics
+            best = load_reward_model(out / "best", tokenizer)
+            best_norm = normalization_stats(best, tokenizer, norm_rows, d.max_length)
+            (out / "best" / NORM_FILE).write_text(json.dumps(best_norm, indent=2))
+        summary["wall_s"] = round(time.perf_counter() - t_start, 2)
+        common.write_json(out / "summary.json", summary)
+        console.print(f"reward model: {out / 'final'} (best by validation accuracy: {out / 'best'}, step "
+                      f"{detector.best_step}); accuracy {last_eval.get('eval/accuracy', float('nan')):.3f}; "
+                      f"length correlation {probes['length_correlation']:.2f}; "
+                      + "; ".join(f"{k} shift {v['mean_shift']:+.3f}" for k, v in probes["counterfactual"].items()))
+    accelerator.wait_for_everyone()
+    return summary

@@ -38,3 +38,34 @@ def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path):
         assert ("eval/loss" in a) == ("eval/loss" in b)
         if "eval/loss" in a:
             assert a["eval/loss"] == pytest.approx(b["eval/loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
+    from tether.config import build_config
+    from tether.stages.rm import RMConfig, run_rm
+
+    rows = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 5), "rejected": "Cats are dogs." + " no" * (i % 3)}
+            for i in range(40)]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--max-length", "64", "--lr", "3e-3",
+              "--batch-size", "8", "--micro-batch-size", "2", "--max-steps", "4", "--eval-every", "2", "--save-every", "0",
+              "--report-to", "none"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
+           "-m", "tether", "rm", *common, "--output", str(tmp_path / "two")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    overrides = {"model.path": str(llama_dir), "data.path": str(data), "data.eval_path": str(data), "data.max_length": 64,
+                 "optim.lr": 3e-3, "train.output": str(tmp_path / "one"), "train.batch_size": 8,
+                 "train.micro_batch_size": 2, "train.max_steps": 4, "train.eval_every": 2, "train.save_every": 0,
+                 "train.report_to": ["none"]}
+    run_rm(build_config(RMConfig, overrides=overrides))
+    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    for a, b in zip(m1, m2):
+        assert a["train/pairs"] == b["train/pairs"] == 8
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
+        if "eval/accuracy" in a:
+            assert a["eval/accuracy"] == pytest.approx(b["eval/accuracy"])

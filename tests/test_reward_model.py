@@ -196,3 +196,57 @@ def test_multi_head_ranked_and_lora_variants_train(llama_dir, tmp_path):
                          model__lora_r=4, model__lora_alpha=8.0, train__max_steps=4))
     merged = AutoModelForSequenceClassification.from_pretrained(tmp_path / "lora" / "final")
     assert not any("lora" in n for n, _ in merged.named_parameters())
+
+
+def test_rm_resume_matches_the_uninterrupted_run(llama_dir, lab_prefs, tmp_path, monkeypatch):
+    rows = (lab_prefs / "prefs.jsonl").read_text().splitlines()
+    small = tmp_path / "small.jsonl"
+    small.write_text("\n".join(rows[:64]) + "\n")
+    cfg = lambda out, **kw: rm_config(llama_dir, small, lab_prefs / "prefs_eval.jsonl", out, train__max_steps=6,
+                                      train__save_every=2, train__eval_every=3, **kw)
+    run_rm(cfg(tmp_path / "whole"))
+    from tether.train import logger as logger_module
+
+    original_log = logger_module.MetricsLogger.log
+
+    def die_at_step_5(self, metrics):
+        original_log(self, metrics)
+        if metrics["step"] == 5:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(logger_module.MetricsLogger, "log", die_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        run_rm(cfg(tmp_path / "killed"))
+    monkeypatch.setattr(logger_module.MetricsLogger, "log", original_log)
+    summary = run_rm(cfg(tmp_path / "killed", train__resume=True))
+    assert summary["resumed_from"] == 4
+    read = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+                      for line in (p / "metrics.jsonl").read_text().splitlines()]
+    assert read(tmp_path / "killed") == read(tmp_path / "whole")
+
+
+def test_scorer_normalises_combines_heads_and_probe_file(llama_dir, tmp_path):
+    from tether.reward_model import RewardScorer
+
+    pairs = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats are dogs.",
+              "safe": "rejected" if i % 2 else "chosen"} for i in range(16)]
+    write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    probes = [{"prompt": "Q: ", "original": "Cats sleep a lot.", "modified": "Cats sleep a lot. Cats sleep a lot.",
+               "probe": "repeat"}] * 3
+    write_jsonl(tmp_path / "probes.jsonl", probes)
+    out = tmp_path / "rm"
+    summary = run_rm(rm_config(llama_dir, tmp_path / "pairs.jsonl", tmp_path / "pairs.jsonl", out,
+                               rm__heads=["helpful", "safe"], train__max_steps=4, data__probe_path=str(tmp_path / "probes.jsonl")))
+    assert summary["probes"]["counterfactual"]["repeat"]["n"] == 3
+    texts = ["Q: Cats sleep a lot.<|im_end|>", "Q: Cats are dogs.<|im_end|>"]
+    raw = RewardScorer(out / "final", normalize=False).head_scores(texts)
+    stats = load_normalization(out / "final")
+    scorer = RewardScorer(out / "final", weights={"helpful": 1.0, "safe": 0.5})
+    expected = ((raw[:, 0] - stats["helpful"]["mean"]) / stats["helpful"]["std"]
+                + 0.5 * (raw[:, 1] - stats["safe"]["mean"]) / stats["safe"]["std"])
+    assert scorer(texts) == pytest.approx(expected.tolist(), rel=1e-5, abs=1e-6)
+    with pytest.raises(ConfigError, match=r"reward weights name heads \['harmless'\]"):
+        RewardScorer(out / "final", weights={"harmless": 1.0})
+    (out / "final" / "reward_normalization.json").unlink()
+    with pytest.raises(ConfigError, match="normalisation was asked for"):
+        RewardScorer(out / "final")

@@ -136,3 +136,39 @@ def score_texts(rm: RewardModel, tokenizer, texts: list[str], batch_size: int = 
                               "and never truncate them silently")
         out.append(rm(enc["input_ids"], enc["attention_mask"]).cpu())
     return torch.cat(out) if out else torch.zeros(0, len(rm.head_names))
+
+
+class RewardScorer:
+    """A trained reward model used as a reward: per-head scores, optionally normalised, combined with weights.
+
+    reward(x, y) = Σ_h w_h · ŝ_h(x, y),  ŝ_h = (s_h − mean_h) / std_h when normalising (statistics from
+    reward_normalization.json; their absence is an error), else s_h. Weights default to 1 for the first head
+    and 0 for the others.
+    """
+
+    def __init__(self, path: str | Path, weights: dict[str, float] | None = None, normalize: bool = True,
+                 device: str | torch.device = "cpu", max_length: int = 1024):
+        from tether.models import load_tokenizer
+
+        self.tokenizer = load_tokenizer(path)
+        self.model = load_reward_model(path, self.tokenizer).to(device).eval()
+        names = self.model.head_names
+        weights = dict(weights) if weights else {names[0]: 1.0}
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise ConfigError(f"reward weights name heads {unknown}; the model at {path} has heads {names}")
+        self.weights = torch.tensor([float(weights.get(n, 0.0)) for n in names])
+        self.mean, self.std = torch.zeros(len(names)), torch.ones(len(names))
+        if normalize:
+            stats = load_normalization(path)
+            self.mean = torch.tensor([stats[n]["mean"] for n in names])
+            self.std = torch.tensor([stats[n]["std"] for n in names])
+        self.max_length = max_length
+
+    def head_scores(self, texts: list[str]) -> torch.Tensor:
+        """(N, heads) normalised (or raw) scores of full rendered texts."""
+        raw = score_texts(self.model, self.tokenizer, texts, max_length=self.max_length)
+        return (raw - self.mean) / self.std
+
+    def __call__(self, texts: list[str]) -> list[float]:
+        return (self.head_scores(texts) @ self.weights).tolist()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -205,8 +205,11 @@ def run_rm(cfg: RMConfig) -> dict:
         raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} of {total_steps}; nothing left to train")
     model = load_trainable_rm(cfg, tokenizer, checkpoint)
     optimizer, scheduler = common.build_optimizer(model, cfg.optim, total_steps)
+    detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
     if checkpoint is not None:
-        load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index)
+        state = load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index)
+        if "overfit" in state:  # the detector's memory of earlier evaluations continues too
+            detector = OverfitDetector(**{**state["overfit"], "history": [tuple(h) for h in state["overfit"]["history"]]})
     model, optimizer = accelerator.prepare(model, optimizer)
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
             "batch per optimizer step": cfg.train.batch_size,
@@ -218,7 +221,6 @@ def run_rm(cfg: RMConfig) -> dict:
         common.show_plan(plan, "tether rm")
         (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
     objective = RewardObjective(cfg.rm.ranking_loss, cfg.rm.center_coef)
-    detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
     unwrapped = accelerator.unwrap_model(model)
 
     def on_eval(step: int, metrics: dict) -> bool:
@@ -242,7 +244,7 @@ def run_rm(cfg: RMConfig) -> dict:
             accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_examples=train,
             eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id),
             objective=objective, settings=settings, start_step=start_step, output=out, tokenizer=tokenizer,
-            logger=logger, on_eval=on_eval,
+            logger=logger, on_eval=on_eval, checkpoint_state=lambda: {"overfit": asdict(detector)},
             evaluate_fn=lambda: evaluate_rm(unwrapped, evals, tokenizer.pad_token_id, objective, heads,
                                             cfg.train.micro_batch_size, accelerator.device))
     finally:

@@ -1,0 +1,111 @@
+"""Hand-computed cases for the PPO pieces and KL estimators (groundwork for the PPO stage)."""
+import math
+
+import pytest
+import torch
+
+from tether.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3
+from tether.algorithms.ppo import (adaptive_kl_coef, clipped_policy_loss, clipped_value_loss, explained_variance,
+                                   gae_advantages, masked_whiten, shape_token_rewards)
+
+
+def test_kl_estimators_hand_computed():
+    logp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    assert kl_k1(logp, ref).item() == pytest.approx(math.log(2))
+    assert kl_k2(logp, ref).item() == pytest.approx(0.5 * math.log(2) ** 2)
+    assert kl_k3(logp, ref).item() == pytest.approx(0.5 - 1 + math.log(2))  # r = 0.5
+    with pytest.raises(ValueError, match="k4"):
+        kl_estimate(logp, ref, "k4")
+
+
+def test_k1_k3_unbiased_and_k2_k3_non_negative_by_monte_carlo():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.3, 0.5])
+    true_kl = float((p * (p / q).log()).sum())
+    gen = torch.Generator().manual_seed(0)
+    samples = torch.multinomial(p, 200_000, replacement=True, generator=gen)
+    logp, logq = p.log()[samples], q.log()[samples]
+    assert kl_k1(logp, logq).mean().item() == pytest.approx(true_kl, abs=0.01)
+    assert kl_k3(logp, logq).mean().item() == pytest.approx(true_kl, abs=0.01)
+    assert (kl_k2(logp, logq) >= 0).all() and (kl_k3(logp, logq) >= 0).all()
+    assert (kl_k1(logp, logq) < 0).any()  # k1 is negative on some tokens
+
+
+def test_kl_shaping_puts_the_score_on_the_last_valid_token():
+    rewards = shape_token_rewards(torch.tensor([2.0]), torch.tensor([[0.1, 0.2, 0.3, 9.0]]),
+                                  torch.tensor([[1, 1, 1, 0]]), kl_coef=0.5)
+    torch.testing.assert_close(rewards, torch.tensor([[-0.05, -0.1, 2.0 - 0.15, 0.0]]))
+
+
+def test_gae_hand_computed_and_padding_invariant():
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7]])
+    adv, ret = gae_advantages(rewards, values, torch.ones(1, 3), gamma=1.0, lam=0.5)
+    # δ2 = 1 − 0.7 = 0.3; δ1 = 0.7 − 0.6 = 0.1, A1 = 0.1 + 0.5·0.3 = 0.25; δ0 = 0.1, A0 = 0.1 + 0.5·0.25 = 0.225
+    torch.testing.assert_close(adv, torch.tensor([[0.225, 0.25, 0.3]]))
+    torch.testing.assert_close(ret, torch.tensor([[0.725, 0.85, 1.0]]))
+    # λ = 1: Monte-Carlo return minus value
+    adv1, _ = gae_advantages(rewards, values, torch.ones(1, 3), gamma=1.0, lam=1.0)
+    torch.testing.assert_close(adv1, torch.tensor([[0.5, 0.4, 0.3]]))
+    # garbage in padded positions changes nothing
+    padded_r = torch.tensor([[0.0, 0.0, 1.0, 7.0, -3.0]])
+    padded_v = torch.tensor([[0.5, 0.6, 0.7, 5.0, 5.0]])
+    adv_p, ret_p = gae_advantages(padded_r, padded_v, torch.tensor([[1, 1, 1, 0, 0]]), gamma=1.0, lam=0.5)
+    torch.testing.assert_close(adv_p[:, :3], adv)
+    torch.testing.assert_close(ret_p[:, :3], ret)
+    assert adv_p[:, 3:].abs().sum() == 0 and ret_p[:, 3:].abs().sum() == 0
+
+
+def test_masked_whiten():
+    out = masked_whiten(torch.tensor([[1.0, 2.0, 3.0, 100.0]]), torch.tensor([[1, 1, 1, 0]]))
+    s = math.sqrt(2 / 3)
+    torch.testing.assert_close(out, torch.tensor([[-1 / s, 0.0, 1 / s, 0.0]]), atol=1e-5, rtol=1e-5)
+
+
+def test_clipped_policy_loss_hand_computed_and_clipped_tokens_get_no_gradient():
+    ratios = torch.tensor([[1.5, 1.5, 0.5, 0.5, 1.25]])
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0, 1.0]])
+    logp = ratios.log().clone().requires_grad_(True)
+    loss, clipped = clipped_policy_loss(logp, torch.zeros_like(logp), adv, torch.ones_like(adv), 0.2, 0.28)
+    # ρ=1.5,A=+1: max(−1.5, −1.28) = −1.28 clipped; ρ=1.5,A=−1: max(1.5, 1.28) = 1.5;
+    # ρ=0.5,A=−1: max(0.5, 0.8) = 0.8 clipped; ρ=0.5,A=+1: max(−0.5, −0.8) = −0.5; ρ=1.25 < 1.28: −1.25
+    torch.testing.assert_close(loss.detach(), torch.tensor([[-1.28, 1.5, 0.8, -0.5, -1.25]]))
+    assert clipped.tolist() == [[True, False, True, False, False]]
+    loss.sum().backward()
+    # d/dlogp of −ρA is −ρA; clipped tokens get exactly zero gradient
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 1.5, 0.0, -0.5, -1.25]]))
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    logp = torch.tensor([[math.log(5.0)]], requires_grad=True)
+    loss, clipped = clipped_policy_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), dual_clip=3.0)
+    assert loss.item() == pytest.approx(3.0) and clipped.item()  # min(max(5, 1.2), 3) = 3
+    loss.sum().backward()
+    assert logp.grad.item() == 0.0
+
+
+def test_policy_loss_ignores_padding():
+    loss, clipped = clipped_policy_loss(torch.tensor([[0.3, 5.0]]), torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]),
+                                        torch.tensor([[1, 0]]))
+    assert loss[0, 1] == 0 and not clipped[0, 1]
+
+
+def test_clipped_value_loss_hand_computed():
+    loss, clipped = clipped_value_loss(torch.tensor([[1.0, 0.6]]), torch.tensor([[0.5, 0.5]]),
+                                       torch.tensor([[2.0, 2.0]]), torch.ones(1, 2), clip_range=0.2)
+    # V=1.0: clip to 0.7, (0.7−2)² = 1.69 > (1−2)² = 1 -> 0.845; V=0.6 inside the range: ½(0.6−2)² = 0.98
+    torch.testing.assert_close(loss, torch.tensor([[0.845, 0.98]]))
+    assert clipped.tolist() == [[True, False]]
+
+
+def test_adaptive_kl_controller_hand_computed():
+    # KL twice the target: error clipped to +0.2; β = 0.1 (1 + 0.2 · 256 / 10000)
+    assert adaptive_kl_coef(0.1, 12.0, 6.0, 10000, 256) == pytest.approx(0.1 * (1 + 0.2 * 256 / 10000))
+    assert adaptive_kl_coef(0.1, 5.4, 6.0, 1000, 100) == pytest.approx(0.1 * (1 - 0.1 * 0.1))
+    assert adaptive_kl_coef(0.1, 6.0, 6.0, 1000, 100) == pytest.approx(0.1)
+
+
+def test_explained_variance():
+    g = torch.tensor([[1.0, 2.0, 3.0]])
+    assert explained_variance(g, g, torch.ones(1, 3)) == pytest.approx(1.0)
+    assert explained_variance(torch.full((1, 3), 2.0), g, torch.ones(1, 3)) == pytest.approx(0.0)

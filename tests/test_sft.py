@@ -68,6 +68,8 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(llama_dir, addition_
     monkeypatch.setattr(logger_module.MetricsLogger, "log", original_log)
     assert (killed / "checkpoint-4").is_dir() and not (killed / "final").exists()
     (killed / ".checkpoint-6.partial").mkdir()  # a write interrupted mid-way must be ignored
+    with (killed / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 6, "train/lo')  # and so must a metrics line cut short by the kill
 
     summary = run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=2, train__resume=True))
     assert summary["resumed_from"] == 4

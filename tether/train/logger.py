@@ -21,9 +21,16 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep the lines up to ``last_step``; a line cut short by a kill (not valid JSON) is dropped too."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if line.strip() and json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue
     path.write_text("".join(line + "\n" for line in kept))
 
 

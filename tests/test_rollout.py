@@ -1,0 +1,84 @@
+"""The online core: stop set and response mask, step-0 invariants, log-prob padding/batch invariance."""
+import copy
+
+import pytest
+import torch
+
+from tether.models import load_model, load_tokenizer
+from tether.rollout import Rollout, generate_rollout, response_logprobs, response_mask_from_stops
+
+
+def test_response_mask_includes_the_first_stop_and_flags_truncation():
+    ids = torch.tensor([[5, 6, 2, 7, 2], [5, 6, 7, 8, 9], [2, 3, 3, 3, 3]])
+    mask, truncated = response_mask_from_stops(ids, [2])
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert truncated.tolist() == [False, True, False]
+
+
+@pytest.fixture(scope="module")
+def policy(llama_dir):
+    tok = load_tokenizer(llama_dir)
+    return load_model(llama_dir, tok), tok
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+def test_step_zero_policy_equals_reference_ratio_one_kl_zero(policy, temperature):
+    model, tok = policy
+    reference = copy.deepcopy(model).eval()
+    torch.manual_seed(0)
+    prompts = ["What is 1 + 2?\n", "Tell me about cats.", "hi"]
+    rollout = generate_rollout(model, tok, prompts, max_new_tokens=12, temperature=temperature)
+    with torch.no_grad():
+        old = response_logprobs(model, rollout, temperature)
+        ref = response_logprobs(reference, rollout, temperature)
+    new = response_logprobs(model, rollout, temperature)
+    torch.testing.assert_close(old, ref)
+    ratio = torch.exp(new - old)[rollout.response_mask.bool()]
+    torch.testing.assert_close(ratio, torch.ones_like(ratio))
+    assert (rollout.response_mask.sum(-1) >= 1).all()
+
+
+def test_logprobs_match_the_sampling_distribution_of_generate(policy):
+    """The log-probs at temperature τ are those generate() sampled from: check against a manual forward."""
+    model, tok = policy
+    torch.manual_seed(1)
+    rollout = generate_rollout(model, tok, ["Tell me about cats."], max_new_tokens=6, temperature=0.8)
+    full = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
+    with torch.no_grad():
+        logits = model(input_ids=full).logits[0] / 0.8
+        expected = torch.log_softmax(logits, -1)[torch.arange(rollout.prompt_ids.shape[1] - 1, full.shape[1] - 1),
+                                                 rollout.response_ids[0]]
+        got = response_logprobs(model, rollout, 0.8)[0]
+    n = int(rollout.response_mask.sum())
+    torch.testing.assert_close(got[:n], expected[:n], atol=1e-5, rtol=1e-4)
+
+
+def test_logprobs_do_not_depend_on_padding_or_batch_company(policy):
+    model, tok = policy
+    prompt_a, prompt_b = tok("What is 1 + 2?\n")["input_ids"], tok("hi")["input_ids"]
+    resp_a, resp_b = [7, 8, 9, tok.eos_token_id], [10, 11]
+
+    def batch(prompts, responses):
+        p = max(len(x) for x in prompts)
+        t = max(len(x) for x in responses)
+        pid = torch.tensor([[tok.pad_token_id] * (p - len(x)) + x for x in prompts])
+        pm = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
+        rid = torch.tensor([x + [tok.pad_token_id] * (t - len(x)) for x in responses])
+        rm = torch.tensor([[1] * len(x) + [0] * (t - len(x)) for x in responses])
+        return Rollout(pid, pm, rid, rm, torch.zeros(len(prompts), dtype=torch.bool), [], [])
+
+    with torch.no_grad():
+        alone = response_logprobs(model, batch([prompt_b], [resp_b]), 1.0)[0, :2]
+        together = response_logprobs(model, batch([prompt_a, prompt_b], [resp_a, resp_b]), 1.0)[1, :2]
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-4)
+
+
+def test_entropy_is_positive_and_masked(policy):
+    model, tok = policy
+    torch.manual_seed(2)
+    rollout = generate_rollout(model, tok, ["hi", "Tell me about cats."], max_new_tokens=8)
+    with torch.no_grad():
+        _, entropy = response_logprobs(model, rollout, 1.0, with_entropy=True)
+    valid = rollout.response_mask.bool()
+    assert (entropy[valid] > 0).all() and (entropy[~valid] == 0).all()
+    assert entropy[valid].max() <= torch.log(torch.tensor(float(model.config.vocab_size))) + 1e-4

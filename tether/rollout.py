@@ -1,0 +1,110 @@
+"""The online core shared by PPO and the GRPO family: sampling rollouts and scoring their tokens.
+
+One stop set decides, alike for the generator, the response mask, the
+truncation flag and the metrics, where a response ends. One log-prob function
+serves old, reference and current log-probs, always under the sampling
+transform (logits / temperature), and asks the model for response logits only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tether.algorithms.logprobs import token_logprobs
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled responses. B rows (prompts × samples), P prompt and T response positions."""
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded prompt tokens
+    prompt_mask: torch.Tensor  # (B, P) 1 on real prompt tokens
+    response_ids: torch.Tensor  # (B, T) generated tokens, right-padded with pad_id after the stop token
+    response_mask: torch.Tensor  # (B, T) 1 on generated tokens up to and including the stop token
+    truncated: torch.Tensor  # (B,) bool: no stop token within max_new_tokens
+    prompts: list[str]  # (B,) rendered prompt text
+    responses: list[str]  # (B,) response text, special tokens removed
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)  # (B,)
+
+
+def stop_token_ids(tokenizer, model=None) -> list[int]:
+    """The stop set: the generation config's EOS ids and the tokenizer's EOS."""
+    ids: list[int] = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])) + [tokenizer.eos_token_id]:
+        if value is not None and value not in ids:
+            ids.append(int(value))
+    if not ids:
+        raise ValueError("no EOS token: neither the tokenizer nor the generation config defines one")
+    return ids
+
+
+def response_mask_from_stops(response_ids: torch.Tensor, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask (B, T): 1 up to and including the first stop token; truncated (B,): no stop token at all)."""
+    is_stop = torch.isin(response_ids, torch.tensor(stop_ids, device=response_ids.device))
+    stops_before = torch.cumsum(is_stop.long(), dim=-1) - is_stop.long()  # stop tokens strictly before t
+    mask = (stops_before == 0).long()
+    truncated = ~is_stop.any(-1)
+    return mask, truncated
+
+
+@torch.no_grad()
+def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None) -> Rollout:
+    """Sample one response per prompt with the KV cache; prompts are left-padded, positions come from the mask."""
+    if temperature <= 0:
+        raise ValueError("rollouts sample: temperature must be > 0 (the log-probs are computed at that temperature)")
+    stop_ids = stop_ids or stop_token_ids(tokenizer, model)
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        device = next(model.parameters()).device
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    finally:
+        tokenizer.padding_side = side
+    was_training = model.training
+    model.eval()
+    out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k,
+                         max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    model.train(was_training)
+    response_ids = out[:, enc["input_ids"].shape[1]:]
+    mask, truncated = response_mask_from_stops(response_ids, stop_ids)
+    response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    return Rollout(enc["input_ids"], enc["attention_mask"], response_ids, mask, truncated, list(prompts), texts)
+
+
+def _forward_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask) -> torch.Tensor:
+    """Logits at the positions that predict response tokens: (B, T, V). Prompt logits are never computed."""
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (B, P+T)
+    attention = torch.cat([prompt_mask, response_mask], dim=1)  # (B, P+T)
+    position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
+    t = response_ids.shape[1]
+    try:
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
+                       logits_to_keep=t + 1).logits
+    except TypeError:  # a model without logits_to_keep: compute all, keep the tail
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).logits
+    return logits[:, -(t + 1):-1]  # position P−1+t predicts response token t
+
+
+def response_logprobs(model, rollout: Rollout, temperature: float, with_entropy: bool = False):
+    """log π(a_t | s_t) of the response tokens under the sampling transform; (B, T), 0 on padding.
+
+    With with_entropy, also the per-token entropy of π(· | s_t) at that temperature, (B, T).
+    """
+    logits = _forward_response_logits(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                      rollout.response_mask)
+    logprobs = token_logprobs(logits, rollout.response_ids, temperature) * rollout.response_mask
+    if not with_entropy:
+        return logprobs
+    entropy = torch.empty_like(logprobs)
+    for start in range(0, logits.shape[0], 8):  # chunked like token_logprobs: never a full (B, T, V) float copy
+        rows = logits[start : start + 8].float() / temperature
+        logp = torch.log_softmax(rows, -1)
+        entropy[start : start + 8] = -(logp.exp() * logp).sum(-1)
+    return logprobs, entropy * rollout.response_mask

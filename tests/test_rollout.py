@@ -82,3 +82,27 @@ def test_entropy_is_positive_and_masked(policy):
     valid = rollout.response_mask.bool()
     assert (entropy[valid] > 0).all() and (entropy[~valid] == 0).all()
     assert entropy[valid].max() <= torch.log(torch.tensor(float(model.config.vocab_size))) + 1e-4
+
+
+def test_value_model_reads_each_state_and_ignores_padding(llama_dir, policy):
+    from tether.value_model import load_value_model
+
+    _, tok = policy
+    critic = load_value_model(llama_dir, tok)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        critic.rm.inner.score.weight.normal_()
+    prompt = tok("hi")["input_ids"]
+    one = Rollout(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), torch.tensor([[7, 8, 9]]),
+                  torch.ones(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.bool), [], [])
+    padded = Rollout(torch.tensor([[tok.pad_token_id] * 2 + prompt]), torch.tensor([[0, 0] + [1] * len(prompt)]),
+                     torch.tensor([[7, 8, 9, tok.pad_token_id]]), torch.tensor([[1, 1, 1, 0]]),
+                     torch.zeros(1, dtype=torch.bool), [], [])
+    with torch.no_grad():
+        v1, v2 = critic(one), critic(padded)
+    torch.testing.assert_close(v2[:, :3], v1, atol=1e-5, rtol=1e-4)
+    assert v2[0, 3] == 0
+    # V(s_0) is read where the prompt ends: the same as the reward model's score of the prompt alone
+    with torch.no_grad():
+        prompt_score = critic.rm(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))[0, 0]
+    torch.testing.assert_close(v1[0, 0], prompt_score, atol=1e-5, rtol=1e-4)

@@ -57,3 +57,29 @@ def addition_files(tmp_path):
     for r in rows:
         del r["answer"]
     return write_jsonl(tmp_path / "train.jsonl", rows[:200]), write_jsonl(tmp_path / "eval.jsonl", rows[200:])
+
+
+class killed_after_step:
+    """Context manager: the next training run dies (KeyboardInterrupt) right after logging step ``step``,
+    as a kill between two checkpoints would leave it."""
+
+    def __init__(self, monkeypatch, step: int):
+        from tether.train import logger as logger_module
+
+        self.monkeypatch, self.step, self.module = monkeypatch, step, logger_module
+        self.original = logger_module.MetricsLogger.log
+
+    def __enter__(self):
+        original, step = self.original, self.step
+
+        def log_then_die(logger, metrics):
+            original(logger, metrics)
+            if metrics["step"] == step:
+                raise KeyboardInterrupt(f"killed after step {step}")
+
+        self.monkeypatch.setattr(self.module.MetricsLogger, "log", log_then_die)
+        return self
+
+    def __exit__(self, *exc):
+        self.monkeypatch.setattr(self.module.MetricsLogger, "log", self.original)
+        return False

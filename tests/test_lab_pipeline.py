@@ -7,6 +7,8 @@ import pytest
 from tether.cli import main
 from tether.lab.pipeline import QUICK, run_lab
 
+from conftest import killed_after_step
+
 
 @pytest.fixture(scope="module")
 def quick_lab(tmp_path_factory):
@@ -86,19 +88,8 @@ def test_a_killed_training_stage_resumes_and_matches_the_uninterrupted_run(quick
     shutil.rmtree(sft)
     (out / "eval" / "stage.json").unlink()
 
-    from tether.train import logger as logger_module
-
-    original_log = logger_module.MetricsLogger.log
-
-    def die_at_step_50(self, metrics):
-        original_log(self, metrics)
-        if metrics["step"] == 50:
-            raise KeyboardInterrupt("killed")
-
-    monkeypatch.setattr(logger_module.MetricsLogger, "log", die_at_step_50)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_after_step(monkeypatch, 50), pytest.raises(KeyboardInterrupt):
         run_lab(out, QUICK)
-    monkeypatch.setattr(logger_module.MetricsLogger, "log", original_log)
     assert (sft / "checkpoint-40").is_dir() and not (sft / "stage.json").exists()
 
     resumed = run_lab(out, QUICK)

@@ -15,7 +15,7 @@ from tether.reward_model import load_normalization, load_reward_model, score_tex
 from tether.stages.rm import RewardObjective, RMConfig, run_rm
 from tether.train.early_stop import OverfitDetector
 
-from conftest import write_jsonl
+from conftest import killed_after_step, write_jsonl
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
@@ -205,19 +205,8 @@ def test_rm_resume_matches_the_uninterrupted_run(llama_dir, lab_prefs, tmp_path,
     cfg = lambda out, **kw: rm_config(llama_dir, small, lab_prefs / "prefs_eval.jsonl", out, train__max_steps=6,
                                       train__save_every=2, train__eval_every=3, **kw)
     run_rm(cfg(tmp_path / "whole"))
-    from tether.train import logger as logger_module
-
-    original_log = logger_module.MetricsLogger.log
-
-    def die_at_step_5(self, metrics):
-        original_log(self, metrics)
-        if metrics["step"] == 5:
-            raise KeyboardInterrupt("killed")
-
-    monkeypatch.setattr(logger_module.MetricsLogger, "log", die_at_step_5)
-    with pytest.raises(KeyboardInterrupt):
+    with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
         run_rm(cfg(tmp_path / "killed"))
-    monkeypatch.setattr(logger_module.MetricsLogger, "log", original_log)
     summary = run_rm(cfg(tmp_path / "killed", train__resume=True))
     assert summary["resumed_from"] == 4
     read = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}

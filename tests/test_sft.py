@@ -9,6 +9,8 @@ from tether.config import ConfigError, build_config
 from tether.generation import generate_texts
 from tether.stages.sft import SFTConfig, SFTObjective, run_sft
 
+from conftest import killed_after_step
+
 
 def sft_config(model_dir, files, output, **train):
     train_path, eval_path = files
@@ -52,20 +54,10 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(llama_dir, addition_
     run_sft(sft_config(llama_dir, addition_files, whole, train__save_every=2))
     reference = read_metrics(whole)
 
-    from tether.train import logger as logger_module
-
-    original_log = logger_module.MetricsLogger.log
-
-    def log_then_die_at_step_5(self, metrics):
-        original_log(self, metrics)  # step 5 reaches metrics.jsonl, but checkpoint-4 is the last one
-        if metrics["step"] == 5:
-            raise KeyboardInterrupt("killed")
-
     killed = tmp_path / "killed"
-    monkeypatch.setattr(logger_module.MetricsLogger, "log", log_then_die_at_step_5)
-    with pytest.raises(KeyboardInterrupt):
+    # step 5 reaches metrics.jsonl, but checkpoint-4 is the last checkpoint
+    with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
         run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=2))
-    monkeypatch.setattr(logger_module.MetricsLogger, "log", original_log)
     assert (killed / "checkpoint-4").is_dir() and not (killed / "final").exists()
     (killed / ".checkpoint-6.partial").mkdir()  # a write interrupted mid-way must be ignored
     with (killed / "metrics.jsonl").open("a") as f:

@@ -14,6 +14,7 @@ STAGES = {
     "eval": "Measure a model on a lab task against gold: `tether eval --model DIR --task lab-arith`.",
     "sft": "Supervised fine-tuning on prompt/completion, messages or text data.",
     "rm": "Reward model from preference pairs or ranked lists, with bias probes and normalisation.",
+    "ppo": "PPO with a critic, a reward model and a KL-tied reference (single process for now).",
     "data": "Data tools: `check` (counts, loss mask), `agreement` (annotator κ), `filter` (by agreement, to majority labels).",
 }
 
@@ -28,6 +29,7 @@ def _quiet_libraries() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tether.stages.ppo_config import PPOConfig
     from tether.stages.rm import RMConfig
     from tether.stages.sft import SFTConfig
 
@@ -41,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rm = sub.add_parser("rm", help=STAGES["rm"], description=STAGES["rm"])
     add_config_arguments(rm, RMConfig)
+
+    ppo = sub.add_parser("ppo", help=STAGES["ppo"], description=STAGES["ppo"])
+    add_config_arguments(ppo, PPOConfig)
 
     lab = sub.add_parser("lab", help=STAGES["lab"], description=STAGES["lab"])
     lab.add_argument("--output", default="runs/lab", help="Lab run folder; stages already done there with the same recipe are reused.")
@@ -273,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
             run_lab_command(args)
         elif args.stage == "eval":
             run_eval_command(args)
+        elif args.stage == "ppo":
+            from tether.stages.ppo import run_ppo
+            from tether.stages.ppo_config import PPOConfig
+
+            run_ppo(config_from_args(PPOConfig, args))
         elif args.stage == "rm":
             from tether.stages.rm import RMConfig, run_rm
 

@@ -1,0 +1,294 @@
+"""`tether ppo`: the actor, the critic, a frozen reward and a frozen reference (ALGORITHMS §4).
+
+A step: sample responses (generate), score them (score), compute old/reference log-probs and values
+(logprobs), build per-token KL-shaped rewards and GAE advantages, then `ppo_epochs` passes of clipped
+policy and value updates over minibatches (update). Single process for now.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from tether.algorithms.kl import kl_estimate
+from tether.algorithms.ppo import (adaptive_kl_coef, clipped_policy_loss, clipped_value_loss, explained_variance,
+                                   gae_advantages, masked_whiten, shape_token_rewards)
+from tether.algorithms.reductions import token_mean
+from tether.config import ConfigError, config_to_dict
+from tether.data.records import DataError, read_records
+from tether.models import load_model, load_tokenizer
+from tether.reward_model import RewardScorer
+from tether.rollout import Rollout, generate_rollout, response_logprobs, stop_token_ids
+from tether.stages.common import RUN_FILES, show_plan, write_json
+from tether.stages.ppo_config import PPOConfig
+from tether.train.checkpoint import latest_checkpoint, list_checkpoints, rng_state, set_rng_state, write_atomically
+from tether.train.logger import MetricsLogger, console
+from tether.train.offline import EpochOrder
+from tether.value_model import load_value_model
+
+
+def render_prompts(tokenizer, rows: list[dict], where: str) -> list[str]:
+    out = []
+    for i, row in enumerate(rows):
+        prompt = row.get("prompt")
+        if isinstance(prompt, list):
+            out.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+        elif isinstance(prompt, str):
+            out.append(prompt)
+        else:
+            raise DataError(f"{where} row {i + 1}: 'prompt' must be a string or a list of chat messages")
+    return out
+
+
+def rows_of(rollout: Rollout, idx: torch.Tensor) -> Rollout:
+    pick = idx.tolist()
+    return Rollout(rollout.prompt_ids[idx], rollout.prompt_mask[idx], rollout.response_ids[idx], rollout.response_mask[idx],
+                   rollout.truncated[idx], [rollout.prompts[i] for i in pick], [rollout.responses[i] for i in pick])
+
+
+@dataclass
+class Experience:
+    rollout: Rollout
+    scores: torch.Tensor  # (B,) sequence rewards after truncation penalty and clipping
+    old_logprobs: torch.Tensor  # (B, T) under the sampling policy, at the sampling temperature
+    ref_logprobs: torch.Tensor  # (B, T) under the reference
+    values: torch.Tensor  # (B, T) critic values at rollout time
+    kl: torch.Tensor  # (B, T) per-token KL estimate (policy vs reference), 0 on padding
+    advantages: torch.Tensor  # (B, T)
+    returns: torch.Tensor  # (B, T)
+
+
+def score_rollout(rollout: Rollout, scorer, tokenizer, cfg) -> torch.Tensor:
+    eos = tokenizer.eos_token or ""
+    texts = [p + r + ("" if t else eos) for p, r, t in zip(rollout.prompts, rollout.responses, rollout.truncated.tolist())]
+    scores = torch.tensor(scorer(texts), dtype=torch.float32)
+    if cfg.rollout.penalize_truncated:
+        scores = torch.where(rollout.truncated, torch.full_like(scores, cfg.rollout.truncation_penalty), scores)
+    if cfg.rollout.reward_clip > 0:
+        scores = scores.clamp(-cfg.rollout.reward_clip, cfg.rollout.reward_clip)
+    return scores
+
+
+@torch.no_grad()
+def make_experience(rollout, scores, policy, reference, critic, cfg, kl_coef: float) -> Experience:
+    p = cfg.ppo
+    old = response_logprobs(policy, rollout, cfg.rollout.temperature)
+    ref = response_logprobs(reference, rollout, cfg.rollout.temperature)
+    values = critic(rollout)
+    mask = rollout.response_mask
+    kl = kl_estimate(old, ref, p.kl_estimator) * mask
+    token_rewards = shape_token_rewards(scores, kl, mask, kl_coef)
+    advantages, returns = gae_advantages(token_rewards, values, mask, p.gamma, p.lam)
+    if p.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    return Experience(rollout, scores, old, ref, values, kl, advantages, returns)
+
+
+def ppo_update(exp: Experience, policy, critic, opt_pi, opt_v, cfg, generator: torch.Generator) -> dict:
+    # generator: minibatch order, seeded per step by the caller so a resumed run shuffles identically
+    """ppo_epochs passes of minibatch updates; returns token-weighted means of the update statistics."""
+    p = cfg.ppo
+    n = exp.scores.shape[0]
+    sums: dict[str, float] = {}
+    tokens = 0.0
+    stopped_early = 0.0
+    for _ in range(p.ppo_epochs):
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, p.minibatch):
+            idx = order[start : start + p.minibatch]
+            sub = rows_of(exp.rollout, idx)
+            mask = sub.response_mask
+            logp, entropy = response_logprobs(policy, sub, cfg.rollout.temperature, with_entropy=True)
+            pl, clipped = clipped_policy_loss(logp, exp.old_logprobs[idx], exp.advantages[idx], mask, p.clip_low,
+                                              p.clip_high, p.dual_clip or None)
+            loss_pi = token_mean(pl, mask) - p.entropy_coef * token_mean(entropy, mask)
+            values = critic(sub)
+            vl, vclipped = clipped_value_loss(values, exp.values[idx], exp.returns[idx], mask, p.value_clip)
+            loss_v = token_mean(vl, mask)
+            opt_pi.zero_grad(set_to_none=True)
+            opt_v.zero_grad(set_to_none=True)
+            (loss_pi + loss_v).backward()  # separate parameters: each loss reaches only its own model
+            norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
+            gn_pi = torch.nn.utils.clip_grad_norm_([q for q in policy.parameters() if q.requires_grad], norm)
+            gn_v = torch.nn.utils.clip_grad_norm_([q for q in critic.parameters() if q.requires_grad], norm)
+            opt_pi.step()
+            opt_v.step()
+            k = float(mask.sum())
+            tokens += k
+            approx_kl = token_mean(0.5 * (logp.detach() - exp.old_logprobs[idx]) ** 2, mask)
+            for name, value in (("policy/loss", loss_pi), ("policy/clip_frac", token_mean(clipped.float(), mask)),
+                                ("policy/approx_kl", approx_kl), ("policy/entropy", token_mean(entropy.detach(), mask)),
+                                ("value/loss", loss_v), ("value/clip_frac", token_mean(vclipped.float(), mask)),
+                                ("policy/grad_norm", gn_pi), ("value/grad_norm", gn_v)):
+                sums[name] = sums.get(name, 0.0) + float(torch.as_tensor(value).detach()) * k
+        if p.target_approx_kl and sums["policy/approx_kl"] / tokens > p.target_approx_kl:
+            stopped_early = 1.0
+            break
+    out = {k: v / max(tokens, 1.0) for k, v in sums.items()}
+    out["policy/early_stopped"] = stopped_early
+    return out
+
+
+def _stats(area: str, x: torch.Tensor) -> dict:
+    return {f"{area}/mean": float(x.mean()), f"{area}/std": float(x.std(unbiased=False)),
+            f"{area}/min": float(x.min()), f"{area}/max": float(x.max())}
+
+
+def step_metrics(exp: Experience, kl_coef: float) -> dict:
+    mask = exp.rollout.response_mask.bool()
+    return {"score/mean": float(exp.scores.mean()), "score/std": float(exp.scores.std(unbiased=False)),
+            "kl/ref_mean": float(exp.kl.sum(-1).mean()), "kl/coef": kl_coef,
+            "value/explained_variance": explained_variance(exp.values, exp.returns, exp.rollout.response_mask),
+            "rollout/length_mean": float(exp.rollout.lengths.float().mean()),
+            "rollout/truncated_frac": float(exp.rollout.truncated.float().mean()),
+            **_stats("advantage", exp.advantages[mask]), **_stats("return", exp.returns[mask])}
+
+
+def _save(folder: Path, policy, critic, tokenizer, opt_pi, opt_v, step: int, kl_coef: float, keep: int) -> None:
+    def save(tmp: Path) -> None:
+        policy.save_pretrained(str(tmp / "policy"))
+        tokenizer.save_pretrained(str(tmp / "policy"))
+        critic.save_pretrained(str(tmp / "critic"))
+        torch.save({"opt_pi": opt_pi.state_dict(), "opt_v": opt_v.state_dict(), "rng": rng_state()}, tmp / "state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "kl_coef": kl_coef}))
+
+    write_atomically(save, folder / f"checkpoint-{step}")
+    if keep > 0:
+        import shutil
+
+        for _, old in list_checkpoints(folder)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
+    """Train; ``scorer(texts) -> list[float]`` overrides --reward-model; ``evaluate_fn(policy, tokenizer) -> dict``
+    adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation."""
+    t_start = time.perf_counter()
+    r, ro, p, run = cfg.roles, cfg.rollout, cfg.ppo, cfg.run
+    for value, flag in ((r.policy, "--policy"), (ro.prompts, "--prompts"), (run.output, "--output")):
+        if not value:
+            raise ConfigError(f"{flag} is required")
+    if scorer is None and not r.reward_model:
+        raise ConfigError("a reward is required: --reward-model DIR")
+    out = Path(run.output)
+    found = latest_checkpoint(out) if run.resume else None
+    if run.resume and found is None:
+        raise ConfigError(f"--resume: no complete checkpoint-<step>/ in {out}")
+    if not run.resume and out.is_dir() and any((out / n).exists() for n in RUN_FILES) and not run.overwrite:
+        raise ConfigError(f"--output {out} already holds a run; pass --resume or --overwrite")
+    if found and found[0] >= p.steps:
+        raise ConfigError(f"--resume: {found[1].name} is already at step {found[0]} of {p.steps}; nothing left to train")
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if r.device == "cuda" or (r.device == "auto" and torch.cuda.is_available()) else "cpu")
+    torch.manual_seed(run.seed)
+    random.seed(run.seed)
+    np.random.seed(run.seed)
+    tokenizer = load_tokenizer(r.policy)
+    policy = load_model(found[1] / "policy" if found else r.policy, tokenizer, r.dtype).to(device)
+    reference = (load_model(r.reference, tokenizer, r.dtype) if r.reference
+                 else load_model(r.policy, tokenizer, r.dtype)).to(device).eval()
+    for q in reference.parameters():
+        q.requires_grad_(False)
+    critic_source = found[1] / "critic" if found else (r.critic or r.reward_model or r.policy)
+    critic = load_value_model(critic_source, tokenizer, r.dtype).to(device)
+    if scorer is None:
+        weights = dict((kv.split("=")[0], float(kv.split("=")[1])) for kv in r.reward_weights.split(",") if kv) or None
+        scorer = RewardScorer(r.reward_model, weights, r.normalize_reward, device)
+    opt_pi = torch.optim.AdamW([q for q in policy.parameters() if q.requires_grad], lr=p.policy_lr)
+    opt_v = torch.optim.AdamW([q for q in critic.parameters() if q.requires_grad], lr=p.critic_lr)
+    start_step, kl_coef = 0, p.kl_coef
+    if found:
+        state = torch.load(found[1] / "state.pt", weights_only=False)
+        opt_pi.load_state_dict(state["opt_pi"])
+        opt_v.load_state_dict(state["opt_v"])
+        set_rng_state(state["rng"])
+        saved = json.loads((found[1] / "trainer_state.json").read_text())
+        start_step, kl_coef = saved["step"], saved["kl_coef"]
+    prompt_rows = [rec.fields for rec in read_records(ro.prompts)]
+    prompts = render_prompts(tokenizer, prompt_rows, ro.prompts)
+    eval_prompts = render_prompts(tokenizer, [x.fields for x in read_records(ro.eval_prompts)], ro.eval_prompts) \
+        if ro.eval_prompts else []
+    stops = stop_token_ids(tokenizer, policy)
+    config = config_to_dict(cfg)
+    updates = p.ppo_epochs * -(-ro.prompts_per_step // p.minibatch)
+    plan = {"prompts (train / eval)": f"{len(prompts)} / {len(eval_prompts)}",
+            "responses per step": ro.prompts_per_step, "minibatches x passes": f"{-(-ro.prompts_per_step // p.minibatch)} x {p.ppo_epochs}",
+            "optimizer updates per step": updates, "steps": p.steps, "start step": start_step,
+            "memory estimate (weights + AdamW)": _memory_estimate(policy, reference, critic)}
+    show_plan(plan, "tether ppo")
+    (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+    logger = MetricsLogger(out, run.report_to, config, start_step, p.steps, log_every=run.log_every, run_name="ppo")
+    order = EpochOrder(len(prompts), run.seed)
+    history: list[dict] = []
+
+    def evaluate(step: int) -> dict:
+        if not eval_prompts:
+            return {}
+        torch_state = torch.get_rng_state()
+        torch.manual_seed(run.seed + 12345)  # the same sampling noise at every evaluation
+        rollout = generate_rollout(policy, tokenizer, eval_prompts, ro.max_new_tokens, ro.temperature, ro.top_p, ro.top_k, stops)
+        torch.set_rng_state(torch_state)
+        scores = score_rollout(rollout, scorer, tokenizer, cfg)
+        res = {"eval/score_mean": float(scores.mean()), "eval/length_mean": float(rollout.lengths.float().mean())}
+        if evaluate_fn is not None:
+            res.update({f"eval/{k}": v for k, v in evaluate_fn(policy, tokenizer).items()})
+        history.append({"step": step, **res})
+        return res
+
+    baseline = evaluate(0) if start_step == 0 else {}
+    try:
+        for step in range(start_step, p.steps):
+            t0 = time.perf_counter()
+            rows = order.batch(step, ro.prompts_per_step)
+            rollout = generate_rollout(policy, tokenizer, [prompts[i] for i in rows], ro.max_new_tokens,
+                                       ro.temperature, ro.top_p, ro.top_k, stops)
+            t1 = time.perf_counter()
+            scores = score_rollout(rollout, scorer, tokenizer, cfg)
+            t2 = time.perf_counter()
+            exp = make_experience(rollout, scores, policy, reference, critic, cfg, kl_coef)
+            t3 = time.perf_counter()
+            generator = torch.Generator().manual_seed(run.seed * 7919 + step)  # a function of the step alone
+            update_stats = ppo_update(exp, policy, critic, opt_pi, opt_v, cfg, generator)
+            t4 = time.perf_counter()
+            done = step + 1
+            metrics = {"step": done, **step_metrics(exp, kl_coef), **update_stats,
+                       "time/generate_s": t1 - t0, "time/score_s": t2 - t1, "time/logprobs_s": t3 - t2,
+                       "time/update_s": t4 - t3, "perf/tokens_per_s": float(rollout.lengths.sum()) / (t4 - t0)}
+            if p.adaptive_kl:
+                kl_coef = adaptive_kl_coef(kl_coef, metrics["kl/ref_mean"], p.target_kl, p.kl_horizon, len(rows))
+            if step == start_step and baseline:
+                metrics.update({k.replace("eval/", "eval0/"): v for k, v in baseline.items()})
+            if (run.eval_every and done % run.eval_every == 0) or done == p.steps:
+                metrics.update(evaluate(done))
+            logger.log(metrics)
+            if run.sample_every and done % run.sample_every == 0:
+                with (out / "samples.jsonl").open("a") as f:
+                    for i in range(len(rows)):
+                        f.write(json.dumps({"step": done, "prompt": rollout.prompts[i], "response": rollout.responses[i],
+                                            "score": float(exp.scores[i]), "kl": float(exp.kl[i].sum()),
+                                            "length": int(rollout.lengths[i]), "truncated": bool(rollout.truncated[i])}) + "\n")
+            if (run.save_every and done % run.save_every == 0) or done == p.steps:
+                _save(out, policy, critic, tokenizer, opt_pi, opt_v, done, kl_coef, run.keep_checkpoints)
+    finally:
+        logger.close()
+    write_atomically(lambda tmp: (policy.save_pretrained(str(tmp)), tokenizer.save_pretrained(str(tmp))), out / "final")
+    summary = {"stage": "ppo", "steps": p.steps, "resumed_from": start_step or None, "final_kl_coef": kl_coef,
+               "eval_history": history, "wall_s": round(time.perf_counter() - t_start, 2)}
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _memory_estimate(policy, reference, critic) -> str:
+    def mb(model, trainable_copies: int) -> float:
+        n = sum(q.numel() * q.element_size() for q in model.parameters())
+        return n * (1 + trainable_copies) / 2**20
+    # trained models: weights + gradients + two AdamW moments; frozen: weights only (activations not included)
+    total = mb(policy, 3) + mb(critic, 3) + mb(reference, 0)
+    return f"{total:.1f} MiB before activations"

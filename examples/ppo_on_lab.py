@@ -31,6 +31,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--output", default="runs/ppo-lab")
+    parser.add_argument("--reward-model", default="rm", choices=("rm", "rm_filtered"),
+                        help="Which of the lab's reward models: trained on all pairs or on the agreed ones.")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -45,7 +47,7 @@ def main() -> None:
         return {k: figures[k] for k in ("gold_reward", "gold_win_rate", "mean_words", "confident_rate", "distinct_2")}
 
     cfg = build_config(PPOConfig, overrides={
-        "roles.policy": str(lab / "sft" / "final"), "roles.reward_model": str(lab / "rm" / "run" / "final"),
+        "roles.policy": str(lab / "sft" / "final"), "roles.reward_model": str(lab / args.reward_model / "run" / "final"),
         "rollout.prompts": str(lab / "world" / "assist_rl.jsonl"), "rollout.eval_prompts": str(lab / "world" / "assist_eval.jsonl"),
         "rollout.prompts_per_step": 32, "rollout.max_new_tokens": 64, "ppo.steps": args.steps, "ppo.minibatch": 16,
         "ppo.policy_lr": args.lr, "ppo.critic_lr": 1e-4, "ppo.kl_coef": args.kl_coef, "run.output": args.output,

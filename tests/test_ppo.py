@@ -49,12 +49,13 @@ def test_ppo_raises_a_rule_reward(llama_dir, prompts, tmp_path):
 
 
 @pytest.mark.slow
-def test_ppo_resume_matches_the_uninterrupted_run(llama_dir, prompts, tmp_path, monkeypatch):
-    run_ppo(ppo_config(llama_dir, prompts, tmp_path / "whole", ppo__steps=8), scorer=count_reward("a"))
+@pytest.mark.parametrize("lora", [0, 4])
+def test_ppo_resume_matches_the_uninterrupted_run(llama_dir, prompts, tmp_path, monkeypatch, lora):
+    cfg = lambda out, **kw: ppo_config(llama_dir, prompts, out, ppo__steps=8, roles__lora_r=lora, **kw)
+    run_ppo(cfg(tmp_path / "whole"), scorer=count_reward("a"))
     with killed_after_step(monkeypatch, 6), pytest.raises(KeyboardInterrupt):
-        run_ppo(ppo_config(llama_dir, prompts, tmp_path / "killed", ppo__steps=8), scorer=count_reward("a"))
-    summary = run_ppo(ppo_config(llama_dir, prompts, tmp_path / "killed", ppo__steps=8, run__resume=True),
-                      scorer=count_reward("a"))
+        run_ppo(cfg(tmp_path / "killed"), scorer=count_reward("a"))
+    summary = run_ppo(cfg(tmp_path / "killed", run__resume=True), scorer=count_reward("a"))
     assert summary["resumed_from"] == 4
     read = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
                       for line in (p / "metrics.jsonl").read_text().splitlines()]
@@ -73,3 +74,27 @@ def test_adaptive_controller_follows_its_update_rule_step_by_step(llama_dir, pro
     for m, before, after in zip(metrics, coefs, coefs[1:]):
         assert after == pytest.approx(adaptive_kl_coef(before, m["kl/ref_mean"], 0.05, 16, 16))
     assert len(set(coefs)) > 1  # it moved
+
+
+def test_lora_policy_uses_the_adapter_disabled_reference(llama_dir, prompts, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "lora"
+    run_ppo(ppo_config(llama_dir, prompts, out, ppo__steps=3, roles__lora_r=4, roles__lora_alpha=8.0,
+                       ppo__kl_estimator="k3", run__eval_every=0), scorer=count_reward("a"))
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["kl/ref_mean"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity: policy = reference
+    assert metrics[-1]["kl/ref_mean"] > 0  # and the adapter-disabled reference stays behind as the policy moves
+    merged = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    assert (out / "checkpoint-3" / "policy" / "adapter_config.json").is_file()
+
+
+def test_lora_on_an_adapter_folder_is_refused(llama_dir, prompts, tmp_path):
+    from tether.config import ConfigError
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="is a LoRA adapter folder.*not your SFT model"):
+        run_ppo(ppo_config(adapter, prompts, tmp_path / "x", roles__lora_r=4), scorer=count_reward("a"))

@@ -23,7 +23,7 @@ from tether.algorithms.ppo import (adaptive_kl_coef, clipped_policy_loss, clippe
 from tether.algorithms.reductions import token_mean
 from tether.config import ConfigError, config_to_dict
 from tether.data.records import DataError, read_records
-from tether.models import load_model, load_tokenizer
+from tether.models import apply_lora, load_model, load_tokenizer, save_merged
 from tether.reward_model import RewardScorer
 from tether.rollout import Rollout, generate_rollout, response_logprobs, stop_token_ids
 from tether.stages.common import RUN_FILES, show_plan, write_json
@@ -76,11 +76,19 @@ def score_rollout(rollout: Rollout, scorer, tokenizer, cfg) -> torch.Tensor:
     return scores
 
 
+def reference_logprobs(reference, policy, rollout, temperature: float) -> torch.Tensor:
+    """Reference log-probs: from the frozen copy, or (LoRA, reference None) from the policy with its adapter off."""
+    if reference is not None:
+        return response_logprobs(reference, rollout, temperature)
+    with policy.disable_adapter():
+        return response_logprobs(policy, rollout, temperature)
+
+
 @torch.no_grad()
 def make_experience(rollout, scores, policy, reference, critic, cfg, kl_coef: float) -> Experience:
     p = cfg.ppo
     old = response_logprobs(policy, rollout, cfg.rollout.temperature)
-    ref = response_logprobs(reference, rollout, cfg.rollout.temperature)
+    ref = reference_logprobs(reference, policy, rollout, cfg.rollout.temperature)
     values = critic(rollout)
     mask = rollout.response_mask
     kl = kl_estimate(old, ref, p.kl_estimator) * mask
@@ -167,6 +175,35 @@ def _save(folder: Path, policy, critic, tokenizer, opt_pi, opt_v, step: int, kl_
             shutil.rmtree(old, ignore_errors=True)
 
 
+def check_lora_reference(r) -> None:
+    if r.lora_r > 0 and not r.reference and (Path(r.policy) / "adapter_config.json").is_file():
+        raise ConfigError(f"--policy {r.policy} is a LoRA adapter folder: with --lora-r the reference would be the policy "
+                          "with adapters disabled, i.e. the adapter's base model, not your SFT model. Merge the adapter "
+                          "first (tether writes merged final/ folders) or pass --reference")
+
+
+def load_policy_and_reference(r, tokenizer, checkpoint: Path | None):
+    """(policy, reference). With LoRA and no --reference, reference is None: the adapter-disabled policy.
+
+    That shortcut is only right when disabling the adapter gives the SFT model. A --policy folder that is itself
+    a LoRA adapter (adapter_config.json) would fall back to its *base* model, so it is refused.
+    """
+    if r.lora_r <= 0:
+        policy = load_model(checkpoint or r.policy, tokenizer, r.dtype)
+        reference = load_model(r.reference or r.policy, tokenizer, r.dtype)
+        return policy, reference
+    check_lora_reference(r)
+    base = load_model(r.policy, tokenizer, r.dtype)
+    if checkpoint is not None:
+        from peft import PeftModel
+
+        policy = PeftModel.from_pretrained(base, str(checkpoint), is_trainable=True)
+    else:
+        policy = apply_lora(base, r.lora_r, r.lora_alpha, r.lora_dropout, list(r.lora_target_modules))
+    reference = load_model(r.reference, tokenizer, r.dtype) if r.reference else None
+    return policy, reference
+
+
 def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     """Train; ``scorer(texts) -> list[float]`` overrides --reward-model; ``evaluate_fn(policy, tokenizer) -> dict``
     adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation."""
@@ -177,6 +214,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
             raise ConfigError(f"{flag} is required")
     if scorer is None and not r.reward_model:
         raise ConfigError("a reward is required: --reward-model DIR")
+    check_lora_reference(r)
     out = Path(run.output)
     found = latest_checkpoint(out) if run.resume else None
     if run.resume and found is None:
@@ -191,11 +229,12 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     random.seed(run.seed)
     np.random.seed(run.seed)
     tokenizer = load_tokenizer(r.policy)
-    policy = load_model(found[1] / "policy" if found else r.policy, tokenizer, r.dtype).to(device)
-    reference = (load_model(r.reference, tokenizer, r.dtype) if r.reference
-                 else load_model(r.policy, tokenizer, r.dtype)).to(device).eval()
-    for q in reference.parameters():
-        q.requires_grad_(False)
+    policy, reference = load_policy_and_reference(r, tokenizer, found[1] / "policy" if found else None)
+    policy.to(device)
+    if reference is not None:
+        reference.to(device).eval()
+        for q in reference.parameters():
+            q.requires_grad_(False)
     critic_source = found[1] / "critic" if found else (r.critic or r.reward_model or r.policy)
     critic = load_value_model(critic_source, tokenizer, r.dtype).to(device)
     if scorer is None:
@@ -278,7 +317,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
                 _save(out, policy, critic, tokenizer, opt_pi, opt_v, done, kl_coef, run.keep_checkpoints)
     finally:
         logger.close()
-    write_atomically(lambda tmp: (policy.save_pretrained(str(tmp)), tokenizer.save_pretrained(str(tmp))), out / "final")
+    write_atomically(lambda tmp: save_merged(policy, tokenizer, tmp), out / "final")  # LoRA merged into the weights
     summary = {"stage": "ppo", "steps": p.steps, "resumed_from": start_step or None, "final_kl_coef": kl_coef,
                "eval_history": history, "wall_s": round(time.perf_counter() - t_start, 2)}
     write_json(out / "summary.json", summary)
@@ -290,5 +329,5 @@ def _memory_estimate(policy, reference, critic) -> str:
         n = sum(q.numel() * q.element_size() for q in model.parameters())
         return n * (1 + trainable_copies) / 2**20
     # trained models: weights + gradients + two AdamW moments; frozen: weights only (activations not included)
-    total = mb(policy, 3) + mb(critic, 3) + mb(reference, 0)
+    total = mb(policy, 3) + mb(critic, 3) + (mb(reference, 0) if reference is not None else 0.0)
     return f"{total:.1f} MiB before activations"

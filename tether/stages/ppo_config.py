@@ -16,6 +16,11 @@ class RolesSection:
     reward_weights: str = option("", "Weights of reward-model heads, HEAD=W,...; default: the first head alone.")
     normalize_reward: bool = option(True, "Standardise reward-model scores with the statistics saved by `tether rm`.")
     critic: str = option("", "Critic initialisation: a reward-model folder (default: --reward-model) or a causal LM.")
+    lora_r: int = option(0, "Train the policy through LoRA adapters of this rank; 0 trains every weight. With LoRA and no "
+                            "--reference, the reference is the policy with its adapter disabled (no second copy).")
+    lora_alpha: float = option(16.0, "LoRA scaling alpha.")
+    lora_dropout: float = option(0.0, "Dropout on the LoRA input.")
+    lora_target_modules: list = option(["all-linear"], "Module names that get adapters, or all-linear.")
     dtype: str = option("float32", "Weights dtype of every role.", choices=("float32", "bfloat16", "float16"))
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
 

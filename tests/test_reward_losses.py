@@ -47,3 +47,12 @@ def test_all_pairs_hand_computed():
     assert all_pairs_loss(scores).item() == pytest.approx((sp(1) + sp(2) + sp(1)) / 3)
     mask = torch.tensor([[True, True, False]])
     assert all_pairs_loss(scores, mask).item() == pytest.approx(sp(1))
+
+
+def test_ordered_pair_accuracy_hand_computed():
+    from tether.algorithms.reward import ordered_pair_accuracy
+
+    ranked = torch.tensor([[3.0, 1.0, 2.0], [0.5, 0.0, 9.0]])  # best first
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    # list 1: (3>1 ✓, 3>2 ✓, 1>2 ✗) = 2/3; list 2: only (0.5>0 ✓) = 1
+    torch.testing.assert_close(ordered_pair_accuracy(ranked, mask), torch.tensor([2 / 3, 1.0]))

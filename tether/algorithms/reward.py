@@ -66,3 +66,12 @@ def all_pairs_loss(ranked_scores: torch.Tensor, mask: torch.Tensor | None = None
     diff = ranked_scores.unsqueeze(-1) - ranked_scores.unsqueeze(-2)
     losses = torch.where(valid, -F.logsigmoid(diff), torch.zeros_like(diff)).sum((-1, -2))
     return losses / valid.sum((-1, -2)).clamp(min=1)
+
+
+def ordered_pair_accuracy(ranked: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per list: fraction of (better, worse) pairs whose scores are in the right order. (B, K) -> (B,)."""
+    k = ranked.shape[-1]
+    upper = torch.triu(torch.ones(k, k, dtype=torch.bool, device=ranked.device), diagonal=1)
+    valid = upper & mask.unsqueeze(-1) & mask.unsqueeze(-2)
+    right = (ranked.unsqueeze(-1) > ranked.unsqueeze(-2)) & valid
+    return right.sum((-1, -2)).float() / valid.sum((-1, -2)).clamp(min=1)

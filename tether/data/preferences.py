@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tether.data.records import DataError, Record
-from tether.data.sft import _check_messages, _check_str, _render_chat
+from tether.data.sft import check_messages, check_str, render_chat
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
 
@@ -52,11 +52,11 @@ class PreferenceReport:
 def render_response(tokenizer, prompt, response, where: str, field_name: str) -> str:
     """One text for (prompt, response): chat template for message lists, else prompt + response + EOS."""
     if isinstance(response, list) or isinstance(prompt, list):
-        messages = (_check_messages(prompt, where, "prompt") if prompt else []) + _check_messages(response, where, field_name)
-        text = _render_chat(tokenizer, messages, where).rstrip()  # the score is read at the final EOS, not a newline
+        messages = (check_messages(prompt, where, "prompt") if prompt else []) + check_messages(response, where, field_name)
+        text = render_chat(tokenizer, messages, where).rstrip()  # the score is read at the final EOS, not a newline
         return text
-    prompt = _check_str(prompt or "", where, "prompt")
-    response = _check_str(response, where, field_name)
+    prompt = check_str(prompt or "", where, "prompt")
+    response = check_str(response, where, field_name)
     eos = tokenizer.eos_token or ""
     return prompt + response + ("" if response.endswith(eos) else eos)
 

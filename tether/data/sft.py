@@ -65,23 +65,23 @@ class _Drop(Exception):
     """Internal: this example is dropped (or an error under strict) for the given reason."""
 
 
-def _check_str(value, where: str, name: str) -> str:
+def check_str(value, where: str, name: str) -> str:
     if not isinstance(value, str):
         raise DataError(f"{where}: field {name!r} must be a string, got {type(value).__name__}")
     return value
 
 
-def _check_messages(value, where: str, name: str) -> list[dict]:
+def check_messages(value, where: str, name: str) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: field {name!r} must be a non-empty list of {{role, content}} messages")
     for i, msg in enumerate(value):
         if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
             raise DataError(f"{where}: field {name}[{i}] must be an object with 'role' and 'content', got {msg!r:.80}")
-        _check_str(msg["content"], where, f"{name}[{i}].content")
+        check_str(msg["content"], where, f"{name}[{i}].content")
     return value
 
 
-def _render_chat(tokenizer, messages, where, **kwargs) -> str:
+def render_chat(tokenizer, messages, where, **kwargs) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(f"{where}: chat messages need a chat template, and the tokenizer has none "
                         "(add 'chat_template' to its tokenizer_config.json, or use prompt/completion strings)")
@@ -90,7 +90,7 @@ def _render_chat(tokenizer, messages, where, **kwargs) -> str:
 
 def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report: DataReport) -> tuple[str, list]:
     """Render a conversation and return the character spans of assistant turns from index first_trained on."""
-    full = _render_chat(tokenizer, messages, where)
+    full = render_chat(tokenizer, messages, where)
     spans = []
     eos = tokenizer.eos_token
     for i in range(first_trained, len(messages)):
@@ -98,8 +98,8 @@ def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report
             continue
         if not messages[i]["content"].strip():
             raise _Drop("empty completion")
-        prefix = _render_chat(tokenizer, messages[:i], where, add_generation_prompt=True)
-        upto = _render_chat(tokenizer, messages[: i + 1], where)
+        prefix = render_chat(tokenizer, messages[:i], where, add_generation_prompt=True)
+        upto = render_chat(tokenizer, messages[: i + 1], where)
         if not (upto.startswith(prefix) and full.startswith(upto)):
             raise DataError(f"{where}: the chat template renders earlier turns differently once later turns are added, "
                             "so assistant tokens cannot be located; use prompt/completion strings instead")
@@ -119,23 +119,23 @@ def render(fields: dict, fmt: str, tokenizer, train_on_prompt: bool, where: str,
     """Text to tokenise, character spans to train on, and whether the tokenizer adds its own special tokens."""
     eos = tokenizer.eos_token or ""
     if fmt == "text":
-        text = _check_str(fields["text"], where, "text")
+        text = check_str(fields["text"], where, "text")
         if not text.strip():
             raise _Drop("empty text")
         text = text if text.endswith(eos) else text + eos
         return text, [(0, len(text))], True
     if fmt == "messages":
-        messages = _check_messages(fields["messages"], where, "messages")
+        messages = check_messages(fields["messages"], where, "messages")
         text, spans = _assistant_spans(tokenizer, messages, 0, where, report)
         return text, ([(0, len(text))] if train_on_prompt else spans), False
     prompt, completion = fields["prompt"], fields["completion"]
     if isinstance(prompt, list) or isinstance(completion, list):
-        prompt = _check_messages(prompt, where, "prompt")
-        completion = _check_messages(completion, where, "completion")
+        prompt = check_messages(prompt, where, "prompt")
+        completion = check_messages(completion, where, "completion")
         text, spans = _assistant_spans(tokenizer, prompt + completion, len(prompt), where, report)
         return text, ([(0, len(text))] if train_on_prompt else spans), False
-    prompt = _check_str(prompt, where, "prompt")
-    completion = _check_str(completion, where, "completion")
+    prompt = check_str(prompt, where, "prompt")
+    completion = check_str(completion, where, "completion")
     if not completion.strip():
         raise _Drop("empty completion")
     text = prompt + completion

@@ -6,7 +6,6 @@ policy and value updates over minibatches (update). Single process for now.
 """
 from __future__ import annotations
 
-import copy
 import json
 import random
 import time
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 import yaml
 
-from tether.algorithms.kl import kl_estimate
+from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.ppo import (adaptive_kl_coef, clipped_policy_loss, clipped_value_loss, explained_variance,
                                    gae_advantages, masked_whiten, shape_token_rewards)
 from tether.algorithms.reductions import token_mean
@@ -29,7 +28,7 @@ from tether.rollout import Rollout, generate_rollout, response_logprobs, stop_to
 from tether.stages.common import RUN_FILES, show_plan, write_json
 from tether.stages.ppo_config import PPOConfig
 from tether.train.checkpoint import latest_checkpoint, list_checkpoints, rng_state, set_rng_state, write_atomically
-from tether.train.logger import MetricsLogger, console
+from tether.train.logger import MetricsLogger
 from tether.train.offline import EpochOrder
 from tether.value_model import load_value_model
 
@@ -130,7 +129,7 @@ def ppo_update(exp: Experience, policy, critic, opt_pi, opt_v, cfg, generator: t
             opt_v.step()
             k = float(mask.sum())
             tokens += k
-            approx_kl = token_mean(0.5 * (logp.detach() - exp.old_logprobs[idx]) ** 2, mask)
+            approx_kl = token_mean(kl_k2(logp.detach(), exp.old_logprobs[idx]), mask)  # ½ (logp − old_logp)²
             for name, value in (("policy/loss", loss_pi), ("policy/clip_frac", token_mean(clipped.float(), mask)),
                                 ("policy/approx_kl", approx_kl), ("policy/entropy", token_mean(entropy.detach(), mask)),
                                 ("value/loss", loss_v), ("value/clip_frac", token_mean(vclipped.float(), mask)),

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from tether.algorithms.reward import all_pairs_loss, bradley_terry_loss, plackett_luce_loss, reward_centering_penalty
+from tether.algorithms.reward import (all_pairs_loss, bradley_terry_loss, ordered_pair_accuracy, plackett_luce_loss,
+                                      reward_centering_penalty)
 from tether.config import ConfigError, choice, config_to_dict, option
-from tether.data.preferences import PairExample, collate_preferences, tokenize_preferences
+from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.sections import ModelSection, OptimSection, TrainSection
@@ -110,15 +111,6 @@ class RewardObjective:
         per = torch.where(labels != 0, per, torch.zeros_like(per))
         return per.sum(), {"accuracy": (chosen[:, 0] > rejected[:, 0]).float().sum(),
                            "margin": (chosen[:, 0] - rejected[:, 0]).sum()}
-
-
-def ordered_pair_accuracy(ranked: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per list: fraction of (better, worse) pairs whose scores are in the right order. (B, K) -> (B,)."""
-    k = ranked.shape[-1]
-    upper = torch.triu(torch.ones(k, k, dtype=torch.bool, device=ranked.device), diagonal=1)
-    valid = upper & mask.unsqueeze(-1) & mask.unsqueeze(-2)
-    right = (ranked.unsqueeze(-1) > ranked.unsqueeze(-2)) & valid
-    return right.sum((-1, -2)).float() / valid.sum((-1, -2)).clamp(min=1)
 
 
 @torch.no_grad()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import math
 
-import torch
 
 from tether.data.preferences import render_response
 from tether.reward_model import score_texts

@@ -49,9 +49,10 @@ def test_ppo_raises_a_rule_reward(llama_dir, prompts, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [0, 4])
-def test_ppo_resume_matches_the_uninterrupted_run(llama_dir, prompts, tmp_path, monkeypatch, lora):
-    cfg = lambda out, **kw: ppo_config(llama_dir, prompts, out, ppo__steps=8, roles__lora_r=lora, **kw)
+@pytest.mark.parametrize("lora,layout", [(0, "separate"), (4, "separate"), (0, "shared")])
+def test_ppo_resume_matches_the_uninterrupted_run(llama_dir, prompts, tmp_path, monkeypatch, lora, layout):
+    cfg = lambda out, **kw: ppo_config(llama_dir, prompts, out, ppo__steps=8, roles__lora_r=lora,
+                                       roles__critic_layout=layout, **kw)
     run_ppo(cfg(tmp_path / "whole"), scorer=count_reward("a"))
     with killed_after_step(monkeypatch, 6), pytest.raises(KeyboardInterrupt):
         run_ppo(cfg(tmp_path / "killed"), scorer=count_reward("a"))
@@ -98,3 +99,51 @@ def test_lora_on_an_adapter_folder_is_refused(llama_dir, prompts, tmp_path):
     (adapter / "adapter_config.json").write_text("{}")
     with pytest.raises(ConfigError, match="is a LoRA adapter folder.*not your SFT model"):
         run_ppo(ppo_config(adapter, prompts, tmp_path / "x", roles__lora_r=4), scorer=count_reward("a"))
+
+
+@pytest.mark.slow
+def test_cli_ppo_with_python_rewards_shared_critic_and_best_checkpoint(llama_dir, prompts, tmp_path):
+    """--reward file.py:fn=w (two components, logged apart), a value head on the policy backbone, best/ kept."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    rewards = tmp_path / "rules.py"
+    rewards.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n\n"
+                       "def short(completion_ids, **columns):\n    return [-0.1 * len(ids) for ids in completion_ids]\n")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tether", "ppo", "--policy", str(llama_dir), "--prompts", str(prompts),
+                           "--eval-prompts", str(prompts), "--reward", f"{rewards}:count_a=1,{rewards}:short=0.5",
+                           "--critic-layout", "shared", "--value-loss-coef", "0.1", "--best-metric", "eval/score_mean",
+                           "--steps", "12", "--prompts-per-step", "16", "--minibatch", "8", "--max-new-tokens", "8",
+                           "--policy-lr", "3e-3", "--critic-lr", "3e-3", "--eval-every", "4", "--output", str(out),
+                           "--report-to", "none"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shown = proc.stdout + proc.stderr
+    assert "value head on the policy backbone" in shown and "1 x count_a + 0.5 x short" in shown
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    m = metrics[0]
+    assert m["score/mean"] == pytest.approx(m["reward/count_a/mean"] + 0.5 * m["reward/short/mean"], abs=1e-5)
+    assert m["reward/short/mean"] == pytest.approx(-0.1 * m["rollout/length_mean"], abs=1e-5)
+    assert m["reward/count_a/errors"] == 0
+    sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert set(sample["parts"]) == {"count_a", "short"}
+    assert (out / "checkpoint-12" / "critic" / "value_head.pt").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    history = summary["eval_history"]
+    top = max(history, key=lambda h: h["eval/score_mean"])
+    assert summary["best"] == {"metric": "eval/score_mean", "value": top["eval/score_mean"], "step": top["step"]}
+    assert json.loads((out / "best" / "best.json").read_text())["step"] == top["step"]
+    AutoModelForCausalLM.from_pretrained(out / "best")
+    assert metrics[-1]["score/mean"] > metrics[0]["score/mean"]  # the rule reward moved under the shared layout
+
+
+def test_a_reward_function_missing_its_column_fails_before_training(llama_dir, prompts, tmp_path):
+    from tether.config import ConfigError
+
+    rewards = tmp_path / "needs.py"
+    rewards.write_text("def exact(completions, answer):\n    return [0.0] * len(completions)\n")
+    with pytest.raises(ConfigError, match=r"exact needs \['answer'\]"):
+        run_ppo(ppo_config(llama_dir, prompts, tmp_path / "x", roles__reward=[f"{rewards}:exact"]))
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()

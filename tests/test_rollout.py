@@ -106,3 +106,37 @@ def test_value_model_reads_each_state_and_ignores_padding(llama_dir, policy):
     with torch.no_grad():
         prompt_score = critic.rm(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))[0, 0]
     torch.testing.assert_close(v1[0, 0], prompt_score, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_shared_value_head_reads_the_policy_backbone_at_each_state(model_dirs, arch):
+    """V(s_t) of the shared layout = head(last hidden state of the policy's backbone at the state's position),
+    unchanged by left padding, and the single forward also gives the policy's log-probs."""
+    from tether.models import load_model, load_tokenizer
+    from tether.rollout import response_logprobs_and_values
+    from tether.value_model import SharedValueHead
+
+    tok = load_tokenizer(model_dirs[arch])
+    model = load_model(model_dirs[arch], tok)
+    critic = SharedValueHead.load(model, None)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        critic.head.weight.normal_()
+    prompt = tok("hi there")["input_ids"]
+    one = Rollout(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), torch.tensor([[7, 8, 9]]),
+                  torch.ones(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.bool), [], [])
+    padded = Rollout(torch.tensor([[tok.pad_token_id] * 2 + prompt]), torch.tensor([[0, 0] + [1] * len(prompt)]),
+                     torch.tensor([[7, 8, 9, tok.pad_token_id]]), torch.tensor([[1, 1, 1, 0]]),
+                     torch.zeros(1, dtype=torch.bool), [], [])
+    with torch.no_grad():
+        v1, v2 = critic(one), critic(padded)
+        ids = torch.tensor([prompt + [7, 8]])
+        hidden = model.base_model(input_ids=ids).last_hidden_state  # positions of s_0, s_1, s_2
+        expected = critic.head(hidden[:, len(prompt) - 1:])[..., 0]
+        logp, _, values = response_logprobs_and_values(model, critic.head, one, 0.7)
+    torch.testing.assert_close(v1, expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(v2[:, :3], v1, atol=1e-5, rtol=1e-4)
+    assert v2[0, 3] == 0
+    torch.testing.assert_close(values, v1)
+    torch.testing.assert_close(logp, response_logprobs(model, one, 0.7))
+    assert SharedValueHead.load(model, None).head.weight.abs().sum() == 0  # starts at V = 0

@@ -78,18 +78,32 @@ def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, 
     return Rollout(enc["input_ids"], enc["attention_mask"], response_ids, mask, truncated, list(prompts), texts)
 
 
-def _forward_response_logits(model, prompt_ids, prompt_mask, response_ids, response_mask) -> torch.Tensor:
-    """Logits at the positions that predict response tokens: (B, T, V). Prompt logits are never computed."""
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (B, P+T)
-    attention = torch.cat([prompt_mask, response_mask], dim=1)  # (B, P+T)
+def _forward_response(model, rollout: Rollout, with_hidden: bool = False):
+    """(logits (B, T, V), last hidden states (B, T, H) or None) at the positions that predict response tokens.
+
+    Prompt logits are never computed (logits_to_keep); position P−1+t predicts response token t.
+    """
+    input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1)  # (B, P+T)
+    attention = torch.cat([rollout.prompt_mask, rollout.response_mask], dim=1)  # (B, P+T)
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
-    t = response_ids.shape[1]
+    t = rollout.response_ids.shape[1]
+    kwargs = dict(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
+                  output_hidden_states=with_hidden)
     try:
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
-                       logits_to_keep=t + 1).logits
+        out = model(**kwargs, logits_to_keep=t + 1)
     except TypeError:  # a model without logits_to_keep: compute all, keep the tail
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False).logits
-    return logits[:, -(t + 1):-1]  # position P−1+t predicts response token t
+        out = model(**kwargs)
+    hidden = out.hidden_states[-1][:, -(t + 1):-1] if with_hidden else None  # final (normed) layer output
+    return out.logits[:, -(t + 1):-1], hidden
+
+
+def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    entropy = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], 8):  # chunked like token_logprobs: never a full (B, T, V) float copy
+        rows = logits[start : start + 8].float() / temperature
+        logp = torch.log_softmax(rows, -1)
+        entropy[start : start + 8] = -(logp.exp() * logp).sum(-1)
+    return entropy
 
 
 def response_logprobs(model, rollout: Rollout, temperature: float, with_entropy: bool = False):
@@ -97,14 +111,20 @@ def response_logprobs(model, rollout: Rollout, temperature: float, with_entropy:
 
     With with_entropy, also the per-token entropy of π(· | s_t) at that temperature, (B, T).
     """
-    logits = _forward_response_logits(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
-                                      rollout.response_mask)
+    logits, _ = _forward_response(model, rollout)
     logprobs = token_logprobs(logits, rollout.response_ids, temperature) * rollout.response_mask
     if not with_entropy:
         return logprobs
-    entropy = torch.empty_like(logprobs)
-    for start in range(0, logits.shape[0], 8):  # chunked like token_logprobs: never a full (B, T, V) float copy
-        rows = logits[start : start + 8].float() / temperature
-        logp = torch.log_softmax(rows, -1)
-        entropy[start : start + 8] = -(logp.exp() * logp).sum(-1)
-    return logprobs, entropy * rollout.response_mask
+    return logprobs, _entropy(logits, temperature) * rollout.response_mask
+
+
+def response_logprobs_and_values(model, value_head, rollout: Rollout, temperature: float):
+    """One forward of a policy whose backbone also carries the critic (a value head on the last hidden state).
+
+    Returns (log-probs (B, T), entropy (B, T), values V(s_t) (B, T)), all 0 on padding.
+    """
+    logits, hidden = _forward_response(model, rollout, with_hidden=True)
+    mask = rollout.response_mask
+    logprobs = token_logprobs(logits, rollout.response_ids, temperature) * mask
+    values = value_head(hidden.to(value_head.weight.dtype))[..., 0].float() * mask
+    return logprobs, _entropy(logits, temperature) * mask, values

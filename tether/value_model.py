@@ -38,3 +38,39 @@ def load_value_model(path, tokenizer, dtype: str = "float32") -> ValueModel:
     if len(rm.head_names) != 1:  # a multi-head reward model: keep one head for the value
         raise ValueError(f"critic init from {path}: it has heads {rm.head_names}; use a single-head model or the policy")
     return ValueModel(rm)
+
+
+class SharedValueHead(nn.Module):
+    """The critic as a linear head on the policy's own last hidden state (one backbone for actor and critic).
+
+    The head starts at zero (V = 0 everywhere); the value loss trains it and, through value_loss_coef, the
+    shared backbone. Only the head is saved (critic/value_head.pt): the backbone is the policy.
+    """
+
+    def __init__(self, policy, hidden_size: int):
+        super().__init__()
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        object.__setattr__(self, "policy", policy)  # not a submodule: the policy's weights stay out of this module
+
+    def forward(self, rollout: Rollout) -> torch.Tensor:
+        from tether.rollout import response_logprobs_and_values
+
+        return response_logprobs_and_values(self.policy, self.head, rollout, 1.0)[2]
+
+    def save_pretrained(self, folder, **kwargs) -> None:
+        from pathlib import Path
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        torch.save(self.head.state_dict(), Path(folder) / "value_head.pt")
+
+    @classmethod
+    def load(cls, policy, folder) -> "SharedValueHead":
+        from pathlib import Path
+
+        config = getattr(policy, "config", None) or policy.get_base_model().config
+        head = cls(policy, config.hidden_size)
+        if folder is not None:
+            head.head.load_state_dict(torch.load(Path(folder) / "value_head.pt", weights_only=True))
+        return head

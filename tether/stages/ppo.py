@@ -3,6 +3,10 @@
 A step: sample responses (generate), score them (score), compute old/reference log-probs and values
 (logprobs), build per-token KL-shaped rewards and GAE advantages, then `ppo_epochs` passes of clipped
 policy and value updates over minibatches (update). Single process for now.
+
+Rewards: a `tether rm` reward model (with its saved normalisation), Python functions (`--reward module:fn`,
+tether/rewards/functions.py), or both, summed with their weights. The critic is a separate model or a
+value head on the policy's backbone (critic_layout).
 """
 from __future__ import annotations
 
@@ -24,13 +28,14 @@ from tether.config import ConfigError, config_to_dict
 from tether.data.records import DataError, read_records
 from tether.models import apply_lora, load_model, load_tokenizer, save_merged
 from tether.reward_model import RewardScorer
-from tether.rollout import Rollout, generate_rollout, response_logprobs, stop_token_ids
+from tether.rewards import RewardSet, parse_reward_specs
+from tether.rollout import Rollout, generate_rollout, response_logprobs, response_logprobs_and_values, stop_token_ids
 from tether.stages.common import RUN_FILES, show_plan, write_json
 from tether.stages.ppo_config import PPOConfig
 from tether.train.checkpoint import latest_checkpoint, list_checkpoints, rng_state, set_rng_state, write_atomically
 from tether.train.logger import MetricsLogger
 from tether.train.offline import EpochOrder
-from tether.value_model import load_value_model
+from tether.value_model import SharedValueHead, load_value_model
 
 
 def render_prompts(tokenizer, rows: list[dict], where: str) -> list[str]:
@@ -64,15 +69,34 @@ class Experience:
     returns: torch.Tensor  # (B, T)
 
 
-def score_rollout(rollout: Rollout, scorer, tokenizer, cfg) -> torch.Tensor:
-    eos = tokenizer.eos_token or ""
-    texts = [p + r + ("" if t else eos) for p, r, t in zip(rollout.prompts, rollout.responses, rollout.truncated.tolist())]
-    scores = torch.tensor(scorer(texts), dtype=torch.float32)
+def completion_ids(rollout: Rollout) -> list[list[int]]:
+    return [ids[mask.bool()].tolist() for ids, mask in zip(rollout.response_ids, rollout.response_mask)]
+
+
+def score_rollout(rollout: Rollout, rows: list[dict], rewards: RewardSet | None, rm_scorer, tokenizer,
+                  cfg) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(scores (B,) after the truncation penalty and clipping, {component: raw scores (B,)}).
+
+    score = reward_model_weight · RM(prompt + response + EOS) + Σ_i w_i · f_i(...); the reward model sees EOS
+    only where the response ended with one, so a truncated answer is scored as the unfinished text it is.
+    """
+    parts: dict[str, torch.Tensor] = {}
+    total = torch.zeros(len(rollout.responses))
+    if rm_scorer is not None:
+        eos = tokenizer.eos_token or ""
+        texts = [p + r + ("" if t else eos) for p, r, t in zip(rollout.prompts, rollout.responses, rollout.truncated.tolist())]
+        parts["reward_model"] = torch.tensor(rm_scorer(texts), dtype=torch.float32)
+        total = total + cfg.roles.reward_model_weight * parts["reward_model"]
+    if rewards is not None:
+        values = rewards.score(rows, rollout.responses, completion_ids(rollout), rollout.truncated.tolist())
+        parts.update({name: torch.tensor(v, dtype=torch.float32) for name, v in values.items() if not isinstance(v[0], list)})
+        total = total + rewards.total(values)
+    scores = total
     if cfg.rollout.penalize_truncated:
         scores = torch.where(rollout.truncated, torch.full_like(scores, cfg.rollout.truncation_penalty), scores)
     if cfg.rollout.reward_clip > 0:
         scores = scores.clamp(-cfg.rollout.reward_clip, cfg.rollout.reward_clip)
-    return scores
+    return scores, parts
 
 
 def reference_logprobs(reference, policy, rollout, temperature: float) -> torch.Tensor:
@@ -86,9 +110,12 @@ def reference_logprobs(reference, policy, rollout, temperature: float) -> torch.
 @torch.no_grad()
 def make_experience(rollout, scores, policy, reference, critic, cfg, kl_coef: float) -> Experience:
     p = cfg.ppo
-    old = response_logprobs(policy, rollout, cfg.rollout.temperature)
+    if isinstance(critic, SharedValueHead):  # one forward gives the old log-probs and the values
+        old, _, values = response_logprobs_and_values(policy, critic.head, rollout, cfg.rollout.temperature)
+    else:
+        old = response_logprobs(policy, rollout, cfg.rollout.temperature)
+        values = critic(rollout)
     ref = reference_logprobs(reference, policy, rollout, cfg.rollout.temperature)
-    values = critic(rollout)
     mask = rollout.response_mask
     kl = kl_estimate(old, ref, p.kl_estimator) * mask
     token_rewards = shape_token_rewards(scores, kl, mask, kl_coef)
@@ -112,16 +139,20 @@ def ppo_update(exp: Experience, policy, critic, opt_pi, opt_v, cfg, generator: t
             idx = order[start : start + p.minibatch]
             sub = rows_of(exp.rollout, idx)
             mask = sub.response_mask
-            logp, entropy = response_logprobs(policy, sub, cfg.rollout.temperature, with_entropy=True)
+            if isinstance(critic, SharedValueHead):
+                logp, entropy, values = response_logprobs_and_values(policy, critic.head, sub, cfg.rollout.temperature)
+            else:
+                logp, entropy = response_logprobs(policy, sub, cfg.rollout.temperature, with_entropy=True)
+                values = critic(sub)
             pl, clipped = clipped_policy_loss(logp, exp.old_logprobs[idx], exp.advantages[idx], mask, p.clip_low,
                                               p.clip_high, p.dual_clip or None)
             loss_pi = token_mean(pl, mask) - p.entropy_coef * token_mean(entropy, mask)
-            values = critic(sub)
             vl, vclipped = clipped_value_loss(values, exp.values[idx], exp.returns[idx], mask, p.value_clip)
             loss_v = token_mean(vl, mask)
             opt_pi.zero_grad(set_to_none=True)
             opt_v.zero_grad(set_to_none=True)
-            (loss_pi + loss_v).backward()  # separate parameters: each loss reaches only its own model
+            # separate layout: each loss reaches only its own model; shared: both reach the backbone
+            (loss_pi + p.value_loss_coef * loss_v).backward()
             norm = p.max_grad_norm if p.max_grad_norm > 0 else float("inf")
             gn_pi = torch.nn.utils.clip_grad_norm_([q for q in policy.parameters() if q.requires_grad], norm)
             gn_v = torch.nn.utils.clip_grad_norm_([q for q in critic.parameters() if q.requires_grad], norm)
@@ -158,13 +189,13 @@ def step_metrics(exp: Experience, kl_coef: float) -> dict:
             **_stats("advantage", exp.advantages[mask]), **_stats("return", exp.returns[mask])}
 
 
-def _save(folder: Path, policy, critic, tokenizer, opt_pi, opt_v, step: int, kl_coef: float, keep: int) -> None:
+def _save(folder: Path, policy, critic, tokenizer, opt_pi, opt_v, step: int, trainer_state: dict, keep: int) -> None:
     def save(tmp: Path) -> None:
         policy.save_pretrained(str(tmp / "policy"))
         tokenizer.save_pretrained(str(tmp / "policy"))
         critic.save_pretrained(str(tmp / "critic"))
         torch.save({"opt_pi": opt_pi.state_dict(), "opt_v": opt_v.state_dict(), "rng": rng_state()}, tmp / "state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "kl_coef": kl_coef}))
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
 
     write_atomically(save, folder / f"checkpoint-{step}")
     if keep > 0:
@@ -211,8 +242,8 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     for value, flag in ((r.policy, "--policy"), (ro.prompts, "--prompts"), (run.output, "--output")):
         if not value:
             raise ConfigError(f"{flag} is required")
-    if scorer is None and not r.reward_model:
-        raise ConfigError("a reward is required: --reward-model DIR")
+    if scorer is None and not r.reward_model and not r.reward:
+        raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(r)
     out = Path(run.output)
     found = latest_checkpoint(out) if run.resume else None
@@ -234,14 +265,25 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
         reference.to(device).eval()
         for q in reference.parameters():
             q.requires_grad_(False)
-    critic_source = found[1] / "critic" if found else (r.critic or r.reward_model or r.policy)
-    critic = load_value_model(critic_source, tokenizer, r.dtype).to(device)
-    if scorer is None:
+    if r.critic_layout == "shared":
+        critic = SharedValueHead.load(policy, found[1] / "critic" if found else None).to(device)
+    else:
+        critic_source = found[1] / "critic" if found else (r.critic or r.reward_model or r.policy)
+        critic = load_value_model(critic_source, tokenizer, r.dtype).to(device)
+    if scorer is None and r.reward_model:
         weights = dict((kv.split("=")[0], float(kv.split("=")[1])) for kv in r.reward_weights.split(",") if kv) or None
         scorer = RewardScorer(r.reward_model, weights, r.normalize_reward, device)
+    prompt_rows = [rec.fields for rec in read_records(ro.prompts)]
+    eval_rows = [x.fields for x in read_records(ro.eval_prompts)] if ro.eval_prompts else []
+    rewards = None
+    if r.reward:
+        columns = sorted(set().union(*(row.keys() for row in prompt_rows[:8])))
+        rewards = RewardSet(parse_reward_specs(r.reward), r.reward_on_error, r.reward_error_score, columns)
+        rewards.check(prompt_rows)  # before any training: arguments exist, one score per completion
     opt_pi = torch.optim.AdamW([q for q in policy.parameters() if q.requires_grad], lr=p.policy_lr)
     opt_v = torch.optim.AdamW([q for q in critic.parameters() if q.requires_grad], lr=p.critic_lr)
     start_step, kl_coef = 0, p.kl_coef
+    best = {"value": None, "step": None}
     if found:
         state = torch.load(found[1] / "state.pt", weights_only=False)
         opt_pi.load_state_dict(state["opt_pi"])
@@ -249,16 +291,23 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
         set_rng_state(state["rng"])
         saved = json.loads((found[1] / "trainer_state.json").read_text())
         start_step, kl_coef = saved["step"], saved["kl_coef"]
-    prompt_rows = [rec.fields for rec in read_records(ro.prompts)]
+        best.update(saved.get("best", {}))
+        for c in rewards.components if rewards else []:
+            c.errors = saved.get("reward_errors", {}).get(c.name, 0)
+    if run.best_metric and not eval_rows:
+        raise ConfigError("--best-metric needs --eval-prompts: best/ is chosen at the periodic evaluations")
     prompts = render_prompts(tokenizer, prompt_rows, ro.prompts)
-    eval_prompts = render_prompts(tokenizer, [x.fields for x in read_records(ro.eval_prompts)], ro.eval_prompts) \
-        if ro.eval_prompts else []
+    eval_prompts = render_prompts(tokenizer, eval_rows, ro.eval_prompts) if eval_rows else []
     stops = stop_token_ids(tokenizer, policy)
     config = config_to_dict(cfg)
     updates = p.ppo_epochs * -(-ro.prompts_per_step // p.minibatch)
     plan = {"prompts (train / eval)": f"{len(prompts)} / {len(eval_prompts)}",
             "responses per step": ro.prompts_per_step, "minibatches x passes": f"{-(-ro.prompts_per_step // p.minibatch)} x {p.ppo_epochs}",
             "optimizer updates per step": updates, "steps": p.steps, "start step": start_step,
+            "critic": "value head on the policy backbone" if r.critic_layout == "shared" else f"separate ({r.critic or r.reward_model or r.policy})",
+            "reference": "frozen copy" if reference is not None else "policy with the LoRA adapter disabled",
+            "reward": " + ".join(([f"{r.reward_model_weight:g} x reward model"] if scorer is not None else [])
+                                 + [f"{c.weight:g} x {c.name}" for c in (rewards.components if rewards else [])]),
             "memory estimate (weights + AdamW)": _memory_estimate(policy, reference, critic)}
     show_plan(plan, "tether ppo")
     (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
@@ -273,11 +322,19 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
         torch.manual_seed(run.seed + 12345)  # the same sampling noise at every evaluation
         rollout = generate_rollout(policy, tokenizer, eval_prompts, ro.max_new_tokens, ro.temperature, ro.top_p, ro.top_k, stops)
         torch.set_rng_state(torch_state)
-        scores = score_rollout(rollout, scorer, tokenizer, cfg)
-        res = {"eval/score_mean": float(scores.mean()), "eval/length_mean": float(rollout.lengths.float().mean())}
+        scores, parts = score_rollout(rollout, eval_rows, rewards, scorer, tokenizer, cfg)
+        res = {"eval/score_mean": float(scores.mean()), "eval/length_mean": float(rollout.lengths.float().mean()),
+               **{f"eval/reward/{name}": float(v.mean()) for name, v in parts.items() if len(parts) > 1}}
         if evaluate_fn is not None:
             res.update({f"eval/{k}": v for k, v in evaluate_fn(policy, tokenizer).items()})
         history.append({"step": step, **res})
+        if run.best_metric and _improves(res, run.best_metric, run.best_mode, best["value"]):
+            best.update(value=res[run.best_metric], step=step)  # step 0: nothing trained has beaten the start yet
+            def save_best(tmp: Path) -> None:
+                save_merged(policy, tokenizer, tmp)
+                (tmp / "best.json").write_text(json.dumps({"metric": run.best_metric, **best}))
+
+            write_atomically(save_best, out / "best")
         return res
 
     baseline = evaluate(0) if start_step == 0 else {}
@@ -288,7 +345,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
             rollout = generate_rollout(policy, tokenizer, [prompts[i] for i in rows], ro.max_new_tokens,
                                        ro.temperature, ro.top_p, ro.top_k, stops)
             t1 = time.perf_counter()
-            scores = score_rollout(rollout, scorer, tokenizer, cfg)
+            scores, parts = score_rollout(rollout, [prompt_rows[i] for i in rows], rewards, scorer, tokenizer, cfg)
             t2 = time.perf_counter()
             exp = make_experience(rollout, scores, policy, reference, critic, cfg, kl_coef)
             t3 = time.perf_counter()
@@ -299,6 +356,10 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
             metrics = {"step": done, **step_metrics(exp, kl_coef), **update_stats,
                        "time/generate_s": t1 - t0, "time/score_s": t2 - t1, "time/logprobs_s": t3 - t2,
                        "time/update_s": t4 - t3, "perf/tokens_per_s": float(rollout.lengths.sum()) / (t4 - t0)}
+            for name, v in parts.items():
+                metrics[f"reward/{name}/mean"], metrics[f"reward/{name}/std"] = float(v.mean()), float(v.std(unbiased=False))
+            for c in rewards.components if rewards else []:
+                metrics[f"reward/{c.name}/errors"] = c.errors
             if p.adaptive_kl:
                 kl_coef = adaptive_kl_coef(kl_coef, metrics["kl/ref_mean"], p.target_kl, p.kl_horizon, len(rows))
             if step == start_step and baseline:
@@ -311,16 +372,28 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
                     for i in range(len(rows)):
                         f.write(json.dumps({"step": done, "prompt": rollout.prompts[i], "response": rollout.responses[i],
                                             "score": float(exp.scores[i]), "kl": float(exp.kl[i].sum()),
+                                            "parts": {k: float(v[i]) for k, v in parts.items()},
                                             "length": int(rollout.lengths[i]), "truncated": bool(rollout.truncated[i])}) + "\n")
             if (run.save_every and done % run.save_every == 0) or done == p.steps:
-                _save(out, policy, critic, tokenizer, opt_pi, opt_v, done, kl_coef, run.keep_checkpoints)
+                state = {"kl_coef": kl_coef, "best": best,
+                         "reward_errors": {c.name: c.errors for c in (rewards.components if rewards else [])}}
+                _save(out, policy, critic, tokenizer, opt_pi, opt_v, done, state, run.keep_checkpoints)
     finally:
         logger.close()
     write_atomically(lambda tmp: save_merged(policy, tokenizer, tmp), out / "final")  # LoRA merged into the weights
     summary = {"stage": "ppo", "steps": p.steps, "resumed_from": start_step or None, "final_kl_coef": kl_coef,
                "eval_history": history, "wall_s": round(time.perf_counter() - t_start, 2)}
+    if run.best_metric:
+        summary["best"] = {"metric": run.best_metric, **best}
     write_json(out / "summary.json", summary)
     return summary
+
+
+def _improves(figures: dict, metric: str, mode: str, best) -> bool:
+    if metric not in figures:
+        raise ConfigError(f"--best-metric {metric}: the evaluation reports {sorted(figures)}")
+    value = figures[metric]
+    return best is None or (value > best if mode == "max" else value < best)
 
 
 def _memory_estimate(policy, reference, critic) -> str:

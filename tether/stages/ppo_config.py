@@ -14,8 +14,18 @@ class RolesSection:
     reference: str = option("", "Reference model folder; default: a frozen copy of --policy as loaded.")
     reward_model: str = option("", "Reward model folder written by `tether rm`.", flag="--reward-model")
     reward_weights: str = option("", "Weights of reward-model heads, HEAD=W,...; default: the first head alone.")
+    reward_model_weight: float = option(1.0, "Weight of the reward model's score in the total reward (with --reward functions).")
+    reward: list = option([], "Python reward functions, module:function[=weight] or file.py:function[=weight], comma-separated; "
+                              "added to the reward model's score (docs/rewards.md).", flag="--reward")
+    reward_on_error: str = option("raise", "A reward function that raises: raise (stop, naming it and the sample) or score "
+                                           "(give reward_error_score, counted in reward/<name>/errors).", choices=("raise", "score"))
+    reward_error_score: float = option(0.0, "Score of completions whose reward function raised, with reward_on_error=score.")
     normalize_reward: bool = option(True, "Standardise reward-model scores with the statistics saved by `tether rm`.")
-    critic: str = option("", "Critic initialisation: a reward-model folder (default: --reward-model) or a causal LM.")
+    critic: str = option("", "Critic initialisation for the separate layout: a reward-model folder (default: --reward-model, "
+                             "as InstructGPT) or a causal-LM folder such as the policy (a new zero head).")
+    critic_layout: str = option("separate", "separate: the critic is its own model (--critic); shared: a value head on the "
+                                            "policy's backbone, trained by value_loss_coef x value loss (one model in memory).",
+                                choices=("separate", "shared"))
     lora_r: int = option(0, "Train the policy through LoRA adapters of this rank; 0 trains every weight. With LoRA and no "
                             "--reference, the reference is the policy with its adapter disabled (no second copy).")
     lora_alpha: float = option(16.0, "LoRA scaling alpha.")
@@ -67,6 +77,8 @@ class PPOSection:
     clip_high: float = option(0.2, "ε_high: ratio clip above 1.")
     dual_clip: float = option(0.0, "Dual-clip constant c > 1 for negative advantages; 0 = off.")
     value_clip: float = option(0.2, "ε_v: value clipping around the rollout-time values.")
+    value_loss_coef: float = option(1.0, "c_v: weight of the value loss. With a separate critic (own AdamW) it barely matters; "
+                                         "with the shared layout it sets how hard the value loss pulls the shared backbone.")
     entropy_coef: float = option(0.0, "Entropy bonus coefficient. Off by default: it is not part of RLHF-PPO as published.")
     target_approx_kl: float = option(0.0, "Stop a step's remaining passes when approx KL to the sampling policy exceeds this; 0 = off.")
 
@@ -87,6 +99,9 @@ class PPORunSection:
     save_every: int = option(20, "Checkpoint every N steps (and at the end).")
     sample_every: int = option(5, "Write the step's responses to samples.jsonl every N steps.")
     keep_checkpoints: int = option(1, "Newest checkpoints to keep; 0 keeps all.")
+    best_metric: str = option("", "Keep best/ (HF format) at the evaluation with the best value of this metric, "
+                                  "e.g. eval/score_mean or, on the lab, eval/gold_reward; empty: no best/.")
+    best_mode: str = option("max", "Whether best_metric is better high (max) or low (min).", choices=("max", "min"))
     log_every: int = option(5, "Console line every N steps.")
     seed: int = option(0, "Seed for prompt order and sampling.")
     resume: bool = option(False, "Continue from the newest checkpoint in --output.")

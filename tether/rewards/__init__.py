@@ -1,0 +1,4 @@
+"""Rewards for the online trainers: Python functions you write (and built-in ones), and the reward-model scorer."""
+from tether.rewards.functions import RewardComponent, RewardSet, load_reward_function, parse_reward_specs
+
+__all__ = ["RewardComponent", "RewardSet", "load_reward_function", "parse_reward_specs"]

@@ -1,0 +1,193 @@
+"""Reward functions named on the command line as ``module:function[=weight]``.
+
+A reward function is called once per batch with keyword arguments:
+
+    prompts         list[str | list[dict]]  the prompt column as it is in the file (a string or chat messages)
+    completions     list[str]               the sampled responses, special tokens removed
+    completion_ids  list[list[int]]         their token ids, up to and including the stop token
+    truncated       list[bool]              True where the response hit max_new_tokens without a stop token
+    <column>        list                    every other column of the prompt file, by name
+
+It declares the arguments it wants (or ``**kwargs`` for all of them) and returns one float per completion,
+or, for process rewards, one list of step scores per completion. Its signature is checked against the
+prompt file's columns, and it is called once on a few rows with empty completions, before any training:
+a function must accept an empty completion (policies do produce them).
+
+When a function raises, ``on_error`` decides: ``raise`` stops the run with the function's name and the
+batch's first prompt; ``score`` gives every completion of that call ``error_score`` and counts the call in
+``reward/<name>/errors``.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from tether.config import ConfigError
+
+BATCH_ARGUMENTS = ("prompts", "completions", "completion_ids", "truncated")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised or returned something unusable; the message names it and the sample."""
+
+
+def load_reward_function(target: str) -> Callable:
+    """``package.module:function`` (importable) or ``path/to/file.py:function``."""
+    if ":" not in target:
+        raise ConfigError(f"--reward {target!r}: expected module:function or path/file.py:function")
+    module_name, _, attr = target.rpartition(":")
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ConfigError(f"--reward {target!r}: no file {path}")
+        spec = importlib.util.spec_from_file_location(f"tether_reward_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise ConfigError(f"--reward {target!r}: cannot import {module_name}: {err}") from err
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"--reward {target!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+@dataclass
+class RewardComponent:
+    name: str  # how it is logged: reward/<name>/mean
+    fn: Callable
+    weight: float = 1.0
+    errors: int = 0  # calls that raised and were scored as error_score
+
+    def wanted(self) -> tuple[set[str], bool]:
+        """(argument names it declares, whether it takes **kwargs)."""
+        params = inspect.signature(self.fn).parameters.values()
+        takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        names = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        return names, takes_all
+
+    def required(self) -> set[str]:
+        return {p.name for p in inspect.signature(self.fn).parameters.values()
+                if p.default is inspect.Parameter.empty
+                and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+
+
+def parse_reward_specs(specs: list[str]) -> list[RewardComponent]:
+    """``module:function`` or ``module:function=weight``; the component is named after the function."""
+    components: list[RewardComponent] = []
+    for spec in specs:
+        target, weight = spec, 1.0
+        if "=" in spec:
+            head, _, tail = spec.rpartition("=")
+            try:
+                target, weight = head, float(tail)
+            except ValueError as err:
+                raise ConfigError(f"--reward {spec!r}: the weight after '=' must be a number") from err
+        fn = load_reward_function(target)
+        name = target.rpartition(":")[2]
+        if any(c.name == name for c in components):
+            name = target.replace("/", ".").replace(":", ".")
+        components.append(RewardComponent(name, fn, weight))
+    return components
+
+
+def _as_scores(value, n: int, name: str, first_prompt) -> list:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    try:
+        values = list(value)
+    except TypeError:
+        raise RewardFunctionError(f"reward function {name} returned {type(value).__name__}, expected a list of "
+                                  f"{n} floats (first prompt: {str(first_prompt)[:80]!r})") from None
+    if len(values) != n:
+        raise RewardFunctionError(f"reward function {name} returned {len(values)} values for {n} completions "
+                                  f"(first prompt: {str(first_prompt)[:80]!r})")
+    out = []
+    for i, v in enumerate(values):
+        items = v if isinstance(v, (list, tuple)) else [v]
+        try:
+            numbers = [float(x) for x in items]
+        except (TypeError, ValueError):
+            raise RewardFunctionError(f"reward function {name}: value {i} is {v!r}, not a number or a list of step "
+                                      "scores") from None
+        if not all(math.isfinite(x) for x in numbers):
+            raise RewardFunctionError(f"reward function {name}: value {i} is {v!r} (not finite) for completion "
+                                      f"{i} of the batch")
+        out.append(numbers if isinstance(v, (list, tuple)) else numbers[0])
+    return out
+
+
+@dataclass
+class RewardSet:
+    """Weighted sum of reward components; keeps each component's values for logging."""
+
+    components: list[RewardComponent]
+    on_error: str = "raise"  # raise | score
+    error_score: float = 0.0
+    columns: list[str] = field(default_factory=list)
+
+    def check(self, rows: list[dict]) -> None:
+        """Before training: every declared argument exists, and a dry call on a few rows returns one score each."""
+        available = set(BATCH_ARGUMENTS) | set(self.columns)
+        for c in self.components:
+            names, _ = c.wanted()
+            missing = sorted(c.required() - available)
+            if missing:
+                raise ConfigError(f"reward function {c.name} needs {missing}, but the prompt file has columns "
+                                  f"{sorted(self.columns)} (and tether passes {list(BATCH_ARGUMENTS)})")
+        sample = rows[:2]
+        try:
+            self.score(sample, [""] * len(sample), [[] for _ in sample], [False] * len(sample), on_error="raise")
+        except RewardFunctionError as err:
+            raise ConfigError(f"dry run of the reward functions on the first rows with empty completions: {err}") from err
+
+    def score(self, rows: list[dict], completions: list[str], completion_ids: list[list[int]], truncated: list[bool],
+              on_error: str | None = None) -> dict[str, list]:
+        """{component name: one value per completion (a float, or a list of step scores)}."""
+        policy = on_error or self.on_error
+        batch = {"prompts": [r.get("prompt") for r in rows], "completions": completions,
+                 "completion_ids": completion_ids, "truncated": truncated}
+        for column in self.columns:
+            if column != "prompt":
+                batch.setdefault(column, [r.get(column) for r in rows])
+        out: dict[str, list] = {}
+        for c in self.components:
+            names, takes_all = c.wanted()
+            kwargs = batch if takes_all else {k: v for k, v in batch.items() if k in names}
+            try:
+                value = c.fn(**kwargs)
+                out[c.name] = _as_scores(value, len(completions), c.name, batch["prompts"][0] if rows else None)
+            except Exception as err:  # noqa: BLE001 - a user's function; the policy says what to do
+                if policy == "score":
+                    c.errors += 1
+                    out[c.name] = [self.error_score] * len(completions)
+                    continue
+                if isinstance(err, RewardFunctionError):
+                    raise
+                first = str(batch["prompts"][0])[:80] if rows else ""
+                raise RewardFunctionError(f"reward function {c.name} raised {type(err).__name__}: {err} "
+                                          f"(batch of {len(completions)}, first prompt: {first!r})") from err
+        return out
+
+    def total(self, parts: dict[str, list]) -> torch.Tensor:
+        """Σ_i weight_i · score_i, (B,); process rewards (lists of step scores) are not summable here."""
+        total = None
+        for c in self.components:
+            values = parts[c.name]
+            if values and isinstance(values[0], list):
+                raise ConfigError(f"reward function {c.name} returned step scores (a process reward); PPO needs one "
+                                  "score per completion. Process rewards are for `tether grpo`")
+            t = torch.tensor(values, dtype=torch.float32) * c.weight
+            total = t if total is None else total + t
+        return total

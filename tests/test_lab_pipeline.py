@@ -19,7 +19,8 @@ def quick_lab(tmp_path_factory):
 @pytest.mark.slow
 def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     out, summary = quick_lab
-    assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", "rm", "rm_filtered"]
+    assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", "rm", "rm_filtered", "ppo_kl0",
+                                        "ppo_kl0.2", "ppo_adaptive2"]
     for path in ("world/world.json", "pretrain/final/config.json", "sft/final/model.safetensors", "eval/sft.json",
                  "summary.json", "sft/metrics.jsonl"):
         assert (out / path).exists(), path
@@ -98,3 +99,39 @@ def test_a_killed_training_stage_resumes_and_matches_the_uninterrupted_run(quick
                           for line in text.splitlines()]
     assert strip((sft / "metrics.jsonl").read_text()) == strip(reference)
     assert resumed["eval"] == first["eval"]
+
+
+@pytest.mark.slow
+def test_quick_lab_ppo_runs_report_proxy_and_gold_curves(quick_lab):
+    from transformers import AutoModelForCausalLM
+
+    out, summary = quick_lab
+    runs = summary["ppo"]
+    assert list(runs) == ["ppo_kl0", "ppo_kl0.2", "ppo_adaptive2"]
+    for name, run in runs.items():
+        assert [c["step"] for c in run["curve"]] == [0, 3, 6]
+        assert run["curve"][0]["win_rate"] == 0.5  # step 0: the policy is the SFT model, answering the same seed
+        assert run["curve"][0]["kl"] == 0.0 and run["final_kl"] >= 0
+        assert sum(run["time_split"].values()) == pytest.approx(1.0) and run["steps_per_minute"] > 0
+        assert run["best"]["metric"] == "eval/gold_reward"
+        assert run["best"]["value"] == max(c["gold"] for c in run["curve"])
+        AutoModelForCausalLM.from_pretrained(out / name / "run" / "final")
+    assert runs["ppo_kl0"]["final_kl_coef"] == 0.0 and runs["ppo_kl0.2"]["final_kl_coef"] == 0.2
+    assert runs["ppo_adaptive2"]["final_kl_coef"] != QUICK.ppo_adaptive_init  # the controller moved β
+
+
+@pytest.mark.slow
+def test_a_killed_ppo_stage_resumes_and_matches_the_uninterrupted_run(quick_lab, monkeypatch):
+    out, first = quick_lab
+    stage = out / "ppo_kl0.2"
+    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+                          for line in text.splitlines()]
+    reference = strip((stage / "run" / "metrics.jsonl").read_text())
+    shutil.rmtree(stage)
+    with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
+        run_lab(out, QUICK)
+    assert (stage / "run" / "checkpoint-3").is_dir() and not (stage / "stage.json").exists()
+    resumed = run_lab(out, QUICK)
+    assert not resumed["cached"]["ppo_kl0.2"] and resumed["cached"]["ppo_kl0"]
+    assert strip((stage / "run" / "metrics.jsonl").read_text()) == reference
+    assert resumed["ppo"]["ppo_kl0.2"]["curve"] == first["ppo"]["ppo_kl0.2"]["curve"]

@@ -47,6 +47,19 @@ class LabConfig:
     rm_batch: int = 32
     rm_lr: float = 3e-4
     rm_min_agreement: float = 0.8
+    # PPO on the assist world against the filtered reward model: one run per KL coefficient (0 shows the
+    # over-optimisation), and one with the adaptive controller (from ppo_adaptive_init) aiming at
+    # ppo_adaptive_target nats of sequence KL
+    ppo_reward_model: str = "rm_filtered"
+    ppo_kl_coefs: tuple = (0.0, 0.05, 0.2)
+    ppo_adaptive_target: float = 2.0  # 0 = no adaptive run
+    ppo_adaptive_init: float = 0.05
+    ppo_kl_horizon: int = 160  # responses; 32 per step moves β by at most 0.2 x 32/160 = 4 % a step
+    ppo_steps: int = 60
+    ppo_prompts_per_step: int = 32
+    ppo_lr: float = 5e-5
+    ppo_eval_every: int = 10
+    ppo_eval_samples: int = 4  # sampled answers per held-out request at each evaluation
     # evaluation
     eval_arith: int = 200  # held-out problems (at most world.n_eval_arith)
     assist_samples: int = 4  # sampled answers per held-out request (plus one greedy)
@@ -58,7 +71,8 @@ QUICK = LabConfig(
     world=WorldConfig(n_pretrain_arith=3000, n_pretrain_assist=3000, n_sft_arith=800, n_sft_assist=800, n_rl_arith=300,
                       n_pairs=600, n_pairs_eval=100, n_rankings=50),
     vocab_size=768, hidden=64, layers=2, heads=2, pretrain_steps=250, pretrain_batch=16, sft_steps=80, sft_batch=32,
-    rm_epochs=1.0, eval_arith=60, assist_samples=2)
+    rm_epochs=1.0, eval_arith=60, assist_samples=2, ppo_kl_coefs=(0.0, 0.2), ppo_steps=6, ppo_prompts_per_step=16,
+    ppo_eval_every=3, ppo_eval_samples=1)
 
 
 def _hash(obj) -> str:
@@ -86,7 +100,7 @@ class Stages:
                 return recipe_hash, record["result"]
         started = folder / "recipe.json"
         resume = (not self.fresh and started.is_file() and json.loads(started.read_text()).get("recipe_hash") == recipe_hash
-                  and latest_checkpoint(folder) is not None)
+                  and (latest_checkpoint(folder) or latest_checkpoint(folder / "run")) is not None)
         if not resume:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
@@ -161,15 +175,27 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
                    "temperature": cfg.sample_temperature}
     _, figures = stages.run("eval", eval_recipe, lambda folder, _: _eval_stage(folder, out, world_dir, cfg))
 
-    reward_models = {}
+    reward_models, rm_hashes = {}, {}
     for name, min_agreement in (("rm", 0.0), ("rm_filtered", cfg.rm_min_agreement)):
         recipe = {"sft": sft_hash, "world": world_hash, "epochs": cfg.rm_epochs, "batch": cfg.rm_batch, "lr": cfg.rm_lr,
                   "min_agreement": min_agreement}
-        _, reward_models[name] = stages.run(name, recipe, lambda folder, resume, m=min_agreement: _rm_stage(
+        rm_hashes[name], reward_models[name] = stages.run(name, recipe, lambda folder, resume, m=min_agreement: _rm_stage(
             folder, resume, out, world_dir, cfg, m))
 
+    ppo_runs = {}
+    runs = [(f"ppo_kl{coef:g}", coef, 0.0) for coef in cfg.ppo_kl_coefs]
+    if cfg.ppo_adaptive_target > 0:
+        runs.append((f"ppo_adaptive{cfg.ppo_adaptive_target:g}", cfg.ppo_adaptive_init, cfg.ppo_adaptive_target))
+    for name, coef, target in runs:
+        recipe = {"sft": sft_hash, "rm": rm_hashes[cfg.ppo_reward_model], "reward_model": cfg.ppo_reward_model,
+                  "kl_coef": coef, "adaptive_target": target,
+                  "horizon": cfg.ppo_kl_horizon if target else None, "steps": cfg.ppo_steps, "prompts": cfg.ppo_prompts_per_step,
+                  "lr": cfg.ppo_lr, "eval_every": cfg.ppo_eval_every, "eval_samples": cfg.ppo_eval_samples, "seed": cfg.seed}
+        _, ppo_runs[name] = stages.run(name, recipe, lambda folder, resume, c=coef, t=target: _ppo_stage(
+            folder, resume, out, cfg, c, t))
+
     summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
-               "reward_models": reward_models, "seconds": stages.timings, "cached": stages.cached}
+               "reward_models": reward_models, "ppo": ppo_runs, "seconds": stages.timings, "cached": stages.cached}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_lab_table(summary)
     return summary
@@ -187,6 +213,15 @@ def _rm_stage(folder: Path, resume: bool, out: Path, world_dir: Path, cfg: LabCo
                           eval_pairs=world_dir / "prefs_eval.jsonl", epochs=cfg.rm_epochs, batch=cfg.rm_batch,
                           lr=cfg.rm_lr, seed=cfg.seed)
     return {"min_agreement": min_agreement, "filtering": filtering, **result}
+
+
+def _ppo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, kl_coef: float, target: float) -> dict:
+    from tether.lab.rl import run_lab_ppo
+
+    return run_lab_ppo(folder, resume, lab=out, reward_model=cfg.ppo_reward_model, kl_coef=kl_coef,
+                       adaptive_target=target, steps=cfg.ppo_steps, prompts_per_step=cfg.ppo_prompts_per_step,
+                       lr=cfg.ppo_lr, eval_every=cfg.ppo_eval_every, eval_samples=cfg.ppo_eval_samples, seed=cfg.seed,
+                       kl_horizon=cfg.ppo_kl_horizon)
 
 
 def _world_stage(folder: Path, world_cfg: WorldConfig) -> dict:
@@ -275,12 +310,37 @@ def print_lab_table(summary: dict) -> None:
                 cells.append(_fmt(r.get(key)) + (f" ({_fmt(r.get(gold_key))})" if key.startswith("rm_picks") else ""))
             rt.add_row(label, *cells)
         console.print(rt)
+    if summary.get("ppo"):
+        print_ppo_table(summary["ppo"])
     times = Table(title="time per stage (s)")
     for name in summary["seconds"]:
         times.add_column(name, justify="right")
     times.add_row(*[f"{s:.1f}" + (" (cached)" if summary["cached"][n] else "") for n, s in summary["seconds"].items()])
     console.print(times)
     console.print(f"lab run folder: {summary['output']} (summary.json, eval/, sft/final, pretrain/final)")
+
+
+def print_ppo_table(runs: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="PPO on assist against the reward model (proxy) — judged by gold on held-out requests")
+    table.add_column("figure")
+    for name in runs:
+        table.add_column(name, justify="right")
+    rows = [("proxy score: start → end", lambda r: f"{r['start_proxy']:.2f} → {r['final_proxy']:.2f}"),
+            ("gold reward: start → end", lambda r: f"{r['start_gold']:.2f} → {r['final_gold']:.2f}"),
+            ("gold peak (step)", lambda r: f"{r['peak_gold']:.2f} ({r['peak_step']})"),
+            ("gold win rate vs SFT: end (at the gold peak)", lambda r: f"{r['final_win_rate']:.3f} ({r['win_rate_at_peak']:.3f})"),
+            ("gold per evaluation", lambda r: " ".join(f"{c['gold']:.2f}" for c in r["curve"])),
+            ("proxy per evaluation", lambda r: " ".join(f"{c['proxy']:.2f}" for c in r["curve"])),
+            ("words per answer per evaluation", lambda r: " ".join(f"{c['words']:.0f}" for c in r["curve"])),
+            ("KL to reference (nats): end / 2nd-half mean", lambda r: f"{r['final_kl']:.2f} / {r['late_kl_mean']:.2f}"),
+            ("KL coefficient at the end", lambda r: f"{r['final_kl_coef']:.4f}"),
+            ("steps per minute", lambda r: f"{r['steps_per_minute']:.1f}"),
+            ("time: generate / score / log-probs / update", lambda r: " / ".join(f"{100 * v:.0f}%" for v in r["time_split"].values()))]
+    for label, fn in rows:
+        table.add_row(label, *[fn(r) for r in runs.values()])
+    console.print(table)
 
 
 def _fmt(value) -> str:

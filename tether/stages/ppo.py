@@ -11,6 +11,7 @@ value head on the policy's backbone (critic_layout).
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -245,6 +246,8 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     if scorer is None and not r.reward_model and not r.reward:
         raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(r)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # N copies would each train alone and write the same folder
+        raise ConfigError("tether ppo runs on one process for now; launch it without accelerate's --num_processes")
     out = Path(run.output)
     found = latest_checkpoint(out) if run.resume else None
     if run.resume and found is None:
@@ -284,6 +287,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     opt_v = torch.optim.AdamW([q for q in critic.parameters() if q.requires_grad], lr=p.critic_lr)
     start_step, kl_coef = 0, p.kl_coef
     best = {"value": None, "step": None}
+    history: list[dict] = []  # every evaluation, restored on resume
     if found:
         state = torch.load(found[1] / "state.pt", weights_only=False)
         opt_pi.load_state_dict(state["opt_pi"])
@@ -292,6 +296,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
         saved = json.loads((found[1] / "trainer_state.json").read_text())
         start_step, kl_coef = saved["step"], saved["kl_coef"]
         best.update(saved.get("best", {}))
+        history.extend(h for h in saved.get("eval_history", []) if h["step"] <= start_step)
         for c in rewards.components if rewards else []:
             c.errors = saved.get("reward_errors", {}).get(c.name, 0)
     if run.best_metric and not eval_rows:
@@ -313,7 +318,6 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
     logger = MetricsLogger(out, run.report_to, config, start_step, p.steps, log_every=run.log_every, run_name="ppo")
     order = EpochOrder(len(prompts), run.seed)
-    history: list[dict] = []
 
     def evaluate(step: int) -> dict:
         if not eval_prompts:
@@ -375,7 +379,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
                                             "parts": {k: float(v[i]) for k, v in parts.items()},
                                             "length": int(rollout.lengths[i]), "truncated": bool(rollout.truncated[i])}) + "\n")
             if (run.save_every and done % run.save_every == 0) or done == p.steps:
-                state = {"kl_coef": kl_coef, "best": best,
+                state = {"kl_coef": kl_coef, "best": best, "eval_history": history,
                          "reward_errors": {c.name: c.errors for c in (rewards.components if rewards else [])}}
                 _save(out, policy, critic, tokenizer, opt_pi, opt_v, done, state, run.keep_checkpoints)
     finally:

@@ -34,6 +34,11 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept))
 
 
+# the figures worth a glance on the console line; everything else is in metrics.jsonl
+CONSOLE_KEYS = ("train/loss", "eval/loss", "score/mean", "kl/ref_mean", "kl/coef", "eval/score_mean", "eval/gold_reward",
+                "perf/tokens_per_s")
+
+
 class MetricsLogger:
     def __init__(self, output: str | Path, report_to: list[str], config: dict, start_step: int, total_steps: int,
                  enabled: bool = True, log_every: int = 10, run_name: str = "tether"):
@@ -89,10 +94,10 @@ class MetricsLogger:
             self.wandb.log(scalars, step=step)
         if self.mlflow:
             self.mlflow.log_metrics({k.replace("/", "_"): v for k, v in scalars.items()}, step=step)
-        info = "  ".join(_short(k, v) for k, v in scalars.items() if k in ("train/loss", "eval/loss", "perf/tokens_per_s"))
+        info = "  ".join(_short(k, v) for k, v in scalars.items() if k in CONSOLE_KEYS)
         if self._progress:
             self._progress.update(self._task, completed=step, info=info)
-        elif step % self.log_every == 0 or step == self.total_steps or "eval/loss" in metrics:
+        elif step % self.log_every == 0 or step == self.total_steps or any(k.startswith("eval/") for k in metrics):
             elapsed = time.perf_counter() - self._t0
             done = step - self._start_step
             eta = elapsed / done * (self.total_steps - step) if done else float("nan")

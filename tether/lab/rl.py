@@ -1,0 +1,85 @@
+"""Online RL in the lab: PPO on the assist world against a lab reward model, judged by gold along the way.
+
+The proxy (the reward model the policy is trained on) and gold (the world's true reward, which training never
+sees) are measured on the same held-out requests at every evaluation, so the over-optimisation curve —
+proxy up, gold up then down — is read straight off eval/score_mean and eval/gold_reward.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tether.config import build_config
+from tether.lab.evaluate import Decoding, generate_for, score_assist
+from tether.models import load_model, load_tokenizer
+
+GOLD_KEYS = ("gold_reward", "gold_win_rate", "mean_words", "confident_rate", "false_fact_rate", "distinct_2")
+
+
+class GoldAssistEval:
+    """evaluate_fn for run_ppo: gold reward and gold win rate against the SFT model on held-out requests.
+
+    The SFT model's answers are sampled once (the same seed and settings each time) and reused, so every
+    evaluation compares against the same reference answers and at step 0 the win rate is exactly 0.5.
+    """
+
+    def __init__(self, rows: list[dict], sft_dir: Path, decoding: Decoding):
+        self.rows, self.decoding = rows, decoding
+        tok = load_tokenizer(sft_dir)
+        self.reference = generate_for(load_model(sft_dir, tok), tok, rows, decoding)
+
+    def __call__(self, policy, tokenizer) -> dict:
+        completions = generate_for(policy, tokenizer, self.rows, self.decoding)
+        figures = score_assist(self.rows, completions, self.reference)
+        return {k: figures[k] for k in GOLD_KEYS}
+
+
+def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_coef: float, adaptive_target: float,
+                steps: int, prompts_per_step: int, lr: float, eval_every: int, eval_samples: int, seed: int,
+                kl_horizon: int = 320) -> dict:
+    """One PPO run on assist_rl.jsonl; returns the curves and the figures the lab table shows."""
+    from tether.stages.ppo import run_ppo
+    from tether.stages.ppo_config import PPOConfig
+
+    world = lab / "world"
+    rows = [json.loads(line) for line in (world / "assist_eval.jsonl").read_text().splitlines() if line.strip()]
+    gold = GoldAssistEval(rows, lab / "sft" / "final", Decoding(temperature=1.0, samples=eval_samples, seed=seed,
+                                                                 max_new_tokens=64))
+    run_dir = folder / "run"
+    if resume and (run_dir / "summary.json").is_file():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    else:
+        cfg = build_config(PPOConfig, source="lab", overrides={
+            "roles.policy": str(lab / "sft" / "final"), "roles.reward_model": str(lab / reward_model / "run" / "final"),
+            "rollout.prompts": str(world / "assist_rl.jsonl"), "rollout.eval_prompts": str(world / "assist_eval.jsonl"),
+            "rollout.prompts_per_step": prompts_per_step, "rollout.max_new_tokens": 64, "ppo.steps": steps,
+            "ppo.minibatch": 16, "ppo.policy_lr": lr, "ppo.critic_lr": 1e-4, "ppo.kl_coef": kl_coef,
+            "ppo.adaptive_kl": adaptive_target > 0, "ppo.target_kl": adaptive_target or 6.0, "ppo.kl_horizon": kl_horizon,
+            "run.output": str(run_dir), "run.resume": resume, "run.overwrite": not resume, "run.eval_every": eval_every,
+            "run.save_every": eval_every, "run.sample_every": eval_every, "run.best_metric": "eval/gold_reward",
+            "run.log_every": eval_every, "run.seed": seed, "run.report_to": ["tensorboard"]})
+        summary = run_ppo(cfg, evaluate_fn=gold)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return lab_ppo_figures(summary, metrics)
+
+
+def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
+    """Curves (per evaluation), start/peak/final gold, KL, throughput and the time split per phase."""
+    history = summary["eval_history"]
+    curve = [{"step": h["step"], "proxy": h["eval/score_mean"], "gold": h["eval/gold_reward"],
+              "win_rate": h["eval/gold_win_rate"], "words": h["eval/mean_words"], "distinct_2": h["eval/distinct_2"]}
+             for h in history]
+    for point in curve:  # KL to the reference of the training rollouts at that step (0 before training)
+        point["kl"] = next((m["kl/ref_mean"] for m in metrics if m["step"] == point["step"]), 0.0)
+    peak = max(curve, key=lambda c: c["gold"])
+    phases = ("generate", "score", "logprobs", "update")
+    seconds = {ph: sum(m[f"time/{ph}_s"] for m in metrics) for ph in phases}
+    total = sum(seconds.values())
+    late = metrics[len(metrics) // 2:]  # after warm-up: the second half of the run
+    return {"curve": curve, "start_gold": curve[0]["gold"], "final_gold": curve[-1]["gold"], "peak_gold": peak["gold"],
+            "peak_step": peak["step"], "final_win_rate": curve[-1]["win_rate"], "win_rate_at_peak": peak["win_rate"],
+            "start_proxy": curve[0]["proxy"], "final_proxy": curve[-1]["proxy"], "final_kl": metrics[-1]["kl/ref_mean"],
+            "late_kl_mean": sum(m["kl/ref_mean"] for m in late) / len(late),
+            "final_kl_coef": summary["final_kl_coef"], "steps": len(metrics),
+            "steps_per_minute": 60 * len(metrics) / total, "time_split": {ph: s / total for ph, s in seconds.items()},
+            "best": summary.get("best")}

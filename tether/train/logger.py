@@ -7,6 +7,7 @@ checkpoint) and TensorBoard purges them, so the file reads as one run.
 from __future__ import annotations
 
 import json
+import os
 import math
 import sys
 import time
@@ -17,7 +18,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from tether.config import ConfigError
 
-console = Console(stderr=True, highlight=False, soft_wrap=True)
+# Not a terminal (CI, a log file): wide enough that the lab's tables are not folded into 80 columns.
+console = Console(stderr=True, highlight=False, soft_wrap=True,
+                  width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS", 160)))
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:

@@ -107,3 +107,64 @@ def test_importable_module_spec(reward_file, monkeypatch):
     [component] = parse_reward_specs(["my_rewards:exact=3"])
     assert component.name == "exact" and component.weight == 3.0
     sys.modules.pop("my_rewards", None)
+
+
+def test_builtin_rewards_by_hand():
+    from tether.rewards import builtin as b
+
+    assert b.exact_answer(["3 + 4 = 7. The answer is 7.", "The answer is 8.", "so \\boxed{1,000}", "none"],
+                          [7, "7", 1000, "x"]) == [1.0, 0.0, 1.0, 0.0]
+    assert b.exact_answer(["The answer is Paris."], ["paris"]) == [1.0]
+    assert b.format_match(["1 + 2 = 3. The answer is 3.", "3"], pattern=r"(?:.*= -?\d+\. )*The answer is -?\d+\.") == [1.0, 0.0]
+    assert b.length_penalty([[1] * 5, [1] * 12], target=10, scale=0.5) == [0.0, -1.0]
+    assert b.overlong([[1] * 10, [1] * 14, [1] * 17], max_length=16, cache=4) == [0.0, -0.5, -1.0]
+    # "a b a b a": 3-grams (a b a), (b a b), (a b a): 2 distinct of 3 → −(1 − 2/3)
+    assert b.repetition_penalty(["a b a b a", "a b"], n=3) == [pytest.approx(-1 / 3), 0.0]
+
+
+def test_spec_arguments_bind_and_are_checked():
+    [c] = parse_reward_specs(["tether.rewards.builtin:length_penalty(target=2,scale=1.0)=0.5"])
+    assert c.name == "length_penalty" and c.weight == 0.5 and c.fn(completion_ids=[[1, 2, 3, 4]]) == [-2.0]
+    with pytest.raises(ConfigError, match=r"exact_answer has no parameter \[.nonsense.\]"):
+        parse_reward_specs(["tether.rewards.builtin:exact_answer(nonsense=1)"])
+    from tether.config import _parse_list
+
+    assert _parse_list("a:f(x=1,y=2)=0.5,b:g") == ["a:f(x=1,y=2)=0.5", "b:g"]
+
+
+def test_a_hanging_function_times_out_as_documented(tmp_path):
+    path = tmp_path / "slow.py"
+    path.write_text("import time\ndef hang(completions):\n    if any(completions):\n        time.sleep(30)\n"
+                    "    return [0.0] * len(completions)\n")
+    strict = RewardSet(parse_reward_specs([f"{path}:hang"]), columns=["prompt"], timeout=0.5)
+    with pytest.raises(RewardFunctionError, match=r"hang raised TimeoutError: no result within 0.5 s"):
+        strict.score(ROWS, ["x", "y"], [[1], [2]], [False, False])
+    lenient = RewardSet(parse_reward_specs([f"{path}:hang"]), columns=["prompt"], timeout=0.5, on_error="score")
+    assert lenient.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"hang": [0.0, 0.0]}
+    assert lenient.components[0].errors == 1
+
+
+def test_async_functions_run_concurrently(tmp_path):
+    import time
+
+    path = tmp_path / "slow_async.py"
+    path.write_text("import asyncio\nasync def a(completions):\n    await asyncio.sleep(0.5)\n    return [1.0] * len(completions)\n"
+                    "async def b(completions):\n    await asyncio.sleep(0.5)\n    return [2.0] * len(completions)\n")
+    rs = RewardSet(parse_reward_specs([f"{path}:a", f"{path}:b"]), columns=["prompt"])
+    start = time.perf_counter()
+    assert rs.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"a": [1.0, 1.0], "b": [2.0, 2.0]}
+    assert time.perf_counter() - start < 0.9  # both sleeps overlapped
+
+
+def test_sandbox_limits_time_and_memory_and_the_code_reward_uses_it():
+    from tether.rewards.builtin import python_tests
+    from tether.rewards.sandbox import run_python
+
+    assert run_python("print(6 * 7)").stdout.strip() == "42"
+    slow = run_python("while True: pass", timeout_s=0.5)
+    assert slow.timed_out and not slow.ok
+    greedy = run_python("x = bytearray(2 * 1024 ** 3)", memory_mb=256)
+    assert not greedy.ok and "MemoryError" in greedy.stderr
+    code = ["```python\ndef add(a, b):\n    return a + b\n```", "def add(a, b):\n    return a - b", "while True: pass"]
+    tests = ["assert add(2, 3) == 5"] * 3
+    assert python_tests(code, tests, timeout_s=1.0) == [1.0, 0.0, 0.0]

@@ -44,7 +44,17 @@ def flag_name(f: dataclasses.Field) -> str:
 
 
 def _parse_list(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
+    """Comma-separated, except inside parentheses: ``a:f(x=1,y=2)=0.5,b:g`` is two items."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [part.strip() for part in parts if part.strip()]
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:

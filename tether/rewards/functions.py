@@ -13,16 +13,26 @@ or, for process rewards, one list of step scores per completion. Its signature i
 prompt file's columns, and it is called once on a few rows with empty completions, before any training:
 a function must accept an empty completion (policies do produce them).
 
-When a function raises, ``on_error`` decides: ``raise`` stops the run with the function's name and the
-batch's first prompt; ``score`` gives every completion of that call ``error_score`` and counts the call in
-``reward/<name>/errors``.
+When a function raises, or runs past ``timeout`` seconds, ``on_error`` decides: ``raise`` stops the run with the
+function's name and the batch's first prompt; ``score`` gives every completion of that call ``error_score``
+and counts the call in ``reward/<name>/errors``. A call that timed out is abandoned (its thread cannot be
+killed), so a function that runs model-written code should run it through ``tether.rewards.sandbox``, which
+kills it. ``async def`` functions of one batch run concurrently in one event loop.
+
+Arguments for a function go in the spec: ``tether.rewards.builtin:length_penalty(target=40,scale=0.01)=0.5``
+(Python literals, bound with functools.partial).
 """
 from __future__ import annotations
 
+import ast
+import asyncio
+import concurrent.futures
+import functools
 import importlib
 import importlib.util
 import inspect
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +49,20 @@ class RewardFunctionError(RuntimeError):
     """A reward function raised or returned something unusable; the message names it and the sample."""
 
 
+def _spec_arguments(spec: str, text: str) -> dict:
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
+    except (SyntaxError, ValueError) as err:
+        raise ConfigError(f"--reward {spec!r}: arguments must be name=literal, e.g. (target=40,scale=0.01)") from err
+
+
 def load_reward_function(target: str) -> Callable:
-    """``package.module:function`` (importable) or ``path/to/file.py:function``."""
+    """``package.module:function`` (importable) or ``path/to/file.py:function``, optionally ``function(k=v,...)``."""
+    arguments = {}
+    called = re.fullmatch(r"(.*?)\((.*)\)", target)
+    if called:
+        target, arguments = called.group(1), _spec_arguments(target, called.group(2))
     if ":" not in target:
         raise ConfigError(f"--reward {target!r}: expected module:function or path/file.py:function")
     module_name, _, attr = target.rpartition(":")
@@ -60,6 +82,15 @@ def load_reward_function(target: str) -> Callable:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"--reward {target!r}: {module_name} has no function {attr!r}")
+    if arguments:
+        declared = [q.name for q in inspect.signature(fn).parameters.values()
+                    if q.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        unknown = sorted(set(arguments) - set(declared))
+        if unknown:  # a **kwargs catch-all would swallow a misspelt argument silently
+            raise ConfigError(f"--reward {target!r}: {attr} has no parameter {unknown}; it takes {declared}")
+        bound = functools.partial(fn, **arguments)
+        functools.update_wrapper(bound, fn)
+        return bound
     return fn
 
 
@@ -88,14 +119,14 @@ def parse_reward_specs(specs: list[str]) -> list[RewardComponent]:
     components: list[RewardComponent] = []
     for spec in specs:
         target, weight = spec, 1.0
-        if "=" in spec:
+        if re.search(r"=[^()]*$", spec) and not spec.endswith(")"):  # a weight after the last ')'
             head, _, tail = spec.rpartition("=")
             try:
                 target, weight = head, float(tail)
             except ValueError as err:
                 raise ConfigError(f"--reward {spec!r}: the weight after '=' must be a number") from err
         fn = load_reward_function(target)
-        name = target.rpartition(":")[2]
+        name = target.rpartition(":")[2].split("(")[0]
         if any(c.name == name for c in components):
             name = target.replace("/", ".").replace(":", ".")
         components.append(RewardComponent(name, fn, weight))
@@ -136,6 +167,7 @@ class RewardSet:
     on_error: str = "raise"  # raise | score
     error_score: float = 0.0
     columns: list[str] = field(default_factory=list)
+    timeout: float = 0.0  # seconds per call; 0 = none
 
     def check(self, rows: list[dict]) -> None:
         """Before training: every declared argument exists, and a dry call on a few rows returns one score each."""
@@ -162,11 +194,12 @@ class RewardSet:
             if column != "prompt":
                 batch.setdefault(column, [r.get(column) for r in rows])
         out: dict[str, list] = {}
+        results = self._call_all(batch)
         for c in self.components:
-            names, takes_all = c.wanted()
-            kwargs = batch if takes_all else {k: v for k, v in batch.items() if k in names}
             try:
-                value = c.fn(**kwargs)
+                value = results[c.name]
+                if isinstance(value, BaseException):
+                    raise value
                 out[c.name] = _as_scores(value, len(completions), c.name, batch["prompts"][0] if rows else None)
             except Exception as err:  # noqa: BLE001 - a user's function; the policy says what to do
                 if policy == "score":
@@ -180,6 +213,41 @@ class RewardSet:
                                           f"(batch of {len(completions)}, first prompt: {first!r})") from err
         return out
 
+    def _call_all(self, batch: dict) -> dict:
+        """{name: return value or the exception}; async functions concurrently, others one by one in a thread."""
+        def kwargs_for(c):
+            names, takes_all = c.wanted()
+            return batch if takes_all else {k: v for k, v in batch.items() if k in names}
+
+        timeout = self.timeout or None
+        results: dict = {}
+        async_components = [c for c in self.components if inspect.iscoroutinefunction(inspect.unwrap(c.fn))
+                             or inspect.iscoroutinefunction(getattr(c.fn, "func", None))]
+        if async_components:
+            async def run_all():
+                calls = [asyncio.wait_for(c.fn(**kwargs_for(c)), timeout) for c in async_components]
+                return await asyncio.gather(*calls, return_exceptions=True)
+
+            for c, value in zip(async_components, asyncio.run(run_all())):
+                results[c.name] = _timeout_error(c, self.timeout) if isinstance(value, asyncio.TimeoutError) else value
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        try:
+            for c in self.components:
+                if c.name in results:
+                    continue
+                future = pool.submit(c.fn, **kwargs_for(c))
+                try:
+                    results[c.name] = future.result(timeout=timeout)
+                except concurrent.futures.TimeoutError:
+                    results[c.name] = _timeout_error(c, self.timeout)
+                    pool.shutdown(wait=False)  # the hung call keeps its thread; the next ones get a fresh pool
+                    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+                except Exception as err:  # noqa: BLE001 - reported by the caller with the function's name
+                    results[c.name] = err
+        finally:
+            pool.shutdown(wait=False)
+        return results
+
     def total(self, parts: dict[str, list]) -> torch.Tensor:
         """Σ_i weight_i · score_i, (B,); process rewards (lists of step scores) are not summable here."""
         total = None
@@ -191,3 +259,7 @@ class RewardSet:
             t = torch.tensor(values, dtype=torch.float32) * c.weight
             total = t if total is None else total + t
         return total
+
+
+def _timeout_error(component: RewardComponent, seconds: float) -> TimeoutError:
+    return TimeoutError(f"no result within {seconds:g} s (reward timeout)")

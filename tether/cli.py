@@ -15,6 +15,8 @@ STAGES = {
     "sft": "Supervised fine-tuning on prompt/completion, messages or text data.",
     "rm": "Reward model from preference pairs or ranked lists, with bias probes and normalisation.",
     "ppo": "PPO with a critic, a reward model and a KL-tied reference (single process for now).",
+    "grpo": "The group family (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++): `tether grpo --recipe dapo ...`.",
+    "recipes": "List the group-family recipes with their equations, settings and sources.",
     "data": "Data tools: `check` (counts, loss mask), `agreement` (annotator κ), `filter` (by agreement, to majority labels).",
 }
 
@@ -46,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     ppo = sub.add_parser("ppo", help=STAGES["ppo"], description=STAGES["ppo"])
     add_config_arguments(ppo, PPOConfig)
+
+    from tether.stages.grpo_config import GRPOConfig
+
+    grpo = sub.add_parser("grpo", help=STAGES["grpo"], description=STAGES["grpo"] + " A recipe sets the algo options; "
+                          "any flag or YAML value overrides it (defaults shown are those of no recipe).")
+    add_config_arguments(grpo, GRPOConfig)
+    sub.add_parser("recipes", help=STAGES["recipes"], description=STAGES["recipes"])
 
     lab = sub.add_parser("lab", help=STAGES["lab"], description=STAGES["lab"])
     lab.add_argument("--output", default="runs/lab", help="Lab run folder; stages already done there with the same recipe are reused.")
@@ -283,6 +292,15 @@ def main(argv: list[str] | None = None) -> int:
             from tether.stages.ppo_config import PPOConfig
 
             run_ppo(config_from_args(PPOConfig, args))
+        elif args.stage == "grpo":
+            from tether.stages.grpo import run_grpo
+            from tether.stages.grpo_config import build_grpo_config
+
+            file_values = load_yaml(args.config) if args.config else {}
+            overrides = {k: v for k, v in vars(args).items() if "." in k}
+            run_grpo(build_grpo_config(file_values, overrides, args.config or "command line"))
+        elif args.stage == "recipes":
+            print_recipes()
         elif args.stage == "rm":
             from tether.stages.rm import RMConfig, run_rm
 
@@ -296,6 +314,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tether {args.stage}: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def print_recipes() -> None:
+    from tether.stages.grpo_config import RECIPES
+
+    for name, recipe in RECIPES.items():
+        print(f"{name}\n  {recipe.summary}\n  {recipe.equations}")
+        print("  settings: " + ", ".join(f"{k}={v}" for k, v in recipe.settings.items()))
+        print(f"  source: {recipe.sources}\n")
 
 
 if __name__ == "__main__":

@@ -128,3 +128,39 @@ def response_logprobs_and_values(model, value_head, rollout: Rollout, temperatur
     logprobs = token_logprobs(logits, rollout.response_ids, temperature) * mask
     values = value_head(hidden.to(value_head.weight.dtype))[..., 0].float() * mask
     return logprobs, _entropy(logits, temperature) * mask, values
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """One rollout from several (e.g. dynamic-sampling rounds): prompts re-left-padded, responses re-right-padded."""
+    if len(parts) == 1:
+        return parts[0]
+    p_len = max(r.prompt_ids.shape[1] for r in parts)
+    t_len = max(r.response_ids.shape[1] for r in parts)
+
+    def pad(x: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
+        extra = x.new_full((x.shape[0], width - x.shape[1]), value)
+        return torch.cat([extra, x] if left else [x, extra], 1)
+
+    return Rollout(torch.cat([pad(r.prompt_ids, p_len, pad_id, True) for r in parts]),
+                   torch.cat([pad(r.prompt_mask, p_len, 0, True) for r in parts]),
+                   torch.cat([pad(r.response_ids, t_len, pad_id, False) for r in parts]),
+                   torch.cat([pad(r.response_mask, t_len, 0, False) for r in parts]),
+                   torch.cat([r.truncated for r in parts]), [p for r in parts for p in r.prompts],
+                   [x for r in parts for x in r.responses])
+
+
+def step_end_tokens(tokenizer, ids: list[int], text_ends: list[int]) -> list[int]:
+    """Map character offsets in the decoded response to the index of the token that completes each of them.
+
+    The response text is decoded prefix by prefix (one batch call), so the mapping follows the sampled tokens
+    exactly, whatever the tokenizer would have produced for the text. Offsets past the end map to the last token.
+    """
+    if not ids:
+        return [0 for _ in text_ends]
+    prefix_lengths = [len(t) for t in tokenizer.batch_decode([ids[: k + 1] for k in range(len(ids))],
+                                                             skip_special_tokens=True)]
+    out = []
+    for end in text_ends:
+        k = next((i for i, n in enumerate(prefix_lengths) if n >= end), len(ids) - 1)
+        out.append(k)
+    return out

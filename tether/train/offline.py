@@ -50,8 +50,11 @@ class EpochOrder:
         return self._perms[epoch]
 
     def batch(self, step: int, batch_size: int) -> list[int]:
-        positions = range(step * batch_size, (step + 1) * batch_size)
-        return [int(self._perm(p // self.n)[p % self.n]) for p in positions]
+        return self.slice(step * batch_size, batch_size)
+
+    def slice(self, start: int, count: int) -> list[int]:
+        """Examples at stream positions [start, start + count): for consumers that draw a varying number per step."""
+        return [int(self._perm(p // self.n)[p % self.n]) for p in range(start, start + count)]
 
     def epoch_at(self, step: int, batch_size: int) -> float:
         return step * batch_size / self.n

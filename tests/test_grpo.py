@@ -1,0 +1,184 @@
+"""`tether grpo` on tiny models: every recipe runs, on-policy ratio is 1, dynamic sampling, process rewards,
+zero-variance warning, failing rewards, resume."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tether.config import ConfigError
+from tether.stages.grpo import run_grpo
+from tether.stages.grpo_config import RECIPES, build_grpo_config
+
+from conftest import killed_after_step, write_jsonl
+
+RULES = '''
+def count_a(completions):
+    return [float(c.count("a")) for c in completions]
+
+def count_a_unless_hi(completions, prompts):
+    return [0.0 if "hi" in str(p) else float(c.count("a")) for c, p in zip(completions, prompts)]
+
+def constant(completions):
+    return [1.0] * len(completions)
+
+def sentence_steps(completions):
+    return [[1.0 if "a" in s else 0.0 for s in c.split(".")[:3]] or [0.0] for c in completions]
+
+def flaky(completions):
+    if len(completions) > 2:
+        raise RuntimeError("flaky")
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.fixture
+def setup(tmp_path):
+    rules = tmp_path / "rules.py"
+    rules.write_text(RULES)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w}
+                                                       for w in ("hi", "cats", "dogs", "rain")] * 4)
+    return rules, prompts
+
+
+def grpo_config(policy_dir, prompts, out, rewards, **extra):
+    overrides = {"model.policy": str(policy_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
+                 "rewards.reward": rewards, "rollout.prompts_per_step": 4, "rollout.group_size": 4,
+                 "rollout.max_new_tokens": 8, "run.steps": 3, "algo.lr": 3e-3, "run.output": str(out),
+                 "run.eval_every": 3, "run.save_every": 2, "run.sample_every": 1, "run.report_to": ["none"]}
+    overrides.update({k.replace("__", "."): v for k, v in extra.items()})
+    return build_grpo_config(overrides=overrides)
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_every_recipe_runs_and_logs_its_pieces(llama_dir, setup, tmp_path, recipe):
+    rules, prompts = setup
+    out = tmp_path / recipe
+    cfg = grpo_config(llama_dir, prompts, out, [f"{rules}:count_a"], algo__recipe=recipe)
+    for key, value in RECIPES[recipe].settings.items():
+        expected = cfg.rollout.max_new_tokens // 4 if (key == "overlong_cache" and value == -1) else value
+        assert getattr(cfg.algo, key) == value or key == "overlong_cache", (key, expected)
+    summary = run_grpo(cfg)
+    metrics = read_metrics(out)
+    assert len(metrics) == 3 and summary["recipe"] == recipe
+    for key in ("score/mean", "reward/count_a/mean", "groups/zero_variance_frac", "policy/clip_frac_low",
+                "policy/clip_frac_high", "policy/entropy", "rollout/terminated_length_mean", "rollout/truncated_frac",
+                "time/generate_score_s", "time/update_s", "advantage/mean"):
+        assert key in metrics[-1], key
+    assert ("kl/ref_mean" in metrics[-1]) == (recipe in ("grpo", "reinforce_pp"))
+    if recipe == "dapo":
+        assert "reward/overlong/mean" in metrics[-1]
+    sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
+    assert {"group", "advantage", "parts", "truncated"} <= set(sample)
+    assert (out / "final" / "config.json").is_file()
+
+
+def test_flags_override_the_recipe_and_bad_names_fail(tmp_path):
+    cfg = build_grpo_config(overrides={"algo.recipe": "dapo", "algo.clip_high": 0.3})
+    assert cfg.algo.clip_high == 0.3 and cfg.algo.clip_low == 0.2 and cfg.algo.dynamic_sampling
+    assert build_grpo_config(file_values={"algo": {"recipe": "gspo"}}).algo.ratio == "sequence"
+    with pytest.raises(ConfigError, match="recipe"):
+        build_grpo_config(overrides={"algo.recipe": "ppo2"})
+    with pytest.raises(ConfigError, match="unknown field algo.clip"):
+        build_grpo_config(file_values={"algo": {"clip": 0.1}})
+
+
+def test_on_policy_ratio_is_exactly_one_and_inner_iterations_move_it(llama_dir, setup, tmp_path):
+    rules, prompts = setup
+    run_grpo(grpo_config(llama_dir, prompts, tmp_path / "mu1", [f"{rules}:count_a"], algo__kl_coef=0.0))
+    assert all(m["policy/ratio_mean"] == 1.0 for m in read_metrics(tmp_path / "mu1"))
+    run_grpo(grpo_config(llama_dir, prompts, tmp_path / "mu2", [f"{rules}:count_a"], algo__inner_iterations=2,
+                         algo__kl_coef=0.0))
+    assert any(m["policy/ratio_mean"] != 1.0 for m in read_metrics(tmp_path / "mu2"))
+
+
+def test_equal_scores_warn_and_give_zero_loss_not_nan(llama_dir, setup, tmp_path, capsys):
+    rules, prompts = setup
+    out = tmp_path / "flat"
+    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:constant"], algo__kl_coef=0.0))
+    metrics = read_metrics(out)
+    assert all(m["groups/zero_variance_frac"] == 1.0 for m in metrics)
+    assert all(m["advantage/mean"] == 0.0 and m["advantage/std"] == 0.0 and m["policy/loss"] == 0.0 for m in metrics)
+    assert "scored all their responses equally" in capsys.readouterr().err
+
+
+def test_dynamic_sampling_drops_flat_groups_and_fills_the_batch(llama_dir, setup, tmp_path):
+    rules, prompts = setup
+    out = tmp_path / "dyn"
+    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:count_a_unless_hi"], algo__recipe="dapo",
+                         algo__max_sampling_rounds=4, rollout__temperature=1.5))
+    metrics = read_metrics(out)
+    assert any(m["sampling/rounds"] > 1 for m in metrics)  # the "hi" groups are always flat
+    assert all(m["sampling/groups_kept"] <= 4 for m in metrics)
+    assert all(m["sampling/groups_sampled"] >= m["sampling/groups_kept"] for m in metrics)
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert not any("Say hi." in r["prompt"] for r in rows)
+
+
+def test_process_reward_step_scores_reach_the_samples(llama_dir, setup, tmp_path):
+    rules, prompts = setup
+    out = tmp_path / "proc"
+    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:sentence_steps"], algo__kl_coef=0.0,
+                         rollout__temperature=1.5))
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert all(isinstance(r["steps"], list) and r["parts"]["sentence_steps"] == sum(r["steps"]) for r in rows)
+
+
+def test_a_failing_reward_is_scored_and_counted_or_stops_the_run(llama_dir, setup, tmp_path):
+    rules, prompts = setup
+    out = tmp_path / "flaky"
+    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:flaky", f"{rules}:count_a"], rewards__reward_on_error="score",
+                         rewards__reward_error_score=-1.0, algo__kl_coef=0.0))
+    metrics = read_metrics(out)
+    assert metrics[-1]["reward/flaky/errors"] >= 3 and metrics[0]["reward/flaky/mean"] == -1.0
+    from tether.rewards.functions import RewardFunctionError
+
+    with pytest.raises(RewardFunctionError, match="flaky raised RuntimeError"):
+        run_grpo(grpo_config(llama_dir, prompts, tmp_path / "strict", [f"{rules}:flaky"], algo__kl_coef=0.0))
+
+
+@pytest.mark.slow
+def test_grpo_resume_matches_the_uninterrupted_run(llama_dir, setup, tmp_path, monkeypatch):
+    rules, prompts = setup
+    cfg = lambda out, **kw: grpo_config(llama_dir, prompts, out, [f"{rules}:count_a_unless_hi"], algo__recipe="dapo",
+                                        run__steps=4, **kw)
+    run_grpo(cfg(tmp_path / "whole"))
+    with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
+        run_grpo(cfg(tmp_path / "killed"))
+    summary = run_grpo(cfg(tmp_path / "killed", run__resume=True))
+    assert summary["resumed_from"] == 2
+    strip = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+                       for line in (p / "metrics.jsonl").read_text().splitlines()]
+    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+
+
+@pytest.mark.slow
+def test_grpo_raises_a_rule_reward(llama_dir, setup, tmp_path):
+    rules, prompts = setup
+    out = tmp_path / "learn"
+    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:count_a"], run__steps=25, algo__kl_coef=0.0,
+                         rollout__prompts_per_step=4, rollout__group_size=8, run__eval_every=0))
+    metrics = read_metrics(out)
+    first = sum(m["score/mean"] for m in metrics[:5]) / 5
+    last = sum(m["score/mean"] for m in metrics[-5:]) / 5
+    assert last > first + 0.5, (first, last)
+
+
+def test_cli_grpo_and_recipes(llama_dir, setup, tmp_path):
+    rules, prompts = setup
+    listing = subprocess.run([sys.executable, "-m", "tether", "recipes"], capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0 and all(name in listing.stdout for name in RECIPES)
+    proc = subprocess.run([sys.executable, "-m", "tether", "grpo", "--policy", str(llama_dir), "--prompts", str(prompts),
+                           "--reward", f"{rules}:count_a", "--recipe", "dr_grpo", "--steps", "1", "--group-size", "2",
+                           "--prompts-per-step", "2", "--max-new-tokens", "4", "--output", str(tmp_path / "cli"),
+                           "--report-to", "none"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "dr_grpo" in proc.stdout + proc.stderr
+    bad = subprocess.run([sys.executable, "-m", "tether", "grpo", "--policy", str(llama_dir), "--prompts", str(prompts),
+                          "--reward", f"{rules}:nope", "--output", str(tmp_path / "bad")], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "has no function 'nope'" in bad.stderr and "Traceback" not in bad.stderr

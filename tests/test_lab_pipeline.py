@@ -20,7 +20,7 @@ def quick_lab(tmp_path_factory):
 def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     out, summary = quick_lab
     assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", "rm", "rm_filtered", "ppo_kl0",
-                                        "ppo_kl0.2", "ppo_adaptive2"]
+                                        "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process"]
     for path in ("world/world.json", "pretrain/final/config.json", "sft/final/model.safetensors", "eval/sft.json",
                  "summary.json", "sft/metrics.jsonl"):
         assert (out / path).exists(), path
@@ -135,3 +135,24 @@ def test_a_killed_ppo_stage_resumes_and_matches_the_uninterrupted_run(quick_lab,
     assert not resumed["cached"]["ppo_kl0.2"] and resumed["cached"]["ppo_kl0"]
     assert strip((stage / "run" / "metrics.jsonl").read_text()) == reference
     assert resumed["ppo"]["ppo_kl0.2"]["curve"] == first["ppo"]["ppo_kl0.2"]["curve"]
+
+
+@pytest.mark.slow
+def test_quick_lab_grpo_runs_measure_held_out_accuracy(quick_lab):
+    out, summary = quick_lab
+    from tether.lab.evaluate import evaluate_task
+    from tether.models import load_model, load_tokenizer
+
+    runs = summary["grpo"]
+    assert list(runs) == ["grpo_outcome", "grpo_process"]
+    rows = [json.loads(line) for line in (out / "world" / "arith_eval.jsonl").read_text().splitlines()][:QUICK.grpo_eval_problems]
+    tok = load_tokenizer(out / "sft" / "final")
+    sft_greedy = evaluate_task(load_model(out / "sft" / "final", tok), tok, "lab-arith", rows)["accuracy"]
+    for name, run in runs.items():
+        assert [c["step"] for c in run["curve"]] == [0, 2, 4] and run["recipe"] == "grpo"
+        assert run["start_accuracy_greedy"] == sft_greedy  # step 0 is the SFT model, measured the same way
+        assert sum(run["time_split"].values()) == pytest.approx(1.0) and run["steps"] == 4
+    samples = [json.loads(line) for line in (out / "grpo_process" / "run" / "samples.jsonl").read_text().splitlines()]
+    assert all(isinstance(s["steps"], list) and s["steps"] for s in samples)  # the process reward's step scores
+    outcome = [json.loads(line) for line in (out / "grpo_outcome" / "run" / "samples.jsonl").read_text().splitlines()]
+    assert all(s["steps"] is None and set(s["parts"]) == {"arith_correct", "arith_format"} for s in outcome)

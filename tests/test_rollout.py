@@ -140,3 +140,19 @@ def test_shared_value_head_reads_the_policy_backbone_at_each_state(model_dirs, a
     torch.testing.assert_close(values, v1)
     torch.testing.assert_close(logp, response_logprobs(model, one, 0.7))
     assert SharedValueHead.load(model, None).head.weight.abs().sum() == 0  # starts at V = 0
+
+
+def test_step_ends_map_text_offsets_to_the_completing_token(policy):
+    import re
+
+    from tether.rollout import step_end_tokens
+
+    _, tok = policy
+    text = "12 + 30 = 42. The answer is 42."
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    ends = [m.end() for m in re.finditer(r"\.(?=\s|$)", text)]
+    tokens = step_end_tokens(tok, ids, ends)
+    for end, k in zip(ends, tokens):
+        assert len(tok.decode(ids[: k + 1], skip_special_tokens=True)) >= end  # the token completes the step...
+        assert len(tok.decode(ids[:k], skip_special_tokens=True)) < end  # ...and the one before does not
+    assert step_end_tokens(tok, ids, [10_000]) == [len(ids) - 1] and step_end_tokens(tok, [], [3]) == [0]

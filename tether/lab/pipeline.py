@@ -60,6 +60,16 @@ class LabConfig:
     ppo_lr: float = 5e-5
     ppo_eval_every: int = 10
     ppo_eval_samples: int = 4  # sampled answers per held-out request at each evaluation
+    # the group family on arith from the SFT model: the same recipe and budget with outcome rewards (correct
+    # answer + format) and with process rewards (each worked step checked, then the answer)
+    grpo_recipe: str = "grpo"
+    grpo_rewards: tuple = ("outcome", "process")
+    grpo_steps: int = 30
+    grpo_prompts_per_step: int = 32
+    grpo_group_size: int = 8
+    grpo_lr: float = 3e-5
+    grpo_eval_every: int = 10
+    grpo_eval_problems: int = 200
     # evaluation
     eval_arith: int = 200  # held-out problems (at most world.n_eval_arith)
     assist_samples: int = 4  # sampled answers per held-out request (plus one greedy)
@@ -72,7 +82,8 @@ QUICK = LabConfig(
                       n_pairs=600, n_pairs_eval=100, n_rankings=50),
     vocab_size=768, hidden=64, layers=2, heads=2, pretrain_steps=250, pretrain_batch=16, sft_steps=80, sft_batch=32,
     rm_epochs=1.0, eval_arith=60, assist_samples=2, ppo_kl_coefs=(0.0, 0.2), ppo_steps=6, ppo_prompts_per_step=16,
-    ppo_eval_every=3, ppo_eval_samples=1)
+    ppo_eval_every=3, ppo_eval_samples=1, grpo_steps=4, grpo_prompts_per_step=4, grpo_group_size=4, grpo_eval_every=2,
+    grpo_eval_problems=20)
 
 
 def _hash(obj) -> str:
@@ -194,8 +205,17 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
         _, ppo_runs[name] = stages.run(name, recipe, lambda folder, resume, c=coef, t=target: _ppo_stage(
             folder, resume, out, cfg, c, t))
 
+    grpo_runs = {}
+    for rewards in cfg.grpo_rewards:
+        recipe = {"sft": sft_hash, "world": world_hash, "recipe": cfg.grpo_recipe, "rewards": rewards,
+                  "steps": cfg.grpo_steps, "prompts": cfg.grpo_prompts_per_step, "group": cfg.grpo_group_size,
+                  "lr": cfg.grpo_lr, "eval_every": cfg.grpo_eval_every, "eval_problems": cfg.grpo_eval_problems,
+                  "seed": cfg.seed}
+        _, grpo_runs[f"grpo_{rewards}"] = stages.run(f"grpo_{rewards}", recipe, lambda folder, resume, r=rewards: _grpo_stage(
+            folder, resume, out, cfg, r))
+
     summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
-               "reward_models": reward_models, "ppo": ppo_runs, "seconds": stages.timings, "cached": stages.cached}
+               "reward_models": reward_models, "ppo": ppo_runs, "grpo": grpo_runs, "seconds": stages.timings, "cached": stages.cached}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_lab_table(summary)
     return summary
@@ -222,6 +242,14 @@ def _ppo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, kl_coef: f
                        adaptive_target=target, steps=cfg.ppo_steps, prompts_per_step=cfg.ppo_prompts_per_step,
                        lr=cfg.ppo_lr, eval_every=cfg.ppo_eval_every, eval_samples=cfg.ppo_eval_samples, seed=cfg.seed,
                        kl_horizon=cfg.ppo_kl_horizon)
+
+
+def _grpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, rewards: str) -> dict:
+    from tether.lab.rl import run_lab_grpo
+
+    return run_lab_grpo(folder, resume, lab=out, recipe=cfg.grpo_recipe, rewards=rewards, steps=cfg.grpo_steps,
+                        prompts_per_step=cfg.grpo_prompts_per_step, group_size=cfg.grpo_group_size, lr=cfg.grpo_lr,
+                        eval_every=cfg.grpo_eval_every, eval_problems=cfg.grpo_eval_problems, seed=cfg.seed)
 
 
 def _world_stage(folder: Path, world_cfg: WorldConfig) -> dict:
@@ -312,6 +340,8 @@ def print_lab_table(summary: dict) -> None:
         console.print(rt)
     if summary.get("ppo"):
         print_ppo_table(summary["ppo"])
+    if summary.get("grpo"):
+        print_grpo_table(summary["grpo"])
     times = Table(title="time per stage (s)")
     for name in summary["seconds"]:
         times.add_column(name, justify="right")
@@ -338,6 +368,27 @@ def print_ppo_table(runs: dict) -> None:
             ("KL coefficient at the end", lambda r: f"{r['final_kl_coef']:.4f}"),
             ("steps per minute", lambda r: f"{r['steps_per_minute']:.1f}"),
             ("time: generate / score / log-probs / update", lambda r: " / ".join(f"{100 * v:.0f}%" for v in r["time_split"].values()))]
+    for label, fn in rows:
+        table.add_row(label, *[fn(r) for r in runs.values()])
+    console.print(table)
+
+
+def print_grpo_table(runs: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="the group family on arith from the SFT model — held-out accuracy against gold")
+    table.add_column("figure")
+    for name, r in runs.items():
+        table.add_column(f"{name} ({r['recipe']})", justify="right")
+    rows = [("accuracy, sampled (T=1): start → end (best)",
+             lambda r: f"{r['start_accuracy_sampled']:.3f} → {r['final_accuracy_sampled']:.3f} ({r['best_accuracy_sampled']:.3f})"),
+            ("accuracy, greedy: start → end", lambda r: f"{r['start_accuracy_greedy']:.3f} → {r['final_accuracy_greedy']:.3f}"),
+            ("sampled accuracy per evaluation", lambda r: " ".join(f"{c['accuracy_sampled']:.2f}" for c in r["curve"])),
+            ("step accuracy (greedy) per evaluation", lambda r: " ".join(f"{c['step_accuracy']:.2f}" for c in r["curve"])),
+            ("training score: first 5 → last 5 steps", lambda r: f"{r['train_reward_first5']:.2f} → {r['train_reward_last5']:.2f}"),
+            ("groups with no variance", lambda r: f"{r['zero_variance_frac']:.0%}"),
+            ("minutes / steps per minute", lambda r: f"{r['minutes']:.1f} / {r['steps_per_minute']:.1f}"),
+            ("time: generate+score / log-probs / update", lambda r: " / ".join(f"{100 * v:.0f}%" for v in r["time_split"].values()))]
     for label, fn in rows:
         table.add_row(label, *[fn(r) for r in runs.values()])
     console.print(table)

@@ -83,3 +83,71 @@ def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
             "final_kl_coef": summary["final_kl_coef"], "steps": len(metrics),
             "steps_per_minute": 60 * len(metrics) / total, "time_split": {ph: s / total for ph, s in seconds.items()},
             "best": summary.get("best")}
+
+
+class ArithAccuracyEval:
+    """evaluate_fn for run_grpo: held-out arith accuracy, greedy and sampled at the training temperature."""
+
+    def __init__(self, rows: list[dict], temperature: float, seed: int, max_new_tokens: int):
+        self.rows = rows
+        self.sampled = Decoding(temperature=temperature, samples=1, seed=seed, max_new_tokens=max_new_tokens)
+        self.greedy = Decoding(temperature=0.0, samples=1, seed=seed, max_new_tokens=max_new_tokens)
+
+    def __call__(self, policy, tokenizer) -> dict:
+        from tether.lab.evaluate import score_arith
+
+        greedy = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.greedy))
+        sampled = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.sampled))
+        return {"accuracy_greedy": greedy["accuracy"], "accuracy_sampled": sampled["accuracy"],
+                "step_accuracy": greedy["step_accuracy"], "format_rate": sampled["format_rate"]}
+
+
+LAB_ARITH_REWARDS = {  # what the lab's GRPO stages are rewarded with
+    "outcome": ["tether.lab.rewards:arith_correct", "tether.lab.rewards:arith_format=0.5"],
+    "process": ["tether.lab.rewards:arith_steps", "tether.lab.rewards:arith_format=0.5"],
+}
+
+
+def run_lab_grpo(folder: Path, resume: bool, *, lab: Path, recipe: str, rewards: str, steps: int, prompts_per_step: int,
+                 group_size: int, lr: float, eval_every: int, eval_problems: int, seed: int, extra: dict | None = None) -> dict:
+    """One GRPO-family run on arith_rl.jsonl from the SFT model; returns accuracy curves and throughput."""
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import build_grpo_config
+
+    world = lab / "world"
+    rows = [json.loads(line) for line in (world / "arith_eval.jsonl").read_text().splitlines() if line.strip()]
+    accuracy = ArithAccuracyEval(rows[:eval_problems], 1.0, seed, 96)  # the budget `tether eval` uses
+    run_dir = folder / "run"
+    if resume and (run_dir / "summary.json").is_file():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    else:
+        overrides = {"model.policy": str(lab / "sft" / "final"), "rollout.prompts": str(world / "arith_rl.jsonl"),
+                     "rollout.eval_prompts": str(world / "arith_eval.jsonl"),
+                     "rewards.reward": LAB_ARITH_REWARDS[rewards], "algo.recipe": recipe, "algo.lr": lr,
+                     "rollout.prompts_per_step": prompts_per_step, "rollout.group_size": group_size,
+                     "rollout.max_new_tokens": 48, "run.steps": steps, "run.output": str(run_dir), "run.resume": resume,
+                     "run.overwrite": not resume, "run.eval_every": eval_every, "run.save_every": eval_every,
+                     "run.sample_every": eval_every, "run.log_every": eval_every, "run.seed": seed,
+                     "run.best_metric": "eval/accuracy_sampled", "run.report_to": ["tensorboard"],
+                     **(extra or {})}
+        summary = run_grpo(build_grpo_config(overrides=overrides, source="lab"), evaluate_fn=accuracy)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return lab_grpo_figures(summary, metrics)
+
+
+def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
+    curve = [{"step": h["step"], "accuracy_greedy": h["eval/accuracy_greedy"], "accuracy_sampled": h["eval/accuracy_sampled"],
+              "step_accuracy": h["eval/step_accuracy"], "format_rate": h["eval/format_rate"]} for h in summary["eval_history"]]
+    phases = ("generate_score", "logprobs", "update")
+    seconds = {ph: sum(m[f"time/{ph}_s"] for m in metrics) for ph in phases}
+    total = sum(seconds.values())
+    first, last = curve[0], curve[-1]
+    return {"curve": curve, "recipe": summary["recipe"],
+            "start_accuracy_greedy": first["accuracy_greedy"], "final_accuracy_greedy": last["accuracy_greedy"],
+            "start_accuracy_sampled": first["accuracy_sampled"], "final_accuracy_sampled": last["accuracy_sampled"],
+            "best_accuracy_sampled": max(c["accuracy_sampled"] for c in curve),
+            "train_reward_first5": sum(m.get("score/mean", 0.0) for m in metrics[:5]) / max(len(metrics[:5]), 1),
+            "train_reward_last5": sum(m.get("score/mean", 0.0) for m in metrics[-5:]) / max(len(metrics[-5:]), 1),
+            "zero_variance_frac": sum(m["groups/zero_variance_frac"] for m in metrics) / len(metrics),
+            "steps": len(metrics), "minutes": total / 60, "steps_per_minute": 60 * len(metrics) / total,
+            "time_split": {ph: s / total for ph, s in seconds.items()}}

@@ -120,3 +120,33 @@ def write_json(path: Path, data: dict) -> None:
 def parameter_summary(model) -> str:
     total, trainable = count_parameters(model)
     return f"{total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
+
+
+def open_online_run(stage: str, output: str, resume: bool, overwrite: bool, steps: int, device: str, seed: int):
+    """Checks and set-up shared by the online stages: one process, the output folder, the checkpoint to resume
+    from, the device and the seeds. Returns (output folder, (step, checkpoint folder) or None, torch device)."""
+    import os
+    import random
+
+    import numpy as np
+    import torch
+
+    from tether.config import ConfigError
+    from tether.train.checkpoint import latest_checkpoint
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # N copies would each train alone and write the same folder
+        raise ConfigError(f"tether {stage} runs on one process for now; launch it without accelerate's --num_processes")
+    out = Path(output)
+    found = latest_checkpoint(out) if resume else None
+    if resume and found is None:
+        raise ConfigError(f"--resume: no complete checkpoint-<step>/ in {out}")
+    if not resume and out.is_dir() and any((out / n).exists() for n in RUN_FILES) and not overwrite:
+        raise ConfigError(f"--output {out} already holds a run; pass --resume or --overwrite")
+    if found and found[0] >= steps:
+        raise ConfigError(f"--resume: {found[1].name} is already at step {found[0]} of {steps}; nothing left to train")
+    out.mkdir(parents=True, exist_ok=True)
+    torch_device = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    return out, found, torch_device

@@ -9,15 +9,12 @@ each a pure function in tether/algorithms/group.py.
 from __future__ import annotations
 
 import json
-import os
-import random
 import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
@@ -32,11 +29,11 @@ from tether.reward_model import RewardScorer
 from tether.rewards import RewardSet, parse_reward_specs
 from tether.rollout import (Rollout, concat_rollouts, generate_rollout, response_logprobs, step_end_tokens,
                             stop_token_ids)
-from tether.stages.common import RUN_FILES, show_plan, write_json
+from tether.stages.common import open_online_run, show_plan, write_json
 from tether.stages.grpo_config import RECIPES, GRPOConfig
 from tether.stages.ppo import (_improves, check_lora_reference, completion_ids, reference_logprobs, render_prompts,
                                rows_of)
-from tether.train.checkpoint import latest_checkpoint, list_checkpoints, rng_state, set_rng_state, write_atomically
+from tether.train.checkpoint import list_checkpoints, rng_state, set_rng_state, write_atomically
 from tether.train.logger import MetricsLogger, console
 from tether.train.offline import EpochOrder
 
@@ -160,22 +157,8 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
             raise ConfigError(f"{flag} is required")
     if scorer is None and not rw.reward_model and not rw.reward:
         raise ConfigError("a reward is required: --reward module:function and/or --reward-model DIR")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("tether grpo runs on one process for now; launch it without accelerate's --num_processes")
     check_lora_reference(m)
-    out = Path(run.output)
-    found = latest_checkpoint(out) if run.resume else None
-    if run.resume and found is None:
-        raise ConfigError(f"--resume: no complete checkpoint-<step>/ in {out}")
-    if not run.resume and out.is_dir() and any((out / n).exists() for n in RUN_FILES) and not run.overwrite:
-        raise ConfigError(f"--output {out} already holds a run; pass --resume or --overwrite")
-    if found and found[0] >= run.steps:
-        raise ConfigError(f"--resume: {found[1].name} is already at step {found[0]} of {run.steps}; nothing left to train")
-    out.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cuda" if m.device == "cuda" or (m.device == "auto" and torch.cuda.is_available()) else "cpu")
-    torch.manual_seed(run.seed)
-    random.seed(run.seed)
-    np.random.seed(run.seed)
+    out, found, device = open_online_run("grpo", run.output, run.resume, run.overwrite, run.steps, m.device, run.seed)
 
     prompt_rows = [rec.fields for rec in read_records(ro.prompts)]
     eval_rows = [x.fields for x in read_records(ro.eval_prompts)] if ro.eval_prompts else []

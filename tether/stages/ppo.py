@@ -11,13 +11,10 @@ value head on the policy's backbone (critic_layout).
 from __future__ import annotations
 
 import json
-import os
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
@@ -31,9 +28,9 @@ from tether.models import apply_lora, load_model, load_tokenizer, save_merged
 from tether.reward_model import RewardScorer
 from tether.rewards import RewardSet, parse_reward_specs
 from tether.rollout import Rollout, generate_rollout, response_logprobs, response_logprobs_and_values, stop_token_ids
-from tether.stages.common import RUN_FILES, show_plan, write_json
+from tether.stages.common import open_online_run, show_plan, write_json
 from tether.stages.ppo_config import PPOConfig
-from tether.train.checkpoint import latest_checkpoint, list_checkpoints, rng_state, set_rng_state, write_atomically
+from tether.train.checkpoint import list_checkpoints, rng_state, set_rng_state, write_atomically
 from tether.train.logger import MetricsLogger
 from tether.train.offline import EpochOrder
 from tether.value_model import SharedValueHead, load_value_model
@@ -246,21 +243,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     if scorer is None and not r.reward_model and not r.reward:
         raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(r)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # N copies would each train alone and write the same folder
-        raise ConfigError("tether ppo runs on one process for now; launch it without accelerate's --num_processes")
-    out = Path(run.output)
-    found = latest_checkpoint(out) if run.resume else None
-    if run.resume and found is None:
-        raise ConfigError(f"--resume: no complete checkpoint-<step>/ in {out}")
-    if not run.resume and out.is_dir() and any((out / n).exists() for n in RUN_FILES) and not run.overwrite:
-        raise ConfigError(f"--output {out} already holds a run; pass --resume or --overwrite")
-    if found and found[0] >= p.steps:
-        raise ConfigError(f"--resume: {found[1].name} is already at step {found[0]} of {p.steps}; nothing left to train")
-    out.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cuda" if r.device == "cuda" or (r.device == "auto" and torch.cuda.is_available()) else "cpu")
-    torch.manual_seed(run.seed)
-    random.seed(run.seed)
-    np.random.seed(run.seed)
+    out, found, device = open_online_run("ppo", run.output, run.resume, run.overwrite, p.steps, r.device, run.seed)
     tokenizer = load_tokenizer(r.policy)
     policy, reference = load_policy_and_reference(r, tokenizer, found[1] / "policy" if found else None)
     policy.to(device)

@@ -182,3 +182,16 @@ def test_cli_grpo_and_recipes(llama_dir, setup, tmp_path):
                           "--reward", f"{rules}:nope", "--output", str(tmp_path / "bad")], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "has no function 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_lora_grpo_uses_the_adapter_disabled_reference(llama_dir, setup, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    rules, prompts = setup
+    out = tmp_path / "lora"
+    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:count_a"], model__lora_r=4, model__lora_alpha=8.0,
+                         algo__kl_coef=0.04))
+    metrics = read_metrics(out)
+    assert metrics[0]["kl/ref_mean"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity
+    assert metrics[-1]["kl/ref_mean"] > 0
+    assert not any("lora" in n for n, _ in AutoModelForCausalLM.from_pretrained(out / "final").named_parameters())

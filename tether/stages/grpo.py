@@ -24,15 +24,15 @@ from tether.algorithms.group import (aggregate, clipped_surrogate, group_advanta
 from tether.algorithms.kl import kl_estimate
 from tether.config import ConfigError, config_to_dict
 from tether.data.records import read_records
-from tether.models import apply_lora, load_model, load_tokenizer, save_merged
+from tether.models import load_tokenizer, save_merged
 from tether.reward_model import RewardScorer
 from tether.rewards import RewardSet, parse_reward_specs
 from tether.rollout import (Rollout, concat_rollouts, generate_rollout, response_logprobs, step_end_tokens,
                             stop_token_ids)
 from tether.stages.common import open_online_run, show_plan, write_json
 from tether.stages.grpo_config import RECIPES, GRPOConfig
-from tether.stages.ppo import (_improves, check_lora_reference, completion_ids, reference_logprobs, render_prompts,
-                               rows_of)
+from tether.stages.ppo import (_improves, check_lora_reference, completion_ids, load_policy_and_reference,
+                               reference_logprobs, render_prompts, rows_of)
 from tether.train.checkpoint import list_checkpoints, rng_state, set_rng_state, write_atomically
 from tether.train.logger import MetricsLogger, console
 from tether.train.offline import EpochOrder
@@ -55,24 +55,6 @@ class Batch:
 
 def needs_reference(a) -> bool:
     return a.kl_coef > 0 or (a.advantage == "reinforce_pp" and a.kl_in_reward > 0)
-
-
-def load_models(m, a, tokenizer, checkpoint: Path | None):
-    """(policy, reference or None). No reference is loaded when no KL term needs one."""
-    if m.lora_r <= 0:
-        policy = load_model(checkpoint or m.policy, tokenizer, m.dtype)
-        reference = load_model(m.reference or m.policy, tokenizer, m.dtype) if needs_reference(a) else None
-        return policy, reference
-    check_lora_reference(m)
-    base = load_model(m.policy, tokenizer, m.dtype)
-    if checkpoint is not None:
-        from peft import PeftModel
-
-        policy = PeftModel.from_pretrained(base, str(checkpoint), is_trainable=True)
-    else:
-        policy = apply_lora(base, m.lora_r, m.lora_alpha, m.lora_dropout, list(m.lora_target_modules))
-    reference = load_model(m.reference, tokenizer, m.dtype) if (m.reference and needs_reference(a)) else None
-    return policy, reference
 
 
 class Scorer:
@@ -170,7 +152,8 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
         rewards = RewardSet(parse_reward_specs(rw.reward), rw.reward_on_error, rw.reward_error_score, columns, rw.reward_timeout)
         rewards.check(prompt_rows)  # before any model is loaded: arguments exist, one value per completion
     tokenizer = load_tokenizer(m.policy)
-    policy, reference = load_models(m, a, tokenizer, found[1] / "policy" if found else None)
+    policy, reference = load_policy_and_reference(m, tokenizer, found[1] / "policy" if found else None,
+                                                  with_reference=needs_reference(a))
     policy.to(device)
     if reference is not None:
         reference.to(device).eval()

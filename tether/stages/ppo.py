@@ -210,15 +210,16 @@ def check_lora_reference(r) -> None:
                           "first (tether writes merged final/ folders) or pass --reference")
 
 
-def load_policy_and_reference(r, tokenizer, checkpoint: Path | None):
+def load_policy_and_reference(r, tokenizer, checkpoint: Path | None, with_reference: bool = True):
     """(policy, reference). With LoRA and no --reference, reference is None: the adapter-disabled policy.
+    with_reference False (no KL term anywhere) loads no reference at all.
 
     That shortcut is only right when disabling the adapter gives the SFT model. A --policy folder that is itself
     a LoRA adapter (adapter_config.json) would fall back to its *base* model, so it is refused.
     """
     if r.lora_r <= 0:
         policy = load_model(checkpoint or r.policy, tokenizer, r.dtype)
-        reference = load_model(r.reference or r.policy, tokenizer, r.dtype)
+        reference = load_model(r.reference or r.policy, tokenizer, r.dtype) if with_reference else None
         return policy, reference
     check_lora_reference(r)
     base = load_model(r.policy, tokenizer, r.dtype)
@@ -228,7 +229,7 @@ def load_policy_and_reference(r, tokenizer, checkpoint: Path | None):
         policy = PeftModel.from_pretrained(base, str(checkpoint), is_trainable=True)
     else:
         policy = apply_lora(base, r.lora_r, r.lora_alpha, r.lora_dropout, list(r.lora_target_modules))
-    reference = load_model(r.reference, tokenizer, r.dtype) if r.reference else None
+    reference = load_model(r.reference, tokenizer, r.dtype) if (r.reference and with_reference) else None
     return policy, reference
 
 

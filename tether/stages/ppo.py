@@ -265,7 +265,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     rewards = None
     if r.reward:
         columns = sorted(set().union(*(row.keys() for row in prompt_rows[:8])))
-        rewards = RewardSet(parse_reward_specs(r.reward), r.reward_on_error, r.reward_error_score, columns)
+        rewards = RewardSet(parse_reward_specs(r.reward), r.reward_on_error, r.reward_error_score, columns, r.reward_timeout)
         rewards.check(prompt_rows)  # before any training: arguments exist, one score per completion
     opt_pi = torch.optim.AdamW([q for q in policy.parameters() if q.requires_grad], lr=p.policy_lr)
     opt_v = torch.optim.AdamW([q for q in critic.parameters() if q.requires_grad], lr=p.critic_lr)

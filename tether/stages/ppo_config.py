@@ -20,6 +20,7 @@ class RolesSection:
     reward_on_error: str = option("raise", "A reward function that raises: raise (stop, naming it and the sample) or score "
                                            "(give reward_error_score, counted in reward/<name>/errors).", choices=("raise", "score"))
     reward_error_score: float = option(0.0, "Score of completions whose reward function raised, with reward_on_error=score.")
+    reward_timeout: float = option(60.0, "Seconds a reward function may take per batch (then it counts as failed); 0 = no limit.")
     normalize_reward: bool = option(True, "Standardise reward-model scores with the statistics saved by `tether rm`.")
     critic: str = option("", "Critic initialisation for the separate layout: a reward-model folder (default: --reward-model, "
                              "as InstructGPT) or a causal-LM folder such as the policy (a new zero head).")

@@ -195,3 +195,19 @@ def test_lora_grpo_uses_the_adapter_disabled_reference(llama_dir, setup, tmp_pat
     assert metrics[0]["kl/ref_mean"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity
     assert metrics[-1]["kl/ref_mean"] > 0
     assert not any("lora" in n for n, _ in AutoModelForCausalLM.from_pretrained(out / "final").named_parameters())
+
+
+def test_trainable_params_freezes_everything_else(llama_dir, setup, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    rules, prompts = setup
+    out = tmp_path / "norm"
+    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:count_a"], model__trainable_params=r"model\.norm\.weight",
+                         algo__kl_coef=0.0, algo__lr=1e-2))
+    before = AutoModelForCausalLM.from_pretrained(llama_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(out / "final").state_dict()
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert changed == ["model.norm.weight"]
+    with pytest.raises(ConfigError, match="matches no parameter"):
+        run_grpo(grpo_config(llama_dir, prompts, tmp_path / "none", [f"{rules}:count_a"], model__trainable_params="nothing_here"))

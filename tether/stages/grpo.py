@@ -155,6 +155,13 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
     policy, reference = load_policy_and_reference(m, tokenizer, found[1] / "policy" if found else None,
                                                   with_reference=needs_reference(a))
     policy.to(device)
+    if m.trainable_params:
+        if m.lora_r > 0:
+            raise ConfigError("--trainable-params selects weights to train; with --lora-r the adapters are what trains")
+        chosen = [n for n, q in policy.named_parameters() if q.requires_grad_(bool(re.search(m.trainable_params, n))).requires_grad]
+        if not chosen:
+            raise ConfigError(f"--trainable-params {m.trainable_params!r} matches no parameter; names look like "
+                              f"{[n for n, _ in policy.named_parameters()][:4]}")
     if reference is not None:
         reference.to(device).eval()
         for q in reference.parameters():
@@ -199,6 +206,7 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
             "reward": " + ".join(([f"{rw.reward_model_weight:g} x reward model"] if scorer is not None else [])
                                  + [f"{c.weight:g} x {c.name}" for c in (rewards.components if rewards else [])]
                                  + (["overlong"] if score.overlong_cache else [])),
+            "trainable parameters": f"{sum(q.numel() for q in params):,} of {sum(q.numel() for q in policy.parameters()):,}",
             "steps": run.steps, "start step": start_step}
     show_plan(plan, "tether grpo")
     config = config_to_dict(cfg)

@@ -24,6 +24,8 @@ class GRPOModelSection:
     lora_target_modules: list = option(["all-linear"], "Module names that get adapters, or all-linear.")
     dtype: str = option("float32", "Weights dtype.", choices=("float32", "bfloat16", "float16"))
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
+    trainable_params: str = option("", "Regular expression: train only the parameters whose names match it (the rest "
+                                       "frozen); empty trains all. Not with LoRA.")
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,15 @@ def test_entropy_is_positive_and_masked(policy):
     assert entropy[valid].max() <= torch.log(torch.tensor(float(model.config.vocab_size))) + 1e-4
 
 
+def bare_and_padded(prompt: list[int], pad: int) -> tuple[Rollout, Rollout]:
+    """The same prompt and 3-token response, alone and with two pads on the left and one on the right."""
+    one = Rollout(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), torch.tensor([[7, 8, 9]]),
+                  torch.ones(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.bool), [], [])
+    padded = Rollout(torch.tensor([[pad] * 2 + prompt]), torch.tensor([[0, 0] + [1] * len(prompt)]),
+                     torch.tensor([[7, 8, 9, pad]]), torch.tensor([[1, 1, 1, 0]]), torch.zeros(1, dtype=torch.bool), [], [])
+    return one, padded
+
+
 def test_value_model_reads_each_state_and_ignores_padding(llama_dir, policy):
     from tether.value_model import load_value_model
 
@@ -93,11 +102,7 @@ def test_value_model_reads_each_state_and_ignores_padding(llama_dir, policy):
     with torch.no_grad():
         critic.rm.inner.score.weight.normal_()
     prompt = tok("hi")["input_ids"]
-    one = Rollout(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), torch.tensor([[7, 8, 9]]),
-                  torch.ones(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.bool), [], [])
-    padded = Rollout(torch.tensor([[tok.pad_token_id] * 2 + prompt]), torch.tensor([[0, 0] + [1] * len(prompt)]),
-                     torch.tensor([[7, 8, 9, tok.pad_token_id]]), torch.tensor([[1, 1, 1, 0]]),
-                     torch.zeros(1, dtype=torch.bool), [], [])
+    one, padded = bare_and_padded(prompt, tok.pad_token_id)
     with torch.no_grad():
         v1, v2 = critic(one), critic(padded)
     torch.testing.assert_close(v2[:, :3], v1, atol=1e-5, rtol=1e-4)
@@ -123,11 +128,7 @@ def test_shared_value_head_reads_the_policy_backbone_at_each_state(model_dirs, a
     with torch.no_grad():
         critic.head.weight.normal_()
     prompt = tok("hi there")["input_ids"]
-    one = Rollout(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), torch.tensor([[7, 8, 9]]),
-                  torch.ones(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.bool), [], [])
-    padded = Rollout(torch.tensor([[tok.pad_token_id] * 2 + prompt]), torch.tensor([[0, 0] + [1] * len(prompt)]),
-                     torch.tensor([[7, 8, 9, tok.pad_token_id]]), torch.tensor([[1, 1, 1, 0]]),
-                     torch.zeros(1, dtype=torch.bool), [], [])
+    one, padded = bare_and_padded(prompt, tok.pad_token_id)
     with torch.no_grad():
         v1, v2 = critic(one), critic(padded)
         ids = torch.tensor([prompt + [7, 8]])

@@ -109,3 +109,18 @@ class TrainSection:
 
     def total_steps(self, num_examples: int) -> int:
         return self.max_steps or max(1, math.ceil(self.epochs * num_examples / self.batch_size))
+
+
+@dataclass(frozen=True)
+class RewardFunctionOptions:
+    """Python reward functions (docs/rewards.md); the online stages' reward sections extend this."""
+
+    reward: list = option([], "Reward functions, module:function[(k=v,...)][=weight] or file.py:function, comma-separated; "
+                              "added to the reward model's score when there is one. A function that returns step scores "
+                              "is a process reward (tether grpo).", flag="--reward")
+    reward_on_error: str = option("raise", "A reward function that raises or times out: raise (stop, naming it and the "
+                                           "sample) or score (reward_error_score, counted in reward/<name>/errors).",
+                                  choices=("raise", "score"))
+    reward_error_score: float = option(0.0, "Score given when a reward function failed and reward_on_error=score.")
+    reward_timeout: float = option(60.0, "Seconds a reward function may take per batch (then it counts as failed); 0 = no limit.")
+    reward_model_weight: float = option(1.0, "Weight of the reward model's score in the total reward.")

@@ -263,3 +263,14 @@ class RewardSet:
 
 def _timeout_error(component: RewardComponent, seconds: float) -> TimeoutError:
     return TimeoutError(f"no result within {seconds:g} s (reward timeout)")
+
+
+def load_reward_set(options, rows: list[dict]) -> RewardSet | None:
+    """The RewardSet named by a RewardFunctionOptions section, checked against the prompt rows before training."""
+    if not options.reward:
+        return None
+    columns = sorted(set().union(*(row.keys() for row in rows[:8])))
+    rewards = RewardSet(parse_reward_specs(options.reward), options.reward_on_error, options.reward_error_score, columns,
+                        options.reward_timeout)
+    rewards.check(rows)  # arguments exist, one value per completion
+    return rewards

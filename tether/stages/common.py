@@ -122,9 +122,11 @@ def parameter_summary(model) -> str:
     return f"{total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
 
 
-def open_online_run(stage: str, output: str, resume: bool, overwrite: bool, steps: int, device: str, seed: int):
-    """Checks and set-up shared by the online stages: one process, the output folder, the checkpoint to resume
-    from, the device and the seeds. Returns (output folder, (step, checkpoint folder) or None, torch device)."""
+def open_online_run(stage: str, output: str, resume: bool, overwrite: bool, steps: int, device: str, seed: int,
+                    required: dict[str, str], has_reward: bool):
+    """Checks and set-up shared by the online stages: required flags ({flag: value}), a reward, one process, the
+    output folder, the checkpoint to resume from, the device and the seeds.
+    Returns (output folder, (step, checkpoint folder) or None, torch device)."""
     import os
     import random
 
@@ -134,6 +136,11 @@ def open_online_run(stage: str, output: str, resume: bool, overwrite: bool, step
     from tether.config import ConfigError
     from tether.train.checkpoint import latest_checkpoint
 
+    for flag, value in required.items():
+        if not value:
+            raise ConfigError(f"{flag} is required")
+    if not has_reward:
+        raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # N copies would each train alone and write the same folder
         raise ConfigError(f"tether {stage} runs on one process for now; launch it without accelerate's --num_processes")
     out = Path(output)

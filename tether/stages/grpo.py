@@ -26,7 +26,8 @@ from tether.config import ConfigError, config_to_dict
 from tether.data.records import read_records
 from tether.models import load_tokenizer, save_merged
 from tether.reward_model import RewardScorer
-from tether.rewards import RewardSet, parse_reward_specs
+from tether.rewards import RewardSet
+from tether.rewards.functions import load_reward_set
 from tether.rollout import (Rollout, concat_rollouts, generate_rollout, response_logprobs, step_end_tokens,
                             stop_token_ids)
 from tether.stages.common import open_online_run, show_plan, write_json
@@ -134,23 +135,16 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
     dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation."""
     t_start = time.perf_counter()
     m, rw, ro, a, run = cfg.model, cfg.rewards, cfg.rollout, cfg.algo, cfg.run
-    for value, flag in ((m.policy, "--policy"), (ro.prompts, "--prompts"), (run.output, "--output")):
-        if not value:
-            raise ConfigError(f"{flag} is required")
-    if scorer is None and not rw.reward_model and not rw.reward:
-        raise ConfigError("a reward is required: --reward module:function and/or --reward-model DIR")
-    check_lora_reference(m)
-    out, found, device = open_online_run("grpo", run.output, run.resume, run.overwrite, run.steps, m.device, run.seed)
+    check_lora_reference(m)  # before anything is written
+    out, found, device = open_online_run("grpo", run.output, run.resume, run.overwrite, run.steps, m.device, run.seed,
+                                         {"--policy": m.policy, "--prompts": ro.prompts, "--output": run.output},
+                                         scorer is not None or bool(rw.reward_model or rw.reward))
 
     prompt_rows = [rec.fields for rec in read_records(ro.prompts)]
     eval_rows = [x.fields for x in read_records(ro.eval_prompts)] if ro.eval_prompts else []
     if run.best_metric and not eval_rows:
         raise ConfigError("--best-metric needs --eval-prompts: best/ is chosen at the periodic evaluations")
-    rewards = None
-    if rw.reward:
-        columns = sorted(set().union(*(row.keys() for row in prompt_rows[:8])))
-        rewards = RewardSet(parse_reward_specs(rw.reward), rw.reward_on_error, rw.reward_error_score, columns, rw.reward_timeout)
-        rewards.check(prompt_rows)  # before any model is loaded: arguments exist, one value per completion
+    rewards = load_reward_set(rw, prompt_rows)  # checked before any model is loaded
     tokenizer = load_tokenizer(m.policy)
     policy, reference = load_policy_and_reference(m, tokenizer, found[1] / "policy" if found else None,
                                                   with_reference=needs_reference(a))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.config import ConfigError, build_config, choice, option
+from tether.sections import RewardFunctionOptions
 
 ADVANTAGES = ("group", "group_no_std", "rloo", "reinforce_pp")
 RATIOS = ("token", "sequence", "sequence_token")
@@ -29,17 +30,10 @@ class GRPOModelSection:
 
 
 @dataclass(frozen=True)
-class GRPORewardSection:
+class GRPORewardSection(RewardFunctionOptions):
     """What scores a completion (docs/rewards.md)."""
 
-    reward: list = option([], "Reward functions, module:function[(k=v,...)][=weight], comma-separated. A function that "
-                              "returns step scores is a process reward (see step_pattern).", flag="--reward")
     reward_model: str = option("", "A `tether rm` folder whose (normalised) score is added to the reward.", flag="--reward-model")
-    reward_model_weight: float = option(1.0, "Weight of the reward model's score.")
-    reward_on_error: str = option("raise", "A reward function that raises or times out: raise, or score (reward_error_score, "
-                                           "counted in reward/<name>/errors).", choices=("raise", "score"))
-    reward_error_score: float = option(0.0, "Score given when a reward function failed and reward_on_error=score.")
-    reward_timeout: float = option(60.0, "Seconds a reward function may take per batch; 0 = no limit.")
     step_pattern: str = option(r"\.(?=\s|$)", "Process rewards: a regular expression whose matches end the steps of a "
                                                "completion; step k's score goes to the token where its k-th match ends.")
 

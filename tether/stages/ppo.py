@@ -26,7 +26,8 @@ from tether.config import ConfigError, config_to_dict
 from tether.data.records import DataError, read_records
 from tether.models import apply_lora, load_model, load_tokenizer, save_merged
 from tether.reward_model import RewardScorer
-from tether.rewards import RewardSet, parse_reward_specs
+from tether.rewards import RewardSet
+from tether.rewards.functions import load_reward_set
 from tether.rollout import Rollout, generate_rollout, response_logprobs, response_logprobs_and_values, stop_token_ids
 from tether.stages.common import open_online_run, show_plan, write_json
 from tether.stages.ppo_config import PPOConfig
@@ -238,13 +239,10 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation."""
     t_start = time.perf_counter()
     r, ro, p, run = cfg.roles, cfg.rollout, cfg.ppo, cfg.run
-    for value, flag in ((r.policy, "--policy"), (ro.prompts, "--prompts"), (run.output, "--output")):
-        if not value:
-            raise ConfigError(f"{flag} is required")
-    if scorer is None and not r.reward_model and not r.reward:
-        raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
-    check_lora_reference(r)
-    out, found, device = open_online_run("ppo", run.output, run.resume, run.overwrite, p.steps, r.device, run.seed)
+    check_lora_reference(r)  # before anything is written
+    out, found, device = open_online_run("ppo", run.output, run.resume, run.overwrite, p.steps, r.device, run.seed,
+                                         {"--policy": r.policy, "--prompts": ro.prompts, "--output": run.output},
+                                         scorer is not None or bool(r.reward_model or r.reward))
     tokenizer = load_tokenizer(r.policy)
     policy, reference = load_policy_and_reference(r, tokenizer, found[1] / "policy" if found else None)
     policy.to(device)
@@ -262,11 +260,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
         scorer = RewardScorer(r.reward_model, weights, r.normalize_reward, device)
     prompt_rows = [rec.fields for rec in read_records(ro.prompts)]
     eval_rows = [x.fields for x in read_records(ro.eval_prompts)] if ro.eval_prompts else []
-    rewards = None
-    if r.reward:
-        columns = sorted(set().union(*(row.keys() for row in prompt_rows[:8])))
-        rewards = RewardSet(parse_reward_specs(r.reward), r.reward_on_error, r.reward_error_score, columns, r.reward_timeout)
-        rewards.check(prompt_rows)  # before any training: arguments exist, one score per completion
+    rewards = load_reward_set(r, prompt_rows)  # checked before any training
     opt_pi = torch.optim.AdamW([q for q in policy.parameters() if q.requires_grad], lr=p.policy_lr)
     opt_v = torch.optim.AdamW([q for q in critic.parameters() if q.requires_grad], lr=p.critic_lr)
     start_step, kl_coef = 0, p.kl_coef

@@ -4,23 +4,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.config import ConfigError, choice, option
+from tether.sections import RewardFunctionOptions
 
 
 @dataclass(frozen=True)
-class RolesSection:
-    """The four roles: policy (trained), critic (trained), reward (frozen), reference (frozen)."""
+class RolesSection(RewardFunctionOptions):
+    """The four roles: policy (trained), critic (trained), reward (frozen), reference (frozen), and reward functions."""
 
     policy: str = option("", "Policy to train: a local causal-LM folder, usually the SFT model.", flag="--policy")
     reference: str = option("", "Reference model folder; default: a frozen copy of --policy as loaded.")
     reward_model: str = option("", "Reward model folder written by `tether rm`.", flag="--reward-model")
     reward_weights: str = option("", "Weights of reward-model heads, HEAD=W,...; default: the first head alone.")
-    reward_model_weight: float = option(1.0, "Weight of the reward model's score in the total reward (with --reward functions).")
-    reward: list = option([], "Python reward functions, module:function[=weight] or file.py:function[=weight], comma-separated; "
-                              "added to the reward model's score (docs/rewards.md).", flag="--reward")
-    reward_on_error: str = option("raise", "A reward function that raises: raise (stop, naming it and the sample) or score "
-                                           "(give reward_error_score, counted in reward/<name>/errors).", choices=("raise", "score"))
-    reward_error_score: float = option(0.0, "Score of completions whose reward function raised, with reward_on_error=score.")
-    reward_timeout: float = option(60.0, "Seconds a reward function may take per batch (then it counts as failed); 0 = no limit.")
     normalize_reward: bool = option(True, "Standardise reward-model scores with the statistics saved by `tether rm`.")
     critic: str = option("", "Critic initialisation for the separate layout: a reward-model folder (default: --reward-model, "
                              "as InstructGPT) or a causal-LM folder such as the policy (a new zero head).")

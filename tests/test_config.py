@@ -18,6 +18,16 @@ def test_precedence_defaults_then_yaml_then_flags(tmp_path):
     assert cfg.train.report_to == ["none"]
 
 
+def test_a_repeated_list_flag_adds_up_instead_of_replacing(tmp_path):
+    from tether.stages.grpo_config import GRPOConfig
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("rewards:\n  reward: [from_yaml:f]\n")
+    args = build_parser().parse_args(["grpo", "--config", str(yaml_file), "--reward", "m:a(x=1,y=2)=0.5,m:b",
+                                      "--reward", "m:c"])
+    cfg = config_from_args(GRPOConfig, args)
+    assert cfg.rewards.reward == ["m:a(x=1,y=2)=0.5", "m:b", "m:c"]  # the flags replace the file's list, and add up
+
+
 def test_unknown_yaml_field_names_the_file_and_the_fields(tmp_path):
     yaml_file = tmp_path / "run.yaml"
     yaml_file.write_text("optim:\n  learning_rate: 0.1\n")

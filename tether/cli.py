@@ -16,6 +16,7 @@ STAGES = {
     "rm": "Reward model from preference pairs or ranked lists, with bias probes and normalisation.",
     "ppo": "PPO with a critic, a reward model and a KL-tied reference (single process for now).",
     "grpo": "The group family (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++): `tether grpo --recipe dapo ...`.",
+    "dpo": "The direct-preference family (DPO, cDPO, robust, IPO, hinge, SimPO, ORPO, β-DPO, listwise), offline or --online.",
     "recipes": "List the group-family recipes with their equations, settings and sources.",
     "data": "Data tools: `check` (counts, loss mask), `agreement` (annotator κ), `filter` (by agreement, to majority labels).",
 }
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     grpo = sub.add_parser("grpo", help=STAGES["grpo"], description=STAGES["grpo"] + " A recipe sets the algo options; "
                           "any flag or YAML value overrides it (defaults shown are those of no recipe).")
     add_config_arguments(grpo, GRPOConfig)
+    from tether.stages.dpo_config import DPOConfig
+
+    dpo = sub.add_parser("dpo", help=STAGES["dpo"], description=STAGES["dpo"] + " Formulas: docs/dpo.md.")
+    add_config_arguments(dpo, DPOConfig)
     sub.add_parser("recipes", help=STAGES["recipes"], description=STAGES["recipes"])
 
     lab = sub.add_parser("lab", help=STAGES["lab"], description=STAGES["lab"])
@@ -299,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
             file_values = load_yaml(args.config) if args.config else {}
             overrides = {k: v for k, v in vars(args).items() if "." in k}
             run_grpo(build_grpo_config(file_values, overrides, args.config or "command line"))
+        elif args.stage == "dpo":
+            from tether.stages.dpo import run_dpo
+            from tether.stages.dpo_config import DPOConfig
+
+            run_dpo(config_from_args(DPOConfig, args))
         elif args.stage == "recipes":
             print_recipes()
         elif args.stage == "rm":

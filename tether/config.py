@@ -57,6 +57,13 @@ def _parse_list(text: str) -> list[str]:
     return [part.strip() for part in parts if part.strip()]
 
 
+class _AppendListAction(argparse.Action):
+    """A list flag may be given several times (``--reward a --reward b``) or once with commas; the items add up."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + list(values))
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
     """One flag per leaf field of every section; unset flags stay absent from the namespace."""
     parser.add_argument("--config", default=None, help="YAML file with any of the options below; flags given on the command line win.")
@@ -73,6 +80,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
                 kwargs["action"] = argparse.BooleanOptionalAction
             elif typ in (list, list[str], typing.List[str]):
                 kwargs["type"] = _parse_list
+                kwargs["action"] = _AppendListAction
                 kwargs["metavar"] = "A,B"
             else:
                 kwargs["type"] = typ

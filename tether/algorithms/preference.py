@@ -90,3 +90,53 @@ def listwise_dpo_loss(ranked_logps: torch.Tensor, ranked_ref_logps: torch.Tensor
 def implicit_rewards(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float):
     """r̂(y) = β (log π(y) − log π_ref(y)) for chosen and rejected: the logged rewards/chosen, rewards/rejected."""
     return beta * (chosen_logps - ref_chosen_logps), beta * (rejected_logps - ref_rejected_logps)
+
+
+def beta_dpo_pair_weights(margins: torch.Tensor, running_mean: float, running_std: float) -> torch.Tensor:
+    """β-DPO's data weighting (Wu et al. 2024): a pair whose margin M_i sits near the running mean M_0 counts
+    more — w_i = exp(−(M_i − M_0)² / (2 σ²)), σ the running standard deviation. Unnormalised: the caller divides
+    by the step's mean weight so the weights average 1 over the optimizer step's batch."""
+    return torch.exp(-((margins - running_mean) ** 2) / (2 * max(running_std, 1e-6) ** 2))
+
+
+REFERENCE_FREE = ("simpo", "orpo")
+PAIR_LOSSES = ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo", "orpo", "beta_dpo", "listwise")
+
+
+def preference_loss(name: str, logps: torch.Tensor, ref_logps: torch.Tensor | None, tokens: torch.Tensor,
+                    beta: float, label_smoothing: float = 0.0, gamma: float = 0.5, orpo_lambda: float = 0.1,
+                    list_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Every member of the family behind one signature, (B,) per-example losses.
+
+    logps, ref_logps, tokens: (B, K), best first (K = 2: chosen, rejected): Σ log π over each response's tokens,
+    the same under the reference (None for the reference-free losses) and the token counts |y|.
+
+    sigmoid: DPO; cdpo: DPO with label smoothing ε; robust: robust DPO; ipo: IPO on sequence sums (the paper's
+    form); hinge: SLiC; beta_dpo: the DPO loss at the β the caller computed for this batch (beta_dpo_beta);
+    simpo: SimPO with margin γ; orpo: ORPO, −mean log π(y_w) + λ·L_OR; listwise: Plackett–Luce over the K
+    ranked responses (for K = 2 it equals sigmoid).
+    """
+    if name not in REFERENCE_FREE and ref_logps is None:
+        raise ValueError(f"{name} needs reference log-probabilities")
+    if name == "listwise":
+        return listwise_dpo_loss(logps, ref_logps, beta, list_mask)
+    if logps.shape[1] != 2:
+        raise ValueError(f"{name} is a pairwise loss; ranked lists of {logps.shape[1]} need loss listwise")
+    w, l = logps[:, 0], logps[:, 1]
+    if name == "simpo":
+        return simpo_loss(w, l, tokens[:, 0], tokens[:, 1], beta, gamma)
+    if name == "orpo":
+        mean_w, mean_l = w / tokens[:, 0], l / tokens[:, 1]
+        return -mean_w + orpo_lambda * orpo_odds_ratio_loss(mean_w, mean_l)
+    rw, rl = ref_logps[:, 0], ref_logps[:, 1]
+    if name in ("sigmoid", "beta_dpo"):
+        return dpo_sigmoid_loss(w, l, rw, rl, beta)
+    if name == "cdpo":
+        return dpo_sigmoid_loss(w, l, rw, rl, beta, label_smoothing)
+    if name == "robust":
+        return robust_dpo_loss(w, l, rw, rl, beta, label_smoothing)
+    if name == "ipo":
+        return ipo_loss(w, l, rw, rl, beta)
+    if name == "hinge":
+        return hinge_loss(w, l, rw, rl, beta)
+    raise ValueError(f"unknown preference loss {name!r}; choose from {PAIR_LOSSES}")

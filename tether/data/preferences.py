@@ -62,7 +62,13 @@ def render_response(tokenizer, prompt, response, where: str, field_name: str) ->
 
 
 def _content(response) -> str:
-    return response if isinstance(response, str) else " ".join(m.get("content", "") for m in response)
+    """The text of a response for the chosen == rejected check; a malformed value is left for the field checks
+    that follow to name (so it never fails here with a bare TypeError)."""
+    if isinstance(response, str):
+        return response
+    if isinstance(response, list):
+        return " ".join(str(m.get("content", "")) if isinstance(m, dict) else repr(m) for m in response)
+    return repr(response)
 
 
 def tokenize_preferences(records: list[Record], tokenizer, max_length: int, heads: list[str],

@@ -38,6 +38,10 @@ class ArithProblem:
     def answer(self) -> int:
         return self.partial_results()[-1]
 
+    def direct_answer(self) -> str:
+        """The answer with no working, as a lazy demonstrator writes it (still a well-formatted answer)."""
+        return f"The answer is {self.answer}."
+
     def solution(self, error_step: int | None = None, error_delta: int = 0) -> str:
         """The worked solution; with error_step, that step's result is off by error_delta and the error propagates."""
         parts, acc = [], self.operands[0]
@@ -74,6 +78,7 @@ class ArithGold:
     correct: bool  # final answer equals the true answer
     format_ok: bool  # only "a op b = c." steps followed by "The answer is N."
     steps: tuple[bool, ...]  # one per expected step: right arithmetic, continuing from the right previous result
+    worked: bool = False  # at least one "a op b = c." step is written out
 
     @property
     def step_accuracy(self) -> float:
@@ -95,7 +100,7 @@ def check_arith(completion: str, problem: ArithProblem) -> ArithGold:
         a, got_op, b, c = int(found[i][0]), found[i][1], int(found[i][2]), int(found[i][3])
         start = problem.operands[0] if i == 0 else expected_results[i - 1]
         steps.append(a == start and got_op == op and b == x and c == expected_results[i])
-    return ArithGold(correct, format_ok, tuple(steps))
+    return ArithGold(correct, format_ok, tuple(steps), worked=bool(found))
 
 
 def parse_question(question: str) -> ArithProblem:

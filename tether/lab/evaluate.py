@@ -39,7 +39,8 @@ def score_arith(rows: list[dict], completions: list[list[str]]) -> dict:
     golds = [arith.check_arith(c, arith.parse_question(r["question"])) for r, cs in zip(rows, completions) for c in cs]
     n = len(golds)
     return {"accuracy": sum(g.correct for g in golds) / n, "format_rate": sum(g.format_ok for g in golds) / n,
-            "step_accuracy": sum(g.step_accuracy for g in golds) / n, "n": n}
+            "step_accuracy": sum(g.step_accuracy for g in golds) / n, "worked_rate": sum(g.worked for g in golds) / n,
+            "n": n}
 
 
 def score_assist(rows: list[dict], completions: list[list[str]], reference: list[list[str]] | None = None) -> dict:

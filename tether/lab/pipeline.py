@@ -39,7 +39,7 @@ class LabConfig:
     pack_length: int = 256
     pretrain_lr: float = 1e-3
     # supervised fine-tuning on demonstrations (completion-only)
-    sft_steps: int = 250
+    sft_steps: int = 450
     sft_batch: int = 64
     sft_lr: float = 5e-4
     # reward models on the annotators' pairs: all of them, and those with at least rm_min_agreement of the votes
@@ -64,10 +64,10 @@ class LabConfig:
     # answer + format) and with process rewards (each worked step checked, then the answer)
     grpo_recipe: str = "grpo"
     grpo_rewards: tuple = ("outcome", "process")
-    grpo_steps: int = 30
+    grpo_steps: int = 40
     grpo_prompts_per_step: int = 32
     grpo_group_size: int = 8
-    grpo_lr: float = 3e-5
+    grpo_lr: float = 5e-5
     grpo_eval_every: int = 10
     grpo_eval_problems: int = 200
     # evaluation
@@ -78,7 +78,8 @@ class LabConfig:
 
 
 QUICK = LabConfig(
-    world=WorldConfig(n_pretrain_arith=3000, n_pretrain_assist=3000, n_sft_arith=800, n_sft_assist=800, n_rl_arith=300,
+    world=WorldConfig(n_pretrain_arith=3000, n_pretrain_assist=3000, n_sft_arith=800, n_sft_arith_direct=1200,
+                      n_sft_assist=800, n_rl_arith=300,
                       n_pairs=600, n_pairs_eval=100, n_rankings=50),
     vocab_size=768, hidden=64, layers=2, heads=2, pretrain_steps=250, pretrain_batch=16, sft_steps=80, sft_batch=32,
     rm_epochs=1.0, eval_arith=60, assist_samples=2, ppo_kl_coefs=(0.0, 0.2), ppo_steps=6, ppo_prompts_per_step=16,
@@ -300,6 +301,7 @@ def print_lab_table(summary: dict) -> None:
         table.add_column(name, justify="right")
     rows = [("arith accuracy (greedy)", "arith_greedy", "accuracy"), ("arith accuracy (sampled)", "arith_sampled", "accuracy"),
             ("arith format rate", "arith_greedy", "format_rate"), ("arith step accuracy", "arith_greedy", "step_accuracy"),
+            ("arith answers with working (sampled)", "arith_sampled", "worked_rate"),
             ("assist gold reward (greedy)", "assist_greedy", "gold_reward"),
             ("assist gold reward (sampled)", "assist_sampled", "gold_reward"),
             ("assist gold win rate vs base (sampled)", "assist_sampled", "gold_win_rate"),
@@ -385,6 +387,7 @@ def print_grpo_table(runs: dict) -> None:
             ("accuracy, greedy: start → end", lambda r: f"{r['start_accuracy_greedy']:.3f} → {r['final_accuracy_greedy']:.3f}"),
             ("sampled accuracy per evaluation", lambda r: " ".join(f"{c['accuracy_sampled']:.2f}" for c in r["curve"])),
             ("step accuracy (greedy) per evaluation", lambda r: " ".join(f"{c['step_accuracy']:.2f}" for c in r["curve"])),
+            ("answers with working (sampled) per evaluation", lambda r: " ".join(f"{c['worked_rate']:.2f}" for c in r["curve"])),
             ("training score: first 5 → last 5 steps", lambda r: f"{r['train_reward_first5']:.2f} → {r['train_reward_last5']:.2f}"),
             ("groups with no variance", lambda r: f"{r['zero_variance_frac']:.0%}"),
             ("minutes / steps per minute", lambda r: f"{r['minutes']:.1f} / {r['steps_per_minute']:.1f}"),

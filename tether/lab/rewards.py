@@ -29,3 +29,31 @@ def arith_steps(completions, question, **_) -> list[list[float]]:
         gold = arith.check_arith(c, arith.parse_question(q))
         out.append([float(s) for s in gold.steps] + [float(gold.correct)])
     return out
+
+
+def assist_panel_judge(prompts, first, second, topic, min_agreement: float = 0.0, **_) -> list[float]:
+    """Online DPO's labeller on the assist world: the world's annotator panel votes on each pair, as it did for
+    prefs.jsonl (each sees the two answers in a random order, with their biases and noise). Returns 1 when the
+    majority picks `first`, 0 when it picks `second`, and 0.5 (a tie: the pair is dropped) when fewer than
+    min_agreement of the votes agree — the same filter as the reward model's filtered data.
+
+    The votes are random but reproducible: the generator is seeded from the texts being judged.
+    """
+    import hashlib
+    import random
+
+    from tether.lab.annotators import DEFAULT_PANEL
+    from tether.lab.assist import gold_assist
+
+    out = []
+    for a, b, t in zip(first, second, topic):
+        rng = random.Random(hashlib.sha256(f"{t}\x00{a}\x00{b}".encode()).digest())
+        golds = (gold_assist(a, t), gold_assist(b, t))
+        votes = 0
+        for annotator in DEFAULT_PANEL:
+            shown_first = rng.randrange(2)
+            picked_first = annotator.choose_first(rng, golds[shown_first], golds[1 - shown_first])
+            votes += (picked_first and shown_first == 0) or (not picked_first and shown_first == 1)
+        share = max(votes, len(DEFAULT_PANEL) - votes) / len(DEFAULT_PANEL)
+        out.append(0.5 if share < min_agreement else 1.0 if 2 * votes > len(DEFAULT_PANEL) else 0.0)
+    return out

@@ -99,7 +99,8 @@ class ArithAccuracyEval:
         greedy = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.greedy))
         sampled = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.sampled))
         return {"accuracy_greedy": greedy["accuracy"], "accuracy_sampled": sampled["accuracy"],
-                "step_accuracy": greedy["step_accuracy"], "format_rate": sampled["format_rate"]}
+                "step_accuracy": greedy["step_accuracy"], "format_rate": sampled["format_rate"],
+                "worked_rate": sampled["worked_rate"]}
 
 
 LAB_ARITH_REWARDS = {  # what the lab's GRPO stages are rewarded with
@@ -137,7 +138,8 @@ def run_lab_grpo(folder: Path, resume: bool, *, lab: Path, recipe: str, rewards:
 
 def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
     curve = [{"step": h["step"], "accuracy_greedy": h["eval/accuracy_greedy"], "accuracy_sampled": h["eval/accuracy_sampled"],
-              "step_accuracy": h["eval/step_accuracy"], "format_rate": h["eval/format_rate"]} for h in summary["eval_history"]]
+              "step_accuracy": h["eval/step_accuracy"], "format_rate": h["eval/format_rate"],
+              "worked_rate": h["eval/worked_rate"]} for h in summary["eval_history"]]
     phases = ("generate_score", "logprobs", "update")
     seconds = {ph: sum(m[f"time/{ph}_s"] for m in metrics) for ph in phases}
     total = sum(seconds.values())

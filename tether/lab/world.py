@@ -2,7 +2,8 @@
 
 Files (JSON lines, the standard field names):
   pretrain.jsonl      messages: both tasks, good and bad answers, right and wrong arithmetic
-  sft.jsonl           messages: correct worked solutions and high-gold answers; sft_eval.jsonl held out
+  sft.jsonl           messages: correct worked solutions, answers without working (lazy demonstrators) and
+                      high-gold assist answers; sft_eval.jsonl held out
   arith_rl.jsonl      prompt (chat) + question, answer: RL prompts for arith
   assist_rl.jsonl     prompt (chat) + topic: RL prompts for assist
   prefs.jsonl         prompt, chosen, rejected (majority vote), votes per annotator, gold of both; prefs_eval.jsonl
@@ -33,7 +34,11 @@ class WorldConfig:
     max_value: int = 99
     wrong_fraction: float = 0.3  # of pretraining solutions that contain a slip
     n_pretrain_arith: int = 20000
-    n_sft_arith: int = 3000
+    n_sft_arith: int = 3000  # worked demonstrations
+    # Lazy demonstrators: this many more arith demonstrations give only "The answer is N." The SFT model copies
+    # the habit (and its greedy answer skips the working, which this small model gets wrong more often), so
+    # reinforcement learning on correctness has something real to find: writing the steps pays (docs/grpo.md).
+    n_sft_arith_direct: int = 4500
     n_rl_arith: int = 2000
     n_eval_arith: int = 200
     # assist
@@ -135,6 +140,11 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
         if assist.gold_assist(answer, topic).reward >= 2.0:
             sft.append({"messages": user(text) + assistant(answer)})
     rng.shuffle(sft)
+    # The direct answers draw from their own generator so that adding them leaves every other file unchanged.
+    direct_rng = random.Random(f"direct-{cfg.seed}")
+    sft += [{"messages": user(p.question) + assistant(p.direct_answer())}
+            for p in _problems(direct_rng, cfg, cfg.n_sft_arith_direct, eval_questions)]
+    direct_rng.shuffle(sft)
     n_sft_eval = max(1, len(sft) // 20)
     files["sft"], files["sft_eval"] = sft[n_sft_eval:], sft[:n_sft_eval]
 

@@ -39,6 +39,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 
 # the figures worth a glance on the console line; everything else is in metrics.jsonl
 CONSOLE_KEYS = ("train/loss", "eval/loss", "score/mean", "kl/ref_mean", "kl/coef", "eval/score_mean", "eval/gold_reward",
+                "train/rewards/margins", "train/rewards/accuracy", "eval/rewards/accuracy", "eval/gold_win_rate",
                 "perf/tokens_per_s")
 
 
@@ -97,14 +98,14 @@ class MetricsLogger:
             self.wandb.log(scalars, step=step)
         if self.mlflow:
             self.mlflow.log_metrics({k.replace("/", "_"): v for k, v in scalars.items()}, step=step)
-        info = "  ".join(_short(k, v) for k, v in scalars.items() if k in CONSOLE_KEYS)
+        info = "  ".join(_short(k, v) for k, v in scalars.items() if k.replace("eval0/", "eval/", 1) in CONSOLE_KEYS)
         if self._progress:
             self._progress.update(self._task, completed=step, info=info)
         elif step % self.log_every == 0 or step == self.total_steps or any(k.startswith("eval/") for k in metrics):
             elapsed = time.perf_counter() - self._t0
             done = step - self._start_step
-            eta = elapsed / done * (self.total_steps - step) if done else float("nan")
-            console.print(f"step {step}/{self.total_steps}  {info}  eta {eta:.0f}s")
+            eta = f"  eta {elapsed / done * (self.total_steps - step):.0f}s" if done > 0 else "  (before training)"
+            console.print(f"step {step}/{self.total_steps}  {info}{eta}")
 
     def close(self) -> None:
         if not self.enabled:

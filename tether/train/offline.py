@@ -33,6 +33,9 @@ class Objective(Protocol):
     def loss_sum(self, model, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(Σ loss over units, {name: Σ statistic over units}) for one micro-batch."""
 
+    # Optional: begin_step(model, micro_batches, reduce) runs before a step's micro-batches, for objectives
+    # whose loss depends on statistics of the whole step's batch; reduce(tensor) sums it over processes.
+
 
 class EpochOrder:
     """Global batch for step s = positions [s·B, (s+1)·B) of the concatenated per-epoch permutations.
@@ -132,6 +135,9 @@ def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, e
                          for k in range(accum)]
         local_units = torch.tensor(float(sum(objective.count(b) for b in micro_batches)))
         step_units = _all_reduce_sum(accelerator, local_units).clamp(min=1).float()
+        if hasattr(objective, "begin_step"):  # statistics of the whole step's batch (β-DPO's batch margin)
+            objective.begin_step(model, [_to_device(b, accelerator.device) for b in micro_batches],
+                                 lambda value: _all_reduce_sum(accelerator, value))
         loss_total = torch.zeros((), dtype=torch.float64)
         stat_totals: dict[str, torch.Tensor] = {}
         for k, batch in enumerate(micro_batches):

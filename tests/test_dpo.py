@@ -1,0 +1,301 @@
+"""`tether dpo`: the loss dispatcher by hand, response masks, one-forward scoring, micro-batch invariance,
+the reference cache (used, and keyed), LoRA's reference, learning, online rounds, resume and the CLI."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tether.algorithms.preference import (beta_dpo_pair_weights, dpo_sigmoid_loss, hinge_loss, ipo_loss,
+                                          preference_loss, robust_dpo_loss, simpo_loss)
+from tether.config import ConfigError, build_config
+from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
+from tether.data.records import DataError, read_records
+from tether.models import load_model
+from tether.stages.dpo import DPOObjective, run_dpo
+from tether.stages.dpo_config import DPOConfig
+
+from conftest import killed_after_step, write_jsonl
+
+sp = lambda x: math.log1p(math.exp(-x))  # −log σ(x)
+# chosen: policy −10 over 5 tokens, ref −12; rejected: policy −11 over 10 tokens, ref −10; u_w − u_l = 3
+LOGPS, REF, TOKENS = torch.tensor([[-10.0, -11.0]]), torch.tensor([[-12.0, -10.0]]), torch.tensor([[5.0, 10.0]])
+
+
+def test_one_signature_dispatches_to_each_formula_by_hand():
+    loss = lambda name, **kw: preference_loss(name, LOGPS, REF, TOKENS, **kw).item()
+    assert loss("sigmoid", beta=0.1) == pytest.approx(sp(0.3))
+    assert loss("beta_dpo", beta=0.2) == pytest.approx(sp(0.6))  # the batch's β is the caller's
+    assert loss("cdpo", beta=0.1, label_smoothing=0.2) == pytest.approx(0.8 * sp(0.3) + 0.2 * sp(-0.3))
+    assert loss("robust", beta=0.1, label_smoothing=0.2) == pytest.approx((0.8 * sp(0.3) - 0.2 * sp(-0.3)) / 0.6)
+    assert loss("ipo", beta=0.1) == pytest.approx((3 - 5) ** 2)
+    assert loss("hinge", beta=0.1) == pytest.approx(0.7)
+    assert loss("listwise", beta=0.1) == pytest.approx(sp(0.3))  # Plackett–Luce over two is DPO
+    # SimPO: 2·(−10)/5 − 2·(−11)/10 − 0.5 = −2.3; no reference needed
+    assert preference_loss("simpo", LOGPS, None, TOKENS, beta=2.0, gamma=0.5).item() == pytest.approx(sp(-2.3))
+    # ORPO: mean logps −2 and −1.1; odds p/(1−p); −mean_w + λ·(−log σ(log odds_w − log odds_l))
+    pw, pl = math.exp(-2.0), math.exp(-1.1)
+    log_odds = math.log(pw / (1 - pw)) - math.log(pl / (1 - pl))
+    got = preference_loss("orpo", LOGPS, None, TOKENS, beta=0.1, orpo_lambda=0.5).item()
+    assert got == pytest.approx(2.0 + 0.5 * sp(log_odds), rel=1e-5)
+    # the pure functions agree with the dispatcher
+    w, l, rw, rl = LOGPS[:, 0], LOGPS[:, 1], REF[:, 0], REF[:, 1]
+    assert loss("ipo", beta=0.1) == pytest.approx(ipo_loss(w, l, rw, rl, 0.1).item())
+    assert loss("hinge", beta=0.1) == pytest.approx(hinge_loss(w, l, rw, rl, 0.1).item())
+    assert loss("robust", beta=0.1, label_smoothing=0.2) == pytest.approx(robust_dpo_loss(w, l, rw, rl, 0.1, 0.2).item())
+    assert simpo_loss(w, l, TOKENS[:, 0], TOKENS[:, 1]).shape == (1,)
+    with pytest.raises(ValueError, match="needs reference"):
+        preference_loss("sigmoid", LOGPS, None, TOKENS, beta=0.1)
+    with pytest.raises(ValueError, match="listwise"):
+        preference_loss("sigmoid", torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), beta=0.1)
+
+
+def test_listwise_over_three_by_hand_and_swapping_flips_the_sign_of_the_margin():
+    # β u = (1, 0, −1): −log(e¹/(e¹+e⁰+e⁻¹)) − log(e⁰/(e⁰+e⁻¹))
+    logps, ref = torch.tensor([[1.0, 0.0, -1.0]]), torch.zeros(1, 3)
+    want = -(1 - math.log(math.e + 1 + math.exp(-1))) - (0 - math.log(1 + math.exp(-1)))
+    assert preference_loss("listwise", logps, ref, torch.ones(1, 3), beta=1.0).item() == pytest.approx(want)
+    torch.manual_seed(0)
+    a, b = torch.randn(5, 2), torch.randn(5, 2)
+    for name in ("sigmoid", "ipo", "hinge"):  # the swapped pair is the better one's mirror image
+        straight = preference_loss(name, a, b, torch.ones(5, 2), beta=0.5)
+        swapped = preference_loss(name, a.flip(1), b.flip(1), torch.ones(5, 2), beta=0.5)
+        assert not torch.allclose(straight, swapped)
+    assert torch.allclose(dpo_sigmoid_loss(a[:, 0], a[:, 1], b[:, 0], b[:, 1], 0.5) -
+                          dpo_sigmoid_loss(a[:, 1], a[:, 0], b[:, 1], b[:, 0], 0.5),
+                          -((a[:, 0] - b[:, 0]) - (a[:, 1] - b[:, 1])) * 0.5)  # softplus(−h) − softplus(h) = −h
+
+
+def test_beta_dpo_pair_weights_by_hand():
+    w = beta_dpo_pair_weights(torch.tensor([1.0, 3.0]), running_mean=1.0, running_std=2.0)
+    assert w.tolist() == pytest.approx([1.0, math.exp(-4 / 8)])
+
+
+@pytest.fixture
+def prefs(tmp_path):
+    """Chosen answers talk about cats, rejected ones about dogs; chat pairs and a ranked-list file."""
+    topics = ["rain", "the sea", "trees", "music", "bread", "stars", "rivers", "snow"]
+    rows = [{"prompt": [{"role": "user", "content": f"Tell me about {t}."}],
+             "chosen": [{"role": "assistant", "content": f"Cats like {t}. Cats sleep a lot."}],
+             "rejected": [{"role": "assistant", "content": f"Dogs bark at {t}."}]} for t in topics] * 4
+    lists = [{"prompt": f"About {t}: ", "responses": [f"dogs and {t}", f"cats and {t}", f"{t} only"], "ranking": [1, 2, 0]}
+             for t in topics]
+    return write_jsonl(tmp_path / "prefs.jsonl", rows), write_jsonl(tmp_path / "lists.jsonl", lists)
+
+
+def _cfg(model_dir, data, out, **over):
+    values = {"model.path": str(model_dir), "data.path": str(data), "data.eval_fraction": 0.0,
+              "train.output": str(out), "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_steps": 6,
+              "train.eval_every": 0, "train.save_every": 3, "train.log_every": 3, "train.report_to": ["none"],
+              "train.overwrite": True, "optim.lr": 1e-3, "optim.warmup_ratio": 0.0}
+    values.update(over)
+    return build_config(DPOConfig, overrides=values)
+
+
+def _metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_response_mask_covers_the_answer_and_eos_only(tokenizer, prefs):
+    examples, report = tokenize_policy_preferences(read_records(prefs[0]), tokenizer, 256)
+    assert report.format == "pairs" and report.examples == 32
+    chosen = examples[0].responses[0]
+    trained = [t for t, m in zip(chosen.input_ids, chosen.loss_mask) if m]
+    text = tokenizer.decode(trained)
+    assert "Cats like rain. Cats sleep a lot." in text and "Tell me" not in text
+    assert trained[-1] == tokenizer.eos_token_id
+    lists, _ = tokenize_policy_preferences(read_records(prefs[1]), tokenizer, 256)
+    best = lists[0].responses[0]
+    assert tokenizer.decode([t for t, m in zip(best.input_ids, best.loss_mask) if m]).strip().startswith("cats and rain")
+    batch = collate_policy_preferences(lists[:3], tokenizer.pad_token_id)
+    assert batch["input_ids"].shape[0] == 9 and batch["list_mask"].all()
+
+
+def test_bad_rows_are_named_or_counted(tokenizer, tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"},
+                                               {"prompt": "a", "chosen": 3, "rejected": "c"}])
+    with pytest.raises(DataError, match=r"bad.jsonl:2: field 'chosen' must be a string"):
+        tokenize_policy_preferences(read_records(bad), tokenizer, 256)
+    same = write_jsonl(tmp_path / "same.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"},
+                                                 {"prompt": "a", "chosen": "b", "rejected": "b"},
+                                                 {"prompt": "a", "chosen": "b " * 300, "rejected": "c"}])
+    examples, report = tokenize_policy_preferences(read_records(same), tokenizer, 64)
+    assert len(examples) == 1
+    assert report.dropped == {"with chosen equal to rejected": 1, "longer than max_length=64 tokens": 1}
+    with pytest.raises(DataError, match="same.jsonl:2: example with chosen equal to rejected"):
+        tokenize_policy_preferences(read_records(same), tokenizer, 64, strict=True)
+
+
+def test_one_forward_equals_separate_forwards_and_micro_batches_do_not_change_the_gradient(llama_dir, tokenizer, prefs):
+    model = load_model(llama_dir, tokenizer)
+    examples, _ = tokenize_policy_preferences(read_records(prefs[0]), tokenizer, 256)
+    examples = examples[:4]
+    for i, ex in enumerate(examples):
+        ex.reference_logps = [-30.0 - i, -25.0 + i]
+    cfg = _cfg(llama_dir, prefs[0], "unused")
+    objective = DPOObjective(cfg.dpo)
+    batch = collate_policy_preferences(examples, tokenizer.pad_token_id)
+    together, tokens = objective.sequence_logps(model, batch)
+    for i, ex in enumerate(examples):
+        for k in range(2):
+            alone = collate_policy_preferences([type(ex)([ex.responses[k]], ex.where)], tokenizer.pad_token_id)
+            logp, _ = objective.sequence_logps(model, alone)
+            assert logp.item() == pytest.approx(together[i, k].item(), abs=1e-4)
+    assert tokens[0, 0] == sum(examples[0].responses[0].loss_mask[1:])
+
+    def grads(split, loss_name):
+        objective = DPOObjective(_cfg(llama_dir, prefs[0], "x", **{"dpo.loss": loss_name}).dpo)
+        model.zero_grad()
+        parts = [examples[i : i + split] for i in range(0, 4, split)]
+        batches = [collate_policy_preferences(p, tokenizer.pad_token_id) for p in parts]
+        if hasattr(objective, "begin_step"):
+            objective.begin_step(model, batches, lambda v: v)
+        for b in batches:
+            loss, _ = objective.loss_sum(model, b)
+            (loss / 4).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    for name in ("sigmoid", "ipo", "simpo", "beta_dpo"):
+        one, four = grads(1, name), grads(4, name)
+        assert four.abs().max() > 1e-3  # a real gradient, compared at 1e-5 of its scale
+        torch.testing.assert_close(one, four, rtol=1e-3, atol=1e-5 * float(four.abs().max()))
+
+
+def test_learning_raises_the_margin_and_accuracy(llama_dir, prefs, tmp_path):
+    out = tmp_path / "run"
+    summary = run_dpo(_cfg(llama_dir, prefs[0], out, **{"train.max_steps": 12, "data.eval_fraction": 0.25,
+                                                         "train.eval_every": 12}))
+    rows = _metrics(out)
+    assert rows[0]["step"] == 0 and rows[0]["eval0/rewards/margins"] == pytest.approx(0.0, abs=1e-5)  # π = π_ref
+    train = [r for r in rows if r["step"] > 0]
+    assert train[0]["train/rewards/margins"] == pytest.approx(0.0, abs=1e-5)
+    assert train[-1]["train/rewards/margins"] > 0.5
+    assert summary["eval/rewards/accuracy"] == 1.0 and summary["eval/rewards/margins"] > 0.5
+    assert (out / "final" / "config.json").is_file() and summary["eval_history"][0]["step"] == 0
+
+
+@pytest.mark.parametrize("loss", ["cdpo", "robust", "ipo", "hinge", "simpo", "orpo", "beta_dpo"])
+def test_every_pairwise_loss_runs_and_moves_the_margin(llama_dir, prefs, tmp_path, loss):
+    over = {"dpo.loss": loss, "dpo.label_smoothing": 0.1 if loss in ("cdpo", "robust") else 0.0}
+    if loss == "beta_dpo":
+        over["dpo.beta_dpo_weighting"] = True
+    run_dpo(_cfg(llama_dir, prefs[0], tmp_path / loss, **over))
+    rows = _metrics(tmp_path / loss)
+    assert all(math.isfinite(r["train/loss"]) for r in rows)
+    assert rows[-1]["train/rewards/margins"] > rows[0]["train/rewards/margins"]
+    if loss == "beta_dpo":
+        assert len({round(r["train/beta"], 6) for r in rows}) > 1  # β moves with the batch margin
+    if loss in ("simpo", "orpo"):
+        assert not (tmp_path / loss / "reference_cache").exists()  # no reference pass
+
+
+def test_listwise_on_ranked_lists(llama_dir, prefs, tmp_path):
+    run_dpo(_cfg(llama_dir, prefs[1], tmp_path / "lists", **{"dpo.loss": "listwise", "train.batch_size": 4,
+                                                              "train.micro_batch_size": 2}))
+    rows = _metrics(tmp_path / "lists")
+    assert rows[-1]["train/rewards/margins"] > rows[0]["train/rewards/margins"]
+    with pytest.raises(ConfigError, match="listwise"):
+        run_dpo(_cfg(llama_dir, prefs[1], tmp_path / "lists2"))
+
+
+def test_reference_cache_is_used_keyed_and_shared(llama_dir, prefs, tmp_path):
+    cache = tmp_path / "shared-cache"
+    first = run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "a", **{"dpo.reference_cache": str(cache)}))
+    assert first["reference_examples_computed"] == 32
+    files = list(cache.glob("reference-logps-*.pt"))
+    assert len(files) == 1
+    second = run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "b", **{"dpo.reference_cache": str(cache)}))
+    assert second["reference_examples_computed"] == 0  # found, not recomputed
+    assert _metrics(tmp_path / "a")[0]["train/loss"] == _metrics(tmp_path / "b")[0]["train/loss"]
+    # a wrong cache under the right key changes the loss: proof the cached values are what training uses
+    stored = torch.load(files[0], weights_only=True)
+    stored["logps"] = [[c - 5.0, r + 5.0] for c, r in stored["logps"]]
+    torch.save(stored, files[0])
+    run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "c", **{"dpo.reference_cache": str(cache)}))
+    assert _metrics(tmp_path / "c")[0]["train/loss"] != pytest.approx(_metrics(tmp_path / "a")[0]["train/loss"], abs=1e-3)
+    # other data (or another reference) gets its own key and is computed afresh
+    fewer = write_jsonl(tmp_path / "fewer.jsonl", [json.loads(x) for x in prefs[0].read_text().splitlines()[:16]])
+    third = run_dpo(_cfg(llama_dir, fewer, tmp_path / "d", **{"dpo.reference_cache": str(cache)}))
+    assert third["reference_examples_computed"] == 16 and len(list(cache.glob("*.pt"))) == 2
+
+
+def test_lora_reference_is_the_adapter_disabled_model(llama_dir, tokenizer, prefs, tmp_path):
+    from tether.reference_cache import sequence_logps
+
+    out = tmp_path / "lora"
+    run_dpo(_cfg(llama_dir, prefs[0], out, **{"model.lora_r": 4, "optim.lr": 1e-2}))
+    cached = torch.load(next((out / "reference_cache").glob("*.pt")), weights_only=True)
+    examples, _ = tokenize_policy_preferences(read_records(prefs[0]), tokenizer, 1024)
+    base = sequence_logps(load_model(llama_dir, tokenizer), examples, tokenizer.pad_token_id, 8, "cpu")
+    assert torch.allclose(torch.tensor(cached["logps"]), torch.tensor(base), atol=1e-4)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="LoRA adapter folder"):
+        run_dpo(_cfg(adapter, prefs[0], tmp_path / "refused", **{"model.lora_r": 4}))
+
+
+def test_a_killed_run_resumes_to_the_same_metrics(llama_dir, prefs, tmp_path, monkeypatch):
+    over = {"dpo.loss": "beta_dpo", "dpo.beta_dpo_weighting": True}
+    run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "whole", **over))
+    with killed_after_step(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
+        run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "killed", **over))
+    monkeypatch.undo()
+    summary = run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "killed", **{**over, "train.overwrite": False,
+                                                                        "train.resume": True}))
+    assert summary["resumed_from"] == 3 and summary["reference_examples_computed"] == 0
+    whole = {r["step"]: r for r in _metrics(tmp_path / "whole")}
+    for r in _metrics(tmp_path / "killed"):
+        if r["step"] > 3:
+            assert r["train/loss"] == pytest.approx(whole[r["step"]]["train/loss"], rel=1e-5)
+            assert r["train/beta"] == pytest.approx(whole[r["step"]]["train/beta"], rel=1e-5)
+
+
+JUDGE = '''
+def more_a(prompts, first, second, **_):
+    return [1.0 if a.count("a") > b.count("a") else 0.0 if a.count("a") < b.count("a") else 0.5
+            for a, b in zip(first, second)]
+
+def wrong_count(prompts, first, second, **_):
+    return [1.0]
+'''
+
+
+def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkeypatch):
+    judge = tmp_path / "judge.py"
+    judge.write_text(JUDGE)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]}
+                                                       for w in ("hi", "cats", "dogs", "rain")] * 4)
+    over = {"data.path": "", "online.online": True, "online.prompts": str(prompts), "online.judge": f"{judge}:more_a",
+            "online.rounds": 3, "online.prompts_per_round": 8, "online.steps_per_round": 2, "online.max_new_tokens": 12,
+            "online.keep_truncated": True,
+            "train.batch_size": 4, "train.micro_batch_size": 4, "train.save_every": 2}
+    summary = run_dpo(_cfg(llama_dir, "", tmp_path / "online", **over))
+    rounds = sorted((tmp_path / "online" / "rounds").glob("round-*.jsonl"))
+    assert len(rounds) == 3 and len(summary["online_rounds"]) == 3
+    for row in (json.loads(x) for x in rounds[0].read_text().splitlines()):
+        assert row["chosen"][0]["content"].count("a") > row["rejected"][0]["content"].count("a")
+    counts = summary["online_rounds"][0]
+    assert counts["pairs"] + counts["ties"] + counts["identical"] + counts["truncated"] == 8
+    whole = {r["step"]: r for r in _metrics(tmp_path / "online")}
+    with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
+        run_dpo(_cfg(llama_dir, "", tmp_path / "again", **over))
+    monkeypatch.undo()
+    run_dpo(_cfg(llama_dir, "", tmp_path / "again", **{**over, "train.overwrite": False, "train.resume": True}))
+    for r in _metrics(tmp_path / "again"):
+        assert r["train/loss"] == pytest.approx(whole[r["step"]]["train/loss"], rel=1e-5)
+    with pytest.raises(ConfigError, match="returned 1 values for"):
+        run_dpo(_cfg(llama_dir, "", tmp_path / "bad", **{**over, "online.judge": f"{judge}:wrong_count"}))
+
+
+def test_cli_runs_and_missing_data_is_a_clean_error(llama_dir, prefs, tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "tether", "dpo", "--model", str(llama_dir), "--data", str(prefs[0]),
+                         "--output", str(tmp_path / "cli"), "--loss", "ipo", "--max-steps", "2", "--batch-size", "4",
+                         "--micro-batch-size", "4", "--report-to", "none"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "cli" / "summary.json").read_text())["loss"] == "ipo"
+    bad = subprocess.run([sys.executable, "-m", "tether", "dpo", "--model", str(llama_dir), "--output",
+                          str(tmp_path / "x")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--data is required" in bad.stderr and "Traceback" not in bad.stderr

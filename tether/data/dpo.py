@@ -1,0 +1,138 @@
+"""Preference data for the policy (DPO family): every response tokenised with its prompt and a response mask.
+
+A pair (prompt, chosen, rejected) becomes two SFT-style examples whose loss mask
+covers the response tokens (and EOS) only — the same rendering and offset-mapped
+masking as SFT (tether/data/sft.py), so a chat template or a BPE merge across the
+prompt/response boundary cannot shift it. A ranked list (prompt, responses,
+ranking) becomes K examples, best first.
+
+Policy (docs/data.md): pairs whose chosen equals rejected and examples longer
+than max_length are dropped and counted (errors with strict); malformed records
+are errors naming the file, line and field. Nothing is truncated.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from tether.data.preferences import PreferenceReport, _content
+from tether.data.records import DataError, Record
+from tether.data.sft import DataReport, Example, _Drop, render
+
+
+@dataclass
+class PolicyPreference:
+    """One prompt's responses, best first: two for a pair (chosen, rejected), K for a ranked list."""
+
+    responses: list[Example]
+    where: str
+    reference_logps: list[float] | None = None  # Σ log π_ref over each response's tokens, filled in before training
+
+
+def _response_example(tokenizer, prompt, response, where: str, field_name: str, max_length: int) -> Example:
+    if isinstance(response, str) and not response.strip() or isinstance(response, list) and not response:
+        raise DataError(f"{where}: field {field_name!r} is empty")
+    fields = {"prompt": prompt if prompt is not None else ([] if isinstance(response, list) else ""),
+              "completion": response}
+    if isinstance(response, list) and not fields["prompt"]:
+        raise DataError(f"{where}: field 'prompt' is missing; chat responses need the prompt messages")
+    try:
+        text, spans, add_special = render(fields, "prompt/completion", tokenizer, False, where, DataReport(path=where))
+    except DataError as err:  # name the response field, not SFT's 'completion'
+        raise DataError(str(err).replace("'completion'", repr(field_name)).replace("completion[", f"{field_name}[")) from None
+    enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    mask = [int(any(s < e_span and e > s_span for s_span, e_span in spans)) for s, e in offsets]
+    mask[0] = 0
+    if not any(mask):
+        raise _Drop("with an empty response")
+    if len(ids) > max_length:
+        raise _Drop(f"longer than max_length={max_length} tokens")
+    return Example(ids, mask, where)
+
+
+def tokenize_policy_preferences(records: list[Record], tokenizer, max_length: int, strict: bool = False,
+                                path: str = "data") -> tuple[list[PolicyPreference], PreferenceReport]:
+    """Pairs (prompt/chosen/rejected) or ranked lists (prompt/responses/ranking) -> PolicyPreference list."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; tether needs "
+                        "offset mappings (a tokenizer.json) to locate response tokens")
+    report = PreferenceReport(path=str(path), records=len(records))
+    if not records:
+        raise DataError(f"{path}: no records")
+    first = records[0].fields
+    if "chosen" in first and "rejected" in first:
+        report.format = "pairs"
+    elif "responses" in first and "ranking" in first:
+        report.format = "ranked lists"
+    else:
+        raise DataError(f"{records[0].where}: preference data needs 'chosen' and 'rejected' (pairs) or 'responses' and "
+                        f"'ranking' (ranked lists), each with a 'prompt'; the record has {sorted(first)}. "
+                        "Map other names with --columns")
+    examples: list[PolicyPreference] = []
+    for rec in records:
+        f, where = rec.fields, rec.where
+        try:
+            if report.format == "pairs":
+                if "chosen" not in f or "rejected" not in f:
+                    raise DataError(f"{where}: missing 'chosen' or 'rejected'; the record has {sorted(f)}")
+                if _content(f["chosen"]).strip() == _content(f["rejected"]).strip():
+                    raise _Drop("with chosen equal to rejected")
+                responses = [_response_example(tokenizer, f.get("prompt"), f[name], where, name, max_length)
+                             for name in ("chosen", "rejected")]
+            else:
+                responses_field, ranking = f.get("responses"), f.get("ranking")
+                if not isinstance(responses_field, list) or len(responses_field) < 2:
+                    raise DataError(f"{where}: field 'responses' must be a list of at least 2 responses")
+                if sorted(ranking or []) != list(range(len(responses_field))):
+                    raise DataError(f"{where}: field 'ranking' must list every index of 'responses' once, best first; "
+                                    f"got {ranking!r} for {len(responses_field)} responses")
+                responses = [_response_example(tokenizer, f.get("prompt"), responses_field[i], where, f"responses[{i}]",
+                                               max_length) for i in ranking]
+        except _Drop as drop:
+            if strict:
+                raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
+            report.dropped[str(drop.args[0])] += 1
+            continue
+        examples.append(PolicyPreference(responses, where))
+    report.examples = len(examples)
+    if not examples:
+        raise DataError(f"{path}: every record was dropped ({report.summary()})")
+    return examples, report
+
+
+def data_fingerprint(examples: list[PolicyPreference]) -> str:
+    """Hash of every response's token ids and response mask, in order: what the reference log-probs depend on."""
+    digest = hashlib.sha256()
+    for ex in examples:
+        digest.update(b"|")
+        for r in ex.responses:
+            digest.update(torch.tensor(r.input_ids, dtype=torch.int64).numpy().tobytes())
+            digest.update(bytes(r.loss_mask))
+            digest.update(b";")
+    return digest.hexdigest()
+
+
+def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded rows, response-major: rows [k·B, (k+1)·B) hold every example's k-th response (chosen block,
+    then rejected block for pairs), so one forward scores all of them. ``list_mask`` (B, K) marks real responses
+    (a shorter list repeats its last response in the filler rows); ``reference_logps`` (B, K) when known."""
+    k = max(len(e.responses) for e in examples)
+    rows = [e.responses[min(j, len(e.responses) - 1)] for j in range(k) for e in examples]
+    width = max(len(r.input_ids) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r.input_ids)
+        input_ids[i, :n] = torch.tensor(r.input_ids)
+        attention_mask[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(r.loss_mask)
+    list_mask = torch.tensor([[j < len(e.responses) for j in range(k)] for e in examples], dtype=torch.bool)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "list_mask": list_mask}
+    if examples[0].reference_logps is not None:
+        batch["reference_logps"] = torch.tensor(
+            [[e.reference_logps[min(j, len(e.responses) - 1)] for j in range(k)] for e in examples], dtype=torch.float32)
+    return batch

@@ -1,0 +1,114 @@
+"""Reference log-probabilities for preference data, computed once and cached next to the run.
+
+The DPO family compares the policy with a frozen reference on fixed data, so
+log π_ref(y) depends only on (data, reference weights, tokenizer): it is
+computed in one no-grad pass before training, with its own batch size, and
+saved under a key made of those three fingerprints. A later run (a resume, or
+a sweep over β pointing --reference-cache at one folder) finds the file and
+skips the pass; anything that changes the numbers changes the key.
+
+Fingerprints: data = hash of every response's token ids and response mask;
+tokenizer = hash of its serialised vocabulary/merges, chat template and
+special tokens; reference = hash of config.json and the weight files (files
+over 256 MiB: their size and first and last 16 MiB, to keep large models cheap).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from tether.algorithms.logprobs import token_logprobs
+from tether.data.dpo import PolicyPreference, collate_policy_preferences, data_fingerprint
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+BIG_FILE = 256 << 20
+EDGE = 16 << 20
+
+
+def model_fingerprint(path: str | Path) -> str:
+    folder = Path(path)
+    digest = hashlib.sha256()
+    files = sorted(p for p in folder.iterdir() if p.is_file() and (p.name == "config.json" or p.suffix in WEIGHT_SUFFIXES)
+                   and not p.name.startswith(("optimizer", "scheduler", "rng-")))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no config.json or weight files to fingerprint")
+    for p in files:
+        size = p.stat().st_size
+        digest.update(f"{p.name}:{size}".encode())
+        with p.open("rb") as handle:
+            if size <= BIG_FILE:
+                digest.update(handle.read())
+            else:
+                digest.update(handle.read(EDGE))
+                handle.seek(size - EDGE)
+                digest.update(handle.read(EDGE))
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    parts = [backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True),
+             str(getattr(tokenizer, "chat_template", "") or ""),
+             json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def cache_key(examples: list[PolicyPreference], reference_fp: str, tokenizer_fp: str) -> dict:
+    parts = {"data": data_fingerprint(examples), "reference": reference_fp, "tokenizer": tokenizer_fp,
+             "examples": len(examples), "version": 1}
+    parts["key"] = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return parts
+
+
+@torch.no_grad()
+def sequence_logps(model, examples: list[PolicyPreference], pad_id: int, batch_size: int, device) -> list[list[float]]:
+    """Σ log π(y|x) over each response's tokens, in the examples' order (best first within each)."""
+    was_training = model.training
+    model.eval()
+    out: list[list[float]] = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        batch = collate_policy_preferences(chunk, pad_id)
+        ids, mask = batch["input_ids"].to(device), batch["loss_mask"].to(device)
+        logits = model(input_ids=ids, attention_mask=batch["attention_mask"].to(device), use_cache=False).logits
+        logp = (token_logprobs(logits[:, :-1], ids[:, 1:]) * mask[:, 1:]).sum(-1).cpu()  # (K·B,)
+        k = batch["list_mask"].shape[1]
+        per = logp.view(k, len(chunk)).T  # (B, K)
+        out += [per[i, : len(e.responses)].tolist() for i, e in enumerate(chunk)]
+    model.train(was_training)
+    return out
+
+
+class ReferenceCache:
+    """One file per key in ``folder``: reference-logps-<key>.pt with the key's parts and the values."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    def path(self, key: dict) -> Path:
+        return self.folder / f"reference-logps-{key['key'][:20]}.pt"
+
+    def load(self, key: dict) -> list[list[float]] | None:
+        path = self.path(key)
+        if not path.is_file():
+            return None
+        stored = torch.load(path, weights_only=True)
+        if stored.get("key") != key["key"] or len(stored.get("logps", [])) != key["examples"]:
+            return None  # a prefix collision or a damaged file: recompute
+        return stored["logps"]
+
+    def save(self, key: dict, logps: list[list[float]]) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.path(key)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"key": key["key"], "parts": {k: v for k, v in key.items() if k != "key"}, "logps": logps}, tmp)
+        tmp.replace(path)
+        return path
+
+
+def attach_reference_logps(examples: list[PolicyPreference], logps: list[list[float]]) -> None:
+    for ex, values in zip(examples, logps):
+        ex.reference_logps = list(values)

@@ -1,6 +1,6 @@
 """Every group-family recipe on the lab's arith world with the same budget, side by side.
 
-    .venv/bin/python examples/grpo_recipes_on_lab.py --lab runs/lab --steps 30 --output runs/grpo-recipes
+    .venv/bin/python examples/grpo_recipes_on_lab.py --lab runs/lab --steps 40 --output runs/grpo-recipes
 
 Each recipe starts from the lab's SFT model with the outcome rewards (correct answer + 0.5 x format); held-out
 accuracy (200 problems, greedy and sampled at T = 1) is measured every 10 steps. Prints one JSON line per
@@ -23,10 +23,10 @@ def main() -> None:
     parser.add_argument("--lab", default="runs/lab", help="A finished `tether lab` folder.")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="Comma-separated recipe names.")
     parser.add_argument("--rewards", default="outcome", choices=("outcome", "process"))
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--prompts-per-step", type=int, default=32)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="runs/grpo-recipes")
     args = parser.parse_args()
@@ -40,7 +40,8 @@ def main() -> None:
         results[name] = figures
         print(json.dumps({"recipe": name, **{k: v for k, v in figures.items() if k != "curve"},
                           "sampled_curve": [c["accuracy_sampled"] for c in figures["curve"]],
-                          "greedy_curve": [c["accuracy_greedy"] for c in figures["curve"]]}), flush=True)
+                          "greedy_curve": [c["accuracy_greedy"] for c in figures["curve"]],
+                          "worked_curve": [c["worked_rate"] for c in figures["curve"]]}), flush=True)
     from tether.lab.pipeline import print_grpo_table
 
     print_grpo_table(results)

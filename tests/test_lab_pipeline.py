@@ -20,7 +20,8 @@ def quick_lab(tmp_path_factory):
 def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     out, summary = quick_lab
     assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", "rm", "rm_filtered", "ppo_kl0",
-                                        "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process"]
+                                        "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process", "dpo_sigmoid",
+                                        "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_online"]
     for path in ("world/world.json", "pretrain/final/config.json", "sft/final/model.safetensors", "eval/sft.json",
                  "summary.json", "sft/metrics.jsonl"):
         assert (out / path).exists(), path
@@ -156,3 +157,24 @@ def test_quick_lab_grpo_runs_measure_held_out_accuracy(quick_lab):
     assert all(isinstance(s["steps"], list) and s["steps"] for s in samples)  # the process reward's step scores
     outcome = [json.loads(line) for line in (out / "grpo_outcome" / "run" / "samples.jsonl").read_text().splitlines()]
     assert all(s["steps"] is None and set(s["parts"]) == {"arith_correct", "arith_format"} for s in outcome)
+
+
+@pytest.mark.slow
+def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
+    from transformers import AutoModelForCausalLM
+
+    out, summary = quick_lab
+    runs = summary["dpo"]
+    assert list(runs) == ["dpo_sigmoid", "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_online"]
+    filtered = sum(1 for _ in (out / "rm_filtered" / "prefs_filtered.jsonl").open())
+    every = sum(1 for _ in (out / "world" / "prefs.jsonl").open())
+    assert runs["dpo_sigmoid"]["train_examples"] == filtered < runs["dpo_sigmoid_unfiltered"]["train_examples"] == every
+    for name, run in runs.items():
+        assert [c["step"] for c in run["curve"]] == [0, 2, 4]
+        assert run["curve"][0]["win_rate"] == 0.5  # step 0 is the SFT model, answering the same seed as the reference
+        AutoModelForCausalLM.from_pretrained(out / name / "run" / "final")
+    assert runs["dpo_sigmoid"]["curve"][0]["chosen"] == pytest.approx(0.0, abs=1e-5)  # π = π_ref before training
+    assert runs["dpo_simpo"]["beta"] == 2.0 and runs["dpo_sigmoid"]["beta"] == 0.1
+    online = runs["dpo_sigmoid_online"]["online_rounds"]
+    assert len(online) == QUICK.dpo_online_rounds and all(r["prompts"] == QUICK.dpo_online_prompts for r in online)
+    assert len(list((out / "dpo_sigmoid_online" / "run" / "rounds").glob("round-*.jsonl"))) == QUICK.dpo_online_rounds

@@ -140,6 +140,20 @@ def test_world_is_deterministic_and_seeded(world, tmp_path):
     assert other["recipe_hash"] != manifest["recipe_hash"]
 
 
+def test_lazy_demonstrations_are_added_without_changing_anything_else(world, tmp_path):
+    folder, manifest = world
+    none = build_world(tmp_path / "none", WorldConfig(**{**SMALL.__dict__, "n_sft_arith_direct": 0}))
+    for name in ("pretrain", "prefs", "arith_rl", "arith_eval", "rankings"):
+        assert (folder / f"{name}.jsonl").read_bytes() == (tmp_path / "none" / f"{name}.jsonl").read_bytes(), name
+    rows = lambda f, n: [json.loads(x) for x in (f / f"{n}.jsonl").read_text().splitlines()]
+    lazy = lambda r: bool(arith.ANSWER_ONLY_RE.match(r["messages"][-1]["content"]))
+    for split in ("sft", "sft_eval"):
+        kept = [r for r in rows(folder, split) if not lazy(r)]
+        assert sorted(map(json.dumps, kept)) == sorted(map(json.dumps, rows(tmp_path / "none", split)))
+    n_lazy = sum(lazy(r) for split in ("sft", "sft_eval") for r in rows(folder, split))
+    assert n_lazy == SMALL.n_sft_arith_direct and manifest["counts"]["sft"] > none["counts"]["sft"]
+
+
 def test_held_out_sets_are_held_out(world):
     folder, _ = world
     rows = {name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
@@ -176,7 +190,9 @@ def test_majority_vote_inherits_length_and_confidence_bias(world):
 def test_eval_scoring_hand_computed():
     rows = [{"question": PROBLEM.question}]
     figures = score_arith(rows, [[PROBLEM.solution(), "It is 66."]])
-    assert figures == {"accuracy": 0.5, "format_rate": 0.5, "step_accuracy": 0.5, "n": 2}
+    assert figures == {"accuracy": 0.5, "format_rate": 0.5, "step_accuracy": 0.5, "worked_rate": 0.5, "n": 2}
+    lazy = score_arith(rows, [[PROBLEM.direct_answer(), PROBLEM.solution(error_step=0, error_delta=10)]])
+    assert lazy == {"accuracy": 0.5, "format_rate": 1.0, "step_accuracy": 0.0, "worked_rate": 0.5, "n": 2}
     rows = [{"topic": "cats"}]
     good = "Cats sleep for most of the day. Cats use their whiskers to feel space."
     bad = "Definitely, cats can breathe under water."

@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from tether.config import ConfigError, add_config_arguments, build_config, config_from_args, load_yaml
 from tether.data.records import DataError
@@ -17,6 +18,7 @@ STAGES = {
     "ppo": "PPO with a critic, a reward model and a KL-tied reference (single process for now).",
     "grpo": "The group family (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++): `tether grpo --recipe dapo ...`.",
     "dpo": "The direct-preference family (DPO, cDPO, robust, IPO, hinge, SimPO, ORPO, β-DPO, listwise), offline or --online.",
+    "diagnose": "Re-run the reward-hacking monitors on a finished (or running) online run: `tether diagnose RUN_DIR`.",
     "recipes": "List the group-family recipes with their equations, settings and sources.",
     "data": "Data tools: `check` (counts, loss mask), `agreement` (annotator κ), `filter` (by agreement, to majority labels).",
 }
@@ -59,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     dpo = sub.add_parser("dpo", help=STAGES["dpo"], description=STAGES["dpo"] + " Formulas: docs/dpo.md.")
     add_config_arguments(dpo, DPOConfig)
+    diag = sub.add_parser("diagnose", help=STAGES["diagnose"], description=STAGES["diagnose"] + " Monitors, thresholds "
+                          "and windows: docs/monitors.md.")
+    diag.add_argument("run", help="Run folder with metrics.jsonl (and samples.jsonl).")
+    diag.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                      help="Override a monitor setting, e.g. --set task_drop=0.3 (names in docs/monitors.md).")
+    diag.add_argument("--write", action="store_true", help="Write the alarms to RUN/alarms.jsonl (replacing it).")
     sub.add_parser("recipes", help=STAGES["recipes"], description=STAGES["recipes"])
 
     lab = sub.add_parser("lab", help=STAGES["lab"], description=STAGES["lab"])
@@ -309,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             from tether.stages.dpo_config import DPOConfig
 
             run_dpo(config_from_args(DPOConfig, args))
+        elif args.stage == "diagnose":
+            return run_diagnose_command(args)
         elif args.stage == "recipes":
             print_recipes()
         elif args.stage == "rm":
@@ -323,6 +333,37 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"tether {args.stage}: error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def run_diagnose_command(args) -> int:
+    import dataclasses
+    import json
+
+    from tether.monitors import MonitorSettings, check_all, format_alarm, read_jsonl
+
+    run = Path(args.run)
+    if not (run / "metrics.jsonl").is_file():
+        raise ConfigError(f"{run}: no metrics.jsonl (is it a tether run folder?)")
+    fields = {f.name: f for f in dataclasses.fields(MonitorSettings)}
+    values = {}
+    for item in args.set:
+        name, _, raw = item.partition("=")
+        if name not in fields:
+            raise ConfigError(f"--set {item}: no monitor setting {name!r}; settings are {sorted(fields)}")
+        default = fields[name].default
+        values[name] = tuple(raw.split(",")) if isinstance(default, tuple) else type(default)(raw)
+    alarms = check_all(read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "samples.jsonl"), MonitorSettings(**values))
+    for alarm in alarms:
+        print(format_alarm(alarm))
+    live = read_jsonl(run / "alarms.jsonl")
+    if (run / "alarms.jsonl").is_file() and not values:
+        same = [(a["monitor"], a["step"]) for a in live] == [(a.monitor, a.step) for a in alarms]
+        print(f"{len(alarms)} alarm(s); the live alarms.jsonl has {len(live)}: " + ("the same" if same else "they differ"))
+    else:
+        print(f"{len(alarms)} alarm(s)")
+    if args.write:
+        (run / "alarms.jsonl").write_text("".join(json.dumps(a.as_dict()) + "\n" for a in alarms))
     return 0
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tether.data.preferences import PreferenceReport, _content
+from tether.data.preferences import PreferenceReport, ordered_responses, preference_format
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, render
 
@@ -59,38 +59,13 @@ def tokenize_policy_preferences(records: list[Record], tokenizer, max_length: in
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; tether needs "
                         "offset mappings (a tokenizer.json) to locate response tokens")
-    report = PreferenceReport(path=str(path), records=len(records))
-    if not records:
-        raise DataError(f"{path}: no records")
-    first = records[0].fields
-    if "chosen" in first and "rejected" in first:
-        report.format = "pairs"
-    elif "responses" in first and "ranking" in first:
-        report.format = "ranked lists"
-    else:
-        raise DataError(f"{records[0].where}: preference data needs 'chosen' and 'rejected' (pairs) or 'responses' and "
-                        f"'ranking' (ranked lists), each with a 'prompt'; the record has {sorted(first)}. "
-                        "Map other names with --columns")
+    report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
     examples: list[PolicyPreference] = []
     for rec in records:
         f, where = rec.fields, rec.where
         try:
-            if report.format == "pairs":
-                if "chosen" not in f or "rejected" not in f:
-                    raise DataError(f"{where}: missing 'chosen' or 'rejected'; the record has {sorted(f)}")
-                if _content(f["chosen"]).strip() == _content(f["rejected"]).strip():
-                    raise _Drop("with chosen equal to rejected")
-                responses = [_response_example(tokenizer, f.get("prompt"), f[name], where, name, max_length)
-                             for name in ("chosen", "rejected")]
-            else:
-                responses_field, ranking = f.get("responses"), f.get("ranking")
-                if not isinstance(responses_field, list) or len(responses_field) < 2:
-                    raise DataError(f"{where}: field 'responses' must be a list of at least 2 responses")
-                if sorted(ranking or []) != list(range(len(responses_field))):
-                    raise DataError(f"{where}: field 'ranking' must list every index of 'responses' once, best first; "
-                                    f"got {ranking!r} for {len(responses_field)} responses")
-                responses = [_response_example(tokenizer, f.get("prompt"), responses_field[i], where, f"responses[{i}]",
-                                               max_length) for i in ranking]
+            responses = [_response_example(tokenizer, f.get("prompt"), value, where, name, max_length)
+                         for name, value in ordered_responses(f, report.format, where)]
         except _Drop as drop:
             if strict:
                 raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None

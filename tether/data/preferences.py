@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tether.data.records import DataError, Record
-from tether.data.sft import check_messages, check_str, render_chat
+from tether.data.sft import _Drop, check_messages, check_str, render_chat
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
 
@@ -71,21 +71,42 @@ def _content(response) -> str:
     return repr(response)
 
 
-def tokenize_preferences(records: list[Record], tokenizer, max_length: int, heads: list[str],
-                         margin_column: str = "", strict: bool = False, path: str = "data"):
-    """PairExample or RankedExample list and a report."""
-    report = PreferenceReport(path=str(path), records=len(records))
+def preference_format(records: list[Record], path) -> str:
+    """'pairs' or 'ranked lists', from the first record's fields."""
     if not records:
         raise DataError(f"{path}: no records")
     first = records[0].fields
     if "chosen" in first and "rejected" in first:
-        report.format = "pairs"
-    elif "responses" in first and "ranking" in first:
-        report.format = "ranked lists"
-    else:
-        raise DataError(f"{records[0].where}: preference data needs 'chosen' and 'rejected' (pairs) or 'responses' and "
-                        f"'ranking' (ranked lists), each with an optional 'prompt'; the record has {sorted(first)}. "
-                        "Map other names with --columns")
+        return "pairs"
+    if "responses" in first and "ranking" in first:
+        return "ranked lists"
+    raise DataError(f"{records[0].where}: preference data needs 'chosen' and 'rejected' (pairs) or 'responses' and "
+                    f"'ranking' (ranked lists), each with an optional 'prompt'; the record has {sorted(first)}. "
+                    "Map other names with --columns")
+
+
+def ordered_responses(fields: dict, fmt: str, where: str) -> list[tuple[str, object]]:
+    """[(field name, response)], best first, after the checks every preference row gets; a pair whose chosen
+    equals its rejected is dropped (_Drop)."""
+    if fmt == "pairs":
+        if "chosen" not in fields or "rejected" not in fields:
+            raise DataError(f"{where}: missing 'chosen' or 'rejected'; the record has {sorted(fields)}")
+        if _content(fields["chosen"]).strip() == _content(fields["rejected"]).strip():
+            raise _Drop("with chosen equal to rejected")
+        return [("chosen", fields["chosen"]), ("rejected", fields["rejected"])]
+    responses, ranking = fields.get("responses"), fields.get("ranking")
+    if not isinstance(responses, list) or len(responses) < 2:
+        raise DataError(f"{where}: field 'responses' must be a list of at least 2 responses")
+    if sorted(ranking or []) != list(range(len(responses))):
+        raise DataError(f"{where}: field 'ranking' must list every index of 'responses' once, best first; "
+                        f"got {ranking!r} for {len(responses)} responses")
+    return [(f"responses[{i}]", responses[i]) for i in ranking]
+
+
+def tokenize_preferences(records: list[Record], tokenizer, max_length: int, heads: list[str],
+                         margin_column: str = "", strict: bool = False, path: str = "data"):
+    """PairExample or RankedExample list and a report."""
+    report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
     examples = []
 
     def ids_of(text, where):
@@ -97,11 +118,8 @@ def tokenize_preferences(records: list[Record], tokenizer, max_length: int, head
     for rec in records:
         f, where = rec.fields, rec.where
         try:
+            responses = ordered_responses(f, report.format, where)
             if report.format == "pairs":
-                if "chosen" not in f or "rejected" not in f:
-                    raise DataError(f"{where}: missing 'chosen' or 'rejected'; the record has {sorted(f)}")
-                if _content(f["chosen"]).strip() == _content(f["rejected"]).strip():
-                    raise _Drop("with chosen equal to rejected")
                 margin = 0.0
                 if margin_column:
                     if margin_column not in f:
@@ -116,19 +134,11 @@ def tokenize_preferences(records: list[Record], tokenizer, max_length: int, head
                         raise DataError(f"{where}: field {head!r} (label of head {head}) must be 'chosen', 'rejected' "
                                         f"or null, got {value!r}")
                     labels.append(HEAD_LABELS[value])
-                chosen = ids_of(render_response(tokenizer, f.get("prompt"), f["chosen"], where, "chosen"), where)
-                rejected = ids_of(render_response(tokenizer, f.get("prompt"), f["rejected"], where, "rejected"), where)
-                examples.append(PairExample(chosen, rejected, margin, labels, where))
+            ids = [ids_of(render_response(tokenizer, f.get("prompt"), value, where, name), where) for name, value in responses]
+            if report.format == "pairs":
+                examples.append(PairExample(ids[0], ids[1], margin, labels, where))
             else:
-                responses, ranking = f.get("responses"), f.get("ranking")
-                if not isinstance(responses, list) or len(responses) < 2:
-                    raise DataError(f"{where}: field 'responses' must be a list of at least 2 responses")
-                if sorted(ranking or []) != list(range(len(responses))):
-                    raise DataError(f"{where}: field 'ranking' must list every index of 'responses' once, best first; "
-                                    f"got {ranking!r} for {len(responses)} responses")
-                ranked = [ids_of(render_response(tokenizer, f.get("prompt"), responses[i], where, f"responses[{i}]"), where)
-                          for i in ranking]
-                examples.append(RankedExample(ranked, where))
+                examples.append(RankedExample(ids, where))
         except _Drop as drop:
             if strict:
                 raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
@@ -137,10 +147,6 @@ def tokenize_preferences(records: list[Record], tokenizer, max_length: int, head
     if not examples:
         raise DataError(f"{path}: every record was dropped ({report.summary()})")
     return examples, report
-
-
-class _Drop(Exception):
-    pass
 
 
 def _pad(rows: list[list[int]], pad_id: int):

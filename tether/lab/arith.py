@@ -12,6 +12,7 @@ import random
 import re
 from dataclasses import dataclass
 
+ANSWER_ONLY_RE = re.compile(r"^The answer is -?\d+\.$")  # a direct answer, no working
 ANSWER_RE = re.compile(r"The answer is (-?\d+)\.$")
 STEP_RE = re.compile(r"(-?\d+) ([+-]) (\d+) = (-?\d+)\.")
 FORMAT_RE = re.compile(r"^(?:-?\d+ [+-] \d+ = -?\d+\. )*The answer is -?\d+\.$")

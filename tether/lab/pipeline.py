@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tether.config import build_config
 from tether.lab.evaluate import Decoding, evaluate_task
+from tether.lab import arith
 from tether.lab.world import WorldConfig, build_world
 from tether.models import build_tiny_model, load_model, load_tokenizer
 from tether.stages.sft import SFTConfig, run_sft
@@ -70,6 +71,19 @@ class LabConfig:
     grpo_lr: float = 5e-5
     grpo_eval_every: int = 10
     grpo_eval_problems: int = 200
+    # the DPO family on assist from the SFT model: offline on the annotators' agreement-filtered pairs (one run per
+    # loss), sigmoid on all pairs (label noise), and online (each round two answers per prompt sampled from the
+    # policy and labelled by the same annotator panel with the same agreement filter)
+    dpo_losses: tuple = ("sigmoid", "ipo", "simpo", "beta_dpo")
+    dpo_unfiltered: bool = True
+    dpo_online: bool = True
+    dpo_steps: int = 60
+    dpo_batch: int = 32
+    dpo_lr: float = 5e-5
+    dpo_eval_every: int = 20
+    dpo_online_rounds: int = 6  # dpo_steps / rounds steps on each round's pairs
+    dpo_online_prompts: int = 192
+    dpo_online_keep_truncated: bool = False  # the quick lab's tiny model often runs past 64 tokens
     # evaluation
     eval_arith: int = 200  # held-out problems (at most world.n_eval_arith)
     assist_samples: int = 4  # sampled answers per held-out request (plus one greedy)
@@ -84,7 +98,8 @@ QUICK = LabConfig(
     vocab_size=768, hidden=64, layers=2, heads=2, pretrain_steps=250, pretrain_batch=16, sft_steps=80, sft_batch=32,
     rm_epochs=1.0, eval_arith=60, assist_samples=2, ppo_kl_coefs=(0.0, 0.2), ppo_steps=6, ppo_prompts_per_step=16,
     ppo_eval_every=3, ppo_eval_samples=1, grpo_steps=4, grpo_prompts_per_step=4, grpo_group_size=4, grpo_eval_every=2,
-    grpo_eval_problems=20)
+    grpo_eval_problems=20, dpo_losses=("sigmoid", "simpo"), dpo_steps=4, dpo_batch=8, dpo_eval_every=2,
+    dpo_online_rounds=2, dpo_online_prompts=8, dpo_online_keep_truncated=True)
 
 
 def _hash(obj) -> str:
@@ -215,8 +230,24 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
         _, grpo_runs[f"grpo_{rewards}"] = stages.run(f"grpo_{rewards}", recipe, lambda folder, resume, r=rewards: _grpo_stage(
             folder, resume, out, cfg, r))
 
+    dpo_runs = {}
+    dpo_plan = [(f"dpo_{loss}", loss, "filtered") for loss in cfg.dpo_losses]
+    if cfg.dpo_unfiltered:
+        dpo_plan.append(("dpo_sigmoid_unfiltered", "sigmoid", "all"))
+    if cfg.dpo_online:
+        dpo_plan.append(("dpo_sigmoid_online", "sigmoid", "online"))
+    for name, loss, data in dpo_plan:
+        recipe = {"sft": sft_hash, "world": world_hash, "rm_filtered": rm_hashes["rm_filtered"], "loss": loss, "data": data,
+                  "steps": cfg.dpo_steps, "batch": cfg.dpo_batch, "lr": cfg.dpo_lr, "eval_every": cfg.dpo_eval_every,
+                  "eval_samples": cfg.ppo_eval_samples, "seed": cfg.seed,
+                  "online": [cfg.dpo_online_rounds, cfg.dpo_online_prompts, cfg.rm_min_agreement, cfg.dpo_online_keep_truncated]
+                  if data == "online" else None}
+        _, dpo_runs[name] = stages.run(name, recipe, lambda folder, resume, lo=loss, da=data: _dpo_stage(
+            folder, resume, out, cfg, lo, da))
+
     summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
-               "reward_models": reward_models, "ppo": ppo_runs, "grpo": grpo_runs, "seconds": stages.timings, "cached": stages.cached}
+               "reward_models": reward_models, "ppo": ppo_runs, "grpo": grpo_runs, "dpo": dpo_runs,
+               "seconds": stages.timings, "cached": stages.cached}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_lab_table(summary)
     return summary
@@ -253,6 +284,22 @@ def _grpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, rewards: 
                         eval_every=cfg.grpo_eval_every, eval_problems=cfg.grpo_eval_problems, seed=cfg.seed)
 
 
+def _dpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str, data: str) -> dict:
+    from tether.lab.rl import run_lab_dpo
+
+    pairs = {"filtered": out / "rm_filtered" / "prefs_filtered.jsonl", "all": out / "world" / "prefs.jsonl",
+             "online": None}[data]
+    online = None
+    if data == "online":
+        online = {"rounds": cfg.dpo_online_rounds, "prompts_per_round": cfg.dpo_online_prompts,
+                  "steps_per_round": max(1, cfg.dpo_steps // cfg.dpo_online_rounds),
+                  "keep_truncated": cfg.dpo_online_keep_truncated,
+                  "judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={cfg.rm_min_agreement})"}
+    return run_lab_dpo(folder, resume, lab=out, pairs=pairs, loss=loss, beta=0.0, steps=cfg.dpo_steps,
+                       batch=cfg.dpo_batch, lr=cfg.dpo_lr, eval_every=cfg.dpo_eval_every,
+                       eval_samples=cfg.ppo_eval_samples, seed=cfg.seed, online=online)
+
+
 def _world_stage(folder: Path, world_cfg: WorldConfig) -> dict:
     manifest = build_world(folder, world_cfg)
     return {"counts": manifest["counts"], "annotators": manifest["annotators"]}
@@ -262,6 +309,8 @@ def _init_stage(folder: Path, world_dir: Path, cfg: LabConfig) -> dict:
     texts = []
     for name in ("pretrain", "sft"):
         for row in _read_rows(world_dir / f"{name}.jsonl"):
+            if name == "sft" and arith.ANSWER_ONLY_RE.match(row["messages"][-1]["content"]):
+                continue  # the lazy demonstrations add no new text, and leaving them out keeps the vocabulary as it was
             texts.extend(m["content"] for m in row["messages"])
     tokenizer = train_bpe_tokenizer(texts, vocab_size=cfg.vocab_size)
     build_tiny_model("llama", tokenizer, folder, seed=cfg.seed, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
@@ -344,6 +393,8 @@ def print_lab_table(summary: dict) -> None:
         print_ppo_table(summary["ppo"])
     if summary.get("grpo"):
         print_grpo_table(summary["grpo"])
+    if summary.get("dpo"):
+        print_dpo_table(summary["dpo"], summary.get("ppo", {}))
     times = Table(title="time per stage (s)")
     for name in summary["seconds"]:
         times.add_column(name, justify="right")
@@ -372,6 +423,36 @@ def print_ppo_table(runs: dict) -> None:
             ("time: generate / score / log-probs / update", lambda r: " / ".join(f"{100 * v:.0f}%" for v in r["time_split"].values()))]
     for label, fn in rows:
         table.add_row(label, *[fn(r) for r in runs.values()])
+    console.print(table)
+
+
+def print_dpo_table(runs: dict, ppo: dict) -> None:
+    """The DPO runs beside the PPO runs on the same world, judged by the same gold evaluation."""
+    from rich.table import Table
+
+    table = Table(title="the DPO family on assist from the SFT model (annotator pairs; online: pairs sampled each round) "
+                        "— judged by gold on held-out requests, beside PPO")
+    table.add_column("figure")
+    for name, r in runs.items():
+        table.add_column(f"{name} (β {r['beta']:g})", justify="right")
+    best_ppo = max(ppo.items(), key=lambda kv: kv[1]["final_gold"], default=None)
+    if best_ppo:
+        table.add_column(f"{best_ppo[0]} (for comparison)", justify="right")
+    rows = [("gold reward: start → end", lambda r: f"{r['start_gold']:.2f} → {r['final_gold']:.2f}"),
+            ("gold peak (step)", lambda r: f"{r['peak_gold']:.2f} ({r['peak_step']})"),
+            ("gold win rate vs SFT: end (at the gold peak)", lambda r: f"{r['final_win_rate']:.3f} ({r['win_rate_at_peak']:.3f})"),
+            ("gold per evaluation", lambda r: " ".join(f"{c['gold']:.2f}" for c in r["curve"])),
+            ("words per answer per evaluation", lambda r: " ".join(f"{c['words']:.0f}" for c in r["curve"]))]
+    extra = [("held-out pair accuracy (annotator labels): end", lambda r: _fmt(r.get("final_pair_accuracy"))),
+             ("implicit reward chosen / rejected: end", lambda r: f"{r['curve'][-1]['chosen']:+.2f} / {r['curve'][-1]['rejected']:+.2f}"
+              if r["curve"][-1].get("chosen") is not None else "-"),
+             ("training pairs", lambda r: str(r["train_examples"]) if not r["online_rounds"] else
+              f"{sum(x['pairs'] for x in r['online_rounds'])} over {len(r['online_rounds'])} rounds"),
+             ("minutes", lambda r: f"{r['minutes']:.1f}")]
+    for label, fn in rows:
+        table.add_row(label, *[fn(r) for r in runs.values()], *([fn(best_ppo[1])] if best_ppo else []))
+    for label, fn in extra:
+        table.add_row(label, *[fn(r) for r in runs.values()], *(["-"] if best_ppo else []))
     console.print(table)
 
 

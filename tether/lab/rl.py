@@ -28,6 +28,12 @@ class GoldAssistEval:
         tok = load_tokenizer(sft_dir)
         self.reference = generate_for(load_model(sft_dir, tok), tok, rows, decoding)
 
+    @classmethod
+    def for_lab(cls, lab: Path, samples: int, seed: int) -> "GoldAssistEval":
+        """The lab's held-out assist requests, `samples` answers each at T = 1 (64 tokens), against its SFT model."""
+        rows = [json.loads(line) for line in (lab / "world" / "assist_eval.jsonl").read_text().splitlines() if line.strip()]
+        return cls(rows, lab / "sft" / "final", Decoding(temperature=1.0, samples=samples, seed=seed, max_new_tokens=64))
+
     def __call__(self, policy, tokenizer) -> dict:
         completions = generate_for(policy, tokenizer, self.rows, self.decoding)
         figures = score_assist(self.rows, completions, self.reference)
@@ -42,9 +48,7 @@ def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_
     from tether.stages.ppo_config import PPOConfig
 
     world = lab / "world"
-    rows = [json.loads(line) for line in (world / "assist_eval.jsonl").read_text().splitlines() if line.strip()]
-    gold = GoldAssistEval(rows, lab / "sft" / "final", Decoding(temperature=1.0, samples=eval_samples, seed=seed,
-                                                                 max_new_tokens=64))
+    gold = GoldAssistEval.for_lab(lab, eval_samples, seed)
     run_dir = folder / "run"
     if resume and (run_dir / "summary.json").is_file():
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -153,3 +157,45 @@ def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
             "zero_variance_frac": sum(m["groups/zero_variance_frac"] for m in metrics) / len(metrics),
             "steps": len(metrics), "minutes": total / 60, "steps_per_minute": 60 * len(metrics) / total,
             "time_split": {ph: s / total for ph, s in seconds.items()}}
+
+
+def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, loss: str, beta: float, steps: int,
+                batch: int, lr: float, eval_every: int, eval_samples: int, seed: int, online: dict | None = None) -> dict:
+    """One DPO-family run on the assist world from the SFT model — offline on `pairs`, or online (sampled from the
+    policy each round and labelled by the annotator panel) — judged by gold on held-out requests."""
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+
+    world = lab / "world"
+    gold = GoldAssistEval.for_lab(lab, eval_samples, seed)
+    run_dir = folder / "run"
+    if resume and (run_dir / "summary.json").is_file():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    else:
+        overrides = {"model.path": str(lab / "sft" / "final"), "data.eval_path": str(world / "prefs_eval.jsonl"),
+                     "dpo.loss": loss, "dpo.beta": beta, "optim.lr": lr, "optim.warmup_ratio": 0.05,
+                     "train.batch_size": batch, "train.micro_batch_size": batch, "train.max_steps": steps,
+                     "train.eval_every": eval_every, "train.save_every": eval_every, "train.keep_checkpoints": 1,
+                     "train.log_every": eval_every, "train.seed": seed, "train.output": str(run_dir),
+                     "train.resume": resume, "train.overwrite": not resume, "train.report_to": ["tensorboard"]}
+        if pairs is not None:
+            overrides["data.path"] = str(pairs)
+        else:  # online: the pairs come from the policy; --eval-data still gives held-out pair accuracy
+            overrides.update({"online.online": True, "online.prompts": str(world / "assist_rl.jsonl"),
+                              "online.max_new_tokens": 64, **{f"online.{k}": v for k, v in (online or {}).items()}})
+        summary = run_dpo(build_config(DPOConfig, overrides=overrides, source="lab"), evaluate_fn=gold)
+    return lab_dpo_figures(summary)
+
+
+def lab_dpo_figures(summary: dict) -> dict:
+    curve = [{"step": h["step"], "gold": h["eval/gold_reward"], "win_rate": h["eval/gold_win_rate"],
+              "words": h["eval/mean_words"], "accuracy": h.get("eval/rewards/accuracy"),
+              "chosen": h.get("eval/rewards/chosen"), "rejected": h.get("eval/rewards/rejected"),
+              "logps_chosen": h.get("eval/logps/chosen"), "logps_rejected": h.get("eval/logps/rejected")}
+             for h in summary["eval_history"]]
+    peak = max(curve, key=lambda c: c["gold"])
+    return {"curve": curve, "loss": summary["loss"], "beta": summary["beta"], "start_gold": curve[0]["gold"],
+            "final_gold": curve[-1]["gold"], "peak_gold": peak["gold"], "peak_step": peak["step"],
+            "final_win_rate": curve[-1]["win_rate"], "win_rate_at_peak": peak["win_rate"],
+            "final_pair_accuracy": curve[-1]["accuracy"], "online_rounds": summary.get("online_rounds", []),
+            "train_examples": summary["train_examples"], "minutes": summary["wall_s"] / 60}

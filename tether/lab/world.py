@@ -140,13 +140,17 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
         if assist.gold_assist(answer, topic).reward >= 2.0:
             sft.append({"messages": user(text) + assistant(answer)})
     rng.shuffle(sft)
-    # The direct answers draw from their own generator so that adding them leaves every other file unchanged.
-    direct_rng = random.Random(f"direct-{cfg.seed}")
-    sft += [{"messages": user(p.question) + assistant(p.direct_answer())}
-            for p in _problems(direct_rng, cfg, cfg.n_sft_arith_direct, eval_questions)]
-    direct_rng.shuffle(sft)
     n_sft_eval = max(1, len(sft) // 20)
     files["sft"], files["sft_eval"] = sft[n_sft_eval:], sft[:n_sft_eval]
+    # The direct answers draw from their own generator and go to both splits afterwards, so that adding them
+    # leaves every other row of every file as it was (and the tokenizer, trained on the other texts, too).
+    direct_rng = random.Random(f"direct-{cfg.seed}")
+    direct = [{"messages": user(p.question) + assistant(p.direct_answer())}
+              for p in _problems(direct_rng, cfg, cfg.n_sft_arith_direct, eval_questions)]
+    n_direct_eval = len(direct) // 20
+    files["sft"] = files["sft"] + direct[n_direct_eval:]
+    files["sft_eval"] = files["sft_eval"] + direct[:n_direct_eval]
+    direct_rng.shuffle(files["sft"])
 
     files["arith_rl"] = [{"prompt": user(p.question), "question": p.question, "answer": p.answer}
                          for p in _problems(rng, cfg, cfg.n_rl_arith, eval_questions)]

@@ -18,7 +18,8 @@ from tether.train.schedule import warmup_cosine
 # trajectory of the steps already taken.
 RESUMABLE_CHANGES = {"train.resume", "train.overwrite", "train.max_steps", "train.epochs", "train.eval_every",
                      "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to"}
-RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "final", "samples.jsonl")
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "final", "samples.jsonl", "alarms.jsonl")
+STEP_FILES = ("samples.jsonl", "alarms.jsonl")  # one JSON row per record with its step: cut back on resume
 
 
 def make_accelerator(device: str):
@@ -111,6 +112,16 @@ def show_plan(plan: dict, title: str) -> None:
     console.print(table)
 
 
+def announce(title: str, plan: dict, config: dict, out: Path, reports=(), checkpoint: Path | None = None) -> None:
+    """Print the data reports and the plan, and write the resolved config (with the plan) to config.yaml."""
+    import yaml
+
+    for report in reports:
+        console.print(report.summary())
+    show_plan(plan, title + (f" — resuming from {checkpoint.name}" if checkpoint else ""))
+    (Path(out) / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+
+
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -151,6 +162,17 @@ def open_online_run(stage: str, output: str, resume: bool, overwrite: bool, step
         raise ConfigError(f"--output {out} already holds a run; pass --resume or --overwrite")
     if found and found[0] >= steps:
         raise ConfigError(f"--resume: {found[1].name} is already at step {found[0]} of {steps}; nothing left to train")
+    if overwrite and not resume and out.is_dir():
+        import shutil
+
+        for child in out.iterdir():
+            if child.name in RUN_FILES or child.name.startswith("checkpoint-") or child.name == "best":
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+    if found:  # rows written after the checkpoint (a kill between checkpoints) would otherwise appear twice
+        from tether.train.logger import truncate_metrics
+
+        for name in STEP_FILES:
+            truncate_metrics(out / name, found[0])
     out.mkdir(parents=True, exist_ok=True)
     torch_device = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
     torch.manual_seed(seed)

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.preference import REFERENCE_FREE, beta_dpo_beta, beta_dpo_pair_weights, preference_loss
@@ -265,12 +264,15 @@ def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabell
 
 
 def _load_offline(cfg: DPOConfig, tokenizer):
+    """Training and held-out examples; online runs may have held-out pairs only (--eval-data without --data)."""
     d = cfg.data
-    records = read_records(d.path, d.columns, d.split)
+    records = read_records(d.path, d.columns, d.split) if d.path else []
     train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
                              else split_records(records, d.eval_fraction, cfg.train.seed))
-    train, report = tokenize_policy_preferences(train_recs, tokenizer, d.max_length, d.strict, d.path)
-    reports, evals = [report], []
+    train, reports, evals = [], [], []
+    if train_recs:
+        train, report = tokenize_policy_preferences(train_recs, tokenizer, d.max_length, d.strict, d.path)
+        reports.append(report)
     if eval_recs:
         evals, eval_report = tokenize_policy_preferences(eval_recs, tokenizer, d.max_length, d.strict,
                                                          d.eval_path or f"{d.path} (held out)")
@@ -305,7 +307,7 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
     out = Path(cfg.train.output)
     torch.manual_seed(cfg.train.seed)
     tokenizer = common.load_stage_tokenizer(cfg.model)
-    train, evals, reports = _load_offline(cfg, tokenizer) if cfg.data.path else ([], [], [])
+    train, evals, reports = _load_offline(cfg, tokenizer) if (cfg.data.path or cfg.data.eval_path) else ([], [], [])
     longest = max((len(e.responses) for e in train + evals), default=2)
     if longest > 2 and d.loss != "listwise":
         raise ConfigError(f"{cfg.data.path} holds ranked lists of up to {longest} responses; loss {d.loss} compares "
@@ -348,10 +350,7 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
             "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",
             "optimizer steps": total_steps, "start step": start_step, "model": common.parameter_summary(model)}
     if accelerator.is_main_process:
-        for r in reports:
-            console.print(r.summary())
-        common.show_plan(plan, "tether dpo" + (f" — resuming from {checkpoint.name}" if checkpoint else ""))
-        (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+        common.announce("tether dpo", plan, config, out, reports, checkpoint)
 
     history: list[dict] = list(state.get("eval_history", []))
     collate = lambda exs: collate_policy_preferences(exs, tokenizer.pad_token_id)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from tether.algorithms.group import (aggregate, clipped_surrogate, group_advantages, gspo_ratio, overlong_penalty,
                                      process_advantages, reinforce_pp_advantages, rloo_advantages, token_ratio,
@@ -30,7 +29,8 @@ from tether.rewards import RewardSet
 from tether.rewards.functions import load_reward_set
 from tether.rollout import (Rollout, concat_rollouts, generate_rollout, response_logprobs, step_end_tokens,
                             stop_token_ids)
-from tether.stages.common import open_online_run, show_plan, write_json
+from tether.monitors import RunMonitor, read_jsonl
+from tether.stages.common import announce, open_online_run, write_json
 from tether.stages.grpo_config import RECIPES, GRPOConfig
 from tether.stages.ppo import (_improves, check_lora_reference, completion_ids, load_policy_and_reference,
                                reference_logprobs, render_prompts, rows_of)
@@ -202,9 +202,8 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
                                  + (["overlong"] if score.overlong_cache else [])),
             "trainable parameters": f"{sum(q.numel() for q in params):,} of {sum(q.numel() for q in policy.parameters()):,}",
             "steps": run.steps, "start step": start_step}
-    show_plan(plan, "tether grpo")
     config = config_to_dict(cfg)
-    (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+    announce("tether grpo", plan, config, out)
     logger = MetricsLogger(out, run.report_to, config, start_step, run.steps, log_every=run.log_every, run_name="grpo")
     order = EpochOrder(len(prompts), run.seed)
 
@@ -268,6 +267,7 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
 
     baseline = evaluate(0) if start_step == 0 else {}
     low_variance_warned = 0
+    monitor, stopped_at = RunMonitor(out, run.stop_on_alarm), None
     try:
         for step in range(start_step, run.steps):
             t0 = time.perf_counter()
@@ -323,13 +323,19 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
                                             "advantage": float(seq_adv[i]), "length": int(batch.rollout.lengths[i]),
                                             "truncated": bool(batch.rollout.truncated[i])}) + "\n")
             state["step"] = done
-            if (run.save_every and done % run.save_every == 0) or done == run.steps:
+            stop = monitor.check()  # reward-hacking alarms on everything written so far
+            if (run.save_every and done % run.save_every == 0) or done == run.steps or stop:
                 state["reward_errors"] = {c.name: c.errors for c in (rewards.components if rewards else [])}
                 _save(out, policy, tokenizer, opt, sched, state, run.keep_checkpoints)
+            if stop:
+                console.print(f"[bold red]stopping at step {done}: --stop-on-alarm[/]")
+                stopped_at = done
+                break
     finally:
         logger.close()
     write_atomically(lambda tmp: save_merged(policy, tokenizer, tmp), out / "final")
     summary = {"stage": "grpo", "recipe": a.recipe, "steps": run.steps, "resumed_from": start_step or None,
+               "alarms": read_jsonl(out / "alarms.jsonl"), "stopped_at": stopped_at,
                "eval_history": history, "wall_s": round(time.perf_counter() - t_start, 2)}
     if run.best_metric:
         summary["best"] = {"metric": run.best_metric, **state["best"]}

@@ -111,6 +111,8 @@ class GRPORunSection:
     best_metric: str = option("", "Keep best/ at the evaluation with the best value of this metric (e.g. eval/score_mean).")
     best_mode: str = option("max", "Whether best_metric is better high (max) or low (min).", choices=("max", "min"))
     log_every: int = option(5, "Console line every N steps.")
+    stop_on_alarm: bool = option(False, "Stop (after a checkpoint) when a reward-hacking monitor raises an alarm "
+                                        "(docs/monitors.md); alarms are always written to alarms.jsonl.")
     seed: int = option(0, "Seed for prompt order and sampling.")
     resume: bool = option(False, "Continue from the newest checkpoint in --output.")
     overwrite: bool = option(False, "Start afresh in an --output that already holds a run.")

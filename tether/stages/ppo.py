@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.ppo import (adaptive_kl_coef, clipped_policy_loss, clipped_value_loss, explained_variance,
@@ -29,10 +28,11 @@ from tether.reward_model import RewardScorer
 from tether.rewards import RewardSet
 from tether.rewards.functions import load_reward_set
 from tether.rollout import Rollout, generate_rollout, response_logprobs, response_logprobs_and_values, stop_token_ids
-from tether.stages.common import open_online_run, show_plan, write_json
+from tether.monitors import RunMonitor, read_jsonl
+from tether.stages.common import announce, open_online_run, write_json
 from tether.stages.ppo_config import PPOConfig
 from tether.train.checkpoint import list_checkpoints, rng_state, set_rng_state, write_atomically
-from tether.train.logger import MetricsLogger
+from tether.train.logger import MetricsLogger, console
 from tether.train.offline import EpochOrder
 from tether.value_model import SharedValueHead, load_value_model
 
@@ -292,8 +292,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
             "reward": " + ".join(([f"{r.reward_model_weight:g} x reward model"] if scorer is not None else [])
                                  + [f"{c.weight:g} x {c.name}" for c in (rewards.components if rewards else [])]),
             "memory estimate (weights + AdamW)": _memory_estimate(policy, reference, critic)}
-    show_plan(plan, "tether ppo")
-    (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+    announce("tether ppo", plan, config, out)
     logger = MetricsLogger(out, run.report_to, config, start_step, p.steps, log_every=run.log_every, run_name="ppo")
     order = EpochOrder(len(prompts), run.seed)
 
@@ -320,6 +319,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
         return res
 
     baseline = evaluate(0) if start_step == 0 else {}
+    monitor, stopped_at = RunMonitor(out, run.stop_on_alarm), None
     try:
         for step in range(start_step, p.steps):
             t0 = time.perf_counter()
@@ -356,14 +356,20 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
                                             "score": float(exp.scores[i]), "kl": float(exp.kl[i].sum()),
                                             "parts": {k: float(v[i]) for k, v in parts.items()},
                                             "length": int(rollout.lengths[i]), "truncated": bool(rollout.truncated[i])}) + "\n")
-            if (run.save_every and done % run.save_every == 0) or done == p.steps:
+            stop = monitor.check()  # reward-hacking alarms on everything written so far
+            if (run.save_every and done % run.save_every == 0) or done == p.steps or stop:
                 state = {"kl_coef": kl_coef, "best": best, "eval_history": history,
                          "reward_errors": {c.name: c.errors for c in (rewards.components if rewards else [])}}
                 _save(out, policy, critic, tokenizer, opt_pi, opt_v, done, state, run.keep_checkpoints)
+            if stop:
+                console.print(f"[bold red]stopping at step {done}: --stop-on-alarm[/]")
+                stopped_at = done
+                break
     finally:
         logger.close()
     write_atomically(lambda tmp: save_merged(policy, tokenizer, tmp), out / "final")  # LoRA merged into the weights
     summary = {"stage": "ppo", "steps": p.steps, "resumed_from": start_step or None, "final_kl_coef": kl_coef,
+               "alarms": read_jsonl(out / "alarms.jsonl"), "stopped_at": stopped_at,
                "eval_history": history, "wall_s": round(time.perf_counter() - t_start, 2)}
     if run.best_metric:
         summary["best"] = {"metric": run.best_metric, **best}

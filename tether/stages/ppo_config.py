@@ -98,6 +98,8 @@ class PPORunSection:
                                   "e.g. eval/score_mean or, on the lab, eval/gold_reward; empty: no best/.")
     best_mode: str = option("max", "Whether best_metric is better high (max) or low (min).", choices=("max", "min"))
     log_every: int = option(5, "Console line every N steps.")
+    stop_on_alarm: bool = option(False, "Stop (after a checkpoint) when a reward-hacking monitor raises an alarm "
+                                        "(docs/monitors.md); alarms are always written to alarms.jsonl.")
     seed: int = option(0, "Seed for prompt order and sampling.")
     resume: bool = option(False, "Continue from the newest checkpoint in --output.")
     overwrite: bool = option(False, "Start afresh in an --output that already holds a run.")

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from tether.algorithms.reward import (all_pairs_loss, bradley_terry_loss, ordered_pair_accuracy, plackett_luce_loss,
                                       reward_centering_penalty)
@@ -208,10 +207,7 @@ def run_rm(cfg: RMConfig) -> dict:
             "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",
             "optimizer steps": total_steps, "start step": start_step, "model": common.parameter_summary(model)}
     if accelerator.is_main_process:
-        for r in reports:
-            console.print(r.summary())
-        common.show_plan(plan, "tether rm")
-        (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+        common.announce("tether rm", plan, config, out, reports, None)
     objective = RewardObjective(cfg.rm.ranking_loss, cfg.rm.center_coef)
     unwrapped = accelerator.unwrap_model(model)
 

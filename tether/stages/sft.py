@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
@@ -117,10 +116,7 @@ def run_sft(cfg: SFTConfig) -> dict:
             "model": common.parameter_summary(model),
             "loss": "all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)"}
     if accelerator.is_main_process:
-        for report in reports:
-            console.print(report.summary())
-        common.show_plan(plan, "tether sft" + (f" — resuming from {checkpoint.name}" if checkpoint else ""))
-        (out / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+        common.announce("tether sft", plan, config, out, reports, checkpoint)
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="sft")
     settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,

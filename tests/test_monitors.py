@@ -1,0 +1,107 @@
+"""Reward-hacking monitors: each fires on records that show its pattern, stays quiet on healthy ones, and the live
+hook and `tether diagnose` agree."""
+import json
+import random
+
+import pytest
+
+from tether.monitors import (AlarmWatch, MonitorSettings, check_all, entropy_collapse, format_without_correctness,
+                             length_correlation, phrase_surge, proxy_up_task_down, repetition, score_and_kl_rising)
+
+S = MonitorSettings()
+
+
+def evals(proxy, task, every=10):
+    rows = [{"step": 1, "eval0/score_mean": proxy[0], "eval0/gold_reward": task[0]}]
+    rows += [{"step": every * i, "eval/score_mean": p, "eval/gold_reward": t} for i, (p, t) in enumerate(zip(proxy, task)) if i]
+    return rows
+
+
+def test_proxy_up_task_down_fires_at_the_first_big_drop_and_not_on_noise():
+    # the lab's β = 0 shape: gold peaks at step 10 then falls, the proxy keeps rising
+    hacked = evals([0.47, 0.97, 1.03, 1.06, 1.08], [1.85, 1.94, 1.60, 1.26, 0.17])
+    (alarm,) = proxy_up_task_down(hacked, [], S)
+    assert alarm.step == 20 and alarm.statistics["task_peak"] == 1.94 and alarm.statistics["task_peak_step"] == 10
+    assert alarm.statistics["proxy_now"] - alarm.statistics["proxy_at_peak"] == pytest.approx(0.06)
+    # a moderate KL run: gold wobbles within 0.1 of its peak
+    assert proxy_up_task_down(evals([0.47, 0.7, 0.8, 0.85], [1.85, 2.05, 2.13, 2.03]), [], S) == []
+    # the task falls but so does the proxy: a bad run, not a hacked proxy
+    assert proxy_up_task_down(evals([0.5, 0.6, 0.3], [1.9, 2.0, 1.5]), [], S) == []
+
+
+def _samples(step, n, make):
+    return [{"step": step, **make(i)} for i in range(n)]
+
+
+def test_length_correlation_phrase_surge_and_repetition_fire_with_evidence():
+    rng = random.Random(0)
+    start = _samples(10, 32, lambda i: {"response": f"cats sleep a lot number {i}", "length": 10 + rng.randrange(10),
+                                        "score": rng.random()})
+    words = lambda i: 12 + 3 * i
+    late = _samples(40, 32, lambda i: {"response": "thanks for asking. " * 2 + f"reply {i}", "length": words(i),
+                                       "score": 0.1 * words(i) + rng.random() * 0.1})
+    (a,) = length_correlation([], start + late, S)
+    assert a.step == 40 and a.statistics["correlation"] > 0.9 and len(a.samples) == 3
+    assert a.samples[0]["score"] == max(x["score"] for x in late)  # the highest-scoring samples are the evidence
+    surges = phrase_surge([], start + late, S)
+    assert surges and surges[0].step == 40 and "thanks for asking" in [a.statistics["subject"] for a in surges]
+    assert surges[0].statistics["share"] == 1.0 and surges[0].statistics["share_at_start"] == 0.0
+    (r,) = repetition([], start + late, S)
+    assert r.statistics["repeating_share"] == 1.0 and r.statistics["repeating_share_at_start"] == 0.0
+    # steady samples: nothing
+    steady = start + [dict(x, step=40) for x in start]
+    assert length_correlation([], steady, S) == phrase_surge([], steady, S) == repetition([], steady, S) == []
+
+
+def test_score_kl_entropy_and_format_monitors():
+    rising = [{"step": t, "score/mean": 0.1 * t, "kl/ref_mean": 1.5 * t, "policy/entropy": 1.0 / t,
+               "reward/fmt_format/mean": min(1.0, 0.05 * t), "reward/answer_correct/mean": 0.3} for t in range(1, 21)]
+    (kl,) = score_and_kl_rising(rising, [], S)
+    assert kl.step == 10 and kl.statistics["kl"] == 15.0  # the first window whose KL passed 10 nats
+    (ent,) = entropy_collapse(rising, [], S)
+    assert ent.statistics["ratio"] < 0.3
+    (fmt,) = format_without_correctness(rising, [], S)
+    assert fmt.step == 10 and fmt.statistics["correct_rise"] == 0.0
+    healthy = [{"step": t, "score/mean": 0.1 * t, "kl/ref_mean": 2.0 + 0.01 * (t % 3), "policy/entropy": 1.0,
+                "reward/fmt_format/mean": 0.05 * t, "reward/answer_correct/mean": 0.05 * t} for t in range(1, 21)]
+    assert check_all(healthy, []) == []
+
+
+def test_the_watch_reports_each_alarm_once():
+    records = evals([0.47, 0.97, 1.03, 1.06, 1.08], [1.85, 1.94, 1.60, 1.26, 0.17])
+    watch = AlarmWatch()
+    assert [a.step for a in watch.new_alarms(records[:3], [])] == [20]
+    assert watch.new_alarms(records, []) == []
+    assert AlarmWatch(reported=[{"monitor": "proxy_up_task_down", "statistics": {"subject": "eval/gold_reward"}}]) \
+        .new_alarms(records, []) == []
+
+
+def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_path, monkeypatch, capsys):
+    """PPO with a monitor setting that must fire (entropy below 5x its start): the alarm is written with its
+    evidence, --stop-on-alarm stops after a checkpoint, and `tether diagnose` finds the same alarm."""
+    import tether.monitors as monitors
+    from tether.cli import main
+    from tether.config import build_config
+    from tether.stages.ppo import run_ppo
+    from tether.stages.ppo_config import PPOConfig
+
+    from conftest import write_jsonl
+
+    monkeypatch.setattr(monitors, "MonitorSettings", lambda: S.__class__(entropy_window=2, entropy_ratio=5.0))
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]}
+                                                 for w in ("hi", "cats", "dogs", "rain")] * 4)
+    rules = tmp_path / "r.py"
+    rules.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n")
+    cfg = build_config(PPOConfig, overrides={
+        "roles.policy": str(llama_dir), "roles.reward": [f"{rules}:count_a"], "rollout.prompts": str(prompts),
+        "rollout.prompts_per_step": 4, "rollout.max_new_tokens": 8, "ppo.steps": 8, "ppo.minibatch": 4,
+        "run.output": str(tmp_path / "run"), "run.eval_every": 0, "run.save_every": 100, "run.sample_every": 1,
+        "run.stop_on_alarm": True, "run.report_to": ["none"]})
+    summary = run_ppo(cfg)
+    assert summary["stopped_at"] == 4 and (tmp_path / "run" / "checkpoint-4").is_dir()
+    (alarm,) = [json.loads(x) for x in (tmp_path / "run" / "alarms.jsonl").read_text().splitlines()]
+    assert alarm["monitor"] == "entropy_collapse" and alarm["step"] == 4 and alarm["samples"]
+    assert "ALARM entropy_collapse at step 4" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["diagnose", str(tmp_path / "run"), "--set", "entropy_window=2", "--set", "entropy_ratio=5"]) == 0
+    assert "ALARM entropy_collapse at step 4" in capsys.readouterr().out

@@ -19,6 +19,7 @@ STAGES = {
     "grpo": "The group family (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++): `tether grpo --recipe dapo ...`.",
     "dpo": "The direct-preference family (DPO, cDPO, robust, IPO, hinge, SimPO, ORPO, β-DPO, listwise), offline or --online.",
     "diagnose": "Re-run the reward-hacking monitors on a finished (or running) online run: `tether diagnose RUN_DIR`.",
+    "report": "One self-contained HTML report of one or several runs: `tether report RUN [RUN ...] --output report.html`.",
     "recipes": "List the group-family recipes with their equations, settings and sources.",
     "data": "Data tools: `check` (counts, loss mask), `agreement` (annotator κ), `filter` (by agreement, to majority labels).",
 }
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                       help="Override a monitor setting, e.g. --set task_drop=0.3 (names in docs/monitors.md).")
     diag.add_argument("--write", action="store_true", help="Write the alarms to RUN/alarms.jsonl (replacing it).")
+    rep = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
+    rep.add_argument("runs", nargs="+", help="Run folders (each with metrics.jsonl).")
+    rep.add_argument("--output", default="report.html", help="The HTML file to write.")
     sub.add_parser("recipes", help=STAGES["recipes"], description=STAGES["recipes"])
 
     lab = sub.add_parser("lab", help=STAGES["lab"], description=STAGES["lab"])
@@ -317,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
             from tether.stages.dpo_config import DPOConfig
 
             run_dpo(config_from_args(DPOConfig, args))
+        elif args.stage == "report":
+            from tether.report import write_report
+
+            missing = [r for r in args.runs if not (Path(r) / "metrics.jsonl").is_file()]
+            if missing:
+                raise ConfigError(f"not a run folder (no metrics.jsonl): {', '.join(missing)}")
+            print(f"report: {write_report(args.runs, args.output)}")
         elif args.stage == "diagnose":
             return run_diagnose_command(args)
         elif args.stage == "recipes":

@@ -1,0 +1,93 @@
+"""`tether report`: a self-contained page whose every metric is explained, alarms marked, several runs compared —
+and loaded in a real headless Chromium: no console errors, and the screenshot shows the plots."""
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tether.report import explain, load_glossary, render_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _run(folder, kl_coef, gold, proxy, kl, alarms=()):
+    folder.mkdir(parents=True)
+    rows = [{"step": 1, "eval0/gold_reward": gold[0], "eval0/score_mean": proxy[0], "score/mean": proxy[0],
+             "kl/ref_mean": 0.0, "policy/entropy": 1.0}]
+    for i in range(1, len(gold)):
+        rows.append({"step": 10 * i, "eval/gold_reward": gold[i], "eval/score_mean": proxy[i], "score/mean": proxy[i],
+                     "kl/ref_mean": kl[i], "policy/entropy": 1.0 - 0.1 * i, "kl/coef": kl_coef})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "samples.jsonl").write_text("".join(json.dumps({"step": 40, "prompt": "p", "response": f"answer {i}",
+                                                              "score": i / 10, "length": i}) + "\n" for i in range(12)))
+    (folder / "alarms.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alarms))
+    (folder / "config.yaml").write_text(f"ppo:\n  kl_coef: {kl_coef}\n")
+    return folder
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    alarm = {"monitor": "proxy_up_task_down", "step": 20, "message": "gold fell while the proxy rose",
+             "statistics": {"subject": "eval/gold_reward", "task_peak": 1.94}, "samples": [{"response": "so long", "score": 1.2}]}
+    hacked = _run(tmp_path / "ppo_kl0" / "run", 0.0, [1.85, 1.94, 1.60, 1.26, 0.17], [0.5, 0.97, 1.03, 1.06, 1.08],
+                  [0, 4, 16, 36, 67], [alarm])
+    tied = _run(tmp_path / "ppo_kl0.2" / "run", 0.2, [1.85, 2.05, 2.13, 2.03, 2.06], [0.5, 0.6, 0.7, 0.8, 0.85],
+                [0, 0.3, 0.5, 0.6, 0.6])
+    return hacked, tied
+
+
+def test_every_metric_of_every_stage_is_in_the_glossary():
+    glossary = load_glossary()
+    for key in ("train/loss", "eval/loss", "score/mean", "kl/ref_mean", "policy/entropy", "advantage/min",
+                "reward/arith_correct/mean", "eval/reward/arith_correct", "train/rewards/margins", "eval/rewards/accuracy",
+                "eval/gold_win_rate", "groups/zero_variance_frac", "policy/clip_frac_low", "value/loss"):
+        assert explain(key, glossary)[0], key
+    assert explain("no/such/metric", glossary) == ("", "")
+
+
+def test_the_page_is_self_contained_and_marks_alarms(two_runs):
+    page = render_report(list(two_runs))
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    images = re.findall(r"src='data:image/png;base64,", page)
+    assert len(images) >= 2 * 5 + 5 + 1  # per run, comparisons, the over-optimisation picture
+    assert "Over-optimisation" in page and "proxy_up_task_down" in page and "gold fell while the proxy rose" in page
+    assert "mean over responses of" in page  # kl/ref_mean's meaning from the glossary, under its plot
+
+
+def _chromium(url, screenshot, tmp_path):
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--log-level=0", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2200",
+                           f"--screenshot={screenshot}", url], capture_output=True, text=True, timeout=120)
+
+
+def _console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (CI installs Debian's chromium)")
+def test_the_report_loads_in_a_headless_browser_without_errors_and_shows_plots(two_runs, tmp_path):
+    from PIL import Image
+
+    from tether.cli import main
+
+    out = tmp_path / "report.html"
+    assert main(["report", *map(str, two_runs), "--output", str(out)]) == 0
+    shot = tmp_path / "shot.png"
+    result = _chromium(out.as_uri(), shot, tmp_path)
+    assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
+    assert _console_errors(result.stderr) == []
+    # the detector is real: a page with a script error is caught
+    broken = tmp_path / "broken.html"
+    broken.write_text("<html><body><script>console.error('boom'); undefinedThing();</script></body></html>")
+    assert _console_errors(_chromium(broken.as_uri(), tmp_path / "b.png", tmp_path).stderr)
+    # the screenshot shows plots: matplotlib's line colours cover a visible part of the page
+    import numpy as np
+
+    px = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    r, g, b = px[..., 0], px[..., 1], px[..., 2]
+    blue = int(((abs(r - 31) < 30) & (abs(g - 119) < 30) & (abs(b - 180) < 30)).sum())
+    orange = int(((abs(r - 255) < 25) & (abs(g - 127) < 30) & (b < 60)).sum())
+    assert blue > 1000 and orange > 200, (blue, orange)
+    shutil.copy(shot, out.with_suffix(".png"))

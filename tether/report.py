@@ -1,0 +1,267 @@
+"""`tether report RUN_DIR [RUN_DIR …]`: one self-contained HTML page for one run or a comparison of several.
+
+Plots are PNGs drawn with matplotlib and embedded as data URIs; the page has no script and loads nothing from
+the network. For each run: every logged metric against the step (alarms marked), its one-line meaning from
+the metrics glossary (docs/metrics.md), the alarms with their evidence, the best- and worst-scored samples of
+the last sample step, and the resolved config. For several runs: every shared metric on one axis per metric,
+and — for runs with a gold reward — gold and proxy score against √KL(π‖π_ref) (Gao et al. 2022), one line
+per run.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+from tether.monitors import read_jsonl
+
+GLOSSARY_PATH = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+PREFIXES = ("train/", "eval0/", "eval/")
+
+
+def load_glossary(path: Path = GLOSSARY_PATH) -> list[tuple[re.Pattern, str, str]]:
+    """(pattern, meaning, healthy) for every key in the first column of docs/metrics.md's tables.
+    `<name>` in a key matches one path segment; several keys in one cell share the row."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in _cells(line)]
+        if len(cells) < 2 or not cells[0].startswith("`"):
+            continue
+        meaning, healthy = cells[1], cells[2] if len(cells) > 2 else ""
+        keys = re.findall(r"`([^`]+)`", cells[0])
+        for key in keys:
+            key = re.sub(r"\s*\(.*\)$", "", key)
+            if key.startswith("/") and "/" in keys[0]:  # `advantage/mean`, `/std`: the same stem
+                key = keys[0].rsplit("/", 1)[0] + key
+            pattern = re.escape(key).replace(re.escape("<name>"), "[^/]+").replace(re.escape("<key>"), ".+") \
+                .replace(re.escape("<unit>"), "[^/]+").replace(re.escape("…"), ".*")
+            rows.append((re.compile(f"^{pattern}$"), meaning, healthy))
+    return rows
+
+
+def _cells(line: str) -> list[str]:
+    """A markdown table row's cells; an escaped '\\|' or a '|' inside `code` does not split."""
+    cells, current, in_code = [], "", False
+    for ch in line.strip().strip("|"):
+        if ch == "`":
+            in_code = not in_code
+        if ch == "|" and current.endswith("\\"):  # an escaped pipe
+            current = current[:-1] + ch
+        elif ch == "|" and not in_code:
+            cells.append(current)
+            current = ""
+        else:
+            current += ch
+    return cells + [current]
+
+
+def explain(metric: str, glossary) -> tuple[str, str]:
+    candidates = [metric] + [metric[len(p):] for p in PREFIXES if metric.startswith(p)]
+    for name in candidates:
+        for pattern, meaning, healthy in glossary:
+            if pattern.match(name):
+                return meaning, healthy
+    return "", ""
+
+
+def _plain(text: str) -> str:
+    """Markdown cell → text (code ticks and emphasis dropped)."""
+    return re.sub(r"[`*]", "", text)
+
+
+class Run:
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        if not (self.folder / "metrics.jsonl").is_file():
+            raise FileNotFoundError(f"{self.folder}: no metrics.jsonl (is it a tether run folder?)")
+        self.metrics = read_jsonl(self.folder / "metrics.jsonl")
+        self.samples = read_jsonl(self.folder / "samples.jsonl")
+        self.alarms = read_jsonl(self.folder / "alarms.jsonl")
+        self.config_text = (self.folder / "config.yaml").read_text() if (self.folder / "config.yaml").is_file() else ""
+        self.summary = json.loads((self.folder / "summary.json").read_text()) if (self.folder / "summary.json").is_file() else {}
+        self.name = self.label()
+
+    def label(self) -> str:
+        parts = [p for p in self.folder.parts[-3:] if p not in ("run",)]
+        return "/".join(parts[-2:])
+
+    def series(self) -> dict[str, list[tuple[int, float]]]:
+        """metric → [(step, value)], eval0/<k> folded into eval/<k> at step 0."""
+        out: dict[str, list[tuple[int, float]]] = {}
+        for row in self.metrics:
+            for key, value in row.items():
+                if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                if not math.isfinite(float(value)):
+                    continue
+                name, step = (key.replace("eval0/", "eval/", 1), 0) if key.startswith("eval0/") else (key, int(row["step"]))
+                out.setdefault(name, []).append((step, float(value)))
+        return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _plot(title: str, lines: list[tuple[str, list[tuple[float, float]]]], alarms: list[tuple[str, int]], xlabel="step",
+          size=(3.6, 2.3)) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=size)
+    for label, points in lines:
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        ax.plot(xs, ys, marker="o" if len(xs) < 15 else None, markersize=3, linewidth=1.2, label=label)
+    for i, (monitor, step) in enumerate(alarms):
+        ax.axvline(step, color="#c0392b", linestyle="--", linewidth=1, label="alarm" if i == 0 else None)
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=7)
+    ax.tick_params(labelsize=6)
+    ax.grid(alpha=0.3)
+    if len(lines) > 1 or alarms:
+        ax.legend(fontsize=6)
+    return _png(fig)
+
+
+def overoptimisation_plot(runs: list[Run]) -> str | None:
+    """Gold and proxy (held-out evaluations) against √KL at the evaluation steps, one line per run."""
+    gold_lines, proxy_lines = [], []
+    for run in runs:
+        series = run.series()
+        gold, proxy, kl = (dict(series.get(k, [])) for k in ("eval/gold_reward", "eval/score_mean", "kl/ref_mean"))
+        if not gold or not kl:
+            continue
+        points = []
+        for step in sorted(gold):
+            kl_at = 0.0 if step == 0 else kl.get(step)
+            if kl_at is not None:
+                points.append((math.sqrt(max(kl_at, 0.0)), step))
+        gold_lines.append((run.name, [(x, gold[s]) for x, s in points]))
+        if proxy:
+            proxy_lines.append((run.name, [(x, proxy[s]) for x, s in points if s in proxy]))
+    if not gold_lines:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax, lines, title in ((axes[0], gold_lines, "gold reward"), (axes[1], proxy_lines, "proxy (reward-model) score")):
+        for label, points in lines:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=label)
+        ax.set_xlabel("√KL(π‖π_ref), nats^½ (policy's KL to the reference at that step)", fontsize=7)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    return _png(fig)
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222;max-width:1500px}
+h1{font-size:22px} h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}
+.grid{display:flex;flex-wrap:wrap;gap:12px}
+.card{border:1px solid #e3e3e3;border-radius:6px;padding:8px;width:300px;font-size:12px}
+.card img{width:100%} .meaning{color:#333} .healthy{color:#2d7a46}
+.alarm{border-left:4px solid #c0392b;background:#fdf2f1;padding:8px 12px;margin:8px 0;font-size:13px}
+table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ddd;padding:4px 6px;vertical-align:top}
+pre{background:#f6f6f6;padding:10px;font-size:11px;overflow:auto;max-height:400px}
+.wide img{max-width:100%}
+"""
+
+
+def _esc(x) -> str:
+    return html.escape(str(x))
+
+
+def _alarm_html(alarm: dict) -> str:
+    stats = ", ".join(f"{k} = {round(v, 4) if isinstance(v, float) else v}" for k, v in alarm["statistics"].items()
+                      if k != "subject")
+    samples = "".join(f"<li>score {s['score']:.3f}: {_esc(s['response'][:300])}</li>" for s in alarm.get("samples", []))
+    return (f"<div class='alarm'><b>{_esc(alarm['monitor'])}</b> at step {alarm['step']}: {_esc(alarm['message'])}"
+            f"<br><small>{_esc(stats)}</small><ul>{samples}</ul></div>")
+
+
+def _samples_html(run: Run, k: int = 5) -> str:
+    if not run.samples:
+        return "<p>No samples.jsonl.</p>"
+    last = max(int(s["step"]) for s in run.samples)
+    rows = sorted((s for s in run.samples if int(s["step"]) == last), key=lambda s: -float(s.get("score", 0)))
+    shown = rows[:k] + (rows[-k:] if len(rows) > 2 * k else rows[k:])
+    body = "".join(f"<tr><td>{float(s.get('score', 0)):.3f}</td><td>{_esc(s.get('length', ''))}</td>"
+                   f"<td>{_esc(str(s.get('prompt', ''))[-120:])}</td><td>{_esc(s.get('response', ''))}</td></tr>" for s in shown)
+    return (f"<p>Step {last}: the {min(k, len(rows))} highest- and lowest-scored of {len(rows)} responses.</p>"
+            f"<table><tr><th>score</th><th>length</th><th>prompt (end)</th><th>response</th></tr>{body}</table>")
+
+
+def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH) -> str:
+    runs = [Run(f) for f in folders]
+    glossary = load_glossary(glossary_path)
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tether report</title><style>{CSS}</style>"
+             "</head><body>", f"<h1>tether report: {_esc(', '.join(r.name for r in runs))}</h1>"]
+    parts.append("<p>Every curve is a metric from the run's metrics.jsonl against the optimizer step; dashed red "
+                 "lines mark reward-hacking alarms. Under each plot: what the metric means and what healthy looks "
+                 "like (docs/metrics.md).</p>")
+    picture = overoptimisation_plot(runs)
+    if picture:
+        parts.append("<h2>Over-optimisation: gold and proxy against √KL</h2><div class='wide'>"
+                     f"<img alt='gold and proxy against sqrt KL' src='{picture}'></div><p>Gao et al. (2022): as the "
+                     "policy moves away from the reference, the proxy score keeps rising while the gold reward rises "
+                     "then falls. A larger KL coefficient keeps the policy at smaller √KL.</p>")
+    if len(runs) > 1:
+        parts.append("<h2>Comparison</h2><div class='grid'>")
+        all_series = [r.series() for r in runs]
+        shared = sorted(set.intersection(*(set(s) for s in all_series)))
+        if not shared:
+            parts.append("<p>These runs log no metric in common.</p>")
+        for key in shared:
+            meaning, healthy = explain(key, glossary)
+            lines = [(r.name, s[key]) for r, s in zip(runs, all_series)]
+            parts.append(_card(key, _plot(key, lines, []), meaning, healthy))
+        parts.append("</div>")
+    for run in runs:
+        parts.append(f"<h2>{_esc(run.name)}</h2>")
+        headline = {k: v for k, v in run.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if headline:
+            parts.append("<p>" + " · ".join(f"{_esc(k)} {v:.4g}" if isinstance(v, float) else f"{_esc(k)} {v}"
+                                            for k, v in headline.items()) + "</p>")
+        parts.append(f"<h3>Alarms ({len(run.alarms)})</h3>" + ("".join(_alarm_html(a) for a in run.alarms)
+                                                              or "<p>None raised.</p>"))
+        marks = [(a["monitor"], int(a["step"])) for a in run.alarms]
+        parts.append("<h3>Metrics</h3><div class='grid'>")
+        for key, points in run.series().items():
+            meaning, healthy = explain(key, glossary)
+            parts.append(_card(key, _plot(key, [(run.name, points)], marks), meaning, healthy))
+        parts.append("</div><h3>Samples</h3>" + _samples_html(run))
+        parts.append(f"<h3>Resolved config</h3><pre>{_esc(run.config_text or '(no config.yaml)')}</pre>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def _card(key: str, image: str, meaning: str, healthy: str) -> str:
+    text = f"<div class='meaning'>{_esc(_plain(meaning))}</div>" if meaning else "<div class='meaning'>(not in the glossary)</div>"
+    if healthy and healthy != "—":
+        text += f"<div class='healthy'>healthy: {_esc(_plain(healthy))}</div>"
+    return f"<div class='card'><img alt='{_esc(key)}' src='{image}'>{text}</div>"
+
+
+def write_report(folders: list[str | Path], output: str | Path) -> Path:
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(output.suffix + ".tmp")
+    tmp.write_text(render_report(folders))
+    tmp.replace(output)
+    return output

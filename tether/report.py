@@ -251,6 +251,38 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
     return "".join(parts)
 
 
+def render_groups(title: str, intro: str, groups: dict[str, tuple[list[Path], tuple]], glossary_path: Path = GLOSSARY_PATH) -> str:
+    """A page of several families of runs (the lab): per family, the over-optimisation picture where there is
+    gold, the chosen metrics of every run on shared axes, and every alarm with its evidence."""
+    glossary = load_glossary(glossary_path)
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title><style>{CSS}</style>"
+             f"</head><body><h1>{_esc(title)}</h1>{intro}"]
+    for name, (folders, keys) in groups.items():
+        runs = [Run(f) for f in folders if (Path(f) / "metrics.jsonl").is_file()]
+        if not runs:
+            continue
+        parts.append(f"<h2>{_esc(name)}</h2>")
+        picture = overoptimisation_plot(runs)
+        if picture:
+            parts.append(f"<div class='wide'><img alt='gold and proxy against sqrt KL' src='{picture}'></div>"
+                         "<p>Gold and proxy score at each evaluation against √KL(π‖π_ref) (Gao et al. 2022): the proxy "
+                         "keeps rising with distance from the reference while gold rises, then falls.</p>")
+        all_series = [r.series() for r in runs]
+        parts.append("<div class='grid'>")
+        for key in keys:
+            lines = [(r.name, s[key]) for r, s in zip(runs, all_series) if key in s]
+            if lines:
+                meaning, healthy = explain(key, glossary)
+                marks = [(a["monitor"], int(a["step"])) for r in runs for a in r.alarms] if len(runs) == 1 else []
+                parts.append(_card(key, _plot(key, lines, marks), meaning, healthy))
+        parts.append("</div>")
+        alarms = [(r.name, a) for r in runs for a in r.alarms]
+        parts.append(f"<h3>Alarms ({len(alarms)})</h3>" + ("".join(f"<p><b>{_esc(n)}</b></p>{_alarm_html(a)}" for n, a in alarms)
+                                                          or "<p>None raised.</p>"))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
 def _card(key: str, image: str, meaning: str, healthy: str) -> str:
     text = f"<div class='meaning'>{_esc(_plain(meaning))}</div>" if meaning else "<div class='meaning'>(not in the glossary)</div>"
     if healthy and healthy != "—":

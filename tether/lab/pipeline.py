@@ -8,6 +8,7 @@ a training stage that was killed resumes from its last checkpoint.
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import shutil
 import time
@@ -248,9 +249,81 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
     summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
                "reward_models": reward_models, "ppo": ppo_runs, "grpo": grpo_runs, "dpo": dpo_runs,
                "seconds": stages.timings, "cached": stages.cached}
+    t0 = time.perf_counter()
+    summary["headline"] = headline_figures(summary)
+    summary["report"] = str(write_lab_report(out, summary))
+    stages.timings["report"], stages.cached["report"] = time.perf_counter() - t0, False
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_lab_table(summary)
+    print_headline(summary)
     return summary
+
+
+PPO_KEYS = ("eval/gold_reward", "eval/gold_win_rate", "eval/score_mean", "kl/ref_mean", "score/mean", "eval/mean_words",
+            "policy/entropy", "kl/coef")
+GRPO_KEYS = ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/worked_rate", "eval/step_accuracy", "score/mean",
+             "kl/ref_mean", "policy/entropy", "groups/zero_variance_frac", "rollout/length_mean")
+DPO_KEYS = ("eval/gold_reward", "eval/gold_win_rate", "eval/mean_words", "train/rewards/margins", "train/rewards/chosen",
+            "train/rewards/rejected", "eval/rewards/accuracy", "train/logps/chosen", "train/logps/rejected", "train/loss")
+
+
+def headline_figures(summary: dict) -> list[tuple[str, str]]:
+    """(figure, value) rows: what each stage moved, in one table."""
+    from tether.monitors import read_jsonl
+
+    rows = []
+    ev = summary["eval"]
+    rows.append(("arith accuracy greedy / sampled: base → SFT",
+                 f"{ev['base']['arith_greedy']['accuracy']:.3f} / {ev['base']['arith_sampled']['accuracy']:.3f} → "
+                 f"{ev['sft']['arith_greedy']['accuracy']:.3f} / {ev['sft']['arith_sampled']['accuracy']:.3f}"))
+    rows.append(("assist gold reward (sampled): base → SFT", f"{ev['base']['assist_sampled']['gold_reward']:.2f} → "
+                 f"{ev['sft']['assist_sampled']['gold_reward']:.2f}"))
+    for name, r in summary.get("reward_models", {}).items():
+        rows.append((f"{name}: held-out accuracy vs gold", f"{r['gold_accuracy']:.3f}"))
+    for name, r in summary.get("ppo", {}).items():
+        alarms = read_jsonl(Path(summary["output"]) / name / "run" / "alarms.jsonl")  # also for cached stages
+        first = f"; first alarm at step {alarms[0]['step']} ({alarms[0]['monitor']})" if alarms else "; no alarm"
+        rows.append((f"{name}: gold start → peak → end, win rate vs SFT",
+                     f"{r['start_gold']:.2f} → {r['peak_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}{first}"))
+    for name, r in summary.get("grpo", {}).items():
+        rows.append((f"{name}: arith accuracy greedy / sampled, start → end",
+                     f"{r['start_accuracy_greedy']:.3f} / {r['start_accuracy_sampled']:.3f} → "
+                     f"{r['final_accuracy_greedy']:.3f} / {r['final_accuracy_sampled']:.3f}"))
+    for name, r in summary.get("dpo", {}).items():
+        rows.append((f"{name}: gold start → end, win rate vs SFT",
+                     f"{r['start_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}"))
+    return rows
+
+
+def write_lab_report(out: Path, summary: dict) -> Path:
+    from tether.report import render_groups
+
+    runs = lambda family: [out / name / "run" for name in summary.get(family, {})]
+    table = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in summary["headline"])
+    intro = ("<p>The lab's whole pipeline on one page: what each stage moved (measured against the world's gold), "
+             "then each family of runs on shared axes, with the reward-hacking alarms and their evidence. "
+             "Per-run detail: <code>tether report &lt;stage&gt;/run</code>. The lesson: docs/lab-guide.md.</p>"
+             f"<table><tr><th>figure</th><th>value</th></tr>{table}</table>")
+    groups = {"PPO on assist against the filtered reward model: the KL coefficient sweep": (runs("ppo"), PPO_KEYS),
+              "GRPO on arith: outcome vs process rewards": (runs("grpo"), GRPO_KEYS),
+              "The DPO family on assist: losses, label noise, offline vs online": (runs("dpo"), DPO_KEYS)}
+    path = out / "report.html"
+    tmp = path.with_suffix(".html.tmp")
+    tmp.write_text(render_groups("tether lab report", intro, groups))
+    tmp.replace(path)
+    return path
+
+
+def print_headline(summary: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="tether lab: headline figures")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for k, v in summary["headline"]:
+        table.add_row(k, v)
+    console.print(table)
+    console.print(f"report: {summary['report']}")
 
 
 def _rm_stage(folder: Path, resume: bool, out: Path, world_dir: Path, cfg: LabConfig, min_agreement: float) -> dict:

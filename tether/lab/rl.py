@@ -86,7 +86,7 @@ def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
             "late_kl_mean": sum(m["kl/ref_mean"] for m in late) / len(late),
             "final_kl_coef": summary["final_kl_coef"], "steps": len(metrics),
             "steps_per_minute": 60 * len(metrics) / total, "time_split": {ph: s / total for ph, s in seconds.items()},
-            "best": summary.get("best")}
+            "best": summary.get("best"), "alarms": summary.get("alarms", []), "stopped_at": summary.get("stopped_at")}
 
 
 class ArithAccuracyEval:
@@ -156,7 +156,7 @@ def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
             "train_reward_last5": sum(m.get("score/mean", 0.0) for m in metrics[-5:]) / max(len(metrics[-5:]), 1),
             "zero_variance_frac": sum(m["groups/zero_variance_frac"] for m in metrics) / len(metrics),
             "steps": len(metrics), "minutes": total / 60, "steps_per_minute": 60 * len(metrics) / total,
-            "time_split": {ph: s / total for ph, s in seconds.items()}}
+            "time_split": {ph: s / total for ph, s in seconds.items()}, "alarms": summary.get("alarms", [])}
 
 
 def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, loss: str, beta: float, steps: int,

@@ -191,3 +191,10 @@ def test_quick_lab_ends_with_a_report_and_headline_figures(quick_lab):
     figures = dict(summary["headline"])
     assert any(k.startswith("ppo_kl0:") for k in figures) and any(k.startswith("grpo_outcome:") for k in figures)
     assert any(k.startswith("dpo_sigmoid_online:") for k in figures)
+    # every metric any lab run logs has its line in the glossary (what the report prints under its plot)
+    from tether.report import Run, explain, load_glossary
+
+    glossary = load_glossary()
+    for stage in [*summary["ppo"], *summary["grpo"], *summary["dpo"]]:
+        missing = [k for k in Run(out / stage / "run").series() if not explain(k, glossary)[0]]
+        assert not missing, (stage, missing)

@@ -51,6 +51,24 @@ class SFTDataSection:
 
 
 @dataclass(frozen=True)
+class PreferenceDataSection:
+    """Preference data: prompt/chosen/rejected pairs or prompt/responses/ranking lists (docs/data.md)."""
+
+    path: str = option("", "Training preferences: .jsonl, .json, .parquet or a datasets folder.", flag="--data")
+    eval_path: str = option("", "Held-out preferences; if empty, eval_fraction of the training rows is held out.",
+                            flag="--eval-data")
+    eval_fraction: float = option(0.05, "Fraction of rows held out when no --eval-data; 0 disables the held-out pairs.")
+    split: str = option("train", "Split of a datasets folder.")
+    columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. chosen=better,rejected=worse.")
+    max_length: int = option(1024, "Longest prompt+response in tokens; longer pairs are dropped and counted (--strict: error).")
+    strict: bool = option(False, "Make dropped rows errors.")
+
+    def __post_init__(self):
+        if not 0 <= self.eval_fraction < 1:
+            raise ConfigError(f"eval_fraction={self.eval_fraction}: must be in [0, 1)")
+
+
+@dataclass(frozen=True)
 class OptimSection:
     """AdamW with linear warm-up and cosine decay."""
 

@@ -299,6 +299,8 @@ def write_lab_report(out: Path, summary: dict) -> Path:
     from tether.report import render_groups
 
     runs = lambda family: [out / name / "run" for name in summary.get(family, {})]
+    ppo = summary.get("ppo", {})
+    best_ppo = [out / max(ppo, key=lambda n: ppo[n]["final_gold"]) / "run"] if ppo else []
     table = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in summary["headline"])
     intro = ("<p>The lab's whole pipeline on one page: what each stage moved (measured against the world's gold), "
              "then each family of runs on shared axes, with the reward-hacking alarms and their evidence. "
@@ -306,7 +308,8 @@ def write_lab_report(out: Path, summary: dict) -> Path:
              f"<table><tr><th>figure</th><th>value</th></tr>{table}</table>")
     groups = {"PPO on assist against the filtered reward model: the KL coefficient sweep": (runs("ppo"), PPO_KEYS),
               "GRPO on arith: outcome vs process rewards": (runs("grpo"), GRPO_KEYS),
-              "The DPO family on assist: losses, label noise, offline vs online": (runs("dpo"), DPO_KEYS)}
+              "The DPO family on assist: losses, label noise, offline vs online (and the best PPO run)":
+                  (runs("dpo") + best_ppo, DPO_KEYS)}
     path = out / "report.html"
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(render_groups("tether lab report", intro, groups))

@@ -5,28 +5,9 @@ from dataclasses import dataclass
 
 from tether.algorithms.preference import PAIR_LOSSES
 from tether.config import ConfigError, option
-from tether.sections import ModelSection, OptimSection, RewardFunctionOptions, TrainSection
+from tether.sections import ModelSection, OptimSection, PreferenceDataSection, RewardFunctionOptions, TrainSection
 
 DEFAULT_BETA = {"simpo": 2.0}  # every other loss: 0.1
-
-
-@dataclass(frozen=True)
-class DPODataSection:
-    """Preference data: prompt/chosen/rejected pairs or prompt/responses/ranking lists (docs/dpo.md)."""
-
-    path: str = option("", "Training preferences: .jsonl, .json, .parquet or a datasets folder. Not needed with --online.",
-                       flag="--data")
-    eval_path: str = option("", "Held-out preferences; if empty, eval_fraction of the training rows is held out.",
-                            flag="--eval-data")
-    eval_fraction: float = option(0.05, "Fraction of rows held out when no --eval-data; 0 disables the held-out pairs.")
-    split: str = option("train", "Split of a datasets folder.")
-    columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. chosen=better,rejected=worse.")
-    max_length: int = option(1024, "Longest prompt+response in tokens; longer pairs are dropped and counted (--strict: error).")
-    strict: bool = option(False, "Make dropped rows errors.")
-
-    def __post_init__(self):
-        if not 0 <= self.eval_fraction < 1:
-            raise ConfigError(f"eval_fraction={self.eval_fraction}: must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -34,7 +15,7 @@ class DPOSection:
     """The loss, its coefficients, and the reference."""
 
     loss: str = option("sigmoid", "sigmoid (DPO), cdpo, robust, ipo, hinge, simpo, orpo, beta_dpo, listwise "
-                                  "(Plackett–Luce over ranked lists). Formulas: tether recipes --dpo, docs/dpo.md.",
+                                  "(Plackett–Luce over ranked lists). Formulas: docs/dpo.md.",
                        choices=PAIR_LOSSES)
     beta: float = option(0.0, "β; 0 = the loss's usual value (0.1; SimPO 2.0). For beta_dpo the base β_0.")
     label_smoothing: float = option(0.0, "ε: the assumed rate of flipped labels (cdpo, robust; robust needs 0 < ε < 0.5).")
@@ -73,7 +54,8 @@ class DPOSection:
 class OnlineSection(RewardFunctionOptions):
     """Online (iterative) DPO: sample two answers per prompt from the current policy, label them, train, repeat."""
 
-    online: bool = option(False, "Train on pairs sampled from the current policy each round instead of (only) --data.",
+    online: bool = option(False, "Train on pairs sampled from the current policy each round instead of --data (which "
+                                 "may then be left out; --eval-data still gives held-out pairs).",
                           flag="--online")
     prompts: str = option("", "Prompt file for online rounds: a 'prompt' column and any columns the labeller needs.",
                           flag="--online-prompts")
@@ -97,7 +79,7 @@ class OnlineSection(RewardFunctionOptions):
 @dataclass(frozen=True)
 class DPOConfig:
     model: ModelSection = ModelSection()
-    data: DPODataSection = DPODataSection()
+    data: PreferenceDataSection = PreferenceDataSection()
     dpo: DPOSection = DPOSection()
     online: OnlineSection = OnlineSection()
     optim: OptimSection = OptimSection()

@@ -19,7 +19,7 @@ from tether.config import ConfigError, choice, config_to_dict, option
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
-from tether.sections import ModelSection, OptimSection, TrainSection
+from tether.sections import ModelSection, OptimSection, PreferenceDataSection, TrainSection
 from tether.stages import common
 from tether.stages.rm_probes import normalization_stats, run_probes
 from tether.stages.sft import split_records
@@ -30,16 +30,10 @@ from tether.train.offline import LoopSettings, train_offline
 
 
 @dataclass(frozen=True)
-class RMDataSection:
-    """Preference data: prompt/chosen/rejected pairs or prompt/responses/ranking lists (docs/reward-models.md)."""
+class RMDataSection(PreferenceDataSection):
+    """Preference data: pairs or ranked lists (docs/reward-models.md), plus margins, probes and normalisation rows."""
 
-    path: str = option("", "Training preferences: .jsonl, .json, .parquet or a datasets folder.", flag="--data")
-    eval_path: str = option("", "Held-out preferences; if empty, eval_fraction of the training rows is held out.", flag="--eval-data")
     eval_fraction: float = option(0.1, "Fraction of rows held out when no --eval-data.")
-    split: str = option("train", "Split of a datasets folder.")
-    columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. chosen=better,rejected=worse.")
-    max_length: int = option(1024, "Longest prompt+response in tokens; longer pairs are dropped and counted (--strict: error).")
-    strict: bool = option(False, "Make dropped rows errors.")
     margin_column: str = option("", "Column with a per-pair margin m >= 0 for -log σ(r_w - r_l - m) (Llama 2). Empty: no margin.")
     probe_path: str = option("", "Your own probe pairs (prompt, original, modified, probe) to measure score shifts after training.")
     norm_path: str = option("", "Reference preferences whose responses give the normalisation mean/std; default: the held-out set.")

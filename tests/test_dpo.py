@@ -279,6 +279,12 @@ def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkey
         assert row["chosen"][0]["content"].count("a") > row["rejected"][0]["content"].count("a")
     counts = summary["online_rounds"][0]
     assert counts["pairs"] + counts["ties"] + counts["identical"] + counts["truncated"] == 8
+    # every sampled answer reaches samples.jsonl with its side of the verdict, for the monitors
+    samples = [json.loads(x) for x in (tmp_path / "online" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 * 8 * 2 and sorted({x["step"] for x in samples}) == [0, 2, 4]
+    first_pair = json.loads(rounds[0].read_text().splitlines()[0])
+    (chosen,) = [x for x in samples if x["step"] == 0 and x["response"] == first_pair["chosen"][0]["content"]][:1]
+    assert chosen["score"] == 1.0 and "alarms" in summary
     whole = {r["step"]: r for r in _metrics(tmp_path / "online")}
     with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
         run_dpo(_cfg(llama_dir, "", tmp_path / "again", **over))
@@ -286,6 +292,7 @@ def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkey
     run_dpo(_cfg(llama_dir, "", tmp_path / "again", **{**over, "train.overwrite": False, "train.resume": True}))
     for r in _metrics(tmp_path / "again"):
         assert r["train/loss"] == pytest.approx(whole[r["step"]]["train/loss"], rel=1e-5)
+    assert (tmp_path / "again" / "samples.jsonl").read_text() == (tmp_path / "online" / "samples.jsonl").read_text()
     with pytest.raises(ConfigError, match="returned 1 values for"):
         run_dpo(_cfg(llama_dir, "", tmp_path / "bad", **{**over, "online.judge": f"{judge}:wrong_count"}))
 

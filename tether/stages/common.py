@@ -36,6 +36,14 @@ def make_accelerator(device: str):
     return Accelerator(cpu=device == "cpu" or (device == "auto" and not torch.cuda.is_available()))
 
 
+def _cut_step_files(out: Path, step: int) -> None:
+    """Rows written after the checkpoint (a kill between checkpoints) would otherwise appear twice on resume."""
+    from tether.train.logger import truncate_metrics
+
+    for name in STEP_FILES:
+        truncate_metrics(out / name, step)
+
+
 def prepare_output(accelerator, output: str, resume: bool, overwrite: bool, config: dict) -> tuple[int, Path | None]:
     """Check the run folder against --resume/--overwrite; return (start_step, checkpoint to resume or None)."""
     if not output:
@@ -58,6 +66,8 @@ def prepare_output(accelerator, output: str, resume: bool, overwrite: bool, conf
             if diffs:
                 raise ConfigError(f"--resume: this run's settings differ from {saved}, so resuming would not continue "
                                   "the same run: " + "; ".join(diffs))
+        if accelerator.is_main_process:
+            _cut_step_files(out, step)
         return step, ckpt
     if has_run and not overwrite:
         raise ConfigError(f"--output {out} already holds a run; pass --resume to continue it or --overwrite to start afresh")
@@ -168,11 +178,8 @@ def open_online_run(stage: str, output: str, resume: bool, overwrite: bool, step
         for child in out.iterdir():
             if child.name in RUN_FILES or child.name.startswith("checkpoint-") or child.name == "best":
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
-    if found:  # rows written after the checkpoint (a kill between checkpoints) would otherwise appear twice
-        from tether.train.logger import truncate_metrics
-
-        for name in STEP_FILES:
-            truncate_metrics(out / name, found[0])
+    if found:
+        _cut_step_files(out, found[0])
     out.mkdir(parents=True, exist_ok=True)
     torch_device = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
     torch.manual_seed(seed)

@@ -19,6 +19,7 @@ from tether.config import ConfigError, config_to_dict
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
 from tether.data.records import read_records
 from tether.models import load_model, save_merged
+from tether.monitors import RunMonitor, read_jsonl
 from tether.reference_cache import (ReferenceCache, attach_reference_logps, cache_key, model_fingerprint,
                                     sequence_logps, tokenizer_fingerprint)
 from tether.rewards.functions import load_reward_function, load_reward_set
@@ -214,25 +215,28 @@ class PairLabeller:
                 total = [t + c.weight * float(sum(v) if isinstance(v, list) else v) for t, v in zip(total, parts[c.name])]
         return total
 
-    def __call__(self, rows, prompts_text, first, second, tokenizer) -> list[float]:
-        """P(first is better) per pair: 1, 0 or 0.5 (a tie, dropped)."""
+    def __call__(self, rows, prompts_text, first, second, tokenizer):
+        """(P(first is better) per pair: 1, 0 or 0.5 — a tie, dropped; each answer's score: the labeller's score,
+        or with a judge the answer's side of the verdict)."""
         if self.judge is not None:
             columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
             values = self.judge(prompts=[r.get("prompt") for r in rows], first=first, second=second, **columns)
             if len(values) != len(first):
                 raise ConfigError(f"--judge {self.cfg.online.judge} returned {len(values)} values for {len(first)} pairs")
-            return [float(v) for v in values]
+            preference = [float(v) for v in values]
+            return preference, preference, [1.0 - p for p in preference]
         a = self.scores(rows, prompts_text, first, tokenizer)
         b = self.scores(rows, prompts_text, second, tokenizer)
-        return [1.0 if x > y else 0.0 if x < y else 0.5 for x, y in zip(a, b)]
+        return [1.0 if x > y else 0.0 if x < y else 0.5 for x, y in zip(a, b)], a, b
 
 
 def _prompt_text(tokenizer, prompt) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True) if isinstance(prompt, list) else prompt
 
 
-def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabeller, o, seed: int) -> tuple[list[dict], dict]:
-    """Two answers per prompt from the current policy, labelled; ties and truncated answers dropped and counted."""
+def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabeller, o, seed: int):
+    """Two answers per prompt from the current policy, labelled; ties and truncated answers dropped and counted.
+    Returns (pairs, counts, samples): samples are every answer with its score, for the monitors."""
     from tether.rollout import generate_rollout
 
     torch.manual_seed(seed)
@@ -240,7 +244,10 @@ def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabell
     rollout = generate_rollout(policy, tokenizer, [t for t in texts for _ in range(2)], o.max_new_tokens, o.temperature)
     answers, truncated = rollout.responses, rollout.truncated.tolist()
     first, second = answers[0::2], answers[1::2]
-    preference = labeller(rows, texts, first, second, tokenizer)
+    preference, score_first, score_second = labeller(rows, texts, first, second, tokenizer)
+    lengths = rollout.lengths.tolist()
+    samples = [{"prompt": texts[i // 2], "response": answers[i], "length": int(lengths[i]), "truncated": bool(truncated[i]),
+                "score": float((score_first if i % 2 == 0 else score_second)[i // 2])} for i in range(len(answers))]
     pairs, counts = [], {"prompts": len(rows), "ties": 0, "truncated": 0, "identical": 0}
     for i, row in enumerate(rows):
         if not o.keep_truncated and (truncated[2 * i] or truncated[2 * i + 1]):
@@ -257,7 +264,7 @@ def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabell
         pairs.append({**{k: v for k, v in row.items() if k not in ("chosen", "rejected")},
                       "chosen": wrap(chosen), "rejected": wrap(rejected)})
     counts["pairs"] = len(pairs)
-    return pairs, counts
+    return pairs, counts, samples
 
 
 # ---------------------------------------------------------------------------------------------------- run
@@ -380,6 +387,7 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
     eval_marker = evals or ([None] if evaluate_fn is not None else [])
     online_counts: list[dict] = list(state.get("online_rounds", []))
     last_eval: dict = {}
+    stopped_at = None
     try:
         if not o.online:
             settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
@@ -391,11 +399,13 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
                 checkpoint_state=checkpoint_state, evaluate_fn=lambda: evaluate(evals))
         else:
             order = EpochOrder(len(prompt_rows), cfg.train.seed)
+            monitor = RunMonitor(out, o.stop_on_alarm)
             for rnd in range(start_step // o.steps_per_round, o.rounds):
                 pairs_path = out / "rounds" / f"round-{rnd}.jsonl"
                 if not pairs_path.is_file():  # a resumed round reuses its pairs
                     rows = [prompt_rows[i] for i in order.slice(rnd * o.prompts_per_round, o.prompts_per_round)]
-                    pairs, counts = sample_round_pairs(unwrapped, tokenizer, rows, labeller, o, cfg.train.seed * 1000 + rnd)
+                    pairs, counts, samples = sample_round_pairs(unwrapped, tokenizer, rows, labeller, o,
+                                                                cfg.train.seed * 1000 + rnd)
                     if not pairs:
                         raise ConfigError(f"online round {rnd}: no usable pair ({counts}); raise max_new_tokens or "
                                           "the temperature, or check the labeller")
@@ -403,6 +413,8 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
                     tmp = pairs_path.with_suffix(".tmp")
                     tmp.write_text("".join(json.dumps(p) + "\n" for p in pairs))
                     tmp.replace(pairs_path)
+                    with (out / "samples.jsonl").open("a") as handle:  # sampled by the policy of step rnd * S
+                        handle.write("".join(json.dumps({"step": rnd * o.steps_per_round, **x}) + "\n" for x in samples))
                     online_counts.append({"round": rnd, **counts})
                     console.print(f"online round {rnd}: {counts['pairs']} pairs from {counts['prompts']} prompts "
                                   f"(dropped: {counts['ties']} ties, {counts['identical']} identical, "
@@ -422,11 +434,16 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
                     tokenizer=tokenizer, logger=logger, on_eval=on_eval,
                     checkpoint_state=lambda: {**checkpoint_state(), "online_rounds": online_counts},
                     evaluate_fn=lambda: evaluate(evals))
+                if monitor.check():  # reward-hacking alarms on the rounds so far (the round's checkpoint is written)
+                    console.print(f"[bold red]stopping after round {rnd}: --stop-on-alarm[/]")
+                    stopped_at = (rnd + 1) * o.steps_per_round
+                    break
     finally:
         logger.close()
     summary = {"stage": "dpo", "loss": d.loss, "beta": d.effective_beta, "steps": total_steps,
                "resumed_from": start_step or None, "train_examples": len(train), "eval_examples": len(evals),
                **last_eval, "eval_history": history, "online_rounds": online_counts,
+               "alarms": read_jsonl(out / "alarms.jsonl"), "stopped_at": stopped_at,
                "reference_examples_computed": reference.computed if reference else 0,
                "data": [r.summary() for r in reports], "wall_s": round(time.perf_counter() - t_start, 2)}
     if accelerator.is_main_process:

@@ -68,6 +68,9 @@ class OnlineSection(RewardFunctionOptions):
     judge: str = option("", "module:function(prompts, first, second, **columns) -> P(first is better) per pair "
                             "(1, 0, or 0.5 for a tie); instead of scores.", flag="--judge")
     reward_model: str = option("", "A `tether rm` folder; the higher-scored answer is chosen.", flag="--reward-model")
+    stop_on_alarm: bool = option(False, "Stop after the round in which a reward-hacking monitor raises an alarm "
+                                        "(docs/monitors.md); the round's answers go to samples.jsonl with their label "
+                                        "(1 chosen, 0 rejected, 0.5 tie) or score as `score`.")
 
     def __post_init__(self):
         if self.rounds < 1 or self.prompts_per_round < 1 or self.steps_per_round < 1 or self.max_new_tokens < 1:

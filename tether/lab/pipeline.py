@@ -280,18 +280,22 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
                  f"{ev['sft']['assist_sampled']['gold_reward']:.2f}"))
     for name, r in summary.get("reward_models", {}).items():
         rows.append((f"{name}: held-out accuracy vs gold", f"{r['gold_accuracy']:.3f}"))
-    for name, r in summary.get("ppo", {}).items():
+    def first_alarm(name: str) -> str:
         alarms = read_jsonl(Path(summary["output"]) / name / "run" / "alarms.jsonl")  # also for cached stages
-        first = f"; first alarm at step {alarms[0]['step']} ({alarms[0]['monitor']})" if alarms else "; no alarm"
+        return f"; first alarm at step {alarms[0]['step']} ({alarms[0]['monitor']})" if alarms else "; no alarm"
+
+    for name, r in summary.get("ppo", {}).items():
         rows.append((f"{name}: gold start → peak → end, win rate vs SFT",
-                     f"{r['start_gold']:.2f} → {r['peak_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}{first}"))
+                     f"{r['start_gold']:.2f} → {r['peak_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}"
+                     + first_alarm(name)))
     for name, r in summary.get("grpo", {}).items():
         rows.append((f"{name}: arith accuracy greedy / sampled, start → end",
                      f"{r['start_accuracy_greedy']:.3f} / {r['start_accuracy_sampled']:.3f} → "
-                     f"{r['final_accuracy_greedy']:.3f} / {r['final_accuracy_sampled']:.3f}"))
+                     f"{r['final_accuracy_greedy']:.3f} / {r['final_accuracy_sampled']:.3f}" + first_alarm(name)))
     for name, r in summary.get("dpo", {}).items():
+        online = first_alarm(name) if r.get("online_rounds") else ""
         rows.append((f"{name}: gold start → end, win rate vs SFT",
-                     f"{r['start_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}"))
+                     f"{r['start_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}{online}"))
     return rows
 
 

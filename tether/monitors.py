@@ -116,6 +116,11 @@ def _by_step(samples: list[dict]) -> dict[int, list[dict]]:
     return dict(sorted(out.items()))
 
 
+def _sample_steps(samples: list[dict], s: "MonitorSettings") -> list[tuple[int, list[dict]]]:
+    """(step, its samples) for the steps with at least min_samples samples, in step order."""
+    return [(st, xs) for st, xs in _by_step(samples).items() if len(xs) >= s.min_samples]
+
+
 def _top(samples: list[dict], k: int, where=lambda s: True) -> list[dict]:
     chosen = sorted((s for s in samples if where(s)), key=lambda s: -float(s.get("score", 0.0)))[:k]
     return [{"response": s.get("response", ""), "score": s.get("score"), "length": s.get("length"),
@@ -185,7 +190,7 @@ def score_and_kl_rising(metrics: list[dict], samples: list[dict], s: MonitorSett
 
 def length_correlation(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """Within a step's samples, score tracks response length ever more closely: length is being rewarded."""
-    steps = [(st, xs) for st, xs in _by_step(samples).items() if len(xs) >= s.min_samples]
+    steps = _sample_steps(samples, s)
     if len(steps) < 2:
         return []
     corr = lambda xs: _pearson([float(x["length"]) for x in xs], [float(x["score"]) for x in xs])
@@ -205,7 +210,7 @@ def length_correlation(metrics: list[dict], samples: list[dict], s: MonitorSetti
 
 def phrase_surge(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """A word n-gram spreads through the responses far beyond its starting share (a learned tic or exploit)."""
-    steps = [(st, xs) for st, xs in _by_step(samples).items() if len(xs) >= s.min_samples]
+    steps = _sample_steps(samples, s)
     if len(steps) < 2:
         return []
 
@@ -262,7 +267,7 @@ def entropy_collapse(metrics: list[dict], samples: list[dict], s: MonitorSetting
 
 def repetition(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """Responses repeat themselves (a word n-gram twice in one response) far more often than at the start."""
-    steps = [(st, xs) for st, xs in _by_step(samples).items() if len(xs) >= s.min_samples]
+    steps = _sample_steps(samples, s)
     if len(steps) < 2:
         return []
 
@@ -307,13 +312,15 @@ def format_without_correctness(metrics: list[dict], samples: list[dict], s: Moni
     return []
 
 
-MONITORS = (proxy_up_task_down, score_and_kl_rising, length_correlation, phrase_surge, entropy_collapse, repetition,
-            format_without_correctness)
+METRIC_MONITORS = (proxy_up_task_down, score_and_kl_rising, entropy_collapse, format_without_correctness)
+SAMPLE_MONITORS = (length_correlation, phrase_surge, repetition)  # read only the samples
+MONITORS = METRIC_MONITORS + SAMPLE_MONITORS
 
 
-def check_all(metrics: list[dict], samples: list[dict], settings: MonitorSettings = MonitorSettings()) -> list[Alarm]:
-    """Every monitor's alarms on the records so far, ordered by step."""
-    alarms = [a for monitor in MONITORS for a in monitor(metrics, samples, settings)]
+def check_all(metrics: list[dict], samples: list[dict], settings: MonitorSettings = MonitorSettings(),
+              monitors=MONITORS) -> list[Alarm]:
+    """The monitors' alarms on the records so far, ordered by step."""
+    alarms = [a for monitor in monitors for a in monitor(metrics, samples, settings)]
     return sorted(alarms, key=lambda a: (a.step, a.monitor))
 
 
@@ -324,8 +331,8 @@ class AlarmWatch:
         self.settings = settings
         self.reported = {(a["monitor"], a["statistics"].get("subject", "")) for a in (reported or [])}
 
-    def new_alarms(self, metrics: list[dict], samples: list[dict]) -> list[Alarm]:
-        fresh = [a for a in check_all(metrics, samples, self.settings) if a.key not in self.reported]
+    def new_alarms(self, metrics: list[dict], samples: list[dict], monitors=MONITORS) -> list[Alarm]:
+        fresh = [a for a in check_all(metrics, samples, self.settings, monitors) if a.key not in self.reported]
         self.reported |= {a.key for a in fresh}
         return fresh
 
@@ -367,6 +374,24 @@ class RunMonitor:
         self.output = Path(output)
         self.stop_on_alarm = stop_on_alarm
         self.watch = AlarmWatch(settings, read_jsonl(self.output / "alarms.jsonl"))  # a resumed run's earlier alarms
+        # The files only grow during a run: read each from where the last check stopped.
+        self.rows = {"metrics.jsonl": [], "samples.jsonl": []}
+        self.offsets = {"metrics.jsonl": 0, "samples.jsonl": 0}
+
+    def _read_new(self, name: str) -> int:
+        import json
+
+        path = self.output / name
+        if not path.is_file():
+            return 0
+        with path.open("rb") as handle:
+            handle.seek(self.offsets[name])
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next check
+        self.offsets[name] += len(complete)
+        new = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+        self.rows[name] += new
+        return len(new)
 
     def check(self) -> bool:
         import json
@@ -375,7 +400,10 @@ class RunMonitor:
 
         from tether.train.logger import console
 
-        fresh = self.watch.new_alarms(read_jsonl(self.output / "metrics.jsonl"), read_jsonl(self.output / "samples.jsonl"))
+        self._read_new("metrics.jsonl")
+        # The sample monitors' verdicts change only when samples arrive; the metric monitors run every step.
+        monitors = MONITORS if self._read_new("samples.jsonl") else METRIC_MONITORS
+        fresh = self.watch.new_alarms(self.rows["metrics.jsonl"], self.rows["samples.jsonl"], monitors)
         if fresh:
             with (self.output / "alarms.jsonl").open("a") as handle:
                 for alarm in fresh:

@@ -16,6 +16,12 @@ from tether.models import load_model, load_tokenizer
 GOLD_KEYS = ("gold_reward", "gold_win_rate", "mean_words", "confident_rate", "false_fact_rate", "distinct_2")
 
 
+def finished_summary(run_dir: Path, resume: bool) -> dict | None:
+    """A resumed lab stage whose run already finished (killed before stage.json was written) is not trained again."""
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if resume and path.is_file() else None
+
+
 class GoldAssistEval:
     """evaluate_fn for run_ppo: gold reward and gold win rate against the SFT model on held-out requests.
 
@@ -50,9 +56,8 @@ def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_
     world = lab / "world"
     gold = GoldAssistEval.for_lab(lab, eval_samples, seed)
     run_dir = folder / "run"
-    if resume and (run_dir / "summary.json").is_file():
-        summary = json.loads((run_dir / "summary.json").read_text())
-    else:
+    summary = finished_summary(run_dir, resume)
+    if summary is None:
         cfg = build_config(PPOConfig, source="lab", overrides={
             "roles.policy": str(lab / "sft" / "final"), "roles.reward_model": str(lab / reward_model / "run" / "final"),
             "rollout.prompts": str(world / "assist_rl.jsonl"), "rollout.eval_prompts": str(world / "assist_eval.jsonl"),
@@ -123,9 +128,8 @@ def run_lab_grpo(folder: Path, resume: bool, *, lab: Path, recipe: str, rewards:
     rows = [json.loads(line) for line in (world / "arith_eval.jsonl").read_text().splitlines() if line.strip()]
     accuracy = ArithAccuracyEval(rows[:eval_problems], 1.0, seed, 96)  # the budget `tether eval` uses
     run_dir = folder / "run"
-    if resume and (run_dir / "summary.json").is_file():
-        summary = json.loads((run_dir / "summary.json").read_text())
-    else:
+    summary = finished_summary(run_dir, resume)
+    if summary is None:
         overrides = {"model.policy": str(lab / "sft" / "final"), "rollout.prompts": str(world / "arith_rl.jsonl"),
                      "rollout.eval_prompts": str(world / "arith_eval.jsonl"),
                      "rewards.reward": LAB_ARITH_REWARDS[rewards], "algo.recipe": recipe, "algo.lr": lr,
@@ -169,9 +173,8 @@ def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, lo
     world = lab / "world"
     gold = GoldAssistEval.for_lab(lab, eval_samples, seed)
     run_dir = folder / "run"
-    if resume and (run_dir / "summary.json").is_file():
-        summary = json.loads((run_dir / "summary.json").read_text())
-    else:
+    summary = finished_summary(run_dir, resume)
+    if summary is None:
         overrides = {"model.path": str(lab / "sft" / "final"), "data.eval_path": str(world / "prefs_eval.jsonl"),
                      "dpo.loss": loss, "dpo.beta": beta, "optim.lr": lr, "optim.warmup_ratio": 0.05,
                      "train.batch_size": batch, "train.micro_batch_size": batch, "train.max_steps": steps,

@@ -43,9 +43,9 @@ def main() -> None:
              "online": None}[args.data]
     online = None
     if args.data == "online":
-        online = {"rounds": args.rounds, "prompts_per_round": args.prompts_per_round,
-                  "steps_per_round": max(1, args.steps // args.rounds),
-                  "judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={args.min_agreement})"}
+        online = {"online.rounds": args.rounds, "rollout.prompts_per_step": args.prompts_per_round,
+                  "online.steps_per_round": max(1, args.steps // args.rounds),
+                  "online.judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={args.min_agreement})"}
     figures = run_lab_dpo(Path(args.output), False, lab=lab, pairs=pairs, loss=args.loss, beta=args.beta,
                           steps=args.steps, batch=args.batch, lr=args.lr, eval_every=20, eval_samples=4,
                           seed=args.seed, online=online)

@@ -15,7 +15,7 @@ from pathlib import Path
 import transformers
 
 from tether.lab.rl import run_lab_grpo
-from tether.stages.grpo_config import RECIPES
+from tether.recipes import RECIPES
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tether.algorithms.logprobs import token_logprobs
-from tether.algorithms.reductions import masked_sum, seq_mean_token_mean, seq_mean_token_sum_norm, token_mean
+from tether.algorithms.reductions import AGGREGATIONS, aggregate, masked_sum
 from tether.algorithms.sft import sft_nll_sum
 from tether.train.schedule import warmup_cosine
 
@@ -37,17 +37,41 @@ def test_reductions_hand_computed():
     values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
     assert masked_sum(values, mask).item() == 10.0  # 1+2+3+4
-    assert token_mean(values, mask).item() == pytest.approx(2.5)  # 10 / 4
-    assert token_mean(values, mask, denominator=8).item() == pytest.approx(1.25)  # 10 / 8 (global count)
-    assert seq_mean_token_mean(values, mask).item() == pytest.approx(3.0)  # (2 + 4) / 2
-    assert seq_mean_token_sum_norm(values, mask, 4).item() == pytest.approx(1.25)  # (6/4 + 4/4) / 2
+    assert aggregate(values, mask).item() == pytest.approx(2.5)  # default token-mean: 10 / 4
+    assert aggregate(values, mask, "token-mean").item() == pytest.approx(2.5)  # 10 / 4
+    assert aggregate(values, mask, "token-mean", n_tokens=8).item() == pytest.approx(1.25)  # 10 / 8 (global count)
+    assert aggregate(values, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)  # (6/3 + 4/1) / 2 = (2 + 4) / 2
+    # (6 + 4) / (L·n) = 10 / (4·2) = 1.25, i.e. (6/4 + 4/4) / 2
+    assert aggregate(values, mask, "seq-mean-token-sum-norm", norm_length=4).item() == pytest.approx(1.25)
+    # the step's sequence count: (2 + 4) / 4 = 1.5 and 10 / (4·4) = 0.625
+    assert aggregate(values, mask, "seq-mean-token-mean", n_sequences=4).item() == pytest.approx(1.5)
+    got = aggregate(values, mask, "seq-mean-token-sum-norm", n_sequences=4, norm_length=4)
+    assert got.item() == pytest.approx(0.625)
+
+
+def test_aggregate_rejects_unknown_mode_and_missing_norm_length():
+    assert AGGREGATIONS == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    values, mask = torch.ones(1, 2), torch.ones(1, 2)
+    with pytest.raises(ValueError, match="token-mean"):
+        aggregate(values, mask, "mean")
+    for bad in (None, 0, -1.0):
+        with pytest.raises(ValueError, match="norm_length"):
+            aggregate(values, mask, "seq-mean-token-sum-norm", norm_length=bad)
 
 
 def test_reductions_ignore_padding_content_even_nan():
     values = torch.tensor([[1.0, float("nan")]])
     mask = torch.tensor([[1, 0]])
-    assert token_mean(values, mask).item() == 1.0
-    assert seq_mean_token_mean(values, mask).item() == 1.0
+    for mode in AGGREGATIONS:  # token-mean 1/1; seq-mean-token-mean (1/1)/1; sum-norm 1/(1·1)
+        assert aggregate(values, mask, mode, norm_length=1.0).item() == 1.0
+
+
+def test_sequences_without_counted_tokens_count_zero_and_an_empty_mask_gives_zero():
+    values = torch.tensor([[2.0, 2.0], [5.0, 5.0]])
+    mask = torch.tensor([[1, 1], [0, 0]])
+    assert aggregate(values, mask, "seq-mean-token-mean").item() == pytest.approx(1.0)  # (4/2 + 0) / 2
+    for mode in AGGREGATIONS:  # nothing counted: 0 / max(0, 1), never 0/0
+        assert aggregate(values, torch.zeros(2, 2), mode, norm_length=2.0).item() == 0.0
 
 
 def test_sft_nll_sum_hand_computed_and_gradient_only_on_trained_tokens():

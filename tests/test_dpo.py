@@ -268,8 +268,8 @@ def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkey
     judge.write_text(JUDGE)
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]}
                                                        for w in ("hi", "cats", "dogs", "rain")] * 4)
-    over = {"data.path": "", "online.online": True, "online.prompts": str(prompts), "online.judge": f"{judge}:more_a",
-            "online.rounds": 3, "online.prompts_per_round": 8, "online.steps_per_round": 2, "online.max_new_tokens": 12,
+    over = {"data.path": "", "online.online": True, "rollout.prompts": str(prompts), "online.judge": f"{judge}:more_a",
+            "online.rounds": 3, "rollout.prompts_per_step": 8, "online.steps_per_round": 2, "rollout.max_new_tokens": 12,
             "online.keep_truncated": True,
             "train.batch_size": 4, "train.micro_batch_size": 4, "train.save_every": 2}
     summary = run_dpo(_cfg(llama_dir, "", tmp_path / "online", **over))
@@ -281,9 +281,9 @@ def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkey
     assert counts["pairs"] + counts["ties"] + counts["identical"] + counts["truncated"] == 8
     # every sampled answer reaches samples.jsonl with its side of the verdict, for the monitors
     samples = [json.loads(x) for x in (tmp_path / "online" / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 3 * 8 * 2 and sorted({x["step"] for x in samples}) == [0, 2, 4]
+    assert len(samples) == 3 * 8 * 2 and sorted({x["step"] for x in samples}) == [1, 3, 5]  # each round's first step
     first_pair = json.loads(rounds[0].read_text().splitlines()[0])
-    (chosen,) = [x for x in samples if x["step"] == 0 and x["response"] == first_pair["chosen"][0]["content"]][:1]
+    (chosen,) = [x for x in samples if x["step"] == 1 and x["response"] == first_pair["chosen"][0]["content"]][:1]
     assert chosen["score"] == 1.0 and "alarms" in summary
     whole = {r["step"]: r for r in _metrics(tmp_path / "online")}
     with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
@@ -306,3 +306,20 @@ def test_cli_runs_and_missing_data_is_a_clean_error(llama_dir, prefs, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tether", "dpo", "--model", str(llama_dir), "--output",
                           str(tmp_path / "x")], capture_output=True, text=True)
     assert bad.returncode == 2 and "--data is required" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_dropout_is_off_by_default_so_the_first_loss_is_log_2(tokenizer, prefs, tmp_path):
+    """A model with dropout 0.3: the policy (training mode) and the reference (eval mode) agree only when dropout is
+    disabled, as it is by default; keep_dropout brings it back (and the first loss moves off log 2)."""
+    from tether.models import build_tiny_model
+
+    folder = build_tiny_model("gpt2", tokenizer, tmp_path / "dropout-model", seed=0, hidden=32, layers=2, heads=2,
+                              max_positions=128)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)
+    (folder / "config.json").write_text(json.dumps(config))
+    first = lambda out: _metrics(out)[0]["train/loss"]
+    run_dpo(_cfg(folder, prefs[0], tmp_path / "off", **{"train.max_steps": 1}))
+    assert first(tmp_path / "off") == pytest.approx(math.log(2), abs=1e-6)
+    run_dpo(_cfg(folder, prefs[0], tmp_path / "on", **{"train.max_steps": 1, "model.keep_dropout": True}))
+    assert abs(first(tmp_path / "on") - math.log(2)) > 1e-4

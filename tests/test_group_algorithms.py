@@ -1,12 +1,13 @@
-"""The group family's pieces against hand-computed cases, and their properties."""
+"""The critic-free advantage estimators and DAPO's overlong shaping: hand-computed cases and properties."""
 import math
 
 import pytest
 import torch
 
-from tether.algorithms.group import (aggregate, clipped_surrogate, group_advantages, gspo_ratio, overlong_penalty,
-                                     process_advantages, reinforce_pp_advantages, rloo_advantages, token_ratio,
-                                     zero_variance_groups)
+from tether.algorithms.advantages import (ADVANTAGE_ESTIMATORS, SEQUENCE_ADVANTAGES, group_advantages,
+                                          group_advantages_no_std, process_advantages, reinforce_pp_advantages,
+                                          rloo_advantages, token_advantages, zero_variance_groups)
+from tether.algorithms.shaping import overlong_penalty
 
 
 def test_group_advantages_by_hand():
@@ -15,7 +16,10 @@ def test_group_advantages_by_hand():
     a = group_advantages(scores)
     assert a[0].tolist() == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001, -0.5 / 0.5001, 0.5 / 0.5001])
     assert a[1].tolist() == [0.0, 0.0, 0.0, 0.0] and not torch.isnan(a).any()  # equal scores: 0, not NaN
-    assert group_advantages(scores, scale_by_std=False)[0].tolist() == [0.5, -0.5, -0.5, 0.5]  # Dr. GRPO
+    # ε = 0.5: ±0.5 / (0.5 + 0.5) = ±0.5
+    assert group_advantages(scores, eps=0.5)[0].tolist() == [0.5, -0.5, -0.5, 0.5]
+    assert group_advantages_no_std(scores)[0].tolist() == [0.5, -0.5, -0.5, 0.5]  # Dr. GRPO: R − mean
+    assert group_advantages_no_std(scores, eps=123.0).tolist() == group_advantages_no_std(scores).tolist()  # ε unused
     assert zero_variance_groups(scores).tolist() == [False, True]
 
 
@@ -23,9 +27,54 @@ def test_rloo_by_hand():
     scores = torch.tensor([[3.0, 0.0, 0.0]])
     # 3 − (0+0)/2 = 3; 0 − (3+0)/2 = −1.5
     assert rloo_advantages(scores).tolist() == [[3.0, -1.5, -1.5]]
+    assert rloo_advantages(scores, eps=9.0).tolist() == [[3.0, -1.5, -1.5]]  # ε unused
     assert rloo_advantages(torch.full((2, 3), 7.0)).abs().sum() == 0
     with pytest.raises(ValueError):
         rloo_advantages(torch.ones(1, 1))
+
+
+def test_sequence_estimators_share_one_signature_and_centre_each_group():
+    assert list(SEQUENCE_ADVANTAGES) == ["group", "group_no_std", "rloo"]
+    assert ADVANTAGE_ESTIMATORS == ("group", "group_no_std", "rloo", "reinforce_pp")
+    torch.manual_seed(0)
+    scores = torch.randn(5, 4)
+    for name, fn in SEQUENCE_ADVANTAGES.items():
+        a = fn(scores, 1e-4)
+        assert a.shape == (5, 4)
+        torch.testing.assert_close(a.sum(-1), torch.zeros(5), atol=1e-5, rtol=0)  # each group sums to 0
+    # RLOO = G/(G−1) · (R − mean)
+    torch.testing.assert_close(rloo_advantages(scores), 4 / 3 * group_advantages_no_std(scores))
+
+
+def test_token_advantages_by_hand():
+    # two prompts, G = 2, prompt-major: scores (1, 0 | 3, 3); T = 3 with padding
+    scores = torch.tensor([1.0, 0.0, 3.0, 3.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    # group_no_std: prompt 0 mean 0.5 → (0.5, −0.5); prompt 1 all equal → 0; each row's value on its tokens
+    a = token_advantages("group_no_std", scores, mask, group_size=2)
+    assert a.tolist() == [[0.5, 0.5, 0.0], [-0.5, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    # group: population std 0.5 → ±0.5 / 0.5001
+    a = token_advantages("group", scores, mask, group_size=2)
+    assert a[0].tolist() == pytest.approx([0.5 / 0.5001, 0.5 / 0.5001, 0.0])
+    # rloo, G = 2: 1 − 0 = 1 and 0 − 1 = −1
+    a = token_advantages("rloo", scores, mask, group_size=2)
+    assert a[:2].tolist() == [[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0]]
+    with pytest.raises(ValueError, match="reinforce_pp"):
+        token_advantages("ppo", scores, mask, group_size=2)
+
+
+def test_token_advantages_is_exactly_the_composition_of_its_pieces():
+    torch.manual_seed(1)
+    scores = torch.randn(12)
+    mask = (torch.arange(6)[None] < torch.randint(1, 7, (12, 1))).float()
+    kl = torch.rand(12, 6)
+    for name, fn in SEQUENCE_ADVANTAGES.items():
+        want = fn(scores.view(-1, 3), 1e-2).reshape(-1, 1) * mask
+        assert torch.equal(token_advantages(name, scores, mask, 3, eps=1e-2), want)
+    got = token_advantages("reinforce_pp", scores, mask, 3, kl=kl, kl_coef=0.1, gamma=0.9)
+    assert torch.equal(got, reinforce_pp_advantages(scores, kl, mask, 0.1, 0.9))
+    no_kl = token_advantages("reinforce_pp", scores, mask, 3, kl_coef=0.1)  # kl None: no penalty
+    assert torch.equal(no_kl, reinforce_pp_advantages(scores, torch.zeros_like(mask), mask, 0.1))
 
 
 def test_reinforce_pp_by_hand():
@@ -57,66 +106,11 @@ def test_process_advantages_by_hand():
         process_advantages([[[1.0]]], [[[1, 2]]], length=4)
 
 
-def test_clipped_surrogate_by_hand_with_separate_bounds():
-    ratio = torch.tensor([[1.5, 0.5, 1.1, 0.7]])
-    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0]])
-    mask = torch.tensor([[1, 1, 1, 1]])
-    loss, low, high = clipped_surrogate(ratio, adv, mask, clip_low=0.2, clip_high=0.28)
-    # 1.5·1 clipped to 1.28 → −1.28; 0.5·(−1) → max(0.5, 0.8) = 0.8; 1.1 → −1.1; 0.7 with A>0 → −0.7 (unclipped min)
-    assert loss[0].tolist() == pytest.approx([-1.28, 0.8, -1.1, -0.7])
-    assert high[0].tolist() == [True, False, False, False]
-    assert low[0].tolist() == [False, True, False, False]
-
-
-def test_clipped_tokens_get_no_gradient():
-    logp = torch.tensor([[0.0, 0.0]], requires_grad=True)
-    old = torch.tensor([[-1.0, 0.0]])  # token 0 has ratio e ≈ 2.72 > 1.28 with A > 0: clipped
-    loss, _, high = clipped_surrogate(token_ratio(logp, old), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), 0.2, 0.28)
-    loss.sum().backward()
-    assert high.tolist() == [[True, False]]
-    assert logp.grad[0, 0] == 0 and logp.grad[0, 1] == -1.0
-
-
-def test_gspo_sequence_ratio_and_token_variant():
-    logp = torch.tensor([[-1.0, -2.0, 0.0], [-1.0, 0.0, 0.0]], requires_grad=True)
-    old = torch.tensor([[-1.5, -1.5, 5.0], [-2.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    s = gspo_ratio(logp, old, mask)
-    # row 0: mean(0.5, −0.5) = 0 → 1; row 1: exp(1)
-    assert s[:, 0].tolist() == pytest.approx([1.0, math.e])
-    st = gspo_ratio(logp, old, mask, token_level=True)
-    assert torch.allclose(st, s)  # same values
-    (st[0] * torch.tensor([1.0, 0.0, 0.0])).sum().backward()  # d s_{0,0} / d logp: only token 0, times s_0
-    assert logp.grad[0].tolist() == pytest.approx([1.0, 0.0, 0.0])
-    logp.grad = None
-    (s[0, 0]).backward()  # sequence ratio: every counted token gets s/|y|
-    assert logp.grad[0].tolist() == pytest.approx([0.5, 0.5, 0.0])
-
-
-def test_aggregations_by_hand():
-    v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
-    m = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    assert aggregate(v, m, "token-mean").item() == pytest.approx(10 / 4)
-    assert aggregate(v, m, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
-    assert aggregate(v, m, "seq-mean-token-sum-norm", norm_length=5).item() == pytest.approx((6 + 4) / (5 * 2))
-    with pytest.raises(ValueError):
-        aggregate(v, m, "mean")
-
-
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_micro_batch_splits_give_the_same_gradient(mode):
-    torch.manual_seed(0)
-    logits = torch.randn(6, 5, requires_grad=True)
-    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
-    weights = torch.randn(6, 5)
-    kw = dict(norm_length=5.0)
-    aggregate(logits * weights, mask, mode, **kw).backward()
-    whole = logits.grad.clone()
-    logits.grad = None
-    n_tokens, n_seq = float(mask.sum()), 6
-    for rows in (slice(0, 1), slice(1, 4), slice(4, 6)):
-        aggregate(logits[rows] * weights[rows], mask[rows], mode, n_tokens=n_tokens, n_sequences=n_seq, **kw).backward()
-    torch.testing.assert_close(logits.grad, whole)
+def test_zero_variance_groups_by_hand():
+    # spreads 0, 1e-9 (within tol 1e-8) and 1
+    scores = torch.tensor([[1.0, 1.0], [0.0, 1e-9], [0.0, 1.0]], dtype=torch.float64)
+    assert zero_variance_groups(scores).tolist() == [True, True, False]
+    assert zero_variance_groups(scores, tol=0.0).tolist() == [True, False, False]
 
 
 def test_overlong_penalty_by_hand():
@@ -125,3 +119,5 @@ def test_overlong_penalty_by_hand():
     assert overlong_penalty(lengths, 16, 4).tolist() == [0.0, 0.0, -0.5, -1.0, -1.0]
     with pytest.raises(ValueError):
         overlong_penalty(lengths, 16, 0)
+    with pytest.raises(ValueError):
+        overlong_penalty(lengths, 16, 17)

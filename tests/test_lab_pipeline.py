@@ -154,9 +154,9 @@ def test_quick_lab_grpo_runs_measure_held_out_accuracy(quick_lab):
         assert run["start_accuracy_greedy"] == sft_greedy  # step 0 is the SFT model, measured the same way
         assert sum(run["time_split"].values()) == pytest.approx(1.0) and run["steps"] == 4
     samples = [json.loads(line) for line in (out / "grpo_process" / "run" / "samples.jsonl").read_text().splitlines()]
-    assert all(isinstance(s["steps"], list) and s["steps"] for s in samples)  # the process reward's step scores
+    assert all(isinstance(s["step_scores"], list) and s["step_scores"] for s in samples)  # the process reward's step scores
     outcome = [json.loads(line) for line in (out / "grpo_outcome" / "run" / "samples.jsonl").read_text().splitlines()]
-    assert all(s["steps"] is None and set(s["parts"]) == {"arith_correct", "arith_format"} for s in outcome)
+    assert all("step_scores" not in s and set(s["parts"]) == {"arith_correct", "arith_format"} for s in outcome)
 
 
 @pytest.mark.slow

@@ -93,10 +93,10 @@ def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_pa
     rules = tmp_path / "r.py"
     rules.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n")
     cfg = build_config(PPOConfig, overrides={
-        "roles.policy": str(llama_dir), "roles.reward": [f"{rules}:count_a"], "rollout.prompts": str(prompts),
-        "rollout.prompts_per_step": 4, "rollout.max_new_tokens": 8, "ppo.steps": 8, "ppo.minibatch": 4,
-        "run.output": str(tmp_path / "run"), "run.eval_every": 0, "run.save_every": 100, "run.sample_every": 1,
-        "run.stop_on_alarm": True, "run.report_to": ["none"]})
+        "model.path": str(llama_dir), "rewards.reward": [f"{rules}:count_a"], "rollout.prompts": str(prompts),
+        "rollout.prompts_per_step": 4, "rollout.max_new_tokens": 8, "train.max_steps": 8, "algo.minibatch": 4,
+        "train.output": str(tmp_path / "run"), "train.eval_every": 0, "train.save_every": 100, "train.sample_every": 1,
+        "train.stop_on_alarm": True, "train.report_to": ["none"]})
     summary = run_ppo(cfg)
     assert summary["stopped_at"] == 4 and (tmp_path / "run" / "checkpoint-4").is_dir()
     (alarm,) = [json.loads(x) for x in (tmp_path / "run" / "alarms.jsonl").read_text().splitlines()]

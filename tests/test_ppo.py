@@ -18,10 +18,10 @@ def count_reward(token: str):
 
 
 def ppo_config(policy_dir, prompts, out, **extra):
-    overrides = {"roles.policy": str(policy_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
-                 "rollout.prompts_per_step": 16, "rollout.max_new_tokens": 8, "ppo.steps": 12, "ppo.minibatch": 8,
-                 "ppo.policy_lr": 3e-3, "ppo.critic_lr": 3e-3, "ppo.kl_coef": 0.01, "run.output": str(out),
-                 "run.eval_every": 6, "run.save_every": 4, "run.sample_every": 4, "run.report_to": ["none"]}
+    overrides = {"model.path": str(policy_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
+                 "rollout.prompts_per_step": 16, "rollout.max_new_tokens": 8, "train.max_steps": 12, "algo.minibatch": 8,
+                 "optim.lr": 3e-3, "critic.lr": 3e-3, "algo.kl_coef": 0.01, "train.output": str(out),
+                 "train.eval_every": 6, "train.save_every": 4, "train.sample_every": 4, "train.report_to": ["none"]}
     overrides.update({k.replace("__", "."): v for k, v in extra.items()})
     return build_config(PPOConfig, overrides=overrides)
 
@@ -35,7 +35,7 @@ def prompts(tmp_path):
 @pytest.mark.slow
 def test_ppo_raises_a_rule_reward(llama_dir, prompts, tmp_path):
     out = tmp_path / "ppo"
-    summary = run_ppo(ppo_config(llama_dir, prompts, out, ppo__steps=30), scorer=count_reward("a"))
+    summary = run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=30), scorer=count_reward("a"))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first = sum(m["score/mean"] for m in metrics[:5]) / 5
     last = sum(m["score/mean"] for m in metrics[-5:]) / 5
@@ -51,12 +51,12 @@ def test_ppo_raises_a_rule_reward(llama_dir, prompts, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("lora,layout", [(0, "separate"), (4, "separate"), (0, "shared")])
 def test_ppo_resume_matches_the_uninterrupted_run(llama_dir, prompts, tmp_path, monkeypatch, lora, layout):
-    cfg = lambda out, **kw: ppo_config(llama_dir, prompts, out, ppo__steps=8, roles__lora_r=lora,
-                                       roles__critic_layout=layout, **kw)
+    cfg = lambda out, **kw: ppo_config(llama_dir, prompts, out, train__max_steps=8, model__lora_r=lora,
+                                       critic__layout=layout, **kw)
     run_ppo(cfg(tmp_path / "whole"), scorer=count_reward("a"))
     with killed_after_step(monkeypatch, 6), pytest.raises(KeyboardInterrupt):
         run_ppo(cfg(tmp_path / "killed"), scorer=count_reward("a"))
-    summary = run_ppo(cfg(tmp_path / "killed", run__resume=True), scorer=count_reward("a"))
+    summary = run_ppo(cfg(tmp_path / "killed", train__resume=True), scorer=count_reward("a"))
     assert summary["resumed_from"] == 4
     read = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
                       for line in (p / "metrics.jsonl").read_text().splitlines()]
@@ -67,8 +67,8 @@ def test_adaptive_controller_follows_its_update_rule_step_by_step(llama_dir, pro
     from tether.algorithms.ppo import adaptive_kl_coef
 
     out = tmp_path / "ada"
-    summary = run_ppo(ppo_config(llama_dir, prompts, out, ppo__steps=4, ppo__adaptive_kl=True, ppo__target_kl=0.05,
-                                 ppo__kl_horizon=16, ppo__kl_estimator="k3", run__eval_every=0), scorer=count_reward("a"))
+    summary = run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, algo__adaptive_kl=True, algo__target_kl=0.05,
+                                 algo__kl_horizon=16, algo__kl_estimator="k3", train__eval_every=0), scorer=count_reward("a"))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     coefs = [m["kl/coef"] for m in metrics] + [summary["final_kl_coef"]]
     assert coefs[0] == 0.01
@@ -81,14 +81,14 @@ def test_lora_policy_uses_the_adapter_disabled_reference(llama_dir, prompts, tmp
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "lora"
-    run_ppo(ppo_config(llama_dir, prompts, out, ppo__steps=3, roles__lora_r=4, roles__lora_alpha=8.0,
-                       ppo__kl_estimator="k3", run__eval_every=0), scorer=count_reward("a"))
+    run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=3, model__lora_r=4, model__lora_alpha=8.0,
+                       algo__kl_estimator="k3", train__eval_every=0), scorer=count_reward("a"))
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0]["kl/ref_mean"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity: policy = reference
     assert metrics[-1]["kl/ref_mean"] > 0  # and the adapter-disabled reference stays behind as the policy moves
     merged = AutoModelForCausalLM.from_pretrained(out / "final")
     assert not any("lora" in n for n, _ in merged.named_parameters())
-    assert (out / "checkpoint-3" / "policy" / "adapter_config.json").is_file()
+    assert (out / "checkpoint-3" / "adapter_config.json").is_file()
 
 
 def test_lora_on_an_adapter_folder_is_refused(llama_dir, prompts, tmp_path):
@@ -98,7 +98,7 @@ def test_lora_on_an_adapter_folder_is_refused(llama_dir, prompts, tmp_path):
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
     with pytest.raises(ConfigError, match="is a LoRA adapter folder.*not your SFT model"):
-        run_ppo(ppo_config(adapter, prompts, tmp_path / "x", roles__lora_r=4), scorer=count_reward("a"))
+        run_ppo(ppo_config(adapter, prompts, tmp_path / "x", model__lora_r=4), scorer=count_reward("a"))
 
 
 @pytest.mark.slow
@@ -116,8 +116,8 @@ def test_cli_ppo_with_python_rewards_shared_critic_and_best_checkpoint(llama_dir
     proc = subprocess.run([sys.executable, "-m", "tether", "ppo", "--policy", str(llama_dir), "--prompts", str(prompts),
                            "--eval-prompts", str(prompts), "--reward", f"{rewards}:count_a=1,{rewards}:short=0.5",
                            "--critic-layout", "shared", "--value-loss-coef", "0.1", "--best-metric", "eval/score_mean",
-                           "--steps", "12", "--prompts-per-step", "16", "--minibatch", "8", "--max-new-tokens", "8",
-                           "--policy-lr", "3e-3", "--critic-lr", "3e-3", "--eval-every", "4", "--output", str(out),
+                           "--max-steps", "12", "--prompts-per-step", "16", "--minibatch", "8", "--max-new-tokens", "8",
+                           "--lr", "3e-3", "--critic-lr", "3e-3", "--eval-every", "4", "--output", str(out),
                            "--report-to", "none"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shown = proc.stdout + proc.stderr
@@ -145,5 +145,5 @@ def test_a_reward_function_missing_its_column_fails_before_training(llama_dir, p
     rewards = tmp_path / "needs.py"
     rewards.write_text("def exact(completions, answer):\n    return [0.0] * len(completions)\n")
     with pytest.raises(ConfigError, match=r"exact needs \['answer'\]"):
-        run_ppo(ppo_config(llama_dir, prompts, tmp_path / "x", roles__reward=[f"{rewards}:exact"]))
+        run_ppo(ppo_config(llama_dir, prompts, tmp_path / "x", rewards__reward=[f"{rewards}:exact"]))
     assert not (tmp_path / "x" / "metrics.jsonl").exists()

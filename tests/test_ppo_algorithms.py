@@ -1,12 +1,13 @@
-"""Hand-computed cases for the PPO pieces and KL estimators (groundwork for the PPO stage)."""
+"""Hand-computed cases for the PPO pieces (GAE, whitening, value loss, KL control), reward shaping, KL estimators."""
 import math
 
 import pytest
 import torch
 
 from tether.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3
-from tether.algorithms.ppo import (adaptive_kl_coef, clipped_policy_loss, clipped_value_loss, explained_variance,
-                                   gae_advantages, masked_whiten, shape_token_rewards)
+from tether.algorithms.advantages import gae_advantages, masked_whiten
+from tether.algorithms.ppo import adaptive_kl_coef, clipped_value_loss, explained_variance
+from tether.algorithms.shaping import clip_scores, kl_penalty_rewards, truncation_penalty
 
 
 def test_kl_estimators_hand_computed():
@@ -32,9 +33,21 @@ def test_k1_k3_unbiased_and_k2_k3_non_negative_by_monte_carlo():
 
 
 def test_kl_shaping_puts_the_score_on_the_last_valid_token():
-    rewards = shape_token_rewards(torch.tensor([2.0]), torch.tensor([[0.1, 0.2, 0.3, 9.0]]),
-                                  torch.tensor([[1, 1, 1, 0]]), kl_coef=0.5)
+    rewards = kl_penalty_rewards(torch.tensor([2.0]), torch.tensor([[0.1, 0.2, 0.3, 9.0]]),
+                                 torch.tensor([[1, 1, 1, 0]]), kl_coef=0.5)
+    # −0.5·(0.1, 0.2, 0.3) = (−0.05, −0.1, −0.15); the score 2 lands on token 2, the last valid one; padding 0
     torch.testing.assert_close(rewards, torch.tensor([[-0.05, -0.1, 2.0 - 0.15, 0.0]]))
+    # a row with no valid token gets nothing, not its score on token 0
+    empty = kl_penalty_rewards(torch.tensor([5.0]), torch.ones(1, 2), torch.zeros(1, 2), kl_coef=0.5)
+    assert empty.tolist() == [[0.0, 0.0]]
+
+
+def test_truncation_penalty_and_score_clipping_by_hand():
+    scores = torch.tensor([1.0, 2.0, -7.0])
+    # response 1 was cut at the length limit: its score becomes the penalty −1
+    assert truncation_penalty(scores, torch.tensor([False, True, False]), -1.0).tolist() == [1.0, -1.0, -7.0]
+    assert clip_scores(scores, 1.5).tolist() == [1.0, 1.5, -1.5]  # clamp to [−1.5, 1.5]
+    assert clip_scores(scores, 0.0).tolist() == [1.0, 2.0, -7.0]  # 0 turns clipping off
 
 
 def test_gae_hand_computed_and_padding_invariant():
@@ -60,34 +73,6 @@ def test_masked_whiten():
     out = masked_whiten(torch.tensor([[1.0, 2.0, 3.0, 100.0]]), torch.tensor([[1, 1, 1, 0]]))
     s = math.sqrt(2 / 3)
     torch.testing.assert_close(out, torch.tensor([[-1 / s, 0.0, 1 / s, 0.0]]), atol=1e-5, rtol=1e-5)
-
-
-def test_clipped_policy_loss_hand_computed_and_clipped_tokens_get_no_gradient():
-    ratios = torch.tensor([[1.5, 1.5, 0.5, 0.5, 1.25]])
-    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0, 1.0]])
-    logp = ratios.log().clone().requires_grad_(True)
-    loss, clipped = clipped_policy_loss(logp, torch.zeros_like(logp), adv, torch.ones_like(adv), 0.2, 0.28)
-    # ρ=1.5,A=+1: max(−1.5, −1.28) = −1.28 clipped; ρ=1.5,A=−1: max(1.5, 1.28) = 1.5;
-    # ρ=0.5,A=−1: max(0.5, 0.8) = 0.8 clipped; ρ=0.5,A=+1: max(−0.5, −0.8) = −0.5; ρ=1.25 < 1.28: −1.25
-    torch.testing.assert_close(loss.detach(), torch.tensor([[-1.28, 1.5, 0.8, -0.5, -1.25]]))
-    assert clipped.tolist() == [[True, False, True, False, False]]
-    loss.sum().backward()
-    # d/dlogp of −ρA is −ρA; clipped tokens get exactly zero gradient
-    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 1.5, 0.0, -0.5, -1.25]]))
-
-
-def test_dual_clip_bounds_negative_advantage_loss():
-    logp = torch.tensor([[math.log(5.0)]], requires_grad=True)
-    loss, clipped = clipped_policy_loss(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), dual_clip=3.0)
-    assert loss.item() == pytest.approx(3.0) and clipped.item()  # min(max(5, 1.2), 3) = 3
-    loss.sum().backward()
-    assert logp.grad.item() == 0.0
-
-
-def test_policy_loss_ignores_padding():
-    loss, clipped = clipped_policy_loss(torch.tensor([[0.3, 5.0]]), torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]),
-                                        torch.tensor([[1, 0]]))
-    assert loss[0, 1] == 0 and not clipped[0, 1]
 
 
 def test_clipped_value_loss_hand_computed():

@@ -1,11 +1,14 @@
-"""Hand-computed cases for the DPO family (groundwork for the DPO stage)."""
+"""Hand-computed cases for the DPO family, its table of losses, ORPO's stable log-odds and β-DPO's margins."""
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from tether.algorithms.preference import (beta_dpo_beta, dpo_sigmoid_loss, hinge_loss, implicit_rewards, ipo_loss,
-                                          listwise_dpo_loss, orpo_odds_ratio_loss, robust_dpo_loss, simpo_loss)
+from tether.algorithms.preference import (PAIR_LOSSES, PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceParams,
+                                          beta_dpo_beta, beta_dpo_margins, dpo_sigmoid_loss, hinge_loss,
+                                          implicit_rewards, ipo_loss, listwise_dpo_loss, log1mexp,
+                                          orpo_odds_ratio_loss, preference_loss, robust_dpo_loss, simpo_loss)
 
 # chosen: policy −10, ref −12 (u_w = 2); rejected: policy −11, ref −10 (u_l = −1); u_w − u_l = 3
 W, L, RW, RL = (torch.tensor([v]) for v in (-10.0, -11.0, -12.0, -10.0))
@@ -58,3 +61,85 @@ def test_swapping_chosen_and_rejected_flips_the_margin():
     torch.testing.assert_close(sw - sl, -(cw - cl))
     # and a pair the policy already prefers costs less than the swapped one
     assert (dpo_sigmoid_loss(W, L, RW, RL) < dpo_sigmoid_loss(L, W, RL, RW)).all()
+
+
+def test_log1mexp_matches_the_naive_formula_at_moderate_x_in_float64():
+    for x in (-20.0, -5.0, -1.0, -math.log(2) - 1e-9, -math.log(2) + 1e-9, -0.5, -0.1, -1e-3):
+        got = log1mexp(torch.tensor([x], dtype=torch.float64)).item()
+        assert got == pytest.approx(math.log(1 - math.exp(x)), rel=1e-9)
+    assert log1mexp(torch.tensor([0.0])).item() == -math.inf  # log(1 − 1)
+
+
+def test_log1mexp_gradient_is_finite_on_both_branches():
+    x = torch.tensor([-3.0, -0.5, -1e-6], dtype=torch.float64, requires_grad=True)
+    log1mexp(x).sum().backward()
+    # d/dx log(1 − eˣ) = −eˣ/(1 − eˣ) = −1/expm1(−x)
+    want = [-1 / math.expm1(3.0), -1 / math.expm1(0.5), -1 / math.expm1(1e-6)]
+    assert x.grad.tolist() == pytest.approx(want, rel=1e-9)
+
+
+def test_orpo_log_odds_keep_growing_as_p_approaches_one():
+    # x = −1e−10: log odds = x − log(1 − eˣ) ≈ −log(1e−10) = 23.02585 (the old exp(x).clamp(max=1−1e−7) stopped
+    # near 16); in float32 and float64 alike
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor([-1e-10], dtype=dtype)
+        assert (x - log1mexp(x)).item() == pytest.approx(-math.log(1e-10), rel=1e-6)
+        # against p_l = 0.5 (log odds 0): L_OR = −log σ(23.02585) = log1p(e^−23.02585)
+        got = orpo_odds_ratio_loss(x, torch.tensor([math.log(0.5)], dtype=dtype)).item()
+        assert got == pytest.approx(math.log1p(math.exp(math.log(1e-10))), rel=1e-5)
+
+
+def test_orpo_equals_the_naive_formula_at_moderate_values_in_float64():
+    xw = torch.tensor([-2.0, -0.9, -0.3, -0.05], dtype=torch.float64)
+    xl = torch.tensor([-0.2, -3.0, -0.7, -0.01], dtype=torch.float64)
+    got = orpo_odds_ratio_loss(xw, xl)
+    odds = lambda x: math.log(math.exp(x) / (1 - math.exp(x)))
+    want = [sp(odds(w) - odds(l)) for w, l in zip(xw.tolist(), xl.tolist())]
+    assert got.tolist() == pytest.approx(want, rel=1e-10)
+
+
+def test_orpo_at_probability_one_stays_finite_with_a_finite_gradient():
+    x = torch.tensor([0.0, -1.0], requires_grad=True)  # chosen mean logp exactly 0 (p = 1 in float32)
+    loss = orpo_odds_ratio_loss(x[:1], x[1:])
+    loss.backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(x.grad).all()
+
+
+def test_beta_dpo_margins_both_forms_by_hand():
+    logps, refs = torch.tensor([[-10.0, -11.0]]), torch.tensor([[-12.0, -10.0]])
+    # u_w = −10 + 12 = 2, u_l = −11 + 10 = −1: gap 3; scaled by β_0 = 0.1: 0.3
+    assert beta_dpo_margins(logps, refs, 0.1).tolist() == pytest.approx([0.3])
+    assert beta_dpo_margins(logps, refs, 0.1, scaled=False).tolist() == pytest.approx([3.0])
+    # a ranked list of three: y_l is the LAST column. u = (−1 + 2, −5 − 0, −2 − 0) = (1, −5, −2): gap 1 − (−2) = 3
+    lists, list_refs = torch.tensor([[-1.0, -5.0, -2.0]]), torch.tensor([[-2.0, 0.0, 0.0]])
+    assert beta_dpo_margins(lists, list_refs, 0.5).tolist() == pytest.approx([1.5])
+    assert beta_dpo_margins(lists, list_refs, 0.5, scaled=False).tolist() == pytest.approx([3.0])
+
+
+def test_the_table_has_one_signature_and_the_dispatcher_goes_through_it():
+    assert PAIR_LOSSES == ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo", "orpo", "beta_dpo", "listwise")
+    assert tuple(PREFERENCE_LOSSES) == PAIR_LOSSES and REFERENCE_FREE == ("simpo", "orpo")
+    params = PreferenceParams(beta=0.1, label_smoothing=0.2, simpo_gamma=0.5, orpo_lambda=0.5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.beta = 1.0
+    assert PreferenceParams(0.3) == PreferenceParams(0.3, 0.0, 0.5, 0.1)  # the defaults
+    logps, refs, tokens = torch.tensor([[-10.0, -11.0]]), torch.tensor([[-12.0, -10.0]]), torch.tensor([[5.0, 10.0]])
+    # u_w − u_l = 3, β = 0.1 → h = 0.3
+    w, l, rw, rl = logps[:, 0], logps[:, 1], refs[:, 0], refs[:, 1]
+    want = {"sigmoid": sp(0.3), "cdpo": 0.8 * sp(0.3) + 0.2 * sp(-0.3),
+            "robust": (0.8 * sp(0.3) - 0.2 * sp(-0.3)) / 0.6,
+            "ipo": (3 - 5) ** 2, "hinge": 0.7, "beta_dpo": sp(0.3), "listwise": sp(0.3),
+            "simpo": sp(0.1 * -10 / 5 - 0.1 * -11 / 10 - 0.5),  # β/|y|: −0.2 + 0.11 − 0.5 = −0.59
+            "orpo": 2.0 + 0.5 * orpo_odds_ratio_loss(w / 5, l / 10).item()}  # −mean_w + λ L_OR, mean_w = −2
+    for name, fn in PREFERENCE_LOSSES.items():
+        ref = None if name in REFERENCE_FREE else refs
+        got = fn(logps, ref, tokens, params, None)
+        assert got.shape == (1,) and got.item() == pytest.approx(want[name], rel=1e-6), name
+        assert torch.equal(got, preference_loss(name, logps, ref, tokens, 0.1, 0.2, 0.5, 0.5))
+    assert torch.equal(PREFERENCE_LOSSES["ipo"](logps, refs, tokens, params, None), ipo_loss(w, l, rw, rl, 0.1))
+    with pytest.raises(ValueError, match="choose from"):
+        preference_loss("kto", logps, refs, tokens, beta=0.1)
+    with pytest.raises(ValueError, match="needs reference"):
+        PREFERENCE_LOSSES["listwise"](logps, None, tokens, params, None)
+    with pytest.raises(ValueError, match="listwise"):
+        PREFERENCE_LOSSES["simpo"](torch.zeros(1, 3), None, torch.ones(1, 3), params, None)

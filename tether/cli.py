@@ -311,11 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             run_ppo(config_from_args(PPOConfig, args))
         elif args.stage == "grpo":
             from tether.stages.grpo import run_grpo
-            from tether.stages.grpo_config import build_grpo_config
+            from tether.stages.grpo_config import GRPOConfig
 
-            file_values = load_yaml(args.config) if args.config else {}
-            overrides = {k: v for k, v in vars(args).items() if "." in k}
-            run_grpo(build_grpo_config(file_values, overrides, args.config or "command line"))
+            run_grpo(config_from_args(GRPOConfig, args))
         elif args.stage == "dpo":
             from tether.stages.dpo import run_dpo
             from tether.stages.dpo_config import DPOConfig
@@ -379,7 +377,7 @@ def run_diagnose_command(args) -> int:
 
 
 def print_recipes() -> None:
-    from tether.stages.grpo_config import RECIPES
+    from tether.recipes import RECIPES
 
     for name, recipe in RECIPES.items():
         print(f"{name}\n  {recipe.summary}\n  {recipe.equations}")

@@ -1,30 +1,74 @@
-"""Config machinery: frozen dataclasses, YAML files, command-line overrides.
+"""Config machinery: frozen dataclasses, YAML files, command-line overrides — one declaration, one validation.
 
-Each option is declared once with ``option(...)``; its help text is both the
-``--help`` and the documentation. Precedence: defaults < ``--config`` YAML <
-command-line flags. The stage-specific sections live next to their stages.
+Each option is declared once with ``option(...)`` in a ``Section``; its help text is both the ``--help`` and
+the documentation. A section checks its ``choices`` and its own rules when it is constructed, so flags, YAML
+files and configs built in Python are validated alike; a stage config checks the rules that span sections.
+A stage's defaults are its default section instances (``rollout: SamplingSection = SamplingSection(...)``).
+Precedence: those defaults < a preset (the group family's recipes) < ``--config`` YAML < command-line flags.
+Keys renamed in a later version keep working for a while: ``RENAMED`` maps them to the new key, with a warning.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
+
+log = logging.getLogger("tether.config")
 
 
 class ConfigError(ValueError):
     """A setting is wrong; the message says which and how to fix it."""
 
 
-def option(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None):
-    """A documented config field. ``flag`` overrides the command-line name (default: --field-name)."""
-    meta = {"help": help, "flag": flag, "choices": choices}
+def option(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
+           aliases: tuple[str, ...] = ()):
+    """A documented config field. ``flag`` overrides the command-line name (default: --field-name); ``choices``
+    are enforced at construction (for a list field, on every item); ``aliases`` are further flag names."""
+    meta = {"help": help, "flag": flag, "choices": choices, "aliases": aliases}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda d=tuple(default): list(d), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """Base of every config section: ``choices`` are checked at construction, then the section's ``check()``."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            allowed = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            for item in (value if isinstance(value, list) else [value]) if allowed else ():
+                if item not in allowed:
+                    raise ConfigError(f"{f.name}={item!r} is not one of {', '.join(map(str, allowed))}")
+        self.check()
+
+    def check(self) -> None:
+        """Rules between this section's fields; raise ConfigError naming the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageConfig:
+    """Base of a stage's config: one field per section; ``check()`` holds the rules that span sections."""
+
+    RENAMED: ClassVar[dict[str, str]] = {}  # old dotted key (or "section.*") -> new dotted key (or "section.*")
+    OLD_FLAGS: ClassVar[dict[str, str]] = {}  # old flags whose name does not follow from the old key -> old key
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Rules between sections; raise ConfigError naming the fields."""
+
+    @classmethod
+    def preset(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Dotted settings that sit between the defaults and the user's values (the group family's recipes)."""
+        return {}
 
 
 def _leaf_fields(section_cls):
@@ -37,6 +81,15 @@ def _sections(config_cls):
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):
         yield f.name, hints[f.name]
+
+
+def _section_defaults(config_cls) -> dict[str, dict]:
+    """{section: {field: default}}: a stage's defaults are its default section instances."""
+    out = {}
+    for f in dataclasses.fields(config_cls):
+        instance = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        out[f.name] = {g.name: getattr(instance, g.name) for g in dataclasses.fields(instance)}
+    return out
 
 
 def flag_name(f: dataclasses.Field) -> str:
@@ -64,29 +117,46 @@ class _AppendListAction(argparse.Action):
         setattr(namespace, self.dest, list(getattr(namespace, self.dest, None) or []) + list(values))
 
 
+def _is_list(typ) -> bool:
+    return typ in (list, list[str], typing.List[str])
+
+
+def _argument_kwargs(f, typ, dest: str, help_text: str) -> dict:
+    kwargs: dict[str, Any] = dict(dest=dest, default=argparse.SUPPRESS, help=help_text)
+    if typ is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif _is_list(typ):
+        kwargs.update(type=_parse_list, action=_AppendListAction, metavar="A,B")
+    else:
+        kwargs.update(type=typ, metavar=f.name.upper())
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+    return kwargs
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
-    """One flag per leaf field of every section; unset flags stay absent from the namespace."""
+    """One flag per leaf field of every section (and a hidden one per renamed key); unset flags stay absent."""
     parser.add_argument("--config", default=None, help="YAML file with any of the options below; flags given on the command line win.")
+    defaults = _section_defaults(config_cls)
+    taken = set()
     for section, section_cls in _sections(config_cls):
-        group = parser.add_argument_group(section, (section_cls.__doc__ or "").strip().splitlines()[0] if section_cls.__doc__ else None)
+        doc = (section_cls.__doc__ or "").strip().splitlines()
+        group = parser.add_argument_group(section, doc[0] if doc else None)
         for f, typ in _leaf_fields(section_cls):
-            dest = f"{section}.{f.name}"
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            help_text = f"{f.metadata.get('help', '')} (default: {default!r})"
-            kwargs: dict[str, Any] = dict(dest=dest, default=argparse.SUPPRESS, help=help_text)
-            if typ is not bool:
-                kwargs["metavar"] = f.name.upper()
-            if typ is bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
-            elif typ in (list, list[str], typing.List[str]):
-                kwargs["type"] = _parse_list
-                kwargs["action"] = _AppendListAction
-                kwargs["metavar"] = "A,B"
-            else:
-                kwargs["type"] = typ
-                if f.metadata.get("choices"):
-                    kwargs["choices"] = f.metadata["choices"]
-            group.add_argument(flag_name(f), **kwargs)
+            default = defaults[section][f.name]
+            help_text = f"{f.metadata.get('help', '')} (YAML {section}.{f.name}; default: {default!r})"
+            names = [flag_name(f), *f.metadata.get("aliases", ())]
+            taken.update(names)
+            group.add_argument(*names, **_argument_kwargs(f, typ, f"{section}.{f.name}", help_text))
+    old_flags = {"--" + old.split(".", 1)[1].replace("_", "-"): old for old in config_cls.RENAMED if not old.endswith(".*")}
+    for flag, old in {**old_flags, **config_cls.OLD_FLAGS}.items():
+        new = config_cls.RENAMED[old]
+        new_section, new_field = new.split(".", 1)
+        section_cls = dict(_sections(config_cls))[new_section]
+        f, typ = next((f, t) for f, t in _leaf_fields(section_cls) if f.name == new_field)
+        if flag not in taken:
+            taken.add(flag)
+            parser.add_argument(flag, **{**_argument_kwargs(f, typ, old, argparse.SUPPRESS), "help": argparse.SUPPRESS})
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -102,30 +172,72 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
-def build_config(config_cls, file_values: dict | None = None, overrides: dict | None = None, source: str = "config"):
-    """Defaults, then ``file_values`` ({section: {field: value}}), then ``overrides`` ({"section.field": value})."""
-    values: dict[str, dict] = {name: {} for name, _ in _sections(config_cls)}
+def _renamed(config_cls, dotted: str) -> str | None:
+    renamed = config_cls.RENAMED
+    if dotted in renamed:
+        return renamed[dotted]
+    section, key = dotted.split(".", 1)
+    wildcard = renamed.get(f"{section}.*")
+    return f"{wildcard[:-2]}.{key}" if wildcard else None
+
+
+def _flatten(config_cls, file_values: dict | None, source: str) -> dict[str, Any]:
+    """{section: {field: value}} -> {"section.field": value}, renamed keys mapped; unknown ones named."""
     section_types = dict(_sections(config_cls))
+    out: dict[str, Any] = {}
     for section, entries in (file_values or {}).items():
-        if section not in section_types:
-            raise ConfigError(f"{source}: unknown section {section!r}; sections are {sorted(section_types)}")
         if not isinstance(entries, dict):
             raise ConfigError(f"{source}: section {section!r} must be a mapping, got {type(entries).__name__}")
-        known = {f.name for f in dataclasses.fields(section_types[section])}
         for key, value in entries.items():
-            if key not in known:
-                raise ConfigError(f"{source}: unknown field {section}.{key}; {section} has {sorted(known)}")
-            values[section][key] = value
-    for dotted, value in (overrides or {}).items():
+            out[f"{section}.{key}"] = value
+    return _apply_renames(config_cls, out, source, section_types)
+
+
+def _known(section_types: dict, dotted: str) -> bool:
+    section, key = dotted.split(".", 1)
+    return section in section_types and key in {f.name for f in dataclasses.fields(section_types[section])}
+
+
+def _apply_renames(config_cls, values: dict[str, Any], source: str, section_types: dict) -> dict[str, Any]:
+    out = {}
+    for dotted, value in values.items():
+        if not _known(section_types, dotted):
+            new = _renamed(config_cls, dotted)
+            if new is None or not _known(section_types, new):
+                section = dotted.split(".", 1)[0]
+                if section not in section_types and new is None:
+                    raise ConfigError(f"{source}: unknown section {section!r}; sections are {sorted(section_types)}")
+                section = (new or dotted).split(".", 1)[0]
+                fields = sorted(f.name for f in dataclasses.fields(section_types[section]))
+                raise ConfigError(f"{source}: unknown field {dotted}; {section} has {fields}")
+            log.warning("%s: %s is now called %s; the old name still works but will be removed", source, dotted, new)
+            dotted = new
+        out[dotted] = value
+    return out
+
+
+def build_config(config_cls, file_values: dict | None = None, overrides: dict | None = None, source: str = "config"):
+    """Defaults, then the preset, then ``file_values`` ({section: {field: value}}), then ``overrides``
+    ({"section.field": value}). Every value is type-checked and every section validated, naming the field."""
+    section_types = dict(_sections(config_cls))
+    user = {**_flatten(config_cls, file_values, source),
+            **_apply_renames(config_cls, dict(overrides or {}), source, section_types)}
+    values = _section_defaults(config_cls)
+    for dotted, value in {**config_cls.preset(user), **user}.items():
         section, key = dotted.split(".", 1)
         values[section][key] = value
     sections = {}
     for section, section_cls in section_types.items():
         hints = {f.name: typ for f, typ in _leaf_fields(section_cls)}
-        for key, value in values[section].items():
-            values[section][key] = _coerce(value, hints[key], f"{section}.{key}", source)
-        sections[section] = section_cls(**values[section])
-    return config_cls(**sections)
+        entries = {k: _coerce(v, hints[k], f"{section}.{k}", source) for k, v in values[section].items()}
+        try:
+            sections[section] = section_cls(**entries)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {section} section: {err}") from None
+    try:
+        return config_cls(**sections)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
 
 
 def _coerce(value, typ, name, source):
@@ -136,7 +248,7 @@ def _coerce(value, typ, name, source):
             if isinstance(value, bool):
                 return value
             raise TypeError
-        if typ in (list, list[str], typing.List[str]):
+        if _is_list(typ):
             return _parse_list(value) if isinstance(value, str) else [str(v) for v in value]
         if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -159,10 +271,6 @@ def config_to_dict(config) -> dict:
     return dataclasses.asdict(config)
 
 
-def save_config(config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
-
-
 def config_diff(old: dict, new: dict) -> list[str]:
     """Dotted names of leaf fields that differ between two config dicts."""
     diffs = []
@@ -172,8 +280,3 @@ def config_diff(old: dict, new: dict) -> list[str]:
             if a.get(key) != b.get(key):
                 diffs.append(f"{section}.{key}: {a.get(key)!r} -> {b.get(key)!r}")
     return diffs
-
-
-def choice(value: str, allowed: tuple, name: str) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name}={value!r} is not one of {', '.join(allowed)}")

@@ -90,6 +90,80 @@ def save_merged(model, tokenizer, out_dir: str | Path) -> None:
         tokenizer.save_pretrained(str(out_dir))
 
 
+def disable_dropout(model) -> None:
+    """Set every dropout of ``model`` to 0 (nn.Dropout modules and the float rates attention layers read while
+    training), so training and scoring see the same function (docs: model.keep_dropout)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in vars(module).items():
+            if name.endswith("dropout") and isinstance(value, float):
+                setattr(module, name, 0.0)
+
+
+def check_lora_reference(model_cfg) -> None:
+    """With LoRA and no separate reference, the reference is the model with its adapter disabled — which is only
+    the SFT model if the --model folder is a full model, not itself an adapter."""
+    if model_cfg.lora_r > 0 and not getattr(model_cfg, "reference", "") and model_cfg.path \
+            and (Path(model_cfg.path) / "adapter_config.json").is_file():
+        raise ConfigError(f"--model {model_cfg.path} is a LoRA adapter folder: with --lora-r the reference would be the "
+                          "model with adapters disabled, i.e. the adapter's base model, not your SFT model. Merge the "
+                          "adapter first (tether writes merged final/ folders) or pass --reference")
+
+
+def load_stage_tokenizer(model_cfg):
+    if not model_cfg.path:
+        raise ConfigError("--model is required: a local Hugging Face model folder")
+    return load_tokenizer(model_cfg.tokenizer or model_cfg.path, model_cfg.trust_remote_code)
+
+
+def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
+    """The model to train (a ModelSection): from --model, or from a checkpoint when resuming (LoRA: base + saved
+    adapter); dropout disabled unless keep_dropout; only parameters matching trainable_params trainable."""
+    if model_cfg.lora_r > 0:
+        model = load_model(model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
+        if checkpoint is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
+        else:
+            model = apply_lora(model, model_cfg.lora_r, model_cfg.lora_alpha, model_cfg.lora_dropout,
+                               list(model_cfg.lora_target_modules))
+    else:
+        model = load_model(checkpoint or model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
+    if not model_cfg.keep_dropout:
+        disable_dropout(model)
+    pattern = getattr(model_cfg, "trainable_params", "")
+    if pattern:
+        import re
+
+        chosen = [n for n, q in model.named_parameters() if q.requires_grad_(bool(re.search(pattern, n))).requires_grad]
+        if not chosen:
+            raise ConfigError(f"trainable_params={pattern!r} matches no parameter; names look like "
+                              f"{[n for n, _ in model.named_parameters()][:4]}")
+    return model
+
+
+def load_reference(model_cfg, tokenizer, device=None):
+    """The frozen reference of a PolicySection, or None when it is the adapter-disabled policy (LoRA, no
+    --reference). In eval mode, without gradients, dropout disabled."""
+    check_lora_reference(model_cfg)
+    if model_cfg.lora_r > 0 and not model_cfg.reference:
+        return None
+    reference = load_model(model_cfg.reference or model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code,
+                           device)
+    disable_dropout(reference)
+    reference.eval()
+    for q in reference.parameters():
+        q.requires_grad_(False)
+    return reference
+
+
+def parameter_summary(model) -> str:
+    total, trainable = count_parameters(model)
+    return f"{total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"
+
+
 def count_parameters(model) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

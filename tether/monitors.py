@@ -1,4 +1,4 @@
-"""Reward-hacking monitors: pure functions over a run's records (ALGORITHMS §7, docs/monitors.md).
+"""Reward-hacking monitors: pure functions over a run's records (docs/algorithms.md §7, docs/monitors.md).
 
 Each monitor reads the per-step metrics (metrics.jsonl rows) and/or the rollout
 samples (samples.jsonl rows: step, response, score, parts, length …) and returns

@@ -112,3 +112,53 @@ class ReferenceCache:
 def attach_reference_logps(examples: list[PolicyPreference], logps: list[list[float]]) -> None:
     for ex, values in zip(examples, logps):
         ex.reference_logps = list(values)
+
+
+class ReferenceLogps:
+    """log π_ref for preference examples: from the cache, or computed with the reference — the --reference model,
+    the policy itself before training (same weights), or with LoRA the adapter-disabled policy."""
+
+    def __init__(self, model_cfg, cache_folder: str, batch_size: int, tokenizer, policy, device, fresh_policy: bool):
+        self.model_cfg, self.batch_size, self.tokenizer, self.policy, self.device = \
+            model_cfg, batch_size, tokenizer, policy, device
+        self.lora = model_cfg.lora_r > 0 and not model_cfg.reference
+        self.source = model_cfg.reference or model_cfg.path
+        self.fingerprint = model_fingerprint(self.source) + (":adapter-disabled" if self.lora else "")
+        self.fresh_policy = fresh_policy  # the policy still has the reference's weights
+        self._model = None
+        self.cache = ReferenceCache(cache_folder)
+        self.tokenizer_fp = tokenizer_fingerprint(tokenizer)
+        self.computed = 0  # examples scored (0 when everything came from the cache)
+
+    def describe(self) -> str:
+        return "the adapter-disabled policy" if self.lora else self.source
+
+    def _score(self, examples):
+        pad = self.tokenizer.pad_token_id
+        if self.lora:
+            with self.policy.disable_adapter():
+                return sequence_logps(self.policy, examples, pad, self.batch_size, self.device)
+        if self.fresh_policy and not self.model_cfg.reference:
+            return sequence_logps(self.policy, examples, pad, self.batch_size, self.device)
+        if self._model is None:
+            from tether.models import load_reference
+
+            self._model = load_reference(self.model_cfg, self.tokenizer, self.device)
+        return sequence_logps(self._model, examples, pad, self.batch_size, self.device)
+
+    def attach(self, examples, use_cache: bool = True) -> str:
+        """Fill ex.reference_logps; returns where they came from (for the plan)."""
+        if not examples:
+            return "none"
+        key = cache_key(examples, self.fingerprint, self.tokenizer_fp)
+        cached = self.cache.load(key) if use_cache else None
+        if cached is not None:
+            attach_reference_logps(examples, cached)
+            return f"cache {self.cache.path(key)}"
+        logps = self._score(examples)
+        self.computed += len(examples)
+        attach_reference_logps(examples, logps)
+        if use_cache:
+            self.cache.save(key, logps)
+            return f"computed, cached in {self.cache.path(key)}"
+        return "computed"

@@ -30,6 +30,32 @@ class Rollout:
     def lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1)  # (B,)
 
+    def select(self, idx: torch.Tensor) -> "Rollout":
+        """The rows ``idx`` (a 1-D index tensor), in that order."""
+        pick = idx.tolist()
+        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.response_ids[idx], self.response_mask[idx],
+                       self.truncated[idx], [self.prompts[i] for i in pick], [self.responses[i] for i in pick])
+
+    def completion_ids(self) -> list[list[int]]:
+        """The sampled token ids of each response, up to and including its stop token (what reward functions get)."""
+        return [ids[mask.bool()].tolist() for ids, mask in zip(self.response_ids, self.response_mask)]
+
+
+def render_prompts(tokenizer, rows: list[dict], where: str) -> list[str]:
+    """The text each prompt row is sampled from: a string as it is, chat messages through the chat template."""
+    from tether.data.records import DataError
+
+    out = []
+    for i, row in enumerate(rows):
+        prompt = row.get("prompt")
+        if isinstance(prompt, list):
+            out.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+        elif isinstance(prompt, str):
+            out.append(prompt)
+        else:
+            raise DataError(f"{where} row {i + 1}: 'prompt' must be a string or a list of chat messages")
+    return out
+
 
 def stop_token_ids(tokenizer, model=None) -> list[int]:
     """The stop set: the generation config's EOS ids and the tokenizer's EOS."""
@@ -128,6 +154,14 @@ def response_logprobs_and_values(model, value_head, rollout: Rollout, temperatur
     logprobs = token_logprobs(logits, rollout.response_ids, temperature) * mask
     values = value_head(hidden.to(value_head.weight.dtype))[..., 0].float() * mask
     return logprobs, _entropy(logits, temperature) * mask, values
+
+
+def reference_logprobs(reference, policy, rollout: Rollout, temperature: float) -> torch.Tensor:
+    """Reference log-probs: from the frozen copy, or (LoRA, reference None) from the policy with its adapter off."""
+    if reference is not None:
+        return response_logprobs(reference, rollout, temperature)
+    with policy.disable_adapter():
+        return response_logprobs(policy, rollout, temperature)
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:

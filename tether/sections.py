@@ -1,17 +1,21 @@
-"""Config sections shared by the training stages. Each field is documented once, here."""
+"""Config sections shared by the stages. Each field is declared and documented once, here; a stage picks the
+sections it needs and sets its own defaults by giving a default instance (see tether/config.py)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from tether.config import ConfigError, choice, option
+from tether.config import ConfigError, Section, option
+
+REPORTERS = ("tensorboard", "wandb", "mlflow", "none")
 
 
 @dataclass(frozen=True)
-class ModelSection:
+class ModelSection(Section):
     """The model being trained."""
 
-    path: str = option("", "Local Hugging Face model folder (config.json, weights, tokenizer).", flag="--model")
+    path: str = option("", "Local Hugging Face model folder (config.json, weights, tokenizer).", flag="--model",
+                       aliases=("--policy",))
     tokenizer: str = option("", "Tokenizer folder, if not the model folder.")
     dtype: str = option("float32", "Weights dtype: float32, bfloat16, float16 or auto (as saved).",
                         choices=("float32", "bfloat16", "float16", "auto"))
@@ -19,31 +23,51 @@ class ModelSection:
     trust_remote_code: bool = option(False, "Run model code shipped inside the model folder. Off unless you trust it.")
     lora_r: int = option(0, "LoRA rank; 0 trains every weight. Typical 8-64.")
     lora_alpha: float = option(16.0, "LoRA scaling alpha (update scaled by alpha/r). Typical 2*r.")
-    lora_dropout: float = option(0.0, "Dropout on the LoRA input. Typical 0-0.1.")
+    lora_dropout: float = option(0.0, "Dropout on the LoRA input (needs keep_dropout). Typical 0-0.1.")
     lora_target_modules: list = option(["all-linear"], "Module names that get adapters, or all-linear.")
+    keep_dropout: bool = option(False, "Keep the models' dropout active while training. Off by default: every dropout "
+                                       "layer of the trained and the reference model is disabled, so both score a "
+                                       "response alike (DPO's loss is log 2 at step 1; PPO's ratio is 1 on-policy).")
 
-    def __post_init__(self):
+    def check(self):
         if self.lora_r < 0:
             raise ConfigError(f"lora_r={self.lora_r}: must be >= 0 (0 disables LoRA)")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"lora_dropout={self.lora_dropout}: must be in [0, 1)")
+        if self.lora_dropout > 0 and not self.keep_dropout:
+            raise ConfigError(f"lora_dropout={self.lora_dropout} has no effect while dropout is disabled; add "
+                              "--keep-dropout (keep_dropout: true) or set lora_dropout to 0")
 
 
 @dataclass(frozen=True)
-class SFTDataSection:
+class PolicySection(ModelSection):
+    """The policy (trained) and the frozen reference it is tied to."""
+
+    reference: str = option("", "Reference model folder; default: the --model folder as loaded (with LoRA: the model "
+                                "with its adapter disabled). Not loaded when nothing uses it.")
+    trainable_params: str = option("", "Regular expression: train only the parameters whose names match it (the rest "
+                                       "frozen); empty trains all. Not with LoRA.")
+
+    def check(self):
+        super().check()
+        if self.trainable_params and self.lora_r > 0:
+            raise ConfigError("trainable_params selects weights to train; with lora_r > 0 the adapters are what trains")
+
+
+@dataclass(frozen=True)
+class DataSection(Section):
     """Training data (docs/data.md lists the formats)."""
 
     path: str = option("", "Training data: .jsonl, .json, .parquet or a datasets save_to_disk folder.", flag="--data")
-    eval_path: str = option("", "Held-out data in the same format; if empty, eval_fraction of the training data is held out.", flag="--eval-data")
-    eval_fraction: float = option(0.05, "Fraction of training records held out for evaluation when no --eval-data; 0 disables eval.")
+    eval_path: str = option("", "Held-out data in the same format; if empty, eval_fraction of the training rows is held out.",
+                            flag="--eval-data")
+    eval_fraction: float = option(0.05, "Fraction of training rows held out for evaluation when no --eval-data; 0 disables eval.")
     split: str = option("train", "Split to read from a datasets folder that has several.")
     columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. prompt=question,completion=answer.")
     max_length: int = option(1024, "Longest example in tokens; longer ones are dropped and counted (errors with --strict). Never truncated.")
-    train_on_prompt: bool = option(False, "Also train on prompt tokens (default: completion-only loss).")
-    packing: bool = option(False, "Pack several examples per row of max_length tokens, without attention across examples.")
     strict: bool = option(False, "Make dropped examples (empty completion, too long) errors.")
 
-    def __post_init__(self):
+    def check(self):
         if not 0 <= self.eval_fraction < 1:
             raise ConfigError(f"eval_fraction={self.eval_fraction}: must be in [0, 1)")
         if self.max_length < 2:
@@ -51,69 +75,78 @@ class SFTDataSection:
 
 
 @dataclass(frozen=True)
-class PreferenceDataSection:
-    """Preference data: prompt/chosen/rejected pairs or prompt/responses/ranking lists (docs/data.md)."""
+class SFTDataSection(DataSection):
+    """Demonstrations: prompt/completion, messages or text (docs/data.md)."""
 
-    path: str = option("", "Training preferences: .jsonl, .json, .parquet or a datasets folder.", flag="--data")
-    eval_path: str = option("", "Held-out preferences; if empty, eval_fraction of the training rows is held out.",
-                            flag="--eval-data")
-    eval_fraction: float = option(0.05, "Fraction of rows held out when no --eval-data; 0 disables the held-out pairs.")
-    split: str = option("train", "Split of a datasets folder.")
-    columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. chosen=better,rejected=worse.")
-    max_length: int = option(1024, "Longest prompt+response in tokens; longer pairs are dropped and counted (--strict: error).")
-    strict: bool = option(False, "Make dropped rows errors.")
-
-    def __post_init__(self):
-        if not 0 <= self.eval_fraction < 1:
-            raise ConfigError(f"eval_fraction={self.eval_fraction}: must be in [0, 1)")
+    train_on_prompt: bool = option(False, "Also train on prompt tokens (default: completion-only loss).")
+    packing: bool = option(False, "Pack several examples per row of max_length tokens, without attention across examples.")
 
 
 @dataclass(frozen=True)
-class OptimSection:
-    """AdamW with linear warm-up and cosine decay."""
+class OptimSection(Section):
+    """AdamW and its learning-rate schedule (linear warm-up, then cosine decay or constant)."""
 
-    lr: float = option(2e-5, "Peak learning rate. Typical 1e-5-5e-5 for full fine-tuning, 1e-4-3e-4 for LoRA.")
+    lr: float = option(2e-5, "Peak learning rate. Typical 1e-5-5e-5 for full fine-tuning, 1e-4-3e-4 for LoRA.", flag="--lr")
     weight_decay: float = option(0.0, "AdamW decoupled weight decay.")
     adam_beta1: float = option(0.9, "AdamW beta1.")
     adam_beta2: float = option(0.999, "AdamW beta2.")
-    warmup_ratio: float = option(0.05, "Fraction of steps of linear warm-up from 0 to lr.")
-    min_lr_ratio: float = option(0.1, "Cosine decays to lr * min_lr_ratio at the last step.")
-    max_grad_norm: float = option(1.0, "Clip the global gradient norm to this; 0 disables clipping.")
+    lr_schedule: str = option("cosine", "After warm-up: cosine (decays to lr * min_lr_ratio at the last update) or constant.",
+                              choices=("cosine", "constant"))
+    warmup_ratio: float = option(0.05, "Fraction of optimizer updates of linear warm-up from 0 to lr.")
+    warmup_steps: int = option(0, "Optimizer updates of linear warm-up; when > 0 it replaces warmup_ratio.")
+    min_lr_ratio: float = option(0.1, "Cosine decays to lr * min_lr_ratio at the last update.")
+    max_grad_norm: float = option(1.0, "Clip the global gradient norm (of each trained model) to this; 0 disables clipping.")
 
-    def __post_init__(self):
+    def check(self):
         if self.lr <= 0:
             raise ConfigError(f"lr={self.lr}: must be > 0")
-        if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("warmup_ratio must be in [0, 1) and min_lr_ratio in [0, 1]")
+        if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1 or self.warmup_steps < 0:
+            raise ConfigError(f"warmup_ratio={self.warmup_ratio} must be in [0, 1), warmup_steps={self.warmup_steps} "
+                              f">= 0 and min_lr_ratio={self.min_lr_ratio} in [0, 1]")
+
+    def warmup(self, total_updates: int) -> int:
+        """Warm-up length in optimizer updates (a derived value the plan prints)."""
+        return self.warmup_steps or int(self.warmup_ratio * total_updates)
 
 
 @dataclass(frozen=True)
-class TrainSection:
-    """Batching, length of the run, evaluation, checkpoints and logging."""
+class RunSection(Section):
+    """Run folder, length of the run, evaluation, checkpoints and logging."""
 
     output: str = option("", "Run folder: config.yaml, metrics.jsonl, checkpoint-<step>/, final/.")
-    batch_size: int = option(32, "Examples (or packed rows) per optimizer step, over all processes.")
-    micro_batch_size: int = option(8, "Examples per forward pass on each process; gradient accumulation covers the rest.")
-    max_steps: int = option(0, "Optimizer steps; 0 means derive from --epochs.")
-    epochs: float = option(1.0, "Passes over the training data, used when max_steps is 0.")
+    max_steps: int = option(0, "Optimizer steps (offline stages: 0 means derive from --epochs; online stages: "
+                               "rollout-and-update steps).", aliases=("--steps",))
     eval_every: int = option(50, "Evaluate every N steps (and at the end); 0 only at the end.")
-    save_every: int = option(100, "Write checkpoint-<step>/ every N steps; 0 only final/.")
+    save_every: int = option(100, "Write checkpoint-<step>/ every N steps; 0 only final/ (online stages: and the end).")
     keep_checkpoints: int = option(2, "Keep the newest N checkpoints; 0 keeps all.")
     log_every: int = option(10, "Console line every N steps (metrics.jsonl gets every step).")
-    seed: int = option(0, "Seed for data order, held-out split and initialisation.")
+    seed: int = option(0, "Seed for data order, held-out split, sampling and initialisation.")
     resume: bool = option(False, "Continue from the newest checkpoint-<step>/ in --output.")
     overwrite: bool = option(False, "Start afresh in an --output that already holds a run (deletes its metrics and checkpoints).")
-    report_to: list = option(["tensorboard"], "Extra loggers: tensorboard, wandb, mlflow, or none. metrics.jsonl is always written.")
+    report_to: list = option(["tensorboard"], "Extra loggers: tensorboard, wandb, mlflow, or none. metrics.jsonl is always written.",
+                             choices=REPORTERS)
 
-    def __post_init__(self):
-        if self.batch_size < 1 or self.micro_batch_size < 1:
-            raise ConfigError("batch_size and micro_batch_size must be >= 1")
-        if self.max_steps < 0 or self.epochs <= 0:
-            raise ConfigError("max_steps must be >= 0 and epochs > 0")
+    def check(self):
+        if self.max_steps < 0:
+            raise ConfigError(f"max_steps={self.max_steps}: must be >= 0")
         if self.resume and self.overwrite:
-            raise ConfigError("--resume and --overwrite contradict each other; choose one")
-        for name in self.report_to:
-            choice(name, ("tensorboard", "wandb", "mlflow", "none"), "report_to")
+            raise ConfigError("resume and overwrite contradict each other; choose one")
+
+
+@dataclass(frozen=True)
+class TrainSection(RunSection):
+    """Batching, length of the run, evaluation, checkpoints and logging."""
+
+    batch_size: int = option(32, "Examples (or packed rows) per optimizer step, over all processes.")
+    micro_batch_size: int = option(8, "Examples per forward pass on each process; gradient accumulation covers the rest.")
+    epochs: float = option(1.0, "Passes over the training data, used when max_steps is 0.")
+
+    def check(self):
+        super().check()
+        if self.batch_size < 1 or self.micro_batch_size < 1:
+            raise ConfigError(f"batch_size={self.batch_size} and micro_batch_size={self.micro_batch_size} must be >= 1")
+        if self.epochs <= 0:
+            raise ConfigError(f"epochs={self.epochs}: must be > 0")
 
     def grad_accum(self, world_size: int) -> int:
         """Micro-batches per optimizer step on each process."""
@@ -130,15 +163,137 @@ class TrainSection:
 
 
 @dataclass(frozen=True)
-class RewardFunctionOptions:
-    """Python reward functions (docs/rewards.md); the online stages' reward sections extend this."""
+class AlarmOptions(Section):
+    """What to do when a reward-hacking monitor raises an alarm (docs/monitors.md)."""
 
-    reward: list = option([], "Reward functions, module:function[(k=v,...)][=weight] or file.py:function, comma-separated; "
-                              "added to the reward model's score when there is one. A function that returns step scores "
-                              "is a process reward (tether grpo).", flag="--reward")
+    stop_on_alarm: bool = option(False, "Stop (after a checkpoint) when a reward-hacking monitor raises an alarm; "
+                                        "alarms are always written to alarms.jsonl.")
+
+
+@dataclass(frozen=True)
+class OnlineRunSection(RunSection, AlarmOptions):
+    """Run folder, length of the run, evaluation, best/, samples, alarms, checkpoints and logging."""
+
+    sample_every: int = option(5, "Write the step's responses to samples.jsonl every N steps (the monitors read them).")
+    best_metric: str = option("", "Keep best/ (HF format) at the evaluation with the best value of this metric, "
+                                  "e.g. eval/score_mean or, on the lab, eval/gold_reward; empty: no best/.")
+    best_mode: str = option("max", "Whether best_metric is better high (max) or low (min).", choices=("max", "min"))
+
+    def check(self):
+        super().check()
+        if self.max_steps < 1:
+            raise ConfigError(f"max_steps={self.max_steps}: an online run needs at least 1 step")
+
+
+@dataclass(frozen=True)
+class SamplingSection(Section):
+    """Prompts and sampling: each step samples group_size responses for each of prompts_per_step prompts."""
+
+    prompts: str = option("", "Prompt file (.jsonl...): a 'prompt' column (a string or chat messages) and any columns "
+                              "the rewards need.", flag="--prompts")
+    eval_prompts: str = option("", "Held-out prompts for periodic evaluation; empty: no evaluation.")
+    prompts_per_step: int = option(32, "Prompts sampled per step.")
+    group_size: int = option(1, "Responses sampled per prompt (G).")
+    max_new_tokens: int = option(64, "Response budget; responses without EOS within it are truncated.")
+    temperature: float = option(1.0, "Sampling temperature; log-probs are computed from logits / temperature.")
+    top_p: float = option(1.0, "Nucleus sampling threshold (1 = off).")
+    top_k: int = option(0, "Top-k sampling (0 = off).")
+
+    def check(self):
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature={self.temperature}: must be > 0 (log-probs are taken at that temperature)")
+        if self.prompts_per_step < 1 or self.group_size < 1 or self.max_new_tokens < 1:
+            raise ConfigError(f"prompts_per_step={self.prompts_per_step}, group_size={self.group_size} and "
+                              f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ConfigError(f"top_p={self.top_p} must be in (0, 1] and top_k={self.top_k} >= 0")
+
+    @property
+    def rollout_size(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+@dataclass(frozen=True)
+class RewardSection(Section):
+    """What scores a response — a reward model, Python reward functions, or both, summed with weights — and how the
+    score is shaped (docs/rewards.md)."""
+
+    reward_model: str = option("", "A `tether rm` folder whose score is added to the reward.", flag="--reward-model")
+    reward_model_weight: float = option(1.0, "Weight of the reward model's score in the total reward.")
+    reward_weights: str = option("", "Weights of reward-model heads, HEAD=W,...; default: the first head alone.")
+    normalize_reward: bool = option(True, "Standardise reward-model scores with the statistics saved by `tether rm`.")
+    reward: list = option([], "Reward functions, module:function[(k=v,...)][=weight] or file.py:function, comma-separated "
+                              "or repeated. A function that returns step scores is a process reward (tether grpo).",
+                          flag="--reward")
     reward_on_error: str = option("raise", "A reward function that raises or times out: raise (stop, naming it and the "
                                            "sample) or score (reward_error_score, counted in reward/<name>/errors).",
                                   choices=("raise", "score"))
     reward_error_score: float = option(0.0, "Score given when a reward function failed and reward_on_error=score.")
     reward_timeout: float = option(60.0, "Seconds a reward function may take per batch (then it counts as failed); 0 = no limit.")
-    reward_model_weight: float = option(1.0, "Weight of the reward model's score in the total reward.")
+    step_pattern: str = option(r"\.(?=\s|$)", "Process rewards: a regular expression whose matches end the steps of a "
+                                               "response; step k's score goes to the token where its k-th match ends.")
+    overlong_cache: int = option(0, "DAPO's soft overlong penalty over the last L_cache tokens of the budget, added as the "
+                                    "'overlong' component; 0 = off, -1 = a quarter of max_new_tokens.")
+    penalize_truncated: bool = option(False, "Give truncated responses truncation_penalty instead of their score.")
+    truncation_penalty: float = option(-1.0, "Score of a truncated response when penalize_truncated is on.")
+    reward_clip: float = option(0.0, "Clip scores to [-c, c]; 0 = off.")
+
+    def check(self):
+        if self.overlong_cache < -1 or self.reward_clip < 0 or self.reward_timeout < 0:
+            raise ConfigError(f"overlong_cache={self.overlong_cache} must be >= -1, reward_clip={self.reward_clip} and "
+                              f"reward_timeout={self.reward_timeout} >= 0")
+        for part in filter(None, self.reward_weights.split(",")):
+            head, _, weight = part.partition("=")
+            try:
+                float(weight)
+            except ValueError:
+                raise ConfigError(f"reward_weights={self.reward_weights!r}: expected HEAD=number,...") from None
+
+    @property
+    def head_weights(self) -> dict[str, float] | None:
+        return {k: float(v) for k, _, v in (p.partition("=") for p in self.reward_weights.split(",") if p)} or None
+
+    def has_reward(self) -> bool:
+        return bool(self.reward_model or self.reward)
+
+    def overlong_tokens(self, max_new_tokens: int) -> int:
+        """L_cache in tokens (-1 resolves to a quarter of the budget); checked against the budget."""
+        cache = max_new_tokens // 4 if self.overlong_cache == -1 else self.overlong_cache
+        if cache > max_new_tokens:
+            raise ConfigError(f"overlong_cache={cache} is larger than max_new_tokens={max_new_tokens}")
+        return cache
+
+
+@dataclass(frozen=True)
+class PolicyUpdateSection(Section):
+    """How a rollout batch updates the policy: passes, minibatches, the clipped surrogate and the KL to the reference."""
+
+    update_epochs: int = option(1, "Passes over each rollout batch (PPO's epochs, GRPO's μ); old log-probs are kept "
+                                   "from sampling time.")
+    minibatch: int = option(0, "Responses per optimizer update within a pass; 0 = the whole rollout batch.")
+    clip_low: float = option(0.2, "ε_low: ratio clip below 1.")
+    clip_high: float = option(0.2, "ε_high: ratio clip above 1.")
+    dual_clip: float = option(0.0, "Dual-clip constant c > 1 for negative advantages (Ye et al. 2020); 0 = off.")
+    kl_coef: float = option(0.0, "β: weight of the KL to the reference (PPO: in the per-token reward; group family: in "
+                                 "the loss); 0 loads no reference unless something else needs it.")
+    kl_estimator: str = option("k1", "Per-token KL estimator: k1, k2 or k3 (docs/algorithms.md §3).", choices=("k1", "k2", "k3"))
+    gamma: float = option(1.0, "Discount γ.")
+
+    def check(self):
+        if self.update_epochs < 1 or self.minibatch < 0:
+            raise ConfigError(f"update_epochs={self.update_epochs} must be >= 1 and minibatch={self.minibatch} >= 0")
+        if self.kl_coef < 0:
+            raise ConfigError(f"kl_coef={self.kl_coef}: must be >= 0")
+        if self.dual_clip and self.dual_clip <= 1:
+            raise ConfigError(f"dual_clip={self.dual_clip}: must be > 1 (or 0 for off)")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ConfigError(f"clip_low={self.clip_low} must be in [0, 1) and clip_high={self.clip_high} >= 0")
+
+
+def minibatch_size(update: PolicyUpdateSection, sampling: SamplingSection) -> int:
+    """Responses per optimizer update (a derived value the plan prints)."""
+    return update.minibatch or sampling.rollout_size
+
+
+def updates_per_step(update: PolicyUpdateSection, sampling: SamplingSection) -> int:
+    return -(-sampling.rollout_size // minibatch_size(update, sampling)) * update.update_epochs

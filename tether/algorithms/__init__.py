@@ -2,5 +2,17 @@
 
 Everything in this package imports torch only: no models, tokenizers, configs
 or logging. Trainers compose these pieces; tests check each one against a
-hand-computed case.
+hand-computed case. Formulas and sources: docs/algorithms.md.
+
+  logprobs    token log-probabilities from logits
+  reductions  masked_sum and ``aggregate``, the one way token terms become a scalar
+  sft         the SFT loss
+  reward      reward-model losses;  agreement: inter-annotator agreement
+  kl          per-token KL estimators k1, k2, k3
+  advantages  GAE, whitening, the group / RLOO / REINFORCE++ / process estimators
+  policy      importance ratios, the clipped surrogate, clip fraction
+  shaping     KL-in-the-reward, overlong and truncation penalties, score clipping
+  ppo         PPO's value loss, adaptive KL coefficient, explained variance
+  objectives  the full loss of each online stage (PPO, the group family)
+  preference  the DPO family, one table behind one signature
 """

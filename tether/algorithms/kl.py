@@ -1,4 +1,4 @@
-"""Per-token KL estimators (shared ALGORITHMS §3; Schulman 2020, "Approximating KL divergence").
+"""Per-token KL estimators (docs/algorithms.md §3; Schulman 2020, "Approximating KL divergence").
 
 Samples come from π_θ; ``log_r = ref_logprobs − logprobs``. Each returns (B, T) values; mask and reduce outside.
 """
@@ -27,6 +27,7 @@ KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """k_estimator(logp, ref_logp), estimator one of k1, k2, k3 (KL_ESTIMATORS); (B, T) -> (B, T), unmasked."""
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {estimator!r}; choose k1, k2 or k3")
     return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)

@@ -1,12 +1,14 @@
-"""How per-token terms become one number (shared ALGORITHMS §5, "Loss aggregation").
+"""How per-token terms become one number (docs/algorithms.md §5, "Loss aggregation").
 
-Losses elsewhere return per-token (B, T) values; these reductions are the
-named, tested step that turns them into a scalar. ``mask`` is 1 on tokens that
-count (response tokens up to and including EOS) and 0 on prompt and padding.
+Losses elsewhere return per-token (B, T) values; ``aggregate`` is the one named, tested step that turns them
+into a scalar. ``mask`` is 1 on tokens that count (response tokens up to and including EOS) and 0 on prompt
+and padding.
 """
 from __future__ import annotations
 
 import torch
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -14,28 +16,32 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), values, torch.zeros_like(values)).sum()
 
 
-def token_mean(values: torch.Tensor, mask: torch.Tensor, denominator: float | torch.Tensor | None = None) -> torch.Tensor:
-    """token-mean: Σ_{b,t} v m / Σ_{b,t} m.
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", n_tokens: float | None = None,
+              n_sequences: float | None = None, norm_length: float | None = None) -> torch.Tensor:
+    """Token terms → one number, with denominators of the whole optimizer step (docs/algorithms.md §5).
 
-    ``denominator`` replaces Σ m when the mean must run over more tokens than
-    this tensor holds: under gradient accumulation and several processes the
-    denominator is the token count of the whole optimizer step (ALGORITHMS §1),
-    so that each micro-batch contributes its *sum* divided by the global count.
+    token-mean:              Σ_{i,t} ℓ m / n_tokens                     (DAPO, Yu et al. 2025, arXiv 2503.14476)
+    seq-mean-token-mean:     Σ_i ( Σ_t ℓ m / Σ_t m ) / n_sequences      (GRPO, Shao et al. 2024, arXiv 2402.03300)
+    seq-mean-token-sum-norm: Σ_i Σ_t ℓ m / (L · n_sequences)            (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783;
+                                                                         L constant)
+
+    values, mask: (B, T); returns a 0-dim tensor. Padding content (even NaN) never leaks in. A sequence with
+    no counted token contributes 0 to seq-mean-token-mean.
+
+    n_tokens / n_sequences default to this tensor's own counts; pass the step's totals when the step is
+    split into micro-batches (or processes), and the micro-batch losses add up to exactly the full-batch loss
+    (docs/algorithms.md §1 on global denominators). ``norm_length`` is L, required by seq-mean-token-sum-norm.
     """
-    if denominator is None:
-        denominator = mask.sum()
-    return masked_sum(values, mask) / torch.clamp(torch.as_tensor(denominator, dtype=values.dtype), min=1.0)
-
-
-def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """seq-mean-token-mean: mean_b ( Σ_t v m / Σ_t m ). Sequences with no counted token contribute 0."""
-    mask = mask.to(values.dtype)
-    per_seq = (torch.where(mask.bool(), values, torch.zeros_like(values))).sum(-1) / mask.sum(-1).clamp(min=1.0)
-    return per_seq.mean()
-
-
-def seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, norm_length: float) -> torch.Tensor:
-    """seq-mean-token-sum-norm: mean_b ( Σ_t v m / L ), L a constant such as the maximum response length (Dr. GRPO)."""
-    if norm_length <= 0:
-        raise ValueError(f"norm_length must be > 0, got {norm_length}")
-    return (torch.where(mask.bool(), values, torch.zeros_like(values))).sum(-1).mean() / norm_length
+    m = mask.to(values.dtype)
+    masked = torch.where(mask.bool(), values, torch.zeros_like(values))
+    if mode == "token-mean":
+        denominator = m.sum() if n_tokens is None else torch.as_tensor(n_tokens, dtype=values.dtype)
+        return masked.sum() / denominator.clamp(min=1.0)
+    n = values.shape[0] if n_sequences is None else n_sequences
+    if mode == "seq-mean-token-mean":
+        return (masked.sum(-1) / m.sum(-1).clamp(min=1.0)).sum() / max(n, 1)
+    if mode == "seq-mean-token-sum-norm":
+        if not norm_length or norm_length <= 0:
+            raise ValueError("seq-mean-token-sum-norm needs norm_length > 0")
+        return masked.sum() / (norm_length * max(n, 1))
+    raise ValueError(f"unknown aggregation {mode!r}: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm")

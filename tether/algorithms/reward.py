@@ -1,4 +1,4 @@
-"""Reward-model losses (shared ALGORITHMS §2). Per-pair or per-list values; callers reduce."""
+"""Reward-model losses (docs/algorithms.md §2). Per-pair or per-list values; callers reduce."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning loss (shared ALGORITHMS §1)."""
+"""Supervised fine-tuning loss (docs/algorithms.md §1)."""
 from __future__ import annotations
 
 import torch
@@ -14,7 +14,7 @@ def sft_nll_sum(logprobs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor
     The SFT loss is L = L_sum / N with N = Σ m over the whole optimizer step
     (every micro-batch and every process). This function returns the sum so
     the caller can divide by that global N; dividing each micro-batch by its
-    own token count would over-weight short sequences (ALGORITHMS §1).
+    own token count would over-weight short sequences (docs/algorithms.md §1).
 
     Args:
         logprobs: (B, T) log-probabilities of the target tokens.

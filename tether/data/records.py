@@ -125,3 +125,20 @@ def _read_saved_dataset(path: Path, split: str) -> list[Record]:
             raise DataError(f"{path}: has splits {sorted(ds)}, not {split!r}; choose one with --split")
         ds = ds[split]
     return [Record(row, f"{path} row {i}") for i, row in enumerate(ds, start=1)]
+
+
+def split_records(records, eval_fraction: float, seed: int):
+    """Deterministic held-out split (a seeded shuffle of record positions)."""
+    import random
+
+    from tether.config import ConfigError
+
+    if eval_fraction <= 0:
+        return records, []
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    n_eval = max(1, int(round(eval_fraction * len(records))))
+    if n_eval >= len(records):
+        raise ConfigError(f"eval_fraction={eval_fraction} leaves no training records out of {len(records)}")
+    held = set(order[:n_eval])
+    return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]

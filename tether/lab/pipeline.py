@@ -371,10 +371,10 @@ def _dpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str,
              "online": None}[data]
     online = None
     if data == "online":
-        online = {"rounds": cfg.dpo_online_rounds, "prompts_per_round": cfg.dpo_online_prompts,
-                  "steps_per_round": max(1, cfg.dpo_steps // cfg.dpo_online_rounds),
-                  "keep_truncated": cfg.dpo_online_keep_truncated,
-                  "judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={cfg.rm_min_agreement})"}
+        online = {"online.rounds": cfg.dpo_online_rounds, "rollout.prompts_per_step": cfg.dpo_online_prompts,
+                  "online.steps_per_round": max(1, cfg.dpo_steps // cfg.dpo_online_rounds),
+                  "online.keep_truncated": cfg.dpo_online_keep_truncated,
+                  "online.judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={cfg.rm_min_agreement})"}
     return run_lab_dpo(folder, resume, lab=out, pairs=pairs, loss=loss, beta=0.0, steps=cfg.dpo_steps,
                        batch=cfg.dpo_batch, lr=cfg.dpo_lr, eval_every=cfg.dpo_eval_every,
                        eval_samples=cfg.ppo_eval_samples, seed=cfg.seed, online=online)

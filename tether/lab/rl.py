@@ -59,14 +59,15 @@ def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_
     summary = finished_summary(run_dir, resume)
     if summary is None:
         cfg = build_config(PPOConfig, source="lab", overrides={
-            "roles.policy": str(lab / "sft" / "final"), "roles.reward_model": str(lab / reward_model / "run" / "final"),
+            "model.path": str(lab / "sft" / "final"), "rewards.reward_model": str(lab / reward_model / "run" / "final"),
             "rollout.prompts": str(world / "assist_rl.jsonl"), "rollout.eval_prompts": str(world / "assist_eval.jsonl"),
-            "rollout.prompts_per_step": prompts_per_step, "rollout.max_new_tokens": 64, "ppo.steps": steps,
-            "ppo.minibatch": 16, "ppo.policy_lr": lr, "ppo.critic_lr": 1e-4, "ppo.kl_coef": kl_coef,
-            "ppo.adaptive_kl": adaptive_target > 0, "ppo.target_kl": adaptive_target or 6.0, "ppo.kl_horizon": kl_horizon,
-            "run.output": str(run_dir), "run.resume": resume, "run.overwrite": not resume, "run.eval_every": eval_every,
-            "run.save_every": eval_every, "run.sample_every": eval_every, "run.best_metric": "eval/gold_reward",
-            "run.log_every": eval_every, "run.seed": seed, "run.report_to": ["tensorboard"]})
+            "rollout.prompts_per_step": prompts_per_step, "rollout.max_new_tokens": 64, "train.max_steps": steps,
+            "algo.minibatch": 16, "optim.lr": lr, "critic.lr": 1e-4, "algo.kl_coef": kl_coef,
+            "algo.adaptive_kl": adaptive_target > 0, "algo.target_kl": adaptive_target or 6.0, "algo.kl_horizon": kl_horizon,
+            "train.output": str(run_dir), "train.resume": resume, "train.overwrite": not resume,
+            "train.eval_every": eval_every, "train.save_every": eval_every, "train.sample_every": eval_every,
+            "train.best_metric": "eval/gold_reward", "train.log_every": eval_every, "train.seed": seed,
+            "train.report_to": ["tensorboard"]})
         summary = run_ppo(cfg, evaluate_fn=gold)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return lab_ppo_figures(summary, metrics)
@@ -122,7 +123,7 @@ def run_lab_grpo(folder: Path, resume: bool, *, lab: Path, recipe: str, rewards:
                  group_size: int, lr: float, eval_every: int, eval_problems: int, seed: int, extra: dict | None = None) -> dict:
     """One GRPO-family run on arith_rl.jsonl from the SFT model; returns accuracy curves and throughput."""
     from tether.stages.grpo import run_grpo
-    from tether.stages.grpo_config import build_grpo_config
+    from tether.stages.grpo_config import GRPOConfig
 
     world = lab / "world"
     rows = [json.loads(line) for line in (world / "arith_eval.jsonl").read_text().splitlines() if line.strip()]
@@ -130,16 +131,16 @@ def run_lab_grpo(folder: Path, resume: bool, *, lab: Path, recipe: str, rewards:
     run_dir = folder / "run"
     summary = finished_summary(run_dir, resume)
     if summary is None:
-        overrides = {"model.policy": str(lab / "sft" / "final"), "rollout.prompts": str(world / "arith_rl.jsonl"),
+        overrides = {"model.path": str(lab / "sft" / "final"), "rollout.prompts": str(world / "arith_rl.jsonl"),
                      "rollout.eval_prompts": str(world / "arith_eval.jsonl"),
-                     "rewards.reward": LAB_ARITH_REWARDS[rewards], "algo.recipe": recipe, "algo.lr": lr,
+                     "rewards.reward": LAB_ARITH_REWARDS[rewards], "algo.recipe": recipe, "optim.lr": lr,
                      "rollout.prompts_per_step": prompts_per_step, "rollout.group_size": group_size,
-                     "rollout.max_new_tokens": 48, "run.steps": steps, "run.output": str(run_dir), "run.resume": resume,
-                     "run.overwrite": not resume, "run.eval_every": eval_every, "run.save_every": eval_every,
-                     "run.sample_every": eval_every, "run.log_every": eval_every, "run.seed": seed,
-                     "run.best_metric": "eval/accuracy_sampled", "run.report_to": ["tensorboard"],
+                     "rollout.max_new_tokens": 48, "train.max_steps": steps, "train.output": str(run_dir),
+                     "train.resume": resume, "train.overwrite": not resume, "train.eval_every": eval_every,
+                     "train.save_every": eval_every, "train.sample_every": eval_every, "train.log_every": eval_every,
+                     "train.seed": seed, "train.best_metric": "eval/accuracy_sampled", "train.report_to": ["tensorboard"],
                      **(extra or {})}
-        summary = run_grpo(build_grpo_config(overrides=overrides, source="lab"), evaluate_fn=accuracy)
+        summary = run_grpo(build_config(GRPOConfig, overrides=overrides, source="lab"), evaluate_fn=accuracy)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return lab_grpo_figures(summary, metrics)
 
@@ -184,8 +185,8 @@ def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, lo
         if pairs is not None:
             overrides["data.path"] = str(pairs)
         else:  # online: the pairs come from the policy; --eval-data still gives held-out pair accuracy
-            overrides.update({"online.online": True, "online.prompts": str(world / "assist_rl.jsonl"),
-                              "online.max_new_tokens": 64, **{f"online.{k}": v for k, v in (online or {}).items()}})
+            overrides.update({"online.online": True, "rollout.prompts": str(world / "assist_rl.jsonl"),
+                              "rollout.max_new_tokens": 64, **(online or {})})
         summary = run_dpo(build_config(DPOConfig, overrides=overrides, source="lab"), evaluate_fn=gold)
     return lab_dpo_figures(summary)
 

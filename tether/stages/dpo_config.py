@@ -1,21 +1,22 @@
-"""Settings of `tether dpo`, each documented once (this text is the --help)."""
+"""Settings of `tether dpo`: the shared sections with DPO's defaults, the loss, and online rounds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tether.algorithms.preference import PAIR_LOSSES
-from tether.config import ConfigError, option
-from tether.sections import ModelSection, OptimSection, PreferenceDataSection, RewardFunctionOptions, TrainSection
+from tether.config import ConfigError, Section, StageConfig, option
+from tether.sections import (AlarmOptions, DataSection, OptimSection, PolicySection, RewardSection, SamplingSection,
+                             TrainSection)
 
 DEFAULT_BETA = {"simpo": 2.0}  # every other loss: 0.1
 
 
 @dataclass(frozen=True)
-class DPOSection:
-    """The loss, its coefficients, and the reference."""
+class DPOSection(Section):
+    """The loss, its coefficients, and the reference log-probs."""
 
     loss: str = option("sigmoid", "sigmoid (DPO), cdpo, robust, ipo, hinge, simpo, orpo, beta_dpo, listwise "
-                                  "(Plackett–Luce over ranked lists). Formulas: docs/dpo.md.",
+                                  "(Plackett–Luce over ranked lists). Formulas: docs/algorithms.md §6.",
                        choices=PAIR_LOSSES)
     beta: float = option(0.0, "β; 0 = the loss's usual value (0.1; SimPO 2.0). For beta_dpo the base β_0.")
     label_smoothing: float = option(0.0, "ε: the assumed rate of flipped labels (cdpo, robust; robust needs 0 < ε < 0.5).")
@@ -23,27 +24,28 @@ class DPOSection:
     orpo_lambda: float = option(0.1, "ORPO's weight λ on the odds-ratio term.")
     beta_dpo_alpha: float = option(0.6, "β-DPO: β_b = β_0 (1 + α (M_b − M_0)), M_b the step batch's mean margin.")
     beta_dpo_momentum: float = option(0.9, "β-DPO: M_0 and σ are running averages with this momentum.")
+    beta_dpo_margin: str = option("scaled", "β-DPO's margin M: scaled = β_0 (u_w − u_l) (tether's form so far), unscaled "
+                                            "= u_w − u_l (the authors' released code); docs/algorithms.md §6.",
+                                  choices=("scaled", "unscaled"))
     beta_dpo_weighting: bool = option(False, "β-DPO's data weighting: pairs weighted by exp(−(M_i − M_0)²/2σ²), "
                                              "normalised to mean 1 over the step.")
     sft_coef: float = option(0.0, "Adds this times the chosen response's mean token NLL (RPO), against likelihood "
                                   "displacement (both chosen and rejected log-probs falling).")
-    reference: str = option("", "Reference model folder; default the --model folder (with LoRA: the adapter-disabled "
-                                "model). Not used by simpo and orpo.")
     reference_batch_size: int = option(32, "Preference examples per forward in the one-off reference pass.")
     reference_cache: str = option("", "Folder for cached reference log-probs (keyed by data, reference and tokenizer); "
                                       "default <output>/reference_cache. Point several runs at one folder to share it.")
 
-    def __post_init__(self):
+    def check(self):
         if self.beta < 0:
             raise ConfigError(f"beta={self.beta}: must be > 0 (or 0 for the loss's usual value)")
         if self.loss == "robust" and not 0 < self.label_smoothing < 0.5:
-            raise ConfigError("loss robust needs 0 < label_smoothing < 0.5 (the assumed flip rate)")
+            raise ConfigError(f"loss robust needs 0 < label_smoothing < 0.5 (the assumed flip rate), got {self.label_smoothing}")
         if not 0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"label_smoothing={self.label_smoothing}: must be in [0, 0.5)")
         if self.sft_coef < 0 or self.reference_batch_size < 1:
-            raise ConfigError("sft_coef must be >= 0 and reference_batch_size >= 1")
+            raise ConfigError(f"sft_coef={self.sft_coef} must be >= 0 and reference_batch_size={self.reference_batch_size} >= 1")
         if not 0 <= self.beta_dpo_momentum < 1:
-            raise ConfigError("beta_dpo_momentum must be in [0, 1)")
+            raise ConfigError(f"beta_dpo_momentum={self.beta_dpo_momentum}: must be in [0, 1)")
 
     @property
     def effective_beta(self) -> float:
@@ -51,39 +53,56 @@ class DPOSection:
 
 
 @dataclass(frozen=True)
-class OnlineSection(RewardFunctionOptions):
-    """Online (iterative) DPO: sample two answers per prompt from the current policy, label them, train, repeat."""
+class OnlineSection(AlarmOptions):
+    """Online (iterative) DPO: each round samples group_size = 2 answers for each of the rollout's prompts_per_step
+    prompts from the current policy, labels them, and trains steps_per_round steps on those pairs."""
 
     online: bool = option(False, "Train on pairs sampled from the current policy each round instead of --data (which "
-                                 "may then be left out; --eval-data still gives held-out pairs).",
-                          flag="--online")
-    prompts: str = option("", "Prompt file for online rounds: a 'prompt' column and any columns the labeller needs.",
-                          flag="--online-prompts")
+                                 "may then be left out; --eval-data still gives held-out pairs).", flag="--online")
     rounds: int = option(4, "Online rounds: sample and label, then train steps_per_round steps on that round's pairs.")
-    prompts_per_round: int = option(64, "Prompts sampled per round (two answers each).")
     steps_per_round: int = option(4, "Optimizer steps on each round's pairs.")
-    temperature: float = option(1.0, "Sampling temperature of the online answers.")
-    max_new_tokens: int = option(128, "Answer budget; pairs with an answer that hits it are dropped and counted ...")
-    keep_truncated: bool = option(False, "... unless this is set: then a cut-off answer is trained as if it had ended there.")
+    keep_truncated: bool = option(False, "Keep pairs with an answer that hit max_new_tokens (trained as if it had ended "
+                                         "there); by default they are dropped and counted.")
     judge: str = option("", "module:function(prompts, first, second, **columns) -> P(first is better) per pair "
                             "(1, 0, or 0.5 for a tie); instead of scores.", flag="--judge")
-    reward_model: str = option("", "A `tether rm` folder; the higher-scored answer is chosen.", flag="--reward-model")
-    stop_on_alarm: bool = option(False, "Stop after the round in which a reward-hacking monitor raises an alarm "
-                                        "(docs/monitors.md); the round's answers go to samples.jsonl with their label "
-                                        "(1 chosen, 0 rejected, 0.5 tie) or score as `score`.")
 
-    def __post_init__(self):
-        if self.rounds < 1 or self.prompts_per_round < 1 or self.steps_per_round < 1 or self.max_new_tokens < 1:
-            raise ConfigError("rounds, prompts_per_round, steps_per_round and max_new_tokens must be >= 1")
-        if self.temperature <= 0:
-            raise ConfigError("the online temperature must be > 0")
+    def check(self):
+        if self.rounds < 1 or self.steps_per_round < 1:
+            raise ConfigError(f"rounds={self.rounds} and steps_per_round={self.steps_per_round} must be >= 1")
 
 
 @dataclass(frozen=True)
-class DPOConfig:
-    model: ModelSection = ModelSection()
-    data: PreferenceDataSection = PreferenceDataSection()
+class DPOConfig(StageConfig):
+    model: PolicySection = PolicySection()
+    data: DataSection = DataSection()
     dpo: DPOSection = DPOSection()
+    rollout: SamplingSection = SamplingSection(prompts_per_step=64, group_size=2, max_new_tokens=128)
+    rewards: RewardSection = RewardSection()
     online: OnlineSection = OnlineSection()
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
+
+    RENAMED = {"dpo.reference": "model.reference", "online.prompts": "rollout.prompts",
+               "online.prompts_per_round": "rollout.prompts_per_step", "online.temperature": "rollout.temperature",
+               "online.max_new_tokens": "rollout.max_new_tokens", "online.reward_model": "rewards.reward_model",
+               "online.reward": "rewards.reward", "online.reward_on_error": "rewards.reward_on_error",
+               "online.reward_error_score": "rewards.reward_error_score", "online.reward_timeout": "rewards.reward_timeout",
+               "online.reward_model_weight": "rewards.reward_model_weight"}
+    OLD_FLAGS = {"--online-prompts": "online.prompts"}
+
+    def check(self):
+        if self.online.online:
+            if self.dpo.loss == "listwise":
+                raise ConfigError("dpo.loss=listwise with online.online: online rounds make pairs; use a pairwise loss "
+                                  "(listwise needs ranked lists in --data)")
+            if self.rollout.group_size != 2:
+                raise ConfigError(f"rollout.group_size={self.rollout.group_size}: online DPO samples two answers per prompt")
+            if not (self.online.judge or self.rewards.has_reward()):
+                raise ConfigError("online.online needs a labeller: --judge module:function, --reward-model or --reward")
+            if self.online.judge and self.rewards.has_reward():
+                raise ConfigError("online.judge and a reward (rewards.reward_model / rewards.reward) both label pairs; "
+                                  "choose one")
+
+    @property
+    def total_steps_online(self) -> int:
+        return self.online.rounds * self.online.steps_per_round

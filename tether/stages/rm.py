@@ -1,4 +1,4 @@
-"""`tether rm`: reward models from preference pairs or ranked lists (ALGORITHMS §2).
+"""`tether rm`: reward models from preference pairs or ranked lists (docs/algorithms.md §2).
 
 Trains with the shared offline loop; evaluates held-out accuracy, margin and the
 score distribution; keeps best/ by validation accuracy; watches for
@@ -15,14 +15,15 @@ import torch
 
 from tether.algorithms.reward import (all_pairs_loss, bradley_terry_loss, ordered_pair_accuracy, plackett_luce_loss,
                                       reward_centering_penalty)
-from tether.config import ConfigError, choice, config_to_dict, option
+from tether.config import ConfigError, Section, StageConfig, config_to_dict, option
 from tether.data.preferences import collate_preferences, tokenize_preferences
-from tether.data.records import read_records
+from tether.data.records import read_records, split_records
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
-from tether.sections import ModelSection, OptimSection, PreferenceDataSection, TrainSection
-from tether.stages import common
+from tether.sections import DataSection, ModelSection, OptimSection, TrainSection
+from tether.models import disable_dropout, load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.train.run import announce, check_steps_left, start_run, write_json
+from tether.train.schedule import build_optimizer
 from tether.stages.rm_probes import normalization_stats, run_probes
-from tether.stages.sft import split_records
 from tether.train.checkpoint import load_training_state, write_atomically
 from tether.train.early_stop import OverfitDetector
 from tether.train.logger import MetricsLogger, console
@@ -30,17 +31,16 @@ from tether.train.offline import LoopSettings, train_offline
 
 
 @dataclass(frozen=True)
-class RMDataSection(PreferenceDataSection):
+class RMDataSection(DataSection):
     """Preference data: pairs or ranked lists (docs/reward-models.md), plus margins, probes and normalisation rows."""
 
-    eval_fraction: float = option(0.1, "Fraction of rows held out when no --eval-data.")
     margin_column: str = option("", "Column with a per-pair margin m >= 0 for -log σ(r_w - r_l - m) (Llama 2). Empty: no margin.")
     probe_path: str = option("", "Your own probe pairs (prompt, original, modified, probe) to measure score shifts after training.")
     norm_path: str = option("", "Reference preferences whose responses give the normalisation mean/std; default: the held-out set.")
 
 
 @dataclass(frozen=True)
-class RMSection:
+class RMSection(Section):
     """Reward-model objective, heads and over-fitting detection."""
 
     heads: list = option(["reward"], "Head names. The first learns from chosen/rejected; each other head H from column H "
@@ -52,18 +52,17 @@ class RMSection:
     overfit_patience: int = option(3, "... for this many evaluations in a row.")
     early_stop: bool = option(False, "Stop training when the over-fitting alarm fires.")
 
-    def __post_init__(self):
+    def check(self):
         if not self.heads or len(set(self.heads)) != len(self.heads):
             raise ConfigError(f"heads={self.heads}: give one or more distinct names")
-        choice(self.ranking_loss, ("plackett-luce", "all-pairs"), "ranking_loss")
         if self.center_coef < 0 or self.overfit_drop < 0 or self.overfit_patience < 1:
             raise ConfigError("center_coef and overfit_drop must be >= 0, overfit_patience >= 1")
 
 
 @dataclass(frozen=True)
-class RMConfig:
+class RMConfig(StageConfig):
     model: ModelSection = ModelSection()
-    data: RMDataSection = RMDataSection()
+    data: RMDataSection = RMDataSection(eval_fraction=0.1)
     rm: RMSection = RMSection()
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
@@ -156,40 +155,29 @@ def load_trainable_rm(cfg: RMConfig, tokenizer, checkpoint: Path | None):
 
             from tether.reward_model import RewardModel
 
-            return RewardModel(PeftModel.from_pretrained(rm.model, str(checkpoint), is_trainable=True))
-        return apply_reward_lora(rm, m.lora_r, m.lora_alpha, m.lora_dropout, list(m.lora_target_modules))
-    return load_reward_model(checkpoint or m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
+            rm = RewardModel(PeftModel.from_pretrained(rm.model, str(checkpoint), is_trainable=True))
+        else:
+            rm = apply_reward_lora(rm, m.lora_r, m.lora_alpha, m.lora_dropout, list(m.lora_target_modules))
+    else:
+        rm = load_reward_model(checkpoint or m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
+    if not m.keep_dropout:
+        disable_dropout(rm)
+    return rm
 
 
 def run_rm(cfg: RMConfig) -> dict:
     t_start = time.perf_counter()
-    for value, flag in ((cfg.model.path, "--model"), (cfg.data.path, "--data"), (cfg.train.output, "--output")):
-        if not value:
-            raise ConfigError(f"{flag} is required")
-    accelerator = common.make_accelerator(cfg.model.device)
-    config = config_to_dict(cfg)
-    start_step, checkpoint = common.prepare_output(accelerator, cfg.train.output, cfg.train.resume, cfg.train.overwrite, config)
-    out = Path(cfg.train.output)
-    torch.manual_seed(cfg.train.seed)
-    tokenizer = common.load_stage_tokenizer(cfg.model)
-    d = cfg.data
-    records = read_records(d.path, d.columns, d.split)
-    train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
-                             else split_records(records, d.eval_fraction, cfg.train.seed))
-    heads = list(cfg.rm.heads)
-    train, report = tokenize_preferences(train_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict, d.path)
-    reports = [report]
-    evals = []
-    if eval_recs:
-        evals, eval_report = tokenize_preferences(eval_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict,
-                                                  d.eval_path or f"{d.path} (held out)")
-        reports.append(eval_report)
+    accelerator, config, out, start_step, checkpoint = start_run(
+        cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
+    tokenizer = load_stage_tokenizer(cfg.model)
+    d, heads = cfg.data, list(cfg.rm.heads)
+    train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer)
+    report = reports[0]
     total_steps = cfg.train.total_steps(len(train))
     accum = cfg.train.grad_accum(accelerator.num_processes)
-    if start_step >= total_steps:
-        raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} of {total_steps}; nothing left to train")
+    check_steps_left(start_step, total_steps, checkpoint)
     model = load_trainable_rm(cfg, tokenizer, checkpoint)
-    optimizer, scheduler = common.build_optimizer(model, cfg.optim, total_steps)
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
     detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
     if checkpoint is not None:
         state = load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index)
@@ -199,9 +187,9 @@ def run_rm(cfg: RMConfig) -> dict:
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",
-            "optimizer steps": total_steps, "start step": start_step, "model": common.parameter_summary(model)}
+            "optimizer steps": total_steps, "start step": start_step, "model": parameter_summary(model)}
     if accelerator.is_main_process:
-        common.announce("tether rm", plan, config, out, reports, None)
+        announce("tether rm", plan, config, out, reports, None)
     objective = RewardObjective(cfg.rm.ranking_loss, cfg.rm.center_coef)
     unwrapped = accelerator.unwrap_model(model)
 
@@ -236,24 +224,46 @@ def run_rm(cfg: RMConfig) -> dict:
                "overfit_alarm_step": detector.fired_at, "eval_history": detector.history,
                "data": [r.summary() for r in reports]}
     if accelerator.is_main_process:
-        # Probe and normalise on the rows that were trained/evaluated on (not those dropped as too long).
-        kept = {e.where for e in (evals or train)}
-        eval_rows = [r.fields for r in (eval_recs or train_recs) if r.where in kept][:1000]
-        norm_rows = [r.fields for r in read_records(d.norm_path, d.columns, d.split)] if d.norm_path else eval_rows
-        probe_rows = [r.fields for r in read_records(d.probe_path)] if d.probe_path else []
-        probes, normalization = run_probes(unwrapped, tokenizer, eval_rows, norm_rows, probe_rows, d.max_length)
-        summary["probes"] = probes
-        summary["normalization"] = normalization
-        write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, normalization), out / "final")
-        if (out / "best").is_dir():  # best/ has its own weights, so its own statistics
-            best = load_reward_model(out / "best", tokenizer)
-            best_norm = normalization_stats(best, tokenizer, norm_rows, d.max_length)
-            (out / "best" / NORM_FILE).write_text(json.dumps(best_norm, indent=2))
+        finish_rm(cfg, unwrapped, tokenizer, out, summary, (train_recs, eval_recs, train, evals))
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)
-        common.write_json(out / "summary.json", summary)
+        write_json(out / "summary.json", summary)
         console.print(f"reward model: {out / 'final'} (best by validation accuracy: {out / 'best'}, step "
                       f"{detector.best_step}); accuracy {last_eval.get('eval/accuracy', float('nan')):.3f}; "
-                      f"length correlation {probes['length_correlation']:.2f}; "
-                      + "; ".join(f"{k} shift {v['mean_shift']:+.3f}" for k, v in probes["counterfactual"].items()))
+                      f"length correlation {summary['probes']['length_correlation']:.2f}; "
+                      + "; ".join(f"{k} shift {v['mean_shift']:+.3f}" for k, v in summary["probes"]["counterfactual"].items()))
     accelerator.wait_for_everyone()
     return summary
+
+
+def load_rm_data(cfg: RMConfig, tokenizer):
+    """(train records, held-out records, train examples, held-out examples, data reports)."""
+    d, heads = cfg.data, list(cfg.rm.heads)
+    records = read_records(d.path, d.columns, d.split)
+    train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
+                             else split_records(records, d.eval_fraction, cfg.train.seed))
+    train, report = tokenize_preferences(train_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict, d.path)
+    reports, evals = [report], []
+    if eval_recs:
+        evals, eval_report = tokenize_preferences(eval_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict,
+                                                  d.eval_path or f"{d.path} (held out)")
+        reports.append(eval_report)
+    return train_recs, eval_recs, train, evals, reports
+
+
+def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data) -> None:
+    """Bias probes and normalisation statistics on the rows that were trained/evaluated on (not those dropped as
+    too long), final/ with them, and best/'s own statistics."""
+    d = cfg.data
+    train_recs, eval_recs, train, evals = data
+    kept = {e.where for e in (evals or train)}
+    eval_rows = [r.fields for r in (eval_recs or train_recs) if r.where in kept][:1000]
+    norm_rows = [r.fields for r in read_records(d.norm_path, d.columns, d.split)] if d.norm_path else eval_rows
+    probe_rows = [r.fields for r in read_records(d.probe_path)] if d.probe_path else []
+    probes, normalization = run_probes(model, tokenizer, eval_rows, norm_rows, probe_rows, d.max_length)
+    summary["probes"] = probes
+    summary["normalization"] = normalization
+    write_atomically(lambda tmp: save_reward_model(model, tokenizer, tmp, normalization), out / "final")
+    if (out / "best").is_dir():  # best/ has its own weights, so its own statistics
+        best = load_reward_model(out / "best", tokenizer)
+        best_norm = normalization_stats(best, tokenizer, norm_rows, d.max_length)
+        (out / "best" / NORM_FILE).write_text(json.dumps(best_norm, indent=2))

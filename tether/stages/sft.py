@@ -1,7 +1,6 @@
-"""`tether sft`: supervised fine-tuning with a completion-only loss (ALGORITHMS §1)."""
+"""`tether sft`: supervised fine-tuning with a completion-only loss (docs/algorithms.md §1)."""
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,19 +9,21 @@ import torch
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
-from tether.config import ConfigError, config_to_dict
-from tether.data.records import read_records
+from tether.config import ConfigError, StageConfig
+from tether.data.records import read_records, split_records
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.models import save_merged
 from tether.sections import ModelSection, OptimSection, SFTDataSection, TrainSection
-from tether.stages import common
+from tether.models import load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.train.run import announce, check_steps_left, start_run, write_json
+from tether.train.schedule import build_optimizer
 from tether.train.checkpoint import load_training_state, write_atomically
 from tether.train.logger import MetricsLogger, console
 from tether.train.offline import LoopSettings, train_offline
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(StageConfig):
     model: ModelSection = ModelSection()
     data: SFTDataSection = SFTDataSection()
     optim: OptimSection = OptimSection()
@@ -43,19 +44,6 @@ class SFTObjective:
         logits = model(**inputs, use_cache=False).logits  # (B, T, V)
         logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (B, T-1): position t predicts t+1
         return sft_nll_sum(logprobs, batch["loss_mask"][:, 1:]), {}
-
-
-def split_records(records, eval_fraction: float, seed: int):
-    """Deterministic held-out split (a seeded shuffle of record positions)."""
-    if eval_fraction <= 0:
-        return records, []
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
-    n_eval = max(1, int(round(eval_fraction * len(records))))
-    if n_eval >= len(records):
-        raise ConfigError(f"eval_fraction={eval_fraction} leaves no training records out of {len(records)}")
-    held = set(order[:n_eval])
-    return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
 
 
 def load_sft_data(cfg: SFTConfig, tokenizer):
@@ -83,28 +71,16 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
 def run_sft(cfg: SFTConfig) -> dict:
     """Train, checkpoint, evaluate and write final/; returns the summary."""
     t_start = time.perf_counter()
-    for value, flag, what in ((cfg.model.path, "--model", "a local Hugging Face model folder"),
-                              (cfg.data.path, "--data", "a .jsonl, .json, .parquet file or a datasets folder"),
-                              (cfg.train.output, "--output", "the run folder")):
-        if not value:
-            raise ConfigError(f"{flag} is required: {what}")
-    accelerator = common.make_accelerator(cfg.model.device)
-    config = config_to_dict(cfg)
-    start_step, checkpoint = common.prepare_output(accelerator, cfg.train.output, cfg.train.resume,
-                                                   cfg.train.overwrite, config)
-    out = Path(cfg.train.output)
-    torch.manual_seed(cfg.train.seed)
-    tokenizer = common.load_stage_tokenizer(cfg.model)
+    accelerator, config, out, start_step, checkpoint = start_run(
+        cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
+    tokenizer = load_stage_tokenizer(cfg.model)
     train, evals, reports = load_sft_data(cfg, tokenizer)
     world = accelerator.num_processes
     accum = cfg.train.grad_accum(world)
     total_steps = cfg.train.total_steps(len(train))
-    if start_step >= total_steps:
-        raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} and this run has "
-                          f"{total_steps} steps, so there is nothing left to train; raise --max-steps or --epochs "
-                          "to continue training, or use final/ as it is")
-    model = common.load_trainable_model(cfg.model, tokenizer, checkpoint)
-    optimizer, scheduler = common.build_optimizer(model, cfg.optim, total_steps)
+    check_steps_left(start_step, total_steps, checkpoint)
+    model = load_trainable_model(cfg.model, tokenizer, checkpoint)
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
     if checkpoint is not None:
         load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -113,10 +89,10 @@ def run_sft(cfg: SFTConfig) -> dict:
             "processes x micro-batch x accumulation": f"{world} x {cfg.train.micro_batch_size} x {accum}",
             "optimizer steps": total_steps,
             "start step": start_step,
-            "model": common.parameter_summary(model),
+            "model": parameter_summary(model),
             "loss": "all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)"}
     if accelerator.is_main_process:
-        common.announce("tether sft", plan, config, out, reports, checkpoint)
+        announce("tether sft", plan, config, out, reports, checkpoint)
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="sft")
     settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
@@ -135,7 +111,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         write_atomically(lambda tmp: save_merged(unwrapped, tokenizer, tmp), out / "final")
-        common.write_json(out / "summary.json", summary)
+        write_json(out / "summary.json", summary)
         console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
     accelerator.wait_for_everyone()
     return summary

@@ -59,8 +59,14 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: int, output: str | Path,
-                    state: dict, keep: int) -> Path:
-    """Write checkpoint-<step>/ atomically (every process calls this)."""
+                    state: dict, keep: int, extra: dict | None = None) -> Path:
+    """Write checkpoint-<step>/ atomically (every process calls this).
+
+    One layout for every stage: the trained model in Hugging Face format (a LoRA adapter folder when training
+    LoRA) with the tokenizer at the top, optimizer.pt and scheduler.pt, rng-<rank>.pt per process and
+    trainer_state.json; ``extra`` {name: (model, optimizer, scheduler or None)} adds a second trained model
+    (PPO's critic) as <name>/ with optimizer-<name>.pt and scheduler-<name>.pt.
+    """
     output = Path(output)
     partial = output / f".checkpoint-{step}.partial"
     final = output / f"checkpoint-{step}"
@@ -75,6 +81,11 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
             tokenizer.save_pretrained(str(partial))
         torch.save(optimizer.state_dict(), partial / "optimizer.pt")
         torch.save(scheduler.state_dict(), partial / "scheduler.pt")
+        for name, (part, part_optimizer, part_scheduler) in (extra or {}).items():
+            part.save_pretrained(str(partial / name))
+            torch.save(part_optimizer.state_dict(), partial / f"optimizer-{name}.pt")
+            if part_scheduler is not None:
+                torch.save(part_scheduler.state_dict(), partial / f"scheduler-{name}.pt")
         (partial / STATE_FILE).write_text(json.dumps({**state, "step": step,
                                                       "num_processes": accelerator.num_processes}, indent=2))
     accelerator.wait_for_everyone()
@@ -89,11 +100,16 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
     return final
 
 
-def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: int) -> dict:
-    """Restore optimizer, scheduler and this process's RNG; return the saved trainer state."""
+def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: int, extra: dict | None = None) -> dict:
+    """Restore optimizer, scheduler (and ``extra`` {name: (optimizer, scheduler or None)}) and this process's RNG;
+    return the saved trainer state."""
     state = json.loads((checkpoint / STATE_FILE).read_text())
     optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
+    for name, (part_optimizer, part_scheduler) in (extra or {}).items():
+        part_optimizer.load_state_dict(torch.load(checkpoint / f"optimizer-{name}.pt", weights_only=False))
+        if part_scheduler is not None:
+            part_scheduler.load_state_dict(torch.load(checkpoint / f"scheduler-{name}.pt", weights_only=False))
     rng_file = checkpoint / f"rng-{process_index}.pt"
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))

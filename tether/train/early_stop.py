@@ -9,7 +9,7 @@ class OverfitDetector:
     """Fires when accuracy has been more than ``drop`` below its best for ``patience`` evaluations in a row.
 
     Reward-model validation accuracy typically rises, then falls as the model
-    memorises its training pairs (ALGORITHMS §2); the pairwise loss keeps
+    memorises its training pairs (docs/algorithms.md §2); the pairwise loss keeps
     falling on the training set, so only held-out accuracy shows it.
     """
 

@@ -111,6 +111,44 @@ def evaluate(accelerator, model, examples, collate_fn: Callable, objective: Obje
     return out
 
 
+def train_step(accelerator, model, optimizer, scheduler, micro_batches: list[dict], objective: Objective, params,
+               max_grad_norm: float) -> dict[str, float]:
+    """One optimizer step over this process's micro-batches; returns the step's train/* metrics (global means).
+
+    Each micro-batch loss is its sum / N_step, N_step the units of the whole step over every micro-batch and process
+    (times the process count, since DDP averages gradients): the gradient does not depend on the split.
+    """
+    world = accelerator.num_processes
+    accum = len(micro_batches)
+    unit = getattr(objective, "unit", "units")
+    local_units = torch.tensor(float(sum(objective.count(b) for b in micro_batches)))
+    step_units = _all_reduce_sum(accelerator, local_units).clamp(min=1).float()
+    if hasattr(objective, "begin_step"):  # statistics of the whole step's batch (β-DPO's batch margin)
+        objective.begin_step(model, [_to_device(b, accelerator.device) for b in micro_batches],
+                             lambda value: _all_reduce_sum(accelerator, value))
+    loss_total = torch.zeros((), dtype=torch.float64)
+    stat_totals: dict[str, torch.Tensor] = {}
+    for k, batch in enumerate(micro_batches):
+        sync = k == accum - 1  # all-reduce gradients once, on the last micro-batch
+        with contextlib.nullcontext() if sync else accelerator.no_sync(model):
+            loss_sum, stats = objective.loss_sum(model, _to_device(batch, accelerator.device))
+            accelerator.backward(loss_sum * (world / step_units.to(loss_sum.device)))
+        loss_total += loss_sum.detach().double().cpu()
+        for name, v in stats.items():
+            stat_totals[name] = stat_totals.get(name, torch.zeros((), dtype=torch.float64)) + v.detach().double().cpu()
+    grad_norm = accelerator.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    step_units_f = float(step_units)
+    metrics = {"train/loss": (_all_reduce_sum(accelerator, loss_total) / step_units_f).item(), "train/lr": lr,
+               "train/grad_norm": float(grad_norm), f"train/{unit}": step_units_f}
+    for name in sorted(stat_totals):
+        metrics[f"train/{name}"] = (_all_reduce_sum(accelerator, stat_totals[name]) / step_units_f).item()
+    return metrics
+
+
 def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, eval_examples, collate_fn: Callable,
                   objective: Objective, settings: LoopSettings, start_step: int, output, tokenizer, logger,
                   checkpoint_state: Callable[[], dict] = dict, evaluate_fn: Callable[[], dict] | None = None,
@@ -133,41 +171,12 @@ def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, e
         indices = order.batch(step, settings.batch_size)[rank * per_process : (rank + 1) * per_process]
         micro_batches = [collate_fn([train_examples[i] for i in indices[k * settings.micro_batch_size : (k + 1) * settings.micro_batch_size]])
                          for k in range(accum)]
-        local_units = torch.tensor(float(sum(objective.count(b) for b in micro_batches)))
-        step_units = _all_reduce_sum(accelerator, local_units).clamp(min=1).float()
-        if hasattr(objective, "begin_step"):  # statistics of the whole step's batch (β-DPO's batch margin)
-            objective.begin_step(model, [_to_device(b, accelerator.device) for b in micro_batches],
-                                 lambda value: _all_reduce_sum(accelerator, value))
-        loss_total = torch.zeros((), dtype=torch.float64)
-        stat_totals: dict[str, torch.Tensor] = {}
-        for k, batch in enumerate(micro_batches):
-            sync = k == accum - 1  # all-reduce gradients once, on the last micro-batch
-            with contextlib.nullcontext() if sync else accelerator.no_sync(model):
-                loss_sum, stats = objective.loss_sum(model, _to_device(batch, accelerator.device))
-                accelerator.backward(loss_sum * (world / step_units.to(loss_sum.device)))
-            loss_total += loss_sum.detach().double().cpu()
-            for name, v in stats.items():
-                stat_totals[name] = stat_totals.get(name, torch.zeros((), dtype=torch.float64)) + v.detach().double().cpu()
-        max_norm = settings.max_grad_norm if settings.max_grad_norm > 0 else float("inf")
-        grad_norm = accelerator.clip_grad_norm_(params, max_norm)
-        lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-
+        step_metrics = train_step(accelerator, model, optimizer, scheduler, micro_batches, objective, params,
+                                  settings.max_grad_norm)
         done = step + 1
-        step_units_f = float(step_units)
-        metrics = {"step": done,
-                   "train/loss": (_all_reduce_sum(accelerator, loss_total) / step_units_f).item(),
-                   "train/lr": lr,
-                   "train/grad_norm": float(grad_norm),
-                   f"train/{unit}": step_units_f,
-                   "train/epoch": order.epoch_at(done, settings.batch_size)}
-        for name in sorted(stat_totals):
-            metrics[f"train/{name}"] = (_all_reduce_sum(accelerator, stat_totals[name]) / step_units_f).item()
         elapsed = time.perf_counter() - t0
-        metrics["time/step_s"] = elapsed
-        metrics[f"perf/{unit}_per_s"] = step_units_f / max(elapsed, 1e-9)
+        metrics = {"step": done, **step_metrics, "train/epoch": order.epoch_at(done, settings.batch_size),
+                   "time/step_s": elapsed, f"perf/{unit}_per_s": step_metrics[f"train/{unit}"] / max(elapsed, 1e-9)}
         is_last = done == settings.total_steps
         stop = False
         if eval_examples and ((settings.eval_every and done % settings.eval_every == 0) or is_last):

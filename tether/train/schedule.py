@@ -1,7 +1,9 @@
-"""Learning-rate schedule."""
+"""The optimizer (AdamW) and its learning-rate schedule, built from an OptimSection."""
 from __future__ import annotations
 
 import math
+
+import torch
 
 
 def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
@@ -16,3 +18,26 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: flo
     decay_steps = max(1, total_steps - warmup_steps - 1)
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_constant(step: int, warmup_steps: int) -> float:
+    """LR multiplier: the same linear warm-up, then 1."""
+    return (step + 1) / warmup_steps if step < warmup_steps else 1.0
+
+
+def build_optimizer(params, optim, total_updates: int, lr: float | None = None):
+    """(AdamW, LambdaLR) over ``params`` from an OptimSection; ``lr`` overrides optim.lr (PPO's critic).
+    ``total_updates`` is the number of optimizer updates of the run (the cosine's length)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        from tether.config import ConfigError
+
+        raise ConfigError("the model has no trainable parameters")
+    optimizer = torch.optim.AdamW(params, lr=lr or optim.lr, weight_decay=optim.weight_decay,
+                                  betas=(optim.adam_beta1, optim.adam_beta2))
+    warmup = optim.warmup(total_updates)
+    if optim.lr_schedule == "constant":
+        multiplier = lambda s: warmup_constant(s, warmup)
+    else:
+        multiplier = lambda s: warmup_cosine(s, total_updates, warmup, optim.min_lr_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)

@@ -1,0 +1,141 @@
+"""Each online stage's full objective against a hand-computed case, and micro-batch invariance of the group loss."""
+import math
+
+import pytest
+import torch
+
+from tether.algorithms.objectives import group_objective, ppo_objective
+from tether.algorithms.reductions import AGGREGATIONS
+
+LN = math.log
+
+
+def _ppo_case():
+    # one row, T = 3, token 2 is padding (garbage everywhere in it)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    old = torch.zeros(1, 3)
+    logp = torch.tensor([[LN(1.5), LN(0.5), 9.0]], requires_grad=True)  # ρ = 1.5, 0.5 (e⁹ on padding)
+    adv = torch.tensor([[1.0, 1.0, 5.0]])
+    entropy = torch.tensor([[0.4, 0.2, 99.0]])
+    values = torch.tensor([[1.0, 0.6, 7.0]], requires_grad=True)
+    old_values = torch.tensor([[0.5, 0.5, 0.0]])
+    returns = torch.tensor([[2.0, 2.0, 0.0]])
+    return logp, old, adv, entropy, values, old_values, returns, mask
+
+
+def test_ppo_objective_by_hand():
+    logp, old, adv, entropy, values, old_values, returns, mask = _ppo_case()
+    loss, parts = ppo_objective(logp, old, adv, entropy, values, old_values, returns, mask, clip_low=0.2,
+                                clip_high=0.2, value_clip=0.2, value_loss_coef=0.5, entropy_coef=0.1)
+    # ℓ_clip: ρ=1.5, A=1 → max(−1.5, −1.2) = −1.2 (clipped high); ρ=0.5, A=1 → max(−0.5, −0.8) = −0.5
+    # token-mean(ℓ_clip) = −1.7/2 = −0.85; token-mean(H) = (0.4 + 0.2)/2 = 0.3; policy = −0.85 − 0.1·0.3 = −0.88
+    assert parts["policy_loss"].item() == pytest.approx(-0.88)
+    # L_V: V=1.0 clips to 0.7, ½ max(1, 1.69) = 0.845; V=0.6 inside the range, ½ (1.4)² = 0.98; mean 0.9125
+    assert parts["value_loss"].item() == pytest.approx(0.9125)
+    assert loss.item() == pytest.approx(-0.88 + 0.5 * 0.9125)  # = −0.42375
+    assert parts["clipped_high"].tolist() == [[True, False, False]]
+    assert parts["clipped_low"].tolist() == [[False, False, False]]
+    assert parts["value_clipped"].tolist() == [[True, False, False]]
+    loss.backward()
+    # d/dlogp: clipped token 0 → 0; token 1: −ρA / 2 tokens = −0.5/2 = −0.25; padding 0
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.25, 0.0]]))
+    # d/dV: token 0's clipped value is flat in V → 0; token 1: (V − G)/2 tokens · c_v = −1.4/2·0.5 = −0.35
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.35, 0.0]]))
+
+
+def test_ppo_objective_dual_clip_and_defaults():
+    logp, old, adv, entropy, values, old_values, returns, mask = _ppo_case()
+    adv = torch.tensor([[-1.0, 1.0, 0.0]])
+    logp = torch.tensor([[LN(5.0), LN(0.5), 0.0]])
+    loss, parts = ppo_objective(logp, old, adv, entropy, values, old_values, returns, mask, dual_clip=3.0)
+    # A=−1, ρ=5: min(max(5, 1.2), 3) = 3 (dual bound → clipped low); A=1, ρ=0.5: −0.5. policy (3 − 0.5)/2 = 1.25
+    # defaults: no entropy bonus, c_v = 1: loss = 1.25 + 0.9125
+    assert parts["policy_loss"].item() == pytest.approx(1.25)
+    assert loss.item() == pytest.approx(1.25 + 0.9125)
+    assert parts["clipped_low"].tolist() == [[True, False, False]]
+
+
+def _group_case():
+    # one prompt, G = 2, T = 2; row 1 has one token (its second position is padding)
+    response_mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    old = torch.zeros(2, 2)
+    logp = torch.tensor([[LN(1.5), 0.0], [LN(0.5), 9.0]], requires_grad=True)  # token ρ = (1.5, 1 | 0.5, pad)
+    adv = torch.tensor([[1.0], [-1.0]])  # one advantage per response
+    # log r = ref − logp: ln 2 on token (0, 1), 0 elsewhere → k3 = (2 − 1 − ln 2) = 1 − ln 2 there, 0 elsewhere
+    ref = logp.detach() + torch.tensor([[0.0, LN(2.0)], [0.0, 0.0]])
+    return logp, old, adv, response_mask, ref
+
+
+def test_group_objective_by_hand():
+    logp, old, adv, mask, ref = _group_case()
+    k = 1 - LN(2.0)  # ≈ 0.30685
+    # clip 0.2 / 0.28: (0,0) ρ=1.5, A=1 → −1.28 (high); (0,1) ρ=1 → −1; (1,0) ρ=0.5, A=−1 → max(0.5, 0.8) = 0.8 (low)
+    # with β = 0.1: row 0 terms (−1.28, −1 + 0.1k), row 1 (0.8)
+    common = dict(clip_low=0.2, clip_high=0.28, ref_logprobs=ref, kl_coef=0.1, kl_estimator="k3")
+    loss, parts = group_objective(logp, old, adv, mask, mask, **common)
+    # seq-mean-token-mean: ((−2.28 + 0.1k)/2 + 0.8/1) / 2
+    assert loss.item() == pytest.approx(((-2.28 + 0.1 * k) / 2 + 0.8) / 2)
+    assert parts["clipped_high"].tolist() == [[True, False], [False, False]]
+    assert parts["clipped_low"].tolist() == [[False, False], [True, False]]
+    assert parts["kl"][0].tolist() == pytest.approx([0.0, k])
+    assert parts["ratio"][0].tolist() == pytest.approx([1.5, 1.0])
+    # token-mean: (−2.28 + 0.1k + 0.8) / 3 tokens
+    tm, _ = group_objective(logp, old, adv, mask, mask, aggregation="token-mean", **common)
+    assert tm.item() == pytest.approx((-2.28 + 0.1 * k + 0.8) / 3)
+    # seq-mean-token-sum-norm, L = 4: (−2.28 + 0.1k + 0.8) / (4 · 2)
+    sn, _ = group_objective(logp, old, adv, mask, mask, aggregation="seq-mean-token-sum-norm", norm_length=4, **common)
+    assert sn.item() == pytest.approx((-2.28 + 0.1 * k + 0.8) / 8)
+    # β = 0 (DAPO): the KL is computed and returned but not in the loss: ((−2.28)/2 + 0.8) / 2 = −0.17
+    no_kl, parts = group_objective(logp, old, adv, mask, mask, clip_low=0.2, clip_high=0.28, ref_logprobs=ref)
+    assert no_kl.item() == pytest.approx(-0.17) and parts["kl"][0, 1].item() == pytest.approx(k)
+    # no reference: kl is zeros
+    _, parts = group_objective(logp, old, adv, mask, mask, kl_coef=0.1)
+    assert parts["kl"].abs().sum() == 0
+    loss.backward()
+    # gradient of seq-mean-token-mean: (0,0) clipped → 0; (0,1) −ρA/(2 tokens · 2 seqs) = −1/4 plus the k3 term
+    # β·d k3/d logp /4 with d k3/d logp = 1 − r = 1 − 2 = −1 → −0.1/4; (1,0) clipped → 0; padding 0
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.25 - 0.025], [0.0, 0.0]]))
+
+
+def test_group_objective_sequence_ratio_and_loss_mask_by_hand():
+    logp, old, adv, response_mask, _ = _group_case()
+    # GSPO: row 0 s = exp((ln 1.5 + 0)/2) = √1.5 ≈ 1.2247 < 1.28, unclipped: −√1.5 on both tokens;
+    # row 1 s = exp(ln 0.5 / 1) = 0.5 (its padding's 9 not counted), A = −1 → 0.8
+    loss, parts = group_objective(logp, old, adv, response_mask, response_mask, ratio="sequence", clip_high=0.28)
+    assert parts["ratio"][:, 0].tolist() == pytest.approx([math.sqrt(1.5), 0.5])
+    assert loss.item() == pytest.approx((-math.sqrt(1.5) + 0.8) / 2)
+    # the loss mask drops response 1 (say it was truncated); the ratio still uses the response mask.
+    # seq-mean-token-mean over n = 2 rows: (−√1.5 + 0) / 2
+    loss_mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    dropped, parts = group_objective(logp, old, adv, loss_mask, response_mask, ratio="sequence_token", clip_high=0.28)
+    assert dropped.item() == pytest.approx(-math.sqrt(1.5) / 2)
+    assert parts["clipped_low"].sum() == 0  # row 1 is not counted, so nothing of it is marked clipped
+    with pytest.raises(ValueError, match="sequence_token"):
+        group_objective(logp, old, adv, response_mask, response_mask, ratio="geometric")
+
+
+@pytest.mark.parametrize("ratio", ["token", "sequence"])
+@pytest.mark.parametrize("mode", AGGREGATIONS)
+def test_micro_batch_splits_give_the_same_loss_and_gradient(mode, ratio):
+    torch.manual_seed(0)
+    logp = (0.3 * torch.randn(6, 5)).requires_grad_(True)
+    old = logp.detach() + 0.2 * torch.randn(6, 5)
+    ref = logp.detach() + 0.2 * torch.randn(6, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0],
+                         [1, 0, 0, 0, 0]]).float()
+    adv = torch.randn(6, 1)
+    kw = dict(ratio=ratio, ref_logprobs=ref, kl_coef=0.05, aggregation=mode, norm_length=5.0)
+    whole_loss, _ = group_objective(logp, old, adv, mask, mask, **kw)
+    whole_loss.backward()
+    whole = logp.grad.clone()
+    logp.grad = None
+    n_tokens, n_seq = float(mask.sum()), 6
+    total = 0.0
+    for rows in (slice(0, 1), slice(1, 4), slice(4, 6)):
+        part, _ = group_objective(logp[rows], old[rows], adv[rows], mask[rows], mask[rows], ref_logprobs=ref[rows],
+                                  ratio=ratio, kl_coef=0.05, aggregation=mode, norm_length=5.0, n_tokens=n_tokens,
+                                  n_sequences=n_seq)
+        part.backward()
+        total = total + part.detach()
+    torch.testing.assert_close(total, whole_loss.detach())
+    torch.testing.assert_close(logp.grad, whole)

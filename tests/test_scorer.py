@@ -1,0 +1,61 @@
+"""One scorer for every online stage: EOS and truncation rules, sampled token ids, parts, shaping, process rewards."""
+import pytest
+import torch
+
+from tether.config import ConfigError
+from tether.rewards.functions import RewardComponent, RewardSet
+from tether.rewards.score import Scorer
+from tether.rollout import Rollout
+from tether.sections import RewardSection
+
+
+class Tok:
+    eos_token = "</s>"
+
+
+def rollout():
+    """Two responses: the first ended with its stop token (id 2), the second hit the budget of 3 tokens."""
+    return Rollout(prompt_ids=torch.tensor([[5, 6], [5, 7]]), prompt_mask=torch.ones(2, 2, dtype=torch.long),
+                   response_ids=torch.tensor([[9, 2, 0], [8, 8, 8]]), response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+                   truncated=torch.tensor([False, True]), prompts=["Q1 ", "Q2 "], responses=["a", "bbb"])
+
+
+def test_reward_model_sees_eos_only_after_finished_responses_and_functions_get_the_sampled_ids():
+    seen = {}
+
+    def rm(texts):
+        seen["texts"] = texts
+        return [1.0, 2.0]
+
+    def length(completion_ids, truncated):
+        seen["ids"], seen["truncated"] = completion_ids, truncated
+        return [float(len(ids)) for ids in completion_ids]
+
+    rewards = RewardSet([RewardComponent("length", length, 0.5)], columns=["prompt"])
+    scores = Scorer(RewardSection(reward_model_weight=2.0), 3, Tok(), rewards, rm)(rollout(), [{"prompt": "Q1"}, {"prompt": "Q2"}])
+    assert seen["texts"] == ["Q1 a</s>", "Q2 bbb"]  # no EOS appended to the truncated answer
+    assert seen["ids"] == [[9, 2], [8, 8, 8]] and seen["truncated"] == [False, True]  # the sampled ids, stop token included
+    assert scores.total.tolist() == [2 * 1.0 + 0.5 * 2, 2 * 2.0 + 0.5 * 3]  # 3.0, 5.5
+    assert set(scores.parts) == {"reward_model", "length"} and scores.step_scores is None and scores.has_outcome
+
+
+def test_shaping_overlong_then_truncation_penalty_then_clip():
+    const = RewardSet([RewardComponent("const", lambda completions: [4.0, 4.0])], columns=["prompt"])
+    rows = [{"prompt": "Q1"}, {"prompt": "Q2"}]
+    # overlong over the last 2 of 3 tokens: length 2 → (1 − 2)/2 = −0.5; length 3 → (1 − 3)/2 = −1
+    scores = Scorer(RewardSection(overlong_cache=2), 3, Tok(), const)(rollout(), rows)
+    assert scores.total.tolist() == [3.5, 3.0] and scores.parts["overlong"].tolist() == [-0.5, -1.0]
+    shaped = Scorer(RewardSection(penalize_truncated=True, truncation_penalty=-1.0, reward_clip=2.0), 3, Tok(), const)
+    assert shaped(rollout(), rows).total.tolist() == [2.0, -1.0]  # 4 clipped to 2; the truncated one gets −1
+
+
+def test_process_rewards_are_kept_apart_and_refused_where_one_score_is_needed():
+    steps = RewardSet([RewardComponent("steps", lambda completions: [[1.0, 0.0], [0.5]], 2.0)], columns=["prompt"])
+    rows = [{"prompt": "Q1"}, {"prompt": "Q2"}]
+    scores = Scorer(RewardSection(), 3, Tok(), steps)(rollout(), rows)
+    assert scores.step_scores == [[2.0, 0.0], [1.0]] and not scores.has_outcome
+    assert scores.parts["steps"].tolist() == [1.0, 0.5] and scores.flat().tolist() == [2.0, 1.0]
+    with pytest.raises(ConfigError, match="Process rewards are for `tether grpo`"):
+        Scorer(RewardSection(), 3, Tok(), steps, allow_process=False)(rollout(), rows)
+    with pytest.raises(ConfigError, match="a reward is required"):
+        Scorer(RewardSection(), 3, Tok(), None)

@@ -1,0 +1,79 @@
+"""The records every online stage shares: one step's experience, and one sampled response as samples.jsonl stores
+it (the monitors and the report read those rows; docs/monitors.md)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tether.rewards.score import Scores
+from tether.rollout import Rollout
+
+
+@dataclass
+class SampleRecord:
+    """One sampled response in samples.jsonl."""
+
+    step: int  # the optimizer step whose metrics row it belongs to
+    prompt: str
+    response: str
+    score: float  # the total the update used (online DPO: the answer's score, or its side of the verdict)
+    parts: dict  # component -> raw value
+    length: int  # response tokens, EOS included
+    truncated: bool
+    group: int | None = None  # which prompt of the step (group family)
+    step_scores: list | None = None  # the process reward's weighted step scores
+    advantage: float | None = None  # mean token advantage over the response
+    kl: float | None = None  # sequence KL to the reference (Σ_t kl_t)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class Experience:
+    """One step's sampled responses and what was computed from them. B rows, T response positions."""
+
+    rollout: Rollout
+    rows: list[dict]  # (B,) the prompt file's row of each response
+    scores: Scores
+    old_logprobs: torch.Tensor | None = None  # (B, T) at sampling time; None when the ratio is exactly 1
+    ref_logprobs: torch.Tensor | None = None  # (B, T) under the reference; None when nothing needs them
+    values: torch.Tensor | None = None  # (B, T) critic values at rollout time (PPO)
+    kl: torch.Tensor | None = None  # (B, T) per-token KL estimate to the reference, 0 on padding
+    advantages: torch.Tensor | None = None  # (B, T), 0 on padding
+    returns: torch.Tensor | None = None  # (B, T) (PPO)
+
+    def samples(self, step: int, group_size: int | None = None) -> list[SampleRecord]:
+        r = self.rollout
+        mask = r.response_mask.float()
+        seq_adv = (self.advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1) if self.advantages is not None else None
+        return [SampleRecord(step, r.prompts[i], r.responses[i], float(self.scores.total[i]),
+                             {k: float(v[i]) for k, v in self.scores.parts.items()}, int(r.lengths[i]),
+                             bool(r.truncated[i]), group=i // group_size if group_size else None,
+                             step_scores=self.scores.step_scores[i] if self.scores.step_scores is not None else None,
+                             advantage=float(seq_adv[i]) if seq_adv is not None else None,
+                             kl=float(self.kl[i].sum()) if self.kl is not None else None)
+                for i in range(len(r.responses))]
+
+
+def stats(area: str, x: torch.Tensor) -> dict:
+    """{area/mean, area/std, area/min, area/max} of a 1-D tensor (empty: nothing)."""
+    if x.numel() == 0:
+        return {}
+    return {f"{area}/mean": float(x.mean()), f"{area}/std": float(x.std(unbiased=False)),
+            f"{area}/min": float(x.min()), f"{area}/max": float(x.max())}
+
+
+def rollout_metrics(exp: Experience) -> dict:
+    """What every online stage logs about its sampled responses and their scores (docs/metrics.md)."""
+    r, s = exp.rollout, exp.scores
+    lengths = r.lengths.float()
+    done = ~r.truncated
+    out = {"score/mean": float(s.total.mean()), "score/std": float(s.total.std(unbiased=False)),
+           "rollout/length_mean": float(lengths.mean()),
+           "rollout/terminated_length_mean": float(lengths[done].mean()) if done.any() else 0.0,
+           "rollout/truncated_frac": float(r.truncated.float().mean())}
+    for name, v in s.parts.items():
+        out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = float(v.mean()), float(v.std(unbiased=False))
+    return out

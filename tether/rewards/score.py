@@ -1,0 +1,122 @@
+"""One scorer for every online stage: a reward model and/or reward functions, summed with weights, then shaped.
+
+The same rules everywhere: the reward model reads prompt + response, plus EOS only where the response ended with
+one (a truncated answer is scored as the unfinished text it is); reward functions get the sampled token ids
+(never a re-tokenisation of the decoded text) and the truncation flags; every component is kept by name for
+logging. A component that returns step scores is a process reward: its weighted step scores are kept apart
+(the group family turns them into token advantages) and its step sum is logged.
+
+    total = w_RM · RM(x, y) + Σ_i w_i · f_i(x, y) + overlong(|y|)    (outcome components only)
+    then, if asked: truncated → truncation_penalty; clip to [−c, c]       (docs/algorithms.md §8)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tether.algorithms.shaping import clip_scores, overlong_penalty, truncation_penalty
+from tether.config import ConfigError
+from tether.rewards.functions import RewardSet
+
+
+@dataclass
+class Scores:
+    """Scores of B responses."""
+
+    total: torch.Tensor  # (B,) outcome score after shaping
+    parts: dict[str, torch.Tensor]  # component -> (B,) raw values (a process reward: its step sum)
+    step_scores: list[list[float]] | None  # (B,) weighted step scores of the process reward, if there is one
+    has_outcome: bool  # some component other than the process reward scores whole responses
+
+    def flat(self) -> torch.Tensor:
+        """(B,) outcome total plus the process reward's step sum: one number per response."""
+        if self.step_scores is None:
+            return self.total
+        return self.total + torch.tensor([sum(s) for s in self.step_scores])
+
+    def select(self, idx: torch.Tensor) -> "Scores":
+        pick = idx.tolist()
+        steps = [self.step_scores[i] for i in pick] if self.step_scores is not None else None
+        return Scores(self.total[idx], {k: v[idx] for k, v in self.parts.items()}, steps, self.has_outcome)
+
+    @staticmethod
+    def cat(parts: list["Scores"]) -> "Scores":
+        steps = [s for p in parts for s in p.step_scores] if parts[0].step_scores is not None else None
+        return Scores(torch.cat([p.total for p in parts]), {k: torch.cat([p.parts[k] for p in parts]) for k in parts[0].parts},
+                      steps, parts[0].has_outcome)
+
+
+def load_reward_model_scorer(rewards_cfg, device):
+    """The RewardSection's reward model as texts -> scores (normalised, head weights applied), or None."""
+    if not rewards_cfg.reward_model:
+        return None
+    from tether.reward_model import RewardScorer
+
+    return RewardScorer(rewards_cfg.reward_model, rewards_cfg.head_weights, rewards_cfg.normalize_reward, device)
+
+
+class Scorer:
+    """Reward model + reward functions + shaping -> Scores (a RewardSection says which and how)."""
+
+    def __init__(self, rewards_cfg, max_new_tokens: int, tokenizer, reward_set: RewardSet | None, reward_model=None,
+                 allow_process: bool = True):
+        """``reward_set``: load_reward_set(rewards_cfg, rows), checked before any model is loaded;
+        ``reward_model(texts) -> list[float]``: load_reward_model_scorer(), or a stand-in (the lab, tests)."""
+        self.cfg, self.tokenizer, self.max_new_tokens = rewards_cfg, tokenizer, max_new_tokens
+        self.allow_process = allow_process
+        self.rewards, self.reward_model = reward_set, reward_model
+        if self.reward_model is None and self.rewards is None:
+            raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
+        self.overlong_cache = rewards_cfg.overlong_tokens(max_new_tokens)
+
+    def describe(self) -> str:
+        """The reward as the plan prints it."""
+        terms = [f"{self.cfg.reward_model_weight:g} x reward model"] if self.reward_model is not None else []
+        terms += [f"{c.weight:g} x {c.name}" for c in (self.rewards.components if self.rewards else [])]
+        terms += [f"overlong (last {self.overlong_cache} tokens)"] if self.overlong_cache else []
+        shaping = (["truncated -> %g" % self.cfg.truncation_penalty] if self.cfg.penalize_truncated else []) \
+            + ([f"clipped to ±{self.cfg.reward_clip:g}"] if self.cfg.reward_clip else [])
+        return " + ".join(terms) + (f"; {', '.join(shaping)}" if shaping else "")
+
+    def __call__(self, rollout, rows: list[dict]) -> Scores:
+        parts: dict[str, torch.Tensor] = {}
+        steps = None
+        total = torch.zeros(len(rollout.responses))
+        if self.reward_model is not None:
+            eos = self.tokenizer.eos_token or ""
+            texts = [p + r + ("" if t else eos) for p, r, t in zip(rollout.prompts, rollout.responses, rollout.truncated.tolist())]
+            parts["reward_model"] = torch.tensor(self.reward_model(texts), dtype=torch.float32)
+            total += self.cfg.reward_model_weight * parts["reward_model"]
+        if self.rewards is not None:
+            values = self.rewards.score(rows, rollout.responses, rollout.completion_ids(), rollout.truncated.tolist())
+            for c in self.rewards.components:
+                v = values[c.name]
+                if v and isinstance(v[0], list):
+                    steps = self._process(c, v, steps)
+                    parts[c.name] = torch.tensor([sum(row) for row in v], dtype=torch.float32)  # logged as the step sum
+                else:
+                    parts[c.name] = torch.tensor(v, dtype=torch.float32)
+                    total += c.weight * parts[c.name]
+        if self.overlong_cache:
+            parts["overlong"] = overlong_penalty(rollout.lengths, self.max_new_tokens, self.overlong_cache)
+            total += parts["overlong"]
+        if self.cfg.penalize_truncated:
+            total = truncation_penalty(total, rollout.truncated, self.cfg.truncation_penalty)
+        total = clip_scores(total, self.cfg.reward_clip)
+        return Scores(total, parts, steps, has_outcome=steps is None or len(parts) > 1)
+
+    def _process(self, component, values: list[list[float]], steps):
+        if not self.allow_process:
+            raise ConfigError(f"reward function {component.name} returned step scores (a process reward); this stage "
+                              "needs one score per response. Process rewards are for `tether grpo`")
+        if steps is not None:
+            raise ConfigError("more than one process reward (functions returning step scores); combine them into one")
+        return [[component.weight * x for x in row] for row in values]
+
+    def error_counts(self) -> dict[str, int]:
+        return {c.name: c.errors for c in (self.rewards.components if self.rewards else [])}
+
+    def restore_error_counts(self, counts: dict[str, int]) -> None:
+        for c in self.rewards.components if self.rewards else []:
+            c.errors = counts.get(c.name, 0)

@@ -1,0 +1,264 @@
+"""The online loop shared by PPO, the group family and online DPO.
+
+A stage loads its models and hands the loop an ``OnlineStage``: a ``step(step)`` that samples, scores and updates
+(returning the step's metrics and its sampled responses), an ``evaluate()`` on held-out data, the models and
+optimizers it trains, and its own state. The loop owns the rest, once for every stage: exact resume (optimizers,
+schedulers, RNG, the stage's state), the plan and config.yaml, evaluation before the first update and every
+eval_every steps, best/, samples.jsonl, the reward-hacking monitors and stop-on-alarm, checkpoints (one layout,
+tether/train/checkpoint.py), final/ and summary.json.
+
+Reading order = execution order: for each step, step() → evaluate (when due) → metrics.jsonl → samples.jsonl
+→ monitors → checkpoint (when due, at the end, or on an alarm that stops the run).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from tether.config import ConfigError
+from tether.models import save_merged
+from tether.monitors import RunMonitor, read_jsonl
+from tether.train.checkpoint import load_training_state, save_checkpoint, write_atomically
+from tether.train.logger import MetricsLogger, console
+from tether.train.run import announce, write_json
+
+
+class OnlineStage(Protocol):
+    name: str  # "ppo", "grpo", "dpo": the summary's stage and the logger's run name
+    policy: object  # the trained model (a PeftModel when training LoRA)
+    tokenizer: object
+    optimizer: object
+    scheduler: object
+    scorer: object  # a tether.rewards.score.Scorer, or None; its reward-function failures are counted and checkpointed
+
+    def extra_parts(self) -> dict[str, tuple]:
+        """Further trained models {name: (model, optimizer, scheduler or None)}, e.g. PPO's critic."""
+
+    def plan(self) -> dict:
+        """The stage's lines of the plan table."""
+
+    def state(self) -> dict:
+        """JSON-able state to checkpoint (PPO's β, a data cursor, β-DPO's statistics...)."""
+
+    def load_state(self, state: dict) -> None:
+        """Restore what state() returned."""
+
+    def step(self, step: int) -> tuple[dict, list]:
+        """One step (0-based): (metrics without "step", SampleRecords of the responses sampled in it)."""
+
+    def evaluate(self) -> dict:
+        """eval/* metrics on held-out data (may be empty)."""
+
+    def summary(self) -> dict:
+        """The stage's own entries of summary.json."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When the loop evaluates, samples, checks, saves and logs (from the stage's run section)."""
+
+    total_steps: int
+    eval_every: int
+    save_every: int
+    keep_checkpoints: int
+    log_every: int
+    report_to: list = field(default_factory=list)
+    sample_every: int = 1
+    best_metric: str = ""
+    best_mode: str = "max"
+    stop_on_alarm: bool = False
+    round_steps: int = 0  # online DPO: steps per round; a round's end is also evaluated (and saved, if saving)
+
+    @classmethod
+    def of(cls, run, total_steps: int, **overrides) -> "Schedule":
+        """From a RunSection (OnlineRunSection fields when it has them)."""
+        fields = {k: getattr(run, k) for k in ("sample_every", "best_metric", "best_mode", "stop_on_alarm") if hasattr(run, k)}
+        return cls(total_steps, run.eval_every, run.save_every, run.keep_checkpoints, run.log_every, list(run.report_to),
+                   **{**fields, **overrides})
+
+    def due(self, every: int, done: int) -> bool:
+        return bool(every) and done % every == 0
+
+    def evaluate_at(self, done: int) -> bool:
+        return self.due(self.eval_every, done) or done == self.total_steps or self.due(self.round_steps, done)
+
+    def save_at(self, done: int) -> bool:
+        return (self.due(self.save_every, done) or done == self.total_steps
+                or (bool(self.save_every) and self.due(self.round_steps, done)))
+
+
+def improves(figures: dict, metric: str, mode: str, best) -> bool:
+    if metric not in figures:
+        raise ConfigError(f"--best-metric {metric}: the evaluation reports {sorted(figures)}")
+    value = figures[metric]
+    return best is None or (value > best if mode == "max" else value < best)
+
+
+class _Run:
+    """The loop's own state: evaluation history, best/, reward-function error counts — checkpointed with the stage's."""
+
+    def __init__(self, stage: OnlineStage, schedule: Schedule, out: Path, evaluate_fn: Callable | None, accelerator):
+        self.stage, self.schedule, self.out, self.evaluate_fn = stage, schedule, out, evaluate_fn
+        self.accelerator = accelerator
+        self.history: list[dict] = []
+        self.best = {"value": None, "step": None}
+
+    def restore(self, checkpoint: Path) -> int:
+        extra = {name: (opt, sched) for name, (_, opt, sched) in self.stage.extra_parts().items()}
+        saved = load_training_state(checkpoint, self.stage.optimizer, self.stage.scheduler,
+                                    self.accelerator.process_index, extra)
+        self.history = [h for h in saved.get("eval_history", []) if h["step"] <= saved["step"]]
+        self.best.update(saved.get("best", {}))
+        self.stage.load_state(saved.get("stage", {}))
+        if self.scorer is not None:
+            self.scorer.restore_error_counts(saved.get("reward_errors", {}))
+        return saved["step"]
+
+    @property
+    def scorer(self):
+        """The stage's reward scorer, whose reward-function failures the run counts (None: no scorer)."""
+        return getattr(self.stage, "scorer", None)
+
+    def error_metrics(self) -> dict:
+        counts = self.scorer.error_counts() if self.scorer is not None else {}
+        return {f"reward/{name}/errors": n for name, n in counts.items()}
+
+    def evaluate(self, step: int) -> dict:
+        res = self.stage.evaluate()
+        if self.evaluate_fn is not None and self.accelerator.is_main_process:
+            res.update({f"eval/{k}": v for k, v in self.evaluate_fn(self.stage.policy, self.stage.tokenizer).items()})
+        self.history.append({"step": step, **res})
+        s = self.schedule
+        if s.best_metric and improves(res, s.best_metric, s.best_mode, self.best["value"]):
+            self.best.update(value=res[s.best_metric], step=step)  # step 0: nothing trained has beaten the start yet
+
+            def save_best(tmp: Path) -> None:
+                save_merged(self.stage.policy, self.stage.tokenizer, tmp)
+                (tmp / "best.json").write_text(json.dumps({"metric": s.best_metric, **self.best}))
+
+            write_atomically(save_best, self.out / "best")
+        return res
+
+    def save(self, done: int) -> None:
+        state = {"stage": self.stage.state(), "best": self.best, "eval_history": self.history,
+                 "reward_errors": self.scorer.error_counts() if self.scorer is not None else {}}
+        save_checkpoint(self.accelerator, self.stage.policy, self.stage.tokenizer, self.stage.optimizer,
+                        self.stage.scheduler, done, self.out, state, self.schedule.keep_checkpoints,
+                        extra=self.stage.extra_parts())
+
+    def write_samples(self, samples: list) -> None:
+        with (self.out / "samples.jsonl").open("a") as handle:
+            handle.write("".join(json.dumps(s.as_dict()) + "\n" for s in samples))
+
+
+def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator, out: Path, checkpoint: Path | None,
+               title: str, evaluate_fn: Callable | None = None) -> dict:
+    """Train ``stage`` from the checkpoint (or step 0) to schedule.total_steps; returns the summary.
+    ``evaluate_fn(policy, tokenizer) -> dict`` adds task metrics (the lab's gold figures) to every evaluation."""
+    t_start = time.perf_counter()
+    run = _Run(stage, schedule, out, evaluate_fn, accelerator)
+    start_step = run.restore(checkpoint) if checkpoint is not None else 0  # RNG last: nothing below draws from it
+    if accelerator.is_main_process:
+        announce(title, {**stage.plan(), "steps": schedule.total_steps, "start step": start_step}, config, out,
+                 checkpoint=checkpoint)
+    logger = MetricsLogger(out, schedule.report_to, config, start_step, schedule.total_steps,
+                           enabled=accelerator.is_main_process, log_every=schedule.log_every, run_name=stage.name)
+    baseline = run.evaluate(0) if start_step == 0 else {}
+    monitor, stopped_at = RunMonitor(out, schedule.stop_on_alarm), None
+    try:
+        for step in range(start_step, schedule.total_steps):
+            step_metrics, samples = stage.step(step)
+            done = step + 1
+            metrics = {"step": done, **step_metrics, **run.error_metrics()}
+            if step == start_step and baseline:
+                metrics.update({k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()})
+            if schedule.evaluate_at(done):
+                metrics.update(run.evaluate(done))
+            logger.log(metrics)
+            if samples and schedule.due(schedule.sample_every, done):
+                run.write_samples(samples)
+            stop = monitor.check()  # reward-hacking alarms on everything written so far
+            if schedule.save_at(done) or stop:
+                run.save(done)
+            if stop:
+                console.print(f"[bold red]stopping at step {done}: --stop-on-alarm[/]")
+                stopped_at = done
+                break
+    finally:
+        logger.close()
+    summary = {"stage": stage.name, "steps": schedule.total_steps, "resumed_from": start_step or None,
+               **stage.summary(), "alarms": read_jsonl(out / "alarms.jsonl"), "stopped_at": stopped_at,
+               "eval_history": run.history, "wall_s": round(time.perf_counter() - t_start, 2)}
+    if schedule.best_metric:
+        summary["best"] = {"metric": schedule.best_metric, **run.best}
+    if accelerator.is_main_process:
+        write_atomically(lambda tmp: save_merged(stage.policy, stage.tokenizer, tmp), out / "final")  # LoRA merged
+        write_json(out / "summary.json", summary)
+    accelerator.wait_for_everyone()
+    return summary
+
+
+# ------------------------------------------------------------------------------------------ shared by the stages
+
+
+@dataclass
+class OnlineStart:
+    """What every online stage opens before it loads a model: the run folder, the prompts and the reward functions
+    (checked by a dry call before any model is loaded)."""
+
+    accelerator: object
+    config: dict
+    out: Path
+    start_step: int
+    checkpoint: Path | None
+    prompt_rows: list[dict]
+    eval_rows: list[dict]
+    reward_set: object
+
+
+def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, eval_prompts: str,
+                 stand_in_reward: bool = False) -> OnlineStart:
+    """Checks and set-up shared by the online stages: required inputs, a reward, one process, the run folder
+    (new, --overwrite or --resume), the seeds, the prompt files and the reward functions."""
+    import os
+
+    from tether.data.records import read_records
+    from tether.models import check_lora_reference
+    from tether.rewards.functions import load_reward_set
+    from tether.train.run import check_steps_left, start_run
+
+    if rewards_cfg is not None and not (stand_in_reward or rewards_cfg.has_reward()):
+        raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
+    check_lora_reference(cfg.model)  # before anything is written
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # N copies would each train alone and write the same folder
+        raise ConfigError(f"tether {stage} runs on one process for now; launch it without accelerate's --num_processes")
+    accelerator, config, out, start_step, checkpoint = start_run(
+        cfg, {"--model": cfg.model.path, "--prompts": prompts, "--output": cfg.train.output})
+    check_steps_left(start_step, total_steps, checkpoint)
+    prompt_rows = [rec.fields for rec in read_records(prompts)]
+    eval_rows = [rec.fields for rec in read_records(eval_prompts)] if eval_prompts else []
+    reward_set = load_reward_set(rewards_cfg, prompt_rows) if rewards_cfg is not None else None
+    return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows,
+                       reward_set)
+
+
+def evaluate_rollout(policy, tokenizer, prompts: list[str], rows: list[dict], sampling, scorer, seed: int,
+                     stops: list[int]) -> dict:
+    """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation."""
+    import torch
+
+    from tether.rollout import generate_rollout
+
+    if not prompts:
+        return {}
+    torch_state = torch.get_rng_state()
+    torch.manual_seed(seed + 12345)
+    rollout = generate_rollout(policy, tokenizer, prompts, sampling.max_new_tokens, sampling.temperature, sampling.top_p,
+                               sampling.top_k, stops)
+    torch.set_rng_state(torch_state)
+    scores = scorer(rollout, rows)
+    return {"eval/score_mean": float(scores.total.mean()), "eval/length_mean": float(rollout.lengths.float().mean()),
+            **{f"eval/reward/{name}": float(v.mean()) for name, v in scores.parts.items()}}

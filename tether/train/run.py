@@ -1,0 +1,137 @@
+"""The run folder, shared by every stage: open it (new, --overwrite or --resume), print the plan and write
+config.yaml, write JSON atomically, and the accelerator and seeds a run starts with."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from tether.config import ConfigError, config_diff
+from tether.train.checkpoint import latest_checkpoint, remove_partials
+from tether.train.logger import console, truncate_metrics
+
+# Fields that may change between a run and its resumption: they alter length, logging or bookkeeping, not the
+# trajectory of the steps already taken.
+RESUMABLE_CHANGES = {"train.resume", "train.overwrite", "train.max_steps", "train.epochs", "train.eval_every",
+                     "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
+                     "train.sample_every", "train.stop_on_alarm", "online.stop_on_alarm"}
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "final", "best", "samples.jsonl",
+             "alarms.jsonl")
+STEP_FILES = ("samples.jsonl", "alarms.jsonl")  # one JSON row per record with its step: cut back on resume
+
+
+def make_accelerator(device: str):
+    from accelerate import Accelerator
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    if os.environ.get("MASTER_ADDR") and os.environ.get("ACCELERATE_MIXED_PRECISION") and not os.environ.get("WORLD_SIZE"):
+        # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts a single process
+        # when there is no GPU; say so instead of training alone while the user expects several processes.
+        console.print("[yellow]accelerate launch started one process: without GPUs add --multi_gpu "
+                      "(it then starts --num_processes CPU processes over gloo), or use torchrun --nproc_per_node N[/]")
+    # Without a GPU, multi-process runs need cpu=True: only then does accelerate set up gloo (MULTI_CPU).
+    return Accelerator(cpu=device == "cpu" or (device == "auto" and not torch.cuda.is_available()))
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _check_resumable(out: Path, config: dict) -> None:
+    saved = out / "config.yaml"
+    if not saved.is_file():
+        return
+    import yaml
+
+    old = {k: v for k, v in (yaml.safe_load(saved.read_text()) or {}).items() if k != "plan"}
+    diffs = [d for d in config_diff(old, config) if d.split(":")[0] not in RESUMABLE_CHANGES]
+    if diffs:
+        raise ConfigError(f"--resume: this run's settings differ from {saved}, so resuming would not continue "
+                          "the same run: " + "; ".join(diffs))
+
+
+def open_run(accelerator, run, config: dict) -> tuple[int, Path | None]:
+    """Check the run folder (``run``: a RunSection) against resume/overwrite; return (start step, checkpoint to
+    resume from or None). On resume, rows written after the checkpoint are cut from the step files."""
+    if not run.output:
+        raise ConfigError("--output is required: the run folder for config.yaml, metrics.jsonl and checkpoints")
+    out = Path(run.output)
+    if run.resume:
+        found = latest_checkpoint(out)
+        if found is None:
+            raise ConfigError(f"--resume: no complete checkpoint-<step>/ in {out}; nothing to resume from "
+                              "(drop --resume to start a new run)")
+        _check_resumable(out, config)
+        if accelerator.is_main_process:
+            for name in STEP_FILES:  # a kill between checkpoints would otherwise show those rows twice
+                truncate_metrics(out / name, found[0])
+        return found
+    has_run = out.is_dir() and (any((out / name).exists() for name in RUN_FILES) or bool(latest_checkpoint(out)))
+    if has_run and not run.overwrite:
+        raise ConfigError(f"--output {out} already holds a run; pass --resume to continue it or --overwrite to start afresh")
+    if accelerator.is_main_process:
+        if has_run:
+            for child in out.iterdir():
+                if child.name in RUN_FILES or child.name.startswith("checkpoint-"):
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        remove_partials(out)
+    accelerator.wait_for_everyone()
+    return 0, None
+
+
+def start_run(cfg, required: dict[str, str]):
+    """What every stage does first: the required inputs ({flag: value}), the accelerator, the run folder (new,
+    --overwrite or --resume) and the seeds. Returns (accelerator, resolved config dict, output folder, start step,
+    checkpoint to resume from or None)."""
+    from tether.config import config_to_dict
+
+    for flag, value in required.items():
+        if not value:
+            raise ConfigError(f"{flag} is required")
+    accelerator = make_accelerator(cfg.model.device)
+    config = config_to_dict(cfg)
+    start_step, checkpoint = open_run(accelerator, cfg.train, config)
+    seed_everything(cfg.train.seed)
+    return accelerator, config, Path(cfg.train.output), start_step, checkpoint
+
+
+def check_steps_left(start_step: int, total_steps: int, checkpoint: Path | None) -> None:
+    if checkpoint is not None and start_step >= total_steps:
+        raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} and this run has {total_steps} "
+                          "steps, so there is nothing left to train; raise --max-steps (or --epochs) to continue, or "
+                          "use final/ as it is")
+
+
+def show_plan(plan: dict, title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, box=None)
+    for k, v in plan.items():
+        table.add_row(k, str(v))
+    console.print(table)
+
+
+def announce(title: str, plan: dict, config: dict, out: Path, reports=(), checkpoint: Path | None = None) -> None:
+    """Print the data reports and the plan, and write the resolved config (with the plan) to config.yaml."""
+    import yaml
+
+    for report in reports:
+        console.print(report.summary())
+    show_plan(plan, title + (f" — resuming from {checkpoint.name}" if checkpoint else ""))
+    (Path(out) / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)

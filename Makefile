@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tether-installed
 
-.PHONY: lab test venv clean
+.PHONY: lab test venv system clean
 
 venv: $(STAMP)
 
@@ -14,10 +14,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-lab: $(STAMP)
+# bubblewrap (the sandbox for model-written code) and Chromium (the report test), when missing and root on Debian
+system:
+	@bash scripts/system-packages.sh
+
+lab: $(STAMP) system
 	$(BIN)/tether lab
 
-test: $(STAMP)
+test: $(STAMP) system
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

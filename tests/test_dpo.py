@@ -204,21 +204,21 @@ def test_reference_cache_is_used_keyed_and_shared(llama_dir, prefs, tmp_path):
     cache = tmp_path / "shared-cache"
     first = run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "a", **{"dpo.reference_cache": str(cache)}))
     assert first["reference_examples_computed"] == 32
-    files = list(cache.glob("reference-logps-*.pt"))
+    files = list(cache.glob("reference-logps-*.json"))
     assert len(files) == 1
     second = run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "b", **{"dpo.reference_cache": str(cache)}))
     assert second["reference_examples_computed"] == 0  # found, not recomputed
     assert _metrics(tmp_path / "a")[0]["train/loss"] == _metrics(tmp_path / "b")[0]["train/loss"]
     # a wrong cache under the right key changes the loss: proof the cached values are what training uses
-    stored = torch.load(files[0], weights_only=True)
+    stored = json.loads(files[0].read_text())
     stored["logps"] = [[c - 5.0, r + 5.0] for c, r in stored["logps"]]
-    torch.save(stored, files[0])
+    files[0].write_text(json.dumps(stored))
     run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "c", **{"dpo.reference_cache": str(cache)}))
     assert _metrics(tmp_path / "c")[0]["train/loss"] != pytest.approx(_metrics(tmp_path / "a")[0]["train/loss"], abs=1e-3)
     # other data (or another reference) gets its own key and is computed afresh
     fewer = write_jsonl(tmp_path / "fewer.jsonl", [json.loads(x) for x in prefs[0].read_text().splitlines()[:16]])
     third = run_dpo(_cfg(llama_dir, fewer, tmp_path / "d", **{"dpo.reference_cache": str(cache)}))
-    assert third["reference_examples_computed"] == 16 and len(list(cache.glob("*.pt"))) == 2
+    assert third["reference_examples_computed"] == 16 and len(list(cache.glob("*.json"))) == 2
 
 
 def test_lora_reference_is_the_adapter_disabled_model(llama_dir, tokenizer, prefs, tmp_path):
@@ -226,7 +226,7 @@ def test_lora_reference_is_the_adapter_disabled_model(llama_dir, tokenizer, pref
 
     out = tmp_path / "lora"
     run_dpo(_cfg(llama_dir, prefs[0], out, **{"model.lora_r": 4, "optim.lr": 1e-2}))
-    cached = torch.load(next((out / "reference_cache").glob("*.pt")), weights_only=True)
+    cached = json.loads(next((out / "reference_cache").glob("*.json")).read_text())
     examples, _ = tokenize_policy_preferences(read_records(prefs[0]), tokenizer, 1024)
     base = sequence_logps(load_model(llama_dir, tokenizer), examples, tokenizer.pad_token_id, 8, "cpu")
     assert torch.allclose(torch.tensor(cached["logps"]), torch.tensor(base), atol=1e-4)

@@ -129,7 +129,7 @@ def test_cli_ppo_with_python_rewards_shared_critic_and_best_checkpoint(llama_dir
     assert m["reward/count_a/errors"] == 0
     sample = json.loads((out / "samples.jsonl").read_text().splitlines()[0])
     assert set(sample["parts"]) == {"count_a", "short"}
-    assert (out / "checkpoint-12" / "critic" / "value_head.pt").is_file()
+    assert (out / "checkpoint-12" / "critic" / "value_head.safetensors").is_file()
     summary = json.loads((out / "summary.json").read_text())
     history = summary["eval_history"]
     top = max(history, key=lambda h: h["eval/score_mean"])

@@ -156,15 +156,17 @@ def test_async_functions_run_concurrently(tmp_path):
     assert time.perf_counter() - start < 0.9  # both sleeps overlapped
 
 
-def test_sandbox_limits_time_and_memory_and_the_code_reward_uses_it():
+def test_weak_sandbox_limits_time_and_memory_and_the_code_reward_uses_it():
+    """The weak mode (named on purpose; no security boundary): time and memory limits. tests/test_sandbox.py
+    checks the default, isolated sandbox against attacks."""
     from tether.rewards.builtin import python_tests
     from tether.rewards.sandbox import run_python
 
-    assert run_python("print(6 * 7)").stdout.strip() == "42"
-    slow = run_python("while True: pass", timeout_s=0.5)
+    assert run_python("print(6 * 7)", isolation="weak").stdout.strip() == "42"
+    slow = run_python("while True: pass", timeout_s=0.5, isolation="weak")
     assert slow.timed_out and not slow.ok
-    greedy = run_python("x = bytearray(2 * 1024 ** 3)", memory_mb=256)
+    greedy = run_python("x = bytearray(2 * 1024 ** 3)", memory_mb=256, isolation="weak")
     assert not greedy.ok and "MemoryError" in greedy.stderr
     code = ["```python\ndef add(a, b):\n    return a + b\n```", "def add(a, b):\n    return a - b", "while True: pass"]
     tests = ["assert add(2, 3) == 5"] * 3
-    assert python_tests(code, tests, timeout_s=1.0) == [1.0, 0.0, 0.0]
+    assert python_tests(code, tests, timeout_s=1.0, isolation="weak") == [1.0, 0.0, 0.0]

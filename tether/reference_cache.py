@@ -83,20 +83,24 @@ def sequence_logps(model, examples: list[PolicyPreference], pad_id: int, batch_s
 
 
 class ReferenceCache:
-    """One file per key in ``folder``: reference-logps-<key>.pt with the key's parts and the values."""
+    """One JSON file per key in ``folder``: reference-logps-<key>.json with the key's parts and the values (JSON
+    keeps every float exactly; nothing is unpickled when a cache is read)."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
 
     def path(self, key: dict) -> Path:
-        return self.folder / f"reference-logps-{key['key'][:20]}.pt"
+        return self.folder / f"reference-logps-{key['key'][:20]}.json"
 
     def load(self, key: dict) -> list[list[float]] | None:
         path = self.path(key)
         if not path.is_file():
             return None
-        stored = torch.load(path, weights_only=True)
-        if stored.get("key") != key["key"] or len(stored.get("logps", [])) != key["examples"]:
+        try:
+            stored = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None  # a damaged file: recompute
+        if not isinstance(stored, dict) or stored.get("key") != key["key"] or len(stored.get("logps", [])) != key["examples"]:
             return None  # a prefix collision or a damaged file: recompute
         return stored["logps"]
 
@@ -104,7 +108,8 @@ class ReferenceCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(key)
         tmp = path.with_suffix(".tmp")
-        torch.save({"key": key["key"], "parts": {k: v for k, v in key.items() if k != "key"}, "logps": logps}, tmp)
+        tmp.write_text(json.dumps({"key": key["key"], "parts": {k: v for k, v in key.items() if k != "key"},
+                                   "logps": [[float(x) for x in row] for row in logps]}))
         tmp.replace(path)
         return path
 

@@ -44,7 +44,7 @@ class SharedValueHead(nn.Module):
     """The critic as a linear head on the policy's own last hidden state (one backbone for actor and critic).
 
     The head starts at zero (V = 0 everywhere); the value loss trains it and, through value_loss_coef, the
-    shared backbone. Only the head is saved (critic/value_head.pt): the backbone is the policy.
+    shared backbone. Only the head is saved (critic/value_head.safetensors): the backbone is the policy.
     """
 
     def __init__(self, policy, hidden_size: int):
@@ -62,8 +62,10 @@ class SharedValueHead(nn.Module):
     def save_pretrained(self, folder, **kwargs) -> None:
         from pathlib import Path
 
+        from safetensors.torch import save_file
+
         Path(folder).mkdir(parents=True, exist_ok=True)
-        torch.save(self.head.state_dict(), Path(folder) / "value_head.pt")
+        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(Path(folder) / "value_head.safetensors"))
 
     @classmethod
     def load(cls, policy, folder) -> "SharedValueHead":
@@ -72,5 +74,7 @@ class SharedValueHead(nn.Module):
         config = getattr(policy, "config", None) or policy.get_base_model().config
         head = cls(policy, config.hidden_size)
         if folder is not None:
-            head.head.load_state_dict(torch.load(Path(folder) / "value_head.pt", weights_only=True))
+            from safetensors.torch import load_file
+
+            head.head.load_state_dict(load_file(str(Path(folder) / "value_head.safetensors")))
         return head

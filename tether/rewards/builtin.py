@@ -81,16 +81,18 @@ def repetition_penalty(completions, n: int = 3, scale: float = 1.0, **_) -> list
     return out
 
 
-def python_tests(completions, tests, timeout_s: float = 5.0, memory_mb: int = 512, **_) -> list[float]:
+def python_tests(completions, tests, timeout_s: float = 5.0, memory_mb: int = 512, isolation: str = "bubblewrap",
+                 **_) -> list[float]:
     """1 if the completion's code (a ```python block, else the whole text) followed by the row's ``tests`` runs
-    to exit status 0 in the sandbox (tether.rewards.sandbox: time and memory limits), else 0."""
+    to exit status 0 in the sandbox (tether.rewards.sandbox: namespaces, a cgroup for memory and processes, a
+    time limit), else 0. isolation="weak" (named on purpose) runs without the boundary where none can be had."""
     from tether.rewards.sandbox import run_python
 
     scores = []
     for c, t in zip(completions, tests):
         block = re.search(r"```(?:python)?\n(.*?)```", c, re.S)
         code = (block.group(1) if block else c) + "\n" + str(t) + "\n"
-        scores.append(1.0 if run_python(code, timeout_s=timeout_s, memory_mb=memory_mb).ok else 0.0)
+        scores.append(1.0 if run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation).ok else 0.0)
     return scores
 
 

@@ -6,6 +6,8 @@ always whole: a run killed mid-write leaves a partial folder that is ignored
 and cleaned up. It holds the model in Hugging Face format (a LoRA adapter
 folder when training LoRA), the tokenizer, and the training state needed to
 continue bit-for-bit: optimizer, scheduler, step and every process's RNG.
+Every state file is safetensors + JSON (tether/train/state_io.py): resuming
+from a checkpoint someone hands you never unpickles, so it cannot run code.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from tether.train.state_io import StateFileError, load_state, save_state
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -63,9 +67,9 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
     """Write checkpoint-<step>/ atomically (every process calls this).
 
     One layout for every stage: the trained model in Hugging Face format (a LoRA adapter folder when training
-    LoRA) with the tokenizer at the top, optimizer.pt and scheduler.pt, rng-<rank>.pt per process and
+    LoRA) with the tokenizer at the top, optimizer and scheduler, rng-<rank> per process (each .safetensors + .json) and
     trainer_state.json; ``extra`` {name: (model, optimizer, scheduler or None)} adds a second trained model
-    (PPO's critic) as <name>/ with optimizer-<name>.pt and scheduler-<name>.pt.
+    (PPO's critic) as <name>/ with optimizer-<name> and scheduler-<name>.
     """
     output = Path(output)
     partial = output / f".checkpoint-{step}.partial"
@@ -74,18 +78,18 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    torch.save(rng_state(), partial / f"rng-{accelerator.process_index}.pt")
+    save_state(partial / f"rng-{accelerator.process_index}", rng_state())
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).save_pretrained(str(partial))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(partial))
-        torch.save(optimizer.state_dict(), partial / "optimizer.pt")
-        torch.save(scheduler.state_dict(), partial / "scheduler.pt")
+        save_state(partial / "optimizer", optimizer.state_dict())
+        save_state(partial / "scheduler", scheduler.state_dict())
         for name, (part, part_optimizer, part_scheduler) in (extra or {}).items():
             part.save_pretrained(str(partial / name))
-            torch.save(part_optimizer.state_dict(), partial / f"optimizer-{name}.pt")
+            save_state(partial / f"optimizer-{name}", part_optimizer.state_dict())
             if part_scheduler is not None:
-                torch.save(part_scheduler.state_dict(), partial / f"scheduler-{name}.pt")
+                save_state(partial / f"scheduler-{name}", part_scheduler.state_dict())
         (partial / STATE_FILE).write_text(json.dumps({**state, "step": step,
                                                       "num_processes": accelerator.num_processes}, indent=2))
     accelerator.wait_for_everyone()
@@ -102,17 +106,22 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
 
 def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: int, extra: dict | None = None) -> dict:
     """Restore optimizer, scheduler (and ``extra`` {name: (optimizer, scheduler or None)}) and this process's RNG;
-    return the saved trainer state."""
+    return the saved trainer state. Nothing is unpickled: a checkpoint with pickle files only (written by tether
+    0.1) is refused with a message, never loaded."""
+    if (checkpoint / "optimizer.pt").is_file() and not (checkpoint / "optimizer.json").is_file():
+        raise StateFileError(f"{checkpoint}: its state files are pickles (optimizer.pt, written by tether 0.1); tether "
+                             "reads tensors and JSON only, so it cannot resume from it. Start afresh (--overwrite), or "
+                             "from its weights: --model " + str(checkpoint))
     state = json.loads((checkpoint / STATE_FILE).read_text())
-    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", weights_only=False))
+    optimizer.load_state_dict(load_state(checkpoint / "optimizer"))
+    scheduler.load_state_dict(load_state(checkpoint / "scheduler"))
     for name, (part_optimizer, part_scheduler) in (extra or {}).items():
-        part_optimizer.load_state_dict(torch.load(checkpoint / f"optimizer-{name}.pt", weights_only=False))
+        part_optimizer.load_state_dict(load_state(checkpoint / f"optimizer-{name}"))
         if part_scheduler is not None:
-            part_scheduler.load_state_dict(torch.load(checkpoint / f"scheduler-{name}.pt", weights_only=False))
-    rng_file = checkpoint / f"rng-{process_index}.pt"
-    if rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+            part_scheduler.load_state_dict(load_state(checkpoint / f"scheduler-{name}"))
+    rng = checkpoint / f"rng-{process_index}"
+    if rng.with_name(rng.name + ".json").is_file():
+        set_rng_state(load_state(rng))
     return state
 
 

@@ -1,0 +1,79 @@
+"""Checkpoints hold tensors and JSON only: the training state round-trips exactly, resuming never unpickles (a
+poisoned pickle planted in a checkpoint is never executed), and a damaged state file is named, not a traceback."""
+import math
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint
+from tether.train.state_io import StateFileError, load_state, save_state
+
+
+class Payload:
+    """Unpickling this object writes a marker file: the proof that a pickle was loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _trained_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (s + 1))
+    for _ in range(2):
+        model(torch.randn(4, 3)).pow(2).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    return model, optimizer, scheduler
+
+
+def test_state_round_trips_exactly(tmp_path):
+    _, optimizer, scheduler = _trained_optimizer()
+    random.seed(3)
+    np.random.seed(4)
+    tree = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
+            "odd": {1: (float("nan"), -math.inf), "s": [None, True, "x"]}}
+    save_state(tmp_path / "state", tree)
+    back = load_state(tmp_path / "state")
+    assert set(tmp_path.iterdir()) == {tmp_path / "state.safetensors", tmp_path / "state.json"}
+    for k, v in optimizer.state_dict()["state"][0].items():
+        assert torch.equal(back["optimizer"]["state"][0][k], v)
+    assert back["optimizer"]["param_groups"] == optimizer.state_dict()["param_groups"]  # betas stay a tuple
+    assert back["scheduler"] == scheduler.state_dict()
+    random.setstate(back["rng"]["python"])  # tuples and numpy arrays come back as the RNGs need them
+    np.random.set_state(back["rng"]["numpy"])
+    assert (random.random(), np.random.rand()) == (random.Random(3).random(), np.random.RandomState(4).rand())
+    assert math.isnan(back["odd"][1][0]) and back["odd"][1][1] == -math.inf and back["odd"]["s"] == [None, True, "x"]
+    with pytest.raises(TypeError, match="tensors, numbers and text only"):
+        save_state(tmp_path / "bad", {"fn": print})
+
+
+def test_resume_never_unpickles_and_names_a_damaged_file(llama_dir, tokenizer, tmp_path):
+    from accelerate import Accelerator
+
+    from tether.models import load_model
+
+    accelerator = Accelerator(cpu=True)
+    model = load_model(llama_dir, tokenizer)
+    _, optimizer, scheduler = _trained_optimizer()
+    folder = save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, 2, tmp_path / "run", {"x": 1}, keep=0)
+    assert not list(folder.glob("*.pt")) and (folder / "optimizer.safetensors").is_file()
+    marker = tmp_path / "pwned"
+    (folder / "optimizer.pt").write_bytes(pickle.dumps(Payload(marker)))  # a planted pickle is never read
+    _, fresh, fresh_scheduler = _trained_optimizer()
+    assert load_training_state(folder, fresh, fresh_scheduler, 0)["x"] == 1 and not marker.exists()
+    (folder / "optimizer.json").unlink()  # a checkpoint with the pickle only (tether 0.1's layout): refused
+    with pytest.raises(StateFileError, match="pickles .*cannot resume"):
+        load_training_state(folder, fresh, fresh_scheduler, 0)
+    assert not marker.exists()
+    save_state(folder / "optimizer", optimizer.state_dict())
+    (folder / "scheduler.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(StateFileError, match="scheduler.safetensors: not a readable safetensors file"):
+        load_training_state(folder, fresh, fresh_scheduler, 0)

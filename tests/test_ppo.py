@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tether.config import build_config
+from tether.config import ConfigError, build_config
 from tether.stages.ppo import run_ppo
 from tether.stages.ppo_config import PPOConfig
 
@@ -147,3 +147,26 @@ def test_a_reward_function_missing_its_column_fails_before_training(llama_dir, p
     with pytest.raises(ConfigError, match=r"exact needs \['answer'\]"):
         run_ppo(ppo_config(llama_dir, prompts, tmp_path / "x", rewards__reward=[f"{rewards}:exact"]))
     assert not (tmp_path / "x" / "metrics.jsonl").exists()
+
+
+def test_a_kill_between_the_last_checkpoint_and_final_resumes(llama_dir, prompts, tmp_path, monkeypatch):
+    """The online loop: a run killed after its last checkpoint, before final/, resumes to write final/ and the summary."""
+    from tether.train import online
+
+    original = online.write_atomically
+
+    def die_before_final(save_fn, target):
+        if str(target).endswith("final"):
+            raise KeyboardInterrupt("killed before final/")
+        return original(save_fn, target)
+
+    monkeypatch.setattr(online, "write_atomically", die_before_final)
+    cfg = lambda **kw: ppo_config(llama_dir, prompts, tmp_path / "run", train__max_steps=2, train__eval_every=0, **kw)
+    with pytest.raises(KeyboardInterrupt):
+        run_ppo(cfg(), scorer=count_reward("a"))
+    monkeypatch.undo()
+    assert (tmp_path / "run" / "checkpoint-2").is_dir() and not (tmp_path / "run" / "final").exists()
+    summary = run_ppo(cfg(train__resume=True), scorer=count_reward("a"))
+    assert summary["resumed_from"] == 2 and (tmp_path / "run" / "final" / "config.json").is_file()
+    with pytest.raises(ConfigError, match="nothing left to train"):
+        run_ppo(cfg(train__resume=True), scorer=count_reward("a"))

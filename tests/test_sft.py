@@ -139,3 +139,28 @@ def test_lora_and_packing_runs_resume_and_save_a_merged_model(llama_dir, additio
     base_model = AutoModelForCausalLM.from_pretrained(llama_dir)
     changed = [n for n, p in merged.named_parameters() if not torch.equal(p, base_model.state_dict()[n])]
     assert changed  # the adapters were merged into the weights
+
+
+def test_a_kill_between_the_last_checkpoint_and_final_resumes_to_the_same_model(llama_dir, addition_files, tmp_path,
+                                                                                   monkeypatch):
+    from tether.stages import sft as sft_module
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run_sft(sft_config(llama_dir, addition_files, whole, train__save_every=3))
+    original = sft_module.write_atomically
+
+    def die_before_final(save_fn, target):
+        if str(target).endswith("final"):
+            raise KeyboardInterrupt("killed before final/")
+        return original(save_fn, target)
+
+    monkeypatch.setattr(sft_module, "write_atomically", die_before_final)
+    with pytest.raises(KeyboardInterrupt):
+        run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=3))
+    monkeypatch.undo()
+    assert (killed / "checkpoint-6").is_dir() and not (killed / "final").exists()
+    summary = run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=3, train__resume=True))
+    assert summary["resumed_from"] == 6 and [m["step"] for m in read_metrics(killed)] == list(range(1, 7))
+    a = AutoModelForCausalLM.from_pretrained(whole / "final").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(killed / "final").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -106,10 +106,16 @@ def start_run(cfg, required: dict[str, str]):
 
 
 def check_steps_left(start_step: int, total_steps: int, checkpoint: Path | None) -> None:
-    if checkpoint is not None and start_step >= total_steps:
-        raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} and this run has {total_steps} "
-                          "steps, so there is nothing left to train; raise --max-steps (or --epochs) to continue, or "
-                          "use final/ as it is")
+    """A resumed run must have steps left — or, killed after its last checkpoint and before final/, only final/ and
+    the summary to write (the loops then run no step and finish)."""
+    if checkpoint is None or start_step < total_steps:
+        return
+    if start_step == total_steps and not (checkpoint.parent / "final").exists():
+        console.print(f"resuming from {checkpoint.name}, the last step: no step left, writing final/ and the summary")
+        return
+    raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} and this run has {total_steps} "
+                      "steps, so there is nothing left to train; raise --max-steps (or --epochs) to continue, or "
+                      "use final/ as it is")
 
 
 def show_plan(plan: dict, title: str) -> None:

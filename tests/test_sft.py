@@ -164,3 +164,15 @@ def test_a_kill_between_the_last_checkpoint_and_final_resumes_to_the_same_model(
     a = AutoModelForCausalLM.from_pretrained(whole / "final").state_dict()
     b = AutoModelForCausalLM.from_pretrained(killed / "final").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_moved_run_folder_resumes_and_an_output_that_is_a_file_is_refused(llama_dir, addition_files, tmp_path):
+    import shutil
+
+    run_sft(sft_config(llama_dir, addition_files, tmp_path / "run", train__save_every=3, train__max_steps=3))
+    shutil.move(tmp_path / "run", tmp_path / "moved")
+    summary = run_sft(sft_config(llama_dir, addition_files, tmp_path / "moved", train__save_every=3, train__resume=True))
+    assert summary["resumed_from"] == 3 and read_metrics(tmp_path / "moved")[-1]["step"] == 6
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(ConfigError, match="a-file is a file"):
+        run_sft(sft_config(llama_dir, addition_files, tmp_path / "a-file"))

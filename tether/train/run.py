@@ -15,8 +15,8 @@ from tether.train.checkpoint import latest_checkpoint, remove_partials
 from tether.train.logger import console, truncate_metrics
 
 # Fields that may change between a run and its resumption: they alter length, logging or bookkeeping, not the
-# trajectory of the steps already taken.
-RESUMABLE_CHANGES = {"train.resume", "train.overwrite", "train.max_steps", "train.epochs", "train.eval_every",
+# trajectory of the steps already taken (the output folder too: a run folder that was moved or copied resumes).
+RESUMABLE_CHANGES = {"train.output", "train.resume", "train.overwrite", "train.max_steps", "train.epochs", "train.eval_every",
                      "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
                      "train.sample_every", "train.stop_on_alarm", "online.stop_on_alarm"}
 RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "final", "best", "samples.jsonl",
@@ -65,6 +65,8 @@ def open_run(accelerator, run, config: dict) -> tuple[int, Path | None]:
     if not run.output:
         raise ConfigError("--output is required: the run folder for config.yaml, metrics.jsonl and checkpoints")
     out = Path(run.output)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--output {out} is a file; the run folder must be a folder (new, or one tether wrote)")
     if run.resume:
         found = latest_checkpoint(out)
         if found is None:

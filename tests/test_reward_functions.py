@@ -144,6 +144,23 @@ def test_a_hanging_function_times_out_as_documented(tmp_path):
     assert lenient.components[0].errors == 1
 
 
+def test_a_process_whose_reward_function_hung_still_exits(tmp_path):
+    """The hung call is abandoned in a daemon thread: the process exits when its work is done, not after the call."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "forever.py"
+    path.write_text("import time\ndef hang(completions):\n    if any(completions):\n        time.sleep(600)\n"
+                    "    return [0.0] * len(completions)\n")
+    script = ("from tether.rewards.functions import RewardSet, parse_reward_specs\n"
+              f"rs = RewardSet(parse_reward_specs([{str(path) + ':hang'!r}]), columns=['prompt'], timeout=0.3, "
+              "on_error='score')\nprint(rs.score([{'prompt': 'p'}], ['x'], [[1]], [False]))")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "{'hang': [0.0]}" in done.stdout and time.monotonic() - start < 30
+
+
 def test_async_functions_run_concurrently(tmp_path):
     import time
 

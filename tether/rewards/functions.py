@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import concurrent.futures
 import functools
 import importlib
 import importlib.util
@@ -230,22 +229,9 @@ class RewardSet:
 
             for c, value in zip(async_components, asyncio.run(run_all())):
                 results[c.name] = _timeout_error(c, self.timeout) if isinstance(value, asyncio.TimeoutError) else value
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        try:
-            for c in self.components:
-                if c.name in results:
-                    continue
-                future = pool.submit(c.fn, **kwargs_for(c))
-                try:
-                    results[c.name] = future.result(timeout=timeout)
-                except concurrent.futures.TimeoutError:
-                    results[c.name] = _timeout_error(c, self.timeout)
-                    pool.shutdown(wait=False)  # the hung call keeps its thread; the next ones get a fresh pool
-                    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-                except Exception as err:  # noqa: BLE001 - reported by the caller with the function's name
-                    results[c.name] = err
-        finally:
-            pool.shutdown(wait=False)
+        for c in self.components:
+            if c.name not in results:
+                results[c.name] = _call_in_daemon_thread(c, kwargs_for(c), timeout)
         return results
 
     def total(self, parts: dict[str, list]) -> torch.Tensor:
@@ -259,6 +245,28 @@ class RewardSet:
             t = torch.tensor(values, dtype=torch.float32) * c.weight
             total = t if total is None else total + t
         return total
+
+
+def _call_in_daemon_thread(component: RewardComponent, kwargs: dict, timeout: float | None):
+    """The call's return value, its exception, or a TimeoutError after ``timeout`` seconds. The call runs in a daemon
+    thread: a call that never returns is abandoned there and does not keep the process from exiting (a thread
+    cannot be killed; code that may hang for good belongs in tether.rewards.sandbox, which kills it)."""
+    import threading
+
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = component.fn(**kwargs)
+        except Exception as err:  # noqa: BLE001 - reported by the caller with the function's name
+            outcome["value"] = err
+
+    thread = threading.Thread(target=call, name=f"reward-{component.name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return _timeout_error(component, timeout or 0.0)
+    return outcome["value"]
 
 
 def _timeout_error(component: RewardComponent, seconds: float) -> TimeoutError:

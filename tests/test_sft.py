@@ -78,7 +78,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(llama_dir, addition_
 
 def test_resume_refuses_zero_steps_missing_checkpoints_and_changed_settings(llama_dir, addition_files, tmp_path):
     out = tmp_path / "run"
-    with pytest.raises(ConfigError, match="no complete checkpoint"):
+    with pytest.raises(ConfigError, match="no complete, readable checkpoint"):
         run_sft(sft_config(llama_dir, addition_files, out, train__resume=True))
     run_sft(sft_config(llama_dir, addition_files, out, train__save_every=3))
     with pytest.raises(ConfigError, match="already at step 6 .* nothing left to train"):
@@ -176,3 +176,20 @@ def test_a_moved_run_folder_resumes_and_an_output_that_is_a_file_is_refused(llam
     (tmp_path / "a-file").write_text("not a folder")
     with pytest.raises(ConfigError, match="a-file is a file"):
         run_sft(sft_config(llama_dir, addition_files, tmp_path / "a-file"))
+
+
+def test_resume_passes_over_a_damaged_newest_checkpoint(llama_dir, addition_files, tmp_path, monkeypatch):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run_sft(sft_config(llama_dir, addition_files, whole, train__save_every=2))
+    with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
+        run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=2))
+    monkeypatch.undo()
+    weights = killed / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: len(weights.read_bytes()) // 2])  # checkpoint-4 cut short on disk
+    summary = run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=2, train__resume=True))
+    assert summary["resumed_from"] == 2
+    assert [m["train/loss"] for m in read_metrics(killed)] == [m["train/loss"] for m in read_metrics(whole)]
+    for folder in killed.glob("checkpoint-*"):
+        (folder / "trainer_state.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"no complete, readable checkpoint.*trainer_state.json"):
+        run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=2, train__resume=True))

@@ -44,6 +44,45 @@ def latest_checkpoint(output: str | Path) -> tuple[int, Path] | None:
     return found[-1] if found else None
 
 
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why a checkpoint that looks complete cannot be resumed from (a file named), or None. Reads its trainer state
+    and the JSON halves of its state files, and the headers of its tensor files (safetensors checks that the data
+    is all there)."""
+    from safetensors import safe_open
+
+    try:
+        json.loads((folder / STATE_FILE).read_text())
+    except (OSError, ValueError) as err:
+        return f"{folder / STATE_FILE}: {err}"
+    tensor_files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*/*.safetensors"))
+    if not any(f.name in ("model.safetensors", "adapter_model.safetensors") or f.name.startswith("model-")
+               for f in tensor_files):
+        return f"{folder}: no model weights (model.safetensors)"
+    for path in tensor_files:
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+            return f"{path}: not a readable safetensors file ({err})"
+    for path in folder.glob("*.json"):
+        try:
+            json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            return f"{path}: {err}"
+    return None
+
+
+def resumable_checkpoint(output: str | Path) -> tuple[tuple[int, Path] | None, list[str]]:
+    """The newest checkpoint that can be resumed from, and the problems of the newer ones passed over."""
+    skipped = []
+    for step, folder in reversed(list_checkpoints(output)):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return (step, folder), skipped
+        skipped.append(problem)
+    return None, skipped
+
+
 def remove_partials(output: str | Path) -> None:
     for child in Path(output).glob(".*.partial"):
         shutil.rmtree(child, ignore_errors=True)

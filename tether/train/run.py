@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from tether.config import ConfigError, config_diff
-from tether.train.checkpoint import latest_checkpoint, remove_partials
+from tether.train.checkpoint import latest_checkpoint, remove_partials, resumable_checkpoint
 from tether.train.logger import console, truncate_metrics
 
 # Fields that may change between a run and its resumption: they alter length, logging or bookkeeping, not the
@@ -68,10 +68,13 @@ def open_run(accelerator, run, config: dict) -> tuple[int, Path | None]:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--output {out} is a file; the run folder must be a folder (new, or one tether wrote)")
     if run.resume:
-        found = latest_checkpoint(out)
+        found, skipped = resumable_checkpoint(out)
+        for problem in skipped:
+            console.print(f"[yellow]--resume: passing over a damaged checkpoint: {problem}[/]")
         if found is None:
-            raise ConfigError(f"--resume: no complete checkpoint-<step>/ in {out}; nothing to resume from "
-                              "(drop --resume to start a new run)")
+            raise ConfigError(f"--resume: no complete, readable checkpoint-<step>/ in {out}; nothing to resume from"
+                              + (f" ({'; '.join(skipped)})" if skipped else "") + ". Start the run afresh with "
+                              "--overwrite (without --resume)")
         _check_resumable(out, config)
         if accelerator.is_main_process:
             for name in STEP_FILES:  # a kill between checkpoints would otherwise show those rows twice

@@ -17,11 +17,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from tether.data.records import DataError
+
 TENSOR, ARRAY, TUPLE, ITEMS, FLOAT = "__tensor__", "__ndarray__", "__tuple__", "__items__", "__float__"
 
 
-class StateFileError(ValueError):
-    """A state file is missing, unreadable or not what tether writes; the message names the file."""
+class StateFileError(DataError):
+    """A state file is missing, unreadable or not what tether writes; the message names the file (the command line
+    reports it like any bad input file, without a traceback)."""
 
 
 def _encode(value, key: str, tensors: dict):

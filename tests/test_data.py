@@ -194,3 +194,25 @@ def test_packing_gives_the_same_logits_as_separate_examples(arch, model_dirs, to
             alone = model(input_ids=torch.tensor([ex.input_ids]), use_cache=False).logits[0]
             torch.testing.assert_close(packed_logits[start : start + len(ex.input_ids)], alone, atol=1e-5, rtol=1e-4)
             start += len(ex.input_ids)
+
+
+def test_rl_prompt_files_are_checked_row_by_row(tmp_path):
+    from tether.data.records import prompt_rows
+
+    def check(rows, match):
+        path = tmp_path / "prompts.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(DataError, match=match):
+            prompt_rows(path)
+
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match="empty.jsonl: no prompts"):
+        prompt_rows(tmp_path / "empty.jsonl")
+    check([{"prompt": "a", "answer": 1}, {"prompt": "  ", "answer": 2}], r"prompts.jsonl:2: 'prompt' is empty")
+    check([{"prompt": [{"content": "hi"}]}], r"prompts.jsonl:1: prompt message 0 must be \{'role'")
+    check([{"prompt": [{"role": "wizard", "content": "hi"}]}], "one of system, user, assistant, tool")
+    check([{"question": "a"}], r"prompts.jsonl:1: 'prompt' must be .* \(the row has \['question'\]\)")
+    check([{"prompt": "a", "answer": 1}, {"prompt": "b"}], r"prompts.jsonl:2: the columns differ .* missing \['answer'\]")
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "answer": 3}) + "\n")
+    assert prompt_rows(good) == [{"prompt": [{"role": "user", "content": "hi"}], "answer": 3}]

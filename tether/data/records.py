@@ -142,3 +142,35 @@ def split_records(records, eval_fraction: float, seed: int):
         raise ConfigError(f"eval_fraction={eval_fraction} leaves no training records out of {len(records)}")
     held = set(order[:n_eval])
     return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
+
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def prompt_rows(path: str | Path) -> list[dict]:
+    """The rows of an RL prompt file, checked: at least one row; every row a non-empty 'prompt' — a string, or a
+    list of chat messages each with a known 'role' and a string 'content'; and every row with the same columns
+    (a reward function reading a column must find it in every row). Errors name the file, line and field."""
+    records = read_records(path)
+    if not records:
+        raise DataError(f"{path}: no prompts (the file is empty)")
+    columns = set(records[0].fields)
+    for rec in records:
+        prompt = rec.fields.get("prompt")
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise DataError(f"{rec.where}: 'prompt' is empty")
+        elif isinstance(prompt, list) and prompt:
+            for i, message in enumerate(prompt):
+                if not isinstance(message, dict) or message.get("role") not in ROLES \
+                        or not isinstance(message.get("content"), str):
+                    raise DataError(f"{rec.where}: prompt message {i} must be {{'role': one of {', '.join(ROLES)}, "
+                                    f"'content': text}}, got {str(message)[:80]!r}")
+        else:
+            raise DataError(f"{rec.where}: 'prompt' must be a non-empty string or a non-empty list of chat messages"
+                            + ("" if "prompt" in rec.fields else f" (the row has {sorted(rec.fields)})"))
+        if set(rec.fields) != columns:
+            missing, extra = sorted(columns - set(rec.fields)), sorted(set(rec.fields) - columns)
+            raise DataError(f"{rec.where}: the columns differ from the first row's ({sorted(columns)}): "
+                            + (f"missing {missing}" if missing else f"extra {extra}"))
+    return [rec.fields for rec in records]

@@ -225,7 +225,7 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
     (new, --overwrite or --resume), the seeds, the prompt files and the reward functions."""
     import os
 
-    from tether.data.records import read_records
+    from tether.data.records import prompt_rows as prompt_rows_of
     from tether.models import check_lora_reference
     from tether.rewards.functions import load_reward_set
     from tether.train.run import check_steps_left, start_run
@@ -238,8 +238,8 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
     accelerator, config, out, start_step, checkpoint = start_run(
         cfg, {"--model": cfg.model.path, "--prompts": prompts, "--output": cfg.train.output})
     check_steps_left(start_step, total_steps, checkpoint)
-    prompt_rows = [rec.fields for rec in read_records(prompts)]
-    eval_rows = [rec.fields for rec in read_records(eval_prompts)] if eval_prompts else []
+    prompt_rows = prompt_rows_of(prompts)
+    eval_rows = prompt_rows_of(eval_prompts) if eval_prompts else []
     reward_set = load_reward_set(rewards_cfg, prompt_rows) if rewards_cfg is not None else None
     return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows,
                        reward_set)

@@ -239,3 +239,21 @@ def test_scorer_normalises_combines_heads_and_probe_file(llama_dir, tmp_path):
     (out / "final" / "reward_normalization.json").unlink()
     with pytest.raises(ConfigError, match="normalisation was asked for"):
         RewardScorer(out / "final")
+
+
+def test_margins_must_be_finite_and_non_negative_and_rankings_integers(tokenizer, tmp_path):
+    from tether.data.preferences import tokenize_preferences
+    from tether.data.records import DataError, read_records
+
+    def rows(*records):
+        path = tmp_path / "prefs.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return read_records(path)
+
+    pair = {"prompt": "Q", "chosen": "good answer", "rejected": "bad"}
+    for margin in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(DataError, match=r"prefs.jsonl:1: field 'margin' must be a finite number >= 0"):
+            tokenize_preferences(rows({**pair, "margin": margin}), tokenizer, 64, ["reward"], "margin")
+    with pytest.raises(DataError, match=r"prefs.jsonl:1: field 'ranking' must list every index"):
+        tokenize_preferences(rows({"prompt": "Q", "responses": ["a b", "c"], "ranking": [1.0, 0.0]}), tokenizer, 64,
+                             ["reward"])

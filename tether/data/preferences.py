@@ -97,7 +97,8 @@ def ordered_responses(fields: dict, fmt: str, where: str) -> list[tuple[str, obj
     responses, ranking = fields.get("responses"), fields.get("ranking")
     if not isinstance(responses, list) or len(responses) < 2:
         raise DataError(f"{where}: field 'responses' must be a list of at least 2 responses")
-    if sorted(ranking or []) != list(range(len(responses))):
+    if not isinstance(ranking, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ranking) \
+            or sorted(ranking) != list(range(len(responses))):
         raise DataError(f"{where}: field 'ranking' must list every index of 'responses' once, best first; "
                         f"got {ranking!r} for {len(responses)} responses")
     return [(f"responses[{i}]", responses[i]) for i in ranking]
@@ -127,6 +128,9 @@ def tokenize_preferences(records: list[Record], tokenizer, max_length: int, head
                     if not isinstance(f[margin_column], (int, float)) or isinstance(f[margin_column], bool):
                         raise DataError(f"{where}: field {margin_column!r} must be a number, got {f[margin_column]!r}")
                     margin = float(f[margin_column])
+                    if not margin >= 0 or margin == float("inf"):  # NaN fails >= too
+                        raise DataError(f"{where}: field {margin_column!r} must be a finite number >= 0 (a margin "
+                                        f"m in -log σ(r_w - r_l - m)), got {f[margin_column]!r}")
                 labels = [1]
                 for head in heads[1:]:
                     value = f.get(head)

@@ -216,3 +216,24 @@ def test_rl_prompt_files_are_checked_row_by_row(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "answer": 3}) + "\n")
     assert prompt_rows(good) == [{"prompt": [{"role": "user", "content": "hi"}], "answer": 3}]
+
+
+def test_invalid_utf8_unknown_roles_and_empty_files_are_named(tmp_path, tokenizer):
+    from tether.data.records import split_records
+    from tether.data.sft import tokenize_records
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not valid UTF-8"):
+        read_records(bad)
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_bytes(b'[\n{"text": "a"},\n{"text": "\xff"}\n]')
+    with pytest.raises(DataError, match=r"bad.json:3: not valid UTF-8"):
+        read_records(bad_json)
+    wizard = write_jsonl(tmp_path / "wizard.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                                   {"role": "wizard", "content": "poof"}]}])
+    with pytest.raises(DataError, match=r"wizard.jsonl:1: field messages\[1\].role is 'wizard'; roles are"):
+        tokenize_records(read_records(wizard), tokenizer, 64)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="empty.jsonl: no records"):
+        split_records(read_records(tmp_path / "empty.jsonl"), 0.1, 0, tmp_path / "empty.jsonl")

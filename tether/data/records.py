@@ -70,10 +70,19 @@ def read_records(path: str | Path, columns: str | dict | None = None, split: str
     return records
 
 
+def _decode(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not valid UTF-8 (byte {exc.start} of the line: {raw[exc.start:exc.start + 4]!r}); "
+                        "save the file as UTF-8") from None
+
+
 def _read_jsonl(path: Path) -> list[Record]:
     records = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            line = _decode(raw, f"{path}:{line_no}")
             if not line.strip():
                 continue  # blank lines (often a trailing newline) are not records
             try:
@@ -87,8 +96,14 @@ def _read_jsonl(path: Path) -> list[Record]:
 
 
 def _read_json(path: Path) -> list[Record]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        _decode(raw.splitlines()[line - 1], f"{path}:{line}")
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
     if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
@@ -127,12 +142,14 @@ def _read_saved_dataset(path: Path, split: str) -> list[Record]:
     return [Record(row, f"{path} row {i}") for i, row in enumerate(ds, start=1)]
 
 
-def split_records(records, eval_fraction: float, seed: int):
-    """Deterministic held-out split (a seeded shuffle of record positions)."""
+def split_records(records, eval_fraction: float, seed: int, path: str | Path = "data"):
+    """Deterministic held-out split (a seeded shuffle of record positions); an empty file is named first."""
     import random
 
     from tether.config import ConfigError
 
+    if not records:
+        raise DataError(f"{path}: no records (the file is empty)")
     if eval_fraction <= 0:
         return records, []
     order = list(range(len(records)))

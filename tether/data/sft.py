@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tether.data.records import ACCEPTED_FORMATS, DataError, Record
+from tether.data.records import ACCEPTED_FORMATS, ROLES, DataError, Record
 
 
 @dataclass
@@ -77,6 +77,8 @@ def check_messages(value, where: str, name: str) -> list[dict]:
     for i, msg in enumerate(value):
         if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
             raise DataError(f"{where}: field {name}[{i}] must be an object with 'role' and 'content', got {msg!r:.80}")
+        if msg["role"] not in ROLES:
+            raise DataError(f"{where}: field {name}[{i}].role is {msg['role']!r}; roles are {', '.join(ROLES)}")
         check_str(msg["content"], where, f"{name}[{i}].content")
     return value
 

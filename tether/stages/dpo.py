@@ -302,7 +302,7 @@ def _load_offline(cfg: DPOConfig, tokenizer):
     d = cfg.data
     records = read_records(d.path, d.columns, d.split) if d.path else []
     train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
-                             else split_records(records, d.eval_fraction, cfg.train.seed))
+                             else split_records(records, d.eval_fraction, cfg.train.seed, d.path))
     train, reports, evals = [], [], []
     if train_recs:
         train, report = tokenize_policy_preferences(train_recs, tokenizer, d.max_length, d.strict, d.path)

@@ -240,7 +240,7 @@ def load_rm_data(cfg: RMConfig, tokenizer):
     d, heads = cfg.data, list(cfg.rm.heads)
     records = read_records(d.path, d.columns, d.split)
     train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
-                             else split_records(records, d.eval_fraction, cfg.train.seed))
+                             else split_records(records, d.eval_fraction, cfg.train.seed, d.path))
     train, report = tokenize_preferences(train_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict, d.path)
     reports, evals = [report], []
     if eval_recs:

@@ -54,7 +54,7 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
     if data.eval_path:
         train_recs, eval_recs = records, read_records(data.eval_path, data.columns, data.split)
     else:
-        train_recs, eval_recs = split_records(records, data.eval_fraction, cfg.train.seed)
+        train_recs, eval_recs = split_records(records, data.eval_fraction, cfg.train.seed, data.path)
     train, train_report = tokenize_records(train_recs, tokenizer, data.max_length, data.train_on_prompt, data.strict, data.path)
     reports = [train_report]
     evals = []

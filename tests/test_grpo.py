@@ -137,10 +137,34 @@ def test_a_failing_reward_is_scored_and_counted_or_stops_the_run(llama_dir, setu
                          rewards__reward_error_score=-1.0, algo__kl_coef=0.0))
     metrics = read_metrics(out)
     assert metrics[-1]["reward/flaky/errors"] >= 3 and metrics[0]["reward/flaky/mean"] == -1.0
-    from tether.rewards.functions import RewardFunctionError
-
-    with pytest.raises(RewardFunctionError, match="flaky raised RuntimeError"):
+    with pytest.raises(ConfigError, match="evaluation before the first step: reward function flaky raised RuntimeError"):
         run_grpo(grpo_config(llama_dir, prompts, tmp_path / "strict", [f"{rules}:flaky"], algo__kl_coef=0.0))
+
+
+SCORE = "def score(completions):\n    return [float(c.count('a')) for c in completions]\n"
+FAILS_AT_CALL_4 = ("calls = []\ndef score(completions):\n    calls.append(1)\n    if len(calls) == 4:\n"
+                   "        raise RuntimeError('broken on call 4')\n    return [float(c.count('a')) for c in completions]\n")
+
+
+def test_a_reward_failing_late_checkpoints_the_steps_done_and_resumes_exactly(llama_dir, setup, tmp_path):
+    """Calls: the dry run, steps 1 and 2, then step 3 fails before its update. checkpoint-2 holds the state as step 3
+    began (RNG and data cursor too), so the resumed run, with the function fixed, equals an uninterrupted one."""
+    _, prompts = setup
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "fn.py").write_text(SCORE)
+    (tmp_path / "fn.py").write_text(FAILS_AT_CALL_4)
+    cfg = lambda rules, out, **kw: grpo_config(llama_dir, prompts, out, [f"{rules}:score"], train__max_steps=4,
+                                               train__save_every=0, rollout__eval_prompts="", algo__kl_coef=0.0, **kw)
+    run_grpo(cfg(tmp_path / "good" / "fn.py", tmp_path / "whole"))
+    with pytest.raises(ConfigError, match=r"step 3: reward function score raised RuntimeError: broken on call 4.*"
+                                          r"The 2 steps done are in checkpoint-2"):
+        run_grpo(cfg(tmp_path / "fn.py", tmp_path / "broken"))
+    assert [p.name for p in (tmp_path / "broken").glob("checkpoint-*")] == ["checkpoint-2"]
+    (tmp_path / "fn.py").write_text(SCORE)  # fixed
+    summary = run_grpo(cfg(tmp_path / "fn.py", tmp_path / "broken", train__resume=True))
+    assert summary["resumed_from"] == 2
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+    assert strip(read_metrics(tmp_path / "broken")) == strip(read_metrics(tmp_path / "whole"))
 
 
 @pytest.mark.slow

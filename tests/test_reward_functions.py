@@ -187,3 +187,16 @@ def test_weak_sandbox_limits_time_and_memory_and_the_code_reward_uses_it():
     code = ["```python\ndef add(a, b):\n    return a + b\n```", "def add(a, b):\n    return a - b", "while True: pass"]
     tests = ["assert add(2, 3) == 5"] * 3
     assert python_tests(code, tests, timeout_s=1.0, isolation="weak") == [1.0, 0.0, 0.0]
+
+
+def test_a_reward_file_that_does_not_import_is_named(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(completions):\n    return [0.0 for c in completions\n")
+    with pytest.raises(ConfigError, match=r"broken.py:2: .*(never closed|invalid syntax)"):
+        parse_reward_specs([f"{broken}:f"])
+    failing = tmp_path / "failing.py"
+    failing.write_text("import not_a_module_anywhere\n")
+    with pytest.raises(ConfigError, match=r"importing .*failing.py raised ModuleNotFoundError"):
+        parse_reward_specs([f"{failing}:f"])
+    with pytest.raises(ConfigError, match=r"cannot import not_a_module_anywhere: ModuleNotFoundError"):
+        parse_reward_specs(["not_a_module_anywhere:f"])

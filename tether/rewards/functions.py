@@ -72,12 +72,19 @@ def load_reward_function(target: str) -> Callable:
         spec = importlib.util.spec_from_file_location(f"tether_reward_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except SyntaxError as err:
+            raise ConfigError(f"--reward {target!r}: {path}:{err.lineno}: {err.msg}") from None
+        except Exception as err:  # noqa: BLE001 - whatever the user's module raises while it is imported
+            raise ConfigError(f"--reward {target!r}: importing {path} raised {type(err).__name__}: {err}") from None
     else:
         try:
             module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise ConfigError(f"--reward {target!r}: cannot import {module_name}: {err}") from err
+        except SyntaxError as err:
+            raise ConfigError(f"--reward {target!r}: {err.filename}:{err.lineno}: {err.msg}") from None
+        except Exception as err:  # noqa: BLE001 - ImportError, or whatever the module raises while it is imported
+            raise ConfigError(f"--reward {target!r}: cannot import {module_name}: {type(err).__name__}: {err}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"--reward {target!r}: {module_name} has no function {attr!r}")

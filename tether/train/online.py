@@ -21,7 +21,8 @@ from typing import Callable, Protocol
 from tether.config import ConfigError
 from tether.models import save_merged
 from tether.monitors import RunMonitor, read_jsonl
-from tether.train.checkpoint import load_training_state, save_checkpoint, write_atomically
+from tether.rewards.functions import RewardFunctionError
+from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, set_rng_state, write_atomically
 from tether.train.logger import MetricsLogger, console
 from tether.train.run import announce, write_json
 
@@ -149,6 +150,34 @@ class _Run:
                         self.stage.scheduler, done, self.out, state, self.schedule.keep_checkpoints,
                         extra=self.stage.extra_parts())
 
+    def evaluate_or_stop(self, step: int, keep_the_step: Callable | None = None) -> dict:
+        """evaluate(step); a reward function failing in it stops the run, after ``keep_the_step()`` (which logs the
+        step and checkpoints it), with the error."""
+        try:
+            return self.evaluate(step)
+        except RewardFunctionError as err:
+            if keep_the_step is None:
+                raise ConfigError(f"evaluation before the first step: {err}") from err
+            keep_the_step()
+            raise ConfigError(f"evaluation after step {step}: {err}. The {step} steps done are in checkpoint-{step} "
+                              "(without this evaluation): fix the reward function and run again with --resume") from err
+
+    def snapshot(self) -> dict:
+        """What a step changes before it updates anything (the RNG, the stage's state): restored by a failed step."""
+        return {"rng": rng_state(), "stage": json.loads(json.dumps(self.stage.state()))}
+
+    def save_before_failure(self, step: int, snapshot: dict, error: Exception) -> None:
+        """A reward function failed inside step ``step`` (0-based), before its update: checkpoint the ``step`` steps
+        done, as they stood when the failed step began, and stop with the error."""
+        if step == 0:
+            raise ConfigError(f"step 1: {error}. No step was done, so there is nothing to checkpoint") from error
+        set_rng_state(snapshot["rng"])
+        self.stage.load_state(snapshot["stage"])
+        self.save(step)
+        raise ConfigError(f"step {step + 1}: {error}. The {step} steps done are in checkpoint-{step}: fix the reward "
+                          "function and run again with --resume (or, to score failures and count them instead, "
+                          "set rewards.reward_on_error: score)") from error
+
     def write_samples(self, samples: list) -> None:
         with (self.out / "samples.jsonl").open("a") as handle:
             handle.write("".join(json.dumps(s.as_dict()) + "\n" for s in samples))
@@ -166,17 +195,21 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
                  checkpoint=checkpoint)
     logger = MetricsLogger(out, schedule.report_to, config, start_step, schedule.total_steps,
                            enabled=accelerator.is_main_process, log_every=schedule.log_every, run_name=stage.name)
-    baseline = run.evaluate(0) if start_step == 0 else {}
+    baseline = run.evaluate_or_stop(0) if start_step == 0 else {}
     monitor, stopped_at = RunMonitor(out, schedule.stop_on_alarm), None
     try:
         for step in range(start_step, schedule.total_steps):
-            step_metrics, samples = stage.step(step)
+            before = run.snapshot()
+            try:
+                step_metrics, samples = stage.step(step)
+            except RewardFunctionError as err:
+                run.save_before_failure(step, before, err)
             done = step + 1
             metrics = {"step": done, **step_metrics, **run.error_metrics()}
             if step == start_step and baseline:
                 metrics.update({k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()})
             if schedule.evaluate_at(done):
-                metrics.update(run.evaluate(done))
+                metrics.update(run.evaluate_or_stop(done, lambda: (logger.log(metrics), run.save(done))))
             logger.log(metrics)
             if samples and schedule.due(schedule.sample_every, done):
                 run.write_samples(samples)

@@ -258,6 +258,22 @@ def more_a(prompts, first, second, **_):
     return [1.0 if a.count("a") > b.count("a") else 0.0 if a.count("a") < b.count("a") else 0.5
             for a, b in zip(first, second)]
 
+def nan_verdict(prompts, first, second, **_):
+    return [float("nan")] * len(first)
+
+
+def out_of_range(prompts, first, second, **_):
+    return [2.0] * len(first)
+
+
+def text_verdict(prompts, first, second, **_):
+    return ["first"] * len(first)
+
+
+def raising(prompts, first, second, **_):
+    return [1 / 0]
+
+
 def wrong_count(prompts, first, second, **_):
     return [1.0]
 '''
@@ -295,6 +311,10 @@ def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkey
     assert (tmp_path / "again" / "samples.jsonl").read_text() == (tmp_path / "online" / "samples.jsonl").read_text()
     with pytest.raises(ConfigError, match="returned 1 values for"):
         run_dpo(_cfg(llama_dir, "", tmp_path / "bad", **{**over, "online.judge": f"{judge}:wrong_count"}))
+    for bad, message in (("nan_verdict", r"verdict 0 is nan"), ("out_of_range", r"verdict 0 is 2.0"),
+                         ("text_verdict", r"verdict 0 is 'first'"), ("raising", r"raised ZeroDivisionError")):
+        with pytest.raises(ConfigError, match=rf"step 1: --judge .*:{bad}.*{message}"):
+            run_dpo(_cfg(llama_dir, "", tmp_path / bad, **{**over, "online.judge": f"{judge}:{bad}"}))
 
 
 def test_cli_runs_and_missing_data_is_a_clean_error(llama_dir, prefs, tmp_path):

@@ -24,7 +24,7 @@ from tether.data.records import read_records, split_records
 from tether.experience import SampleRecord
 from tether.models import check_lora_reference, load_stage_tokenizer, load_trainable_model, parameter_summary, save_merged
 from tether.reference_cache import ReferenceLogps
-from tether.rewards.functions import load_reward_function
+from tether.rewards.functions import RewardFunctionError, load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
 from tether.rollout import generate_rollout, render_prompts
 from tether.stages.dpo_config import DPOConfig
@@ -148,15 +148,29 @@ class PairLabeller:
         or with a judge the answer's side of the verdict). rollout rows 2i and 2i+1 answer prompt i."""
         first, second = rollout.responses[0::2], rollout.responses[1::2]
         if self.judge is not None:
-            columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
-            values = self.judge(prompts=[r.get("prompt") for r in rows], first=first, second=second, **columns)
-            if len(values) != len(first):
-                raise ConfigError(f"--judge {self.cfg.online.judge} returned {len(values)} values for {len(first)} pairs")
-            preference = [float(v) for v in values]
+            preference = self._verdicts(rows, first, second)
             return preference, [p if i % 2 == 0 else 1.0 - p for p in preference for i in range(2)]
         totals = self.scorer(rollout, [r for r in rows for _ in range(2)]).flat().tolist()
         a, b = totals[0::2], totals[1::2]
         return [1.0 if x > y else 0.0 if x < y else 0.5 for x, y in zip(a, b)], totals
+
+
+    def _verdicts(self, rows: list[dict], first: list[str], second: list[str]) -> list[float]:
+        """The judge's P(first is better) per pair, each a number in [0, 1]; anything else is a RewardFunctionError
+        (the online loop checkpoints the steps done and stops with it)."""
+        name = self.cfg.online.judge
+        columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+        try:
+            values = list(self.judge(prompts=[r.get("prompt") for r in rows], first=first, second=second, **columns))
+        except Exception as err:  # noqa: BLE001 - the user's judge; reported with its name
+            raise RewardFunctionError(f"--judge {name} raised {type(err).__name__}: {err}") from err
+        if len(values) != len(first):
+            raise RewardFunctionError(f"--judge {name} returned {len(values)} values for {len(first)} pairs")
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
+                raise RewardFunctionError(f"--judge {name}: verdict {i} is {v!r}; a verdict is P(first is better), a "
+                                          "number in [0, 1] (0.5 for a tie)")
+        return [float(v) for v in values]
 
 
 def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabeller, cfg: DPOConfig, seed: int, step: int):

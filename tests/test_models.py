@@ -64,3 +64,34 @@ def test_lora_trains_only_adapters_and_merge_and_save_matches(llama_dir, tmp_pat
 def test_lora_bad_target_lists_the_linear_modules(llama_dir):
     with pytest.raises(ConfigError, match="Linear modules in this model: .*q_proj"):
         apply_lora(load_model(llama_dir), r=4, alpha=8, dropout=0.0, target_modules=["attn_qkv"])
+
+
+def test_damaged_model_folders_are_named_before_transformers_reads_them(llama_dir, tokenizer, tmp_path):
+    import shutil
+
+    from tether.config import ConfigError
+    from tether.models import load_model, load_tokenizer
+
+    def copy(name):
+        folder = tmp_path / name
+        shutil.copytree(llama_dir, folder)
+        return folder
+
+    no_tokenizer = copy("no-tokenizer")
+    for f in no_tokenizer.glob("tokenizer*"):
+        f.unlink()
+    with pytest.raises(ConfigError, match=r"tokenizer .*no-tokenizer: no tokenizer files"):
+        load_tokenizer(no_tokenizer)
+    truncated = copy("truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=r"truncated: model.safetensors is not a readable safetensors file"):
+        load_model(truncated, tokenizer)
+    garbage = copy("garbage-config")
+    (garbage / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"garbage-config: config.json is not valid JSON"):
+        load_model(garbage, tokenizer)
+    no_weights = copy("no-weights")
+    (no_weights / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"no-weights: no weights"):
+        load_model(no_weights, tokenizer)

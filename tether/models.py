@@ -26,6 +26,40 @@ def _check_dir(path: str | Path, what: str) -> Path:
     return path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_folder(path: Path, what: str = "model", weights: bool = True) -> None:
+    """Before transformers reads a folder: its config.json parses, its weights are there and readable (safetensors
+    headers checked, which catches a truncated file), and — for a tokenizer — its files are there. Errors name the
+    folder and the file."""
+    import json
+
+    config = path / "config.json"
+    if weights:
+        if not config.is_file():
+            raise ConfigError(f"{what} {path}: no config.json; expected a folder written by save_pretrained")
+        try:
+            json.loads(config.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{what} {path}: config.json is not valid JSON ({err})") from None
+        shards = sorted(path.glob("*.safetensors"))
+        if not shards and not list(path.glob("*.bin")):
+            raise ConfigError(f"{what} {path}: no weights (model.safetensors); the folder has "
+                              f"{sorted(p.name for p in path.iterdir())[:12]}")
+        from safetensors import safe_open
+
+        for shard in shards:
+            try:
+                with safe_open(str(shard), "pt"):
+                    pass
+            except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+                raise ConfigError(f"{what} {path}: {shard.name} is not a readable safetensors file ({err})") from None
+    elif not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"tokenizer {path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass --tokenizer "
+                          "with a folder that has them, or save the tokenizer next to the model")
+
+
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     """A tokenizer from a local folder, with a pad token distinct from EOS.
 
@@ -34,7 +68,11 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     masks the real EOS, and the model never learns to stop.
     """
     path = _check_dir(path, "tokenizer")
-    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    check_model_folder(path, "tokenizer", weights=False)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - transformers raises many types for unreadable tokenizer files
+        raise ConfigError(f"tokenizer {path}: cannot be loaded ({type(err).__name__}: {str(err)[:300]})") from None
     if tok.pad_token is None or (tok.eos_token is not None and tok.pad_token_id == tok.eos_token_id):
         tok.add_special_tokens({"pad_token": DISTINCT_PAD})
         log.warning("tokenizer %s had no distinct pad token; added %s (id %d)", path, DISTINCT_PAD, tok.pad_token_id)
@@ -45,12 +83,14 @@ def load_model(path: str | Path, tokenizer=None, dtype: str = "float32", trust_r
                device: str | torch.device | None = None):
     """A causal LM from a local folder. Embeddings grow if the tokenizer gained tokens (a pad token)."""
     path = _check_dir(path, "model")
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"model {path}: no config.json; expected a folder written by save_pretrained")
+    check_model_folder(path)
     if dtype != "auto" and dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r}: choose auto, {', '.join(DTYPES)}")
     torch_dtype = "auto" if dtype == "auto" else DTYPES[dtype]
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as err:  # what transformers raises for folders it cannot read
+        raise ConfigError(f"model {path}: cannot be loaded ({type(err).__name__}: {str(err)[:300]})") from None
     if tokenizer is not None:
         if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
             model.resize_token_embeddings(len(tokenizer))

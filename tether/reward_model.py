@@ -19,7 +19,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tether.config import ConfigError
-from tether.models import DTYPES, _check_dir, is_peft
+from tether.models import DTYPES, _check_dir, check_model_folder, is_peft
 
 NORM_FILE = "reward_normalization.json"
 
@@ -66,6 +66,7 @@ def load_reward_model(path: str | Path, tokenizer, head_names: list[str] | None 
                       trust_remote_code: bool = False) -> RewardModel:
     """From a reward-model folder (heads as saved) or a causal-LM folder (new, zero-initialised heads)."""
     path = _check_dir(path, "model")
+    check_model_folder(path, "reward model" if (path / "reward_normalization.json").is_file() else "model")
     config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     torch_dtype = "auto" if dtype == "auto" else DTYPES[dtype]
     is_rm = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))

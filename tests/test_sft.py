@@ -6,10 +6,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tether.config import ConfigError, build_config
+from tether.data.records import DataError
 from tether.generation import generate_texts
 from tether.stages.sft import SFTConfig, SFTObjective, run_sft
 
-from conftest import killed_after_step
+from conftest import killed_after_step, write_jsonl
 
 
 def sft_config(model_dir, files, output, **train):
@@ -193,3 +194,18 @@ def test_resume_passes_over_a_damaged_newest_checkpoint(llama_dir, addition_file
         (folder / "trainer_state.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"no complete, readable checkpoint.*trainer_state.json"):
         run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=2, train__resume=True))
+
+
+def test_overwrite_touches_nothing_before_the_data_is_checked_nor_a_folder_tether_did_not_write(llama_dir, tmp_path):
+    out = tmp_path / "mine"
+    (out / "final").mkdir(parents=True)
+    (out / "config.yaml").write_text("my: settings\n")
+    (out / "final" / "README.md").write_text("my notes")
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"question": "no format tether reads"}])
+    with pytest.raises(DataError, match="bad.jsonl:1: no field this data format needs"):
+        run_sft(sft_config(llama_dir, (bad, bad), out, train__overwrite=True))
+    assert (out / "config.yaml").read_text() == "my: settings\n" and (out / "final" / "README.md").is_file()
+    good = write_jsonl(tmp_path / "good.jsonl", [{"prompt": "1 + 1 =", "completion": " 2"}] * 16)
+    with pytest.raises(ConfigError, match="config.yaml was not written by tether"):
+        run_sft(sft_config(llama_dir, (good, good), out, train__overwrite=True))
+    assert (out / "final" / "README.md").is_file()

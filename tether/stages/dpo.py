@@ -332,10 +332,16 @@ def _load_offline(cfg: DPOConfig, tokenizer):
     return train, evals, reports
 
 
-def _setup(cfg: DPOConfig, accelerator, config: dict, start_step: int, checkpoint: Path | None) -> DPOSetup:
-    out = Path(cfg.train.output)
+def _load_data(cfg: DPOConfig):
+    """(tokenizer, train, held-out, reports), read and checked before the run folder is touched."""
     tokenizer = load_stage_tokenizer(cfg.model)
     train, evals, reports = _load_offline(cfg, tokenizer) if (cfg.data.path or cfg.data.eval_path) else ([], [], [])
+    return tokenizer, train, evals, reports
+
+
+def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, checkpoint: Path | None) -> DPOSetup:
+    out = Path(cfg.train.output)
+    tokenizer, train, evals, reports = data
     total_steps = cfg.total_steps_online if cfg.online.online else cfg.train.total_steps(len(train))
     cfg.train.grad_accum(accelerator.num_processes)
     check_steps_left(start_step, total_steps, checkpoint)
@@ -415,9 +421,10 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
 
 
 def _run_online(cfg: DPOConfig, evaluate_fn) -> dict:
+    data = _load_data(cfg)
     start = start_online("dpo --online", cfg, cfg.total_steps_online, cfg.rewards, cfg.rollout.prompts, "",
                          stand_in_reward=bool(cfg.online.judge))
-    setup = _setup(cfg, start.accelerator, start.config, start.start_step, start.checkpoint)
+    setup = _setup(cfg, data, start.accelerator, start.config, start.start_step, start.checkpoint)
     labeller = PairLabeller(cfg, setup.tokenizer, start.reward_set, start.accelerator.device)
     stage = OnlineDPOStage(cfg, setup, labeller, start.prompt_rows)
     schedule = Schedule.of(cfg.train, setup.total_steps, stop_on_alarm=cfg.online.stop_on_alarm, sample_every=1,
@@ -429,9 +436,11 @@ def _run_online(cfg: DPOConfig, evaluate_fn) -> dict:
 def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
     t_start = time.perf_counter()
     check_lora_reference(cfg.model)  # before anything is written
-    accelerator, config, _, start_step, checkpoint = start_run(
-        cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
-    s = _setup(cfg, accelerator, config, start_step, checkpoint)
+    if not cfg.data.path:
+        raise ConfigError("--data is required")
+    data = _load_data(cfg)
+    accelerator, config, _, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
+    s = _setup(cfg, data, accelerator, config, start_step, checkpoint)
     if checkpoint is not None:
         load_training_state(checkpoint, s.optimizer, s.scheduler, accelerator.process_index)
     if accelerator.is_main_process:

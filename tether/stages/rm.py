@@ -167,11 +167,13 @@ def load_trainable_rm(cfg: RMConfig, tokenizer, checkpoint: Path | None):
 
 def run_rm(cfg: RMConfig) -> dict:
     t_start = time.perf_counter()
-    accelerator, config, out, start_step, checkpoint = start_run(
-        cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
+    for flag, value in (("--model", cfg.model.path), ("--data", cfg.data.path)):
+        if not value:
+            raise ConfigError(f"{flag} is required")
     tokenizer = load_stage_tokenizer(cfg.model)
     d, heads = cfg.data, list(cfg.rm.heads)
-    train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer)
+    train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer)  # before the run folder is touched
+    accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     report = reports[0]
     total_steps = cfg.train.total_steps(len(train))
     accum = cfg.train.grad_accum(accelerator.num_processes)

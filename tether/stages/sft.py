@@ -71,10 +71,10 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
 def run_sft(cfg: SFTConfig) -> dict:
     """Train, checkpoint, evaluate and write final/; returns the summary."""
     t_start = time.perf_counter()
+    tokenizer = load_stage_tokenizer(cfg.model)
+    train, evals, reports = load_sft_data(cfg, tokenizer)  # checked before the run folder is touched
     accelerator, config, out, start_step, checkpoint = start_run(
         cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
-    tokenizer = load_stage_tokenizer(cfg.model)
-    train, evals, reports = load_sft_data(cfg, tokenizer)
     world = accelerator.num_processes
     accum = cfg.train.grad_accum(world)
     total_steps = cfg.train.total_steps(len(train))

@@ -268,12 +268,14 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
     check_lora_reference(cfg.model)  # before anything is written
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # N copies would each train alone and write the same folder
         raise ConfigError(f"tether {stage} runs on one process for now; launch it without accelerate's --num_processes")
-    accelerator, config, out, start_step, checkpoint = start_run(
-        cfg, {"--model": cfg.model.path, "--prompts": prompts, "--output": cfg.train.output})
-    check_steps_left(start_step, total_steps, checkpoint)
-    prompt_rows = prompt_rows_of(prompts)
+    for flag, value in (("--model", cfg.model.path), ("--prompts", prompts)):
+        if not value:
+            raise ConfigError(f"{flag} is required")
+    prompt_rows = prompt_rows_of(prompts)  # inputs are checked before the run folder is touched
     eval_rows = prompt_rows_of(eval_prompts) if eval_prompts else []
     reward_set = load_reward_set(rewards_cfg, prompt_rows) if rewards_cfg is not None else None
+    accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
+    check_steps_left(start_step, total_steps, checkpoint)
     return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows,
                        reward_set)
 

@@ -59,6 +59,19 @@ def _check_resumable(out: Path, config: dict) -> None:
                           "the same run: " + "; ".join(diffs))
 
 
+def _written_by_tether(out: Path) -> bool:
+    """A run folder's config.yaml is tether's when it holds the plan tether writes beside the settings."""
+    saved = out / "config.yaml"
+    if not saved.is_file():
+        return True
+    import yaml
+
+    try:
+        return "plan" in (yaml.safe_load(saved.read_text()) or {})
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError, TypeError):
+        return False
+
+
 def open_run(accelerator, run, config: dict) -> tuple[int, Path | None]:
     """Check the run folder (``run``: a RunSection) against resume/overwrite; return (start step, checkpoint to
     resume from or None). On resume, rows written after the checkpoint are cut from the step files."""
@@ -83,6 +96,9 @@ def open_run(accelerator, run, config: dict) -> tuple[int, Path | None]:
     has_run = out.is_dir() and (any((out / name).exists() for name in RUN_FILES) or bool(latest_checkpoint(out)))
     if has_run and not run.overwrite:
         raise ConfigError(f"--output {out} already holds a run; pass --resume to continue it or --overwrite to start afresh")
+    if has_run and not _written_by_tether(out):
+        raise ConfigError(f"--output {out}: its config.yaml was not written by tether (it has no plan), so --overwrite "
+                          "will not delete anything there; give the run a folder of its own")
     if accelerator.is_main_process:
         if has_run:
             for child in out.iterdir():

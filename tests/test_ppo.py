@@ -170,3 +170,20 @@ def test_a_kill_between_the_last_checkpoint_and_final_resumes(llama_dir, prompts
     assert summary["resumed_from"] == 2 and (tmp_path / "run" / "final" / "config.json").is_file()
     with pytest.raises(ConfigError, match="nothing left to train"):
         run_ppo(cfg(train__resume=True), scorer=count_reward("a"))
+
+
+def test_resume_refuses_changed_settings_and_the_advice_is_not_circular(llama_dir, prompts, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    with killed_after_step(monkeypatch, 1), pytest.raises(KeyboardInterrupt):  # before the first checkpoint
+        run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, train__save_every=2), scorer=count_reward("a"))
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="no complete, readable checkpoint.*Start the run afresh with --overwrite"):
+        run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, train__save_every=2, train__resume=True),
+                scorer=count_reward("a"))
+    with pytest.raises(ConfigError, match="holds a run that has no checkpoint to resume from; pass --overwrite"):
+        run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, train__save_every=2), scorer=count_reward("a"))
+    run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=2, train__save_every=2, train__overwrite=True),
+            scorer=count_reward("a"))
+    with pytest.raises(ConfigError, match=r"settings differ .*optim.lr: 0.003 -> 0.01"):
+        run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, train__resume=True, optim__lr=1e-2),
+                scorer=count_reward("a"))

@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--samples", type=int, default=1, help="Completions per prompt.")
     ev.add_argument("--max-new-tokens", type=int, default=96, help="Generation budget per completion.")
     ev.add_argument("--limit", type=int, default=0, help="Evaluate only the first N prompts (0 = all).")
-    ev.add_argument("--output", default="", help="JSON file for the figures (default: eval-<task>.json next to the model folder).")
+    ev.add_argument("--output", default="", help="JSON file for the figures (default: printed only; nothing is written "
+                    "beside the model folder).")
 
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
@@ -208,12 +209,12 @@ def run_eval_command(args) -> None:
     figures = evaluate_task(model, tokenizer, args.task, rows, decoding, ref_model, ref_tok)
     figures["model"] = str(args.model)
     figures["reference"] = args.reference or None
-    output = Path(args.output or Path(args.model).resolve().parent / f"eval-{Path(args.model).name}-{args.task}.json")
-    output.write_text(json.dumps(figures, indent=2))
     print(json.dumps(figures, indent=2))
-    from tether.train.logger import console
+    if args.output:
+        Path(args.output).write_text(json.dumps(figures, indent=2))
+        from tether.train.logger import console
 
-    console.print(f"written to {output}")
+        console.print(f"written to {args.output}")
 
 
 def run_data_agreement(args) -> None:

@@ -95,6 +95,9 @@ def open_run(accelerator, run, config: dict) -> tuple[int, Path | None]:
         return found
     has_run = out.is_dir() and (any((out / name).exists() for name in RUN_FILES) or bool(latest_checkpoint(out)))
     if has_run and not run.overwrite:
+        if latest_checkpoint(out) is None:  # killed before its first checkpoint: nothing --resume could continue
+            raise ConfigError(f"--output {out} holds a run that has no checkpoint to resume from; pass --overwrite to "
+                              "start it afresh")
         raise ConfigError(f"--output {out} already holds a run; pass --resume to continue it or --overwrite to start afresh")
     if has_run and not _written_by_tether(out):
         raise ConfigError(f"--output {out}: its config.yaml was not written by tether (it has no plan), so --overwrite "

@@ -16,23 +16,12 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tether.rewards.sandbox import run_python  # noqa: E402
+from tether.rewards.sandbox import run_python, running_with  # noqa: E402
 
 if "TETHER_BENCH_SECRET" not in os.environ:  # a secret in the initial environment, as /proc/<pid>/environ shows it
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "TETHER_BENCH_SECRET": "s3cret-token"})
 TRAINER = os.getpid()
 
-
-def alive(marker: str) -> bool:
-    """Is any process on this machine running with ``marker`` in its command line? (Read from /proc: ps may cut
-    long command lines.)"""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if marker.encode() in cmdline.read_bytes():
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def attacks(work: Path, port: int):
@@ -55,11 +44,11 @@ def attacks(work: Path, port: int):
         ("spawn a process as root", "import subprocess; print(subprocess.run(['id', '-u'], capture_output=True, text=True).stdout)",
          {}, lambda r, s: r.stdout.strip() not in ("0", "")),
         ("leave a daemon running", f"import subprocess, sys; {sleeper(d, ', start_new_session=True')}; print('left')", {},
-         lambda r, s: "left" in r.stdout and (time.sleep(0.3), not alive(d))[1]),
+         lambda r, s: "left" in r.stdout and (time.sleep(0.3), not running_with(d))[1]),
         ("hold the output open past the time limit", f"import subprocess, sys, time; {sleeper(h)}; time.sleep(60)",
-         {"timeout_s": 2.0}, lambda r, s: r.timed_out and s < 4.0 and not alive(h)),
+         {"timeout_s": 2.0}, lambda r, s: r.timed_out and s < 4.0 and not running_with(h)),
         ("fork bomb", f"import os, time\n# {b}\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)",
-         {"timeout_s": 2.0, "max_processes": 16}, lambda r, s: s < 8.0 and (time.sleep(0.3), not alive(b))[1]),
+         {"timeout_s": 2.0, "max_processes": 16}, lambda r, s: s < 8.0 and (time.sleep(0.3), not running_with(b))[1]),
         ("exceed memory across 4 children",
          "import os\nks=[]\nfor _ in range(4):\n    p=os.fork()\n    if p==0:\n        x=bytearray(150*2**20)\n"
          "        x[::4096]=b'y'*len(x[::4096])\n        os._exit(0)\n    ks.append(p)\nprint('ok', sum(os.waitpid(k,0)[1]==0 for k in ks))",

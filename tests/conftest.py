@@ -83,3 +83,16 @@ class killed_after_step:
     def __exit__(self, *exc):
         self.monkeypatch.setattr(self.module.MetricsLogger, "log", self.original)
         return False
+
+
+def kill_before_final(monkeypatch, module) -> None:
+    """The next run of a stage whose module writes final/ with ``module.write_atomically`` dies (KeyboardInterrupt)
+    right before final/ — after its last checkpoint. Undo with monkeypatch.undo()."""
+    original = module.write_atomically
+
+    def die_before_final(save_fn, target):
+        if str(target).endswith("final"):
+            raise KeyboardInterrupt("killed before final/")
+        return original(save_fn, target)
+
+    monkeypatch.setattr(module, "write_atomically", die_before_final)

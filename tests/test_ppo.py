@@ -7,7 +7,7 @@ from tether.config import ConfigError, build_config
 from tether.stages.ppo import run_ppo
 from tether.stages.ppo_config import PPOConfig
 
-from conftest import killed_after_step, write_jsonl
+from conftest import kill_before_final, killed_after_step, write_jsonl
 
 
 def count_reward(token: str):
@@ -153,14 +153,7 @@ def test_a_kill_between_the_last_checkpoint_and_final_resumes(llama_dir, prompts
     """The online loop: a run killed after its last checkpoint, before final/, resumes to write final/ and the summary."""
     from tether.train import online
 
-    original = online.write_atomically
-
-    def die_before_final(save_fn, target):
-        if str(target).endswith("final"):
-            raise KeyboardInterrupt("killed before final/")
-        return original(save_fn, target)
-
-    monkeypatch.setattr(online, "write_atomically", die_before_final)
+    kill_before_final(monkeypatch, online)
     cfg = lambda **kw: ppo_config(llama_dir, prompts, tmp_path / "run", train__max_steps=2, train__eval_every=0, **kw)
     with pytest.raises(KeyboardInterrupt):
         run_ppo(cfg(), scorer=count_reward("a"))

@@ -7,12 +7,11 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from tether.rewards import sandbox
-from tether.rewards.sandbox import SandboxUnavailable, check_isolation, run_python
+from tether.rewards.sandbox import SandboxUnavailable, check_isolation, run_python, running_with
 
 try:
     check_isolation()
@@ -23,17 +22,6 @@ except SandboxUnavailable as err:
 isolated = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"no isolated sandbox here: {UNAVAILABLE}")
 TRAINER = os.getpid()
 
-
-def alive(marker: str) -> bool:
-    """Is any process on this machine running with ``marker`` in its command line? (Read from /proc: ps may cut
-    long command lines.)"""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if marker.encode() in cmdline.read_bytes():
-                return True
-        except OSError:
-            continue
-    return False
 
 
 @isolated
@@ -113,7 +101,7 @@ def test_a_daemon_it_leaves_behind_is_killed():
             "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\nprint('left')")
     result = run_python(code)
     time.sleep(0.3)
-    assert "left" in result.stdout and not alive(marker)
+    assert "left" in result.stdout and not running_with(marker)
 
 
 @isolated
@@ -123,7 +111,7 @@ def test_a_child_holding_the_output_open_does_not_outlive_the_time_limit():
             "time.sleep(60)")
     start = time.monotonic()
     result = run_python(code, timeout_s=1.0)
-    assert result.timed_out and time.monotonic() - start < 4.0 and not alive(marker)
+    assert result.timed_out and time.monotonic() - start < 4.0 and not running_with(marker)
 
 
 @isolated
@@ -135,7 +123,7 @@ def test_a_fork_bomb_is_held_by_the_process_limit():
     result = run_python(code, timeout_s=2.0, max_processes=16)
     assert not result.ok and time.monotonic() - start < 8.0
     time.sleep(0.3)
-    assert not alive(marker)
+    assert not running_with(marker)
 
 
 @isolated

@@ -10,7 +10,7 @@ from tether.data.records import DataError
 from tether.generation import generate_texts
 from tether.stages.sft import SFTConfig, SFTObjective, run_sft
 
-from conftest import killed_after_step, write_jsonl
+from conftest import kill_before_final, killed_after_step, write_jsonl
 
 
 def sft_config(model_dir, files, output, **train):
@@ -148,14 +148,7 @@ def test_a_kill_between_the_last_checkpoint_and_final_resumes_to_the_same_model(
 
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     run_sft(sft_config(llama_dir, addition_files, whole, train__save_every=3))
-    original = sft_module.write_atomically
-
-    def die_before_final(save_fn, target):
-        if str(target).endswith("final"):
-            raise KeyboardInterrupt("killed before final/")
-        return original(save_fn, target)
-
-    monkeypatch.setattr(sft_module, "write_atomically", die_before_final)
+    kill_before_final(monkeypatch, sft_module)
     with pytest.raises(KeyboardInterrupt):
         run_sft(sft_config(llama_dir, addition_files, killed, train__save_every=3))
     monkeypatch.undo()

@@ -72,6 +72,18 @@ def run_python(code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: in
     return SandboxResult(returncode == 0 and not truncated, returncode, timed_out, out[0], err[0], truncated)
 
 
+def running_with(marker: str) -> bool:
+    """Is any process on this machine running with ``marker`` in its command line? (Read from /proc, which does not
+    cut long command lines as ps may.) The attack table and the tests use it to find what a sandbox left behind."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def check_isolation(isolation: str = "bubblewrap") -> None:
     """Raise SandboxUnavailable now (e.g. before training) if ``isolation`` cannot be set up here."""
     if isolation == "bubblewrap":

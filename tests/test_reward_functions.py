@@ -54,7 +54,7 @@ def test_functions_get_the_columns_they_declare_and_weights_sum(reward_file):
     rs.check(ROWS)
     parts = rs.score(ROWS, ["4", "7"], [[5, 6, 7], [8]], [False, True])
     assert parts == {"exact": [1.0, 0.0], "length": [3.0, 1.0]}
-    assert rs.total(parts).tolist() == [2 * 1 + 0.5 * 3, 2 * 0 + 0.5 * 1]
+    assert [c.weight for c in rs.components] == [2.0, 0.5]  # the weighted sum: tests/test_scorer.py
 
 
 def test_missing_column_is_reported_before_training(reward_file):
@@ -84,9 +84,7 @@ def test_a_raising_function_stops_the_run_or_is_scored_and_counted(reward_file):
 def test_step_scores_are_kept_but_not_summed_for_ppo(reward_file):
     rs = rewards(reward_file, "steps")
     parts = rs.score(ROWS, ["a", "b"], [[1], [2]], [False, False])
-    assert parts["steps"] == [[0.5, 1.0], [0.5, 1.0]]
-    with pytest.raises(ConfigError, match="process reward"):
-        rs.total(parts)
+    assert parts["steps"] == [[0.5, 1.0], [0.5, 1.0]]  # refused by PPO's scorer: tests/test_scorer.py
 
 
 def test_bad_specs_say_what_is_wrong(reward_file, tmp_path):
@@ -200,3 +198,30 @@ def test_a_reward_file_that_does_not_import_is_named(tmp_path):
         parse_reward_specs([f"{failing}:f"])
     with pytest.raises(ConfigError, match=r"cannot import not_a_module_anywhere: ModuleNotFoundError"):
         parse_reward_specs(["not_a_module_anywhere:f"])
+
+
+def test_a_hung_function_named_by_a_spec_is_killed_with_its_worker_process(tmp_path):
+    import os
+
+    path = tmp_path / "stuck.py"
+    path.write_text("import time\ncalls = []\ndef stuck(completions):\n    calls.append(1)\n"
+                    "    if completions and completions[0] == 'hang':\n        time.sleep(600)\n"
+                    "    return [float(len(calls))] * len(completions)\n")
+    rs = RewardSet(parse_reward_specs([f"{path}:stuck"]), columns=["prompt"], timeout=1.0, on_error="score",
+                   error_score=-1.0)
+    assert rs.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"stuck": [1.0, 1.0]}  # state lives in the worker
+    assert rs.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"stuck": [2.0, 2.0]}
+    hung_pid = rs.worker.pid
+    assert rs.score(ROWS, ["hang", "y"], [[1], [2]], [False, False]) == {"stuck": [-1.0, -1.0]}
+    assert rs.components[0].errors == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(hung_pid, 0)  # the hung call's process is gone, not abandoned
+    assert rs.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"stuck": [1.0, 1.0]}  # a fresh worker
+    strict = RewardSet(parse_reward_specs([f"{path}:stuck"]), columns=["prompt"], timeout=1.0)
+    with pytest.raises(RewardFunctionError, match="stuck raised TimeoutError: no result within 1 s .*worker process was killed"):
+        strict.score(ROWS, ["hang", "y"], [[1], [2]], [False, False])
+    raising = tmp_path / "raising.py"
+    raising.write_text("def boom(completions):\n    raise KeyError('missing')\n")
+    with pytest.raises(RewardFunctionError, match="boom raised KeyError: 'missing'"):
+        RewardSet(parse_reward_specs([f"{raising}:boom"]), columns=["prompt"], timeout=5.0).score(
+            ROWS, ["x", "y"], [[1], [2]], [False, False])

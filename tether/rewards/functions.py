@@ -15,9 +15,10 @@ a function must accept an empty completion (policies do produce them).
 
 When a function raises, or runs past ``timeout`` seconds, ``on_error`` decides: ``raise`` stops the run with the
 function's name and the batch's first prompt; ``score`` gives every completion of that call ``error_score``
-and counts the call in ``reward/<name>/errors``. A call that timed out is abandoned (its thread cannot be
-killed), so a function that runs model-written code should run it through ``tether.rewards.sandbox``, which
-kills it. ``async def`` functions of one batch run concurrently in one event loop.
+and counts the call in ``reward/<name>/errors``. With a time limit, functions named by a spec run in a worker
+process (tether/rewards/worker.py) that is killed with a call that outlives it; functions handed over as Python
+objects run in a daemon thread, abandoned on a timeout. Model-written code belongs in ``tether.rewards.sandbox``.
+``async def`` functions of one batch run concurrently in one event loop (a timeout cancels them).
 
 Arguments for a function go in the spec: ``tether.rewards.builtin:length_penalty(target=40,scale=0.01)=0.5``
 (Python literals, bound with functools.partial).
@@ -36,8 +37,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-
-import torch
 
 from tether.config import ConfigError
 
@@ -106,6 +105,7 @@ class RewardComponent:
     fn: Callable
     weight: float = 1.0
     errors: int = 0  # calls that raised and were scored as error_score
+    spec: str = ""  # the module:function[(...)] it was loaded from; such a function runs in the worker process
 
     def wanted(self) -> tuple[set[str], bool]:
         """(argument names it declares, whether it takes **kwargs)."""
@@ -135,12 +135,12 @@ def parse_reward_specs(specs: list[str]) -> list[RewardComponent]:
         name = target.rpartition(":")[2].split("(")[0]
         if any(c.name == name for c in components):
             name = target.replace("/", ".").replace(":", ".")
-        components.append(RewardComponent(name, fn, weight))
+        components.append(RewardComponent(name, fn, weight, spec=target))
     return components
 
 
 def _as_scores(value, n: int, name: str, first_prompt) -> list:
-    if isinstance(value, torch.Tensor):
+    if hasattr(value, "tolist") and not isinstance(value, list):  # a tensor or an array
         value = value.tolist()
     try:
         values = list(value)
@@ -173,7 +173,8 @@ class RewardSet:
     on_error: str = "raise"  # raise | score
     error_score: float = 0.0
     columns: list[str] = field(default_factory=list)
-    timeout: float = 0.0  # seconds per call; 0 = none
+    timeout: float = 0.0  # seconds per call; 0 = none (and no worker process)
+    worker: object = field(default=None, repr=False)  # the RewardWorker of spec-loaded functions, started on first use
 
     def check(self, rows: list[dict]) -> None:
         """Before training: every declared argument exists, and a dry call on a few rows returns one score each."""
@@ -215,7 +216,7 @@ class RewardSet:
                 if isinstance(err, RewardFunctionError):
                     raise
                 first = str(batch["prompts"][0])[:80] if rows else ""
-                raise RewardFunctionError(f"reward function {c.name} raised {type(err).__name__}: {err} "
+                raise RewardFunctionError(f"reward function {c.name} raised {getattr(err, 'kind', type(err).__name__)}: {err} "
                                           f"(batch of {len(completions)}, first prompt: {first!r})") from err
         return out
 
@@ -237,21 +238,26 @@ class RewardSet:
             for c, value in zip(async_components, asyncio.run(run_all())):
                 results[c.name] = _timeout_error(c, self.timeout) if isinstance(value, asyncio.TimeoutError) else value
         for c in self.components:
-            if c.name not in results:
+            if c.name in results:
+                continue
+            if c.spec and timeout:  # killable: the worker process dies with a call that outlives its limit
+                results[c.name] = self._worker().call(c.name, kwargs_for(c), timeout)
+            else:
                 results[c.name] = _call_in_daemon_thread(c, kwargs_for(c), timeout)
         return results
 
-    def total(self, parts: dict[str, list]) -> torch.Tensor:
-        """Σ_i weight_i · score_i, (B,); process rewards (lists of step scores) are not summable here."""
-        total = None
-        for c in self.components:
-            values = parts[c.name]
-            if values and isinstance(values[0], list):
-                raise ConfigError(f"reward function {c.name} returned step scores (a process reward); PPO needs one "
-                                  "score per completion. Process rewards are for `tether grpo`")
-            t = torch.tensor(values, dtype=torch.float32) * c.weight
-            total = t if total is None else total + t
-        return total
+    def close(self) -> None:
+        """Stop the worker process (the run is over)."""
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
+    def _worker(self):
+        if self.worker is None:
+            from tether.rewards.worker import RewardWorker
+
+            self.worker = RewardWorker({c.name: c.spec for c in self.components if c.spec})
+        return self.worker
 
 
 def _call_in_daemon_thread(component: RewardComponent, kwargs: dict, timeout: float | None):

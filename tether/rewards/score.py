@@ -114,6 +114,11 @@ class Scorer:
             raise ConfigError("more than one process reward (functions returning step scores); combine them into one")
         return [[component.weight * x for x in row] for row in values]
 
+    def close(self) -> None:
+        """Stop the reward functions' worker process."""
+        if self.rewards is not None:
+            self.rewards.close()
+
     def error_counts(self) -> dict[str, int]:
         return {c.name: c.errors for c in (self.rewards.components if self.rewards else [])}
 

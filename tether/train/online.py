@@ -222,6 +222,8 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
                 break
     finally:
         logger.close()
+        if run.scorer is not None:
+            run.scorer.close()
     summary = {"stage": stage.name, "steps": schedule.total_steps, "resumed_from": start_step or None,
                **stage.summary(), "alarms": read_jsonl(out / "alarms.jsonl"), "stopped_at": stopped_at,
                "eval_history": run.history, "wall_s": round(time.perf_counter() - t_start, 2)}

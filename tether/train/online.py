@@ -208,10 +208,12 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
             metrics = {"step": done, **step_metrics, **run.error_metrics()}
             if step == start_step and baseline:
                 metrics.update({k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()})
+            keep_samples = bool(samples) and schedule.due(schedule.sample_every, done)
             if schedule.evaluate_at(done):
-                metrics.update(run.evaluate_or_stop(done, lambda: (logger.log(metrics), run.save(done))))
+                metrics.update(run.evaluate_or_stop(done, lambda: (logger.log(metrics), keep_samples and
+                                                                   run.write_samples(samples), run.save(done))))
             logger.log(metrics)
-            if samples and schedule.due(schedule.sample_every, done):
+            if keep_samples:
                 run.write_samples(samples)
             stop = monitor.check()  # reward-hacking alarms on everything written so far
             if schedule.save_at(done) or stop:

@@ -250,8 +250,9 @@ class GroupStage:
         k = float(lm.sum())
         rmask = sub.response_mask.bool()
         low, high = parts["clipped_low"], parts["clipped_high"]
-        figures = {"policy/clip_frac": clip_fraction(low, high, lm),
-                   "policy/clip_frac_low": low.float().sum() / max(k, 1), "policy/clip_frac_high": high.float().sum() / max(k, 1),
+        none = torch.zeros_like(low)
+        figures = {"policy/clip_frac": clip_fraction(low, high, lm), "policy/clip_frac_low": clip_fraction(low, none, lm),
+                   "policy/clip_frac_high": clip_fraction(none, high, lm),
                    "policy/entropy": entropy.detach()[rmask].mean() if rmask.any() else 0.0,
                    "policy/ratio_mean": parts["ratio"].detach()[rmask].mean() if rmask.any() else 1.0,
                    "kl/ref_mean": (parts["kl"].detach() * sub.response_mask).sum(-1).mean()}

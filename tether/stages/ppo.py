@@ -182,9 +182,9 @@ class PPOStage:
         approx_kl = aggregate(kl_k2(logp.detach(), exp.old_logprobs[idx]), mask)  # ½ (logp − old_logp)²
         k = float(mask.sum())
         low, high = parts["clipped_low"], parts["clipped_high"]
+        none = torch.zeros_like(low)
         figures = {"policy/loss": parts["policy_loss"], "policy/clip_frac": clip_fraction(low, high, mask),
-                   "policy/clip_frac_low": clip_fraction(low, torch.zeros_like(high), mask),
-                   "policy/clip_frac_high": clip_fraction(torch.zeros_like(low), high, mask),
+                   "policy/clip_frac_low": clip_fraction(low, none, mask), "policy/clip_frac_high": clip_fraction(none, high, mask),
                    "policy/approx_kl": approx_kl, "policy/entropy": aggregate(entropy.detach(), mask),
                    "value/loss": parts["value_loss"], "value/clip_frac": aggregate(parts["value_clipped"].float(), mask),
                    "policy/grad_norm": gn_pi, "value/grad_norm": gn_v}

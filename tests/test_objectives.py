@@ -55,6 +55,20 @@ def test_ppo_objective_dual_clip_and_defaults():
     assert parts["clipped_low"].tolist() == [[True, False, False]]
 
 
+def test_ppo_objective_split_over_processes_adds_up():
+    """Two processes, each with one token of the minibatch and n_tokens = 2: their losses and gradients add up to the
+    one-process minibatch's (by hand: token 0 gives ℓ −1.2 − 0.1·0.4 and ½·1.69; token 1 −0.5 − 0.1·0.2 and 0.98)."""
+    logp, old, adv, entropy, values, old_values, returns, mask = _ppo_case()
+    kwargs = dict(clip_low=0.2, clip_high=0.2, value_clip=0.2, value_loss_coef=0.5, entropy_coef=0.1)
+    whole, _ = ppo_objective(logp, old, adv, entropy, values, old_values, returns, mask, **kwargs)
+    halves = [torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0, 0.0]])]
+    parts = [ppo_objective(logp, old, adv, entropy, values, old_values, returns, m, n_tokens=2.0, **kwargs)[0]
+             for m in halves]
+    assert parts[0].item() == pytest.approx((-1.2 - 0.04) / 2 + 0.5 * 0.845 / 2)
+    assert parts[1].item() == pytest.approx((-0.5 - 0.02) / 2 + 0.5 * 0.98 / 2)
+    assert (parts[0] + parts[1]).item() == pytest.approx(whole.item())
+
+
 def _group_case():
     # one prompt, G = 2, T = 2; row 1 has one token (its second position is padding)
     response_mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])

@@ -78,10 +78,45 @@ def response_mask_from_stops(response_ids: torch.Tensor, stop_ids: list[int]) ->
     return mask, truncated
 
 
+def response_seeds(seed: int, positions: list[int], samples: int = 1) -> list[int]:
+    """One seed per response: prompt ``positions`` (in the run's prompt stream) × ``samples`` answers each."""
+    return [(seed * 1_000_003 + p) * 1009 + j for p in positions for j in range(samples)]
+
+
+class SeededSampler:
+    """Samples each row's next token from softmax(top-k/top-p(logits / τ)) with the row's own generator, and
+    returns scores whose argmax is that token (generation then runs greedy): a response depends on its seed and
+    its prompt only, not on the batch it is generated in nor on the process — so N processes sample what one
+    does. Same distribution as Hugging Face's temperature / top-k / top-p sampling."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float, top_k: int, device):
+        self.generators = [torch.Generator(device=device).manual_seed(int(s) % (2**63 - 1)) for s in seeds]
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature
+        if self.top_k and self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(logits, descending=True, dim=-1)
+            probs = torch.softmax(ordered, -1)
+            above = probs.cumsum(-1) - probs  # mass strictly above each token: keep the smallest set reaching top_p
+            drop = torch.zeros_like(above, dtype=torch.bool).scatter(-1, order, above >= self.top_p)
+            logits = logits.masked_fill(drop, float("-inf"))
+        probs = torch.softmax(logits, -1)
+        picked = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter(-1, picked[:, None], 0.0)
+
+
 @torch.no_grad()
 def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
-                     top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None) -> Rollout:
-    """Sample one response per prompt with the KV cache; prompts are left-padded, positions come from the mask."""
+                     top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None,
+                     seeds: list[int] | None = None) -> Rollout:
+    """Sample one response per prompt with the KV cache; prompts are left-padded, positions come from the mask.
+    ``seeds`` (one per prompt): each response is drawn with its own generator (SeededSampler) instead of the
+    global RNG."""
     if temperature <= 0:
         raise ValueError("rollouts sample: temperature must be > 0 (the log-probs are computed at that temperature)")
     stop_ids = stop_ids or stop_token_ids(tokenizer, model)
@@ -94,8 +129,18 @@ def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, 
         tokenizer.padding_side = side
     was_training = model.training
     model.eval()
-    out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k,
-                         max_new_tokens=max_new_tokens, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    if seeds is None:
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
+    else:
+        from transformers import LogitsProcessorList
+
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        sampler = SeededSampler(seeds, temperature, top_p, top_k, device)
+        sampling = dict(do_sample=False, logits_processor=LogitsProcessorList([sampler]), temperature=None, top_p=None,
+                        top_k=None)
+    out = model.generate(**enc, **sampling, max_new_tokens=max_new_tokens, eos_token_id=stop_ids,
+                         pad_token_id=tokenizer.pad_token_id)
     model.train(was_training)
     response_ids = out[:, enc["input_ids"].shape[1]:]
     mask, truncated = response_mask_from_stops(response_ids, stop_ids)

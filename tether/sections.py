@@ -198,6 +198,9 @@ class SamplingSection(Section):
     temperature: float = option(1.0, "Sampling temperature; log-probs are computed from logits / temperature.")
     top_p: float = option(1.0, "Nucleus sampling threshold (1 = off).")
     top_k: int = option(0, "Top-k sampling (0 = off).")
+    response_seeds: bool = option(False, "Draw each response with its own seed (from the run's seed and the prompt's "
+                                         "place in the prompt stream) instead of the global RNG: samples then do not "
+                                         "depend on batch or process count, so N processes reproduce a 1-process run.")
 
     def check(self):
         if self.temperature <= 0:

@@ -17,7 +17,8 @@ from tether.algorithms.reductions import aggregate
 def ppo_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, entropy: torch.Tensor,
                   values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float = 0.0, value_clip: float = 0.2,
-                  value_loss_coef: float = 1.0, entropy_coef: float = 0.0) -> tuple[torch.Tensor, dict]:
+                  value_loss_coef: float = 1.0, entropy_coef: float = 0.0,
+                  n_tokens: float | None = None) -> tuple[torch.Tensor, dict]:
     """L = token-mean(ℓ_clip) − c_H · token-mean(H) + c_v · token-mean(L_V).
 
     ℓ_clip = max(−ρA, −clip(ρ, 1 − ε_low, 1 + ε_high) A), ρ = exp(logp − old_logp), with the optional dual clip;
@@ -26,15 +27,16 @@ def ppo_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     2403.17031); docs/algorithms.md §4.
 
     Every tensor is (B, T); mask is 1 on generated tokens up to and including EOS. token-mean divides by this
-    tensor's own token count (one optimizer step per minibatch, as in the PPO stage). Returns (loss, parts) with
+    tensor's own token count, or by ``n_tokens``, the whole minibatch's, when the minibatch is split over
+    processes (the parts' losses then add up to the minibatch's; docs/algorithms.md §1). Returns (loss, parts) with
     parts = {"policy_loss": token-mean(ℓ_clip) − c_H token-mean(H), "value_loss": token-mean(L_V),
     "clipped_low", "clipped_high": (B, T) bool from the surrogate, "value_clipped": (B, T) bool}.
     """
     pl, low, high = clipped_surrogate(token_ratio(logprobs, old_logprobs, mask), advantages, mask, clip_low, clip_high,
                                       dual_clip)
-    policy_loss = aggregate(pl, mask) - entropy_coef * aggregate(entropy, mask)
+    policy_loss = aggregate(pl, mask, n_tokens=n_tokens) - entropy_coef * aggregate(entropy, mask, n_tokens=n_tokens)
     vl, vclipped = clipped_value_loss(values, old_values, returns, mask, value_clip)
-    value_loss = aggregate(vl, mask)
+    value_loss = aggregate(vl, mask, n_tokens=n_tokens)
     loss = policy_loss + value_loss_coef * value_loss
     parts = {"policy_loss": policy_loss, "value_loss": value_loss, "clipped_low": low, "clipped_high": high,
              "value_clipped": vclipped}

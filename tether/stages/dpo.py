@@ -26,12 +26,13 @@ from tether.models import check_lora_reference, load_stage_tokenizer, load_train
 from tether.reference_cache import ReferenceLogps
 from tether.rewards.functions import RewardFunctionError, load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
-from tether.rollout import generate_rollout, render_prompts
+from tether.rollout import generate_rollout, render_prompts, response_seeds
 from tether.stages.dpo_config import DPOConfig
 from tether.train.checkpoint import load_training_state, write_atomically
 from tether.train.logger import MetricsLogger, console
 from tether.train.offline import EpochOrder, LoopSettings, train_offline, train_step
 from tether.train.online import Schedule, run_online, start_online
+from tether.train.parallel import DataParallel
 from tether.train.run import announce, check_steps_left, start_run, write_json
 from tether.train.schedule import build_optimizer
 
@@ -173,19 +174,25 @@ class PairLabeller:
         return [float(v) for v in values]
 
 
-def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabeller, cfg: DPOConfig, seed: int, step: int):
+def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabeller, cfg: DPOConfig, seed: int, step: int,
+                       positions: list[int] | None = None):
     """Two answers per prompt from the current policy, labelled; ties, identical and (unless keep_truncated)
-    truncated answers dropped and counted. Returns (pairs, counts, SampleRecords of every answer)."""
+    truncated answers dropped and counted. Returns (pairs, counts, SampleRecords of every answer). ``positions``:
+    the prompts' places in the prompt stream, which seed each answer when rollout.response_seeds is on."""
+    counts = {"prompts": len(rows), "ties": 0, "truncated": 0, "identical": 0, "pairs": 0}
+    if not rows:  # a process whose share of a small round is empty
+        return [], counts, []
     torch.manual_seed(seed)
     texts = render_prompts(tokenizer, rows, cfg.rollout.prompts)
     ro = cfg.rollout
+    seeds = response_seeds(seed, positions, 2) if ro.response_seeds and positions is not None else None
     rollout = generate_rollout(policy, tokenizer, [t for t in texts for _ in range(2)], ro.max_new_tokens, ro.temperature,
-                               ro.top_p, ro.top_k)
+                               ro.top_p, ro.top_k, seeds=seeds)
     answers, truncated, lengths = rollout.responses, rollout.truncated.tolist(), rollout.lengths.tolist()
     preference, answer_scores = labeller(rows, rollout)
     samples = [SampleRecord(step, texts[i // 2], answers[i], float(answer_scores[i]), {}, int(lengths[i]),
                             bool(truncated[i])) for i in range(len(answers))]
-    pairs, counts = [], {"prompts": len(rows), "ties": 0, "truncated": 0, "identical": 0}
+    pairs = []
     for i, row in enumerate(rows):
         first, second = answers[2 * i], answers[2 * i + 1]
         reason = ("truncated" if not cfg.online.keep_truncated and (truncated[2 * i] or truncated[2 * i + 1]) else
@@ -210,6 +217,7 @@ class OnlineDPOStage:
     def __init__(self, cfg: DPOConfig, setup: "DPOSetup", labeller: PairLabeller, prompt_rows: list[dict]):
         self.cfg, self.setup, self.labeller, self.prompt_rows = cfg, setup, labeller, prompt_rows
         self.policy, self.tokenizer = setup.unwrapped, setup.tokenizer
+        self.dp = DataParallel(setup.accelerator)
         self.optimizer, self.scheduler = setup.optimizer, setup.scheduler
         self.scorer = labeller.scorer  # None with a judge
         self.order = EpochOrder(len(prompt_rows), cfg.train.seed)
@@ -246,15 +254,14 @@ class OnlineDPOStage:
         cfg, samples = self.cfg, []
         path = self.setup.out / "rounds" / f"round-{rnd}.jsonl"
         if not any(r["round"] == rnd for r in self.rounds):
-            rows = [self.prompt_rows[i] for i in self.order.slice(rnd * cfg.rollout.prompts_per_step,
-                                                                  cfg.rollout.prompts_per_step)]
-            pairs, counts, samples = sample_round_pairs(self.policy, self.tokenizer, rows, self.labeller, cfg,
-                                                        cfg.train.seed * 1000 + rnd, step + 1)
+            pairs, counts, samples = self._sample_round(rnd, step)
             if not pairs:
                 raise ConfigError(f"online round {rnd}: no usable pair ({counts}); raise max_new_tokens or "
                                   "the temperature, or check the labeller")
-            path.parent.mkdir(exist_ok=True)
-            write_json_lines(path, pairs)
+            if self.setup.accelerator.is_main_process:
+                path.parent.mkdir(exist_ok=True)
+                write_json_lines(path, pairs)
+            self.setup.accelerator.wait_for_everyone()
             self.rounds.append({"round": rnd, **counts})
             console.print(f"online round {rnd}: {counts['pairs']} pairs from {counts['prompts']} prompts (dropped: "
                           f"{counts['ties']} ties, {counts['identical']} identical, {counts['truncated']} truncated)")
@@ -265,6 +272,20 @@ class OnlineDPOStage:
             self.setup.reference.attach(self.examples, use_cache=False)
         self.round, self.round_order = rnd, EpochOrder(len(self.examples), cfg.train.seed + rnd)
         return samples
+
+    def _sample_round(self, rnd: int, step: int):
+        """The round's pairs, counts and samples; on N processes each samples and labels a contiguous share of the
+        round's prompts, and the shares are gathered in rank order (the one-process order)."""
+        cfg, dp = self.cfg, self.dp
+        first = rnd * cfg.rollout.prompts_per_step
+        positions = dp.shard(list(range(first, first + cfg.rollout.prompts_per_step)))
+        rows = [self.prompt_rows[self.order.slice(p, 1)[0]] for p in positions]
+        pairs, counts, samples = dp.all_or_none(lambda: sample_round_pairs(
+            self.policy, self.tokenizer, rows, self.labeller, cfg, cfg.train.seed * 1000 + rnd, step + 1, positions))
+        if not dp.active:
+            return pairs, counts, samples
+        samples = [SampleRecord(**row) for row in dp.gather_json([x.as_dict() for x in samples])]
+        return dp.gather_json(pairs), {k: int(v) for k, v in dp.sum_dict(counts).items()}, samples
 
     def step(self, step: int) -> tuple[dict, list]:
         t0 = time.perf_counter()

@@ -24,12 +24,13 @@ from tether.models import load_reference, load_stage_tokenizer, load_trainable_m
 from tether.recipes import RECIPES
 from tether.rewards.score import Scorer, Scores, load_reward_model_scorer
 from tether.rollout import (concat_rollouts, generate_rollout, reference_logprobs, render_prompts, response_logprobs,
-                            step_end_tokens, stop_token_ids)
+                            response_seeds, step_end_tokens, stop_token_ids)
 from tether.sections import minibatch_size, updates_per_step
 from tether.stages.grpo_config import GRPOConfig
 from tether.train.logger import console
 from tether.train.offline import EpochOrder
 from tether.train.online import Schedule, evaluate_rollout, run_online, start_online
+from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
 from tether.train.schedule import build_optimizer
 
 
@@ -74,6 +75,7 @@ class GroupStage:
     def __init__(self, cfg: GRPOConfig, tokenizer, policy, reference, scorer: Scorer, start):
         self.cfg, self.tokenizer, self.policy, self.reference, self.scorer = cfg, tokenizer, policy, reference, scorer
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
+        self.dp = DataParallel(start.accelerator)
         self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
         self.eval_prompts = render_prompts(tokenizer, self.eval_rows, cfg.rollout.eval_prompts) if self.eval_rows else []
         self.stops = stop_token_ids(tokenizer, policy)
@@ -121,22 +123,24 @@ class GroupStage:
 
     def evaluate(self) -> dict:
         return evaluate_rollout(self.policy, self.tokenizer, self.eval_prompts, self.eval_rows, self.cfg.rollout,
-                                self.scorer, self.cfg.train.seed, self.stops)
+                                self.scorer, self.cfg.train.seed, self.stops, self.dp)
 
     def collect(self) -> tuple[Experience | None, "GroupCounts"]:
         """prompts_per_step groups; with dynamic sampling, groups whose scores are all equal are dropped and more
-        prompts drawn, for at most max_sampling_rounds generation rounds."""
-        ro, a, g = self.cfg.rollout, self.cfg.algo, self.cfg.rollout.group_size
+        prompts drawn, for at most max_sampling_rounds generation rounds. On N processes each samples and scores a
+        contiguous share of a round's prompts (whole groups); the round is then gathered, so what follows is the
+        one-process computation on every process (tether/train/parallel.py)."""
+        ro, a, g, dp = self.cfg.rollout, self.cfg.algo, self.cfg.rollout.group_size, self.dp
         kept_rollouts, kept_rows, kept_scores = [], [], []
         needed, rounds, sampled, zero = ro.prompts_per_step, 0, 0, 0
         while needed > 0 and rounds < (a.max_sampling_rounds if a.dynamic_sampling else 1):
             indices = self.order.slice(self.cursor, needed)
+            positions = dp.shard(list(range(self.cursor, self.cursor + needed)))  # this process's prompts
             self.cursor += needed
-            picked = [i for i in indices for _ in range(g)]
-            rollout = generate_rollout(self.policy, self.tokenizer, [self.prompts[i] for i in picked], ro.max_new_tokens,
-                                       ro.temperature, ro.top_p, ro.top_k, self.stops)
-            rows = [self.rows[i] for i in picked]
-            scores = self.scorer(rollout, rows)
+            local = dp.all_or_none(lambda: self.sample([self.order.slice(p, 1)[0] for p in positions], positions))
+            rollout = gather_rollout(dp, local[0], self.tokenizer.pad_token_id)
+            scores = gather_scores(dp, local[1])
+            rows = [self.rows[i] for i in indices for _ in range(g)]
             flat_zero = zero_variance_groups(scores.flat().view(-1, g))
             sampled, zero, rounds = sampled + len(indices), zero + int(flat_zero.sum()), rounds + 1
             keep = (~flat_zero).nonzero().flatten() if a.dynamic_sampling else torch.arange(len(indices))
@@ -153,6 +157,17 @@ class GroupStage:
             return None, counts
         return Experience(concat_rollouts(kept_rollouts, self.tokenizer.pad_token_id), kept_rows,
                           Scores.cat(kept_scores)), counts
+
+    def sample(self, prompt_indices: list[int], positions: list[int]):
+        """(rollout, scores) of group_size responses to each prompt (positions: their places in the prompt stream)."""
+        ro, g = self.cfg.rollout, self.cfg.rollout.group_size
+        if not prompt_indices:
+            return empty_rollout(), None
+        picked = [i for i in prompt_indices for _ in range(g)]
+        seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
+        rollout = generate_rollout(self.policy, self.tokenizer, [self.prompts[i] for i in picked], ro.max_new_tokens,
+                                   ro.temperature, ro.top_p, ro.top_k, self.stops, seeds=seeds)
+        return rollout, self.scorer(rollout, [self.rows[i] for i in picked])
 
     def step(self, step: int) -> tuple[dict, list]:
         t0 = time.perf_counter()
@@ -186,16 +201,19 @@ class GroupStage:
 
     @torch.no_grad()
     def prepare(self, exp: Experience) -> None:
-        """Old and reference log-probs where they can differ from the current ones, and the token advantages."""
-        a, rollout, temperature = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature
+        """Old and reference log-probs where they can differ from the current ones, and the token advantages.
+        The forwards are split by rows over the processes; the advantages are computed whole on each."""
+        a, rollout, temperature, dp = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature, self.dp
         mask = rollout.response_mask.float()
-        exp.old_logprobs = response_logprobs(self.policy, rollout, temperature) if self.keep_old else None
+        current = lambda r: response_logprobs(self.policy, r, temperature)
+        exp.old_logprobs = dp.map_rows(current, rollout) if self.keep_old else None
         if self.cfg.needs_reference():
-            exp.ref_logprobs = reference_logprobs(self.reference, self.policy, rollout, temperature)
+            exp.ref_logprobs = dp.map_rows(lambda r: reference_logprobs(self.reference, self.policy, r, temperature),
+                                           rollout)
         kl_reward = None
         if a.kl_in_reward > 0:
-            current = exp.old_logprobs if exp.old_logprobs is not None else response_logprobs(self.policy, rollout, temperature)
-            kl_reward = kl_estimate(current, exp.ref_logprobs, a.kl_estimator) * mask
+            now = exp.old_logprobs if exp.old_logprobs is not None else dp.map_rows(current, rollout)
+            kl_reward = kl_estimate(now, exp.ref_logprobs, a.kl_estimator) * mask
         advantages = token_advantages(a.advantage, exp.scores.total, mask, self.cfg.rollout.group_size, kl_reward,
                                       a.kl_in_reward, a.gamma, a.std_eps)
         if exp.scores.step_scores is not None:  # process reward: its token advantages, plus the outcome part if any
@@ -206,33 +224,42 @@ class GroupStage:
 
     def update(self, exp: Experience, generator: torch.Generator) -> dict:
         """update_epochs passes; each optimizer update's loss uses the update's own token and sequence counts, so
-        splitting it into micro-batches changes nothing (tests/test_objectives.py)."""
-        a, rollout = self.cfg.algo, exp.rollout
+        splitting it into micro-batches — or over processes, each taking a contiguous part of the minibatch and
+        the gradients summed — changes nothing (tests/test_objectives.py, tests/test_online_parallel.py)."""
+        a, rollout, dp = self.cfg.algo, exp.rollout, self.dp
         mask = rollout.response_mask.float()
         loss_mask = mask * (~rollout.truncated).float()[:, None] if a.mask_truncated else mask
         n, mb = rollout.response_ids.shape[0], minibatch_size(a, self.cfg.rollout)
-        sums: dict[str, float] = {}
-        tokens = 0.0
+        sums: dict[str, float] = {name: 0.0 for name in self.STATISTICS}
+        tokens, sequences, grad_norms = 0.0, 0.0, 0.0
         for _ in range(a.update_epochs):
             order = torch.randperm(n, generator=generator) if mb < n else torch.arange(n)
             for start in range(0, n, mb):
                 idx = order[start : start + mb]
                 self.optimizer.zero_grad(set_to_none=True)
                 n_tokens, n_seq = float(loss_mask[idx].sum()), len(idx)
-                for mstart in range(0, len(idx), a.micro_batch):
-                    micro = idx[mstart : mstart + a.micro_batch]
+                local = dp.local_part(idx)
+                for mstart in range(0, len(local), a.micro_batch):
+                    micro = local[mstart : mstart + a.micro_batch]
                     for name, value in self._micro_batch(exp, micro, loss_mask[micro], n_tokens, n_seq).items():
-                        sums[name] = sums.get(name, 0.0) + value
-                    tokens += float(loss_mask[micro].sum())
+                        sums[name] += value
+                dp.sum_gradients(self.params)
                 norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm
                                                       if self.cfg.optim.max_grad_norm > 0 else float("inf"))
                 self.optimizer.step()
                 self.scheduler.step()
-                sums["policy/grad_norm"] = sums.get("policy/grad_norm", 0.0) + float(norm) * n_tokens
-        out = {k: v / max(tokens, 1.0) for k, v in sums.items()}
+                tokens, sequences = tokens + n_tokens, sequences + n_seq
+                grad_norms += float(norm) * n_tokens
+        summed = dp.sum_dict(sums)
+        out = {k: v / max(tokens, 1.0) for k, v in summed.items()}
+        out["kl/ref_mean"] = summed["kl/ref_mean"] / max(sequences, 1.0)  # Σ_t KL per response, mean over responses
+        out["policy/grad_norm"] = grad_norms / max(tokens, 1.0)
         if exp.ref_logprobs is None:
             out.pop("kl/ref_mean", None)
         return out
+
+    STATISTICS = ("policy/clip_frac", "policy/clip_frac_low", "policy/clip_frac_high", "policy/entropy",
+                  "policy/ratio_mean", "kl/ref_mean", "policy/loss")
 
     def _micro_batch(self, exp: Experience, micro: torch.Tensor, lm: torch.Tensor, n_tokens: float, n_seq: int) -> dict:
         """Forward and backward of one micro-batch; returns token-weighted statistics (Σ value · tokens)."""
@@ -254,9 +281,9 @@ class GroupStage:
         figures = {"policy/clip_frac": clip_fraction(low, high, lm), "policy/clip_frac_low": clip_fraction(low, none, lm),
                    "policy/clip_frac_high": clip_fraction(none, high, lm),
                    "policy/entropy": entropy.detach()[rmask].mean() if rmask.any() else 0.0,
-                   "policy/ratio_mean": parts["ratio"].detach()[rmask].mean() if rmask.any() else 1.0,
-                   "kl/ref_mean": (parts["kl"].detach() * sub.response_mask).sum(-1).mean()}
+                   "policy/ratio_mean": parts["ratio"].detach()[rmask].mean() if rmask.any() else 1.0}
         out = {name: float(value) * k for name, value in figures.items()}
+        out["kl/ref_mean"] = float((parts["kl"].detach() * sub.response_mask).sum())  # Σ over the responses
         out["policy/loss"] = float(loss.detach()) * n_tokens
         return out
 

@@ -26,11 +26,12 @@ from tether.experience import Experience, rollout_metrics, stats
 from tether.models import disable_dropout, load_reference, load_stage_tokenizer, load_trainable_model
 from tether.rewards.score import Scorer, load_reward_model_scorer
 from tether.rollout import (generate_rollout, reference_logprobs, render_prompts, response_logprobs,
-                            response_logprobs_and_values, stop_token_ids)
+                            response_logprobs_and_values, response_seeds, stop_token_ids)
 from tether.sections import minibatch_size, updates_per_step
 from tether.stages.ppo_config import PPOConfig
 from tether.train.offline import EpochOrder
 from tether.train.online import Schedule, evaluate_rollout, run_online, start_online
+from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
 from tether.train.schedule import build_optimizer
 from tether.value_model import SharedValueHead, load_value_model
 
@@ -44,6 +45,7 @@ class PPOStage:
         self.cfg, self.tokenizer, self.policy, self.reference, self.critic, self.scorer = \
             cfg, tokenizer, policy, reference, critic, scorer
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
+        self.dp = DataParallel(start.accelerator)
         self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
         self.eval_prompts = render_prompts(tokenizer, self.eval_rows, cfg.rollout.eval_prompts) if self.eval_rows else []
         self.stops = stop_token_ids(tokenizer, policy)
@@ -84,17 +86,22 @@ class PPOStage:
 
     def evaluate(self) -> dict:
         return evaluate_rollout(self.policy, self.tokenizer, self.eval_prompts, self.eval_rows, self.cfg.rollout,
-                                self.scorer, self.cfg.train.seed, self.stops)
+                                self.scorer, self.cfg.train.seed, self.stops, self.dp)
 
     def step(self, step: int) -> tuple[dict, list]:
-        ro, g = self.cfg.rollout, self.cfg.rollout.group_size
+        ro, g, dp = self.cfg.rollout, self.cfg.rollout.group_size, self.dp
         t0 = time.perf_counter()
-        picked = [i for i in self.order.batch(step, ro.prompts_per_step) for _ in range(g)]
+        indices = self.order.batch(step, ro.prompts_per_step)
+        positions = dp.shard(list(range(step * ro.prompts_per_step, (step + 1) * ro.prompts_per_step)))
+        mine = [indices[p - step * ro.prompts_per_step] for p in positions]  # this process's share of the prompts
+        picked = [i for i in mine for _ in range(g)]
+        seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
         rollout = generate_rollout(self.policy, self.tokenizer, [self.prompts[i] for i in picked], ro.max_new_tokens,
-                                   ro.temperature, ro.top_p, ro.top_k, self.stops)
+                                   ro.temperature, ro.top_p, ro.top_k, self.stops, seeds=seeds) if picked else empty_rollout()
         t1 = time.perf_counter()
-        rows = [self.rows[i] for i in picked]
-        scores = self.scorer(rollout, rows)
+        scores = dp.all_or_none(lambda: self.scorer(rollout, [self.rows[i] for i in picked]) if picked else None)
+        rollout, scores = gather_rollout(dp, rollout, self.tokenizer.pad_token_id), gather_scores(dp, scores)
+        rows = [self.rows[i] for i in indices for _ in range(g)]
         t2 = time.perf_counter()
         exp = self.make_experience(Experience(rollout, rows, scores))
         t3 = time.perf_counter()
@@ -116,14 +123,16 @@ class PPOStage:
 
     @torch.no_grad()
     def make_experience(self, exp: Experience) -> Experience:
-        """Old and reference log-probs, values, the per-token KL, KL-shaped rewards, GAE advantages and returns."""
-        a, rollout, temperature = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature
+        """Old and reference log-probs, values (forwards split by rows over the processes), the per-token KL,
+        KL-shaped rewards, GAE advantages and returns (whole, on every process)."""
+        a, rollout, temperature, dp = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature, self.dp
         if isinstance(self.critic, SharedValueHead):  # one forward gives the old log-probs and the values
-            exp.old_logprobs, _, exp.values = response_logprobs_and_values(self.policy, self.critic.head, rollout, temperature)
+            exp.old_logprobs, _, exp.values = dp.map_rows(
+                lambda r: response_logprobs_and_values(self.policy, self.critic.head, r, temperature), rollout)
         else:
-            exp.old_logprobs = response_logprobs(self.policy, rollout, temperature)
-            exp.values = self.critic(rollout)
-        exp.ref_logprobs = reference_logprobs(self.reference, self.policy, rollout, temperature)
+            exp.old_logprobs = dp.map_rows(lambda r: response_logprobs(self.policy, r, temperature), rollout)
+            exp.values = dp.map_rows(self.critic, rollout)
+        exp.ref_logprobs = dp.map_rows(lambda r: reference_logprobs(self.reference, self.policy, r, temperature), rollout)
         mask = rollout.response_mask
         exp.kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, a.kl_estimator) * mask
         token_rewards = kl_penalty_rewards(exp.scores.total, exp.kl, mask, self.kl_coef)
@@ -135,7 +144,7 @@ class PPOStage:
     def update(self, exp: Experience, generator: torch.Generator) -> dict:
         """update_epochs passes of minibatch updates; token-weighted means of the update statistics. A pass whose
         approx KL to the sampling policy exceeds target_approx_kl ends the step's updates."""
-        a = self.cfg.algo
+        a, dp = self.cfg.algo, self.dp
         n, mb = exp.scores.total.shape[0], minibatch_size(a, self.cfg.rollout)
         sums: dict[str, float] = {}
         tokens, stopped_early = 0.0, 0.0
@@ -156,9 +165,35 @@ class PPOStage:
         return {**{k: v / max(tokens, 1.0) for k, v in sums.items()}, "policy/early_stopped": stopped_early}
 
     def _update_minibatch(self, exp: Experience, idx: torch.Tensor) -> dict:
-        """One optimizer update of policy and critic; returns token-weighted statistics (Σ value · tokens)."""
+        """One optimizer update of policy and critic over the minibatch ``idx`` (this process: its contiguous part,
+        the loss normalised by the whole minibatch's tokens, the gradients summed over processes); returns
+        token-weighted statistics of the whole minibatch (Σ value · tokens), equal on every process."""
+        a, c, dp = self.cfg.algo, self.cfg.critic, self.dp
+        n_tokens = float(exp.rollout.response_mask[idx].sum())
+        local = dp.local_part(idx)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        figures = {name: 0.0 for name in self.STATISTICS}
+        if len(local):
+            figures = self._forward_backward(exp, local, n_tokens)
+        policy_params = [q for q in self.policy.parameters() if q.requires_grad]
+        critic_params = [q for q in self.critic.parameters() if q.requires_grad]
+        dp.sum_gradients(policy_params + [q for q in critic_params if all(q is not p for p in policy_params)])
+        norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
+        gn_pi = float(torch.nn.utils.clip_grad_norm_(policy_params, norm))
+        gn_v = float(torch.nn.utils.clip_grad_norm_(critic_params, norm))
+        for opt, sched in ((self.optimizer, self.scheduler), (self.critic_optimizer, self.critic_scheduler)):
+            opt.step()
+            sched.step()
+        return {**dp.sum_dict(figures), "policy/grad_norm": gn_pi * n_tokens, "value/grad_norm": gn_v * n_tokens}
+
+    STATISTICS = ("policy/loss", "policy/clip_frac", "policy/clip_frac_low", "policy/clip_frac_high", "policy/approx_kl",
+                  "policy/entropy", "value/loss", "value/clip_frac")
+
+    def _forward_backward(self, exp: Experience, local: torch.Tensor, n_tokens: float) -> dict:
+        """Loss of this process's rows, normalised by the minibatch's n_tokens, backward; Σ statistic · tokens."""
         a, c = self.cfg.algo, self.cfg.critic
-        sub = exp.rollout.select(idx)
+        sub = exp.rollout.select(local)
         mask = sub.response_mask
         if isinstance(self.critic, SharedValueHead):
             logp, entropy, values = response_logprobs_and_values(self.policy, self.critic.head, sub,
@@ -166,29 +201,26 @@ class PPOStage:
         else:
             logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True)
             values = self.critic(sub)
-        loss, parts = ppo_objective(logp, exp.old_logprobs[idx], exp.advantages[idx], entropy, values, exp.values[idx],
-                                    exp.returns[idx], mask, clip_low=a.clip_low, clip_high=a.clip_high,
-                                    dual_clip=a.dual_clip, value_clip=c.value_clip, value_loss_coef=c.value_loss_coef,
-                                    entropy_coef=a.entropy_coef)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.critic_optimizer.zero_grad(set_to_none=True)
+        loss, parts = ppo_objective(logp, exp.old_logprobs[local], exp.advantages[local], entropy, values,
+                                    exp.values[local], exp.returns[local], mask, clip_low=a.clip_low,
+                                    clip_high=a.clip_high, dual_clip=a.dual_clip, value_clip=c.value_clip,
+                                    value_loss_coef=c.value_loss_coef, entropy_coef=a.entropy_coef, n_tokens=n_tokens)
         loss.backward()  # separate layout: each loss reaches only its own model; shared: both reach the backbone
-        norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
-        gn_pi = torch.nn.utils.clip_grad_norm_([q for q in self.policy.parameters() if q.requires_grad], norm)
-        gn_v = torch.nn.utils.clip_grad_norm_([q for q in self.critic.parameters() if q.requires_grad], norm)
-        for opt, sched in ((self.optimizer, self.scheduler), (self.critic_optimizer, self.critic_scheduler)):
-            opt.step()
-            sched.step()
-        approx_kl = aggregate(kl_k2(logp.detach(), exp.old_logprobs[idx]), mask)  # ½ (logp − old_logp)²
-        k = float(mask.sum())
+        # Σ over this process's tokens of each statistic, later summed over processes and divided by n_tokens
         low, high = parts["clipped_low"], parts["clipped_high"]
         none = torch.zeros_like(low)
-        figures = {"policy/loss": parts["policy_loss"], "policy/clip_frac": clip_fraction(low, high, mask),
-                   "policy/clip_frac_low": clip_fraction(low, none, mask), "policy/clip_frac_high": clip_fraction(none, high, mask),
-                   "policy/approx_kl": approx_kl, "policy/entropy": aggregate(entropy.detach(), mask),
-                   "value/loss": parts["value_loss"], "value/clip_frac": aggregate(parts["value_clipped"].float(), mask),
-                   "policy/grad_norm": gn_pi, "value/grad_norm": gn_v}
-        return {name: float(torch.as_tensor(value).detach()) * k for name, value in figures.items()}
+        k = float(mask.sum())
+        per_token = {"policy/clip_frac": clip_fraction(low, high, mask),
+                     "policy/clip_frac_low": clip_fraction(low, none, mask),
+                     "policy/clip_frac_high": clip_fraction(none, high, mask),
+                     "policy/approx_kl": aggregate(kl_k2(logp.detach(), exp.old_logprobs[local]), mask),  # ½ (Δ logp)²
+                     "policy/entropy": aggregate(entropy.detach(), mask),
+                     "value/clip_frac": aggregate(parts["value_clipped"].float(), mask)}
+        out = {name: float(torch.as_tensor(value).detach()) * k for name, value in per_token.items()}
+        # the loss parts are already shares of the minibatch's token-mean: weight by the minibatch's tokens
+        out["policy/loss"] = float(parts["policy_loss"].detach()) * n_tokens
+        out["value/loss"] = float(parts["value_loss"].detach()) * n_tokens
+        return out
 
 
 def _memory_estimate(policy, reference, critic) -> str:

@@ -24,6 +24,7 @@ from tether.monitors import RunMonitor, read_jsonl
 from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, set_rng_state, write_atomically
 from tether.train.logger import MetricsLogger, console
+from tether.train.parallel import DataParallel
 from tether.train.run import announce, write_json
 
 
@@ -103,19 +104,23 @@ class _Run:
 
     def __init__(self, stage: OnlineStage, schedule: Schedule, out: Path, evaluate_fn: Callable | None, accelerator):
         self.stage, self.schedule, self.out, self.evaluate_fn = stage, schedule, out, evaluate_fn
-        self.accelerator = accelerator
+        self.accelerator, self.dp = accelerator, DataParallel(accelerator)
         self.history: list[dict] = []
         self.best = {"value": None, "step": None}
 
     def restore(self, checkpoint: Path) -> int:
         extra = {name: (opt, sched) for name, (_, opt, sched) in self.stage.extra_parts().items()}
+        written_by = json.loads((checkpoint / "trainer_state.json").read_text()).get("num_processes", 1)
+        if written_by != self.dp.world:  # each process's RNG and share of the prompts belong to its rank
+            raise ConfigError(f"{checkpoint} was written by {written_by} process(es); resume it on {written_by} "
+                              f"(accelerate launch --num_processes {written_by}), not {self.dp.world}")
         saved = load_training_state(checkpoint, self.stage.optimizer, self.stage.scheduler,
                                     self.accelerator.process_index, extra)
         self.history = [h for h in saved.get("eval_history", []) if h["step"] <= saved["step"]]
         self.best.update(saved.get("best", {}))
         self.stage.load_state(saved.get("stage", {}))
-        if self.scorer is not None:
-            self.scorer.restore_error_counts(saved.get("reward_errors", {}))
+        if self.scorer is not None:  # the saved counts are the sums over processes: process 0 carries them on
+            self.scorer.restore_error_counts(saved.get("reward_errors", {}) if self.dp.rank == 0 else {})
         return saved["step"]
 
     @property
@@ -123,14 +128,19 @@ class _Run:
         """The stage's reward scorer, whose reward-function failures the run counts (None: no scorer)."""
         return getattr(self.stage, "scorer", None)
 
-    def error_metrics(self) -> dict:
+    def error_counts(self) -> dict:
+        """Reward-function failures so far, summed over processes."""
         counts = self.scorer.error_counts() if self.scorer is not None else {}
-        return {f"reward/{name}/errors": n for name, n in counts.items()}
+        return {name: int(n) for name, n in self.dp.sum_dict(counts).items()}
+
+    def error_metrics(self) -> dict:
+        return {f"reward/{name}/errors": n for name, n in self.error_counts().items()}
 
     def evaluate(self, step: int) -> dict:
         res = self.stage.evaluate()
         if self.evaluate_fn is not None and self.accelerator.is_main_process:
             res.update({f"eval/{k}": v for k, v in self.evaluate_fn(self.stage.policy, self.stage.tokenizer).items()})
+        res = self.dp.gather_json([res])[0]  # process 0's figures (with the task metrics only it computes) everywhere
         self.history.append({"step": step, **res})
         s = self.schedule
         if s.best_metric and improves(res, s.best_metric, s.best_mode, self.best["value"]):
@@ -140,12 +150,13 @@ class _Run:
                 save_merged(self.stage.policy, self.stage.tokenizer, tmp)
                 (tmp / "best.json").write_text(json.dumps({"metric": s.best_metric, **self.best}))
 
-            write_atomically(save_best, self.out / "best")
+            if self.accelerator.is_main_process:
+                write_atomically(save_best, self.out / "best")
         return res
 
     def save(self, done: int) -> None:
         state = {"stage": self.stage.state(), "best": self.best, "eval_history": self.history,
-                 "reward_errors": self.scorer.error_counts() if self.scorer is not None else {}}
+                 "reward_errors": self.error_counts()}
         save_checkpoint(self.accelerator, self.stage.policy, self.stage.tokenizer, self.stage.optimizer,
                         self.stage.scheduler, done, self.out, state, self.schedule.keep_checkpoints,
                         extra=self.stage.extra_parts())
@@ -179,6 +190,8 @@ class _Run:
                           "set rewards.reward_on_error: score)") from error
 
     def write_samples(self, samples: list) -> None:
+        if not self.accelerator.is_main_process:  # every process holds the step's whole experience
+            return
         with (self.out / "samples.jsonl").open("a") as handle:
             handle.write("".join(json.dumps(s.as_dict()) + "\n" for s in samples))
 
@@ -189,9 +202,15 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
     ``evaluate_fn(policy, tokenizer) -> dict`` adds task metrics (the lab's gold figures) to every evaluation."""
     t_start = time.perf_counter()
     run = _Run(stage, schedule, out, evaluate_fn, accelerator)
+    if run.dp.active:  # the trained models start equal on every process, and each process samples its own noise
+        import torch
+
+        for model in [stage.policy] + [part for part, _, _ in stage.extra_parts().values()]:
+            run.dp.broadcast_parameters([q for q in model.parameters() if q.requires_grad])
+        torch.manual_seed(torch.initial_seed() + 7919 * run.dp.rank)
     start_step = run.restore(checkpoint) if checkpoint is not None else 0  # RNG last: nothing below draws from it
     if accelerator.is_main_process:
-        announce(title, {**stage.plan(), "steps": schedule.total_steps, "start step": start_step}, config, out,
+        announce(title, {**stage.plan(), "processes": run.dp.world, "steps": schedule.total_steps, "start step": start_step}, config, out,
                  checkpoint=checkpoint)
     logger = MetricsLogger(out, schedule.report_to, config, start_step, schedule.total_steps,
                            enabled=accelerator.is_main_process, log_every=schedule.log_every, run_name=stage.name)
@@ -215,7 +234,8 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
             logger.log(metrics)
             if keep_samples:
                 run.write_samples(samples)
-            stop = monitor.check()  # reward-hacking alarms on everything written so far
+            # reward-hacking alarms on everything written so far (by process 0, which tells the others)
+            stop = run.dp.broadcast_flag(monitor.check() if accelerator.is_main_process else False)
             if schedule.save_at(done) or stop:
                 run.save(done)
             if stop:
@@ -258,10 +278,8 @@ class OnlineStart:
 
 def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, eval_prompts: str,
                  stand_in_reward: bool = False) -> OnlineStart:
-    """Checks and set-up shared by the online stages: required inputs, a reward, one process, the run folder
-    (new, --overwrite or --resume), the seeds, the prompt files and the reward functions."""
-    import os
-
+    """Checks and set-up shared by the online stages: required inputs, a reward, the run folder (new, --overwrite
+    or --resume), the seeds, the prompt files and the reward functions."""
     from tether.data.records import prompt_rows as prompt_rows_of
     from tether.models import check_lora_reference
     from tether.rewards.functions import load_reward_set
@@ -270,8 +288,6 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
     if rewards_cfg is not None and not (stand_in_reward or rewards_cfg.has_reward()):
         raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(cfg.model)  # before anything is written
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # N copies would each train alone and write the same folder
-        raise ConfigError(f"tether {stage} runs on one process for now; launch it without accelerate's --num_processes")
     for flag, value in (("--model", cfg.model.path), ("--prompts", prompts)):
         if not value:
             raise ConfigError(f"{flag} is required")
@@ -285,19 +301,33 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
 
 
 def evaluate_rollout(policy, tokenizer, prompts: list[str], rows: list[dict], sampling, scorer, seed: int,
-                     stops: list[int]) -> dict:
-    """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation."""
+                     stops: list[int], dp=None) -> dict:
+    """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation.
+    On N processes (``dp``) each samples and scores a contiguous share of the prompts; the means are global."""
     import torch
 
-    from tether.rollout import generate_rollout
+    from tether.rollout import generate_rollout, response_seeds
+    from tether.train.parallel import DataParallel, shard_bounds
 
+    dp = dp or DataParallel()
     if not prompts:
         return {}
-    torch_state = torch.get_rng_state()
-    torch.manual_seed(seed + 12345)
-    rollout = generate_rollout(policy, tokenizer, prompts, sampling.max_new_tokens, sampling.temperature, sampling.top_p,
-                               sampling.top_k, stops)
-    torch.set_rng_state(torch_state)
-    scores = scorer(rollout, rows)
-    return {"eval/score_mean": float(scores.total.mean()), "eval/length_mean": float(rollout.lengths.float().mean()),
-            **{f"eval/reward/{name}": float(v.mean()) for name, v in scores.parts.items()}}
+    start, stop = shard_bounds(len(prompts), dp.world, dp.rank)
+
+    def sample_and_score() -> dict:
+        if stop == start:
+            return {}
+        torch_state = torch.get_rng_state()
+        torch.manual_seed(seed + 12345)
+        seeds = response_seeds(seed + 12345, list(range(start, stop))) if sampling.response_seeds else None
+        rollout = generate_rollout(policy, tokenizer, prompts[start:stop], sampling.max_new_tokens, sampling.temperature,
+                                   sampling.top_p, sampling.top_k, stops, seeds=seeds)
+        torch.set_rng_state(torch_state)
+        scores = scorer(rollout, rows[start:stop])
+        return {"eval/score_mean": float(scores.total.sum()), "eval/length_mean": float(rollout.lengths.float().sum()),
+                **{f"eval/reward/{name}": float(v.sum()) for name, v in scores.parts.items()}}
+
+    sums = dp.all_or_none(sample_and_score)
+    names = dp.gather_json(sorted(sums))
+    sums = dp.sum_dict({k: sums.get(k, 0.0) for k in sorted(set(names))})
+    return {k: v / len(prompts) for k, v in sums.items()}

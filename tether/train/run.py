@@ -35,7 +35,10 @@ def make_accelerator(device: str):
         console.print("[yellow]accelerate launch started one process: without GPUs add --multi_gpu "
                       "(it then starts --num_processes CPU processes over gloo), or use torchrun --nproc_per_node N[/]")
     # Without a GPU, multi-process runs need cpu=True: only then does accelerate set up gloo (MULTI_CPU).
-    return Accelerator(cpu=device == "cpu" or (device == "auto" and not torch.cuda.is_available()))
+    accelerator = Accelerator(cpu=device == "cpu" or (device == "auto" and not torch.cuda.is_available()))
+    if not accelerator.is_main_process:  # one copy of the plan, progress and warnings, not N
+        console.quiet = True
+    return accelerator
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,203 @@
+"""The online stages on two processes (accelerate, gloo on CPU) against one process.
+
+With a seed per response (--response-seeds) both runs sample the same responses, so every figure that defines
+the update must agree: samples, scores, advantages, losses, gradient norms, KL, clip fractions and the trained
+weights after several updates (Adam's later steps depend on the gradients' values, not only on their signs).
+Also: a 2-process run killed mid-way resumes exactly on 2 processes, refuses to resume on 1, and only process 0
+writes the run files.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tether.cli import main as tether_main
+from conftest import write_jsonl
+
+RULES = '''
+def count_a(completions):
+    return [float(c.count("a")) for c in completions]
+
+def has_a(completions):
+    return [1.0 if "a" in c else 0.0 for c in completions]
+'''
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+_PORT = [29600]
+
+
+def launch(args: list[str], processes: int = 2, wait: bool = True):
+    _PORT[0] += 1
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+           str(_PORT[0]), "-m", "tether", *args]
+    if not wait:
+        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (the launcher and the workers, which torch.distributed's
+    agent starts in sessions of their own), as a power cut would."""
+    from pathlib import Path
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGSTOP)  # freeze all first, so none writes on while the others die
+        except ProcessLookupError:
+            pass
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def files(tmp_path):
+    rules = tmp_path / "rules.py"
+    rules.write_text(RULES)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in
+                                                       ("hi", "cats", "dogs", "rain", "a cat", "banana", "sea", "map")])
+    return rules, prompts
+
+
+def lines(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+UPDATE_FIGURES = ("score/mean", "advantage/mean", "advantage/std", "policy/loss", "policy/grad_norm", "policy/entropy",
+                  "policy/clip_frac", "kl/ref_mean", "rollout/length_mean", "eval/score_mean", "value/loss",
+                  "value/grad_norm", "value/explained_variance", "kl/coef", "train/loss", "train/grad_norm",
+                  "train/accuracy", "eval/loss")
+
+
+def assert_same_run(one, two):
+    s1, s2 = lines(one / "samples.jsonl"), lines(two / "samples.jsonl")
+    assert [(s["prompt"], s["response"]) for s in s1] == [(s["prompt"], s["response"]) for s in s2]
+    for a, b in zip(s1, s2):
+        assert a["score"] == pytest.approx(b["score"], abs=1e-6)
+        if "advantage" in a:
+            assert a["advantage"] == pytest.approx(b["advantage"], abs=1e-5)
+    m1, m2 = lines(one / "metrics.jsonl"), lines(two / "metrics.jsonl")
+    assert [m["step"] for m in m1] == [m["step"] for m in m2]
+    compared = 0
+    for a, b in zip(m1, m2):
+        for key in UPDATE_FIGURES:
+            if key in a:
+                assert key in b, key
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (a["step"], key)
+                compared += 1
+    assert compared >= 2 * len(m1)
+    w1, w2 = weights(one / "final"), weights(two / "final")
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def assert_written_once(out, rows_per_step: int, steps: int):
+    """Process 0 alone writes the run files: one metrics row per step, each step's samples once."""
+    metrics = lines(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    samples = lines(out / "samples.jsonl")
+    assert len(samples) == rows_per_step * steps
+    assert "processes: 2" in (out / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp"])
+def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, recipe):
+    rules, prompts = files
+    args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--eval-prompts", str(prompts),
+            "--reward", f"{rules}:count_a", "--recipe", recipe, "--prompts-per-step", "4", "--group-size", "4",
+            "--max-new-tokens", "8", "--max-steps", "3", "--lr", "3e-3", "--eval-every", "3", "--save-every", "0",
+            "--report-to", "none", "--sample-every", "1", "--response-seeds", "--minibatch", "8", "--update-epochs", "2", "--micro-batch", "3"]
+    if recipe == "dapo":  # dynamic sampling: the kept-group count is global, later rounds split unevenly
+        args[args.index(f"{rules}:count_a")] = f"{rules}:has_a"
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_written_once(tmp_path / "two", 16, 3) if recipe != "dapo" else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["separate", "shared"])
+def test_ppo_on_two_processes_equals_one(llama_dir, files, tmp_path, layout):
+    rules, prompts = files
+    args = ["ppo", "--model", str(llama_dir), "--prompts", str(prompts), "--eval-prompts", str(prompts),
+            "--reward", f"{rules}:count_a", "--prompts-per-step", "6", "--group-size", "1", "--max-new-tokens", "8",
+            "--max-steps", "3", "--lr", "3e-3", "--critic-layout", layout, "--minibatch", "3", "--update-epochs", "2",
+            "--adaptive-kl", "--whiten-advantages", "--eval-every", "3", "--save-every", "0", "--report-to", "none", "--sample-every", "1",
+            "--response-seeds"]
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_written_once(tmp_path / "two", 6, 3)
+
+
+@pytest.mark.slow
+def test_online_dpo_on_two_processes_equals_one(llama_dir, files, tmp_path):
+    rules, prompts = files
+    args = ["dpo", "--online", "--model", str(llama_dir), "--prompts", str(prompts), "--reward", f"{rules}:count_a",
+            "--prompts-per-step", "8", "--max-new-tokens", "8", "--rounds", "2", "--steps-per-round", "2",
+            "--batch-size", "4", "--micro-batch-size", "1", "--lr", "3e-3", "--save-every", "0", "--report-to", "none",
+            "--response-seeds", "--keep-truncated", "--temperature", "1.3"]
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    r1, r2 = (lines(tmp_path / d / "rounds" / "round-0.jsonl") for d in ("one", "two"))
+    assert r1 == r2 and len(r1) > 0
+
+
+@pytest.mark.slow
+def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, files, tmp_path, capsys):
+    """Sampling from each process's own RNG (no --response-seeds): the checkpoint's rng-0 and rng-1 carry it."""
+    rules, prompts = files
+    args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--reward", f"{rules}:count_a",
+            "--prompts-per-step", "4", "--group-size", "2", "--max-new-tokens", "8", "--max-steps", "10", "--lr", "3e-3",
+            "--save-every", "1", "--report-to", "none", "--sample-every", "1"]
+    launch(args + ["--output", str(tmp_path / "whole")])
+    killed = tmp_path / "killed"
+    proc = launch(args + ["--output", str(killed), "--save-every", "2"], wait=False)
+    deadline = time.time() + 300
+    while not (killed / "checkpoint-2").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    kill_tree(proc.pid)
+    proc.wait()
+    assert (killed / "checkpoint-2" / "rng-0.json").is_file() and (killed / "checkpoint-2" / "rng-1.json").is_file()
+    assert not (killed / "final").exists()
+
+    # one process cannot take over two processes' RNG states and shares of the prompts
+    assert tether_main(args + ["--output", str(killed), "--save-every", "2", "--resume"]) == 2
+    assert "written by 2 process(es); resume it on 2" in capsys.readouterr().err
+
+    launch(args + ["--output", str(killed), "--save-every", "2", "--resume"])
+    whole, resumed = lines(tmp_path / "whole" / "samples.jsonl"), lines(killed / "samples.jsonl")
+    assert [s["response"] for s in resumed if s["step"] > 2] == [s["response"] for s in whole if s["step"] > 2]
+    w1, w2 = weights(tmp_path / "whole" / "final"), weights(killed / "final")
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=name)

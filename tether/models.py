@@ -14,7 +14,8 @@ from tether.config import ConfigError
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DISTINCT_PAD = "<|pad|>"
 
 
@@ -173,6 +174,7 @@ def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
         model = load_model(checkpoint or model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
     if not model_cfg.keep_dropout:
         disable_dropout(model)
+    apply_precision(model, model_cfg)
     pattern = getattr(model_cfg, "trainable_params", "")
     if pattern:
         import re
@@ -184,15 +186,80 @@ def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
     return model
 
 
+def frozen_dtype(model_cfg) -> str:
+    """The dtype of the frozen models (reference, reward model): frozen_dtype, else the trained model's."""
+    return model_cfg.frozen_dtype or model_cfg.dtype
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Activations recomputed layer by layer in the backward pass (non-reentrant: works with frozen inputs, LoRA
+    and no_grad forwards alike); the KV cache stays on for generation, which runs in eval mode."""
+    base = _transformers_model(model)
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"gradient_checkpointing: {type(base).__name__} does not support it")
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name warns there
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _transformers_model(model):
+    """The Hugging Face model inside tether's and peft's wrappers (a reward or value model, a LoRA model)."""
+    from transformers import PreTrainedModel
+
+    while not isinstance(model, PreTrainedModel):
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "rm", None), torch.nn.Module):
+            model = model.rm
+        elif isinstance(getattr(model, "model", None), torch.nn.Module):
+            model = model.model
+        else:
+            raise ConfigError(f"{type(model).__name__}: no Hugging Face model inside")
+    return model
+
+
+AUTOCAST = {"bf16": torch.bfloat16}
+
+
+def autocast_forwards(model, mixed_precision: str) -> None:
+    """Every forward of ``model`` — sampling, old and current log-probs, values — under torch.autocast to the
+    mixed-precision dtype, weights untouched. The Hugging Face model itself is wrapped (under a LoRA wrapper too),
+    so generate() and training forwards run in the same precision: the ratio is 1 on-policy."""
+    if mixed_precision == "no":
+        return
+    # a LoRA causal LM: its base model, which generate() calls too; tether's reward and value models: the whole
+    # module, so their fp32 score head reads the autocast backbone's output inside the same autocast region
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward, dtype = base.forward, AUTOCAST[mixed_precision]
+
+    def autocast_forward(*args, **kwargs):
+        with torch.autocast(next(base.parameters()).device.type, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    base.forward = autocast_forward
+
+
+def apply_precision(model, model_cfg, trained: bool = True):
+    """The ModelSection's memory and precision settings on a loaded model: gradient checkpointing (trained models)
+    and bf16 autocast. Returns the model."""
+    if trained and model_cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    autocast_forwards(model, model_cfg.mixed_precision)
+    return model
+
+
 def load_reference(model_cfg, tokenizer, device=None):
     """The frozen reference of a PolicySection, or None when it is the adapter-disabled policy (LoRA, no
     --reference). In eval mode, without gradients, dropout disabled."""
     check_lora_reference(model_cfg)
     if model_cfg.lora_r > 0 and not model_cfg.reference:
         return None
-    reference = load_model(model_cfg.reference or model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code,
-                           device)
+    reference = load_model(model_cfg.reference or model_cfg.path, tokenizer, frozen_dtype(model_cfg),
+                           model_cfg.trust_remote_code, device)
     disable_dropout(reference)
+    autocast_forwards(reference, model_cfg.mixed_precision)  # the policy's precision: KL 0 on-policy
     reference.eval()
     for q in reference.parameters():
         q.requires_grad_(False)

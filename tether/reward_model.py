@@ -148,11 +148,11 @@ class RewardScorer:
     """
 
     def __init__(self, path: str | Path, weights: dict[str, float] | None = None, normalize: bool = True,
-                 device: str | torch.device = "cpu", max_length: int = 1024):
+                 device: str | torch.device = "cpu", max_length: int = 1024, dtype: str = "float32"):
         from tether.models import load_tokenizer
 
         self.tokenizer = load_tokenizer(path)
-        self.model = load_reward_model(path, self.tokenizer).to(device).eval()
+        self.model = load_reward_model(path, self.tokenizer, dtype=dtype).to(device).eval()
         names = self.model.head_names
         weights = dict(weights) if weights else {names[0]: 1.0}
         unknown = sorted(set(weights) - set(names))

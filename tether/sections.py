@@ -17,8 +17,20 @@ class ModelSection(Section):
     path: str = option("", "Local Hugging Face model folder (config.json, weights, tokenizer).", flag="--model",
                        aliases=("--policy",))
     tokenizer: str = option("", "Tokenizer folder, if not the model folder.")
-    dtype: str = option("float32", "Weights dtype: float32, bfloat16, float16 or auto (as saved).",
-                        choices=("float32", "bfloat16", "float16", "auto"))
+    dtype: str = option("float32", "dtype the trained weights are stored and updated in: fp32 (float32), bf16 "
+                                   "(bfloat16), fp16 (float16) or auto (as saved). bf16 halves weights, gradients "
+                                   "and AdamW states; updates below bf16's resolution are lost — for fp32 master "
+                                   "weights with bf16 arithmetic use --mixed-precision bf16 (docs/scaling.md).",
+                        flag="--dtype", choices=("float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16"))
+    mixed_precision: str = option("no", "bf16: every forward (sampling, log-probs, values, losses' inputs) runs under "
+                                        "bf16 autocast while the weights, gradients and AdamW states stay in --dtype; "
+                                        "log-probs, losses and advantages are computed in fp32 (docs/scaling.md).",
+                                  choices=("no", "bf16"))
+    gradient_checkpointing: bool = option(False, "Recompute each layer's activations in the backward pass instead of "
+                                                 "keeping them: less memory for about one more forward of compute.")
+    frozen_dtype: str = option("", "dtype of the frozen models (reference, reward model scoring rollouts); empty: "
+                                   "the same as --dtype. E.g. bf16 halves their memory under an fp32 policy.",
+                               choices=("", "float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16"))
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
     trust_remote_code: bool = option(False, "Run model code shipped inside the model folder. Off unless you trust it.")
     lora_r: int = option(0, "LoRA rank; 0 trains every weight. Typical 8-64.")

@@ -47,13 +47,14 @@ class Scores:
                       steps, parts[0].has_outcome)
 
 
-def load_reward_model_scorer(rewards_cfg, device):
+def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
     """The RewardSection's reward model as texts -> scores (normalised, head weights applied), or None."""
     if not rewards_cfg.reward_model:
         return None
     from tether.reward_model import RewardScorer
 
-    return RewardScorer(rewards_cfg.reward_model, rewards_cfg.head_weights, rewards_cfg.normalize_reward, device)
+    return RewardScorer(rewards_cfg.reward_model, rewards_cfg.head_weights, rewards_cfg.normalize_reward, device,
+                        dtype=dtype)
 
 
 class Scorer:

@@ -22,7 +22,7 @@ from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
 from tether.data.records import read_records, split_records
 from tether.experience import SampleRecord
-from tether.models import check_lora_reference, load_stage_tokenizer, load_trainable_model, parameter_summary, save_merged
+from tether.models import check_lora_reference, frozen_dtype, load_stage_tokenizer, load_trainable_model, parameter_summary, save_merged
 from tether.reference_cache import ReferenceLogps
 from tether.rewards.functions import RewardFunctionError, load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
@@ -142,7 +142,7 @@ class PairLabeller:
         self.cfg = cfg
         self.judge = load_reward_function(cfg.online.judge) if cfg.online.judge else None
         self.scorer = None if self.judge else Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, reward_set,
-                                                     load_reward_model_scorer(cfg.rewards, device))
+                                                     load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model)))
 
     def __call__(self, rows: list[dict], rollout) -> tuple[list[float], list[float]]:
         """(P(first is better) per prompt: 1, 0 or 0.5 — a tie, dropped; the score of every answer: the scorer's,

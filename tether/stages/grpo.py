@@ -20,7 +20,7 @@ from tether.algorithms.kl import kl_estimate
 from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fraction
 from tether.experience import Experience, rollout_metrics, stats
-from tether.models import load_reference, load_stage_tokenizer, load_trainable_model
+from tether.models import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
 from tether.recipes import RECIPES
 from tether.rewards.score import Scorer, Scores, load_reward_model_scorer
 from tether.rollout import (concat_rollouts, generate_rollout, reference_logprobs, render_prompts, response_logprobs,
@@ -302,7 +302,7 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
     tokenizer = load_stage_tokenizer(cfg.model)
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
     reference = load_reference(cfg.model, tokenizer, device) if cfg.needs_reference() else None
-    reward_model = scorer or load_reward_model_scorer(cfg.rewards, device)
+    reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
     score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model)
     stage = GroupStage(cfg, tokenizer, policy, reference, score, start)
     return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start.config, start.accelerator, start.out,

@@ -23,7 +23,7 @@ from tether.algorithms.ppo import adaptive_kl_coef, explained_variance
 from tether.algorithms.reductions import aggregate
 from tether.algorithms.shaping import kl_penalty_rewards
 from tether.experience import Experience, rollout_metrics, stats
-from tether.models import disable_dropout, load_reference, load_stage_tokenizer, load_trainable_model
+from tether.models import apply_precision, disable_dropout, frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
 from tether.rewards.score import Scorer, load_reward_model_scorer
 from tether.rollout import (generate_rollout, reference_logprobs, render_prompts, response_logprobs,
                             response_logprobs_and_values, response_seeds, stop_token_ids)
@@ -239,7 +239,7 @@ def load_critic(cfg: PPOConfig, tokenizer, policy, checkpoint):
     critic = load_value_model(source, tokenizer, cfg.model.dtype)
     if not cfg.model.keep_dropout:
         disable_dropout(critic)
-    return critic
+    return apply_precision(critic, cfg.model)
 
 
 def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
@@ -252,7 +252,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
     reference = load_reference(cfg.model, tokenizer, device)
     critic = load_critic(cfg, tokenizer, policy, start.checkpoint).to(device)
-    reward_model = scorer or load_reward_model_scorer(cfg.rewards, device)
+    reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
     score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model, allow_process=False)
     stage = PPOStage(cfg, tokenizer, policy, reference, critic, score, start)
     return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start.config, start.accelerator, start.out,

@@ -20,7 +20,7 @@ from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records, split_records
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.sections import DataSection, ModelSection, OptimSection, TrainSection
-from tether.models import disable_dropout, load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.models import apply_precision, disable_dropout, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.train.run import announce, check_steps_left, start_run, write_json
 from tether.train.schedule import build_optimizer
 from tether.stages.rm_probes import normalization_stats, run_probes
@@ -162,7 +162,7 @@ def load_trainable_rm(cfg: RMConfig, tokenizer, checkpoint: Path | None):
         rm = load_reward_model(checkpoint or m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
     if not m.keep_dropout:
         disable_dropout(rm)
-    return rm
+    return apply_precision(rm, m)
 
 
 def run_rm(cfg: RMConfig) -> dict:

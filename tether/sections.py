@@ -28,6 +28,9 @@ class ModelSection(Section):
                                   choices=("no", "bf16"))
     gradient_checkpointing: bool = option(False, "Recompute each layer's activations in the backward pass instead of "
                                                  "keeping them: less memory for about one more forward of compute.")
+    fsdp: bool = option(False, "Shard parameters, gradients and AdamW states over the processes (FSDP2: one shard "
+                               "unit per decoder layer) instead of replicating them; tether sft and offline tether "
+                               "dpo, full fine-tuning (docs/scaling.md).")
     frozen_dtype: str = option("", "dtype of the frozen models (reference, reward model scoring rollouts); empty: "
                                    "the same as --dtype. E.g. bf16 halves their memory under an fp32 policy.",
                                choices=("", "float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16"))

@@ -22,17 +22,18 @@ from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
 from tether.data.records import read_records, split_records
 from tether.experience import SampleRecord
-from tether.models import check_lora_reference, frozen_dtype, load_stage_tokenizer, load_trainable_model, parameter_summary, save_merged
+from tether.models import check_lora_reference, frozen_dtype, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.reference_cache import ReferenceLogps
 from tether.rewards.functions import RewardFunctionError, load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
 from tether.rollout import generate_rollout, render_prompts, response_seeds
 from tether.stages.dpo_config import DPOConfig
-from tether.train.checkpoint import load_training_state, write_atomically
+from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger, console
 from tether.train.offline import EpochOrder, LoopSettings, train_offline, train_step
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel
+from tether.train.sharding import is_sharded, shard_model
 from tether.train.run import announce, check_steps_left, start_run, write_json
 from tether.train.schedule import build_optimizer
 
@@ -381,8 +382,11 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
             accelerator.wait_for_everyone()
             if not accelerator.is_main_process:
                 reference.attach(train + evals)
+    if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
+        model = shard_model(model, accelerator)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if not is_sharded(model):
+        model, optimizer = accelerator.prepare(model, optimizer)
     return DPOSetup(accelerator, config, out, start_step, checkpoint, tokenizer, train, evals, reports, model,
                     accelerator.unwrap_model(model), objective, reference, source, optimizer, scheduler, total_steps, state)
 
@@ -463,7 +467,11 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
     accelerator, config, _, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     s = _setup(cfg, data, accelerator, config, start_step, checkpoint)
     if checkpoint is not None:
-        load_training_state(checkpoint, s.optimizer, s.scheduler, accelerator.process_index)
+        load_training_state(checkpoint, s.optimizer, s.scheduler, accelerator.process_index,
+                            sharded_model=s.model if is_sharded(s.model) else None)
+    if is_sharded(s.model) and evaluate_fn is not None:
+        raise ConfigError("--fsdp: a task evaluation (the lab's) runs on process 0 alone, which a sharded model "
+                          "cannot; run it without --fsdp")
     if accelerator.is_main_process:
         announce("tether dpo", {**_plan(cfg, s), "start step": start_step}, config, s.out, s.reports, checkpoint)
     history: list[dict] = list(s.state.get("eval_history", []))
@@ -494,8 +502,8 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
     summary = {"stage": "dpo", "steps": s.total_steps, "resumed_from": start_step or None,
                **_summary(cfg, s, last_eval, []), "eval_history": history, "alarms": [], "stopped_at": None,
                "wall_s": round(time.perf_counter() - t_start, 2)}
+    save_final(accelerator, s.model, s.tokenizer, s.out / "final")
     if accelerator.is_main_process:
-        write_atomically(lambda tmp: save_merged(s.unwrapped, s.tokenizer, tmp), s.out / "final")
         write_json(s.out / "summary.json", summary)
         console.print(f"final model: {s.out / 'final'}  " + "  ".join(
             f"{k} {v:.4g}" for k, v in last_eval.items() if isinstance(v, float)))

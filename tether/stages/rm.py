@@ -170,6 +170,9 @@ def run_rm(cfg: RMConfig) -> dict:
     for flag, value in (("--model", cfg.model.path), ("--data", cfg.data.path)):
         if not value:
             raise ConfigError(f"{flag} is required")
+    if cfg.model.fsdp:
+        raise ConfigError("--fsdp: tether rm does not shard (its bias probes and best/ score on process 0 alone); "
+                          "its processes are data-parallel replicas. docs/scaling.md says what fits")
     tokenizer = load_stage_tokenizer(cfg.model)
     d, heads = cfg.data, list(cfg.rm.heads)
     train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer)  # before the run folder is touched

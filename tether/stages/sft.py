@@ -12,14 +12,14 @@ from tether.algorithms.sft import sft_nll_sum
 from tether.config import ConfigError, StageConfig
 from tether.data.records import read_records, split_records
 from tether.data.sft import collate, pack_examples, tokenize_records
-from tether.models import save_merged
 from tether.sections import ModelSection, OptimSection, SFTDataSection, TrainSection
 from tether.models import load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.train.run import announce, check_steps_left, start_run, write_json
 from tether.train.schedule import build_optimizer
-from tether.train.checkpoint import load_training_state, write_atomically
+from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger, console
 from tether.train.offline import LoopSettings, train_offline
+from tether.train.sharding import is_sharded, shard_model
 
 
 @dataclass(frozen=True)
@@ -80,16 +80,20 @@ def run_sft(cfg: SFTConfig) -> dict:
     total_steps = cfg.train.total_steps(len(train))
     check_steps_left(start_step, total_steps, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint)
+    if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
+        model = shard_model(model.to(accelerator.device), accelerator)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
     if checkpoint is not None:
-        load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index)
-    model, optimizer = accelerator.prepare(model, optimizer)
+        load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index,
+                            sharded_model=model if is_sharded(model) else None)
+    if not is_sharded(model):
+        model, optimizer = accelerator.prepare(model, optimizer)
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{world} x {cfg.train.micro_batch_size} x {accum}",
             "optimizer steps": total_steps,
             "start step": start_step,
-            "model": parameter_summary(model),
+            "model": parameter_summary(model) + (f", sharded over {world} processes (FSDP2)" if is_sharded(model) else ""),
             "loss": "all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)"}
     if accelerator.is_main_process:
         announce("tether sft", plan, config, out, reports, checkpoint)
@@ -108,9 +112,8 @@ def run_sft(cfg: SFTConfig) -> dict:
     summary = {"stage": "sft", "steps": total_steps, "resumed_from": start_step or None,
                "train_examples": len(train), "eval_examples": len(evals), **last_eval,
                "data": [r.summary() for r in reports], "wall_s": round(time.perf_counter() - t_start, 2)}
+    save_final(accelerator, model, tokenizer, out / "final")
     if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        write_atomically(lambda tmp: save_merged(unwrapped, tokenizer, tmp), out / "final")
         write_json(out / "summary.json", summary)
         console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
     accelerator.wait_for_everyone()

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from tether.train.state_io import StateFileError, load_state, save_state
+from tether.train.sharding import full_optimizer_state, is_sharded, load_optimizer_state, save_full_model
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -118,11 +119,16 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
         partial.mkdir(parents=True)
     accelerator.wait_for_everyone()
     save_state(partial / f"rng-{accelerator.process_index}", rng_state())
+    sharded = is_sharded(model)
+    if sharded:  # gathered by every process, written by process 0: the checkpoint is a plain, unsharded one
+        save_full_model(model, tokenizer, partial, accelerator)
+        optimizer_state = full_optimizer_state(model, optimizer)
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(str(partial))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(partial))
-        save_state(partial / "optimizer", optimizer.state_dict())
+        if not sharded:
+            accelerator.unwrap_model(model).save_pretrained(str(partial))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(partial))
+        save_state(partial / "optimizer", optimizer_state if sharded else optimizer.state_dict())
         save_state(partial / "scheduler", scheduler.state_dict())
         for name, (part, part_optimizer, part_scheduler) in (extra or {}).items():
             part.save_pretrained(str(partial / name))
@@ -143,7 +149,8 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
     return final
 
 
-def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: int, extra: dict | None = None) -> dict:
+def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: int, extra: dict | None = None,
+                        sharded_model=None) -> dict:
     """Restore optimizer, scheduler (and ``extra`` {name: (optimizer, scheduler or None)}) and this process's RNG;
     return the saved trainer state. Nothing is unpickled: a checkpoint with pickle files only (written by tether
     0.1) is refused with a message, never loaded."""
@@ -152,7 +159,10 @@ def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: i
                              "reads tensors and JSON only, so it cannot resume from it. Start afresh (--overwrite), or "
                              "from its weights: --model " + str(checkpoint))
     state = json.loads((checkpoint / STATE_FILE).read_text())
-    optimizer.load_state_dict(load_state(checkpoint / "optimizer"))
+    if sharded_model is not None:  # a sharded run's optimizer state is keyed by parameter name (tether/train/sharding.py)
+        load_optimizer_state(sharded_model, optimizer, load_state(checkpoint / "optimizer"))
+    else:
+        optimizer.load_state_dict(load_state(checkpoint / "optimizer"))
     scheduler.load_state_dict(load_state(checkpoint / "scheduler"))
     for name, (part_optimizer, part_scheduler) in (extra or {}).items():
         part_optimizer.load_state_dict(load_state(checkpoint / f"optimizer-{name}"))
@@ -164,14 +174,33 @@ def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: i
     return state
 
 
-def write_atomically(save_fn, target: str | Path) -> Path:
-    """Run save_fn(tmp_dir) and rename tmp_dir to target: a folder named target is always complete."""
+def save_final(accelerator, model, tokenizer, out: Path) -> None:
+    """final/ (every process calls it): LoRA merged; a sharded model gathered first."""
+    from tether.models import save_merged
+
+    if is_sharded(model):
+        write_atomically(lambda tmp: save_full_model(model, tokenizer, tmp, accelerator), out, accelerator)
+    elif accelerator.is_main_process:
+        write_atomically(lambda tmp: save_merged(accelerator.unwrap_model(model), tokenizer, tmp), out)
+    accelerator.wait_for_everyone()
+
+
+def write_atomically(save_fn, target: str | Path, accelerator=None) -> Path:
+    """Run save_fn(tmp_dir) and rename tmp_dir to target: a folder named target is always complete. With an
+    ``accelerator``, every process calls save_fn (a collective save) and process 0 alone touches the folders."""
     target = Path(target)
     partial = target.parent / f".{target.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    main = accelerator is None or accelerator.is_main_process
+    if main:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
     save_fn(partial)
-    if target.exists():
-        shutil.rmtree(target)
-    partial.rename(target)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    if main:
+        if target.exists():
+            shutil.rmtree(target)
+        partial.rename(target)
     return target

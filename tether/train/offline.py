@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 import torch
 
 from tether.train.checkpoint import save_checkpoint
+from tether.train.sharding import grad_norm_value, is_sharded, reshard
 
 
 class Objective(Protocol):
@@ -93,7 +94,12 @@ def evaluate(accelerator, model, examples, collate_fn: Callable, objective: Obje
     total = torch.zeros((), dtype=torch.float64)
     units = torch.zeros((), dtype=torch.float64)
     stats: dict[str, torch.Tensor] = {}
-    for start in range(0, len(shard), micro_batch_size):
+    batches = range(0, len(shard), micro_batch_size)
+    if is_sharded(model):  # every process runs as many forwards as the largest share: each gathers layers collectively
+        largest = -(-len(examples) // accelerator.num_processes)
+        for _ in range(len(batches), -(-largest // micro_batch_size)):
+            objective.loss_sum(model, _to_device(collate_fn(examples[:1]), accelerator.device))  # counted nowhere
+    for start in batches:
         batch = _to_device(collate_fn(shard[start : start + micro_batch_size]), accelerator.device)
         loss_sum, batch_stats = objective.loss_sum(model, batch)
         total += loss_sum.double().cpu()
@@ -107,6 +113,8 @@ def evaluate(accelerator, model, examples, collate_fn: Callable, objective: Obje
         out[f"{prefix}/ppl"] = math.exp(min(loss, 50.0))
     for k in sorted(stats):
         out[f"{prefix}/{k}"] = (_all_reduce_sum(accelerator, stats[k]) / units.clamp(min=1)).item()
+    if is_sharded(model):
+        reshard(model)
     model.train()
     return out
 
@@ -136,7 +144,7 @@ def train_step(accelerator, model, optimizer, scheduler, micro_batches: list[dic
         loss_total += loss_sum.detach().double().cpu()
         for name, v in stats.items():
             stat_totals[name] = stat_totals.get(name, torch.zeros((), dtype=torch.float64)) + v.detach().double().cpu()
-    grad_norm = accelerator.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf"))
+    grad_norm = grad_norm_value(accelerator.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()

@@ -288,6 +288,9 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
     if rewards_cfg is not None and not (stand_in_reward or rewards_cfg.has_reward()):
         raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(cfg.model)  # before anything is written
+    if cfg.model.fsdp:
+        raise ConfigError(f"--fsdp: tether {stage} does not shard (it samples with the whole policy on every "
+                          "process); its processes are data-parallel replicas. docs/scaling.md says what fits")
     for flag, value in (("--model", cfg.model.path), ("--prompts", prompts)):
         if not value:
             raise ConfigError(f"{flag} is required")

@@ -1,0 +1,71 @@
+"""--fsdp on two CPU processes (FSDP2 over gloo): sharded SFT and DPO train what one unsharded process trains, their
+checkpoints are plain Hugging Face folders, and a sharded run resumes exactly from one."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tether.cli import main as tether_main
+from conftest import write_jsonl
+from test_online_parallel import launch, lines
+
+
+def assert_same_training(one, two, keys):
+    m1, m2 = lines(one / "metrics.jsonl"), lines(two / "metrics.jsonl")
+    assert [m["step"] for m in m1] == [m["step"] for m in m2]
+    for a, b in zip(m1, m2):
+        for key in keys:
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    w1, w2 = load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors"))
+    assert sorted(w1) == sorted(w2)  # the same plain folder: a tied lm_head is not written twice
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_files, tmp_path):
+    train_path, eval_path = addition_files
+    args = ["sft", "--model", str(llama_dir), "--data", str(train_path), "--eval-data", str(eval_path), "--max-length",
+            "64", "--lr", "3e-3", "--batch-size", "8", "--micro-batch-size", "2", "--max-steps", "4", "--eval-every", "2",
+            "--save-every", "2", "--report-to", "none"]
+    two = tmp_path / "two"
+    proc = launch(args + ["--fsdp", "--output", str(two)])
+    assert "sharded over 2 processes (FSDP2)" in (two / "config.yaml").read_text(), proc.stderr[-2000:]
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    keys = ("train/loss", "train/grad_norm", "train/tokens", "eval/loss")
+    assert_same_training(tmp_path / "one", two, keys)
+
+    # what a kill after checkpoint-2 leaves: resume it, sharded, and finish as the uninterrupted run did
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "checkpoint-4")
+    shutil.rmtree(resumed / "final")
+    launch(args + ["--fsdp", "--output", str(resumed), "--resume"])
+    assert_same_training(two, resumed, keys)
+    saved = json.loads((two / "checkpoint-4" / "optimizer.json").read_text())
+    assert "model.layers.0.self_attn.q_proj.weight" in json.dumps(saved)  # the full state, keyed by parameter name
+
+
+@pytest.mark.slow
+def test_sharded_dpo_equals_one_process(llama_dir, tmp_path):
+    rows = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 3), "rejected": "Cats bark." + " no" * (i % 4)}
+            for i in range(24)]
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    args = ["dpo", "--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--max-length", "48",
+            "--lr", "3e-3", "--batch-size", "4", "--micro-batch-size", "1", "--max-steps", "3", "--eval-every", "3",
+            "--save-every", "0", "--report-to", "none"]
+    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_training(tmp_path / "one", tmp_path / "two",
+                         ("train/loss", "train/grad_norm", "train/rewards/margins", "eval/loss", "eval/rewards/accuracy"))
+
+
+@pytest.mark.parametrize("stage", ["rm", "grpo", "ppo"])
+def test_stages_that_do_not_shard_say_so(llama_dir, tmp_path, capsys, stage):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Q: ", "chosen": "a", "rejected": "b"}])
+    extra = ["--data", str(data)] if stage == "rm" else ["--prompts", str(data), "--reward-model", str(tmp_path)]
+    assert tether_main([stage, "--model", str(llama_dir), *extra, "--fsdp", "--output", str(tmp_path / "o")]) == 2
+    assert "--fsdp: tether " in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""Sharded training: FSDP2 (torch.distributed.fsdp.fully_shard) for the offline stages, on GPUs (nccl) and on CPUs
+(gloo) alike, under any launcher that starts N processes (accelerate launch --multi_gpu, torchrun).
+
+Each decoder layer (the model's own ``_no_split_modules`` classes) is one shard unit, the rest of the model the
+root unit: every process keeps 1/N of the parameters, gradients and AdamW states, and gathers one layer's
+parameters at a time for its forward and backward. Gradients are reduce-scattered as averages, the same
+convention as DDP, so the offline loop's loss normalisation (tether/train/offline.py) holds unchanged and N
+sharded processes train what one process does (tests/test_sharding.py).
+
+Checkpoints stay plain: the model's full state dict is gathered to process 0 and saved as a Hugging Face folder,
+and the optimizer's full state (keyed by parameter name) as tensors and JSON. A sharded checkpoint is therefore
+loadable by any number of processes, sharded or not.
+"""
+from __future__ import annotations
+
+import torch
+
+from tether.config import ConfigError
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(q, DTensor) for q in model.parameters())
+
+
+def shard_model(model, accelerator):
+    """fully_shard every decoder layer, then the whole model; returns it (on one process: unchanged)."""
+    if accelerator.num_processes == 1:
+        return model
+    from torch.distributed.fsdp import fully_shard
+
+    from tether.models import _transformers_model, is_peft
+
+    if is_peft(model):
+        raise ConfigError("--fsdp with LoRA is not built: the adapters are small, so data parallelism (without "
+                          "--fsdp) already fits them; shard the base model with full fine-tuning")
+    units = set(getattr(_transformers_model(model), "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in units]
+    if not layers:
+        raise ConfigError(f"--fsdp: {type(_transformers_model(model)).__name__} names no decoder-layer class "
+                          "(_no_split_modules) to shard by")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def reshard(model) -> None:
+    """Free the gathered parameters a no-grad forward left behind: FSDP2 keeps the root unit's parameters gathered
+    after a forward until the backward, and an evaluation has no backward. Left gathered, the next training step's
+    gradients of those parameters would not be reduce-scattered."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_model_state(model) -> dict:
+    """The full state dict on process 0 (empty elsewhere); every process must call it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options())
+
+
+def full_optimizer_state(model, optimizer) -> dict:
+    """The optimizer's full state, keyed by parameter name, on process 0; every process must call it."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_options())
+
+
+def load_optimizer_state(model, optimizer, state: dict) -> None:
+    """Load a full optimizer state (as full_optimizer_state wrote it) into a sharded model's optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if not any(isinstance(k, str) for k in state.get("state", {})) and state.get("state"):
+        raise ConfigError("this checkpoint's optimizer state was written without --fsdp (indexed, not named, "
+                          "parameters); resume it without --fsdp")
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def save_full_model(model, tokenizer, out_dir, accelerator) -> None:
+    """A sharded model as a plain Hugging Face folder (every process calls it; process 0 writes)."""
+    state = full_model_state(model)
+    # a tied weight (lm_head = embeddings) is one parameter under two names: keep the name the model keeps
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    state = {k: v for k, v in state.items() if k not in tied}
+    if accelerator.is_main_process:
+        model.save_pretrained(str(out_dir), state_dict=state)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(out_dir))
+
+
+def grad_norm_value(norm) -> float:
+    """clip_grad_norm_'s total norm as a float (a DTensor when the gradients are sharded)."""
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(torch.as_tensor(norm))

@@ -190,3 +190,55 @@ def test_seeded_sampler_draws_from_the_warped_distribution():
     assert torch.allclose(freq, expected, atol=0.03), freq
     top1 = SeededSampler(list(range(50)), 1.0, 1.0, 1, "cpu")(None, logits[:50]).argmax(-1)
     assert (top1 == 0).all()
+
+
+class ScriptedBackend:
+    """A generation backend that answers every prompt with the same text: the stage must train on what the backend
+    returns, and tell it after every step that the weights changed."""
+
+    def __init__(self, policy, tokenizer, text="a a a"):
+        self.tokenizer, self.text = tokenizer, text
+        self.calls, self.updates = 0, 0
+
+    def generate(self, prompts, sampling, stop_ids, seeds=None):
+        from tether.rollout import response_mask_from_stops
+
+        self.calls += 1
+        tok = self.tokenizer
+        side, tok.padding_side = tok.padding_side, "left"
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        tok.padding_side = side
+        ids = tok(self.text, add_special_tokens=False)["input_ids"] + [stop_ids[0]]
+        response = torch.tensor([ids] * len(prompts))
+        mask, truncated = response_mask_from_stops(response, stop_ids)
+        return Rollout(enc["input_ids"], enc["attention_mask"], response, mask, truncated, list(prompts),
+                       [self.text] * len(prompts))
+
+    def weights_updated(self, policy):
+        self.updates += 1
+
+
+def test_a_generation_backend_plugs_in_without_touching_the_stage(llama_dir, tmp_path):
+    import json
+
+    from tether.config import build_config
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    rules = tmp_path / "rules.py"
+    rules.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("hi", "cats", "dogs")))
+    made = []
+    cfg = build_config(GRPOConfig, overrides={
+        "model.path": str(llama_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
+        "rewards.reward": [f"{rules}:count_a"], "rollout.prompts_per_step": 2, "rollout.group_size": 2,
+        "train.max_steps": 3, "train.eval_every": 3, "train.save_every": 0, "train.sample_every": 1,
+        "train.output": str(tmp_path / "out"), "train.report_to": ["none"]})
+    run_grpo(cfg, backend=lambda policy, tok: made.append(ScriptedBackend(policy, tok)) or made[-1])
+    backend = made[0]
+    assert backend.updates == 3 and backend.calls == 3 + 2  # one rollout per step, evaluations at steps 0 and 3
+    samples = [json.loads(x) for x in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 12 and {s["response"] for s in samples} == {"a a a"} and {s["score"] for s in samples} == {3.0}
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["eval/score_mean"] == 3.0

@@ -8,6 +8,7 @@ transform (logits / temperature), and asks the model for response logits only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -147,6 +148,36 @@ def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, 
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
     return Rollout(enc["input_ids"], enc["attention_mask"], response_ids, mask, truncated, list(prompts), texts)
+
+
+class GenerationBackend(Protocol):
+    """What samples the online stages' responses (docs/scaling.md, "Generation backends"). The stages call
+    generate() for every rollout and evaluation, and weights_updated() after each step's optimizer updates; they
+    never look inside. A backend returns the sampled token ids right-padded after the stop token, the response
+    mask and truncation flags of the one stop set (response_mask_from_stops) and the decoded text; log-probs are
+    always recomputed by the trainer's own forward, so a backend's numerics never enter the loss unseen."""
+
+    def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
+        """One response per prompt, sampled with ``sampling``'s max_new_tokens, temperature, top_p and top_k;
+        ``seeds``: one per prompt (rollout.response_seeds) or None for the backend's own RNG."""
+
+    def weights_updated(self, policy) -> None:
+        """The policy's weights changed: a backend holding its own copy (a vLLM engine) loads them here."""
+
+
+class HFGenerate:
+    """Hugging Face generate() on the trained policy itself (KV cache, left padding): it samples from the weights
+    being trained, so there is nothing to copy after an update."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
+        return generate_rollout(self.model, self.tokenizer, prompts, sampling.max_new_tokens, sampling.temperature,
+                                sampling.top_p, sampling.top_k, stop_ids, seeds=seeds)
+
+    def weights_updated(self, policy) -> None:
+        pass
 
 
 def _forward_response(model, rollout: Rollout, with_hidden: bool = False):

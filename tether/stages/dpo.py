@@ -26,7 +26,7 @@ from tether.models import check_lora_reference, frozen_dtype, load_stage_tokeniz
 from tether.reference_cache import ReferenceLogps
 from tether.rewards.functions import RewardFunctionError, load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
-from tether.rollout import generate_rollout, render_prompts, response_seeds
+from tether.rollout import HFGenerate, render_prompts, response_seeds, stop_token_ids
 from tether.stages.dpo_config import DPOConfig
 from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger, console
@@ -175,8 +175,8 @@ class PairLabeller:
         return [float(v) for v in values]
 
 
-def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabeller, cfg: DPOConfig, seed: int, step: int,
-                       positions: list[int] | None = None):
+def sample_round_pairs(backend, tokenizer, stops: list[int], rows: list[dict], labeller: PairLabeller, cfg: DPOConfig,
+                       seed: int, step: int, positions: list[int] | None = None):
     """Two answers per prompt from the current policy, labelled; ties, identical and (unless keep_truncated)
     truncated answers dropped and counted. Returns (pairs, counts, SampleRecords of every answer). ``positions``:
     the prompts' places in the prompt stream, which seed each answer when rollout.response_seeds is on."""
@@ -187,8 +187,7 @@ def sample_round_pairs(policy, tokenizer, rows: list[dict], labeller: PairLabell
     texts = render_prompts(tokenizer, rows, cfg.rollout.prompts)
     ro = cfg.rollout
     seeds = response_seeds(seed, positions, 2) if ro.response_seeds and positions is not None else None
-    rollout = generate_rollout(policy, tokenizer, [t for t in texts for _ in range(2)], ro.max_new_tokens, ro.temperature,
-                               ro.top_p, ro.top_k, seeds=seeds)
+    rollout = backend.generate([t for t in texts for _ in range(2)], ro, stops, seeds)
     answers, truncated, lengths = rollout.responses, rollout.truncated.tolist(), rollout.lengths.tolist()
     preference, answer_scores = labeller(rows, rollout)
     samples = [SampleRecord(step, texts[i // 2], answers[i], float(answer_scores[i]), {}, int(lengths[i]),
@@ -219,6 +218,8 @@ class OnlineDPOStage:
         self.cfg, self.setup, self.labeller, self.prompt_rows = cfg, setup, labeller, prompt_rows
         self.policy, self.tokenizer = setup.unwrapped, setup.tokenizer
         self.dp = DataParallel(setup.accelerator)
+        self.backend = HFGenerate(self.policy, self.tokenizer)
+        self.stops = stop_token_ids(self.tokenizer, self.policy)
         self.optimizer, self.scheduler = setup.optimizer, setup.scheduler
         self.scorer = labeller.scorer  # None with a judge
         self.order = EpochOrder(len(prompt_rows), cfg.train.seed)
@@ -282,7 +283,7 @@ class OnlineDPOStage:
         positions = dp.shard(list(range(first, first + cfg.rollout.prompts_per_step)))
         rows = [self.prompt_rows[self.order.slice(p, 1)[0]] for p in positions]
         pairs, counts, samples = dp.all_or_none(lambda: sample_round_pairs(
-            self.policy, self.tokenizer, rows, self.labeller, cfg, cfg.train.seed * 1000 + rnd, step + 1, positions))
+            self.backend, self.tokenizer, self.stops, rows, self.labeller, cfg, cfg.train.seed * 1000 + rnd, step + 1, positions))
         if not dp.active:
             return pairs, counts, samples
         samples = [SampleRecord(**row) for row in dp.gather_json([x.as_dict() for x in samples])]
@@ -294,6 +295,7 @@ class OnlineDPOStage:
         samples = self._start_round(rnd, step) if rnd != self.round else []
         t1 = time.perf_counter()
         metrics = _offline_step(self.setup, self.cfg, self.examples, self.round_order, step)
+        self.backend.weights_updated(self.policy)
         elapsed = time.perf_counter() - t1
         metrics.update({"time/sample_s": t1 - t0, "time/step_s": elapsed,
                         "perf/pairs_per_s": metrics["train/pairs"] / max(elapsed, 1e-9)})

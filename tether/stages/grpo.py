@@ -23,7 +23,7 @@ from tether.experience import Experience, rollout_metrics, stats
 from tether.models import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
 from tether.recipes import RECIPES
 from tether.rewards.score import Scorer, Scores, load_reward_model_scorer
-from tether.rollout import (concat_rollouts, generate_rollout, reference_logprobs, render_prompts, response_logprobs,
+from tether.rollout import (HFGenerate, concat_rollouts, reference_logprobs, render_prompts, response_logprobs,
                             response_seeds, step_end_tokens, stop_token_ids)
 from tether.sections import minibatch_size, updates_per_step
 from tether.stages.grpo_config import GRPOConfig
@@ -72,8 +72,9 @@ class GroupStage:
 
     name = "grpo"
 
-    def __init__(self, cfg: GRPOConfig, tokenizer, policy, reference, scorer: Scorer, start):
+    def __init__(self, cfg: GRPOConfig, tokenizer, policy, reference, scorer: Scorer, start, backend=None):
         self.cfg, self.tokenizer, self.policy, self.reference, self.scorer = cfg, tokenizer, policy, reference, scorer
+        self.backend = backend or HFGenerate(policy, tokenizer)
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
         self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
@@ -123,7 +124,7 @@ class GroupStage:
 
     def evaluate(self) -> dict:
         return evaluate_rollout(self.policy, self.tokenizer, self.eval_prompts, self.eval_rows, self.cfg.rollout,
-                                self.scorer, self.cfg.train.seed, self.stops, self.dp)
+                                self.scorer, self.cfg.train.seed, self.stops, self.dp, self.backend)
 
     def collect(self) -> tuple[Experience | None, "GroupCounts"]:
         """prompts_per_step groups; with dynamic sampling, groups whose scores are all equal are dropped and more
@@ -165,8 +166,7 @@ class GroupStage:
             return empty_rollout(), None
         picked = [i for i in prompt_indices for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
-        rollout = generate_rollout(self.policy, self.tokenizer, [self.prompts[i] for i in picked], ro.max_new_tokens,
-                                   ro.temperature, ro.top_p, ro.top_k, self.stops, seeds=seeds)
+        rollout = self.backend.generate([self.prompts[i] for i in picked], ro, self.stops, seeds)
         return rollout, self.scorer(rollout, [self.rows[i] for i in picked])
 
     def step(self, step: int) -> tuple[dict, list]:
@@ -184,6 +184,7 @@ class GroupStage:
         t2 = time.perf_counter()
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         update = self.update(exp, generator)
+        self.backend.weights_updated(self.policy)
         t3 = time.perf_counter()
         mask = exp.rollout.response_mask.bool()
         metrics.update({**rollout_metrics(exp), **update, **stats("advantage", exp.advantages[mask]),
@@ -293,9 +294,10 @@ def _value(cfg: GRPOConfig, dotted: str):
     return getattr(getattr(cfg, section), key)
 
 
-def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
+def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict:
     """Train. ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) ->
-    dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation."""
+    dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation; ``backend(policy, tokenizer) ->
+    GenerationBackend`` replaces Hugging Face generate (tether/rollout.py)."""
     start = start_online("grpo", cfg, cfg.train.max_steps, cfg.rewards, cfg.rollout.prompts, cfg.rollout.eval_prompts,
                          stand_in_reward=scorer is not None)
     device = start.accelerator.device
@@ -304,6 +306,6 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None) -> dict:
     reference = load_reference(cfg.model, tokenizer, device) if cfg.needs_reference() else None
     reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
     score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model)
-    stage = GroupStage(cfg, tokenizer, policy, reference, score, start)
+    stage = GroupStage(cfg, tokenizer, policy, reference, score, start, backend(policy, tokenizer) if backend else None)
     return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start.config, start.accelerator, start.out,
                       start.checkpoint, "tether grpo", evaluate_fn)

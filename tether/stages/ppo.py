@@ -25,7 +25,7 @@ from tether.algorithms.shaping import kl_penalty_rewards
 from tether.experience import Experience, rollout_metrics, stats
 from tether.models import apply_precision, disable_dropout, frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
 from tether.rewards.score import Scorer, load_reward_model_scorer
-from tether.rollout import (generate_rollout, reference_logprobs, render_prompts, response_logprobs,
+from tether.rollout import (HFGenerate, reference_logprobs, render_prompts, response_logprobs,
                             response_logprobs_and_values, response_seeds, stop_token_ids)
 from tether.sections import minibatch_size, updates_per_step
 from tether.stages.ppo_config import PPOConfig
@@ -41,9 +41,10 @@ class PPOStage:
 
     name = "ppo"
 
-    def __init__(self, cfg: PPOConfig, tokenizer, policy, reference, critic, scorer: Scorer, start):
+    def __init__(self, cfg: PPOConfig, tokenizer, policy, reference, critic, scorer: Scorer, start, backend=None):
         self.cfg, self.tokenizer, self.policy, self.reference, self.critic, self.scorer = \
             cfg, tokenizer, policy, reference, critic, scorer
+        self.backend = backend or HFGenerate(policy, tokenizer)
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
         self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
@@ -86,7 +87,7 @@ class PPOStage:
 
     def evaluate(self) -> dict:
         return evaluate_rollout(self.policy, self.tokenizer, self.eval_prompts, self.eval_rows, self.cfg.rollout,
-                                self.scorer, self.cfg.train.seed, self.stops, self.dp)
+                                self.scorer, self.cfg.train.seed, self.stops, self.dp, self.backend)
 
     def step(self, step: int) -> tuple[dict, list]:
         ro, g, dp = self.cfg.rollout, self.cfg.rollout.group_size, self.dp
@@ -96,8 +97,7 @@ class PPOStage:
         mine = [indices[p - step * ro.prompts_per_step] for p in positions]  # this process's share of the prompts
         picked = [i for i in mine for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
-        rollout = generate_rollout(self.policy, self.tokenizer, [self.prompts[i] for i in picked], ro.max_new_tokens,
-                                   ro.temperature, ro.top_p, ro.top_k, self.stops, seeds=seeds) if picked else empty_rollout()
+        rollout = self.backend.generate([self.prompts[i] for i in picked], ro, self.stops, seeds) if picked else empty_rollout()
         t1 = time.perf_counter()
         scores = dp.all_or_none(lambda: self.scorer(rollout, [self.rows[i] for i in picked]) if picked else None)
         rollout, scores = gather_rollout(dp, rollout, self.tokenizer.pad_token_id), gather_scores(dp, scores)
@@ -107,6 +107,7 @@ class PPOStage:
         t3 = time.perf_counter()
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)  # a function of the step alone
         update = self.update(exp, generator)
+        self.backend.weights_updated(self.policy)
         t4 = time.perf_counter()
         sequence_kl = float(exp.kl.sum(-1).mean())
         mask = rollout.response_mask.bool()
@@ -242,9 +243,10 @@ def load_critic(cfg: PPOConfig, tokenizer, policy, checkpoint):
     return apply_precision(critic, cfg.model)
 
 
-def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
+def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict:
     """Train; ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) -> dict``
-    adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation."""
+    adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation; ``backend(policy,
+    tokenizer) -> GenerationBackend`` replaces Hugging Face generate (tether/rollout.py)."""
     start = start_online("ppo", cfg, cfg.train.max_steps, cfg.rewards, cfg.rollout.prompts, cfg.rollout.eval_prompts,
                          stand_in_reward=scorer is not None)
     device = start.accelerator.device
@@ -254,6 +256,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None) -> dict:
     critic = load_critic(cfg, tokenizer, policy, start.checkpoint).to(device)
     reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
     score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model, allow_process=False)
-    stage = PPOStage(cfg, tokenizer, policy, reference, critic, score, start)
+    stage = PPOStage(cfg, tokenizer, policy, reference, critic, score, start,
+                     backend(policy, tokenizer) if backend else None)
     return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start.config, start.accelerator, start.out,
                       start.checkpoint, "tether ppo", evaluate_fn)

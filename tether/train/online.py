@@ -304,12 +304,12 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
 
 
 def evaluate_rollout(policy, tokenizer, prompts: list[str], rows: list[dict], sampling, scorer, seed: int,
-                     stops: list[int], dp=None) -> dict:
+                     stops: list[int], dp=None, backend=None) -> dict:
     """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation.
     On N processes (``dp``) each samples and scores a contiguous share of the prompts; the means are global."""
     import torch
 
-    from tether.rollout import generate_rollout, response_seeds
+    from tether.rollout import HFGenerate, response_seeds
     from tether.train.parallel import DataParallel, shard_bounds
 
     dp = dp or DataParallel()
@@ -323,8 +323,7 @@ def evaluate_rollout(policy, tokenizer, prompts: list[str], rows: list[dict], sa
         torch_state = torch.get_rng_state()
         torch.manual_seed(seed + 12345)
         seeds = response_seeds(seed + 12345, list(range(start, stop))) if sampling.response_seeds else None
-        rollout = generate_rollout(policy, tokenizer, prompts[start:stop], sampling.max_new_tokens, sampling.temperature,
-                                   sampling.top_p, sampling.top_k, stops, seeds=seeds)
+        rollout = (backend or HFGenerate(policy, tokenizer)).generate(prompts[start:stop], sampling, stops, seeds)
         torch.set_rng_state(torch_state)
         scores = scorer(rollout, rows[start:stop])
         return {"eval/score_mean": float(scores.total.sum()), "eval/length_mean": float(rollout.lengths.float().sum()),

@@ -242,3 +242,19 @@ def test_a_generation_backend_plugs_in_without_touching_the_stage(llama_dir, tmp
     assert len(samples) == 12 and {s["response"] for s in samples} == {"a a a"} and {s["score"] for s in samples} == {3.0}
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["eval/score_mean"] == 3.0
+
+
+def test_generation_in_chunks_with_response_seeds_samples_the_same(policy):
+    from types import SimpleNamespace
+
+    from tether.rollout import HFGenerate, response_seeds, stop_token_ids
+
+    model, tok = policy
+    prompts = ["What is 1 + 2?\n", "Tell me about cats.", "hi", "hello there", "cats"]
+    seeds = response_seeds(0, range(5))
+    whole = SimpleNamespace(max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0)
+    chunked = SimpleNamespace(**{**vars(whole), "generation_batch": 2})
+    backend, stops = HFGenerate(model, tok), stop_token_ids(tok, model)
+    a, b = backend.generate(prompts, whole, stops, seeds), backend.generate(prompts, chunked, stops, seeds)
+    assert a.responses == b.responses
+    assert torch.equal(a.response_mask.sum(-1), b.response_mask.sum(-1))

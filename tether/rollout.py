@@ -173,8 +173,12 @@ class HFGenerate:
         self.model, self.tokenizer = model, tokenizer
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
-        return generate_rollout(self.model, self.tokenizer, prompts, sampling.max_new_tokens, sampling.temperature,
-                                sampling.top_p, sampling.top_k, stop_ids, seeds=seeds)
+        size = getattr(sampling, "generation_batch", 0) or len(prompts)
+        parts = [generate_rollout(self.model, self.tokenizer, prompts[i : i + size], sampling.max_new_tokens,
+                                  sampling.temperature, sampling.top_p, sampling.top_k, stop_ids,
+                                  seeds=seeds[i : i + size] if seeds is not None else None)
+                 for i in range(0, len(prompts), size)]
+        return concat_rollouts(parts, self.tokenizer.pad_token_id)
 
     def weights_updated(self, policy) -> None:
         pass

@@ -213,6 +213,8 @@ class SamplingSection(Section):
     temperature: float = option(1.0, "Sampling temperature; log-probs are computed from logits / temperature.")
     top_p: float = option(1.0, "Nucleus sampling threshold (1 = off).")
     top_k: int = option(0, "Top-k sampling (0 = off).")
+    generation_batch: int = option(0, "Responses generated per generate() call (0: the whole rollout at once). Bounds "
+                                      "the KV cache on large rollouts; with response_seeds the samples do not change.")
     response_seeds: bool = option(False, "Draw each response with its own seed (from the run's seed and the prompt's "
                                          "place in the prompt stream) instead of the global RNG: samples then do not "
                                          "depend on batch or process count, so N processes reproduce a 1-process run.")
@@ -223,6 +225,8 @@ class SamplingSection(Section):
         if self.prompts_per_step < 1 or self.group_size < 1 or self.max_new_tokens < 1:
             raise ConfigError(f"prompts_per_step={self.prompts_per_step}, group_size={self.group_size} and "
                               f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.generation_batch < 0:
+            raise ConfigError(f"generation_batch={self.generation_batch}: must be >= 0 (0: the whole rollout at once)")
         if not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ConfigError(f"top_p={self.top_p} must be in (0, 1] and top_k={self.top_k} >= 0")
 

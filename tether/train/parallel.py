@@ -108,22 +108,43 @@ class DataParallel:
 
     # ------------------------------------------------------------------------------------------ gradients
 
+    BUCKET = 1 << 25  # gradient elements per all-reduce (128 MiB of fp32): bounded extra memory, few messages
+
     def sum_gradients(self, params: list[torch.Tensor]) -> None:
-        """Σ of each parameter's gradient over processes, in one flat all-reduce. A process whose share of the update
-        was empty contributes zeros; a parameter no process gave a gradient keeps none (as on one process, where
-        AdamW then skips it)."""
+        """Σ of each parameter's gradient over processes, in flat all-reduces of up to BUCKET elements. A process
+        whose share of the update was empty contributes zeros; a parameter no process gave a gradient keeps none
+        (as on one process, where AdamW then skips it)."""
         if not self.active:
             return
         import torch.distributed as dist
 
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        had = torch.tensor([0.0 if p.grad is None else 1.0 for p in params])
-        flat = torch.cat([g.reshape(-1).float() for g in grads] + [had]).to(self.device)
+        had = torch.tensor([0.0 if p.grad is None else 1.0 for p in params], device=self.device)
+        dist.all_reduce(had)
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for k, p in enumerate(params):
+            if had[k] == 0:
+                p.grad = None
+                continue
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            bucket.append(p)
+            size += p.numel()
+            if size >= self.BUCKET:
+                self._all_reduce_grads(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._all_reduce_grads(bucket)
+
+    def _all_reduce_grads(self, params: list[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        flat = torch.cat([p.grad.reshape(-1).float() for p in params]).to(self.device)
         dist.all_reduce(flat)
         offset = 0
-        for k, (p, g) in enumerate(zip(params, grads)):
-            n = g.numel()
-            p.grad = flat[offset : offset + n].view_as(g).to(g.dtype).to(p.device) if flat[-len(params) + k] > 0 else None
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
 
     def broadcast_parameters(self, params: list[torch.Tensor]) -> None:

@@ -86,13 +86,19 @@ class killed_after_step:
 
 
 def kill_before_final(monkeypatch, module) -> None:
-    """The next run of a stage whose module writes final/ with ``module.write_atomically`` dies (KeyboardInterrupt)
-    right before final/ — after its last checkpoint. Undo with monkeypatch.undo()."""
-    original = module.write_atomically
+    """The next run of a stage dies (KeyboardInterrupt) right before writing final/ — after its last checkpoint —
+    whether its module writes final/ with its own ``write_atomically`` or through checkpoint.save_final. Undo
+    with monkeypatch.undo()."""
+    from tether.train import checkpoint
 
-    def die_before_final(save_fn, target):
-        if str(target).endswith("final"):
-            raise KeyboardInterrupt("killed before final/")
-        return original(save_fn, target)
+    for owner in {module, checkpoint}:
+        if not hasattr(owner, "write_atomically"):
+            continue
+        original = owner.write_atomically
 
-    monkeypatch.setattr(module, "write_atomically", die_before_final)
+        def die_before_final(save_fn, target, *args, original=original, **kwargs):
+            if str(target).endswith("final"):
+                raise KeyboardInterrupt("killed before final/")
+            return original(save_fn, target, *args, **kwargs)
+
+        monkeypatch.setattr(owner, "write_atomically", die_before_final)

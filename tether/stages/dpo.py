@@ -34,7 +34,7 @@ from tether.train.offline import EpochOrder, LoopSettings, train_offline, train_
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel
 from tether.train.sharding import is_sharded, shard_model
-from tether.train.run import announce, check_steps_left, start_run, write_json
+from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
 from tether.train.schedule import build_optimizer
 
 
@@ -503,7 +503,7 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
         logger.close()
     summary = {"stage": "dpo", "steps": s.total_steps, "resumed_from": start_step or None,
                **_summary(cfg, s, last_eval, []), "eval_history": history, "alarms": [], "stopped_at": None,
-               "wall_s": round(time.perf_counter() - t_start, 2)}
+               "wall_s": round(time.perf_counter() - t_start, 2), "peak_memory": peak_memory(accelerator)}
     save_final(accelerator, s.model, s.tokenizer, s.out / "final")
     if accelerator.is_main_process:
         write_json(s.out / "summary.json", summary)

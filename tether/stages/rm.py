@@ -21,7 +21,7 @@ from tether.data.records import read_records, split_records
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.sections import DataSection, ModelSection, OptimSection, TrainSection
 from tether.models import apply_precision, disable_dropout, load_stage_tokenizer, load_trainable_model, parameter_summary
-from tether.train.run import announce, check_steps_left, start_run, write_json
+from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
 from tether.train.schedule import build_optimizer
 from tether.stages.rm_probes import normalization_stats, run_probes
 from tether.train.checkpoint import load_training_state, write_atomically
@@ -228,9 +228,11 @@ def run_rm(cfg: RMConfig) -> dict:
                "best_step": detector.best_step, "best_accuracy": detector.best if detector.history else None,
                "overfit_alarm_step": detector.fired_at, "eval_history": detector.history,
                "data": [r.summary() for r in reports]}
+    memory = peak_memory(accelerator)  # before the probes, which process 0 alone runs
     if accelerator.is_main_process:
         finish_rm(cfg, unwrapped, tokenizer, out, summary, (train_recs, eval_recs, train, evals))
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)
+        summary["peak_memory"] = memory
         write_json(out / "summary.json", summary)
         console.print(f"reward model: {out / 'final'} (best by validation accuracy: {out / 'best'}, step "
                       f"{detector.best_step}); accuracy {last_eval.get('eval/accuracy', float('nan')):.3f}; "

@@ -14,7 +14,7 @@ from tether.data.records import read_records, split_records
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.sections import ModelSection, OptimSection, SFTDataSection, TrainSection
 from tether.models import load_stage_tokenizer, load_trainable_model, parameter_summary
-from tether.train.run import announce, check_steps_left, start_run, write_json
+from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
 from tether.train.schedule import build_optimizer
 from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger, console
@@ -111,7 +111,8 @@ def run_sft(cfg: SFTConfig) -> dict:
         logger.close()
     summary = {"stage": "sft", "steps": total_steps, "resumed_from": start_step or None,
                "train_examples": len(train), "eval_examples": len(evals), **last_eval,
-               "data": [r.summary() for r in reports], "wall_s": round(time.perf_counter() - t_start, 2)}
+               "data": [r.summary() for r in reports], "wall_s": round(time.perf_counter() - t_start, 2),
+               "peak_memory": peak_memory(accelerator)}
     save_final(accelerator, model, tokenizer, out / "final")
     if accelerator.is_main_process:
         write_json(out / "summary.json", summary)

@@ -25,7 +25,7 @@ from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, set_rng_state, write_atomically
 from tether.train.logger import MetricsLogger, console
 from tether.train.parallel import DataParallel
-from tether.train.run import announce, write_json
+from tether.train.run import announce, peak_memory, write_json
 
 
 class OnlineStage(Protocol):
@@ -248,7 +248,8 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
             run.scorer.close()
     summary = {"stage": stage.name, "steps": schedule.total_steps, "resumed_from": start_step or None,
                **stage.summary(), "alarms": read_jsonl(out / "alarms.jsonl"), "stopped_at": stopped_at,
-               "eval_history": run.history, "wall_s": round(time.perf_counter() - t_start, 2)}
+               "eval_history": run.history, "wall_s": round(time.perf_counter() - t_start, 2),
+               "peak_memory": peak_memory(accelerator)}
     if schedule.best_metric:
         summary["best"] = {"metric": schedule.best_metric, **run.best}
     if accelerator.is_main_process:

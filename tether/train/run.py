@@ -168,3 +168,19 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(path)
+
+
+def peak_memory(accelerator) -> dict:
+    """Each process's peak resident memory (MiB), and on a GPU its peak allocated tensor memory: summary.json's
+    peak_memory (every process calls it)."""
+    import resource
+
+    from tether.train.parallel import DataParallel
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    out = {"rss_mib": [round(x, 1) for x in DataParallel(accelerator).gather_json([rss])]}
+    if torch.cuda.is_available():
+        gpu = torch.cuda.max_memory_allocated() / 2**20
+        out["gpu_allocated_mib"] = [round(x, 1) for x in DataParallel(accelerator).gather_json([gpu])]
+    return out
+

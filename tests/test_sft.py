@@ -202,3 +202,27 @@ def test_overwrite_touches_nothing_before_the_data_is_checked_nor_a_folder_tethe
     with pytest.raises(ConfigError, match="config.yaml was not written by tether"):
         run_sft(sft_config(llama_dir, (good, good), out, train__overwrite=True))
     assert (out / "final" / "README.md").is_file()
+
+
+def test_a_run_written_before_an_option_existed_resumes_while_the_option_keeps_its_default(llama_dir, addition_files,
+                                                                                            tmp_path):
+    import shutil
+
+    import yaml
+
+    from tether.config import ConfigError
+
+    out = tmp_path / "run"
+    run_sft(sft_config(llama_dir, addition_files, out, train__max_steps=4, train__save_every=2))
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    for key in ("mixed_precision", "fsdp", "frozen_dtype", "gradient_checkpointing"):  # as an older tether wrote it
+        del saved["model"][key]
+    (out / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.rmtree(out / "final")
+    with pytest.raises(ConfigError, match=r"model.mixed_precision: 'no' -> 'bf16'"):
+        run_sft(sft_config(llama_dir, addition_files, out, train__max_steps=4, train__save_every=2, train__resume=True,
+                           model__mixed_precision="bf16"))
+    summary = run_sft(sft_config(llama_dir, addition_files, out, train__max_steps=4, train__save_every=2,
+                                 train__resume=True, model__gradient_checkpointing=True))  # memory only: allowed
+    assert summary["resumed_from"] == 2

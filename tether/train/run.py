@@ -18,7 +18,8 @@ from tether.train.logger import console, truncate_metrics
 # trajectory of the steps already taken (the output folder too: a run folder that was moved or copied resumes).
 RESUMABLE_CHANGES = {"train.output", "train.resume", "train.overwrite", "train.max_steps", "train.epochs", "train.eval_every",
                      "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
-                     "train.sample_every", "train.stop_on_alarm", "online.stop_on_alarm"}
+                     "train.sample_every", "train.stop_on_alarm", "online.stop_on_alarm",
+                     "model.gradient_checkpointing"}  # recomputing activations changes memory, not one number
 RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "final", "best", "samples.jsonl",
              "alarms.jsonl")
 STEP_FILES = ("samples.jsonl", "alarms.jsonl")  # one JSON row per record with its step: cut back on resume
@@ -49,13 +50,19 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
 
 
-def _check_resumable(out: Path, config: dict) -> None:
+def _check_resumable(out: Path, config: dict, defaults: dict | None = None) -> None:
+    """Refuse to resume under settings that change the run. A field the saved config lacks (added by a later tether)
+    is no change while it holds its default (``defaults``: the stage's default config as a dict)."""
     saved = out / "config.yaml"
     if not saved.is_file():
         return
     import yaml
 
     old = {k: v for k, v in (yaml.safe_load(saved.read_text()) or {}).items() if k != "plan"}
+    for section, fields in (defaults or {}).items():
+        for key, value in fields.items():
+            if isinstance(old.get(section), dict) and key not in old[section]:
+                old[section][key] = value
     diffs = [d for d in config_diff(old, config) if d.split(":")[0] not in RESUMABLE_CHANGES]
     if diffs:
         raise ConfigError(f"--resume: this run's settings differ from {saved}, so resuming would not continue "
@@ -75,7 +82,7 @@ def _written_by_tether(out: Path) -> bool:
         return False
 
 
-def open_run(accelerator, run, config: dict) -> tuple[int, Path | None]:
+def open_run(accelerator, run, config: dict, defaults: dict | None = None) -> tuple[int, Path | None]:
     """Check the run folder (``run``: a RunSection) against resume/overwrite; return (start step, checkpoint to
     resume from or None). On resume, rows written after the checkpoint are cut from the step files."""
     if not run.output:
@@ -91,7 +98,7 @@ def open_run(accelerator, run, config: dict) -> tuple[int, Path | None]:
             raise ConfigError(f"--resume: no complete, readable checkpoint-<step>/ in {out}; nothing to resume from"
                               + (f" ({'; '.join(skipped)})" if skipped else "") + ". Start the run afresh with "
                               "--overwrite (without --resume)")
-        _check_resumable(out, config)
+        _check_resumable(out, config, defaults)
         if accelerator.is_main_process:
             for name in STEP_FILES:  # a kill between checkpoints would otherwise show those rows twice
                 truncate_metrics(out / name, found[0])
@@ -127,9 +134,15 @@ def start_run(cfg, required: dict[str, str]):
             raise ConfigError(f"{flag} is required")
     accelerator = make_accelerator(cfg.model.device)
     config = config_to_dict(cfg)
-    start_step, checkpoint = open_run(accelerator, cfg.train, config)
+    start_step, checkpoint = open_run(accelerator, cfg.train, config, config_to_dict(_defaults(type(cfg))))
     seed_everything(cfg.train.seed)
     return accelerator, config, Path(cfg.train.output), start_step, checkpoint
+
+
+def _defaults(config_cls):
+    from tether.config import build_config
+
+    return build_config(config_cls, source="defaults")
 
 
 def check_steps_left(start_step: int, total_steps: int, checkpoint: Path | None) -> None:

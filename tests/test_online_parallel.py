@@ -26,6 +26,17 @@ def count_a(completions):
 
 def has_a(completions):
     return [1.0 if "a" in c else 0.0 for c in completions]
+
+def a_steps(completions):
+    return [[1.0 if "a" in s else 0.0 for s in c.split(" ")[:3]] or [0.0] for c in completions]
+
+def fails_on_rank_1_at_step_2(completions, trainer_state=None):
+    import os
+    calls = int(os.environ.get("CALLS", "0")) + 1
+    os.environ["CALLS"] = str(calls)
+    if os.environ.get("RANK") == "1" and calls == 3:  # call 1 is the check before training
+        raise RuntimeError("rank 1 broke")
+    return [0.0] * len(completions)
 '''
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -142,6 +153,37 @@ def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, re
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
     assert_written_once(tmp_path / "two", 16, 3) if recipe != "dapo" else None
+
+
+@pytest.mark.slow
+def test_a_process_reward_on_two_processes_equals_one(llama_dir, files, tmp_path):
+    """Step scores travel with their responses; token advantages are computed from the gathered groups."""
+    rules, prompts = files
+    args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--reward", f"{rules}:a_steps",
+            "--reward", f"{rules}:count_a=0.5", "--step-pattern", " ", "--prompts-per-step", "4", "--group-size", "3",
+            "--max-new-tokens", "8", "--max-steps", "2", "--lr", "3e-3", "--save-every", "0", "--report-to", "none",
+            "--sample-every", "1", "--response-seeds"]
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert all(s["step_scores"] for s in lines(tmp_path / "two" / "samples.jsonl"))
+
+
+@pytest.mark.slow
+def test_a_reward_function_failing_on_one_process_stops_both_at_the_same_step(llama_dir, files, tmp_path):
+    rules, prompts = files
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29688", "-m", "tether", "grpo",
+         "--model", str(llama_dir), "--prompts", str(prompts), "--reward", f"{rules}:fails_on_rank_1_at_step_2",
+         "--prompts-per-step", "4", "--group-size", "2", "--max-new-tokens", "6", "--max-steps", "4",
+         "--save-every", "0", "--report-to", "none", "--output", str(out)],
+        env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0  # both processes stopped: no hang, no half-finished run
+    assert "step 2:" in proc.stderr and "checkpoint-1" in proc.stderr
+    assert (out / "checkpoint-1" / "rng-0.json").is_file() and (out / "checkpoint-1" / "rng-1.json").is_file()
+    assert [m["step"] for m in lines(out / "metrics.jsonl")] == [1]
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ Every figure comes from one run of this script on this machine, and the comparis
 - memory layouts on a wider random model (about 30 M parameters, where model state shows above the Python and
   torch runtime): SFT steps in fp32, --mixed-precision bf16, --dtype bf16, --gradient-checkpointing, and on 2
   processes with and without --fsdp (16 sequences of up to 128 tokens a step).
-Processes are limited to one thread each (OMP_NUM_THREADS=1) so that 2 processes use the machine's 2 cores as
-1 process x 2 threads would not; the 1-process runs are given the same single thread.
+Processes are limited to one thread each (OMP_NUM_THREADS=1), so 2 processes use this machine's 2 cores; the
+1-process runs are measured with 1 thread (the same per-process work) and with 2 threads (the same cores).
 """
 from __future__ import annotations
 
@@ -27,16 +27,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PORT = [29900]
 
 
-def tether(args: list[str], processes: int, out: Path, log: Path) -> dict:
-    """Run a tether command on N processes; returns its summary.json."""
-    PORT[0] += 1
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tether(args: list[str], processes: int, out: Path, log: Path, threads: int = 1) -> dict:
+    """Run a tether command on N processes of ``threads`` threads each; returns its summary.json."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", str(PORT[0]), "-m", "tether"] if processes > 1 else [sys.executable, "-m", "tether"]
+                "--main_process_port", str(free_port()), "-m", "tether"] if processes > 1 else [sys.executable, "-m", "tether"]
     t0 = time.perf_counter()
     with log.open("w") as handle:
         proc = subprocess.run(launcher + args + ["--output", str(out), "--overwrite", "--report-to", "none"], env=env,
@@ -95,24 +101,24 @@ def main() -> None:
     sft = ["sft", "--model", str(lab / "pretrain" / "final"), "--data", str(world / "sft.jsonl"), "--eval-data",
            str(world / "sft_eval.jsonl"), "--max-length", "256", "--batch-size", "64", "--micro-batch-size", "32",
            "--lr", "5e-4", "--max-steps", "20", "--eval-every", "0", "--save-every", "0", "--log-every", "1"]
-    for layout, n, extra in (("1 process", 1, []), ("2 processes", 2, []), ("2 processes --fsdp", 2, ["--fsdp"])):
-        run = out / f"sft-{n}{'-fsdp' if extra else ''}"
-        record("lab SFT model (0.66 M)", layout, tether(sft + extra, n, run, run.with_suffix(".log")), sft_step_s(run),
-               final_loss=metrics(run)[-1]["train/loss"])
+    for layout, n, threads, extra in (("1 process", 1, 1, []), ("1 process, 2 threads", 1, 2, []),
+                                      ("2 processes", 2, 1, []), ("2 processes --fsdp", 2, 1, ["--fsdp"])):
+        run = out / f"sft-{n}x{threads}{'-fsdp' if extra else ''}"
+        record("lab SFT model (0.66 M)", layout, tether(sft + extra, n, run, run.with_suffix(".log"), threads),
+               sft_step_s(run), final_loss=metrics(run)[-1]["train/loss"])
 
     grpo = ["grpo", "--model", str(lab / "sft" / "final"), "--prompts", str(world / "arith_rl.jsonl"),
             "--reward", "tether.lab.rewards:arith_correct", "--reward", "tether.lab.rewards:arith_format=0.5",
             "--prompts-per-step", "32", "--group-size", "8", "--max-new-tokens", "48", "--lr", "5e-5", "--max-steps", "8",
             "--eval-every", "0", "--save-every", "0", "--sample-every", "1", "--response-seeds"]
-    finals = {}
-    for n in (1, 2):
-        run = out / f"grpo-{n}"
-        summary = tether(grpo, n, run, run.with_suffix(".log"))
-        finals[n] = arith_accuracy(run / "final", world / "arith_eval.jsonl", run.with_suffix(".eval.json"))
-        record("lab GRPO (arith, 32 x 8)", f"{n} process{'es' if n > 1 else ''}", summary, grpo_step_s(run),
-               held_out_accuracy=finals[n], score_last=metrics(run)[-1]["score/mean"])
-    same = [json.loads(x)["response"] for x in (out / "grpo-1" / "samples.jsonl").read_text().splitlines()] == \
-        [json.loads(x)["response"] for x in (out / "grpo-2" / "samples.jsonl").read_text().splitlines()]
+    for name, n, threads in (("1 process", 1, 1), ("1 process, 2 threads", 1, 2), ("2 processes", 2, 1)):
+        run = out / f"grpo-{n}x{threads}"
+        summary = tether(grpo, n, run, run.with_suffix(".log"), threads)
+        record("lab GRPO (arith, 32 x 8)", name, summary, grpo_step_s(run),
+               held_out_accuracy=arith_accuracy(run / "final", world / "arith_eval.jsonl", run.with_suffix(".eval.json")),
+               score_mean=statistics.mean(m["score/mean"] for m in metrics(run)))
+    same = [json.loads(x)["response"] for x in (out / "grpo-1x1" / "samples.jsonl").read_text().splitlines()] == \
+        [json.loads(x)["response"] for x in (out / "grpo-2x1" / "samples.jsonl").read_text().splitlines()]
     results["grpo_same_samples_on_1_and_2_processes"] = same
     results["sft_accuracy_before_grpo"] = arith_accuracy(lab / "sft" / "final", world / "arith_eval.jsonl",
                                                          out / "sft-model.eval.json")

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tether.stages.sft import run_sft
+from test_online_parallel import free_port
 from test_sft import read_metrics, sft_config
 
 
@@ -20,7 +21,7 @@ def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     # On a machine without GPUs, --multi_gpu makes accelerate start N processes; tether then uses gloo on CPU.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29531",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            "-m", "tether", "sft", *common, "--output", str(two)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -54,7 +55,7 @@ def test_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
               "--report-to", "none"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29533",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            "-m", "tether", "rm", *common, "--output", str(tmp_path / "two")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

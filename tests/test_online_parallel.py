@@ -40,14 +40,23 @@ def fails_on_rank_1_at_step_2(completions, trainer_state=None):
 '''
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-_PORT = [29600]
 
 
-def launch(args: list[str], processes: int = 2, wait: bool = True):
-    _PORT[0] += 1
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-           str(_PORT[0]), "-m", "tether", *args]
+def free_port() -> int:
+    """A port nothing listens on now (a fixed one can still be held by the previous test's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: list[str], processes: int = 2, wait: bool = True, config_file: str | None = None):
+    how = ["--config_file", config_file] if config_file else \
+        ["--multi_gpu", "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no",
+         "--dynamo_backend", "no"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *how, "--main_process_port", str(free_port()),
+           "-m", "tether", *args]
     if not wait:
         return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -175,7 +184,7 @@ def test_a_reward_function_failing_on_one_process_stops_both_at_the_same_step(ll
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29688", "-m", "tether", "grpo",
+         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "tether", "grpo",
          "--model", str(llama_dir), "--prompts", str(prompts), "--reward", f"{rules}:fails_on_rank_1_at_step_2",
          "--prompts-per-step", "4", "--group-size", "2", "--max-new-tokens", "6", "--max-steps", "4",
          "--save-every", "0", "--report-to", "none", "--output", str(out)],
@@ -243,3 +252,14 @@ def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, fil
     w1, w2 = weights(tmp_path / "whole" / "final"), weights(killed / "final")
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_shares_are_contiguous_and_cover_every_item_once():
+    from tether.train.parallel import shard_bounds
+
+    assert [shard_bounds(10, 3, r) for r in range(3)] == [(0, 4), (4, 7), (7, 10)]
+    assert [shard_bounds(2, 4, r) for r in range(4)] == [(0, 1), (1, 2), (2, 2), (2, 2)]  # more processes than items
+    for count in range(0, 13):
+        for world in range(1, 5):
+            covered = [i for r in range(world) for i in range(*shard_bounds(count, world, r))]
+            assert covered == list(range(count))

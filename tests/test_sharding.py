@@ -2,6 +2,7 @@
 checkpoints are plain Hugging Face folders, and a sharded run resumes exactly from one."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from safetensors.torch import load_file
 from tether.cli import main as tether_main
 from conftest import write_jsonl
 from test_online_parallel import launch, lines
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 
 
 def assert_same_training(one, two, keys):
@@ -32,7 +35,7 @@ def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_
             "64", "--lr", "3e-3", "--batch-size", "8", "--micro-batch-size", "2", "--max-steps", "4", "--eval-every", "2",
             "--save-every", "2", "--report-to", "none"]
     two = tmp_path / "two"
-    proc = launch(args + ["--fsdp", "--output", str(two)])
+    proc = launch(args + ["--fsdp", "--output", str(two)], config_file=str(CONFIGS / "cpu.yaml"))  # the shipped file
     assert "sharded over 2 processes (FSDP2)" in (two / "config.yaml").read_text(), proc.stderr[-2000:]
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     keys = ("train/loss", "train/grad_norm", "train/tokens", "eval/loss")
@@ -69,3 +72,12 @@ def test_stages_that_do_not_shard_say_so(llama_dir, tmp_path, capsys, stage):
     extra = ["--data", str(data)] if stage == "rm" else ["--prompts", str(data), "--reward-model", str(tmp_path)]
     assert tether_main([stage, "--model", str(llama_dir), *extra, "--fsdp", "--output", str(tmp_path / "o")]) == 2
     assert "--fsdp: tether " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["cpu.yaml", "multi-gpu.yaml", "multi-node.yaml"])
+def test_shipped_accelerate_configs_are_valid_accelerate_configs(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(CONFIGS / name))
+    assert config.distributed_type == "MULTI_GPU" and config.mixed_precision == "no"
+    assert config.num_processes >= 2

@@ -8,7 +8,7 @@ would have produced it. Everything computed from the experience (group statistic
 adaptive KL, dynamic sampling's counts, the metrics and samples.jsonl) is therefore global by construction;
 forwards over it (old / reference log-probs, values) are split by rows and gathered. Each optimizer update takes
 its minibatch of the global order, process r the r-th contiguous part of it, with the loss normalised by the
-whole minibatch's counts; the gradients are summed over processes (one flat all-reduce) before clipping. That
+whole minibatch's counts; the gradients are summed over processes (bucketed all-reduces) before clipping. That
 is the one-process update exactly (tests/test_online_parallel.py).
 
 Nothing here pickles: tensors travel as tensors, text as UTF-8 JSON in a byte tensor.

@@ -29,7 +29,7 @@ def assert_same_training(one, two, keys):
 
 
 @pytest.mark.slow
-def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_files, tmp_path):
+def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_files, tmp_path, capsys):
     train_path, eval_path = addition_files
     args = ["sft", "--model", str(llama_dir), "--data", str(train_path), "--eval-data", str(eval_path), "--max-length",
             "64", "--lr", "3e-3", "--batch-size", "8", "--micro-batch-size", "2", "--max-steps", "4", "--eval-every", "2",
@@ -48,6 +48,9 @@ def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_
     shutil.rmtree(resumed / "final")
     launch(args + ["--fsdp", "--output", str(resumed), "--resume"])
     assert_same_training(two, resumed, keys)
+    # a sharded run resumed unsharded: refused, naming the setting (its optimizer state is keyed by parameter name)
+    assert tether_main(args + ["--output", str(resumed), "--resume", "--max-steps", "6"]) == 2
+    assert "model.fsdp: True -> False" in capsys.readouterr().err
     saved = json.loads((two / "checkpoint-4" / "optimizer.json").read_text())
     assert "model.layers.0.self_attn.q_proj.weight" in json.dumps(saved)  # the full state, keyed by parameter name
 

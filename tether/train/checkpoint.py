@@ -162,7 +162,11 @@ def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: i
     if sharded_model is not None:  # a sharded run's optimizer state is keyed by parameter name (tether/train/sharding.py)
         load_optimizer_state(sharded_model, optimizer, load_state(checkpoint / "optimizer"))
     else:
-        optimizer.load_state_dict(load_state(checkpoint / "optimizer"))
+        saved = load_state(checkpoint / "optimizer")
+        if any(isinstance(k, str) for k in saved.get("state", {})):
+            raise StateFileError(f"{checkpoint}: its optimizer state was written by a sharded run (--fsdp), keyed by "
+                                 "parameter name; resume it with --fsdp (on any number of processes)")
+        optimizer.load_state_dict(saved)
     scheduler.load_state_dict(load_state(checkpoint / "scheduler"))
     for name, (part_optimizer, part_scheduler) in (extra or {}).items():
         part_optimizer.load_state_dict(load_state(checkpoint / f"optimizer-{name}"))

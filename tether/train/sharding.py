@@ -83,7 +83,7 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
 
     if not any(isinstance(k, str) for k in state.get("state", {})) and state.get("state"):
         raise ConfigError("this checkpoint's optimizer state was written without --fsdp (indexed, not named, "
-                          "parameters); resume it without --fsdp")
+                          "parameters); resume it without --fsdp (on any number of processes)")
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 

@@ -69,10 +69,10 @@ def test_sharded_dpo_equals_one_process(llama_dir, tmp_path):
                          ("train/loss", "train/grad_norm", "train/rewards/margins", "eval/loss", "eval/rewards/accuracy"))
 
 
-@pytest.mark.parametrize("stage", ["rm", "grpo", "ppo"])
+@pytest.mark.parametrize("stage", ["grpo", "ppo"])
 def test_stages_that_do_not_shard_say_so(llama_dir, tmp_path, capsys, stage):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Q: ", "chosen": "a", "rejected": "b"}])
-    extra = ["--data", str(data)] if stage == "rm" else ["--prompts", str(data), "--reward-model", str(tmp_path)]
+    extra = ["--prompts", str(data), "--reward-model", str(tmp_path)]
     assert tether_main([stage, "--model", str(llama_dir), *extra, "--fsdp", "--output", str(tmp_path / "o")]) == 2
     assert "--fsdp: tether " in capsys.readouterr().err
 
@@ -84,3 +84,27 @@ def test_shipped_accelerate_configs_are_valid_accelerate_configs(name):
     config = load_config_from_file(str(CONFIGS / name))
     assert config.distributed_type == "MULTI_GPU" and config.mixed_precision == "no"
     assert config.num_processes >= 2
+
+
+@pytest.mark.slow
+def test_sharded_reward_model_equals_one_process(llama_dir, tmp_path):
+    """Including best/ (gathered at each new best) and final/ with its probes (on process 0, from a gathered copy)."""
+    rows = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 5), "rejected": "Cats are dogs." + " no" * (i % 3)}
+            for i in range(32)]
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    args = ["rm", "--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--max-length", "48",
+            "--lr", "3e-3", "--batch-size", "8", "--micro-batch-size", "2", "--max-steps", "4", "--eval-every", "2",
+            "--save-every", "2", "--report-to", "none"]
+    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_training(tmp_path / "one", tmp_path / "two", ("train/loss", "train/grad_norm", "eval/loss", "eval/accuracy"))
+    for folder in ("best", "checkpoint-4"):
+        w1 = load_file(str(tmp_path / "one" / folder / "model.safetensors"))
+        w2 = load_file(str(tmp_path / "two" / folder / "model.safetensors"))
+        assert sorted(w1) == sorted(w2)
+        for name in w1:
+            torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=f"{folder} {name}")
+    s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
+    assert s2["probes"]["length_correlation"] == pytest.approx(s1["probes"]["length_correlation"], abs=1e-5)
+    for head, stats in s1["normalization"].items():
+        assert s2["normalization"][head]["mean"] == pytest.approx(stats["mean"], abs=1e-5)

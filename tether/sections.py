@@ -29,7 +29,7 @@ class ModelSection(Section):
     gradient_checkpointing: bool = option(False, "Recompute each layer's activations in the backward pass instead of "
                                                  "keeping them: less memory for about one more forward of compute.")
     fsdp: bool = option(False, "Shard parameters, gradients and AdamW states over the processes (FSDP2: one shard "
-                               "unit per decoder layer) instead of replicating them; tether sft and offline tether "
+                               "unit per decoder layer) instead of replicating them; tether sft, rm and offline "
                                "dpo, full fine-tuning (docs/scaling.md).")
     frozen_dtype: str = option("", "dtype of the frozen models (reference, reward model scoring rollouts); empty: "
                                    "the same as --dtype. E.g. bf16 halves their memory under an fp32 policy.",

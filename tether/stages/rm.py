@@ -23,6 +23,7 @@ from tether.sections import DataSection, ModelSection, OptimSection, TrainSectio
 from tether.models import apply_precision, disable_dropout, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
 from tether.train.schedule import build_optimizer
+from tether.train.sharding import is_sharded, reshard, save_full_model, shard_model, unsharded_on_main
 from tether.stages.rm_probes import normalization_stats, run_probes
 from tether.train.checkpoint import load_training_state, write_atomically
 from tether.train.early_stop import OverfitDetector
@@ -145,6 +146,14 @@ def evaluate_rm(model, examples, pad_id: int, objective: RewardObjective, heads:
     return out
 
 
+def _evaluate(model, *args) -> dict[str, float]:
+    """evaluate_rm, then (sharded) free the parameters the no-grad forwards left gathered."""
+    out = evaluate_rm(model, *args)
+    if is_sharded(model):
+        reshard(model)
+    return out
+
+
 def load_trainable_rm(cfg: RMConfig, tokenizer, checkpoint: Path | None):
     m = cfg.model
     heads = list(cfg.rm.heads)
@@ -170,9 +179,6 @@ def run_rm(cfg: RMConfig) -> dict:
     for flag, value in (("--model", cfg.model.path), ("--data", cfg.data.path)):
         if not value:
             raise ConfigError(f"{flag} is required")
-    if cfg.model.fsdp:
-        raise ConfigError("--fsdp: tether rm does not shard (its bias probes and best/ score on process 0 alone); "
-                          "its processes are data-parallel replicas. docs/scaling.md says what fits")
     tokenizer = load_stage_tokenizer(cfg.model)
     d, heads = cfg.data, list(cfg.rm.heads)
     train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer)  # before the run folder is touched
@@ -182,17 +188,24 @@ def run_rm(cfg: RMConfig) -> dict:
     accum = cfg.train.grad_accum(accelerator.num_processes)
     check_steps_left(start_step, total_steps, checkpoint)
     model = load_trainable_rm(cfg, tokenizer, checkpoint)
+    if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
+        model = shard_model(model.to(accelerator.device), accelerator)
+    sharded = is_sharded(model)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
     detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
     if checkpoint is not None:
-        state = load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index)
+        state = load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index,
+                                    sharded_model=model if sharded else None)
         if "overfit" in state:  # the detector's memory of earlier evaluations continues too
             detector = OverfitDetector(**{**state["overfit"], "history": [tuple(h) for h in state["overfit"]["history"]]})
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if not sharded:
+        model, optimizer = accelerator.prepare(model, optimizer)
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",
-            "optimizer steps": total_steps, "start step": start_step, "model": parameter_summary(model)}
+            "optimizer steps": total_steps, "start step": start_step,
+            "model": parameter_summary(model) + (f", sharded over {accelerator.num_processes} processes (FSDP2)"
+                                                 if sharded else "")}
     if accelerator.is_main_process:
         announce("tether rm", plan, config, out, reports, None)
     objective = RewardObjective(cfg.rm.ranking_loss, cfg.rm.center_coef)
@@ -202,7 +215,10 @@ def run_rm(cfg: RMConfig) -> dict:
         fired = detector.update(step, metrics["eval/accuracy"])
         metrics["eval/best_accuracy"] = detector.best
         metrics["eval/overfit_alarm"] = float(detector.fired_at is not None)
-        if detector.best_step == step and accelerator.is_main_process:
+        if detector.best_step == step and sharded:  # every process gathers, process 0 writes
+            write_atomically(lambda tmp: save_full_model(model, tokenizer, tmp, accelerator),
+                             out / "best", accelerator)
+        elif detector.best_step == step and accelerator.is_main_process:
             write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "best")
         if fired and accelerator.is_main_process:
             console.print(f"[bold red]over-fitting: validation accuracy {metrics['eval/accuracy']:.3f} has been more than "
@@ -220,8 +236,8 @@ def run_rm(cfg: RMConfig) -> dict:
             eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id),
             objective=objective, settings=settings, start_step=start_step, output=out, tokenizer=tokenizer,
             logger=logger, on_eval=on_eval, checkpoint_state=lambda: {"overfit": asdict(detector)},
-            evaluate_fn=lambda: evaluate_rm(unwrapped, evals, tokenizer.pad_token_id, objective, heads,
-                                            cfg.train.micro_batch_size, accelerator.device))
+            evaluate_fn=lambda: _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads,
+                                          cfg.train.micro_batch_size, accelerator.device))
     finally:
         logger.close()
     summary = {"stage": "rm", "steps": steps_done, "heads": heads, "resumed_from": start_step or None, **last_eval,
@@ -229,6 +245,10 @@ def run_rm(cfg: RMConfig) -> dict:
                "overfit_alarm_step": detector.fired_at, "eval_history": detector.history,
                "data": [r.summary() for r in reports]}
     memory = peak_memory(accelerator)  # before the probes, which process 0 alone runs
+    if sharded:  # the probes run on process 0 alone: on an ordinary copy of the trained model
+        m = cfg.model
+        unwrapped = unsharded_on_main(model, lambda: load_reward_model(m.path, tokenizer, heads, m.dtype,
+                                                                       m.trust_remote_code), accelerator)
     if accelerator.is_main_process:
         finish_rm(cfg, unwrapped, tokenizer, out, summary, (train_recs, eval_recs, train, evals))
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)

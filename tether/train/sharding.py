@@ -1,5 +1,6 @@
-"""Sharded training: FSDP2 (torch.distributed.fsdp.fully_shard) for the offline stages, on GPUs (nccl) and on CPUs
-(gloo) alike, under any launcher that starts N processes (accelerate launch --multi_gpu, torchrun).
+"""Sharded training: FSDP2 (torch.distributed.fsdp.fully_shard) for the offline stages (SFT, reward model, DPO),
+on GPUs (nccl) and on CPUs (gloo) alike, under any launcher that starts N processes (accelerate launch
+--multi_gpu, torchrun).
 
 Each decoder layer (the model's own ``_no_split_modules`` classes) is one shard unit, the rest of the model the
 root unit: every process keeps 1/N of the parameters, gradients and AdamW states, and gathers one layer's
@@ -87,16 +88,41 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-def save_full_model(model, tokenizer, out_dir, accelerator) -> None:
-    """A sharded model as a plain Hugging Face folder (every process calls it; process 0 writes)."""
+def full_state_of(model, inner: str = "") -> dict:
+    """The full state dict (process 0; every process calls it) of ``model`` — or of its submodule ``inner`` (a
+    reward model's Hugging Face model: "model") with the names that submodule gives them. A tied weight
+    (lm_head = embeddings) is one parameter under two names: only the name the model keeps is written."""
     state = full_model_state(model)
-    # a tied weight (lm_head = embeddings) is one parameter under two names: keep the name the model keeps
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    state = {k: v for k, v in state.items() if k not in tied}
+    prefix = f"{inner}." if inner else ""
+    return {k[len(prefix):]: v for k, v in state.items() if k not in tied and k.startswith(prefix)}
+
+
+def save_full_model(model, tokenizer, out_dir, accelerator) -> None:
+    """A sharded model as a plain Hugging Face folder (every process calls it; process 0 writes). A wrapper of a
+    Hugging Face model (tether's reward model) is written as the model it wraps."""
+    from transformers import PreTrainedModel
+
+    inner = "model" if not isinstance(model, PreTrainedModel) and isinstance(getattr(model, "model", None),
+                                                                             PreTrainedModel) else ""
+    state = full_state_of(model, inner)
     if accelerator.is_main_process:
-        model.save_pretrained(str(out_dir), state_dict=state)
+        (getattr(model, inner) if inner else model).save_pretrained(str(out_dir), state_dict=state)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(out_dir))
+
+
+def unsharded_on_main(model, build, accelerator):
+    """An ordinary copy of a sharded model on process 0 (``build()`` makes the architecture, the gathered state
+    fills it), for work process 0 does alone (a reward model's probes); None on the other processes."""
+    state = full_model_state(model)
+    if not accelerator.is_main_process:
+        return None
+    plain = build()
+    missing, unexpected = plain.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
+        raise RuntimeError(f"gathered state does not fit: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return plain
 
 
 def grad_norm_value(norm) -> float:

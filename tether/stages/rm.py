@@ -146,6 +146,24 @@ def evaluate_rm(model, examples, pad_id: int, objective: RewardObjective, heads:
     return out
 
 
+def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path | None, total_steps: int):
+    """(model — sharded with --fsdp, else prepared for data parallelism —, optimizer, scheduler, over-fitting
+    detector), restored from the checkpoint when resuming."""
+    model = load_trainable_rm(cfg, tokenizer, checkpoint)
+    if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
+        model = shard_model(model.to(accelerator.device), accelerator)
+    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
+    detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
+    if checkpoint is not None:
+        state = load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index,
+                                    sharded_model=model if is_sharded(model) else None)
+        if "overfit" in state:  # the detector's memory of earlier evaluations continues too
+            detector = OverfitDetector(**{**state["overfit"], "history": [tuple(h) for h in state["overfit"]["history"]]})
+    if not is_sharded(model):
+        model, optimizer = accelerator.prepare(model, optimizer)
+    return model, optimizer, scheduler, detector
+
+
 def _evaluate(model, *args) -> dict[str, float]:
     """evaluate_rm, then (sharded) free the parameters the no-grad forwards left gathered."""
     out = evaluate_rm(model, *args)
@@ -187,19 +205,8 @@ def run_rm(cfg: RMConfig) -> dict:
     total_steps = cfg.train.total_steps(len(train))
     accum = cfg.train.grad_accum(accelerator.num_processes)
     check_steps_left(start_step, total_steps, checkpoint)
-    model = load_trainable_rm(cfg, tokenizer, checkpoint)
-    if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
-        model = shard_model(model.to(accelerator.device), accelerator)
+    model, optimizer, scheduler, detector = _model_and_optimizer(cfg, tokenizer, accelerator, checkpoint, total_steps)
     sharded = is_sharded(model)
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
-    detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
-    if checkpoint is not None:
-        state = load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index,
-                                    sharded_model=model if sharded else None)
-        if "overfit" in state:  # the detector's memory of earlier evaluations continues too
-            detector = OverfitDetector(**{**state["overfit"], "history": [tuple(h) for h in state["overfit"]["history"]]})
-    if not sharded:
-        model, optimizer = accelerator.prepare(model, optimizer)
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",

@@ -343,7 +343,21 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"tether {args.stage}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """Shut down torch.distributed's process group before the interpreter exits: left to the interpreter's
+    shutdown, gloo's threads can be destroyed still joinable and abort a finished run (SIGABRT, "terminate called
+    without an active exception")."""
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_diagnose_command(args) -> int:

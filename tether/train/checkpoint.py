@@ -159,7 +159,7 @@ def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: i
                              "reads tensors and JSON only, so it cannot resume from it. Start afresh (--overwrite), or "
                              "from its weights: --model " + str(checkpoint))
     state = json.loads((checkpoint / STATE_FILE).read_text())
-    if sharded_model is not None:  # a sharded run's optimizer state is keyed by parameter name (tether/train/sharding.py)
+    if sharded_model is not None:  # a sharded run's optimizer state is keyed by parameter name (train/sharding.py)
         load_optimizer_state(sharded_model, optimizer, load_state(checkpoint / "optimizer"))
     else:
         saved = load_state(checkpoint / "optimizer")

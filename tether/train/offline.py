@@ -144,7 +144,8 @@ def train_step(accelerator, model, optimizer, scheduler, micro_batches: list[dic
         loss_total += loss_sum.detach().double().cpu()
         for name, v in stats.items():
             stat_totals[name] = stat_totals.get(name, torch.zeros((), dtype=torch.float64)) + v.detach().double().cpu()
-    grad_norm = grad_norm_value(accelerator.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else float("inf")))
+    clip_at = max_grad_norm if max_grad_norm > 0 else float("inf")
+    grad_norm = grad_norm_value(accelerator.clip_grad_norm_(params, clip_at))
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()

@@ -210,8 +210,8 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
         torch.manual_seed(torch.initial_seed() + 7919 * run.dp.rank)
     start_step = run.restore(checkpoint) if checkpoint is not None else 0  # RNG last: nothing below draws from it
     if accelerator.is_main_process:
-        announce(title, {**stage.plan(), "processes": run.dp.world, "steps": schedule.total_steps, "start step": start_step}, config, out,
-                 checkpoint=checkpoint)
+        plan = {**stage.plan(), "processes": run.dp.world, "steps": schedule.total_steps, "start step": start_step}
+        announce(title, plan, config, out, checkpoint=checkpoint)
     logger = MetricsLogger(out, schedule.report_to, config, start_step, schedule.total_steps,
                            enabled=accelerator.is_main_process, log_every=schedule.log_every, run_name=stage.name)
     baseline = run.evaluate_or_stop(0) if start_step == 0 else {}

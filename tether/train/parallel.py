@@ -215,7 +215,8 @@ def gather_rollout(dp: DataParallel, rollout, pad_id: int):
     from tether.rollout import Rollout
 
     prompts, responses = dp.gather_json(rollout.prompts), dp.gather_json(rollout.responses)
-    return Rollout(dp.gather_rows(rollout.prompt_ids, pad_id, left=True), dp.gather_rows(rollout.prompt_mask, 0, left=True),
+    return Rollout(dp.gather_rows(rollout.prompt_ids, pad_id, left=True),
+                   dp.gather_rows(rollout.prompt_mask, 0, left=True),
                    dp.gather_rows(rollout.response_ids, pad_id), dp.gather_rows(rollout.response_mask, 0),
                    dp.gather_rows(rollout.truncated.long()).bool(), prompts, responses)
 

@@ -1,5 +1,3 @@
-import sys
+from tether.cli import run
 
-from tether.cli import main
-
-sys.exit(main())
+run()

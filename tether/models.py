@@ -194,7 +194,7 @@ def frozen_dtype(model_cfg) -> str:
 def enable_gradient_checkpointing(model) -> None:
     """Activations recomputed layer by layer in the backward pass (non-reentrant: works with frozen inputs, LoRA
     and no_grad forwards alike); the KV cache stays on for generation, which runs in eval mode."""
-    base = _transformers_model(model)
+    base = transformers_model(model)
     if not getattr(base, "supports_gradient_checkpointing", False):
         raise ConfigError(f"gradient_checkpointing: {type(base).__name__} does not support it")
     kwargs = {"use_reentrant": False}
@@ -204,7 +204,7 @@ def enable_gradient_checkpointing(model) -> None:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def _transformers_model(model):
+def transformers_model(model):
     """The Hugging Face model inside tether's and peft's wrappers (a reward or value model, a LoRA model)."""
     from transformers import PreTrainedModel
 

@@ -280,8 +280,9 @@ class OnlineDPOStage:
         round's prompts, and the shares are gathered in rank order (the one-process order)."""
         cfg, dp = self.cfg, self.dp
         first = rnd * cfg.rollout.prompts_per_step
-        positions = dp.shard(list(range(first, first + cfg.rollout.prompts_per_step)))
-        rows = [self.prompt_rows[self.order.slice(p, 1)[0]] for p in positions]
+        count = cfg.rollout.prompts_per_step
+        mine = dp.shard(list(zip(self.order.slice(first, count), range(first, first + count))))  # (prompt, position)
+        rows, positions = [self.prompt_rows[i] for i, _ in mine], [p for _, p in mine]
         pairs, counts, samples = dp.all_or_none(lambda: sample_round_pairs(
             self.backend, self.tokenizer, self.stops, rows, self.labeller, cfg, cfg.train.seed * 1000 + rnd, step + 1, positions))
         if not dp.active:

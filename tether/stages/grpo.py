@@ -136,9 +136,9 @@ class GroupStage:
         needed, rounds, sampled, zero = ro.prompts_per_step, 0, 0, 0
         while needed > 0 and rounds < (a.max_sampling_rounds if a.dynamic_sampling else 1):
             indices = self.order.slice(self.cursor, needed)
-            positions = dp.shard(list(range(self.cursor, self.cursor + needed)))  # this process's prompts
+            mine = dp.shard(list(zip(indices, range(self.cursor, self.cursor + needed))))  # (prompt, stream position)
             self.cursor += needed
-            local = dp.all_or_none(lambda: self.sample([self.order.slice(p, 1)[0] for p in positions], positions))
+            local = dp.all_or_none(lambda: self.sample([i for i, _ in mine], [p for _, p in mine]))
             rollout = gather_rollout(dp, local[0], self.tokenizer.pad_token_id)
             scores = gather_scores(dp, local[1])
             rows = [self.rows[i] for i in indices for _ in range(g)]

@@ -31,15 +31,15 @@ def shard_model(model, accelerator):
         return model
     from torch.distributed.fsdp import fully_shard
 
-    from tether.models import _transformers_model, is_peft
+    from tether.models import transformers_model, is_peft
 
     if is_peft(model):
         raise ConfigError("--fsdp with LoRA is not built: the adapters are small, so data parallelism (without "
                           "--fsdp) already fits them; shard the base model with full fine-tuning")
-    units = set(getattr(_transformers_model(model), "_no_split_modules", None) or [])
+    units = set(getattr(transformers_model(model), "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in units]
     if not layers:
-        raise ConfigError(f"--fsdp: {type(_transformers_model(model)).__name__} names no decoder-layer class "
+        raise ConfigError(f"--fsdp: {type(transformers_model(model)).__name__} names no decoder-layer class "
                           "(_no_split_modules) to shard by")
     for layer in layers:
         fully_shard(layer)

@@ -25,6 +25,7 @@ class SampleRecord:
     step_scores: list | None = None  # the process reward's weighted step scores
     advantage: float | None = None  # mean token advantage over the response
     kl: float | None = None  # sequence KL to the reference (Σ_t kl_t)
+    agent: dict | None = None  # an agent episode: turns, tool calls, how it ended, success, claimed, final answer
 
     def as_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -53,7 +54,8 @@ class Experience:
                              bool(r.truncated[i]), group=i // group_size if group_size else None,
                              step_scores=self.scores.step_scores[i] if self.scores.step_scores is not None else None,
                              advantage=float(seq_adv[i]) if seq_adv is not None else None,
-                             kl=float(self.kl[i].sum()) if self.kl is not None else None)
+                             kl=float(self.kl[i].sum()) if self.kl is not None else None,
+                             agent=self.scores.records[i] if self.scores.records is not None else None)
                 for i in range(len(r.responses))]
 
 
@@ -76,4 +78,8 @@ def rollout_metrics(exp: Experience) -> dict:
            "rollout/truncated_frac": float(r.truncated.float().mean())}
     for name, v in s.parts.items():
         out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = float(v.mean()), float(v.std(unbiased=False))
+    if s.records is not None:
+        from tether.agents.episodes import agent_metrics
+
+        out.update(agent_metrics(s.records))
     return out

@@ -26,16 +26,26 @@ class Rollout:
     truncated: torch.Tensor  # (B,) bool: no stop token within max_new_tokens
     prompts: list[str]  # (B,) rendered prompt text
     responses: list[str]  # (B,) response text, special tokens removed
+    # (B, T) 1 on every token of a multi-turn transcript, the environment's included (tether/agents): those are
+    # context, attended to, while response_mask marks the policy's own tokens, the only actions. None: the same
+    # as response_mask (one sampled response).
+    response_attention: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
-        return self.response_mask.sum(-1)  # (B,)
+        return self.response_mask.sum(-1)  # (B,) the policy's tokens
+
+    @property
+    def attention(self) -> torch.Tensor:
+        """(B, T) the response positions the model attends to."""
+        return self.response_mask if self.response_attention is None else self.response_attention
 
     def select(self, idx: torch.Tensor) -> "Rollout":
         """The rows ``idx`` (a 1-D index tensor), in that order."""
         pick = idx.tolist()
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.response_ids[idx], self.response_mask[idx],
-                       self.truncated[idx], [self.prompts[i] for i in pick], [self.responses[i] for i in pick])
+                       self.truncated[idx], [self.prompts[i] for i in pick], [self.responses[i] for i in pick],
+                       self.response_attention[idx] if self.response_attention is not None else None)
 
     def completion_ids(self) -> list[list[int]]:
         """The sampled token ids of each response, up to and including its stop token (what reward functions get)."""
@@ -118,36 +128,57 @@ def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, 
     """Sample one response per prompt with the KV cache; prompts are left-padded, positions come from the mask.
     ``seeds`` (one per prompt): each response is drawn with its own generator (SeededSampler) instead of the
     global RNG."""
-    if temperature <= 0:
+    ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    rollout = generate_from_ids(model, tokenizer, ids, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds)
+    rollout.prompts = list(prompts)
+    return rollout
+
+
+def left_pad(contexts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (B, P), mask (B, P)): token lists left-padded to the longest."""
+    width = max((len(c) for c in contexts), default=0)
+    ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(contexts), width), dtype=torch.long)
+    for i, c in enumerate(contexts):
+        if c:
+            ids[i, width - len(c):] = torch.tensor(c, dtype=torch.long)
+            mask[i, width - len(c):] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def generate_from_ids(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+                      top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None,
+                      seeds: list[int] | None = None, greedy: bool = False) -> Rollout:
+    """generate_rollout from token ids (a multi-turn transcript is continued from the exact tokens it holds, never
+    a re-tokenisation of its text). ``greedy``: argmax decoding (evaluation only; training rollouts sample)."""
+    if temperature <= 0 and not greedy:
         raise ValueError("rollouts sample: temperature must be > 0 (the log-probs are computed at that temperature)")
     stop_ids = stop_ids or stop_token_ids(tokenizer, model)
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        device = next(model.parameters()).device
-        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    finally:
-        tokenizer.padding_side = side
+    device = next(model.parameters()).device
+    input_ids, attention = left_pad(contexts, tokenizer.pad_token_id, device)
     was_training = model.training
     model.eval()
-    if seeds is None:
+    if greedy:
+        sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    elif seeds is None:
         sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
     else:
         from transformers import LogitsProcessorList
 
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        if len(seeds) != len(contexts):
+            raise ValueError(f"{len(seeds)} seeds for {len(contexts)} prompts")
         sampler = SeededSampler(seeds, temperature, top_p, top_k, device)
         sampling = dict(do_sample=False, logits_processor=LogitsProcessorList([sampler]), temperature=None, top_p=None,
                         top_k=None)
-    out = model.generate(**enc, **sampling, max_new_tokens=max_new_tokens, eos_token_id=stop_ids,
-                         pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(input_ids=input_ids, attention_mask=attention, **sampling, max_new_tokens=max_new_tokens,
+                         eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
     model.train(was_training)
-    response_ids = out[:, enc["input_ids"].shape[1]:]
+    response_ids = out[:, input_ids.shape[1]:]
     mask, truncated = response_mask_from_stops(response_ids, stop_ids)
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-    return Rollout(enc["input_ids"], enc["attention_mask"], response_ids, mask, truncated, list(prompts), texts)
+    return Rollout(input_ids, attention, response_ids, mask, truncated, [""] * len(contexts), texts)
 
 
 class GenerationBackend(Protocol):
@@ -163,6 +194,11 @@ class GenerationBackend(Protocol):
 
     def weights_updated(self, policy) -> None:
         """The policy's weights changed: a backend holding its own copy (a vLLM engine) loads them here."""
+
+    def generate_ids(self, contexts: list[list[int]], sampling, stop_ids: list[int], seeds: list[int] | None = None,
+                     max_new_tokens: int | None = None, greedy: bool = False) -> Rollout:
+        """Continue token-id contexts (multi-turn transcripts, tether/agents); as generate() otherwise.
+        ``max_new_tokens`` overrides sampling's; ``greedy``: argmax (evaluation)."""
 
 
 class HFGenerate:
@@ -180,6 +216,16 @@ class HFGenerate:
                  for i in range(0, len(prompts), size)]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 
+    def generate_ids(self, contexts: list[list[int]], sampling, stop_ids: list[int], seeds: list[int] | None = None,
+                     max_new_tokens: int | None = None, greedy: bool = False) -> Rollout:
+        size = getattr(sampling, "generation_batch", 0) or len(contexts)
+        parts = [generate_from_ids(self.model, self.tokenizer, contexts[i : i + size],
+                                   max_new_tokens or sampling.max_new_tokens, sampling.temperature, sampling.top_p,
+                                   sampling.top_k, stop_ids, seeds[i : i + size] if seeds is not None else None,
+                                   greedy=greedy)
+                 for i in range(0, len(contexts), size)]
+        return concat_rollouts(parts, self.tokenizer.pad_token_id)
+
     def weights_updated(self, policy) -> None:
         pass
 
@@ -190,7 +236,7 @@ def _forward_response(model, rollout: Rollout, with_hidden: bool = False):
     Prompt logits are never computed (logits_to_keep); position P−1+t predicts response token t.
     """
     input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1)  # (B, P+T)
-    attention = torch.cat([rollout.prompt_mask, rollout.response_mask], dim=1)  # (B, P+T)
+    attention = torch.cat([rollout.prompt_mask, rollout.attention], dim=1)  # (B, P+T)
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
     t = rollout.response_ids.shape[1]
     kwargs = dict(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
@@ -255,12 +301,15 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         extra = x.new_full((x.shape[0], width - x.shape[1]), value)
         return torch.cat([extra, x] if left else [x, extra], 1)
 
+    attention = None
+    if any(r.response_attention is not None for r in parts):
+        attention = torch.cat([pad(r.attention, t_len, 0, False) for r in parts])
     return Rollout(torch.cat([pad(r.prompt_ids, p_len, pad_id, True) for r in parts]),
                    torch.cat([pad(r.prompt_mask, p_len, 0, True) for r in parts]),
                    torch.cat([pad(r.response_ids, t_len, pad_id, False) for r in parts]),
                    torch.cat([pad(r.response_mask, t_len, 0, False) for r in parts]),
                    torch.cat([r.truncated for r in parts]), [p for r in parts for p in r.prompts],
-                   [x for r in parts for x in r.responses])
+                   [x for r in parts for x in r.responses], attention)
 
 
 def step_end_tokens(tokenizer, ids: list[int], text_ends: list[int]) -> list[int]:

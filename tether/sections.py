@@ -319,3 +319,34 @@ def minibatch_size(update: PolicyUpdateSection, sampling: SamplingSection) -> in
 
 def updates_per_step(update: PolicyUpdateSection, sampling: SamplingSection) -> int:
     return -(-sampling.rollout_size // minibatch_size(update, sampling)) * update.update_epochs
+
+
+@dataclass(frozen=True)
+class AgentSection(Section):
+    """Multi-turn episodes against an environment (docs/agents.md): the policy's turns alternate with the
+    environment's messages (tool results, observations) until the environment says done, max_turns, or the token
+    budget. Only the policy's tokens are actions; the environment's are context, out of the loss, KL and entropy."""
+
+    env: str = option("", "Environment: module:Class or path/file.py:Class, with arguments as Class(k=v,...); empty: "
+                          "one response per prompt, scored by the rewards section.", flag="--env")
+    max_turns: int = option(4, "Most policy turns per episode; an episode still going after them is truncated.")
+    max_total_tokens: int = option(512, "Most tokens of one episode after its prompt (the policy's and the "
+                                        "environment's); an episode that would pass it is truncated.")
+    env_timeout: float = option(30.0, "Seconds an environment call (reset, step, outcome) may take; 0 = no limit.")
+    env_on_error: str = option("raise", "An environment call that raises or times out: raise (stop the run with a "
+                                        "checkpoint, naming the environment and the prompt) or score (end that episode, "
+                                        "score it env_error_score, count it in reward/env/errors).",
+                               choices=("raise", "score"))
+    env_error_score: float = option(0.0, "Score of an episode whose environment failed, with env_on_error=score.")
+
+    def check(self):
+        if self.max_turns < 1 or self.max_total_tokens < 1 or self.env_timeout < 0:
+            raise ConfigError(f"max_turns={self.max_turns} and max_total_tokens={self.max_total_tokens} must be >= 1, "
+                              f"env_timeout={self.env_timeout} >= 0")
+
+    def check_rewards(self, rewards) -> None:
+        """With --env the environment is the reward: a reward model or reward functions beside it are refused."""
+        if self.env and (rewards.reward or rewards.reward_model):
+            raise ConfigError(f"--env {self.env}: the environment scores the episodes (its outcome and per-turn "
+                              "rewards); --reward and --reward-model are not used with it. Put reward logic in the "
+                              "environment's step() and outcome() (docs/agents.md)")

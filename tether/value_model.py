@@ -20,7 +20,7 @@ class ValueModel(nn.Module):
     def forward(self, rollout: Rollout) -> torch.Tensor:
         inner = self.rm.inner
         input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)  # (B, P+T)
-        attention = torch.cat([rollout.prompt_mask, rollout.response_mask], 1)  # (B, P+T)
+        attention = torch.cat([rollout.prompt_mask, rollout.attention], 1)  # (B, P+T)
         position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
         hidden = inner.base_model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
                                   use_cache=False).last_hidden_state  # (B, P+T, H)

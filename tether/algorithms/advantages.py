@@ -37,6 +37,38 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
     return advantages, returns
 
 
+def compact_actions(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries of x where mask is 1, moved left in order: (packed (B, T'), packed mask (B, T')), T' the most
+    actions in a row. A multi-turn transcript has the environment's tokens between the policy's turns; GAE runs
+    over the policy's tokens alone, as consecutive decisions (docs/algorithms.md §4, "Multi-turn episodes")."""
+    keep = mask.bool()
+    counts = keep.sum(-1)
+    width = int(counts.max()) if counts.numel() else 0
+    packed = x.new_zeros((x.shape[0], width))
+    packed_mask = torch.arange(width, device=x.device)[None, :] < counts[:, None]
+    packed[packed_mask] = x[keep]
+    return packed, packed_mask.to(mask.dtype)
+
+
+def expand_actions(packed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Inverse of compact_actions: packed entries back at the positions where mask is 1, 0 elsewhere."""
+    keep = mask.bool()
+    out = packed.new_zeros(mask.shape)
+    counts = keep.sum(-1)
+    packed_mask = torch.arange(packed.shape[1], device=packed.device)[None, :] < counts[:, None]
+    out[keep] = packed[packed_mask]
+    return out
+
+
+def turn_rewards(step_scores: list[list[float]], step_ends: list[list[int]], length: int) -> torch.Tensor:
+    """r_t = Σ_k [end_k = t] · s_k: each turn's reward on the token that ends it; (B, length)."""
+    out = torch.zeros((len(step_scores), length))
+    for i, (scores, ends) in enumerate(zip(step_scores, step_ends)):
+        for s, end in zip(scores, ends):
+            out[i, min(end, length - 1)] += s
+    return out
+
+
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
     """x̃ = (x − μ) / √(σ² + ε), μ and σ² the mean and population variance over the masked entries of the batch.
 

@@ -28,6 +28,8 @@ class Scores:
     parts: dict[str, torch.Tensor]  # component -> (B,) raw values (a process reward: its step sum)
     step_scores: list[list[float]] | None  # (B,) weighted step scores of the process reward, if there is one
     has_outcome: bool  # some component other than the process reward scores whole responses
+    step_ends: list[list[int]] | None = None  # (B,) the token index ending each step, where it is known (agent turns)
+    records: list[dict] | None = None  # (B,) an agent episode's record (tether/agents/episodes.py)
 
     def flat(self) -> torch.Tensor:
         """(B,) outcome total plus the process reward's step sum: one number per response."""
@@ -38,13 +40,17 @@ class Scores:
     def select(self, idx: torch.Tensor) -> "Scores":
         pick = idx.tolist()
         steps = [self.step_scores[i] for i in pick] if self.step_scores is not None else None
-        return Scores(self.total[idx], {k: v[idx] for k, v in self.parts.items()}, steps, self.has_outcome)
+        ends = [self.step_ends[i] for i in pick] if self.step_ends is not None else None
+        records = [self.records[i] for i in pick] if self.records is not None else None
+        return Scores(self.total[idx], {k: v[idx] for k, v in self.parts.items()}, steps, self.has_outcome, ends, records)
 
     @staticmethod
     def cat(parts: list["Scores"]) -> "Scores":
         steps = [s for p in parts for s in p.step_scores] if parts[0].step_scores is not None else None
+        ends = [s for p in parts for s in p.step_ends] if parts[0].step_ends is not None else None
+        records = [s for p in parts for s in p.records] if parts[0].records is not None else None
         return Scores(torch.cat([p.total for p in parts]), {k: torch.cat([p.parts[k] for p in parts]) for k in parts[0].parts},
-                      steps, parts[0].has_outcome)
+                      steps, parts[0].has_outcome, ends, records)
 
 
 def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):

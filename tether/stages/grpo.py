@@ -18,6 +18,7 @@ import torch
 from tether.algorithms.advantages import process_advantages, token_advantages, zero_variance_groups
 from tether.algorithms.kl import kl_estimate
 from tether.algorithms.objectives import group_objective
+from tether.agents.episodes import AgentSampler
 from tether.algorithms.policy import clip_fraction
 from tether.experience import Experience, rollout_metrics, stats
 from tether.models import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
@@ -36,14 +37,17 @@ from tether.train.schedule import build_optimizer
 
 def process_token_advantages(exp: Experience, tokenizer, pattern: str, group_size: int) -> torch.Tensor:
     """Step scores → token advantages (docs/algorithms.md §5, process supervision): step k ends where the k-th match
-    of `pattern` in the response text ends; extra scores beyond the matches end at the last token."""
-    regex = re.compile(pattern)
+    of `pattern` in the response text ends; extra scores beyond the matches end at the last token. Agent episodes
+    know their steps' ends (each policy turn's last token) and use them."""
     ids = exp.rollout.completion_ids()
-    ends = []
-    for text, token_ids, scores in zip(exp.rollout.responses, ids, exp.scores.step_scores):
-        char_ends = [m.end() for m in regex.finditer(text)][: len(scores)]
-        char_ends += [len(text)] * (len(scores) - len(char_ends))
-        ends.append(step_end_tokens(tokenizer, token_ids, char_ends))
+    ends = exp.scores.step_ends
+    if ends is None:
+        regex = re.compile(pattern)
+        ends = []
+        for text, token_ids, scores in zip(exp.rollout.responses, ids, exp.scores.step_scores):
+            char_ends = [m.end() for m in regex.finditer(text)][: len(scores)]
+            char_ends += [len(text)] * (len(scores) - len(char_ends))
+            ends.append(step_end_tokens(tokenizer, token_ids, char_ends))
     n = len(ids) // group_size
     grouped = lambda xs: [xs[i * group_size : (i + 1) * group_size] for i in range(n)]
     return process_advantages(grouped(exp.scores.step_scores), grouped(ends), exp.rollout.response_ids.shape[1])
@@ -80,6 +84,10 @@ class GroupStage:
         self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
         self.eval_prompts = render_prompts(tokenizer, self.eval_rows, cfg.rollout.eval_prompts) if self.eval_rows else []
         self.stops = stop_token_ids(tokenizer, policy)
+        self.agent = AgentSampler(cfg.agent, tokenizer, self.backend, cfg.rollout, self.stops, self.rows) \
+            if cfg.agent.env else None
+        if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
+            self.scorer = self.agent
         self.params = [q for q in policy.parameters() if q.requires_grad]
         self.optimizer, self.scheduler = build_optimizer(self.params, cfg.optim,
                                                          cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout))
@@ -119,12 +127,13 @@ class GroupStage:
                 "advantage / ratio / aggregation": f"{a.advantage} / {a.ratio} / {a.aggregation}"
                                                    + (f" (L = {cfg.norm_length})" if a.aggregation == "seq-mean-token-sum-norm" else ""),
                 "KL": kl, "reward": self.scorer.describe(),
+                **({"episodes": "multi-turn; loss, KL and entropy on the policy's tokens only"} if self.agent else {}),
                 "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
                                         f"{sum(q.numel() for q in self.policy.parameters()):,}"}
 
     def evaluate(self) -> dict:
         return evaluate_rollout(self.policy, self.tokenizer, self.eval_prompts, self.eval_rows, self.cfg.rollout,
-                                self.scorer, self.cfg.train.seed, self.stops, self.dp, self.backend)
+                                self.scorer, self.cfg.train.seed, self.stops, self.dp, self.backend, self.agent)
 
     def collect(self) -> tuple[Experience | None, "GroupCounts"]:
         """prompts_per_step groups; with dynamic sampling, groups whose scores are all equal are dropped and more
@@ -166,6 +175,8 @@ class GroupStage:
             return empty_rollout(), None
         picked = [i for i in prompt_indices for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
+        if self.agent is not None:
+            return self.agent([self.rows[i] for i in picked], seeds)
         rollout = self.backend.generate([self.prompts[i] for i in picked], ro, self.stops, seeds)
         return rollout, self.scorer(rollout, [self.rows[i] for i in picked])
 
@@ -298,14 +309,16 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
     """Train. ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) ->
     dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation; ``backend(policy, tokenizer) ->
     GenerationBackend`` replaces Hugging Face generate (tether/rollout.py)."""
-    start = start_online("grpo", cfg, cfg.train.max_steps, cfg.rewards, cfg.rollout.prompts, cfg.rollout.eval_prompts,
-                         stand_in_reward=scorer is not None)
+    start = start_online("grpo", cfg, cfg.train.max_steps, None if cfg.agent.env else cfg.rewards, cfg.rollout.prompts,
+                         cfg.rollout.eval_prompts, stand_in_reward=scorer is not None)
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
     reference = load_reference(cfg.model, tokenizer, device) if cfg.needs_reference() else None
-    reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
-    score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model)
+    score = None
+    if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
+        reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
+        score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model)
     stage = GroupStage(cfg, tokenizer, policy, reference, score, start, backend(policy, tokenizer) if backend else None)
     return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start.config, start.accelerator, start.out,
                       start.checkpoint, "tether grpo", evaluate_fn)

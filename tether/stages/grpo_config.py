@@ -12,7 +12,7 @@ from tether.algorithms.policy import RATIOS
 from tether.algorithms.reductions import AGGREGATIONS
 from tether.config import ConfigError, StageConfig, build_config, option
 from tether.recipes import RECIPES
-from tether.sections import (OnlineRunSection, OptimSection, PolicySection, PolicyUpdateSection, RewardSection,
+from tether.sections import (AgentSection, OnlineRunSection, OptimSection, PolicySection, PolicyUpdateSection, RewardSection,
                              SamplingSection)
 
 
@@ -54,6 +54,7 @@ class GRPOConfig(StageConfig):
     rollout: SamplingSection = SamplingSection(prompts_per_step=16, group_size=8, max_new_tokens=128)
     algo: GroupSection = GroupSection(kl_coef=0.04, kl_estimator="k3")
     optim: OptimSection = OptimSection(lr=1e-6, weight_decay=0.01, lr_schedule="constant", warmup_ratio=0.0)
+    agent: AgentSection = AgentSection()
     train: OnlineRunSection = OnlineRunSection(max_steps=100, eval_every=10, save_every=20, keep_checkpoints=1, log_every=5)
 
     RENAMED = {"model.policy": "model.path", "algo.lr": "optim.lr", "algo.warmup_steps": "optim.warmup_steps",
@@ -73,6 +74,7 @@ class GRPOConfig(StageConfig):
         if self.train.best_metric and not self.rollout.eval_prompts:
             raise ConfigError("train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations")
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
+        self.agent.check_rewards(self.rewards)
 
     @property
     def norm_length(self) -> int:

@@ -15,7 +15,9 @@ import time
 
 import torch
 
-from tether.algorithms.advantages import gae_advantages, masked_whiten
+from tether.algorithms.advantages import (compact_actions, expand_actions, gae_advantages, masked_whiten,
+                                         turn_rewards)
+from tether.agents.episodes import AgentSampler
 from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.objectives import ppo_objective
 from tether.algorithms.policy import clip_fraction
@@ -50,6 +52,10 @@ class PPOStage:
         self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
         self.eval_prompts = render_prompts(tokenizer, self.eval_rows, cfg.rollout.eval_prompts) if self.eval_rows else []
         self.stops = stop_token_ids(tokenizer, policy)
+        self.agent = AgentSampler(cfg.agent, tokenizer, self.backend, cfg.rollout, self.stops, self.rows) \
+            if cfg.agent.env else None
+        if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
+            self.scorer = self.agent
         updates = cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout)
         self.optimizer, self.scheduler = build_optimizer(policy.parameters(), cfg.optim, updates)
         self.critic_optimizer, self.critic_scheduler = build_optimizer(critic.parameters(), cfg.optim, updates,
@@ -87,7 +93,7 @@ class PPOStage:
 
     def evaluate(self) -> dict:
         return evaluate_rollout(self.policy, self.tokenizer, self.eval_prompts, self.eval_rows, self.cfg.rollout,
-                                self.scorer, self.cfg.train.seed, self.stops, self.dp, self.backend)
+                                self.scorer, self.cfg.train.seed, self.stops, self.dp, self.backend, self.agent)
 
     def step(self, step: int) -> tuple[dict, list]:
         ro, g, dp = self.cfg.rollout, self.cfg.rollout.group_size, self.dp
@@ -97,9 +103,15 @@ class PPOStage:
         mine = [indices[p - step * ro.prompts_per_step] for p in positions]  # this process's share of the prompts
         picked = [i for i in mine for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
-        rollout = self.backend.generate([self.prompts[i] for i in picked], ro, self.stops, seeds) if picked else empty_rollout()
-        t1 = time.perf_counter()
-        scores = dp.all_or_none(lambda: self.scorer(rollout, [self.rows[i] for i in picked]) if picked else None)
+        if self.agent is not None:  # episodes: sampled and scored together, turn by turn
+            rollout, scores = dp.all_or_none(lambda: self.agent([self.rows[i] for i in picked], seeds) if picked
+                                             else (empty_rollout(), None))
+            t1 = time.perf_counter()
+        else:
+            rollout = self.backend.generate([self.prompts[i] for i in picked], ro, self.stops, seeds) if picked \
+                else empty_rollout()
+            t1 = time.perf_counter()
+            scores = dp.all_or_none(lambda: self.scorer(rollout, [self.rows[i] for i in picked]) if picked else None)
         rollout, scores = gather_rollout(dp, rollout, self.tokenizer.pad_token_id), gather_scores(dp, scores)
         rows = [self.rows[i] for i in indices for _ in range(g)]
         t2 = time.perf_counter()
@@ -137,7 +149,16 @@ class PPOStage:
         mask = rollout.response_mask
         exp.kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, a.kl_estimator) * mask
         token_rewards = kl_penalty_rewards(exp.scores.total, exp.kl, mask, self.kl_coef)
-        exp.advantages, exp.returns = gae_advantages(token_rewards, exp.values, mask, a.gamma, a.lam)
+        if rollout.response_attention is None:
+            exp.advantages, exp.returns = gae_advantages(token_rewards, exp.values, mask, a.gamma, a.lam)
+        else:  # multi-turn: each turn's reward on its last token; GAE over the policy's tokens, run together
+            if exp.scores.step_scores is not None:
+                token_rewards = token_rewards + turn_rewards(exp.scores.step_scores, exp.scores.step_ends,
+                                                             mask.shape[1])
+            rewards, actions = compact_actions(token_rewards, mask)
+            values, _ = compact_actions(exp.values, mask)
+            advantages, returns = gae_advantages(rewards, values, actions, a.gamma, a.lam)
+            exp.advantages, exp.returns = expand_actions(advantages, mask), expand_actions(returns, mask)
         if a.whiten_advantages:
             exp.advantages = masked_whiten(exp.advantages, mask)
         return exp
@@ -247,15 +268,18 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     """Train; ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) -> dict``
     adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation; ``backend(policy,
     tokenizer) -> GenerationBackend`` replaces Hugging Face generate (tether/rollout.py)."""
-    start = start_online("ppo", cfg, cfg.train.max_steps, cfg.rewards, cfg.rollout.prompts, cfg.rollout.eval_prompts,
-                         stand_in_reward=scorer is not None)
+    start = start_online("ppo", cfg, cfg.train.max_steps, None if cfg.agent.env else cfg.rewards, cfg.rollout.prompts,
+                         cfg.rollout.eval_prompts, stand_in_reward=scorer is not None)
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
     reference = load_reference(cfg.model, tokenizer, device)
     critic = load_critic(cfg, tokenizer, policy, start.checkpoint).to(device)
-    reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
-    score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model, allow_process=False)
+    score = None
+    if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
+        reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
+        score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model,
+                       allow_process=False)
     stage = PPOStage(cfg, tokenizer, policy, reference, critic, score, start,
                      backend(policy, tokenizer) if backend else None)
     return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start.config, start.accelerator, start.out,

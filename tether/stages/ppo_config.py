@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.config import ConfigError, Section, StageConfig, option
-from tether.sections import (OnlineRunSection, OptimSection, PolicySection, PolicyUpdateSection, RewardSection,
+from tether.sections import (AgentSection, OnlineRunSection, OptimSection, PolicySection, PolicyUpdateSection, RewardSection,
                              SamplingSection)
 
 
@@ -56,6 +56,7 @@ class PPOConfig(StageConfig):
     algo: PPOSection = PPOSection(update_epochs=2, minibatch=16, kl_coef=0.05, kl_estimator="k1")
     critic: CriticSection = CriticSection()
     optim: OptimSection = OptimSection(lr=1e-5, weight_decay=0.01, lr_schedule="constant", warmup_ratio=0.0)
+    agent: AgentSection = AgentSection()
     train: OnlineRunSection = OnlineRunSection(max_steps=100, eval_every=10, save_every=20, keep_checkpoints=1, log_every=5)
 
     RENAMED = {"roles.policy": "model.path", "roles.reference": "model.reference", "roles.lora_r": "model.lora_r",
@@ -73,3 +74,4 @@ class PPOConfig(StageConfig):
         if self.train.best_metric and not self.rollout.eval_prompts:
             raise ConfigError("train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations")
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
+        self.agent.check_rewards(self.rewards)

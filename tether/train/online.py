@@ -305,9 +305,10 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
 
 
 def evaluate_rollout(policy, tokenizer, prompts: list[str], rows: list[dict], sampling, scorer, seed: int,
-                     stops: list[int], dp=None, backend=None) -> dict:
+                     stops: list[int], dp=None, backend=None, agent=None) -> dict:
     """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation.
-    On N processes (``dp``) each samples and scores a contiguous share of the prompts; the means are global."""
+    On N processes (``dp``) each samples and scores a contiguous share of the prompts; the means are global.
+    ``agent`` (an AgentSampler): one episode per prompt instead, with its agent/* figures."""
     import torch
 
     from tether.rollout import HFGenerate, response_seeds
@@ -324,11 +325,21 @@ def evaluate_rollout(policy, tokenizer, prompts: list[str], rows: list[dict], sa
         torch_state = torch.get_rng_state()
         torch.manual_seed(seed + 12345)
         seeds = response_seeds(seed + 12345, list(range(start, stop))) if sampling.response_seeds else None
-        rollout = (backend or HFGenerate(policy, tokenizer)).generate(prompts[start:stop], sampling, stops, seeds)
+        if agent is not None:
+            rollout, scores = agent(rows[start:stop], seeds)
+        else:
+            rollout = (backend or HFGenerate(policy, tokenizer)).generate(prompts[start:stop], sampling, stops, seeds)
         torch.set_rng_state(torch_state)
-        scores = scorer(rollout, rows[start:stop])
+        if agent is None:
+            scores = scorer(rollout, rows[start:stop])
+        figures = {}
+        if scores.records is not None:  # sums over this share, like the rest
+            from tether.agents.episodes import agent_metrics
+
+            figures = {f"eval/{k}": v * (stop - start) for k, v in agent_metrics(scores.records).items()
+                       if k in ("agent/turns_mean", "agent/tool_calls_mean", "agent/success_rate", "agent/claimed_rate")}
         return {"eval/score_mean": float(scores.total.sum()), "eval/length_mean": float(rollout.lengths.float().sum()),
-                **{f"eval/reward/{name}": float(v.sum()) for name, v in scores.parts.items()}}
+                **{f"eval/reward/{name}": float(v.sum()) for name, v in scores.parts.items()}, **figures}
 
     sums = dp.all_or_none(sample_and_score)
     names = dp.gather_json(sorted(sums))

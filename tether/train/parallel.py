@@ -218,7 +218,8 @@ def gather_rollout(dp: DataParallel, rollout, pad_id: int):
     return Rollout(dp.gather_rows(rollout.prompt_ids, pad_id, left=True),
                    dp.gather_rows(rollout.prompt_mask, 0, left=True),
                    dp.gather_rows(rollout.response_ids, pad_id), dp.gather_rows(rollout.response_mask, 0),
-                   dp.gather_rows(rollout.truncated.long()).bool(), prompts, responses)
+                   dp.gather_rows(rollout.truncated.long()).bool(), prompts, responses,
+                   dp.gather_rows(rollout.attention, 0) if dp.any(rollout.response_attention is not None) else None)
 
 
 def gather_scores(dp: DataParallel, scores):
@@ -237,4 +238,9 @@ def gather_scores(dp: DataParallel, scores):
         if has_steps else None
     has_outcome = dp.any(local is not None and local.has_outcome)
     all_parts = dp.gather_rows(parts.float())
-    return Scores(dp.gather_rows(total.float()), {k: all_parts[:, j] for j, k in enumerate(names)}, steps, has_outcome)
+    ends = dp.gather_json(local.step_ends if local is not None and local.step_ends is not None else []) \
+        if dp.any(local is not None and local.step_ends is not None) else None
+    records = dp.gather_json(local.records if local is not None and local.records is not None else []) \
+        if dp.any(local is not None and local.records is not None) else None
+    return Scores(dp.gather_rows(total.float()), {k: all_parts[:, j] for j, k in enumerate(names)}, steps, has_outcome,
+                  ends, records)

@@ -1,0 +1,119 @@
+"""Test doubles for agent episodes: environments and generation backends with known behaviour."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tether.agents.environment import Outcome, StepResult
+from tether.agents.tools import ToolEnvironment
+from tether.rollout import Rollout, concat_rollouts, generate_from_ids, response_mask_from_stops
+
+
+def echo(text: str) -> str:
+    """Repeat the text in capitals."""
+    return text.upper()
+
+
+def add(a: int, b: int = 0) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def broken(x: str) -> str:
+    """Always fails."""
+    raise ValueError("out of order")
+
+
+class EchoTools(ToolEnvironment):
+    tools = [echo, add, broken]
+
+    def score(self, final_text):
+        return {"answered": 1.0 if final_text else 0.0}
+
+    def success(self):
+        return "ECHO" in str(self.final_text)
+
+
+class Counting:
+    """Every turn is answered with "obs N" and a per-turn reward of N/10; done after ``turns`` turns."""
+
+    def __init__(self, turns: int = 3, fail_at: int = 0, hang_at: int = 0):
+        self.turns, self.fail_at, self.hang_at, self.n = turns, fail_at, hang_at, 0
+
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        self.n += 1
+        if self.n == self.fail_at:
+            raise RuntimeError("the environment broke")
+        if self.n == self.hang_at:
+            time.sleep(30)
+        return StepResult([{"role": "tool", "content": f"obs {self.n}"}], {"turn": 0.1 * self.n}, self.n >= self.turns)
+
+    def outcome(self):
+        return Outcome({"final": float(self.n)}, success=self.n >= 2, claimed=True)
+
+
+class ScriptedBackend:
+    """Turn k of every episode is turns[k] (cycled), tokenised, followed by EOS: a policy with a known script."""
+
+    def __init__(self, tokenizer, turns: list[str]):
+        self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
+
+    def generate_ids(self, contexts, sampling, stop_ids, seeds=None, max_new_tokens=None, greedy=False):
+        text = self.turns[self.calls % len(self.turns)]
+        self.calls += 1
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        ids = ids[: max_new_tokens or sampling.max_new_tokens]
+        response = torch.tensor([ids] * len(contexts))
+        mask, truncated = response_mask_from_stops(response, stop_ids)
+        none = torch.zeros((len(contexts), 0), dtype=torch.long)
+        return Rollout(none, none, response, mask, truncated, [""] * len(contexts),
+                       [self.tokenizer.decode(ids, skip_special_tokens=True)] * len(contexts))
+
+    def weights_updated(self, policy):
+        pass
+
+
+class ShortTurns:
+    """Hugging Face sampling from the policy, with EOS forced after ``length`` tokens (a random tiny model would
+    otherwise never end a turn): real multi-turn episodes for training tests."""
+
+    def __init__(self, model, tokenizer, length: int = 3):
+        self.model, self.tokenizer, self.length = model, tokenizer, length
+
+    def generate_ids(self, contexts, sampling, stop_ids, seeds=None, max_new_tokens=None, greedy=False):
+        from transformers import LogitsProcessorList
+
+        eos, length = self.tokenizer.eos_token_id, self.length
+        width = max(len(c) for c in contexts)
+
+        def force_stop(input_ids, scores):
+            if input_ids.shape[1] - width >= length - 1:
+                scores = torch.full_like(scores, float("-inf"))
+                scores[:, eos] = 0.0
+            return scores
+
+        device = next(self.model.parameters()).device
+        from tether.rollout import left_pad
+
+        ids, mask = left_pad(contexts, self.tokenizer.pad_token_id, device)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
+                                  temperature=sampling.temperature, top_k=0, top_p=1.0,
+                                  logits_processor=LogitsProcessorList([force_stop]),
+                                  max_new_tokens=max_new_tokens or sampling.max_new_tokens, eos_token_id=stop_ids,
+                                  pad_token_id=self.tokenizer.pad_token_id)
+        response = out[:, ids.shape[1]:]
+        rmask, truncated = response_mask_from_stops(response, stop_ids)
+        response = torch.where(rmask.bool(), response, torch.full_like(response, self.tokenizer.pad_token_id))
+        return Rollout(ids, mask, response, rmask, truncated, [""] * len(contexts),
+                       self.tokenizer.batch_decode(response, skip_special_tokens=True))
+
+    def generate(self, prompts, sampling, stop_ids, seeds=None):
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        return self.generate_ids(ids, sampling, stop_ids, seeds)
+
+    def weights_updated(self, policy):
+        pass

@@ -1,0 +1,223 @@
+"""Agents: tool-call parsing, environments and their faults, multi-turn transcripts (which tokens are actions),
+log-probs across turns, and agent training runs on the online loop (docs/agents.md)."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tether.agents.environment import EnvironmentFault, Outcome, StepResult
+from tether.agents.episodes import AgentSampler, agent_metrics
+from tether.agents.tools import parse_tool_calls, tool_schema
+from tether.config import ConfigError, build_config
+from tether.models import load_model, load_tokenizer
+from tether.rollout import response_logprobs
+
+from agent_helpers import EchoTools, ScriptedBackend, add, echo
+from conftest import write_jsonl
+
+HELPERS = "tests/agent_helpers.py"
+SAMPLING = SimpleNamespace(max_new_tokens=96, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0)
+
+
+@pytest.fixture(scope="module")
+def long_llama(tmp_path_factory, tokenizer):
+    """A tiny llama with room for a few turns of JSON tool calls (512 positions)."""
+    from tether.models import build_tiny_model
+
+    return build_tiny_model("llama", tokenizer, tmp_path_factory.mktemp("agent") / "llama", seed=0, hidden=32,
+                            layers=2, heads=2, max_positions=512)
+
+
+def agent_cfg(env, **kw):
+    base = dict(env=env, max_turns=4, max_total_tokens=400, env_timeout=5.0, env_on_error="raise", env_error_score=-1.0)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_tool_calls_are_parsed_and_malformed_ones_say_why():
+    text = ('First <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call> then '
+            '<tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"hi\\"}"}</tool_call>')
+    assert parse_tool_calls(text) == [{"name": "add", "arguments": {"a": 2, "b": 3}},
+                                      {"name": "echo", "arguments": {"text": "hi"}}]
+    assert parse_tool_calls("The answer is 5.") == []
+    bad = parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 2</tool_call>')
+    assert "not valid JSON" in bad[0]["error"]
+    assert "a JSON object with a \"name\"" in parse_tool_calls('<tool_call>[1, 2]</tool_call>')[0]["error"]
+    assert "must be a JSON object" in parse_tool_calls('<tool_call>{"name": "add", "arguments": 3}</tool_call>')[0]["error"]
+    # a call cut off before its closing tag is read to the end of the turn
+    assert parse_tool_calls('<tool_call>{"name": "echo", "arguments": {"text": "x"}}') == [
+        {"name": "echo", "arguments": {"text": "x"}}]
+
+
+def test_tool_schema_from_the_signature_and_docstring():
+    assert tool_schema(add) == {"type": "function", "function": {
+        "name": "add", "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a"]}}}
+
+
+def test_failed_calls_are_observations_not_crashes():
+    env = EchoTools()
+    env.reset({"prompt": "go"})
+    result = env.step('<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+                      '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+                      '<tool_call>{"name": "add", "arguments": {"c": 1}}</tool_call>'
+                      '<tool_call>{"name": "broken", "arguments": {"x": "y"}}</tool_call>'
+                      '<tool_call>{oops}</tool_call>')
+    contents = [m["content"] for m in result.messages]
+    assert contents[0] == "HI" and all(c.startswith("error: ") for c in contents[1:])
+    assert "there is no tool 'nope'" in contents[1] and "add:" in contents[2]
+    assert "broken raised ValueError: out of order" in contents[3] and "not valid JSON" in contents[4]
+    assert [m["role"] for m in result.messages] == ["tool"] * 5 and not result.done
+    assert result.info["calls"] == [{"name": "echo", "ok": True}, {"name": "nope", "ok": False},
+                                    {"name": "add", "ok": False}, {"name": "broken", "ok": False},
+                                    {"name": "?", "ok": False}]
+    final = env.step("ECHO done.")
+    assert final.done and env.outcome() == Outcome({"answered": 1.0}, True, None)
+
+
+def scripted_episodes(long_llama, turns, env=f"{HELPERS}:EchoTools(describe_tools=False)", rows=None, **kw):
+    tok = load_tokenizer(long_llama)
+    sampler = AgentSampler(agent_cfg(env, **kw), tok, ScriptedBackend(tok, turns), SAMPLING, [tok.eos_token_id])
+    rows = rows or [{"prompt": "Shout hi."}, {"prompt": "Shout ok."}]
+    return tok, sampler, sampler(rows)
+
+
+def test_the_loss_mask_covers_exactly_the_policy_tokens(long_llama):
+    call = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+    tok, sampler, (rollout, scores) = scripted_episodes(long_llama, [call, "ECHO HI"])
+    ids, mask, attention = rollout.response_ids[0], rollout.response_mask[0], rollout.attention[0]
+    n = int(attention.sum())
+    policy = tok.decode(ids[:n][mask[:n].bool()], skip_special_tokens=False)
+    env = tok.decode(ids[:n][~mask[:n].bool()], skip_special_tokens=False)
+    assert policy == call + "<|im_end|>" + "ECHO HI" + "<|im_end|>"  # both turns, each with its stop token
+    assert env == "\n<|im_start|>tool\nHI<|im_end|>\n<|im_start|>assistant\n"  # template glue + tool message
+    # prompt + transcript is exactly the chat template's rendering of the whole conversation
+    conversation = [{"role": "user", "content": "Shout hi."}, {"role": "assistant", "content": call},
+                    {"role": "tool", "content": "HI"}, {"role": "assistant", "content": "ECHO HI"}]
+    whole = tok.apply_chat_template(conversation, tokenize=False)
+    prompt = tok.decode(rollout.prompt_ids[0][rollout.prompt_mask[0].bool()], skip_special_tokens=False)
+    assert prompt + tok.decode(ids[:n], skip_special_tokens=False) + "\n" == whole
+    assert rollout.lengths.tolist() == [int(mask.sum())] * 2 and not rollout.truncated.any()
+    assert scores.total.tolist() == [1.0, 1.0] and scores.step_scores == [[0.0, 0.0]] * 2
+    ends = scores.step_ends[0]
+    assert [int(mask[e]) for e in ends] == [1, 1] and int(ids[ends[0]]) == tok.eos_token_id
+    record = scores.records[0]
+    assert record["turns"] == 2 and record["calls"] == {"echo": 1} and record["end"] == "done"
+    assert record["success"] is True and record["env_tokens"] == int((attention - mask)[:n].sum())
+
+
+def test_log_probs_across_turns_equal_one_forward_over_the_transcript(long_llama):
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    tok, sampler, (rollout, scores) = scripted_episodes(long_llama, [call, call, "It is 5."])
+    model = load_model(long_llama, tok)
+    with torch.no_grad():
+        whole = response_logprobs(model, rollout, temperature=0.7)  # one forward, as the update computes them
+    prompt = rollout.prompt_ids[0][rollout.prompt_mask[0].bool()].tolist()
+    ids, mask = rollout.response_ids[0].tolist(), rollout.response_mask[0].tolist()
+    checked = 0
+    with torch.no_grad():
+        for t, is_action in enumerate(mask):  # each policy token under the context it was sampled in
+            if not is_action:
+                continue
+            logits = model(torch.tensor([prompt + ids[:t]])).logits[0, -1].float() / 0.7
+            expected = torch.log_softmax(logits, -1)[ids[t]]
+            assert abs(float(whole[0, t]) - float(expected)) < 1e-4
+            checked += 1
+    assert checked == sum(mask) and scores.records[0]["turns"] == 3 and scores.records[0]["calls"] == {"add": 2}
+    assert float(whole[0][torch.tensor(mask) == 0].abs().sum()) == 0.0  # environment tokens carry no log-prob
+
+
+def test_turn_and_token_budgets_end_episodes_marked_truncated(long_llama):
+    call = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+    _, _, (rollout, scores) = scripted_episodes(long_llama, [call], max_turns=2)
+    assert rollout.truncated.all() and scores.records[0]["end"] == "turns" and scores.records[0]["turns"] == 2
+    _, _, (rollout, scores) = scripted_episodes(long_llama, [call], max_total_tokens=40)
+    assert rollout.truncated.all() and scores.records[0]["end"] == "tokens"
+    assert int(rollout.attention[0].sum()) <= 40
+
+
+def test_environment_faults_stop_or_are_scored_and_counted(long_llama):
+    with pytest.raises(EnvironmentFault, match="Counting.step raised RuntimeError: the environment broke"):
+        scripted_episodes(long_llama, ["a"], env=f"{HELPERS}:Counting(fail_at=2)")
+    _, sampler, (rollout, scores) = scripted_episodes(long_llama, ["a"], env=f"{HELPERS}:Counting(fail_at=2)",
+                                                      env_on_error="score")
+    assert sampler.error_counts() == {"env": 2} and scores.total.tolist() == [-1.0, -1.0]
+    assert scores.records[0]["end"] == "error" and "broke" in scores.records[0]["error"]
+    _, sampler, (_, scores) = scripted_episodes(long_llama, ["a"], env=f"{HELPERS}:Counting(hang_at=1)",
+                                                env_on_error="score", env_timeout=0.2, rows=[{"prompt": "x"}])
+    assert sampler.error_counts() == {"env": 1} and "within 0.2 s" in scores.records[0]["error"]
+    with pytest.raises(ConfigError, match="no file"):
+        scripted_episodes(long_llama, ["a"], env="missing.py:Env")
+
+
+def test_per_turn_rewards_and_outcome_are_kept_apart(long_llama):
+    _, _, (_, scores) = scripted_episodes(long_llama, ["a", "b", "c"], env=f"{HELPERS}:Counting(turns=3)")
+    assert scores.total.tolist() == [3.0, 3.0]  # the outcome
+    assert [round(x, 6) for x in scores.step_scores[0]] == [0.1, 0.2, 0.3]  # one step score per turn
+    assert torch.allclose(scores.parts["turn"], torch.tensor([0.6, 0.6]))
+    figures = agent_metrics(scores.records)
+    assert figures["agent/turns_mean"] == 3 and figures["agent/success_rate"] == 1.0
+    assert figures["agent/claimed_rate"] == 1.0 and figures["agent/claimed_unverified_rate"] == 0.0
+
+
+def test_gae_over_the_policy_tokens_skips_the_environment_tokens():
+    from tether.algorithms.advantages import compact_actions, expand_actions, gae_advantages, turn_rewards
+
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])  # turn 1: tokens 0-1, environment: 2-3, turn 2: token 4
+    values = torch.tensor([[0.5, 0.25, 9.0, 9.0, 0.5, 0.0]])  # environment positions' values must not enter
+    rewards = turn_rewards([[0.5, 1.0]], [[1, 4]], 6)
+    assert rewards.tolist() == [[0, 0.5, 0, 0, 1.0, 0]]
+    packed, actions = compact_actions(rewards, mask)
+    assert packed.tolist() == [[0, 0.5, 1.0]] and actions.tolist() == [[1, 1, 1]]
+    adv, ret = gae_advantages(packed, compact_actions(values, mask)[0], actions, gamma=1.0, lam=1.0)
+    # γ = λ = 1: A_t = (sum of rewards from t on) − V_t, across the environment's tokens
+    assert torch.allclose(adv, torch.tensor([[1.5 - 0.5, 1.5 - 0.25, 1.0 - 0.5]]))
+    assert torch.allclose(expand_actions(adv, mask), torch.tensor([[1.0, 1.25, 0, 0, 0.5, 0]]))
+
+
+def train_config(stage, model_dir, prompts, out, **extra):
+    from tether.stages.grpo_config import GRPOConfig
+    from tether.stages.ppo_config import PPOConfig
+
+    overrides = {"model.path": str(model_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
+                 "agent.env": f"{HELPERS}:Counting(turns=3)", "agent.max_total_tokens": 64,
+                 "rollout.prompts_per_step": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 8,
+                 "train.max_steps": 4, "optim.lr": 1e-3, "train.output": str(out), "train.eval_every": 4,
+                 "train.save_every": 2, "train.sample_every": 1, "train.report_to": ["none"]}
+    if stage == "ppo":
+        overrides.update({"algo.minibatch": 4, "critic.lr": 1e-3})
+    overrides.update({k.replace("__", "."): v for k, v in extra.items()})
+    return build_config(GRPOConfig if stage == "grpo" else PPOConfig, overrides=overrides)
+
+
+@pytest.mark.parametrize("stage", ["grpo", "ppo"])
+def test_multi_turn_training_runs_logs_agent_figures_and_resumes_exactly(stage, long_llama, tmp_path, monkeypatch):
+    from agent_helpers import ShortTurns
+    from conftest import killed_after_step
+    from tether.stages.grpo import run_grpo
+    from tether.stages.ppo import run_ppo
+
+    run = run_grpo if stage == "grpo" else run_ppo
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
+    backend = lambda policy, tok: ShortTurns(policy, tok, length=3)
+    summary = run(train_config(stage, long_llama, prompts, tmp_path / "whole"), backend=backend)
+    metrics = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["agent/turns_mean"] == 3 and metrics[0]["agent/done_frac"] == 1.0
+    assert metrics[0]["rollout/length_mean"] == 9  # 3 turns x 3 policy tokens: the tool messages are not counted
+    assert metrics[0]["agent/env_tokens_mean"] > 0 and abs(metrics[0]["reward/turn/mean"] - 0.6) < 1e-6
+    assert summary["eval_history"][-1]["eval/agent/success_rate"] == 1.0
+    sample = json.loads((tmp_path / "whole" / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["agent"]["turns"] == 3 and "tool: obs 1" in sample["response"]
+    with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
+        run(train_config(stage, long_llama, prompts, tmp_path / "killed"), backend=backend)
+    assert run(train_config(stage, long_llama, prompts, tmp_path / "killed", train__resume=True),
+               backend=backend)["resumed_from"] == 2
+    strip = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+                       for line in (p / "metrics.jsonl").read_text().splitlines()]
+    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+
+
+def test_env_and_a_reward_function_together_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="the environment scores the episodes"):
+        train_config("grpo", tmp_path, tmp_path / "p.jsonl", tmp_path / "o", rewards__reward=["x.py:f"])

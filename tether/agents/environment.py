@@ -1,0 +1,130 @@
+"""The environment protocol (docs/agents.md) and how tether calls it: loaded by spec like reward functions, every
+call under a time limit, with the reward functions' fault rules.
+
+An environment is a Python class; tether makes one instance per episode, with the spec's keyword arguments:
+
+    reset(row) -> list[dict]           the episode's opening messages, from its prompt-file row (default: the
+                                       row's prompt, a string becoming one user message)
+    step(text) -> StepResult           the policy's turn (its text, special tokens removed) -> the messages the
+                                       environment answers with (role "tool" or "user"), reward parts earned by
+                                       this turn, whether the episode is over, and free-form info
+    outcome() -> Outcome               called once when the episode ends (done, out of turns or out of tokens):
+                                       reward parts from the environment's own final state, and whether the task
+                                       is really done ("success", checked on the state, never on the model's word)
+                                       and whether the policy said it was ("claimed")
+
+A call that raises, or runs past ``env_timeout`` seconds (it is abandoned in its daemon thread), is a fault:
+``env_on_error=raise`` stops the run (the online loop checkpoints the steps done and names the environment and the
+prompt); ``score`` ends that episode, scores it ``env_error_score`` and counts it in ``reward/env/errors``.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from tether.config import ConfigError
+from tether.rewards.functions import RewardFunctionError, load_reward_function
+
+
+@dataclass
+class StepResult:
+    """What the environment answers one policy turn with."""
+
+    messages: list[dict] = field(default_factory=list)  # chat messages shown to the policy next (tool results...)
+    rewards: dict[str, float] = field(default_factory=dict)  # reward parts earned by this turn (process rewards)
+    done: bool = False  # the episode is over (the environment says so)
+    info: dict = field(default_factory=dict)  # tool calls made ("calls": [{"name", "ok"}]), anything to log
+
+
+@dataclass
+class Outcome:
+    """The environment's verdict on a finished episode, from its own state."""
+
+    rewards: dict[str, float] = field(default_factory=dict)  # outcome reward parts
+    success: bool | None = None  # the task is done, checked on the environment's state (None: no notion of it)
+    claimed: bool | None = None  # the policy's final message says the task is done (None: not measured)
+
+
+class Environment(Protocol):
+    def reset(self, row: dict) -> list[dict]: ...
+
+    def step(self, text: str) -> StepResult: ...
+
+    def outcome(self) -> Outcome: ...
+
+
+class EnvironmentFault(RewardFunctionError):
+    """An environment raised, timed out or answered with something unusable; the message names it and the prompt.
+    A RewardFunctionError, so the online loop's checkpoint-and-stop applies to it unchanged."""
+
+
+def load_environment(spec: str) -> Callable[[], Environment]:
+    """``module:Class`` or ``path/file.py:Class``, optionally ``Class(k=v,...)``: a factory of fresh instances."""
+    try:
+        factory = load_reward_function(spec)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("--reward", "--env").replace("function", "class")) from None
+    return factory
+
+
+def environment_name(spec: str) -> str:
+    return spec.split("(")[0].rpartition(":")[2] or spec
+
+
+class GuardedCall:
+    """Calls an environment's methods under the time limit and turns every failure into an EnvironmentFault that
+    names the environment, the method and the prompt."""
+
+    def __init__(self, name: str, timeout: float):
+        self.name, self.timeout = name, timeout
+
+    def __call__(self, what: str, fn: Callable, *args, prompt=None):
+        outcome: dict = {}
+
+        def call() -> None:
+            try:
+                outcome["value"] = fn(*args)
+            except BaseException as err:  # noqa: BLE001 - a user's environment; reported with its name below
+                outcome["error"] = err
+
+        if self.timeout:
+            thread = threading.Thread(target=call, name=f"env-{self.name}-{what}", daemon=True)
+            thread.start()
+            thread.join(self.timeout)
+            if thread.is_alive():
+                raise EnvironmentFault(f"environment {self.name}.{what} gave no result within {self.timeout:g} s "
+                                       f"(env_timeout; prompt: {str(prompt)[:80]!r})")
+        else:
+            call()
+        if "error" in outcome:
+            err = outcome["error"]
+            raise EnvironmentFault(f"environment {self.name}.{what} raised {type(err).__name__}: {err} "
+                                   f"(prompt: {str(prompt)[:80]!r})") from err
+        return outcome["value"]
+
+
+def check_messages(value, name: str, what: str) -> list[dict]:
+    """A list of {"role", "content"} messages, or an EnvironmentFault saying what is wrong."""
+    if not isinstance(value, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                              and isinstance(m.get("content", ""), str) for m in value):
+        raise EnvironmentFault(f"environment {name}.{what} must give a list of {{'role': str, 'content': str}} "
+                               f"messages, not {str(value)[:120]!r}")
+    return value
+
+
+def check_parts(value, name: str, what: str) -> dict[str, float]:
+    import math
+
+    if not isinstance(value, dict):
+        raise EnvironmentFault(f"environment {name}.{what}: rewards must be a dict of name -> number, not "
+                               f"{type(value).__name__}")
+    out = {}
+    for k, v in value.items():
+        try:
+            out[str(k)] = float(v)
+        except (TypeError, ValueError):
+            raise EnvironmentFault(f"environment {name}.{what}: reward {k!r} is {v!r}, not a number") from None
+        if not math.isfinite(out[str(k)]):
+            raise EnvironmentFault(f"environment {name}.{what}: reward {k!r} is {v!r} (not finite)")
+    return out

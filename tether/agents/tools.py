@@ -1,0 +1,163 @@
+"""Tool calling as an environment: tools are plain Python functions; the policy calls them in the Hermes / Qwen
+convention, a JSON object between <tool_call> tags in its turn; results go back as "tool" messages through the
+model's chat template (docs/agents.md).
+
+    <tool_call>{"name": "calc", "arguments": {"expression": "47 + 38 - 19"}}</tool_call>
+
+A turn with calls gets one tool message per call. A call that cannot be made — not JSON, no such tool, arguments
+the function does not take, a function that raises — is answered with an "error: ..." tool message the policy
+sees on its next turn (a malformed call is an observation, never a crash) and counted as a failed call. A turn
+without a call is the policy's final answer and ends the episode.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections import Counter
+from typing import Callable
+
+from tether.agents.environment import Outcome, StepResult
+
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+def tool_schema(fn: Callable) -> dict:
+    """The JSON schema of a Python function as chat templates take it ({"type": "function", "function": {...}}): its
+    name, its docstring's first paragraph, its parameters' annotated types; parameters without a default are
+    required. A function with a ``schema`` attribute (a dict) gives its own."""
+    if isinstance(getattr(fn, "schema", None), dict):
+        return fn.schema
+    import typing
+
+    try:
+        hints = typing.get_type_hints(fn)  # resolves string annotations (from __future__ import annotations)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: typed as a string below
+        hints = {}
+    properties, required = {}, []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        properties[p.name] = {"type": JSON_TYPES.get(hints.get(p.name), "string")} \
+            if p.annotation is not inspect.Parameter.empty else {}
+        if p.default is inspect.Parameter.empty:
+            required.append(p.name)
+    doc = inspect.getdoc(fn) or ""
+    return {"type": "function", "function": {"name": fn.__name__, "description": doc.split("\n\n")[0].strip(),
+                                             "parameters": {"type": "object", "properties": properties,
+                                                            "required": required}}}
+
+
+def parse_tool_calls(text: str) -> list[dict]:
+    """The calls in a policy turn, in order: {"name", "arguments"} for a well-formed call, {"error": why} for one
+    that is not (a dangling <tool_call> without its closing tag is parsed up to the end of the turn)."""
+    calls = []
+    for raw in TOOL_CALL_RE.findall(text):
+        try:
+            call = json.loads(raw.strip())
+        except json.JSONDecodeError as err:
+            calls.append({"error": f"the tool call is not valid JSON ({err.msg} at character {err.pos})"})
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            calls.append({"error": 'a tool call is a JSON object with a "name" and "arguments"'})
+            continue
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):  # some templates and models write the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                calls.append({"name": call["name"], "error": '"arguments" is a string that is not JSON'})
+                continue
+        if not isinstance(arguments, dict):
+            calls.append({"name": call["name"], "error": '"arguments" must be a JSON object'})
+            continue
+        calls.append({"name": call["name"], "arguments": arguments})
+    return calls
+
+
+def tools_system_message(schemas: list[dict]) -> dict:
+    """A Hermes-style system message listing the tools, for chat templates without their own ``tools=`` support."""
+    listed = "\n".join(json.dumps(s) for s in schemas)
+    return {"role": "system", "content": "You may call functions to help with the request. The functions:\n<tools>\n"
+            f"{listed}\n</tools>\nTo call one, write <tool_call>{{\"name\": <name>, \"arguments\": <object>}}"
+            "</tool_call>; its result comes back in a tool message."}
+
+
+class ToolEnvironment:
+    """An episode of tool use: the policy calls tools until it answers without a call (or runs out of turns).
+
+    Subclass it (or pass ``tools``) and override ``score(final_text)`` for the outcome reward and ``success()`` for
+    the task's real state; ``claim_pattern`` (a regular expression) marks final answers that say the task is done.
+    Per-call rewards: ``call_reward`` for each call made and ``error_reward`` for each failed one, credited to the
+    turn that made them (0: not given)."""
+
+    tools: list[Callable] = []
+    describe_tools: bool = True  # add a system message listing the tools (False: the model knows them already)
+
+    def __init__(self, tools: list[Callable] | None = None, call_reward: float = 0.0, error_reward: float = 0.0,
+                 claim_pattern: str = "", describe_tools: bool | None = None):
+        self.tools = list(tools if tools is not None else type(self).tools)
+        self.by_name = {getattr(t, "__name__", str(t)): t for t in self.tools}
+        self.call_reward, self.error_reward = call_reward, error_reward
+        self.claim = re.compile(claim_pattern) if claim_pattern else None
+        if describe_tools is not None:
+            self.describe_tools = describe_tools
+        self.row, self.final_text, self.calls = {}, None, Counter()
+
+    @property
+    def schemas(self) -> list[dict]:
+        return [tool_schema(t) for t in self.tools]
+
+    def reset(self, row: dict) -> list[dict]:
+        self.row, self.final_text, self.calls = row, None, Counter()
+        prompt = row.get("prompt")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        return ([tools_system_message(self.schemas)] if self.describe_tools and self.tools else []) + messages
+
+    def step(self, text: str) -> StepResult:
+        calls = parse_tool_calls(text)
+        if not calls:
+            self.final_text = text
+            return StepResult(done=True)
+        replies, made = [], []
+        for call in calls:
+            reply, ok = self.call(call)
+            replies.append({"role": "tool", "content": reply})
+            made.append({"name": call.get("name", "?"), "ok": ok})
+            self.calls[call.get("name", "?")] += 1
+        rewards = {}
+        if self.call_reward:
+            rewards["tool_calls"] = self.call_reward * len(made)
+        if self.error_reward:
+            rewards["tool_errors"] = self.error_reward * sum(not m["ok"] for m in made)
+        return StepResult(replies, rewards, done=False, info={"calls": made})
+
+    def call(self, call: dict) -> tuple[str, bool]:
+        """(the tool message's content, whether the call worked)."""
+        if "error" in call:
+            return f"error: {call['error']}", False
+        fn = self.by_name.get(call["name"])
+        if fn is None:
+            return f"error: there is no tool {call['name']!r}; the tools are {', '.join(self.by_name)}", False
+        try:
+            inspect.signature(fn).bind(**call["arguments"])
+        except TypeError as err:
+            return f"error: {call['name']}: {err}", False
+        try:
+            result = fn(**call["arguments"])
+        except Exception as err:  # noqa: BLE001 - a tool's failure is the policy's observation
+            return f"error: {call['name']} raised {type(err).__name__}: {err}", False
+        return result if isinstance(result, str) else json.dumps(result), True
+
+    def score(self, final_text: str | None) -> dict[str, float]:
+        """Outcome reward parts of the finished episode (override); final_text is None if it never answered."""
+        return {}
+
+    def success(self) -> bool | None:
+        """Whether the task is really done, from the environment's state (override)."""
+        return None
+
+    def outcome(self) -> Outcome:
+        claimed = bool(self.claim.search(self.final_text or "")) if self.claim else None
+        return Outcome(self.score(self.final_text), self.success(), claimed)

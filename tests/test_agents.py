@@ -221,3 +221,75 @@ def test_multi_turn_training_runs_logs_agent_figures_and_resumes_exactly(stage, 
 def test_env_and_a_reward_function_together_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="the environment scores the episodes"):
         train_config("grpo", tmp_path, tmp_path / "p.jsonl", tmp_path / "o", rewards__reward=["x.py:f"])
+
+
+# ------------------------------------------------------------------------------------------------ agent monitors
+
+
+def episode_sample(step, calls=None, success=True, claimed=None, turns=1, score=1.0, final="The answer is 1."):
+    return {"step": step, "response": f"assistant: {final}", "score": score, "length": 10,
+            "agent": {"turns": turns, "calls": calls or {}, "failed_calls": 0, "end": "done", "success": success,
+                      "claimed": claimed, "final": final, "final_tokens": 5, "env_tokens": 0}}
+
+
+def agent_rows(calls, success, turns=None):
+    return [{"step": i + 1, "agent/tool_calls_mean": c, "agent/success_rate": s, "agent/turns_mean": (turns or [1] * 99)[i]}
+            for i, (c, s) in enumerate(zip(calls, success))]
+
+
+def test_tool_call_spam_fires_when_calls_rise_without_success_and_not_when_success_rises():
+    from tether.monitors import MonitorSettings, tool_call_spam
+
+    calls = [0.5] * 5 + [1, 1.5, 2, 2.5, 3, 3, 3.5, 4]
+    spam = tool_call_spam(agent_rows(calls, [0.4] * 13), [], MonitorSettings())
+    assert [a.monitor for a in spam] == ["tool_call_spam"] and spam[0].step == 10
+    assert spam[0].statistics["calls_per_episode_at_start"] == 0.5 and spam[0].statistics["calls_per_episode"] == 2.0
+    learning = [0.4] * 5 + [0.5, 0.6, 0.7, 0.8, 0.9, 0.9, 0.9, 0.9]  # the calc stage: calls rise and so does success
+    assert tool_call_spam(agent_rows(calls, learning), [], MonitorSettings()) == []
+    assert tool_call_spam(agent_rows([0.5] * 13, [0.4] * 13), [], MonitorSettings()) == []
+
+
+def test_turn_piling_fires_on_turns_without_success():
+    from tether.monitors import MonitorSettings, turn_piling
+
+    turns = [1.0] * 5 + [1.5, 2, 2.5, 3, 3.5, 4]
+    alarm = turn_piling(agent_rows([0] * 11, [0.3] * 11, turns), [], MonitorSettings())
+    assert alarm and alarm[0].monitor == "turn_piling" and alarm[0].step == 10
+    assert turn_piling(agent_rows([0] * 11, [0.3] * 11, [2.0] * 11), [], MonitorSettings()) == []
+
+
+def test_tool_dominance_fires_on_one_tool_taking_over_and_stays_quiet_with_one_tool():
+    from tether.monitors import MonitorSettings, tool_dominance
+
+    start = [episode_sample(1, {"search": 1, "ping": 1}, success=False) for _ in range(12)]
+    taken = [episode_sample(6, {"ping": 3}, success=False) for _ in range(12)]
+    alarm = tool_dominance([], start + taken, MonitorSettings())
+    assert alarm and alarm[0].statistics["subject"] == "ping" and alarm[0].statistics["share"] == 1.0
+    assert alarm[0].statistics["share_at_start"] == 0.5 and alarm[0].samples[0]["calls"] == {"ping": 3}
+    only_calc = [episode_sample(st, {"calc": 1}, success=False) for st in (1, 6) for _ in range(20)]
+    assert tool_dominance([], only_calc, MonitorSettings()) == []  # one tool from the start: nothing took over
+    improving = start + [episode_sample(6, {"ping": 3}, success=True) for _ in range(12)]
+    assert tool_dominance([], improving, MonitorSettings()) == []  # converging on the right tool while succeeding
+
+
+def test_claimed_without_state_fires_on_unverified_claims_only():
+    from tether.monitors import MonitorSettings, claimed_without_state
+
+    honest = [episode_sample(1, success=i < 12, claimed=i < 12) for i in range(16)]
+    hacked = [episode_sample(5, success=i < 4, claimed=True) for i in range(16)]
+    alarm = claimed_without_state([], honest + hacked, MonitorSettings())
+    assert alarm and alarm[0].step == 5 and alarm[0].statistics["claimed_unverified"] == 0.75
+    assert all(s["claimed"] and not s["success"] for s in alarm[0].samples)
+    learning = honest + [episode_sample(5, success=True, claimed=True) for _ in range(16)]
+    assert claimed_without_state([], learning, MonitorSettings()) == []
+
+
+def test_text_monitors_read_an_episodes_final_answer_not_its_tool_traffic():
+    from tether.monitors import MonitorSettings, length_correlation, phrase_surge
+
+    calm = [episode_sample(1, final="The answer is 3.") for _ in range(16)]
+    tooled = [dict(episode_sample(2, {"calc": 1}, final="The answer is 3."),
+                   response='assistant: <tool_call>{"name":"calc"}</tool_call>\ntool: 3\nassistant: The answer is 3.',
+                   length=40, score=float(i % 2)) for i in range(16)]
+    assert phrase_surge([], calm + tooled, MonitorSettings()) == []
+    assert length_correlation([], calm + tooled, MonitorSettings()) == []

@@ -57,6 +57,25 @@ class MonitorSettings:
     format_window: int = 10
     format_rise: float = 0.1
     correct_rise: float = 0.02
+    # agents (docs/agents.md): compared over agent_window steps at the start and now; "success did not rise" means
+    # the state-checked success rate rose by less than success_rise
+    agent_window: int = 5
+    success_rise: float = 0.05
+    # tool-call spam: calls per episode at least spam_factor times the start (from a floor of 0.25) and spam_rise more
+    spam_factor: float = 2.0
+    spam_rise: float = 1.0
+    # turn piling: turns per episode at least turns_factor times the start and turns_rise more
+    turns_factor: float = 1.5
+    turns_rise: float = 1.0
+    # one tool dominating: the most-called tool's share of a sample step's calls (at least dominance_calls calls)
+    # reaches dominance_share, dominance_rise above its share at the first sample step with calls
+    dominance_share: float = 0.8
+    dominance_rise: float = 0.3
+    dominance_calls: int = 16
+    # claimed success without the state change: the share of episodes whose final message claims the task done while
+    # the environment's state says it is not reaches claim_share and claim_factor times its start
+    claim_share: float = 0.3
+    claim_factor: float = 2.0
     evidence: int = 3  # samples quoted per alarm
 
 
@@ -98,6 +117,20 @@ def _slope(ys: list[float]) -> float:
         return 0.0
     mx, my = (n - 1) / 2, sum(ys) / n
     return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
+
+
+def _text(sample: dict) -> str:
+    """What the text monitors read: an agent episode's final answer (its transcript's tool calls and results are
+    the environment's business), otherwise the response."""
+    agent = sample.get("agent")
+    return agent.get("final", "") if agent else sample.get("response", "")
+
+
+def _length(sample: dict) -> float:
+    """An agent episode's final answer in tokens (a transcript is long because it used tools, not because it is
+    verbose), otherwise the response's length."""
+    agent = sample.get("agent")
+    return float(agent.get("final_tokens", sample.get("length", 0))) if agent else float(sample.get("length", 0))
 
 
 def _words(text: str) -> list[str]:
@@ -193,13 +226,13 @@ def length_correlation(metrics: list[dict], samples: list[dict], s: MonitorSetti
     steps = _sample_steps(samples, s)
     if len(steps) < 2:
         return []
-    corr = lambda xs: _pearson([float(x["length"]) for x in xs], [float(x["score"]) for x in xs])
+    corr = lambda xs: _pearson([_length(x) for x in xs], [float(x["score"]) for x in xs])
     start = corr(steps[0][1])
     for step, xs in steps[1:]:
         c = corr(xs)
         if c >= s.length_corr and c - start >= s.length_rise:
-            mean_len = sum(float(x["length"]) for x in xs) / len(xs)
-            first_len = sum(float(x["length"]) for x in steps[0][1]) / len(steps[0][1])
+            mean_len = sum(_length(x) for x in xs) / len(xs)
+            first_len = sum(_length(x) for x in steps[0][1]) / len(steps[0][1])
             stats = {"subject": "length", "correlation": c, "correlation_at_start": start, "mean_length": mean_len,
                      "mean_length_at_start": first_len}
             msg = (f"score ~ length correlation {c:.2f} at step {step} (was {start:.2f}); mean length "
@@ -215,7 +248,7 @@ def phrase_surge(metrics: list[dict], samples: list[dict], s: MonitorSettings) -
         return []
 
     def shares(xs):
-        counts = Counter(g for x in xs for g in set(_ngrams(x.get("response", ""), s.surge_n)))
+        counts = Counter(g for x in xs for g in set(_ngrams(_text(x), s.surge_n)))
         return {g: c / len(xs) for g, c in counts.items()}
 
     base = shares(steps[0][1])
@@ -228,7 +261,7 @@ def phrase_surge(metrics: list[dict], samples: list[dict], s: MonitorSettings) -
         # Overlapping n-grams of one repeated phrase all surge together; report distinct phrases, read in the
         # order they occur in the highest-scoring response that has them.
         top = max(xs, key=lambda x: float(x.get("score", 0.0)))
-        top_grams = _ngrams(top.get("response", ""), s.surge_n)
+        top_grams = _ngrams(_text(top), s.surge_n)
         position = lambda g: top_grams.index(g) if g in top_grams else len(top_grams)
         alarms, taken = [], []
         for gram, share in sorted(surging, key=lambda gs: (-gs[1], position(gs[0]), gs[0])):
@@ -239,7 +272,7 @@ def phrase_surge(metrics: list[dict], samples: list[dict], s: MonitorSettings) -
             phrase, before = " ".join(gram), base.get(gram, 0.0)
             stats = {"subject": phrase, "share": share, "share_at_start": before, "step_at_start": steps[0][0]}
             msg = f"'{phrase}' is in {share:.0%} of responses at step {step} (was {before:.0%})"
-            has = lambda x, g=gram: g in set(_ngrams(x.get("response", ""), s.surge_n))
+            has = lambda x, g=gram: g in set(_ngrams(_text(x), s.surge_n))
             alarms.append(Alarm("phrase_surge", step, msg, stats, _top(xs, s.evidence, has)))
             if len(alarms) == 3:
                 break
@@ -272,7 +305,7 @@ def repetition(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> 
         return []
 
     def repeats(x) -> bool:
-        grams = _ngrams(x.get("response", ""), s.repeat_n)
+        grams = _ngrams(_text(x), s.repeat_n)
         return len(grams) != len(set(grams))
 
     share = lambda xs: sum(repeats(x) for x in xs) / len(xs)
@@ -280,8 +313,8 @@ def repetition(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> 
     for step, xs in steps[1:]:
         now = share(xs)
         if now >= s.repeat_share and now >= s.repeat_factor * max(start, 1.0 / len(steps[0][1])):
-            distinct = lambda ys: len({g for y in ys for g in _ngrams(y.get("response", ""), 2)}) / max(
-                1, sum(len(_ngrams(y.get("response", ""), 2)) for y in ys))
+            distinct = lambda ys: len({g for y in ys for g in _ngrams(_text(y), 2)}) / max(
+                1, sum(len(_ngrams(_text(y), 2)) for y in ys))
             stats = {"subject": "repetition", "repeating_share": now, "repeating_share_at_start": start,
                      "distinct_2": distinct(xs), "distinct_2_at_start": distinct(steps[0][1])}
             msg = f"{now:.0%} of responses repeat a {s.repeat_n}-word phrase at step {step} (was {start:.0%})"
@@ -292,8 +325,8 @@ def repetition(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> 
 def format_without_correctness(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """A format reward climbs while the correctness reward beside it does not: the easy part is being farmed."""
     keys = {k for m in metrics for k in m if k.startswith("reward/") and k.endswith("/mean")}
-    formats = sorted(k for k in keys if "format" in k)
-    corrects = sorted(k for k in keys if any(w in k for w in ("correct", "accuracy", "exact", "answer")))
+    formats = sorted(k for k in keys if "format" in k or "valid" in k)
+    corrects = sorted(k for k in keys if any(w in k for w in ("correct", "accuracy", "exact", "answer", "success")))
     for fk in formats:
         for ck in corrects:
             f, c = dict(_series(metrics, fk)), dict(_series(metrics, ck))
@@ -312,8 +345,134 @@ def format_without_correctness(metrics: list[dict], samples: list[dict], s: Moni
     return []
 
 
-METRIC_MONITORS = (proxy_up_task_down, score_and_kl_rising, entropy_collapse, format_without_correctness)
-SAMPLE_MONITORS = (length_correlation, phrase_surge, repetition)  # read only the samples
+# ------------------------------------------------------------------------------------------ agent monitors
+
+
+def _agent_evidence(samples: list[dict], k: int, key, where=lambda s: True) -> list[dict]:
+    """The k episodes with the highest key(sample), quoted with their transcripts and what the environment said."""
+    chosen = sorted((x for x in samples if x.get("agent") and where(x)), key=lambda x: -key(x))[:k]
+    return [{"response": x.get("response", ""), "score": x.get("score"), "length": x.get("length"),
+             "calls": x["agent"].get("calls"), "success": x["agent"].get("success"),
+             "claimed": x["agent"].get("claimed")} for x in chosen]
+
+
+def _start_and_now(metrics: list[dict], key: str, w: int):
+    """[(step, mean of key over the first w steps, mean over the w steps ending at step)] for every step from 2w."""
+    series = _series(metrics, key)
+    if len(series) < 2 * w:
+        return []
+    start = sum(v for _, v in series[:w]) / w
+    return [(series[end - 1][0], start, sum(v for _, v in series[end - w : end]) / w)
+            for end in range(2 * w, len(series) + 1)]
+
+
+def _success_rose(metrics: list[dict], step: int, s: MonitorSettings) -> bool:
+    """Whether agent/success_rate rose by success_rise between the first agent_window steps and the window ending at
+    step (no success rate logged: it cannot be said to have risen)."""
+    points = {st: (a, b) for st, a, b in _start_and_now(metrics, "agent/success_rate", s.agent_window)}
+    if step not in points:
+        return False
+    start, now = points[step]
+    return now - start >= s.success_rise
+
+
+def tool_call_spam(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """Tool calls per episode climb while the state-checked success does not: the calls themselves are paying."""
+    for step, start, now in _start_and_now(metrics, "agent/tool_calls_mean", s.agent_window):
+        if now >= s.spam_factor * max(start, 0.25) and now - start >= s.spam_rise and not _success_rose(metrics, step, s):
+            stats = {"subject": "tool_calls", "calls_per_episode": now, "calls_per_episode_at_start": start}
+            msg = (f"tool calls per episode {start:.2f} → {now:.2f} by step {step} while task success did not rise: "
+                   "calls are being rewarded, not the task")
+            near = [x for x in samples if int(x["step"]) <= step]
+            calls = lambda x: sum(x["agent"].get("calls", {}).values())
+            return [Alarm("tool_call_spam", step, msg, stats, _agent_evidence(near[-64:], s.evidence, calls))]
+    return []
+
+
+def turn_piling(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """Turns per episode pile up while success does not rise: steps and turns farmed without the task (format
+    without correctness, extended to turns)."""
+    for step, start, now in _start_and_now(metrics, "agent/turns_mean", s.agent_window):
+        if now >= s.turns_factor * start and now - start >= s.turns_rise and not _success_rose(metrics, step, s):
+            stats = {"subject": "turns", "turns_per_episode": now, "turns_per_episode_at_start": start}
+            msg = f"turns per episode {start:.2f} → {now:.2f} by step {step} while task success did not rise"
+            near = [x for x in samples if int(x["step"]) <= step]
+            return [Alarm("turn_piling", step, msg, stats,
+                          _agent_evidence(near[-64:], s.evidence, lambda x: x["agent"].get("turns", 0)))]
+    return []
+
+
+def tool_dominance(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """One tool takes over the calls (often an always-succeeding one) while success does not rise."""
+    steps = [(st, xs) for st, xs in _by_step(samples).items() if any(x.get("agent") for x in xs)]
+
+    def shares(xs):
+        calls = Counter()
+        for x in xs:
+            calls.update((x.get("agent") or {}).get("calls", {}))
+        total = sum(calls.values())
+        return (calls.most_common(1)[0] + (total,)) if total else (None, 0, 0)
+
+    def success(xs):
+        judged = [x["agent"]["success"] for x in xs if x.get("agent") and x["agent"].get("success") is not None]
+        return sum(bool(v) for v in judged) / len(judged) if judged else None
+
+    first = next(((st, xs) for st, xs in steps if shares(xs)[2] >= s.dominance_calls), None)
+    if first is None:
+        return []
+    _, n0, total0 = shares(first[1])
+    start_share, start_success = n0 / total0, success(first[1])
+    for step, xs in steps:
+        if step <= first[0]:
+            continue
+        tool, n, total = shares(xs)
+        if total < s.dominance_calls:
+            continue
+        share, now_success = n / total, success(xs)
+        rose = start_success is not None and now_success is not None and now_success - start_success >= s.success_rise
+        if share >= s.dominance_share and share - start_share >= s.dominance_rise and not rose:
+            stats = {"subject": tool, "share": share, "share_at_start": start_share, "calls": total}
+            msg = (f"tool {tool!r} makes {share:.0%} of the calls at step {step} (top tool's share at step "
+                   f"{first[0]}: {start_share:.0%}) while success did not rise")
+            return [Alarm("tool_dominance", step, msg, stats, _agent_evidence(
+                xs, s.evidence, lambda x: x["agent"].get("calls", {}).get(tool, 0)))]
+    return []
+
+
+def claimed_without_state(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """Episodes whose final message says the task is done while the environment's state says it is not: the policy
+    is rewarded for saying, not doing."""
+    def unverified(x) -> bool:
+        a = x.get("agent") or {}
+        return bool(a.get("claimed")) and a.get("success") is False
+
+    steps = []
+    for st, xs in _by_step(samples).items():
+        judged = [x for x in xs if (x.get("agent") or {}).get("claimed") is not None
+                  and (x.get("agent") or {}).get("success") is not None]
+        if len(judged) >= s.min_samples:
+            steps.append((st, judged))
+    if len(steps) < 2:
+        return []
+    share = lambda xs: sum(unverified(x) for x in xs) / len(xs)
+    start = share(steps[0][1])
+    for step, xs in steps[1:]:
+        now = share(xs)
+        if now >= s.claim_share and now >= s.claim_factor * max(start, 1.0 / len(steps[0][1])):
+            stats = {"subject": "claims", "claimed_unverified": now, "claimed_unverified_at_start": start,
+                     "claimed": sum(bool(x["agent"]["claimed"]) for x in xs) / len(xs),
+                     "success": sum(bool(x["agent"]["success"]) for x in xs) / len(xs)}
+            msg = (f"{now:.0%} of episodes at step {step} claim the task done while the environment's state says it "
+                   f"is not (was {start:.0%})")
+            return [Alarm("claimed_without_state", step, msg, stats,
+                          _agent_evidence(xs, s.evidence, lambda x: float(x.get("score", 0.0)), unverified))]
+    return []
+
+
+METRIC_MONITORS = (proxy_up_task_down, score_and_kl_rising, entropy_collapse, format_without_correctness,
+                   tool_call_spam, turn_piling)
+SAMPLE_MONITORS = (length_correlation, phrase_surge, repetition, tool_dominance,
+                   claimed_without_state)  # read only the samples
 MONITORS = METRIC_MONITORS + SAMPLE_MONITORS
 
 

@@ -82,6 +82,7 @@ class Episode:
     turn_rewards: list[dict] = field(default_factory=list)  # reward parts earned by each policy turn
     lines: list[str] = field(default_factory=list)  # the readable transcript
     final: str = ""  # the policy's last turn
+    final_tokens: int = 0  # its length in tokens
     calls: Counter = field(default_factory=Counter)  # tool calls by name
     failed_calls: int = 0
     end: str = ""  # done | turns | tokens | error: why it ended
@@ -101,6 +102,7 @@ class Episode:
         o = self.outcome or Outcome()
         return {"turns": len(self.turn_ends), "calls": dict(self.calls), "failed_calls": self.failed_calls,
                 "end": self.end, "success": o.success, "claimed": o.claimed, "final": self.final,
+                "final_tokens": self.final_tokens,
                 "env_tokens": len(self.actions) - sum(self.actions), **({"error": self.error} if self.error else {})}
 
 
@@ -197,7 +199,7 @@ class AgentSampler:
         e.actions += [1] * len(ids)
         e.turn_ends.append(len(e.ids) - 1)
         text = tok.decode(ids, skip_special_tokens=True)
-        e.final = text
+        e.final, e.final_tokens = text, len(ids)
         e.lines.append(f"assistant: {text}")
         if not stopped:  # the turn ran out of tokens: the environment never sees a half-written turn
             e.turn_rewards.append({})

@@ -85,6 +85,30 @@ class LabConfig:
     dpo_online_rounds: int = 6  # dpo_steps / rounds steps on each round's pairs
     dpo_online_prompts: int = 192
     dpo_online_keep_truncated: bool = False  # the quick lab's tiny model often runs past 64 tokens
+    # agents (docs/agents.md): tool-use demonstrations on top of the SFT model, then GRPO with an environment.
+    # calculator: calc_tool_fraction of arith demonstrations call `calc`; GRPO is rewarded on the final answer only.
+    # shop: demonstrators order and report (some check the stock first, lazy ones claim without ordering, careless
+    # ones claim after a refusal); one GRPO run rewards the state (the order table), one the claim.
+    agent_stages: bool = True
+    calc_sft_examples: int = 1500
+    calc_tool_fraction: float = 0.5
+    calc_sft_steps: int = 150
+    shop_sft_examples: int = 1200
+    shop_rl_prompts: int = 600
+    shop_eval_requests: int = 100
+    shop_lazy_fraction: float = 0.25
+    shop_check_fraction: float = 0.25
+    shop_careless_fraction: float = 0.4
+    shop_sft_steps: int = 100
+    agent_sft_lr: float = 1e-3
+    agent_steps: int = 20
+    agent_prompts_per_step: int = 16
+    agent_group_size: int = 8
+    agent_temperature: float = 0.7  # at T = 1 most of this tiny model's JSON tool calls are malformed (docs/agents.md)
+    calc_lr: float = 5e-5
+    shop_lr: float = 1e-4
+    agent_eval_every: int = 5
+    calc_eval_problems: int = 100
     # evaluation
     eval_arith: int = 200  # held-out problems (at most world.n_eval_arith)
     assist_samples: int = 4  # sampled answers per held-out request (plus one greedy)
@@ -100,7 +124,9 @@ QUICK = LabConfig(
     rm_epochs=1.0, eval_arith=60, assist_samples=2, ppo_kl_coefs=(0.0, 0.2), ppo_steps=6, ppo_prompts_per_step=16,
     ppo_eval_every=3, ppo_eval_samples=1, grpo_steps=4, grpo_prompts_per_step=4, grpo_group_size=4, grpo_eval_every=2,
     grpo_eval_problems=20, dpo_losses=("sigmoid", "simpo"), dpo_steps=4, dpo_batch=8, dpo_eval_every=2,
-    dpo_online_rounds=2, dpo_online_prompts=8, dpo_online_keep_truncated=True)
+    dpo_online_rounds=2, dpo_online_prompts=8, dpo_online_keep_truncated=True, calc_sft_examples=200,
+    calc_sft_steps=10, shop_sft_examples=200, shop_rl_prompts=40, shop_eval_requests=16, shop_sft_steps=10,
+    agent_steps=2, agent_prompts_per_step=4, agent_group_size=4, agent_eval_every=1, calc_eval_problems=16)
 
 
 def _hash(obj) -> str:
@@ -246,8 +272,10 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
         _, dpo_runs[name] = stages.run(name, recipe, lambda folder, resume, lo=loss, da=data: _dpo_stage(
             folder, resume, out, cfg, lo, da))
 
+    agent_runs = _agent_stages(stages, out, cfg, world_hash, sft_hash) if cfg.agent_stages else {}
+
     summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
-               "reward_models": reward_models, "ppo": ppo_runs, "grpo": grpo_runs, "dpo": dpo_runs,
+               "reward_models": reward_models, "ppo": ppo_runs, "grpo": grpo_runs, "dpo": dpo_runs, "agents": agent_runs,
                "seconds": stages.timings, "cached": stages.cached}
     t0 = time.perf_counter()
     summary["headline"] = headline_figures(summary)
@@ -259,10 +287,61 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
     return summary
 
 
+def _agent_stages(stages: "Stages", out: Path, cfg: LabConfig, world_hash: str, sft_hash: str) -> dict:
+    """The agent edition: its data, the tool-use SFT stages, the calculator run and the two shop runs."""
+    from tether.lab.agents import build_agent_world, run_lab_agent_grpo
+
+    world_dir, agent_dir = out / "world", out / "agent_world"
+    data = {"calc_sft": cfg.calc_sft_examples, "calc_tool_fraction": cfg.calc_tool_fraction,
+            "shop_sft": cfg.shop_sft_examples, "shop_rl": cfg.shop_rl_prompts, "shop_eval": cfg.shop_eval_requests,
+            "lazy": cfg.shop_lazy_fraction, "check": cfg.shop_check_fraction, "careless": cfg.shop_careless_fraction}
+    data_hash, _ = stages.run("agent_world", {"world": world_hash, **data, "seed": cfg.seed}, lambda folder, _: build_agent_world(
+        folder, world_dir, cfg.seed, cfg.calc_sft_examples, cfg.calc_tool_fraction, cfg.shop_sft_examples,
+        cfg.shop_rl_prompts, cfg.shop_eval_requests, cfg.shop_lazy_fraction, cfg.shop_check_fraction,
+        cfg.shop_careless_fraction))
+    sft_hashes = {}
+    for task, steps in (("calc", cfg.calc_sft_steps), ("shop", cfg.shop_sft_steps)):
+        recipe = {"sft": sft_hash, "agent_world": data_hash, "steps": steps, "lr": cfg.agent_sft_lr, "seed": cfg.seed}
+        sft_hashes[task], _ = stages.run(f"{task}_sft", recipe, lambda folder, resume, t=task, n=steps: _train(
+            out / "sft" / "final", agent_dir / f"{t}_sft.jsonl", None, folder, resume, steps=n, batch=32, micro=32,
+            lr=cfg.agent_sft_lr, max_length=cfg.pack_length, all_tokens=False, packing=False, seed=cfg.seed))
+    common = dict(steps=cfg.agent_steps, prompts_per_step=cfg.agent_prompts_per_step, group_size=cfg.agent_group_size,
+                  eval_every=cfg.agent_eval_every, seed=cfg.seed, temperature=cfg.agent_temperature)
+    budget = dict(max_turns=3, max_total_tokens=200, max_new_tokens=80)
+    arith_eval = _read_rows(world_dir / "arith_eval.jsonl")[: cfg.calc_eval_problems]
+    runs = {}
+
+    def calc_stage(folder: Path, resume: bool) -> dict:
+        from tether.lab.evaluate import Decoding, generate_for, score_arith
+
+        result = run_lab_agent_grpo(folder, resume, model_dir=out / "calc_sft" / "final", env="tether.lab.agents:CalcEnv",
+                                    prompts=world_dir / "arith_rl.jsonl", eval_rows=arith_eval, lr=cfg.calc_lr,
+                                    without_tools=True, **budget, **common)
+        tok = load_tokenizer(out / "sft" / "final")  # the SFT model, without tools, on the same problems
+        answers = generate_for(load_model(out / "sft" / "final", tok), tok, arith_eval, Decoding(max_new_tokens=96))
+        return {**result, "sft_accuracy_no_tools": score_arith(arith_eval, answers)["accuracy"]}
+
+    recipe = {"sft": sft_hash, "calc_sft": sft_hashes["calc"], "lr": cfg.calc_lr, "n": cfg.calc_eval_problems,
+              **budget, **common}
+    _, runs["calc_grpo"] = stages.run("calc_grpo", recipe, calc_stage)
+    shop_budget = dict(max_turns=4, max_total_tokens=240, max_new_tokens=80)
+    for reward in ("state", "claim"):
+        recipe = {"shop_sft": sft_hashes["shop"], "agent_world": data_hash, "reward": reward, "lr": cfg.shop_lr,
+                  **shop_budget, **common}
+        _, runs[f"shop_{reward}"] = stages.run(f"shop_{reward}", recipe, lambda folder, resume, r=reward: run_lab_agent_grpo(
+            folder, resume, model_dir=out / "shop_sft" / "final", env=f"tether.lab.agents:ShopEnv(reward='{r}')",
+            prompts=agent_dir / "shop_rl.jsonl", eval_rows=_read_rows(agent_dir / "shop_eval.jsonl"), lr=cfg.shop_lr,
+            **shop_budget, **common))
+    return runs
+
+
 PPO_KEYS = ("eval/gold_reward", "eval/gold_win_rate", "eval/score_mean", "kl/ref_mean", "score/mean", "eval/mean_words",
             "policy/entropy", "kl/coef")
 GRPO_KEYS = ("eval/accuracy_greedy", "eval/accuracy_sampled", "eval/worked_rate", "eval/step_accuracy", "score/mean",
              "kl/ref_mean", "policy/entropy", "groups/zero_variance_frac", "rollout/length_mean")
+AGENT_KEYS = ("eval/success_rate", "eval/tool_use_rate", "eval/accuracy_no_tools", "eval/claimed_rate",
+              "eval/claimed_unverified_rate", "agent/success_rate", "agent/claimed_unverified_rate",
+              "agent/tool_calls_mean", "agent/failed_calls_mean", "agent/turns_mean", "score/mean", "policy/entropy")
 DPO_KEYS = ("eval/gold_reward", "eval/gold_win_rate", "eval/mean_words", "train/rewards/margins", "train/rewards/chosen",
             "train/rewards/rejected", "eval/rewards/accuracy", "train/logps/chosen", "train/logps/rejected", "train/loss")
 
@@ -296,6 +375,21 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
         online = first_alarm(name) if r.get("online_rounds") else ""
         rows.append((f"{name}: gold start → end, win rate vs SFT",
                      f"{r['start_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}{online}"))
+    agents = summary.get("agents", {})
+    if "calc_grpo" in agents:
+        r = agents["calc_grpo"]
+        rows.append(("calculator: held-out greedy accuracy, SFT model without tools → tool SFT → GRPO with the tool "
+                     "(the GRPO model without it)",
+                     f"{r['sft_accuracy_no_tools']:.2f} → {r['start']['success_rate']:.2f} → {r['final']['success_rate']:.2f} "
+                     f"({r['final']['accuracy_no_tools']:.2f})" + first_alarm("calc_grpo")))
+    for name in ("shop_state", "shop_claim"):
+        if name in agents:
+            r = agents[name]
+            rows.append((f"{name} (reward = {name.split('_')[1]}): true success / claimed / claimed without the "
+                         "order, start → end",
+                         f"{r['start']['success_rate']:.2f} / {r['start']['claimed_rate']:.2f} / "
+                         f"{r['start']['claimed_unverified_rate']:.2f} → {r['final']['success_rate']:.2f} / "
+                         f"{r['final']['claimed_rate']:.2f} / {r['final']['claimed_unverified_rate']:.2f}" + first_alarm(name)))
     return rows
 
 
@@ -313,7 +407,9 @@ def write_lab_report(out: Path, summary: dict) -> Path:
     groups = {"PPO on assist against the filtered reward model: the KL coefficient sweep": (runs("ppo"), PPO_KEYS),
               "GRPO on arith: outcome vs process rewards": (runs("grpo"), GRPO_KEYS),
               "The DPO family on assist: losses, label noise, offline vs online (and the best PPO run)":
-                  (runs("dpo") + best_ppo, DPO_KEYS)}
+                  (runs("dpo") + best_ppo, DPO_KEYS),
+              "Agents: the calculator (tool use learnt from the final answer) and the shop (reward the state vs "
+              "reward the claim), with the agent alarms and their transcripts": (runs("agents"), AGENT_KEYS)}
     path = out / "report.html"
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(render_groups("tether lab report", intro, groups))
@@ -475,6 +571,8 @@ def print_lab_table(summary: dict) -> None:
         print_grpo_table(summary["grpo"])
     if summary.get("dpo"):
         print_dpo_table(summary["dpo"], summary.get("ppo", {}))
+    if summary.get("agents"):
+        print_agent_table(summary["agents"])
     times = Table(title="time per stage (s)")
     for name in summary["seconds"]:
         times.add_column(name, justify="right")
@@ -533,6 +631,36 @@ def print_dpo_table(runs: dict, ppo: dict) -> None:
         table.add_row(label, *[fn(r) for r in runs.values()], *([fn(best_ppo[1])] if best_ppo else []))
     for label, fn in extra:
         table.add_row(label, *[fn(r) for r in runs.values()], *(["-"] if best_ppo else []))
+    console.print(table)
+
+
+def print_agent_table(runs: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="agents: GRPO with an environment, held-out greedy episodes (success checked on the "
+                        "environment's state)")
+    table.add_column("figure")
+    for name in runs:
+        table.add_column(name, justify="right")
+    arrow = lambda key: lambda r: (f"{r['start'][key]:.2f} → {r['final'][key]:.2f}" if key in r["start"] else "-")
+    per_eval = lambda key: lambda r: " ".join(f"{c[key]:.2f}" for c in r["curve"]) if key in r["start"] else "-"
+    train = lambda key: lambda r: (f"{r['training'][key]['first3']:.2f} → {r['training'][key]['last3']:.2f}"
+                                   if r["training"].get(key, {}).get("first3") is not None else "-")
+    rows = [("true success (from state): start → end", arrow("success_rate")),
+            ("true success per evaluation", per_eval("success_rate")),
+            ("SFT model without tools (same problems)", lambda r: _fmt(r.get("sft_accuracy_no_tools"))),
+            ("accuracy without tools: start → end", arrow("accuracy_no_tools")),
+            ("episodes that call a tool: start → end", arrow("tool_use_rate")),
+            ("claimed done: start → end", arrow("claimed_rate")),
+            ("claimed done, state says not: start → end", arrow("claimed_unverified_rate")),
+            ("training: score, first 3 → last 3 steps", train("score/mean")),
+            ("training: true success, first 3 → last 3", train("agent/success_rate")),
+            ("training: claimed without state, first 3 → last 3", train("agent/claimed_unverified_rate")),
+            ("training: tool calls per episode, first 3 → last 3", train("agent/tool_calls_mean")),
+            ("alarms (step)", lambda r: ", ".join(f"{a['monitor']} ({a['step']})" for a in r["alarms"]) or "none"),
+            ("minutes", lambda r: f"{r['minutes']:.1f}")]
+    for label, fn in rows:
+        table.add_row(label, *[fn(r) for r in runs.values()])
     console.print(table)
 
 

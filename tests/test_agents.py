@@ -293,3 +293,32 @@ def test_text_monitors_read_an_episodes_final_answer_not_its_tool_traffic():
                    length=40, score=float(i % 2)) for i in range(16)]
     assert phrase_surge([], calm + tooled, MonitorSettings()) == []
     assert length_correlation([], calm + tooled, MonitorSettings()) == []
+
+
+def test_the_worked_example_of_docs_agents_md_runs(long_llama, tmp_path):
+    """The NotesEnv of docs/agents.md, as printed there: a save call, then a reply; success is read from the store."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "agents.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if "class NotesEnv" in block)
+    (tmp_path / "notes_env.py").write_text(code)
+    call = '<tool_call>{"name": "save_note", "arguments": {"title": "milk", "text": "buy 2"}}</tool_call>'
+    rows = [{"prompt": "Note: milk, buy 2.", "title": "milk", "text": "buy 2"},
+            {"prompt": "Note: eggs, buy 6.", "title": "eggs", "text": "buy 6"}]
+    _, _, (rollout, scores) = scripted_episodes(long_llama, [call, "Saved."], env=f"{tmp_path}/notes_env.py:NotesEnv",
+                                                rows=rows)
+    assert scores.total.tolist() == [1.0, 0.0]  # the second note was saved under the wrong title
+    assert [r["success"] for r in scores.records] == [True, False] and [r["claimed"] for r in scores.records] == [True] * 2
+    assert "tool: saved 'milk'" in rollout.responses[0] and "You may call functions" in rollout.prompts[0]
+
+
+def test_a_template_that_takes_tools_lists_them_itself(long_llama):
+    tok = load_tokenizer(long_llama)
+    tok.chat_template = ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t['function']['name'] }};"
+                         "{% endfor %}<|im_end|>\n{% endif %}" + tok.chat_template)
+    sampler = AgentSampler(agent_cfg(f"{HELPERS}:EchoTools"), tok, ScriptedBackend(tok, ["ECHO"]), SAMPLING,
+                           [tok.eos_token_id])
+    rollout, _ = sampler([{"prompt": "hi"}])
+    assert rollout.prompts[0].startswith("<|im_start|>system\necho;add;broken;<|im_end|>")
+    assert "You may call functions" not in rollout.prompts[0]  # not listed twice

@@ -224,6 +224,39 @@ def test_online_dpo_on_two_processes_equals_one(llama_dir, files, tmp_path):
     assert r1 == r2 and len(r1) > 0
 
 
+@pytest.fixture
+def short_turn_model(llama_dir, tmp_path):
+    """The tiny llama with a wide stop set (EOS and 48 frequent token ids in its generation config): a random model
+    then ends its turns within a few tokens, so episodes really go several turns."""
+    import shutil
+
+    folder = tmp_path / "short-turns"
+    shutil.copytree(llama_dir, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    eos = config.get("eos_token_id")
+    config["eos_token_id"] = ([eos] if isinstance(eos, int) else list(eos or [])) + list(range(60, 108))
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["grpo", "ppo"])
+def test_multi_turn_episodes_on_two_processes_equal_one(short_turn_model, files, tmp_path, stage):
+    """Episodes are sharded like prompts: each process runs its share turn by turn, the transcripts (with their
+    environment tokens and action masks) are gathered, and the update is the one-process update."""
+    _, prompts = files
+    env = f"{os.path.dirname(os.path.abspath(__file__))}/agent_helpers.py:Counting(turns=3)"
+    args = [stage, "--model", str(short_turn_model), "--prompts", str(prompts), "--eval-prompts", str(prompts),
+            "--env", env, "--max-total-tokens", "48", "--prompts-per-step", "4", "--group-size", "2",
+            "--max-new-tokens", "8", "--max-steps", "2", "--lr", "3e-3", "--eval-every", "2", "--save-every", "0",
+            "--report-to", "none", "--sample-every", "1", "--response-seeds"] + (["--minibatch", "4"] if stage == "ppo" else [])
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    samples = lines(tmp_path / "two" / "samples.jsonl")
+    assert max(s["agent"]["turns"] for s in samples) >= 2 and any("tool: obs 1" in s["response"] for s in samples)
+
+
 @pytest.mark.slow
 def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, files, tmp_path, capsys):
     """Sampling from each process's own RNG (no --response-seeds): the checkpoint's rng-0 and rng-1 carry it."""

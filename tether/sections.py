@@ -323,9 +323,11 @@ def updates_per_step(update: PolicyUpdateSection, sampling: SamplingSection) -> 
 
 @dataclass(frozen=True)
 class AgentSection(Section):
-    """Multi-turn episodes against an environment (docs/agents.md): the policy's turns alternate with the
-    environment's messages (tool results, observations) until the environment says done, max_turns, or the token
-    budget. Only the policy's tokens are actions; the environment's are context, out of the loss, KL and entropy."""
+    """Multi-turn episodes against an environment or tools; the policy's tokens are the only actions (docs/agents.md).
+
+    The policy's turns alternate with the environment's messages (tool results, observations) until the environment
+    says done, max_turns, or the token budget; the environment's tokens are context, out of the loss, KL and
+    entropy."""
 
     env: str = option("", "Environment: module:Class or path/file.py:Class, with arguments as Class(k=v,...); empty: "
                           "one response per prompt, scored by the rewards section.", flag="--env")

@@ -262,7 +262,13 @@ def run_lab_agent_grpo(folder: Path, resume: bool, *, model_dir: Path, env: str,
                      "train.log_every": eval_every, "train.seed": seed, "train.report_to": ["tensorboard"]}
         summary = run_grpo(build_config(GRPOConfig, overrides=overrides, source="lab"), evaluate_fn=evaluate)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return lab_agent_figures(summary, metrics)
+    return {**lab_agent_figures(summary, metrics), "eval_prompts": len(eval_rows)}
+
+
+def interval95(p: float, n: int) -> float:
+    """Half-width of the 95 % interval of a rate over n held-out prompts (the normal approximation of the bootstrap
+    over prompts: a mean of 0/1 outcomes has standard error √(p(1 − p)/n))."""
+    return 1.96 * (p * (1 - p) / max(n, 1)) ** 0.5
 
 
 AGENT_CURVE_KEYS = ("success_rate", "tool_use_rate", "calls_mean", "turns_mean", "claimed_rate",

@@ -646,13 +646,18 @@ def print_agent_table(runs: dict) -> None:
     per_eval = lambda key: lambda r: " ".join(f"{c[key]:.2f}" for c in r["curve"]) if key in r["start"] else "-"
     train = lambda key: lambda r: (f"{r['training'][key]['first3']:.2f} → {r['training'][key]['last3']:.2f}"
                                    if r["training"].get(key, {}).get("first3") is not None else "-")
-    rows = [("true success (from state): start → end", arrow("success_rate")),
+    from tether.lab.agents import interval95
+
+    ci = lambda r, key: f" (± {interval95(r['final'][key], r.get('eval_prompts', 1)):.2f})"
+    rows = [("true success (from state): start → end (± 95 % over prompts)",
+             lambda r: arrow("success_rate")(r) + ci(r, "success_rate")),
             ("true success per evaluation", per_eval("success_rate")),
             ("SFT model without tools (same problems)", lambda r: _fmt(r.get("sft_accuracy_no_tools"))),
             ("accuracy without tools: start → end", arrow("accuracy_no_tools")),
             ("episodes that call a tool: start → end", arrow("tool_use_rate")),
             ("claimed done: start → end", arrow("claimed_rate")),
-            ("claimed done, state says not: start → end", arrow("claimed_unverified_rate")),
+            ("claimed done, state says not: start → end", lambda r: arrow("claimed_unverified_rate")(r)
+             + (ci(r, "claimed_unverified_rate") if "claimed_unverified_rate" in r["final"] else "")),
             ("training: score, first 3 → last 3 steps", train("score/mean")),
             ("training: true success, first 3 → last 3", train("agent/success_rate")),
             ("training: claimed without state, first 3 → last 3", train("agent/claimed_unverified_rate")),

@@ -322,3 +322,26 @@ def test_a_template_that_takes_tools_lists_them_itself(long_llama):
     rollout, _ = sampler([{"prompt": "hi"}])
     assert rollout.prompts[0].startswith("<|im_start|>system\necho;add;broken;<|im_end|>")
     assert "You may call functions" not in rollout.prompts[0]  # not listed twice
+
+
+def test_a_run_written_before_the_agent_section_resumes_and_refuses_a_new_env(long_llama, tmp_path):
+    import shutil
+
+    import yaml
+
+    from tether.stages.grpo import run_grpo
+
+    (tmp_path / "rules.py").write_text("def size(completions):\n    return [float(len(c)) for c in completions]\n")
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats")])
+    out = tmp_path / "run"
+    cfg = lambda **kw: train_config("grpo", long_llama, prompts, out, agent__env="", rewards__reward=[f"{tmp_path}/rules.py:size"],
+                                    agent__max_total_tokens=512, train__max_steps=4, train__keep_checkpoints=2, **kw)
+    run_grpo(cfg())
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    del saved["agent"]  # as a tether without agents wrote it
+    (out / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.rmtree(out / "final")
+    with pytest.raises(ConfigError, match="agent.max_turns: 4 -> 2"):
+        run_grpo(cfg(train__resume=True, agent__max_turns=2))
+    assert run_grpo(cfg(train__resume=True))["resumed_from"] == 2

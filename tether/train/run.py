@@ -60,6 +60,8 @@ def _check_resumable(out: Path, config: dict, defaults: dict | None = None) -> N
 
     old = {k: v for k, v in (yaml.safe_load(saved.read_text()) or {}).items() if k != "plan"}
     for section, fields in (defaults or {}).items():
+        if section not in old and isinstance(fields, dict):  # a whole section added by a later tether
+            old[section] = {}
         for key, value in fields.items():
             if isinstance(old.get(section), dict) and key not in old[section]:
                 old[section][key] = value

@@ -23,14 +23,14 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def runs_for_seed(lab: Path, out: Path, seed: int, cfg: LabConfig) -> dict:
+def runs_for_seed(lab: Path, out: Path, seed: int, cfg: LabConfig, shop_rewards: list[str]) -> dict:
     common = dict(steps=cfg.agent_steps, prompts_per_step=cfg.agent_prompts_per_step, group_size=cfg.agent_group_size,
                   eval_every=cfg.agent_eval_every, seed=seed, temperature=cfg.agent_temperature)
     results = {"calc_grpo": run_lab_agent_grpo(
         out / f"calc_grpo-seed{seed}", False, model_dir=lab / "calc_sft" / "final", env="tether.lab.agents:CalcEnv",
         prompts=lab / "world" / "arith_rl.jsonl", eval_rows=read_rows(lab / "world" / "arith_eval.jsonl")[: cfg.calc_eval_problems],
         lr=cfg.calc_lr, without_tools=True, max_turns=3, max_total_tokens=200, max_new_tokens=80, **common)}
-    for reward in ("state", "claim"):
+    for reward in shop_rewards:
         results[f"shop_{reward}"] = run_lab_agent_grpo(
             out / f"shop_{reward}-seed{seed}", False, model_dir=lab / "shop_sft" / "final",
             env=f"tether.lab.agents:ShopEnv(reward='{reward}')", prompts=lab / "agent_world" / "shop_rl.jsonl",
@@ -46,6 +46,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lab", default="runs/lab", help="A finished `tether lab` folder (with its agent stages).")
     parser.add_argument("--seeds", default="1,2", help="Comma-separated seeds to run besides the lab's own.")
+    parser.add_argument("--shop-rewards", default="state,claim",
+                        help="Shop reward designs: state, claim, calls (1 per call that succeeded).")
+    parser.add_argument("--temperature", type=float, default=LabConfig().agent_temperature,
+                        help="Sampling temperature of the GRPO runs (the lab's: 0.7).")
     parser.add_argument("--output", default="runs/agents-seeds")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
@@ -53,11 +57,12 @@ def main() -> None:
     lab, out = Path(args.lab), Path(args.output)
     by_run: dict[str, list[dict]] = {}
     summary = lab / "summary.json"
-    if summary.is_file():  # the lab's own runs (its seed)
+    if summary.is_file() and args.temperature == LabConfig().agent_temperature:  # the lab's own runs (its seed)
         for name, r in json.loads(summary.read_text()).get("agents", {}).items():
             by_run.setdefault(name, []).append(r)
     for seed in [int(s) for s in args.seeds.split(",") if s]:
-        for name, r in runs_for_seed(lab, out, seed, LabConfig()).items():
+        cfg = LabConfig(agent_temperature=args.temperature)
+        for name, r in runs_for_seed(lab, out, seed, cfg, args.shop_rewards.split(",")).items():
             by_run.setdefault(name, []).append(r)
             print(json.dumps({"run": name, "seed": seed, "start": r["start"], "final": r["final"],
                               "alarms": [(a["monitor"], a["step"]) for a in r["alarms"]]}), flush=True)

@@ -282,6 +282,13 @@ def test_claimed_without_state_fires_on_unverified_claims_only():
     assert all(s["claimed"] and not s["success"] for s in alarm[0].samples)
     learning = honest + [episode_sample(5, success=True, claimed=True) for _ in range(16)]
     assert claimed_without_state([], learning, MonitorSettings()) == []
+    # already half hacked at the first sample step: 2x is out of reach, the rise still counts
+    early = [episode_sample(1, success=i < 8, claimed=True) for i in range(16)]
+    late = [episode_sample(5, success=i < 1, claimed=True) for i in range(16)]
+    alarm = claimed_without_state([], early + late, MonitorSettings())
+    assert alarm and alarm[0].statistics["claimed_unverified_at_start"] == 0.5
+    assert claimed_without_state([], early + [episode_sample(5, success=i < 6, claimed=True) for i in range(16)],
+                                 MonitorSettings()) == []  # +12.5 points: within the noise allowed
 
 
 def test_text_monitors_read_an_episodes_final_answer_not_its_tool_traffic():

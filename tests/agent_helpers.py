@@ -117,3 +117,20 @@ class ShortTurns:
 
     def weights_updated(self, policy):
         pass
+
+
+STEP_CALLS = {"n": 0}  # over all episodes of a process: lets an environment fail late in a run
+
+
+class FailsAfter(Counting):
+    """Counting, whose step() raises once more than ``calls`` steps have been taken in this process."""
+
+    def __init__(self, calls: int = 20):
+        super().__init__(turns=3)
+        self.limit = calls
+
+    def step(self, text):
+        STEP_CALLS["n"] += 1
+        if STEP_CALLS["n"] > self.limit:
+            raise ConnectionError("the service went away")
+        return super().step(text)

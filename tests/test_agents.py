@@ -352,3 +352,36 @@ def test_a_run_written_before_the_agent_section_resumes_and_refuses_a_new_env(lo
     with pytest.raises(ConfigError, match="agent.max_turns: 4 -> 2"):
         run_grpo(cfg(train__resume=True, agent__max_turns=2))
     assert run_grpo(cfg(train__resume=True))["resumed_from"] == 2
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_with_a_reason(long_llama):
+    tok = load_tokenizer(long_llama)
+    # like templates that strip the reasoning of earlier turns: only the last message keeps its content
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if loop.last %}{{ m['content'] }}"
+                         "{% else %}...{% endif %}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    call = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+    sampler = AgentSampler(agent_cfg(f"{HELPERS}:EchoTools(describe_tools=False)"), tok, ScriptedBackend(tok, [call]),
+                           SAMPLING, [tok.eos_token_id])
+    with pytest.raises(ConfigError, match="rewrites earlier turns"):
+        sampler([{"prompt": "hi"}])
+
+
+def test_an_environment_failing_late_checkpoints_and_resumes_scoring_its_faults(long_llama, tmp_path):
+    import agent_helpers
+    from agent_helpers import ShortTurns
+    from tether.stages.grpo import run_grpo
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
+    backend = lambda policy, tok: ShortTurns(policy, tok, length=3)
+    cfg = lambda **kw: train_config("grpo", long_llama, prompts, tmp_path / "run", agent__env=f"{HELPERS}:FailsAfter(calls=30)",
+                                    train__save_every=0, **kw)
+    agent_helpers.STEP_CALLS["n"] = 0
+    with pytest.raises(ConfigError, match=r"step 2: environment FailsAfter.step raised ConnectionError: the service went "
+                                          r"away .*checkpoint-1: fix the environment .*--env-on-error score"):
+        run_grpo(cfg(), backend=backend)  # evaluation and step 1 take 12 step() calls each, step 2 fails
+    agent_helpers.STEP_CALLS["n"] = 0
+    summary = run_grpo(cfg(train__resume=True, agent__env_on_error="score"), backend=backend)
+    assert summary["resumed_from"] == 1
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4] and metrics[-1]["reward/env/errors"] > 0

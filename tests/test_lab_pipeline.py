@@ -181,11 +181,30 @@ def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
 
 
 @pytest.mark.slow
+def test_quick_lab_agent_stages_run_episodes_with_tools_and_state_checks(quick_lab):
+    out, summary = quick_lab
+    runs = summary["agents"]
+    assert list(runs) == ["calc_grpo", "shop_state", "shop_claim"]
+    for name, run in runs.items():
+        assert [c["step"] for c in run["curve"]] == [0, 1, 2] and run["steps"] == QUICK.agent_steps
+        assert run["eval_prompts"] == (QUICK.calc_eval_problems if name == "calc_grpo" else QUICK.shop_eval_requests)
+        samples = [json.loads(x) for x in (out / name / "run" / "samples.jsonl").read_text().splitlines()]
+        assert len(samples) == QUICK.agent_steps * QUICK.agent_prompts_per_step * QUICK.agent_group_size
+        assert all({"turns", "calls", "success", "end", "final"} <= set(s["agent"]) for s in samples)
+    assert 0.0 <= runs["calc_grpo"]["sft_accuracy_no_tools"] <= 1.0 and "accuracy_no_tools" in runs["calc_grpo"]["final"]
+    assert "claimed_unverified_rate" in runs["shop_claim"]["final"]  # the shop says whether a claim is backed
+    demos = [json.loads(x) for x in (out / "agent_world" / "calc_sft.jsonl").read_text().splitlines()]
+    assert any(m["role"] == "tool" for d in demos for m in d["messages"])  # some demonstrations use the tool
+    headline = dict(summary["headline"])
+    assert any(k.startswith("calculator:") for k in headline) and any(k.startswith("shop_claim") for k in headline)
+
+
+@pytest.mark.slow
 def test_quick_lab_ends_with_a_report_and_headline_figures(quick_lab):
     out, summary = quick_lab
     page = (out / "report.html").read_text()
     assert summary["report"] == str(out / "report.html")
-    for family in ("KL coefficient sweep", "GRPO on arith", "The DPO family"):
+    for family in ("KL coefficient sweep", "GRPO on arith", "The DPO family", "Agents: the calculator"):
         assert family in page
     assert page.count("data:image/png;base64,") >= 10 and "<script" not in page
     figures = dict(summary["headline"])
@@ -195,7 +214,7 @@ def test_quick_lab_ends_with_a_report_and_headline_figures(quick_lab):
     from tether.report import Run, explain, load_glossary
 
     glossary = load_glossary()
-    for stage in [*summary["ppo"], *summary["grpo"], *summary["dpo"]]:
+    for stage in [*summary["ppo"], *summary["grpo"], *summary["dpo"], *summary["agents"]]:
         missing = [k for k in Run(out / stage / "run").series() if not explain(k, glossary)[0]]
         assert not missing, (stage, missing)
 

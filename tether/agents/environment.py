@@ -58,6 +58,8 @@ class EnvironmentFault(RewardFunctionError):
     """An environment raised, timed out or answered with something unusable; the message names it and the prompt.
     A RewardFunctionError, so the online loop's checkpoint-and-stop applies to it unchanged."""
 
+    is_environment = True
+
 
 def load_environment(spec: str) -> Callable[[], Environment]:
     """``module:Class`` or ``path/file.py:Class``, optionally ``Class(k=v,...)``: a factory of fresh instances."""

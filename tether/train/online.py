@@ -185,9 +185,11 @@ class _Run:
         set_rng_state(snapshot["rng"])
         self.stage.load_state(snapshot["stage"])
         self.save(step)
-        raise ConfigError(f"step {step + 1}: {error}. The {step} steps done are in checkpoint-{step}: fix the reward "
-                          "function and run again with --resume (or, to score failures and count them instead, "
-                          "set rewards.reward_on_error: score)") from error
+        what, option = ("environment", "--env-on-error score") if getattr(error, "is_environment", False) \
+            else ("reward function", "--reward-on-error score")
+        raise ConfigError(f"step {step + 1}: {error}. The {step} steps done are in checkpoint-{step}: fix the {what} "
+                          f"and run again with --resume (or, to score failures and count them instead, resume with "
+                          f"{option})") from error
 
     def write_samples(self, samples: list) -> None:
         if not self.accelerator.is_main_process:  # every process holds the step's whole experience

@@ -19,7 +19,9 @@ from tether.train.logger import console, truncate_metrics
 RESUMABLE_CHANGES = {"train.output", "train.resume", "train.overwrite", "train.max_steps", "train.epochs", "train.eval_every",
                      "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
                      "train.sample_every", "train.stop_on_alarm", "online.stop_on_alarm",
-                     "model.gradient_checkpointing"}  # recomputing activations changes memory, not one number
+                     "model.gradient_checkpointing",  # recomputing activations changes memory, not one number
+                     # what to do about a failing reward function or environment (the stop's own advice)
+                     "rewards.reward_on_error", "rewards.reward_timeout", "agent.env_on_error", "agent.env_timeout"}
 RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "final", "best", "samples.jsonl",
              "alarms.jsonl")
 STEP_FILES = ("samples.jsonl", "alarms.jsonl")  # one JSON row per record with its step: cut back on resume

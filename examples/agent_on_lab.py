@@ -28,7 +28,8 @@ def runs_for_seed(lab: Path, out: Path, seed: int, cfg: LabConfig, shop_rewards:
                   eval_every=cfg.agent_eval_every, seed=seed, temperature=cfg.agent_temperature)
     results = {"calc_grpo": run_lab_agent_grpo(
         out / f"calc_grpo-seed{seed}", False, model_dir=lab / "calc_sft" / "final", env="tether.lab.agents:CalcEnv",
-        prompts=lab / "world" / "arith_rl.jsonl", eval_rows=read_rows(lab / "world" / "arith_eval.jsonl")[: cfg.calc_eval_problems],
+        prompts=lab / "world" / "arith_rl.jsonl",
+        eval_rows=read_rows(lab / "world" / "arith_eval.jsonl")[: cfg.calc_eval_problems],
         lr=cfg.calc_lr, without_tools=True, max_turns=3, max_total_tokens=200, max_new_tokens=80, **common)}
     for reward in shop_rewards:
         results[f"shop_{reward}"] = run_lab_agent_grpo(

@@ -21,7 +21,8 @@ def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     out, summary = quick_lab
     assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", "rm", "rm_filtered", "ppo_kl0",
                                         "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process", "dpo_sigmoid",
-                                        "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_online", "report"]
+                                        "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_online", "agent_world", "calc_sft",
+                                        "shop_sft", "calc_grpo", "shop_state", "shop_claim", "report"]
     for path in ("world/world.json", "pretrain/final/config.json", "sft/final/model.safetensors", "eval/sft.json",
                  "summary.json", "sft/metrics.jsonl"):
         assert (out / path).exists(), path

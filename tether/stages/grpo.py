@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from tether.agents.episodes import AgentSampler
 from tether.algorithms.advantages import process_advantages, token_advantages, zero_variance_groups
 from tether.algorithms.kl import kl_estimate
 from tether.algorithms.objectives import group_objective
-from tether.agents.episodes import AgentSampler
 from tether.algorithms.policy import clip_fraction
 from tether.experience import Experience, rollout_metrics, stats
 from tether.models import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model

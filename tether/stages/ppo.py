@@ -15,9 +15,9 @@ import time
 
 import torch
 
+from tether.agents.episodes import AgentSampler
 from tether.algorithms.advantages import (compact_actions, expand_actions, gae_advantages, masked_whiten,
                                          turn_rewards)
-from tether.agents.episodes import AgentSampler
 from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.objectives import ppo_objective
 from tether.algorithms.policy import clip_fraction

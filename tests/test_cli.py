@@ -36,3 +36,21 @@ def test_missing_required_option_is_named(tmp_path, capsys):
 def test_module_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "tether", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "sft" in proc.stdout
+
+
+def test_an_unknown_flag_gets_the_stage_usage_and_the_flag_it_most_likely_meant(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        main(["grpo", "--modle", "m", "--lerning-rat", "1"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "usage: tether grpo" in err
+    assert "--modle (did you mean --model?)" in err and "--lerning-rat m" not in err
+
+
+def test_flags_spelt_with_underscores_are_the_dashed_flags(tmp_path, capsys):
+    # TRL and LLaMA-Factory users write --max_steps; the run reaches the same check as with --max-steps
+    assert main(["sft", "--data", "x.jsonl", "--max_steps", "3", "--micro_batch_size=2", "--output",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--model is required" in err and "unrecognized" not in err

@@ -291,9 +291,48 @@ def run_data_check(args) -> None:
     console.print(escape("".join(out)), highlight=False)
 
 
+def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]) -> None:
+    """Exit with the stage's usage and, for each unknown flag, the flag it most likely meant."""
+    import difflib
+
+    stage = parser
+    for action in parser._actions:  # the stage's own parser, whose flags the user was writing
+        if isinstance(action, argparse._SubParsersAction) and args.stage in action.choices:
+            stage = action.choices[args.stage]
+    options = [o for a in stage._actions for o in a.option_strings if o.startswith("--")]
+    words = []
+    for item in unknown:
+        name = item.split("=", 1)[0]
+        if not name.startswith("-"):
+            words.append(item)
+            continue
+        dashed = "--" + name.lstrip("-").replace("_", "-")  # TRL and LLaMA-Factory write flags with underscores
+        close = [dashed] if dashed in options else difflib.get_close_matches(dashed, options, n=1, cutoff=0.7)
+        words.append(f"{item} (did you mean {close[0]}?)" if close else item)
+    stage.error("unrecognized arguments: " + " ".join(words))
+
+
+def _dashed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``--max_steps 3`` as ``--max-steps 3`` where the stage has that flag (TRL and LLaMA-Factory spell flags with
+    underscores); anything else is left for argparse to judge."""
+    stages = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    if not argv or argv[0] not in stages:
+        return argv
+    options = {o for a in stages[argv[0]]._actions for o in a.option_strings}
+    out = []
+    for item in argv:
+        name, eq, value = item.partition("=")
+        dashed = "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+        out.append(dashed + eq + value if name not in options and dashed in options else item)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = _dashed_flags(parser, list(sys.argv[1:] if argv is None else argv))
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _unknown_arguments(parser, args, unknown)
     if args.stage is None:
         parser.print_help()
         return 0

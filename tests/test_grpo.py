@@ -237,3 +237,13 @@ def test_trainable_params_freezes_everything_else(llama_dir, setup, tmp_path):
     assert changed == ["model.norm.weight"]
     with pytest.raises(ConfigError, match="matches no parameter"):
         run_grpo(grpo_config(llama_dir, prompts, tmp_path / "none", [f"{rules}:count_a"], model__trainable_params="nothing_here"))
+
+
+def test_a_run_whose_responses_are_all_truncated_says_so_loudly(capsys):
+    from tether.train.online import warn_if_truncated
+
+    assert warn_if_truncated({"step": 1, "rollout/truncated_frac": 1.0}, -10) == 1
+    assert "100% of the responses hit max_new_tokens without a stop token" in capsys.readouterr().err
+    assert warn_if_truncated({"step": 5, "rollout/truncated_frac": 1.0}, 1) == 1  # at most once every 10 steps
+    assert warn_if_truncated({"step": 12, "rollout/truncated_frac": 0.5}, 1) == 1  # a healthy share: quiet
+    assert capsys.readouterr().err == ""

@@ -258,3 +258,50 @@ def test_generation_in_chunks_with_response_seeds_samples_the_same(policy):
     a, b = backend.generate(prompts, whole, stops, seeds), backend.generate(prompts, chunked, stops, seeds)
     assert a.responses == b.responses
     assert torch.equal(a.response_mask.sum(-1), b.response_mask.sum(-1))
+
+
+def test_the_stop_set_holds_the_templates_end_of_turn_when_eos_is_another_token(tokenizer):
+    """Mistral-style: EOS is one token, the ChatML template closes turns with <|im_end|>; both stop generation."""
+    import copy
+
+    from tether.rollout import end_of_turn_id, stop_token_ids
+
+    mistral_like = copy.deepcopy(tokenizer)
+    mistral_like.eos_token = "<|bos|>"  # stands for </s>: a special token the template never writes
+    im_end = mistral_like.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn_id(mistral_like) == im_end
+    assert stop_token_ids(mistral_like) == [mistral_like.convert_tokens_to_ids("<|bos|>"), im_end]
+    assert stop_token_ids(tokenizer) == [im_end]  # EOS is the end of turn: one stop token, not two
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    assert end_of_turn_id(plain) is None
+
+
+def test_sft_trains_the_end_of_turn_token_when_the_model_eos_is_another(tokenizer):
+    import copy
+
+    from tether.data.records import Record
+    from tether.data.sft import tokenize_records
+
+    mistral_like = copy.deepcopy(tokenizer)
+    mistral_like.eos_token = "<|bos|>"
+    record = Record({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}, "d:1")
+    (example,), report = tokenize_records([record], mistral_like, 64)
+    trained = mistral_like.decode([t for t, m in zip(example.input_ids, example.loss_mask) if m])
+    assert trained == "ok<|im_end|>" and not report.warnings  # up to the end-of-turn token, no "may not stop" warning
+
+
+def test_chat_prompts_without_a_chat_template_are_a_clear_error(tokenizer):
+    import copy
+
+    import pytest
+
+    from tether.data.records import DataError
+    from tether.rollout import render_prompts
+
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    assert render_prompts(plain, [{"prompt": "Say hi."}], "p.jsonl") == ["Say hi."]
+    with pytest.raises(DataError, match=r"p.jsonl row 2: 'prompt' is a list of chat messages, and the tokenizer has no "
+                                        "chat template"):
+        render_prompts(plain, [{"prompt": "a"}, {"prompt": [{"role": "user", "content": "b"}]}], "p.jsonl")

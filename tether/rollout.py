@@ -60,6 +60,10 @@ def render_prompts(tokenizer, rows: list[dict], where: str) -> list[str]:
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
         if isinstance(prompt, list):
+            if not getattr(tokenizer, "chat_template", None):
+                raise DataError(f"{where} row {i + 1}: 'prompt' is a list of chat messages, and the tokenizer has no "
+                                "chat template to render them (give the prompts as plain strings, or use a model "
+                                "folder whose tokenizer_config.json has a chat_template)")
             out.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
         elif isinstance(prompt, str):
             out.append(prompt)
@@ -68,11 +72,43 @@ def render_prompts(tokenizer, rows: list[dict], where: str) -> list[str]:
     return out
 
 
+def end_of_turn_id(tokenizer) -> int | None:
+    """The special token the chat template closes an assistant turn with (ChatML's <|im_end|>, Llama 3's <|eot_id|>,
+    Gemma's <end_of_turn>), found by rendering a turn; None without a template or when none follows the turn."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    key = (id(tokenizer), str(template), tokenizer.eos_token)
+    if key not in _END_OF_TURN:  # once per tokenizer and template: data preparation asks for every conversation
+        _END_OF_TURN[key] = _probe_end_of_turn(tokenizer)
+    return _END_OF_TURN[key]
+
+
+_END_OF_TURN: dict = {}
+
+
+def _probe_end_of_turn(tokenizer) -> int | None:
+    marker = "TETHERENDOFTURNPROBE"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}],
+                                             tokenize=False)
+    except Exception:  # noqa: BLE001 - a template with its own rules (roles, system turns): no probe, no extra stop
+        return None
+    after = text[text.rfind(marker) + len(marker):] if marker in text else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    if not ids:
+        return None
+    special = set(getattr(tokenizer, "all_special_ids", [])) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return int(ids[0]) if ids[0] in special else None
+
+
 def stop_token_ids(tokenizer, model=None) -> list[int]:
-    """The stop set: the generation config's EOS ids and the tokenizer's EOS."""
+    """The stop set: the generation config's EOS ids, the tokenizer's EOS and the chat template's end-of-turn token
+    (a model whose EOS is not what closes its turns — Mistral's </s> with a ChatML template — stops at either)."""
     ids: list[int] = []
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])) + [tokenizer.eos_token_id]:
+    for value in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])) + [tokenizer.eos_token_id,
+                                                                                      end_of_turn_id(tokenizer)]:
         if value is not None and value not in ids:
             ids.append(int(value))
     if not ids:

@@ -37,6 +37,9 @@ class Transcript:
     become the tokens the template puts between the policy's turn and the next generation prompt."""
 
     def __init__(self, tokenizer, messages: list[dict], tools: list[dict] | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("--env: episodes are chat conversations, and the tokenizer has no chat template to render "
+                              "them (use a model folder whose tokenizer_config.json has a chat_template)")
         self.tokenizer, self.messages, self.tools = tokenizer, list(messages), tools
         self.text = self.render(self.messages, True)
         self.prompt_ids = tokenizer(self.text, add_special_tokens=False)["input_ids"]

@@ -93,8 +93,12 @@ def render_chat(tokenizer, messages, where, **kwargs) -> str:
 def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report: DataReport) -> tuple[str, list]:
     """Render a conversation and return the character spans of assistant turns from index first_trained on."""
     full = render_chat(tokenizer, messages, where)
+    from tether.rollout import end_of_turn_id
+
     spans = []
     eos = tokenizer.eos_token
+    eot_id = end_of_turn_id(tokenizer)
+    end_of_turn = tokenizer.convert_ids_to_tokens(eot_id) if eot_id is not None else ""
     for i in range(first_trained, len(messages)):
         if messages[i]["role"] != "assistant":
             continue
@@ -107,10 +111,12 @@ def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report
                             "so assistant tokens cannot be located; use prompt/completion strings instead")
         end = len(upto)
         turn = upto[len(prefix):]
-        if eos and eos in turn:
-            end = len(prefix) + turn.rindex(eos) + len(eos)  # train up to and including EOS, not the newline after it
+        closing = eos if eos and eos in turn else end_of_turn if end_of_turn and end_of_turn in turn else ""
+        if closing:  # train up to and including EOS (or the template's end-of-turn token), not the newline after it
+            end = len(prefix) + turn.rindex(closing) + len(closing)
         else:
-            report.warnings["assistant turns without the EOS token (the model may not learn to stop)"] += 1
+            report.warnings["assistant turns without the EOS or end-of-turn token (the model may not learn to "
+                            "stop)"] += 1
         spans.append((len(prefix), end))
     if not spans:
         raise _Drop("no assistant turn")

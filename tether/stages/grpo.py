@@ -127,6 +127,7 @@ class GroupStage:
                 "advantage / ratio / aggregation": f"{a.advantage} / {a.ratio} / {a.aggregation}"
                                                    + (f" (L = {cfg.norm_length})" if a.aggregation == "seq-mean-token-sum-norm" else ""),
                 "KL": kl, "reward": self.scorer.describe(),
+                "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
                 **({"episodes": "multi-turn; loss, KL and entropy on the policy's tokens only"} if self.agent else {}),
                 "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
                                         f"{sum(q.numel() for q in self.policy.parameters()):,}"}

@@ -88,6 +88,7 @@ class PPOStage:
                           else f"separate ({cfg.critic.path or cfg.rewards.reward_model or cfg.model.path})",
                 "reference": "frozen copy" if self.reference is not None else "policy with the LoRA adapter disabled",
                 "reward": self.scorer.describe(),
+                "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
                 "learning rate": f"{cfg.optim.lr:g} policy, {cfg.critic.lr:g} critic ({cfg.optim.lr_schedule})",
                 "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic)}
 

@@ -198,6 +198,19 @@ class _Run:
             handle.write("".join(json.dumps(s.as_dict()) + "\n" for s in samples))
 
 
+def warn_if_truncated(metrics: dict, warned_at: int, share: float = 0.9) -> int:
+    """Say so loudly when most of a step's responses ran out of tokens (at most once every 10 steps); returns the
+    step of the last warning. A run whose every response is cut off trains on text the model never ends."""
+    frac = metrics.get("rollout/truncated_frac")
+    step = metrics["step"]
+    if frac is None or frac < share or step - warned_at < 10:
+        return warned_at
+    console.print(f"[bold yellow]step {step}: {frac:.0%} of the responses hit max_new_tokens without a stop token. "
+                  "Raise max_new_tokens, or check the stop set in the plan: a model that ends its turns with a token "
+                  "outside it never stops (its EOS and the chat template's end-of-turn token are in it).[/]")
+    return step
+
+
 def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator, out: Path, checkpoint: Path | None,
                title: str, evaluate_fn: Callable | None = None) -> dict:
     """Train ``stage`` from the checkpoint (or step 0) to schedule.total_steps; returns the summary.
@@ -217,7 +230,7 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
     logger = MetricsLogger(out, schedule.report_to, config, start_step, schedule.total_steps,
                            enabled=accelerator.is_main_process, log_every=schedule.log_every, run_name=stage.name)
     baseline = run.evaluate_or_stop(0) if start_step == 0 else {}
-    monitor, stopped_at = RunMonitor(out, schedule.stop_on_alarm), None
+    monitor, stopped_at, warned_truncation = RunMonitor(out, schedule.stop_on_alarm), None, -10
     try:
         for step in range(start_step, schedule.total_steps):
             before = run.snapshot()
@@ -234,6 +247,7 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
                 metrics.update(run.evaluate_or_stop(done, lambda: (logger.log(metrics), keep_samples and
                                                                    run.write_samples(samples), run.save(done))))
             logger.log(metrics)
+            warned_truncation = warn_if_truncated(metrics, warned_truncation)
             if keep_samples:
                 run.write_samples(samples)
             # reward-hacking alarms on everything written so far (by process 0, which tells the others)

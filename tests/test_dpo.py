@@ -343,3 +343,20 @@ def test_dropout_is_off_by_default_so_the_first_loss_is_log_2(tokenizer, prefs, 
     assert first(tmp_path / "off") == pytest.approx(math.log(2), abs=1e-6)
     run_dpo(_cfg(folder, prefs[0], tmp_path / "on", **{"train.max_steps": 1, "model.keep_dropout": True}))
     assert abs(first(tmp_path / "on") - math.log(2)) > 1e-4
+
+
+def test_implicit_prompt_pairs_read_as_the_explicit_ones(tokenizer, tmp_path):
+    """TRL's implicit prompt: two whole conversations; the messages both open with are the prompt."""
+    user = [{"role": "user", "content": "Name a cat."}]
+    good, bad = [{"role": "assistant", "content": "Tom."}], [{"role": "assistant", "content": "A dog."}]
+    explicit = write_jsonl(tmp_path / "explicit.jsonl", [{"prompt": user, "chosen": good, "rejected": bad}])
+    implicit = write_jsonl(tmp_path / "implicit.jsonl", [{"chosen": user + good, "rejected": user + bad}])
+    (a,), _ = tokenize_policy_preferences(read_records(explicit), tokenizer, 256)
+    (b,), _ = tokenize_policy_preferences(read_records(implicit), tokenizer, 256)
+    assert [(r.input_ids, r.loss_mask) for r in a.responses] == [(r.input_ids, r.loss_mask) for r in b.responses]
+    unrelated = write_jsonl(tmp_path / "unrelated.jsonl", [{"chosen": good, "rejected": bad}])
+    with pytest.raises(DataError, match=r"unrelated.jsonl:1: .*share no opening message"):
+        tokenize_policy_preferences(read_records(unrelated), tokenizer, 256)
+    prefix = write_jsonl(tmp_path / "prefix.jsonl", [{"chosen": user + good, "rejected": user}])
+    with pytest.raises(DataError, match="is the start of the other"):
+        tokenize_policy_preferences(read_records(prefix), tokenizer, 256)

@@ -4,7 +4,8 @@ A pair (prompt, chosen, rejected) becomes two SFT-style examples whose loss mask
 covers the response tokens (and EOS) only — the same rendering and offset-mapped
 masking as SFT (tether/data/sft.py), so a chat template or a BPE merge across the
 prompt/response boundary cannot shift it. A ranked list (prompt, responses,
-ranking) becomes K examples, best first.
+ranking) becomes K examples, best first. A pair of whole conversations without a prompt (TRL's implicit
+prompt) has the messages both open with as its prompt.
 
 Policy (docs/data.md): pairs whose chosen equals rejected and examples longer
 than max_length are dropped and counted (errors with strict); malformed records
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tether.data.preferences import PreferenceReport, ordered_responses, preference_format
+from tether.data.preferences import PreferenceReport, ordered_responses, preference_format, split_implicit_prompt
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, render
 
@@ -62,7 +63,8 @@ def tokenize_policy_preferences(records: list[Record], tokenizer, max_length: in
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
     examples: list[PolicyPreference] = []
     for rec in records:
-        f, where = rec.fields, rec.where
+        where = rec.where
+        f = split_implicit_prompt(rec.fields, where) if report.format == "pairs" else rec.fields
         try:
             responses = [_response_example(tokenizer, f.get("prompt"), value, where, name, max_length)
                          for name, value in ordered_responses(f, report.format, where)]

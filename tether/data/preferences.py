@@ -85,6 +85,26 @@ def preference_format(records: list[Record], path) -> str:
                     "Map other names with --columns")
 
 
+def split_implicit_prompt(fields: dict, where: str) -> dict:
+    """A pair given as two whole conversations without a 'prompt' (TRL's implicit prompt): the messages both open
+    with are the prompt, the rest of each is its response. Other records are returned as they are."""
+    chosen, rejected = fields.get("chosen"), fields.get("rejected")
+    if fields.get("prompt") is not None or not isinstance(chosen, list) or not isinstance(rejected, list):
+        return fields
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    if shared == len(chosen) and shared == len(rejected):
+        return fields  # the same conversation twice: the chosen == rejected check drops it
+    if shared == 0:
+        raise DataError(f"{where}: 'chosen' and 'rejected' are conversations without a 'prompt', and they share no "
+                        "opening message to read the prompt from; add a 'prompt' field")
+    if shared in (len(chosen), len(rejected)):
+        raise DataError(f"{where}: one of 'chosen' and 'rejected' is the start of the other ({shared} shared "
+                        "messages), so one response would be empty")
+    return {**fields, "prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
+
+
 def ordered_responses(fields: dict, fmt: str, where: str) -> list[tuple[str, object]]:
     """[(field name, response)], best first, after the checks every preference row gets; a pair whose chosen
     equals its rejected is dropped (_Drop)."""

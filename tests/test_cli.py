@@ -54,3 +54,10 @@ def test_flags_spelt_with_underscores_are_the_dashed_flags(tmp_path, capsys):
                  str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "--model is required" in err and "unrecognized" not in err
+
+
+def test_trl_names_are_accepted_for_the_same_options(tmp_path, capsys):
+    assert main(["sft", "--model_name_or_path", str(tmp_path / "m"), "--learning_rate", "1e-4", "--num_train_epochs",
+                 "2", "--data", str(tmp_path / "nope.jsonl"), "--output_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err  # every flag was understood: the run reached the missing model folder
+    assert "/m: not a folder" in err and "unrecognized" not in err

@@ -61,3 +61,35 @@ def test_help_lists_stages_and_option_help(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--micro-batch-size" in out and "gradient accumulation covers the rest" in out
     assert "--lora-r" in out and "--train-on-prompt" in out and "--demo" in out
+
+
+def test_a_flat_yaml_of_flag_names_and_trl_names_is_the_nested_one(tmp_path):
+    from tether.config import config_to_dict, load_yaml
+    from tether.stages.grpo_config import GRPOConfig
+
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("model_name_or_path: m\nlearning_rate: 1.0e-5\nmax_steps: 7\nnum_generations: 4\n"
+                    "max-new-tokens: 32\nprompts: p.jsonl\nreward: [r.py:f]\nbf16: true\noutput_dir: out\n")
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("model: {path: m, mixed_precision: bf16}\noptim: {lr: 1.0e-5}\n"
+                      "train: {max_steps: 7, output: out}\nrollout: {group_size: 4, max_new_tokens: 32, prompts: p.jsonl}\n"
+                      "rewards: {reward: [r.py:f]}\n")
+    a = build_config(GRPOConfig, load_yaml(flat), source=str(flat))
+    b = build_config(GRPOConfig, load_yaml(nested), source=str(nested))
+    assert config_to_dict(a) == config_to_dict(b)
+    flat.write_text("max_stesp: 7\n")
+    with pytest.raises(ConfigError, match=r"flat.yaml: unknown key 'max_stesp' \(did you mean 'max_steps'\?\)"):
+        build_config(GRPOConfig, load_yaml(flat), source=str(flat))
+
+
+def test_a_runs_own_config_yaml_is_accepted_back(tmp_path):
+    import yaml
+
+    from tether.config import config_to_dict, load_yaml
+    from tether.stages.grpo_config import GRPOConfig
+
+    cfg = build_config(GRPOConfig, overrides={"model.path": "m", "rollout.prompts": "p.jsonl", "rewards.reward": ["r.py:f"],
+                                              "train.max_steps": 3})
+    saved = tmp_path / "config.yaml"  # as a run writes it: the settings and the plan table
+    saved.write_text(yaml.safe_dump({**config_to_dict(cfg), "plan": {"recipe": "grpo", "processes": 1}}))
+    assert config_to_dict(build_config(GRPOConfig, load_yaml(saved))) == config_to_dict(cfg)

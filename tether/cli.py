@@ -313,17 +313,24 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]
 
 
 def _dashed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``--max_steps 3`` as ``--max-steps 3`` where the stage has that flag (TRL and LLaMA-Factory spell flags with
-    underscores); anything else is left for argparse to judge."""
+    """``--max_steps 3`` as ``--max-steps 3``, ``--learning_rate 1e-5`` as ``--lr 1e-5`` (TRL's names,
+    tether.config.TRL_NAMES) where the stage has that flag; anything else is left for argparse to judge."""
     stages = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
     if not argv or argv[0] not in stages:
         return argv
+    from tether.config import TRL_NAMES
+
     options = {o for a in stages[argv[0]]._actions for o in a.option_strings}
     out = []
     for item in argv:
         name, eq, value = item.partition("=")
-        dashed = "--" + name[2:].replace("_", "-") if name.startswith("--") else name
-        out.append(dashed + eq + value if name not in options and dashed in options else item)
+        if not name.startswith("--") or name in options:
+            out.append(item)
+            continue
+        dashed = "--" + name[2:].replace("_", "-")
+        trl = TRL_NAMES.get(name[2:]) if name[2:] != "bf16" else None  # --bf16 takes no value; --mixed-precision does
+        known = dashed if dashed in options else trl if trl in options else None
+        out.append(known + eq + value if known else item)
     return out
 
 

@@ -96,6 +96,31 @@ def flag_name(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+# TRL's (Hugging Face TrainingArguments') names for options whose meaning is tether's: accepted as flags
+# (--learning_rate) and as keys of a flat YAML file (learning_rate: 1e-5), where the stage has the tether flag.
+TRL_NAMES = {"model_name_or_path": "--model", "learning_rate": "--lr", "output_dir": "--output",
+             "num_train_epochs": "--epochs", "max_steps": "--max-steps", "seed": "--seed",
+             "warmup_ratio": "--warmup-ratio", "warmup_steps": "--warmup-steps", "weight_decay": "--weight-decay",
+             "max_grad_norm": "--max-grad-norm", "logging_steps": "--log-every", "save_steps": "--save-every",
+             "eval_steps": "--eval-every", "save_total_limit": "--keep-checkpoints", "report_to": "--report-to",
+             "resume_from_checkpoint": "--resume", "beta": "--beta", "num_generations": "--group-size",
+             "max_completion_length": "--max-new-tokens", "max_length": "--max-length",
+             "temperature": "--temperature", "bf16": "--mixed-precision",
+             "gradient_checkpointing": "--gradient-checkpointing", "lora_r": "--lora-r", "lora_alpha": "--lora-alpha",
+             "lora_dropout": "--lora-dropout"}
+TRL_VALUES = {"bf16": {True: "bf16", False: "no"}}  # a TRL boolean whose tether option takes a value
+
+
+def flag_fields(config_cls) -> dict[str, str]:
+    """{flag: "section.field"} for every flag of the stage, its aliases included."""
+    out = {}
+    for section, section_cls in _sections(config_cls):
+        for f, _ in _leaf_fields(section_cls):
+            for name in (flag_name(f), *f.metadata.get("aliases", ())):
+                out[name] = f"{section}.{f.name}"
+    return out
+
+
 def _parse_list(text: str) -> list[str]:
     """Comma-separated, except inside parentheses: ``a:f(x=1,y=2)=0.5,b:g`` is two items."""
     parts, depth, current = [], 0, ""
@@ -181,16 +206,41 @@ def _renamed(config_cls, dotted: str) -> str | None:
     return f"{wildcard[:-2]}.{key}" if wildcard else None
 
 
+FILE_ONLY_KEYS = ("plan",)  # what tether writes into a run's config.yaml beside the settings (read back: ignored)
+
+
 def _flatten(config_cls, file_values: dict | None, source: str) -> dict[str, Any]:
-    """{section: {field: value}} -> {"section.field": value}, renamed keys mapped; unknown ones named."""
+    """{section: {field: value}} -> {"section.field": value}, renamed keys mapped; unknown ones named.
+
+    A top-level key whose value is not a mapping is a flag name (a flat file as TRL and LLaMA-Factory users write
+    it: ``max_steps: 100``, ``lr: 1e-5``, ``model: path``), or one of TRL's names for the same option."""
     section_types = dict(_sections(config_cls))
+    flags = flag_fields(config_cls)
     out: dict[str, Any] = {}
     for section, entries in (file_values or {}).items():
+        if section in FILE_ONLY_KEYS:
+            continue
         if not isinstance(entries, dict):
-            raise ConfigError(f"{source}: section {section!r} must be a mapping, got {type(entries).__name__}")
+            out[_flat_key(config_cls, flags, section_types, str(section), source)] = \
+                TRL_VALUES.get(section, {}).get(entries, entries) if isinstance(entries, bool) else entries
+            continue
         for key, value in entries.items():
             out[f"{section}.{key}"] = value
     return _apply_renames(config_cls, out, source, section_types)
+
+
+def _flat_key(config_cls, flags: dict, section_types: dict, key: str, source: str) -> str:
+    """The "section.field" a flat file's key names: its flag (underscores or dashes), or TRL's name for it."""
+    flag = "--" + key.replace("_", "-")
+    for candidate in (flag, TRL_NAMES.get(key)):
+        if candidate in flags:
+            return flags[candidate]
+    import difflib
+
+    names = sorted({f[2:].replace("-", "_") for f in flags} | set(section_types))
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.7)
+    raise ConfigError(f"{source}: unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "") +
+                      f"; a flat file's keys are flag names (max_steps, lr, ...), or sections {sorted(section_types)}")
 
 
 def _known(section_types: dict, dotted: str) -> bool:

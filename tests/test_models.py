@@ -95,3 +95,45 @@ def test_damaged_model_folders_are_named_before_transformers_reads_them(llama_di
     (no_weights / "model.safetensors").unlink()
     with pytest.raises(ConfigError, match=r"no-weights: no weights"):
         load_model(no_weights, tokenizer)
+
+
+def test_examples_past_the_models_context_are_dropped_and_counted_not_a_crash(model_dirs, tmp_path, capsys):
+    """GPT-2 with 128 positions and the default --max-length 1024: a long example used to die in the position
+    table; now the context is the limit, said once, and the example is counted as too long."""
+    from tether.config import build_config
+    from tether.models import model_context
+    from tether.stages.sft import SFTConfig, load_sft_data
+
+    from conftest import write_jsonl
+
+    assert {arch: model_context(path) for arch, path in model_dirs.items()} == {"gpt2": 128, "llama": 128, "qwen2": 128}
+    rows = [{"prompt": "Say a lot.", "completion": " ".join(["cats"] * 200)}] + \
+           [{"prompt": "Say hi.", "completion": "hi"}] * 4
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    cfg = build_config(SFTConfig, overrides={"model.path": str(model_dirs["gpt2"]), "data.path": str(data),
+                                             "data.eval_fraction": 0.0, "train.output": str(tmp_path / "o")})
+    from tether.models import load_tokenizer
+
+    train, _, (report,) = load_sft_data(cfg, load_tokenizer(model_dirs["gpt2"]))
+    assert len(train) == 4 and report.dropped == {"longer than max_length=128 tokens": 1}
+    assert "--max-length 1024 is more than the model's context (128 positions" in capsys.readouterr().err
+
+
+def test_a_prompt_that_leaves_no_room_for_its_response_is_named(model_dirs, tmp_path):
+    import pytest
+
+    from tether.config import ConfigError, build_config
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    from conftest import write_jsonl
+
+    (tmp_path / "r.py").write_text("def f(completions):\n    return [0.0] * len(completions)\n")
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}, {"prompt": "cats " * 100}])
+    cfg = build_config(GRPOConfig, overrides={"model.path": str(model_dirs["gpt2"]), "rollout.prompts": str(prompts),
+                                              "rewards.reward": [f"{tmp_path}/r.py:f"], "rollout.max_new_tokens": 32,
+                                              "rollout.prompts_per_step": 2, "rollout.group_size": 2,
+                                              "train.output": str(tmp_path / "o"), "train.report_to": ["none"]})
+    with pytest.raises(ConfigError, match=r"p.jsonl row 2: \d+ prompt tokens \+ max_new_tokens 32 = \d+ is more than "
+                                          r"the model's context \(128 positions\)"):
+        run_grpo(cfg)

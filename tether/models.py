@@ -266,6 +266,60 @@ def load_reference(model_cfg, tokenizer, device=None):
     return reference
 
 
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
+
+
+def model_context(model_or_path) -> int | None:
+    """Positions the model can attend over: its config's max_position_embeddings (n_positions for GPT-2, …), read from
+    a loaded model or a model folder's config.json; None when the config does not say."""
+    import json
+
+    if isinstance(model_or_path, (str, Path)):
+        path = Path(model_or_path) / "config.json"
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    else:
+        config = getattr(model_or_path, "config", model_or_path)
+        config = config.to_dict() if hasattr(config, "to_dict") else {}
+    for holder in (config, config.get("text_config") or {}):
+        for name in CONTEXT_FIELDS:
+            value = holder.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+_TOLD: set = set()
+
+
+def length_limit(max_length: int, model_path, flag: str = "--max-length") -> int:
+    """The longest example a stage may keep: max_length, or the model's context when that is shorter (said once).
+    Longer examples are then dropped and counted like any over-long one, instead of failing deep in the model
+    (GPT-2's position table) or training past the context a RoPE model was trained for."""
+    context = model_context(model_path) if model_path else None
+    if context is None or max_length <= context:
+        return max_length
+    if (flag, max_length, context) not in _TOLD:
+        _TOLD.add((flag, max_length, context))
+        from tether.train.logger import console
+
+        console.print(f"[yellow]{flag} {max_length} is more than the model's context ({context} positions in its "
+                      f"config.json): examples longer than {context} tokens are dropped and counted[/]")
+    return context
+
+
+def check_prompt_context(tokenizer, prompts: list[str], budget: int, context: int | None, where: str,
+                         what: str = "max_new_tokens") -> None:
+    """Every prompt plus the response budget fits the model's context, or a ConfigError names the first that does
+    not (the prompt file's row, its tokens, the budget)."""
+    if context is None:
+        return
+    for i, prompt in enumerate(prompts):
+        n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if n + budget > context:
+            raise ConfigError(f"{where} row {i + 1}: {n} prompt tokens + {what} {budget} = {n + budget} is more than "
+                              f"the model's context ({context} positions); shorten the prompt or lower {what}")
+
+
 def parameter_summary(model) -> str:
     total, trainable = count_parameters(model)
     return f"{total / 1e6:.2f} M parameters, {trainable / 1e6:.2f} M trainable"

@@ -22,7 +22,8 @@ from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
 from tether.data.records import read_records, split_records
 from tether.experience import SampleRecord
-from tether.models import check_lora_reference, frozen_dtype, load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.models import (check_lora_reference, frozen_dtype, length_limit, load_stage_tokenizer, load_trainable_model,
+                           parameter_summary)
 from tether.reference_cache import ReferenceLogps
 from tether.rewards.functions import RewardFunctionError, load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
@@ -267,7 +268,8 @@ class OnlineDPOStage:
             self.rounds.append({"round": rnd, **counts})
             console.print(f"online round {rnd}: {counts['pairs']} pairs from {counts['prompts']} prompts (dropped: "
                           f"{counts['ties']} ties, {counts['identical']} identical, {counts['truncated']} truncated)")
-        self.examples, _ = tokenize_policy_preferences(read_records(path), self.tokenizer, cfg.data.max_length, False,
+        self.examples, _ = tokenize_policy_preferences(read_records(path), self.tokenizer,
+                                                       length_limit(cfg.data.max_length, cfg.model.path), False,
                                                        str(path))
         if self.setup.reference is not None:
             self.setup.reference.fresh_policy = False
@@ -343,11 +345,12 @@ def _load_offline(cfg: DPOConfig, tokenizer):
     train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
                              else split_records(records, d.eval_fraction, cfg.train.seed, d.path))
     train, reports, evals = [], [], []
+    limit = length_limit(d.max_length, cfg.model.path)
     if train_recs:
-        train, report = tokenize_policy_preferences(train_recs, tokenizer, d.max_length, d.strict, d.path)
+        train, report = tokenize_policy_preferences(train_recs, tokenizer, limit, d.strict, d.path)
         reports.append(report)
     if eval_recs:
-        evals, eval_report = tokenize_policy_preferences(eval_recs, tokenizer, d.max_length, d.strict,
+        evals, eval_report = tokenize_policy_preferences(eval_recs, tokenizer, limit, d.strict,
                                                          d.eval_path or f"{d.path} (held out)")
         reports.append(eval_report)
     longest = max((len(e.responses) for e in train + evals), default=2)

@@ -21,7 +21,8 @@ from tether.algorithms.kl import kl_estimate
 from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fraction
 from tether.experience import Experience, rollout_metrics, stats
-from tether.models import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
+from tether.models import (check_prompt_context, frozen_dtype, load_reference, load_stage_tokenizer,
+                           load_trainable_model, model_context)
 from tether.recipes import RECIPES
 from tether.rewards.score import Scorer, Scores, load_reward_model_scorer
 from tether.rollout import (HFGenerate, concat_rollouts, reference_logprobs, render_prompts, response_logprobs,
@@ -83,6 +84,9 @@ class GroupStage:
         self.dp = DataParallel(start.accelerator)
         self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
         self.eval_prompts = render_prompts(tokenizer, self.eval_rows, cfg.rollout.eval_prompts) if self.eval_rows else []
+        if not cfg.agent.env:  # each prompt and its response budget fit the model's positions
+            check_prompt_context(tokenizer, self.prompts, cfg.rollout.max_new_tokens, model_context(policy),
+                                 cfg.rollout.prompts)
         self.stops = stop_token_ids(tokenizer, policy)
         self.agent = AgentSampler(cfg.agent, tokenizer, self.backend, cfg.rollout, self.stops, self.rows) \
             if cfg.agent.env else None

@@ -25,7 +25,8 @@ from tether.algorithms.ppo import adaptive_kl_coef, explained_variance
 from tether.algorithms.reductions import aggregate
 from tether.algorithms.shaping import kl_penalty_rewards
 from tether.experience import Experience, rollout_metrics, stats
-from tether.models import apply_precision, disable_dropout, frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
+from tether.models import (apply_precision, check_prompt_context, disable_dropout, frozen_dtype, load_reference,
+                           load_stage_tokenizer, load_trainable_model, model_context)
 from tether.rewards.score import Scorer, load_reward_model_scorer
 from tether.rollout import (HFGenerate, reference_logprobs, render_prompts, response_logprobs,
                             response_logprobs_and_values, response_seeds, stop_token_ids)
@@ -51,6 +52,9 @@ class PPOStage:
         self.dp = DataParallel(start.accelerator)
         self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
         self.eval_prompts = render_prompts(tokenizer, self.eval_rows, cfg.rollout.eval_prompts) if self.eval_rows else []
+        if not cfg.agent.env:  # each prompt and its response budget fit the model's positions
+            check_prompt_context(tokenizer, self.prompts, cfg.rollout.max_new_tokens, model_context(policy),
+                                 cfg.rollout.prompts)
         self.stops = stop_token_ids(tokenizer, policy)
         self.agent = AgentSampler(cfg.agent, tokenizer, self.backend, cfg.rollout, self.stops, self.rows) \
             if cfg.agent.env else None

@@ -20,7 +20,8 @@ from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records, split_records
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.sections import DataSection, ModelSection, OptimSection, TrainSection
-from tether.models import apply_precision, disable_dropout, load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.models import (apply_precision, disable_dropout, length_limit, load_stage_tokenizer, load_trainable_model,
+                           parameter_summary)
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
 from tether.train.schedule import build_optimizer
 from tether.train.sharding import is_sharded, reshard, save_full_model, shard_model, unsharded_on_main
@@ -275,10 +276,11 @@ def load_rm_data(cfg: RMConfig, tokenizer):
     records = read_records(d.path, d.columns, d.split)
     train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
                              else split_records(records, d.eval_fraction, cfg.train.seed, d.path))
-    train, report = tokenize_preferences(train_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict, d.path)
+    limit = length_limit(d.max_length, cfg.model.path)
+    train, report = tokenize_preferences(train_recs, tokenizer, limit, heads, d.margin_column, d.strict, d.path)
     reports, evals = [report], []
     if eval_recs:
-        evals, eval_report = tokenize_preferences(eval_recs, tokenizer, d.max_length, heads, d.margin_column, d.strict,
+        evals, eval_report = tokenize_preferences(eval_recs, tokenizer, limit, heads, d.margin_column, d.strict,
                                                   d.eval_path or f"{d.path} (held out)")
         reports.append(eval_report)
     return train_recs, eval_recs, train, evals, reports
@@ -293,11 +295,12 @@ def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data) -
     eval_rows = [r.fields for r in (eval_recs or train_recs) if r.where in kept][:1000]
     norm_rows = [r.fields for r in read_records(d.norm_path, d.columns, d.split)] if d.norm_path else eval_rows
     probe_rows = [r.fields for r in read_records(d.probe_path)] if d.probe_path else []
-    probes, normalization = run_probes(model, tokenizer, eval_rows, norm_rows, probe_rows, d.max_length)
+    limit = length_limit(d.max_length, cfg.model.path)
+    probes, normalization = run_probes(model, tokenizer, eval_rows, norm_rows, probe_rows, limit)
     summary["probes"] = probes
     summary["normalization"] = normalization
     write_atomically(lambda tmp: save_reward_model(model, tokenizer, tmp, normalization), out / "final")
     if (out / "best").is_dir():  # best/ has its own weights, so its own statistics
         best = load_reward_model(out / "best", tokenizer)
-        best_norm = normalization_stats(best, tokenizer, norm_rows, d.max_length)
+        best_norm = normalization_stats(best, tokenizer, norm_rows, limit)
         (out / "best" / NORM_FILE).write_text(json.dumps(best_norm, indent=2))

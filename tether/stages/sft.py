@@ -13,7 +13,7 @@ from tether.config import ConfigError, StageConfig
 from tether.data.records import read_records, split_records
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.sections import ModelSection, OptimSection, SFTDataSection, TrainSection
-from tether.models import load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.models import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
 from tether.train.schedule import build_optimizer
 from tether.train.checkpoint import load_training_state, save_final
@@ -55,16 +55,17 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
         train_recs, eval_recs = records, read_records(data.eval_path, data.columns, data.split)
     else:
         train_recs, eval_recs = split_records(records, data.eval_fraction, cfg.train.seed, data.path)
-    train, train_report = tokenize_records(train_recs, tokenizer, data.max_length, data.train_on_prompt, data.strict, data.path)
+    limit = length_limit(data.max_length, cfg.model.path)
+    train, train_report = tokenize_records(train_recs, tokenizer, limit, data.train_on_prompt, data.strict, data.path)
     reports = [train_report]
     evals = []
     if eval_recs:
-        evals, eval_report = tokenize_records(eval_recs, tokenizer, data.max_length, data.train_on_prompt, data.strict,
+        evals, eval_report = tokenize_records(eval_recs, tokenizer, limit, data.train_on_prompt, data.strict,
                                               data.eval_path or f"{data.path} (held out)")
         reports.append(eval_report)
     if data.packing:
-        train = pack_examples(train, data.max_length)
-        evals = pack_examples(evals, data.max_length) if evals else evals
+        train = pack_examples(train, limit)
+        evals = pack_examples(evals, limit) if evals else evals
     return train, evals, reports
 
 

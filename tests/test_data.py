@@ -160,9 +160,9 @@ def test_json_parquet_and_saved_dataset_read_the_same_records(tmp_path):
     assert len(read_records(tmp_path / "dict", split="test")) == 1
     with pytest.raises(DataError, match=r"has splits \['test', 'train'\], not 'valid'"):
         read_records(tmp_path / "dict", split="valid")
-    with pytest.raises(DataError, match="unknown data format '.csv'"):
-        (tmp_path / "d.csv").write_text("a,b\n")
-        read_records(tmp_path / "d.csv")
+    with pytest.raises(DataError, match="unknown data format '.tsv'"):
+        (tmp_path / "d.tsv").write_text("a\tb\n")
+        read_records(tmp_path / "d.tsv")
     with pytest.raises(DataError, match="no such file"):
         read_records(tmp_path / "missing.jsonl")
 
@@ -237,3 +237,42 @@ def test_invalid_utf8_unknown_roles_and_empty_files_are_named(tmp_path, tokenize
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="empty.jsonl: no records"):
         split_records(read_records(tmp_path / "empty.jsonl"), 0.1, 0, tmp_path / "empty.jsonl")
+
+
+def test_csv_hub_layout_folders_sharegpt_and_content_parts_are_read(tmp_path, tokenizer):
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(4)]
+    (tmp_path / "d.csv").write_text("prompt,completion\n" + "".join(f"p{i},c{i}\n" for i in range(4)))
+    assert [r.fields for r in read_records(tmp_path / "d.csv")] == rows
+    assert read_records(tmp_path / "d.csv")[0].where.endswith("d.csv:2")  # the line, header counted
+    (tmp_path / "bad.csv").write_text("prompt,completion\np,c,extra\n")
+    with pytest.raises(DataError, match=r"bad.csv:2: more cells than the header"):
+        read_records(tmp_path / "bad.csv")
+    hub = tmp_path / "hub" / "data"  # as a dataset repository stores its splits
+    hub.mkdir(parents=True)
+    datasets.Dataset.from_list(rows[:2]).to_parquet(str(hub / "train-00000-of-00002.parquet"))
+    datasets.Dataset.from_list(rows[2:]).to_parquet(str(hub / "train-00001-of-00002.parquet"))
+    write_jsonl(hub / "test.jsonl", rows[:1])
+    assert [r.fields for r in read_records(tmp_path / "hub")] == rows
+    assert len(read_records(tmp_path / "hub", split="test")) == 1
+    with pytest.raises(DataError, match=r"no data files for split 'valid'; the files' names start with \['test', 'train'\]"):
+        read_records(tmp_path / "hub", split="valid")
+    sharegpt = write_jsonl(tmp_path / "s.jsonl", [{"conversations": [
+        {"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}])
+    (record,) = read_records(sharegpt)
+    assert record.fields == {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                          {"role": "assistant", "content": "Hello."}]}
+    (ex,), _ = tokenize_records([record], tokenizer, 64)
+    assert trained_text(tokenizer, ex) == "Hello.<|im_end|>"
+    parts = write_jsonl(tmp_path / "parts.jsonl", [{"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]}]}])
+    assert read_records(parts)[0].fields["messages"][0] == {"role": "user", "content": "Hi there"}
+    image = write_jsonl(tmp_path / "image.jsonl", [{"messages": [{"role": "user", "content": [{"type": "image"}]}]}])
+    with pytest.raises(DataError, match=r"image.jsonl:1: messages\[0\].content has a 'image' part"):
+        read_records(image)
+
+
+def test_columns_the_format_does_not_read_are_named(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b", "source": "web", "id": 1}])
+    _, report = tokenize_records(read_records(path), tokenizer, 64)
+    assert report.unused == ["id", "source"] and "columns not used: id, source" in report.summary()

@@ -1,4 +1,8 @@
-"""Read records from JSONL, JSON, Parquet or a `datasets` save_to_disk folder.
+"""Read records from JSONL, JSON, CSV, Parquet, a `datasets` save_to_disk folder, or a folder of data files laid
+out as on the Hugging Face hub (`data/train-00000-of-00002.parquet`, `train.jsonl`, ...).
+
+ShareGPT rows (`conversations` of `{from, value}`) are read as `messages`, and message contents given as lists of
+parts (`[{"type": "text", "text": ...}]`) as their text.
 
 Every record keeps where it came from ("file.jsonl:12", "file.parquet row 3")
 so that any later validation error can name the file, line and field.
@@ -52,21 +56,107 @@ def read_records(path: str | Path, columns: str | dict | None = None, split: str
         raise DataError(f"{path}: no such file or folder")
     rename = parse_column_map(columns)
     if path.is_dir():
-        records = _read_saved_dataset(path, split)
-    elif path.suffix == ".jsonl":
-        records = _read_jsonl(path)
-    elif path.suffix == ".json":
-        records = _read_json(path)
-    elif path.suffix == ".parquet":
-        records = _read_parquet(path)
+        saved = (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file() \
+            or (path / "state.json").is_file()
+        records = _read_saved_dataset(path, split) if saved else _read_data_folder(path, split)
     else:
-        raise DataError(f"{path}: unknown data format {path.suffix!r}; use .jsonl, .json, .parquet or a datasets folder saved with save_to_disk")
+        records = _read_file(path)
     if rename:
         records = [Record({rename.get(k, k): v for k, v in r.fields.items()}, r.where) for r in records]
         present = set(records[0].fields) if records else set()
         missing = [src for src, name in rename.items() if name not in present]
         if records and missing:
             raise DataError(f"{path}: --columns names source column(s) {missing} that the data does not have; it has {sorted(records[0].fields)}")
+    return [_normalise(r) for r in records]
+
+
+READERS = {".jsonl": "_read_jsonl", ".json": "_read_json", ".csv": "_read_csv", ".parquet": "_read_parquet"}
+
+
+def _read_file(path: Path) -> list[Record]:
+    if path.suffix not in READERS:
+        raise DataError(f"{path}: unknown data format {path.suffix!r}; use .jsonl, .json, .csv, .parquet, a datasets "
+                        "folder saved with save_to_disk, or a folder of such files")
+    return globals()[READERS[path.suffix]](path)
+
+
+def _read_data_folder(path: Path, split: str) -> list[Record]:
+    """A hub-layout folder: the data files whose name starts with the split (`train-00000-of-00002.parquet`,
+    `train.jsonl`), anywhere below it, read in name order."""
+    files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in READERS and not f.name.startswith("."))
+    if not files:
+        raise DataError(f"{path}: a folder with no data files (.jsonl, .json, .csv, .parquet) and not a datasets "
+                        "folder saved with save_to_disk")
+    chosen = [f for f in files if f.stem == split or f.stem.startswith(f"{split}-") or f.stem.startswith(f"{split}_")]
+    if not chosen:
+        splits = sorted({f.stem.split("-")[0].split("_")[0] for f in files})
+        raise DataError(f"{path}: no data files for split {split!r}; the files' names start with {splits} "
+                        "(choose one with --split)")
+    return [r for f in chosen for r in _read_file(f)]
+
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
+                  "tool": "tool", "observation": "tool", "function_response": "tool"}
+
+
+def _normalise(record: Record) -> Record:
+    """ShareGPT conversations as messages; content-part lists as their text (errors name the record)."""
+    fields = record.fields
+    turns = fields.get("conversations")
+    if "messages" not in fields and isinstance(turns, list) and turns and all(isinstance(t, dict) and "from" in t
+                                                                               for t in turns):
+        messages = []
+        for i, turn in enumerate(turns):
+            role = SHAREGPT_ROLES.get(str(turn["from"]).lower())
+            if role is None:
+                raise DataError(f"{record.where}: conversations[{i}].from is {turn['from']!r}; ShareGPT roles read "
+                                f"are {', '.join(SHAREGPT_ROLES)}")
+            messages.append({"role": role, "content": turn.get("value", "")})
+        fields = {**{k: v for k, v in fields.items() if k != "conversations"}, "messages": messages}
+    for name in ("messages", "prompt", "completion", "chosen", "rejected"):
+        value = fields.get(name)
+        if isinstance(value, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in value):
+            fields = {**fields, name: [_text_content(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
+    return record if fields is record.fields else Record(fields, record.where)
+
+
+def _text_content(message, where: str):
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        return message
+    texts = []
+    for part in message["content"]:
+        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise DataError(f"{where}.content has a {kind!r} part; tether trains on text parts only")
+    return {**message, "content": "".join(texts)}
+
+
+def _read_csv(path: Path) -> list[Record]:
+    """One record per row, the header naming the fields; a cell holding a JSON list (chat messages exported from a
+    table) is read as that list."""
+    import csv
+    import io
+
+    text = _decode(path.read_bytes(), str(path))
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    records = []
+    try:
+        for row in reader:
+            fields = {}
+            for key, value in row.items():
+                if key is None:
+                    raise DataError(f"{path}:{reader.line_num}: more cells than the header has columns")
+                if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+                    try:
+                        value = json.loads(value)
+                    except json.JSONDecodeError:
+                        pass
+                fields[key] = value
+            records.append(Record(fields, f"{path}:{reader.line_num}"))
+    except csv.Error as exc:
+        raise DataError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
     return records
 
 

@@ -36,16 +36,22 @@ class DataReport:
     tokens: int = 0
     trained_tokens: int = 0
     warnings: Counter = field(default_factory=Counter)
+    unused: list = field(default_factory=list)  # columns of the file the format does not read
 
     def summary(self) -> str:
         parts = [f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples, "
                  f"{self.tokens} tokens, {self.trained_tokens} trained"]
+        if self.unused:
+            parts.append(f"columns not used: {', '.join(self.unused)}")
         if self.dropped:
             parts.append("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items()))
                          + " (use --strict to make these errors)")
         for why, n in sorted(self.warnings.items()):
             parts.append(f"warning: {n} {why}")
         return "; ".join(parts)
+
+
+FORMAT_FIELDS = {"messages": ("messages",), "prompt/completion": ("prompt", "completion"), "text": ("text",)}
 
 
 def detect_format(fields: dict, where: str) -> str:
@@ -161,6 +167,7 @@ def tokenize_records(records: list[Record], tokenizer, max_length: int, train_on
         raise DataError(f"{path}: no records")
     fmt = detect_format(records[0].fields, records[0].where)
     report.format = fmt
+    report.unused = sorted(set(records[0].fields) - set(FORMAT_FIELDS[fmt]))
     examples = []
     for rec in records:
         if detect_format(rec.fields, rec.where) != fmt:

@@ -225,3 +225,45 @@ def test_a_hung_function_named_by_a_spec_is_killed_with_its_worker_process(tmp_p
     with pytest.raises(RewardFunctionError, match="boom raised KeyError: 'missing'"):
         RewardSet(parse_reward_specs([f"{raising}:boom"]), columns=["prompt"], timeout=5.0).score(
             ROWS, ["x", "y"], [[1], [2]], [False, False])
+
+
+TRL_STYLE = """
+def first_word_is_hi(completions, **kwargs):
+    # written the TRL way for chat prompts: each completion is a list of messages
+    return [1.0 if c[0]["content"].startswith("hi") else 0.0 for c in completions]
+
+def answer_column(completions, answer, **kwargs):
+    return [None if a is None else float(a in c[0]["content"]) for c, a in zip(completions, answer)]
+
+def length(completions):
+    return [float(len(c)) for c in completions]
+"""
+
+
+def test_reward_functions_written_the_trl_way_run_unchanged(tmp_path):
+    """Chat prompts: a function that indexes completion[0]["content"] gets message lists (found by the dry call);
+    one written for text keeps text; None is "no opinion", scored 0 and counted."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tether.rewards.functions import load_reward_set
+    from tether.rewards.score import Scorer
+
+    (tmp_path / "trl_rewards.py").write_text(TRL_STYLE)
+    rows = [{"prompt": [{"role": "user", "content": "Greet."}], "answer": "there"},
+            {"prompt": [{"role": "user", "content": "Greet."}], "answer": None}]
+    specs = [f"{tmp_path}/trl_rewards.py:{name}" for name in ("first_word_is_hi", "answer_column", "length")]
+    options = SimpleNamespace(reward=specs, reward_on_error="raise", reward_error_score=0.0, reward_timeout=0.0)
+    rewards = load_reward_set(options, rows)
+    assert [c.chat for c in rewards.components] == [True, True, False]
+    rollout = SimpleNamespace(responses=["hi there", "go away"], prompts=["", ""], truncated=torch.tensor([False, False]),
+                              completion_ids=lambda: [[1], [2]], lengths=torch.tensor([2, 2]))
+    cfg = SimpleNamespace(reward_model_weight=1.0, penalize_truncated=False, truncation_penalty=-1.0, reward_clip=0.0,
+                          overlong_tokens=lambda n: 0)
+    scores = Scorer(cfg, 8, None, rewards)(rollout, rows)
+    assert scores.parts["first_word_is_hi"].tolist() == [1.0, 0.0]
+    assert scores.parts["answer_column"].tolist() == [1.0, 0.0] and scores.parts["length"].tolist() == [8.0, 7.0]
+    assert scores.total.tolist() == [10.0, 7.0]
+    assert Scorer(cfg, 8, None, rewards).error_counts() == {"first_word_is_hi": 0, "answer_column": 0, "length": 0,
+                                                             "answer_column/none": 1}

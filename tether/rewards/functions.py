@@ -9,7 +9,12 @@ A reward function is called once per batch with keyword arguments:
     <column>        list                    every other column of the prompt file, by name
 
 It declares the arguments it wants (or ``**kwargs`` for all of them) and returns one float per completion,
-or, for process rewards, one list of step scores per completion. Its signature is checked against the
+or, for process rewards, one list of step scores per completion. ``None`` for a completion means "no opinion": it
+adds 0 to that completion's score and is counted in ``reward/<name>/none`` (cumulative).
+
+Functions written the TRL way run unchanged: for chat prompts TRL passes each completion as a message list
+(``[{"role": "assistant", "content": text}]``). The dry call below tries the plain text first; a function that
+fails on it with chat prompts and works on message lists gets message lists from then on (``RewardComponent.chat``). Its signature is checked against the
 prompt file's columns, and it is called once on a few rows with empty completions, before any training:
 a function must accept an empty completion (policies do produce them).
 
@@ -106,6 +111,8 @@ class RewardComponent:
     weight: float = 1.0
     errors: int = 0  # calls that raised and were scored as error_score
     spec: str = ""  # the module:function[(...)] it was loaded from; such a function runs in the worker process
+    chat: bool = False  # completions of chat prompts passed as message lists (TRL's convention), found by the dry call
+    nones: int = 0  # completions it returned None for ("no opinion"), scored 0
 
     def wanted(self) -> tuple[set[str], bool]:
         """(argument names it declares, whether it takes **kwargs)."""
@@ -152,6 +159,9 @@ def _as_scores(value, n: int, name: str, first_prompt) -> list:
                                   f"(first prompt: {str(first_prompt)[:80]!r})")
     out = []
     for i, v in enumerate(values):
+        if v is None:  # no opinion on this completion (TRL's convention): scored 0 and counted
+            out.append(None)
+            continue
         items = v if isinstance(v, (list, tuple)) else [v]
         try:
             numbers = [float(x) for x in items]
@@ -186,10 +196,18 @@ class RewardSet:
                 raise ConfigError(f"reward function {c.name} needs {missing}, but the prompt file has columns "
                                   f"{sorted(self.columns)} (and tether passes {list(BATCH_ARGUMENTS)})")
         sample = rows[:2]
-        try:
-            self.score(sample, [""] * len(sample), [[] for _ in sample], [False] * len(sample), on_error="raise")
-        except RewardFunctionError as err:
-            raise ConfigError(f"dry run of the reward functions on the first rows with empty completions: {err}") from err
+        chat_prompts = any(isinstance(r.get("prompt"), list) for r in sample)
+        while True:
+            try:
+                self.score(sample, [""] * len(sample), [[] for _ in sample], [False] * len(sample), on_error="raise")
+                return
+            except RewardFunctionError as err:
+                failed = next((c for c in self.components if f"reward function {c.name} " in str(err)), None)
+                if not chat_prompts or failed is None or failed.chat:
+                    raise ConfigError(f"dry run of the reward functions on the first rows with empty completions: {err}"
+                                      + (" (with the completions as text and as message lists)" if failed is not None
+                                         and failed.chat else "")) from err
+                failed.chat = True  # written for TRL's chat convention: try message lists
 
     def score(self, rows: list[dict], completions: list[str], completion_ids: list[list[int]], truncated: list[bool],
               on_error: str | None = None) -> dict[str, list]:
@@ -197,11 +215,13 @@ class RewardSet:
         policy = on_error or self.on_error
         batch = {"prompts": [r.get("prompt") for r in rows], "completions": completions,
                  "completion_ids": completion_ids, "truncated": truncated}
+        as_messages = [[{"role": "assistant", "content": text}] if isinstance(r.get("prompt"), list) else text
+                       for r, text in zip(rows, completions)]
         for column in self.columns:
             if column != "prompt":
                 batch.setdefault(column, [r.get(column) for r in rows])
         out: dict[str, list] = {}
-        results = self._call_all(batch)
+        results = self._call_all({**batch, "chat_completions": as_messages})
         for c in self.components:
             try:
                 value = results[c.name]
@@ -224,7 +244,9 @@ class RewardSet:
         """{name: return value or the exception}; async functions concurrently, others one by one in a thread."""
         def kwargs_for(c):
             names, takes_all = c.wanted()
-            return batch if takes_all else {k: v for k, v in batch.items() if k in names}
+            given = {**batch, "completions": batch["chat_completions"]} if c.chat else batch
+            given = {k: v for k, v in given.items() if k != "chat_completions"}
+            return given if takes_all else {k: v for k, v in given.items() if k in names}
 
         timeout = self.timeout or None
         results: dict = {}

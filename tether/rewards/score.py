@@ -99,7 +99,10 @@ class Scorer:
             values = self.rewards.score(rows, rollout.responses, rollout.completion_ids(), rollout.truncated.tolist())
             for c in self.rewards.components:
                 v = values[c.name]
-                if v and isinstance(v[0], list):
+                if any(x is None for x in v):  # "no opinion" (TRL's convention): adds 0, counted
+                    c.nones += sum(x is None for x in v)
+                    v = [0.0 if x is None else x for x in v]
+                if any(isinstance(x, list) for x in v):
                     steps = self._process(c, v, steps)
                     parts[c.name] = torch.tensor([sum(row) for row in v], dtype=torch.float32)  # logged as the step sum
                 else:
@@ -127,8 +130,10 @@ class Scorer:
             self.rewards.close()
 
     def error_counts(self) -> dict[str, int]:
-        return {c.name: c.errors for c in (self.rewards.components if self.rewards else [])}
+        """{name: failed calls} for every function, and {name/none: completions it had no opinion on} once any."""
+        components = self.rewards.components if self.rewards else []
+        return {**{c.name: c.errors for c in components}, **{f"{c.name}/none": c.nones for c in components if c.nones}}
 
     def restore_error_counts(self, counts: dict[str, int]) -> None:
         for c in self.rewards.components if self.rewards else []:
-            c.errors = counts.get(c.name, 0)
+            c.errors, c.nones = counts.get(c.name, 0), counts.get(f"{c.name}/none", 0)

@@ -129,12 +129,16 @@ class _Run:
         return getattr(self.stage, "scorer", None)
 
     def error_counts(self) -> dict:
-        """Reward-function failures so far, summed over processes."""
+        """Reward-function failures (and "no opinion" answers) so far, summed over processes."""
         counts = self.scorer.error_counts() if self.scorer is not None else {}
+        if self.dp.active:  # a count one process has and another not yet: every process sums the same names
+            names = sorted({n for names in self.dp.gather_json([sorted(counts)]) for n in names})
+            counts = {n: counts.get(n, 0) for n in names}
         return {name: int(n) for name, n in self.dp.sum_dict(counts).items()}
 
     def error_metrics(self) -> dict:
-        return {f"reward/{name}/errors": n for name, n in self.error_counts().items()}
+        return {f"reward/{name}" if name.endswith("/none") else f"reward/{name}/errors": n
+                for name, n in self.error_counts().items()}
 
     def evaluate(self, step: int) -> dict:
         res = self.stage.evaluate()

@@ -276,3 +276,10 @@ def test_columns_the_format_does_not_read_are_named(tmp_path, tokenizer):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b", "source": "web", "id": 1}])
     _, report = tokenize_records(read_records(path), tokenizer, 64)
     assert report.unused == ["id", "source"] and "columns not used: id, source" in report.summary()
+
+
+def test_unpaired_preference_data_is_not_trained_as_sft(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "kto.jsonl", [{"prompt": "a", "completion": "good", "label": True},
+                                                {"prompt": "a", "completion": "bad", "label": False}])
+    with pytest.raises(DataError, match=r"kto.jsonl:1: unpaired preference data .* labelled false"):
+        tokenize_records(read_records(path), tokenizer, 64)

@@ -226,3 +226,27 @@ def test_a_run_written_before_an_option_existed_resumes_while_the_option_keeps_i
     summary = run_sft(sft_config(llama_dir, addition_files, out, train__max_steps=4, train__save_every=2,
                                  train__resume=True, model__gradient_checkpointing=True))  # memory only: allowed
     assert summary["resumed_from"] == 2
+
+
+def test_wandb_takes_its_own_variables_and_mlflow_gets_the_settings(tmp_path, monkeypatch):
+    """The trackers as their users configure them: WANDB_PROJECT / WANDB_NAME; mlflow receives the resolved settings
+    as parameters (stand-in modules record the calls: neither tracker is installed here)."""
+    import sys
+    import types
+
+    calls = {}
+    wandb = types.SimpleNamespace(init=lambda **kw: calls.setdefault("wandb", kw) and None)
+    mlflow = types.SimpleNamespace(start_run=lambda **kw: calls.setdefault("run", kw),
+                                   log_params=lambda params: calls.setdefault("params", params),
+                                   log_metrics=lambda *a, **k: None, end_run=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    monkeypatch.setitem(sys.modules, "mlflow", mlflow)
+    monkeypatch.setenv("WANDB_PROJECT", "my-project")
+    monkeypatch.setenv("WANDB_NAME", "try-3")
+    from tether.train.logger import MetricsLogger
+
+    logger = MetricsLogger(tmp_path, ["wandb", "mlflow"], {"model": {"path": "m"}, "optim": {"lr": 1e-5}}, 0, 2,
+                           run_name="sft")
+    logger.close()
+    assert calls["wandb"]["project"] == "my-project" and calls["wandb"]["name"] == "try-3"
+    assert calls["params"] == {"model.path": "m", "optim.lr": "1e-05"} and calls["run"] == {"run_name": "sft"}

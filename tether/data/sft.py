@@ -166,6 +166,10 @@ def tokenize_records(records: list[Record], tokenizer, max_length: int, train_on
     if not records:
         raise DataError(f"{path}: no records")
     fmt = detect_format(records[0].fields, records[0].where)
+    if fmt == "prompt/completion" and isinstance(records[0].fields.get("label"), bool):
+        raise DataError(f"{records[0].where}: unpaired preference data (a true/false 'label' on each completion, as "
+                        "for KTO): SFT would train on the completions labelled false too. Keep the rows labelled "
+                        "true and drop the column, or pair completions into chosen/rejected for tether dpo / rm")
     report.format = fmt
     report.unused = sorted(set(records[0].fields) - set(FORMAT_FIELDS[fmt]))
     examples = []

@@ -7,8 +7,8 @@ checkpoint) and TensorBoard purges them, so the file reads as one run.
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,6 +43,19 @@ CONSOLE_KEYS = ("train/loss", "eval/loss", "score/mean", "kl/ref_mean", "kl/coef
                 "perf/tokens_per_s")
 
 
+def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
+    """{"section.field": value as text} of a nested config (mlflow parameters are flat strings of at most 500
+    characters)."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_params(value, name + "."))
+        else:
+            out[name] = str(value)[:500]
+    return out
+
+
 class MetricsLogger:
     def __init__(self, output: str | Path, report_to: list[str], config: dict, start_step: int, total_steps: int,
                  enabled: bool = True, log_every: int = 10, run_name: str = "tether"):
@@ -66,14 +79,17 @@ class MetricsLogger:
                 import wandb
             except ImportError:
                 raise ConfigError("report_to includes wandb but wandb is not installed (pip install wandb)") from None
-            self.wandb = wandb.init(project="tether", name=run_name, config=config, resume="allow")
+            # wandb's own variables win, as everywhere else wandb is used: WANDB_PROJECT, WANDB_NAME, WANDB_ENTITY...
+            self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "tether",
+                                    name=os.environ.get("WANDB_NAME") or run_name, config=config, resume="allow")
         if "mlflow" in report_to:
             try:
                 import mlflow
             except ImportError:
                 raise ConfigError("report_to includes mlflow but mlflow is not installed (pip install mlflow)") from None
             self.mlflow = mlflow
-            mlflow.start_run(run_name=run_name)
+            mlflow.start_run(run_name=os.environ.get("MLFLOW_RUN_NAME") or run_name)
+            mlflow.log_params(flat_params(config))  # the resolved settings, as `section.field`
         if sys.stderr.isatty():
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                       TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),

@@ -61,3 +61,15 @@ def test_trl_names_are_accepted_for_the_same_options(tmp_path, capsys):
                  "2", "--data", str(tmp_path / "nope.jsonl"), "--output_dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err  # every flag was understood: the run reached the missing model folder
     assert "/m: not a folder" in err and "unrecognized" not in err
+
+
+def test_data_check_shows_preference_masks_and_rl_prompts(llama_dir, tmp_path, capsys):
+    prefs = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Q: ", "chosen": "yes", "rejected": "no"}])
+    assert main(["data", "check", str(prefs), "--model", str(llama_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "1 records (pairs) -> 1 examples" in err and "Q: ⟦yes<|im_end|>⟧" in err and "Q: ⟦no<|im_end|>⟧" in err
+    prompts = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": [{"role": "user", "content": "Add 1 and 2."}], "answer": 3}])
+    assert main(["data", "check", str(prompts), "--model", str(llama_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "1 RL prompts (chat messages)" in err and "columns reward functions receive by name: ['answer']" in err
+    assert "<|im_start|>user\nAdd 1 and 2.<|im_end|>\n<|im_start|>assistant" in err

@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
-    check = data_sub.add_parser("check", help="Counts, drops and one rendered example with its loss mask.")
+    check = data_sub.add_parser("check", help="Counts, drops and one rendered example with its loss mask (SFT and "
+                                "preference data), or the rendered prompts and their lengths (RL prompt files).")
     check.add_argument("file", help="Data file or datasets folder.")
     check.add_argument("--model", required=True, help="Model or tokenizer folder whose tokenizer (and chat template) to use.")
     check.add_argument("--columns", default="", help="Rename columns, NAME=SOURCE,...")
@@ -263,23 +264,62 @@ def run_data_filter(args) -> None:
 
 
 def run_data_check(args) -> None:
+    """What a stage would make of a file: SFT data (counts, drops, one example's loss mask), preference data (the
+    DPO view: each response's mask), or an RL prompt file (the rendered prompts, their lengths, the columns reward
+    functions receive). The kind is read from the first record's fields."""
     from tether.data.records import read_records
-    from tether.data.sft import tokenize_records
     from tether.models import load_tokenizer
     from tether.train.logger import console
 
     tokenizer = load_tokenizer(args.model)
     records = read_records(args.file, args.columns, args.split)
+    first = records[0].fields if records else {}
+    if ("chosen" in first and "rejected" in first) or ("responses" in first and "ranking" in first):
+        from tether.data.dpo import tokenize_policy_preferences
+
+        examples, report = tokenize_policy_preferences(records, tokenizer, args.max_length, args.strict, args.file)
+        console.print(report.summary())
+        ex = examples[min(args.index, len(examples) - 1)]
+        console.print(f"\nexample from {ex.where}: {len(ex.responses)} responses, best first "
+                      "(trained tokens are between ⟦ ⟧)")
+        for rank, response in enumerate(ex.responses):
+            console.print(f"\nresponse {rank + 1}: {len(response.input_ids)} tokens, {sum(response.loss_mask)} trained")
+            _print_mask(tokenizer, response.input_ids, response.loss_mask)
+        return
+    if "prompt" in first and not ({"completion", "messages", "text"} & set(first)):
+        from tether.data.records import prompt_rows
+        from tether.rollout import render_prompts
+
+        rows = prompt_rows(args.file)
+        prompts = render_prompts(tokenizer, rows, str(args.file))
+        lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+        console.print(f"{args.file}: {len(rows)} RL prompts ({'chat messages' if isinstance(first['prompt'], list) else 'text'}); "
+                      f"prompt tokens min {min(lengths)}, mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)}; "
+                      f"columns reward functions receive by name: {sorted(set(first) - {'prompt'}) or 'none'}")
+        i = min(args.index, len(prompts) - 1)
+        console.print(f"\nprompt {i + 1} as the policy sees it ({lengths[i]} tokens; it writes after the end):")
+        from rich.markup import escape
+
+        console.print(escape(prompts[i]), highlight=False)
+        return
+    from tether.data.sft import tokenize_records
+
     examples, report = tokenize_records(records, tokenizer, args.max_length, args.train_on_prompt, args.strict, args.file)
     console.print(report.summary())
     ex = examples[min(args.index, len(examples) - 1)]
     console.print(f"\nexample from {ex.where}: {len(ex.input_ids)} tokens, {sum(ex.loss_mask)} trained "
                   "(trained tokens are between ⟦ ⟧)")
+    _print_mask(tokenizer, ex.input_ids, ex.loss_mask)
+
+
+def _print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
     from rich.markup import escape
+
+    from tether.train.logger import console
 
     # Brackets mark trained runs so the mask is visible without colour too.
     out, in_run = [], False
-    for token_id, trained in zip(ex.input_ids, ex.loss_mask):
+    for token_id, trained in zip(input_ids, loss_mask):
         if trained and not in_run:
             out.append("⟦")
         if not trained and in_run:

@@ -92,3 +92,26 @@ def test_warmup_cosine_hand_computed():
     assert all(a >= b for a, b in zip(values[1:], values[2:]))
     # 11 steps, 2 warm-up: decay over steps 2..10 (8 intervals); step 6 is half-way: 0.1 + 0.9 * 0.5 = 0.55
     assert warmup_cosine(6, 11, 2, 0.1) == pytest.approx(0.55)
+
+
+def test_the_names_settings_offer_are_the_pieces_implemented():
+    """tether.algorithms.choices keeps the names without torch (for `--help`); each implementation has exactly them."""
+    from tether.algorithms import choices, policy, preference, reductions
+    from tether.algorithms.advantages import token_advantages
+
+    assert tuple(policy.RATIOS) == choices.RATIOS
+    assert tuple(reductions.AGGREGATIONS) == choices.AGGREGATIONS
+    assert tuple(preference.PREFERENCE_LOSSES) == choices.PREFERENCE_LOSSES
+    mask = torch.ones(2, 3)
+    for name in choices.ADVANTAGE_ESTIMATORS:  # every offered estimator runs
+        token_advantages(name, torch.tensor([1.0, 0.0]), mask, 2, kl=torch.zeros(2, 3), kl_coef=0.1)
+
+
+def test_help_needs_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys, tether.cli; tether.cli.build_parser(); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

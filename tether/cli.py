@@ -36,8 +36,8 @@ def _quiet_libraries() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from tether.stages.ppo_config import PPOConfig
-    from tether.stages.rm import RMConfig
-    from tether.stages.sft import SFTConfig
+    from tether.stages.rm_config import RMConfig
+    from tether.stages.sft_config import SFTConfig
 
     parser = argparse.ArgumentParser(prog="tether", description="Post-training for language models, with a ground-truth lab.")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE", title="stages",

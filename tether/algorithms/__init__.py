@@ -15,4 +15,5 @@ hand-computed case. Formulas and sources: docs/algorithms.md.
   ppo         PPO's value loss, adaptive KL coefficient, explained variance
   objectives  the full loss of each online stage (PPO, the group family)
   preference  the DPO family, one table behind one signature
+  choices     the names of the pieces above that settings choose between (no torch: `--help` reads them)
 """

@@ -182,7 +182,7 @@ def zero_variance_groups(scores: torch.Tensor, tol: float = 1e-8) -> torch.Tenso
     return (scores.max(-1).values - scores.min(-1).values) <= tol
 
 
-ADVANTAGE_ESTIMATORS = ("group", "group_no_std", "rloo", "reinforce_pp")
+from tether.algorithms.choices import ADVANTAGE_ESTIMATORS  # noqa: E402 - the names the settings offer
 
 
 def token_advantages(estimator: str, scores: torch.Tensor, mask: torch.Tensor, group_size: int,

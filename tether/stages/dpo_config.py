@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tether.algorithms.preference import PAIR_LOSSES
+from tether.algorithms.choices import PREFERENCE_LOSSES as PAIR_LOSSES
 from tether.config import ConfigError, Section, StageConfig, option
 from tether.sections import (AlarmOptions, DataSection, OptimSection, PolicySection, RewardSection, SamplingSection,
                              TrainSection)

@@ -7,9 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tether.algorithms.advantages import ADVANTAGE_ESTIMATORS
-from tether.algorithms.policy import RATIOS
-from tether.algorithms.reductions import AGGREGATIONS
+from tether.algorithms.choices import ADVANTAGE_ESTIMATORS, AGGREGATIONS, RATIOS
 from tether.config import ConfigError, StageConfig, build_config, option
 from tether.recipes import RECIPES
 from tether.sections import (AgentSection, OnlineRunSection, OptimSection, PolicySection, PolicyUpdateSection, RewardSection,

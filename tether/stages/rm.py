@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from tether.algorithms.reward import (all_pairs_loss, bradley_terry_loss, ordered_pair_accuracy, plackett_luce_loss,
                                       reward_centering_penalty)
-from tether.config import ConfigError, Section, StageConfig, config_to_dict, option
+from tether.config import ConfigError, config_to_dict
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records, split_records
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
-from tether.sections import DataSection, ModelSection, OptimSection, TrainSection
+from tether.stages.rm_config import RMConfig
 from tether.models import (apply_precision, disable_dropout, length_limit, load_stage_tokenizer, load_trainable_model,
                            parameter_summary)
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
@@ -30,44 +30,6 @@ from tether.train.checkpoint import load_training_state, write_atomically
 from tether.train.early_stop import OverfitDetector
 from tether.train.logger import MetricsLogger, console
 from tether.train.offline import LoopSettings, train_offline
-
-
-@dataclass(frozen=True)
-class RMDataSection(DataSection):
-    """Preference data: pairs or ranked lists (docs/reward-models.md), plus margins, probes and normalisation rows."""
-
-    margin_column: str = option("", "Column with a per-pair margin m >= 0 for -log σ(r_w - r_l - m) (Llama 2). Empty: no margin.")
-    probe_path: str = option("", "Your own probe pairs (prompt, original, modified, probe) to measure score shifts after training.")
-    norm_path: str = option("", "Reference preferences whose responses give the normalisation mean/std; default: the held-out set.")
-
-
-@dataclass(frozen=True)
-class RMSection(Section):
-    """Reward-model objective, heads and over-fitting detection."""
-
-    heads: list = option(["reward"], "Head names. The first learns from chosen/rejected; each other head H from column H "
-                                     "('chosen', 'rejected' or null per row).")
-    ranking_loss: str = option("plackett-luce", "Loss for ranked lists: plackett-luce or all-pairs (InstructGPT).",
-                               choices=("plackett-luce", "all-pairs"))
-    center_coef: float = option(0.0, "Reward centring η: adds η (r_w + r_l)² per pair (Eisenstein et al. 2023). Typical 0.01.")
-    overfit_drop: float = option(0.02, "Over-fitting alarm: validation accuracy this far below its best ...")
-    overfit_patience: int = option(3, "... for this many evaluations in a row.")
-    early_stop: bool = option(False, "Stop training when the over-fitting alarm fires.")
-
-    def check(self):
-        if not self.heads or len(set(self.heads)) != len(self.heads):
-            raise ConfigError(f"heads={self.heads}: give one or more distinct names")
-        if self.center_coef < 0 or self.overfit_drop < 0 or self.overfit_patience < 1:
-            raise ConfigError("center_coef and overfit_drop must be >= 0, overfit_patience >= 1")
-
-
-@dataclass(frozen=True)
-class RMConfig(StageConfig):
-    model: ModelSection = ModelSection()
-    data: RMDataSection = RMDataSection(eval_fraction=0.1)
-    rm: RMSection = RMSection()
-    optim: OptimSection = OptimSection()
-    train: TrainSection = TrainSection()
 
 
 class RewardObjective:

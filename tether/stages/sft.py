@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
-from tether.config import ConfigError, StageConfig
+from tether.config import ConfigError
 from tether.data.records import read_records, split_records
 from tether.data.sft import collate, pack_examples, tokenize_records
-from tether.sections import ModelSection, OptimSection, SFTDataSection, TrainSection
+from tether.stages.sft_config import SFTConfig
 from tether.models import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
 from tether.train.schedule import build_optimizer
@@ -20,14 +19,6 @@ from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger, console
 from tether.train.offline import LoopSettings, train_offline
 from tether.train.sharding import is_sharded, shard_model
-
-
-@dataclass(frozen=True)
-class SFTConfig(StageConfig):
-    model: ModelSection = ModelSection()
-    data: SFTDataSection = SFTDataSection()
-    optim: OptimSection = OptimSection()
-    train: TrainSection = TrainSection()
 
 
 class SFTObjective:

@@ -1,0 +1,9 @@
+"""The names of the interchangeable pieces the stages' settings choose between, without their code: a config (and so
+`tether --help`) needs the names, not torch. Each module that implements the pieces checks it implements exactly
+these (tests/test_algorithms.py)."""
+
+ADVANTAGE_ESTIMATORS = ("group", "group_no_std", "rloo", "reinforce_pp")  # algorithms/advantages.py
+RATIOS = ("token", "sequence", "sequence_token")  # algorithms/policy.py
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # algorithms/reductions.py
+PREFERENCE_LOSSES = ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo", "orpo", "beta_dpo",
+                     "listwise")  # algorithms/preference.py

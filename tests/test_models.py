@@ -106,6 +106,9 @@ def test_examples_past_the_models_context_are_dropped_and_counted_not_a_crash(mo
 
     from conftest import write_jsonl
 
+    import tether.models
+
+    tether.models._TOLD.clear()  # said once per process: an earlier test may have had it said
     assert {arch: model_context(path) for arch, path in model_dirs.items()} == {"gpt2": 128, "llama": 128, "qwen2": 128}
     rows = [{"prompt": "Say a lot.", "completion": " ".join(["cats"] * 200)}] + \
            [{"prompt": "Say hi.", "completion": "hi"}] * 4

@@ -120,6 +120,16 @@ def lab_prefs(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def llama256(tmp_path_factory, tokenizer):
+    """The tiny llama with 256 positions (the lab pairs run to 256 tokens with the test tokenizer): the same
+    weights as llama_dir's — a Llama has no position table — but a context that holds the data."""
+    from tether.models import build_tiny_model
+
+    return build_tiny_model("llama", tokenizer, tmp_path_factory.mktemp("rm-base") / "llama", seed=0, hidden=32,
+                            layers=2, heads=2, max_positions=256)
+
+
 def rm_config(model_dir, train, evals, out, **extra):
     overrides = {"model.path": str(model_dir), "data.path": str(train), "data.eval_path": str(evals),
                  "data.max_length": 256, "optim.lr": 3e-3, "train.output": str(out), "train.batch_size": 16,
@@ -129,11 +139,11 @@ def rm_config(model_dir, train, evals, out, **extra):
 
 
 @pytest.mark.slow
-def test_overfitting_run_fires_the_detector_and_stops(llama_dir, lab_prefs, tmp_path):
+def test_overfitting_run_fires_the_detector_and_stops(llama256, lab_prefs, tmp_path):
     rows = (lab_prefs / "prefs.jsonl").read_text().splitlines()
     small = tmp_path / "small.jsonl"
     small.write_text("\n".join(rows[:48]) + "\n")  # tiny data, many epochs
-    summary = run_rm(rm_config(llama_dir, small, lab_prefs / "prefs_eval.jsonl", tmp_path / "rm", train__epochs=60.0,
+    summary = run_rm(rm_config(llama256, small, lab_prefs / "prefs_eval.jsonl", tmp_path / "rm", train__epochs=60.0,
                                train__eval_every=5, rm__overfit_patience=3, rm__early_stop=True))
     assert summary["overfit_alarm_step"] is not None
     assert summary["steps"] == summary["overfit_alarm_step"] < 180  # stopped early
@@ -145,9 +155,9 @@ def test_overfitting_run_fires_the_detector_and_stops(llama_dir, lab_prefs, tmp_
 
 
 @pytest.mark.slow
-def test_rm_learns_the_lab_preferences_and_writes_probes_and_normalisation(llama_dir, lab_prefs, tmp_path):
+def test_rm_learns_the_lab_preferences_and_writes_probes_and_normalisation(llama256, lab_prefs, tmp_path):
     out = tmp_path / "rm"
-    summary = run_rm(rm_config(llama_dir, lab_prefs / "prefs.jsonl", lab_prefs / "prefs_eval.jsonl", out,
+    summary = run_rm(rm_config(llama256, lab_prefs / "prefs.jsonl", lab_prefs / "prefs_eval.jsonl", out,
                                train__epochs=2.0, train__eval_every=10))
     assert summary["eval/accuracy"] > 0.6  # above chance (0.5) on held-out prompts, from a random tiny model
     for key in ("eval/margin", "eval/chosen_mean", "eval/chosen_q90", "eval/rejected_std"):
@@ -198,11 +208,11 @@ def test_multi_head_ranked_and_lora_variants_train(llama_dir, tmp_path):
     assert not any("lora" in n for n, _ in merged.named_parameters())
 
 
-def test_rm_resume_matches_the_uninterrupted_run(llama_dir, lab_prefs, tmp_path, monkeypatch):
+def test_rm_resume_matches_the_uninterrupted_run(llama256, lab_prefs, tmp_path, monkeypatch):
     rows = (lab_prefs / "prefs.jsonl").read_text().splitlines()
     small = tmp_path / "small.jsonl"
     small.write_text("\n".join(rows[:64]) + "\n")
-    cfg = lambda out, **kw: rm_config(llama_dir, small, lab_prefs / "prefs_eval.jsonl", out, train__max_steps=6,
+    cfg = lambda out, **kw: rm_config(llama256, small, lab_prefs / "prefs_eval.jsonl", out, train__max_steps=6,
                                       train__save_every=2, train__eval_every=3, **kw)
     run_rm(cfg(tmp_path / "whole"))
     with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):

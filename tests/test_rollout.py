@@ -233,7 +233,7 @@ def test_a_generation_backend_plugs_in_without_touching_the_stage(llama_dir, tmp
     cfg = build_config(GRPOConfig, overrides={
         "model.path": str(llama_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
         "rewards.reward": [f"{rules}:count_a"], "rollout.prompts_per_step": 2, "rollout.group_size": 2,
-        "train.max_steps": 3, "train.eval_every": 3, "train.save_every": 0, "train.sample_every": 1,
+        "rollout.max_new_tokens": 16, "train.max_steps": 3, "train.eval_every": 3, "train.save_every": 0, "train.sample_every": 1,
         "train.output": str(tmp_path / "out"), "train.report_to": ["none"]})
     run_grpo(cfg, backend=lambda policy, tok: made.append(ScriptedBackend(policy, tok)) or made[-1])
     backend = made[0]

@@ -283,3 +283,24 @@ def test_unpaired_preference_data_is_not_trained_as_sft(tmp_path, tokenizer):
                                                 {"prompt": "a", "completion": "bad", "label": False}])
     with pytest.raises(DataError, match=r"kto.jsonl:1: unpaired preference data .* labelled false"):
         tokenize_records(read_records(path), tokenizer, 64)
+
+
+def test_tool_call_turns_are_read_as_the_hermes_text_the_model_writes(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "tools.jsonl", [{"messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "content": "rain"},
+        {"role": "assistant", "content": "It rains."}]}])
+    (record,) = read_records(path)
+    call = record.fields["messages"][1]
+    assert call == {"role": "assistant", "content": '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'}
+    from tether.agents.tools import parse_tool_calls
+
+    assert parse_tool_calls(call["content"]) == [{"name": "weather", "arguments": {"city": "Oslo"}}]
+    (ex,), _ = tokenize_records([record], tokenizer, 256)
+    assert trained_text(tokenizer, ex).startswith('<tool_call>{"name": "weather"')  # both assistant turns trained
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "assistant", "content": None,
+                                                              "tool_calls": [{"function": {"arguments": "{}"}}]}]}])
+    with pytest.raises(DataError, match=r"bad.jsonl:1: messages\[0\].tool_calls\[0\] must be"):
+        read_records(bad)

@@ -1,8 +1,9 @@
 """Read records from JSONL, JSON, CSV, Parquet, a `datasets` save_to_disk folder, or a folder of data files laid
 out as on the Hugging Face hub (`data/train-00000-of-00002.parquet`, `train.jsonl`, ...).
 
-ShareGPT rows (`conversations` of `{from, value}`) are read as `messages`, and message contents given as lists of
-parts (`[{"type": "text", "text": ...}]`) as their text.
+ShareGPT rows (`conversations` of `{from, value}`) are read as `messages`, message contents given as lists of
+parts (`[{"type": "text", "text": ...}]`) as their text, and assistant turns given as structured `tool_calls` as
+Hermes `<tool_call>` text.
 
 Every record keeps where it came from ("file.jsonl:12", "file.parquet row 3")
 so that any later validation error can name the file, line and field.
@@ -117,7 +118,32 @@ def _normalise(record: Record) -> Record:
         value = fields.get(name)
         if isinstance(value, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in value):
             fields = {**fields, name: [_text_content(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
+        value = fields.get(name)
+        if isinstance(value, list) and any(isinstance(m, dict) and m.get("tool_calls") for m in value):
+            fields = {**fields, name: [_tool_call_text(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
     return record if fields is record.fields else Record(fields, record.where)
+
+
+def _tool_call_text(message, where: str):
+    """An assistant turn given as structured tool calls (OpenAI's ``tool_calls``, content null) as the Hermes text
+    the model writes, ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` after any content: the format tether's
+    tool environments parse (tether/agents/tools.py) and Qwen-style templates render."""
+    if not isinstance(message, dict) or not message.get("tool_calls"):
+        return message
+    calls = []
+    for j, call in enumerate(message["tool_calls"]):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise DataError(f"{where}.tool_calls[{j}] must be {{'function': {{'name': ..., 'arguments': ...}}}}")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                raise DataError(f"{where}.tool_calls[{j}].function.arguments is a string that is not JSON") from None
+        calls.append("<tool_call>" + json.dumps({"name": function["name"], "arguments": arguments}) + "</tool_call>")
+    content = message.get("content") or ""
+    return {k: v for k, v in {**message, "content": content + "".join(calls)}.items() if k != "tool_calls"}
 
 
 def _text_content(message, where: str):

@@ -19,12 +19,11 @@ prompt); ``score`` ends that episode, scores it ``env_error_score`` and counts i
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from tether.config import ConfigError
-from tether.rewards.functions import RewardFunctionError, load_reward_function
+from tether.rewards.functions import RewardFunctionError, call_in_daemon_thread, load_reward_function
 
 
 @dataclass
@@ -82,28 +81,20 @@ class GuardedCall:
         self.name, self.timeout = name, timeout
 
     def __call__(self, what: str, fn: Callable, *args, prompt=None):
-        outcome: dict = {}
-
-        def call() -> None:
-            try:
-                outcome["value"] = fn(*args)
-            except BaseException as err:  # noqa: BLE001 - a user's environment; reported with its name below
-                outcome["error"] = err
-
         if self.timeout:
-            thread = threading.Thread(target=call, name=f"env-{self.name}-{what}", daemon=True)
-            thread.start()
-            thread.join(self.timeout)
-            if thread.is_alive():
+            finished, value = call_in_daemon_thread(lambda: fn(*args), self.timeout, f"env-{self.name}-{what}")
+            if not finished:
                 raise EnvironmentFault(f"environment {self.name}.{what} gave no result within {self.timeout:g} s "
                                        f"(env_timeout; prompt: {str(prompt)[:80]!r})")
         else:
-            call()
-        if "error" in outcome:
-            err = outcome["error"]
-            raise EnvironmentFault(f"environment {self.name}.{what} raised {type(err).__name__}: {err} "
-                                   f"(prompt: {str(prompt)[:80]!r})") from err
-        return outcome["value"]
+            try:
+                value = fn(*args)
+            except Exception as err:  # noqa: BLE001 - a user's environment; reported with its name below
+                value = err
+        if isinstance(value, BaseException):
+            raise EnvironmentFault(f"environment {self.name}.{what} raised {type(value).__name__}: {value} "
+                                   f"(prompt: {str(prompt)[:80]!r})") from value
+        return value
 
 
 def check_messages(value, name: str, what: str) -> list[dict]:

@@ -282,26 +282,31 @@ class RewardSet:
         return self.worker
 
 
-def _call_in_daemon_thread(component: RewardComponent, kwargs: dict, timeout: float | None):
-    """The call's return value, its exception, or a TimeoutError after ``timeout`` seconds. The call runs in a daemon
-    thread: a call that never returns is abandoned there and does not keep the process from exiting (a thread
-    cannot be killed; code that may hang for good belongs in tether.rewards.sandbox, which kills it)."""
+def call_in_daemon_thread(call: Callable[[], object], timeout: float | None, name: str) -> tuple[bool, object]:
+    """(finished, call()'s value or the exception it raised), running it in a daemon thread for at most ``timeout``
+    seconds (None: no limit). A call that never returns is abandoned there (finished False) and does not keep the
+    process from exiting: a thread cannot be killed; code that may hang for good belongs in tether.rewards.sandbox,
+    which kills it. Reward functions and environments (tether/agents) are called through it."""
     import threading
 
     outcome: dict = {}
 
-    def call() -> None:
+    def run() -> None:
         try:
-            outcome["value"] = component.fn(**kwargs)
-        except Exception as err:  # noqa: BLE001 - reported by the caller with the function's name
+            outcome["value"] = call()
+        except BaseException as err:  # noqa: BLE001 - even SystemExit: it would only end this thread, unreported
             outcome["value"] = err
 
-    thread = threading.Thread(target=call, name=f"reward-{component.name}", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     thread.join(timeout)
-    if thread.is_alive():
-        return _timeout_error(component, timeout or 0.0)
-    return outcome["value"]
+    return (False, None) if thread.is_alive() else (True, outcome["value"])
+
+
+def _call_in_daemon_thread(component: RewardComponent, kwargs: dict, timeout: float | None):
+    """The call's return value, its exception, or a TimeoutError after ``timeout`` seconds."""
+    finished, value = call_in_daemon_thread(lambda: component.fn(**kwargs), timeout, f"reward-{component.name}")
+    return value if finished else _timeout_error(component, timeout or 0.0)
 
 
 def _timeout_error(component: RewardComponent, seconds: float) -> TimeoutError:

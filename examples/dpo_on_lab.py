@@ -6,6 +6,11 @@ this script tries other settings on the same world:
     .venv/bin/python examples/dpo_on_lab.py --lab runs/lab --loss simpo --lr 1e-5 --output runs/dpo-simpo-1e-5
     .venv/bin/python examples/dpo_on_lab.py --lab runs/lab --loss sigmoid --data all --output runs/dpo-all
     .venv/bin/python examples/dpo_on_lab.py --lab runs/lab --loss sigmoid --data online --rounds 6 --output runs/dpo-on
+    .venv/bin/python examples/dpo_on_lab.py --lab runs/lab --loss kto --data unpaired --output runs/kto
+
+`--data unpaired` keeps one side of each filtered pair — the chosen answer of even rows, the rejected of odd
+ones — labelled true or false: KTO's data, with half the labelled answers of the pairs and no two answers to a
+prompt. (`--loss kto --data filtered` splits every pair in two instead.)
 
 Prints the gold reward, the gold win rate against the SFT model (4 sampled answers per held-out request) and the
 held-out pair accuracy at every evaluation, then the run's figures as one JSON line.
@@ -21,12 +26,22 @@ import transformers
 from tether.lab.rl import run_lab_dpo
 
 
+def unpaired_labels(pairs: Path, output: Path) -> Path:
+    """One labelled answer per pair: chosen (label true) on even rows, rejected (label false) on odd ones."""
+    output.mkdir(parents=True, exist_ok=True)
+    rows = [json.loads(line) for line in pairs.read_text().splitlines() if line.strip()]
+    path = output / "unpaired.jsonl"
+    path.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["rejected" if i % 2 else "chosen"],
+                                        "label": not i % 2}) + "\n" for i, r in enumerate(rows)))
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lab", default="runs/lab", help="A finished `tether lab` folder.")
     parser.add_argument("--loss", default="sigmoid", help="Any `tether dpo --loss`.")
     parser.add_argument("--beta", type=float, default=0.0, help="0 = the loss's usual β.")
-    parser.add_argument("--data", default="filtered", choices=("filtered", "all", "online"))
+    parser.add_argument("--data", default="filtered", choices=("filtered", "all", "online", "unpaired"))
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-5)
@@ -40,7 +55,9 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     lab = Path(args.lab)
     pairs = {"filtered": lab / "rm_filtered" / "prefs_filtered.jsonl", "all": lab / "world" / "prefs.jsonl",
-             "online": None}[args.data]
+             "online": None, "unpaired": lab / "rm_filtered" / "prefs_filtered.jsonl"}[args.data]
+    if args.data == "unpaired":
+        pairs = unpaired_labels(pairs, Path(args.output))
     online = None
     if args.data == "online":
         online = {"online.rounds": args.rounds, "rollout.prompts_per_step": args.prompts_per_round,

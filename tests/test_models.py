@@ -31,17 +31,19 @@ def test_missing_folder_is_a_clear_error(tmp_path):
         load_model(tmp_path)
 
 
-def test_tokenizer_without_pad_gets_a_distinct_pad_and_the_model_grows(tmp_path):
+def test_padding_adds_no_token_and_the_embedding_keeps_its_size(tmp_path):
+    """No pad token (or pad == EOS): padding borrows EOS, so a LoRA adapter still fits the untouched base."""
     from tether.models import build_tiny_model
 
     tok = train_bpe_tokenizer(["hello world, the answer is 42."] * 10, vocab_size=280, with_pad=False)
     assert tok.pad_token is None
     folder = build_tiny_model("llama", tok, tmp_path / "nopad", hidden=32, layers=1, heads=2)
+    vocab = len(tok)
     loaded = load_tokenizer(folder)
-    assert loaded.pad_token == "<|pad|>" and loaded.pad_token_id != loaded.eos_token_id
+    assert len(loaded) == vocab and loaded.pad_token == loaded.eos_token
     model = load_model(folder, loaded)
-    assert model.get_input_embeddings().weight.shape[0] >= len(loaded)
-    assert model.config.pad_token_id == loaded.pad_token_id
+    assert model.get_input_embeddings().weight.shape[0] == vocab
+    assert model.config.pad_token_id == loaded.eos_token_id
 
 
 def test_lora_trains_only_adapters_and_merge_and_save_matches(llama_dir, tmp_path):

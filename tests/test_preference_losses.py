@@ -143,3 +143,24 @@ def test_the_table_has_one_signature_and_the_dispatcher_goes_through_it():
         PREFERENCE_LOSSES["listwise"](logps, None, tokens, params, None)
     with pytest.raises(ValueError, match="listwise"):
         PREFERENCE_LOSSES["simpo"](torch.zeros(1, 3), None, torch.ones(1, 3), params, None)
+
+
+def test_kto_by_hand():
+    """z_0 = max(0, mean mismatched log-ratio) = max(0, (1 + 2)/2) = 1.5; r = (1, −1).
+    desirable: 1 − σ(0.1 (1 − 1.5)) = 1 − σ(−0.05) = 0.5124974; undesirable, λ_U = 2: 2 − 2 σ(0.1 (1.5 + 1)) =
+    2 − 2 σ(0.25) = 0.8756470."""
+    from tether.algorithms.preference import kto_loss, kto_reference_point
+
+    z0 = kto_reference_point(torch.tensor([-20.0, -18.0]), torch.tensor([-21.0, -20.0]))
+    assert z0.item() == pytest.approx(1.5)
+    loss = kto_loss(torch.tensor([-10.0, -12.0]), torch.tensor([-11.0, -11.0]), torch.tensor([True, False]), z0,
+                    beta=0.1, desirable_weight=1.0, undesirable_weight=2.0)
+    assert loss.tolist() == pytest.approx([0.5124974, 0.8756470], abs=1e-6)
+    # a policy closer to the reference on other prompts than the reference itself: z_0 is floored at 0
+    assert kto_reference_point(torch.tensor([-22.0]), torch.tensor([-21.0])).item() == 0.0
+    # the reference point carries no gradient; the example's own log-prob does
+    logps = torch.tensor([-10.0], requires_grad=True)
+    mismatched = torch.tensor([-20.0], requires_grad=True)
+    kto_loss(logps, torch.tensor([-11.0]), torch.tensor([True]), kto_reference_point(mismatched, torch.tensor([-21.0]))
+             ).sum().backward()
+    assert mismatched.grad is None and logps.grad.item() == pytest.approx(-0.1 * 0.25, abs=1e-6)  # −β σ'(0) at r = z_0

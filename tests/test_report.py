@@ -91,3 +91,70 @@ def test_the_report_loads_in_a_headless_browser_without_errors_and_shows_plots(t
     orange = int(((abs(r - 255) < 25) & (abs(g - 127) < 30) & (b < 60)).sum())
     assert blue > 1000 and orange > 200, (blue, orange)
     shutil.copy(shot, out.with_suffix(".png"))
+
+
+def _loss_run(folder, stage_yaml: str, losses, summary_stage=None):
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "train/loss": v}) + "\n"
+                                                  for i, v in enumerate(losses)))
+    (folder / "config.yaml").write_text(stage_yaml)
+    if summary_stage:
+        (folder / "summary.json").write_text(json.dumps({"stage": summary_stage}))
+    return folder
+
+
+def test_each_stage_gets_its_own_loss_caption_and_loss_kinds_never_share_an_axis(tmp_path):
+    """A DPO, a KTO and a reward-model run compared: train/loss is explained per stage (not SFT's caption for all)
+    and drawn on three axes, one per kind of loss; a metric every run shares otherwise stays on one axis."""
+    from tether.report import Run
+
+    glossary = load_glossary()
+    assert "trained tokens" in explain("train/loss", glossary, "sft")[0]
+    assert "Bradley–Terry" in explain("train/loss", glossary, "rm")[0]
+    assert "chosen loss" in explain("train/loss", glossary, "dpo")[0]
+    assert explain("kto/reference_point", glossary, "dpo")[0].startswith("KTO's z_0")
+    dpo = _loss_run(tmp_path / "dpo", "dpo:\n  loss: sigmoid\ndata:\n  path: p\n", [0.69, 0.6], "dpo")
+    kto = _loss_run(tmp_path / "kto", "dpo:\n  loss: kto\ndata:\n  path: p\n", [0.5, 0.45])  # still running
+    rm = _loss_run(tmp_path / "rm", "rm:\n  heads: [reward]\ndata:\n  path: p\n", [0.69, 0.5], "rm")
+    assert [(Run(f).stage, Run(f).loss_kind) for f in (dpo, kto, rm)] == [("dpo", "dpo sigmoid"), ("dpo", "dpo kto"),
+                                                                          ("rm", "rm")]
+    page = render_report([dpo, kto, rm])
+    assert {"train/loss (dpo sigmoid)", "train/loss (dpo kto)", "train/loss (rm)"} <= set(re.findall(r"alt='([^']+)'", page))
+    assert "alt='train/loss'" not in page.split("<h2>Comparison</h2>")[1].split("<h2>")[0]
+    assert "Bradley–Terry" in page and "trained tokens" not in page  # no run here is SFT
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_captions_its_plots(tmp_path):
+    """The glossary travels inside the package: a wheel built from the repository and installed elsewhere renders
+    captions (tether/glossary.md links to docs/metrics.md; the wheel holds the file)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, source / name)
+    shutil.copytree(repo / "tether", source / "tether", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    (source / "docs").mkdir()
+    shutil.copy(repo / "docs" / "metrics.md", source / "docs" / "metrics.md")
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = wheels.glob("tether-*.whl")
+    target = tmp_path / "installed"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                                str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    assert (target / "tether" / "glossary.md").is_file() and not (target / "tether" / "glossary.md").is_symlink()
+    run = _loss_run(tmp_path / "run", "dpo:\n  loss: sigmoid\ndata:\n  path: p\n", [0.69, 0.6], "dpo")
+    script = ("import tether, tether.report as r, sys; assert tether.__file__.startswith(sys.argv[2]), tether.__file__; "
+              "page = r.render_report([sys.argv[1]]); assert 'not in the glossary' not in page; "
+              "print('chosen loss' in page)")
+    shown = subprocess.run([sys.executable, "-c", script, str(run), str(target)], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
+    assert shown.returncode == 0 and shown.stdout.strip() == "True", shown.stderr[-2000:]

@@ -1,3 +1,24 @@
-"""tether: post-training language models with human feedback, with a ground-truth lab."""
+"""tether: post-training language models with human feedback, with a ground-truth lab.
+
+The Python API (docs/python-api.md): ``tether.sft``, ``tether.rm``, ``tether.dpo``, ``tether.ppo``, ``tether.grpo``
+and the stage configs (``tether.SFTConfig``...). They are imported on first use, so that ``import tether`` (and the
+command line's ``--help``) stays free of torch and transformers.
+"""
 
 __version__ = "0.1.0"
+
+_LAZY = {"sft": "tether.api", "rm": "tether.api", "dpo": "tether.api", "ppo": "tether.api", "grpo": "tether.api",
+         "RunResult": "tether.api", "TrainerState": "tether.rewards.functions",
+         "SFTConfig": "tether.stages.sft_config", "RMConfig": "tether.stages.rm_config",
+         "DPOConfig": "tether.stages.dpo_config", "PPOConfig": "tether.stages.ppo_config",
+         "GRPOConfig": "tether.stages.grpo_config", "ConfigError": "tether.config", "DataError": "tether.data.records"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tether' has no attribute {name!r}")

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from tether.api import run_stage
 from tether.config import ConfigError, add_config_arguments, build_config, config_from_args, load_yaml
 from tether.data.records import DataError
 
@@ -31,7 +32,14 @@ def _quiet_libraries() -> None:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from tether.train.logger import ConsoleLogHandler
+
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig, through the console (above a progress bar)
+        handler = ConsoleLogHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,7 +135,7 @@ def run_sft_command(args) -> None:
     from tether.stages.sft import SFTConfig, run_sft
 
     if not args.demo:
-        run_sft(config_from_args(SFTConfig, args))
+        run_stage("sft", config_from_args(SFTConfig, args))
         return
     from tether import demo
 
@@ -392,20 +400,17 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "eval":
             run_eval_command(args)
         elif args.stage == "ppo":
-            from tether.stages.ppo import run_ppo
             from tether.stages.ppo_config import PPOConfig
 
-            run_ppo(config_from_args(PPOConfig, args))
+            run_stage("ppo", config_from_args(PPOConfig, args))
         elif args.stage == "grpo":
-            from tether.stages.grpo import run_grpo
             from tether.stages.grpo_config import GRPOConfig
 
-            run_grpo(config_from_args(GRPOConfig, args))
+            run_stage("grpo", config_from_args(GRPOConfig, args))
         elif args.stage == "dpo":
-            from tether.stages.dpo import run_dpo
             from tether.stages.dpo_config import DPOConfig
 
-            run_dpo(config_from_args(DPOConfig, args))
+            run_stage("dpo", config_from_args(DPOConfig, args))
         elif args.stage == "report":
             from tether.report import write_report
 
@@ -418,9 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "recipes":
             print_recipes()
         elif args.stage == "rm":
-            from tether.stages.rm import RMConfig, run_rm
+            from tether.stages.rm_config import RMConfig
 
-            run_rm(config_from_args(RMConfig, args))
+            run_stage("rm", config_from_args(RMConfig, args))
         elif args.stage == "data":
             commands = {"check": run_data_check, "agreement": run_data_agreement, "filter": run_data_filter}
             if args.data_command not in commands:

@@ -16,7 +16,6 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DISTINCT_PAD = "<|pad|>"
 
 
 def _check_dir(path: str | Path, what: str) -> Path:
@@ -62,11 +61,12 @@ def check_model_folder(path: Path, what: str = "model", weights: bool = True) ->
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
-    """A tokenizer from a local folder, with a pad token distinct from EOS.
+    """A tokenizer from a local folder, with a pad token.
 
-    If the tokenizer has no pad token, or pads with EOS, a new ``<|pad|>``
-    token is added: padding with EOS and masking padding out of the loss also
-    masks the real EOS, and the model never learns to stop.
+    A tokenizer without one pads with an existing token (EOS, else UNK, BOS or id 0) rather than a new one: every
+    mask tether builds (attention, loss, response) is explicit and never read from ``ids == pad_id``, so a pad that
+    equals EOS cannot hide the real EOS, and the vocabulary — hence the embedding matrix and a LoRA adapter's fit to
+    its base — stays the model's own. A pad token the tokenizer already has (EOS or not) is kept.
     """
     path = _check_dir(path, "tokenizer")
     check_model_folder(path, "tokenizer", weights=False)
@@ -74,15 +74,17 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 - transformers raises many types for unreadable tokenizer files
         raise ConfigError(f"tokenizer {path}: cannot be loaded ({type(err).__name__}: {str(err)[:300]})") from None
-    if tok.pad_token is None or (tok.eos_token is not None and tok.pad_token_id == tok.eos_token_id):
-        tok.add_special_tokens({"pad_token": DISTINCT_PAD})
-        log.warning("tokenizer %s had no distinct pad token; added %s (id %d)", path, DISTINCT_PAD, tok.pad_token_id)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token or tok.bos_token or tok.convert_ids_to_tokens(0)
+        log.info("tokenizer %s has no pad token; padding with %s (id %d), masked everywhere", path, tok.pad_token,
+                 tok.pad_token_id)
     return tok
 
 
 def load_model(path: str | Path, tokenizer=None, dtype: str = "float32", trust_remote_code: bool = False,
                device: str | torch.device | None = None):
-    """A causal LM from a local folder. Embeddings grow if the tokenizer gained tokens (a pad token)."""
+    """A causal LM from a local folder. Embeddings grow only if the tokenizer has more tokens than the model (a
+    tokenizer a user extended); padding adds none (load_tokenizer)."""
     path = _check_dir(path, "model")
     check_model_folder(path)
     if dtype != "auto" and dtype not in DTYPES:

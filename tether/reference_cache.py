@@ -22,6 +22,7 @@ import torch
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.data.dpo import PolicyPreference, collate_policy_preferences, data_fingerprint
+from tether.train.logger import progress
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 BIG_FILE = 256 << 20
@@ -69,7 +70,8 @@ def sequence_logps(model, examples: list[PolicyPreference], pad_id: int, batch_s
     was_training = model.training
     model.eval()
     out: list[list[float]] = []
-    for start in range(0, len(examples), batch_size):
+    for start in progress(range(0, len(examples), batch_size), -(-len(examples) // batch_size),
+                          "reference log-probs (batches)", min_items=20):
         chunk = examples[start : start + batch_size]
         batch = collate_policy_preferences(chunk, pad_id)
         ids, mask = batch["input_ids"].to(device), batch["loss_mask"].to(device)

@@ -19,17 +19,25 @@ from pathlib import Path
 
 from tether.monitors import read_jsonl
 
-GLOSSARY_PATH = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+# docs/metrics.md, shipped inside the package: tether/glossary.md is a link to it in the repository, and the wheel
+# holds a copy (setuptools copies the file a link points to), so an installed tether captions its plots too.
+GLOSSARY_PATH = Path(__file__).resolve().parent / "glossary.md"
 PREFIXES = ("train/", "eval0/", "eval/")
 
 
-def load_glossary(path: Path = GLOSSARY_PATH) -> list[tuple[re.Pattern, str, str]]:
-    """(pattern, meaning, healthy) for every key in the first column of docs/metrics.md's tables.
-    `<name>` in a key matches one path segment; several keys in one cell share the row."""
+def load_glossary(path: Path = GLOSSARY_PATH) -> list[tuple[re.Pattern, str, str, str | None]]:
+    """(pattern, meaning, healthy, stage) for every key in the first column of docs/metrics.md's tables; stage is
+    the `tether <stage>` a section's heading names (None for a section that names none). `<name>` in a key matches
+    one path segment; several keys in one cell share the row."""
     if not path.is_file():
         return []
     rows = []
+    stage = None
     for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            named = re.search(r"`tether (\w+)", line)
+            stage = named.group(1) if named else None
+            continue
         cells = [c.strip() for c in _cells(line)]
         if len(cells) < 2 or not cells[0].startswith("`"):
             continue
@@ -41,7 +49,7 @@ def load_glossary(path: Path = GLOSSARY_PATH) -> list[tuple[re.Pattern, str, str
                 key = keys[0].rsplit("/", 1)[0] + key
             pattern = re.escape(key).replace(re.escape("<name>"), "[^/]+").replace(re.escape("<key>"), ".+") \
                 .replace(re.escape("<unit>"), "[^/]+").replace(re.escape("…"), ".*")
-            rows.append((re.compile(f"^{pattern}$"), meaning, healthy))
+            rows.append((re.compile(f"^{pattern}$"), meaning, healthy, stage))
     return rows
 
 
@@ -61,13 +69,35 @@ def _cells(line: str) -> list[str]:
     return cells + [current]
 
 
-def explain(metric: str, glossary) -> tuple[str, str]:
+def explain(metric: str, glossary, stage: str | None = None) -> tuple[str, str]:
+    """(meaning, healthy) of a metric: the definition in the run's own stage's section first (a DPO run's
+    `train/loss` is the DPO loss, not SFT's), then any section's."""
     candidates = [metric] + [metric[len(p):] for p in PREFIXES if metric.startswith(p)]
-    for name in candidates:
-        for pattern, meaning, healthy in glossary:
-            if pattern.match(name):
-                return meaning, healthy
+    for own_section in (True, False):
+        for name in candidates:
+            for pattern, meaning, healthy, section in glossary:
+                if (section == stage or not own_section) and pattern.match(name):
+                    return meaning, healthy
     return "", ""
+
+
+def run_stage(config: dict, summary: dict) -> str | None:
+    """The stage a run folder holds, from summary.json, or from its config.yaml's sections while it runs."""
+    if summary.get("stage"):
+        return str(summary["stage"]).split()[0]
+    sections = set(config)
+    for stage, marker in (("dpo", "dpo"), ("ppo", "critic"), ("grpo", "algo"), ("rm", "rm")):
+        if marker in sections:
+            return stage
+    return "sft" if "data" in sections else None
+
+
+def loss_kind(stage: str | None, config: dict) -> str:
+    """What a run's `loss` measures: the stage, and for DPO-family runs the loss (sigmoid and kto are not on one
+    scale)."""
+    if stage == "dpo":
+        return f"dpo {config.get('dpo', {}).get('loss', 'sigmoid')}"
+    return stage or "?"
 
 
 def _plain(text: str) -> str:
@@ -86,6 +116,15 @@ class Run:
         self.config_text = (self.folder / "config.yaml").read_text() if (self.folder / "config.yaml").is_file() else ""
         self.summary = json.loads((self.folder / "summary.json").read_text()) if (self.folder / "summary.json").is_file() else {}
         self.name = self.label()
+        try:
+            import yaml
+
+            config = yaml.safe_load(self.config_text) if self.config_text else {}
+        except yaml.YAMLError:
+            config = {}
+        config = config if isinstance(config, dict) else {}
+        self.stage = run_stage(config, self.summary)
+        self.loss_kind = loss_kind(self.stage, config)
 
     def label(self) -> str:
         parts = [p for p in self.folder.parts[-3:] if p not in ("run",)]
@@ -228,9 +267,11 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
         if not shared:
             parts.append("<p>These runs log no metric in common.</p>")
         for key in shared:
-            meaning, healthy = explain(key, glossary)
-            lines = [(r.name, s[key]) for r, s in zip(runs, all_series)]
-            parts.append(_card(key, _plot(key, lines, []), meaning, healthy))
+            for kind, members in _axes(key, runs):  # losses of different kinds never share an axis
+                title = key if kind is None else f"{key} ({kind})"
+                meaning, healthy = explain(key, glossary, members[0].stage)
+                lines = [(r.name, s[key]) for r, s in zip(runs, all_series) if r in members]
+                parts.append(_card(title, _plot(title, lines, []), meaning, healthy))
         parts.append("</div>")
     for run in runs:
         parts.append(f"<h2>{_esc(run.name)}</h2>")
@@ -243,7 +284,7 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
         marks = [(a["monitor"], int(a["step"])) for a in run.alarms]
         parts.append("<h3>Metrics</h3><div class='grid'>")
         for key, points in run.series().items():
-            meaning, healthy = explain(key, glossary)
+            meaning, healthy = explain(key, glossary, run.stage)
             parts.append(_card(key, _plot(key, [(run.name, points)], marks), meaning, healthy))
         parts.append("</div><h3>Samples</h3>" + _samples_html(run))
         parts.append(f"<h3>Resolved config</h3><pre>{_esc(run.config_text or '(no config.yaml)')}</pre>")
@@ -270,17 +311,31 @@ def render_groups(title: str, intro: str, groups: dict[str, tuple[list[Path], tu
         all_series = [r.series() for r in runs]
         parts.append("<div class='grid'>")
         for key in keys:
-            lines = [(r.name, s[key]) for r, s in zip(runs, all_series) if key in s]
-            if lines:
-                meaning, healthy = explain(key, glossary)
+            for kind, members in _axes(key, [r for r, s in zip(runs, all_series) if key in s]):
+                title = key if kind is None else f"{key} ({kind})"
+                lines = [(r.name, s[key]) for r, s in zip(runs, all_series) if r in members]
+                meaning, healthy = explain(key, glossary, members[0].stage)
                 marks = [(a["monitor"], int(a["step"])) for r in runs for a in r.alarms] if len(runs) == 1 else []
-                parts.append(_card(key, _plot(key, lines, marks), meaning, healthy))
+                parts.append(_card(title, _plot(title, lines, marks), meaning, healthy))
         parts.append("</div>")
         alarms = [(r.name, a) for r in runs for a in r.alarms]
         parts.append(f"<h3>Alarms ({len(alarms)})</h3>" + ("".join(f"<p><b>{_esc(n)}</b></p>{_alarm_html(a)}" for n, a in alarms)
                                                           or "<p>None raised.</p>"))
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _axes(key: str, runs: list[Run]) -> list[tuple[str | None, list[Run]]]:
+    """[(kind, runs)]: one axis for most metrics; a loss gets one axis per kind of loss among the runs (a DPO
+    sigmoid loss, a KTO loss and a Bradley–Terry loss are on different scales)."""
+    if not runs:
+        return []
+    if not key.split("/")[-1] == "loss" or len({r.loss_kind for r in runs}) == 1:
+        return [(None, runs)]
+    kinds: dict[str, list[Run]] = {}
+    for r in runs:
+        kinds.setdefault(r.loss_kind, []).append(r)
+    return list(kinds.items())
 
 
 def _card(key: str, image: str, meaning: str, healthy: str) -> str:

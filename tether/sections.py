@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tether.config import ConfigError, Section, option
 
-REPORTERS = ("tensorboard", "wandb", "mlflow", "none")
+REPORTERS = ("tensorboard", "wandb", "mlflow", "trackio", "none")
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class RunSection(Section):
     seed: int = option(0, "Seed for data order, held-out split, sampling and initialisation.")
     resume: bool = option(False, "Continue from the newest checkpoint-<step>/ in --output.")
     overwrite: bool = option(False, "Start afresh in an --output that already holds a run (deletes its metrics and checkpoints).")
-    report_to: list = option(["tensorboard"], "Extra loggers: tensorboard, wandb, mlflow, or none. metrics.jsonl is always written.",
+    report_to: list = option(["tensorboard"], "Extra loggers: tensorboard, wandb (WANDB_PROJECT, WANDB_NAME), mlflow, trackio (TRACKIO_PROJECT, TRACKIO_DIR), or none. metrics.jsonl is always written.",
                              choices=REPORTERS)
 
     def check(self):

@@ -7,3 +7,4 @@ RATIOS = ("token", "sequence", "sequence_token")  # algorithms/policy.py
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # algorithms/reductions.py
 PREFERENCE_LOSSES = ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo", "orpo", "beta_dpo",
                      "listwise")  # algorithms/preference.py
+UNPAIRED_LOSSES = ("kto",)  # one labelled completion per example: algorithms/preference.py kto_loss

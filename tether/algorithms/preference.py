@@ -170,6 +170,26 @@ def beta_dpo_pair_weights(margins: torch.Tensor, running_mean: float, running_st
     return torch.exp(-((margins - running_mean) ** 2) / (2 * max(running_std, 1e-6) ** 2))
 
 
+def kto_reference_point(mismatched_logps: torch.Tensor, mismatched_ref_logps: torch.Tensor) -> torch.Tensor:
+    """KTO's reference point z_0 (docs/algorithms.md §6.5): max(0, mean_i [log π_θ(y'_i|x_i) − log π_ref(y'_i|x_i)]),
+    y'_i a completion written for another prompt — a batch estimate of KL(π_θ ‖ π_ref). (N,) -> scalar, detached:
+    the paper does not back-propagate through it."""
+    return (mismatched_logps - mismatched_ref_logps).mean().clamp(min=0).detach()
+
+
+def kto_loss(logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor, reference_point: torch.Tensor | float,
+             beta: float = 0.1, desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> torch.Tensor:
+    """KTO (Ethayarajh et al. 2024, arXiv 2402.01306, eq. 8; docs/algorithms.md §6.5), per example (B,):
+
+    r = log π_θ(y|x) − log π_ref(y|x) (sequence sums), z_0 = ``reference_point`` (kto_reference_point);
+    v = λ_D σ(β (r − z_0)) for a desirable y, λ_U σ(β (z_0 − r)) for an undesirable one; loss = λ_y − v.
+    ``desirable``: (B,) bool."""
+    r = logps - ref_logps
+    weight = torch.where(desirable, torch.full_like(r, desirable_weight), torch.full_like(r, undesirable_weight))
+    value = weight * torch.sigmoid(beta * torch.where(desirable, r - reference_point, reference_point - r))
+    return weight - value
+
+
 @dataclass(frozen=True)
 class PreferenceParams:
     """The numbers the family's losses read: β (DPO's temperature; SimPO's scale), the label-smoothing / flip rate

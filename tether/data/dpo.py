@@ -5,7 +5,10 @@ covers the response tokens (and EOS) only — the same rendering and offset-mapp
 masking as SFT (tether/data/sft.py), so a chat template or a BPE merge across the
 prompt/response boundary cannot shift it. A ranked list (prompt, responses,
 ranking) becomes K examples, best first. A pair of whole conversations without a prompt (TRL's implicit
-prompt) has the messages both open with as its prompt.
+prompt) has the messages both open with as its prompt. Unpaired labels (prompt, completion, label: true/false —
+KTO's data) become two responses per example: the completion, then another row's completion under this prompt
+(the mismatched pair KTO's reference point is estimated from, docs/algorithms.md §6.5); with ``unpaired=True`` a
+pair becomes two such examples, chosen desirable and rejected not.
 
 Policy (docs/data.md): pairs whose chosen equals rejected and examples longer
 than max_length are dropped and counted (errors with strict); malformed records
@@ -21,6 +24,7 @@ import torch
 from tether.data.preferences import PreferenceReport, ordered_responses, preference_format, split_implicit_prompt
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, render
+from tether.train.logger import progress
 
 
 @dataclass
@@ -30,6 +34,7 @@ class PolicyPreference:
     responses: list[Example]
     where: str
     reference_logps: list[float] | None = None  # Σ log π_ref over each response's tokens, filled in before training
+    desirable: bool | None = None  # unpaired (KTO) examples: the completion's label; responses[1] is the mismatched one
 
 
 def _response_example(tokenizer, prompt, response, where: str, field_name: str, max_length: int) -> Example:
@@ -54,15 +59,77 @@ def _response_example(tokenizer, prompt, response, where: str, field_name: str, 
     return Example(ids, mask, where)
 
 
-def tokenize_policy_preferences(records: list[Record], tokenizer, max_length: int, strict: bool = False,
-                                path: str = "data") -> tuple[list[PolicyPreference], PreferenceReport]:
-    """Pairs (prompt/chosen/rejected) or ranked lists (prompt/responses/ranking) -> PolicyPreference list."""
+def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object, object, bool, str]]:
+    """(prompt, completion, desirable, where) of unpaired rows, or of pairs split in two."""
+    items = []
+    for rec in records:
+        f, where = rec.fields, rec.where
+        if fmt == "unpaired":
+            if "completion" not in f or not isinstance(f.get("label"), bool):
+                raise DataError(f"{where}: unpaired rows need 'completion' and a true/false 'label'; the row has "
+                                f"{sorted(f)}" + (f" (label {f.get('label')!r})" if "label" in f else ""))
+            items.append((f.get("prompt"), f["completion"], f["label"], where))
+        elif fmt == "pairs":
+            f = split_implicit_prompt(f, where)
+            for name, response in ordered_responses(f, fmt, where):
+                items.append((f.get("prompt"), response, name == "chosen", f"{where} ({name})"))
+        else:
+            raise DataError(f"{path}: loss kto reads unpaired labels (prompt, completion, label) or pairs; ranked "
+                            "lists need --loss listwise")
+    if len(items) < 2:
+        raise DataError(f"{path}: KTO needs at least 2 rows (each is compared with another row's completion)")
+    return items
+
+
+def tokenize_unpaired(records: list[Record], tokenizer, max_length: int, strict: bool = False,
+                      path: str = "data") -> tuple[list[PolicyPreference], PreferenceReport]:
+    """Unpaired labels (or pairs split in two) -> PolicyPreference list with two responses: the labelled completion
+    and the next row's completion under this row's prompt (wrapping round)."""
+    _check_fast(tokenizer)
+    fmt = preference_format(records, path)
+    report = PreferenceReport(path=str(path), records=len(records), format="unpaired" if fmt == "unpaired"
+                              else f"{fmt} split into unpaired labels")
+    try:
+        items = _unpaired_items(records, fmt, path)
+    except _Drop as drop:  # a pair with chosen == rejected cannot be split into labels
+        raise DataError(f"{path}: a pair {drop.args[0]}; fix or drop it before KTO") from None
+    examples: list[PolicyPreference] = []
+    for i, (prompt, completion, desirable, where) in progress(enumerate(items), len(items), f"tokenising {path}"):
+        other = items[(i + 1) % len(items)][1]
+        try:
+            responses = [_response_example(tokenizer, prompt, completion, where, "completion", max_length),
+                         _response_example(tokenizer, prompt, other, where, "completion (of the next row)", max_length)]
+        except _Drop as drop:
+            if strict:
+                raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
+            report.dropped[str(drop.args[0])] += 1
+            continue
+        examples.append(PolicyPreference(responses, where, desirable=desirable))
+    report.examples = len(examples)
+    if not examples:
+        raise DataError(f"{path}: every record was dropped ({report.summary()})")
+    if all(e.desirable for e in examples) or not any(e.desirable for e in examples):
+        raise DataError(f"{path}: every kept row has label {examples[0].desirable}; KTO needs both desirable and "
+                        "undesirable completions")
+    return examples, report
+
+
+def _check_fast(tokenizer) -> None:
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; tether needs "
                         "offset mappings (a tokenizer.json) to locate response tokens")
+
+
+def tokenize_policy_preferences(records: list[Record], tokenizer, max_length: int, strict: bool = False,
+                                path: str = "data") -> tuple[list[PolicyPreference], PreferenceReport]:
+    """Pairs (prompt/chosen/rejected) or ranked lists (prompt/responses/ranking) -> PolicyPreference list."""
+    _check_fast(tokenizer)
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
+    if report.format == "unpaired":
+        raise DataError(f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO); "
+                        "this loss compares pairs — use --loss kto, or pairs data")
     examples: list[PolicyPreference] = []
-    for rec in records:
+    for rec in progress(records, len(records), f"tokenising {path}"):
         where = rec.where
         f = split_implicit_prompt(rec.fields, where) if report.format == "pairs" else rec.fields
         try:
@@ -109,6 +176,8 @@ def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int) ->
         loss_mask[i, :n] = torch.tensor(r.loss_mask)
     list_mask = torch.tensor([[j < len(e.responses) for j in range(k)] for e in examples], dtype=torch.bool)
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "list_mask": list_mask}
+    if examples[0].desirable is not None:
+        batch["desirable"] = torch.tensor([bool(e.desirable) for e in examples])
     if examples[0].reference_logps is not None:
         batch["reference_logps"] = torch.tensor(
             [[e.reference_logps[min(j, len(e.responses) - 1)] for j in range(k)] for e in examples], dtype=torch.float32)

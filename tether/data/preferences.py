@@ -14,6 +14,7 @@ import torch
 
 from tether.data.records import DataError, Record
 from tether.data.sft import _Drop, check_messages, check_str, render_chat
+from tether.train.logger import progress
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
 
@@ -72,7 +73,8 @@ def _content(response) -> str:
 
 
 def preference_format(records: list[Record], path) -> str:
-    """'pairs' or 'ranked lists', from the first record's fields."""
+    """'pairs', 'ranked lists' or 'unpaired' (KTO's: a completion with a true/false 'label'), from the first
+    record's fields."""
     if not records:
         raise DataError(f"{path}: no records")
     first = records[0].fields
@@ -80,6 +82,8 @@ def preference_format(records: list[Record], path) -> str:
         return "pairs"
     if "responses" in first and "ranking" in first:
         return "ranked lists"
+    if "completion" in first and isinstance(first.get("label"), bool):
+        return "unpaired"
     raise DataError(f"{records[0].where}: preference data needs 'chosen' and 'rejected' (pairs) or 'responses' and "
                     f"'ranking' (ranked lists), each with an optional 'prompt'; the record has {sorted(first)}. "
                     "Map other names with --columns")
@@ -128,6 +132,9 @@ def tokenize_preferences(records: list[Record], tokenizer, max_length: int, head
                          margin_column: str = "", strict: bool = False, path: str = "data"):
     """PairExample or RankedExample list and a report."""
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
+    if report.format == "unpaired":
+        raise DataError(f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO): a "
+                        "reward model needs pairs or ranked lists; `tether dpo --loss kto` trains on unpaired labels")
     examples = []
 
     def ids_of(text, where):
@@ -136,7 +143,7 @@ def tokenize_preferences(records: list[Record], tokenizer, max_length: int, head
             raise _Drop(f"longer than max_length={max_length} tokens")
         return ids
 
-    for rec in records:
+    for rec in progress(records, len(records), f"tokenising {path}"):
         f, where = rec.fields, rec.where
         try:
             responses = ordered_responses(f, report.format, where)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tether.data.records import ACCEPTED_FORMATS, ROLES, DataError, Record
+from tether.train.logger import progress
 
 
 @dataclass
@@ -173,7 +174,7 @@ def tokenize_records(records: list[Record], tokenizer, max_length: int, train_on
     report.format = fmt
     report.unused = sorted(set(records[0].fields) - set(FORMAT_FIELDS[fmt]))
     examples = []
-    for rec in records:
+    for rec in progress(records, len(records), f"tokenising {path}"):
         if detect_format(rec.fields, rec.where) != fmt:
             raise DataError(f"{rec.where}: record is {detect_format(rec.fields, rec.where)} but earlier records are {fmt}; one format per file")
         try:

@@ -6,6 +6,7 @@ A reward function is called once per batch with keyword arguments:
     completions     list[str]               the sampled responses, special tokens removed
     completion_ids  list[list[int]]         their token ids, up to and including the stop token
     truncated       list[bool]              True where the response hit max_new_tokens without a stop token
+    trainer_state   TrainerState            the run's progress: .global_step (steps done), .max_steps (as TRL's)
     <column>        list                    every other column of the prompt file, by name
 
 It declares the arguments it wants (or ``**kwargs`` for all of them) and returns one float per completion,
@@ -25,6 +26,10 @@ process (tether/rewards/worker.py) that is killed with a call that outlives it; 
 objects run in a daemon thread, abandoned on a timeout. Model-written code belongs in ``tether.rewards.sandbox``.
 ``async def`` functions of one batch run concurrently in one event loop (a timeout cancels them).
 
+Functions handed to the Python API as objects (``tether.grpo(reward_funcs=[fn])``) are registered under a
+``python:<name>`` spec (``register_python_object``): the run's config.yaml names them, and a run resumed from
+Python with the same objects finds them again.
+
 Arguments for a function go in the spec: ``tether.rewards.builtin:length_penalty(target=40,scale=0.01)=0.5``
 (Python literals, bound with functools.partial).
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -45,7 +51,28 @@ from typing import Callable
 
 from tether.config import ConfigError
 
-BATCH_ARGUMENTS = ("prompts", "completions", "completion_ids", "truncated")
+BATCH_ARGUMENTS = ("prompts", "completions", "completion_ids", "truncated", "trainer_state")
+PYTHON_OBJECTS: dict[str, Callable] = {}  # python:<name> -> a function or class handed over through the Python API
+
+
+@dataclass
+class TrainerState:
+    """The run's progress as a reward function sees it (``trainer_state``; the attribute names are TRL's)."""
+
+    global_step: int = 0  # optimizer steps done before this batch was sampled
+    max_steps: int = 0  # the run's total optimizer steps
+
+
+def register_python_object(obj: Callable, name: str | None = None) -> str:
+    """The ``python:<name>`` spec under which ``obj`` (a reward function or an environment class) is found in this
+    process; the name is the object's own, with a suffix if another object holds it."""
+    base = name or getattr(obj, "__name__", None) or type(obj).__name__
+    key, n = base, 1
+    while key in PYTHON_OBJECTS and PYTHON_OBJECTS[key] is not obj:
+        n += 1
+        key = f"{base}_{n}"
+    PYTHON_OBJECTS[key] = obj
+    return f"python:{key}"
 
 
 class RewardFunctionError(RuntimeError):
@@ -62,6 +89,13 @@ def _spec_arguments(spec: str, text: str) -> dict:
 
 def load_reward_function(target: str) -> Callable:
     """``package.module:function`` (importable) or ``path/to/file.py:function``, optionally ``function(k=v,...)``."""
+    if target.startswith("python:"):
+        obj = PYTHON_OBJECTS.get(target[len("python:"):])
+        if obj is None:
+            raise ConfigError(f"--reward {target!r}: this object was handed to tether's Python API in another process; "
+                              "resume the run from Python with the same objects (reward_funcs=..., env=...), or name "
+                              "an importable module:function instead")
+        return obj
     arguments = {}
     called = re.fullmatch(r"(.*?)\((.*)\)", target)
     if called:
@@ -142,7 +176,8 @@ def parse_reward_specs(specs: list[str]) -> list[RewardComponent]:
         name = target.rpartition(":")[2].split("(")[0]
         if any(c.name == name for c in components):
             name = target.replace("/", ".").replace(":", ".")
-        components.append(RewardComponent(name, fn, weight, spec=target))
+        # an object from the Python API cannot be re-imported by the worker process: it runs in a daemon thread
+        components.append(RewardComponent(name, fn, weight, spec="" if target.startswith("python:") else target))
     return components
 
 
@@ -185,6 +220,7 @@ class RewardSet:
     columns: list[str] = field(default_factory=list)
     timeout: float = 0.0  # seconds per call; 0 = none (and no worker process)
     worker: object = field(default=None, repr=False)  # the RewardWorker of spec-loaded functions, started on first use
+    trainer_state: TrainerState = field(default_factory=TrainerState)  # moved on by the online loop before each step
 
     def check(self, rows: list[dict]) -> None:
         """Before training: every declared argument exists, and a dry call on a few rows returns one score each."""
@@ -214,7 +250,7 @@ class RewardSet:
         """{component name: one value per completion (a float, or a list of step scores)}."""
         policy = on_error or self.on_error
         batch = {"prompts": [r.get("prompt") for r in rows], "completions": completions,
-                 "completion_ids": completion_ids, "truncated": truncated}
+                 "completion_ids": completion_ids, "truncated": truncated, "trainer_state": self.trainer_state}
         as_messages = [[{"role": "assistant", "content": text}] if isinstance(r.get("prompt"), list) else text
                        for r, text in zip(rows, completions)]
         for column in self.columns:
@@ -263,7 +299,10 @@ class RewardSet:
             if c.name in results:
                 continue
             if c.spec and timeout:  # killable: the worker process dies with a call that outlives its limit
-                results[c.name] = self._worker().call(c.name, kwargs_for(c), timeout)
+                kwargs = kwargs_for(c)
+                if "trainer_state" in kwargs:  # travels as JSON; the worker rebuilds the TrainerState
+                    kwargs["trainer_state"] = dataclasses.asdict(kwargs["trainer_state"])
+                results[c.name] = self._worker().call(c.name, kwargs, timeout)
             else:
                 results[c.name] = _call_in_daemon_thread(c, kwargs_for(c), timeout)
         return results

@@ -43,8 +43,13 @@ def _serve(conn, specs: dict[str, str]) -> None:
             request = json.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the trainer is gone
             return
+        kwargs = request["kwargs"]
+        if isinstance(kwargs.get("trainer_state"), dict):
+            from tether.rewards.functions import TrainerState
+
+            kwargs["trainer_state"] = TrainerState(**kwargs["trainer_state"])
         try:
-            reply = {"value": functions[request["name"]](**request["kwargs"])}
+            reply = {"value": functions[request["name"]](**kwargs)}
         except Exception as err:  # noqa: BLE001 - the user's function; the trainer applies reward_on_error
             reply = {"kind": type(err).__name__, "error": str(err)}
         conn.send_bytes(json.dumps(reply, default=_jsonable).encode())

@@ -17,9 +17,9 @@ import torch
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.preference import (REFERENCE_FREE, beta_dpo_beta, beta_dpo_margins, beta_dpo_pair_weights,
-                                          implicit_rewards, preference_loss)
+                                          implicit_rewards, kto_loss, kto_reference_point, preference_loss)
 from tether.config import ConfigError
-from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
+from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
 from tether.data.records import read_records, split_records
 from tether.experience import SampleRecord
 from tether.models import (check_lora_reference, frozen_dtype, length_limit, load_stage_tokenizer, load_trainable_model,
@@ -57,6 +57,7 @@ class DPOObjective:
         # β-DPO's running margin statistics (M_0, σ) and those the step's weights use, restored on resume
         self.state = beta_state or {"mean": None, "std": 1.0}
         self._weight_norm = None  # the step's mean pair weight (β-DPO weighting)
+        self.reference_point = None  # KTO's z_0 for this optimizer step (begin_step)
 
     def count(self, batch: dict) -> int:
         return int(batch["list_mask"].shape[0])
@@ -74,9 +75,23 @@ class DPOObjective:
 
     @torch.no_grad()
     def begin_step(self, model, micro_batches: list[dict], reduce) -> None:
-        """β-DPO only: β for this step from the whole step batch's mean margin; the running M_0 and σ move after.
+        """KTO: the step's reference point z_0 from every mismatched completion of the step (all processes).
+        β-DPO: β for this step from the whole step batch's mean margin; the running M_0 and σ move after.
         The pair weights of this step use the statistics from before the move (kept as old_mean, old_std), the
         same ones their normalisation was computed with, so they average exactly 1 over the step."""
+        if self.d.loss == "kto":
+            total = torch.zeros(2, dtype=torch.float64)  # Σ mismatched log-ratio, n
+            for batch in micro_batches:
+                b = batch["list_mask"].shape[0]
+                rows = {k: batch[k][b:] for k in ("input_ids", "attention_mask", "loss_mask")}  # the mismatched block
+                logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], use_cache=False).logits
+                mask = rows["loss_mask"][:, 1:].float()
+                logps = (token_logprobs(logits[:, :-1], rows["input_ids"][:, 1:]) * mask).sum(-1)
+                ratio = (logps - batch["reference_logps"][:, 1].to(logps.device)).double().cpu()
+                total += torch.stack([ratio.sum(), torch.tensor(float(b), dtype=torch.float64)])
+            total = reduce(total).cpu()
+            self.reference_point = max(float(total[0]) / float(total[1]), 0.0)
+            return
         if self.d.loss != "beta_dpo":
             return
         total = torch.zeros(4, dtype=torch.float64)  # Σ M, Σ M², Σ w, n
@@ -104,6 +119,8 @@ class DPOObjective:
         ref = batch.get("reference_logps")
         if self.needs_reference and ref is None:
             raise RuntimeError("reference log-probabilities are missing from the batch")
+        if d.loss == "kto":
+            return self._kto(model, logps, ref, batch["desirable"].to(logps.device))
         losses = preference_loss(d.loss, logps, ref if self.needs_reference else None, tokens, self.beta,
                                  d.label_smoothing, d.simpo_gamma, d.orpo_lambda, batch["list_mask"])
         # Weighting needs a running σ from earlier steps; when every weight underflows (σ far smaller than the
@@ -116,6 +133,21 @@ class DPOObjective:
         if d.sft_coef:
             losses = losses + d.sft_coef * chosen_nll
         return losses.sum(), self._statistics(logps, ref, tokens, chosen_nll, batch["list_mask"], len(losses))
+
+    def _kto(self, model, logps, ref, desirable):
+        """Training: z_0 of the whole step (begin_step); evaluation: this micro-batch's own estimate."""
+        d = self.d
+        z0 = (torch.tensor(self.reference_point, device=logps.device)
+              if model.training and self.reference_point is not None else kto_reference_point(logps[:, 1], ref[:, 1]))
+        losses = kto_loss(logps[:, 0], ref[:, 0], desirable, z0, self.beta, d.kto_desirable_weight,
+                          d.kto_undesirable_weight)
+        with torch.no_grad():
+            r = logps[:, 0].detach() - ref[:, 0]
+            n = len(losses)
+            stats = {"kto/reference_point": z0.detach() * n, "kto/reward": (self.beta * r).sum(),
+                     "rewards/accuracy": ((r > z0) == desirable).float().sum(),
+                     "logps/chosen": logps[:, 0].detach().sum(), "beta": torch.tensor(self.beta * n)}
+        return losses.sum(), stats
 
     @torch.no_grad()
     def _statistics(self, logps, ref, tokens, chosen_nll, list_mask, n: int) -> dict:
@@ -346,12 +378,12 @@ def _load_offline(cfg: DPOConfig, tokenizer):
                              else split_records(records, d.eval_fraction, cfg.train.seed, d.path))
     train, reports, evals = [], [], []
     limit = length_limit(d.max_length, cfg.model.path)
+    tokenize = tokenize_unpaired if cfg.dpo.loss == "kto" else tokenize_policy_preferences
     if train_recs:
-        train, report = tokenize_policy_preferences(train_recs, tokenizer, limit, d.strict, d.path)
+        train, report = tokenize(train_recs, tokenizer, limit, d.strict, d.path)
         reports.append(report)
     if eval_recs:
-        evals, eval_report = tokenize_policy_preferences(eval_recs, tokenizer, limit, d.strict,
-                                                         d.eval_path or f"{d.path} (held out)")
+        evals, eval_report = tokenize(eval_recs, tokenizer, limit, d.strict, d.eval_path or f"{d.path} (held out)")
         reports.append(eval_report)
     longest = max((len(e.responses) for e in train + evals), default=2)
     if longest > 2 and cfg.dpo.loss != "listwise":
@@ -400,7 +432,9 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
 def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:
     d = cfg.dpo
     return {"loss": f"{d.loss} (β {d.effective_beta:g}" + (f", ε {d.label_smoothing:g}" if d.label_smoothing else "")
-                    + (f", SFT term {d.sft_coef:g}" if d.sft_coef else "") + ")",
+                    + (f", SFT term {d.sft_coef:g}" if d.sft_coef else "")
+                    + (f", λ_D {d.kto_desirable_weight:g}, λ_U {d.kto_undesirable_weight:g}" if d.loss == "kto" else "")
+                    + ")",
             "examples (train / eval)": f"{len(s.train)} / {len(s.evals)}" + (f" {s.reports[0].format}" if s.reports else ""),
             "reference log-probs": s.reference_source, "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{s.accelerator.num_processes} x {cfg.train.micro_batch_size} x "

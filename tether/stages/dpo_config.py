@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.algorithms.choices import PREFERENCE_LOSSES as PAIR_LOSSES
+from tether.algorithms.choices import UNPAIRED_LOSSES
 from tether.config import ConfigError, Section, StageConfig, option
 from tether.sections import (AlarmOptions, DataSection, OptimSection, PolicySection, RewardSection, SamplingSection,
                              TrainSection)
@@ -16,8 +17,8 @@ class DPOSection(Section):
     """The loss, its coefficients, and the reference log-probs."""
 
     loss: str = option("sigmoid", "sigmoid (DPO), cdpo, robust, ipo, hinge, simpo, orpo, beta_dpo, listwise "
-                                  "(Plackett–Luce over ranked lists). Formulas: docs/algorithms.md §6.",
-                       choices=PAIR_LOSSES)
+                                  "(Plackett–Luce over ranked lists), kto (unpaired true/false labels). Formulas: "
+                                  "docs/algorithms.md §6.", choices=PAIR_LOSSES + UNPAIRED_LOSSES)
     beta: float = option(0.0, "β; 0 = the loss's usual value (0.1; SimPO 2.0). For beta_dpo the base β_0.")
     label_smoothing: float = option(0.0, "ε: the assumed rate of flipped labels (cdpo, robust; robust needs 0 < ε < 0.5).")
     simpo_gamma: float = option(0.5, "SimPO's target margin γ.")
@@ -29,6 +30,9 @@ class DPOSection(Section):
                                   choices=("scaled", "unscaled"))
     beta_dpo_weighting: bool = option(False, "β-DPO's data weighting: pairs weighted by exp(−(M_i − M_0)²/2σ²), "
                                              "normalised to mean 1 over the step.")
+    kto_desirable_weight: float = option(1.0, "KTO's λ_D, the weight of desirable completions (docs/algorithms.md §6.5).")
+    kto_undesirable_weight: float = option(1.0, "KTO's λ_U, the weight of undesirable completions; the paper advises "
+                                                "λ_D n_D / (λ_U n_U) in [1, 4/3].")
     sft_coef: float = option(0.0, "Adds this times the chosen response's mean token NLL (RPO), against likelihood "
                                   "displacement (both chosen and rejected log-probs falling).")
     reference_batch_size: int = option(32, "Preference examples per forward in the one-off reference pass.")
@@ -44,6 +48,10 @@ class DPOSection(Section):
             raise ConfigError(f"label_smoothing={self.label_smoothing}: must be in [0, 0.5)")
         if self.sft_coef < 0 or self.reference_batch_size < 1:
             raise ConfigError(f"sft_coef={self.sft_coef} must be >= 0 and reference_batch_size={self.reference_batch_size} >= 1")
+        if self.kto_desirable_weight <= 0 or self.kto_undesirable_weight <= 0:
+            raise ConfigError("kto_desirable_weight and kto_undesirable_weight must be > 0")
+        if self.loss == "kto" and (self.label_smoothing or self.sft_coef):
+            raise ConfigError("loss kto takes neither label_smoothing nor sft_coef (its labels are per completion)")
         if not 0 <= self.beta_dpo_momentum < 1:
             raise ConfigError(f"beta_dpo_momentum={self.beta_dpo_momentum}: must be in [0, 1)")
 
@@ -92,6 +100,9 @@ class DPOConfig(StageConfig):
 
     def check(self):
         if self.online.online:
+            if self.dpo.loss == "kto":
+                raise ConfigError("dpo.loss=kto with online.online: online rounds make pairs; use a pairwise loss "
+                                  "(kto reads unpaired labels from --data)")
             if self.dpo.loss == "listwise":
                 raise ConfigError("dpo.loss=listwise with online.online: online rounds make pairs; use a pairwise loss "
                                   "(listwise needs ranked lists in --data)")

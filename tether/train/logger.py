@@ -1,4 +1,4 @@
-"""Metrics sinks: metrics.jsonl (always), TensorBoard, wandb, mlflow; console lines and a progress bar.
+"""Metrics sinks: metrics.jsonl (always), TensorBoard, wandb, mlflow, trackio; console lines and a progress bar.
 
 Only the main process logs. On resume, lines past the checkpoint's step are
 dropped from metrics.jsonl (they came from the killed run after its last
@@ -7,6 +7,7 @@ checkpoint) and TensorBoard purges them, so the file reads as one run.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -21,6 +22,39 @@ from tether.config import ConfigError
 # Not a terminal (CI, a log file): wide enough that the lab's tables are not folded into 80 columns.
 console = Console(stderr=True, highlight=False, soft_wrap=True,
                   width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS", 160)))
+
+
+class ConsoleLogHandler(logging.Handler):
+    """Log records printed through the console: with a live progress bar they land above it, never through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            console.print(self.format(record), markup=False, highlight=False)
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+def progress(items, total: int, description: str, min_items: int = 2000, every_s: float = 10.0):
+    """``items``, with progress shown when there are at least ``min_items``: a bar in a terminal, else a line
+    every ``every_s`` seconds (a log file). Tokenising 20,000 conversations or scoring a reference takes a while."""
+    if total < min_items:
+        yield from items
+        return
+    if sys.stderr.isatty():
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeRemainingColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            for item in items:
+                yield item
+                bar.advance(task)
+        return
+    start = last = time.perf_counter()
+    for done, item in enumerate(items, 1):
+        yield item
+        now = time.perf_counter()
+        if now - last >= every_s and done < total:
+            console.print(f"{description}: {done}/{total} ({now - start:.0f} s)")
+            last = now
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
@@ -63,7 +97,7 @@ class MetricsLogger:
         self.output = Path(output)
         self.total_steps = total_steps
         self.log_every = max(1, log_every)
-        self.tb = self.wandb = self.mlflow = None
+        self.tb = self.wandb = self.mlflow = self.trackio = None
         self._progress = None
         if not enabled:
             return
@@ -90,6 +124,15 @@ class MetricsLogger:
             self.mlflow = mlflow
             mlflow.start_run(run_name=os.environ.get("MLFLOW_RUN_NAME") or run_name)
             mlflow.log_params(flat_params(config))  # the resolved settings, as `section.field`
+        if "trackio" in report_to:
+            try:
+                import trackio
+            except ImportError:
+                raise ConfigError("report_to includes trackio but trackio is not installed (pip install trackio)") from None
+            # local by default (TRACKIO_DIR); trackio's own TRACKIO_SPACE_ID sends it to a Space
+            trackio.init(project=os.environ.get("TRACKIO_PROJECT") or "tether", name=run_name, config=config,
+                         resume="allow")
+            self.trackio = trackio
         if sys.stderr.isatty():
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                       TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
@@ -114,10 +157,13 @@ class MetricsLogger:
             self.wandb.log(scalars, step=step)
         if self.mlflow:
             self.mlflow.log_metrics({k.replace("/", "_"): v for k, v in scalars.items()}, step=step)
+        if self.trackio:
+            self.trackio.log(scalars, step=step)
         info = "  ".join(_short(k, v) for k, v in scalars.items() if k.replace("eval0/", "eval/", 1) in CONSOLE_KEYS)
         if self._progress:
             self._progress.update(self._task, completed=step, info=info)
-        elif step % self.log_every == 0 or step == self.total_steps or any(k.startswith("eval/") for k in metrics):
+        # the line is printed with a bar too: in a terminal it stays on screen above the bar
+        if step % self.log_every == 0 or step == self.total_steps or any(k.startswith(("eval/", "eval0/")) for k in metrics):
             elapsed = time.perf_counter() - self._t0
             done = step - self._start_step
             eta = f"  eta {elapsed / done * (self.total_steps - step):.0f}s" if done > 0 else "  (before training)"
@@ -135,6 +181,8 @@ class MetricsLogger:
             self.wandb.finish()
         if self.mlflow:
             self.mlflow.end_run()
+        if self.trackio:
+            self.trackio.finish()
 
 
 def _short(key: str, value: float) -> str:

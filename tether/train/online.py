@@ -239,6 +239,8 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
         for step in range(start_step, schedule.total_steps):
             before = run.snapshot()
             try:
+                if hasattr(run.scorer, "set_progress"):  # the reward functions' trainer_state
+                    run.scorer.set_progress(step, schedule.total_steps)
                 step_metrics, samples = stage.step(step)
             except RewardFunctionError as err:
                 run.save_before_failure(step, before, err)

@@ -155,7 +155,7 @@ def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, re
     args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--eval-prompts", str(prompts),
             "--reward", f"{rules}:count_a", "--recipe", recipe, "--prompts-per-step", "4", "--group-size", "4",
             "--max-new-tokens", "8", "--max-steps", "3", "--lr", "3e-3", "--eval-every", "3", "--save-every", "0",
-            "--report-to", "none", "--sample-every", "1", "--response-seeds", "--minibatch", "8", "--update-epochs", "2", "--micro-batch", "3"]
+            "--report-to", "none", "--sample-every", "1", "--response-seeds", "--minibatch", "8", "--update-epochs", "2", "--micro-batch-size", "3"]
     if recipe == "dapo":  # dynamic sampling: the kept-group count is global, later rounds split unevenly
         args[args.index(f"{rules}:count_a")] = f"{rules}:has_a"
     launch(args + ["--output", str(tmp_path / "two")])

@@ -174,6 +174,9 @@ def _materialise(stage: str, inputs: dict, output: str) -> dict[str, Any]:
     """{dotted option: path} for every input; objects are written under ``<output>-inputs/`` by process 0."""
     if not output:
         raise ConfigError("output is required (the run folder), e.g. output='runs/my-run'")
+    if not isinstance(inputs.get("model"), (str, Path, type(None))) and inputs.get("tokenizer") is None:
+        raise ConfigError("model: a loaded model needs its tokenizer too (tokenizer=..., an object or a path)")
+    rows = {name: _rows_of(value, name) for name, value in inputs.items() if name in _ROW_INPUTS and value is not None}
     folder = Path(output).parent / (Path(output).name + "-inputs")
     main = _is_main_process()
     out: dict[str, Any] = {}
@@ -182,14 +185,13 @@ def _materialise(stage: str, inputs: dict, output: str) -> dict[str, Any]:
         if value is None:
             continue
         if name in _ROW_INPUTS:
-            rows = _rows_of(value, name)
-            if rows is None:
+            if rows[name] is None:
                 out[_ROW_INPUTS[name]] = str(value)
                 continue
             path = folder / f"{name}.jsonl"
             if main:
                 folder.mkdir(parents=True, exist_ok=True)
-                _write_rows(rows, path, name)
+                _write_rows(rows[name], path, name)
             out[_ROW_INPUTS[name]], written = str(path), True
         elif name in _MODEL_INPUTS:
             if isinstance(value, (str, Path)):
@@ -200,8 +202,6 @@ def _materialise(stage: str, inputs: dict, output: str) -> dict[str, Any]:
                 folder.mkdir(parents=True, exist_ok=True)
                 _save_pretrained(value, path, name)
             out[_MODEL_INPUTS[name]], written = str(path), True
-    if not isinstance(inputs.get("model"), (str, Path, type(None))) and inputs.get("tokenizer") is None:
-        raise ConfigError("model: a loaded model needs its tokenizer too (tokenizer=..., an object or a path)")
     if written:
         _barrier()
     return out

@@ -16,9 +16,9 @@ STAGES = {
     "eval": "Measure a model on a lab task against gold: `tether eval --model DIR --task lab-arith`.",
     "sft": "Supervised fine-tuning on prompt/completion, messages or text data.",
     "rm": "Reward model from preference pairs or ranked lists, with bias probes and normalisation.",
-    "ppo": "PPO with a critic, a reward model and a KL-tied reference (single process for now).",
+    "ppo": "PPO with a critic, a reward model and/or reward functions (or an environment) and a KL-tied reference.",
     "grpo": "The group family (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++): `tether grpo --recipe dapo ...`.",
-    "dpo": "The direct-preference family (DPO, cDPO, robust, IPO, hinge, SimPO, ORPO, β-DPO, listwise), offline or --online.",
+    "dpo": "The direct-preference family (DPO, cDPO, robust, IPO, hinge, SimPO, ORPO, β-DPO, listwise, KTO), offline or --online.",
     "diagnose": "Re-run the reward-hacking monitors on a finished (or running) online run: `tether diagnose RUN_DIR`.",
     "report": "One self-contained HTML report of one or several runs: `tether report RUN [RUN ...] --output report.html`.",
     "recipes": "List the group-family recipes with their equations, settings and sources.",
@@ -48,8 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tether.stages.sft_config import SFTConfig
 
     parser = argparse.ArgumentParser(prog="tether", description="Post-training for language models, with a ground-truth lab.")
-    sub = parser.add_subparsers(dest="stage", metavar="STAGE", title="stages",
-                                description="\n".join(f"{k:6s} {v}" for k, v in STAGES.items()))
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE", title="stages")  # each listed once, by its help
     sft = sub.add_parser("sft", help=STAGES["sft"], description=STAGES["sft"])
     sft.add_argument("--demo", action="store_true",
                      help="Run the built-in demo: writes its own data and a tiny model, needs no files.")
@@ -354,6 +353,11 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]
         if not name.startswith("-"):
             words.append(item)
             continue
+        from tether.config import TRL_EXPLAINED
+
+        if name.lstrip("-") in TRL_EXPLAINED:
+            words.append(f"{item} ({TRL_EXPLAINED[name.lstrip('-')]})")
+            continue
         dashed = "--" + name.lstrip("-").replace("_", "-")  # TRL and LLaMA-Factory write flags with underscores
         close = [dashed] if dashed in options else difflib.get_close_matches(dashed, options, n=1, cutoff=0.7)
         words.append(f"{item} (did you mean {close[0]}?)" if close else item)
@@ -366,7 +370,7 @@ def _dashed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
     stages = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
     if not argv or argv[0] not in stages:
         return argv
-    from tether.config import TRL_NAMES
+    from tether.config import trl_flags
 
     options = {o for a in stages[argv[0]]._actions for o in a.option_strings}
     out = []
@@ -376,8 +380,8 @@ def _dashed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]
             out.append(item)
             continue
         dashed = "--" + name[2:].replace("_", "-")
-        trl = TRL_NAMES.get(name[2:]) if name[2:] != "bf16" else None  # --bf16 takes no value; --mixed-precision does
-        known = dashed if dashed in options else trl if trl in options else None
+        trl = [f for f in trl_flags(name[2:]) if f in options] if name[2:] != "bf16" else []  # --bf16 takes no value
+        known = dashed if dashed in options else trl[0] if trl else None
         out.append(known + eq + value if known else item)
     return out
 

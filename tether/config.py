@@ -97,18 +97,33 @@ def flag_name(f: dataclasses.Field) -> str:
 
 
 # TRL's (Hugging Face TrainingArguments') names for options whose meaning is tether's: accepted as flags
-# (--learning_rate) and as keys of a flat YAML file (learning_rate: 1e-5), where the stage has the tether flag.
+# (--learning_rate) and as keys of a flat YAML file (learning_rate: 1e-5), where the stage has the tether flag. A
+# tuple lists the flags in each stage's terms: TRL's `beta` is DPO's β and the group family's KL coefficient.
 TRL_NAMES = {"model_name_or_path": "--model", "learning_rate": "--lr", "output_dir": "--output",
              "num_train_epochs": "--epochs", "max_steps": "--max-steps", "seed": "--seed",
              "warmup_ratio": "--warmup-ratio", "warmup_steps": "--warmup-steps", "weight_decay": "--weight-decay",
              "max_grad_norm": "--max-grad-norm", "logging_steps": "--log-every", "save_steps": "--save-every",
              "eval_steps": "--eval-every", "save_total_limit": "--keep-checkpoints", "report_to": "--report-to",
-             "resume_from_checkpoint": "--resume", "beta": "--beta", "num_generations": "--group-size",
+             "resume_from_checkpoint": "--resume", "beta": ("--beta", "--kl-coef"), "num_generations": "--group-size",
              "max_completion_length": "--max-new-tokens", "max_length": "--max-length",
              "temperature": "--temperature", "bf16": "--mixed-precision",
              "gradient_checkpointing": "--gradient-checkpointing", "lora_r": "--lora-r", "lora_alpha": "--lora-alpha",
-             "lora_dropout": "--lora-dropout"}
+             "lora_dropout": "--lora-dropout", "per_device_train_batch_size": "--micro-batch-size"}
+# TRL's names whose meaning is not one tether option: what to write instead
+TRL_EXPLAINED = {
+    "gradient_accumulation_steps": "tether sets the batch per optimizer step over all processes (batch_size, "
+                                   "--batch-size) and derives the accumulation from it: batch_size = micro_batch_size "
+                                   "x accumulation x processes; set batch_size to per_device_train_batch_size x "
+                                   "gradient_accumulation_steps x processes",
+    "per_device_eval_batch_size": "held-out data is scored in micro_batch_size rows per forward; leave it out",
+}
 TRL_VALUES = {"bf16": {True: "bf16", False: "no"}}  # a TRL boolean whose tether option takes a value
+
+
+def trl_flags(name: str) -> tuple[str, ...]:
+    """The tether flags TRL's option ``name`` may stand for (TRL_NAMES), in order."""
+    value = TRL_NAMES.get(name, ())
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def flag_fields(config_cls) -> dict[str, str]:
@@ -231,16 +246,19 @@ def _flatten(config_cls, file_values: dict | None, source: str) -> dict[str, Any
 
 def _flat_key(config_cls, flags: dict, section_types: dict, key: str, source: str) -> str:
     """The "section.field" a flat file's key names: its flag (underscores or dashes), or TRL's name for it."""
-    flag = "--" + key.replace("_", "-")
-    for candidate in (flag, TRL_NAMES.get(key)):
+    for candidate in ("--" + key.replace("_", "-"), *trl_flags(key)):
         if candidate in flags:
             return flags[candidate]
+    if key in TRL_EXPLAINED:
+        raise ConfigError(f"{source}: {key}: {TRL_EXPLAINED[key]}")
     import difflib
 
-    names = sorted({f[2:].replace("-", "_") for f in flags} | set(section_types))
+    names = sorted({f[2:].replace("-", "_") for f in flags} | set(section_types)
+                   | {name for name in TRL_NAMES if any(f in flags for f in trl_flags(name))})
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.7)
     raise ConfigError(f"{source}: unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "") +
-                      f"; a flat file's keys are flag names (max_steps, lr, ...), or sections {sorted(section_types)}")
+                      "; flat keys are flag names (max_steps, lr, ...) or TRL's names (learning_rate, ...), and "
+                      f"nested ones sections {sorted(section_types)}")
 
 
 def _known(section_types: dict, dotted: str) -> bool:

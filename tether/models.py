@@ -333,7 +333,7 @@ def count_parameters(model) -> tuple[int, int]:
     return total, trainable
 
 
-TINY_ARCHS = ("llama", "qwen2", "gpt2")
+TINY_ARCHS = ("llama", "qwen2", "gpt2", "mistral")
 
 
 def tiny_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
@@ -344,10 +344,11 @@ def tiny_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2, h
     if arch == "gpt2":
         return AutoConfig.for_model("gpt2", n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_positions,
                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
-    if arch in ("llama", "qwen2"):
+    if arch in ("llama", "qwen2", "mistral"):
+        extra = {"sliding_window": None} if arch == "mistral" else {}
         return AutoConfig.for_model(arch, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
                                     num_attention_heads=heads, num_key_value_heads=heads,
-                                    max_position_embeddings=max_positions, tie_word_embeddings=True, **common)
+                                    max_position_embeddings=max_positions, tie_word_embeddings=True, **common, **extra)
     raise ConfigError(f"unknown tiny architecture {arch!r}; choose one of {TINY_ARCHS}")
 
 

@@ -352,12 +352,13 @@ def _timeout_error(component: RewardComponent, seconds: float) -> TimeoutError:
     return TimeoutError(f"no result within {seconds:g} s (reward timeout)")
 
 
-def load_reward_set(options, rows: list[dict]) -> RewardSet | None:
-    """The RewardSet named by a RewardFunctionOptions section, checked against the prompt rows before training."""
+def load_reward_set(options, rows: list[dict], max_steps: int = 0) -> RewardSet | None:
+    """The RewardSet named by a RewardFunctionOptions section, checked against the prompt rows before training (the
+    dry call sees the trainer_state of step 0 of ``max_steps``)."""
     if not options.reward:
         return None
     columns = sorted(set().union(*(row.keys() for row in rows[:8])))
     rewards = RewardSet(parse_reward_specs(options.reward), options.reward_on_error, options.reward_error_score, columns,
-                        options.reward_timeout)
+                        options.reward_timeout, trainer_state=TrainerState(0, max_steps))
     rewards.check(rows)  # arguments exist, one value per completion
     return rewards

@@ -256,8 +256,8 @@ class GroupStage:
                 self.optimizer.zero_grad(set_to_none=True)
                 n_tokens, n_seq = float(loss_mask[idx].sum()), len(idx)
                 local = dp.local_part(idx)
-                for mstart in range(0, len(local), a.micro_batch):
-                    micro = local[mstart : mstart + a.micro_batch]
+                for mstart in range(0, len(local), a.micro_batch_size):
+                    micro = local[mstart : mstart + a.micro_batch_size]
                     for name, value in self._micro_batch(exp, micro, loss_mask[micro], n_tokens, n_seq).items():
                         sums[name] += value
                 dp.sum_gradients(self.params)

@@ -32,12 +32,12 @@ class GroupSection(PolicyUpdateSection):
     max_sampling_rounds: int = option(3, "Dynamic sampling: most generation rounds per step; a step short of groups "
                                          "after them trains on what it has (logged).")
     mask_truncated: bool = option(False, "Give truncated responses no loss (DAPO's overlong filtering).")
-    micro_batch: int = option(32, "Responses per forward/backward within an optimizer update.")
+    micro_batch_size: int = option(32, "Responses per forward/backward within an optimizer update (the offline stages' micro_batch_size: one name per concept).")
 
     def check(self):
         super().check()
-        if self.kl_in_reward < 0 or self.micro_batch < 1 or self.max_sampling_rounds < 1 or self.norm_length < 0:
-            raise ConfigError(f"kl_in_reward={self.kl_in_reward} must be >= 0, micro_batch={self.micro_batch} and "
+        if self.kl_in_reward < 0 or self.micro_batch_size < 1 or self.max_sampling_rounds < 1 or self.norm_length < 0:
+            raise ConfigError(f"kl_in_reward={self.kl_in_reward} must be >= 0, micro_batch_size={self.micro_batch_size} and "
                               f"max_sampling_rounds={self.max_sampling_rounds} >= 1, norm_length={self.norm_length} >= 0")
         if self.kl_in_reward > 0 and self.advantage != "reinforce_pp":
             raise ConfigError(f"kl_in_reward={self.kl_in_reward} folds the KL into token rewards, which only the "
@@ -57,7 +57,8 @@ class GRPOConfig(StageConfig):
 
     RENAMED = {"model.policy": "model.path", "algo.lr": "optim.lr", "algo.warmup_steps": "optim.warmup_steps",
                "algo.max_grad_norm": "optim.max_grad_norm", "algo.inner_iterations": "algo.update_epochs",
-               "algo.overlong_cache": "rewards.overlong_cache", "run.steps": "train.max_steps", "run.*": "train.*"}
+               "algo.overlong_cache": "rewards.overlong_cache", "run.steps": "train.max_steps", "run.*": "train.*",
+               "algo.micro_batch": "algo.micro_batch_size"}
 
     @classmethod
     def preset(cls, values: dict[str, Any]) -> dict[str, Any]:

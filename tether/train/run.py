@@ -52,15 +52,21 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
 
 
-def _check_resumable(out: Path, config: dict, defaults: dict | None = None) -> None:
+def _check_resumable(out: Path, config: dict, defaults: dict | None = None, renamed: dict | None = None) -> None:
     """Refuse to resume under settings that change the run. A field the saved config lacks (added by a later tether)
-    is no change while it holds its default (``defaults``: the stage's default config as a dict)."""
+    is no change while it holds its default (``defaults``: the stage's default config as a dict); a field a later
+    tether renamed (``renamed``: the stage config's RENAMED, dotted old -> new) is read under its new name."""
     saved = out / "config.yaml"
     if not saved.is_file():
         return
     import yaml
 
     old = {k: v for k, v in (yaml.safe_load(saved.read_text()) or {}).items() if k != "plan"}
+    for dotted, new in (renamed or {}).items():
+        section, _, key = dotted.partition(".")
+        if key != "*" and isinstance(old.get(section), dict) and key in old[section]:
+            new_section, _, new_key = new.partition(".")
+            old.setdefault(new_section, {})[new_key] = old[section].pop(key)
     for section, fields in (defaults or {}).items():
         if section not in old and isinstance(fields, dict):  # a whole section added by a later tether
             old[section] = {}
@@ -86,7 +92,8 @@ def _written_by_tether(out: Path) -> bool:
         return False
 
 
-def open_run(accelerator, run, config: dict, defaults: dict | None = None) -> tuple[int, Path | None]:
+def open_run(accelerator, run, config: dict, defaults: dict | None = None,
+             renamed: dict | None = None) -> tuple[int, Path | None]:
     """Check the run folder (``run``: a RunSection) against resume/overwrite; return (start step, checkpoint to
     resume from or None). On resume, rows written after the checkpoint are cut from the step files."""
     if not run.output:
@@ -102,7 +109,7 @@ def open_run(accelerator, run, config: dict, defaults: dict | None = None) -> tu
             raise ConfigError(f"--resume: no complete, readable checkpoint-<step>/ in {out}; nothing to resume from"
                               + (f" ({'; '.join(skipped)})" if skipped else "") + ". Start the run afresh with "
                               "--overwrite (without --resume)")
-        _check_resumable(out, config, defaults)
+        _check_resumable(out, config, defaults, renamed)
         if accelerator.is_main_process:
             for name in STEP_FILES:  # a kill between checkpoints would otherwise show those rows twice
                 truncate_metrics(out / name, found[0])
@@ -138,7 +145,8 @@ def start_run(cfg, required: dict[str, str]):
             raise ConfigError(f"{flag} is required")
     accelerator = make_accelerator(cfg.model.device)
     config = config_to_dict(cfg)
-    start_step, checkpoint = open_run(accelerator, cfg.train, config, config_to_dict(_defaults(type(cfg))))
+    start_step, checkpoint = open_run(accelerator, cfg.train, config, config_to_dict(_defaults(type(cfg))),
+                                      getattr(type(cfg), "RENAMED", {}))
     seed_everything(cfg.train.seed)
     return accelerator, config, Path(cfg.train.output), start_step, checkpoint
 

@@ -157,7 +157,12 @@ def test_one_forward_equals_separate_forwards_and_micro_batches_do_not_change_th
             (loss / 4).backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
-    for name in ("sigmoid", "ipo", "simpo", "beta_dpo"):
+    for name in ("sigmoid", "ipo", "simpo", "beta_dpo", "kto"):  # KTO's z_0 comes from the whole step
+        if name == "kto":  # a label, the second response as the mismatched one, a reference near the policy
+            for i, ex in enumerate(examples):
+                ex.desirable = i % 2 == 0
+                ex.reference_logps = [together[i, 0].item() + 2.0 - i, together[i, 1].item() - 3.0 + i]
+            model.train()  # training reads the step's z_0 from begin_step (evaluation: each micro-batch's own)
         one, four = grads(1, name), grads(4, name)
         assert four.abs().max() > 1e-3  # a real gradient, compared at 1e-5 of its scale
         torch.testing.assert_close(one, four, rtol=1e-3, atol=1e-5 * float(four.abs().max()))

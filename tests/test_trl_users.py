@@ -259,3 +259,23 @@ def test_trackio_gets_the_metrics_and_the_config(tmp_path, monkeypatch):
     rows = [(step, json.loads(text)) for step, text in db.execute("select step, metrics from metrics order by step")]
     assert rows == [(1, {"train/loss": 0.5}), (2, {"train/loss": 0.25})]
     assert "0.001" in " ".join(str(r) for r in db.execute("select * from configs"))
+
+
+def test_reproduction_8_unpaired_labels_are_recognised_everywhere_preferences_are_read(case_dirs, tmp_path, capsys):
+    """KTO-style rows (completion + true/false label): `data check` shows the KTO view, SFT, the reward model and
+    the pairwise DPO losses refuse them with the reason, `dpo --loss kto` trains on them."""
+    rows = [{"prompt": f"Say {w}.", "completion": f"{w}." if i % 2 else "no idea", "label": bool(i % 2)}
+            for i, w in enumerate(("hi", "yes", "ok", "fine", "good", "well", "so", "no"))]
+    data = _write(tmp_path / "labels.jsonl", rows)
+    model = str(case_dirs["llama"])
+    assert main(["data", "check", data, "--model", model]) == 0
+    assert "label False (`tether dpo --loss kto`)" in capsys.readouterr().err
+    common = ["--model", model, "--data", data, "--report-to", "none", "--max-steps", "1"]
+    for stage, reason in (("sft", "unpaired preference data"), ("rm", "a reward model needs pairs or ranked lists"),
+                          ("dpo", "this loss compares pairs — use --loss kto")):
+        assert main([stage, *common, "--output", str(tmp_path / stage)]) == 2
+        assert reason in capsys.readouterr().err
+    assert main(["dpo", *common, "--loss", "kto", "--output", str(tmp_path / "kto"), "--batch-size", "4",
+                 "--micro-batch-size", "2", "--eval-fraction", "0"]) == 0
+    last = _metrics(tmp_path / "kto")[-1]
+    assert last["train/loss"] == pytest.approx(0.5, abs=1e-4) and last["train/kto/reference_point"] == 0.0  # π = π_ref

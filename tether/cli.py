@@ -281,14 +281,21 @@ def run_data_check(args) -> None:
     tokenizer = load_tokenizer(args.model)
     records = read_records(args.file, args.columns, args.split)
     first = records[0].fields if records else {}
-    if ("chosen" in first and "rejected" in first) or ("responses" in first and "ranking" in first):
-        from tether.data.dpo import tokenize_policy_preferences
+    unpaired = "completion" in first and isinstance(first.get("label"), bool)
+    if ("chosen" in first and "rejected" in first) or ("responses" in first and "ranking" in first) or unpaired:
+        from tether.data.dpo import tokenize_policy_preferences, tokenize_unpaired
 
-        examples, report = tokenize_policy_preferences(records, tokenizer, args.max_length, args.strict, args.file)
+        tokenize = tokenize_unpaired if unpaired else tokenize_policy_preferences
+        examples, report = tokenize(records, tokenizer, args.max_length, args.strict, args.file)
         console.print(report.summary())
         ex = examples[min(args.index, len(examples) - 1)]
-        console.print(f"\nexample from {ex.where}: {len(ex.responses)} responses, best first "
-                      "(trained tokens are between ⟦ ⟧)")
+        if unpaired:
+            console.print(f"\nexample from {ex.where}: label {ex.desirable} (`tether dpo --loss kto`); response 2 is "
+                          "the next row's completion under this prompt, for KTO's reference point "
+                          "(trained tokens are between ⟦ ⟧)")
+        else:
+            console.print(f"\nexample from {ex.where}: {len(ex.responses)} responses, best first "
+                          "(trained tokens are between ⟦ ⟧)")
         for rank, response in enumerate(ex.responses):
             console.print(f"\nresponse {rank + 1}: {len(response.input_ids)} tokens, {sum(response.loss_mask)} trained")
             _print_mask(tokenizer, response.input_ids, response.loss_mask)

@@ -226,6 +226,12 @@ def test_reference_cache_is_used_keyed_and_shared(llama_dir, prefs, tmp_path):
     assert third["reference_examples_computed"] == 16 and len(list(cache.glob("*.json"))) == 2
 
 
+def test_the_reference_scores_only_the_pairs_the_run_visits(llama_dir, prefs, tmp_path):
+    """One step of 8 pairs out of 32: the reference pass scores those 8, not the whole file."""
+    summary = run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "one", **{"train.max_steps": 1, "train.save_every": 0}))
+    assert summary["reference_examples_computed"] == 8 and summary["train_examples"] == 32
+
+
 def test_lora_reference_is_the_adapter_disabled_model(llama_dir, tokenizer, prefs, tmp_path):
     from tether.reference_cache import sequence_logps
 

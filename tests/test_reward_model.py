@@ -166,6 +166,9 @@ def test_rm_learns_the_lab_preferences_and_writes_probes_and_normalisation(llama
     assert -1 <= probes["length_correlation"] <= 1 and set(probes["counterfactual"]) == {"filler", "confident"}
     norm = load_normalization(out / "final")
     assert norm["reward"]["n"] > 200 and norm["reward"]["std"] > 0
+    # each distinct text scored once: the held-out responses (which are also the normalisation set) and the two
+    # probes' modified chosen answers — 2n at most, where scoring every call's texts afresh took 4n
+    assert norm["reward"]["n"] < probes["texts_scored"] <= 2 * norm["reward"]["n"]
     # final/ is a standard sequence-classification folder
     hf = AutoModelForSequenceClassification.from_pretrained(out / "final")
     assert hf.config.num_labels == 1 and hf.config.id2label[0] == "reward"
@@ -267,3 +270,19 @@ def test_margins_must_be_finite_and_non_negative_and_rankings_integers(tokenizer
     with pytest.raises(DataError, match=r"prefs.jsonl:1: field 'ranking' must list every index"):
         tokenize_preferences(rows({"prompt": "Q", "responses": ["a b", "c"], "ranking": [1.0, 0.0]}), tokenizer, 64,
                              ["reward"])
+
+
+def test_score_texts_scores_each_text_once_and_its_batch_does_not_matter(llama_dir):
+    """Sorted by length into batches, duplicates scored once: every score equals the text scored alone."""
+    tok = load_tokenizer(llama_dir)
+    rm = load_reward_model(llama_dir, tok)
+    with torch.no_grad():
+        rm.score_head.weight.normal_(0, 1.0)
+    texts = ["hello there", "What is 12 + 7? 12 + 7 = 19. The answer is 19.", "hello there", "cats", "I am fine"]
+    calls = []
+    original = rm.forward
+    rm.forward = lambda ids, mask: calls.append(ids.shape[0]) or original(ids, mask)
+    together = score_texts(rm, tok, texts, batch_size=2)
+    assert sum(calls) == 4  # four distinct texts
+    for text, row in zip(texts, together):
+        assert torch.allclose(row, score_texts(rm, tok, [text]), atol=1e-5)

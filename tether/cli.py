@@ -22,6 +22,7 @@ STAGES = {
     "diagnose": "Re-run the reward-hacking monitors on a finished (or running) online run: `tether diagnose RUN_DIR`.",
     "report": "One self-contained HTML report of one or several runs: `tether report RUN [RUN ...] --output report.html`.",
     "recipes": "List the group-family recipes with their equations, settings and sources.",
+    "bench": "Where a step's time goes on this machine: matmul peak, each phase's time and share of it, padding.",
     "data": "Data tools: `check` (counts, loss mask), `agreement` (annotator κ), `filter` (by agreement, to majority labels).",
 }
 
@@ -100,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, default=0, help="Evaluate only the first N prompts (0 = all).")
     ev.add_argument("--output", default="", help="JSON file for the figures (default: printed only; nothing is written "
                     "beside the model folder).")
+
+    bench = sub.add_parser("bench", help=STAGES["bench"], description=STAGES["bench"] + " docs/performance.md.")
+    bench.add_argument("--models", default="lab,29m", help="Model sizes, comma-separated: lab (the lab's Llama), 29m.")
+    bench.add_argument("--precisions", default="fp32,bf16", help="fp32, bf16 (weights and activations in bf16).")
+    bench.add_argument("--batch", type=int, default=8, help="Rows per training batch and per generate() call.")
+    bench.add_argument("--length", type=int, default=256, help="Tokens per training row (prompts: a quarter of it).")
+    bench.add_argument("--new-tokens", type=int, default=32, help="Tokens generated per row.")
+    bench.add_argument("--repeats", type=int, default=5, help="Timed runs per phase (the median is reported).")
+    bench.add_argument("--matmul-size", type=int, default=1024, help="Side of the square matmuls of the peak.")
+    bench.add_argument("--data", default="", help="A data file whose padding to measure (with --model).")
+    bench.add_argument("--model", default="", help="Model or tokenizer folder for --data.")
+    bench.add_argument("--json", default="", help="Also write every figure to this JSON file.")
 
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
@@ -431,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"report: {write_report(args.runs, args.output)}")
         elif args.stage == "diagnose":
             return run_diagnose_command(args)
+        elif args.stage == "bench":
+            from tether.bench import main as bench_main
+
+            bench_main(args)
         elif args.stage == "recipes":
             print_recipes()
         elif args.stage == "rm":

@@ -122,21 +122,34 @@ def load_normalization(folder: str | Path) -> dict:
 
 
 @torch.no_grad()
+@torch.no_grad()
 def score_texts(rm: RewardModel, tokenizer, texts: list[str], batch_size: int = 32, max_length: int = 1024) -> torch.Tensor:
-    """(N, heads) scores of full texts (prompt and response already rendered), in batches."""
+    """(N, heads) scores of full texts (prompt and response already rendered), in the order given.
+
+    Each distinct text is scored once, and texts go through the model in batches of similar length (sorted by
+    token count), so a batch pads little: the score of a text does not depend on its batch (tested)."""
     rm.eval()
     device = next(rm.parameters()).device
-    out = []
-    for start in range(0, len(texts), batch_size):
-        enc = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True,
-                        add_special_tokens=False).to(device)
-        too_long = (enc["attention_mask"].sum(-1) > max_length).nonzero()
-        if len(too_long):
-            i = start + int(too_long[0])
-            raise ConfigError(f"text {i} is longer than max_length={max_length} tokens; reward models score whole texts "
-                              "and never truncate them silently")
-        out.append(rm(enc["input_ids"], enc["attention_mask"]).cpu())
-    return torch.cat(out) if out else torch.zeros(0, len(rm.head_names))
+    distinct = list(dict.fromkeys(texts))
+    ids = tokenizer(distinct, add_special_tokens=False)["input_ids"] if distinct else []
+    for i, row in enumerate(ids):
+        if len(row) > max_length:
+            raise ConfigError(f"text {texts.index(distinct[i])} is longer than max_length={max_length} tokens; reward "
+                              "models score whole texts and never truncate them silently")
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    scores = torch.zeros(len(distinct), len(rm.head_names))
+    pad = tokenizer.pad_token_id
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width = max(len(ids[i]) for i in chunk)
+        input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            input_ids[row, : len(ids[i])] = torch.tensor(ids[i])
+            attention[row, : len(ids[i])] = 1
+        scores[chunk] = rm(input_ids.to(device), attention.to(device)).float().cpu()
+    index = {text: i for i, text in enumerate(distinct)}
+    return scores[[index[t] for t in texts]] if texts else torch.zeros(0, len(rm.head_names))
 
 
 class RewardScorer:

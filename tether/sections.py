@@ -111,6 +111,10 @@ class OptimSection(Section):
     warmup_steps: int = option(0, "Optimizer updates of linear warm-up; when > 0 it replaces warmup_ratio.")
     min_lr_ratio: float = option(0.1, "Cosine decays to lr * min_lr_ratio at the last update.")
     max_grad_norm: float = option(1.0, "Clip the global gradient norm (of each trained model) to this; 0 disables clipping.")
+    adamw: str = option("fused", "AdamW implementation: fused (one kernel over every parameter), foreach (batched "
+                                 "ops) or for-loop (one parameter at a time): the same update, at different speeds "
+                                 "(`tether bench` measures them; docs/performance.md). Sharded (FSDP) parameters "
+                                 "use foreach.", choices=("fused", "foreach", "for-loop"))
 
     def check(self):
         if self.lr <= 0:

@@ -414,12 +414,15 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
                                    cfg.dpo.reference_batch_size, tokenizer, model, accelerator.device,
                                    fresh_policy=checkpoint is None)
         source = f"computed each round from {reference.describe()}"
-        if train or evals:
+        used = _visited(train, cfg, total_steps) + evals  # a run that sees a third of the pairs scores a third
+        if used:
             if accelerator.is_main_process:  # one process scores and caches, the others read the cache
-                source = reference.attach(train + evals)
+                source = reference.attach(used)
             accelerator.wait_for_everyone()
             if not accelerator.is_main_process:
-                reference.attach(train + evals)
+                reference.attach(used)
+            if len(used) < len(train) + len(evals):
+                source += f" for the {len(used) - len(evals)} of {len(train)} training examples the run's steps visit"
     if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
         model = shard_model(model, accelerator)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
@@ -427,6 +430,18 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
         model, optimizer = accelerator.prepare(model, optimizer)
     return DPOSetup(accelerator, config, out, start_step, checkpoint, tokenizer, train, evals, reports, model,
                     accelerator.unwrap_model(model), objective, reference, source, optimizer, scheduler, total_steps, state)
+
+
+def _visited(train: list, cfg: DPOConfig, total_steps: int) -> list:
+    """The training examples the offline loop's steps will draw (EpochOrder of the run's seed), in file order:
+    only these need reference log-probs (online runs keep every example, as before)."""
+    if not train or cfg.online.online:
+        return train
+    order = EpochOrder(len(train), cfg.train.seed)
+    drawn = total_steps * cfg.train.batch_size
+    if drawn >= len(train):  # an epoch or more: every example
+        return train
+    return [train[i] for i in sorted(set(order.slice(0, drawn)))]
 
 
 def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:

@@ -262,7 +262,8 @@ def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data) -
     summary["probes"] = probes
     summary["normalization"] = normalization
     write_atomically(lambda tmp: save_reward_model(model, tokenizer, tmp, normalization), out / "final")
-    if (out / "best").is_dir():  # best/ has its own weights, so its own statistics
-        best = load_reward_model(out / "best", tokenizer)
-        best_norm = normalization_stats(best, tokenizer, norm_rows, limit)
+    if (out / "best").is_dir():  # best/ has its own weights, so its own statistics (unless they are the final ones)
+        same = summary.get("best_step") is not None and summary.get("best_step") == summary.get("steps")
+        best_norm = normalization if same else normalization_stats(load_reward_model(out / "best", tokenizer),
+                                                                   tokenizer, norm_rows, limit)
         (out / "best" / NORM_FILE).write_text(json.dumps(best_norm, indent=2))

@@ -50,28 +50,48 @@ def pearson(xs: list[float], ys: list[float]) -> float:
     return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
 
 
-def _shift(rm, tokenizer, originals: list[str], modified: list[str], max_length: int) -> dict:
-    a = score_texts(rm, tokenizer, originals, max_length=max_length)[:, 0]
-    b = score_texts(rm, tokenizer, modified, max_length=max_length)[:, 0]
+class ScoreMemo:
+    """Scores of texts under one model, each distinct text scored once across the probes and the normalisation
+    (the held-out responses the length probe scores are the counterfactual probes' originals and, by default,
+    the normalisation set). ``scored`` counts the texts that went through the model."""
+
+    def __init__(self, rm, tokenizer):
+        self.rm, self.tokenizer, self.seen, self.scored = rm, tokenizer, {}, 0
+
+    def __call__(self, texts: list[str], max_length: int):
+        import torch
+
+        new = [t for t in dict.fromkeys(texts) if t not in self.seen]
+        if new:
+            for text, row in zip(new, score_texts(self.rm, self.tokenizer, new, max_length=max_length)):
+                self.seen[text] = row
+            self.scored += len(new)
+        return torch.stack([self.seen[t] for t in texts]) if texts else torch.zeros(0, len(self.rm.head_names))
+
+
+def _shift(score, originals: list[str], modified: list[str], max_length: int) -> dict:
+    a = score(originals, max_length)[:, 0]
+    b = score(modified, max_length)[:, 0]
     delta = b - a
     return {"n": len(delta), "mean_shift": round(delta.mean().item(), 4), "std": round(delta.std(unbiased=False).item(), 4),
             "fraction_up": round((delta > 0).float().mean().item(), 4)}
 
 
-def normalization_stats(rm, tokenizer, rows: list[dict], max_length: int) -> dict:
+def normalization_stats(rm, tokenizer, rows: list[dict], max_length: int, score: ScoreMemo | None = None) -> dict:
     texts = [render_response(tokenizer, r.get("prompt"), resp, "reference", "response") for r in rows for resp in _responses(r)]
     if not texts:
         raise ValueError("normalisation needs at least one reference response")
-    scores = score_texts(rm, tokenizer, texts, max_length=max_length)  # (N, heads)
+    scores = (score or ScoreMemo(rm, tokenizer))(texts, max_length)  # (N, heads)
     return {name: {"mean": scores[:, h].mean().item(), "std": max(scores[:, h].std(unbiased=False).item(), 1e-6),
                    "n": len(texts)} for h, name in enumerate(rm.head_names)}
 
 
 def run_probes(rm, tokenizer, eval_rows: list[dict], norm_rows: list[dict], probe_rows: list[dict],
                max_length: int) -> tuple[dict, dict]:
+    score = ScoreMemo(rm, tokenizer)
     pairs = [(r.get("prompt"), resp) for r in eval_rows for resp in _responses(r)]
     texts = [render_response(tokenizer, p, resp, "probe", "response") for p, resp in pairs]
-    scores = score_texts(rm, tokenizer, texts, max_length=max_length)[:, 0].tolist()
+    scores = score(texts, max_length)[:, 0].tolist()
     lengths = [len(_content(resp).split()) for _, resp in pairs]
     probes: dict = {"length_correlation": round(pearson(lengths, scores), 4), "responses": len(pairs), "counterfactual": {}}
     originals = [(r.get("prompt"), r["chosen"]) for r in eval_rows if "chosen" in r]
@@ -81,12 +101,14 @@ def run_probes(rm, tokenizer, eval_rows: list[dict], norm_rows: list[dict], prob
         before = [render_response(tokenizer, p, resp, "probe", "chosen") for p, resp in originals]
         after = [render_response(tokenizer, p, _with_content(resp, transform(_content(resp))), "probe", "chosen")
                  for p, resp in originals]
-        probes["counterfactual"][name] = _shift(rm, tokenizer, before, after, max_length + 32)  # room for the added words
+        probes["counterfactual"][name] = _shift(score, before, after, max_length + 32)  # room for the added words
     by_name: dict[str, list] = {}
     for row in probe_rows:
         by_name.setdefault(row.get("probe", "custom"), []).append(row)
     for name, rows in by_name.items():
         before = [render_response(tokenizer, r.get("prompt"), r["original"], "probe file", "original") for r in rows]
         after = [render_response(tokenizer, r.get("prompt"), r["modified"], "probe file", "modified") for r in rows]
-        probes["counterfactual"][name] = _shift(rm, tokenizer, before, after, max_length)
-    return probes, normalization_stats(rm, tokenizer, norm_rows, max_length)
+        probes["counterfactual"][name] = _shift(score, before, after, max_length)
+    normalization = normalization_stats(rm, tokenizer, norm_rows, max_length, score)
+    probes["texts_scored"] = score.scored  # distinct texts through the model (each once)
+    return probes, normalization

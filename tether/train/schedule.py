@@ -25,6 +25,21 @@ def warmup_constant(step: int, warmup_steps: int) -> float:
     return (step + 1) / warmup_steps if step < warmup_steps else 1.0
 
 
+def adamw_kwargs(implementation: str, params) -> dict:
+    """torch.optim.AdamW's switches for ``implementation`` (fused, foreach, for-loop). Fused needs plain tensors
+    of one floating dtype on a device with the kernel; sharded (DTensor) or mixed parameters get foreach."""
+    if implementation == "for-loop":
+        return {"foreach": False}
+    if implementation == "fused":
+        plain = all(type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in params)
+        dtypes = {p.dtype for p in params}
+        devices = {p.device.type for p in params}
+        if plain and len(dtypes) == 1 and dtypes <= {torch.float32, torch.bfloat16, torch.float16} \
+                and devices <= {"cpu", "cuda"}:
+            return {"fused": True}
+    return {"foreach": True}
+
+
 def build_optimizer(params, optim, total_updates: int, lr: float | None = None):
     """(AdamW, LambdaLR) over ``params`` from an OptimSection; ``lr`` overrides optim.lr (PPO's critic).
     ``total_updates`` is the number of optimizer updates of the run (the cosine's length)."""
@@ -34,7 +49,7 @@ def build_optimizer(params, optim, total_updates: int, lr: float | None = None):
 
         raise ConfigError("the model has no trainable parameters")
     optimizer = torch.optim.AdamW(params, lr=lr or optim.lr, weight_decay=optim.weight_decay,
-                                  betas=(optim.adam_beta1, optim.adam_beta2))
+                                  betas=(optim.adam_beta1, optim.adam_beta2), **adamw_kwargs(optim.adamw, params))
     warmup = optim.warmup(total_updates)
     if optim.lr_schedule == "constant":
         multiplier = lambda s: warmup_constant(s, warmup)

@@ -1,0 +1,44 @@
+"""`tether bench`: the FLOP counts by hand and the report's shape (times are measured, never asserted)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tether import bench
+
+
+def test_flops_of_each_phase_by_hand(monkeypatch):
+    """A 1-layer Llama, hidden 32 (MLP 128), vocabulary 64, embedding tied to the output projection:
+    matmul parameters = 4·32² (attention) + 3·32·128 (MLP) + 64·32 (output) = 4096 + 12288 + 2048 = 18432.
+    Batch 2 × 8 tokens: forward 2·18432·16 + attention 2·2·8²·32·1·2 = 589824 + 16384; backward twice that;
+    generate 3 tokens per row: 2·18432·6."""
+    monkeypatch.setitem(bench.SIZES, "tiny", (32, 1, 2, 64))
+    model = bench.build_model("tiny", "fp32")
+    assert bench.matmul_parameters(model) == 18432
+    phases = {p.name: p for p in bench.phases(model, batch=2, length=8, new_tokens=3, repeats=1)}
+    assert phases["forward"].flops == phases["logprob_forward"].flops == 589824 + 16384
+    assert phases["backward"].flops == 2 * (589824 + 16384)
+    assert phases["generate"].flops == 2 * 18432 * 6
+    assert {"optimizer (for-loop)", "optimizer (foreach)"} <= set(phases)
+    assert all(p.seconds > 0 for p in phases.values() if "(" not in p.name or p.name.endswith(")"))
+
+
+def test_the_command_prints_a_table_and_writes_json(monkeypatch, tmp_path, capsys, llama_dir, addition_files):
+    from tether.cli import main
+
+    monkeypatch.setitem(bench.SIZES, "tiny", (32, 1, 2, 64))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--models", "tiny", "--precisions", "fp32,bf16", "--batch", "2", "--length", "8",
+                 "--new-tokens", "2", "--repeats", "1", "--matmul-size", "64", "--data", str(addition_files[0]),
+                 "--model", str(llama_dir), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["peak_gflops"]) == {"fp32", "bf16"} and all(v > 0 for v in result["peak_gflops"].values())
+    assert [(r["model"], r["precision"]) for r in result["runs"]] == [("tiny", "fp32"), ("tiny", "bf16")]
+    row = result["runs"][0]["phases"][0]
+    assert row["phase"] == "forward" and row["share_of_peak"] == pytest.approx(
+        row["gflops_per_s"] / result["peak_gflops"]["fp32"])
+    padding = result["padding"]
+    assert padding["examples"] == 200 and 0 <= padding["padding_share"] < 1
+    assert padding["positions"] >= padding["real_tokens"]
+    assert "of the positions are padding" in capsys.readouterr().err

@@ -59,16 +59,22 @@ def run_once(args: list[str], source: str | None) -> dict:
     command = [sys.executable, "-m", "tether", *args]
     if shutil.which("taskset"):
         command = ["taskset", "-c", "0", *command]
+    output = Path(args[args.index("--output") + 1])
+    shutil.rmtree(output, ignore_errors=True)  # no cache (DPO's reference log-probs) carried over from a run before
     t0 = time.perf_counter()
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # cwd elsewhere: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH's checkout
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            cwd=output.parent)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     stderr = proc.stderr.read()
     if status != 0:
         raise SystemExit(f"tether {args[0]} failed ({status}): {stderr[-2000:]}")
-    output = Path(args[args.index("--output") + 1])
-    steps = [json.loads(line).get("time/step_s") for line in (output / "metrics.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if s is not None][1:]  # the first step warms up
+    rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    # offline stages log time/step_s; online ones their phases (time/generate_s, time/update_s, ...), summed here
+    steps = [r["time/step_s"] if "time/step_s" in r else sum(v for k, v in r.items() if k.startswith("time/"))
+             for r in rows if r.get("step", 0) > 0]
+    steps = steps[1:] or steps  # the first step warms up
     return {"step_s": statistics.median(steps), "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall,
             "peak_mib": usage.ru_maxrss / 1024}
 
@@ -82,9 +88,12 @@ def main() -> None:
     parser.add_argument("--work", default="runs/bench-stages", help="Folder for the model and the runs.")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
-    lab, work = Path(args.lab), Path(args.work)
+    lab, work = Path(args.lab).resolve(), Path(args.work).resolve()
+    for side in ("this", "source"):
+        (work / side).mkdir(parents=True, exist_ok=True)
     model = build_model(lab, work / "model30m")
-    sides = {"this": None, **({"source": args.source} if args.source else {})}
+    sides = {"this": str(Path(__file__).resolve().parent.parent), **({"source": str(Path(args.source).resolve())}
+                                                                     if args.source else {})}
     results: dict = {side: {} for side in sides}
     rm_final = work / "this" / "rm" / "final"
     for stage in args.stages.split(","):
@@ -94,6 +103,8 @@ def main() -> None:
                 if stage == "ppo" and not (rm_final / "config.json").is_file():
                     run_once(workloads(lab, model, rm_final, work / "this")["rm"], None)
                 results[side].setdefault(stage, []).append(run_once(plan, source))
+                if args.json:  # kept as it goes: a long comparison that fails late keeps what it measured
+                    Path(args.json).write_text(json.dumps({"runs": results}, indent=2))
     print(f"{'stage':6s} {'side':7s} {'step s':>8s} {'cpu s':>8s} {'wall s':>8s} {'peak MiB':>9s}")
     summary = {}
     for stage in args.stages.split(","):

@@ -12,14 +12,14 @@ def test_flops_of_each_phase_by_hand(monkeypatch):
     """A 1-layer Llama, hidden 32 (MLP 128), vocabulary 64, embedding tied to the output projection:
     matmul parameters = 4·32² (attention) + 3·32·128 (MLP) + 64·32 (output) = 4096 + 12288 + 2048 = 18432.
     Batch 2 × 8 tokens: forward 2·18432·16 + attention 2·2·8²·32·1·2 = 589824 + 16384; backward twice that;
-    generate 3 tokens per row: 2·18432·6."""
+    generate 3 tokens per row: 2·18432·6; one decode step: 2·18432·2."""
     monkeypatch.setitem(bench.SIZES, "tiny", (32, 1, 2, 64))
     model = bench.build_model("tiny", "fp32")
     assert bench.matmul_parameters(model) == 18432
     phases = {p.name: p for p in bench.phases(model, batch=2, length=8, new_tokens=3, repeats=1)}
     assert phases["forward"].flops == phases["logprob_forward"].flops == 589824 + 16384
     assert phases["backward"].flops == 2 * (589824 + 16384)
-    assert phases["generate"].flops == 2 * 18432 * 6
+    assert phases["generate"].flops == 2 * 18432 * 6 and phases["decode_step"].flops == 2 * 18432 * 2
     assert {"optimizer (for-loop)", "optimizer (foreach)"} <= set(phases)
     assert all(p.seconds > 0 for p in phases.values() if "(" not in p.name or p.name.endswith(")"))
 

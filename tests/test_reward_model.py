@@ -166,9 +166,10 @@ def test_rm_learns_the_lab_preferences_and_writes_probes_and_normalisation(llama
     assert -1 <= probes["length_correlation"] <= 1 and set(probes["counterfactual"]) == {"filler", "confident"}
     norm = load_normalization(out / "final")
     assert norm["reward"]["n"] > 200 and norm["reward"]["std"] > 0
-    # each distinct text scored once: the held-out responses (which are also the normalisation set) and the two
-    # probes' modified chosen answers — 2n at most, where scoring every call's texts afresh took 4n
-    assert norm["reward"]["n"] < probes["texts_scored"] <= 2 * norm["reward"]["n"]
+    # nothing scored twice: the held-out responses (the length probe's texts, the counterfactual originals and the
+    # normalisation set) come from the final evaluation; only the two probes' modified chosen answers (one per pair
+    # each: n in all) go through the model — scoring every call's texts afresh took 4n more
+    assert probes["texts_scored"] == norm["reward"]["n"]
     # final/ is a standard sequence-classification folder
     hf = AutoModelForSequenceClassification.from_pretrained(out / "final")
     assert hf.config.num_labels == 1 and hf.config.id2label[0] == "reward"

@@ -12,6 +12,9 @@
      2·2·T²·H per layer and row (forward; twice that backward);
    - ``logprob_forward``: the same forward without gradients (a reference or old-policy pass);
    - ``generate``: ``--new-tokens`` sampled tokens for B prompts with the KV cache, FLOPs 2·N per token;
+   - ``decode_step``: one of those tokens' forward alone (B rows, one position, the prompt's KV cache): what the
+     model costs per generated token; the rest of generate's time per token is the loop around it (sampling,
+     stopping criteria, cache bookkeeping), printed as ``generate overhead``;
    - ``optimizer``: one AdamW update with each implementation torch offers here (for-loop, foreach, fused).
    Each phase: median seconds of ``--repeats`` timed runs after one warm-up, GFLOP/s, and share of the peak.
 3. **Padding** (``--data FILE --model DIR``): real tokens against padded positions when a file's examples are
@@ -143,6 +146,11 @@ def phases(model, batch: int, length: int, new_tokens: int, repeats: int) -> lis
                            min_new_tokens=new_tokens, do_sample=True, pad_token_id=2)
 
     out.append(Phase("generate", _timed(generate, max(1, repeats // 2)), 2 * n * generated))
+    with torch.no_grad():  # one decoding step alone: the model's share of a generated token's time
+        cache = model(input_ids=prompt, use_cache=True).cache  # transformers 5: `cache` (was past_key_values)
+        step_ids = prompt[:, -1:]
+        out.append(Phase("decode_step", _timed(lambda: model(input_ids=step_ids, cache=cache,
+                                                             use_cache=True), repeats), 2 * n * batch))
     params = [p for p in model.parameters()]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
@@ -187,13 +195,24 @@ def run_bench(models=("lab", "29m"), precisions=PRECISIONS, batch: int = 8, leng
                 continue
             model = build_model(size, precision)
             rows = [p.row(peak) for p in phases(model, batch, length, new_tokens, repeats)]
-            result["runs"].append({"model": size, "precision": precision,
-                                   "parameters": sum(p.numel() for p in model.parameters()),
-                                   "matmul_parameters": matmul_parameters(model), "batch": batch, "length": length,
-                                   "new_tokens": new_tokens, "phases": rows})
+            run = {"model": size, "precision": precision, "parameters": sum(p.numel() for p in model.parameters()),
+                   "matmul_parameters": matmul_parameters(model), "batch": batch, "length": length,
+                   "new_tokens": new_tokens, "phases": rows}
+            run["generate_overhead"] = generate_overhead(run)
+            result["runs"].append(run)
     if data:
         result["padding"] = padding_waste(data, model_dir, batch)
     return result
+
+
+def generate_overhead(run: dict) -> dict | None:
+    """Per generated token step: generate's time, the decode step's (the model), and the share of the loop around."""
+    rows = {r["phase"]: r for r in run["phases"]}
+    if "generate" not in rows or "decode_step" not in rows:
+        return None
+    per_token = rows["generate"]["seconds"] / run["new_tokens"]
+    decode = rows["decode_step"]["seconds"]
+    return {"per_token_s": per_token, "decode_step_s": decode, "loop_share": max(0.0, 1 - decode / per_token)}
 
 
 def print_bench(result: dict) -> None:
@@ -211,6 +230,11 @@ def print_bench(result: dict) -> None:
             share = f"{row['share_of_peak']:.0%}" if row["gflop"] else ""
             gflops = f"{row['gflops_per_s']:.1f}" if row["gflop"] else ""
             console.print(f"  {row['phase']:34s} {row['seconds']:9.4f} {row['gflop']:8.2f} {gflops:>9s} {share:>8s}")
+        overhead = generate_overhead(run)
+        if overhead is not None:
+            console.print(f"  generate: {overhead['per_token_s'] * 1e3:.2f} ms per token step, of which the model's "
+                          f"forward {overhead['decode_step_s'] * 1e3:.2f} ms; the loop around it "
+                          f"{overhead['loop_share']:.0%}")
     if "padding" in result:
         p = result["padding"]
         console.print(f"\npadding: {p['examples']} examples, {p['real_tokens']} real tokens in {p['positions']} "

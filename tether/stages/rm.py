@@ -71,22 +71,31 @@ class RewardObjective:
 
 @torch.no_grad()
 def evaluate_rm(model, examples, pad_id: int, objective: RewardObjective, heads: list[str], micro: int,
-                device) -> dict[str, float]:
-    """Held-out loss, accuracy (per head), margin and score distributions (every process evaluates the whole set)."""
+                device, scored: dict | None = None) -> dict[str, float]:
+    """Held-out loss, accuracy (per head), margin and score distributions (every process evaluates the whole set).
+    One forward per batch gives both the loss and the scores. ``scored``, when given, is filled with
+    {token ids: scores} of every response, for the probes to reuse (tether/stages/rm_probes.py)."""
     model.eval()
     loss, n, chosen, rejected, labels, list_acc = 0.0, 0, [], [], [], []
     for start in range(0, len(examples), micro):
-        batch = {k: v.to(device) for k, v in collate_preferences(examples[start : start + micro], pad_id).items()}
-        loss_sum, stats = objective.loss_sum(model, batch)
-        loss += float(loss_sum)
+        part = examples[start : start + micro]
+        batch = {k: v.to(device) for k, v in collate_preferences(part, pad_id).items()}
         n += objective.count(batch)
         if "margin" in batch:
-            scores = model(batch["input_ids"], batch["attention_mask"]).cpu()
+            scores = model(batch["input_ids"], batch["attention_mask"])
+            loss_sum, _ = objective.pair_losses(scores, batch)
+            loss += float(loss_sum)
+            scores = scores.float().cpu()
             b = batch["margin"].shape[0]
             chosen.append(scores[:b])
             rejected.append(scores[b:])
             labels.append(batch["head_labels"].cpu())
+            if scored is not None:
+                for e, c_row, r_row in zip(part, scores[:b], scores[b:]):
+                    scored[tuple(e.chosen_ids)], scored[tuple(e.rejected_ids)] = c_row, r_row
         else:
+            loss_sum, stats = objective.loss_sum(model, batch)
+            loss += float(loss_sum)
             list_acc.append(float(stats["accuracy"]))
     model.train()
     out = {"eval/loss": loss / max(1, n)}
@@ -196,6 +205,13 @@ def run_rm(cfg: RMConfig) -> dict:
                           f"{cfg.rm.overfit_patience} evaluations[/]" + (" — stopping" if cfg.rm.early_stop else ""))
         return fired and cfg.rm.early_stop
 
+    final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
+
+    def evaluate() -> dict:
+        final_scores.clear()
+        return _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads, cfg.train.micro_batch_size,
+                         accelerator.device, final_scores)
+
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="rm")
     settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
@@ -206,8 +222,7 @@ def run_rm(cfg: RMConfig) -> dict:
             eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id),
             objective=objective, settings=settings, start_step=start_step, output=out, tokenizer=tokenizer,
             logger=logger, on_eval=on_eval, checkpoint_state=lambda: {"overfit": asdict(detector)},
-            evaluate_fn=lambda: _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads,
-                                          cfg.train.micro_batch_size, accelerator.device))
+            evaluate_fn=evaluate)
     finally:
         logger.close()
     summary = {"stage": "rm", "steps": steps_done, "heads": heads, "resumed_from": start_step or None, **last_eval,
@@ -220,7 +235,9 @@ def run_rm(cfg: RMConfig) -> dict:
         unwrapped = unsharded_on_main(model, lambda: load_reward_model(m.path, tokenizer, heads, m.dtype,
                                                                        m.trust_remote_code), accelerator)
     if accelerator.is_main_process:
-        finish_rm(cfg, unwrapped, tokenizer, out, summary, (train_recs, eval_recs, train, evals))
+        last_eval_step = detector.history[-1][0] if detector.history else None
+        known = final_scores if last_eval_step == steps_done else None  # scores of the final weights only
+        finish_rm(cfg, unwrapped, tokenizer, out, summary, (train_recs, eval_recs, train, evals), known)
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)
         summary["peak_memory"] = memory
         write_json(out / "summary.json", summary)
@@ -248,7 +265,7 @@ def load_rm_data(cfg: RMConfig, tokenizer):
     return train_recs, eval_recs, train, evals, reports
 
 
-def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data) -> None:
+def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data, known: dict | None = None) -> None:
     """Bias probes and normalisation statistics on the rows that were trained/evaluated on (not those dropped as
     too long), final/ with them, and best/'s own statistics."""
     d = cfg.data
@@ -258,7 +275,7 @@ def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data) -
     norm_rows = [r.fields for r in read_records(d.norm_path, d.columns, d.split)] if d.norm_path else eval_rows
     probe_rows = [r.fields for r in read_records(d.probe_path)] if d.probe_path else []
     limit = length_limit(d.max_length, cfg.model.path)
-    probes, normalization = run_probes(model, tokenizer, eval_rows, norm_rows, probe_rows, limit)
+    probes, normalization = run_probes(model, tokenizer, eval_rows, norm_rows, probe_rows, limit, known)
     summary["probes"] = probes
     summary["normalization"] = normalization
     write_atomically(lambda tmp: save_reward_model(model, tokenizer, tmp, normalization), out / "final")

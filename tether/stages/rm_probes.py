@@ -51,22 +51,27 @@ def pearson(xs: list[float], ys: list[float]) -> float:
 
 
 class ScoreMemo:
-    """Scores of texts under one model, each distinct text scored once across the probes and the normalisation
-    (the held-out responses the length probe scores are the counterfactual probes' originals and, by default,
-    the normalisation set). ``scored`` counts the texts that went through the model."""
+    """Scores of texts under one model, each distinct token sequence scored once across the probes and the
+    normalisation (the held-out responses the length probe scores are the counterfactual probes' originals and, by
+    default, the normalisation set). ``known``: {token ids: scores} already computed with these weights (the final
+    held-out evaluation's). ``scored`` counts the sequences that went through the model here."""
 
-    def __init__(self, rm, tokenizer):
-        self.rm, self.tokenizer, self.seen, self.scored = rm, tokenizer, {}, 0
+    def __init__(self, rm, tokenizer, known: dict | None = None):
+        self.rm, self.tokenizer, self.seen, self.scored = rm, tokenizer, dict(known or {}), 0
 
     def __call__(self, texts: list[str], max_length: int):
         import torch
 
-        new = [t for t in dict.fromkeys(texts) if t not in self.seen]
+        keys = [tuple(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+        new = {}
+        for key, text in zip(keys, texts):
+            if key not in self.seen and key not in new:
+                new[key] = text
         if new:
-            for text, row in zip(new, score_texts(self.rm, self.tokenizer, new, max_length=max_length)):
-                self.seen[text] = row
+            for key, row in zip(new, score_texts(self.rm, self.tokenizer, list(new.values()), max_length=max_length)):
+                self.seen[key] = row
             self.scored += len(new)
-        return torch.stack([self.seen[t] for t in texts]) if texts else torch.zeros(0, len(self.rm.head_names))
+        return torch.stack([self.seen[k] for k in keys]) if texts else torch.zeros(0, len(self.rm.head_names))
 
 
 def _shift(score, originals: list[str], modified: list[str], max_length: int) -> dict:
@@ -87,8 +92,9 @@ def normalization_stats(rm, tokenizer, rows: list[dict], max_length: int, score:
 
 
 def run_probes(rm, tokenizer, eval_rows: list[dict], norm_rows: list[dict], probe_rows: list[dict],
-               max_length: int) -> tuple[dict, dict]:
-    score = ScoreMemo(rm, tokenizer)
+               max_length: int, known: dict | None = None) -> tuple[dict, dict]:
+    """``known``: {token ids: scores} the final evaluation computed with these weights, not scored again."""
+    score = ScoreMemo(rm, tokenizer, known)
     pairs = [(r.get("prompt"), resp) for r in eval_rows for resp in _responses(r)]
     texts = [render_response(tokenizer, p, resp, "probe", "response") for p, resp in pairs]
     scores = score(texts, max_length)[:, 0].tolist()

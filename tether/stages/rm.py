@@ -137,7 +137,9 @@ def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path
 
 
 def _evaluate(model, *args) -> dict[str, float]:
-    """evaluate_rm, then (sharded) free the parameters the no-grad forwards left gathered."""
+    """evaluate_rm, then (sharded) free the parameters the no-grad forwards left gathered. The scores dict (the
+    last argument) is emptied first: it holds the latest evaluation's scores only."""
+    args[-1].clear()
     out = evaluate_rm(model, *args)
     if is_sharded(model):
         reshard(model)
@@ -206,12 +208,8 @@ def run_rm(cfg: RMConfig) -> dict:
         return fired and cfg.rm.early_stop
 
     final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
-
-    def evaluate() -> dict:
-        final_scores.clear()
-        return _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads, cfg.train.micro_batch_size,
-                         accelerator.device, final_scores)
-
+    evaluate = lambda: _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads,  # noqa: E731
+                                 cfg.train.micro_batch_size, accelerator.device, final_scores)
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="rm")
     settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,

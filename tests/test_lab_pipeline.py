@@ -243,3 +243,38 @@ def test_the_lab_sft_stage_learns_under_bf16_autocast_as_in_fp32(quick_lab, tmp_
     assert len(curve(bf16)) == len(curve(fp32)) >= 3
     assert curve(bf16)[-1] < 0.9 * curve(bf16)[0]  # it learns
     assert curve(bf16)[-1] == pytest.approx(curve(fp32)[-1], rel=0.03)
+
+
+def test_a_stage_is_computed_again_after_a_change_to_tethers_code(tmp_path, monkeypatch):
+    """The stage cache keys on the code too: the same recipe is reused while the code is the same, and computed
+    afresh once it changed — a user never reads figures an older build made."""
+    from tether.lab import pipeline
+
+    calls = []
+
+    def stage(folder, resume):
+        calls.append(resume)
+        return {"figure": len(calls)}
+
+    assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 1}
+    assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 1} and len(calls) == 1  # cached
+    monkeypatch.setattr(pipeline, "code_fingerprint", lambda: "another-build")
+    assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 2}
+
+
+def test_the_code_fingerprint_follows_python_sources_only(tmp_path):
+    from tether.lab.pipeline import code_fingerprint
+
+    package = tmp_path / "pkg"
+    (package / "stages").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "stages" / "b.py").write_text("y = 2\n")
+    (package / "notes.md").write_text("a note\n")
+    first = code_fingerprint(package)
+    (package / "notes.md").write_text("another note\n")
+    assert code_fingerprint(package) == first
+    (package / "stages" / "b.py").write_text("y = 3\n")
+    changed = code_fingerprint(package)
+    assert changed != first
+    (package / "stages" / "b.py").rename(package / "b2.py")  # same contents, another module: another build
+    assert code_fingerprint(package) not in (first, changed)

@@ -1,9 +1,10 @@
 """`tether lab`: build the world, pretrain a tiny model from scratch, fine-tune it, and measure both against gold.
 
 Each stage writes into <output>/<stage>/ and finishes by writing stage.json
-with the hash of its recipe (its own settings and the hashes of the stages it
-reads). A later run skips a stage whose stage.json carries the same hash;
-a training stage that was killed resumes from its last checkpoint.
+with the hash of its recipe (its own settings, the hashes of the stages it
+reads, and a fingerprint of tether's code). A later run skips a stage whose
+stage.json carries the same hash; a training stage that was killed resumes from
+its last checkpoint.
 """
 from __future__ import annotations
 
@@ -133,17 +134,31 @@ def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def code_fingerprint(root: Path | None = None) -> str:
+    """A hash of every .py file of the tether package (relative paths and contents). Every stage's recipe includes
+    it, so after any change to tether's code a stage is computed again instead of showing figures an older build
+    made. Deliberately the whole package, not a guessed list of the modules a stage uses: a list that missed one
+    would bring the stale figures back."""
+    root = root or Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 class Stages:
-    """Runs stages into one folder, skipping those whose stage.json matches their recipe."""
+    """Runs stages into one folder, skipping those whose stage.json matches their recipe (and tether's code)."""
 
     def __init__(self, output: Path, fresh: bool = False):
         self.output = output
         self.fresh = fresh
         self.timings: dict[str, float] = {}
         self.cached: dict[str, bool] = {}
+        self.code = code_fingerprint()
 
     def run(self, name: str, recipe: dict, fn):
         folder = self.output / name
+        recipe = {**recipe, "code": self.code}
         recipe_hash = _hash(recipe)
         done = folder / "stage.json"
         if not self.fresh and done.is_file():

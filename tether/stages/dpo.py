@@ -70,6 +70,14 @@ class DPOObjective:
         b, k = batch["list_mask"].shape
         return per_row.view(k, b).T, mask.sum(-1).view(k, b).T
 
+    @staticmethod
+    def block_logps(model, batch: dict, block: int) -> torch.Tensor:
+        """(B,) Σ log π over the tokens of every example's ``block``-th response (one row block of the batch)."""
+        b = batch["list_mask"].shape[0]
+        ids, attention, mask = (batch[k][block * b : (block + 1) * b] for k in ("input_ids", "attention_mask", "loss_mask"))
+        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        return (token_logprobs(logits[:, :-1], ids[:, 1:]) * mask[:, 1:].float()).sum(-1)
+
     def _margins(self, logps, ref) -> torch.Tensor:
         return beta_dpo_margins(logps, ref, self.d.effective_beta, scaled=self.d.beta_dpo_margin == "scaled")
 
@@ -82,13 +90,9 @@ class DPOObjective:
         if self.d.loss == "kto":
             total = torch.zeros(2, dtype=torch.float64)  # Σ mismatched log-ratio, n
             for batch in micro_batches:
-                b = batch["list_mask"].shape[0]
-                rows = {k: batch[k][b:] for k in ("input_ids", "attention_mask", "loss_mask")}  # the mismatched block
-                logits = model(input_ids=rows["input_ids"], attention_mask=rows["attention_mask"], use_cache=False).logits
-                mask = rows["loss_mask"][:, 1:].float()
-                logps = (token_logprobs(logits[:, :-1], rows["input_ids"][:, 1:]) * mask).sum(-1)
+                logps = self.block_logps(model, batch, 1)  # the mismatched completions
                 ratio = (logps - batch["reference_logps"][:, 1].to(logps.device)).double().cpu()
-                total += torch.stack([ratio.sum(), torch.tensor(float(b), dtype=torch.float64)])
+                total += torch.stack([ratio.sum(), torch.tensor(float(len(ratio)), dtype=torch.float64)])
             total = reduce(total).cpu()
             self.reference_point = max(float(total[0]) / float(total[1]), 0.0)
             return
@@ -115,12 +119,12 @@ class DPOObjective:
 
     def loss_sum(self, model, batch: dict):
         d = self.d
+        if d.loss == "kto":
+            return self._kto(model, batch)
         logps, tokens = self.sequence_logps(model, batch)
         ref = batch.get("reference_logps")
         if self.needs_reference and ref is None:
             raise RuntimeError("reference log-probabilities are missing from the batch")
-        if d.loss == "kto":
-            return self._kto(model, logps, ref, batch["desirable"].to(logps.device))
         losses = preference_loss(d.loss, logps, ref if self.needs_reference else None, tokens, self.beta,
                                  d.label_smoothing, d.simpo_gamma, d.orpo_lambda, batch["list_mask"])
         # Weighting needs a running σ from earlier steps; when every weight underflows (σ far smaller than the
@@ -134,19 +138,28 @@ class DPOObjective:
             losses = losses + d.sft_coef * chosen_nll
         return losses.sum(), self._statistics(logps, ref, tokens, chosen_nll, batch["list_mask"], len(losses))
 
-    def _kto(self, model, logps, ref, desirable):
-        """Training: z_0 of the whole step (begin_step); evaluation: this micro-batch's own estimate."""
+    def _kto(self, model, batch: dict):
+        """Training: z_0 of the whole step (begin_step), so only the labelled completions are forwarded here;
+        evaluation: this micro-batch's own estimate from its mismatched completions."""
         d = self.d
-        z0 = (torch.tensor(self.reference_point, device=logps.device)
-              if model.training and self.reference_point is not None else kto_reference_point(logps[:, 1], ref[:, 1]))
-        losses = kto_loss(logps[:, 0], ref[:, 0], desirable, z0, self.beta, d.kto_desirable_weight,
-                          d.kto_undesirable_weight)
+        ref = batch.get("reference_logps")
+        if ref is None:
+            raise RuntimeError("reference log-probabilities are missing from the batch")
+        logps = self.block_logps(model, batch, 0)
+        ref = ref.to(logps.device)
+        desirable = batch["desirable"].to(logps.device)
+        if model.training and self.reference_point is not None:
+            z0 = torch.tensor(self.reference_point, device=logps.device)
+        else:
+            with torch.no_grad():
+                z0 = kto_reference_point(self.block_logps(model, batch, 1), ref[:, 1])
+        losses = kto_loss(logps, ref[:, 0], desirable, z0, self.beta, d.kto_desirable_weight, d.kto_undesirable_weight)
         with torch.no_grad():
-            r = logps[:, 0].detach() - ref[:, 0]
+            r = logps.detach() - ref[:, 0]
             n = len(losses)
             stats = {"kto/reference_point": z0.detach() * n, "kto/reward": (self.beta * r).sum(),
                      "rewards/accuracy": ((r > z0) == desirable).float().sum(),
-                     "logps/chosen": logps[:, 0].detach().sum(), "beta": torch.tensor(self.beta * n)}
+                     "logps/chosen": logps.detach().sum(), "beta": torch.tensor(self.beta * n)}
         return losses.sum(), stats
 
     @torch.no_grad()

@@ -40,5 +40,17 @@ def test_the_command_prints_a_table_and_writes_json(monkeypatch, tmp_path, capsy
         row["gflops_per_s"] / result["peak_gflops"]["fp32"])
     padding = result["padding"]
     assert padding["examples"] == 200 and 0 <= padding["padding_share"] < 1
-    assert padding["positions"] >= padding["real_tokens"]
+    assert padding["positions"] >= padding["padding_free_positions"] >= padding["real_tokens"]
     assert "of the positions are padding" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compile_phases_time_the_compilation_and_the_steady_step(monkeypatch):
+    monkeypatch.setitem(bench.SIZES, "tiny", (32, 1, 2, 64))
+    result = bench.run_bench(models=("tiny",), precisions=("fp32",), batch=2, length=8, new_tokens=2, repeats=1,
+                             matmul_size=64, compile_model=True)
+    rows = {r["phase"].split(" (")[0] + (" compiled" if "torch.compile" in r["phase"] else ""): r
+            for r in result["runs"][0]["phases"]}
+    assert rows["forward+backward compiled"]["seconds"] > 0
+    first = next(r for r in result["runs"][0]["phases"] if r["phase"].startswith("compile, first call"))
+    assert first["seconds"] > rows["forward+backward compiled"]["seconds"]  # the first call compiles

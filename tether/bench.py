@@ -15,11 +15,13 @@
    - ``decode_step``: one of those tokens' forward alone (B rows, one position, the prompt's KV cache): what the
      model costs per generated token; the rest of generate's time per token is the loop around it (sampling,
      stopping criteria, cache bookkeeping), printed as ``generate overhead``;
-   - ``optimizer``: one AdamW update with each implementation torch offers here (for-loop, foreach, fused).
+   - ``optimizer``: one AdamW update with each implementation torch offers here (for-loop, foreach, fused);
+   - with ``--compile``: forward + backward eager and under ``torch.compile``, the compilation's first call, and
+     the steps it takes to pay it back.
    Each phase: median seconds of ``--repeats`` timed runs after one warm-up, GFLOP/s, and share of the peak.
 3. **Padding** (``--data FILE --model DIR``): real tokens against padded positions when a file's examples are
-   collated in batches of ``--batch`` as the offline stages do (file order), i.e. the share of a step's positions
-   that is wasted work.
+   collated in batches of ``--batch`` (file order), i.e. the share of a step's positions that is wasted work: with
+   padded rows, and with the padding-free micro-batches the offline stages use by default (tether/packing.py).
 
 Times are machine-dependent: compare rows within one run. A JSON with every figure goes to ``--json``.
 The figures and how to read them: docs/performance.md.
@@ -110,7 +112,7 @@ def matmul_parameters(model) -> int:
     return total + (head.numel() if head is embedding else 0)
 
 
-def phases(model, batch: int, length: int, new_tokens: int, repeats: int) -> list[Phase]:
+def phases(model, batch: int, length: int, new_tokens: int, repeats: int, compile_model: bool = False) -> list[Phase]:
     import torch
 
     cfg = model.config
@@ -134,6 +136,8 @@ def phases(model, batch: int, length: int, new_tokens: int, repeats: int) -> lis
 
     both = _timed(forward_backward, repeats)
     out.append(Phase("backward", max(both - out[0].seconds, 1e-9), 4 * n * tokens + 2 * attention))
+    if compile_model:
+        out += compiled_phases(model, ids, both, 6 * n * tokens + 3 * attention, repeats)
     with torch.no_grad():
         out.append(Phase("logprob_forward", _timed(forward, repeats), 2 * n * tokens + attention))
     model.eval()
@@ -165,6 +169,28 @@ def phases(model, batch: int, length: int, new_tokens: int, repeats: int) -> lis
     return out
 
 
+def compiled_phases(model, ids, eager_seconds: float, flops: float, repeats: int) -> list[Phase]:
+    """torch.compile's forward + backward against eager's: the first call (compilation included), the steady
+    step, and how many steps pay for the compilation."""
+    import torch
+
+    compiled = torch.compile(model)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        compiled(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
+
+    t0 = time.perf_counter()
+    step()
+    first = time.perf_counter() - t0
+    steady = _timed(step, repeats)
+    saving = eager_seconds - steady
+    steps = f"{(first - steady) / saving:.0f} steps to pay back" if saving > 0 else "never pays back"
+    return [Phase("forward+backward (eager)", eager_seconds, flops),
+            Phase("forward+backward (torch.compile)", steady, flops),
+            Phase(f"compile, first call ({steps})", first, 0.0)]
+
+
 def padding_waste(data: str, model_dir: str, batch: int, max_length: int = 1024) -> dict:
     """Real tokens and padded positions of a file's examples, collated in file order in batches of ``batch``."""
     from tether.data.records import read_records
@@ -173,15 +199,24 @@ def padding_waste(data: str, model_dir: str, batch: int, max_length: int = 1024)
 
     tokenizer = load_tokenizer(model_dir)
     examples, _ = tokenize_records(read_records(data), tokenizer, max_length, path=data)
+    from tether.packing import choose_rows
+
     lengths = [len(e.input_ids) for e in examples]
-    positions = sum(max(lengths[i : i + batch]) * len(lengths[i : i + batch]) for i in range(0, len(lengths), batch))
+    batches = [lengths[i : i + batch] for i in range(0, len(lengths), batch)]
+    positions = sum(max(b) * len(b) for b in batches)
+    packed = 0  # padding-free micro-batches (tether/packing.py): rows as long as the longest, fewer of them
+    for b in batches:
+        rows, _ = choose_rows(b, [list(range(len(b)))])
+        packed += len(rows) * max(sum(b[i] for i in row) for row in rows)
     real = sum(lengths)
     return {"examples": len(lengths), "real_tokens": real, "positions": positions,
-            "padding_share": 1 - real / positions if positions else 0.0}
+            "padding_share": 1 - real / positions if positions else 0.0, "padding_free_positions": packed,
+            "padding_free_share": 1 - real / packed if packed else 0.0}
 
 
 def run_bench(models=("lab", "29m"), precisions=PRECISIONS, batch: int = 8, length: int = 256, new_tokens: int = 32,
-              repeats: int = 5, matmul_size: int = 1024, data: str = "", model_dir: str = "") -> dict:
+              repeats: int = 5, matmul_size: int = 1024, data: str = "", model_dir: str = "",
+              compile_model: bool = False) -> dict:
     import torch
 
     result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "cpu_bf16": cpu_bf16_flags(),
@@ -194,7 +229,7 @@ def run_bench(models=("lab", "29m"), precisions=PRECISIONS, batch: int = 8, leng
             if peak is None:
                 continue
             model = build_model(size, precision)
-            rows = [p.row(peak) for p in phases(model, batch, length, new_tokens, repeats)]
+            rows = [p.row(peak) for p in phases(model, batch, length, new_tokens, repeats, compile_model)]
             run = {"model": size, "precision": precision, "parameters": sum(p.numel() for p in model.parameters()),
                    "matmul_parameters": matmul_parameters(model), "batch": batch, "length": length,
                    "new_tokens": new_tokens, "phases": rows}
@@ -238,12 +273,13 @@ def print_bench(result: dict) -> None:
     if "padding" in result:
         p = result["padding"]
         console.print(f"\npadding: {p['examples']} examples, {p['real_tokens']} real tokens in {p['positions']} "
-                      f"positions: {p['padding_share']:.1%} of the positions are padding")
+                      f"positions: {p['padding_share']:.1%} of the positions are padding; padding-free "
+                      f"micro-batches: {p['padding_free_positions']} positions, {p['padding_free_share']:.1%} padding")
 
 
 def main(args) -> None:
     result = run_bench(tuple(args.models.split(",")), tuple(args.precisions.split(",")), args.batch, args.length,
-                       args.new_tokens, args.repeats, args.matmul_size, args.data, args.model)
+                       args.new_tokens, args.repeats, args.matmul_size, args.data, args.model, args.compile)
     print_bench(result)
     if args.json:
         with open(args.json, "w") as f:

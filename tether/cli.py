@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--new-tokens", type=int, default=32, help="Tokens generated per row.")
     bench.add_argument("--repeats", type=int, default=5, help="Timed runs per phase (the median is reported).")
     bench.add_argument("--matmul-size", type=int, default=1024, help="Side of the square matmuls of the peak.")
+    bench.add_argument("--compile", action="store_true", help="Also time forward + backward under torch.compile: "
+                                                              "the compilation, the steady step, the pay-back.")
     bench.add_argument("--data", default="", help="A data file whose padding to measure (with --model).")
     bench.add_argument("--model", default="", help="Model or tokenizer folder for --data.")
     bench.add_argument("--json", default="", help="Also write every figure to this JSON file.")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from tether.algorithms.logprobs import token_logprobs
 from tether.data.dpo import PolicyPreference, collate_policy_preferences, data_fingerprint
+from tether.packing import sequence_logprob_sums
 from tether.train.logger import progress
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
@@ -65,7 +65,8 @@ def cache_key(examples: list[PolicyPreference], reference_fp: str, tokenizer_fp:
 
 
 @torch.no_grad()
-def sequence_logps(model, examples: list[PolicyPreference], pad_id: int, batch_size: int, device) -> list[list[float]]:
+def sequence_logps(model, examples: list[PolicyPreference], pad_id: int, batch_size: int, device,
+                   padding_free: bool = True) -> list[list[float]]:
     """Σ log π(y|x) over each response's tokens, in the examples' order (best first within each)."""
     was_training = model.training
     model.eval()
@@ -73,12 +74,10 @@ def sequence_logps(model, examples: list[PolicyPreference], pad_id: int, batch_s
     for start in progress(range(0, len(examples), batch_size), -(-len(examples) // batch_size),
                           "reference log-probs (batches)", min_items=20):
         chunk = examples[start : start + batch_size]
-        batch = collate_policy_preferences(chunk, pad_id)
-        ids, mask = batch["input_ids"].to(device), batch["loss_mask"].to(device)
-        logits = model(input_ids=ids, attention_mask=batch["attention_mask"].to(device), use_cache=False).logits
-        logp = (token_logprobs(logits[:, :-1], ids[:, 1:]) * mask[:, 1:]).sum(-1).cpu()  # (K·B,)
+        batch = collate_policy_preferences(chunk, pad_id, padding_free)
         k = batch["list_mask"].shape[1]
-        per = logp.view(k, len(chunk)).T  # (B, K)
+        logp, _ = sequence_logprob_sums(model, {key: v.to(device) for key, v in batch.items()}, k * len(chunk))
+        per = logp.cpu().view(k, len(chunk)).T  # (B, K)
         out += [per[i, : len(e.responses)].tolist() for i, e in enumerate(chunk)]
     model.train(was_training)
     return out
@@ -125,9 +124,11 @@ class ReferenceLogps:
     """log π_ref for preference examples: from the cache, or computed with the reference — the --reference model,
     the policy itself before training (same weights), or with LoRA the adapter-disabled policy."""
 
-    def __init__(self, model_cfg, cache_folder: str, batch_size: int, tokenizer, policy, device, fresh_policy: bool):
+    def __init__(self, model_cfg, cache_folder: str, batch_size: int, tokenizer, policy, device, fresh_policy: bool,
+                 padding_free: bool = True):
         self.model_cfg, self.batch_size, self.tokenizer, self.policy, self.device = \
             model_cfg, batch_size, tokenizer, policy, device
+        self.padding_free = padding_free
         self.lora = model_cfg.lora_r > 0 and not model_cfg.reference
         self.source = model_cfg.reference or model_cfg.path
         self.fingerprint = model_fingerprint(self.source) + (":adapter-disabled" if self.lora else "")
@@ -144,14 +145,14 @@ class ReferenceLogps:
         pad = self.tokenizer.pad_token_id
         if self.lora:
             with self.policy.disable_adapter():
-                return sequence_logps(self.policy, examples, pad, self.batch_size, self.device)
+                return sequence_logps(self.policy, examples, pad, self.batch_size, self.device, self.padding_free)
         if self.fresh_policy and not self.model_cfg.reference:
-            return sequence_logps(self.policy, examples, pad, self.batch_size, self.device)
+            return sequence_logps(self.policy, examples, pad, self.batch_size, self.device, self.padding_free)
         if self._model is None:
             from tether.models import load_reference
 
             self._model = load_reference(self.model_cfg, self.tokenizer, self.device)
-        return sequence_logps(self._model, examples, pad, self.batch_size, self.device)
+        return sequence_logps(self._model, examples, pad, self.batch_size, self.device, self.padding_free)
 
     def attach(self, examples, use_cache: bool = True) -> str:
         """Fill ex.reference_logps; returns where they came from (for the plan)."""

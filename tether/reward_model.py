@@ -40,8 +40,15 @@ class RewardModel(nn.Module):
         cfg = self.inner.config
         return [cfg.id2label[i] for i in range(cfg.num_labels)]
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, last_index: torch.Tensor | None = None) -> torch.Tensor:
+        """(sequences, heads) scores at each sequence's last token: of padded rows (attention_mask, left or right
+        padding) or of packed rows (position_ids restarting per sequence, last_index: tether/packing.py)."""
         inner = self.inner
+        if last_index is not None:
+            hidden = inner.base_model(input_ids=input_ids, position_ids=position_ids,
+                                      use_cache=False).last_hidden_state  # (R, W, H)
+            return self.score_head(hidden.reshape(-1, hidden.shape[-1])[last_index]).float()  # (n, heads)
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T), 0 at the first real token
         hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                   use_cache=False).last_hidden_state  # (B, T, H)

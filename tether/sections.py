@@ -81,6 +81,10 @@ class DataSection(Section):
     columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. prompt=question,completion=answer.")
     max_length: int = option(1024, "Longest example in tokens; longer ones are dropped and counted (errors with --strict). Never truncated.")
     strict: bool = option(False, "Make dropped examples (empty completion, too long) errors.")
+    padding_free: bool = option(True, "Lay each micro-batch's sequences end to end in as few rows as fit, each "
+                                      "attending only to itself: the same loss and gradients as padded rows, "
+                                      "without computing the padding (docs/performance.md). Turn off for a model "
+                                      "whose attention ignores position-id restarts (remote code).")
 
     def check(self):
         if not 0 <= self.eval_fraction < 1:

@@ -45,3 +45,14 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
             raise ValueError("seq-mean-token-sum-norm needs norm_length > 0")
         return masked.sum() / (norm_length * max(n, 1))
     raise ValueError(f"unknown aggregation {mode!r}: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm")
+
+
+def segment_sum(values: torch.Tensor, segment: torch.Tensor, n: int) -> torch.Tensor:
+    """s_j = Σ_{positions p with segment_p = j} v_p, for j = 0..n−1 (docs/algorithms.md §5.6.1).
+
+    values, segment: the same shape; segment holds ids in [0, n], and id n (padding) is dropped. Returns (n,) in
+    values' dtype; the gradient reaches every summed position.
+    """
+    flat = values.reshape(-1)
+    out = torch.zeros(n + 1, dtype=flat.dtype, device=flat.device)
+    return out.index_add(0, segment.reshape(-1).to(flat.device), flat)[:n]

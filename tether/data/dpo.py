@@ -24,6 +24,7 @@ import torch
 from tether.data.preferences import PreferenceReport, ordered_responses, preference_format, split_implicit_prompt
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, render
+from tether.packing import pack_sequences
 from tether.train.logger import progress
 
 
@@ -159,23 +160,33 @@ def data_fingerprint(examples: list[PolicyPreference]) -> str:
     return digest.hexdigest()
 
 
-def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded rows, response-major: rows [k·B, (k+1)·B) hold every example's k-th response (chosen block,
-    then rejected block for pairs), so one forward scores all of them. ``list_mask`` (B, K) marks real responses
-    (a shorter list repeats its last response in the filler rows); ``reference_logps`` (B, K) when known."""
+def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int,
+                               padding_free: bool = False) -> dict[str, torch.Tensor]:
+    """Response-major sequences: sequences [k·B, (k+1)·B) are every example's k-th response (chosen block, then
+    rejected block for pairs), so one forward scores all of them. Padded: one right-padded row per sequence.
+    ``padding_free``: each block's sequences laid end to end in fewer rows (tether/packing.py; ``group_rows``
+    gives each block's rows). ``list_mask`` (B, K) marks real responses (a shorter list repeats its last response
+    in the filler sequences); ``reference_logps`` (B, K) when known."""
     k = max(len(e.responses) for e in examples)
     rows = [e.responses[min(j, len(e.responses) - 1)] for j in range(k) for e in examples]
-    width = max(len(r.input_ids) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        n = len(r.input_ids)
-        input_ids[i, :n] = torch.tensor(r.input_ids)
-        attention_mask[i, :n] = 1
-        loss_mask[i, :n] = torch.tensor(r.loss_mask)
+    if padding_free:
+        b = len(examples)
+        batch = pack_sequences([r.input_ids for r in rows], pad_id, [r.loss_mask for r in rows],
+                               groups=[list(range(j * b, (j + 1) * b)) for j in range(k)])
+        del batch["last_index"]
+    else:
+        width = max(len(r.input_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        loss_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r.input_ids)
+            input_ids[i, :n] = torch.tensor(r.input_ids)
+            attention_mask[i, :n] = 1
+            loss_mask[i, :n] = torch.tensor(r.loss_mask)
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
     list_mask = torch.tensor([[j < len(e.responses) for j in range(k)] for e in examples], dtype=torch.bool)
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask, "list_mask": list_mask}
+    batch["list_mask"] = list_mask
     if examples[0].desirable is not None:
         batch["desirable"] = torch.tensor([bool(e.desirable) for e in examples])
     if examples[0].reference_logps is not None:

@@ -14,6 +14,7 @@ import torch
 
 from tether.data.records import DataError, Record
 from tether.data.sft import _Drop, check_messages, check_str, render_chat
+from tether.packing import pack_sequences
 from tether.train.logger import progress
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
@@ -190,11 +191,21 @@ def _pad(rows: list[list[int]], pad_id: int):
     return ids, mask
 
 
-def collate_preferences(examples: list, pad_id: int) -> dict[str, torch.Tensor]:
-    """Pairs: 2B rows, chosen first then rejected, so both are scored in one forward. Lists: B·K rows and a (B, K) mask."""
+def _layout(sequences: list[list[int]], pad_id: int, padding_free: bool) -> dict[str, torch.Tensor]:
+    """One right-padded row per sequence, or (padding_free) sequences end to end with each one's last position."""
+    if padding_free:
+        packed = pack_sequences(sequences, pad_id)
+        return {k: packed[k] for k in ("input_ids", "position_ids", "last_index")}
+    ids, mask = _pad(sequences, pad_id)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def collate_preferences(examples: list, pad_id: int, padding_free: bool = False) -> dict[str, torch.Tensor]:
+    """Pairs: 2B sequences, chosen first then rejected, so both are scored in one forward. Lists: B·K sequences
+    and a (B, K) mask. ``padding_free`` lays them end to end in fewer rows (tether/packing.py)."""
     if isinstance(examples[0], PairExample):
-        ids, mask = _pad([e.chosen_ids for e in examples] + [e.rejected_ids for e in examples], pad_id)
-        return {"input_ids": ids, "attention_mask": mask,  # (2B, T)
+        batch = _layout([e.chosen_ids for e in examples] + [e.rejected_ids for e in examples], pad_id, padding_free)
+        return {**batch,  # 2B sequences
                 "margin": torch.tensor([e.margin for e in examples]),  # (B,)
                 "head_labels": torch.tensor([e.head_labels for e in examples])}  # (B, heads)
     k = max(len(e.ranked_ids) for e in examples)
@@ -203,5 +214,4 @@ def collate_preferences(examples: list, pad_id: int) -> dict[str, torch.Tensor]:
         for j in range(k):
             rows.append(e.ranked_ids[j] if j < len(e.ranked_ids) else e.ranked_ids[-1])  # filler rows are masked out
             list_mask[i, j] = j < len(e.ranked_ids)
-    ids, mask = _pad(rows, pad_id)
-    return {"input_ids": ids, "attention_mask": mask, "list_mask": list_mask}  # (B·K, T), (B, K)
+    return {**_layout(rows, pad_id, padding_free), "list_mask": list_mask}  # B·K sequences, (B, K)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tether.data.records import ACCEPTED_FORMATS, ROLES, DataError, Record
+from tether.packing import pack_sequences
 from tether.train.logger import progress
 
 
@@ -224,8 +225,13 @@ def pack_examples(examples: list[Example], max_length: int) -> list[Example]:
     return rows
 
 
-def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a micro-batch (training needs no left padding). Packed rows get position_ids and no attention mask."""
+def collate(examples: list[Example], pad_id: int, padding_free: bool = False) -> dict[str, torch.Tensor]:
+    """Right-pad a micro-batch (training needs no left padding). Packed rows get position_ids and no attention mask.
+    ``padding_free`` lays the micro-batch's examples end to end in fewer rows (tether/packing.py); examples that
+    are already packed rows (--packing) are laid out as they are."""
+    if padding_free and examples[0].position_ids is None:
+        batch = pack_sequences([ex.input_ids for ex in examples], pad_id, [ex.loss_mask for ex in examples])
+        return {k: batch[k] for k in ("input_ids", "position_ids", "loss_mask")}
     width = max(len(ex.input_ids) for ex in examples)
     n = len(examples)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)  # (B, T)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.preference import (REFERENCE_FREE, beta_dpo_beta, beta_dpo_margins, beta_dpo_pair_weights,
                                           implicit_rewards, kto_loss, kto_reference_point, preference_loss)
 from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
 from tether.data.records import read_records, split_records
 from tether.experience import SampleRecord
+from tether.packing import group_rows, sequence_logprob_sums
 from tether.models import (check_lora_reference, frozen_dtype, length_limit, load_stage_tokenizer, load_trainable_model,
                            parameter_summary)
 from tether.reference_cache import ReferenceLogps
@@ -63,20 +63,16 @@ class DPOObjective:
         return int(batch["list_mask"].shape[0])
 
     def sequence_logps(self, model, batch: dict):
-        """(B, K) Σ log π over each response's tokens and (B, K) token counts."""
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-        mask = batch["loss_mask"][:, 1:].float()
-        per_row = (token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:]) * mask).sum(-1)  # (K·B,)
+        """(B, K) Σ log π over each response's tokens and (B, K) token counts, from one forward (padded or packed)."""
         b, k = batch["list_mask"].shape
-        return per_row.view(k, b).T, mask.sum(-1).view(k, b).T
+        sums, tokens = sequence_logprob_sums(model, batch, k * b)  # (K·B,) response-major
+        return sums.view(k, b).T, tokens.view(k, b).T
 
     @staticmethod
     def block_logps(model, batch: dict, block: int) -> torch.Tensor:
-        """(B,) Σ log π over the tokens of every example's ``block``-th response (one row block of the batch)."""
+        """(B,) Σ log π over the tokens of every example's ``block``-th response (one block of the batch's rows)."""
         b = batch["list_mask"].shape[0]
-        ids, attention, mask = (batch[k][block * b : (block + 1) * b] for k in ("input_ids", "attention_mask", "loss_mask"))
-        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
-        return (token_logprobs(logits[:, :-1], ids[:, 1:]) * mask[:, 1:].float()).sum(-1)
+        return sequence_logprob_sums(model, group_rows(batch, block, b), b)[0]
 
     def _margins(self, logps, ref) -> torch.Tensor:
         return beta_dpo_margins(logps, ref, self.d.effective_beta, scaled=self.d.beta_dpo_margin == "scaled")
@@ -425,7 +421,7 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
     if objective.needs_reference:
         reference = ReferenceLogps(cfg.model, cfg.dpo.reference_cache or str(out / "reference_cache"),
                                    cfg.dpo.reference_batch_size, tokenizer, model, accelerator.device,
-                                   fresh_policy=checkpoint is None)
+                                   fresh_policy=checkpoint is None, padding_free=cfg.data.padding_free)
         source = f"computed each round from {reference.describe()}"
         used = _visited(train, cfg, total_steps) + evals  # a run that sees a third of the pairs scores a third
         if used:
@@ -470,8 +466,8 @@ def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:
             "optimizer steps": s.total_steps, "model": parameter_summary(s.model)}
 
 
-def _collate(setup: DPOSetup):
-    return lambda exs: collate_policy_preferences(exs, setup.tokenizer.pad_token_id)
+def _collate(setup: DPOSetup, cfg: DPOConfig):
+    return lambda exs: collate_policy_preferences(exs, setup.tokenizer.pad_token_id, cfg.data.padding_free)
 
 
 def _evaluate_pairs(setup: DPOSetup, cfg: DPOConfig) -> dict:
@@ -479,7 +475,7 @@ def _evaluate_pairs(setup: DPOSetup, cfg: DPOConfig) -> dict:
 
     if not setup.evals:
         return {}
-    return held_out(setup.accelerator, setup.model, setup.evals, _collate(setup), setup.objective,
+    return held_out(setup.accelerator, setup.model, setup.evals, _collate(setup, cfg), setup.objective,
                     cfg.train.micro_batch_size)
 
 
@@ -488,7 +484,7 @@ def _offline_step(setup: DPOSetup, cfg: DPOConfig, examples: list, order: EpochO
     acc, t = setup.accelerator, cfg.train
     per_process = t.batch_size // acc.num_processes
     indices = order.batch(step, t.batch_size)[acc.process_index * per_process : (acc.process_index + 1) * per_process]
-    micro = [_collate(setup)([examples[i] for i in indices[k : k + t.micro_batch_size]])
+    micro = [_collate(setup, cfg)([examples[i] for i in indices[k : k + t.micro_batch_size]])
              for k in range(0, per_process, t.micro_batch_size)]
     setup.model.train()
     params = [p for p in setup.model.parameters() if p.requires_grad]
@@ -561,7 +557,7 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
     try:  # with no held-out pairs but a task evaluation, a stand-in list makes the loop call evaluate()
         last_eval, _ = train_offline(
             accelerator=accelerator, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, train_examples=s.train,
-            eval_examples=s.evals or ([None] if evaluate_fn is not None else []), collate_fn=_collate(s),
+            eval_examples=s.evals or ([None] if evaluate_fn is not None else []), collate_fn=_collate(s, cfg),
             objective=s.objective, settings=settings, start_step=start_step, output=s.out, tokenizer=s.tokenizer,
             logger=logger, on_eval=lambda step, m: history.append({"step": step, **m}) and False,
             checkpoint_state=lambda: {"beta_dpo": s.objective.state, "eval_history": history}, evaluate_fn=evaluate)

@@ -18,6 +18,7 @@ from tether.algorithms.reward import (all_pairs_loss, bradley_terry_loss, ordere
 from tether.config import ConfigError, config_to_dict
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records, split_records
+from tether.packing import score_inputs
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.stages.rm_config import RMConfig
 from tether.models import (apply_precision, disable_dropout, length_limit, load_stage_tokenizer, load_trainable_model,
@@ -44,7 +45,7 @@ class RewardObjective:
         return int(batch["margin"].shape[0]) if "margin" in batch else int(batch["list_mask"].shape[0])
 
     def loss_sum(self, model, batch: dict):
-        scores = model(batch["input_ids"], batch["attention_mask"])  # (2B, heads) or (B·K, heads)
+        scores = model(**score_inputs(batch))  # (2B, heads) or (B·K, heads)
         if "margin" in batch:
             return self.pair_losses(scores, batch)
         b, k = batch["list_mask"].shape
@@ -71,7 +72,7 @@ class RewardObjective:
 
 @torch.no_grad()
 def evaluate_rm(model, examples, pad_id: int, objective: RewardObjective, heads: list[str], micro: int,
-                device, scored: dict | None = None) -> dict[str, float]:
+                device, scored: dict | None = None, padding_free: bool = False) -> dict[str, float]:
     """Held-out loss, accuracy (per head), margin and score distributions (every process evaluates the whole set).
     One forward per batch gives both the loss and the scores. ``scored``, when given, is filled with
     {token ids: scores} of every response, for the probes to reuse (tether/stages/rm_probes.py)."""
@@ -79,10 +80,10 @@ def evaluate_rm(model, examples, pad_id: int, objective: RewardObjective, heads:
     loss, n, chosen, rejected, labels, list_acc = 0.0, 0, [], [], [], []
     for start in range(0, len(examples), micro):
         part = examples[start : start + micro]
-        batch = {k: v.to(device) for k, v in collate_preferences(part, pad_id).items()}
+        batch = {k: v.to(device) for k, v in collate_preferences(part, pad_id, padding_free).items()}
         n += objective.count(batch)
         if "margin" in batch:
-            scores = model(batch["input_ids"], batch["attention_mask"])
+            scores = model(**score_inputs(batch))
             loss_sum, _ = objective.pair_losses(scores, batch)
             loss += float(loss_sum)
             scores = scores.float().cpu()
@@ -136,11 +137,11 @@ def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path
     return model, optimizer, scheduler, detector
 
 
-def _evaluate(model, *args) -> dict[str, float]:
+def _evaluate(model, *args, **kwargs) -> dict[str, float]:
     """evaluate_rm, then (sharded) free the parameters the no-grad forwards left gathered. The scores dict (the
     last argument) is emptied first: it holds the latest evaluation's scores only."""
     args[-1].clear()
-    out = evaluate_rm(model, *args)
+    out = evaluate_rm(model, *args, **kwargs)
     if is_sharded(model):
         reshard(model)
     return out
@@ -209,7 +210,8 @@ def run_rm(cfg: RMConfig) -> dict:
 
     final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
     evaluate = lambda: _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads,  # noqa: E731
-                                 cfg.train.micro_batch_size, accelerator.device, final_scores)
+                                 cfg.train.micro_batch_size, accelerator.device, final_scores,
+                                 padding_free=cfg.data.padding_free)
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="rm")
     settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
@@ -217,7 +219,7 @@ def run_rm(cfg: RMConfig) -> dict:
     try:
         last_eval, steps_done = train_offline(
             accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_examples=train,
-            eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id),
+            eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id, cfg.data.padding_free),
             objective=objective, settings=settings, start_step=start_step, output=out, tokenizer=tokenizer,
             logger=logger, on_eval=on_eval, checkpoint_state=lambda: {"overfit": asdict(detector)},
             evaluate_fn=evaluate)

@@ -96,7 +96,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     try:
         last_eval, _ = train_offline(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
                                   train_examples=train, eval_examples=evals,
-                                  collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id),
+                                  collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.data.padding_free),
                                   objective=SFTObjective(), settings=settings, start_step=start_step, output=out,
                                   tokenizer=tokenizer, logger=logger)
     finally:

@@ -1,0 +1,161 @@
+"""Padding-free micro-batches (tether/packing.py): hand-checked layouts, and the same losses, scores and gradients
+as padded rows for SFT, DPO (pairs, lists, KTO's blocks) and reward models on four architectures."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tether.algorithms.reductions import segment_sum
+from tether.config import build_config
+from tether.data.dpo import PolicyPreference, collate_policy_preferences
+from tether.data.preferences import PairExample, RankedExample, collate_preferences
+from tether.data.sft import Example, collate
+from tether.models import build_tiny_model, load_model
+from tether.packing import first_fit_decreasing, pack_sequences, score_inputs
+from tether.reward_model import load_reward_model
+from tether.stages.dpo import DPOObjective
+from tether.stages.dpo_config import DPOConfig
+from tether.stages.rm import RewardObjective
+from tether.stages.sft import SFTObjective
+
+ARCHS = ("gpt2", "llama", "qwen2", "mistral")
+
+
+def test_first_fit_decreasing_by_hand():
+    # longest first: 5 → bin 0 (full); 4 → bin 1 (room 1); 3 → bin 2 (room 2); 2 → bin 2 (room 0); 1 → bin 1
+    assert first_fit_decreasing([5, 3, 4, 2, 1], capacity=5) == [[0], [2, 4], [1, 3]]
+    assert first_fit_decreasing([2, 2, 2], capacity=6) == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="sequence 1 has 7 tokens"):
+        first_fit_decreasing([2, 7], capacity=6)
+
+
+def test_pack_sequences_by_hand():
+    batch = pack_sequences([[11, 12, 13], [21, 22], [31]], pad_id=0, loss_masks=[[1, 1, 1], [1, 1], [1]])
+    # capacity 3 (the longest): [seq 0] and [seq 1, seq 2], 6 positions; capacity 6 also computes 6: the narrower wins
+    assert batch["input_ids"].tolist() == [[11, 12, 13], [21, 22, 31]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 1, 0]]
+    assert batch["sequence_index"].tolist() == [[0, 0, 0], [1, 1, 2]]
+    assert batch["last_index"].tolist() == [2, 4, 5]
+    assert batch["loss_mask"].tolist() == [[0, 1, 1], [0, 1, 0]]  # a sequence's first token is never a label
+    # capacity 3: group 0 in one row, group 1 in two: 3 rows x 3 = 9 positions; capacity 4: 2 rows x 4 = 8
+    grouped = pack_sequences([[1, 2], [3], [4, 5, 6], [7]], pad_id=9, groups=[[0, 1], [2, 3]])
+    assert grouped["input_ids"].tolist() == [[1, 2, 3, 9], [4, 5, 6, 7]]
+    assert grouped["group_rows"].tolist() == [0, 1, 2]
+    assert grouped["position_ids"][0].tolist() == [0, 1, 0, 0]  # padding restarts: a segment of its own
+    assert grouped["sequence_index"].tolist() == [[0, 0, 1, 4], [2, 2, 2, 3]]
+
+
+def test_segment_sum_by_hand_and_its_gradient():
+    values = torch.tensor([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]], requires_grad=True)
+    segment = torch.tensor([[0, 0, 1], [1, 2, 3]])  # 3 = n: padding, dropped
+    sums = segment_sum(values, segment, 3)
+    assert sums.tolist() == [3.0, 12.0, 16.0]
+    (sums * torch.tensor([1.0, 10.0, 100.0])).sum().backward()
+    assert values.grad.tolist() == [[1.0, 1.0, 10.0], [10.0, 100.0, 0.0]]
+
+
+@pytest.fixture(scope="module")
+def arch_dirs(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("packing")
+    return {arch: build_tiny_model(arch, tokenizer, root / arch, seed=1, hidden=32, layers=2, heads=2, max_positions=128)
+            for arch in ARCHS}
+
+
+def _sequences(tokenizer, n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 30, (n,), generator=gen).tolist()
+    ids = [torch.randint(5, len(tokenizer), (k,), generator=gen).tolist() for k in lengths]
+    masks = [[0] * (k // 2) + [1] * (k - k // 2) for k in lengths]  # prompt half, completion half
+    return ids, masks
+
+
+def _grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sft_loss_and_gradients_equal_padded_rows(arch, arch_dirs, tokenizer):
+    model = load_model(arch_dirs[arch], tokenizer)
+    ids, masks = _sequences(tokenizer, 7)
+    examples = [Example(i, m, "x") for i, m in zip(ids, masks)]
+    objective = SFTObjective()
+    results = []
+    for padding_free in (False, True):
+        batch = collate(examples, tokenizer.pad_token_id, padding_free)
+        model.zero_grad()
+        loss, _ = objective.loss_sum(model, batch)
+        loss.backward()
+        results.append((loss.item(), objective.count(batch), _grads(model), batch["input_ids"].numel()))
+    (padded_loss, padded_units, padded_grad, padded_positions), (loss, units, grad, positions) = results
+    assert units == padded_units
+    assert loss == pytest.approx(padded_loss, rel=1e-5)
+    torch.testing.assert_close(grad, padded_grad, atol=1e-5, rtol=1e-4)
+    assert positions < padded_positions  # fewer rows, no longer ones
+
+
+def _dpo_cfg(**over):
+    values = {"model.path": "unused", "data.path": "unused", "train.output": "unused", "train.report_to": ["none"]}
+    return build_config(DPOConfig, overrides={**values, **over}).dpo
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dpo_log_probs_losses_and_gradients_equal_padded_rows(arch, arch_dirs, tokenizer):
+    model = load_model(arch_dirs[arch], tokenizer)
+    ids, masks = _sequences(tokenizer, 12, seed=1)
+    responses = [Example(i, m, "x") for i, m in zip(ids, masks)]
+    pairs = [PolicyPreference(responses[2 * j : 2 * j + 2], "x") for j in range(4)]
+    lists = [PolicyPreference(responses[j : j + 3], "x") for j in (0, 3, 6, 9)] + [PolicyPreference(responses[:2], "x")]
+    for j, ex in enumerate(pairs + lists):
+        ex.reference_logps = [-40.0 - j, -38.0 + j, -45.0][: len(ex.responses)]
+    unpaired = [PolicyPreference(responses[2 * j : 2 * j + 2], "x", desirable=j % 2 == 0) for j in range(4)]
+    for j, ex in enumerate(unpaired):
+        ex.reference_logps = [-41.0 + j, -39.0]
+    for loss_name, examples in (("sigmoid", pairs), ("listwise", lists), ("kto", unpaired)):
+        objective = DPOObjective(_dpo_cfg(**{"dpo.loss": loss_name}))
+        results = []
+        for padding_free in (False, True):
+            batch = collate_policy_preferences(examples, tokenizer.pad_token_id, padding_free)
+            with torch.no_grad():
+                logps, tokens = objective.sequence_logps(model, batch)
+                block = objective.block_logps(model, batch, 1)
+            model.zero_grad()
+            loss, _ = objective.loss_sum(model, batch)
+            loss.backward()
+            results.append((logps, tokens, block, loss.item(), _grads(model)))
+            if padding_free:  # the rows really hold several responses
+                assert batch["input_ids"].shape[0] < batch["list_mask"].numel()
+        (logps0, tokens0, block0, loss0, grad0), (logps1, tokens1, block1, loss1, grad1) = results
+        torch.testing.assert_close(logps1, logps0, atol=1e-4, rtol=1e-5)
+        assert torch.equal(tokens1, tokens0)
+        torch.testing.assert_close(block1, block0, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(block1, logps0[:, 1], atol=1e-4, rtol=1e-5)
+        assert loss1 == pytest.approx(loss0, rel=1e-5, abs=1e-6)
+        torch.testing.assert_close(grad1, grad0, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reward_scores_losses_and_gradients_equal_padded_rows(arch, arch_dirs, tokenizer):
+    rm = load_reward_model(arch_dirs[arch], tokenizer, ["reward"])
+    ids, _ = _sequences(tokenizer, 9, seed=2)
+    pairs = [PairExample(ids[2 * j], ids[2 * j + 1], 0.5 * j, [1], "x") for j in range(3)]
+    lists = [RankedExample(ids[6:9], "x"), RankedExample(ids[:2], "x")]
+    objective = RewardObjective()
+    for examples in (pairs, lists):
+        results = []
+        for padding_free in (False, True):
+            batch = collate_preferences(examples, tokenizer.pad_token_id, padding_free)
+            rm.zero_grad()
+            loss, stats = objective.loss_sum(rm, batch)
+            loss.backward()
+            results.append((loss.item(), stats["accuracy"].item(), _grads(rm)))
+            if padding_free:
+                assert batch["input_ids"].shape[0] < len(batch["last_index"])
+        (loss0, acc0, grad0), (loss1, acc1, grad1) = results
+        assert loss1 == pytest.approx(loss0, rel=1e-5) and acc1 == acc0
+        torch.testing.assert_close(grad1, grad0, atol=1e-5, rtol=1e-4)
+    batch = collate_preferences(pairs, tokenizer.pad_token_id, padding_free=True)
+    with torch.no_grad():
+        packed = rm(**score_inputs(batch))
+        alone = torch.cat([rm(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))
+                           for s in [e.chosen_ids for e in pairs] + [e.rejected_ids for e in pairs]])
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-4)

@@ -159,3 +159,26 @@ def test_reward_scores_losses_and_gradients_equal_padded_rows(arch, arch_dirs, t
         alone = torch.cat([rm(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))
                            for s in [e.chosen_ids for e in pairs] + [e.rejected_ids for e in pairs]])
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-4)
+
+
+class _IgnoresRestarts(torch.nn.Module):
+    """A causal LM whose forward drops position ids, as some remote-code attention does: sequences packed in one
+    row then attend to each other."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, input_ids, position_ids=None, **kwargs):
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_a_model_that_ignores_position_restarts_is_refused_before_training(arch_dirs, tokenizer, tmp_path):
+    from tether.config import ConfigError
+    from tether.packing import check_position_restarts
+
+    model = load_model(arch_dirs["llama"], tokenizer)
+    check_position_restarts(model, "llama")  # passes: transformers builds the block-diagonal mask
+    check_position_restarts(load_reward_model(arch_dirs["qwen2"], tokenizer, ["reward"]), "qwen2")
+    with pytest.raises(ConfigError, match=r"remote/model: .*pass --no-padding-free"):
+        check_position_restarts(_IgnoresRestarts(model), "remote/model")

@@ -260,11 +260,11 @@ def print_bench(result: dict) -> None:
         console.print(f"\n{run['model']} ({run['parameters'] / 1e6:.2f} M parameters, {run['matmul_parameters'] / 1e6:.2f} M "
                       f"in matmuls), {run['precision']}, batch {run['batch']} x {run['length']} tokens, "
                       f"generate {run['new_tokens']} tokens")
-        console.print(f"  {'phase':34s} {'seconds':>9s} {'GFLOP':>8s} {'GFLOP/s':>9s} {'of peak':>8s}")
+        console.print(f"  {'phase':44s} {'seconds':>9s} {'GFLOP':>8s} {'GFLOP/s':>9s} {'of peak':>8s}")
         for row in run["phases"]:
             share = f"{row['share_of_peak']:.0%}" if row["gflop"] else ""
             gflops = f"{row['gflops_per_s']:.1f}" if row["gflop"] else ""
-            console.print(f"  {row['phase']:34s} {row['seconds']:9.4f} {row['gflop']:8.2f} {gflops:>9s} {share:>8s}")
+            console.print(f"  {row['phase']:44s} {row['seconds']:9.4f} {row['gflop']:8.2f} {gflops:>9s} {share:>8s}")
         overhead = generate_overhead(run)
         if overhead is not None:
             console.print(f"  generate: {overhead['per_token_s'] * 1e3:.2f} ms per token step, of which the model's "

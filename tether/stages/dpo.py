@@ -21,7 +21,7 @@ from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
 from tether.data.records import read_records, split_records
 from tether.experience import SampleRecord
-from tether.packing import group_rows, sequence_logprob_sums
+from tether.packing import check_position_restarts, describe, group_rows, sequence_logprob_sums
 from tether.models import (check_lora_reference, frozen_dtype, length_limit, load_stage_tokenizer, load_trainable_model,
                            parameter_summary)
 from tether.reference_cache import ReferenceLogps
@@ -415,6 +415,8 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
     cfg.train.grad_accum(accelerator.num_processes)
     check_steps_left(start_step, total_steps, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint).to(accelerator.device)
+    if cfg.data.padding_free:
+        check_position_restarts(model, cfg.model.path)
     state = json.loads((checkpoint / "trainer_state.json").read_text()) if checkpoint else {}
     objective = DPOObjective(cfg.dpo, state.get("beta_dpo"))
     reference, source = None, "not used (reference-free loss)"
@@ -463,7 +465,7 @@ def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:
             "reference log-probs": s.reference_source, "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{s.accelerator.num_processes} x {cfg.train.micro_batch_size} x "
                                                       f"{cfg.train.grad_accum(s.accelerator.num_processes)}",
-            "optimizer steps": s.total_steps, "model": parameter_summary(s.model)}
+            "micro-batch rows": describe(cfg.data.padding_free), "optimizer steps": s.total_steps, "model": parameter_summary(s.model)}
 
 
 def _collate(setup: DPOSetup, cfg: DPOConfig):

@@ -18,7 +18,7 @@ from tether.algorithms.reward import (all_pairs_loss, bradley_terry_loss, ordere
 from tether.config import ConfigError, config_to_dict
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records, split_records
-from tether.packing import score_inputs
+from tether.packing import check_position_restarts, describe, score_inputs
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.stages.rm_config import RMConfig
 from tether.models import (apply_precision, disable_dropout, length_limit, load_stage_tokenizer, load_trainable_model,
@@ -123,6 +123,8 @@ def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path
     """(model — sharded with --fsdp, else prepared for data parallelism —, optimizer, scheduler, over-fitting
     detector), restored from the checkpoint when resuming."""
     model = load_trainable_rm(cfg, tokenizer, checkpoint)
+    if cfg.data.padding_free:
+        check_position_restarts(model, cfg.model.path)
     if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
         model = shard_model(model.to(accelerator.device), accelerator)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
@@ -185,6 +187,7 @@ def run_rm(cfg: RMConfig) -> dict:
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",
+            "micro-batch rows": describe(cfg.data.padding_free),
             "optimizer steps": total_steps, "start step": start_step,
             "model": parameter_summary(model) + (f", sharded over {accelerator.num_processes} processes (FSDP2)"
                                                  if sharded else "")}

@@ -11,6 +11,7 @@ from tether.algorithms.sft import sft_nll_sum
 from tether.config import ConfigError
 from tether.data.records import read_records, split_records
 from tether.data.sft import collate, pack_examples, tokenize_records
+from tether.packing import check_position_restarts, describe
 from tether.stages.sft_config import SFTConfig
 from tether.models import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
@@ -72,6 +73,8 @@ def run_sft(cfg: SFTConfig) -> dict:
     total_steps = cfg.train.total_steps(len(train))
     check_steps_left(start_step, total_steps, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint)
+    if cfg.data.padding_free and not cfg.data.packing:
+        check_position_restarts(model, cfg.model.path)
     if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
         model = shard_model(model.to(accelerator.device), accelerator)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
@@ -83,6 +86,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{world} x {cfg.train.micro_batch_size} x {accum}",
+            "micro-batch rows": "packed rows (--packing)" if cfg.data.packing else describe(cfg.data.padding_free),
             "optimizer steps": total_steps,
             "start step": start_step,
             "model": parameter_summary(model) + (f", sharded over {world} processes (FSDP2)" if is_sharded(model) else ""),

@@ -69,8 +69,12 @@ def _sequences(tokenizer, n, seed=0):
     return ids, masks
 
 
-def _grads(model):
-    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+def _loss_and_grads(model, objective, batch):
+    """(loss, statistics, flattened gradients) of one micro-batch, from zeroed gradients."""
+    model.zero_grad()
+    loss, stats = objective.loss_sum(model, batch)
+    loss.backward()
+    return loss.item(), stats, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -82,10 +86,8 @@ def test_sft_loss_and_gradients_equal_padded_rows(arch, arch_dirs, tokenizer):
     results = []
     for padding_free in (False, True):
         batch = collate(examples, tokenizer.pad_token_id, padding_free)
-        model.zero_grad()
-        loss, _ = objective.loss_sum(model, batch)
-        loss.backward()
-        results.append((loss.item(), objective.count(batch), _grads(model), batch["input_ids"].numel()))
+        loss, _, grads = _loss_and_grads(model, objective, batch)
+        results.append((loss, objective.count(batch), grads, batch["input_ids"].numel()))
     (padded_loss, padded_units, padded_grad, padded_positions), (loss, units, grad, positions) = results
     assert units == padded_units
     assert loss == pytest.approx(padded_loss, rel=1e-5)
@@ -118,10 +120,8 @@ def test_dpo_log_probs_losses_and_gradients_equal_padded_rows(arch, arch_dirs, t
             with torch.no_grad():
                 logps, tokens = objective.sequence_logps(model, batch)
                 block = objective.block_logps(model, batch, 1)
-            model.zero_grad()
-            loss, _ = objective.loss_sum(model, batch)
-            loss.backward()
-            results.append((logps, tokens, block, loss.item(), _grads(model)))
+            loss, _, grads = _loss_and_grads(model, objective, batch)
+            results.append((logps, tokens, block, loss, grads))
             if padding_free:  # the rows really hold several responses
                 assert batch["input_ids"].shape[0] < batch["list_mask"].numel()
         (logps0, tokens0, block0, loss0, grad0), (logps1, tokens1, block1, loss1, grad1) = results
@@ -144,10 +144,8 @@ def test_reward_scores_losses_and_gradients_equal_padded_rows(arch, arch_dirs, t
         results = []
         for padding_free in (False, True):
             batch = collate_preferences(examples, tokenizer.pad_token_id, padding_free)
-            rm.zero_grad()
-            loss, stats = objective.loss_sum(rm, batch)
-            loss.backward()
-            results.append((loss.item(), stats["accuracy"].item(), _grads(rm)))
+            loss, stats, grads = _loss_and_grads(rm, objective, batch)
+            results.append((loss, stats["accuracy"].item(), grads))
             if padding_free:
                 assert batch["input_ids"].shape[0] < len(batch["last_index"])
         (loss0, acc0, grad0), (loss1, acc1, grad1) = results

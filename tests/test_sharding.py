@@ -17,6 +17,12 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 # round differently (about 1e-7 per update), which is not what these tests compare.
 
 
+# Weights after a few steps differ by float rounding: the sharded run sums gradients in another order, and AdamW's
+# normalisation m / √v turns a rounding-level change of a near-zero gradient element into an update of order
+# lr × 1e-3 (seen: 1.4e-6 in one of 4,096 elements at lr 3e-3, with every loss and gradient norm equal to 1e-7).
+WEIGHT_ATOL = 1e-5
+
+
 def assert_same_training(one, two, keys):
     m1, m2 = lines(one / "metrics.jsonl"), lines(two / "metrics.jsonl")
     assert [m["step"] for m in m1] == [m["step"] for m in m2]
@@ -27,7 +33,7 @@ def assert_same_training(one, two, keys):
     w1, w2 = load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors"))
     assert sorted(w1) == sorted(w2)  # the same plain folder: a tied lm_head is not written twice
     for name in w1:
-        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=WEIGHT_ATOL, msg=name)
 
 
 @pytest.mark.slow
@@ -105,7 +111,7 @@ def test_sharded_reward_model_equals_one_process(llama_dir, tmp_path):
         w2 = load_file(str(tmp_path / "two" / folder / "model.safetensors"))
         assert sorted(w1) == sorted(w2)
         for name in w1:
-            torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=f"{folder} {name}")
+            torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=WEIGHT_ATOL, msg=f"{folder} {name}")
     s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
     assert s2["probes"]["length_correlation"] == pytest.approx(s1["probes"]["length_correlation"], abs=1e-5)
     for head, stats in s1["normalization"].items():

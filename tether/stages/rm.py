@@ -187,8 +187,7 @@ def run_rm(cfg: RMConfig) -> dict:
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",
-            "micro-batch rows": describe(cfg.data.padding_free),
-            "optimizer steps": total_steps, "start step": start_step,
+            "micro-batch rows": describe(cfg.data.padding_free), "optimizer steps": total_steps, "start step": start_step,
             "model": parameter_summary(model) + (f", sharded over {accelerator.num_processes} processes (FSDP2)"
                                                  if sharded else "")}
     if accelerator.is_main_process:

@@ -43,6 +43,25 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+def pad_sequences(sequences: list[list[int]], pad_id: int,
+                  loss_masks: list[list[int]] | None = None) -> dict[str, torch.Tensor]:
+    """The padded layout: one right-padded row per sequence, input_ids and attention_mask (R, W), and loss_mask
+    when masks are given."""
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        input_ids[i, : len(seq)] = torch.tensor(seq)
+        attention_mask[i, : len(seq)] = 1
+        if loss_masks is not None:
+            loss_mask[i, : len(seq)] = torch.tensor(loss_masks[i])
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if loss_masks is not None:
+        batch["loss_mask"] = loss_mask
+    return batch
+
+
 def _rows(lengths: list[int], groups: list[list[int]], capacity: int) -> tuple[list[list[int]], list[int]]:
     rows, group_rows = [], [0]
     for group in groups:

@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tether.config import ConfigError
 from tether.models import DTYPES, _check_dir, check_model_folder, is_peft
+from tether.packing import pad_sequences
 
 NORM_FILE = "reward_normalization.json"
 
@@ -129,34 +130,39 @@ def load_normalization(folder: str | Path) -> dict:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def score_texts(rm: RewardModel, tokenizer, texts: list[str], batch_size: int = 32, max_length: int = 1024) -> torch.Tensor:
     """(N, heads) scores of full texts (prompt and response already rendered), in the order given.
 
     Each distinct text is scored once, and texts go through the model in batches of similar length (sorted by
     token count), so a batch pads little: the score of a text does not depend on its batch (tested)."""
-    rm.eval()
-    device = next(rm.parameters()).device
     distinct = list(dict.fromkeys(texts))
     ids = tokenizer(distinct, add_special_tokens=False)["input_ids"] if distinct else []
-    for i, row in enumerate(ids):
-        if len(row) > max_length:
-            raise ConfigError(f"text {texts.index(distinct[i])} is longer than max_length={max_length} tokens; reward "
-                              "models score whole texts and never truncate them silently")
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    scores = torch.zeros(len(distinct), len(rm.head_names))
-    pad = tokenizer.pad_token_id
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        width = max(len(ids[i]) for i in chunk)
-        input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            input_ids[row, : len(ids[i])] = torch.tensor(ids[i])
-            attention[row, : len(ids[i])] = 1
-        scores[chunk] = rm(input_ids.to(device), attention.to(device)).float().cpu()
+    check_lengths(ids, max_length, lambda i: texts.index(distinct[i]))
+    scores = score_token_ids(rm, ids, tokenizer.pad_token_id, batch_size)
     index = {text: i for i, text in enumerate(distinct)}
     return scores[[index[t] for t in texts]] if texts else torch.zeros(0, len(rm.head_names))
+
+
+def check_lengths(ids: list[list[int]], max_length: int, position=lambda i: i) -> None:
+    """A ConfigError naming the first text longer than max_length (``position`` maps to the caller's numbering)."""
+    for i, row in enumerate(ids):
+        if len(row) > max_length:
+            raise ConfigError(f"text {position(i)} is longer than max_length={max_length} tokens; reward models score "
+                              "whole texts and never truncate them silently")
+
+
+@torch.no_grad()
+def score_token_ids(rm: RewardModel, ids: list[list[int]], pad_id: int, batch_size: int = 32) -> torch.Tensor:
+    """(N, heads) scores of tokenised texts, in the order given, through the model in batches of similar length."""
+    rm.eval()
+    device = next(rm.parameters()).device
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    scores = torch.zeros(len(ids), len(rm.head_names))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = pad_sequences([ids[i] for i in chunk], pad_id)
+        scores[chunk] = rm(batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().cpu()
+    return scores
 
 
 class RewardScorer:

@@ -174,7 +174,14 @@ def kto_reference_point(mismatched_logps: torch.Tensor, mismatched_ref_logps: to
     """KTO's reference point z_0 (docs/algorithms.md §6.5): max(0, mean_i [log π_θ(y'_i|x_i) − log π_ref(y'_i|x_i)]),
     y'_i a completion written for another prompt — a batch estimate of KL(π_θ ‖ π_ref). (N,) -> scalar, detached:
     the paper does not back-propagate through it."""
-    return (mismatched_logps - mismatched_ref_logps).mean().clamp(min=0).detach()
+    log_ratios = (mismatched_logps - mismatched_ref_logps).detach()
+    return kto_reference_point_from_sums(log_ratios.sum(), len(log_ratios))
+
+
+def kto_reference_point_from_sums(log_ratio_sum: torch.Tensor | float, count: torch.Tensor | float) -> torch.Tensor:
+    """z_0 = max(0, Σ_i log-ratio_i / n) from the sum and the count, which add up over micro-batches and processes
+    (a whole optimizer step's estimate)."""
+    return torch.clamp(torch.as_tensor(log_ratio_sum, dtype=torch.float64) / count, min=0.0)
 
 
 def kto_loss(logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor, reference_point: torch.Tensor | float,

@@ -24,7 +24,7 @@ import torch
 from tether.data.preferences import PreferenceReport, ordered_responses, preference_format, split_implicit_prompt
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, render
-from tether.packing import pack_sequences
+from tether.packing import pack_sequences, pad_sequences
 from tether.train.logger import progress
 
 
@@ -175,16 +175,7 @@ def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int,
                                groups=[list(range(j * b, (j + 1) * b)) for j in range(k)])
         del batch["last_index"]
     else:
-        width = max(len(r.input_ids) for r in rows)
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        loss_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            n = len(r.input_ids)
-            input_ids[i, :n] = torch.tensor(r.input_ids)
-            attention_mask[i, :n] = 1
-            loss_mask[i, :n] = torch.tensor(r.loss_mask)
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        batch = pad_sequences([r.input_ids for r in rows], pad_id, [r.loss_mask for r in rows])
     list_mask = torch.tensor([[j < len(e.responses) for j in range(k)] for e in examples], dtype=torch.bool)
     batch["list_mask"] = list_mask
     if examples[0].desirable is not None:

@@ -14,7 +14,7 @@ import torch
 
 from tether.data.records import DataError, Record
 from tether.data.sft import _Drop, check_messages, check_str, render_chat
-from tether.packing import pack_sequences
+from tether.packing import pack_sequences, pad_sequences
 from tether.train.logger import progress
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
@@ -181,23 +181,12 @@ def tokenize_preferences(records: list[Record], tokenizer, max_length: int, head
     return examples, report
 
 
-def _pad(rows: list[list[int]], pad_id: int):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    return ids, mask
-
-
 def _layout(sequences: list[list[int]], pad_id: int, padding_free: bool) -> dict[str, torch.Tensor]:
     """One right-padded row per sequence, or (padding_free) sequences end to end with each one's last position."""
     if padding_free:
         packed = pack_sequences(sequences, pad_id)
         return {k: packed[k] for k in ("input_ids", "position_ids", "last_index")}
-    ids, mask = _pad(sequences, pad_id)
-    return {"input_ids": ids, "attention_mask": mask}
+    return pad_sequences(sequences, pad_id)
 
 
 def collate_preferences(examples: list, pad_id: int, padding_free: bool = False) -> dict[str, torch.Tensor]:

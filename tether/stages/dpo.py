@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from tether.algorithms.preference import (REFERENCE_FREE, beta_dpo_beta, beta_dpo_margins, beta_dpo_pair_weights,
-                                          implicit_rewards, kto_loss, kto_reference_point, preference_loss)
+                                          implicit_rewards, kto_loss, kto_reference_point,
+                                          kto_reference_point_from_sums, preference_loss)
 from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
 from tether.data.records import read_records, split_records
@@ -90,7 +91,7 @@ class DPOObjective:
                 ratio = (logps - batch["reference_logps"][:, 1].to(logps.device)).double().cpu()
                 total += torch.stack([ratio.sum(), torch.tensor(float(len(ratio)), dtype=torch.float64)])
             total = reduce(total).cpu()
-            self.reference_point = max(float(total[0]) / float(total[1]), 0.0)
+            self.reference_point = float(kto_reference_point_from_sums(total[0], total[1]))
             return
         if self.d.loss != "beta_dpo":
             return

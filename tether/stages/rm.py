@@ -139,11 +139,11 @@ def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path
     return model, optimizer, scheduler, detector
 
 
-def _evaluate(model, *args, **kwargs) -> dict[str, float]:
-    """evaluate_rm, then (sharded) free the parameters the no-grad forwards left gathered. The scores dict (the
-    last argument) is emptied first: it holds the latest evaluation's scores only."""
-    args[-1].clear()
-    out = evaluate_rm(model, *args, **kwargs)
+def _evaluate(model, *args, scored: dict, **kwargs) -> dict[str, float]:
+    """evaluate_rm, then (sharded) free the parameters the no-grad forwards left gathered. ``scored`` is emptied
+    first: it holds the latest evaluation's scores only."""
+    scored.clear()
+    out = evaluate_rm(model, *args, scored=scored, **kwargs)
     if is_sharded(model):
         reshard(model)
     return out
@@ -212,7 +212,7 @@ def run_rm(cfg: RMConfig) -> dict:
 
     final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
     evaluate = lambda: _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads,  # noqa: E731
-                                 cfg.train.micro_batch_size, accelerator.device, final_scores,
+                                 cfg.train.micro_batch_size, accelerator.device, scored=final_scores,
                                  padding_free=cfg.data.padding_free)
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="rm")

@@ -13,7 +13,7 @@ import math
 
 
 from tether.data.preferences import render_response
-from tether.reward_model import score_texts
+from tether.reward_model import check_lengths, score_token_ids
 
 DEFAULT_PROBES = {
     "filler": lambda text: "That is a great question. " + text,
@@ -63,12 +63,10 @@ class ScoreMemo:
         import torch
 
         keys = [tuple(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
-        new = {}
-        for key, text in zip(keys, texts):
-            if key not in self.seen and key not in new:
-                new[key] = text
-        if new:
-            for key, row in zip(new, score_texts(self.rm, self.tokenizer, list(new.values()), max_length=max_length)):
+        check_lengths(keys, max_length)
+        new = list(dict.fromkeys(k for k in keys if k not in self.seen))
+        if new:  # tokenised once: the keys are the ids the model reads
+            for key, row in zip(new, score_token_ids(self.rm, [list(k) for k in new], self.tokenizer.pad_token_id)):
                 self.seen[key] = row
             self.scored += len(new)
         return torch.stack([self.seen[k] for k in keys]) if texts else torch.zeros(0, len(self.rm.head_names))

@@ -180,3 +180,32 @@ def test_a_model_that_ignores_position_restarts_is_refused_before_training(arch_
     check_position_restarts(load_reward_model(arch_dirs["qwen2"], tokenizer, ["reward"]), "qwen2")
     with pytest.raises(ConfigError, match=r"remote/model: .*pass --no-padding-free"):
         check_position_restarts(_IgnoresRestarts(model), "remote/model")
+
+
+def test_token_budget_micro_batches_by_hand():
+    from tether.data.preferences import RankedExample as Ranked
+    from tether.packing import example_tokens
+    from tether.train.offline import split_micro_batches
+
+    examples = [Example([0] * n, [1] * n, "x") for n in (5, 3, 4, 2, 12, 1)]
+    # budget 8: 5+3 = 8 | 4+2 = 6, +12 would pass it | 12 alone (longer than the budget) | 1
+    parts = split_micro_batches(examples, micro_batch_size=4, micro_batch_tokens=8)
+    assert [[len(e.input_ids) for e in part] for part in parts] == [[5, 3], [4, 2], [12], [1]]
+    assert [len(p) for p in split_micro_batches(examples, micro_batch_size=4)] == [4, 2]  # by examples
+    assert example_tokens(PairExample([1, 2, 3], [4, 5], 0.0, [1], "x")) == 5
+    assert example_tokens(Ranked([[1], [2, 3], [4, 5, 6]], "x")) == 6
+    assert example_tokens(PolicyPreference([Example([1, 2], [0, 1], "x"), Example([3], [1], "x")], "x")) == 3
+
+
+def test_token_budget_gives_the_same_steps_as_micro_batches_of_examples(llama_dir, addition_files, tmp_path):
+    from test_sft import read_metrics, sft_config
+
+    from tether.stages.sft import run_sft
+
+    run_sft(sft_config(llama_dir, addition_files, tmp_path / "examples", train__micro_batch_size=2))
+    run_sft(sft_config(llama_dir, addition_files, tmp_path / "tokens", train__micro_batch_tokens=100))  # 3 + 3 + 2 examples
+    assert "up to 100 tokens" in (tmp_path / "tokens" / "config.yaml").read_text()
+    for a, b in zip(read_metrics(tmp_path / "examples"), read_metrics(tmp_path / "tokens"), strict=True):
+        assert b["train/tokens"] == a["train/tokens"]
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+        assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)

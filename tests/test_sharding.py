@@ -116,3 +116,20 @@ def test_sharded_reward_model_equals_one_process(llama_dir, tmp_path):
     assert s2["probes"]["length_correlation"] == pytest.approx(s1["probes"]["length_correlation"], abs=1e-5)
     for head, stats in s1["normalization"].items():
         assert s2["normalization"][head]["mean"] == pytest.approx(stats["mean"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_token_budget_micro_batches_sharded_equal_one_process_by_examples(llama_dir, tmp_path):
+    """Micro-batches by tokens: each process splits its share its own way (at 60 tokens, 4 and 3 micro-batches in
+    step 1; the short process runs a weight-0 pass so the sharded forwards pair up), and the steps equal one
+    process's by examples."""
+    rows = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 7), "rejected": "No." + " no" * (i % 2)}
+            for i in range(32)]
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    args = ["rm", "--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--max-length", "48",
+            "--lr", "3e-3", "--batch-size", "8", "--max-steps", "4", "--eval-every", "4", "--save-every", "0",
+            "--report-to", "none", "--adamw", "foreach"]
+    proc = launch(args + ["--micro-batch-tokens", "60", "--fsdp", "--output", str(tmp_path / "two")])
+    assert "up to 60 tokens" in (tmp_path / "two" / "config.yaml").read_text(), proc.stderr[-2000:]
+    assert tether_main(args + ["--micro-batch-size", "2", "--output", str(tmp_path / "one")]) == 0
+    assert_same_training(tmp_path / "one", tmp_path / "two", ("train/loss", "train/grad_norm", "eval/loss"))

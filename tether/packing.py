@@ -120,6 +120,18 @@ def pack_sequences(sequences: list[list[int]], pad_id: int, loss_masks: list[lis
     return batch
 
 
+def example_tokens(example) -> int:
+    """Tokens one training example puts through the model: an SFT example's, a reward pair's or list's responses
+    together, a DPO example's responses together (what a token-budget micro-batch counts)."""
+    if hasattr(example, "input_ids"):
+        return len(example.input_ids)
+    if hasattr(example, "chosen_ids"):
+        return len(example.chosen_ids) + len(example.rejected_ids)
+    if hasattr(example, "ranked_ids"):
+        return sum(len(r) for r in example.ranked_ids)
+    return sum(len(r.input_ids) for r in example.responses)
+
+
 def describe(padding_free: bool) -> str:
     """The plan table's line for a micro-batch's layout."""
     return ("padding-free: sequences end to end, each attending to itself (--no-padding-free: padded rows)"

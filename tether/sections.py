@@ -162,17 +162,32 @@ class TrainSection(RunSection):
 
     batch_size: int = option(32, "Examples (or packed rows) per optimizer step, over all processes.")
     micro_batch_size: int = option(8, "Examples per forward pass on each process; gradient accumulation covers the rest.")
+    micro_batch_tokens: int = option(0, "Instead of micro_batch_size examples, put in each forward as many of the "
+                                        "step's examples as fit this many tokens (every response of a pair or list "
+                                        "counted; a longer example goes alone): with padding-free rows a forward's "
+                                        "time and memory follow its tokens. The gradient is the same. 0: by examples.")
     epochs: float = option(1.0, "Passes over the training data, used when max_steps is 0.")
 
     def check(self):
         super().check()
-        if self.batch_size < 1 or self.micro_batch_size < 1:
-            raise ConfigError(f"batch_size={self.batch_size} and micro_batch_size={self.micro_batch_size} must be >= 1")
+        if self.batch_size < 1 or self.micro_batch_size < 1 or self.micro_batch_tokens < 0:
+            raise ConfigError(f"batch_size={self.batch_size} and micro_batch_size={self.micro_batch_size} must be >= 1 "
+                              f"and micro_batch_tokens={self.micro_batch_tokens} >= 0")
         if self.epochs <= 0:
             raise ConfigError(f"epochs={self.epochs}: must be > 0")
 
+    def micro_batch_plan(self, world_size: int) -> str:
+        """The plan table's 'processes x micro-batch x accumulation'."""
+        if self.micro_batch_tokens:
+            return f"{world_size} x up to {self.micro_batch_tokens} tokens x as many as the step's examples need"
+        return f"{world_size} x {self.micro_batch_size} x {self.grad_accum(world_size)}"
+
     def grad_accum(self, world_size: int) -> int:
-        """Micro-batches per optimizer step on each process."""
+        """Micro-batches per optimizer step on each process (by examples; by tokens the count varies)."""
+        if self.micro_batch_tokens:
+            if self.batch_size % world_size:
+                raise ConfigError(f"batch_size={self.batch_size} is not a multiple of the {world_size} processes")
+            return 0
         per_step = self.micro_batch_size * world_size
         if self.batch_size % per_step:
             raise ConfigError(

@@ -32,7 +32,7 @@ from tether.rollout import HFGenerate, render_prompts, response_seeds, stop_toke
 from tether.stages.dpo_config import DPOConfig
 from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger, console
-from tether.train.offline import EpochOrder, LoopSettings, train_offline, train_step
+from tether.train.offline import EpochOrder, loop_settings, step_micro_batches, train_offline, train_step
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel
 from tether.train.sharding import is_sharded, shard_model
@@ -464,8 +464,7 @@ def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:
                     + ")",
             "examples (train / eval)": f"{len(s.train)} / {len(s.evals)}" + (f" {s.reports[0].format}" if s.reports else ""),
             "reference log-probs": s.reference_source, "batch per optimizer step": cfg.train.batch_size,
-            "processes x micro-batch x accumulation": f"{s.accelerator.num_processes} x {cfg.train.micro_batch_size} x "
-                                                      f"{cfg.train.grad_accum(s.accelerator.num_processes)}",
+            "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(s.accelerator.num_processes),
             "micro-batch rows": describe(cfg.data.padding_free), "optimizer steps": s.total_steps, "model": parameter_summary(s.model)}
 
 
@@ -487,12 +486,12 @@ def _offline_step(setup: DPOSetup, cfg: DPOConfig, examples: list, order: EpochO
     acc, t = setup.accelerator, cfg.train
     per_process = t.batch_size // acc.num_processes
     indices = order.batch(step, t.batch_size)[acc.process_index * per_process : (acc.process_index + 1) * per_process]
-    micro = [_collate(setup, cfg)([examples[i] for i in indices[k : k + t.micro_batch_size]])
-             for k in range(0, per_process, t.micro_batch_size)]
+    micro, filler = step_micro_batches(acc, [examples[i] for i in indices], _collate(setup, cfg),
+                                       loop_settings(cfg.train, setup.total_steps, cfg.optim.max_grad_norm))
     setup.model.train()
     params = [p for p in setup.model.parameters() if p.requires_grad]
     metrics = train_step(acc, setup.model, setup.optimizer, setup.scheduler, micro, setup.objective, params,
-                         cfg.optim.max_grad_norm)
+                         cfg.optim.max_grad_norm, filler)
     return {**metrics, "train/epoch": order.epoch_at(step + 1, t.batch_size)}
 
 
@@ -555,8 +554,7 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
         baseline = evaluate()
         history.append({"step": 0, **baseline})
         logger.log({"step": 0, **{k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()}})
-    settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, s.total_steps, cfg.optim.max_grad_norm,
-                            cfg.train.eval_every, cfg.train.save_every, cfg.train.keep_checkpoints, cfg.train.seed)
+    settings = loop_settings(cfg.train, s.total_steps, cfg.optim.max_grad_norm)
     try:  # with no held-out pairs but a task evaluation, a stand-in list makes the loop call evaluate()
         last_eval, _ = train_offline(
             accelerator=accelerator, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, train_examples=s.train,

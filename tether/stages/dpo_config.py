@@ -99,6 +99,10 @@ class DPOConfig(StageConfig):
     OLD_FLAGS = {"--online-prompts": "online.prompts"}
 
     def check(self):
+        if self.train.micro_batch_tokens and self.model.fsdp and self.dpo.loss in ("kto", "beta_dpo"):
+            raise ConfigError(f"dpo.loss={self.dpo.loss} with train.micro_batch_tokens and model.fsdp: the loss's "
+                              "step-wide pass runs once per micro-batch, and sharded processes must run as many "
+                              "forwards each; set train.micro_batch_size instead")
         if self.online.online:
             if self.dpo.loss == "kto":
                 raise ConfigError("dpo.loss=kto with online.online: online rounds make pairs; use a pairwise loss "

@@ -30,7 +30,7 @@ from tether.stages.rm_probes import normalization_stats, run_probes
 from tether.train.checkpoint import load_training_state, write_atomically
 from tether.train.early_stop import OverfitDetector
 from tether.train.logger import MetricsLogger, console
-from tether.train.offline import LoopSettings, train_offline
+from tether.train.offline import loop_settings, train_offline
 
 
 class RewardObjective:
@@ -180,13 +180,13 @@ def run_rm(cfg: RMConfig) -> dict:
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     report = reports[0]
     total_steps = cfg.train.total_steps(len(train))
-    accum = cfg.train.grad_accum(accelerator.num_processes)
+    cfg.train.grad_accum(accelerator.num_processes)  # checks the batch splits over the processes
     check_steps_left(start_step, total_steps, checkpoint)
     model, optimizer, scheduler, detector = _model_and_optimizer(cfg, tokenizer, accelerator, checkpoint, total_steps)
     sharded = is_sharded(model)
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
             "batch per optimizer step": cfg.train.batch_size,
-            "processes x micro-batch x accumulation": f"{accelerator.num_processes} x {cfg.train.micro_batch_size} x {accum}",
+            "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(accelerator.num_processes),
             "micro-batch rows": describe(cfg.data.padding_free), "optimizer steps": total_steps, "start step": start_step,
             "model": parameter_summary(model) + (f", sharded over {accelerator.num_processes} processes (FSDP2)"
                                                  if sharded else "")}
@@ -216,8 +216,7 @@ def run_rm(cfg: RMConfig) -> dict:
                                  padding_free=cfg.data.padding_free)
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="rm")
-    settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
-                            cfg.train.eval_every, cfg.train.save_every, cfg.train.keep_checkpoints, cfg.train.seed)
+    settings = loop_settings(cfg.train, total_steps, cfg.optim.max_grad_norm)
     try:
         last_eval, steps_done = train_offline(
             accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_examples=train,

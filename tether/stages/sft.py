@@ -18,7 +18,7 @@ from tether.train.run import announce, check_steps_left, peak_memory, start_run,
 from tether.train.schedule import build_optimizer
 from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger, console
-from tether.train.offline import LoopSettings, train_offline
+from tether.train.offline import loop_settings, train_offline
 from tether.train.sharding import is_sharded, shard_model
 
 
@@ -69,7 +69,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     accelerator, config, out, start_step, checkpoint = start_run(
         cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
     world = accelerator.num_processes
-    accum = cfg.train.grad_accum(world)
+    cfg.train.grad_accum(world)  # checks the batch splits over the processes
     total_steps = cfg.train.total_steps(len(train))
     check_steps_left(start_step, total_steps, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint)
@@ -85,7 +85,7 @@ def run_sft(cfg: SFTConfig) -> dict:
         model, optimizer = accelerator.prepare(model, optimizer)
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
             "batch per optimizer step": cfg.train.batch_size,
-            "processes x micro-batch x accumulation": f"{world} x {cfg.train.micro_batch_size} x {accum}",
+            "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(world),
             "micro-batch rows": "packed rows (--packing)" if cfg.data.packing else describe(cfg.data.padding_free),
             "optimizer steps": total_steps,
             "start step": start_step,
@@ -95,8 +95,7 @@ def run_sft(cfg: SFTConfig) -> dict:
         announce("tether sft", plan, config, out, reports, checkpoint)
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="sft")
-    settings = LoopSettings(cfg.train.batch_size, cfg.train.micro_batch_size, total_steps, cfg.optim.max_grad_norm,
-                            cfg.train.eval_every, cfg.train.save_every, cfg.train.keep_checkpoints, cfg.train.seed)
+    settings = loop_settings(cfg.train, total_steps, cfg.optim.max_grad_norm)
     try:
         last_eval, _ = train_offline(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
                                   train_examples=train, eval_examples=evals,

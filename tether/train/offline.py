@@ -21,6 +21,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from tether.packing import example_tokens
 from tether.train.checkpoint import save_checkpoint
 from tether.train.sharding import grad_norm_value, is_sharded, reshard
 
@@ -74,6 +75,44 @@ class LoopSettings:
     save_every: int
     keep_checkpoints: int
     seed: int
+    micro_batch_tokens: int = 0  # > 0: micro-batches by tokens (split_micro_batches)
+
+
+def loop_settings(train, total_steps: int, max_grad_norm: float) -> LoopSettings:
+    """LoopSettings from a stage's TrainSection (tether/sections.py)."""
+    return LoopSettings(train.batch_size, train.micro_batch_size, total_steps, max_grad_norm, train.eval_every,
+                        train.save_every, train.keep_checkpoints, train.seed, train.micro_batch_tokens)
+
+
+def split_micro_batches(examples: list, micro_batch_size: int, micro_batch_tokens: int = 0) -> list[list]:
+    """A process's share of a step as micro-batches: ``micro_batch_size`` examples each or, with
+    ``micro_batch_tokens``, as many consecutive examples as fit that many tokens (tether.packing.example_tokens; an
+    example longer than the budget goes alone). The loss is normalised by the whole step's units, so how the step
+    is split does not change the gradient."""
+    if not micro_batch_tokens:
+        return [examples[k : k + micro_batch_size] for k in range(0, len(examples), micro_batch_size)]
+    parts: list[list] = [[]]
+    used = 0
+    for ex in examples:
+        n = example_tokens(ex)
+        if parts[-1] and used + n > micro_batch_tokens:
+            parts.append([])
+            used = 0
+        parts[-1].append(ex)
+        used += n
+    return parts
+
+
+def step_micro_batches(accelerator, examples: list, collate_fn: Callable, settings: "LoopSettings") -> tuple[list, int]:
+    """(collated micro-batches of this process, filler passes): by tokens, processes may need different counts, and
+    every process runs as many forward/backward passes as the largest count (a sharded model gathers its layers
+    collectively in each), the extra ones weighted 0."""
+    parts = split_micro_batches(examples, settings.micro_batch_size, settings.micro_batch_tokens)
+    filler = 0
+    if settings.micro_batch_tokens and accelerator.num_processes > 1:
+        largest = accelerator.reduce(torch.tensor([len(parts)], device=accelerator.device), reduction="max")
+        filler = int(largest.item()) - len(parts)
+    return [collate_fn(part) for part in parts], filler
 
 
 def _all_reduce_sum(accelerator, value: torch.Tensor) -> torch.Tensor:
@@ -120,14 +159,15 @@ def evaluate(accelerator, model, examples, collate_fn: Callable, objective: Obje
 
 
 def train_step(accelerator, model, optimizer, scheduler, micro_batches: list[dict], objective: Objective, params,
-               max_grad_norm: float) -> dict[str, float]:
+               max_grad_norm: float, filler: int = 0) -> dict[str, float]:
     """One optimizer step over this process's micro-batches; returns the step's train/* metrics (global means).
 
     Each micro-batch loss is its sum / N_step, N_step the units of the whole step over every micro-batch and process
-    (times the process count, since DDP averages gradients): the gradient does not depend on the split.
+    (times the process count, since DDP averages gradients): the gradient does not depend on the split. ``filler``
+    passes (step_micro_batches) repeat the first micro-batch with weight 0, so every process runs as many.
     """
     world = accelerator.num_processes
-    accum = len(micro_batches)
+    accum = len(micro_batches) + filler
     unit = getattr(objective, "unit", "units")
     local_units = torch.tensor(float(sum(objective.count(b) for b in micro_batches)))
     step_units = _all_reduce_sum(accelerator, local_units).clamp(min=1).float()
@@ -136,11 +176,15 @@ def train_step(accelerator, model, optimizer, scheduler, micro_batches: list[dic
                              lambda value: _all_reduce_sum(accelerator, value))
     loss_total = torch.zeros((), dtype=torch.float64)
     stat_totals: dict[str, torch.Tensor] = {}
-    for k, batch in enumerate(micro_batches):
+    for k in range(accum):
+        batch = micro_batches[k] if k < len(micro_batches) else micro_batches[0]
+        weight = world if k < len(micro_batches) else 0.0  # a filler pass adds nothing
         sync = k == accum - 1  # all-reduce gradients once, on the last micro-batch
         with contextlib.nullcontext() if sync else accelerator.no_sync(model):
             loss_sum, stats = objective.loss_sum(model, _to_device(batch, accelerator.device))
-            accelerator.backward(loss_sum * (world / step_units.to(loss_sum.device)))
+            accelerator.backward(loss_sum * (weight / step_units.to(loss_sum.device)))
+        if k >= len(micro_batches):
+            continue
         loss_total += loss_sum.detach().double().cpu()
         for name, v in stats.items():
             stat_totals[name] = stat_totals.get(name, torch.zeros((), dtype=torch.float64)) + v.detach().double().cpu()
@@ -169,7 +213,6 @@ def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, e
     """
     world, rank = accelerator.num_processes, accelerator.process_index
     per_process = settings.batch_size // world
-    accum = per_process // settings.micro_batch_size
     order = EpochOrder(len(train_examples), settings.seed)
     unit = getattr(objective, "unit", "units")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -178,10 +221,10 @@ def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, e
     for step in range(start_step, settings.total_steps):
         t0 = time.perf_counter()
         indices = order.batch(step, settings.batch_size)[rank * per_process : (rank + 1) * per_process]
-        micro_batches = [collate_fn([train_examples[i] for i in indices[k * settings.micro_batch_size : (k + 1) * settings.micro_batch_size]])
-                         for k in range(accum)]
+        micro_batches, filler = step_micro_batches(accelerator, [train_examples[i] for i in indices], collate_fn,
+                                                   settings)
         step_metrics = train_step(accelerator, model, optimizer, scheduler, micro_batches, objective, params,
-                                  settings.max_grad_norm)
+                                  settings.max_grad_norm, filler)
         done = step + 1
         elapsed = time.perf_counter() - t0
         metrics = {"step": done, **step_metrics, "train/epoch": order.epoch_at(done, settings.batch_size),

@@ -31,6 +31,7 @@ INVALID = [
     ("sft", SFTConfig, "optim", "lr_schedule", "linear", "lr_schedule='linear' is not one of cosine, constant"),
     ("rm", RMConfig, "rm", "ranking_loss", "ranked", "ranking_loss='ranked' is not one of"),
     ("rm", RMConfig, "train", "report_to", ["foo"], "report_to='foo' is not one of"),
+    ("sft", SFTConfig, "train", "micro_batch_tokens", -5, "micro_batch_tokens=-5: must be >= 0"),
 ]
 
 
@@ -144,3 +145,12 @@ def test_help_shows_the_yaml_key_and_the_stage_default(capsys):
         build_parser().parse_args(["ppo", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "YAML rollout.max_new_tokens; default: 64" in out and "--policy" in out and "--critic-layout" in out
+
+
+@pytest.mark.parametrize("loss", ["kto", "beta_dpo"])
+def test_step_wide_losses_refuse_token_budgets_when_sharded(loss):
+    base = {"model.path": "m", "data.path": "d", "train.output": "o", "dpo.loss": loss, "train.micro_batch_tokens": 512}
+    build_config(DPOConfig, overrides=base)  # unsharded: fine
+    build_config(DPOConfig, overrides={**base, "dpo.loss": "sigmoid", "model.fsdp": True})  # a per-pair loss: fine
+    with pytest.raises(ConfigError, match=rf"dpo.loss={loss} with train.micro_batch_tokens and model.fsdp"):
+        build_config(DPOConfig, overrides={**base, "model.fsdp": True})

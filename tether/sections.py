@@ -170,9 +170,10 @@ class TrainSection(RunSection):
 
     def check(self):
         super().check()
-        if self.batch_size < 1 or self.micro_batch_size < 1 or self.micro_batch_tokens < 0:
-            raise ConfigError(f"batch_size={self.batch_size} and micro_batch_size={self.micro_batch_size} must be >= 1 "
-                              f"and micro_batch_tokens={self.micro_batch_tokens} >= 0")
+        if self.batch_size < 1 or self.micro_batch_size < 1:
+            raise ConfigError(f"batch_size={self.batch_size} and micro_batch_size={self.micro_batch_size} must be >= 1")
+        if self.micro_batch_tokens < 0:
+            raise ConfigError(f"micro_batch_tokens={self.micro_batch_tokens}: must be >= 0 (0: micro-batches by examples)")
         if self.epochs <= 0:
             raise ConfigError(f"epochs={self.epochs}: must be > 0")
 

@@ -117,6 +117,14 @@ UPDATE_FIGURES = ("score/mean", "advantage/mean", "advantage/std", "policy/loss"
                   "train/accuracy", "eval/loss")
 
 
+# Final weights after 12 Adam updates at lr 3e-3: one process and two sum the same gradients in a
+# different order (and the packed forward reads its rows from one long sequence), so gradients differ
+# by float32 rounding, and Adam's m/sqrt(v) turns a rounding difference in a near-zero gradient into
+# a step of up to lr. Measured on dapo: max |dw| 1.9e-5 with padding-free forwards (one embedding
+# element of 10,240; every other ≤ 1.1e-5), 5.9e-6 padded; every logged figure still agrees to 1e-4.
+FINAL_WEIGHT_ATOL = 3e-5
+
+
 def assert_same_run(one, two):
     s1, s2 = lines(one / "samples.jsonl"), lines(two / "samples.jsonl")
     assert [(s["prompt"], s["response"]) for s in s1] == [(s["prompt"], s["response"]) for s in s2]
@@ -136,7 +144,7 @@ def assert_same_run(one, two):
     assert compared >= 2 * len(m1)
     w1, w2 = weights(one / "final"), weights(two / "final")
     for name in w1:
-        torch.testing.assert_close(w2[name], w1[name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-4, atol=FINAL_WEIGHT_ATOL, msg=name)
 
 
 def assert_written_once(out, rows_per_step: int, steps: int):

@@ -209,3 +209,110 @@ def test_token_budget_gives_the_same_steps_as_micro_batches_of_examples(llama_di
         assert b["train/tokens"] == a["train/tokens"]
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
         assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)
+
+
+def _rollout(tokenizer, seed=0, rows=7, agent=False):
+    """A rollout of varying prompt (left-padded) and response (right-padded) lengths: one response fills the
+    budget (truncated), one is a single token. ``agent``: transcripts whose environment tokens are attended to but
+    not scored (response_attention wider than response_mask, with holes in the mask)."""
+    from tether.rollout import Rollout
+
+    gen = torch.Generator().manual_seed(seed)
+    p, t, pad = 9, 8, tokenizer.pad_token_id
+    prompt_len = torch.randint(2, p + 1, (rows,), generator=gen)
+    response_len = torch.randint(2, t + 1, (rows,), generator=gen)
+    response_len[0], response_len[1] = t, 1
+    prompt_ids = torch.full((rows, p), pad)
+    prompt_mask = torch.zeros(rows, p, dtype=torch.long)
+    response_ids = torch.full((rows, t), pad)
+    attention = torch.zeros(rows, t, dtype=torch.long)
+    for b in range(rows):
+        k, n = int(prompt_len[b]), int(response_len[b])
+        prompt_ids[b, p - k:] = torch.randint(5, len(tokenizer), (k,), generator=gen)
+        prompt_mask[b, p - k:] = 1
+        response_ids[b, :n] = torch.randint(5, len(tokenizer), (n,), generator=gen)
+        attention[b, :n] = 1
+    mask = attention.clone()
+    if agent:  # the environment's tokens (every third response position) are context, not actions
+        mask[:, 1::3] = 0
+    return Rollout(prompt_ids, prompt_mask, response_ids, mask, response_len == t, ["x"] * rows, ["y"] * rows,
+                   attention if agent else None)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_online_log_probs_entropy_values_and_gradients_equal_padded_rows(arch, arch_dirs, tokenizer):
+    from tether.rollout import _PackedRollout, _packed_layout, response_logprobs, response_logprobs_and_values
+
+    model = load_model(arch_dirs[arch], tokenizer)
+    head = torch.nn.Linear(model.config.hidden_size if arch != "gpt2" else model.config.n_embd, 1)
+    for agent in (False, True):
+        rollout = _rollout(tokenizer, seed=3, agent=agent)
+        layout = _packed_layout(rollout)
+        assert layout is not None
+        assert _PackedRollout(rollout, layout).inputs["input_ids"].shape[0] < 7  # the rows really hold several
+        results = []
+        for padding_free in (False, True):
+            model.zero_grad()
+            head.zero_grad()
+            logp, entropy, values = response_logprobs_and_values(model, head, rollout, 0.7, padding_free)
+            (logp.sum() + 0.1 * entropy.sum() + values.sum()).backward()
+            grads = torch.cat([q.grad.flatten() for q in list(model.parameters()) + list(head.parameters())])
+            alone = response_logprobs(model, rollout, 0.7, with_entropy=True, padding_free=padding_free)
+            results.append((logp, entropy, values, grads, alone))
+        for padded, packed in zip(*results):
+            if isinstance(padded, tuple):
+                for x, y in zip(padded, packed):
+                    torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-4)
+            else:
+                torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-4)
+        assert bool((results[0][0] != 0).any())  # the comparison is not between zeros
+
+
+def test_online_critic_states_equal_padded_rows_and_unpackable_rollouts_fall_back(arch_dirs, tokenizer):
+    from tether.rollout import _packed_layout, response_logprobs
+    from tether.value_model import ValueModel
+
+    critic = ValueModel(load_reward_model(arch_dirs["llama"], tokenizer, ["reward"]))
+    torch.manual_seed(0)
+    for q in critic.rm.score_head.parameters():  # a fresh head may start at zero: values must differ by state
+        torch.nn.init.normal_(q)
+    rollout = _rollout(tokenizer, seed=4)
+    with torch.no_grad():
+        padded = critic(rollout)
+        torch.testing.assert_close(critic(rollout, padding_free=True), padded, atol=1e-5, rtol=1e-4)
+    assert padded[rollout.response_mask.bool()].std() > 0.01
+    # a hole in a row's attended tokens (or a scored token without a prompt before it) cannot be laid end to end:
+    # the rollout is then forwarded in padded rows, with the same result
+    holed = _rollout(tokenizer, seed=4)
+    holed.prompt_mask[0, -2] = 0
+    assert _packed_layout(holed) is None
+    no_prompt = _rollout(tokenizer, seed=4)
+    no_prompt.prompt_mask[2] = 0
+    assert _packed_layout(no_prompt) is None
+    model = load_model(arch_dirs["llama"], tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(response_logprobs(model, holed, 1.0, padding_free=True),
+                                   response_logprobs(model, holed, 1.0))
+
+
+class _NoBooleanLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward only takes an int logits_to_keep (as before transformers' boolean masks)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, logits_to_keep: int = 0, **kwargs):
+        if not isinstance(logits_to_keep, int):
+            raise TypeError("logits_to_keep must be an int")
+        return self.model(logits_to_keep=logits_to_keep, **kwargs)
+
+
+def test_online_packed_forward_without_boolean_logits_to_keep_computes_every_logit(arch_dirs, tokenizer):
+    from tether.rollout import response_logprobs
+
+    model = load_model(arch_dirs["qwen2"], tokenizer)
+    rollout = _rollout(tokenizer, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(response_logprobs(_NoBooleanLogitsToKeep(model), rollout, 1.0, padding_free=True),
+                                   response_logprobs(model, rollout, 1.0), atol=1e-5, rtol=1e-4)

@@ -34,6 +34,11 @@ class ModelSection(Section):
     frozen_dtype: str = option("", "dtype of the frozen models (reference, reward model scoring rollouts); empty: "
                                    "the same as --dtype. E.g. bf16 halves their memory under an fp32 policy.",
                                choices=("", "float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16"))
+    padding_free: bool = option(True, "Lay the sequences of each forward end to end in as few rows as fit, each "
+                                      "attending only to itself: the same log-probs, losses and gradients as padded "
+                                      "rows, without computing the padding (training micro-batches; the online "
+                                      "stages' log-prob, value and update forwards; docs/performance.md). Turn off "
+                                      "for a model whose attention ignores position-id restarts (remote code).")
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
     trust_remote_code: bool = option(False, "Run model code shipped inside the model folder. Off unless you trust it.")
     lora_r: int = option(0, "LoRA rank; 0 trains every weight. Typical 8-64.")
@@ -81,10 +86,6 @@ class DataSection(Section):
     columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. prompt=question,completion=answer.")
     max_length: int = option(1024, "Longest example in tokens; longer ones are dropped and counted (errors with --strict). Never truncated.")
     strict: bool = option(False, "Make dropped examples (empty completion, too long) errors.")
-    padding_free: bool = option(True, "Lay each micro-batch's sequences end to end in as few rows as fit, each "
-                                      "attending only to itself: the same loss and gradients as padded rows, "
-                                      "without computing the padding (docs/performance.md). Turn off for a model "
-                                      "whose attention ignores position-id restarts (remote code).")
 
     def check(self):
         if not 0 <= self.eval_fraction < 1:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from tether.reward_model import load_reward_model
-from tether.rollout import Rollout
+from tether.rollout import Rollout, response_states
 
 
 class ValueModel(nn.Module):
@@ -17,15 +17,8 @@ class ValueModel(nn.Module):
         super().__init__()
         self.rm = reward_model  # a tether RewardModel: backbone + 'score' head
 
-    def forward(self, rollout: Rollout) -> torch.Tensor:
-        inner = self.rm.inner
-        input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)  # (B, P+T)
-        attention = torch.cat([rollout.prompt_mask, rollout.attention], 1)  # (B, P+T)
-        position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
-        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                                  use_cache=False).last_hidden_state  # (B, P+T, H)
-        t = rollout.response_ids.shape[1]
-        states = hidden[:, -(t + 1):-1]  # (B, T, H): position P−1+t is state s_t
+    def forward(self, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
+        states = response_states(self.rm.inner.base_model, rollout, padding_free)  # (B, T, H): state s_t
         values = self.rm.score_head(states)[..., 0].float()  # (B, T)
         return values * rollout.response_mask
 
@@ -54,10 +47,10 @@ class SharedValueHead(nn.Module):
         nn.init.zeros_(self.head.bias)
         object.__setattr__(self, "policy", policy)  # not a submodule: the policy's weights stay out of this module
 
-    def forward(self, rollout: Rollout) -> torch.Tensor:
+    def forward(self, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
         from tether.rollout import response_logprobs_and_values
 
-        return response_logprobs_and_values(self.policy, self.head, rollout, 1.0)[2]
+        return response_logprobs_and_values(self.policy, self.head, rollout, 1.0, padding_free=padding_free)[2]
 
     def save_pretrained(self, folder, **kwargs) -> None:
         from pathlib import Path

@@ -416,7 +416,7 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
     cfg.train.grad_accum(accelerator.num_processes)
     check_steps_left(start_step, total_steps, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint).to(accelerator.device)
-    if cfg.data.padding_free:
+    if cfg.model.padding_free:
         check_position_restarts(model, cfg.model.path)
     state = json.loads((checkpoint / "trainer_state.json").read_text()) if checkpoint else {}
     objective = DPOObjective(cfg.dpo, state.get("beta_dpo"))
@@ -424,7 +424,7 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
     if objective.needs_reference:
         reference = ReferenceLogps(cfg.model, cfg.dpo.reference_cache or str(out / "reference_cache"),
                                    cfg.dpo.reference_batch_size, tokenizer, model, accelerator.device,
-                                   fresh_policy=checkpoint is None, padding_free=cfg.data.padding_free)
+                                   fresh_policy=checkpoint is None, padding_free=cfg.model.padding_free)
         source = f"computed each round from {reference.describe()}"
         used = _visited(train, cfg, total_steps) + evals  # a run that sees a third of the pairs scores a third
         if used:
@@ -465,11 +465,11 @@ def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:
             "examples (train / eval)": f"{len(s.train)} / {len(s.evals)}" + (f" {s.reports[0].format}" if s.reports else ""),
             "reference log-probs": s.reference_source, "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(s.accelerator.num_processes),
-            "micro-batch rows": describe(cfg.data.padding_free), "optimizer steps": s.total_steps, "model": parameter_summary(s.model)}
+            "micro-batch rows": describe(cfg.model.padding_free), "optimizer steps": s.total_steps, "model": parameter_summary(s.model)}
 
 
 def _collate(setup: DPOSetup, cfg: DPOConfig):
-    return lambda exs: collate_policy_preferences(exs, setup.tokenizer.pad_token_id, cfg.data.padding_free)
+    return lambda exs: collate_policy_preferences(exs, setup.tokenizer.pad_token_id, cfg.model.padding_free)
 
 
 def _evaluate_pairs(setup: DPOSetup, cfg: DPOConfig) -> dict:

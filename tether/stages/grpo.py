@@ -25,6 +25,7 @@ from tether.models import (check_prompt_context, frozen_dtype, load_reference, l
                            load_trainable_model, model_context)
 from tether.recipes import RECIPES
 from tether.rewards.score import Scorer, Scores, load_reward_model_scorer
+from tether.packing import check_position_restarts
 from tether.rollout import (HFGenerate, concat_rollouts, reference_logprobs, render_prompts, response_logprobs,
                             response_seeds, step_end_tokens, stop_token_ids)
 from tether.sections import minibatch_size, updates_per_step
@@ -222,11 +223,12 @@ class GroupStage:
         The forwards are split by rows over the processes; the advantages are computed whole on each."""
         a, rollout, temperature, dp = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature, self.dp
         mask = rollout.response_mask.float()
-        current = lambda r: response_logprobs(self.policy, r, temperature)
+        free = self.cfg.model.padding_free
+        current = lambda r: response_logprobs(self.policy, r, temperature, padding_free=free)
         exp.old_logprobs = dp.map_rows(current, rollout) if self.keep_old else None
         if self.cfg.needs_reference():
-            exp.ref_logprobs = dp.map_rows(lambda r: reference_logprobs(self.reference, self.policy, r, temperature),
-                                           rollout)
+            exp.ref_logprobs = dp.map_rows(
+                lambda r: reference_logprobs(self.reference, self.policy, r, temperature, padding_free=free), rollout)
         kl_reward = None
         if a.kl_in_reward > 0:
             now = exp.old_logprobs if exp.old_logprobs is not None else dp.map_rows(current, rollout)
@@ -282,7 +284,8 @@ class GroupStage:
         """Forward and backward of one micro-batch; returns token-weighted statistics (Σ value · tokens)."""
         a = self.cfg.algo
         sub = exp.rollout.select(micro)
-        logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True)
+        logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True,
+                                          padding_free=self.cfg.model.padding_free)
         old = exp.old_logprobs[micro] if exp.old_logprobs is not None else logp.detach()
         ref = exp.ref_logprobs[micro] if exp.ref_logprobs is not None else None
         loss, parts = group_objective(logp, old, exp.advantages[micro], lm, sub.response_mask, ratio=a.ratio,
@@ -320,6 +323,10 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
     tokenizer = load_stage_tokenizer(cfg.model)
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
     reference = load_reference(cfg.model, tokenizer, device) if cfg.needs_reference() else None
+    if cfg.model.padding_free:  # the log-prob forwards lay the rollout's rows end to end
+        check_position_restarts(policy, cfg.model.path)
+        if reference is not None and cfg.model.reference:
+            check_position_restarts(reference, cfg.model.reference)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))

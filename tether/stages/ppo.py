@@ -28,6 +28,7 @@ from tether.experience import Experience, rollout_metrics, stats
 from tether.models import (apply_precision, check_prompt_context, disable_dropout, frozen_dtype, load_reference,
                            load_stage_tokenizer, load_trainable_model, model_context)
 from tether.rewards.score import Scorer, load_reward_model_scorer
+from tether.packing import check_position_restarts
 from tether.rollout import (HFGenerate, reference_logprobs, render_prompts, response_logprobs,
                             response_logprobs_and_values, response_seeds, stop_token_ids)
 from tether.sections import minibatch_size, updates_per_step
@@ -144,13 +145,16 @@ class PPOStage:
         """Old and reference log-probs, values (forwards split by rows over the processes), the per-token KL,
         KL-shaped rewards, GAE advantages and returns (whole, on every process)."""
         a, rollout, temperature, dp = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature, self.dp
+        free = self.cfg.model.padding_free
         if isinstance(self.critic, SharedValueHead):  # one forward gives the old log-probs and the values
             exp.old_logprobs, _, exp.values = dp.map_rows(
-                lambda r: response_logprobs_and_values(self.policy, self.critic.head, r, temperature), rollout)
+                lambda r: response_logprobs_and_values(self.policy, self.critic.head, r, temperature, free), rollout)
         else:
-            exp.old_logprobs = dp.map_rows(lambda r: response_logprobs(self.policy, r, temperature), rollout)
-            exp.values = dp.map_rows(self.critic, rollout)
-        exp.ref_logprobs = dp.map_rows(lambda r: reference_logprobs(self.reference, self.policy, r, temperature), rollout)
+            exp.old_logprobs = dp.map_rows(lambda r: response_logprobs(self.policy, r, temperature, padding_free=free),
+                                           rollout)
+            exp.values = dp.map_rows(lambda r: self.critic(r, padding_free=free), rollout)
+        exp.ref_logprobs = dp.map_rows(lambda r: reference_logprobs(self.reference, self.policy, r, temperature, free),
+                                       rollout)
         mask = rollout.response_mask
         exp.kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, a.kl_estimator) * mask
         token_rewards = kl_penalty_rewards(exp.scores.total, exp.kl, mask, self.kl_coef)
@@ -222,12 +226,14 @@ class PPOStage:
         a, c = self.cfg.algo, self.cfg.critic
         sub = exp.rollout.select(local)
         mask = sub.response_mask
+        free = self.cfg.model.padding_free
         if isinstance(self.critic, SharedValueHead):
             logp, entropy, values = response_logprobs_and_values(self.policy, self.critic.head, sub,
-                                                                 self.cfg.rollout.temperature)
+                                                                 self.cfg.rollout.temperature, free)
         else:
-            logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True)
-            values = self.critic(sub)
+            logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True,
+                                              padding_free=free)
+            values = self.critic(sub, padding_free=free)
         loss, parts = ppo_objective(logp, exp.old_logprobs[local], exp.advantages[local], entropy, values,
                                     exp.values[local], exp.returns[local], mask, clip_low=a.clip_low,
                                     clip_high=a.clip_high, dual_clip=a.dual_clip, value_clip=c.value_clip,
@@ -280,6 +286,12 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
     reference = load_reference(cfg.model, tokenizer, device)
     critic = load_critic(cfg, tokenizer, policy, start.checkpoint).to(device)
+    if cfg.model.padding_free:  # the log-prob and value forwards lay the rollout's rows end to end
+        check_position_restarts(policy, cfg.model.path)
+        if cfg.model.reference:
+            check_position_restarts(reference, cfg.model.reference)
+        if not isinstance(critic, SharedValueHead):
+            check_position_restarts(critic.rm, cfg.critic.path or cfg.rewards.reward_model or cfg.model.path)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))

@@ -123,7 +123,7 @@ def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path
     """(model — sharded with --fsdp, else prepared for data parallelism —, optimizer, scheduler, over-fitting
     detector), restored from the checkpoint when resuming."""
     model = load_trainable_rm(cfg, tokenizer, checkpoint)
-    if cfg.data.padding_free:
+    if cfg.model.padding_free:
         check_position_restarts(model, cfg.model.path)
     if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
         model = shard_model(model.to(accelerator.device), accelerator)
@@ -187,7 +187,7 @@ def run_rm(cfg: RMConfig) -> dict:
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(accelerator.num_processes),
-            "micro-batch rows": describe(cfg.data.padding_free), "optimizer steps": total_steps, "start step": start_step,
+            "micro-batch rows": describe(cfg.model.padding_free), "optimizer steps": total_steps, "start step": start_step,
             "model": parameter_summary(model) + (f", sharded over {accelerator.num_processes} processes (FSDP2)"
                                                  if sharded else "")}
     if accelerator.is_main_process:
@@ -213,14 +213,14 @@ def run_rm(cfg: RMConfig) -> dict:
     final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
     evaluate = lambda: _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads,  # noqa: E731
                                  cfg.train.micro_batch_size, accelerator.device, scored=final_scores,
-                                 padding_free=cfg.data.padding_free)
+                                 padding_free=cfg.model.padding_free)
     logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
                            enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="rm")
     settings = loop_settings(cfg.train, total_steps, cfg.optim.max_grad_norm)
     try:
         last_eval, steps_done = train_offline(
             accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_examples=train,
-            eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id, cfg.data.padding_free),
+            eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id, cfg.model.padding_free),
             objective=objective, settings=settings, start_step=start_step, output=out, tokenizer=tokenizer,
             logger=logger, on_eval=on_eval, checkpoint_state=lambda: {"overfit": asdict(detector)},
             evaluate_fn=evaluate)

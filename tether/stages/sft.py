@@ -73,7 +73,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     total_steps = cfg.train.total_steps(len(train))
     check_steps_left(start_step, total_steps, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint)
-    if cfg.data.padding_free and not cfg.data.packing:
+    if cfg.model.padding_free and not cfg.data.packing:
         check_position_restarts(model, cfg.model.path)
     if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
         model = shard_model(model.to(accelerator.device), accelerator)
@@ -86,7 +86,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(world),
-            "micro-batch rows": "packed rows (--packing)" if cfg.data.packing else describe(cfg.data.padding_free),
+            "micro-batch rows": "packed rows (--packing)" if cfg.data.packing else describe(cfg.model.padding_free),
             "optimizer steps": total_steps,
             "start step": start_step,
             "model": parameter_summary(model) + (f", sharded over {world} processes (FSDP2)" if is_sharded(model) else ""),
@@ -99,7 +99,7 @@ def run_sft(cfg: SFTConfig) -> dict:
     try:
         last_eval, _ = train_offline(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
                                   train_examples=train, eval_examples=evals,
-                                  collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.data.padding_free),
+                                  collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.model.padding_free),
                                   objective=SFTObjective(), settings=settings, start_step=start_step, output=out,
                                   tokenizer=tokenizer, logger=logger)
     finally:

@@ -154,6 +154,33 @@ def test_lazy_demonstrations_are_added_without_changing_anything_else(world, tmp
     assert n_lazy == SMALL.n_sft_arith_direct and manifest["counts"]["sft"] > none["counts"]["sft"]
 
 
+def test_thin_demonstrations_replace_assist_answers_and_nothing_else(tmp_path):
+    from tether.lab import assist
+
+    plain = build_world(tmp_path / "plain", WorldConfig(**{**SMALL.__dict__, "sft_assist_thin_fraction": 0.0}))
+    thin = build_world(tmp_path / "thin", WorldConfig(**{**SMALL.__dict__, "sft_assist_thin_fraction": 0.5}))
+    for name in ("pretrain", "prefs", "prefs_eval", "arith_rl", "assist_rl", "arith_eval", "assist_eval", "rankings"):
+        assert (tmp_path / "plain" / f"{name}.jsonl").read_bytes() == (tmp_path / "thin" / f"{name}.jsonl").read_bytes()
+    assert plain["counts"] == thin["counts"]
+    topic = {text: t for t, text in assist.all_requests()}
+    replaced = kept = 0
+    for split in ("sft", "sft_eval"):
+        before = [json.loads(x) for x in (tmp_path / "plain" / f"{split}.jsonl").read_text().splitlines()]
+        after = [json.loads(x) for x in (tmp_path / "thin" / f"{split}.jsonl").read_text().splitlines()]
+        for b, a in zip(before, after, strict=True):
+            assert a["messages"][0] == b["messages"][0]  # the same request in the same place
+            if b["messages"][0]["content"] not in topic or a == b:
+                kept += b["messages"][0]["content"] in topic
+                continue
+            replaced += 1
+            gold = assist.gold_assist(a["messages"][1]["content"], topic[a["messages"][0]["content"]])
+            # one true fact, one or two filler sentences, nothing false: gold 1 - 0.3 x filler
+            assert gold.true_facts == 1 and gold.false_facts == 0 and gold.filler in (1, 2)
+            assert gold.reward == pytest.approx(1.0 - 0.3 * gold.filler)
+    assert replaced + kept == SMALL.n_sft_assist
+    assert 0.35 < replaced / SMALL.n_sft_assist < 0.65
+
+
 def test_held_out_sets_are_held_out(world):
     folder, _ = world
     rows = {name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
@@ -200,3 +227,20 @@ def test_eval_scoring_hand_computed():
     assert figures["gold_reward"] == pytest.approx((2.0 - 2.0) / 2)
     assert figures["gold_win_rate"] == pytest.approx((1.0 + 0.5) / 2)  # a win and a tie
     assert figures["false_fact_rate"] == 0.5 and figures["confident_rate"] == 0.5
+    # one prompt: every resample draws it, so the interval is the point itself
+    assert (figures["gold_win_rate_low"], figures["gold_win_rate_high"]) == (0.75, 0.75)
+    assert (figures["gold_reward_low"], figures["gold_reward_high"]) == (0.0, 0.0)
+
+
+def test_bootstrap_interval_resamples_prompts_not_answers():
+    from tether.lab.evaluate import bootstrap_interval
+
+    # Two prompts with means 0 and 1: a resample's mean is 0, ½ or 1 with chances ¼, ½, ¼, so the 2.5 % and
+    # 97.5 % quantiles are 0 and 1.
+    assert bootstrap_interval([[0.0, 0.0], [1.0, 1.0]]) == (0.0, 1.0)
+    # Resampling answers one by one would see 4 independent draws and a narrower interval; by prompt, four answers
+    # that always move together give the same interval as two answers.
+    assert bootstrap_interval([[0.0] * 4, [1.0] * 4]) == bootstrap_interval([[0.0], [1.0]])
+    # 40 prompts, half 0 and half 1: mean ½, standard error ½/√40 ≈ 0.079, interval about ½ ± 0.155.
+    low, high = bootstrap_interval([[0.0]] * 20 + [[1.0]] * 20)
+    assert low == pytest.approx(0.5 - 0.155, abs=0.03) and high == pytest.approx(0.5 + 0.155, abs=0.03)

@@ -145,9 +145,11 @@ class ResponseStyle:
     """How a sampled answer is put together (counts are upper bounds drawn uniformly)."""
 
     max_true: int = 4
+    min_true: int = 0
     false_prob: float = 0.3
     off_topic_prob: float = 0.25
     max_filler: int = 2
+    min_filler: int = 0
     polite_prob: float = 0.5
     confident_prob: float = 0.2  # per sentence
     hedge_prob: float = 0.1  # per sentence
@@ -155,13 +157,16 @@ class ResponseStyle:
 
 
 MIXED = ResponseStyle()
-GOOD = ResponseStyle(max_true=3, false_prob=0.0, off_topic_prob=0.0, max_filler=0, polite_prob=0.5,
+GOOD = ResponseStyle(max_true=3, min_true=2, false_prob=0.0, off_topic_prob=0.0, max_filler=0, polite_prob=0.5,
                      confident_prob=0.0, hedge_prob=0.0, repeat_prob=0.0)
+# A thin answer: one true fact about the topic behind one or two filler sentences (gold 0.7 or 0.4).
+THIN = ResponseStyle(max_true=1, min_true=1, false_prob=0.0, off_topic_prob=0.0, max_filler=2, min_filler=1,
+                     polite_prob=0.5, confident_prob=0.2, hedge_prob=0.1, repeat_prob=0.0)
 
 
 def sample_answer(rng: random.Random, topic: str, style: ResponseStyle = MIXED) -> str:
     facts = TOPICS[topic]
-    n_true = rng.randint(2 if style is GOOD else 0, style.max_true)
+    n_true = rng.randint(style.min_true, style.max_true)
     body = rng.sample(facts["true"], min(n_true, len(facts["true"])))
     if rng.random() < style.false_prob:
         body.insert(rng.randint(0, len(body)), rng.choice(facts["false"]))
@@ -174,7 +179,7 @@ def sample_answer(rng: random.Random, topic: str, style: ResponseStyle = MIXED) 
     if body and rng.random() < style.repeat_prob:
         body.append(rng.choice(body))
     body = [_decorate(rng, s, style) for s in body]
-    head = rng.sample(FILLER, rng.randint(0, style.max_filler)) if style.max_filler else []
+    head = rng.sample(FILLER, rng.randint(style.min_filler, style.max_filler)) if style.max_filler else []
     tail = [rng.choice(POLITE)] if rng.random() < style.polite_prob else []
     sentences = head + body + tail
     if not sentences:

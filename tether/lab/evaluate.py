@@ -43,6 +43,23 @@ def score_arith(rows: list[dict], completions: list[list[str]]) -> dict:
             "n": n}
 
 
+def bootstrap_interval(per_prompt: list[list[float]], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile interval of the mean over all answers when the held-out prompts are drawn again: each
+    resample takes len(per_prompt) prompts with replacement, every answer of a drawn prompt with it (a prompt's
+    answers are not independent of each other, so answers are not resampled one by one)."""
+    import random
+
+    rng = random.Random(seed)
+    n = len(per_prompt)
+    sums, counts = [sum(v) for v in per_prompt], [len(v) for v in per_prompt]
+    means = []
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        means.append(sum(sums[i] for i in picks) / max(1, sum(counts[i] for i in picks)))
+    means.sort()
+    return means[int(0.025 * resamples)], means[min(resamples - 1, int(0.975 * resamples))]
+
+
 def score_assist(rows: list[dict], completions: list[list[str]], reference: list[list[str]] | None = None) -> dict:
     golds = [assist.gold_assist(c, r["topic"]) for r, cs in zip(rows, completions) for c in cs]
     texts = [c for cs in completions for c in cs]
@@ -57,7 +74,20 @@ def score_assist(rows: list[dict], completions: list[list[str]], reference: list
         ref = [assist.gold_assist(c, r["topic"]).reward for r, cs in zip(rows, reference) for c in cs]
         wins = [1.0 if g.reward > x else 0.5 if g.reward == x else 0.0 for g, x in zip(golds, ref)]
         out["gold_win_rate"] = sum(wins) / n
+        per_prompt = [wins[i : i + len(cs)] for i, cs in zip(_offsets(completions), completions)]
+        out["gold_win_rate_low"], out["gold_win_rate_high"] = bootstrap_interval(per_prompt)
+    per_prompt = [[g.reward for g in golds[i : i + len(cs)]] for i, cs in zip(_offsets(completions), completions)]
+    out["gold_reward_low"], out["gold_reward_high"] = bootstrap_interval(per_prompt)
     return out
+
+
+def _offsets(completions: list[list[str]]) -> list[int]:
+    """Where each prompt's answers start in the flat list of all answers."""
+    starts, at = [], 0
+    for cs in completions:
+        starts.append(at)
+        at += len(cs)
+    return starts
 
 
 def evaluate_task(model, tokenizer, task: str, rows: list[dict], decoding: Decoding = GREEDY,

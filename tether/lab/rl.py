@@ -13,7 +13,14 @@ from tether.config import build_config
 from tether.lab.evaluate import Decoding, generate_for, score_assist
 from tether.models import load_model, load_tokenizer
 
-GOLD_KEYS = ("gold_reward", "gold_win_rate", "mean_words", "confident_rate", "false_fact_rate", "distinct_2")
+GOLD_KEYS = ("gold_reward", "gold_win_rate", "mean_words", "confident_rate", "false_fact_rate", "distinct_2", "true_facts",
+             "gold_reward_low", "gold_reward_high", "gold_win_rate_low", "gold_win_rate_high")
+
+
+def _interval(h: dict, key: str) -> list | None:
+    """The 95 % bootstrap interval over prompts logged with an evaluation (None in runs from before it was)."""
+    low, high = h.get(f"eval/{key}_low"), h.get(f"eval/{key}_high")
+    return None if low is None else [low, high]
 
 
 def finished_summary(run_dir: Path, resume: bool) -> dict | None:
@@ -77,7 +84,8 @@ def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
     """Curves (per evaluation), start/peak/final gold, KL, throughput and the time split per phase."""
     history = summary["eval_history"]
     curve = [{"step": h["step"], "proxy": h["eval/score_mean"], "gold": h["eval/gold_reward"],
-              "win_rate": h["eval/gold_win_rate"], "words": h["eval/mean_words"], "distinct_2": h["eval/distinct_2"]}
+              "win_rate": h["eval/gold_win_rate"], "words": h["eval/mean_words"], "distinct_2": h["eval/distinct_2"],
+              "gold_ci": _interval(h, "gold_reward"), "win_rate_ci": _interval(h, "gold_win_rate")}
              for h in history]
     for point in curve:  # KL to the reference of the training rollouts at that step (0 before training)
         point["kl"] = next((m["kl/ref_mean"] for m in metrics if m["step"] == point["step"]), 0.0)
@@ -88,6 +96,7 @@ def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
     late = metrics[len(metrics) // 2:]  # after warm-up: the second half of the run
     return {"curve": curve, "start_gold": curve[0]["gold"], "final_gold": curve[-1]["gold"], "peak_gold": peak["gold"],
             "peak_step": peak["step"], "final_win_rate": curve[-1]["win_rate"], "win_rate_at_peak": peak["win_rate"],
+            "final_win_rate_ci": curve[-1]["win_rate_ci"], "final_gold_ci": curve[-1]["gold_ci"],
             "start_proxy": curve[0]["proxy"], "final_proxy": curve[-1]["proxy"], "final_kl": metrics[-1]["kl/ref_mean"],
             "late_kl_mean": sum(m["kl/ref_mean"] for m in late) / len(late),
             "final_kl_coef": summary["final_kl_coef"], "steps": len(metrics),
@@ -195,11 +204,13 @@ def lab_dpo_figures(summary: dict) -> dict:
     curve = [{"step": h["step"], "gold": h["eval/gold_reward"], "win_rate": h["eval/gold_win_rate"],
               "words": h["eval/mean_words"], "accuracy": h.get("eval/rewards/accuracy"),
               "chosen": h.get("eval/rewards/chosen"), "rejected": h.get("eval/rewards/rejected"),
-              "logps_chosen": h.get("eval/logps/chosen"), "logps_rejected": h.get("eval/logps/rejected")}
+              "logps_chosen": h.get("eval/logps/chosen"), "logps_rejected": h.get("eval/logps/rejected"),
+              "gold_ci": _interval(h, "gold_reward"), "win_rate_ci": _interval(h, "gold_win_rate")}
              for h in summary["eval_history"]]
     peak = max(curve, key=lambda c: c["gold"])
     return {"curve": curve, "loss": summary["loss"], "beta": summary["beta"], "start_gold": curve[0]["gold"],
             "final_gold": curve[-1]["gold"], "peak_gold": peak["gold"], "peak_step": peak["step"],
             "final_win_rate": curve[-1]["win_rate"], "win_rate_at_peak": peak["win_rate"],
+            "final_win_rate_ci": curve[-1]["win_rate_ci"], "final_gold_ci": curve[-1]["gold_ci"],
             "final_pair_accuracy": curve[-1]["accuracy"], "online_rounds": summary.get("online_rounds", []),
             "train_examples": summary["train_examples"], "minutes": summary["wall_s"] / 60}

@@ -45,6 +45,10 @@ class WorldConfig:
     held_out_fraction: float = 0.2  # of (topic, wording) requests kept for evaluation only
     n_pretrain_assist: int = 8000
     n_sft_assist: int = 3000
+    # Thin demonstrators: this share of the assist demonstrations state one true fact about the topic and fill the
+    # rest with filler (gold 0.4–1.0 against a ceiling of 3). The SFT model copies the mix and sits well below the
+    # ceiling, so preference learning has something to find: more true facts, less filler (docs/lab.md).
+    sft_assist_thin_fraction: float = 0.0
     n_pairs: int = 3000
     n_pairs_eval: int = 400
     n_rankings: int = 300
@@ -70,6 +74,9 @@ def split_requests(rng: random.Random, held_out_fraction: float):
     n_eval = max(1, int(held_out_fraction * len(requests)))
     held = set(order[:n_eval])
     return [r for i, r in enumerate(requests) if i not in held], [r for i, r in enumerate(requests) if i in held]
+
+
+_ASSIST_TOPIC = {text: topic for topic, text in assist.all_requests()}  # request text -> topic
 
 
 def _problems(rng, cfg, n, exclude):
@@ -140,6 +147,13 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
         if assist.gold_assist(answer, topic).reward >= 2.0:
             sft.append({"messages": user(text) + assistant(answer)})
     rng.shuffle(sft)
+    if cfg.sft_assist_thin_fraction > 0:
+        # Its own generator, replacing answers in place: every other row of every file stays as it was.
+        thin_rng = random.Random(f"thin-{cfg.seed}")
+        for row in sft:
+            topic = _ASSIST_TOPIC.get(row["messages"][0]["content"])
+            if topic is not None and thin_rng.random() < cfg.sft_assist_thin_fraction:
+                row["messages"] = row["messages"][:1] + assistant(assist.sample_answer(thin_rng, topic, assist.THIN))
     n_sft_eval = max(1, len(sft) // 20)
     files["sft"], files["sft_eval"] = sft[n_sft_eval:], sft[:n_sft_eval]
     # The direct answers draw from their own generator and go to both splits afterwards, so that adding them

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,33 @@ def test_compile_phases_time_the_compilation_and_the_steady_step(monkeypatch):
     assert rows["forward+backward compiled"]["seconds"] > 0
     first = next(r for r in result["runs"][0]["phases"] if r["phase"].startswith("compile, first call"))
     assert first["seconds"] > rows["forward+backward compiled"]["seconds"]  # the first call compiles
+
+
+def test_online_packing_rebuilds_a_runs_rollouts_and_counts_their_positions(tmp_path, llama_dir):
+    """bench/online_packing.py: rollouts from samples.jsonl keep the run's lengths (EOS only where not truncated),
+    and the position counts are the real tokens, the padded grid and the packed rows."""
+    import importlib.util
+
+    from tether.models import load_tokenizer
+
+    spec = importlib.util.spec_from_file_location("online_packing", Path(__file__).parents[1] / "bench" / "online_packing.py")
+    online_packing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(online_packing)
+    tok = load_tokenizer(llama_dir)
+    samples = [{"step": 1, "prompt": "1+2=", "response": "3", "truncated": False},
+               {"step": 1, "prompt": "10+20=", "response": "30 and more", "truncated": True},
+               {"step": 2, "prompt": "4+4=", "response": "8", "truncated": False}]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    rollouts = online_packing.rollouts_from_samples(tmp_path, tok, limit=1)
+    assert len(rollouts) == 1
+    r = rollouts[0]
+    lengths = [len(tok(s["prompt"], add_special_tokens=False)["input_ids"]) for s in samples[:2]]
+    answers = [len(tok(s["response"], add_special_tokens=False)["input_ids"]) + (not s["truncated"]) for s in samples[:2]]
+    assert r.prompt_mask.sum(-1).tolist() == lengths and r.response_mask.sum(-1).tolist() == answers
+    assert r.prompt_mask[:, -1].tolist() == [1, 1] and r.response_mask[:, 0].tolist() == [1, 1]  # left / right padded
+    assert r.response_ids[0, answers[0] - 1].item() == tok.eos_token_id
+    assert r.truncated.tolist() == [False, True]
+    real, padded, packed = online_packing.positions(r)
+    assert real == sum(lengths) + sum(answers)
+    assert padded == 2 * (max(lengths) + max(answers))
+    assert real <= packed <= padded

@@ -74,20 +74,15 @@ def score_assist(rows: list[dict], completions: list[list[str]], reference: list
         ref = [assist.gold_assist(c, r["topic"]).reward for r, cs in zip(rows, reference) for c in cs]
         wins = [1.0 if g.reward > x else 0.5 if g.reward == x else 0.0 for g, x in zip(golds, ref)]
         out["gold_win_rate"] = sum(wins) / n
-        per_prompt = [wins[i : i + len(cs)] for i, cs in zip(_offsets(completions), completions)]
-        out["gold_win_rate_low"], out["gold_win_rate_high"] = bootstrap_interval(per_prompt)
-    per_prompt = [[g.reward for g in golds[i : i + len(cs)]] for i, cs in zip(_offsets(completions), completions)]
-    out["gold_reward_low"], out["gold_reward_high"] = bootstrap_interval(per_prompt)
+        out["gold_win_rate_low"], out["gold_win_rate_high"] = bootstrap_interval(_by_prompt(wins, completions))
+    out["gold_reward_low"], out["gold_reward_high"] = bootstrap_interval(_by_prompt([g.reward for g in golds], completions))
     return out
 
 
-def _offsets(completions: list[list[str]]) -> list[int]:
-    """Where each prompt's answers start in the flat list of all answers."""
-    starts, at = [], 0
-    for cs in completions:
-        starts.append(at)
-        at += len(cs)
-    return starts
+def _by_prompt(flat: list[float], completions: list[list[str]]) -> list[list[float]]:
+    """A flat list over all answers split back into one list per prompt."""
+    it = iter(flat)
+    return [[next(it) for _ in cs] for cs in completions]
 
 
 def evaluate_task(model, tokenizer, task: str, rows: list[dict], decoding: Decoding = GREEDY,

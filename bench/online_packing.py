@@ -11,7 +11,11 @@ each on padded rows (--no-padding-free) and on padding-free rows (the default), 
 computes. Ratios are padding-free ÷ padded, within one run.
 
     .venv/bin/python bench/online_packing.py --run runs/lab/grpo_outcome [--run runs/lab/ppo_kl0.2 ...]
-        [--model DIR (default: the run's final/)] [--threads 1] [--repeats 5] [--generate 32,16,8,4] [--json out.json]
+        [--model DIR (default: the run's final/)] [--threads 1] [--repeats 5] [--generate 32,16,8,4] [--decode]
+        [--json out.json]
+
+``--decode`` samples each rollout's prompts again, with finished rows dropped (decoding.decode, the default)
+and with generate(), and times both.
 """
 from __future__ import annotations
 
@@ -113,6 +117,36 @@ def time_generation(model, tokenizer, rollout, row_counts: list[int], repeats: i
     return out
 
 
+def time_decoding(model, tokenizer, rollouts: list, temperature: float, max_new_tokens: int, repeats: int) -> dict:
+    """Seconds to sample each rollout's prompts again with decoding.decode (finished rows dropped) and with
+    generate() (every row kept to the longest), interleaved, the median of ``repeats``; each response from its own
+    seed, so both sample the same tokens (checked: ``same_tokens``)."""
+    import torch
+
+    from tether.rollout import generate_from_ids, response_seeds
+
+    compact_s, generate_s, same, new_tokens = [], [], True, 0
+    for r in rollouts:
+        contexts = [ids[mask.bool()].tolist() for ids, mask in zip(r.prompt_ids, r.prompt_mask)]
+        seeds = response_seeds(0, range(len(contexts)))
+        run = lambda compact: generate_from_ids(model, tokenizer, contexts, max_new_tokens, temperature, seeds=seeds,
+                                                compact=compact)
+        times = {True: [], False: []}
+        with torch.no_grad():
+            a, b = run(True), run(False)  # warm-up, and the check that both draw the same tokens
+            same = same and torch.equal(a.response_ids, b.response_ids)
+            new_tokens += int(a.response_mask.sum())
+            for _ in range(repeats):
+                for compact in (True, False):
+                    start = time.perf_counter()
+                    run(compact)
+                    times[compact].append(time.perf_counter() - start)
+        compact_s.append(statistics.median(times[True]))
+        generate_s.append(statistics.median(times[False]))
+    return {"compact_s": sum(compact_s) / len(rollouts), "generate_s": sum(generate_s) / len(rollouts),
+            "ratio": sum(compact_s) / sum(generate_s), "same_tokens": same, "new_tokens": new_tokens / len(rollouts)}
+
+
 def row_stopping_saving(rollouts: list, per_step: dict[int, float]) -> float:
     """Predicted generation time with finished rows dropped ÷ time with every row kept to the longest, from the
     rollouts' real response lengths and the measured cost of a token step at each row count (linear between)."""
@@ -143,6 +177,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--generate", default="", help="Row counts (e.g. 32,16,8,4) to time generate's token step at.")
+    parser.add_argument("--decode", action="store_true", help="Time sampling the rollouts' prompts with finished rows "
+                                                              "dropped (decoding.decode) against generate().")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
@@ -179,6 +215,14 @@ def main() -> None:
             print(f"{run}: generate, seconds per token step by rows: "
                   + ", ".join(f"{n}: {t * 1e3:.2f} ms" for n, t in per_step.items())
                   + f"; dropping finished rows would take x{summary['generate_row_stopping_ratio']:.2f} of the time")
+        if args.decode:
+            rollout_cfg = _config(run).get("rollout", {})
+            summary["decode"] = time_decoding(model, tokenizer, rollouts, temperature,
+                                              rollout_cfg.get("max_new_tokens", 64), args.repeats)
+            d = summary["decode"]
+            print(f"{run}: sampling {d['new_tokens']:.0f} new tokens a rollout: finished rows dropped "
+                  f"{d['compact_s']:.3f} s, generate() {d['generate_s']:.3f} s: x{d['ratio']:.2f} "
+                  f"({'the same tokens' if d['same_tokens'] else 'DIFFERENT TOKENS'})")
         report[str(run)] = {"summary": summary, "rollouts": rows}
         print(f"{run}: {len(rows)} rollouts of {rows[0]['rows']} responses; padding {summary['padding_share']:.1%} "
               f"-> {summary['padding_free_share']:.1%}; positions x{summary['positions_ratio']:.2f}; "

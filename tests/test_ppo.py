@@ -136,7 +136,10 @@ def test_cli_ppo_with_python_rewards_shared_critic_and_best_checkpoint(llama_dir
     assert summary["best"] == {"metric": "eval/score_mean", "value": top["eval/score_mean"], "step": top["step"]}
     assert json.loads((out / "best" / "best.json").read_text())["step"] == top["step"]
     AutoModelForCausalLM.from_pretrained(out / "best")
-    assert metrics[-1]["score/mean"] > metrics[0]["score/mean"]  # the rule reward moved under the shared layout
+    # the rule reward moved under the shared layout: the last third of the steps above the first (one step's mean
+    # over 16 responses is too noisy to compare alone: it held for one RNG stream and not for the next)
+    scores = [m["score/mean"] for m in metrics]
+    assert sum(scores[-4:]) > sum(scores[:4])
 
 
 def test_a_reward_function_missing_its_column_fails_before_training(llama_dir, prompts, tmp_path):

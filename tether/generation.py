@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from tether.decoding import Sampler, can_compact, decode, greedy
+
 
 @torch.no_grad()
 def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 64, temperature: float = 0.0,
@@ -10,8 +12,9 @@ def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
     """Completions of ``prompts`` (greedy when temperature is 0), stopping at EOS.
 
     Prompts are left-padded so every row's last prompt token sits at the same
-    position and the new tokens follow it directly; generate() derives the
-    position ids from the attention mask.
+    position and the new tokens follow it directly; position ids come from the
+    attention mask. Sampled by decoding.decode (finished rows stop computing),
+    or by generate() for a model it cannot run.
     """
     model.eval()
     device = next(model.parameters()).device
@@ -20,19 +23,24 @@ def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
     generator_state = torch.get_rng_state()
     torch.manual_seed(seed)
     outputs: list[str] = []
+    compact = can_compact(model)
+    if temperature > 0:
+        # Explicit top_k (0 = off) and top_p: a model's generation_config.json may set its own defaults.
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
+    else:
+        sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     try:
         for start in range(0, len(prompts), batch_size):
             enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
                             add_special_tokens=False).to(device)
-            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                          eos_token_id=tokenizer.eos_token_id)
-            if temperature > 0:
-                # Explicit top_k (0 = off) and top_p: a model's generation_config.json may set its own defaults.
-                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
+            if compact:
+                new_tokens = decode(model, enc["input_ids"], enc["attention_mask"], max_new_tokens,
+                                    [tokenizer.eos_token_id], tokenizer.pad_token_id,
+                                    Sampler(temperature, top_p, top_k) if temperature > 0 else greedy)
             else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            out = model.generate(**enc, **kwargs)
-            new_tokens = out[:, enc["input_ids"].shape[1]:]
+                out = model.generate(**enc, **sampling, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                     eos_token_id=tokenizer.eos_token_id)
+                new_tokens = out[:, enc["input_ids"].shape[1]:]
             outputs += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
     finally:
         tokenizer.padding_side = side

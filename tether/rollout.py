@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from tether.algorithms.logprobs import token_logprobs
+from tether.decoding import Sampler, can_compact, decode, greedy as greedy_choice, seeded_generators
 from tether.packing import pack_sequences
 
 
@@ -132,28 +133,17 @@ def response_seeds(seed: int, positions: list[int], samples: int = 1) -> list[in
 
 
 class SeededSampler:
-    """Samples each row's next token from softmax(top-k/top-p(logits / τ)) with the row's own generator, and
-    returns scores whose argmax is that token (generation then runs greedy): a response depends on its seed and
-    its prompt only, not on the batch it is generated in nor on the process — so N processes sample what one
-    does. Same distribution as Hugging Face's temperature / top-k / top-p sampling."""
+    """generate()'s logits processor for per-response seeds: samples each row's next token from
+    softmax(top-k/top-p(logits / τ)) with the row's own generator, and returns scores whose argmax is that token
+    (generation then runs greedy): a response depends on its seed and its prompt only, not on the batch it is
+    generated in nor on the process — so N processes sample what one does. `decode` draws the same tokens with
+    decoding.Sampler; this serves the generate() path (compact=False, or a model decode cannot run)."""
 
     def __init__(self, seeds: list[int], temperature: float, top_p: float, top_k: int, device):
-        self.generators = [torch.Generator(device=device).manual_seed(int(s) % (2**63 - 1)) for s in seeds]
-        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.sampler = Sampler(temperature, top_p, top_k, seeded_generators(seeds, device))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logits = scores.float() / self.temperature
-        if self.top_k and self.top_k < logits.shape[-1]:
-            kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if self.top_p < 1.0:
-            ordered, order = torch.sort(logits, descending=True, dim=-1)
-            probs = torch.softmax(ordered, -1)
-            above = probs.cumsum(-1) - probs  # mass strictly above each token: keep the smallest set reaching top_p
-            drop = torch.zeros_like(above, dtype=torch.bool).scatter(-1, order, above >= self.top_p)
-            logits = logits.masked_fill(drop, float("-inf"))
-        probs = torch.softmax(logits, -1)
-        picked = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+        picked = self.sampler(scores, torch.arange(scores.shape[0]))
         out = torch.full_like(scores, float("-inf"))
         return out.scatter(-1, picked[:, None], 0.0)
 
@@ -161,12 +151,13 @@ class SeededSampler:
 @torch.no_grad()
 def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
                      top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None,
-                     seeds: list[int] | None = None) -> Rollout:
+                     seeds: list[int] | None = None, compact: bool = True) -> Rollout:
     """Sample one response per prompt with the KV cache; prompts are left-padded, positions come from the mask.
-    ``seeds`` (one per prompt): each response is drawn with its own generator (SeededSampler) instead of the
-    global RNG."""
+    ``seeds`` (one per prompt): each response is drawn with its own generator instead of the global RNG.
+    ``compact``: as in generate_from_ids."""
     ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    rollout = generate_from_ids(model, tokenizer, ids, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds)
+    rollout = generate_from_ids(model, tokenizer, ids, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds,
+                                compact=compact)
     rollout.prompts = list(prompts)
     return rollout
 
@@ -186,16 +177,37 @@ def left_pad(contexts: list[list[int]], pad_id: int, device=None) -> tuple[torch
 @torch.no_grad()
 def generate_from_ids(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                       top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None,
-                      seeds: list[int] | None = None, greedy: bool = False) -> Rollout:
+                      seeds: list[int] | None = None, greedy: bool = False, compact: bool = True) -> Rollout:
     """generate_rollout from token ids (a multi-turn transcript is continued from the exact tokens it holds, never
-    a re-tokenisation of its text). ``greedy``: argmax decoding (evaluation only; training rollouts sample)."""
+    a re-tokenisation of its text). ``greedy``: argmax decoding (evaluation only; training rollouts sample).
+    ``compact``: sample with decoding.decode, which stops computing finished rows; False (or a model it cannot
+    run) uses Hugging Face's generate(), its naive twin."""
     if temperature <= 0 and not greedy:
         raise ValueError("rollouts sample: temperature must be > 0 (the log-probs are computed at that temperature)")
     stop_ids = stop_ids or stop_token_ids(tokenizer, model)
     device = next(model.parameters()).device
     input_ids, attention = left_pad(contexts, tokenizer.pad_token_id, device)
+    if seeds is not None and len(seeds) != len(contexts):
+        raise ValueError(f"{len(seeds)} seeds for {len(contexts)} prompts")
     was_training = model.training
     model.eval()
+    if compact and can_compact(model):
+        choose = greedy_choice if greedy else Sampler(temperature, top_p, top_k,
+                                                       seeded_generators(seeds, device) if seeds is not None else None)
+        response_ids = decode(model, input_ids, attention, max_new_tokens, stop_ids, tokenizer.pad_token_id, choose)
+    else:
+        response_ids = _hf_generate(model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k,
+                                    stop_ids, seeds, greedy)
+    model.train(was_training)
+    mask, truncated = response_mask_from_stops(response_ids, stop_ids)
+    response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    return Rollout(input_ids, attention, response_ids, mask, truncated, [""] * len(contexts), texts)
+
+
+def _hf_generate(model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds,
+                 greedy) -> torch.Tensor:
+    """(B, T) new tokens from Hugging Face's generate(): every row runs until the longest stops."""
     if greedy:
         sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     elif seeds is None:
@@ -203,19 +215,12 @@ def generate_from_ids(model, tokenizer, contexts: list[list[int]], max_new_token
     else:
         from transformers import LogitsProcessorList
 
-        if len(seeds) != len(contexts):
-            raise ValueError(f"{len(seeds)} seeds for {len(contexts)} prompts")
-        sampler = SeededSampler(seeds, temperature, top_p, top_k, device)
+        sampler = SeededSampler(seeds, temperature, top_p, top_k, input_ids.device)
         sampling = dict(do_sample=False, logits_processor=LogitsProcessorList([sampler]), temperature=None, top_p=None,
                         top_k=None)
     out = model.generate(input_ids=input_ids, attention_mask=attention, **sampling, max_new_tokens=max_new_tokens,
                          eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
-    model.train(was_training)
-    response_ids = out[:, input_ids.shape[1]:]
-    mask, truncated = response_mask_from_stops(response_ids, stop_ids)
-    response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
-    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-    return Rollout(input_ids, attention, response_ids, mask, truncated, [""] * len(contexts), texts)
+    return out[:, input_ids.shape[1]:]
 
 
 class GenerationBackend(Protocol):
@@ -239,17 +244,18 @@ class GenerationBackend(Protocol):
 
 
 class HFGenerate:
-    """Hugging Face generate() on the trained policy itself (KV cache, left padding): it samples from the weights
-    being trained, so there is nothing to copy after an update."""
+    """The trained policy itself, sampled with the KV cache (decoding.decode, finished rows dropped; generate()
+    with compact=False): it samples from the weights being trained, so there is nothing to copy after an
+    update."""
 
-    def __init__(self, model, tokenizer):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model, tokenizer, compact: bool = True):
+        self.model, self.tokenizer, self.compact = model, tokenizer, compact
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         size = getattr(sampling, "generation_batch", 0) or len(prompts)
         parts = [generate_rollout(self.model, self.tokenizer, prompts[i : i + size], sampling.max_new_tokens,
                                   sampling.temperature, sampling.top_p, sampling.top_k, stop_ids,
-                                  seeds=seeds[i : i + size] if seeds is not None else None)
+                                  seeds=seeds[i : i + size] if seeds is not None else None, compact=self.compact)
                  for i in range(0, len(prompts), size)]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 
@@ -259,7 +265,7 @@ class HFGenerate:
         parts = [generate_from_ids(self.model, self.tokenizer, contexts[i : i + size],
                                    max_new_tokens or sampling.max_new_tokens, sampling.temperature, sampling.top_p,
                                    sampling.top_k, stop_ids, seeds[i : i + size] if seeds is not None else None,
-                                   greedy=greedy)
+                                   greedy=greedy, compact=self.compact)
                  for i in range(0, len(contexts), size)]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 

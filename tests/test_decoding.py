@@ -1,0 +1,135 @@
+"""Sampling that drops finished rows (tether/decoding.py): the same tokens as generate() on four architectures and
+a LoRA model, the rows each forward computes counted by hand, and the sampling distribution."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tether import decoding
+from tether.decoding import Sampler, can_compact
+from tether.models import build_tiny_model, load_model, load_tokenizer
+from tether.rollout import generate_from_ids, response_seeds
+
+ARCHS = ("gpt2", "llama", "qwen2", "mistral")
+PROMPTS = ["What is 1 + 2?\n", "Tell me about cats.", "hi", "hello there", "cats", "12 + 7 = 19"] * 3
+STOPS = list(range(5, 40))  # a random model stops at one of these about one token in ten: rows end far apart
+
+
+@pytest.fixture(scope="module")
+def arch_models(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("decoding")
+    out = {}
+    for arch in ARCHS:
+        folder = build_tiny_model(arch, tokenizer, root / arch, seed=0, hidden=32, layers=2, heads=2, max_positions=128)
+        tok = load_tokenizer(folder)
+        out[arch] = (load_model(folder, tok), tok)
+    return out
+
+
+def contexts(tok) -> list[list[int]]:
+    return [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+
+
+SAMPLINGS = {"greedy": dict(greedy=True),
+             "seeded": dict(seeds=response_seeds(0, range(len(PROMPTS))), temperature=0.9, top_p=0.95, top_k=40)}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+def test_decode_draws_the_tokens_generate_draws(arch_models, arch, sampling):
+    model, tok = arch_models[arch]
+    kw = SAMPLINGS[sampling]
+    compact = generate_from_ids(model, tok, contexts(tok), 20, stop_ids=STOPS, compact=True, **kw)
+    padded = generate_from_ids(model, tok, contexts(tok), 20, stop_ids=STOPS, compact=False, **kw)
+    assert can_compact(model)
+    assert torch.equal(compact.response_ids, padded.response_ids)  # same width too: the longest response
+    assert torch.equal(compact.response_mask, padded.response_mask) and torch.equal(compact.truncated, padded.truncated)
+    assert compact.responses == padded.responses
+    assert len(set(compact.lengths.tolist())) >= 2  # rows did finish at different steps
+
+
+def test_a_lora_model_decodes_as_generate_does(arch_models):
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = arch_models["llama"]
+    lora = get_peft_model(load_model(model.name_or_path, tok), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    kw = SAMPLINGS["seeded"]
+    assert can_compact(lora)
+    a = generate_from_ids(lora, tok, contexts(tok), 16, stop_ids=STOPS, compact=True, **kw)
+    b = generate_from_ids(lora, tok, contexts(tok), 16, stop_ids=STOPS, compact=False, **kw)
+    assert torch.equal(a.response_ids, b.response_ids)
+
+
+class CountRows:
+    """Wraps a model's forward and records each call's batch rows."""
+
+    def __init__(self, model, monkeypatch):
+        self.rows: list[int] = []
+        forward = model.forward
+
+        def counted(*args, **kwargs):
+            self.rows.append(kwargs["input_ids"].shape[0])
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", counted)
+
+
+def test_each_forward_computes_only_the_live_rows(arch_models, monkeypatch):
+    """Compacting at every finished row: forward k ≥ 1 reads token k − 1 of the rows whose responses are longer
+    than k tokens, so its batch is #{rows: length > k}; the prefill reads all B rows."""
+    model, tok = arch_models["llama"]
+    monkeypatch.setattr(decoding, "COMPACT_SHARE", 0.0)
+    counter = CountRows(model, monkeypatch)
+    out = generate_from_ids(model, tok, contexts(tok), 20, stop_ids=STOPS, **SAMPLINGS["seeded"])
+    lengths = out.lengths.tolist()
+    expected = [len(lengths)] + [sum(n > k for n in lengths) for k in range(1, max(lengths))]
+    assert counter.rows == expected
+    assert sum(expected) < len(lengths) * max(lengths)  # generate() computes every row at every step
+
+
+def test_compaction_waits_for_a_share_of_finished_rows(arch_models, monkeypatch):
+    """With COMPACT_SHARE = 1/2, the batch shrinks only once half of its rows have finished: every forward's batch
+    lies between the live rows and twice as many, and it shrinks at least once."""
+    model, tok = arch_models["llama"]
+    monkeypatch.setattr(decoding, "COMPACT_SHARE", 0.5)
+    counter = CountRows(model, monkeypatch)
+    out = generate_from_ids(model, tok, contexts(tok), 20, stop_ids=STOPS, **SAMPLINGS["seeded"])
+    lengths = out.lengths.tolist()
+    live = [len(lengths)] + [sum(n > k for n in lengths) for k in range(1, max(lengths))]
+    assert all(n <= rows < 2 * n or rows == len(lengths) for rows, n in zip(counter.rows, live))
+    assert len(counter.rows) == len(live) and min(counter.rows) < len(lengths)
+
+
+def test_the_global_rng_sampler_draws_from_the_warped_distribution():
+    """Sampler without generators draws softmax(top-k/top-p(logits / τ)) from the global RNG: logits (2, 1, 0, −1),
+    τ = 0.5, top-p 0.9 → (e⁴, e²)/(e⁴ + e²) = (.881, .119, 0, 0) (hand computation in test_rollout.py)."""
+    torch.manual_seed(0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4000, 1)
+    picked = Sampler(0.5, 0.9, 0)(logits, torch.arange(4000))
+    freq = torch.bincount(picked, minlength=4).float() / 4000
+    e = torch.tensor([4.0, 2.0]).exp()
+    assert torch.allclose(freq, torch.cat([e / e.sum(), torch.zeros(2)]), atol=0.03), freq
+
+
+def test_a_model_without_a_cache_argument_is_left_to_generate(arch_models):
+    model, tok = arch_models["llama"]
+
+    class NoCache(torch.nn.Module):  # remote code with its own forward signature
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    assert not can_compact(NoCache(model))
+
+
+def test_evaluation_texts_equal_generates(arch_models, monkeypatch):
+    """generate_texts (evaluation, demos) decodes greedily what generate() decodes."""
+    from tether.generation import generate_texts
+
+    model, tok = arch_models["qwen2"]
+    compact = generate_texts(model, tok, PROMPTS, max_new_tokens=12)
+    monkeypatch.setattr("tether.generation.can_compact", lambda m: False)
+    assert generate_texts(model, tok, PROMPTS, max_new_tokens=12) == compact

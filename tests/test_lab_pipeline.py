@@ -278,3 +278,27 @@ def test_the_code_fingerprint_follows_python_sources_only(tmp_path):
     assert changed != first
     (package / "stages" / "b.py").rename(package / "b2.py")  # same contents, another module: another build
     assert code_fingerprint(package) not in (first, changed)
+
+
+def test_thin_demonstrations_leave_the_vocabulary_and_the_initial_model_as_they_were(tmp_path):
+    """The init stage trains the tokenizer on the world without thin demonstrations: the same tokens, the same ids
+    and the same random model whatever sft_assist_thin_fraction is, so only the SFT data differs."""
+    from dataclasses import replace
+
+    from tether.lab.pipeline import _init_stage
+    from tether.lab.world import build_world
+    from tether.models import load_tokenizer
+
+    made = {}
+    for fraction in (0.0, 0.5):
+        cfg = replace(QUICK, world=replace(QUICK.world, n_pretrain_arith=300, n_pretrain_assist=300,
+                                           sft_assist_thin_fraction=fraction))
+        world, init = tmp_path / f"world{fraction}", tmp_path / f"init{fraction}"
+        build_world(world, replace(cfg.world, seed=cfg.seed))
+        init.mkdir()
+        _init_stage(init, world, cfg)
+        made[fraction] = (load_tokenizer(init).get_vocab(), (init / "model.safetensors").read_bytes(),
+                          (world / "sft.jsonl").read_bytes())
+        assert not (init / "vocabulary_world").exists()
+    assert made[0.0][0] == made[0.5][0] and made[0.0][1] == made[0.5][1]
+    assert made[0.0][2] != made[0.5][2]  # the SFT data did change

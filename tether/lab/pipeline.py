@@ -497,12 +497,20 @@ def _world_stage(folder: Path, world_cfg: WorldConfig) -> dict:
 
 
 def _init_stage(folder: Path, world_dir: Path, cfg: LabConfig) -> dict:
+    if cfg.world.sft_assist_thin_fraction > 0:
+        # The vocabulary is trained on the world without thin demonstrations: they hold no text the other files
+        # lack, and a BPE trained on a shifted mix of the same sentences renumbers the tokens (152 of 1,024 differed
+        # at 0.5), which gave a different base model. So the tokenizer and the base model stay those of the world
+        # without them, and only the SFT data changes.
+        world_dir = folder / "vocabulary_world"
+        build_world(world_dir, replace(cfg.world, seed=cfg.seed, sft_assist_thin_fraction=0.0))
     texts = []
     for name in ("pretrain", "sft"):
         for row in _read_rows(world_dir / f"{name}.jsonl"):
             if name == "sft" and arith.ANSWER_ONLY_RE.match(row["messages"][-1]["content"]):
                 continue  # the lazy demonstrations add no new text, and leaving them out keeps the vocabulary as it was
             texts.extend(m["content"] for m in row["messages"])
+    shutil.rmtree(folder / "vocabulary_world", ignore_errors=True)
     tokenizer = train_bpe_tokenizer(texts, vocab_size=cfg.vocab_size)
     build_tiny_model("llama", tokenizer, folder, seed=cfg.seed, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
                      max_positions=cfg.max_positions)

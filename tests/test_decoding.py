@@ -133,3 +133,24 @@ def test_evaluation_texts_equal_generates(arch_models, monkeypatch):
     compact = generate_texts(model, tok, PROMPTS, max_new_tokens=12)
     monkeypatch.setattr("tether.generation.can_compact", lambda m: False)
     assert generate_texts(model, tok, PROMPTS, max_new_tokens=12) == compact
+
+
+def test_drop_finished_rows_off_samples_the_same_with_generate(arch_models, monkeypatch):
+    """rollout.drop_finished_rows: the backend decodes compactly when on and through generate() when off; with
+    response seeds the two draw the same responses."""
+    from types import SimpleNamespace
+
+    from tether.rollout import HFGenerate
+
+    model, tok = arch_models["llama"]
+    calls = []
+    monkeypatch.setattr(model, "generate", lambda *a, _g=model.generate, **k: calls.append(1) or _g(*a, **k))
+    seeds = response_seeds(0, range(len(PROMPTS)))
+    on = SimpleNamespace(max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0,
+                         drop_finished_rows=True)
+    off = SimpleNamespace(**{**vars(on), "drop_finished_rows": False})
+    backend = HFGenerate(model, tok)
+    a = backend.generate(PROMPTS, on, STOPS, seeds)
+    assert not calls
+    b = backend.generate(PROMPTS, off, STOPS, seeds)
+    assert calls and a.responses == b.responses and torch.equal(a.response_ids, b.response_ids)

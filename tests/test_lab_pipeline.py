@@ -241,7 +241,11 @@ def test_the_lab_sft_stage_learns_under_bf16_autocast_as_in_fp32(quick_lab, tmp_
     bf16 = [json.loads(x) for x in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
     curve = lambda rows: [r["eval/loss"] for r in rows if "eval/loss" in r]
     assert len(curve(bf16)) == len(curve(fp32)) >= 3
-    assert curve(bf16)[-1] < 0.9 * curve(bf16)[0]  # it learns
+    # it learns: the held-out loss falls at every evaluation, in both precisions (the first evaluation is at step
+    # 20, after the steepest part; with the thin demonstrations' filler the quick world's loss then falls by about
+    # 10 % more, 1.37 -> 1.24, so a fixed share of it would test the data rather than the precision)
+    for rows in (bf16, fp32):
+        assert all(b < a for a, b in zip(curve(rows), curve(rows)[1:])), curve(rows)
     assert curve(bf16)[-1] == pytest.approx(curve(fp32)[-1], rel=0.03)
 
 
@@ -302,3 +306,30 @@ def test_thin_demonstrations_leave_the_vocabulary_and_the_initial_model_as_they_
         assert not (init / "vocabulary_world").exists()
     assert made[0.0][0] == made[0.5][0] and made[0.0][1] == made[0.5][1]
     assert made[0.0][2] != made[0.5][2]  # the SFT data did change
+
+
+@pytest.mark.slow
+def test_the_seeds_example_reuses_seed_0_and_states_the_spread(quick_lab, tmp_path):
+    """examples/lab_seeds.py: seed 0 read from the lab folder's cached stages (its summary left as it was), seed 1 a
+    lab of its own; for two seeds the mean is (a + b) / 2 and the sample sd |a − b| / √2."""
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out, summary = quick_lab
+    before = (out / "summary.json").read_bytes()
+    script = Path(__file__).resolve().parent.parent / "examples" / "lab_seeds.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--seeds", "0,1", "--lab", str(out), "--json",
+                           str(tmp_path / "seeds.json")], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "summary.json").read_bytes() == before
+    figures = json.loads((tmp_path / "seeds.json").read_text())["figures"]
+    ppo = figures["PPO β=0.2 gold at the end"]
+    assert ppo["seeds"]["0"] == summary["ppo"]["ppo_kl0.2"]["final_gold"]  # seed 0: the cached stage
+    assert (Path(f"{out}-seed1") / "ppo_kl0.2" / "stage.json").is_file()
+    a, b = figures["SFT assist gold (sampled)"]["seeds"].values()
+    assert a != b  # another world, another model
+    row = figures["SFT assist gold (sampled)"]
+    assert row["mean"] == pytest.approx((a + b) / 2) and row["sd"] == pytest.approx(abs(a - b) / math.sqrt(2))
+    assert "mean ± sample sd" in proc.stdout

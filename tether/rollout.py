@@ -245,17 +245,18 @@ class GenerationBackend(Protocol):
 
 class HFGenerate:
     """The trained policy itself, sampled with the KV cache (decoding.decode, finished rows dropped; generate()
-    with compact=False): it samples from the weights being trained, so there is nothing to copy after an
-    update."""
+    when sampling.drop_finished_rows is off): it samples from the weights being trained, so there is nothing to
+    copy after an update."""
 
-    def __init__(self, model, tokenizer, compact: bool = True):
-        self.model, self.tokenizer, self.compact = model, tokenizer, compact
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         size = getattr(sampling, "generation_batch", 0) or len(prompts)
         parts = [generate_rollout(self.model, self.tokenizer, prompts[i : i + size], sampling.max_new_tokens,
                                   sampling.temperature, sampling.top_p, sampling.top_k, stop_ids,
-                                  seeds=seeds[i : i + size] if seeds is not None else None, compact=self.compact)
+                                  seeds=seeds[i : i + size] if seeds is not None else None,
+                                  compact=getattr(sampling, "drop_finished_rows", True))
                  for i in range(0, len(prompts), size)]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 
@@ -265,7 +266,7 @@ class HFGenerate:
         parts = [generate_from_ids(self.model, self.tokenizer, contexts[i : i + size],
                                    max_new_tokens or sampling.max_new_tokens, sampling.temperature, sampling.top_p,
                                    sampling.top_k, stop_ids, seeds[i : i + size] if seeds is not None else None,
-                                   greedy=greedy, compact=self.compact)
+                                   greedy=greedy, compact=getattr(sampling, "drop_finished_rows", True))
                  for i in range(0, len(contexts), size)]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 

@@ -240,6 +240,9 @@ class SamplingSection(Section):
     top_k: int = option(0, "Top-k sampling (0 = off).")
     generation_batch: int = option(0, "Responses generated per generate() call (0: the whole rollout at once). Bounds "
                                       "the KV cache on large rollouts; with response_seeds the samples do not change.")
+    drop_finished_rows: bool = option(True, "Stop computing a response once it has ended (decoding.decode: finished "
+                                            "rows leave the batch and the KV cache); off: generate(), every row "
+                                            "until the longest ends. With response_seeds both draw the same tokens.")
     response_seeds: bool = option(False, "Draw each response with its own seed (from the run's seed and the prompt's "
                                          "place in the prompt stream) instead of the global RNG: samples then do not "
                                          "depend on batch or process count, so N processes reproduce a 1-process run.")

@@ -213,7 +213,11 @@ def _read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh: bool = False) -> dict:
+def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh: bool = False,
+            report: bool = True) -> dict:
+    """Every stage of ``cfg`` into ``output``; ``report``: then the tables, report.html and summary.json (False:
+    the stages' figures only, returned — a subset of the stages run into a lab folder without replacing its
+    summary and report)."""
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out, fresh)
@@ -292,6 +296,8 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
     summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
                "reward_models": reward_models, "ppo": ppo_runs, "grpo": grpo_runs, "dpo": dpo_runs, "agents": agent_runs,
                "seconds": stages.timings, "cached": stages.cached}
+    if not report:
+        return summary
     t0 = time.perf_counter()
     summary["headline"] = headline_figures(summary)
     summary["report"] = str(write_lab_report(out, summary))
@@ -361,6 +367,11 @@ DPO_KEYS = ("eval/gold_reward", "eval/gold_win_rate", "eval/mean_words", "train/
             "train/rewards/rejected", "eval/rewards/accuracy", "train/logps/chosen", "train/logps/rejected", "train/loss")
 
 
+def _ci(interval) -> str:
+    """" [low, high]": a 95 % bootstrap interval over held-out prompts (empty for runs from before it was logged)."""
+    return f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+
+
 def headline_figures(summary: dict) -> list[tuple[str, str]]:
     """(figure, value) rows: what each stage moved, in one table."""
     from tether.monitors import read_jsonl
@@ -379,17 +390,18 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
         return f"; first alarm at step {alarms[0]['step']} ({alarms[0]['monitor']})" if alarms else "; no alarm"
 
     for name, r in summary.get("ppo", {}).items():
-        rows.append((f"{name}: gold start → peak → end, win rate vs SFT",
+        rows.append((f"{name}: gold start → peak → end, win rate vs SFT [95 % over prompts]",
                      f"{r['start_gold']:.2f} → {r['peak_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}"
-                     + first_alarm(name)))
+                     + _ci(r.get("final_win_rate_ci")) + first_alarm(name)))
     for name, r in summary.get("grpo", {}).items():
         rows.append((f"{name}: arith accuracy greedy / sampled, start → end",
                      f"{r['start_accuracy_greedy']:.3f} / {r['start_accuracy_sampled']:.3f} → "
                      f"{r['final_accuracy_greedy']:.3f} / {r['final_accuracy_sampled']:.3f}" + first_alarm(name)))
     for name, r in summary.get("dpo", {}).items():
         online = first_alarm(name) if r.get("online_rounds") else ""
-        rows.append((f"{name}: gold start → end, win rate vs SFT",
-                     f"{r['start_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}{online}"))
+        rows.append((f"{name}: gold start → end, win rate vs SFT [95 % over prompts]",
+                     f"{r['start_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}"
+                     f"{_ci(r.get('final_win_rate_ci'))}{online}"))
     agents = summary.get("agents", {})
     if "calc_grpo" in agents:
         r = agents["calc_grpo"]
@@ -615,6 +627,7 @@ def print_ppo_table(runs: dict) -> None:
             ("gold reward: start → end", lambda r: f"{r['start_gold']:.2f} → {r['final_gold']:.2f}"),
             ("gold peak (step)", lambda r: f"{r['peak_gold']:.2f} ({r['peak_step']})"),
             ("gold win rate vs SFT: end (at the gold peak)", lambda r: f"{r['final_win_rate']:.3f} ({r['win_rate_at_peak']:.3f})"),
+            ("  95 % interval over prompts: end", lambda r: _ci(r.get("final_win_rate_ci")).strip() or "-"),
             ("gold per evaluation", lambda r: " ".join(f"{c['gold']:.2f}" for c in r["curve"])),
             ("proxy per evaluation", lambda r: " ".join(f"{c['proxy']:.2f}" for c in r["curve"])),
             ("words per answer per evaluation", lambda r: " ".join(f"{c['words']:.0f}" for c in r["curve"])),
@@ -642,6 +655,7 @@ def print_dpo_table(runs: dict, ppo: dict) -> None:
     rows = [("gold reward: start → end", lambda r: f"{r['start_gold']:.2f} → {r['final_gold']:.2f}"),
             ("gold peak (step)", lambda r: f"{r['peak_gold']:.2f} ({r['peak_step']})"),
             ("gold win rate vs SFT: end (at the gold peak)", lambda r: f"{r['final_win_rate']:.3f} ({r['win_rate_at_peak']:.3f})"),
+            ("  95 % interval over prompts: end", lambda r: _ci(r.get("final_win_rate_ci")).strip() or "-"),
             ("gold per evaluation", lambda r: " ".join(f"{c['gold']:.2f}" for c in r["curve"])),
             ("words per answer per evaluation", lambda r: " ".join(f"{c['words']:.0f}" for c in r["curve"]))]
     extra = [("held-out pair accuracy (annotator labels): end", lambda r: _fmt(r.get("final_pair_accuracy"))),

@@ -47,8 +47,9 @@ class WorldConfig:
     n_sft_assist: int = 3000
     # Thin demonstrators: this share of the assist demonstrations state one true fact about the topic and fill the
     # rest with filler (gold 0.4–1.0 against a ceiling of 3). The SFT model copies the mix and sits well below the
-    # ceiling, so preference learning has something to find: more true facts, less filler (docs/lab.md).
-    sft_assist_thin_fraction: float = 0.0
+    # ceiling, so preference learning has something to find: more true facts, less filler (docs/lab.md). Measured
+    # (seed 0): the SFT model's sampled gold is 2.06 at 0, 1.19 at 0.5 and 0.76 at 0.7.
+    sft_assist_thin_fraction: float = 0.7
     n_pairs: int = 3000
     n_pairs_eval: int = 400
     n_rankings: int = 300

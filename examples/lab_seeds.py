@@ -1,0 +1,87 @@
+"""The lab's headline stages over seeds: each figure's mean, spread and per-seed values.
+
+A seed is a whole lab of its own: its world (other problems, requests, pairs and votes), its tokenizer and base
+model, and every stage after them. The headline stages are pretrain, sft, eval, both reward models, PPO at
+β = 0 and β = 0.2, GRPO with outcome rewards, and offline DPO (sigmoid); the other stages are left out.
+
+    .venv/bin/python examples/lab_seeds.py --seeds 0,1,2 [--lab runs/lab] [--json runs/lab-seeds.json]
+
+Seed 0 runs into --lab, so the stages `make lab` already computed there are reused (its summary and report are
+left as they are); seed k runs into <lab>-seed<k>. The spread is the sample standard deviation over seeds, next
+to the range; each seed's evaluation also carries its own 95 % bootstrap interval over prompts (summary.json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import transformers
+
+from tether.lab.pipeline import QUICK, LabConfig, run_lab
+
+HEADLINE = dict(agent_stages=False, grpo_rewards=("outcome",), ppo_kl_coefs=(0.0, 0.2), ppo_adaptive_target=0,
+                dpo_losses=("sigmoid",), dpo_unfiltered=False, dpo_online=False)
+
+
+def headline(summary: dict) -> dict[str, float]:
+    """The figures the lab's headline table leads with, as numbers."""
+    ev, ppo, dpo = summary["eval"], summary["ppo"], summary["dpo"]
+    alarms = ppo["ppo_kl0"]["alarms"]
+    return {
+        "base arith accuracy (greedy)": ev["base"]["arith_greedy"]["accuracy"],
+        "SFT arith accuracy (greedy)": ev["sft"]["arith_greedy"]["accuracy"],
+        "SFT assist gold (sampled)": ev["sft"]["assist_sampled"]["gold_reward"],
+        "rm_filtered accuracy vs gold": summary["reward_models"]["rm_filtered"]["gold_accuracy"],
+        "PPO β=0.2 gold at the end": ppo["ppo_kl0.2"]["final_gold"],
+        "PPO β=0.2 win rate vs SFT": ppo["ppo_kl0.2"]["final_win_rate"],
+        "PPO β=0 gold peak": ppo["ppo_kl0"]["peak_gold"],
+        "PPO β=0 gold at the end": ppo["ppo_kl0"]["final_gold"],
+        "PPO β=0 proxy at the end": ppo["ppo_kl0"]["final_proxy"],
+        "PPO β=0 first alarm (step; 0 = none)": float(alarms[0]["step"]) if alarms else 0.0,
+        "DPO sigmoid gold at the end": dpo["dpo_sigmoid"]["final_gold"],
+        "DPO sigmoid win rate vs SFT": dpo["dpo_sigmoid"]["final_win_rate"],
+        "GRPO outcome arith greedy: start": summary["grpo"]["grpo_outcome"]["start_accuracy_greedy"],
+        "GRPO outcome arith greedy: end": summary["grpo"]["grpo_outcome"]["final_accuracy_greedy"],
+    }
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2", help="Comma-separated seeds.")
+    parser.add_argument("--lab", default="runs/lab", help="Seed 0's lab folder; seed k goes to <lab>-seed<k>.")
+    parser.add_argument("--json", default="", help="Write the per-seed figures and their spread here.")
+    parser.add_argument("--quick", action="store_true", help="The quick lab's world and model (the tests use it).")
+    args = parser.parse_args()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    per_seed, seconds = {}, {}
+    for seed in seeds:
+        folder = Path(args.lab if seed == 0 else f"{args.lab}-seed{seed}")
+        start = time.perf_counter()
+        summary = run_lab(folder, replace(QUICK if args.quick else LabConfig(), seed=seed, **HEADLINE), report=False)
+        per_seed[seed], seconds[seed] = headline(summary), round(time.perf_counter() - start, 1)
+    names = list(per_seed[seeds[0]])
+    table = {name: {**spread([per_seed[s][name] for s in seeds]), "seeds": {s: per_seed[s][name] for s in seeds}}
+             for name in names}
+    width = max(map(len, names))
+    print(f"\nthe lab's headline figures over seeds {args.seeds} (mean ± sample sd [min, max]; per seed)")
+    for name, row in table.items():
+        print(f"{name:<{width}}  {row['mean']:6.3f} ± {row['sd']:.3f} [{row['min']:.3f}, {row['max']:.3f}]  "
+              + " ".join(f"{v:.3f}" for v in row["seeds"].values()))
+    print("seconds per seed: " + ", ".join(f"{s}: {t:.0f}" for s, t in seconds.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"figures": table, "seconds": seconds}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -60,44 +60,31 @@ def test_a_lora_model_decodes_as_generate_does(arch_models):
     assert torch.equal(a.response_ids, b.response_ids)
 
 
-class CountRows:
-    """Wraps a model's forward and records each call's batch rows."""
-
-    def __init__(self, model, monkeypatch):
-        self.rows: list[int] = []
-        forward = model.forward
-
-        def counted(*args, **kwargs):
-            self.rows.append(kwargs["input_ids"].shape[0])
-            return forward(*args, **kwargs)
-
-        monkeypatch.setattr(model, "forward", counted)
+def rows_per_forward(model, tok, monkeypatch, share: float) -> tuple[list[int], list[int]]:
+    """(each forward's batch rows, the live rows it needs: #{rows: response longer than k} for forward k ≥ 1, all
+    B for the prefill), sampling PROMPTS with COMPACT_SHARE = ``share``."""
+    monkeypatch.setattr(decoding, "COMPACT_SHARE", share)
+    rows: list[int] = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **k: rows.append(k["input_ids"].shape[0]) or forward(*a, **k))
+    lengths = generate_from_ids(model, tok, contexts(tok), 20, stop_ids=STOPS, **SAMPLINGS["seeded"]).lengths.tolist()
+    return rows, [len(lengths)] + [sum(n > k for n in lengths) for k in range(1, max(lengths))]
 
 
 def test_each_forward_computes_only_the_live_rows(arch_models, monkeypatch):
     """Compacting at every finished row: forward k ≥ 1 reads token k − 1 of the rows whose responses are longer
-    than k tokens, so its batch is #{rows: length > k}; the prefill reads all B rows."""
-    model, tok = arch_models["llama"]
-    monkeypatch.setattr(decoding, "COMPACT_SHARE", 0.0)
-    counter = CountRows(model, monkeypatch)
-    out = generate_from_ids(model, tok, contexts(tok), 20, stop_ids=STOPS, **SAMPLINGS["seeded"])
-    lengths = out.lengths.tolist()
-    expected = [len(lengths)] + [sum(n > k for n in lengths) for k in range(1, max(lengths))]
-    assert counter.rows == expected
-    assert sum(expected) < len(lengths) * max(lengths)  # generate() computes every row at every step
+    than k tokens, so its batch is exactly those rows; the prefill reads all B rows."""
+    rows, live = rows_per_forward(*arch_models["llama"], monkeypatch, 0.0)
+    assert rows == live
+    assert sum(live) < live[0] * len(live)  # generate() computes every row at every step
 
 
 def test_compaction_waits_for_a_share_of_finished_rows(arch_models, monkeypatch):
     """With COMPACT_SHARE = 1/2, the batch shrinks only once half of its rows have finished: every forward's batch
     lies between the live rows and twice as many, and it shrinks at least once."""
-    model, tok = arch_models["llama"]
-    monkeypatch.setattr(decoding, "COMPACT_SHARE", 0.5)
-    counter = CountRows(model, monkeypatch)
-    out = generate_from_ids(model, tok, contexts(tok), 20, stop_ids=STOPS, **SAMPLINGS["seeded"])
-    lengths = out.lengths.tolist()
-    live = [len(lengths)] + [sum(n > k for n in lengths) for k in range(1, max(lengths))]
-    assert all(n <= rows < 2 * n or rows == len(lengths) for rows, n in zip(counter.rows, live))
-    assert len(counter.rows) == len(live) and min(counter.rows) < len(lengths)
+    rows, live = rows_per_forward(*arch_models["llama"], monkeypatch, 0.5)
+    assert all(n <= r < 2 * n or r == live[0] for r, n in zip(rows, live))
+    assert len(rows) == len(live) and min(rows) < live[0]
 
 
 def test_the_global_rng_sampler_draws_from_the_warped_distribution():

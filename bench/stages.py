@@ -3,7 +3,8 @@
     .venv/bin/python bench/stages.py --lab runs/lab                                  # this checkout
     .venv/bin/python bench/stages.py --lab runs/lab --source /path/to/older/checkout  # another tether, same venv
 
-Each workload (sft, rm, dpo, ppo) runs as `python -m tether <stage> ...` in a fresh process on one pinned core with
+Each workload (sft, rm, dpo, ppo on the 30 M model; grpo_lab and ppo_lab: the lab's own SFT model, reward
+model and settings, whose responses end at different lengths) runs as `python -m tether <stage> ...` in a fresh process on one pinned core with
 one thread (OMP_NUM_THREADS=1, taskset -c 0 where present), `--repeats` times interleaved with the other checkout
 when `--source` is given. Reported per run: the median `time/step_s` of metrics.jsonl (the step alone), the
 process's CPU seconds and wall seconds (start-up, data, reference pass, probes, final save: everything), and its
@@ -49,6 +50,16 @@ def workloads(lab: Path, model: Path, rm: Path, out: Path) -> dict[str, list[str
         "ppo": ["ppo", "--model", str(model), "--reward-model", str(rm), "--prompts", str(world / "assist_rl.jsonl"),
                 "--max-steps", "4", "--prompts-per-step", "8", "--max-new-tokens", "32", "--eval-every", "0",
                 "--output", str(out / "ppo"), *common],
+        # the lab's own models and settings: a trained policy's responses end at different lengths (a random
+        # model's run to the budget), which is what generation that drops finished rows is for
+        "grpo_lab": ["grpo", "--model", str(lab / "sft" / "final"), "--prompts", str(world / "arith_rl.jsonl"),
+                     "--reward", "tether.lab.rewards:arith_correct,tether.lab.rewards:arith_format=0.5",
+                     "--max-steps", "6", "--prompts-per-step", "32", "--group-size", "8", "--max-new-tokens", "48",
+                     "--lr", "5e-5", "--eval-every", "0", "--output", str(out / "grpo_lab"), *common],
+        "ppo_lab": ["ppo", "--model", str(lab / "sft" / "final"), "--reward-model",
+                    str(lab / "rm_filtered" / "run" / "final"), "--prompts", str(world / "assist_rl.jsonl"),
+                    "--max-steps", "6", "--prompts-per-step", "32", "--max-new-tokens", "64", "--minibatch", "16",
+                    "--lr", "5e-5", "--kl-coef", "0.2", "--eval-every", "0", "--output", str(out / "ppo_lab"), *common],
     }
 
 

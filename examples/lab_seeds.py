@@ -7,7 +7,12 @@ model, and every stage after them. The headline stages are pretrain, sft, eval, 
     .venv/bin/python examples/lab_seeds.py --seeds 0,1,2 [--lab runs/lab] [--json runs/lab-seeds.json]
 
 Seed 0 runs into --lab, so the stages `make lab` already computed there are reused (its summary and report are
-left as they are); seed k runs into <lab>-seed<k>. The spread is the sample standard deviation over seeds, next
+left as they are); seed k runs into <lab>-seed<k>. `--base-only` stops after pretraining and reports the base
+model's greedy arithmetic and held-out pretraining loss per seed (what the pretraining recipe's robustness is
+measured with); `--vocab N` trains an N-token vocabulary instead of the recipe's (folders <lab>-vocab<N>[-seed<k>]):
+
+    .venv/bin/python examples/lab_seeds.py --seeds 0,1,2 --base-only
+    .venv/bin/python examples/lab_seeds.py --seeds 0 --base-only --vocab 768 The spread is the sample standard deviation over seeds, next
 to the range; each seed's evaluation also carries its own 95 % bootstrap interval over prompts (summary.json).
 """
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 import transformers
 
-from tether.lab.pipeline import QUICK, LabConfig, run_lab
+from tether.lab.pipeline import QUICK, LabConfig, run_base, run_lab
 
 HEADLINE = dict(agent_stages=False, grpo_rewards=("outcome",), ppo_kl_coefs=(0.0, 0.2), ppo_adaptive_target=0,
                 dpo_losses=("sigmoid",), dpo_unfiltered=False, dpo_online=False)
@@ -49,6 +54,12 @@ def headline(summary: dict) -> dict[str, float]:
     }
 
 
+def base_figures(base: dict) -> dict[str, float]:
+    return {"vocabulary (tokens)": float(base["vocab"]), "base arith accuracy (greedy)": base["arith_greedy"]["accuracy"],
+            "base arith step accuracy (greedy)": base["arith_greedy"]["step_accuracy"],
+            "pretraining held-out loss at the end": base["curve"][-1][1], "pretraining seconds": base["seconds"]}
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
             "min": min(values), "max": max(values)}
@@ -60,16 +71,24 @@ def main() -> None:
     parser.add_argument("--lab", default="runs/lab", help="Seed 0's lab folder; seed k goes to <lab>-seed<k>.")
     parser.add_argument("--json", default="", help="Write the per-seed figures and their spread here.")
     parser.add_argument("--quick", action="store_true", help="The quick lab's world and model (the tests use it).")
+    parser.add_argument("--base-only", action="store_true", help="Stop after pretraining: the base model's figures.")
+    parser.add_argument("--vocab", type=int, default=0, help="Vocabulary size instead of the recipe's (0: the recipe's).")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     seeds = [int(s) for s in args.seeds.split(",")]
     per_seed, seconds = {}, {}
     for seed in seeds:
-        folder = Path(args.lab if seed == 0 else f"{args.lab}-seed{seed}")
+        lab = f"{args.lab}-vocab{args.vocab}" if args.vocab else args.lab
+        folder = Path(lab if seed == 0 else f"{lab}-seed{seed}")
+        cfg = replace(QUICK if args.quick else LabConfig(), seed=seed, **HEADLINE)
+        cfg = replace(cfg, vocab_size=args.vocab) if args.vocab else cfg
         start = time.perf_counter()
-        summary = run_lab(folder, replace(QUICK if args.quick else LabConfig(), seed=seed, **HEADLINE), report=False)
-        per_seed[seed], seconds[seed] = headline(summary), round(time.perf_counter() - start, 1)
+        if args.base_only:
+            per_seed[seed] = base_figures(run_base(folder, cfg))
+        else:
+            per_seed[seed] = headline(run_lab(folder, cfg, report=False))
+        seconds[seed] = round(time.perf_counter() - start, 1)
     names = list(per_seed[seeds[0]])
     table = {name: {**spread([per_seed[s][name] for s in seeds]), "seeds": {s: per_seed[s][name] for s in seeds}}
              for name in names}

@@ -12,7 +12,9 @@ model's greedy arithmetic and held-out pretraining loss per seed (what the pretr
 measured with); `--vocab N` trains an N-token vocabulary instead of the recipe's (folders <lab>-vocab<N>[-seed<k>]):
 
     .venv/bin/python examples/lab_seeds.py --seeds 0,1,2 --base-only
-    .venv/bin/python examples/lab_seeds.py --seeds 0 --base-only --vocab 768 The spread is the sample standard deviation over seeds, next
+    .venv/bin/python examples/lab_seeds.py --seeds 0 --base-only --vocab 768
+
+The spread is the sample standard deviation over seeds, next
 to the range; each seed's evaluation also carries its own 95 % bootstrap interval over prompts (summary.json).
 """
 from __future__ import annotations

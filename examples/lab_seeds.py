@@ -23,7 +23,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import transformers
@@ -67,6 +67,19 @@ def spread(values: list[float]) -> dict[str, float]:
             "min": min(values), "max": max(values)}
 
 
+def settings(items: list[str]) -> dict:
+    """--set FIELD=VALUE items as LabConfig values, each parsed as its field's default is typed."""
+    defaults = {f.name: f.default for f in fields(LabConfig)}
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not isinstance(defaults.get(name), (int, float, str)) or name == "seed":
+            raise SystemExit(f"--set {item}: expected FIELD=VALUE with FIELD a number or text field of LabConfig")
+        kind = type(defaults[name])
+        out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2", help="Comma-separated seeds.")
@@ -75,21 +88,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="The quick lab's world and model (the tests use it).")
     parser.add_argument("--base-only", action="store_true", help="Stop after pretraining: the base model's figures.")
     parser.add_argument("--vocab", type=int, default=0, help="Vocabulary size instead of the recipe's (0: the recipe's).")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="Another value for a LabConfig field (repeatable), e.g. pretrain_lr_schedule=constant; "
+                             "the folders get a suffix naming it.")
+    parser.add_argument("--workers", type=int, default=1, help="Processes running a lab's ready stages side by side.")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     seeds = [int(s) for s in args.seeds.split(",")]
+    changes = settings(args.set)
     per_seed, seconds = {}, {}
     for seed in seeds:
         lab = f"{args.lab}-vocab{args.vocab}" if args.vocab else args.lab
+        lab += "".join(f"-{k}={v}" for k, v in changes.items())
         folder = Path(lab if seed == 0 else f"{lab}-seed{seed}")
-        cfg = replace(QUICK if args.quick else LabConfig(), seed=seed, **HEADLINE)
+        cfg = replace(QUICK if args.quick else LabConfig(), seed=seed, **HEADLINE, **changes)
         cfg = replace(cfg, vocab_size=args.vocab) if args.vocab else cfg
         start = time.perf_counter()
         if args.base_only:
             per_seed[seed] = base_figures(run_base(folder, cfg))
         else:
-            per_seed[seed] = headline(run_lab(folder, cfg, report=False))
+            per_seed[seed] = headline(run_lab(folder, cfg, report=False, workers=args.workers))
         seconds[seed] = round(time.perf_counter() - start, 1)
     names = list(per_seed[seeds[0]])
     table = {name: {**spread([per_seed[s][name] for s in seeds]), "seeds": {s: per_seed[s][name] for s in seeds}}

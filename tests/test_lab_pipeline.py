@@ -249,10 +249,71 @@ def test_the_lab_sft_stage_learns_under_bf16_autocast_as_in_fp32(quick_lab, tmp_
     assert curve(bf16)[-1] == pytest.approx(curve(fp32)[-1], rel=0.03)
 
 
+def _figures(summary: dict, out) -> str:
+    """Every family's figures as text, without wall-clock fields and with the lab folder's path replaced."""
+    clock = ("minutes", "steps_per_minute", "time_split", "seconds")
+    strip = lambda obj: ({k: strip(v) for k, v in obj.items() if k not in clock} if isinstance(obj, dict)
+                         else [strip(v) for v in obj] if isinstance(obj, list) else obj)
+    families = ("world", "pretrain", "sft", "eval", "reward_models", "ppo", "grpo", "dpo", "agents")
+    return json.dumps(strip({k: summary[k] for k in families}), sort_keys=True).replace(str(out), "LAB")
+
+
+AFTER_EVAL = ("rm", "rm_filtered", "ppo_kl0", "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process", "dpo_sigmoid",
+              "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_online", "agent_world", "calc_sft", "shop_sft",
+              "calc_grpo", "shop_state", "shop_claim")
+
+
+@pytest.mark.slow
+def test_stages_on_two_workers_run_side_by_side_and_compute_the_same_figures(quick_lab, tmp_path):
+    out, first = quick_lab
+    lab = tmp_path / "lab"
+    shutil.copytree(out, lab)
+    for name in AFTER_EVAL:
+        shutil.rmtree(lab / name)
+    second = run_lab(lab, QUICK, workers=2)
+    assert _figures(second, lab) == _figures(first, out)
+    assert list(second["seconds"]) == list(first["seconds"])  # the plan's order, not the order stages ended in
+    assert [n for n, cached in second["cached"].items() if not cached] == [*AFTER_EVAL, "report"]
+    spans = {}
+    for name in AFTER_EVAL:
+        record = json.loads((lab / name / "stage.json").read_text())
+        spans[name] = (record["began"], record["ended"])
+        assert "lab: " + name in (lab / "logs" / f"{name}.log").read_text()  # the stage's own output, in its log
+    # each stage starts after the stages it reads have ended, and some ran at the same time as another
+    assert spans["rm_filtered"][1] <= spans["ppo_kl0"][0] and spans["calc_sft"][1] <= spans["calc_grpo"][0]
+    assert any(a[0] < b[1] and b[0] < a[1] for x, a in spans.items() for y, b in spans.items() if x < y)
+
+
+@pytest.mark.slow
+def test_a_stage_that_fails_on_a_worker_names_itself_and_its_log(quick_lab, tmp_path, capsys):
+    from tether.data.records import DataError
+
+    out, _ = quick_lab
+    lab = tmp_path / "lab"
+    shutil.copytree(out, lab)
+    shutil.rmtree(lab / "dpo_sigmoid")
+    with (lab / "rm_filtered" / "prefs_filtered.jsonl").open("a") as f:
+        f.write("{not json\n")
+    with pytest.raises(DataError, match="prefs_filtered.jsonl"):
+        run_lab(lab, QUICK, workers=2)
+    err = capsys.readouterr().err
+    assert f"lab: dpo_sigmoid failed; the end of {lab / 'logs' / 'dpo_sigmoid.log'}" in err
+    assert "Traceback" in (lab / "logs" / "dpo_sigmoid.log").read_text()
+    assert not (lab / "dpo_sigmoid" / "stage.json").exists()
+
+
+def test_a_plan_whose_stage_needs_a_later_one_is_refused(tmp_path):
+    from tether.lab.schedule import Stage, Stages
+
+    plan = [Stage("a", {}, ("b",), None, lambda folder, resume: {}), Stage("b", {}, (), None, lambda folder, resume: {})]
+    with pytest.raises(ValueError, match="stage 'a' needs \\['b'\\], which no earlier stage makes"):
+        Stages(tmp_path).run_plan(plan)
+
+
 def test_a_stage_is_computed_again_after_a_change_to_tethers_code(tmp_path, monkeypatch):
     """The stage cache keys on the code too: the same recipe is reused while the code is the same, and computed
     afresh once it changed — a user never reads figures an older build made."""
-    from tether.lab import pipeline
+    from tether.lab import pipeline, schedule
 
     calls = []
 
@@ -262,12 +323,12 @@ def test_a_stage_is_computed_again_after_a_change_to_tethers_code(tmp_path, monk
 
     assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 1}
     assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 1} and len(calls) == 1  # cached
-    monkeypatch.setattr(pipeline, "code_fingerprint", lambda: "another-build")
+    monkeypatch.setattr(schedule, "code_fingerprint", lambda: "another-build")
     assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 2}
 
 
 def test_the_code_fingerprint_follows_python_sources_only(tmp_path):
-    from tether.lab.pipeline import code_fingerprint
+    from tether.lab.schedule import code_fingerprint
 
     package = tmp_path / "pkg"
     (package / "stages").mkdir(parents=True)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -25,22 +24,6 @@ STAGES = {
     "bench": "Where a step's time goes on this machine: matmul peak, each phase's time and share of it, padding.",
     "data": "Data tools: `check` (counts, loss mask), `agreement` (annotator κ), `filter` (by agreement, to majority labels).",
 }
-
-
-def _quiet_libraries() -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    from tether.train.logger import ConsoleLogHandler
-
-    root = logging.getLogger()
-    if not root.handlers:  # as logging.basicConfig, through the console (above a progress bar)
-        handler = ConsoleLogHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--quick", action="store_true", help="A smaller world and model (about a minute); used by the tests.")
     lab.add_argument("--seed", type=int, default=0, help="Seed of the world, the model and every stage.")
     lab.add_argument("--fresh", action="store_true", help="Redo every stage, ignoring cached outputs.")
+    lab.add_argument("--workers", type=int, default=0,
+                     help="Processes that run the stages whose inputs are ready side by side (0: one per core; "
+                          "1: one stage at a time, in this process). The figures do not depend on it.")
 
     ev = sub.add_parser("eval", help=STAGES["eval"], description=STAGES["eval"])
     ev.add_argument("--model", required=True, help="Model folder to evaluate.")
@@ -193,8 +179,12 @@ def run_lab_command(args) -> None:
 
     from tether.lab.pipeline import QUICK, LabConfig, run_lab
 
+    from tether.lab.schedule import usable_cores
+
+    if args.workers < 0:
+        raise ConfigError(f"--workers must be 0 (one per core) or a number of processes, got {args.workers}")
     cfg = replace(QUICK if args.quick else LabConfig(), seed=args.seed)
-    run_lab(args.output, cfg, fresh=args.fresh)
+    run_lab(args.output, cfg, fresh=args.fresh, workers=args.workers or usable_cores())
 
 
 def run_eval_command(args) -> None:
@@ -417,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage is None:
         parser.print_help()
         return 0
-    _quiet_libraries()
+    from tether.train.logger import quiet_libraries
+
+    quiet_libraries()
     try:
         if args.stage == "sft":
             run_sft_command(args)

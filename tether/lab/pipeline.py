@@ -1,14 +1,11 @@
 """`tether lab`: build the world, pretrain a tiny model from scratch, fine-tune it, and measure both against gold.
 
-Each stage writes into <output>/<stage>/ and finishes by writing stage.json
-with the hash of its recipe (its own settings, the hashes of the stages it
-reads, and a fingerprint of tether's code). A later run skips a stage whose
-stage.json carries the same hash; a training stage that was killed resumes from
-its last checkpoint.
+The plan (`lab_plan`) lists each stage with its settings and the stages it
+reads; tether/lab/schedule.py caches each one on its recipe and tether's code,
+resumes a killed one, and runs the ready ones side by side with ``workers`` > 1.
 """
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import shutil
@@ -17,8 +14,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tether.config import build_config
-from tether.lab.evaluate import Decoding, evaluate_task
 from tether.lab import arith
+from tether.lab.evaluate import Decoding, evaluate_task
+from tether.lab.schedule import Stage, Stages
 from tether.lab.world import WorldConfig, build_world
 from tether.models import build_tiny_model, load_model, load_tokenizer
 from tether.stages.sft import SFTConfig, run_sft
@@ -45,6 +43,7 @@ class LabConfig:
     pretrain_batch: int = 4  # packed rows of pack_length tokens
     pack_length: int = 256
     pretrain_lr: float = 2e-3
+    pretrain_lr_schedule: str = "cosine"  # after the warm-up: cosine (down to 0.1 x lr at the end) or constant
     # supervised fine-tuning on demonstrations (completion-only)
     sft_steps: int = 450
     sft_batch: int = 64
@@ -134,63 +133,9 @@ QUICK = LabConfig(
     agent_steps=2, agent_prompts_per_step=4, agent_group_size=4, agent_eval_every=1, calc_eval_problems=16)
 
 
-def _hash(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def code_fingerprint(root: Path | None = None) -> str:
-    """A hash of every .py file of the tether package (relative paths and contents). Every stage's recipe includes
-    it, so after any change to tether's code a stage is computed again instead of showing figures an older build
-    made. Deliberately the whole package, not a guessed list of the modules a stage uses: a list that missed one
-    would bring the stale figures back."""
-    root = root or Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
-
-
-class Stages:
-    """Runs stages into one folder, skipping those whose stage.json matches their recipe (and tether's code)."""
-
-    def __init__(self, output: Path, fresh: bool = False):
-        self.output = output
-        self.fresh = fresh
-        self.timings: dict[str, float] = {}
-        self.cached: dict[str, bool] = {}
-        self.code = code_fingerprint()
-
-    def run(self, name: str, recipe: dict, fn):
-        folder = self.output / name
-        recipe = {**recipe, "code": self.code}
-        recipe_hash = _hash(recipe)
-        done = folder / "stage.json"
-        if not self.fresh and done.is_file():
-            record = json.loads(done.read_text())
-            if record.get("recipe_hash") == recipe_hash:
-                console.print(f"[dim]lab: {name}: cached ({folder})[/]")
-                self.timings[name], self.cached[name] = record["seconds"], True
-                return recipe_hash, record["result"]
-        started = folder / "recipe.json"
-        resume = (not self.fresh and started.is_file() and json.loads(started.read_text()).get("recipe_hash") == recipe_hash
-                  and (latest_checkpoint(folder) or latest_checkpoint(folder / "run")) is not None)
-        if not resume:
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            started.write_text(json.dumps({"recipe_hash": recipe_hash, "recipe": recipe}, indent=2, default=str))
-        console.print(f"[bold]lab: {name}[/]" + (" (resuming)" if resume else ""))
-        t0 = time.perf_counter()
-        result = fn(folder, resume)
-        seconds = round(time.perf_counter() - t0, 1)
-        tmp = done.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"recipe_hash": recipe_hash, "seconds": seconds, "result": result}, indent=2))
-        tmp.replace(done)
-        self.timings[name], self.cached[name] = seconds, False
-        return recipe_hash, result
-
-
 def _train(model_dir: Path, data: Path, eval_data: Path | None, folder: Path, resume: bool, *, steps: int, batch: int,
-           micro: int, lr: float, max_length: int, all_tokens: bool, packing: bool, seed: int) -> dict:
+           micro: int, lr: float, max_length: int, all_tokens: bool, packing: bool, seed: int,
+           lr_schedule: str = "cosine") -> dict:
     keys = ("eval/loss", "eval/ppl", "steps")
     if resume:
         if (folder / "summary.json").is_file():  # killed after finishing, before stage.json
@@ -201,6 +146,7 @@ def _train(model_dir: Path, data: Path, eval_data: Path | None, folder: Path, re
             resume = False
     overrides = {"model.path": str(model_dir), "data.path": str(data), "data.max_length": max_length,
                  "data.train_on_prompt": all_tokens, "data.packing": packing, "optim.lr": lr, "optim.warmup_ratio": 0.05,
+                 "optim.lr_schedule": lr_schedule,
                  "train.output": str(folder), "train.batch_size": batch, "train.micro_batch_size": micro,
                  "train.max_steps": steps, "train.eval_every": max(1, steps // 4), "train.save_every": max(1, steps // 4),
                  "train.keep_checkpoints": 1, "train.log_every": max(1, steps // 10), "train.seed": seed,
@@ -218,74 +164,23 @@ def _read_rows(path: Path) -> list[dict]:
 
 
 def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh: bool = False,
-            report: bool = True) -> dict:
+            report: bool = True, workers: int = 1) -> dict:
     """Every stage of ``cfg`` into ``output``; ``report``: then the tables, report.html and summary.json (False:
     the stages' figures only, returned — a subset of the stages run into a lab folder without replacing its
-    summary and report)."""
+    summary and report). ``workers`` > 1: stages whose inputs are ready run side by side on that many processes
+    (`tether lab` uses one per core); the figures are the same."""
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out, fresh)
-    world_dir = out / "world"
-    (world_hash, world), _, (pre_hash, pre) = _base_stages(stages, out, cfg)
-
-    sft_recipe = {"pretrain": pre_hash, "steps": cfg.sft_steps, "batch": cfg.sft_batch, "lr": cfg.sft_lr}
-    sft_hash, sft = stages.run("sft", sft_recipe, lambda folder, resume: _train(
-        out / "pretrain" / "final", world_dir / "sft.jsonl", world_dir / "sft_eval.jsonl", folder, resume,
-        steps=cfg.sft_steps, batch=cfg.sft_batch, micro=cfg.sft_batch, lr=cfg.sft_lr, max_length=cfg.pack_length,
-        all_tokens=False, packing=False, seed=cfg.seed))
-
-    eval_recipe = {"pretrain": pre_hash, "sft": sft_hash, "n": cfg.eval_arith, "samples": cfg.assist_samples,
-                   "temperature": cfg.sample_temperature}
-    _, figures = stages.run("eval", eval_recipe, lambda folder, _: _eval_stage(folder, out, world_dir, cfg))
-
-    reward_models, rm_hashes = {}, {}
-    for name, min_agreement in (("rm", 0.0), ("rm_filtered", cfg.rm_min_agreement)):
-        recipe = {"sft": sft_hash, "world": world_hash, "epochs": cfg.rm_epochs, "batch": cfg.rm_batch, "lr": cfg.rm_lr,
-                  "min_agreement": min_agreement}
-        rm_hashes[name], reward_models[name] = stages.run(name, recipe, lambda folder, resume, m=min_agreement: _rm_stage(
-            folder, resume, out, world_dir, cfg, m))
-
-    ppo_runs = {}
-    runs = [(f"ppo_kl{coef:g}", coef, 0.0) for coef in cfg.ppo_kl_coefs]
-    if cfg.ppo_adaptive_target > 0:
-        runs.append((f"ppo_adaptive{cfg.ppo_adaptive_target:g}", cfg.ppo_adaptive_init, cfg.ppo_adaptive_target))
-    for name, coef, target in runs:
-        recipe = {"sft": sft_hash, "rm": rm_hashes[cfg.ppo_reward_model], "reward_model": cfg.ppo_reward_model,
-                  "kl_coef": coef, "adaptive_target": target,
-                  "horizon": cfg.ppo_kl_horizon if target else None, "steps": cfg.ppo_steps, "prompts": cfg.ppo_prompts_per_step,
-                  "lr": cfg.ppo_lr, "eval_every": cfg.ppo_eval_every, "eval_samples": cfg.ppo_eval_samples, "seed": cfg.seed}
-        _, ppo_runs[name] = stages.run(name, recipe, lambda folder, resume, c=coef, t=target: _ppo_stage(
-            folder, resume, out, cfg, c, t))
-
-    grpo_runs = {}
-    for rewards in cfg.grpo_rewards:
-        recipe = {"sft": sft_hash, "world": world_hash, "recipe": cfg.grpo_recipe, "rewards": rewards,
-                  "steps": cfg.grpo_steps, "prompts": cfg.grpo_prompts_per_step, "group": cfg.grpo_group_size,
-                  "lr": cfg.grpo_lr, "eval_every": cfg.grpo_eval_every, "eval_problems": cfg.grpo_eval_problems,
-                  "seed": cfg.seed}
-        _, grpo_runs[f"grpo_{rewards}"] = stages.run(f"grpo_{rewards}", recipe, lambda folder, resume, r=rewards: _grpo_stage(
-            folder, resume, out, cfg, r))
-
-    dpo_runs = {}
-    dpo_plan = [(f"dpo_{loss}", loss, "filtered") for loss in cfg.dpo_losses]
-    if cfg.dpo_unfiltered:
-        dpo_plan.append(("dpo_sigmoid_unfiltered", "sigmoid", "all"))
-    if cfg.dpo_online:
-        dpo_plan.append(("dpo_sigmoid_online", "sigmoid", "online"))
-    for name, loss, data in dpo_plan:
-        recipe = {"sft": sft_hash, "world": world_hash, "rm_filtered": rm_hashes["rm_filtered"], "loss": loss, "data": data,
-                  "steps": cfg.dpo_steps, "batch": cfg.dpo_batch, "lr": cfg.dpo_lr, "eval_every": cfg.dpo_eval_every,
-                  "eval_samples": cfg.ppo_eval_samples, "seed": cfg.seed,
-                  "online": [cfg.dpo_online_rounds, cfg.dpo_online_prompts, cfg.rm_min_agreement, cfg.dpo_online_keep_truncated]
-                  if data == "online" else None}
-        _, dpo_runs[name] = stages.run(name, recipe, lambda folder, resume, lo=loss, da=data: _dpo_stage(
-            folder, resume, out, cfg, lo, da))
-
-    agent_runs = _agent_stages(stages, out, cfg, world_hash, sft_hash) if cfg.agent_stages else {}
-
-    summary = {"output": str(out), "world": world, "pretrain": pre, "sft": sft, "eval": figures,
-               "reward_models": reward_models, "ppo": ppo_runs, "grpo": grpo_runs, "dpo": dpo_runs, "agents": agent_runs,
-               "seconds": stages.timings, "cached": stages.cached}
+    plan = lab_plan(out, cfg)
+    t0 = time.perf_counter()
+    results = stages.run_plan(plan, workers, rebuild=(lab_plan, (out, cfg)))
+    summary = {"output": str(out), "world": results["world"], "pretrain": results["pretrain"], "sft": results["sft"],
+               "eval": results["eval"]}
+    for family in ("reward_models", "ppo", "grpo", "dpo", "agents"):
+        summary[family] = {s.name: results[s.name] for s in plan if s.family == family}
+    summary.update(seconds=stages.timings, cached=stages.cached, workers=workers,
+                   stages_wall_seconds=round(time.perf_counter() - t0, 1))
     if not report:
         return summary
     t0 = time.perf_counter()
@@ -298,21 +193,118 @@ def run_lab(output: str | Path = "runs/lab", cfg: LabConfig = LabConfig(), fresh
     return summary
 
 
-def _base_stages(stages: "Stages", out: Path, cfg: LabConfig) -> tuple:
-    """world, init and pretrain into ``out``: each stage's (hash, result)."""
+def base_plan(out: Path, cfg: LabConfig) -> list[Stage]:
+    """world, init and pretrain into ``out``."""
     world_cfg = replace(cfg.world, seed=cfg.seed)
     world_dir = out / "world"
-    world = stages.run("world", {"world": asdict(world_cfg)}, lambda folder, _: _world_stage(folder, world_cfg))
-    init_recipe = {"world": world[0], "vocab": cfg.vocab_size, "dims": [cfg.hidden, cfg.layers, cfg.heads, cfg.max_positions],
-                   "seed": cfg.seed}
-    init = stages.run("init", init_recipe, lambda folder, _: _init_stage(folder, world_dir, cfg))
-    pre_recipe = {"init": init[0], "steps": cfg.pretrain_steps, "batch": cfg.pretrain_batch, "lr": cfg.pretrain_lr,
-                  "pack": cfg.pack_length}
-    pre = stages.run("pretrain", pre_recipe, lambda folder, resume: _train(
-        out / "init", world_dir / "pretrain.jsonl", None, folder, resume, steps=cfg.pretrain_steps,
-        batch=cfg.pretrain_batch, micro=cfg.pretrain_batch, lr=cfg.pretrain_lr, max_length=cfg.pack_length,
-        all_tokens=False, packing=True, seed=cfg.seed))
-    return world, init, pre
+    return [
+        Stage("world", {"world": asdict(world_cfg)}, (), None, lambda folder, _: _world_stage(folder, world_cfg)),
+        Stage("init", {"vocab": cfg.vocab_size, "dims": [cfg.hidden, cfg.layers, cfg.heads, cfg.max_positions],
+                       "seed": cfg.seed}, ("world",), None, lambda folder, _: _init_stage(folder, world_dir, cfg)),
+        Stage("pretrain", {"steps": cfg.pretrain_steps, "batch": cfg.pretrain_batch, "lr": cfg.pretrain_lr,
+                           "schedule": cfg.pretrain_lr_schedule, "pack": cfg.pack_length}, ("init",), None,
+              lambda folder, resume: _train(
+            out / "init", world_dir / "pretrain.jsonl", None, folder, resume, steps=cfg.pretrain_steps,
+            batch=cfg.pretrain_batch, micro=cfg.pretrain_batch, lr=cfg.pretrain_lr, max_length=cfg.pack_length,
+            all_tokens=False, packing=True, seed=cfg.seed, lr_schedule=cfg.pretrain_lr_schedule)),
+    ]
+
+
+def lab_plan(out: Path, cfg: LabConfig) -> list[Stage]:
+    """Every stage of the lab, each after the stages whose outputs it reads."""
+    world_dir = out / "world"
+    plan = base_plan(out, cfg)
+    plan.append(Stage("sft", {"steps": cfg.sft_steps, "batch": cfg.sft_batch, "lr": cfg.sft_lr}, ("pretrain",), None,
+                      lambda folder, resume: _train(
+        out / "pretrain" / "final", world_dir / "sft.jsonl", world_dir / "sft_eval.jsonl", folder, resume,
+        steps=cfg.sft_steps, batch=cfg.sft_batch, micro=cfg.sft_batch, lr=cfg.sft_lr, max_length=cfg.pack_length,
+        all_tokens=False, packing=False, seed=cfg.seed)))
+    plan.append(Stage("eval", {"n": cfg.eval_arith, "samples": cfg.assist_samples, "temperature": cfg.sample_temperature},
+                      ("pretrain", "sft"), None, lambda folder, _: _eval_stage(folder, out, world_dir, cfg)))
+    for name, min_agreement in (("rm", 0.0), ("rm_filtered", cfg.rm_min_agreement)):
+        recipe = {"epochs": cfg.rm_epochs, "batch": cfg.rm_batch, "lr": cfg.rm_lr, "min_agreement": min_agreement}
+        plan.append(Stage(name, recipe, ("sft", "world"), "reward_models", lambda folder, resume, m=min_agreement: _rm_stage(
+            folder, resume, out, world_dir, cfg, m)))
+
+    runs = [(f"ppo_kl{coef:g}", coef, 0.0) for coef in cfg.ppo_kl_coefs]
+    if cfg.ppo_adaptive_target > 0:
+        runs.append((f"ppo_adaptive{cfg.ppo_adaptive_target:g}", cfg.ppo_adaptive_init, cfg.ppo_adaptive_target))
+    for name, coef, target in runs:
+        recipe = {"reward_model": cfg.ppo_reward_model, "kl_coef": coef, "adaptive_target": target,
+                  "horizon": cfg.ppo_kl_horizon if target else None, "steps": cfg.ppo_steps, "prompts": cfg.ppo_prompts_per_step,
+                  "lr": cfg.ppo_lr, "eval_every": cfg.ppo_eval_every, "eval_samples": cfg.ppo_eval_samples, "seed": cfg.seed}
+        plan.append(Stage(name, recipe, ("sft", cfg.ppo_reward_model), "ppo", lambda folder, resume, c=coef, t=target: _ppo_stage(
+            folder, resume, out, cfg, c, t)))
+
+    for rewards in cfg.grpo_rewards:
+        recipe = {"recipe": cfg.grpo_recipe, "rewards": rewards, "steps": cfg.grpo_steps, "prompts": cfg.grpo_prompts_per_step,
+                  "group": cfg.grpo_group_size, "lr": cfg.grpo_lr, "eval_every": cfg.grpo_eval_every,
+                  "eval_problems": cfg.grpo_eval_problems, "seed": cfg.seed}
+        plan.append(Stage(f"grpo_{rewards}", recipe, ("sft", "world"), "grpo", lambda folder, resume, r=rewards: _grpo_stage(
+            folder, resume, out, cfg, r)))
+
+    dpo_runs = [(f"dpo_{loss}", loss, "filtered") for loss in cfg.dpo_losses]
+    if cfg.dpo_unfiltered:
+        dpo_runs.append(("dpo_sigmoid_unfiltered", "sigmoid", "all"))
+    if cfg.dpo_online:
+        dpo_runs.append(("dpo_sigmoid_online", "sigmoid", "online"))
+    for name, loss, data in dpo_runs:
+        recipe = {"loss": loss, "data": data, "steps": cfg.dpo_steps, "batch": cfg.dpo_batch, "lr": cfg.dpo_lr,
+                  "eval_every": cfg.dpo_eval_every, "eval_samples": cfg.ppo_eval_samples, "seed": cfg.seed,
+                  "online": [cfg.dpo_online_rounds, cfg.dpo_online_prompts, cfg.rm_min_agreement, cfg.dpo_online_keep_truncated]
+                  if data == "online" else None}
+        plan.append(Stage(name, recipe, ("sft", "world", "rm_filtered"), "dpo", lambda folder, resume, lo=loss, da=data:
+                          _dpo_stage(folder, resume, out, cfg, lo, da)))
+    if cfg.agent_stages:
+        plan.extend(_agent_plan(out, cfg))
+    return plan
+
+
+def _agent_plan(out: Path, cfg: LabConfig) -> list[Stage]:
+    """The agent edition: its data, the tool-use SFT stages, the calculator run and the two shop runs."""
+    from tether.lab.agents import build_agent_world, run_lab_agent_grpo
+
+    world_dir, agent_dir = out / "world", out / "agent_world"
+    data = {"calc_sft": cfg.calc_sft_examples, "calc_tool_fraction": cfg.calc_tool_fraction,
+            "shop_sft": cfg.shop_sft_examples, "shop_rl": cfg.shop_rl_prompts, "shop_eval": cfg.shop_eval_requests,
+            "lazy": cfg.shop_lazy_fraction, "check": cfg.shop_check_fraction, "careless": cfg.shop_careless_fraction}
+    plan = [Stage("agent_world", {**data, "seed": cfg.seed}, ("world",), None, lambda folder, _: build_agent_world(
+        folder, world_dir, cfg.seed, cfg.calc_sft_examples, cfg.calc_tool_fraction, cfg.shop_sft_examples,
+        cfg.shop_rl_prompts, cfg.shop_eval_requests, cfg.shop_lazy_fraction, cfg.shop_check_fraction,
+        cfg.shop_careless_fraction))]
+    for task, steps in (("calc", cfg.calc_sft_steps), ("shop", cfg.shop_sft_steps)):
+        recipe = {"steps": steps, "lr": cfg.agent_sft_lr, "seed": cfg.seed}
+        plan.append(Stage(f"{task}_sft", recipe, ("sft", "agent_world"), None, lambda folder, resume, t=task, n=steps: _train(
+            out / "sft" / "final", agent_dir / f"{t}_sft.jsonl", None, folder, resume, steps=n, batch=32, micro=32,
+            lr=cfg.agent_sft_lr, max_length=cfg.pack_length, all_tokens=False, packing=False, seed=cfg.seed)))
+    common = dict(steps=cfg.agent_steps, prompts_per_step=cfg.agent_prompts_per_step, group_size=cfg.agent_group_size,
+                  eval_every=cfg.agent_eval_every, seed=cfg.seed, temperature=cfg.agent_temperature)
+    budget = dict(max_turns=3, max_total_tokens=200, max_new_tokens=80)
+    arith_eval = lambda: _read_rows(world_dir / "arith_eval.jsonl")[: cfg.calc_eval_problems]
+
+    def calc_stage(folder: Path, resume: bool) -> dict:
+        from tether.lab.evaluate import Decoding, generate_for, score_arith
+
+        rows = arith_eval()
+        result = run_lab_agent_grpo(folder, resume, model_dir=out / "calc_sft" / "final", env="tether.lab.agents:CalcEnv",
+                                    prompts=world_dir / "arith_rl.jsonl", eval_rows=rows, lr=cfg.calc_lr,
+                                    without_tools=True, **budget, **common)
+        tok = load_tokenizer(out / "sft" / "final")  # the SFT model, without tools, on the same problems
+        answers = generate_for(load_model(out / "sft" / "final", tok), tok, rows, Decoding(max_new_tokens=96))
+        return {**result, "sft_accuracy_no_tools": score_arith(rows, answers)["accuracy"]}
+
+    plan.append(Stage("calc_grpo", {"lr": cfg.calc_lr, "n": cfg.calc_eval_problems, **budget, **common},
+                      ("sft", "calc_sft"), "agents", calc_stage))
+    shop_budget = dict(max_turns=4, max_total_tokens=240, max_new_tokens=80)
+    for reward in ("state", "claim"):
+        recipe = {"reward": reward, "lr": cfg.shop_lr, **shop_budget, **common}
+        plan.append(Stage(f"shop_{reward}", recipe, ("shop_sft", "agent_world"), "agents", lambda folder, resume, r=reward:
+                          run_lab_agent_grpo(folder, resume, model_dir=out / "shop_sft" / "final",
+                                             env=f"tether.lab.agents:ShopEnv(reward='{r}')",
+                                             prompts=agent_dir / "shop_rl.jsonl",
+                                             eval_rows=_read_rows(agent_dir / "shop_eval.jsonl"), lr=cfg.shop_lr,
+                                             **shop_budget, **common)))
+    return plan
 
 
 def run_base(output: str | Path, cfg: LabConfig = LabConfig(), fresh: bool = False) -> dict:
@@ -323,62 +315,14 @@ def run_base(output: str | Path, cfg: LabConfig = LabConfig(), fresh: bool = Fal
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out, fresh)
-    _, (_, init), (_, pre) = _base_stages(stages, out, cfg)
+    results = stages.run_plan(base_plan(out, cfg))
     rows = _read_rows(out / "world" / "arith_eval.jsonl")[: cfg.eval_arith]
     tok = load_tokenizer(out / "pretrain" / "final")
     greedy = evaluate_task(load_model(out / "pretrain" / "final", tok), tok, "lab-arith", rows)
     metrics = [json.loads(line) for line in (out / "pretrain" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"vocab": init["vocab"], "pretrain": pre, "seconds": stages.timings["pretrain"],
+    return {"vocab": results["init"]["vocab"], "pretrain": results["pretrain"], "seconds": stages.timings["pretrain"],
             "arith_greedy": {k: greedy[k] for k in ("accuracy", "format_rate", "step_accuracy", "n")},
             "curve": [(m["step"], m["eval/loss"]) for m in metrics if "eval/loss" in m]}
-
-
-def _agent_stages(stages: "Stages", out: Path, cfg: LabConfig, world_hash: str, sft_hash: str) -> dict:
-    """The agent edition: its data, the tool-use SFT stages, the calculator run and the two shop runs."""
-    from tether.lab.agents import build_agent_world, run_lab_agent_grpo
-
-    world_dir, agent_dir = out / "world", out / "agent_world"
-    data = {"calc_sft": cfg.calc_sft_examples, "calc_tool_fraction": cfg.calc_tool_fraction,
-            "shop_sft": cfg.shop_sft_examples, "shop_rl": cfg.shop_rl_prompts, "shop_eval": cfg.shop_eval_requests,
-            "lazy": cfg.shop_lazy_fraction, "check": cfg.shop_check_fraction, "careless": cfg.shop_careless_fraction}
-    data_hash, _ = stages.run("agent_world", {"world": world_hash, **data, "seed": cfg.seed}, lambda folder, _: build_agent_world(
-        folder, world_dir, cfg.seed, cfg.calc_sft_examples, cfg.calc_tool_fraction, cfg.shop_sft_examples,
-        cfg.shop_rl_prompts, cfg.shop_eval_requests, cfg.shop_lazy_fraction, cfg.shop_check_fraction,
-        cfg.shop_careless_fraction))
-    sft_hashes = {}
-    for task, steps in (("calc", cfg.calc_sft_steps), ("shop", cfg.shop_sft_steps)):
-        recipe = {"sft": sft_hash, "agent_world": data_hash, "steps": steps, "lr": cfg.agent_sft_lr, "seed": cfg.seed}
-        sft_hashes[task], _ = stages.run(f"{task}_sft", recipe, lambda folder, resume, t=task, n=steps: _train(
-            out / "sft" / "final", agent_dir / f"{t}_sft.jsonl", None, folder, resume, steps=n, batch=32, micro=32,
-            lr=cfg.agent_sft_lr, max_length=cfg.pack_length, all_tokens=False, packing=False, seed=cfg.seed))
-    common = dict(steps=cfg.agent_steps, prompts_per_step=cfg.agent_prompts_per_step, group_size=cfg.agent_group_size,
-                  eval_every=cfg.agent_eval_every, seed=cfg.seed, temperature=cfg.agent_temperature)
-    budget = dict(max_turns=3, max_total_tokens=200, max_new_tokens=80)
-    arith_eval = _read_rows(world_dir / "arith_eval.jsonl")[: cfg.calc_eval_problems]
-    runs = {}
-
-    def calc_stage(folder: Path, resume: bool) -> dict:
-        from tether.lab.evaluate import Decoding, generate_for, score_arith
-
-        result = run_lab_agent_grpo(folder, resume, model_dir=out / "calc_sft" / "final", env="tether.lab.agents:CalcEnv",
-                                    prompts=world_dir / "arith_rl.jsonl", eval_rows=arith_eval, lr=cfg.calc_lr,
-                                    without_tools=True, **budget, **common)
-        tok = load_tokenizer(out / "sft" / "final")  # the SFT model, without tools, on the same problems
-        answers = generate_for(load_model(out / "sft" / "final", tok), tok, arith_eval, Decoding(max_new_tokens=96))
-        return {**result, "sft_accuracy_no_tools": score_arith(arith_eval, answers)["accuracy"]}
-
-    recipe = {"sft": sft_hash, "calc_sft": sft_hashes["calc"], "lr": cfg.calc_lr, "n": cfg.calc_eval_problems,
-              **budget, **common}
-    _, runs["calc_grpo"] = stages.run("calc_grpo", recipe, calc_stage)
-    shop_budget = dict(max_turns=4, max_total_tokens=240, max_new_tokens=80)
-    for reward in ("state", "claim"):
-        recipe = {"shop_sft": sft_hashes["shop"], "agent_world": data_hash, "reward": reward, "lr": cfg.shop_lr,
-                  **shop_budget, **common}
-        _, runs[f"shop_{reward}"] = stages.run(f"shop_{reward}", recipe, lambda folder, resume, r=reward: run_lab_agent_grpo(
-            folder, resume, model_dir=out / "shop_sft" / "final", env=f"tether.lab.agents:ShopEnv(reward='{r}')",
-            prompts=agent_dir / "shop_rl.jsonl", eval_rows=_read_rows(agent_dir / "shop_eval.jsonl"), lr=cfg.shop_lr,
-            **shop_budget, **common))
-    return runs
 
 
 PPO_KEYS = ("eval/gold_reward", "eval/gold_win_rate", "eval/score_mean", "kl/ref_mean", "score/mean", "eval/mean_words",

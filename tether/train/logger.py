@@ -34,6 +34,22 @@ class ConsoleLogHandler(logging.Handler):
             self.handleError(record)
 
 
+def quiet_libraries() -> None:
+    """transformers' warnings and progress bars off, and Python's warnings through the console: what every
+    tether process (the command, the lab's workers) sets before it loads a model."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig, through the console (above a progress bar)
+        handler = ConsoleLogHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.WARNING)
+
+
 def progress(items, total: int, description: str, min_items: int = 2000, every_s: float = 10.0):
     """``items``, with progress shown when there are at least ``min_items``: a bar in a terminal, else a line
     every ``every_s`` seconds (a log file). Tokenising 20,000 conversations or scoring a reference takes a while."""

@@ -37,13 +37,15 @@ class LabConfig:
     # pretraining: every token of the world's mixed-quality corpus, packed into rows. Held-out arithmetic goes
     # through a transition whose step varies with the seed and the vocabulary; 1,000 steps of 16 rows at lr 1e-3
     # stopped before it on seeds 1 and 2 (greedy accuracy 0.685 / 0.08 / 0.06). The same tokens in 4x the updates
-    # at 2x the learning rate got every seed and vocabulary tried into it (0.42-0.77), in about the same time;
-    # crossing it on all of them takes more tokens than the lab's time allows (docs/lab.md)
+    # at 2x the learning rate got every seed and vocabulary tried into it (0.42-0.77); AdamW's weight decay 0.1
+    # then takes seeds 0-2 across it at the same cost (0.77 / 0.80 / 0.75; a 768-token vocabulary 0.50), where more
+    # updates (8,000 x 2) or a constant learning rate did not (docs/lab.md)
     pretrain_steps: int = 4000
     pretrain_batch: int = 4  # packed rows of pack_length tokens
     pack_length: int = 256
     pretrain_lr: float = 2e-3
     pretrain_lr_schedule: str = "cosine"  # after the warm-up: cosine (down to 0.1 x lr at the end) or constant
+    pretrain_weight_decay: float = 0.1  # AdamW's decoupled weight decay, on every parameter
     # supervised fine-tuning on demonstrations (completion-only)
     sft_steps: int = 450
     sft_batch: int = 64
@@ -135,7 +137,7 @@ QUICK = LabConfig(
 
 def _train(model_dir: Path, data: Path, eval_data: Path | None, folder: Path, resume: bool, *, steps: int, batch: int,
            micro: int, lr: float, max_length: int, all_tokens: bool, packing: bool, seed: int,
-           lr_schedule: str = "cosine") -> dict:
+           lr_schedule: str = "cosine", weight_decay: float = 0.0) -> dict:
     keys = ("eval/loss", "eval/ppl", "steps")
     if resume:
         if (folder / "summary.json").is_file():  # killed after finishing, before stage.json
@@ -146,7 +148,7 @@ def _train(model_dir: Path, data: Path, eval_data: Path | None, folder: Path, re
             resume = False
     overrides = {"model.path": str(model_dir), "data.path": str(data), "data.max_length": max_length,
                  "data.train_on_prompt": all_tokens, "data.packing": packing, "optim.lr": lr, "optim.warmup_ratio": 0.05,
-                 "optim.lr_schedule": lr_schedule,
+                 "optim.lr_schedule": lr_schedule, "optim.weight_decay": weight_decay,
                  "train.output": str(folder), "train.batch_size": batch, "train.micro_batch_size": micro,
                  "train.max_steps": steps, "train.eval_every": max(1, steps // 4), "train.save_every": max(1, steps // 4),
                  "train.keep_checkpoints": 1, "train.log_every": max(1, steps // 10), "train.seed": seed,
@@ -202,11 +204,13 @@ def base_plan(out: Path, cfg: LabConfig) -> list[Stage]:
         Stage("init", {"vocab": cfg.vocab_size, "dims": [cfg.hidden, cfg.layers, cfg.heads, cfg.max_positions],
                        "seed": cfg.seed}, ("world",), None, lambda folder, _: _init_stage(folder, world_dir, cfg)),
         Stage("pretrain", {"steps": cfg.pretrain_steps, "batch": cfg.pretrain_batch, "lr": cfg.pretrain_lr,
-                           "schedule": cfg.pretrain_lr_schedule, "pack": cfg.pack_length}, ("init",), None,
+                           "schedule": cfg.pretrain_lr_schedule, "weight_decay": cfg.pretrain_weight_decay,
+                           "pack": cfg.pack_length}, ("init",), None,
               lambda folder, resume: _train(
             out / "init", world_dir / "pretrain.jsonl", None, folder, resume, steps=cfg.pretrain_steps,
             batch=cfg.pretrain_batch, micro=cfg.pretrain_batch, lr=cfg.pretrain_lr, max_length=cfg.pack_length,
-            all_tokens=False, packing=True, seed=cfg.seed, lr_schedule=cfg.pretrain_lr_schedule)),
+            all_tokens=False, packing=True, seed=cfg.seed, lr_schedule=cfg.pretrain_lr_schedule,
+            weight_decay=cfg.pretrain_weight_decay)),
     ]
 
 

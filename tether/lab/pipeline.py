@@ -586,6 +586,10 @@ def print_lab_table(summary: dict) -> None:
         times.add_column(name, justify="right")
     times.add_row(*[f"{s:.1f}" + (" (cached)" if summary["cached"][n] else "") for n, s in summary["seconds"].items()])
     console.print(times)
+    if "stages_wall_seconds" in summary:  # stages side by side: the wall clock is less than their sum
+        ran = [s for n, s in summary["seconds"].items() if n != "report" and not summary["cached"][n]]
+        console.print(f"stages computed: {len(ran)}, {sum(ran):.0f} s of stage time in {summary['stages_wall_seconds']:.0f} s "
+                      f"on {summary['workers']} worker(s)")
     console.print(f"lab run folder: {summary['output']} (summary.json, eval/, sft/final, pretrain/final)")
 
 

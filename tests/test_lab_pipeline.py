@@ -480,3 +480,18 @@ def test_the_pretraining_recipe_gives_each_seed_the_same_base_model_quality_at_t
     assert max(losses.values()) < 1.0, losses
     assert max(losses.values()) - min(losses.values()) < 0.1, losses
     assert (out / "pretrain" / "stage.json").is_file() and summary["eval"]["base"]["arith_greedy"]["format_rate"] >= 0.9
+
+
+def test_lab_workers_must_be_a_count_of_processes(capsys):
+    assert main(["lab", "--workers", "-1", "--output", "unused"]) == 2
+    assert "--workers must be 0 (one per core) or a number of processes, got -1" in capsys.readouterr().err
+
+
+def test_the_seeds_example_parses_a_lab_setting_by_its_type_and_refuses_the_rest():
+    _, seeds = _example("lab_seeds")
+    assert seeds.settings(["pretrain_weight_decay=0", "pretrain_steps=8000", "pretrain_lr_schedule=constant",
+                           "agent_stages=false"]) == {"pretrain_weight_decay": 0.0, "pretrain_steps": 8000,
+                                                      "pretrain_lr_schedule": "constant", "agent_stages": False}
+    for bad in ("world=1", "seed=2", "no_such_field=1", "pretrain_lr"):
+        with pytest.raises(SystemExit, match=f"--set {bad}: expected FIELD=VALUE"):
+            seeds.settings([bad])

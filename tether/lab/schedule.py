@@ -5,9 +5,10 @@ settings, the hashes of the stages it reads, and a fingerprint of tether's code.
 stage.json carries the same hash; a training stage that was killed resumes from its last checkpoint.
 
 With ``workers`` > 1, every stage whose inputs are ready runs on a worker process, and a stage that has the
-machine to itself gets every core. The lab's models are tiny (0.66 M parameters): a second thread on the same
-stage barely speeds its small matrix products, while a second stage on the other core does twice the work. The
-figures do not depend on it: every stage is seeded, and a worker's stage computes what the same stage computes
+machine to itself gets every core as threads. Why processes as well as threads: a lab stage's generation loop is
+mostly Python per token, which a second thread does not speed; measured on two cores, a stage on one thread takes
+1.3-2.0x as long as alone on two, so two stages side by side do about 1.26x the work (docs/lab.md, "The stages").
+The figures do not depend on it: every stage is seeded, and a worker's stage computes what the same stage computes
 inline (tests/test_lab_pipeline.py checks it, number for number).
 """
 from __future__ import annotations
@@ -93,8 +94,8 @@ class Stages:
     def run(self, name: str, recipe: dict, fn):
         """(hash, figures) of one stage, computed here unless cached; a killed stage with the same recipe resumes."""
         folder = self.output / name
-        recipe = {**recipe, "code": self.code}
-        recipe_hash = _hash(recipe)
+        recipe_hash = self.recipe_hash(recipe)
+        recipe = {**recipe, "code": self.code}  # recipe.json records what the hash covers
         hit = self.cached_result(name, recipe_hash)
         if hit is not None:
             return recipe_hash, hit

@@ -1,7 +1,7 @@
 # Two commands for a newcomer: `make lab` runs the main job, `make test` the tests.
 # Each creates or refreshes the virtual environment in .venv when needed: the package for the lab, and the
-# test extras (pytest, scikit-learn, pillow, trackio) on top of it for the tests, so the lab does not wait for
-# what only the tests use (measured: 72 s against 92 s of pip from a clean clone).
+# test extras (pytest, pytest-xdist, scikit-learn, pillow, trackio) on top of it for the tests, so the lab does
+# not wait for what only the tests use (measured: 72 s against 92 s of pip from a clean clone).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -29,8 +29,11 @@ system:
 lab: $(STAMP)
 	$(BIN)/tether lab
 
+# the test files run on TEST_WORKERS pytest-xdist workers (a file's tests stay on one worker, so a module's
+# fixture, e.g. the quick lab, is built once); the slowest tests are listed at the end
+TEST_WORKERS ?= 2
 test: $(TEST_STAMP) system
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs

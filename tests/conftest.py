@@ -8,6 +8,13 @@ import random
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `make test` runs the files on pytest-xdist workers, one per core: each worker (and every process a test starts,
+# which inherits the variable) gets its share of the cores as threads, since two workers of two threads each on two
+# cores would spin against each other.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _CORES // _WORKERS))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402

@@ -7,6 +7,7 @@ this script tries other settings on the same world:
     .venv/bin/python examples/dpo_on_lab.py --lab runs/lab --loss sigmoid --data all --output runs/dpo-all
     .venv/bin/python examples/dpo_on_lab.py --lab runs/lab --loss sigmoid --data online --rounds 6 --output runs/dpo-on
     .venv/bin/python examples/dpo_on_lab.py --lab runs/lab --loss kto --data unpaired --output runs/kto
+    .venv/bin/python examples/dpo_on_lab.py --lab runs/lab --sft-coef 1 --output runs/dpo-rpo   # DPO + chosen NLL
 
 `--data unpaired` keeps one side of each filtered pair — the chosen answer of even rows, the rejected of odd
 ones — labelled true or false: KTO's data, with half the labelled answers of the pairs and no two answers to a
@@ -48,6 +49,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="Online rounds (--data online).")
     parser.add_argument("--prompts-per-round", type=int, default=192)
     parser.add_argument("--min-agreement", type=float, default=0.8, help="Online: the panel's agreement filter.")
+    parser.add_argument("--sft-coef", type=float, default=0.0,
+                        help="Adds this times the chosen answer's mean token NLL to the loss (RPO, dpo.sft_coef).")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="runs/dpo-lab")
     args = parser.parse_args()
@@ -65,7 +68,7 @@ def main() -> None:
                   "online.judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={args.min_agreement})"}
     figures = run_lab_dpo(Path(args.output), False, lab=lab, pairs=pairs, loss=args.loss, beta=args.beta,
                           steps=args.steps, batch=args.batch, lr=args.lr, eval_every=20, eval_samples=4,
-                          seed=args.seed, online=online)
+                          seed=args.seed, online=online, extra={"dpo.sft_coef": args.sft_coef})
     for c in figures["curve"]:
         print(f"step {c['step']:3d}  gold {c['gold']:.3f}  win rate vs SFT {c['win_rate']:.3f}  words {c['words']:.1f}  "
               f"held-out pair accuracy {c['accuracy'] if c['accuracy'] is None else round(c['accuracy'], 3)}")

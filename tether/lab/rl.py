@@ -55,8 +55,9 @@ class GoldAssistEval:
 
 def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_coef: float, adaptive_target: float,
                 steps: int, prompts_per_step: int, lr: float, eval_every: int, eval_samples: int, seed: int,
-                kl_horizon: int = 320) -> dict:
-    """One PPO run on assist_rl.jsonl; returns the curves and the figures the lab table shows."""
+                kl_horizon: int = 320, extra: dict | None = None) -> dict:
+    """One PPO run on assist_rl.jsonl; returns the curves and the figures the lab table shows. ``extra``: further
+    overrides of the stage's options by dotted name (e.g. ``{"model.mixed_precision": "bf16"}``)."""
     from tether.stages.ppo import run_ppo
     from tether.stages.ppo_config import PPOConfig
 
@@ -74,7 +75,7 @@ def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_
             "train.output": str(run_dir), "train.resume": resume, "train.overwrite": not resume,
             "train.eval_every": eval_every, "train.save_every": eval_every, "train.sample_every": eval_every,
             "train.best_metric": "eval/gold_reward", "train.log_every": eval_every, "train.seed": seed,
-            "train.report_to": ["tensorboard"]})
+            "train.report_to": ["tensorboard"], **(extra or {})})
         summary = run_ppo(cfg, evaluate_fn=gold)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return lab_ppo_figures(summary, metrics)
@@ -174,9 +175,11 @@ def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
 
 
 def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, loss: str, beta: float, steps: int,
-                batch: int, lr: float, eval_every: int, eval_samples: int, seed: int, online: dict | None = None) -> dict:
+                batch: int, lr: float, eval_every: int, eval_samples: int, seed: int, online: dict | None = None,
+                extra: dict | None = None) -> dict:
     """One DPO-family run on the assist world from the SFT model — offline on `pairs`, or online (sampled from the
-    policy each round and labelled by the annotator panel) — judged by gold on held-out requests."""
+    policy each round and labelled by the annotator panel) — judged by gold on held-out requests. ``extra``: further
+    overrides by dotted name (e.g. ``{"dpo.sft_coef": 1.0}``)."""
     from tether.stages.dpo import run_dpo
     from tether.stages.dpo_config import DPOConfig
 
@@ -196,6 +199,7 @@ def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, lo
         else:  # online: the pairs come from the policy; --eval-data still gives held-out pair accuracy
             overrides.update({"online.online": True, "rollout.prompts": str(world / "assist_rl.jsonl"),
                               "rollout.max_new_tokens": 64, **(online or {})})
+        overrides.update(extra or {})
         summary = run_dpo(build_config(DPOConfig, overrides=overrides, source="lab"), evaluate_fn=gold)
     return lab_dpo_figures(summary)
 

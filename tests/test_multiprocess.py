@@ -12,11 +12,14 @@ from test_sft import read_metrics, sft_config
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path):
+@pytest.mark.parametrize("packing", [False, True], ids=["examples", "packed-rows"])
+def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path, packing):
+    """--packing: the examples packed into 64-token rows before the split, so each process gets whole rows."""
     train_path, eval_path = addition_files
     common = ["--model", str(llama_dir), "--data", str(train_path), "--eval-data", str(eval_path), "--max-length", "64",
               "--lr", "3e-3", "--warmup-ratio", "0.1", "--batch-size", "8", "--micro-batch-size", "2",
-              "--max-steps", "6", "--eval-every", "3", "--save-every", "0", "--report-to", "none"]
+              "--max-steps", "6", "--eval-every", "3", "--save-every", "0", "--report-to", "none",
+              *(["--packing"] if packing else [])]
     two = tmp_path / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     # On a machine without GPUs, --multi_gpu makes accelerate start N processes; tether then uses gloo on CPU.
@@ -27,9 +30,10 @@ def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = (two / "config.yaml").read_text()
     assert "2 x 2 x 2" in config  # processes x micro-batch x accumulation
+    assert f"packing: {str(packing).lower()}" in config
 
     one = tmp_path / "one"
-    run_sft(sft_config(llama_dir, addition_files, one, train__micro_batch_size=2))
+    run_sft(sft_config(llama_dir, addition_files, one, train__micro_batch_size=2, data__packing=packing))
     m1, m2 = read_metrics(one), read_metrics(two)
     assert len(m1) == len(m2) == 6
     for a, b in zip(m1, m2):

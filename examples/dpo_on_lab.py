@@ -61,14 +61,14 @@ def main() -> None:
              "online": None, "unpaired": lab / "rm_filtered" / "prefs_filtered.jsonl"}[args.data]
     if args.data == "unpaired":
         pairs = unpaired_labels(pairs, Path(args.output))
-    online = None
+    online = {}
     if args.data == "online":
         online = {"online.rounds": args.rounds, "rollout.prompts_per_step": args.prompts_per_round,
                   "online.steps_per_round": max(1, args.steps // args.rounds),
                   "online.judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={args.min_agreement})"}
     figures = run_lab_dpo(Path(args.output), False, lab=lab, pairs=pairs, loss=args.loss, beta=args.beta,
                           steps=args.steps, batch=args.batch, lr=args.lr, eval_every=20, eval_samples=4,
-                          seed=args.seed, online=online, extra={"dpo.sft_coef": args.sft_coef})
+                          seed=args.seed, extra={**online, "dpo.sft_coef": args.sft_coef})
     for c in figures["curve"]:
         print(f"step {c['step']:3d}  gold {c['gold']:.3f}  win rate vs SFT {c['win_rate']:.3f}  words {c['words']:.1f}  "
               f"held-out pair accuracy {c['accuracy'] if c['accuracy'] is None else round(c['accuracy'], 3)}")

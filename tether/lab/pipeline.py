@@ -465,7 +465,7 @@ def _dpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str,
 
     pairs = {"filtered": out / "rm_filtered" / "prefs_filtered.jsonl", "all": out / "world" / "prefs.jsonl",
              "online": None}[data]
-    online = None
+    online = {}
     if data == "online":
         online = {"online.rounds": cfg.dpo_online_rounds, "rollout.prompts_per_step": cfg.dpo_online_prompts,
                   "online.steps_per_round": max(1, cfg.dpo_steps // cfg.dpo_online_rounds),
@@ -473,7 +473,7 @@ def _dpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str,
                   "online.judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={cfg.rm_min_agreement})"}
     return run_lab_dpo(folder, resume, lab=out, pairs=pairs, loss=loss, beta=0.0, steps=cfg.dpo_steps,
                        batch=cfg.dpo_batch, lr=cfg.dpo_lr, eval_every=cfg.dpo_eval_every,
-                       eval_samples=cfg.ppo_eval_samples, seed=cfg.seed, online=online)
+                       eval_samples=cfg.ppo_eval_samples, seed=cfg.seed, extra=online)
 
 
 def _world_stage(folder: Path, world_cfg: WorldConfig) -> dict:

@@ -175,11 +175,10 @@ def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
 
 
 def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, loss: str, beta: float, steps: int,
-                batch: int, lr: float, eval_every: int, eval_samples: int, seed: int, online: dict | None = None,
-                extra: dict | None = None) -> dict:
-    """One DPO-family run on the assist world from the SFT model — offline on `pairs`, or online (sampled from the
-    policy each round and labelled by the annotator panel) — judged by gold on held-out requests. ``extra``: further
-    overrides by dotted name (e.g. ``{"dpo.sft_coef": 1.0}``)."""
+                batch: int, lr: float, eval_every: int, eval_samples: int, seed: int, extra: dict | None = None) -> dict:
+    """One DPO-family run on the assist world from the SFT model — offline on `pairs`, or online (pairs None: sampled
+    from the policy each round and labelled by the annotator panel) — judged by gold on held-out requests.
+    ``extra``: further overrides by dotted name (e.g. ``{"dpo.sft_coef": 1.0}``, or an online run's rounds)."""
     from tether.stages.dpo import run_dpo
     from tether.stages.dpo_config import DPOConfig
 
@@ -198,7 +197,7 @@ def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, lo
             overrides["data.path"] = str(pairs)
         else:  # online: the pairs come from the policy; --eval-data still gives held-out pair accuracy
             overrides.update({"online.online": True, "rollout.prompts": str(world / "assist_rl.jsonl"),
-                              "rollout.max_new_tokens": 64, **(online or {})})
+                              "rollout.max_new_tokens": 64})
         overrides.update(extra or {})
         summary = run_dpo(build_config(DPOConfig, overrides=overrides, source="lab"), evaluate_fn=gold)
     return lab_dpo_figures(summary)

@@ -55,6 +55,33 @@ def test_state_round_trips_exactly(tmp_path):
         save_state(tmp_path / "bad", {"fn": print})
 
 
+def test_state_is_written_in_place_and_shared_memory_is_copied(tmp_path, monkeypatch):
+    """An optimizer state is written from its own memory (no second copy at save time, the peak of a run); tensors
+    that share memory, which safetensors refuses, are copied, and every one reads back equal."""
+    import tether.train.state_io as state_io
+
+    base = torch.arange(12.0)
+    owned = torch.randn(5)
+    tree = {"owned": owned, "whole": base, "view": base[2:6], "again": base, "transposed": torch.ones(2, 3).t(),
+            "empty": torch.zeros(0), "empty2": torch.zeros(0)}
+    written = {}
+
+    def capture(tensors, filename):
+        written.update(tensors)
+        return state_io.save_file.__wrapped__(tensors, filename)
+
+    capture.__wrapped__ = state_io.save_file
+    monkeypatch.setattr(state_io, "save_file", capture)
+    save_state(tmp_path / "state", tree)
+    assert written["state.owned"].data_ptr() == owned.data_ptr()  # in place
+    assert written["state.whole"].data_ptr() == base.data_ptr()
+    assert written["state.view"].data_ptr() != base.data_ptr() + 2 * 4  # shares base's memory: copied
+    assert written["state.again"].data_ptr() != base.data_ptr()
+    back = load_state(tmp_path / "state")
+    for name, value in tree.items():
+        assert torch.equal(back[name], value), name
+
+
 def test_resume_never_unpickles_and_names_a_damaged_file(llama_dir, tokenizer, tmp_path):
     from accelerate import Accelerator
 

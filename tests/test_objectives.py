@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.objectives import group_objective, ppo_objective
+from tether.algorithms.objectives import group_objective, ppo_objective, ppo_policy_loss, ppo_value_loss
 from tether.algorithms.reductions import AGGREGATIONS
 
 LN = math.log
@@ -41,6 +41,25 @@ def test_ppo_objective_by_hand():
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.25, 0.0]]))
     # d/dV: token 0's clipped value is flat in V → 0; token 1: (V − G)/2 tokens · c_v = −1.4/2·0.5 = −0.35
     torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.35, 0.0]]))
+
+
+def test_ppo_objective_is_its_policy_and_value_terms():
+    """The PPO stage backpropagates the two terms one model at a time when the critic is separate: their weighted
+    sum must be the objective, and each term must reach only its own inputs."""
+    logp, old, adv, entropy, values, old_values, returns, mask = _ppo_case()
+    kwargs = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, entropy_coef=0.01)
+    loss, parts = ppo_objective(logp, old, adv, entropy, values, old_values, returns, mask, value_clip=0.2,
+                                value_loss_coef=0.5, **kwargs)
+    lp = logp.detach().clone().requires_grad_(True)
+    vv = values.detach().clone().requires_grad_(True)
+    pl, pparts = ppo_policy_loss(lp, old, adv, entropy, mask, **kwargs)
+    vl, vparts = ppo_value_loss(vv, old_values, returns, mask, value_clip=0.2)
+    assert torch.equal(pl + 0.5 * vl, loss)
+    assert torch.equal(pl, parts["policy_loss"]) and torch.equal(vl, parts["value_loss"])
+    for name, value in {**pparts, **vparts}.items():
+        assert torch.equal(value, parts[name]), name
+    pl.backward()
+    assert lp.grad is not None and vv.grad is None
 
 
 def test_ppo_objective_dual_clip_and_defaults():

@@ -1,6 +1,7 @@
 """The full objective each online stage optimises, one function per stage, composed from the pieces.
 
-``ppo_objective`` is PPO with a critic (docs/algorithms.md §4); ``group_objective`` is the critic-free group
+``ppo_objective`` is PPO with a critic (docs/algorithms.md §4), the sum of ``ppo_policy_loss`` and
+``ppo_value_loss``; ``group_objective`` is the critic-free group
 family, GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++ (§5), which differ only in the arguments given. Each
 returns (loss, parts): a 0-dim loss to backpropagate and the per-token pieces a trainer logs.
 """
@@ -14,17 +15,41 @@ from tether.algorithms.ppo import clipped_value_loss
 from tether.algorithms.reductions import aggregate
 
 
+def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    entropy: torch.Tensor, mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
+                    dual_clip: float = 0.0, entropy_coef: float = 0.0,
+                    n_tokens: float | None = None) -> tuple[torch.Tensor, dict]:
+    """L_π = token-mean(ℓ_clip) − c_H · token-mean(H), the policy's part of ``ppo_objective`` (docs/algorithms.md §4).
+
+    Returns (L_π, {"clipped_low", "clipped_high": (B, T) bool}). It reaches only the policy's parameters when the
+    critic is a separate model, so the PPO stage can backpropagate it (and free the policy's activations) before the
+    critic's forward.
+    """
+    pl, low, high = clipped_surrogate(token_ratio(logprobs, old_logprobs, mask), advantages, mask, clip_low, clip_high,
+                                      dual_clip)
+    loss = aggregate(pl, mask, n_tokens=n_tokens) - entropy_coef * aggregate(entropy, mask, n_tokens=n_tokens)
+    return loss, {"clipped_low": low, "clipped_high": high}
+
+
+def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+                   value_clip: float = 0.2, n_tokens: float | None = None) -> tuple[torch.Tensor, dict]:
+    """L_V = token-mean(½ max((V − G)², (clip(V, V_old ± ε_v) − G)²)), the critic's part of ``ppo_objective``
+    (docs/algorithms.md §4). Returns (L_V, {"value_clipped": (B, T) bool}); it is not yet weighted by c_v."""
+    vl, vclipped = clipped_value_loss(values, old_values, returns, mask, value_clip)
+    return aggregate(vl, mask, n_tokens=n_tokens), {"value_clipped": vclipped}
+
+
 def ppo_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, entropy: torch.Tensor,
                   values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                   clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float = 0.0, value_clip: float = 0.2,
                   value_loss_coef: float = 1.0, entropy_coef: float = 0.0,
                   n_tokens: float | None = None) -> tuple[torch.Tensor, dict]:
-    """L = token-mean(ℓ_clip) − c_H · token-mean(H) + c_v · token-mean(L_V).
+    """L = token-mean(ℓ_clip) − c_H · token-mean(H) + c_v · token-mean(L_V) = L_π + c_v · L_V.
 
     ℓ_clip = max(−ρA, −clip(ρ, 1 − ε_low, 1 + ε_high) A), ρ = exp(logp − old_logp), with the optional dual clip;
     L_V = ½ max((V − G)², (clip(V, V_old ± ε_v) − G)²); H the per-token policy entropy. PPO (Schulman et al. 2017,
     arXiv 1707.06347) as used for RLHF (Ziegler et al. 2019; Ouyang et al. 2022; Huang et al. 2024, arXiv
-    2403.17031); docs/algorithms.md §4.
+    2403.17031); docs/algorithms.md §4. The two terms are ``ppo_policy_loss`` and ``ppo_value_loss``.
 
     Every tensor is (B, T); mask is 1 on generated tokens up to and including EOS. token-mean divides by this
     tensor's own token count, or by ``n_tokens``, the whole minibatch's, when the minibatch is split over
@@ -32,15 +57,13 @@ def ppo_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     parts = {"policy_loss": token-mean(ℓ_clip) − c_H token-mean(H), "value_loss": token-mean(L_V),
     "clipped_low", "clipped_high": (B, T) bool from the surrogate, "value_clipped": (B, T) bool}.
     """
-    pl, low, high = clipped_surrogate(token_ratio(logprobs, old_logprobs, mask), advantages, mask, clip_low, clip_high,
-                                      dual_clip)
-    policy_loss = aggregate(pl, mask, n_tokens=n_tokens) - entropy_coef * aggregate(entropy, mask, n_tokens=n_tokens)
-    vl, vclipped = clipped_value_loss(values, old_values, returns, mask, value_clip)
-    value_loss = aggregate(vl, mask, n_tokens=n_tokens)
+    policy_loss, policy_parts = ppo_policy_loss(logprobs, old_logprobs, advantages, entropy, mask, clip_low=clip_low,
+                                                clip_high=clip_high, dual_clip=dual_clip, entropy_coef=entropy_coef,
+                                                n_tokens=n_tokens)
+    value_loss, value_parts = ppo_value_loss(values, old_values, returns, mask, value_clip=value_clip,
+                                             n_tokens=n_tokens)
     loss = policy_loss + value_loss_coef * value_loss
-    parts = {"policy_loss": policy_loss, "value_loss": value_loss, "clipped_low": low, "clipped_high": high,
-             "value_clipped": vclipped}
-    return loss, parts
+    return loss, {"policy_loss": policy_loss, "value_loss": value_loss, **policy_parts, **value_parts}
 
 
 def group_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,

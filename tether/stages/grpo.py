@@ -267,6 +267,7 @@ class GroupStage:
                                                       if self.cfg.optim.max_grad_norm > 0 else float("inf"))
                 self.optimizer.step()
                 self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)  # not held through the next rollout and the save
                 tokens, sequences = tokens + n_tokens, sequences + n_seq
                 grad_norms += float(norm) * n_tokens
         summed = dp.sum_dict(sums)

@@ -3,7 +3,7 @@
 A step: sample responses (generate), score them (score), compute old/reference log-probs and values
 (logprobs), build per-token KL-shaped rewards and GAE advantages, then update_epochs passes of the PPO objective
 over minibatches (update). The loop around the step (resume, evaluation, best/, samples, alarms, checkpoints) is
-tether/train/online.py; the objective is tether/algorithms/objectives.py::ppo_objective.
+tether/train/online.py; the objective is tether/algorithms/objectives.py::ppo_objective (its policy and value terms).
 
 Rewards: a `tether rm` reward model (with its saved normalisation), Python functions (`--reward module:fn`), or
 both, summed with their weights (tether/rewards/score.py). The critic is a separate model or a value head on the
@@ -19,7 +19,7 @@ from tether.agents.episodes import AgentSampler
 from tether.algorithms.advantages import (compact_actions, expand_actions, gae_advantages, masked_whiten,
                                          turn_rewards)
 from tether.algorithms.kl import kl_estimate, kl_k2
-from tether.algorithms.objectives import ppo_objective
+from tether.algorithms.objectives import ppo_policy_loss, ppo_value_loss
 from tether.algorithms.policy import clip_fraction
 from tether.algorithms.ppo import adaptive_kl_coef, explained_variance
 from tether.algorithms.reductions import aggregate
@@ -198,49 +198,85 @@ class PPOStage:
     def _update_minibatch(self, exp: Experience, idx: torch.Tensor) -> dict:
         """One optimizer update of policy and critic over the minibatch ``idx`` (this process: its contiguous part,
         the loss normalised by the whole minibatch's tokens, the gradients summed over processes); returns
-        token-weighted statistics of the whole minibatch (Σ value · tokens), equal on every process."""
-        a, c, dp = self.cfg.algo, self.cfg.critic, self.dp
+        token-weighted statistics of the whole minibatch (Σ value · tokens), equal on every process.
+
+        A separate critic shares no parameter with the policy, so the two updates are independent: the policy's
+        loss is backpropagated and applied before the critic's forward, and only one model's activations and
+        gradients are alive at a time (at 29 M parameters the update's peak falls by the critic's activations).
+        A critic on the policy's backbone takes one joint loss, as its gradients meet there."""
+        dp = self.dp
         n_tokens = float(exp.rollout.response_mask[idx].sum())
         local = dp.local_part(idx)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.critic_optimizer.zero_grad(set_to_none=True)
+        sub = exp.rollout.select(local) if len(local) else None
         figures = {name: 0.0 for name in self.STATISTICS}
-        if len(local):
-            figures = self._forward_backward(exp, local, n_tokens)
+        self.optimizer.zero_grad(set_to_none=True)  # already freed after each step; cheap insurance
+        self.critic_optimizer.zero_grad(set_to_none=True)
         policy_params = [q for q in self.policy.parameters() if q.requires_grad]
         critic_params = [q for q in self.critic.parameters() if q.requires_grad]
-        dp.sum_gradients(policy_params + [q for q in critic_params if all(q is not p for p in policy_params)])
-        norm = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
-        gn_pi = float(torch.nn.utils.clip_grad_norm_(policy_params, norm))
-        gn_v = float(torch.nn.utils.clip_grad_norm_(critic_params, norm))
-        for opt, sched in ((self.optimizer, self.scheduler), (self.critic_optimizer, self.critic_scheduler)):
-            opt.step()
-            sched.step()
+        if isinstance(self.critic, SharedValueHead):
+            if sub is not None:
+                logp, entropy, values = response_logprobs_and_values(self.policy, self.critic.head, sub,
+                                                                     self.cfg.rollout.temperature,
+                                                                     self.cfg.model.padding_free)
+                policy_loss, policy_parts = self._policy_loss(exp, local, logp, entropy, n_tokens)
+                value_loss, value_parts = self._value_loss(exp, local, values, n_tokens)
+                (policy_loss + self.cfg.critic.value_loss_coef * value_loss).backward()  # both reach the backbone
+                figures = self._statistics(exp, local, logp, entropy, policy_loss, policy_parts, value_loss,
+                                           value_parts, n_tokens)
+            dp.sum_gradients(policy_params + [q for q in critic_params if all(q is not p for p in policy_params)])
+            gn_pi = self._clip_and_step(policy_params, self.optimizer, self.scheduler)
+            gn_v = self._clip_and_step(critic_params, self.critic_optimizer, self.critic_scheduler)
+        else:
+            if sub is not None:
+                logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True,
+                                                  padding_free=self.cfg.model.padding_free)
+                policy_loss, policy_parts = self._policy_loss(exp, local, logp, entropy, n_tokens)
+                policy_loss.backward()
+                logp, entropy = logp.detach(), entropy.detach()
+            dp.sum_gradients(policy_params)
+            gn_pi = self._clip_and_step(policy_params, self.optimizer, self.scheduler)
+            if sub is not None:
+                values = self.critic(sub, padding_free=self.cfg.model.padding_free)
+                value_loss, value_parts = self._value_loss(exp, local, values, n_tokens)
+                (self.cfg.critic.value_loss_coef * value_loss).backward()
+                figures = self._statistics(exp, local, logp, entropy, policy_loss, policy_parts, value_loss,
+                                           value_parts, n_tokens)
+            dp.sum_gradients(critic_params)
+            gn_v = self._clip_and_step(critic_params, self.critic_optimizer, self.critic_scheduler)
         return {**dp.sum_dict(figures), "policy/grad_norm": gn_pi * n_tokens, "value/grad_norm": gn_v * n_tokens}
+
+    def _clip_and_step(self, params: list, optimizer, scheduler) -> float:
+        """Clip one role's summed gradients to max_grad_norm, step its optimizer and scheduler, and free the
+        gradients now, not at the next update (a model's worth of them would otherwise stay allocated through the
+        next rollout and the checkpoint save). Returns the norm before clipping."""
+        cap = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, cap))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
 
     STATISTICS = ("policy/loss", "policy/clip_frac", "policy/clip_frac_low", "policy/clip_frac_high", "policy/approx_kl",
                   "policy/entropy", "value/loss", "value/clip_frac")
 
-    def _forward_backward(self, exp: Experience, local: torch.Tensor, n_tokens: float) -> dict:
-        """Loss of this process's rows, normalised by the minibatch's n_tokens, backward; Σ statistic · tokens."""
-        a, c = self.cfg.algo, self.cfg.critic
-        sub = exp.rollout.select(local)
-        mask = sub.response_mask
-        free = self.cfg.model.padding_free
-        if isinstance(self.critic, SharedValueHead):
-            logp, entropy, values = response_logprobs_and_values(self.policy, self.critic.head, sub,
-                                                                 self.cfg.rollout.temperature, free)
-        else:
-            logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True,
-                                              padding_free=free)
-            values = self.critic(sub, padding_free=free)
-        loss, parts = ppo_objective(logp, exp.old_logprobs[local], exp.advantages[local], entropy, values,
-                                    exp.values[local], exp.returns[local], mask, clip_low=a.clip_low,
-                                    clip_high=a.clip_high, dual_clip=a.dual_clip, value_clip=c.value_clip,
-                                    value_loss_coef=c.value_loss_coef, entropy_coef=a.entropy_coef, n_tokens=n_tokens)
-        loss.backward()  # separate layout: each loss reaches only its own model; shared: both reach the backbone
-        # Σ over this process's tokens of each statistic, later summed over processes and divided by n_tokens
-        low, high = parts["clipped_low"], parts["clipped_high"]
+    def _policy_loss(self, exp: Experience, local: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,
+                     n_tokens: float) -> tuple[torch.Tensor, dict]:
+        a = self.cfg.algo
+        return ppo_policy_loss(logp, exp.old_logprobs[local], exp.advantages[local], entropy,
+                               exp.rollout.response_mask[local], clip_low=a.clip_low, clip_high=a.clip_high,
+                               dual_clip=a.dual_clip, entropy_coef=a.entropy_coef, n_tokens=n_tokens)
+
+    def _value_loss(self, exp: Experience, local: torch.Tensor, values: torch.Tensor,
+                    n_tokens: float) -> tuple[torch.Tensor, dict]:
+        return ppo_value_loss(values, exp.values[local], exp.returns[local], exp.rollout.response_mask[local],
+                              value_clip=self.cfg.critic.value_clip, n_tokens=n_tokens)
+
+    def _statistics(self, exp: Experience, local: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,
+                    policy_loss: torch.Tensor, policy_parts: dict, value_loss: torch.Tensor, value_parts: dict,
+                    n_tokens: float) -> dict:
+        """Σ over this process's tokens of each statistic, later summed over processes and divided by n_tokens."""
+        mask = exp.rollout.response_mask[local]
+        low, high = policy_parts["clipped_low"], policy_parts["clipped_high"]
         none = torch.zeros_like(low)
         k = float(mask.sum())
         per_token = {"policy/clip_frac": clip_fraction(low, high, mask),
@@ -248,11 +284,11 @@ class PPOStage:
                      "policy/clip_frac_high": clip_fraction(none, high, mask),
                      "policy/approx_kl": aggregate(kl_k2(logp.detach(), exp.old_logprobs[local]), mask),  # ½ (Δ logp)²
                      "policy/entropy": aggregate(entropy.detach(), mask),
-                     "value/clip_frac": aggregate(parts["value_clipped"].float(), mask)}
+                     "value/clip_frac": aggregate(value_parts["value_clipped"].float(), mask)}
         out = {name: float(torch.as_tensor(value).detach()) * k for name, value in per_token.items()}
         # the loss parts are already shares of the minibatch's token-mean: weight by the minibatch's tokens
-        out["policy/loss"] = float(parts["policy_loss"].detach()) * n_tokens
-        out["value/loss"] = float(parts["value_loss"].detach()) * n_tokens
+        out["policy/loss"] = float(policy_loss.detach()) * n_tokens
+        out["value/loss"] = float(value_loss.detach()) * n_tokens
         return out
 
 

@@ -64,13 +64,12 @@ def test_state_is_written_in_place_and_shared_memory_is_copied(tmp_path, monkeyp
     owned = torch.randn(5)
     tree = {"owned": owned, "whole": base, "view": base[2:6], "again": base, "transposed": torch.ones(2, 3).t(),
             "empty": torch.zeros(0), "empty2": torch.zeros(0)}
-    written = {}
+    written, save_file = {}, state_io.save_file
 
     def capture(tensors, filename):
         written.update(tensors)
-        return state_io.save_file.__wrapped__(tensors, filename)
+        return save_file(tensors, filename)
 
-    capture.__wrapped__ = state_io.save_file
     monkeypatch.setattr(state_io, "save_file", capture)
     save_state(tmp_path / "state", tree)
     assert written["state.owned"].data_ptr() == owned.data_ptr()  # in place

@@ -40,8 +40,7 @@ def _tensor_to_write(value: torch.Tensor, storages: set) -> torch.Tensor:
     return tensor.clone()
 
 
-def _encode(value, key: str, tensors: dict, storages: set | None = None):
-    storages = set() if storages is None else storages
+def _encode(value, key: str, tensors: dict, storages: set):
     if isinstance(value, torch.Tensor):
         tensors[key] = _tensor_to_write(value, storages)
         return {TENSOR: key}
@@ -88,7 +87,7 @@ def save_state(path: str | Path, state) -> None:
     """Write ``state`` as <path>.safetensors + <path>.json (both written whole, then renamed into place)."""
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
-    tree = _encode(state, "state", tensors)
+    tree = _encode(state, "state", tensors, storages=set())  # storages: the memory of each tensor written so far
     for suffix, write in ((".safetensors", lambda tmp: save_file(tensors, str(tmp))),
                           (".json", lambda tmp: tmp.write_text(json.dumps(tree)))):
         tmp = path.with_name(path.name + suffix + ".tmp")

@@ -2,7 +2,8 @@
 
 A seed is a whole lab of its own: its world (other problems, requests, pairs and votes), its tokenizer and base
 model, and every stage after them. The headline stages are pretrain, sft, eval, both reward models, PPO at
-β = 0 and β = 0.2, GRPO with outcome rewards, and offline DPO (sigmoid); the other stages are left out.
+β = 0 and β = 0.2, GRPO with outcome rewards, and offline DPO (sigmoid) on the annotators' pairs and on the SFT
+model's own samples; the other stages are left out.
 
     .venv/bin/python examples/lab_seeds.py --seeds 0,1,2 [--lab runs/lab] [--json runs/lab-seeds.json]
 
@@ -51,6 +52,7 @@ def headline(summary: dict) -> dict[str, float]:
         "PPO β=0 first alarm (step; 0 = none)": float(alarms[0]["step"]) if alarms else 0.0,
         "DPO sigmoid gold at the end": dpo["dpo_sigmoid"]["final_gold"],
         "DPO sigmoid win rate vs SFT": dpo["dpo_sigmoid"]["final_win_rate"],
+        "DPO sigmoid on SFT samples win rate vs SFT": dpo["dpo_sigmoid_sft_samples"]["final_win_rate"],
         "GRPO outcome arith greedy: start": summary["grpo"]["grpo_outcome"]["start_accuracy_greedy"],
         "GRPO outcome arith greedy: end": summary["grpo"]["grpo_outcome"]["final_accuracy_greedy"],
     }

@@ -8,8 +8,8 @@ and trains on those the panel agrees on. This script gives the offline methods t
 - a reward model on the kept pairs (the lab's RM settings), then PPO at β = --kl-coef against it (the lab's PPO
   settings): the pairs train the reward model, which PPO then queries once per sampled answer.
 
-The table puts them next to the lab's online DPO run and next to the lab's full-budget runs (all 3,000 pairs
-shown to the panel), with each method's labels, reward-model calls, gold at the end and gold win rate against
+The table puts them next to the lab's online DPO run, its offline DPO on pairs sampled once from the SFT model
+(the same labels, drawn before the first step), and the lab's full-budget runs (all 3,000 pairs shown to the panel), with each method's labels, reward-model calls, gold at the end and gold win rate against
 the SFT model (95 % bootstrap interval over held-out requests).
 
     .venv/bin/python examples/label_budget_on_lab.py --lab runs/lab [--labels 1152] [--json runs/label-budget.json]
@@ -68,8 +68,12 @@ def main() -> None:
                       eval_every=max(1, args.ppo_steps // 6), eval_samples=4, seed=args.seed, kl_horizon=160)
     full = summary["reward_models"]["rm_filtered"]["filtering"]
     lab_ppo = summary["ppo"].get(f"ppo_kl{args.kl_coef:g}")
-    table = [
-        ("online DPO (lab)", online_shown, online_kept, 0, online),
+    table = [("online DPO (lab)", online_shown, online_kept, 0, online)]
+    once = summary["dpo"].get("dpo_sigmoid_sft_samples")
+    if once:  # the same labels, all drawn from the SFT model before the first step
+        table.append(("offline DPO on SFT samples (lab)", once["online_rounds"][0]["prompts"],
+                      once["online_rounds"][0]["pairs"], 0, once))
+    table += [
         ("offline DPO", labels, kept, 0, dpo),
         (f"PPO β={args.kl_coef:g} (RM on them)", labels, kept, args.ppo_steps * args.prompts_per_step, ppo),
         ("offline DPO (lab, all)", full["of"], full["kept"], 0, summary["dpo"]["dpo_sigmoid"]),

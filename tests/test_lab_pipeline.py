@@ -21,8 +21,8 @@ def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     out, summary = quick_lab
     assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", "rm", "rm_filtered", "ppo_kl0",
                                         "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process", "dpo_sigmoid",
-                                        "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_online", "agent_world", "calc_sft",
-                                        "shop_sft", "calc_grpo", "shop_state", "shop_claim", "report"]
+                                        "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_sft_samples", "dpo_sigmoid_online",
+                                        "agent_world", "calc_sft", "shop_sft", "calc_grpo", "shop_state", "shop_claim", "report"]
     for path in ("world/world.json", "pretrain/final/config.json", "sft/final/model.safetensors", "eval/sft.json",
                  "summary.json", "sft/metrics.jsonl"):
         assert (out / path).exists(), path
@@ -166,7 +166,8 @@ def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
 
     out, summary = quick_lab
     runs = summary["dpo"]
-    assert list(runs) == ["dpo_sigmoid", "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_online"]
+    assert list(runs) == ["dpo_sigmoid", "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_sft_samples",
+                          "dpo_sigmoid_online"]
     filtered = sum(1 for _ in (out / "rm_filtered" / "prefs_filtered.jsonl").open())
     every = sum(1 for _ in (out / "world" / "prefs.jsonl").open())
     assert runs["dpo_sigmoid"]["train_examples"] == filtered < runs["dpo_sigmoid_unfiltered"]["train_examples"] == every
@@ -179,6 +180,14 @@ def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
     online = runs["dpo_sigmoid_online"]["online_rounds"]
     assert len(online) == QUICK.dpo_online_rounds and all(r["prompts"] == QUICK.dpo_online_prompts for r in online)
     assert len(list((out / "dpo_sigmoid_online" / "run" / "rounds").glob("round-*.jsonl"))) == QUICK.dpo_online_rounds
+    # the SFT model's own answers: the online run's labels drawn in one round before the first step, then every step
+    once = runs["dpo_sigmoid_sft_samples"]["online_rounds"]
+    assert [(r["round"], r["prompts"]) for r in once] == [(0, QUICK.dpo_online_rounds * QUICK.dpo_online_prompts)]
+    assert len(list((out / "dpo_sigmoid_sft_samples" / "run" / "rounds").glob("round-*.jsonl"))) == 1
+    metrics = [json.loads(x) for x in (out / "dpo_sigmoid_sft_samples" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, QUICK.dpo_steps + 1))
+    sampled = [m["step"] for m in metrics if m["time/sample_s"] > 0.01]  # a round starts only with step 1
+    assert sampled == [1]
 
 
 @pytest.mark.slow
@@ -259,8 +268,8 @@ def _figures(summary: dict, out) -> str:
 
 
 AFTER_EVAL = ("rm", "rm_filtered", "ppo_kl0", "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process", "dpo_sigmoid",
-              "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_online", "agent_world", "calc_sft", "shop_sft",
-              "calc_grpo", "shop_state", "shop_claim")
+              "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_sft_samples", "dpo_sigmoid_online", "agent_world",
+              "calc_sft", "shop_sft", "calc_grpo", "shop_state", "shop_claim")
 
 
 @pytest.mark.slow
@@ -449,6 +458,9 @@ def test_the_listwise_label_budget_and_rm_overtraining_examples_run_on_the_quick
     rows = {r["method"]: r for r in budget["table"]}
     assert rows["offline DPO"]["kept"] == kept and rows["PPO β=0.2 (RM on them)"]["rm_calls"] == 2 * 4
     assert rows["online DPO (lab)"]["final_win_rate"] == summary["dpo"]["dpo_sigmoid_online"]["final_win_rate"]
+    once = summary["dpo"]["dpo_sigmoid_sft_samples"]
+    assert rows["offline DPO on SFT samples (lab)"]["final_win_rate"] == once["final_win_rate"]
+    assert rows["offline DPO on SFT samples (lab)"]["kept"] == once["online_rounds"][0]["pairs"]
 
     over = run("rm_overtraining_on_lab", "--pairs", "40", "--epochs", "4", "--batch", "8", "--eval-every", "5")
     steps = [m["step"] for m in over["curve"]]

@@ -84,6 +84,10 @@ class LabConfig:
     dpo_losses: tuple = ("sigmoid", "ipo", "simpo", "beta_dpo")
     dpo_unfiltered: bool = True
     dpo_online: bool = True
+    # offline sigmoid DPO on the SFT model's own answers: the online run's labels (rounds x prompts) drawn in one
+    # round before training, then dpo_steps on them. The DPO paper's recipe (pairs sampled from the reference model),
+    # beside the annotators' pairs, which were written by the world's demonstrators, not by the SFT model
+    dpo_sft_samples: bool = True
     dpo_steps: int = 60
     dpo_batch: int = 32
     dpo_lr: float = 5e-5
@@ -250,13 +254,15 @@ def lab_plan(out: Path, cfg: LabConfig) -> list[Stage]:
     dpo_runs = [(f"dpo_{loss}", loss, "filtered") for loss in cfg.dpo_losses]
     if cfg.dpo_unfiltered:
         dpo_runs.append(("dpo_sigmoid_unfiltered", "sigmoid", "all"))
+    if cfg.dpo_sft_samples:
+        dpo_runs.append(("dpo_sigmoid_sft_samples", "sigmoid", "sft_samples"))
     if cfg.dpo_online:
         dpo_runs.append(("dpo_sigmoid_online", "sigmoid", "online"))
     for name, loss, data in dpo_runs:
         recipe = {"loss": loss, "data": data, "steps": cfg.dpo_steps, "batch": cfg.dpo_batch, "lr": cfg.dpo_lr,
                   "eval_every": cfg.dpo_eval_every, "eval_samples": cfg.ppo_eval_samples, "seed": cfg.seed,
                   "online": [cfg.dpo_online_rounds, cfg.dpo_online_prompts, cfg.rm_min_agreement, cfg.dpo_online_keep_truncated]
-                  if data == "online" else None}
+                  if data in ("online", "sft_samples") else None}
         plan.append(Stage(name, recipe, ("sft", "world", "rm_filtered"), "dpo", lambda folder, resume, lo=loss, da=data:
                           _dpo_stage(folder, resume, out, cfg, lo, da)))
     if cfg.agent_stages:
@@ -464,11 +470,13 @@ def _dpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str,
     from tether.lab.rl import run_lab_dpo
 
     pairs = {"filtered": out / "rm_filtered" / "prefs_filtered.jsonl", "all": out / "world" / "prefs.jsonl",
-             "online": None}[data]
+             "online": None, "sft_samples": None}[data]
     online = {}
-    if data == "online":
-        online = {"online.rounds": cfg.dpo_online_rounds, "rollout.prompts_per_step": cfg.dpo_online_prompts,
-                  "online.steps_per_round": max(1, cfg.dpo_steps // cfg.dpo_online_rounds),
+    if data in ("online", "sft_samples"):
+        # sft_samples is the online loop with one round: every label drawn from the SFT model before the first step
+        rounds = cfg.dpo_online_rounds if data == "online" else 1
+        online = {"online.rounds": rounds, "rollout.prompts_per_step": cfg.dpo_online_rounds * cfg.dpo_online_prompts // rounds,
+                  "online.steps_per_round": max(1, cfg.dpo_steps // rounds),
                   "online.keep_truncated": cfg.dpo_online_keep_truncated,
                   "online.judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={cfg.rm_min_agreement})"}
     return run_lab_dpo(folder, resume, lab=out, pairs=pairs, loss=loss, beta=0.0, steps=cfg.dpo_steps,
@@ -621,8 +629,9 @@ def print_dpo_table(runs: dict, ppo: dict) -> None:
     """The DPO runs beside the PPO runs on the same world, judged by the same gold evaluation."""
     from rich.table import Table
 
-    table = Table(title="the DPO family on assist from the SFT model (annotator pairs; online: pairs sampled each round) "
-                        "— judged by gold on held-out requests, beside PPO")
+    table = Table(title="the DPO family on assist from the SFT model (annotator pairs; sft_samples: pairs sampled from "
+                        "the SFT model once; online: pairs sampled each round) — judged by gold on held-out requests, "
+                        "beside PPO")
     table.add_column("figure")
     for name, r in runs.items():
         table.add_column(f"{name} (β {r['beta']:g})", justify="right")
@@ -639,6 +648,7 @@ def print_dpo_table(runs: dict, ppo: dict) -> None:
              ("implicit reward chosen / rejected: end", lambda r: f"{r['curve'][-1]['chosen']:+.2f} / {r['curve'][-1]['rejected']:+.2f}"
               if r["curve"][-1].get("chosen") is not None else "-"),
              ("training pairs", lambda r: str(r["train_examples"]) if not r["online_rounds"] else
+              f"{r['online_rounds'][0]['pairs']} sampled once" if len(r["online_rounds"]) == 1 else
               f"{sum(x['pairs'] for x in r['online_rounds'])} over {len(r['online_rounds'])} rounds"),
              ("minutes", lambda r: f"{r['minutes']:.1f}")]
     for label, fn in rows:

@@ -9,8 +9,9 @@ and trains on those the panel agrees on. This script gives the offline methods t
   settings): the pairs train the reward model, which PPO then queries once per sampled answer.
 
 The table puts them next to the lab's online DPO run, its offline DPO on pairs sampled once from the SFT model
-(the same labels, drawn before the first step), and the lab's full-budget runs (all 3,000 pairs shown to the panel), with each method's labels, reward-model calls, gold at the end and gold win rate against
-the SFT model (95 % bootstrap interval over held-out requests).
+(the same labels, drawn before the first step), and the lab's full-budget runs (all 3,000 pairs shown to the
+panel), with each method's labels, reward-model calls, gold at the end and gold win rate against the SFT model
+(95 % bootstrap interval over held-out requests).
 
     .venv/bin/python examples/label_budget_on_lab.py --lab runs/lab [--labels 1152] [--json runs/label-budget.json]
 """

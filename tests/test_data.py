@@ -88,6 +88,32 @@ def test_strict_turns_a_drop_into_an_error_naming_the_line(tokenizer, tmp_path):
         tokenize(tokenizer, rows, tmp_path, strict=True, max_length=64)
 
 
+def test_strict_names_the_first_bad_record_whichever_check_finds_it(tokenizer, tmp_path):
+    # Line 2 fails only once tokenised (too long), line 3 already when rendered (empty): records are taken in order.
+    rows = [{"prompt": "b", "completion": "ok"}, {"prompt": "c", "completion": "x" * 300}, {"prompt": "a", "completion": ""}]
+    with pytest.raises(DataError, match=r"d.jsonl:2: example longer than max_length=64"):
+        tokenize(tokenizer, rows, tmp_path, strict=True, max_length=64)
+
+
+def test_tokenising_in_chunks_equals_one_record_at_a_time(tokenizer, tmp_path):
+    # 1,100 records span three of tokenize_records' 512-record chunks, with drops inside them and across a boundary.
+    rows = [{"messages": [{"role": "user", "content": f"q {i}"},
+                          {"role": "assistant", "content": "" if i % 97 == 5 else f"answer {i} " * (1 + i % 9)}]}
+            for i in range(1100)]
+    examples, report = tokenize(tokenizer, rows, tmp_path, max_length=40)
+    kept = [i for i, r in enumerate(rows) if r["messages"][1]["content"]]
+    one_at_a_time = []
+    for i in kept:
+        alone = tmp_path / f"record{i}"
+        alone.mkdir()
+        (ex,), _ = tokenize(tokenizer, [rows[i]], alone, max_length=10_000)
+        if len(ex.input_ids) <= 40:
+            one_at_a_time.append((ex.input_ids, ex.loss_mask, f"{i + 1}"))
+    assert report.dropped["empty completion"] == 1100 - len(kept) > 0
+    assert report.dropped["longer than max_length=40 tokens"] == len(kept) - len(one_at_a_time) > 0
+    assert [(ex.input_ids, ex.loss_mask, ex.where.rsplit(":", 1)[1]) for ex in examples] == one_at_a_time
+
+
 def test_malformed_json_line_names_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "completion": "b"}\n\n{"prompt": "a", "completion": }\n')

@@ -24,12 +24,13 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import transformers
 
-from tether.lab.pipeline import QUICK, LabConfig, run_base, run_lab
+from tether.config import ConfigError
+from tether.lab.pipeline import QUICK, LabConfig, lab_settings, run_base, run_lab
 
 HEADLINE = dict(agent_stages=False, grpo_rewards=("outcome",), ppo_kl_coefs=(0.0, 0.2), ppo_adaptive_target=0,
                 dpo_losses=("sigmoid",), dpo_unfiltered=False, dpo_online=False)
@@ -69,19 +70,6 @@ def spread(values: list[float]) -> dict[str, float]:
             "min": min(values), "max": max(values)}
 
 
-def settings(items: list[str]) -> dict:
-    """--set FIELD=VALUE items as LabConfig values, each parsed as its field's default is typed."""
-    defaults = {f.name: f.default for f in fields(LabConfig)}
-    out = {}
-    for item in items:
-        name, eq, value = item.partition("=")
-        if not eq or not isinstance(defaults.get(name), (int, float, str)) or name == "seed":
-            raise SystemExit(f"--set {item}: expected FIELD=VALUE with FIELD a number or text field of LabConfig")
-        kind = type(defaults[name])
-        out[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2", help="Comma-separated seeds.")
@@ -98,7 +86,10 @@ def main() -> None:
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     seeds = [int(s) for s in args.seeds.split(",")]
-    changes = settings(args.set)
+    try:
+        changes = lab_settings(args.set)
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
     per_seed, seconds = {}, {}
     for seed in seeds:
         lab = f"{args.lab}-vocab{args.vocab}" if args.vocab else args.lab

@@ -1,11 +1,16 @@
 """`tether lab --quick` end to end: stages, caching, resume of a killed stage, `tether eval`, determinism."""
 import json
 import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from tether.cli import main
-from tether.lab.pipeline import QUICK, run_lab
+from tether.config import ConfigError
+from tether.lab.pipeline import QUICK, lab_settings, run_lab
 
 from conftest import killed_after_step
 
@@ -357,7 +362,6 @@ def test_the_code_fingerprint_follows_python_sources_only(tmp_path):
 def test_thin_demonstrations_leave_the_vocabulary_and_the_initial_model_as_they_were(tmp_path):
     """The init stage trains the tokenizer on the world without thin demonstrations: the same tokens, the same ids
     and the same random model whatever sft_assist_thin_fraction is, so only the SFT data differs."""
-    from dataclasses import replace
 
     from tether.lab.pipeline import _init_stage
     from tether.lab.world import build_world
@@ -478,7 +482,6 @@ def test_the_pretraining_recipe_gives_each_seed_the_same_base_model_quality_at_t
     that is measured at full scale, docs/lab.md), so what must hold on every seed is the held-out pretraining loss:
     measured 0.71-0.75 with this recipe (500 steps of 8 rows at lr 2e-3) and 1.73-1.75 with the old one (250
     steps of 16 rows at lr 1e-3: the same tokens), which fails this test."""
-    from dataclasses import replace
 
     from tether.lab.pipeline import run_base
 
@@ -499,11 +502,29 @@ def test_lab_workers_must_be_a_count_of_processes(capsys):
     assert "--workers must be 0 (one per core) or a number of processes, got -1" in capsys.readouterr().err
 
 
-def test_the_seeds_example_parses_a_lab_setting_by_its_type_and_refuses_the_rest():
-    _, seeds = _example("lab_seeds")
-    assert seeds.settings(["pretrain_weight_decay=0", "pretrain_steps=8000", "pretrain_lr_schedule=constant",
-                           "agent_stages=false"]) == {"pretrain_weight_decay": 0.0, "pretrain_steps": 8000,
-                                                      "pretrain_lr_schedule": "constant", "agent_stages": False}
+def test_a_lab_setting_is_parsed_by_its_type_and_the_rest_refused_naming_the_item(capsys):
+    assert lab_settings(["pretrain_weight_decay=0", "pretrain_steps=8000", "pretrain_lr_schedule=constant",
+                         "agent_stages=false"]) == {"pretrain_weight_decay": 0.0, "pretrain_steps": 8000,
+                                                    "pretrain_lr_schedule": "constant", "agent_stages": False}
     for bad in ("world=1", "seed=2", "no_such_field=1", "pretrain_lr"):
-        with pytest.raises(SystemExit, match=f"--set {bad}: expected FIELD=VALUE"):
-            seeds.settings([bad])
+        with pytest.raises(ConfigError, match=f"--set {bad}: expected FIELD=VALUE"):
+            lab_settings([bad])
+    for bad, kind in (("pretrain_steps=many", "an integer"), ("agent_stages=maybe", "true or false")):
+        with pytest.raises(ConfigError, match=f"--set {bad}: {bad.split('=')[0]} must be {kind}"):
+            lab_settings([bad])
+    # the same parser behind `tether lab --set` and examples/lab_seeds.py --set: a clear error, no stage run
+    assert main(["lab", "--quick", "--set", "pretrain_steps=many", "--output", "unused"]) == 2
+    assert "--set pretrain_steps=many: pretrain_steps must be an integer, got 'many'" in capsys.readouterr().err
+    script = Path(__file__).resolve().parent.parent / "examples" / "lab_seeds.py"
+    done = subprocess.run([sys.executable, str(script), "--set", "world=1", "--lab", "unused"], capture_output=True, text=True)
+    assert done.returncode != 0 and "--set world=1: expected FIELD=VALUE" in done.stderr
+
+
+def test_tether_lab_set_reaches_the_lab_config(monkeypatch, tmp_path):
+    import tether.lab.pipeline as pipeline
+
+    seen = {}
+    monkeypatch.setattr(pipeline, "run_lab", lambda output, cfg, **kw: seen.update(output=output, cfg=cfg))
+    assert main(["lab", "--quick", "--seed", "3", "--set", "pretrain_steps=7", "--set", "agent_stages=no",
+                 "--output", str(tmp_path)]) == 0
+    assert seen["cfg"] == replace(QUICK, seed=3, pretrain_steps=7, agent_stages=False)

@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--workers", type=int, default=0,
                      help="Processes that run the stages whose inputs are ready side by side (0: one per core; "
                           "1: one stage at a time, in this process). The figures do not depend on it.")
+    lab.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                     help="Another value for a LabConfig field (tether/lab/pipeline.py; repeatable), e.g. "
+                          "pretrain_steps=8000. Stages whose recipe it changes are computed again; the others are "
+                          "reused.")
 
     ev = sub.add_parser("eval", help=STAGES["eval"], description=STAGES["eval"])
     ev.add_argument("--model", required=True, help="Model folder to evaluate.")
@@ -177,13 +181,13 @@ def show_demo_generations(cfg, summary) -> None:
 def run_lab_command(args) -> None:
     from dataclasses import replace
 
-    from tether.lab.pipeline import QUICK, LabConfig, run_lab
+    from tether.lab.pipeline import QUICK, LabConfig, lab_settings, run_lab
 
     from tether.lab.schedule import usable_cores
 
     if args.workers < 0:
         raise ConfigError(f"--workers must be 0 (one per core) or a number of processes, got {args.workers}")
-    cfg = replace(QUICK if args.quick else LabConfig(), seed=args.seed)
+    cfg = replace(QUICK if args.quick else LabConfig(), seed=args.seed, **lab_settings(args.set))
     run_lab(args.output, cfg, fresh=args.fresh, workers=args.workers or usable_cores())
 
 

@@ -10,10 +10,10 @@ import html
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from tether.config import build_config
+from tether.config import ConfigError, build_config
 from tether.lab import arith
 from tether.lab.evaluate import Decoding, evaluate_task
 from tether.lab.schedule import Stage, Stages
@@ -137,6 +137,32 @@ QUICK = LabConfig(
     dpo_online_rounds=2, dpo_online_prompts=8, dpo_online_keep_truncated=True, calc_sft_examples=200,
     calc_sft_steps=10, shop_sft_examples=200, shop_rl_prompts=40, shop_eval_requests=16, shop_sft_steps=10,
     agent_steps=2, agent_prompts_per_step=4, agent_group_size=4, agent_eval_every=1, calc_eval_problems=16)
+
+
+def lab_settings(items: list[str]) -> dict:
+    """``FIELD=VALUE`` items (`tether lab --set`, examples/lab_seeds.py --set) as LabConfig values, each parsed as
+    its field's default is typed (a bool: 1/true/yes or 0/false/no). Fields that are not one number, flag or text
+    (the world, tuples) and ``seed`` (its own option) are refused, naming the item."""
+    defaults = {f.name: f.default for f in fields(LabConfig)}
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        default = defaults.get(name)
+        if not eq or not isinstance(default, (int, float, str)) or name == "seed":
+            raise ConfigError(f"--set {item}: expected FIELD=VALUE with FIELD a number, flag or text field of "
+                              "LabConfig (tether/lab/pipeline.py), other than seed")
+        try:
+            if isinstance(default, bool):
+                if value.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                    raise ValueError(value)
+                out[name] = value.lower() in ("1", "true", "yes")
+            else:
+                out[name] = type(default)(value)
+        except ValueError:
+            wanted = ("true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int)
+                      else "a number" if isinstance(default, float) else "text")
+            raise ConfigError(f"--set {item}: {name} must be {wanted}, got {value!r}") from None
+    return out
 
 
 def _train(model_dir: Path, data: Path, eval_data: Path | None, folder: Path, resume: bool, *, steps: int, batch: int,

@@ -62,6 +62,8 @@ def headline(summary: dict) -> dict[str, float]:
 def base_figures(base: dict) -> dict[str, float]:
     return {"vocabulary (tokens)": float(base["vocab"]), "base arith accuracy (greedy)": base["arith_greedy"]["accuracy"],
             "base arith step accuracy (greedy)": base["arith_greedy"]["step_accuracy"],
+            "base: addition steps right (of those written)": base["arith_greedy"]["addition_steps_right"],
+            "base: subtraction steps right (of those written)": base["arith_greedy"]["subtraction_steps_right"],
             "pretraining held-out loss at the end": base["curve"][-1][1], "pretraining seconds": base["seconds"]}
 
 

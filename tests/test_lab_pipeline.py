@@ -491,6 +491,7 @@ def test_the_pretraining_recipe_gives_each_seed_the_same_base_model_quality_at_t
         base = run_base(f"{out}-seed{seed}", replace(QUICK, seed=seed))
         assert base["curve"][-1][1] == base["pretrain"]["eval/loss"]  # the curve ends at the stage's figure
         assert base["arith_greedy"]["n"] == QUICK.eval_arith and base["arith_greedy"]["format_rate"] >= 0.9
+        assert base["arith_greedy"]["addition_steps"] + base["arith_greedy"]["subtraction_steps"] > 0  # written out
         losses[seed] = base["pretrain"]["eval/loss"]
     assert max(losses.values()) < 1.0, losses
     assert max(losses.values()) - min(losses.values()) < 0.1, losses

@@ -9,7 +9,7 @@ from tether.algorithms.agreement import cohen_kappa, fleiss_kappa, landis_koch
 from tether.lab import arith
 from tether.lab.annotators import DEFAULT_PANEL, Annotator
 from tether.lab.assist import AssistGold, distinct_n, gold_assist
-from tether.lab.evaluate import score_arith, score_assist
+from tether.lab.evaluate import score_arith, score_assist, written_step_accuracy
 from tether.lab.world import WorldConfig, build_world, default_eval_rows
 
 PROBLEM = arith.ArithProblem((47, 38, 19), ("+", "-"))
@@ -220,6 +220,20 @@ def test_eval_scoring_hand_computed():
     assert figures == {"accuracy": 0.5, "format_rate": 0.5, "step_accuracy": 0.5, "worked_rate": 0.5, "n": 2}
     lazy = score_arith(rows, [[PROBLEM.direct_answer(), PROBLEM.solution(error_step=0, error_delta=10)]])
     assert lazy == {"accuracy": 0.5, "format_rate": 1.0, "step_accuracy": 0.0, "worked_rate": 0.5, "n": 2}
+
+
+def test_written_steps_judge_the_models_own_arithmetic_per_operation():
+    # 47 + 38 = 85 right; "85 - 19 = 76" wrong (66); a step on copied-wrong operands can still be right arithmetic.
+    assert arith.written_steps("47 + 38 = 85. 85 - 19 = 76. The answer is 76.") == [("+", True), ("-", False)]
+    assert arith.written_steps("47 + 39 = 86. 86 - 19 = 67. The answer is 67.") == [("+", True), ("-", True)]
+    assert arith.written_steps("The answer is 66.") == []
+    figures = written_step_accuracy([["47 + 38 = 85. 85 - 19 = 76. The answer is 76.", "The answer is 66."],
+                                     ["10 + 5 = 16. 16 - 6 = 10. 10 - 3 = 7. The answer is 7."]])
+    # additions: 85 right, 16 wrong -> 1 of 2; subtractions: 76 wrong, 10 right, 7 right -> 2 of 3
+    assert figures == {"addition_steps": 2, "addition_steps_right": 0.5, "subtraction_steps": 3,
+                       "subtraction_steps_right": 2 / 3}
+    assert written_step_accuracy([["It is 66."]]) == {"addition_steps": 0, "addition_steps_right": 0.0,
+                                                     "subtraction_steps": 0, "subtraction_steps_right": 0.0}
     rows = [{"topic": "cats"}]
     good = "Cats sleep for most of the day. Cats use their whiskers to feel space."
     bad = "Definitely, cats can breathe under water."

@@ -104,6 +104,12 @@ def check_arith(completion: str, problem: ArithProblem) -> ArithGold:
     return ArithGold(correct, format_ok, tuple(steps), worked=bool(found))
 
 
+def written_steps(completion: str) -> list[tuple[str, bool]]:
+    """Each "a op b = c." step a completion writes: its operator, and whether c = a op b for the operands it wrote.
+    The model's arithmetic alone, whether or not it copied the right operands (check_arith judges those)."""
+    return [(op, int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b))) for a, op, b, c in STEP_RE.findall(completion)]
+
+
 def parse_question(question: str) -> ArithProblem:
     """Inverse of ArithProblem.question (used when a dataset row carries only the text)."""
     tokens = question.removeprefix("Compute ").removesuffix(".").split()

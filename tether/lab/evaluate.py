@@ -43,6 +43,18 @@ def score_arith(rows: list[dict], completions: list[list[str]]) -> dict:
             "n": n}
 
 
+def written_step_accuracy(completions: list[list[str]]) -> dict:
+    """Of the addition and the subtraction steps the answers write, how many and the share whose result is right for
+    their own operands (0.0 when none): which operation a model has not learned yet (docs/lab.md, the base model)."""
+    steps = [s for cs in completions for c in cs for s in arith.written_steps(c)]
+    out = {}
+    for name, op in (("addition", "+"), ("subtraction", "-")):
+        right = [ok for got, ok in steps if got == op]
+        out[f"{name}_steps"] = len(right)
+        out[f"{name}_steps_right"] = sum(right) / len(right) if right else 0.0
+    return out
+
+
 def bootstrap_interval(per_prompt: list[list[float]], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
     """95 % percentile interval of the mean over all answers when the held-out prompts are drawn again: each
     resample takes len(per_prompt) prompts with replacement, every answer of a drawn prompt with it (a prompt's

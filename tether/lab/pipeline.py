@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tether.config import ConfigError, build_config
 from tether.lab import arith
-from tether.lab.evaluate import Decoding, evaluate_task
+from tether.lab.evaluate import GREEDY, Decoding, evaluate_task, generate_for, score_arith, written_step_accuracy
 from tether.lab.schedule import Stage, Stages
 from tether.lab.world import WorldConfig, build_world
 from tether.models import build_tiny_model, load_model, load_tokenizer
@@ -319,8 +319,6 @@ def _agent_plan(out: Path, cfg: LabConfig) -> list[Stage]:
     arith_eval = lambda: _read_rows(world_dir / "arith_eval.jsonl")[: cfg.calc_eval_problems]
 
     def calc_stage(folder: Path, resume: bool) -> dict:
-        from tether.lab.evaluate import Decoding, generate_for, score_arith
-
         rows = arith_eval()
         result = run_lab_agent_grpo(folder, resume, model_dir=out / "calc_sft" / "final", env="tether.lab.agents:CalcEnv",
                                     prompts=world_dir / "arith_rl.jsonl", eval_rows=rows, lr=cfg.calc_lr,
@@ -345,8 +343,8 @@ def _agent_plan(out: Path, cfg: LabConfig) -> list[Stage]:
 
 def run_base(output: str | Path, cfg: LabConfig = LabConfig(), fresh: bool = False) -> dict:
     """The base model alone: world, init and pretrain into ``output`` (cached as in run_lab, so a later run_lab
-    there reuses them), then its greedy accuracy on the first cfg.eval_arith held-out arith problems and the
-    pretraining curve (held-out loss at each evaluation). What the recipe's robustness over seeds and
+    there reuses them), then its greedy accuracy on the first cfg.eval_arith held-out arith problems (with the share of
+    the addition and subtraction steps it writes that are right) and the pretraining curve (held-out loss at each evaluation). What the recipe's robustness over seeds and
     vocabularies is measured with (examples/lab_seeds.py --base-only)."""
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
@@ -354,10 +352,12 @@ def run_base(output: str | Path, cfg: LabConfig = LabConfig(), fresh: bool = Fal
     results = stages.run_plan(base_plan(out, cfg))
     rows = _read_rows(out / "world" / "arith_eval.jsonl")[: cfg.eval_arith]
     tok = load_tokenizer(out / "pretrain" / "final")
-    greedy = evaluate_task(load_model(out / "pretrain" / "final", tok), tok, "lab-arith", rows)
+    completions = generate_for(load_model(out / "pretrain" / "final", tok), tok, rows, GREEDY)
+    greedy = {**score_arith(rows, completions), **written_step_accuracy(completions)}
     metrics = [json.loads(line) for line in (out / "pretrain" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {"vocab": results["init"]["vocab"], "pretrain": results["pretrain"], "seconds": stages.timings["pretrain"],
-            "arith_greedy": {k: greedy[k] for k in ("accuracy", "format_rate", "step_accuracy", "n")},
+            "arith_greedy": {k: greedy[k] for k in ("accuracy", "format_rate", "step_accuracy", "n", "addition_steps",
+                                                    "addition_steps_right", "subtraction_steps", "subtraction_steps_right")},
             "curve": [(m["step"], m["eval/loss"]) for m in metrics if "eval/loss" in m]}
 
 

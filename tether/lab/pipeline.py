@@ -343,9 +343,10 @@ def _agent_plan(out: Path, cfg: LabConfig) -> list[Stage]:
 
 def run_base(output: str | Path, cfg: LabConfig = LabConfig(), fresh: bool = False) -> dict:
     """The base model alone: world, init and pretrain into ``output`` (cached as in run_lab, so a later run_lab
-    there reuses them), then its greedy accuracy on the first cfg.eval_arith held-out arith problems (with the share of
-    the addition and subtraction steps it writes that are right) and the pretraining curve (held-out loss at each evaluation). What the recipe's robustness over seeds and
-    vocabularies is measured with (examples/lab_seeds.py --base-only)."""
+    there reuses them), then its greedy accuracy on the first cfg.eval_arith held-out arith problems (with the share
+    of the addition and of the subtraction steps it writes that are right) and the pretraining curve (held-out loss
+    at each evaluation). What the recipe's robustness over seeds and vocabularies is measured with
+    (examples/lab_seeds.py --base-only)."""
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out, fresh)

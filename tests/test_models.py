@@ -142,3 +142,20 @@ def test_a_prompt_that_leaves_no_room_for_its_response_is_named(model_dirs, tmp_
     with pytest.raises(ConfigError, match=r"p.jsonl row 2: \d+ prompt tokens \+ max_new_tokens 32 = \d+ is more than "
                                           r"the model's context \(128 positions\)"):
         run_grpo(cfg)
+
+
+def test_a_corrupt_pytorch_bin_is_named_before_transformers_unpickles_it(llama_dir, tmp_path):
+    """Only a pytorch_model.bin, and it is damaged: an error naming the file, not an UnpicklingError traceback."""
+    import shutil
+
+    folder = tmp_path / "bin-model"
+    shutil.copytree(llama_dir, folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04garbage, not torch.save's archive")
+    with pytest.raises(ConfigError, match=r"pytorch_model.bin is not a readable PyTorch weights file"):
+        load_model(folder)
+    # a good .bin (torch.save's zip archive) loads, through torch.load(weights_only=True)
+    model = AutoModelForCausalLM.from_pretrained(llama_dir)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    loaded = load_model(folder)
+    assert torch.equal(loaded.get_input_embeddings().weight, model.get_input_embeddings().weight)

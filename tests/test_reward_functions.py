@@ -6,7 +6,7 @@ import pytest
 
 from tether.config import ConfigError
 from tether.rewards import RewardSet, parse_reward_specs
-from tether.rewards.functions import RewardFunctionError
+from tether.rewards.functions import RewardComponent, RewardFunctionError
 
 ROWS = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "What is 3+3?", "answer": "6"}]
 
@@ -194,8 +194,12 @@ def test_a_reward_file_that_does_not_import_is_named(tmp_path):
         parse_reward_specs([f"{broken}:f"])
     failing = tmp_path / "failing.py"
     failing.write_text("import not_a_module_anywhere\n")
-    with pytest.raises(ConfigError, match=r"importing .*failing.py raised ModuleNotFoundError"):
+    with pytest.raises(ConfigError, match=r"failing.py:1: importing it raised ModuleNotFoundError"):
         parse_reward_specs([f"{failing}:f"])
+    deeper = tmp_path / "deeper.py"  # the line of the user's file, not of Python's import machinery
+    deeper.write_text("import os\n\nx = {}['missing']\n")
+    with pytest.raises(ConfigError, match=r"deeper.py:3: importing it raised KeyError"):
+        parse_reward_specs([f"{deeper}:f"])
     with pytest.raises(ConfigError, match=r"cannot import not_a_module_anywhere: ModuleNotFoundError"):
         parse_reward_specs(["not_a_module_anywhere:f"])
 
@@ -267,3 +271,13 @@ def test_reward_functions_written_the_trl_way_run_unchanged(tmp_path):
     assert scores.total.tolist() == [10.0, 7.0]
     assert Scorer(cfg, 8, None, rewards).error_counts() == {"first_word_is_hi": 0, "answer_column": 0, "length": 0,
                                                              "answer_column/none": 1}
+
+
+def test_a_function_with_no_opinion_on_every_completion_is_named_before_and_during_training():
+    """None means "no opinion" on one completion; None on all of them means the run would train on zeros."""
+    undecided = RewardComponent("undecided", lambda completions: [None] * len(completions))
+    with pytest.raises(ConfigError, match=r"undecided returned None \('no opinion'\) for every completion"):
+        RewardSet([undecided], columns=["prompt"]).check(ROWS)
+    # one function's Nones are fine while another one scores (a multi-task reward)
+    scored = RewardComponent("scored", lambda completions: [0.0] * len(completions))
+    RewardSet([undecided, scored], columns=["prompt"]).check(ROWS)

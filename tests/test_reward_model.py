@@ -287,3 +287,14 @@ def test_score_texts_scores_each_text_once_and_its_batch_does_not_matter(llama_d
     assert sum(calls) == 4  # four distinct texts
     for text, row in zip(texts, together):
         assert torch.allclose(row, score_texts(rm, tok, [text]), atol=1e-5)
+
+
+def test_no_held_out_pairs_means_no_best_folder_and_no_claim_of_one(llama_dir, tmp_path, capsys):
+    pairs = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats are dogs."} for i in range(16)]
+    write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    config = rm_config(llama_dir, tmp_path / "pairs.jsonl", "", tmp_path / "rm", data__eval_fraction=0.0,
+                       train__max_steps=2)
+    summary = run_rm(config)
+    printed = " ".join(capsys.readouterr().err.split())  # the console writes to stderr, wrapped
+    assert not (tmp_path / "rm" / "best").exists() and summary["best_step"] is None
+    assert "no held-out pairs, so no validation accuracy and no best/" in printed and "best by validation" not in printed

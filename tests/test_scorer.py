@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from tether.config import ConfigError
-from tether.rewards.functions import RewardComponent, RewardSet
+from tether.rewards.functions import RewardComponent, RewardFunctionError, RewardSet
 from tether.rewards.score import Scorer
 from tether.rollout import Rollout
 from tether.sections import RewardSection
@@ -59,3 +59,15 @@ def test_process_rewards_are_kept_apart_and_refused_where_one_score_is_needed():
         Scorer(RewardSection(), 3, Tok(), steps, allow_process=False)(rollout(), rows)
     with pytest.raises(ConfigError, match="a reward is required"):
         Scorer(RewardSection(), 3, Tok(), None)
+
+
+def test_a_step_where_every_reward_function_has_no_opinion_stops_with_the_step_named():
+    rows = [{"prompt": "Q1"}, {"prompt": "Q2"}]
+    picky = RewardSet([RewardComponent("picky", lambda completions: [1.0 if c == "yes" else None for c in completions])],
+                      columns=["prompt"])
+    picky.trainer_state.global_step = 6
+    scorer = Scorer(RewardSection(), 3, Tok(), picky)
+    with pytest.raises(RewardFunctionError, match=r"picky\) returned None .* for all 2 completions of step 7"):
+        scorer(rollout(), rows)
+    # with a reward model beside it the step still has a score
+    assert Scorer(RewardSection(), 3, Tok(), picky, lambda texts: [1.0, 2.0])(rollout(), rows).total.tolist() == [1.0, 2.0]

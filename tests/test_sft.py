@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tether.config import ConfigError, build_config
-from tether.data.records import DataError
+from tether.data.records import DataError, read_records, split_records
 from tether.generation import generate_texts
 from tether.stages.sft import SFTConfig, SFTObjective, run_sft
 
@@ -250,3 +250,22 @@ def test_wandb_takes_its_own_variables_and_mlflow_gets_the_settings(tmp_path, mo
     logger.close()
     assert calls["wandb"]["project"] == "my-project" and calls["wandb"]["name"] == "try-3"
     assert calls["params"] == {"model.path": "m", "optim.lr": "1e-05"} and calls["run"] == {"run_name": "sft"}
+
+
+def test_bad_rows_are_named_before_the_held_out_split_whichever_side_they_fall_on(llama_dir, tmp_path):
+    """A one-row file's bad row is named (not 'leaves no training records'), and the first bad row of the file is
+    named even when the seeded split holds it out."""
+    one = write_jsonl(tmp_path / "one.jsonl", [{"messages": "hello"}])
+    config = sft_config(llama_dir, (one, one), tmp_path / "out", data__eval_path="", data__eval_fraction=0.05)
+    with pytest.raises(DataError, match=r"one.jsonl:1: field 'messages' must be a non-empty list"):
+        run_sft(config)
+    prefs = [{"prompt": f"Q{i} ", "chosen": "yes", "rejected": "no"} for i in range(20)]  # not SFT data
+    path = write_jsonl(tmp_path / "prefs.jsonl", prefs)
+    for seed in range(40):  # a seed whose held-out share holds row 1
+        held = split_records(read_records(path), 0.05, seed)[1]
+        if held[0].where.endswith(":1"):
+            break
+    config = sft_config(llama_dir, (path, path), tmp_path / "out", data__eval_path="", train__seed=seed)
+    with pytest.raises(DataError, match=r"prefs.jsonl:1: no field this data format needs"):
+        run_sft(config)
+    assert not (tmp_path / "out").exists()  # checked before the run folder is touched

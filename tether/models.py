@@ -5,6 +5,7 @@ Everything loads from a path: nothing here reaches a hub.
 from __future__ import annotations
 
 import logging
+import pickle  # noqa: S403 - for the exception type that torch.load raises on a corrupt .bin, nothing is unpickled here
 from pathlib import Path
 
 import torch
@@ -55,9 +56,35 @@ def check_model_folder(path: Path, what: str = "model", weights: bool = True) ->
                     pass
             except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
                 raise ConfigError(f"{what} {path}: {shard.name} is not a readable safetensors file ({err})") from None
+        if not shards:
+            for weights_file in sorted(path.glob("*.bin")):
+                _check_torch_weights(weights_file, f"{what} {path}")
     elif not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"tokenizer {path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass --tokenizer "
                           "with a folder that has them, or save the tokenizer next to the model")
+
+
+# torch.save's legacy (pre-1.6, not zip) format opens with this pickled magic number
+_LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+
+
+def _check_torch_weights(weights_file: Path, what: str) -> None:
+    """A ``pytorch_model*.bin`` is torch.save's zip archive (its directory read, not its tensors) or the legacy
+    format. Such files are loaded by transformers with ``torch.load(weights_only=True)``, which unpickles tensors and
+    plain containers only, never arbitrary objects; tether itself writes safetensors only."""
+    import zipfile
+
+    with weights_file.open("rb") as handle:
+        head = handle.read(len(_LEGACY_TORCH_MAGIC))
+    if head == _LEGACY_TORCH_MAGIC:
+        return
+    try:
+        with zipfile.ZipFile(weights_file) as archive:
+            if not any(name.endswith("data.pkl") for name in archive.namelist()):
+                raise zipfile.BadZipFile("no data.pkl in the archive")
+    except (zipfile.BadZipFile, OSError) as err:
+        raise ConfigError(f"{what}: {weights_file.name} is not a readable PyTorch weights file ({err}); convert the "
+                          "model to safetensors (model.save_pretrained) or replace the file") from None
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
@@ -92,7 +119,8 @@ def load_model(path: str | Path, tokenizer=None, dtype: str = "float32", trust_r
     torch_dtype = "auto" if dtype == "auto" else DTYPES[dtype]
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as err:  # what transformers raises for folders it cannot read
+    except (OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        # what transformers (and torch.load, for .bin weights) raise for folders and files they cannot read
         raise ConfigError(f"model {path}: cannot be loaded ({type(err).__name__}: {str(err)[:300]})") from None
     if tokenizer is not None:
         if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:

@@ -277,6 +277,37 @@ def split_records(records, eval_fraction: float, seed: int, path: str | Path = "
     return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
 
 
+def tokenize_split(records, eval_records, eval_fraction: float, seed: int, path, tokenize, eval_path=""):
+    """(train records, held-out records, train examples, held-out examples, reports): ``eval_records`` (from
+    --eval-data) or a seeded ``eval_fraction`` of ``records`` held out, each side tokenised by
+    ``tokenize(records, label) -> (examples, report)``.
+
+    Errors name the first bad record of the file, whichever side the split put it on: when tokenising a side (or
+    the split itself, e.g. a one-row file) fails, the whole file is tokenised once more in file order, which
+    raises at its first bad record; only if the file has none is the side's own error raised."""
+    from tether.config import ConfigError
+
+    if eval_records is not None:
+        train_recs, eval_recs = records, eval_records
+    else:
+        try:
+            train_recs, eval_recs = split_records(records, eval_fraction, seed, path)
+        except ConfigError:
+            tokenize(records, str(path))
+            raise
+    try:
+        train, report = tokenize(train_recs, str(path))
+        reports, evals = [report], []
+        if eval_recs:
+            evals, eval_report = tokenize(eval_recs, eval_path or f"{path} (held out)")
+            reports.append(eval_report)
+    except DataError:
+        if eval_records is None and eval_recs:
+            tokenize(records, str(path))
+        raise
+    return train_recs, eval_recs, train, evals, reports
+
+
 ROLES = ("system", "user", "assistant", "tool")
 
 

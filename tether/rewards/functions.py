@@ -45,6 +45,7 @@ import inspect
 import math
 import re
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -87,6 +88,18 @@ def _spec_arguments(spec: str, text: str) -> dict:
         raise ConfigError(f"--reward {spec!r}: arguments must be name=literal, e.g. (target=40,scale=0.01)") from err
 
 
+def _where_raised(err: BaseException, path: Path | None) -> str:
+    """"file.py:LINE" of the line of ``path`` (None: of the user's module, any file but Python's import machinery
+    and this one) where an exception raised while a module was imported; "" (None) or the path if no such line."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith("<") and Path(f.filename).resolve() != Path(__file__).resolve()
+              and Path(f.filename).parent.name != "importlib"]
+    if path is not None:
+        frames = [f for f in frames if Path(f.filename).resolve() == path.resolve()]
+        return f"{path}:{frames[-1].lineno}" if frames else str(path)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
 def load_reward_function(target: str) -> Callable:
     """``package.module:function`` (importable) or ``path/to/file.py:function``, optionally ``function(k=v,...)``."""
     if target.startswith("python:"):
@@ -115,14 +128,18 @@ def load_reward_function(target: str) -> Callable:
         except SyntaxError as err:
             raise ConfigError(f"--reward {target!r}: {path}:{err.lineno}: {err.msg}") from None
         except Exception as err:  # noqa: BLE001 - whatever the user's module raises while it is imported
-            raise ConfigError(f"--reward {target!r}: importing {path} raised {type(err).__name__}: {err}") from None
+            raise ConfigError(f"--reward {target!r}: {_where_raised(err, path)}: importing it raised "
+                              f"{type(err).__name__}: {err}") from None
     else:
         try:
             module = importlib.import_module(module_name)
         except SyntaxError as err:
             raise ConfigError(f"--reward {target!r}: {err.filename}:{err.lineno}: {err.msg}") from None
         except Exception as err:  # noqa: BLE001 - ImportError, or whatever the module raises while it is imported
-            raise ConfigError(f"--reward {target!r}: cannot import {module_name}: {type(err).__name__}: {err}") from None
+            where = _where_raised(err, None)
+            where = f" ({where})" if where else ""
+            raise ConfigError(f"--reward {target!r}: cannot import {module_name}{where}: {type(err).__name__}: "
+                              f"{err}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"--reward {target!r}: {module_name} has no function {attr!r}")
@@ -235,7 +252,13 @@ class RewardSet:
         chat_prompts = any(isinstance(r.get("prompt"), list) for r in sample)
         while True:
             try:
-                self.score(sample, [""] * len(sample), [[] for _ in sample], [False] * len(sample), on_error="raise")
+                values = self.score(sample, [""] * len(sample), [[] for _ in sample], [False] * len(sample),
+                                    on_error="raise")
+                if all(v is None for scores in values.values() for v in scores):
+                    raise ConfigError(f"dry run of the reward functions on the first rows with empty completions: "
+                                      f"{', '.join(values)} returned None ('no opinion') for every completion, so "
+                                      "training would see a score of 0 everywhere; return a number (0.0 for a wrong "
+                                      "or empty answer) and keep None for completions a function does not judge")
                 return
             except RewardFunctionError as err:
                 failed = next((c for c in self.components if f"reward function {c.name} " in str(err)), None)

@@ -17,7 +17,7 @@ import torch
 
 from tether.algorithms.shaping import clip_scores, overlong_penalty, truncation_penalty
 from tether.config import ConfigError
-from tether.rewards.functions import RewardSet
+from tether.rewards.functions import RewardFunctionError, RewardSet
 
 
 @dataclass
@@ -97,6 +97,11 @@ class Scorer:
             total += self.cfg.reward_model_weight * parts["reward_model"]
         if self.rewards is not None:
             values = self.rewards.score(rows, rollout.responses, rollout.completion_ids(), rollout.truncated.tolist())
+            if self.reward_model is None and all(x is None for v in values.values() for x in v):
+                raise RewardFunctionError(
+                    f"every reward function ({', '.join(values)}) returned None ('no opinion') for all "
+                    f"{len(rollout.responses)} completions of step {self.rewards.trainer_state.global_step + 1}: the "
+                    f"step would train on a score of 0 everywhere (first prompt: {str(rows[0].get('prompt'))[:80]!r})")
             for c in self.rewards.components:
                 v = values[c.name]
                 if any(x is None for x in v):  # "no opinion" (TRL's convention): adds 0, counted

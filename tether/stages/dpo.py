@@ -20,7 +20,7 @@ from tether.algorithms.preference import (REFERENCE_FREE, beta_dpo_beta, beta_dp
                                           kto_reference_point_from_sums, preference_loss)
 from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
-from tether.data.records import read_records, split_records
+from tether.data.records import read_records, tokenize_split
 from tether.experience import SampleRecord
 from tether.packing import check_position_restarts, describe, group_rows, sequence_logprob_sums
 from tether.models import (check_lora_reference, frozen_dtype, length_limit, load_stage_tokenizer, load_trainable_model,
@@ -383,18 +383,19 @@ class DPOSetup:
 def _load_offline(cfg: DPOConfig, tokenizer):
     """Training and held-out examples; online runs may have held-out pairs only (--eval-data without --data)."""
     d = cfg.data
-    records = read_records(d.path, d.columns, d.split) if d.path else []
-    train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
-                             else split_records(records, d.eval_fraction, cfg.train.seed, d.path))
-    train, reports, evals = [], [], []
+    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
     limit = length_limit(d.max_length, cfg.model.path)
-    tokenize = tokenize_unpaired if cfg.dpo.loss == "kto" else tokenize_policy_preferences
-    if train_recs:
-        train, report = tokenize(train_recs, tokenizer, limit, d.strict, d.path)
-        reports.append(report)
-    if eval_recs:
-        evals, eval_report = tokenize(eval_recs, tokenizer, limit, d.strict, d.eval_path or f"{d.path} (held out)")
-        reports.append(eval_report)
+    tokenizer_of = tokenize_unpaired if cfg.dpo.loss == "kto" else tokenize_policy_preferences
+
+    def tokenize(recs, label):
+        return tokenizer_of(recs, tokenizer, limit, d.strict, label)
+
+    if d.path:
+        _, _, train, evals, reports = tokenize_split(read_records(d.path, d.columns, d.split), eval_records,
+                                                     d.eval_fraction, cfg.train.seed, d.path, tokenize, d.eval_path)
+    else:  # online, held-out pairs only
+        train, (evals, report) = [], tokenize(eval_records, d.eval_path)
+        reports = [report]
     longest = max((len(e.responses) for e in train + evals), default=2)
     if longest > 2 and cfg.dpo.loss != "listwise":
         raise ConfigError(f"{d.path} holds ranked lists of up to {longest} responses; loss {cfg.dpo.loss} compares "

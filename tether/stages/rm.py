@@ -17,7 +17,7 @@ from tether.algorithms.reward import (all_pairs_loss, bradley_terry_loss, ordere
                                       reward_centering_penalty)
 from tether.config import ConfigError, config_to_dict
 from tether.data.preferences import collate_preferences, tokenize_preferences
-from tether.data.records import read_records, split_records
+from tether.data.records import read_records, tokenize_split
 from tether.packing import check_position_restarts, describe, score_inputs
 from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.stages.rm_config import RMConfig
@@ -227,7 +227,7 @@ def run_rm(cfg: RMConfig) -> dict:
     finally:
         logger.close()
     summary = {"stage": "rm", "steps": steps_done, "heads": heads, "resumed_from": start_step or None, **last_eval,
-               "best_step": detector.best_step, "best_accuracy": detector.best if detector.history else None,
+               "best_step": detector.best_step if detector.history else None, "best_accuracy": detector.best if detector.history else None,
                "overfit_alarm_step": detector.fired_at, "eval_history": detector.history,
                "data": [r.summary() for r in reports]}
     memory = peak_memory(accelerator)  # before the probes, which process 0 alone runs
@@ -242,8 +242,10 @@ def run_rm(cfg: RMConfig) -> dict:
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)
         summary["peak_memory"] = memory
         write_json(out / "summary.json", summary)
-        console.print(f"reward model: {out / 'final'} (best by validation accuracy: {out / 'best'}, step "
-                      f"{detector.best_step}); accuracy {last_eval.get('eval/accuracy', float('nan')):.3f}; "
+        best = (f" (best by validation accuracy: {out / 'best'}, step {detector.best_step}); accuracy "
+                f"{last_eval.get('eval/accuracy', float('nan')):.3f}" if detector.history and (out / "best").is_dir()
+                else " (no held-out pairs, so no validation accuracy and no best/)")
+        console.print(f"reward model: {out / 'final'}{best}; "
                       f"length correlation {summary['probes']['length_correlation']:.2f}; "
                       + "; ".join(f"{k} shift {v['mean_shift']:+.3f}" for k, v in summary["probes"]["counterfactual"].items()))
     accelerator.wait_for_everyone()
@@ -254,15 +256,12 @@ def load_rm_data(cfg: RMConfig, tokenizer):
     """(train records, held-out records, train examples, held-out examples, data reports)."""
     d, heads = cfg.data, list(cfg.rm.heads)
     records = read_records(d.path, d.columns, d.split)
-    train_recs, eval_recs = ((records, read_records(d.eval_path, d.columns, d.split)) if d.eval_path
-                             else split_records(records, d.eval_fraction, cfg.train.seed, d.path))
+    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
     limit = length_limit(d.max_length, cfg.model.path)
-    train, report = tokenize_preferences(train_recs, tokenizer, limit, heads, d.margin_column, d.strict, d.path)
-    reports, evals = [report], []
-    if eval_recs:
-        evals, eval_report = tokenize_preferences(eval_recs, tokenizer, limit, heads, d.margin_column, d.strict,
-                                                  d.eval_path or f"{d.path} (held out)")
-        reports.append(eval_report)
+    train_recs, eval_recs, train, evals, reports = tokenize_split(
+        records, eval_records, d.eval_fraction, cfg.train.seed, d.path,
+        lambda recs, label: tokenize_preferences(recs, tokenizer, limit, heads, d.margin_column, d.strict, label),
+        d.eval_path)
     return train_recs, eval_recs, train, evals, reports
 
 

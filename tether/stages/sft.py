@@ -9,7 +9,7 @@ import torch
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
 from tether.config import ConfigError
-from tether.data.records import read_records, split_records
+from tether.data.records import read_records, tokenize_split
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.packing import check_position_restarts, describe
 from tether.stages.sft_config import SFTConfig
@@ -43,18 +43,12 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
     if not data.path:
         raise ConfigError("--data is required: a .jsonl, .json, .parquet file or a datasets folder")
     records = read_records(data.path, data.columns, data.split)
-    if data.eval_path:
-        train_recs, eval_recs = records, read_records(data.eval_path, data.columns, data.split)
-    else:
-        train_recs, eval_recs = split_records(records, data.eval_fraction, cfg.train.seed, data.path)
+    eval_records = read_records(data.eval_path, data.columns, data.split) if data.eval_path else None
     limit = length_limit(data.max_length, cfg.model.path)
-    train, train_report = tokenize_records(train_recs, tokenizer, limit, data.train_on_prompt, data.strict, data.path)
-    reports = [train_report]
-    evals = []
-    if eval_recs:
-        evals, eval_report = tokenize_records(eval_recs, tokenizer, limit, data.train_on_prompt, data.strict,
-                                              data.eval_path or f"{data.path} (held out)")
-        reports.append(eval_report)
+    _, _, train, evals, reports = tokenize_split(
+        records, eval_records, data.eval_fraction, cfg.train.seed, data.path,
+        lambda recs, label: tokenize_records(recs, tokenizer, limit, data.train_on_prompt, data.strict, label),
+        data.eval_path)
     if data.packing:
         train = pack_examples(train, limit)
         evals = pack_examples(evals, limit) if evals else evals

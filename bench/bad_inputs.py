@@ -45,8 +45,8 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 
 def fixtures(root: Path) -> dict:
-    from tether.models import build_tiny_model
-    from tether.tokenizer import train_bpe_tokenizer
+    from tether.lab.tokenizer import train_bpe_tokenizer
+    from tether.models.lm import build_tiny_model
 
     tok = train_bpe_tokenizer(CORPUS, vocab_size=320)
     model = build_tiny_model("llama", tok, root / "model", seed=0, hidden=32, layers=2, heads=2, max_positions=128)

@@ -1,4 +1,4 @@
-"""Benchmark: the online stages' log-prob forwards on padded rows against padding-free rows (tether/rollout.py).
+"""Benchmark: the online stages' log-prob forwards on padded rows against padding-free rows (tether/rollout/).
 
 Rollouts are rebuilt from an online run's samples.jsonl (each logged step's prompts and responses, tokenised
 again with the run's tokenizer), so their lengths are the run's real ones. Per rollout, interleaved and repeated
@@ -31,7 +31,7 @@ def rollouts_from_samples(run: Path, tokenizer, limit: int) -> list:
     where the response was not truncated)."""
     import torch
 
-    from tether.rollout import Rollout
+    from tether.rollout.batch import Rollout
 
     steps: dict[int, list[dict]] = {}
     for line in (run / "samples.jsonl").read_text().splitlines():
@@ -60,7 +60,7 @@ def rollouts_from_samples(run: Path, tokenizer, limit: int) -> list:
 
 def positions(rollout) -> tuple[int, int, int]:
     """(real tokens, padded positions, padding-free positions) of one forward over the rollout."""
-    from tether.rollout import _PackedRollout, _packed_layout
+    from tether.rollout.forward import _packed_layout, _PackedRollout
 
     real = int(rollout.prompt_mask.sum() + rollout.response_mask.sum())
     padded = rollout.prompt_ids.numel() + rollout.response_ids.numel()
@@ -71,7 +71,7 @@ def positions(rollout) -> tuple[int, int, int]:
 def time_forwards(model, rollout, temperature: float, repeats: int) -> dict[str, dict[str, float]]:
     import torch
 
-    from tether.rollout import response_logprobs
+    from tether.rollout.forward import response_logprobs
 
     def no_grad(free: bool):
         with torch.no_grad():
@@ -123,7 +123,7 @@ def time_decoding(model, tokenizer, rollouts: list, temperature: float, max_new_
     seed, so both sample the same tokens (checked: ``same_tokens``)."""
     import torch
 
-    from tether.rollout import generate_from_ids, response_seeds
+    from tether.rollout.backends import generate_from_ids, response_seeds
 
     compact_s, generate_s, same, new_tokens = [], [], True, 0
     for r in rollouts:
@@ -184,7 +184,7 @@ def main() -> None:
 
     import torch
 
-    from tether.models import load_model, load_tokenizer
+    from tether.models.lm import load_model, load_tokenizer
 
     torch.set_num_threads(args.threads)
     report = {}

@@ -76,7 +76,7 @@ def arith_accuracy(model: Path, data: Path, out: Path) -> float:
 def wide_model(lab: Path, folder: Path) -> Path:
     if (folder / "config.json").is_file():
         return folder
-    from tether.models import build_tiny_model, load_tokenizer
+    from tether.models.lm import build_tiny_model, load_tokenizer
 
     return build_tiny_model("llama", load_tokenizer(lab / "sft" / "final"), folder, hidden=512, layers=8, heads=8,
                             max_positions=512)

@@ -28,7 +28,7 @@ def build_model(lab: Path, folder: Path) -> Path:
     """A 7-layer Llama, hidden 512 (29.9 M parameters), with the lab's tokenizer: random weights, fixed seed."""
     if (folder / "config.json").is_file():
         return folder
-    from tether.models import build_tiny_model, load_tokenizer
+    from tether.models.lm import build_tiny_model, load_tokenizer
 
     tokenizer = load_tokenizer(lab / "sft" / "final")
     return build_tiny_model("llama", tokenizer, folder, seed=0, hidden=512, layers=7, heads=8, max_positions=512)

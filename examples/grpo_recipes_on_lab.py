@@ -15,7 +15,7 @@ from pathlib import Path
 import transformers
 
 from tether.lab.rl import run_lab_grpo
-from tether.recipes import RECIPES
+from tether.stages.grpo_recipes import RECIPES
 
 
 def main() -> None:

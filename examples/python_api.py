@@ -38,8 +38,8 @@ def wrong(row: dict, rng: random.Random) -> str:
 
 def build_base_model(folder: Path):
     """A 2-layer Llama with a BPE tokenizer trained on the world's text, returned loaded (model, tokenizer)."""
-    from tether.models import build_tiny_model, load_model, load_tokenizer
-    from tether.tokenizer import train_bpe_tokenizer
+    from tether.lab.tokenizer import train_bpe_tokenizer
+    from tether.models.lm import build_tiny_model, load_model, load_tokenizer
 
     if not (folder / "config.json").is_file():
         rows = addition_rows(2000, seed=1)

@@ -7,7 +7,8 @@ import torch
 
 from tether.agents.environment import Outcome, StepResult
 from tether.agents.tools import ToolEnvironment
-from tether.rollout import Rollout, concat_rollouts, generate_from_ids, response_mask_from_stops
+from tether.rollout.batch import Rollout
+from tether.rollout.prompts import response_mask_from_stops
 
 
 def echo(text: str) -> str:
@@ -97,7 +98,7 @@ class ShortTurns:
             return scores
 
         device = next(self.model.parameters()).device
-        from tether.rollout import left_pad
+        from tether.rollout.batch import left_pad
 
         ids, mask = left_pad(contexts, self.tokenizer.pad_token_id, device)
         out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=True,

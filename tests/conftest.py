@@ -23,9 +23,9 @@ transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
-from tether.demo import addition_example  # noqa: E402
-from tether.models import build_tiny_model  # noqa: E402
-from tether.tokenizer import train_bpe_tokenizer  # noqa: E402
+from tether.lab.demo import addition_example  # noqa: E402
+from tether.lab.tokenizer import train_bpe_tokenizer  # noqa: E402
+from tether.models.lm import build_tiny_model  # noqa: E402
 
 CORPUS = [
     "What is 12 + 7?\n12 + 7 = 19. The answer is 19.",

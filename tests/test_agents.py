@@ -5,16 +5,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from agent_helpers import EchoTools, ScriptedBackend, add
+from conftest import write_jsonl
 
-from tether.agents.environment import EnvironmentFault, Outcome, StepResult
+from tether.agents.environment import EnvironmentFault, Outcome
 from tether.agents.episodes import AgentSampler, agent_metrics
 from tether.agents.tools import parse_tool_calls, tool_schema
 from tether.config import ConfigError, build_config
-from tether.models import load_model, load_tokenizer
-from tether.rollout import response_logprobs
-
-from agent_helpers import EchoTools, ScriptedBackend, add, echo
-from conftest import write_jsonl
+from tether.models.lm import load_model, load_tokenizer
+from tether.rollout.forward import response_logprobs
 
 HELPERS = "tests/agent_helpers.py"
 SAMPLING = SimpleNamespace(max_new_tokens=96, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0)
@@ -23,7 +22,7 @@ SAMPLING = SimpleNamespace(max_new_tokens=96, temperature=1.0, top_p=1.0, top_k=
 @pytest.fixture(scope="module")
 def long_llama(tmp_path_factory, tokenizer):
     """A tiny llama with room for a few turns of JSON tool calls (512 positions)."""
-    from tether.models import build_tiny_model
+    from tether.models.lm import build_tiny_model
 
     return build_tiny_model("llama", tokenizer, tmp_path_factory.mktemp("agent") / "llama", seed=0, hidden=32,
                             layers=2, heads=2, max_positions=512)
@@ -195,6 +194,7 @@ def train_config(stage, model_dir, prompts, out, **extra):
 def test_multi_turn_training_runs_logs_agent_figures_and_resumes_exactly(stage, long_llama, tmp_path, monkeypatch):
     from agent_helpers import ShortTurns
     from conftest import killed_after_step
+
     from tether.stages.grpo import run_grpo
     from tether.stages.ppo import run_ppo
 
@@ -238,7 +238,7 @@ def agent_rows(calls, success, turns=None):
 
 
 def test_tool_call_spam_fires_when_calls_rise_without_success_and_not_when_success_rises():
-    from tether.monitors import MonitorSettings, tool_call_spam
+    from tether.diagnostics.monitors import MonitorSettings, tool_call_spam
 
     calls = [0.5] * 5 + [1, 1.5, 2, 2.5, 3, 3, 3.5, 4]
     spam = tool_call_spam(agent_rows(calls, [0.4] * 13), [], MonitorSettings())
@@ -250,7 +250,7 @@ def test_tool_call_spam_fires_when_calls_rise_without_success_and_not_when_succe
 
 
 def test_turn_piling_fires_on_turns_without_success():
-    from tether.monitors import MonitorSettings, turn_piling
+    from tether.diagnostics.monitors import MonitorSettings, turn_piling
 
     turns = [1.0] * 5 + [1.5, 2, 2.5, 3, 3.5, 4]
     alarm = turn_piling(agent_rows([0] * 11, [0.3] * 11, turns), [], MonitorSettings())
@@ -259,7 +259,7 @@ def test_turn_piling_fires_on_turns_without_success():
 
 
 def test_tool_dominance_fires_on_one_tool_taking_over_and_stays_quiet_with_one_tool():
-    from tether.monitors import MonitorSettings, tool_dominance
+    from tether.diagnostics.monitors import MonitorSettings, tool_dominance
 
     start = [episode_sample(1, {"search": 1, "ping": 1}, success=False) for _ in range(12)]
     taken = [episode_sample(6, {"ping": 3}, success=False) for _ in range(12)]
@@ -273,7 +273,7 @@ def test_tool_dominance_fires_on_one_tool_taking_over_and_stays_quiet_with_one_t
 
 
 def test_claimed_without_state_fires_on_unverified_claims_only():
-    from tether.monitors import MonitorSettings, claimed_without_state
+    from tether.diagnostics.monitors import MonitorSettings, claimed_without_state
 
     honest = [episode_sample(1, success=i < 12, claimed=i < 12) for i in range(16)]
     hacked = [episode_sample(5, success=i < 4, claimed=True) for i in range(16)]
@@ -292,7 +292,7 @@ def test_claimed_without_state_fires_on_unverified_claims_only():
 
 
 def test_text_monitors_read_an_episodes_final_answer_not_its_tool_traffic():
-    from tether.monitors import MonitorSettings, length_correlation, phrase_surge
+    from tether.diagnostics.monitors import MonitorSettings, length_correlation, phrase_surge
 
     calm = [episode_sample(1, final="The answer is 3.") for _ in range(16)]
     tooled = [dict(episode_sample(2, {"calc": 1}, final="The answer is 3."),
@@ -370,6 +370,7 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_with_a_reason(long_ll
 def test_an_environment_failing_late_checkpoints_and_resumes_scoring_its_faults(long_llama, tmp_path):
     import agent_helpers
     from agent_helpers import ShortTurns
+
     from tether.stages.grpo import run_grpo
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.logprobs import token_logprobs
+from tether.algorithms.logprobs import token_entropy, token_logprobs
 from tether.algorithms.reductions import AGGREGATIONS, aggregate, masked_sum
 from tether.algorithms.sft import sft_nll_sum
 from tether.train.schedule import warmup_cosine
@@ -26,6 +26,21 @@ def test_token_logprobs_matches_naive_log_softmax_in_chunks():
     for temperature in (1.0, 0.7):
         naive = torch.log_softmax(logits / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
         torch.testing.assert_close(token_logprobs(logits, targets, temperature, chunk_rows=2), naive)
+
+
+def test_token_entropy_hand_computed_and_at_the_sampling_temperature():
+    # softmax [1/4, 3/4]: H = -(1/4 ln 1/4 + 3/4 ln 3/4) = 0.5623351...
+    logits = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64)
+    assert token_entropy(logits).item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), rel=1e-6)
+    # τ = 2: probabilities [1/(1+√3), √3/(1+√3)]
+    p = 1 / (1 + math.sqrt(3))
+    assert token_entropy(logits, 2.0).item() == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)), rel=1e-6)
+    torch.manual_seed(0)
+    logits = torch.randn(5, 3, 11)  # chunked rows equal the whole
+    naive = -(torch.softmax(logits / 0.7, -1) * torch.log_softmax(logits / 0.7, -1)).sum(-1)
+    torch.testing.assert_close(token_entropy(logits, 0.7, chunk_rows=2), naive)
+    with pytest.raises(ValueError, match="temperature"):
+        token_entropy(logits, 0.0)
 
 
 def test_token_logprobs_rejects_bad_temperature():

@@ -25,7 +25,7 @@ QUICK = dict(max_steps=2, batch_size=4, micro_batch_size=4, eval_every=0, save_e
 def test_sft_takes_a_dataset_and_a_loaded_model_and_writes_them_beside_the_run(llama_dir, tmp_path):
     from datasets import Dataset
 
-    from tether.models import load_model, load_tokenizer
+    from tether.models.lm import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(llama_dir)
     model = load_model(llama_dir, tokenizer)
@@ -60,7 +60,7 @@ def test_settings_are_validated_once_whatever_their_source(llama_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"data\[1\]: rows must be dicts"):
         tether.sft(model=str(llama_dir), data=[{"text": "a"}, "b"], output=str(tmp_path / "b"))
     with pytest.raises(ConfigError, match="a loaded model needs its tokenizer"):
-        from tether.models import load_model
+        from tether.models.lm import load_model
 
         tether.sft(model=load_model(llama_dir), data=_rows(), output=str(tmp_path / "b"))
     assert not (tmp_path / "b").exists() and not (tmp_path / "b-inputs" / "model").exists()

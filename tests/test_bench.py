@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tether import bench
+from tether.diagnostics import bench
 
 
 def test_flops_of_each_phase_by_hand(monkeypatch):
@@ -62,7 +62,7 @@ def test_online_packing_rebuilds_a_runs_rollouts_and_counts_their_positions(tmp_
     and the position counts are the real tokens, the padded grid and the packed rows."""
     import importlib.util
 
-    from tether.models import load_tokenizer
+    from tether.models.lm import load_tokenizer
 
     spec = importlib.util.spec_from_file_location("online_packing", Path(__file__).parents[1] / "bench" / "online_packing.py")
     online_packing = importlib.util.module_from_spec(spec)

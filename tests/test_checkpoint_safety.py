@@ -84,7 +84,7 @@ def test_state_is_written_in_place_and_shared_memory_is_copied(tmp_path, monkeyp
 def test_resume_never_unpickles_and_names_a_damaged_file(llama_dir, tokenizer, tmp_path):
     from accelerate import Accelerator
 
-    from tether.models import load_model
+    from tether.models.lm import load_model
 
     accelerator = Accelerator(cpu=True)
     model = load_model(llama_dir, tokenizer)

@@ -2,9 +2,9 @@
 import subprocess
 import sys
 
-from tether.cli import main
-
 from conftest import write_jsonl
+
+from tether.cli import main
 
 
 def test_data_check_prints_counts_and_the_loss_mask(llama_dir, tmp_path, capsys):

@@ -4,12 +4,11 @@ import json
 import datasets
 import pytest
 import torch
+from conftest import write_jsonl
 
 from tether.data.records import DataError, read_records
 from tether.data.sft import collate, pack_examples, tokenize_records
-from tether.models import load_model, load_tokenizer
-
-from conftest import write_jsonl
+from tether.models.lm import load_model, load_tokenizer
 
 
 def trained_text(tokenizer, ex):

@@ -1,14 +1,14 @@
-"""Sampling that drops finished rows (tether/decoding.py): the same tokens as generate() on four architectures and
+"""Sampling that drops finished rows (tether/rollout/decoding.py): the same tokens as generate() on four architectures and
 a LoRA model, the rows each forward computes counted by hand, and the sampling distribution."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tether import decoding
-from tether.decoding import Sampler, can_compact
-from tether.models import build_tiny_model, load_model, load_tokenizer
-from tether.rollout import generate_from_ids, response_seeds
+from tether.models.lm import build_tiny_model, load_model, load_tokenizer
+from tether.rollout import decoding
+from tether.rollout.backends import generate_from_ids, response_seeds
+from tether.rollout.decoding import Sampler, can_compact
 
 ARCHS = ("gpt2", "llama", "qwen2", "mistral")
 PROMPTS = ["What is 1 + 2?\n", "Tell me about cats.", "hi", "hello there", "cats", "12 + 7 = 19"] * 3
@@ -114,11 +114,11 @@ def test_a_model_without_a_cache_argument_is_left_to_generate(arch_models):
 
 def test_evaluation_texts_equal_generates(arch_models, monkeypatch):
     """generate_texts (evaluation, demos) decodes greedily what generate() decodes."""
-    from tether.generation import generate_texts
+    from tether.rollout.texts import generate_texts
 
     model, tok = arch_models["qwen2"]
     compact = generate_texts(model, tok, PROMPTS, max_new_tokens=12)
-    monkeypatch.setattr("tether.generation.can_compact", lambda m: False)
+    monkeypatch.setattr("tether.rollout.texts.can_compact", lambda m: False)
     assert generate_texts(model, tok, PROMPTS, max_new_tokens=12) == compact
 
 
@@ -127,7 +127,7 @@ def test_drop_finished_rows_off_samples_the_same_with_generate(arch_models, monk
     response seeds the two draw the same responses."""
     from types import SimpleNamespace
 
-    from tether.rollout import HFGenerate
+    from tether.rollout.backends import HFGenerate
 
     model, tok = arch_models["llama"]
     calls = []

@@ -7,17 +7,23 @@ import sys
 
 import pytest
 import torch
+from conftest import killed_after_step, write_jsonl
 
-from tether.algorithms.preference import (beta_dpo_pair_weights, dpo_sigmoid_loss, hinge_loss, ipo_loss,
-                                          preference_loss, robust_dpo_loss, simpo_loss)
+from tether.algorithms.preference import (
+    beta_dpo_pair_weights,
+    dpo_sigmoid_loss,
+    hinge_loss,
+    ipo_loss,
+    preference_loss,
+    robust_dpo_loss,
+    simpo_loss,
+)
 from tether.config import ConfigError, build_config
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
 from tether.data.records import DataError, read_records
-from tether.models import load_model
+from tether.models.lm import load_model
 from tether.stages.dpo import DPOObjective, run_dpo
 from tether.stages.dpo_config import DPOConfig
-
-from conftest import killed_after_step, write_jsonl
 
 sp = lambda x: math.log1p(math.exp(-x))  # −log σ(x)
 # chosen: policy −10 over 5 tokens, ref −12; rejected: policy −11 over 10 tokens, ref −10; u_w − u_l = 3
@@ -233,7 +239,7 @@ def test_the_reference_scores_only_the_pairs_the_run_visits(llama_dir, prefs, tm
 
 
 def test_lora_reference_is_the_adapter_disabled_model(llama_dir, tokenizer, prefs, tmp_path):
-    from tether.reference_cache import sequence_logps
+    from tether.stages.dpo_reference import sequence_logps
 
     out = tmp_path / "lora"
     run_dpo(_cfg(llama_dir, prefs[0], out, **{"model.lora_r": 4, "optim.lr": 1e-2}))
@@ -342,7 +348,7 @@ def test_cli_runs_and_missing_data_is_a_clean_error(llama_dir, prefs, tmp_path):
 def test_dropout_is_off_by_default_so_the_first_loss_is_log_2(tokenizer, prefs, tmp_path):
     """A model with dropout 0.3: the policy (training mode) and the reference (eval mode) agree only when dropout is
     disabled, as it is by default; keep_dropout brings it back (and the first loss moves off log 2)."""
-    from tether.models import build_tiny_model
+    from tether.models.lm import build_tiny_model
 
     folder = build_tiny_model("gpt2", tokenizer, tmp_path / "dropout-model", seed=0, hidden=32, layers=2, heads=2,
                               max_positions=128)

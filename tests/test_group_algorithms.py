@@ -4,9 +4,17 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.advantages import (ADVANTAGE_ESTIMATORS, SEQUENCE_ADVANTAGES, group_advantages,
-                                          group_advantages_no_std, process_advantages, reinforce_pp_advantages,
-                                          rloo_advantages, token_advantages, zero_variance_groups)
+from tether.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    SEQUENCE_ADVANTAGES,
+    group_advantages,
+    group_advantages_no_std,
+    process_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    token_advantages,
+    zero_variance_groups,
+)
 from tether.algorithms.shaping import overlong_penalty
 
 

@@ -5,14 +5,12 @@ import subprocess
 import sys
 
 import pytest
-
-from tether.config import ConfigError
-from tether.stages.grpo import run_grpo
-from tether.config import build_config
-from tether.recipes import RECIPES
-from tether.stages.grpo_config import GRPOConfig
-
 from conftest import killed_after_step, write_jsonl
+
+from tether.config import ConfigError, build_config
+from tether.stages.grpo import run_grpo
+from tether.stages.grpo_config import GRPOConfig
+from tether.stages.grpo_recipes import RECIPES
 
 RULES = '''
 def count_a(completions):

@@ -9,9 +9,8 @@ import time
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import write_jsonl
+from safetensors.torch import load_file
 
 RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
 JUDGE = ("def more_a(prompts, first, second, **_):\n    return [1.0 if a.count('a') > b.count('a') else 0.0 if "

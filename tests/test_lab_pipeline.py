@@ -7,12 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import killed_after_step
 
 from tether.cli import main
 from tether.config import ConfigError
 from tether.lab.pipeline import QUICK, lab_settings, run_lab
-
-from conftest import killed_after_step
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +147,7 @@ def test_a_killed_ppo_stage_resumes_and_matches_the_uninterrupted_run(quick_lab,
 def test_quick_lab_grpo_runs_measure_held_out_accuracy(quick_lab):
     out, summary = quick_lab
     from tether.lab.evaluate import evaluate_task
-    from tether.models import load_model, load_tokenizer
+    from tether.models.lm import load_model, load_tokenizer
 
     runs = summary["grpo"]
     assert list(runs) == ["grpo_outcome", "grpo_process"]
@@ -226,7 +225,7 @@ def test_quick_lab_ends_with_a_report_and_headline_figures(quick_lab):
     assert any(k.startswith("ppo_kl0:") for k in figures) and any(k.startswith("grpo_outcome:") for k in figures)
     assert any(k.startswith("dpo_sigmoid_online:") for k in figures)
     # every metric any lab run logs has its line in the glossary (what the report prints under its plot)
-    from tether.report import Run, explain, load_glossary
+    from tether.diagnostics.report import Run, explain, load_glossary
 
     glossary = load_glossary()
     for stage in [*summary["ppo"], *summary["grpo"], *summary["dpo"], *summary["agents"]]:
@@ -365,7 +364,7 @@ def test_thin_demonstrations_leave_the_vocabulary_and_the_initial_model_as_they_
 
     from tether.lab.pipeline import _init_stage
     from tether.lab.world import build_world
-    from tether.models import load_tokenizer
+    from tether.models.lm import load_tokenizer
 
     made = {}
     for fraction in (0.0, 0.5):

@@ -4,8 +4,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tether.config import ConfigError
-from tether.models import apply_lora, load_model, load_tokenizer, save_merged
-from tether.tokenizer import train_bpe_tokenizer
+from tether.lab.tokenizer import train_bpe_tokenizer
+from tether.models.lm import apply_lora, load_model, load_tokenizer, save_merged
 
 
 @pytest.mark.parametrize("arch,cls", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")])
@@ -33,7 +33,7 @@ def test_missing_folder_is_a_clear_error(tmp_path):
 
 def test_padding_adds_no_token_and_the_embedding_keeps_its_size(tmp_path):
     """No pad token (or pad == EOS): padding borrows EOS, so a LoRA adapter still fits the untouched base."""
-    from tether.models import build_tiny_model
+    from tether.models.lm import build_tiny_model
 
     tok = train_bpe_tokenizer(["hello world, the answer is 42."] * 10, vocab_size=280, with_pad=False)
     assert tok.pad_token is None
@@ -72,7 +72,7 @@ def test_damaged_model_folders_are_named_before_transformers_reads_them(llama_di
     import shutil
 
     from tether.config import ConfigError
-    from tether.models import load_model, load_tokenizer
+    from tether.models.lm import load_model, load_tokenizer
 
     def copy(name):
         folder = tmp_path / name
@@ -102,22 +102,21 @@ def test_damaged_model_folders_are_named_before_transformers_reads_them(llama_di
 def test_examples_past_the_models_context_are_dropped_and_counted_not_a_crash(model_dirs, tmp_path, capsys):
     """GPT-2 with 128 positions and the default --max-length 1024: a long example used to die in the position
     table; now the context is the limit, said once, and the example is counted as too long."""
-    from tether.config import build_config
-    from tether.models import model_context
-    from tether.stages.sft import SFTConfig, load_sft_data
-
     from conftest import write_jsonl
 
-    import tether.models
+    import tether.models.lm
+    from tether.config import build_config
+    from tether.models.lm import model_context
+    from tether.stages.sft import SFTConfig, load_sft_data
 
-    tether.models._TOLD.clear()  # said once per process: an earlier test may have had it said
+    tether.models.lm._TOLD.clear()  # said once per process: an earlier test may have had it said
     assert {arch: model_context(path) for arch, path in model_dirs.items()} == {"gpt2": 128, "llama": 128, "qwen2": 128}
     rows = [{"prompt": "Say a lot.", "completion": " ".join(["cats"] * 200)}] + \
            [{"prompt": "Say hi.", "completion": "hi"}] * 4
     data = write_jsonl(tmp_path / "d.jsonl", rows)
     cfg = build_config(SFTConfig, overrides={"model.path": str(model_dirs["gpt2"]), "data.path": str(data),
                                              "data.eval_fraction": 0.0, "train.output": str(tmp_path / "o")})
-    from tether.models import load_tokenizer
+    from tether.models.lm import load_tokenizer
 
     train, _, (report,) = load_sft_data(cfg, load_tokenizer(model_dirs["gpt2"]))
     assert len(train) == 4 and report.dropped == {"longer than max_length=128 tokens": 1}
@@ -126,12 +125,11 @@ def test_examples_past_the_models_context_are_dropped_and_counted_not_a_crash(mo
 
 def test_a_prompt_that_leaves_no_room_for_its_response_is_named(model_dirs, tmp_path):
     import pytest
+    from conftest import write_jsonl
 
     from tether.config import ConfigError, build_config
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
-
-    from conftest import write_jsonl
 
     (tmp_path / "r.py").write_text("def f(completions):\n    return [0.0] * len(completions)\n")
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}, {"prompt": "cats " * 100}])

@@ -5,8 +5,18 @@ import random
 
 import pytest
 
-from tether.monitors import (AlarmWatch, MonitorSettings, check_all, entropy_collapse, format_without_correctness,
-                             length_correlation, phrase_surge, proxy_up_task_down, repetition, score_and_kl_rising)
+from tether.diagnostics.monitors import (
+    AlarmWatch,
+    MonitorSettings,
+    check_all,
+    entropy_collapse,
+    format_without_correctness,
+    length_correlation,
+    phrase_surge,
+    proxy_up_task_down,
+    repetition,
+    score_and_kl_rising,
+)
 
 S = MonitorSettings()
 
@@ -79,13 +89,13 @@ def test_the_watch_reports_each_alarm_once():
 def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_path, monkeypatch, capsys):
     """PPO with a monitor setting that must fire (entropy below 5x its start): the alarm is written with its
     evidence, --stop-on-alarm stops after a checkpoint, and `tether diagnose` finds the same alarm."""
-    import tether.monitors as monitors
+    from conftest import write_jsonl
+
+    import tether.diagnostics.monitors as monitors
     from tether.cli import main
     from tether.config import build_config
     from tether.stages.ppo import run_ppo
     from tether.stages.ppo_config import PPOConfig
-
-    from conftest import write_jsonl
 
     monkeypatch.setattr(monitors, "MonitorSettings", lambda: S.__class__(entropy_window=2, entropy_ratio=5.0))
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]}

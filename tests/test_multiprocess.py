@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
-
-from tether.stages.sft import run_sft
 from test_online_parallel import free_port
 from test_sft import read_metrics, sft_config
+
+from tether.stages.sft import run_sft
 
 
 @pytest.mark.slow

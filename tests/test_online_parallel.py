@@ -15,10 +15,10 @@ import time
 
 import pytest
 import torch
+from conftest import write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main as tether_main
-from conftest import write_jsonl
 
 RULES = '''
 def count_a(completions):

@@ -1,4 +1,4 @@
-"""Padding-free micro-batches (tether/packing.py): hand-checked layouts, and the same losses, scores and gradients
+"""Padding-free micro-batches (tether/models/packing.py): hand-checked layouts, and the same losses, scores and gradients
 as padded rows for SFT, DPO (pairs, lists, KTO's blocks) and reward models on four architectures."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from tether.config import build_config
 from tether.data.dpo import PolicyPreference, collate_policy_preferences
 from tether.data.preferences import PairExample, RankedExample, collate_preferences
 from tether.data.sft import Example, collate
-from tether.models import build_tiny_model, load_model
-from tether.packing import first_fit_decreasing, pack_sequences, score_inputs
-from tether.reward_model import load_reward_model
+from tether.models.lm import build_tiny_model, load_model
+from tether.models.packing import first_fit_decreasing, pack_sequences, score_inputs
+from tether.models.reward import load_reward_model
 from tether.stages.dpo import DPOObjective
 from tether.stages.dpo_config import DPOConfig
 from tether.stages.rm import RewardObjective
@@ -173,7 +173,7 @@ class _IgnoresRestarts(torch.nn.Module):
 
 def test_a_model_that_ignores_position_restarts_is_refused_before_training(arch_dirs, tokenizer, tmp_path):
     from tether.config import ConfigError
-    from tether.packing import check_position_restarts
+    from tether.models.checks import check_position_restarts
 
     model = load_model(arch_dirs["llama"], tokenizer)
     check_position_restarts(model, "llama")  # passes: transformers builds the block-diagonal mask
@@ -184,7 +184,7 @@ def test_a_model_that_ignores_position_restarts_is_refused_before_training(arch_
 
 def test_token_budget_micro_batches_by_hand():
     from tether.data.preferences import RankedExample as Ranked
-    from tether.packing import example_tokens
+    from tether.models.packing import example_tokens
     from tether.train.offline import split_micro_batches
 
     examples = [Example([0] * n, [1] * n, "x") for n in (5, 3, 4, 2, 12, 1)]
@@ -215,7 +215,7 @@ def _rollout(tokenizer, seed=0, rows=7, agent=False):
     """A rollout of varying prompt (left-padded) and response (right-padded) lengths: one response fills the
     budget (truncated), one is a single token. ``agent``: transcripts whose environment tokens are attended to but
     not scored (response_attention wider than response_mask, with holes in the mask)."""
-    from tether.rollout import Rollout
+    from tether.rollout.batch import Rollout
 
     gen = torch.Generator().manual_seed(seed)
     p, t, pad = 9, 8, tokenizer.pad_token_id
@@ -241,7 +241,7 @@ def _rollout(tokenizer, seed=0, rows=7, agent=False):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_online_log_probs_entropy_values_and_gradients_equal_padded_rows(arch, arch_dirs, tokenizer):
-    from tether.rollout import _PackedRollout, _packed_layout, response_logprobs, response_logprobs_and_values
+    from tether.rollout.forward import _packed_layout, _PackedRollout, response_logprobs, response_logprobs_and_values
 
     model = load_model(arch_dirs[arch], tokenizer)
     head = torch.nn.Linear(model.config.hidden_size if arch != "gpt2" else model.config.n_embd, 1)
@@ -269,8 +269,8 @@ def test_online_log_probs_entropy_values_and_gradients_equal_padded_rows(arch, a
 
 
 def test_online_critic_states_equal_padded_rows_and_unpackable_rollouts_fall_back(arch_dirs, tokenizer):
-    from tether.rollout import _packed_layout, response_logprobs
-    from tether.value_model import ValueModel
+    from tether.rollout.forward import _packed_layout, response_logprobs
+    from tether.stages.ppo_critic import ValueModel
 
     critic = ValueModel(load_reward_model(arch_dirs["llama"], tokenizer, ["reward"]))
     torch.manual_seed(0)
@@ -309,7 +309,7 @@ class _NoBooleanLogitsToKeep(torch.nn.Module):
 
 
 def test_online_packed_forward_without_boolean_logits_to_keep_computes_every_logit(arch_dirs, tokenizer):
-    from tether.rollout import response_logprobs
+    from tether.rollout.forward import response_logprobs
 
     model = load_model(arch_dirs["qwen2"], tokenizer)
     rollout = _rollout(tokenizer, seed=5)

@@ -4,8 +4,14 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.policy import (RATIOS, clip_fraction, clipped_surrogate, sequence_ratio, sequence_token_ratio,
-                                      token_ratio)
+from tether.algorithms.policy import (
+    RATIOS,
+    clip_fraction,
+    clipped_surrogate,
+    sequence_ratio,
+    sequence_token_ratio,
+    token_ratio,
+)
 
 
 def test_token_ratio_by_hand_and_mask_unused():

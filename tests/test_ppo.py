@@ -2,12 +2,11 @@
 import json
 
 import pytest
+from conftest import kill_before_final, killed_after_step, write_jsonl
 
 from tether.config import ConfigError, build_config
 from tether.stages.ppo import run_ppo
 from tether.stages.ppo_config import PPOConfig
-
-from conftest import kill_before_final, killed_after_step, write_jsonl
 
 
 def count_reward(token: str):

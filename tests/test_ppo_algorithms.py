@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3
 from tether.algorithms.advantages import gae_advantages, masked_whiten
+from tether.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3
 from tether.algorithms.ppo import adaptive_kl_coef, clipped_value_loss, explained_variance
 from tether.algorithms.shaping import clip_scores, kl_penalty_rewards, truncation_penalty
 

@@ -5,14 +5,14 @@ import math
 
 import pytest
 import torch
+from conftest import write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main as tether_main
-from tether.models import load_tokenizer, load_trainable_model
-from tether.rollout import generate_rollout, response_logprobs
+from tether.models.lm import load_tokenizer, load_trainable_model
+from tether.rollout.backends import generate_rollout
+from tether.rollout.forward import response_logprobs
 from tether.sections import ModelSection
-
-from conftest import write_jsonl
 
 
 def _model(path, **options):

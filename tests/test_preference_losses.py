@@ -5,10 +5,24 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.preference import (PAIR_LOSSES, PREFERENCE_LOSSES, REFERENCE_FREE, PreferenceParams,
-                                          beta_dpo_beta, beta_dpo_margins, dpo_sigmoid_loss, hinge_loss,
-                                          implicit_rewards, ipo_loss, listwise_dpo_loss, log1mexp,
-                                          orpo_odds_ratio_loss, preference_loss, robust_dpo_loss, simpo_loss)
+from tether.algorithms.preference import (
+    PAIR_LOSSES,
+    PREFERENCE_LOSSES,
+    REFERENCE_FREE,
+    PreferenceParams,
+    beta_dpo_beta,
+    beta_dpo_margins,
+    dpo_sigmoid_loss,
+    hinge_loss,
+    implicit_rewards,
+    ipo_loss,
+    listwise_dpo_loss,
+    log1mexp,
+    orpo_odds_ratio_loss,
+    preference_loss,
+    robust_dpo_loss,
+    simpo_loss,
+)
 
 # chosen: policy −10, ref −12 (u_w = 2); rejected: policy −11, ref −10 (u_l = −1); u_w − u_l = 3
 W, L, RW, RL = (torch.tensor([v]) for v in (-10.0, -11.0, -12.0, -10.0))

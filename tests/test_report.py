@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tether.report import explain, load_glossary, render_report
+from tether.diagnostics.report import explain, load_glossary, render_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -106,7 +106,7 @@ def _loss_run(folder, stage_yaml: str, losses, summary_stage=None):
 def test_each_stage_gets_its_own_loss_caption_and_loss_kinds_never_share_an_axis(tmp_path):
     """A DPO, a KTO and a reward-model run compared: train/loss is explained per stage (not SFT's caption for all)
     and drawn on three axes, one per kind of loss; a metric every run shares otherwise stays on one axis."""
-    from tether.report import Run
+    from tether.diagnostics.report import Run
 
     glossary = load_glossary()
     assert "trained tokens" in explain("train/loss", glossary, "sft")[0]

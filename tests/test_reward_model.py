@@ -4,18 +4,17 @@ import math
 
 import pytest
 import torch
+from conftest import killed_after_step, write_jsonl
 from transformers import AutoModelForSequenceClassification
 
 from tether.config import ConfigError, build_config
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import DataError, Record
 from tether.lab.world import WorldConfig, build_world
-from tether.models import load_tokenizer
-from tether.reward_model import load_normalization, load_reward_model, score_texts
+from tether.models.lm import load_tokenizer
+from tether.models.reward import load_normalization, load_reward_model, score_texts
 from tether.stages.rm import RewardObjective, RMConfig, run_rm
 from tether.train.early_stop import OverfitDetector
-
-from conftest import killed_after_step, write_jsonl
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
@@ -124,7 +123,7 @@ def lab_prefs(tmp_path_factory):
 def llama256(tmp_path_factory, tokenizer):
     """The tiny llama with 256 positions (the lab pairs run to 256 tokens with the test tokenizer): the same
     weights as llama_dir's — a Llama has no position table — but a context that holds the data."""
-    from tether.models import build_tiny_model
+    from tether.models.lm import build_tiny_model
 
     return build_tiny_model("llama", tokenizer, tmp_path_factory.mktemp("rm-base") / "llama", seed=0, hidden=32,
                             layers=2, heads=2, max_positions=256)
@@ -229,7 +228,7 @@ def test_rm_resume_matches_the_uninterrupted_run(llama256, lab_prefs, tmp_path, 
 
 
 def test_scorer_normalises_combines_heads_and_probe_file(llama_dir, tmp_path):
-    from tether.reward_model import RewardScorer
+    from tether.models.reward import RewardScorer
 
     pairs = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats are dogs.",
               "safe": "rejected" if i % 2 else "chosen"} for i in range(16)]

@@ -4,8 +4,11 @@ import copy
 import pytest
 import torch
 
-from tether.models import load_model, load_tokenizer
-from tether.rollout import Rollout, generate_rollout, response_logprobs, response_mask_from_stops
+from tether.models.lm import load_model, load_tokenizer
+from tether.rollout.backends import generate_rollout
+from tether.rollout.batch import Rollout
+from tether.rollout.forward import response_logprobs
+from tether.rollout.prompts import response_mask_from_stops
 
 
 def test_response_mask_includes_the_first_stop_and_flags_truncation():
@@ -94,7 +97,7 @@ def bare_and_padded(prompt: list[int], pad: int) -> tuple[Rollout, Rollout]:
 
 
 def test_value_model_reads_each_state_and_ignores_padding(llama_dir, policy):
-    from tether.value_model import load_value_model
+    from tether.stages.ppo_critic import load_value_model
 
     _, tok = policy
     critic = load_value_model(llama_dir, tok)
@@ -117,9 +120,9 @@ def test_value_model_reads_each_state_and_ignores_padding(llama_dir, policy):
 def test_shared_value_head_reads_the_policy_backbone_at_each_state(model_dirs, arch):
     """V(s_t) of the shared layout = head(last hidden state of the policy's backbone at the state's position),
     unchanged by left padding, and the single forward also gives the policy's log-probs."""
-    from tether.models import load_model, load_tokenizer
-    from tether.rollout import response_logprobs_and_values
-    from tether.value_model import SharedValueHead
+    from tether.models.lm import load_model, load_tokenizer
+    from tether.rollout.forward import response_logprobs_and_values
+    from tether.stages.ppo_critic import SharedValueHead
 
     tok = load_tokenizer(model_dirs[arch])
     model = load_model(model_dirs[arch], tok)
@@ -146,7 +149,7 @@ def test_shared_value_head_reads_the_policy_backbone_at_each_state(model_dirs, a
 def test_step_ends_map_text_offsets_to_the_completing_token(policy):
     import re
 
-    from tether.rollout import step_end_tokens
+    from tether.rollout.texts import step_end_tokens
 
     _, tok = policy
     text = "12 + 30 = 42. The answer is 42."
@@ -162,7 +165,7 @@ def test_step_ends_map_text_offsets_to_the_completing_token(policy):
 def test_seeded_responses_do_not_depend_on_the_batch(policy):
     """With a seed per response, a response is the same alone, in another batch order, or in a bigger batch:
     what lets N processes sample exactly what one process samples."""
-    from tether.rollout import response_seeds
+    from tether.rollout.backends import response_seeds
 
     model, tok = policy
     prompts = ["What is 1 + 2?\n", "Tell me about cats.", "hi", "hello there"]
@@ -180,7 +183,7 @@ def test_seeded_sampler_draws_from_the_warped_distribution():
     """SeededSampler samples softmax(top-k/top-p(logits / τ)): frequencies over 4000 draws within 0.03 of the
     hand-computed probabilities. logits (2, 1, 0, −1), τ = 0.5 → (2/τ...) ∝ (e⁴, e², 1, e⁻²) = (.867, .117, .016,
     .002); top-p 0.9 keeps the two largest (mass above the third is .984 ≥ .9): (.881, .119, 0, 0)."""
-    from tether.rollout import SeededSampler
+    from tether.rollout.backends import SeededSampler
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4000, 1)
     picked = SeededSampler(list(range(4000)), 0.5, 0.9, 0, "cpu")(None, logits).argmax(-1)
@@ -201,7 +204,7 @@ class ScriptedBackend:
         self.calls, self.updates = 0, 0
 
     def generate(self, prompts, sampling, stop_ids, seeds=None):
-        from tether.rollout import response_mask_from_stops
+        from tether.rollout.prompts import response_mask_from_stops
 
         self.calls += 1
         tok = self.tokenizer
@@ -247,7 +250,8 @@ def test_a_generation_backend_plugs_in_without_touching_the_stage(llama_dir, tmp
 def test_generation_in_chunks_with_response_seeds_samples_the_same(policy):
     from types import SimpleNamespace
 
-    from tether.rollout import HFGenerate, response_seeds, stop_token_ids
+    from tether.rollout.backends import HFGenerate, response_seeds
+    from tether.rollout.prompts import stop_token_ids
 
     model, tok = policy
     prompts = ["What is 1 + 2?\n", "Tell me about cats.", "hi", "hello there", "cats"]
@@ -264,7 +268,8 @@ def test_the_stop_set_holds_the_templates_end_of_turn_when_eos_is_another_token(
     """Mistral-style: EOS is one token, the ChatML template closes turns with <|im_end|>; both stop generation."""
     import copy
 
-    from tether.rollout import end_of_turn_id, stop_token_ids
+    from tether.models.lm import end_of_turn_id
+    from tether.rollout.prompts import stop_token_ids
 
     mistral_like = copy.deepcopy(tokenizer)
     mistral_like.eos_token = "<|bos|>"  # stands for </s>: a special token the template never writes
@@ -297,7 +302,7 @@ def test_chat_prompts_without_a_chat_template_are_a_clear_error(tokenizer):
     import pytest
 
     from tether.data.records import DataError
-    from tether.rollout import render_prompts
+    from tether.rollout.prompts import render_prompts
 
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = None
@@ -305,3 +310,20 @@ def test_chat_prompts_without_a_chat_template_are_a_clear_error(tokenizer):
     with pytest.raises(DataError, match=r"p.jsonl row 2: 'prompt' is a list of chat messages, and the tokenizer has no "
                                         "chat template"):
         render_prompts(plain, [{"prompt": "a"}, {"prompt": [{"role": "user", "content": "b"}]}], "p.jsonl")
+
+
+def test_rollout_backend_is_one_option_for_every_online_stage_and_its_table_names_the_same_backends():
+    """rollout.backend (--rollout-backend) is declared once, in the sampling section PPO, GRPO and online DPO share;
+    its choices are the backend table's keys, and an unknown name is refused when the config is built."""
+    from tether.config import ConfigError, build_config
+    from tether.rollout.backends import BACKENDS, HFGenerate
+    from tether.sections import ROLLOUT_BACKENDS
+    from tether.stages.dpo_config import DPOConfig
+    from tether.stages.grpo_config import GRPOConfig
+    from tether.stages.ppo_config import PPOConfig
+
+    assert tuple(BACKENDS) == ROLLOUT_BACKENDS and BACKENDS["hf"] is HFGenerate
+    for config in (PPOConfig, GRPOConfig, DPOConfig):
+        assert build_config(config, overrides={"rollout.backend": "hf"}).rollout.backend == "hf"
+        with pytest.raises(ConfigError, match="backend"):
+            build_config(config, overrides={"rollout.backend": "sglang"})

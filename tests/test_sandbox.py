@@ -3,7 +3,6 @@ in the isolated sandbox (bubblewrap + a cgroup) and checks from outside that it 
 cannot be had here (no bubblewrap, no writable cgroup), these tests skip; CI installs bubblewrap and runs as root."""
 import os
 import socket
-import subprocess
 import sys
 import time
 import uuid

@@ -5,7 +5,7 @@ import torch
 from tether.config import ConfigError
 from tether.rewards.functions import RewardComponent, RewardFunctionError, RewardSet
 from tether.rewards.score import Scorer
-from tether.rollout import Rollout
+from tether.rollout.batch import Rollout
 from tether.sections import RewardSection
 
 

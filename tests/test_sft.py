@@ -3,14 +3,13 @@ import json
 
 import pytest
 import torch
+from conftest import kill_before_final, killed_after_step, write_jsonl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tether.config import ConfigError, build_config
 from tether.data.records import DataError, read_records, split_records
-from tether.generation import generate_texts
+from tether.rollout.texts import generate_texts
 from tether.stages.sft import SFTConfig, SFTObjective, run_sft
-
-from conftest import kill_before_final, killed_after_step, write_jsonl
 
 
 def sft_config(model_dir, files, output, **train):
@@ -110,7 +109,7 @@ def test_gradient_accumulation_1x4_equals_4x1_and_naive_averaging_would_not(llam
 def test_the_loss_is_normalised_by_the_step_token_count(llama_dir, tokenizer):
     """Micro-batches of unequal length: Σ nll / N_step differs from the mean of per-micro-batch means."""
     from tether.data.sft import Example, collate
-    from tether.models import load_model
+    from tether.models.lm import load_model
 
     model = load_model(llama_dir)
     short = collate([Example([5, 6, 7], [0, 1, 1], "s")], tokenizer.pad_token_id)

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_jsonl
 from safetensors.torch import load_file
+from test_online_parallel import launch, lines
 
 from tether.cli import main as tether_main
-from conftest import write_jsonl
-from test_online_parallel import launch, lines
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 # Both sides use foreach AdamW: sharded parameters (DTensors) cannot use the fused kernel, and fused and foreach

@@ -1,20 +1,127 @@
-"""The shape the codebase keeps: no stage module imports another stage module, and no function in
-tether/stages/ or tether/train/ is longer than 80 lines."""
+"""The shape the codebase keeps (docs/architecture.md): floors whose imports all point down, no import circles, no
+stage importing another, a written rule in every folder, few top-level modules, and no function over 80 lines in
+tether/stages/ or tether/train/. Imports inside functions count: a lazy import is still a dependency."""
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tether"
 
+# Bottom to top. A module may import its own folder and any lower floor, never a floor above nor another folder of
+# its own floor. The floors below `train` are what a sampler, a scorer or a data reader needs; the loops sit above
+# them, the stages above the loops, and the lab, the Python API and the command line above everything.
+FLOORS = [
+    ("tether.errors", "tether.console", "tether.algorithms", "tether._moved"),
+    ("tether.config",),
+    ("tether.sections",),
+    ("tether.models",),
+    ("tether.data",),
+    ("tether.rollout",),
+    ("tether.rewards",),
+    ("tether.agents",),
+    ("tether.diagnostics",),
+    ("tether.train",),
+    ("tether.stages",),
+    ("tether.lab",),
+    ("tether.api",),
+    ("tether.cli",),
+    ("tether.__main__", "tether"),
+]
+TOP_LEVEL = {"__init__", "__main__", "_moved", "api", "cli", "config", "console", "errors", "sections"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """{module: tether modules it imports anywhere in its file}; ``from a import b`` counts a.b when it is a module."""
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tether"):
+                for alias in node.names:
+                    candidate = f"{node.module}.{alias.name}"
+                    deps.add(candidate if candidate in paths else node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("tether"))
+        graph[name] = deps - {name}
+    return graph
+
+
+def floor_of(module: str) -> tuple[int, str]:
+    """(floor index, the unit it belongs to: a folder or a top-level module)."""
+    for index, units in enumerate(FLOORS):
+        for unit in sorted(units, key=len, reverse=True):
+            if module == unit or module.startswith(unit + ".") and unit != "tether":
+                return index, unit
+    raise AssertionError(f"{module} is on no floor: add it to FLOORS in tests/test_structure.py")
+
+
+def test_every_import_points_down_the_floors():
+    upward = []
+    for module, deps in import_graph().items():
+        here, unit = floor_of(module)
+        for dep in deps:
+            there, dep_unit = floor_of(dep)
+            if dep_unit != unit and there >= here:
+                upward.append(f"{module} imports {dep}")
+    assert not upward, "imports that do not point down a floor:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(node):  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for dep in graph.get(node, ()):
+            if dep not in graph:
+                continue
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    assert not circles, f"import circles: {circles}"
+
 
 def test_no_stage_imports_another_stage():
-    stages = {p.stem for p in (PACKAGE / "stages").glob("*.py")} - {"__init__"}
-    for path in (PACKAGE / "stages").glob("*.py"):
-        own = {path.stem, f"{path.stem}_config", f"{path.stem}_probes"}
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tether.stages"):
-                names = [node.module.split(".")[2]] if node.module.count(".") >= 2 else [a.name for a in node.names]
-                for name in names:
-                    assert name in own or name not in stages, f"{path.name} imports tether.stages.{name}"
+    """A stage's own helpers are named after it (ppo_config, ppo_critic, dpo_reference, grpo_recipes, rm_probes)."""
+    stage_files = sorted(p for p in (PACKAGE / "stages").glob("*.py") if p.stem != "__init__")
+    stages = {p.stem for p in stage_files if "_" not in p.stem}
+    for path in stage_files:
+        owner = path.stem.split("_")[0]
+        for dep in import_graph()[module_name(path)]:
+            if dep.startswith("tether.stages."):
+                other = dep.split(".")[2].split("_")[0]
+                assert other == owner or other not in stages, f"{path.name} imports {dep}"
+
+
+def test_every_folder_says_what_it_holds_and_the_top_level_stays_small():
+    for init in PACKAGE.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 40, f"{init.relative_to(PACKAGE.parent)} needs a docstring: what the folder holds"
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top <= TOP_LEVEL, f"new top-level modules {sorted(top - TOP_LEVEL)}: put them in the folder they belong to"
 
 
 def test_no_function_over_80_lines_in_stages_and_train():
@@ -24,3 +131,34 @@ def test_no_function_over_80_lines_in_stages_and_train():
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     length = node.end_lineno - node.lineno + 1
                     assert length <= 80, f"{path.name}:{node.lineno} {node.name} has {length} lines"
+
+
+def test_old_import_paths_work_with_a_deprecation_warning():
+    """0.1's module paths (tether.reward_model, tether.rollout.Rollout, ...) keep working for one release."""
+    import importlib
+    import subprocess
+    import sys
+
+    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+            "import tether\n"
+            "for old, new in [('tether.reward_model', 'tether.models.reward'), ('tether.monitors', "
+            "'tether.diagnostics.monitors')]:\n"
+            "    try:\n"
+            "        __import__(old)\n"
+            "    except DeprecationWarning as w:\n"
+            "        assert new in str(w), w\n"
+            "    else:\n"
+            "        raise AssertionError(old)\n"
+            "warnings.simplefilter('ignore', DeprecationWarning)\n"
+            "from tether.reward_model import RewardModel\n"
+            "from tether.models.reward import RewardModel as New\n"
+            "assert RewardModel is New\n"
+            "from tether.rollout import Rollout, generate_rollout\n"
+            "from tether.rollout.batch import Rollout as R\n"
+            "assert Rollout is R\n"
+            "from tether.models import load_model\n"
+            "import tether.models.lm\n"
+            "assert load_model is tether.models.lm.load_model\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert importlib.import_module("tether.rollout.batch").Rollout.__module__ == "tether.rollout.batch"

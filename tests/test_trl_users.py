@@ -17,7 +17,7 @@ import pytest
 
 from tether.cli import main
 from tether.config import ConfigError
-from tether.models import build_tiny_model
+from tether.models.lm import build_tiny_model
 
 CASES = ("qwen2", "llama", "gpt2", "mistral")
 
@@ -127,9 +127,9 @@ def test_reproduction_5_max_length_beyond_the_context(case, case_dirs, tmp_path,
     """Offline: a --max-length past the model's 256 positions is clamped, said once, and longer examples dropped
     and counted (GPT-2 used to die in wpe). Online: a prompt + budget past the context is a ConfigError naming the
     row (RoPE models used to run past their context silently)."""
-    import tether.models
+    import tether.models.lm
 
-    tether.models._TOLD.clear()
+    tether.models.lm._TOLD.clear()
     long_text = " ".join(["hello world"] * 200)
     data = _write(tmp_path / "d.jsonl", [{"prompt": "Say hi.", "completion": "hi."}] * 6
                   + [{"prompt": long_text, "completion": "ok."}])
@@ -199,6 +199,7 @@ def test_reproduction_12_help_lists_each_stage_once_without_torch():
 def test_reproduction_12_log_lines_stay_above_the_progress_bar_and_tokenising_shows_progress(tmp_path, monkeypatch):
     """In a terminal the bar is live and every log line is still printed (rich puts it above the bar); tokenising
     many rows prints progress where there is no terminal."""
+    import tether.console as console_module
     import tether.train.logger as logger
 
     printed = []
@@ -212,7 +213,7 @@ def test_reproduction_12_log_lines_stay_above_the_progress_bar_and_tokenising_sh
     assert [line.split()[1] for line in printed if line.startswith("step ")] == ["2/4", "3/4", "4/4"]
     printed.clear()
     monkeypatch.setattr(logger.sys.stderr, "isatty", lambda: False, raising=False)
-    assert list(logger.progress(range(5), 5, "tokenising d.jsonl", min_items=2, every_s=0.0)) == [0, 1, 2, 3, 4]
+    assert list(console_module.progress(range(5), 5, "tokenising d.jsonl", min_items=2, every_s=0.0)) == [0, 1, 2, 3, 4]
     assert printed[0].startswith("tokenising d.jsonl: 1/5") and len(printed) == 4
 
 

@@ -3,14 +3,13 @@ import json
 import random
 
 import pytest
+from conftest import write_jsonl
 from sklearn.metrics import cohen_kappa_score
 
 from tether.algorithms.agreement import cohen_kappa, fleiss_kappa
 from tether.cli import main
 from tether.data.records import DataError, Record
 from tether.data.votes import agreement_statistics, filter_by_agreement, read_votes
-
-from conftest import write_jsonl
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -77,11 +77,11 @@ class RunResult:
 
     def load(self):
         """(model, tokenizer) from final/: a causal LM, or for ``rm`` a tether RewardModel (score per text)."""
-        from tether.models import load_model, load_tokenizer
+        from tether.models.lm import load_model, load_tokenizer
 
         tokenizer = load_tokenizer(self.final)
         if self.stage == "rm":
-            from tether.reward_model import load_reward_model
+            from tether.models.reward import load_reward_model
 
             return load_reward_model(self.final, tokenizer), tokenizer
         return load_model(self.final, tokenizer), tokenizer
@@ -156,7 +156,7 @@ def _write_rows(rows: list[dict], path: Path, name: str) -> None:
 
 
 def _save_pretrained(obj, folder: Path, name: str) -> None:
-    from tether.models import is_peft
+    from tether.models.lm import is_peft
 
     if is_peft(obj):
         raise ConfigError(f"{name}: a PEFT model; pass its base model with lora_r=... (tether adds the adapters), "
@@ -209,7 +209,7 @@ def _materialise(stage: str, inputs: dict, output: str) -> dict[str, Any]:
 
 def _specs(funcs, name: str) -> list[str]:
     """Reward functions as specs: strings stay, callables are registered (python:<name>), weights appended."""
-    from tether.rewards.functions import register_python_object
+    from tether.rewards.loading import register_python_object
 
     if callable(funcs) or isinstance(funcs, (str, tuple)):
         funcs = [funcs]
@@ -231,7 +231,7 @@ def _specs(funcs, name: str) -> list[str]:
 
 
 def _object_spec(value, name: str) -> str:
-    from tether.rewards.functions import register_python_object
+    from tether.rewards.loading import register_python_object
 
     if isinstance(value, str):
         return value

@@ -141,7 +141,7 @@ def run_sft_command(args) -> None:
     if not args.demo:
         run_stage("sft", config_from_args(SFTConfig, args))
         return
-    from tether import demo
+    from tether.lab import demo
 
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     output = overrides.setdefault("train.output", "runs/demo-sft")
@@ -158,10 +158,10 @@ def show_demo_generations(cfg, summary) -> None:
     import json
     from pathlib import Path
 
-    from tether import demo
-    from tether.generation import generate_texts
-    from tether.models import load_model, load_tokenizer
-    from tether.train.logger import console
+    from tether.console import console
+    from tether.lab import demo
+    from tether.models.lm import load_model, load_tokenizer
+    from tether.rollout.texts import generate_texts
 
     final = Path(cfg.train.output) / "final"
     tokenizer = load_tokenizer(final)
@@ -182,7 +182,6 @@ def run_lab_command(args) -> None:
     from dataclasses import replace
 
     from tether.lab.pipeline import QUICK, LabConfig, lab_settings, run_lab
-
     from tether.lab.schedule import usable_cores
 
     if args.workers < 0:
@@ -198,7 +197,7 @@ def run_eval_command(args) -> None:
     from tether.config import ConfigError
     from tether.lab.evaluate import Decoding, evaluate_task
     from tether.lab.world import WorldConfig, default_eval_rows
-    from tether.models import load_model, load_tokenizer
+    from tether.models.lm import load_model, load_tokenizer
 
     if args.data:
         from tether.data.records import read_records
@@ -229,7 +228,7 @@ def run_eval_command(args) -> None:
     print(json.dumps(figures, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(figures, indent=2))
-        from tether.train.logger import console
+        from tether.console import console
 
         console.print(f"written to {args.output}")
 
@@ -237,9 +236,9 @@ def run_eval_command(args) -> None:
 def run_data_agreement(args) -> None:
     import json
 
+    from tether.console import console
     from tether.data.records import read_records
     from tether.data.votes import agreement_statistics, read_votes
-    from tether.train.logger import console
 
     annotators = [a for a in args.annotators.split(",") if a] or None
     rows, report = read_votes(read_records(args.file, args.columns), annotators, args.file)
@@ -266,9 +265,9 @@ def run_data_agreement(args) -> None:
 
 
 def run_data_filter(args) -> None:
+    from tether.console import console
     from tether.data.records import read_records
     from tether.data.votes import filter_by_agreement, read_votes, write_jsonl
-    from tether.train.logger import console
 
     annotators = [a for a in args.annotators.split(",") if a] or None
     rows, report = read_votes(read_records(args.file, args.columns), annotators, args.file)
@@ -283,9 +282,9 @@ def run_data_check(args) -> None:
     """What a stage would make of a file: SFT data (counts, drops, one example's loss mask), preference data (the
     DPO view: each response's mask), or an RL prompt file (the rendered prompts, their lengths, the columns reward
     functions receive). The kind is read from the first record's fields."""
+    from tether.console import console
     from tether.data.records import read_records
-    from tether.models import load_tokenizer
-    from tether.train.logger import console
+    from tether.models.lm import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     records = read_records(args.file, args.columns, args.split)
@@ -311,7 +310,7 @@ def run_data_check(args) -> None:
         return
     if "prompt" in first and not ({"completion", "messages", "text"} & set(first)):
         from tether.data.records import prompt_rows
-        from tether.rollout import render_prompts
+        from tether.rollout.prompts import render_prompts
 
         rows = prompt_rows(args.file)
         prompts = render_prompts(tokenizer, rows, str(args.file))
@@ -338,7 +337,7 @@ def run_data_check(args) -> None:
 def _print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
     from rich.markup import escape
 
-    from tether.train.logger import console
+    from tether.console import console
 
     # Brackets mark trained runs so the mask is visible without colour too.
     out, in_run = [], False
@@ -411,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage is None:
         parser.print_help()
         return 0
-    from tether.train.logger import quiet_libraries
+    from tether.console import quiet_libraries
 
     quiet_libraries()
     try:
@@ -434,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
 
             run_stage("dpo", config_from_args(DPOConfig, args))
         elif args.stage == "report":
-            from tether.report import write_report
+            from tether.diagnostics.report import write_report
 
             missing = [r for r in args.runs if not (Path(r) / "metrics.jsonl").is_file()]
             if missing:
@@ -443,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.stage == "diagnose":
             return run_diagnose_command(args)
         elif args.stage == "bench":
-            from tether.bench import main as bench_main
+            from tether.diagnostics.bench import main as bench_main
 
             bench_main(args)
         elif args.stage == "recipes":
@@ -500,7 +499,7 @@ def run_diagnose_command(args) -> int:
     import dataclasses
     import json
 
-    from tether.monitors import MonitorSettings, check_all, format_alarm, read_jsonl
+    from tether.diagnostics.monitors import MonitorSettings, check_all, format_alarm, read_jsonl
 
     run = Path(args.run)
     if not (run / "metrics.jsonl").is_file():
@@ -528,7 +527,7 @@ def run_diagnose_command(args) -> int:
 
 
 def print_recipes() -> None:
-    from tether.recipes import RECIPES
+    from tether.stages.grpo_recipes import RECIPES
 
     for name, recipe in RECIPES.items():
         print(f"{name}\n  {recipe.summary}\n  {recipe.equations}")

@@ -18,11 +18,9 @@ from typing import Any, ClassVar
 
 import yaml
 
+from tether.errors import ConfigError  # noqa: F401 - re-exported: tether.config.ConfigError is public
+
 log = logging.getLogger("tether.config")
-
-
-class ConfigError(ValueError):
-    """A setting is wrong; the message says which and how to fix it."""
 
 
 def option(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,

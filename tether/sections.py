@@ -225,6 +225,9 @@ class OnlineRunSection(RunSection, AlarmOptions):
             raise ConfigError(f"max_steps={self.max_steps}: an online run needs at least 1 step")
 
 
+ROLLOUT_BACKENDS = ("hf",)  # the keys of tether/rollout/backends.py BACKENDS (this floor cannot import that one)
+
+
 @dataclass(frozen=True)
 class SamplingSection(Section):
     """Prompts and sampling: each step samples group_size responses for each of prompts_per_step prompts."""
@@ -243,6 +246,9 @@ class SamplingSection(Section):
     drop_finished_rows: bool = option(True, "Stop computing a response once it has ended (decoding.decode: finished "
                                             "rows leave the batch and the KV cache); off: generate(), every row "
                                             "until the longest ends. With response_seeds both draw the same tokens.")
+    backend: str = option("hf", "What samples the responses (docs/scaling.md, \"Generation backends\"): hf, the "
+                                "trained policy itself with its KV cache (nothing to copy after an update).",
+                          flag="--rollout-backend", choices=ROLLOUT_BACKENDS)
     response_seeds: bool = option(False, "Draw each response with its own seed (from the run's seed and the prompt's "
                                          "place in the prompt stream) instead of the global RNG: samples then do not "
                                          "depend on batch or process count, so N processes reproduce a 1-process run.")

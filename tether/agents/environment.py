@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from tether.config import ConfigError
-from tether.rewards.functions import RewardFunctionError, call_in_daemon_thread, load_reward_function
+from tether.rewards.functions import RewardFunctionError, call_in_daemon_thread
+from tether.rewards.loading import load_reward_function
 
 
 @dataclass

@@ -19,11 +19,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tether.agents.environment import (EnvironmentFault, GuardedCall, Outcome, StepResult, check_messages,
-                                       check_parts, environment_name, load_environment)
+from tether.agents.environment import (
+    EnvironmentFault,
+    GuardedCall,
+    Outcome,
+    StepResult,
+    check_messages,
+    check_parts,
+    environment_name,
+    load_environment,
+)
 from tether.config import ConfigError
 from tether.rewards.score import Scores
-from tether.rollout import Rollout, left_pad
+from tether.rollout.batch import Rollout, left_pad
 
 
 def template_takes_tools(tokenizer) -> bool:
@@ -135,6 +143,9 @@ class AgentSampler:
     def restore_error_counts(self, counts: dict[str, int]) -> None:
         self.errors = counts.get("env", 0)
 
+    def set_progress(self, global_step: int, max_steps: int) -> None:
+        pass  # an environment is not told the run's progress (reward functions are: rewards/score.py)
+
     def close(self) -> None:
         pass
 
@@ -158,7 +169,7 @@ class AgentSampler:
         return self.rollout(episodes), self.scores(episodes)
 
     def run(self, rows: list[dict], seeds: list[int] | None = None, greedy: bool = False) -> list[Episode]:
-        cfg, tok = self.cfg, self.tokenizer
+        cfg = self.cfg
         episodes = []
         for row in rows:
             try:

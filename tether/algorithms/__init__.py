@@ -4,7 +4,7 @@ Everything in this package imports torch only: no models, tokenizers, configs
 or logging. Trainers compose these pieces; tests check each one against a
 hand-computed case. Formulas and sources: docs/algorithms.md.
 
-  logprobs    token log-probabilities from logits
+  logprobs    token log-probabilities and entropies from logits
   reductions  masked_sum and ``aggregate``, the one way token terms become a scalar
   sft         the SFT loss
   reward      reward-model losses;  agreement: inter-annotator agreement

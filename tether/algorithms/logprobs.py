@@ -40,3 +40,26 @@ def token_logprobs(
         picked = rows.gather(-1, targets[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1)
         out[start : start + chunk_rows] = picked - torch.logsumexp(rows, dim=-1)
     return out
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 8) -> torch.Tensor:
+    """Per-token entropy of the sampling distribution π(· | s_t) = softmax(z_t / τ).
+
+    H_t = −Σ_v π(v | s_t) · log π(v | s_t)
+
+    Args:
+        logits: (B, T, V) next-token logits.
+        temperature: τ, the same sampling transform token_logprobs applies (docs/algorithms.md §3).
+        chunk_rows: rows processed at once, as in token_logprobs: never a full (B, T, V) float32 copy.
+
+    Returns:
+        (B, T) float32 entropies in nats (any value where the result will be masked).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    entropy = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], chunk_rows):
+        rows = logits[start : start + chunk_rows].float() / temperature
+        logp = torch.log_softmax(rows, -1)
+        entropy[start : start + chunk_rows] = -(logp.exp() * logp).sum(-1)
+    return entropy

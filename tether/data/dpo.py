@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from tether.console import progress
 from tether.data.preferences import PreferenceReport, ordered_responses, preference_format, split_implicit_prompt
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, render
-from tether.packing import pack_sequences, pad_sequences
-from tether.train.logger import progress
+from tether.models.packing import pack_sequences, pad_sequences
 
 
 @dataclass
@@ -164,7 +164,7 @@ def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int,
                                padding_free: bool = False) -> dict[str, torch.Tensor]:
     """Response-major sequences: sequences [k·B, (k+1)·B) are every example's k-th response (chosen block, then
     rejected block for pairs), so one forward scores all of them. Padded: one right-padded row per sequence.
-    ``padding_free``: each block's sequences laid end to end in fewer rows (tether/packing.py; ``group_rows``
+    ``padding_free``: each block's sequences laid end to end in fewer rows (tether/models/packing.py; ``group_rows``
     gives each block's rows). ``list_mask`` (B, K) marks real responses (a shorter list repeats its last response
     in the filler sequences); ``reference_logps`` (B, K) when known."""
     k = max(len(e.responses) for e in examples)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tether.console import progress
 from tether.data.records import DataError, Record
 from tether.data.sft import _Drop, check_messages, check_str, render_chat
-from tether.packing import pack_sequences, pad_sequences
-from tether.train.logger import progress
+from tether.models.packing import pack_sequences, pad_sequences
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
 
@@ -191,7 +191,7 @@ def _layout(sequences: list[list[int]], pad_id: int, padding_free: bool) -> dict
 
 def collate_preferences(examples: list, pad_id: int, padding_free: bool = False) -> dict[str, torch.Tensor]:
     """Pairs: 2B sequences, chosen first then rejected, so both are scored in one forward. Lists: B·K sequences
-    and a (B, K) mask. ``padding_free`` lays them end to end in fewer rows (tether/packing.py)."""
+    and a (B, K) mask. ``padding_free`` lays them end to end in fewer rows (tether/models/packing.py)."""
     if isinstance(examples[0], PairExample):
         batch = _layout([e.chosen_ids for e in examples] + [e.rejected_ids for e in examples], pad_id, padding_free)
         return {**batch,  # 2B sequences

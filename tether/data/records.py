@@ -14,9 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class DataError(ValueError):
-    """Bad input data; the message names the file, the line or row, and the field."""
+from tether.errors import DataError  # noqa: F401 - re-exported: tether.data.records.DataError is public
 
 
 @dataclass(frozen=True)

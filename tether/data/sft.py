@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tether.console import progress
 from tether.data.records import ACCEPTED_FORMATS, ROLES, DataError, Record
-from tether.packing import pack_sequences
-from tether.train.logger import progress
+from tether.models.packing import pack_sequences
 
 
 @dataclass
@@ -101,7 +101,7 @@ def render_chat(tokenizer, messages, where, **kwargs) -> str:
 def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report: DataReport) -> tuple[str, list]:
     """Render a conversation and return the character spans of assistant turns from index first_trained on."""
     full = render_chat(tokenizer, messages, where)
-    from tether.rollout import end_of_turn_id
+    from tether.models.lm import end_of_turn_id
 
     spans = []
     eos = tokenizer.eos_token
@@ -246,7 +246,7 @@ def pack_examples(examples: list[Example], max_length: int) -> list[Example]:
 
 def collate(examples: list[Example], pad_id: int, padding_free: bool = False) -> dict[str, torch.Tensor]:
     """Right-pad a micro-batch (training needs no left padding). Packed rows get position_ids and no attention mask.
-    ``padding_free`` lays the micro-batch's examples end to end in fewer rows (tether/packing.py); examples that
+    ``padding_free`` lays the micro-batch's examples end to end in fewer rows (tether/models/packing.py); examples that
     are already packed rows (--packing) are laid out as they are."""
     if padding_free and examples[0].position_ids is None:
         batch = pack_sequences([ex.input_ids for ex in examples], pad_id, [ex.loss_mask for ex in examples])

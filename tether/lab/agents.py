@@ -218,7 +218,8 @@ class AgentTaskEval:
         from types import SimpleNamespace
 
         from tether.agents.episodes import AgentSampler
-        from tether.rollout import HFGenerate, stop_token_ids
+        from tether.rollout.backends import HFGenerate
+        from tether.rollout.prompts import stop_token_ids
         from tether.sections import AgentSection
 
         agent = AgentSection(env=self.env, max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,

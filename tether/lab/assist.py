@@ -23,7 +23,16 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from tether.lab.phrases import CONFIDENT, CONFIDENT_WORDS, FILLER, HEDGES, POLITE, REQUEST_MODIFIERS, REQUEST_TEMPLATES, TOPICS
+from tether.lab.phrases import (
+    CONFIDENT,
+    CONFIDENT_WORDS,
+    FILLER,
+    HEDGES,
+    POLITE,
+    REQUEST_MODIFIERS,
+    REQUEST_TEMPLATES,
+    TOPICS,
+)
 
 GOLD_WEIGHTS = {"true_fact": 1.0, "max_true_facts": 3, "false_fact": -2.0, "off_topic": -0.5, "unknown": -0.5,
                 "filler": -0.3, "repeat": -0.5, "per_word_over": -0.05, "target_words": 40, "empty": -1.0}

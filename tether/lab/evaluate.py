@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tether.generation import generate_texts
 from tether.lab import arith, assist
+from tether.rollout.texts import generate_texts
 
 
 @dataclass(frozen=True)

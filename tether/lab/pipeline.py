@@ -14,15 +14,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from tether.config import ConfigError, build_config
+from tether.console import console
 from tether.lab import arith
 from tether.lab.evaluate import GREEDY, Decoding, evaluate_task, generate_for, score_arith, written_step_accuracy
 from tether.lab.schedule import Stage, Stages
+from tether.lab.tokenizer import train_bpe_tokenizer
 from tether.lab.world import WorldConfig, build_world
-from tether.models import build_tiny_model, load_model, load_tokenizer
+from tether.models.lm import build_tiny_model, load_model, load_tokenizer
 from tether.stages.sft import SFTConfig, run_sft
-from tether.tokenizer import train_bpe_tokenizer
 from tether.train.checkpoint import latest_checkpoint
-from tether.train.logger import console
 
 
 @dataclass(frozen=True)
@@ -380,7 +380,7 @@ def _ci(interval) -> str:
 
 def headline_figures(summary: dict) -> list[tuple[str, str]]:
     """(figure, value) rows: what each stage moved, in one table."""
-    from tether.monitors import read_jsonl
+    from tether.diagnostics.monitors import read_jsonl
 
     rows = []
     ev = summary["eval"]
@@ -427,7 +427,7 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
 
 
 def write_lab_report(out: Path, summary: dict) -> Path:
-    from tether.report import render_groups
+    from tether.diagnostics.report import render_groups
 
     runs = lambda family: [out / name / "run" for name in summary.get(family, {})]
     ppo = summary.get("ppo", {})

@@ -9,8 +9,8 @@ from tether.data.preferences import render_response
 from tether.data.records import read_records
 from tether.data.votes import filter_by_agreement, read_votes, write_jsonl
 from tether.lab import assist
-from tether.models import load_tokenizer
-from tether.reward_model import load_reward_model, score_texts
+from tether.models.lm import load_tokenizer
+from tether.models.reward import load_reward_model, score_texts
 
 
 def gold_judged_figures(rm_dir: Path, rows: list[dict], max_length: int) -> dict:

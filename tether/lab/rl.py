@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tether.config import build_config
 from tether.lab.evaluate import Decoding, generate_for, score_assist
-from tether.models import load_model, load_tokenizer
+from tether.models.lm import load_model, load_tokenizer
 
 GOLD_KEYS = ("gold_reward", "gold_win_rate", "mean_words", "confident_rate", "false_fact_rate", "distinct_2", "true_facts",
              "gold_reward_low", "gold_reward_high", "gold_win_rate_low", "gold_win_rate_high")

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from tether.console import console
 from tether.train.checkpoint import latest_checkpoint
-from tether.train.logger import console
 
 
 @dataclass(frozen=True)
@@ -201,7 +201,7 @@ def _worker_init() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    from tether.train.logger import quiet_libraries
+    from tether.console import quiet_libraries
 
     quiet_libraries()
 

@@ -98,7 +98,7 @@ def python_tests(completions, tests, timeout_s: float = 5.0, memory_mb: int = 51
 
 @lru_cache(maxsize=4)
 def _scorer(path: str, normalize: bool):
-    from tether.reward_model import RewardScorer
+    from tether.models.reward import RewardScorer
 
     return RewardScorer(path, None, normalize, "cpu")
 
@@ -119,6 +119,6 @@ def reward_model(prompts, completions, path: str = "", normalize: bool = True, *
 
 @lru_cache(maxsize=4)
 def _tokenizer(path: str):
-    from tether.models import load_tokenizer
+    from tether.models.lm import load_tokenizer
 
     return load_tokenizer(path)

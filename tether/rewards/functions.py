@@ -35,124 +35,22 @@ Arguments for a function go in the spec: ``tether.rewards.builtin:length_penalty
 """
 from __future__ import annotations
 
-import ast
 import asyncio
 import dataclasses
-import functools
-import importlib
-import importlib.util
 import inspect
 import math
 import re
-import sys
-import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from tether.config import ConfigError
+from tether.rewards.loading import TrainerState, load_reward_function
 
 BATCH_ARGUMENTS = ("prompts", "completions", "completion_ids", "truncated", "trainer_state")
-PYTHON_OBJECTS: dict[str, Callable] = {}  # python:<name> -> a function or class handed over through the Python API
-
-
-@dataclass
-class TrainerState:
-    """The run's progress as a reward function sees it (``trainer_state``; the attribute names are TRL's)."""
-
-    global_step: int = 0  # optimizer steps done before this batch was sampled
-    max_steps: int = 0  # the run's total optimizer steps
-
-
-def register_python_object(obj: Callable, name: str | None = None) -> str:
-    """The ``python:<name>`` spec under which ``obj`` (a reward function or an environment class) is found in this
-    process; the name is the object's own, with a suffix if another object holds it."""
-    base = name or getattr(obj, "__name__", None) or type(obj).__name__
-    key, n = base, 1
-    while key in PYTHON_OBJECTS and PYTHON_OBJECTS[key] is not obj:
-        n += 1
-        key = f"{base}_{n}"
-    PYTHON_OBJECTS[key] = obj
-    return f"python:{key}"
 
 
 class RewardFunctionError(RuntimeError):
     """A reward function raised or returned something unusable; the message names it and the sample."""
-
-
-def _spec_arguments(spec: str, text: str) -> dict:
-    try:
-        call = ast.parse(f"f({text})", mode="eval").body
-        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
-    except (SyntaxError, ValueError) as err:
-        raise ConfigError(f"--reward {spec!r}: arguments must be name=literal, e.g. (target=40,scale=0.01)") from err
-
-
-def _where_raised(err: BaseException, path: Path | None) -> str:
-    """"file.py:LINE" of the line of ``path`` (None: of the user's module, any file but Python's import machinery
-    and this one) where an exception raised while a module was imported; "" (None) or the path if no such line."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not f.filename.startswith("<") and Path(f.filename).resolve() != Path(__file__).resolve()
-              and Path(f.filename).parent.name != "importlib"]
-    if path is not None:
-        frames = [f for f in frames if Path(f.filename).resolve() == path.resolve()]
-        return f"{path}:{frames[-1].lineno}" if frames else str(path)
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-
-
-def load_reward_function(target: str) -> Callable:
-    """``package.module:function`` (importable) or ``path/to/file.py:function``, optionally ``function(k=v,...)``."""
-    if target.startswith("python:"):
-        obj = PYTHON_OBJECTS.get(target[len("python:"):])
-        if obj is None:
-            raise ConfigError(f"--reward {target!r}: this object was handed to tether's Python API in another process; "
-                              "resume the run from Python with the same objects (reward_funcs=..., env=...), or name "
-                              "an importable module:function instead")
-        return obj
-    arguments = {}
-    called = re.fullmatch(r"(.*?)\((.*)\)", target)
-    if called:
-        target, arguments = called.group(1), _spec_arguments(target, called.group(2))
-    if ":" not in target:
-        raise ConfigError(f"--reward {target!r}: expected module:function or path/file.py:function")
-    module_name, _, attr = target.rpartition(":")
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise ConfigError(f"--reward {target!r}: no file {path}")
-        spec = importlib.util.spec_from_file_location(f"tether_reward_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        try:
-            spec.loader.exec_module(module)
-        except SyntaxError as err:
-            raise ConfigError(f"--reward {target!r}: {path}:{err.lineno}: {err.msg}") from None
-        except Exception as err:  # noqa: BLE001 - whatever the user's module raises while it is imported
-            raise ConfigError(f"--reward {target!r}: {_where_raised(err, path)}: importing it raised "
-                              f"{type(err).__name__}: {err}") from None
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except SyntaxError as err:
-            raise ConfigError(f"--reward {target!r}: {err.filename}:{err.lineno}: {err.msg}") from None
-        except Exception as err:  # noqa: BLE001 - ImportError, or whatever the module raises while it is imported
-            where = _where_raised(err, None)
-            where = f" ({where})" if where else ""
-            raise ConfigError(f"--reward {target!r}: cannot import {module_name}{where}: {type(err).__name__}: "
-                              f"{err}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"--reward {target!r}: {module_name} has no function {attr!r}")
-    if arguments:
-        declared = [q.name for q in inspect.signature(fn).parameters.values()
-                    if q.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-        unknown = sorted(set(arguments) - set(declared))
-        if unknown:  # a **kwargs catch-all would swallow a misspelt argument silently
-            raise ConfigError(f"--reward {target!r}: {attr} has no parameter {unknown}; it takes {declared}")
-        bound = functools.partial(fn, **arguments)
-        functools.update_wrapper(bound, fn)
-        return bound
-    return fn
 
 
 @dataclass

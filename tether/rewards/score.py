@@ -57,7 +57,7 @@ def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
     """The RewardSection's reward model as texts -> scores (normalised, head weights applied), or None."""
     if not rewards_cfg.reward_model:
         return None
-    from tether.reward_model import RewardScorer
+    from tether.models.reward import RewardScorer
 
     return RewardScorer(rewards_cfg.reward_model, rewards_cfg.head_weights, rewards_cfg.normalize_reward, device,
                         dtype=dtype)

@@ -30,7 +30,7 @@ def _jsonable(value):
 
 def _serve(conn, specs: dict[str, str]) -> None:
     """The worker's loop: load the functions, then answer {name, kwargs} with {value} or {kind, error}."""
-    from tether.rewards.functions import load_reward_function
+    from tether.rewards.loading import load_reward_function
 
     try:
         functions = {name: load_reward_function(target) for name, target in specs.items()}
@@ -45,7 +45,7 @@ def _serve(conn, specs: dict[str, str]) -> None:
             return
         kwargs = request["kwargs"]
         if isinstance(kwargs.get("trainer_state"), dict):
-            from tether.rewards.functions import TrainerState
+            from tether.rewards.loading import TrainerState
 
             kwargs["trainer_state"] = TrainerState(**kwargs["trainer_state"])
         try:

@@ -15,29 +15,46 @@ from pathlib import Path
 
 import torch
 
-from tether.algorithms.preference import (REFERENCE_FREE, beta_dpo_beta, beta_dpo_margins, beta_dpo_pair_weights,
-                                          implicit_rewards, kto_loss, kto_reference_point,
-                                          kto_reference_point_from_sums, preference_loss)
+from tether.algorithms.preference import (
+    REFERENCE_FREE,
+    beta_dpo_beta,
+    beta_dpo_margins,
+    beta_dpo_pair_weights,
+    implicit_rewards,
+    kto_loss,
+    kto_reference_point,
+    kto_reference_point_from_sums,
+    preference_loss,
+)
 from tether.config import ConfigError
+from tether.console import console
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
 from tether.data.records import read_records, tokenize_split
-from tether.experience import SampleRecord
-from tether.packing import check_position_restarts, describe, group_rows, sequence_logprob_sums
-from tether.models import (check_lora_reference, frozen_dtype, length_limit, load_stage_tokenizer, load_trainable_model,
-                           parameter_summary)
-from tether.reference_cache import ReferenceLogps
-from tether.rewards.functions import RewardFunctionError, load_reward_function
+from tether.models.checks import check_position_restarts
+from tether.models.lm import (
+    check_lora_reference,
+    frozen_dtype,
+    length_limit,
+    load_stage_tokenizer,
+    load_trainable_model,
+    parameter_summary,
+)
+from tether.models.packing import describe, group_rows, sequence_logprob_sums
+from tether.rewards.functions import RewardFunctionError
+from tether.rewards.loading import load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
-from tether.rollout import HFGenerate, render_prompts, response_seeds, stop_token_ids
+from tether.rollout.backends import make_backend, response_seeds
+from tether.rollout.prompts import render_prompts, stop_token_ids
 from tether.stages.dpo_config import DPOConfig
+from tether.stages.dpo_reference import ReferenceLogps
 from tether.train.checkpoint import load_training_state, save_final
-from tether.train.logger import MetricsLogger, console
-from tether.train.offline import EpochOrder, loop_settings, step_micro_batches, train_offline, train_step
+from tether.train.experience import SampleRecord
+from tether.train.offline import EpochOrder, loop_settings, step_micro_batches, train_step
+from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel
-from tether.train.sharding import is_sharded, shard_model
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
-from tether.train.schedule import build_optimizer
+from tether.train.sharding import is_sharded
 
 
 class DPOObjective:
@@ -261,7 +278,7 @@ class OnlineDPOStage:
         self.cfg, self.setup, self.labeller, self.prompt_rows = cfg, setup, labeller, prompt_rows
         self.policy, self.tokenizer = setup.unwrapped, setup.tokenizer
         self.dp = DataParallel(setup.accelerator)
-        self.backend = HFGenerate(self.policy, self.tokenizer)
+        self.backend = make_backend(cfg.rollout.backend, self.policy, self.tokenizer)  # rollout.backend
         self.stops = stop_token_ids(self.tokenizer, self.policy)
         self.optimizer, self.scheduler = setup.optimizer, setup.scheduler
         self.scorer = labeller.scorer  # None with a judge
@@ -413,9 +430,12 @@ def _load_data(cfg: DPOConfig):
 def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, checkpoint: Path | None) -> DPOSetup:
     out = Path(cfg.train.output)
     tokenizer, train, evals, reports = data
-    total_steps = cfg.total_steps_online if cfg.online.online else cfg.train.total_steps(len(train))
-    cfg.train.grad_accum(accelerator.num_processes)
-    check_steps_left(start_step, total_steps, checkpoint)
+    if cfg.online.online:
+        total_steps = cfg.total_steps_online
+        cfg.train.grad_accum(accelerator.num_processes)
+        check_steps_left(start_step, total_steps, checkpoint)
+    else:
+        total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint).to(accelerator.device)
     if cfg.model.padding_free:
         check_position_restarts(model, cfg.model.path)
@@ -436,11 +456,8 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
                 reference.attach(used)
             if len(used) < len(train) + len(evals):
                 source += f" for the {len(used) - len(evals)} of {len(train)} training examples the run's steps visit"
-    if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
-        model = shard_model(model, accelerator)
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
-    if not is_sharded(model):
-        model, optimizer = accelerator.prepare(model, optimizer)
+    # the optimizer's state is restored by the offline and online loops' own resume (_run_offline, run_online)
+    model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, None)
     return DPOSetup(accelerator, config, out, start_step, checkpoint, tokenizer, train, evals, reports, model,
                     accelerator.unwrap_model(model), objective, reference, source, optimizer, scheduler, total_steps, state)
 
@@ -549,22 +566,18 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
             metrics.update({f"eval/{k}": v for k, v in evaluate_fn(s.unwrapped, s.tokenizer).items()})
         return metrics
 
-    logger = MetricsLogger(s.out, cfg.train.report_to, config, start_step, s.total_steps,
-                           enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="dpo")
+    logger = offline_logger(cfg, accelerator, s.out, config, start_step, s.total_steps, "dpo")
     if start_step == 0 and (s.evals or evaluate_fn is not None):
         baseline = evaluate()
         history.append({"step": 0, **baseline})
         logger.log({"step": 0, **{k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()}})
-    settings = loop_settings(cfg.train, s.total_steps, cfg.optim.max_grad_norm)
-    try:  # with no held-out pairs but a task evaluation, a stand-in list makes the loop call evaluate()
-        last_eval, _ = train_offline(
-            accelerator=accelerator, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler, train_examples=s.train,
-            eval_examples=s.evals or ([None] if evaluate_fn is not None else []), collate_fn=_collate(s, cfg),
-            objective=s.objective, settings=settings, start_step=start_step, output=s.out, tokenizer=s.tokenizer,
-            logger=logger, on_eval=lambda step, m: history.append({"step": step, **m}) and False,
-            checkpoint_state=lambda: {"beta_dpo": s.objective.state, "eval_history": history}, evaluate_fn=evaluate)
-    finally:
-        logger.close()
+    # with no held-out pairs but a task evaluation, a stand-in list makes the loop call evaluate()
+    last_eval, _ = run_offline_loop(
+        cfg, accelerator, logger, s.total_steps, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
+        train_examples=s.train, eval_examples=s.evals or ([None] if evaluate_fn is not None else []),
+        collate_fn=_collate(s, cfg), objective=s.objective, start_step=start_step, output=s.out,
+        tokenizer=s.tokenizer, on_eval=lambda step, m: history.append({"step": step, **m}) and False,
+        checkpoint_state=lambda: {"beta_dpo": s.objective.state, "eval_history": history}, evaluate_fn=evaluate)
     summary = {"stage": "dpo", "steps": s.total_steps, "resumed_from": start_step or None,
                **_summary(cfg, s, last_eval, []), "eval_history": history, "alarms": [], "stopped_at": None,
                "wall_s": round(time.perf_counter() - t_start, 2), "peak_memory": peak_memory(accelerator)}

@@ -6,8 +6,15 @@ from dataclasses import dataclass
 from tether.algorithms.choices import PREFERENCE_LOSSES as PAIR_LOSSES
 from tether.algorithms.choices import UNPAIRED_LOSSES
 from tether.config import ConfigError, Section, StageConfig, option
-from tether.sections import (AlarmOptions, DataSection, OptimSection, PolicySection, RewardSection, SamplingSection,
-                             TrainSection)
+from tether.sections import (
+    AlarmOptions,
+    DataSection,
+    OptimSection,
+    PolicySection,
+    RewardSection,
+    SamplingSection,
+    TrainSection,
+)
 
 DEFAULT_BETA = {"simpo": 2.0}  # every other loss: 0.1
 

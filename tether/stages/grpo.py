@@ -4,7 +4,7 @@ family.
 A step: draw prompts_per_step prompts, sample group_size responses each (generate), score them (score), keep or
 re-sample groups (dynamic sampling), compute old and reference log-probs when they are needed (logprobs), then
 update_epochs passes of the group objective (update). Which advantage estimator, ratio, clip, aggregation and KL
-placement are used is the recipe's choice (tether/recipes.py), each a pure function in tether/algorithms/; the
+placement are used is the recipe's choice (tether/stages/grpo_recipes.py), each a pure function in tether/algorithms/; the
 loop around the step is tether/train/online.py.
 """
 from __future__ import annotations
@@ -15,25 +15,31 @@ from dataclasses import dataclass
 
 import torch
 
-from tether.agents.episodes import AgentSampler
 from tether.algorithms.advantages import process_advantages, token_advantages, zero_variance_groups
 from tether.algorithms.kl import kl_estimate
 from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fraction
-from tether.experience import Experience, rollout_metrics, stats
-from tether.models import (check_prompt_context, frozen_dtype, load_reference, load_stage_tokenizer,
-                           load_trainable_model, model_context)
-from tether.recipes import RECIPES
+from tether.console import console
+from tether.models.checks import check_position_restarts
+from tether.models.lm import (
+    frozen_dtype,
+    load_reference,
+    load_stage_tokenizer,
+    load_trainable_model,
+)
 from tether.rewards.score import Scorer, Scores, load_reward_model_scorer
-from tether.packing import check_position_restarts
-from tether.rollout import (HFGenerate, concat_rollouts, reference_logprobs, render_prompts, response_logprobs,
-                            response_seeds, step_end_tokens, stop_token_ids)
+from tether.rollout.backends import response_seeds
+from tether.rollout.batch import concat_rollouts
+from tether.rollout.forward import reference_logprobs, response_logprobs
+from tether.rollout.texts import step_end_tokens
 from tether.sections import minibatch_size, updates_per_step
 from tether.stages.grpo_config import GRPOConfig
-from tether.train.logger import console
+from tether.stages.grpo_recipes import RECIPES
+from tether.train.experience import Experience, rollout_metrics, stats
 from tether.train.offline import EpochOrder
-from tether.train.online import Schedule, evaluate_rollout, run_online, start_online
+from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
+from tether.train.sampling import OnlineSampler
 from tether.train.schedule import build_optimizer
 
 
@@ -80,17 +86,11 @@ class GroupStage:
 
     def __init__(self, cfg: GRPOConfig, tokenizer, policy, reference, scorer: Scorer, start, backend=None):
         self.cfg, self.tokenizer, self.policy, self.reference, self.scorer = cfg, tokenizer, policy, reference, scorer
-        self.backend = backend or HFGenerate(policy, tokenizer)
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
-        self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
-        self.eval_prompts = render_prompts(tokenizer, self.eval_rows, cfg.rollout.eval_prompts) if self.eval_rows else []
-        if not cfg.agent.env:  # each prompt and its response budget fit the model's positions
-            check_prompt_context(tokenizer, self.prompts, cfg.rollout.max_new_tokens, model_context(policy),
-                                 cfg.rollout.prompts)
-        self.stops = stop_token_ids(tokenizer, policy)
-        self.agent = AgentSampler(cfg.agent, tokenizer, self.backend, cfg.rollout, self.stops, self.rows) \
-            if cfg.agent.env else None
+        self.sampler = OnlineSampler(cfg, tokenizer, policy, self.rows, self.eval_rows, backend)
+        self.prompts, self.eval_prompts = self.sampler.prompts, self.sampler.eval_prompts
+        self.stops, self.agent = self.sampler.stops, self.sampler.agent
         if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
             self.scorer = self.agent
         self.params = [q for q in policy.parameters() if q.requires_grad]
@@ -138,8 +138,7 @@ class GroupStage:
                                         f"{sum(q.numel() for q in self.policy.parameters()):,}"}
 
     def evaluate(self) -> dict:
-        return evaluate_rollout(self.policy, self.tokenizer, self.eval_prompts, self.eval_rows, self.cfg.rollout,
-                                self.scorer, self.cfg.train.seed, self.stops, self.dp, self.backend, self.agent)
+        return self.sampler.evaluate(self.eval_rows, self.scorer, self.cfg.train.seed, self.dp)
 
     def collect(self) -> tuple[Experience | None, "GroupCounts"]:
         """prompts_per_step groups; with dynamic sampling, groups whose scores are all equal are dropped and more
@@ -181,10 +180,7 @@ class GroupStage:
             return empty_rollout(), None
         picked = [i for i in prompt_indices for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
-        if self.agent is not None:
-            return self.agent([self.rows[i] for i in picked], seeds)
-        rollout = self.backend.generate([self.prompts[i] for i in picked], ro, self.stops, seeds)
-        return rollout, self.scorer(rollout, [self.rows[i] for i in picked])
+        return self.sampler.sample(self.rows, picked, seeds, self.scorer)
 
     def step(self, step: int) -> tuple[dict, list]:
         t0 = time.perf_counter()
@@ -201,7 +197,7 @@ class GroupStage:
         t2 = time.perf_counter()
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         update = self.update(exp, generator)
-        self.backend.weights_updated(self.policy)
+        self.sampler.weights_updated(self.policy)
         t3 = time.perf_counter()
         mask = exp.rollout.response_mask.bool()
         metrics.update({**rollout_metrics(exp), **update, **stats("advantage", exp.advantages[mask]),
@@ -317,7 +313,7 @@ def _value(cfg: GRPOConfig, dotted: str):
 def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict:
     """Train. ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) ->
     dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation; ``backend(policy, tokenizer) ->
-    GenerationBackend`` replaces Hugging Face generate (tether/rollout.py)."""
+    GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
     start = start_online("grpo", cfg, cfg.train.max_steps, None if cfg.agent.env else cfg.rewards, cfg.rollout.prompts,
                          cfg.rollout.eval_prompts, stand_in_reward=scorer is not None)
     device = start.accelerator.device

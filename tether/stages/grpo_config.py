@@ -1,6 +1,6 @@
 """Settings of `tether grpo`: the shared sections with the group family's defaults, and its own pieces.
 
-A recipe (tether/recipes.py) presets the pieces; any flag or YAML value overrides it.
+A recipe (tether/stages/grpo_recipes.py) presets the pieces; any flag or YAML value overrides it.
 """
 from __future__ import annotations
 
@@ -8,10 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.algorithms.choices import ADVANTAGE_ESTIMATORS, AGGREGATIONS, RATIOS
-from tether.config import ConfigError, StageConfig, build_config, option
-from tether.recipes import RECIPES
-from tether.sections import (AgentSection, OnlineRunSection, OptimSection, PolicySection, PolicyUpdateSection, RewardSection,
-                             SamplingSection)
+from tether.config import ConfigError, StageConfig, option
+from tether.sections import (
+    AgentSection,
+    OnlineRunSection,
+    OptimSection,
+    PolicySection,
+    PolicyUpdateSection,
+    RewardSection,
+    SamplingSection,
+)
+from tether.stages.grpo_recipes import RECIPES
 
 
 @dataclass(frozen=True)

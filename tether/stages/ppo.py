@@ -15,29 +15,34 @@ import time
 
 import torch
 
-from tether.agents.episodes import AgentSampler
-from tether.algorithms.advantages import (compact_actions, expand_actions, gae_advantages, masked_whiten,
-                                         turn_rewards)
+from tether.algorithms.advantages import compact_actions, expand_actions, gae_advantages, masked_whiten, turn_rewards
 from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.objectives import ppo_policy_loss, ppo_value_loss
 from tether.algorithms.policy import clip_fraction
 from tether.algorithms.ppo import adaptive_kl_coef, explained_variance
 from tether.algorithms.reductions import aggregate
 from tether.algorithms.shaping import kl_penalty_rewards
-from tether.experience import Experience, rollout_metrics, stats
-from tether.models import (apply_precision, check_prompt_context, disable_dropout, frozen_dtype, load_reference,
-                           load_stage_tokenizer, load_trainable_model, model_context)
+from tether.models.checks import check_position_restarts
+from tether.models.lm import (
+    apply_precision,
+    disable_dropout,
+    frozen_dtype,
+    load_reference,
+    load_stage_tokenizer,
+    load_trainable_model,
+)
 from tether.rewards.score import Scorer, load_reward_model_scorer
-from tether.packing import check_position_restarts
-from tether.rollout import (HFGenerate, reference_logprobs, render_prompts, response_logprobs,
-                            response_logprobs_and_values, response_seeds, stop_token_ids)
+from tether.rollout.backends import response_seeds
+from tether.rollout.forward import reference_logprobs, response_logprobs, response_logprobs_and_values
 from tether.sections import minibatch_size, updates_per_step
 from tether.stages.ppo_config import PPOConfig
+from tether.stages.ppo_critic import SharedValueHead, load_value_model
+from tether.train.experience import Experience, rollout_metrics, stats
 from tether.train.offline import EpochOrder
-from tether.train.online import Schedule, evaluate_rollout, run_online, start_online
+from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
+from tether.train.sampling import OnlineSampler
 from tether.train.schedule import build_optimizer
-from tether.value_model import SharedValueHead, load_value_model
 
 
 class PPOStage:
@@ -48,17 +53,11 @@ class PPOStage:
     def __init__(self, cfg: PPOConfig, tokenizer, policy, reference, critic, scorer: Scorer, start, backend=None):
         self.cfg, self.tokenizer, self.policy, self.reference, self.critic, self.scorer = \
             cfg, tokenizer, policy, reference, critic, scorer
-        self.backend = backend or HFGenerate(policy, tokenizer)
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
-        self.prompts = render_prompts(tokenizer, self.rows, cfg.rollout.prompts)
-        self.eval_prompts = render_prompts(tokenizer, self.eval_rows, cfg.rollout.eval_prompts) if self.eval_rows else []
-        if not cfg.agent.env:  # each prompt and its response budget fit the model's positions
-            check_prompt_context(tokenizer, self.prompts, cfg.rollout.max_new_tokens, model_context(policy),
-                                 cfg.rollout.prompts)
-        self.stops = stop_token_ids(tokenizer, policy)
-        self.agent = AgentSampler(cfg.agent, tokenizer, self.backend, cfg.rollout, self.stops, self.rows) \
-            if cfg.agent.env else None
+        self.sampler = OnlineSampler(cfg, tokenizer, policy, self.rows, self.eval_rows, backend)
+        self.prompts, self.eval_prompts = self.sampler.prompts, self.sampler.eval_prompts
+        self.stops, self.agent = self.sampler.stops, self.sampler.agent
         if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
             self.scorer = self.agent
         updates = cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout)
@@ -98,8 +97,7 @@ class PPOStage:
                 "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic)}
 
     def evaluate(self) -> dict:
-        return evaluate_rollout(self.policy, self.tokenizer, self.eval_prompts, self.eval_rows, self.cfg.rollout,
-                                self.scorer, self.cfg.train.seed, self.stops, self.dp, self.backend, self.agent)
+        return self.sampler.evaluate(self.eval_rows, self.scorer, self.cfg.train.seed, self.dp)
 
     def step(self, step: int) -> tuple[dict, list]:
         ro, g, dp = self.cfg.rollout, self.cfg.rollout.group_size, self.dp
@@ -114,8 +112,7 @@ class PPOStage:
                                              else (empty_rollout(), None))
             t1 = time.perf_counter()
         else:
-            rollout = self.backend.generate([self.prompts[i] for i in picked], ro, self.stops, seeds) if picked \
-                else empty_rollout()
+            rollout = self.sampler.generate(picked, seeds) if picked else empty_rollout()
             t1 = time.perf_counter()
             scores = dp.all_or_none(lambda: self.scorer(rollout, [self.rows[i] for i in picked]) if picked else None)
         rollout, scores = gather_rollout(dp, rollout, self.tokenizer.pad_token_id), gather_scores(dp, scores)
@@ -125,7 +122,7 @@ class PPOStage:
         t3 = time.perf_counter()
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)  # a function of the step alone
         update = self.update(exp, generator)
-        self.backend.weights_updated(self.policy)
+        self.sampler.weights_updated(self.policy)
         t4 = time.perf_counter()
         sequence_kl = float(exp.kl.sum(-1).mean())
         mask = rollout.response_mask.bool()
@@ -175,7 +172,7 @@ class PPOStage:
     def update(self, exp: Experience, generator: torch.Generator) -> dict:
         """update_epochs passes of minibatch updates; token-weighted means of the update statistics. A pass whose
         approx KL to the sampling policy exceeds target_approx_kl ends the step's updates."""
-        a, dp = self.cfg.algo, self.dp
+        a = self.cfg.algo
         n, mb = exp.scores.total.shape[0], minibatch_size(a, self.cfg.rollout)
         sums: dict[str, float] = {}
         tokens, stopped_early = 0.0, 0.0
@@ -314,7 +311,7 @@ def load_critic(cfg: PPOConfig, tokenizer, policy, checkpoint):
 def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict:
     """Train; ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) -> dict``
     adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation; ``backend(policy,
-    tokenizer) -> GenerationBackend`` replaces Hugging Face generate (tether/rollout.py)."""
+    tokenizer) -> GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
     start = start_online("ppo", cfg, cfg.train.max_steps, None if cfg.agent.env else cfg.rewards, cfg.rollout.prompts,
                          cfg.rollout.eval_prompts, stand_in_reward=scorer is not None)
     device = start.accelerator.device

@@ -4,8 +4,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.config import ConfigError, Section, StageConfig, option
-from tether.sections import (AgentSection, OnlineRunSection, OptimSection, PolicySection, PolicyUpdateSection, RewardSection,
-                             SamplingSection)
+from tether.sections import (
+    AgentSection,
+    OnlineRunSection,
+    OptimSection,
+    PolicySection,
+    PolicyUpdateSection,
+    RewardSection,
+    SamplingSection,
+)
 
 
 @dataclass(frozen=True)

@@ -13,24 +13,34 @@ from pathlib import Path
 
 import torch
 
-from tether.algorithms.reward import (all_pairs_loss, bradley_terry_loss, ordered_pair_accuracy, plackett_luce_loss,
-                                      reward_centering_penalty)
-from tether.config import ConfigError, config_to_dict
+from tether.algorithms.reward import (
+    all_pairs_loss,
+    bradley_terry_loss,
+    ordered_pair_accuracy,
+    plackett_luce_loss,
+    reward_centering_penalty,
+)
+from tether.config import ConfigError
+from tether.console import console
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records, tokenize_split
-from tether.packing import check_position_restarts, describe, score_inputs
-from tether.reward_model import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
+from tether.models.checks import check_position_restarts
+from tether.models.lm import (
+    apply_precision,
+    disable_dropout,
+    length_limit,
+    load_stage_tokenizer,
+    parameter_summary,
+)
+from tether.models.packing import describe, score_inputs
+from tether.models.reward import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.stages.rm_config import RMConfig
-from tether.models import (apply_precision, disable_dropout, length_limit, load_stage_tokenizer, load_trainable_model,
-                           parameter_summary)
-from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
-from tether.train.schedule import build_optimizer
-from tether.train.sharding import is_sharded, reshard, save_full_model, shard_model, unsharded_on_main
 from tether.stages.rm_probes import normalization_stats, run_probes
-from tether.train.checkpoint import load_training_state, write_atomically
+from tether.train.checkpoint import write_atomically
 from tether.train.early_stop import OverfitDetector
-from tether.train.logger import MetricsLogger, console
-from tether.train.offline import loop_settings, train_offline
+from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
+from tether.train.run import announce, peak_memory, start_run, write_json
+from tether.train.sharding import is_sharded, reshard, save_full_model, unsharded_on_main
 
 
 class RewardObjective:
@@ -125,17 +135,10 @@ def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path
     model = load_trainable_rm(cfg, tokenizer, checkpoint)
     if cfg.model.padding_free:
         check_position_restarts(model, cfg.model.path)
-    if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
-        model = shard_model(model.to(accelerator.device), accelerator)
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
+    model, optimizer, scheduler, state = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
     detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
-    if checkpoint is not None:
-        state = load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index,
-                                    sharded_model=model if is_sharded(model) else None)
-        if "overfit" in state:  # the detector's memory of earlier evaluations continues too
-            detector = OverfitDetector(**{**state["overfit"], "history": [tuple(h) for h in state["overfit"]["history"]]})
-    if not is_sharded(model):
-        model, optimizer = accelerator.prepare(model, optimizer)
+    if "overfit" in state:  # the detector's memory of earlier evaluations continues too
+        detector = OverfitDetector(**{**state["overfit"], "history": [tuple(h) for h in state["overfit"]["history"]]})
     return model, optimizer, scheduler, detector
 
 
@@ -157,7 +160,7 @@ def load_trainable_rm(cfg: RMConfig, tokenizer, checkpoint: Path | None):
         if checkpoint is not None:
             from peft import PeftModel
 
-            from tether.reward_model import RewardModel
+            from tether.models.reward import RewardModel
 
             rm = RewardModel(PeftModel.from_pretrained(rm.model, str(checkpoint), is_trainable=True))
         else:
@@ -175,13 +178,11 @@ def run_rm(cfg: RMConfig) -> dict:
         if not value:
             raise ConfigError(f"{flag} is required")
     tokenizer = load_stage_tokenizer(cfg.model)
-    d, heads = cfg.data, list(cfg.rm.heads)
+    heads = list(cfg.rm.heads)
     train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer)  # before the run folder is touched
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     report = reports[0]
-    total_steps = cfg.train.total_steps(len(train))
-    cfg.train.grad_accum(accelerator.num_processes)  # checks the batch splits over the processes
-    check_steps_left(start_step, total_steps, checkpoint)
+    total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model, optimizer, scheduler, detector = _model_and_optimizer(cfg, tokenizer, accelerator, checkpoint, total_steps)
     sharded = is_sharded(model)
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
@@ -214,18 +215,13 @@ def run_rm(cfg: RMConfig) -> dict:
     evaluate = lambda: _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads,  # noqa: E731
                                  cfg.train.micro_batch_size, accelerator.device, scored=final_scores,
                                  padding_free=cfg.model.padding_free)
-    logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
-                           enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="rm")
-    settings = loop_settings(cfg.train, total_steps, cfg.optim.max_grad_norm)
-    try:
-        last_eval, steps_done = train_offline(
-            accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler, train_examples=train,
-            eval_examples=evals, collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id, cfg.model.padding_free),
-            objective=objective, settings=settings, start_step=start_step, output=out, tokenizer=tokenizer,
-            logger=logger, on_eval=on_eval, checkpoint_state=lambda: {"overfit": asdict(detector)},
-            evaluate_fn=evaluate)
-    finally:
-        logger.close()
+    logger = offline_logger(cfg, accelerator, out, config, start_step, total_steps, "rm")
+    last_eval, steps_done = run_offline_loop(
+        cfg, accelerator, logger, total_steps, model=model, optimizer=optimizer, scheduler=scheduler,
+        train_examples=train, eval_examples=evals, objective=objective, start_step=start_step, output=out,
+        collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id, cfg.model.padding_free),
+        tokenizer=tokenizer, on_eval=on_eval, checkpoint_state=lambda: {"overfit": asdict(detector)},
+        evaluate_fn=evaluate)
     summary = {"stage": "rm", "steps": steps_done, "heads": heads, "resumed_from": start_step or None, **last_eval,
                "best_step": detector.best_step if detector.history else None, "best_accuracy": detector.best if detector.history else None,
                "overfit_alarm_step": detector.fired_at, "eval_history": detector.history,
@@ -242,14 +238,18 @@ def run_rm(cfg: RMConfig) -> dict:
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)
         summary["peak_memory"] = memory
         write_json(out / "summary.json", summary)
-        best = (f" (best by validation accuracy: {out / 'best'}, step {detector.best_step}); accuracy "
-                f"{last_eval.get('eval/accuracy', float('nan')):.3f}" if detector.history and (out / "best").is_dir()
-                else " (no held-out pairs, so no validation accuracy and no best/)")
-        console.print(f"reward model: {out / 'final'}{best}; "
+        console.print(f"reward model: {out / 'final'}{_best_line(out, detector, last_eval)}; "
                       f"length correlation {summary['probes']['length_correlation']:.2f}; "
                       + "; ".join(f"{k} shift {v['mean_shift']:+.3f}" for k, v in summary["probes"]["counterfactual"].items()))
     accelerator.wait_for_everyone()
     return summary
+
+
+def _best_line(out: Path, detector: OverfitDetector, last_eval: dict) -> str:
+    if not detector.history or not (out / "best").is_dir():
+        return " (no held-out pairs, so no validation accuracy and no best/)"
+    return (f" (best by validation accuracy: {out / 'best'}, step {detector.best_step}); accuracy "
+            f"{last_eval.get('eval/accuracy', float('nan')):.3f}")
 
 
 def load_rm_data(cfg: RMConfig, tokenizer):

@@ -11,9 +11,8 @@ from __future__ import annotations
 import copy
 import math
 
-
 from tether.data.preferences import render_response
-from tether.reward_model import check_lengths, score_token_ids
+from tether.models.reward import check_lengths, score_token_ids
 
 DEFAULT_PROBES = {
     "filler": lambda text: "That is a great question. " + text,

@@ -2,24 +2,21 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
-import torch
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
 from tether.config import ConfigError
+from tether.console import console
 from tether.data.records import read_records, tokenize_split
 from tether.data.sft import collate, pack_examples, tokenize_records
-from tether.packing import check_position_restarts, describe
+from tether.models.checks import check_position_restarts
+from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.models.packing import describe
 from tether.stages.sft_config import SFTConfig
-from tether.models import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
-from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
-from tether.train.schedule import build_optimizer
-from tether.train.checkpoint import load_training_state, save_final
-from tether.train.logger import MetricsLogger, console
-from tether.train.offline import loop_settings, train_offline
-from tether.train.sharding import is_sharded, shard_model
+from tether.train.checkpoint import save_final
+from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
+from tether.train.run import announce, peak_memory, start_run, write_json
+from tether.train.sharding import is_sharded
 
 
 class SFTObjective:
@@ -63,20 +60,11 @@ def run_sft(cfg: SFTConfig) -> dict:
     accelerator, config, out, start_step, checkpoint = start_run(
         cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
     world = accelerator.num_processes
-    cfg.train.grad_accum(world)  # checks the batch splits over the processes
-    total_steps = cfg.train.total_steps(len(train))
-    check_steps_left(start_step, total_steps, checkpoint)
+    total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint)
     if cfg.model.padding_free and not cfg.data.packing:
         check_position_restarts(model, cfg.model.path)
-    if cfg.model.fsdp:  # sharded before the optimizer is built on its (sharded) parameters
-        model = shard_model(model.to(accelerator.device), accelerator)
-    optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
-    if checkpoint is not None:
-        load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index,
-                            sharded_model=model if is_sharded(model) else None)
-    if not is_sharded(model):
-        model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
     plan = {"examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
             "batch per optimizer step": cfg.train.batch_size,
             "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(world),
@@ -87,17 +75,11 @@ def run_sft(cfg: SFTConfig) -> dict:
             "loss": "all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)"}
     if accelerator.is_main_process:
         announce("tether sft", plan, config, out, reports, checkpoint)
-    logger = MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
-                           enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name="sft")
-    settings = loop_settings(cfg.train, total_steps, cfg.optim.max_grad_norm)
-    try:
-        last_eval, _ = train_offline(accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
-                                  train_examples=train, eval_examples=evals,
-                                  collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.model.padding_free),
-                                  objective=SFTObjective(), settings=settings, start_step=start_step, output=out,
-                                  tokenizer=tokenizer, logger=logger)
-    finally:
-        logger.close()
+    logger = offline_logger(cfg, accelerator, out, config, start_step, total_steps, "sft")
+    last_eval, _ = run_offline_loop(
+        cfg, accelerator, logger, total_steps, model=model, optimizer=optimizer, scheduler=scheduler,
+        train_examples=train, eval_examples=evals, objective=SFTObjective(), start_step=start_step, output=out,
+        collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.model.padding_free), tokenizer=tokenizer)
     summary = {"stage": "sft", "steps": total_steps, "resumed_from": start_step or None,
                "train_examples": len(train), "eval_examples": len(evals), **last_eval,
                "data": [r.summary() for r in reports], "wall_s": round(time.perf_counter() - t_start, 2),

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tether.train.state_io import StateFileError, load_state, save_state
 from tether.train.sharding import full_optimizer_state, is_sharded, load_optimizer_state, save_full_model
+from tether.train.state_io import StateFileError, load_state, save_state
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
@@ -180,7 +180,7 @@ def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: i
 
 def save_final(accelerator, model, tokenizer, out: Path) -> None:
     """final/ (every process calls it): LoRA merged; a sharded model gathered first."""
-    from tether.models import save_merged
+    from tether.models.lm import save_merged
 
     if is_sharded(model):
         write_atomically(lambda tmp: save_full_model(model, tokenizer, tmp, accelerator), out, accelerator)

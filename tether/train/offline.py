@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from tether.packing import example_tokens
+from tether.models.packing import example_tokens
 from tether.train.checkpoint import save_checkpoint
 from tether.train.sharding import grad_norm_value, is_sharded, reshard
 

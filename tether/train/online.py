@@ -19,13 +19,24 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from tether.config import ConfigError
-from tether.models import save_merged
-from tether.monitors import RunMonitor, read_jsonl
+from tether.console import console
+from tether.diagnostics.monitors import RunMonitor, read_jsonl
+from tether.models.lm import save_merged
 from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, set_rng_state, write_atomically
-from tether.train.logger import MetricsLogger, console
+from tether.train.logger import MetricsLogger
 from tether.train.parallel import DataParallel
 from tether.train.run import announce, peak_memory, write_json
+
+
+class RunScorer(Protocol):
+    """What the loop asks of a stage's scorer (tether.rewards.score.Scorer, or an AgentSampler for episodes)."""
+
+    def set_progress(self, global_step: int, max_steps: int) -> None: ...
+
+    def error_counts(self) -> dict[str, int]: ...
+
+    def restore_error_counts(self, counts: dict[str, int]) -> None: ...
 
 
 class OnlineStage(Protocol):
@@ -34,7 +45,7 @@ class OnlineStage(Protocol):
     tokenizer: object
     optimizer: object
     scheduler: object
-    scorer: object  # a tether.rewards.score.Scorer, or None; its reward-function failures are counted and checkpointed
+    scorer: "RunScorer | None"  # its reward-function failures are counted and checkpointed
 
     def extra_parts(self) -> dict[str, tuple]:
         """Further trained models {name: (model, optimizer, scheduler or None)}, e.g. PPO's critic."""
@@ -239,7 +250,7 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
         for step in range(start_step, schedule.total_steps):
             before = run.snapshot()
             try:
-                if hasattr(run.scorer, "set_progress"):  # the reward functions' trainer_state
+                if run.scorer is not None:  # the reward functions' trainer_state
                     run.scorer.set_progress(step, schedule.total_steps)
                 step_metrics, samples = stage.step(step)
             except RewardFunctionError as err:
@@ -304,7 +315,7 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
     """Checks and set-up shared by the online stages: required inputs, a reward, the run folder (new, --overwrite
     or --resume), the seeds, the prompt files and the reward functions."""
     from tether.data.records import prompt_rows as prompt_rows_of
-    from tether.models import check_lora_reference
+    from tether.models.lm import check_lora_reference
     from tether.rewards.functions import load_reward_set
     from tether.train.run import check_steps_left, start_run
 
@@ -324,46 +335,3 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
     check_steps_left(start_step, total_steps, checkpoint)
     return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows,
                        reward_set)
-
-
-def evaluate_rollout(policy, tokenizer, prompts: list[str], rows: list[dict], sampling, scorer, seed: int,
-                     stops: list[int], dp=None, backend=None, agent=None) -> dict:
-    """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation.
-    On N processes (``dp``) each samples and scores a contiguous share of the prompts; the means are global.
-    ``agent`` (an AgentSampler): one episode per prompt instead, with its agent/* figures."""
-    import torch
-
-    from tether.rollout import HFGenerate, response_seeds
-    from tether.train.parallel import DataParallel, shard_bounds
-
-    dp = dp or DataParallel()
-    if not prompts:
-        return {}
-    start, stop = shard_bounds(len(prompts), dp.world, dp.rank)
-
-    def sample_and_score() -> dict:
-        if stop == start:
-            return {}
-        torch_state = torch.get_rng_state()
-        torch.manual_seed(seed + 12345)
-        seeds = response_seeds(seed + 12345, list(range(start, stop))) if sampling.response_seeds else None
-        if agent is not None:
-            rollout, scores = agent(rows[start:stop], seeds)
-        else:
-            rollout = (backend or HFGenerate(policy, tokenizer)).generate(prompts[start:stop], sampling, stops, seeds)
-        torch.set_rng_state(torch_state)
-        if agent is None:
-            scores = scorer(rollout, rows[start:stop])
-        figures = {}
-        if scores.records is not None:  # sums over this share, like the rest
-            from tether.agents.episodes import agent_metrics
-
-            figures = {f"eval/{k}": v * (stop - start) for k, v in agent_metrics(scores.records).items()
-                       if k in ("agent/turns_mean", "agent/tool_calls_mean", "agent/success_rate", "agent/claimed_rate")}
-        return {"eval/score_mean": float(scores.total.sum()), "eval/length_mean": float(rollout.lengths.float().sum()),
-                **{f"eval/reward/{name}": float(v.sum()) for name, v in scores.parts.items()}, **figures}
-
-    sums = dp.all_or_none(sample_and_score)
-    names = dp.gather_json(sorted(sums))
-    sums = dp.sum_dict({k: sums.get(k, 0.0) for k in sorted(set(names))})
-    return {k: v / len(prompts) for k, v in sums.items()}

@@ -201,7 +201,7 @@ class DataParallel:
 
 def empty_rollout():
     """A process's share of a generation round that gave it no prompts."""
-    from tether.rollout import Rollout
+    from tether.rollout.batch import Rollout
 
     none = torch.zeros((0, 0), dtype=torch.long)
     return Rollout(none, none, none, none, torch.zeros(0, dtype=torch.bool), [], [])
@@ -212,7 +212,7 @@ def gather_rollout(dp: DataParallel, rollout, pad_id: int):
     re-right-padded to the widest)."""
     if not dp.active:
         return rollout
-    from tether.rollout import Rollout
+    from tether.rollout.batch import Rollout
 
     prompts, responses = dp.gather_json(rollout.prompts), dp.gather_json(rollout.responses)
     return Rollout(dp.gather_rows(rollout.prompt_ids, pad_id, left=True),

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from tether.config import ConfigError, config_diff
+from tether.console import console
 from tether.train.checkpoint import latest_checkpoint, remove_partials, resumable_checkpoint
-from tether.train.logger import console, truncate_metrics
+from tether.train.logger import truncate_metrics
 
 # Fields that may change between a run and its resumption: they alter length, logging or bookkeeping, not the
 # trajectory of the steps already taken (the output folder too: a run folder that was moved or copied resumes).

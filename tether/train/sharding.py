@@ -31,7 +31,7 @@ def shard_model(model, accelerator):
         return model
     from torch.distributed.fsdp import fully_shard
 
-    from tether.models import transformers_model, is_peft
+    from tether.models.lm import is_peft, transformers_model
 
     if is_peft(model):
         raise ConfigError("--fsdp with LoRA is not built: the adapters are small, so data parallelism (without "

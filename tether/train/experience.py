@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tether.rewards.score import Scores
-from tether.rollout import Rollout
+from tether.rollout.batch import Rollout
 
 
 @dataclass

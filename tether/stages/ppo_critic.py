@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tether.reward_model import load_reward_model
-from tether.rollout import Rollout, response_states
+from tether.models.reward import load_reward_model
+from tether.rollout.batch import Rollout
+from tether.rollout.forward import response_states
 
 
 class ValueModel(nn.Module):
@@ -48,7 +49,7 @@ class SharedValueHead(nn.Module):
         object.__setattr__(self, "policy", policy)  # not a submodule: the policy's weights stay out of this module
 
     def forward(self, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
-        from tether.rollout import response_logprobs_and_values
+        from tether.rollout.forward import response_logprobs_and_values
 
         return response_logprobs_and_values(self.policy, self.head, rollout, 1.0, padding_free=padding_free)[2]
 

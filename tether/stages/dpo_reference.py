@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from tether.console import progress
 from tether.data.dpo import PolicyPreference, collate_policy_preferences, data_fingerprint
-from tether.packing import sequence_logprob_sums
-from tether.train.logger import progress
+from tether.models.packing import sequence_logprob_sums
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 BIG_FILE = 256 << 20
@@ -149,7 +149,7 @@ class ReferenceLogps:
         if self.fresh_policy and not self.model_cfg.reference:
             return sequence_logps(self.policy, examples, pad, self.batch_size, self.device, self.padding_free)
         if self._model is None:
-            from tether.models import load_reference
+            from tether.models.lm import load_reference
 
             self._model = load_reference(self.model_cfg, self.tokenizer, self.device)
         return sequence_logps(self._model, examples, pad, self.batch_size, self.device, self.padding_free)

@@ -87,6 +87,36 @@ def _check_torch_weights(weights_file: Path, what: str) -> None:
                           "model to safetensors (model.save_pretrained) or replace the file") from None
 
 
+def end_of_turn_id(tokenizer) -> int | None:
+    """The special token the chat template closes an assistant turn with (ChatML's <|im_end|>, Llama 3's <|eot_id|>,
+    Gemma's <end_of_turn>), found by rendering a turn; None without a template or when none follows the turn."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    key = (id(tokenizer), str(template), tokenizer.eos_token)
+    if key not in _END_OF_TURN:  # once per tokenizer and template: data preparation asks for every conversation
+        _END_OF_TURN[key] = _probe_end_of_turn(tokenizer)
+    return _END_OF_TURN[key]
+
+
+_END_OF_TURN: dict = {}
+
+
+def _probe_end_of_turn(tokenizer) -> int | None:
+    marker = "TETHERENDOFTURNPROBE"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}],
+                                             tokenize=False)
+    except Exception:  # noqa: BLE001 - a template with its own rules (roles, system turns): no probe, no extra stop
+        return None
+    after = text[text.rfind(marker) + len(marker):] if marker in text else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    if not ids:
+        return None
+    special = set(getattr(tokenizer, "all_special_ids", [])) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return int(ids[0]) if ids[0] in special else None
+
+
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     """A tokenizer from a local folder, with a pad token.
 
@@ -330,7 +360,7 @@ def length_limit(max_length: int, model_path, flag: str = "--max-length") -> int
         return max_length
     if (flag, max_length, context) not in _TOLD:
         _TOLD.add((flag, max_length, context))
-        from tether.train.logger import console
+        from tether.console import console
 
         console.print(f"[yellow]{flag} {max_length} is more than the model's context ({context} positions in its "
                       f"config.json): examples longer than {context} tokens are dropped and counted[/]")

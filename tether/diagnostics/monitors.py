@@ -559,7 +559,7 @@ class RunMonitor:
 
         from rich.markup import escape
 
-        from tether.train.logger import console
+        from tether.console import console
 
         self._read_new("metrics.jsonl")
         # The sample monitors' verdicts change only when samples arrive; the metric monitors run every step.

@@ -1,9 +1,10 @@
-"""Batched text generation with left padding (for demos and evaluation; RL rollouts get their own record)."""
+"""Text from token ids and back: batched generation of plain completions (demos and evaluation; RL rollouts are
+Rollout records, rollout/backends.py), and where each step of a decoded response ends in its tokens."""
 from __future__ import annotations
 
 import torch
 
-from tether.decoding import Sampler, can_compact, decode, greedy
+from tether.rollout.decoding import Sampler, can_compact, decode, greedy
 
 
 @torch.no_grad()
@@ -46,3 +47,20 @@ def generate_texts(model, tokenizer, prompts: list[str], max_new_tokens: int = 6
         tokenizer.padding_side = side
         torch.set_rng_state(generator_state)
     return outputs
+
+
+def step_end_tokens(tokenizer, ids: list[int], text_ends: list[int]) -> list[int]:
+    """Map character offsets in the decoded response to the index of the token that completes each of them.
+
+    The response text is decoded prefix by prefix (one batch call), so the mapping follows the sampled tokens
+    exactly, whatever the tokenizer would have produced for the text. Offsets past the end map to the last token.
+    """
+    if not ids:
+        return [0 for _ in text_ends]
+    prefix_lengths = [len(t) for t in tokenizer.batch_decode([ids[: k + 1] for k in range(len(ids))],
+                                                             skip_special_tokens=True)]
+    out = []
+    for end in text_ends:
+        k = next((i for i, n in enumerate(prefix_lengths) if n >= end), len(ids) - 1)
+        out.append(k)
+    return out

@@ -170,38 +170,3 @@ def sequence_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Ten
         return per_token.sum(-1), mask.sum(-1)
     index = batch["sequence_index"][:, 1:].to(per_token.device)
     return segment_sum(per_token, index, sequences), segment_sum(mask, index, sequences)
-
-
-@torch.no_grad()
-def check_position_restarts(model, where: str) -> None:
-    """Raise a ConfigError naming ``where`` (the model path) when ``model`` (a causal LM or tether's RewardModel)
-    lets a packed sequence attend to the one before it, e.g. a remote-code attention that ignores position-id
-    restarts: packed rows would then train on wrong log-probs without any error. Three tiny forwards."""
-    from tether.config import ConfigError
-    from tether.reward_model import RewardModel
-
-    config = (model.inner if isinstance(model, RewardModel) else model).config
-    vocab = getattr(config, "vocab_size", None) or 16
-    first, second = [(3 + i) % vocab for i in range(5)], [(11 + i) % vocab for i in range(3)]
-    batch = pack_sequences([first, second], pad_id=0)
-    device = next(model.parameters()).device
-    batch = {k: v.to(device) for k, v in batch.items()}
-    alone_ids = torch.tensor([second], device=device)
-    was_training = model.training
-    model.eval()
-    try:
-        if isinstance(model, RewardModel):
-            packed = model(**score_inputs(batch))[1]
-            alone = model(alone_ids, torch.ones_like(alone_ids))[0]
-        else:
-            logits = model(**model_inputs(batch), use_cache=False).logits.reshape(-1, config.vocab_size)
-            packed = logits[int(batch["last_index"][1]) - 2 : int(batch["last_index"][1]) + 1]
-            alone = model(input_ids=alone_ids, use_cache=False).logits[0]
-    finally:
-        model.train(was_training)
-    packed, alone = packed.float(), alone.float()
-    tolerance = (1e-4 if next(model.parameters()).dtype == torch.float32 else 5e-2) * (1 + float(alone.abs().max()))
-    if float((packed - alone).abs().max()) > tolerance:
-        raise ConfigError(f"{where}: this model lets a sequence packed after another attend to it (its attention "
-                          "ignores position-id restarts), so padding-free micro-batches would be wrong for it: "
-                          "pass --no-padding-free (padded rows)")

@@ -11,8 +11,8 @@ import random
 import re
 from pathlib import Path
 
-from tether.models import build_tiny_model
-from tether.tokenizer import train_bpe_tokenizer
+from tether.lab.tokenizer import train_bpe_tokenizer
+from tether.models.lm import build_tiny_model
 
 
 def addition_example(rng: random.Random, max_operand: int) -> dict:

@@ -19,8 +19,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tether.config import ConfigError
-from tether.models import DTYPES, _check_dir, check_model_folder, is_peft
-from tether.packing import pad_sequences
+from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft
+from tether.models.packing import pad_sequences
 
 NORM_FILE = "reward_normalization.json"
 
@@ -44,7 +44,7 @@ class RewardModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, last_index: torch.Tensor | None = None) -> torch.Tensor:
         """(sequences, heads) scores at each sequence's last token: of padded rows (attention_mask, left or right
-        padding) or of packed rows (position_ids restarting per sequence, last_index: tether/packing.py)."""
+        padding) or of packed rows (position_ids restarting per sequence, last_index: tether/models/packing.py)."""
         inner = self.inner
         if last_index is not None:
             hidden = inner.base_model(input_ids=input_ids, position_ids=position_ids,
@@ -175,7 +175,7 @@ class RewardScorer:
 
     def __init__(self, path: str | Path, weights: dict[str, float] | None = None, normalize: bool = True,
                  device: str | torch.device = "cpu", max_length: int = 1024, dtype: str = "float32"):
-        from tether.models import load_tokenizer
+        from tether.models.lm import load_tokenizer
 
         self.tokenizer = load_tokenizer(path)
         self.model = load_reward_model(path, self.tokenizer, dtype=dtype).to(device).eval()

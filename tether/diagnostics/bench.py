@@ -21,7 +21,7 @@
    Each phase: median seconds of ``--repeats`` timed runs after one warm-up, GFLOP/s, and share of the peak.
 3. **Padding** (``--data FILE --model DIR``): real tokens against padded positions when a file's examples are
    collated in batches of ``--batch`` (file order), i.e. the share of a step's positions that is wasted work: with
-   padded rows, and with the padding-free micro-batches the offline stages use by default (tether/packing.py).
+   padded rows, and with the padding-free micro-batches the offline stages use by default (tether/models/packing.py).
 
 Times are machine-dependent: compare rows within one run. A JSON with every figure goes to ``--json``.
 The figures and how to read them: docs/performance.md.
@@ -92,7 +92,7 @@ def build_model(size: str, precision: str, seed: int = 0):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tether.models import tiny_config
+    from tether.models.lm import tiny_config
 
     hidden, layers, heads, vocab = SIZES[size]
     torch.manual_seed(seed)
@@ -195,16 +195,16 @@ def padding_waste(data: str, model_dir: str, batch: int, max_length: int = 1024)
     """Real tokens and padded positions of a file's examples, collated in file order in batches of ``batch``."""
     from tether.data.records import read_records
     from tether.data.sft import tokenize_records
-    from tether.models import load_tokenizer
+    from tether.models.lm import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     examples, _ = tokenize_records(read_records(data), tokenizer, max_length, path=data)
-    from tether.packing import choose_rows
+    from tether.models.packing import choose_rows
 
     lengths = [len(e.input_ids) for e in examples]
     batches = [lengths[i : i + batch] for i in range(0, len(lengths), batch)]
     positions = sum(max(b) * len(b) for b in batches)
-    packed = 0  # padding-free micro-batches (tether/packing.py): rows as long as the longest, fewer of them
+    packed = 0  # padding-free micro-batches (tether/models/packing.py): rows as long as the longest, fewer of them
     for b in batches:
         rows, _ = choose_rows(b, [list(range(len(b)))])
         packed += len(rows) * max(sum(b[i] for i in row) for row in rows)
@@ -251,7 +251,7 @@ def generate_overhead(run: dict) -> dict | None:
 
 
 def print_bench(result: dict) -> None:
-    from tether.train.logger import console
+    from tether.console import console
 
     peaks = ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in result["peak_gflops"].items())
     console.print(f"matmul peak ({result['threads']} threads, torch {result['torch']}, CPU bf16 instructions: "

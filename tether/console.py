@@ -1,0 +1,66 @@
+"""What tether prints to the terminal: one rich console (on stderr), log records routed through it, quiet
+third-party libraries, and progress for long loops. Every floor of the package may import it; it imports nothing
+of tether's."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+# Not a terminal (CI, a log file): wide enough that the lab's tables are not folded into 80 columns.
+console = Console(stderr=True, highlight=False, soft_wrap=True,
+                  width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS", 160)))
+
+
+class ConsoleLogHandler(logging.Handler):
+    """Log records printed through the console: with a live progress bar they land above it, never through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            console.print(self.format(record), markup=False, highlight=False)
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+def quiet_libraries() -> None:
+    """transformers' warnings and progress bars off, and Python's warnings through the console: what every
+    tether process (the command, the lab's workers) sets before it loads a model."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig, through the console (above a progress bar)
+        handler = ConsoleLogHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.WARNING)
+
+
+def progress(items, total: int, description: str, min_items: int = 2000, every_s: float = 10.0):
+    """``items``, with progress shown when there are at least ``min_items``: a bar in a terminal, else a line
+    every ``every_s`` seconds (a log file). Tokenising 20,000 conversations or scoring a reference takes a while."""
+    if total < min_items:
+        yield from items
+        return
+    if sys.stderr.isatty():
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeRemainingColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(description, total=total)
+            for item in items:
+                yield item
+                bar.advance(task)
+        return
+    start = last = time.perf_counter()
+    for done, item in enumerate(items, 1):
+        yield item
+        now = time.perf_counter()
+        if now - last >= every_s and done < total:
+            console.print(f"{description}: {done}/{total} ({now - start:.0f} s)")
+            last = now
+

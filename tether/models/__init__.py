@@ -1,0 +1,12 @@
+"""Models: loading local Hugging Face causal LMs and tokenizers, LoRA, precision and tiny test models (``lm``);
+reward models with named heads (``reward``); how sequences are laid into rows, padded or packed (``packing``); and
+checks a loaded model must pass (``checks``).
+
+May import: ``tether.algorithms``, ``tether.config``, ``tether.errors``, ``tether.console``. Nothing above it.
+"""
+
+
+def __getattr__(name: str):
+    from tether._moved import moved_name  # tether.models.load_model and the other names of 0.1's models.py
+
+    return moved_name(__name__, name)

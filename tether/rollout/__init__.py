@@ -1,0 +1,13 @@
+"""Sampling responses and scoring their tokens: the rollout record (``batch``), prompt rendering and the one stop
+set (``prompts``), the generation backends chosen by ``rollout.backend`` (``backends``; the KV-cache sampler they
+run in ``decoding``), the trainer's forward over a rollout (``forward``: log-probs at the sampling temperature,
+entropies, critic states), and text generation and step offsets (``texts``).
+
+May import: ``tether.algorithms``, ``tether.models``, ``tether.config``, ``tether.errors``, ``tether.console``.
+"""
+
+
+def __getattr__(name: str):
+    from tether._moved import moved_name  # tether.rollout.Rollout and the other names of 0.1's rollout.py
+
+    return moved_name(__name__, name)

@@ -1,0 +1,160 @@
+"""Generation backends: what samples the online stages' responses, chosen by ``rollout.backend``.
+
+``BACKENDS`` maps each name to its class (``hf`` today: the trained policy itself, sampled with the KV cache); a new
+engine is one class here and one row in the table. Every backend returns the same Rollout, cut by the one stop set.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from tether.rollout.batch import Rollout, concat_rollouts, left_pad
+from tether.rollout.decoding import Sampler, can_compact, decode, seeded_generators
+from tether.rollout.decoding import greedy as greedy_choice
+from tether.rollout.prompts import response_mask_from_stops, stop_token_ids
+
+
+def response_seeds(seed: int, positions: list[int], samples: int = 1) -> list[int]:
+    """One seed per response: prompt ``positions`` (in the run's prompt stream) × ``samples`` answers each."""
+    return [(seed * 1_000_003 + p) * 1009 + j for p in positions for j in range(samples)]
+
+
+class SeededSampler:
+    """generate()'s logits processor for per-response seeds: samples each row's next token from
+    softmax(top-k/top-p(logits / τ)) with the row's own generator, and returns scores whose argmax is that token
+    (generation then runs greedy): a response depends on its seed and its prompt only, not on the batch it is
+    generated in nor on the process — so N processes sample what one does. `decode` draws the same tokens with
+    decoding.Sampler; this serves the generate() path (compact=False, or a model decode cannot run)."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float, top_k: int, device):
+        self.sampler = Sampler(temperature, top_p, top_k, seeded_generators(seeds, device))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        picked = self.sampler(scores, torch.arange(scores.shape[0]))
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter(-1, picked[:, None], 0.0)
+
+
+@torch.no_grad()
+def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None,
+                     seeds: list[int] | None = None, compact: bool = True) -> Rollout:
+    """Sample one response per prompt with the KV cache; prompts are left-padded, positions come from the mask.
+    ``seeds`` (one per prompt): each response is drawn with its own generator instead of the global RNG.
+    ``compact``: as in generate_from_ids."""
+    ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    rollout = generate_from_ids(model, tokenizer, ids, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds,
+                                compact=compact)
+    rollout.prompts = list(prompts)
+    return rollout
+
+
+@torch.no_grad()
+def generate_from_ids(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+                      top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None,
+                      seeds: list[int] | None = None, greedy: bool = False, compact: bool = True) -> Rollout:
+    """generate_rollout from token ids (a multi-turn transcript is continued from the exact tokens it holds, never
+    a re-tokenisation of its text). ``greedy``: argmax decoding (evaluation only; training rollouts sample).
+    ``compact``: sample with decoding.decode, which stops computing finished rows; False (or a model it cannot
+    run) uses Hugging Face's generate(), its naive twin."""
+    if temperature <= 0 and not greedy:
+        raise ValueError("rollouts sample: temperature must be > 0 (the log-probs are computed at that temperature)")
+    stop_ids = stop_ids or stop_token_ids(tokenizer, model)
+    device = next(model.parameters()).device
+    input_ids, attention = left_pad(contexts, tokenizer.pad_token_id, device)
+    if seeds is not None and len(seeds) != len(contexts):
+        raise ValueError(f"{len(seeds)} seeds for {len(contexts)} prompts")
+    was_training = model.training
+    model.eval()
+    if compact and can_compact(model):
+        choose = greedy_choice if greedy else Sampler(temperature, top_p, top_k,
+                                                       seeded_generators(seeds, device) if seeds is not None else None)
+        response_ids = decode(model, input_ids, attention, max_new_tokens, stop_ids, tokenizer.pad_token_id, choose)
+    else:
+        response_ids = _hf_generate(model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k,
+                                    stop_ids, seeds, greedy)
+    model.train(was_training)
+    mask, truncated = response_mask_from_stops(response_ids, stop_ids)
+    response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
+    texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    return Rollout(input_ids, attention, response_ids, mask, truncated, [""] * len(contexts), texts)
+
+
+def _hf_generate(model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds,
+                 greedy) -> torch.Tensor:
+    """(B, T) new tokens from Hugging Face's generate(): every row runs until the longest stops."""
+    if greedy:
+        sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    elif seeds is None:
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k)
+    else:
+        from transformers import LogitsProcessorList
+
+        sampler = SeededSampler(seeds, temperature, top_p, top_k, input_ids.device)
+        sampling = dict(do_sample=False, logits_processor=LogitsProcessorList([sampler]), temperature=None, top_p=None,
+                        top_k=None)
+    out = model.generate(input_ids=input_ids, attention_mask=attention, **sampling, max_new_tokens=max_new_tokens,
+                         eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
+    return out[:, input_ids.shape[1]:]
+
+
+class GenerationBackend(Protocol):
+    """What samples the online stages' responses (docs/scaling.md, "Generation backends"). The stages call
+    generate() for every rollout and evaluation, and weights_updated() after each step's optimizer updates; they
+    never look inside. A backend returns the sampled token ids right-padded after the stop token, the response
+    mask and truncation flags of the one stop set (response_mask_from_stops) and the decoded text; log-probs are
+    always recomputed by the trainer's own forward, so a backend's numerics never enter the loss unseen."""
+
+    def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
+        """One response per prompt, sampled with ``sampling``'s max_new_tokens, temperature, top_p and top_k;
+        ``seeds``: one per prompt (rollout.response_seeds) or None for the backend's own RNG."""
+
+    def weights_updated(self, policy) -> None:
+        """The policy's weights changed: a backend holding its own copy (a vLLM engine) loads them here."""
+
+    def generate_ids(self, contexts: list[list[int]], sampling, stop_ids: list[int], seeds: list[int] | None = None,
+                     max_new_tokens: int | None = None, greedy: bool = False) -> Rollout:
+        """Continue token-id contexts (multi-turn transcripts, tether/agents); as generate() otherwise.
+        ``max_new_tokens`` overrides sampling's; ``greedy``: argmax (evaluation)."""
+
+
+class HFGenerate:
+    """The trained policy itself, sampled with the KV cache (decoding.decode, finished rows dropped; generate()
+    when sampling.drop_finished_rows is off): it samples from the weights being trained, so there is nothing to
+    copy after an update."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
+        size = getattr(sampling, "generation_batch", 0) or len(prompts)
+        parts = [generate_rollout(self.model, self.tokenizer, prompts[i : i + size], sampling.max_new_tokens,
+                                  sampling.temperature, sampling.top_p, sampling.top_k, stop_ids,
+                                  seeds=seeds[i : i + size] if seeds is not None else None,
+                                  compact=getattr(sampling, "drop_finished_rows", True))
+                 for i in range(0, len(prompts), size)]
+        return concat_rollouts(parts, self.tokenizer.pad_token_id)
+
+    def generate_ids(self, contexts: list[list[int]], sampling, stop_ids: list[int], seeds: list[int] | None = None,
+                     max_new_tokens: int | None = None, greedy: bool = False) -> Rollout:
+        size = getattr(sampling, "generation_batch", 0) or len(contexts)
+        parts = [generate_from_ids(self.model, self.tokenizer, contexts[i : i + size],
+                                   max_new_tokens or sampling.max_new_tokens, sampling.temperature, sampling.top_p,
+                                   sampling.top_k, stop_ids, seeds[i : i + size] if seeds is not None else None,
+                                   greedy=greedy, compact=getattr(sampling, "drop_finished_rows", True))
+                 for i in range(0, len(contexts), size)]
+        return concat_rollouts(parts, self.tokenizer.pad_token_id)
+
+    def weights_updated(self, policy) -> None:
+        pass
+
+
+
+# rollout.backend's choices (tether/sections.py ROLLOUT_BACKENDS names the same keys; a test checks they agree)
+BACKENDS = {"hf": HFGenerate}
+
+
+def make_backend(name: str, policy, tokenizer) -> GenerationBackend:
+    """The backend ``rollout.backend`` names, sampling from ``policy``."""
+    return BACKENDS[name](policy, tokenizer)

@@ -1,0 +1,154 @@
+"""Scoring a rollout's tokens with the trainer's own forward: log-probs (always under the sampling transform,
+logits / temperature), entropies, critic states, and the reference's log-probs. Only response logits are computed.
+"""
+from __future__ import annotations
+
+import torch
+
+from tether.algorithms.logprobs import token_entropy, token_logprobs
+from tether.models.packing import pack_sequences
+from tether.rollout.batch import Rollout
+
+
+def _forward_response(model, rollout: Rollout, with_hidden: bool = False, padding_free: bool = False):
+    """(logits (B, T, V), last hidden states (B, T, H) or None) at the positions that predict response tokens.
+
+    Prompt logits are never computed (logits_to_keep); position P−1+t predicts response token t. With
+    ``padding_free`` the rows' tokens are laid end to end (``_forward_packed``) wherever the rollout allows it.
+    """
+    if padding_free:
+        layout = _packed_layout(rollout)
+        if layout is not None:
+            return _forward_packed(model, rollout, layout, with_hidden)
+    input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1)  # (B, P+T)
+    attention = torch.cat([rollout.prompt_mask, rollout.attention], dim=1)  # (B, P+T)
+    position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
+    t = rollout.response_ids.shape[1]
+    kwargs = dict(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
+                  output_hidden_states=with_hidden)
+    try:
+        out = model(**kwargs, logits_to_keep=t + 1)
+    except TypeError:  # a model without logits_to_keep: compute all, keep the tail
+        out = model(**kwargs)
+    hidden = out.hidden_states[-1][:, -(t + 1):-1] if with_hidden else None  # final (normed) layer output
+    return out.logits[:, -(t + 1):-1], hidden
+
+
+def _packed_layout(rollout: Rollout):
+    """(prompt lengths (B,), attended response lengths (B,)) when every row is one unbroken run of tokens — its
+    prompt right-aligned in the left padding, its attended response tokens from column 0, the response mask within
+    them, a prompt before every scored token — else None (the rollout is then forwarded in padded rows)."""
+    prompt_len = rollout.prompt_mask.long().sum(-1)
+    response_len = rollout.attention.long().sum(-1)
+    p, t = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
+    columns_p = torch.arange(p, device=prompt_len.device)
+    columns_t = torch.arange(t, device=prompt_len.device)
+    prompt_run = (columns_p[None] >= p - prompt_len[:, None]).to(rollout.prompt_mask.dtype)
+    response_run = (columns_t[None] < response_len[:, None]).to(rollout.attention.dtype)
+    scored = rollout.response_mask.bool()
+    if (not torch.equal(prompt_run, rollout.prompt_mask) or not torch.equal(response_run, rollout.attention)
+            or bool((scored & ~response_run.bool()).any()) or bool((scored.any(-1) & (prompt_len == 0)).any())):
+        return None
+    return prompt_len.cpu(), response_len.cpu()
+
+
+class _PackedRollout:
+    """A rollout's rows laid end to end (tether/models/packing.py): each row's prompt and attended response as one
+    sequence, position ids restarting per sequence, so each sequence attends only to itself and gets the states
+    and logits it gets alone. ``keep`` (R, W) marks the positions that predict a response-mask token."""
+
+    def __init__(self, rollout: Rollout, layout):
+        prompt_len, response_len = layout
+        p = rollout.prompt_ids.shape[1]
+        prompt_ids, response_ids = rollout.prompt_ids.cpu(), rollout.response_ids.cpu()
+        sequences = [prompt_ids[b, p - int(prompt_len[b]):].tolist() + response_ids[b, : int(response_len[b])].tolist()
+                     for b in range(len(prompt_len))]
+        batch = pack_sequences(sequences, pad_id=0)
+        rows, width = batch["input_ids"].shape
+        starts = batch["last_index"] - (prompt_len + response_len - 1)  # (B,) each sequence's first flat position
+        b_idx, t_idx = rollout.response_mask.cpu().bool().nonzero(as_tuple=True)  # the scored tokens, row-major
+        flat = starts[b_idx] + prompt_len[b_idx] - 1 + t_idx  # the flat position predicting each one
+        keep = torch.zeros(rows * width, dtype=torch.bool)
+        keep[flat] = True
+        rank = torch.empty_like(flat)  # kept positions come in flat order: rank[j] is scored token j's place
+        rank[flat.argsort()] = torch.arange(len(flat))
+        device = rollout.response_ids.device
+        self.inputs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device)}
+        self.keep = keep.view(rows, width).to(device)
+        self.kept = len(flat)
+        self.shape = tuple(rollout.response_ids.shape)
+        self.b_idx, self.t_idx, self.rank = b_idx.to(device), t_idx.to(device), rank.to(device)
+
+    def scatter(self, kept: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) from the kept positions' values (K, ...), zeros where nothing is scored."""
+        out = kept.new_zeros(self.shape + tuple(kept.shape[1:]))
+        out[self.b_idx, self.t_idx] = kept[self.rank]
+        return out
+
+
+def _forward_packed(model, rollout: Rollout, layout, with_hidden: bool):
+    """``_forward_response`` on padding-free rows. Only the positions that predict a response-mask token go through
+    the LM head (a boolean ``logits_to_keep``); the results are scattered back into the rollout's (B, T) layout."""
+    packed = _PackedRollout(rollout, layout)
+    kwargs = dict(**packed.inputs, use_cache=False, output_hidden_states=with_hidden)
+    try:
+        out = model(**kwargs, logits_to_keep=packed.keep)
+        logits = out.logits if out.logits.dim() == 2 and out.logits.shape[0] == packed.kept else None
+    except (TypeError, IndexError):
+        logits = None
+    if logits is None:  # no boolean logits_to_keep (an older or a remote-code model): every position's logits
+        out = model(**kwargs)
+        logits = out.logits[packed.keep]
+    hidden = packed.scatter(out.hidden_states[-1][packed.keep]) if with_hidden else None  # final (normed) layer
+    return packed.scatter(logits), hidden
+
+
+def response_states(backbone, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
+    """(B, T, H) last hidden states of a causal-LM backbone (no LM head) at the positions that predict response
+    tokens: state s_t of the critic. 0 where nothing is scored when ``padding_free`` lays the rows end to end."""
+    layout = _packed_layout(rollout) if padding_free else None
+    if layout is not None:
+        packed = _PackedRollout(rollout, layout)
+        return packed.scatter(backbone(**packed.inputs, use_cache=False).last_hidden_state[packed.keep])
+    input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)  # (B, P+T)
+    attention = torch.cat([rollout.prompt_mask, rollout.attention], 1)  # (B, P+T)
+    position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                      use_cache=False).last_hidden_state  # (B, P+T, H)
+    t = rollout.response_ids.shape[1]
+    return hidden[:, -(t + 1):-1]  # position P−1+t is state s_t
+
+
+def response_logprobs(model, rollout: Rollout, temperature: float, with_entropy: bool = False,
+                      padding_free: bool = False):
+    """log π(a_t | s_t) of the response tokens under the sampling transform; (B, T), 0 on padding.
+
+    With with_entropy, also the per-token entropy of π(· | s_t) at that temperature, (B, T). ``padding_free``:
+    one forward of the rows laid end to end (the same values; tests/test_packing.py).
+    """
+    logits, _ = _forward_response(model, rollout, padding_free=padding_free)
+    logprobs = token_logprobs(logits, rollout.response_ids, temperature) * rollout.response_mask
+    if not with_entropy:
+        return logprobs
+    return logprobs, token_entropy(logits, temperature) * rollout.response_mask
+
+
+def response_logprobs_and_values(model, value_head, rollout: Rollout, temperature: float, padding_free: bool = False):
+    """One forward of a policy whose backbone also carries the critic (a value head on the last hidden state).
+
+    Returns (log-probs (B, T), entropy (B, T), values V(s_t) (B, T)), all 0 on padding.
+    """
+    logits, hidden = _forward_response(model, rollout, with_hidden=True, padding_free=padding_free)
+    mask = rollout.response_mask
+    logprobs = token_logprobs(logits, rollout.response_ids, temperature) * mask
+    values = value_head(hidden.to(value_head.weight.dtype))[..., 0].float() * mask
+    return logprobs, token_entropy(logits, temperature) * mask, values
+
+
+def reference_logprobs(reference, policy, rollout: Rollout, temperature: float, padding_free: bool = False) -> torch.Tensor:
+    """Reference log-probs: from the frozen copy, or (LoRA, reference None) from the policy with its adapter off."""
+    if reference is not None:
+        return response_logprobs(reference, rollout, temperature, padding_free=padding_free)
+    with policy.disable_adapter():
+        return response_logprobs(policy, rollout, temperature, padding_free=padding_free)
+

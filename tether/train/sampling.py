@@ -1,0 +1,87 @@
+"""The online stages' one sampling path: what PPO, the group family and online DPO sample with.
+
+Set-up (the backend named by ``rollout.backend``, the rendered prompts checked against the model's context, the one
+stop set, the agent sampler for multi-turn episodes), a step's sampling (responses, or whole episodes scored by
+their environment) and the periodic evaluation's sampling all go through ``OnlineSampler``; after each optimizer
+step the stage calls ``weights_updated`` so a backend holding its own copy of the weights can reload them.
+"""
+from __future__ import annotations
+
+from tether.agents.episodes import AgentSampler
+from tether.models.lm import check_prompt_context, model_context
+from tether.rollout.backends import make_backend
+from tether.rollout.prompts import render_prompts, stop_token_ids
+
+
+class OnlineSampler:
+    """One stage's sampling: ``backend`` (rollout.backend, or a stand-in given to run_ppo / run_grpo), ``prompts``
+    and ``eval_prompts`` (the rendered prompt rows), ``stops`` (the one stop set) and ``agent`` (an AgentSampler
+    when agent.env names an environment, else None)."""
+
+    def __init__(self, cfg, tokenizer, policy, rows: list[dict], eval_rows: list[dict], backend=None):
+        ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
+        self.tokenizer, self.rollout_cfg = tokenizer, ro
+        self.backend = backend or make_backend(ro.backend, policy, tokenizer)
+        self.prompts = render_prompts(tokenizer, rows, ro.prompts)
+        self.eval_prompts = render_prompts(tokenizer, eval_rows, ro.eval_prompts) if eval_rows else []
+        episodes = agent_cfg is not None and bool(agent_cfg.env)
+        if not episodes:  # each prompt and its response budget fit the model's positions
+            check_prompt_context(tokenizer, self.prompts, ro.max_new_tokens, model_context(policy), ro.prompts)
+        self.stops = stop_token_ids(tokenizer, policy)
+        self.agent = AgentSampler(agent_cfg, tokenizer, self.backend, ro, self.stops, rows) if episodes else None
+
+    def generate(self, prompt_indices: list[int], seeds: list[int] | None):
+        """One response per entry of ``prompt_indices`` (repeat an index for a group)."""
+        return self.backend.generate([self.prompts[i] for i in prompt_indices], self.rollout_cfg, self.stops, seeds)
+
+    def sample(self, rows: list[dict], prompt_indices: list[int], seeds: list[int] | None, scorer):
+        """(rollout, scores): episodes scored by their environment, or responses scored by ``scorer``."""
+        if self.agent is not None:
+            return self.agent([rows[i] for i in prompt_indices], seeds)
+        rollout = self.generate(prompt_indices, seeds)
+        return rollout, scorer(rollout, [rows[i] for i in prompt_indices])
+
+    def weights_updated(self, policy) -> None:
+        self.backend.weights_updated(policy)
+
+    def evaluate(self, rows: list[dict], scorer, seed: int, dp=None) -> dict:
+        """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation.
+        On N processes (``dp``) each samples and scores a contiguous share of the prompts; the means are global.
+        With an environment (``agent``): one episode per prompt instead, with its agent/* figures."""
+        import torch
+
+        from tether.rollout.backends import response_seeds
+        from tether.train.parallel import DataParallel, shard_bounds
+
+        dp = dp or DataParallel()
+        prompts, sampling, agent = self.eval_prompts, self.rollout_cfg, self.agent
+        if not prompts:
+            return {}
+        start, stop = shard_bounds(len(prompts), dp.world, dp.rank)
+
+        def sample_and_score() -> dict:
+            if stop == start:
+                return {}
+            torch_state = torch.get_rng_state()
+            torch.manual_seed(seed + 12345)
+            seeds = response_seeds(seed + 12345, list(range(start, stop))) if sampling.response_seeds else None
+            if agent is not None:
+                rollout, scores = agent(rows[start:stop], seeds)
+            else:
+                rollout = self.backend.generate(prompts[start:stop], sampling, self.stops, seeds)
+            torch.set_rng_state(torch_state)
+            if agent is None:
+                scores = scorer(rollout, rows[start:stop])
+            figures = {}
+            if scores.records is not None:  # sums over this share, like the rest
+                from tether.agents.episodes import agent_metrics
+
+                figures = {f"eval/{k}": v * (stop - start) for k, v in agent_metrics(scores.records).items()
+                           if k in ("agent/turns_mean", "agent/tool_calls_mean", "agent/success_rate", "agent/claimed_rate")}
+            return {"eval/score_mean": float(scores.total.sum()), "eval/length_mean": float(rollout.lengths.float().sum()),
+                    **{f"eval/reward/{name}": float(v.sum()) for name, v in scores.parts.items()}, **figures}
+
+        sums = dp.all_or_none(sample_and_score)
+        names = dp.gather_json(sorted(sums))
+        sums = dp.sum_dict({k: sums.get(k, 0.0) for k in sorted(set(names))})
+        return {k: v / len(prompts) for k, v in sums.items()}

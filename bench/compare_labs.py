@@ -3,6 +3,7 @@ check that a refactor left every lab figure as it was.
 
     .venv/bin/python bench/compare_labs.py OLD/runs/lab runs/lab
 """
+
 from __future__ import annotations
 
 import json

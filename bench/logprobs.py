@@ -5,6 +5,7 @@ its own; compare the ratios printed in one run (machines here are shared).
 
     .venv/bin/python bench/logprobs.py [--batch 16 --length 512 --vocab 32000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,12 @@ def run_one(variant: str, batch: int, length: int, vocab: int, repeats: int) -> 
             out = token_logprobs(logits, targets, temperature=0.7, chunk_rows=2)
     seconds = (time.perf_counter() - start) / repeats
     peak_extra_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024
-    return {"variant": variant, "seconds": round(seconds, 4), "extra_peak_mb": round(peak_extra_mb, 1),
-            "checksum": round(float(out.sum()), 2)}
+    return {
+        "variant": variant,
+        "seconds": round(seconds, 4),
+        "extra_peak_mb": round(peak_extra_mb, 1),
+        "checksum": round(float(out.sum()), 2),
+    }
 
 
 def main() -> None:
@@ -51,13 +56,27 @@ def main() -> None:
     print(f"logits ({args.batch}, {args.length}, {args.vocab}) float32 = {logits_mb:.0f} MB")
     results = []
     for variant in ("naive", "chunked"):
-        cmd = [sys.executable, __file__, "--child", variant, "--batch", str(args.batch), "--length", str(args.length),
-               "--vocab", str(args.vocab), "--repeats", str(args.repeats)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            variant,
+            "--batch",
+            str(args.batch),
+            "--length",
+            str(args.length),
+            "--vocab",
+            str(args.vocab),
+            "--repeats",
+            str(args.repeats),
+        ]
         results.append(json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout))
         print(results[-1])
     naive, chunked = results
-    print(f"chunked / naive: time x{chunked['seconds'] / naive['seconds']:.2f}, "
-          f"extra peak memory x{chunked['extra_peak_mb'] / max(naive['extra_peak_mb'], 1e-9):.2f}")
+    print(
+        f"chunked / naive: time x{chunked['seconds'] / naive['seconds']:.2f}, "
+        f"extra peak memory x{chunked['extra_peak_mb'] / max(naive['extra_peak_mb'], 1e-9):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ computes. Ratios are padding-free ÷ padded, within one run.
 ``--decode`` samples each rollout's prompts again, with finished rows dropped (decoding.decode, the default)
 and with generate(), and times both.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,19 +43,29 @@ def rollouts_from_samples(run: Path, tokenizer, limit: int) -> list:
     for step in sorted(steps)[:limit]:
         rows = steps[step]
         prompts = [tokenizer(r["prompt"], add_special_tokens=False)["input_ids"] for r in rows]
-        responses = [tokenizer(r["response"], add_special_tokens=False)["input_ids"]
-                     + ([] if r.get("truncated") else [eos]) for r in rows]
+        responses = [
+            tokenizer(r["response"], add_special_tokens=False)["input_ids"] + ([] if r.get("truncated") else [eos])
+            for r in rows
+        ]
         p, t = max(map(len, prompts)), max(map(len, responses))
         prompt_ids = torch.full((len(rows), p), pad)
         prompt_mask = torch.zeros(len(rows), p, dtype=torch.long)
         response_ids = torch.full((len(rows), t), pad)
         response_mask = torch.zeros(len(rows), t, dtype=torch.long)
         for b, (x, y) in enumerate(zip(prompts, responses)):
-            prompt_ids[b, p - len(x):], prompt_mask[b, p - len(x):] = torch.tensor(x), 1
+            prompt_ids[b, p - len(x) :], prompt_mask[b, p - len(x) :] = torch.tensor(x), 1
             response_ids[b, : len(y)], response_mask[b, : len(y)] = torch.tensor(y), 1
-        out.append(Rollout(prompt_ids, prompt_mask, response_ids, response_mask,
-                           torch.tensor([bool(r.get("truncated")) for r in rows]), [r["prompt"] for r in rows],
-                           [r["response"] for r in rows]))
+        out.append(
+            Rollout(
+                prompt_ids,
+                prompt_mask,
+                response_ids,
+                response_mask,
+                torch.tensor([bool(r.get("truncated")) for r in rows]),
+                [r["prompt"] for r in rows],
+                [r["response"] for r in rows],
+            )
+        )
     return out
 
 
@@ -90,8 +101,13 @@ def time_forwards(model, rollout, temperature: float, repeats: int) -> dict[str,
                 start = time.perf_counter()
                 fn(free)
                 times[(name, free)].append(time.perf_counter() - start)
-    return {name: {"padded_s": statistics.median(times[(name, False)]),
-                   "padding_free_s": statistics.median(times[(name, True)])} for name in ("no-grad", "update")}
+    return {
+        name: {
+            "padded_s": statistics.median(times[(name, False)]),
+            "padding_free_s": statistics.median(times[(name, True)]),
+        }
+        for name in ("no-grad", "update")
+    }
 
 
 def time_generation(model, tokenizer, rollout, row_counts: list[int], repeats: int) -> dict[int, float]:
@@ -104,8 +120,15 @@ def time_generation(model, tokenizer, rollout, row_counts: list[int], repeats: i
     out = {}
     for rows in row_counts:
         ids, mask = rollout.prompt_ids[:rows], rollout.prompt_mask[:rows]
-        kwargs = dict(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=steps, min_new_tokens=steps,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        kwargs = dict(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
         with torch.no_grad():
             model.generate(**kwargs)  # warm-up
             times = []
@@ -129,8 +152,9 @@ def time_decoding(model, tokenizer, rollouts: list, temperature: float, max_new_
     for r in rollouts:
         contexts = [ids[mask.bool()].tolist() for ids, mask in zip(r.prompt_ids, r.prompt_mask)]
         seeds = response_seeds(0, range(len(contexts)))
-        run = lambda compact: generate_from_ids(model, tokenizer, contexts, max_new_tokens, temperature, seeds=seeds,
-                                                compact=compact)
+        run = lambda compact: generate_from_ids(
+            model, tokenizer, contexts, max_new_tokens, temperature, seeds=seeds, compact=compact
+        )
         times = {True: [], False: []}
         with torch.no_grad():
             a, b = run(True), run(False)  # warm-up, and the check that both draw the same tokens
@@ -143,8 +167,13 @@ def time_decoding(model, tokenizer, rollouts: list, temperature: float, max_new_
                     times[compact].append(time.perf_counter() - start)
         compact_s.append(statistics.median(times[True]))
         generate_s.append(statistics.median(times[False]))
-    return {"compact_s": sum(compact_s) / len(rollouts), "generate_s": sum(generate_s) / len(rollouts),
-            "ratio": sum(compact_s) / sum(generate_s), "same_tokens": same, "new_tokens": new_tokens / len(rollouts)}
+    return {
+        "compact_s": sum(compact_s) / len(rollouts),
+        "generate_s": sum(generate_s) / len(rollouts),
+        "ratio": sum(compact_s) / sum(generate_s),
+        "same_tokens": same,
+        "new_tokens": new_tokens / len(rollouts),
+    }
 
 
 def row_stopping_saving(rollouts: list, per_step: dict[int, float]) -> float:
@@ -177,8 +206,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--generate", default="", help="Row counts (e.g. 32,16,8,4) to time generate's token step at.")
-    parser.add_argument("--decode", action="store_true", help="Time sampling the rollouts' prompts with finished rows "
-                                                              "dropped (decoding.decode) against generate().")
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="Time sampling the rollouts' prompts with finished rows dropped (decoding.decode) against generate().",
+    )
     parser.add_argument("--json", default="")
     args = parser.parse_args()
 
@@ -198,12 +230,22 @@ def main() -> None:
         rollouts = rollouts_from_samples(run, tokenizer, args.steps)
         for rollout in rollouts:
             real, padded, packed = positions(rollout)
-            rows.append({"rows": len(rollout.responses), "real_tokens": real, "padded_positions": padded,
-                         "padding_free_positions": packed, **time_forwards(model, rollout, temperature, args.repeats)})
+            rows.append(
+                {
+                    "rows": len(rollout.responses),
+                    "real_tokens": real,
+                    "padded_positions": padded,
+                    "padding_free_positions": packed,
+                    **time_forwards(model, rollout, temperature, args.repeats),
+                }
+            )
         total = lambda key, sub=None: sum(r[key][sub] if sub else r[key] for r in rows)
-        summary = {"rollouts": len(rows), "padding_share": 1 - total("real_tokens") / total("padded_positions"),
-                   "padding_free_share": 1 - total("real_tokens") / total("padding_free_positions"),
-                   "positions_ratio": total("padding_free_positions") / total("padded_positions")}
+        summary = {
+            "rollouts": len(rows),
+            "padding_share": 1 - total("real_tokens") / total("padded_positions"),
+            "padding_free_share": 1 - total("real_tokens") / total("padding_free_positions"),
+            "positions_ratio": total("padding_free_positions") / total("padded_positions"),
+        }
         for name in ("no-grad", "update"):
             summary[f"{name}_ratio"] = total(name, "padding_free_s") / total(name, "padded_s")
             summary[f"{name}_padded_s"] = total(name, "padded_s") / len(rows)
@@ -212,22 +254,29 @@ def main() -> None:
             per_step = time_generation(model, tokenizer, rollouts[0], counts, args.repeats)
             summary["generate_s_per_token_step"] = per_step
             summary["generate_row_stopping_ratio"] = row_stopping_saving(rollouts, per_step)
-            print(f"{run}: generate, seconds per token step by rows: "
-                  + ", ".join(f"{n}: {t * 1e3:.2f} ms" for n, t in per_step.items())
-                  + f"; dropping finished rows would take x{summary['generate_row_stopping_ratio']:.2f} of the time")
+            print(
+                f"{run}: generate, seconds per token step by rows: "
+                + ", ".join(f"{n}: {t * 1e3:.2f} ms" for n, t in per_step.items())
+                + f"; dropping finished rows would take x{summary['generate_row_stopping_ratio']:.2f} of the time"
+            )
         if args.decode:
             rollout_cfg = _config(run).get("rollout", {})
-            summary["decode"] = time_decoding(model, tokenizer, rollouts, temperature,
-                                              rollout_cfg.get("max_new_tokens", 64), args.repeats)
+            summary["decode"] = time_decoding(
+                model, tokenizer, rollouts, temperature, rollout_cfg.get("max_new_tokens", 64), args.repeats
+            )
             d = summary["decode"]
-            print(f"{run}: sampling {d['new_tokens']:.0f} new tokens a rollout: finished rows dropped "
-                  f"{d['compact_s']:.3f} s, generate() {d['generate_s']:.3f} s: x{d['ratio']:.2f} "
-                  f"({'the same tokens' if d['same_tokens'] else 'DIFFERENT TOKENS'})")
+            print(
+                f"{run}: sampling {d['new_tokens']:.0f} new tokens a rollout: finished rows dropped "
+                f"{d['compact_s']:.3f} s, generate() {d['generate_s']:.3f} s: x{d['ratio']:.2f} "
+                f"({'the same tokens' if d['same_tokens'] else 'DIFFERENT TOKENS'})"
+            )
         report[str(run)] = {"summary": summary, "rollouts": rows}
-        print(f"{run}: {len(rows)} rollouts of {rows[0]['rows']} responses; padding {summary['padding_share']:.1%} "
-              f"-> {summary['padding_free_share']:.1%}; positions x{summary['positions_ratio']:.2f}; "
-              f"no-grad forward x{summary['no-grad_ratio']:.2f} (padded {summary['no-grad_padded_s'] * 1e3:.1f} ms); "
-              f"update forward+backward x{summary['update_ratio']:.2f} (padded {summary['update_padded_s'] * 1e3:.1f} ms)")
+        print(
+            f"{run}: {len(rows)} rollouts of {rows[0]['rows']} responses; padding {summary['padding_share']:.1%} "
+            f"-> {summary['padding_free_share']:.1%}; positions x{summary['positions_ratio']:.2f}; "
+            f"no-grad forward x{summary['no-grad_ratio']:.2f} (padded {summary['no-grad_padded_s'] * 1e3:.1f} ms); "
+            f"update forward+backward x{summary['update_ratio']:.2f} (padded {summary['update_padded_s'] * 1e3:.1f} ms)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
 

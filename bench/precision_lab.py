@@ -15,6 +15,7 @@ Printed per precision: the held-out loss at each evaluation (mean over seeds, an
 noise a precision's difference must exceed) and the median step time. Runs are sequential in one process each;
 compare within one run of this script.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,13 +34,42 @@ def run(lab: Path, out: Path, precision: str, seed: int, steps: int) -> dict:
     cfg = LabConfig()
     world = lab / "world"
     folder = out / f"{precision}-seed{seed}"
-    command = [sys.executable, "-m", "tether", "sft", "--model", str(lab / "pretrain" / "final"),
-               "--data", str(world / "sft.jsonl"), "--eval-data", str(world / "sft_eval.jsonl"),
-               "--max-length", str(cfg.pack_length), "--batch-size", str(cfg.sft_batch),
-               "--micro-batch-size", str(cfg.sft_batch), "--lr", str(cfg.sft_lr), "--warmup-ratio", "0.05",
-               "--max-steps", str(steps), "--eval-every", str(max(1, steps // 5)), "--save-every", "0",
-               "--seed", str(seed), "--report-to", "none", "--overwrite", "--output", str(folder),
-               *PRECISIONS[precision]]
+    command = [
+        sys.executable,
+        "-m",
+        "tether",
+        "sft",
+        "--model",
+        str(lab / "pretrain" / "final"),
+        "--data",
+        str(world / "sft.jsonl"),
+        "--eval-data",
+        str(world / "sft_eval.jsonl"),
+        "--max-length",
+        str(cfg.pack_length),
+        "--batch-size",
+        str(cfg.sft_batch),
+        "--micro-batch-size",
+        str(cfg.sft_batch),
+        "--lr",
+        str(cfg.sft_lr),
+        "--warmup-ratio",
+        "0.05",
+        "--max-steps",
+        str(steps),
+        "--eval-every",
+        str(max(1, steps // 5)),
+        "--save-every",
+        "0",
+        "--seed",
+        str(seed),
+        "--report-to",
+        "none",
+        "--overwrite",
+        "--output",
+        str(folder),
+        *PRECISIONS[precision],
+    ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     curve = {r["step"]: r["eval/loss"] for r in rows if "eval/loss" in r}
@@ -56,8 +86,9 @@ def main() -> None:
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    results = {p: [run(Path(args.lab), Path(args.out), p, s, args.steps) for s in seeds]
-               for p in args.precisions.split(",")}
+    results = {
+        p: [run(Path(args.lab), Path(args.out), p, s, args.steps) for s in seeds] for p in args.precisions.split(",")
+    }
     steps = sorted(results[next(iter(results))][0]["curve"])
     print(f"held-out loss of the lab's SFT, {args.steps} steps, seeds {seeds}: mean (spread max - min)")
     print(f"{'precision':10s} " + " ".join(f"{'step ' + str(s):>16s}" for s in steps) + f" {'step s':>8s}")
@@ -66,8 +97,9 @@ def main() -> None:
         for s in steps:
             values = [r["curve"][s] for r in runs]
             cells.append(f"{statistics.mean(values):8.4f} ({max(values) - min(values):.4f})")
-        print(f"{p:10s} " + " ".join(f"{c:>16s}" for c in cells) +
-              f" {statistics.median(r['step_s'] for r in runs):8.3f}")
+        print(
+            f"{p:10s} " + " ".join(f"{c:>16s}" for c in cells) + f" {statistics.median(r['step_s'] for r in runs):8.3f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

@@ -17,6 +17,7 @@ figure the stage exists to move at each evaluation (PPO: gold reward; GRPO: gree
 mean over seeds with the spread between seeds (the noise a precision's difference must exceed), and the median
 step time (the sum of the logged phases, steps after the first).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,15 +42,38 @@ def run_one(lab: Path, folder: Path, stage: str, precision: str, seed: int) -> N
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     if stage == "ppo":
-        figures = run_lab_ppo(folder, False, lab=lab, reward_model=cfg.ppo_reward_model, kl_coef=0.2,
-                              adaptive_target=0.0, steps=cfg.ppo_steps, prompts_per_step=cfg.ppo_prompts_per_step,
-                              lr=cfg.ppo_lr, eval_every=cfg.ppo_eval_every, eval_samples=cfg.ppo_eval_samples,
-                              seed=seed, kl_horizon=cfg.ppo_kl_horizon, extra=extra)
+        figures = run_lab_ppo(
+            folder,
+            False,
+            lab=lab,
+            reward_model=cfg.ppo_reward_model,
+            kl_coef=0.2,
+            adaptive_target=0.0,
+            steps=cfg.ppo_steps,
+            prompts_per_step=cfg.ppo_prompts_per_step,
+            lr=cfg.ppo_lr,
+            eval_every=cfg.ppo_eval_every,
+            eval_samples=cfg.ppo_eval_samples,
+            seed=seed,
+            kl_horizon=cfg.ppo_kl_horizon,
+            extra=extra,
+        )
     else:
-        figures = run_lab_grpo(folder, False, lab=lab, recipe=cfg.grpo_recipe, rewards="outcome", steps=cfg.grpo_steps,
-                               prompts_per_step=cfg.grpo_prompts_per_step, group_size=cfg.grpo_group_size,
-                               lr=cfg.grpo_lr, eval_every=cfg.grpo_eval_every, eval_problems=cfg.grpo_eval_problems,
-                               seed=seed, extra=extra)
+        figures = run_lab_grpo(
+            folder,
+            False,
+            lab=lab,
+            recipe=cfg.grpo_recipe,
+            rewards="outcome",
+            steps=cfg.grpo_steps,
+            prompts_per_step=cfg.grpo_prompts_per_step,
+            group_size=cfg.grpo_group_size,
+            lr=cfg.grpo_lr,
+            eval_every=cfg.grpo_eval_every,
+            eval_problems=cfg.grpo_eval_problems,
+            seed=seed,
+            extra=extra,
+        )
     metrics = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [sum(v for k, v in m.items() if k.startswith("time/")) for m in metrics if m.get("step", 0) > 0][1:]
     curve = {c["step"]: c[FIGURE[stage]] for c in figures["curve"]}
@@ -82,8 +106,10 @@ def main() -> None:
     results: dict = {}
     for stage in args.stages.split(","):
         for seed in seeds:
-            procs = {p: launch(lab, out / f"{stage}-{p}-seed{seed}", stage, p, seed, core)
-                     for core, p in enumerate(PRECISIONS)}
+            procs = {
+                p: launch(lab, out / f"{stage}-{p}-seed{seed}", stage, p, seed, core)
+                for core, p in enumerate(PRECISIONS)
+            }
             for p, proc in procs.items():
                 if proc.wait() != 0:
                     raise SystemExit(f"{stage} {p} seed {seed} failed: see {out / f'{stage}-{p}-seed{seed}.log'}")

@@ -11,6 +11,7 @@ process's CPU seconds and wall seconds (start-up, data, reference pass, probes, 
 peak resident memory. `--source DIR` puts an older checkout first on PYTHONPATH, so both use this venv's libraries:
 only tether's code differs. Compare ratios within one run; the machine's speed drifts between runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,28 +39,140 @@ def workloads(lab: Path, model: Path, rm: Path, out: Path) -> dict[str, list[str
     world = lab / "world"
     common = ["--report-to", "none", "--save-every", "0", "--overwrite", "--seed", "0"]
     return {
-        "sft": ["sft", "--model", str(model), "--data", str(world / "sft.jsonl"), "--eval-fraction", "0",
-                "--max-steps", "6", "--batch-size", "16", "--micro-batch-size", "8", "--max-length", "256",
-                "--output", str(out / "sft"), *common],
-        "rm": ["rm", "--model", str(model), "--data", str(world / "prefs.jsonl"), "--eval-data",
-               str(world / "prefs_eval.jsonl"), "--max-steps", "6", "--batch-size", "16", "--micro-batch-size", "8",
-               "--max-length", "256", "--eval-every", "0", "--output", str(out / "rm"), *common],
-        "dpo": ["dpo", "--model", str(model), "--data", str(world / "prefs.jsonl"), "--eval-fraction", "0",
-                "--max-steps", "6", "--batch-size", "16", "--micro-batch-size", "8", "--max-length", "256",
-                "--output", str(out / "dpo"), *common],
-        "ppo": ["ppo", "--model", str(model), "--reward-model", str(rm), "--prompts", str(world / "assist_rl.jsonl"),
-                "--max-steps", "4", "--prompts-per-step", "8", "--max-new-tokens", "32", "--eval-every", "0",
-                "--output", str(out / "ppo"), *common],
+        "sft": [
+            "sft",
+            "--model",
+            str(model),
+            "--data",
+            str(world / "sft.jsonl"),
+            "--eval-fraction",
+            "0",
+            "--max-steps",
+            "6",
+            "--batch-size",
+            "16",
+            "--micro-batch-size",
+            "8",
+            "--max-length",
+            "256",
+            "--output",
+            str(out / "sft"),
+            *common,
+        ],
+        "rm": [
+            "rm",
+            "--model",
+            str(model),
+            "--data",
+            str(world / "prefs.jsonl"),
+            "--eval-data",
+            str(world / "prefs_eval.jsonl"),
+            "--max-steps",
+            "6",
+            "--batch-size",
+            "16",
+            "--micro-batch-size",
+            "8",
+            "--max-length",
+            "256",
+            "--eval-every",
+            "0",
+            "--output",
+            str(out / "rm"),
+            *common,
+        ],
+        "dpo": [
+            "dpo",
+            "--model",
+            str(model),
+            "--data",
+            str(world / "prefs.jsonl"),
+            "--eval-fraction",
+            "0",
+            "--max-steps",
+            "6",
+            "--batch-size",
+            "16",
+            "--micro-batch-size",
+            "8",
+            "--max-length",
+            "256",
+            "--output",
+            str(out / "dpo"),
+            *common,
+        ],
+        "ppo": [
+            "ppo",
+            "--model",
+            str(model),
+            "--reward-model",
+            str(rm),
+            "--prompts",
+            str(world / "assist_rl.jsonl"),
+            "--max-steps",
+            "4",
+            "--prompts-per-step",
+            "8",
+            "--max-new-tokens",
+            "32",
+            "--eval-every",
+            "0",
+            "--output",
+            str(out / "ppo"),
+            *common,
+        ],
         # the lab's own models and settings: a trained policy's responses end at different lengths (a random
         # model's run to the budget), which is what generation that drops finished rows is for
-        "grpo_lab": ["grpo", "--model", str(lab / "sft" / "final"), "--prompts", str(world / "arith_rl.jsonl"),
-                     "--reward", "tether.lab.rewards:arith_correct,tether.lab.rewards:arith_format=0.5",
-                     "--max-steps", "6", "--prompts-per-step", "32", "--group-size", "8", "--max-new-tokens", "48",
-                     "--lr", "5e-5", "--eval-every", "0", "--output", str(out / "grpo_lab"), *common],
-        "ppo_lab": ["ppo", "--model", str(lab / "sft" / "final"), "--reward-model",
-                    str(lab / "rm_filtered" / "run" / "final"), "--prompts", str(world / "assist_rl.jsonl"),
-                    "--max-steps", "6", "--prompts-per-step", "32", "--max-new-tokens", "64", "--minibatch", "16",
-                    "--lr", "5e-5", "--kl-coef", "0.2", "--eval-every", "0", "--output", str(out / "ppo_lab"), *common],
+        "grpo_lab": [
+            "grpo",
+            "--model",
+            str(lab / "sft" / "final"),
+            "--prompts",
+            str(world / "arith_rl.jsonl"),
+            "--reward",
+            "tether.lab.rewards:arith_correct,tether.lab.rewards:arith_format=0.5",
+            "--max-steps",
+            "6",
+            "--prompts-per-step",
+            "32",
+            "--group-size",
+            "8",
+            "--max-new-tokens",
+            "48",
+            "--lr",
+            "5e-5",
+            "--eval-every",
+            "0",
+            "--output",
+            str(out / "grpo_lab"),
+            *common,
+        ],
+        "ppo_lab": [
+            "ppo",
+            "--model",
+            str(lab / "sft" / "final"),
+            "--reward-model",
+            str(lab / "rm_filtered" / "run" / "final"),
+            "--prompts",
+            str(world / "assist_rl.jsonl"),
+            "--max-steps",
+            "6",
+            "--prompts-per-step",
+            "32",
+            "--max-new-tokens",
+            "64",
+            "--minibatch",
+            "16",
+            "--lr",
+            "5e-5",
+            "--kl-coef",
+            "0.2",
+            "--eval-every",
+            "0",
+            "--output",
+            str(out / "ppo_lab"),
+            *common,
+        ],
     }
 
 
@@ -74,8 +187,9 @@ def run_once(args: list[str], source: str | None) -> dict:
     shutil.rmtree(output, ignore_errors=True)  # no cache (DPO's reference log-probs) carried over from a run before
     t0 = time.perf_counter()
     # cwd elsewhere: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH's checkout
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            cwd=output.parent)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=output.parent
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     stderr = proc.stderr.read()
@@ -83,11 +197,18 @@ def run_once(args: list[str], source: str | None) -> dict:
         raise SystemExit(f"tether {args[0]} failed ({status}): {stderr[-2000:]}")
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     # offline stages log time/step_s; online ones their phases (time/generate_s, time/update_s, ...), summed here
-    steps = [r["time/step_s"] if "time/step_s" in r else sum(v for k, v in r.items() if k.startswith("time/"))
-             for r in rows if r.get("step", 0) > 0]
+    steps = [
+        r["time/step_s"] if "time/step_s" in r else sum(v for k, v in r.items() if k.startswith("time/"))
+        for r in rows
+        if r.get("step", 0) > 0
+    ]
     steps = steps[1:] or steps  # the first step warms up
-    return {"step_s": statistics.median(steps), "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall,
-            "peak_mib": usage.ru_maxrss / 1024}
+    return {
+        "step_s": statistics.median(steps),
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "wall_s": wall,
+        "peak_mib": usage.ru_maxrss / 1024,
+    }
 
 
 def main() -> None:
@@ -103,8 +224,10 @@ def main() -> None:
     for side in ("this", "source"):
         (work / side).mkdir(parents=True, exist_ok=True)
     model = build_model(lab, work / "model30m")
-    sides = {"this": str(Path(__file__).resolve().parent.parent), **({"source": str(Path(args.source).resolve())}
-                                                                     if args.source else {})}
+    sides = {
+        "this": str(Path(__file__).resolve().parent.parent),
+        **({"source": str(Path(args.source).resolve())} if args.source else {}),
+    }
     results: dict = {side: {} for side in sides}
     rm_final = work / "this" / "rm" / "final"
     for stage in args.stages.split(","):
@@ -123,13 +246,17 @@ def main() -> None:
             runs = results[side][stage]
             row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             summary.setdefault(stage, {})[side] = row
-            print(f"{stage:6s} {side:7s} {row['step_s']:8.3f} {row['cpu_s']:8.1f} {row['wall_s']:8.1f} {row['peak_mib']:9.0f}")
+            print(
+                f"{stage:6s} {side:7s} {row['step_s']:8.3f} {row['cpu_s']:8.1f} {row['wall_s']:8.1f} {row['peak_mib']:9.0f}"
+            )
         if args.source:
             a, b = summary[stage]["this"], summary[stage]["source"]
             ratios = {k: a[k] / b[k] for k in a}
             summary[stage]["ratio"] = ratios
-            print(f"{stage:6s} {'ratio':7s} {ratios['step_s']:8.2f} {ratios['cpu_s']:8.2f} {ratios['wall_s']:8.2f} "
-                  f"{ratios['peak_mib']:9.2f}   (this ÷ source)")
+            print(
+                f"{stage:6s} {'ratio':7s} {ratios['step_s']:8.2f} {ratios['cpu_s']:8.2f} {ratios['wall_s']:8.2f} "
+                f"{ratios['peak_mib']:9.2f}   (this ÷ source)"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": results, "summary": summary}, indent=2))
 

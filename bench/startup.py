@@ -6,6 +6,7 @@ Each command runs `--runs` times in a fresh process; prints the median and the f
 only the settings (tether/config.py, tether/sections.py, tether/stages/*_config.py), never torch or transformers.
 Timings are machine-dependent and noisy: compare commands within one run, or two checkouts with --python.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
             if done.returncode != 0:
                 raise SystemExit(f"tether {' '.join(command)} failed: {done.stderr[-500:]}")
-        print(f"tether {' '.join(command):14s} median {statistics.median(times):.2f} s, fastest {min(times):.2f} s "
-              f"({args.runs} runs)")
+        print(
+            f"tether {' '.join(command):14s} median {statistics.median(times):.2f} s, fastest {min(times):.2f} s "
+            f"({args.runs} runs)"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Each seed changes the sampling and the prompt order of the GRPO runs (the tool-S
 stay the lab's). Prints one JSON line per run and, per figure, the mean and the spread (min–max) over the seeds,
 the lab's own seed included when its runs are there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,19 +25,44 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def runs_for_seed(lab: Path, out: Path, seed: int, cfg: LabConfig, shop_rewards: list[str]) -> dict:
-    common = dict(steps=cfg.agent_steps, prompts_per_step=cfg.agent_prompts_per_step, group_size=cfg.agent_group_size,
-                  eval_every=cfg.agent_eval_every, seed=seed, temperature=cfg.agent_temperature)
-    results = {"calc_grpo": run_lab_agent_grpo(
-        out / f"calc_grpo-seed{seed}", False, model_dir=lab / "calc_sft" / "final", env="tether.lab.agents:CalcEnv",
-        prompts=lab / "world" / "arith_rl.jsonl",
-        eval_rows=read_rows(lab / "world" / "arith_eval.jsonl")[: cfg.calc_eval_problems],
-        lr=cfg.calc_lr, without_tools=True, max_turns=3, max_total_tokens=200, max_new_tokens=80, **common)}
+    common = dict(
+        steps=cfg.agent_steps,
+        prompts_per_step=cfg.agent_prompts_per_step,
+        group_size=cfg.agent_group_size,
+        eval_every=cfg.agent_eval_every,
+        seed=seed,
+        temperature=cfg.agent_temperature,
+    )
+    results = {
+        "calc_grpo": run_lab_agent_grpo(
+            out / f"calc_grpo-seed{seed}",
+            False,
+            model_dir=lab / "calc_sft" / "final",
+            env="tether.lab.agents:CalcEnv",
+            prompts=lab / "world" / "arith_rl.jsonl",
+            eval_rows=read_rows(lab / "world" / "arith_eval.jsonl")[: cfg.calc_eval_problems],
+            lr=cfg.calc_lr,
+            without_tools=True,
+            max_turns=3,
+            max_total_tokens=200,
+            max_new_tokens=80,
+            **common,
+        )
+    }
     for reward in shop_rewards:
         results[f"shop_{reward}"] = run_lab_agent_grpo(
-            out / f"shop_{reward}-seed{seed}", False, model_dir=lab / "shop_sft" / "final",
-            env=f"tether.lab.agents:ShopEnv(reward='{reward}')", prompts=lab / "agent_world" / "shop_rl.jsonl",
-            eval_rows=read_rows(lab / "agent_world" / "shop_eval.jsonl"), lr=cfg.shop_lr, max_turns=4,
-            max_total_tokens=240, max_new_tokens=80, **common)
+            out / f"shop_{reward}-seed{seed}",
+            False,
+            model_dir=lab / "shop_sft" / "final",
+            env=f"tether.lab.agents:ShopEnv(reward='{reward}')",
+            prompts=lab / "agent_world" / "shop_rl.jsonl",
+            eval_rows=read_rows(lab / "agent_world" / "shop_eval.jsonl"),
+            lr=cfg.shop_lr,
+            max_turns=4,
+            max_total_tokens=240,
+            max_new_tokens=80,
+            **common,
+        )
     return results
 
 
@@ -47,10 +73,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lab", default="runs/lab", help="A finished `tether lab` folder (with its agent stages).")
     parser.add_argument("--seeds", default="1,2", help="Comma-separated seeds to run besides the lab's own.")
-    parser.add_argument("--shop-rewards", default="state,claim",
-                        help="Shop reward designs: state, claim, calls (1 per call that succeeded).")
-    parser.add_argument("--temperature", type=float, default=LabConfig().agent_temperature,
-                        help="Sampling temperature of the GRPO runs (the lab's: 0.7).")
+    parser.add_argument(
+        "--shop-rewards",
+        default="state,claim",
+        help="Shop reward designs: state, claim, calls (1 per call that succeeded).",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=LabConfig().agent_temperature,
+        help="Sampling temperature of the GRPO runs (the lab's: 0.7).",
+    )
     parser.add_argument("--output", default="runs/agents-seeds")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
@@ -65,14 +98,26 @@ def main() -> None:
         cfg = LabConfig(agent_temperature=args.temperature)
         for name, r in runs_for_seed(lab, out, seed, cfg, args.shop_rewards.split(",")).items():
             by_run.setdefault(name, []).append(r)
-            print(json.dumps({"run": name, "seed": seed, "start": r["start"], "final": r["final"],
-                              "alarms": [(a["monitor"], a["step"]) for a in r["alarms"]]}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "run": name,
+                        "seed": seed,
+                        "start": r["start"],
+                        "final": r["final"],
+                        "alarms": [(a["monitor"], a["step"]) for a in r["alarms"]],
+                    }
+                ),
+                flush=True,
+            )
     for name, results in by_run.items():
         for key in FIGURES:
             finals = [r["final"][key] for r in results if key in r["final"]]
             if finals:
-                print(f"{name:12s} {key:26s} end: mean {sum(finals) / len(finals):.3f}, range {min(finals):.3f}–"
-                      f"{max(finals):.3f} over {len(finals)} seeds ({', '.join(f'{x:.2f}' for x in finals)})")
+                print(
+                    f"{name:12s} {key:26s} end: mean {sum(finals) / len(finals):.3f}, range {min(finals):.3f}–"
+                    f"{max(finals):.3f} over {len(finals)} seeds ({', '.join(f'{x:.2f}' for x in finals)})"
+                )
         alarms = [sorted({a["monitor"] for a in r["alarms"]}) for r in results]
         print(f"{name:12s} alarms per seed: {alarms}")
 

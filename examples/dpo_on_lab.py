@@ -16,6 +16,7 @@ prompt. (`--loss kto --data filtered` splits every pair in two instead.)
 Prints the gold reward, the gold win rate against the SFT model (4 sampled answers per held-out request) and the
 held-out pair accuracy at every evaluation, then the run's figures as one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,13 @@ def unpaired_labels(pairs: Path, output: Path) -> Path:
     output.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in pairs.read_text().splitlines() if line.strip()]
     path = output / "unpaired.jsonl"
-    path.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["rejected" if i % 2 else "chosen"],
-                                        "label": not i % 2}) + "\n" for i, r in enumerate(rows)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": r["prompt"], "completion": r["rejected" if i % 2 else "chosen"], "label": not i % 2})
+            + "\n"
+            for i, r in enumerate(rows)
+        )
+    )
     return path
 
 
@@ -49,29 +55,54 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="Online rounds (--data online).")
     parser.add_argument("--prompts-per-round", type=int, default=192)
     parser.add_argument("--min-agreement", type=float, default=0.8, help="Online: the panel's agreement filter.")
-    parser.add_argument("--sft-coef", type=float, default=0.0,
-                        help="Adds this times the chosen answer's mean token NLL to the loss (RPO, dpo.sft_coef).")
+    parser.add_argument(
+        "--sft-coef",
+        type=float,
+        default=0.0,
+        help="Adds this times the chosen answer's mean token NLL to the loss (RPO, dpo.sft_coef).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="runs/dpo-lab")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     lab = Path(args.lab)
-    pairs = {"filtered": lab / "rm_filtered" / "prefs_filtered.jsonl", "all": lab / "world" / "prefs.jsonl",
-             "online": None, "unpaired": lab / "rm_filtered" / "prefs_filtered.jsonl"}[args.data]
+    pairs = {
+        "filtered": lab / "rm_filtered" / "prefs_filtered.jsonl",
+        "all": lab / "world" / "prefs.jsonl",
+        "online": None,
+        "unpaired": lab / "rm_filtered" / "prefs_filtered.jsonl",
+    }[args.data]
     if args.data == "unpaired":
         pairs = unpaired_labels(pairs, Path(args.output))
     online = {}
     if args.data == "online":
-        online = {"online.rounds": args.rounds, "rollout.prompts_per_step": args.prompts_per_round,
-                  "online.steps_per_round": max(1, args.steps // args.rounds),
-                  "online.judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={args.min_agreement})"}
-    figures = run_lab_dpo(Path(args.output), False, lab=lab, pairs=pairs, loss=args.loss, beta=args.beta,
-                          steps=args.steps, batch=args.batch, lr=args.lr, eval_every=20, eval_samples=4,
-                          seed=args.seed, extra={**online, "dpo.sft_coef": args.sft_coef})
+        online = {
+            "online.rounds": args.rounds,
+            "rollout.prompts_per_step": args.prompts_per_round,
+            "online.steps_per_round": max(1, args.steps // args.rounds),
+            "online.judge": f"tether.lab.rewards:assist_panel_judge(min_agreement={args.min_agreement})",
+        }
+    figures = run_lab_dpo(
+        Path(args.output),
+        False,
+        lab=lab,
+        pairs=pairs,
+        loss=args.loss,
+        beta=args.beta,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        eval_every=20,
+        eval_samples=4,
+        seed=args.seed,
+        extra={**online, "dpo.sft_coef": args.sft_coef},
+    )
     for c in figures["curve"]:
-        print(f"step {c['step']:3d}  gold {c['gold']:.3f}  win rate vs SFT {c['win_rate']:.3f}  words {c['words']:.1f}  "
-              f"held-out pair accuracy {c['accuracy'] if c['accuracy'] is None else round(c['accuracy'], 3)}")
+        print(
+            f"step {c['step']:3d}  gold {c['gold']:.3f}  win rate vs SFT {c['win_rate']:.3f}  words {c['words']:.1f}  "
+            f"held-out pair accuracy {c['accuracy'] if c['accuracy'] is None else round(c['accuracy'], 3)}"
+        )
     print(json.dumps({k: v for k, v in figures.items() if k != "curve"}))
 
 

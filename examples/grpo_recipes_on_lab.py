@@ -6,6 +6,7 @@ Each recipe starts from the lab's SFT model with the outcome rewards (correct an
 accuracy (200 problems, greedy and sampled at T = 1) is measured every 10 steps. Prints one JSON line per
 recipe and a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,14 +35,33 @@ def main() -> None:
     transformers.utils.logging.disable_progress_bar()
     results = {}
     for name in args.recipes.split(","):
-        figures = run_lab_grpo(Path(args.output) / name, False, lab=Path(args.lab), recipe=name, rewards=args.rewards,
-                               steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
-                               lr=args.lr, eval_every=10, eval_problems=200, seed=args.seed)
+        figures = run_lab_grpo(
+            Path(args.output) / name,
+            False,
+            lab=Path(args.lab),
+            recipe=name,
+            rewards=args.rewards,
+            steps=args.steps,
+            prompts_per_step=args.prompts_per_step,
+            group_size=args.group_size,
+            lr=args.lr,
+            eval_every=10,
+            eval_problems=200,
+            seed=args.seed,
+        )
         results[name] = figures
-        print(json.dumps({"recipe": name, **{k: v for k, v in figures.items() if k != "curve"},
-                          "sampled_curve": [c["accuracy_sampled"] for c in figures["curve"]],
-                          "greedy_curve": [c["accuracy_greedy"] for c in figures["curve"]],
-                          "worked_curve": [c["worked_rate"] for c in figures["curve"]]}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "recipe": name,
+                    **{k: v for k, v in figures.items() if k != "curve"},
+                    "sampled_curve": [c["accuracy_sampled"] for c in figures["curve"]],
+                    "greedy_curve": [c["accuracy_greedy"] for c in figures["curve"]],
+                    "worked_curve": [c["worked_rate"] for c in figures["curve"]],
+                }
+            ),
+            flush=True,
+        )
     from tether.lab.pipeline import print_grpo_table
 
     print_grpo_table(results)

@@ -18,6 +18,7 @@ measured with); `--vocab N` trains an N-token vocabulary instead of the recipe's
 The spread is the sample standard deviation over seeds, next
 to the range; each seed's evaluation also carries its own 95 % bootstrap interval over prompts (summary.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,15 @@ import transformers
 from tether.config import ConfigError
 from tether.lab.pipeline import QUICK, LabConfig, lab_settings, run_base, run_lab
 
-HEADLINE = dict(agent_stages=False, grpo_rewards=("outcome",), ppo_kl_coefs=(0.0, 0.2), ppo_adaptive_target=0,
-                dpo_losses=("sigmoid",), dpo_unfiltered=False, dpo_online=False)
+HEADLINE = dict(
+    agent_stages=False,
+    grpo_rewards=("outcome",),
+    ppo_kl_coefs=(0.0, 0.2),
+    ppo_adaptive_target=0,
+    dpo_losses=("sigmoid",),
+    dpo_unfiltered=False,
+    dpo_online=False,
+)
 
 
 def headline(summary: dict) -> dict[str, float]:
@@ -60,16 +68,24 @@ def headline(summary: dict) -> dict[str, float]:
 
 
 def base_figures(base: dict) -> dict[str, float]:
-    return {"vocabulary (tokens)": float(base["vocab"]), "base arith accuracy (greedy)": base["arith_greedy"]["accuracy"],
-            "base arith step accuracy (greedy)": base["arith_greedy"]["step_accuracy"],
-            "base: addition steps right (of those written)": base["arith_greedy"]["addition_steps_right"],
-            "base: subtraction steps right (of those written)": base["arith_greedy"]["subtraction_steps_right"],
-            "pretraining held-out loss at the end": base["curve"][-1][1], "pretraining seconds": base["seconds"]}
+    return {
+        "vocabulary (tokens)": float(base["vocab"]),
+        "base arith accuracy (greedy)": base["arith_greedy"]["accuracy"],
+        "base arith step accuracy (greedy)": base["arith_greedy"]["step_accuracy"],
+        "base: addition steps right (of those written)": base["arith_greedy"]["addition_steps_right"],
+        "base: subtraction steps right (of those written)": base["arith_greedy"]["subtraction_steps_right"],
+        "pretraining held-out loss at the end": base["curve"][-1][1],
+        "pretraining seconds": base["seconds"],
+    }
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 def main() -> None:
@@ -79,10 +95,17 @@ def main() -> None:
     parser.add_argument("--json", default="", help="Write the per-seed figures and their spread here.")
     parser.add_argument("--quick", action="store_true", help="The quick lab's world and model (the tests use it).")
     parser.add_argument("--base-only", action="store_true", help="Stop after pretraining: the base model's figures.")
-    parser.add_argument("--vocab", type=int, default=0, help="Vocabulary size instead of the recipe's (0: the recipe's).")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="Another value for a LabConfig field (repeatable), e.g. pretrain_lr_schedule=constant; "
-                             "the folders get a suffix naming it.")
+    parser.add_argument(
+        "--vocab", type=int, default=0, help="Vocabulary size instead of the recipe's (0: the recipe's)."
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="Another value for a LabConfig field (repeatable), e.g. pretrain_lr_schedule=constant; "
+        "the folders get a suffix naming it.",
+    )
     parser.add_argument("--workers", type=int, default=1, help="Processes running a lab's ready stages side by side.")
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
@@ -106,13 +129,17 @@ def main() -> None:
             per_seed[seed] = headline(run_lab(folder, cfg, report=False, workers=args.workers))
         seconds[seed] = round(time.perf_counter() - start, 1)
     names = list(per_seed[seeds[0]])
-    table = {name: {**spread([per_seed[s][name] for s in seeds]), "seeds": {s: per_seed[s][name] for s in seeds}}
-             for name in names}
+    table = {
+        name: {**spread([per_seed[s][name] for s in seeds]), "seeds": {s: per_seed[s][name] for s in seeds}}
+        for name in names
+    }
     width = max(map(len, names))
     print(f"\nthe lab's headline figures over seeds {args.seeds} (mean ± sample sd [min, max]; per seed)")
     for name, row in table.items():
-        print(f"{name:<{width}}  {row['mean']:6.3f} ± {row['sd']:.3f} [{row['min']:.3f}, {row['max']:.3f}]  "
-              + " ".join(f"{v:.3f}" for v in row["seeds"].values()))
+        print(
+            f"{name:<{width}}  {row['mean']:6.3f} ± {row['sd']:.3f} [{row['min']:.3f}, {row['max']:.3f}]  "
+            + " ".join(f"{v:.3f}" for v in row["seeds"].values())
+        )
     print("seconds per seed: " + ", ".join(f"{s}: {t:.0f}" for s, t in seconds.items()))
     if args.json:
         Path(args.json).write_text(json.dumps({"figures": table, "seconds": seconds}, indent=1))

@@ -15,6 +15,7 @@ panel), with each method's labels, reward-model calls, gold at the end and gold 
 
     .venv/bin/python examples/label_budget_on_lab.py --lab runs/lab [--labels 1152] [--json runs/label-budget.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,22 +59,61 @@ def main() -> None:
     kept = filtered_preferences(out / "shown.jsonl", out / "kept.jsonl", args.min_agreement)["kept"]
     print(f"{labels} pairs shown to the panel, {kept} kept at agreement >= {args.min_agreement}")
 
-    dpo = run_lab_dpo(out / "dpo", False, lab=lab, pairs=out / "kept.jsonl", loss="sigmoid", beta=0.0,
-                      steps=args.dpo_steps, batch=32, lr=5e-5, eval_every=max(1, args.dpo_steps // 3), eval_samples=4,
-                      seed=args.seed)
-    rm = train_lab_rm(out / "rm", False, sft_dir=lab / "sft" / "final", pairs=out / "kept.jsonl",
-                      eval_pairs=lab / "world" / "prefs_eval.jsonl", epochs=2.0, batch=32, lr=3e-4, seed=args.seed)
+    dpo = run_lab_dpo(
+        out / "dpo",
+        False,
+        lab=lab,
+        pairs=out / "kept.jsonl",
+        loss="sigmoid",
+        beta=0.0,
+        steps=args.dpo_steps,
+        batch=32,
+        lr=5e-5,
+        eval_every=max(1, args.dpo_steps // 3),
+        eval_samples=4,
+        seed=args.seed,
+    )
+    rm = train_lab_rm(
+        out / "rm",
+        False,
+        sft_dir=lab / "sft" / "final",
+        pairs=out / "kept.jsonl",
+        eval_pairs=lab / "world" / "prefs_eval.jsonl",
+        epochs=2.0,
+        batch=32,
+        lr=3e-4,
+        seed=args.seed,
+    )
     # run_lab_ppo reads <lab>/<reward_model>/run/final; an absolute reward_model path replaces <lab>/ (pathlib)
-    ppo = run_lab_ppo(out / "ppo", False, lab=lab, reward_model=str(out / "rm"), kl_coef=args.kl_coef,
-                      adaptive_target=0.0, steps=args.ppo_steps, prompts_per_step=args.prompts_per_step, lr=5e-5,
-                      eval_every=max(1, args.ppo_steps // 6), eval_samples=4, seed=args.seed, kl_horizon=160)
+    ppo = run_lab_ppo(
+        out / "ppo",
+        False,
+        lab=lab,
+        reward_model=str(out / "rm"),
+        kl_coef=args.kl_coef,
+        adaptive_target=0.0,
+        steps=args.ppo_steps,
+        prompts_per_step=args.prompts_per_step,
+        lr=5e-5,
+        eval_every=max(1, args.ppo_steps // 6),
+        eval_samples=4,
+        seed=args.seed,
+        kl_horizon=160,
+    )
     full = summary["reward_models"]["rm_filtered"]["filtering"]
     lab_ppo = summary["ppo"].get(f"ppo_kl{args.kl_coef:g}")
     table = [("online DPO (lab)", online_shown, online_kept, 0, online)]
     once = summary["dpo"].get("dpo_sigmoid_sft_samples")
     if once:  # the same labels, all drawn from the SFT model before the first step
-        table.append(("offline DPO on SFT samples (lab)", once["online_rounds"][0]["prompts"],
-                      once["online_rounds"][0]["pairs"], 0, once))
+        table.append(
+            (
+                "offline DPO on SFT samples (lab)",
+                once["online_rounds"][0]["prompts"],
+                once["online_rounds"][0]["pairs"],
+                0,
+                once,
+            )
+        )
     table += [
         ("offline DPO", labels, kept, 0, dpo),
         (f"PPO β={args.kl_coef:g} (RM on them)", labels, kept, args.ppo_steps * args.prompts_per_step, ppo),
@@ -83,16 +123,29 @@ def main() -> None:
         lab_config = yaml.safe_load((lab / f"ppo_kl{args.kl_coef:g}" / "run" / "config.yaml").read_text())
         calls = lab_ppo["steps"] * lab_config["rollout"]["prompts_per_step"]
         table.append((f"PPO β={args.kl_coef:g} (lab, all)", full["of"], full["kept"], calls, lab_ppo))
-    print(f"\nrm on {kept} pairs: held-out accuracy {rm['eval_accuracy']:.3f}, against gold {rm['gold_accuracy']:.3f} "
-          f"(the lab's rm_filtered: {summary['reward_models']['rm_filtered']['gold_accuracy']:.3f})")
-    print(f"{'method':<28} {'shown':>6} {'kept':>6} {'RM calls':>8} {'gold: start → end':>20} {'win rate vs SFT [95 %]':>26}")
+    print(
+        f"\nrm on {kept} pairs: held-out accuracy {rm['eval_accuracy']:.3f}, against gold {rm['gold_accuracy']:.3f} "
+        f"(the lab's rm_filtered: {summary['reward_models']['rm_filtered']['gold_accuracy']:.3f})"
+    )
+    print(
+        f"{'method':<28} {'shown':>6} {'kept':>6} {'RM calls':>8} {'gold: start → end':>20} {'win rate vs SFT [95 %]':>26}"
+    )
     figures = []
     for name, shown, used, calls, r in table:
         ci = r.get("final_win_rate_ci") or [float("nan")] * 2
-        print(f"{name:<28} {shown:>6} {used:>6} {calls:>8} {r['start_gold']:>9.3f} → {r['final_gold']:<8.3f} "
-              f"{r['final_win_rate']:>10.3f} [{ci[0]:.3f}, {ci[1]:.3f}]")
-        figures.append({"method": name, "shown": shown, "kept": used, "rm_calls": calls,
-                        **{k: r.get(k) for k in ("start_gold", "final_gold", "final_win_rate", "final_win_rate_ci")}})
+        print(
+            f"{name:<28} {shown:>6} {used:>6} {calls:>8} {r['start_gold']:>9.3f} → {r['final_gold']:<8.3f} "
+            f"{r['final_win_rate']:>10.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+        )
+        figures.append(
+            {
+                "method": name,
+                "shown": shown,
+                "kept": used,
+                "rm_calls": calls,
+                **{k: r.get(k) for k in ("start_gold", "final_gold", "final_win_rate", "final_win_rate_ci")},
+            }
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"labels": labels, "kept": kept, "rm": rm, "table": figures}, indent=2))
 

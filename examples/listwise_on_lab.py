@@ -16,6 +16,7 @@ Before training it prints how often the consensus orders a pair the way gold doe
 the three runs share). Then a table: gold reward and the gold win rate against the SFT model (95 % bootstrap
 interval over held-out requests) at the end, and the mean words per answer.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,22 +39,26 @@ def ranking_pairs(rankings: list[dict], which: str) -> list[dict]:
     for r in rankings:
         order = r["ranking"]
         chosen_rejected = combinations(order, 2) if which == "all" else [(order[0], order[-1])]
-        pairs += [{"prompt": r["prompt"], "chosen": r["responses"][a], "rejected": r["responses"][b]}
-                  for a, b in chosen_rejected]
+        pairs += [
+            {"prompt": r["prompt"], "chosen": r["responses"][a], "rejected": r["responses"][b]}
+            for a, b in chosen_rejected
+        ]
     return pairs
 
 
 def consensus_gold_agreement(rankings: list[dict]) -> dict[str, float]:
     """Share of the pairs gold separates that the consensus orders as gold does: all pairs, and first vs last."""
+
     def share(which: str) -> float:
         right = total = 0
         for r in rankings:
             order, gold = r["ranking"], r["gold"]
-            for a, b in (combinations(order, 2) if which == "all" else [(order[0], order[-1])]):
+            for a, b in combinations(order, 2) if which == "all" else [(order[0], order[-1])]:
                 if gold[a] != gold[b]:
                     total += 1
                     right += gold[a] > gold[b]
         return right / max(1, total)
+
     return {"all pairs": share("all"), "best vs worst": share("best_worst")}
 
 
@@ -78,23 +83,43 @@ def main() -> None:
     lab, out = Path(args.lab), Path(args.output)
     rankings = read_rankings(lab / "world" / "rankings.jsonl")
     agreement = consensus_gold_agreement(rankings)
-    print(f"{len(rankings)} rankings of {len(rankings[0]['responses'])}; the consensus orders as gold does: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
-    data = {"listwise": ("listwise", lab / "world" / "rankings.jsonl"),
-            "all pairs": ("sigmoid", write_jsonl(ranking_pairs(rankings, "all"), out / "data" / "all_pairs.jsonl")),
-            "best vs worst": ("sigmoid", write_jsonl(ranking_pairs(rankings, "best_worst"), out / "data" / "best_worst.jsonl"))}
+    print(
+        f"{len(rankings)} rankings of {len(rankings[0]['responses'])}; the consensus orders as gold does: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items())
+    )
+    data = {
+        "listwise": ("listwise", lab / "world" / "rankings.jsonl"),
+        "all pairs": ("sigmoid", write_jsonl(ranking_pairs(rankings, "all"), out / "data" / "all_pairs.jsonl")),
+        "best vs worst": (
+            "sigmoid",
+            write_jsonl(ranking_pairs(rankings, "best_worst"), out / "data" / "best_worst.jsonl"),
+        ),
+    }
     runs = {}
     for name, (loss, path) in data.items():
         folder = out / name.replace(" ", "_")
-        runs[name] = run_lab_dpo(folder, False, lab=lab, pairs=path, loss=loss, beta=0.0, steps=args.steps,
-                                 batch=args.batch, lr=args.lr, eval_every=max(1, args.steps // 3), eval_samples=4,
-                                 seed=args.seed)
+        runs[name] = run_lab_dpo(
+            folder,
+            False,
+            lab=lab,
+            pairs=path,
+            loss=loss,
+            beta=0.0,
+            steps=args.steps,
+            batch=args.batch,
+            lr=args.lr,
+            eval_every=max(1, args.steps // 3),
+            eval_samples=4,
+            seed=args.seed,
+        )
     print(f"\nDPO from the SFT model on {len(rankings)} consensus rankings, {args.steps} steps of {args.batch} rows")
     print(f"{'data':<14} {'rows':>6} {'gold: start → end':>20} {'win rate vs SFT [95 %]':>28} {'words':>6}")
     for name, r in runs.items():
         ci = r.get("final_win_rate_ci") or [float("nan")] * 2
-        print(f"{name:<14} {r['train_examples']:>6} {r['start_gold']:>9.3f} → {r['final_gold']:<8.3f} "
-              f"{r['final_win_rate']:>12.3f} [{ci[0]:.3f}, {ci[1]:.3f}] {r['curve'][-1]['words']:>6.1f}")
+        print(
+            f"{name:<14} {r['train_examples']:>6} {r['start_gold']:>9.3f} → {r['final_gold']:<8.3f} "
+            f"{r['final_win_rate']:>12.3f} [{ci[0]:.3f}, {ci[1]:.3f}] {r['curve'][-1]['words']:>6.1f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"consensus_gold_agreement": agreement, "runs": runs}, indent=2))
 

@@ -9,6 +9,7 @@ other settings on the same world:
 It prints the proxy score next to the gold reward and the gold win rate against the SFT model at every
 evaluation (4 sampled answers per held-out request), then the run's figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,15 +32,30 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="runs/ppo-lab")
-    parser.add_argument("--reward-model", default="rm_filtered", choices=("rm", "rm_filtered"),
-                        help="Which of the lab's reward models: trained on all pairs or on the agreed ones.")
+    parser.add_argument(
+        "--reward-model",
+        default="rm_filtered",
+        choices=("rm", "rm_filtered"),
+        help="Which of the lab's reward models: trained on all pairs or on the agreed ones.",
+    )
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    figures = run_lab_ppo(Path(args.output), False, lab=Path(args.lab), reward_model=args.reward_model,
-                          kl_coef=args.kl_coef, adaptive_target=args.adaptive_target, steps=args.steps,
-                          prompts_per_step=32, lr=args.lr, eval_every=args.eval_every, eval_samples=4, seed=args.seed,
-                          kl_horizon=args.kl_horizon)
+    figures = run_lab_ppo(
+        Path(args.output),
+        False,
+        lab=Path(args.lab),
+        reward_model=args.reward_model,
+        kl_coef=args.kl_coef,
+        adaptive_target=args.adaptive_target,
+        steps=args.steps,
+        prompts_per_step=32,
+        lr=args.lr,
+        eval_every=args.eval_every,
+        eval_samples=4,
+        seed=args.seed,
+        kl_horizon=args.kl_horizon,
+    )
     for point in figures.pop("curve"):
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in point.items()}))
     print(json.dumps(figures, indent=1))

@@ -6,6 +6,7 @@
 Each stage takes in-memory inputs — a `datasets.Dataset`, lists of dicts, a loaded model, Python reward functions —
 and returns a RunResult (run.output, run.summary, run.final, run.load()). docs/python-api.md walks through it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,13 @@ def addition_rows(n: int, seed: int) -> list[dict]:
     rows = []
     for _ in range(n):
         a, b = rng.randint(0, 20), rng.randint(0, 20)
-        rows.append({"prompt": f"What is {a} + {b}?\n", "completion": f"{a} + {b} = {a + b}. The answer is {a + b}.",
-                     "answer": str(a + b)})
+        rows.append(
+            {
+                "prompt": f"What is {a} + {b}?\n",
+                "completion": f"{a} + {b} = {a + b}. The answer is {a + b}.",
+                "answer": str(a + b),
+            }
+        )
     return rows
 
 
@@ -63,36 +69,106 @@ def run_stage(stage: str, output: Path, steps: int) -> tether.RunResult:
     sft_final = output / "sft" / "final"
     if stage == "sft":  # a loaded model and a datasets.Dataset
         model, tokenizer = build_base_model(output / "base")
-        return tether.sft(model=model, tokenizer=tokenizer, data=Dataset.from_list(rows), output=str(output / "sft"),
-                          max_length=64, lr=3e-3, batch_size=32, micro_batch_size=32, max_steps=steps * 3,
-                          eval_every=0, overwrite=True, report_to=["none"])
+        return tether.sft(
+            model=model,
+            tokenizer=tokenizer,
+            data=Dataset.from_list(rows),
+            output=str(output / "sft"),
+            max_length=64,
+            lr=3e-3,
+            batch_size=32,
+            micro_batch_size=32,
+            max_steps=steps * 3,
+            eval_every=0,
+            overwrite=True,
+            report_to=["none"],
+        )
     pairs = [{"prompt": r["prompt"], "chosen": r["completion"], "rejected": wrong(r, rng)} for r in rows]
     if stage == "rm":  # a config dataclass, then settings as keywords (TRL's names work too)
         config = tether.RMConfig()
-        return tether.rm(config, model=str(sft_final), data=pairs, output=str(output / "rm"), learning_rate=1e-3,
-                         batch_size=32, micro_batch_size=32, max_steps=steps, eval_every=0, overwrite=True,
-                         report_to=["none"], max_length=64)
+        return tether.rm(
+            config,
+            model=str(sft_final),
+            data=pairs,
+            output=str(output / "rm"),
+            learning_rate=1e-3,
+            batch_size=32,
+            micro_batch_size=32,
+            max_steps=steps,
+            eval_every=0,
+            overwrite=True,
+            report_to=["none"],
+            max_length=64,
+        )
     if stage == "dpo":
-        return tether.dpo(model=str(sft_final), data=pairs, output=str(output / "dpo"), loss="sigmoid", beta=0.1,
-                          lr=1e-3, batch_size=32, micro_batch_size=32, max_steps=steps, eval_every=0, overwrite=True,
-                          report_to=["none"], max_length=64)
+        return tether.dpo(
+            model=str(sft_final),
+            data=pairs,
+            output=str(output / "dpo"),
+            loss="sigmoid",
+            beta=0.1,
+            lr=1e-3,
+            batch_size=32,
+            micro_batch_size=32,
+            max_steps=steps,
+            eval_every=0,
+            overwrite=True,
+            report_to=["none"],
+            max_length=64,
+        )
     if stage == "kto":  # unpaired labels: each completion marked desirable or not
-        unpaired = [{"prompt": p["prompt"], "completion": p["chosen"] if i % 2 else p["rejected"], "label": bool(i % 2)}
-                    for i, p in enumerate(pairs)]
-        return tether.dpo(model=str(sft_final), data=unpaired, output=str(output / "kto"), loss="kto", beta=0.1,
-                          lr=1e-3, batch_size=32, micro_batch_size=32, max_steps=steps, eval_every=0, overwrite=True,
-                          report_to=["none"], max_length=64)
+        unpaired = [
+            {"prompt": p["prompt"], "completion": p["chosen"] if i % 2 else p["rejected"], "label": bool(i % 2)}
+            for i, p in enumerate(pairs)
+        ]
+        return tether.dpo(
+            model=str(sft_final),
+            data=unpaired,
+            output=str(output / "kto"),
+            loss="kto",
+            beta=0.1,
+            lr=1e-3,
+            batch_size=32,
+            micro_batch_size=32,
+            max_steps=steps,
+            eval_every=0,
+            overwrite=True,
+            report_to=["none"],
+            max_length=64,
+        )
     prompts = [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]
     if stage == "grpo":  # a reward function as a Python object
-        return tether.grpo(model=str(sft_final), prompts=prompts, reward_funcs=[correct_answer],
-                           output=str(output / "grpo"), num_generations=4, prompts_per_step=8, max_completion_length=16,
-                           learning_rate=1e-4, max_steps=steps, eval_every=0, save_every=0, overwrite=True,
-                           report_to=["none"])
+        return tether.grpo(
+            model=str(sft_final),
+            prompts=prompts,
+            reward_funcs=[correct_answer],
+            output=str(output / "grpo"),
+            num_generations=4,
+            prompts_per_step=8,
+            max_completion_length=16,
+            learning_rate=1e-4,
+            max_steps=steps,
+            eval_every=0,
+            save_every=0,
+            overwrite=True,
+            report_to=["none"],
+        )
     if stage == "ppo":  # the reward model trained above plus a weighted reward function
-        return tether.ppo(model=str(sft_final), prompts=prompts, reward_model=str(output / "rm" / "final"),
-                          reward_funcs=[(correct_answer, 0.5)], output=str(output / "ppo"), prompts_per_step=8,
-                          max_new_tokens=16, lr=1e-4, max_steps=steps, eval_every=0, save_every=0, overwrite=True,
-                          report_to=["none"])
+        return tether.ppo(
+            model=str(sft_final),
+            prompts=prompts,
+            reward_model=str(output / "rm" / "final"),
+            reward_funcs=[(correct_answer, 0.5)],
+            output=str(output / "ppo"),
+            prompts_per_step=8,
+            max_new_tokens=16,
+            lr=1e-4,
+            max_steps=steps,
+            eval_every=0,
+            save_every=0,
+            overwrite=True,
+            report_to=["none"],
+        )
     raise ValueError(stage)
 
 
@@ -106,7 +182,9 @@ def main() -> None:
     figures = {}
     for stage in STAGES if args.stage == "all" else (args.stage,):
         run = run_stage(stage, output, args.steps)
-        figures[stage] = {k: v for k, v in run.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        figures[stage] = {
+            k: v for k, v in run.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         print(f"{stage}: {run.final}")
     print(json.dumps(figures))
 

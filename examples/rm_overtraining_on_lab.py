@@ -13,6 +13,7 @@ Prints the evaluation curve (train loss and accuracy of the step, held-out loss 
 rejected score distributions), the best step and the detector's step, then best against last: held-out
 accuracy by the annotators' labels and by gold, the margin, and each side's mean, spread and quantiles.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,43 +51,83 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "pairs.jsonl").write_text("".join(line + "\n" for line in rows))
     eval_pairs = lab / "world" / "prefs_eval.jsonl"
-    overrides = {"model.path": str(lab / "sft" / "final"), "data.path": str(out / "pairs.jsonl"),
-                 "data.eval_path": str(eval_pairs), "data.max_length": 256, "optim.lr": args.lr,
-                 "optim.warmup_ratio": 0.05, "optim.lr_schedule": "constant", "train.output": str(out / "run"),
-                 "train.batch_size": args.batch, "train.micro_batch_size": args.batch, "train.epochs": args.epochs,
-                 "train.eval_every": args.eval_every, "train.save_every": 0, "train.log_every": args.eval_every,
-                 "train.seed": args.seed, "train.overwrite": True, "rm.overfit_drop": args.overfit_drop,
-                 "rm.overfit_patience": args.overfit_patience, "rm.early_stop": False}
+    overrides = {
+        "model.path": str(lab / "sft" / "final"),
+        "data.path": str(out / "pairs.jsonl"),
+        "data.eval_path": str(eval_pairs),
+        "data.max_length": 256,
+        "optim.lr": args.lr,
+        "optim.warmup_ratio": 0.05,
+        "optim.lr_schedule": "constant",
+        "train.output": str(out / "run"),
+        "train.batch_size": args.batch,
+        "train.micro_batch_size": args.batch,
+        "train.epochs": args.epochs,
+        "train.eval_every": args.eval_every,
+        "train.save_every": 0,
+        "train.log_every": args.eval_every,
+        "train.seed": args.seed,
+        "train.overwrite": True,
+        "rm.overfit_drop": args.overfit_drop,
+        "rm.overfit_patience": args.overfit_patience,
+        "rm.early_stop": False,
+    }
     summary = run_rm(build_config(RMConfig, overrides=overrides, source="example"))
     metrics = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = [m for m in metrics if "eval/accuracy" in m]
     best = max(curve, key=lambda m: m["eval/accuracy"])  # the first of the best, as best/ keeps it
     fired = next((m["step"] for m in curve if m.get("eval/overfit_alarm")), None)
-    print(f"\nreward model from the SFT model on {len(rows)} filtered pairs, {summary['steps']} steps "
-          f"({args.epochs:g} epochs), constant lr {args.lr:g}; held-out: {eval_pairs.name}")
-    print(f"{'step':>5} {'train loss':>10} {'train acc':>9} {'eval loss':>9} {'eval acc':>8}   chosen mean±sd   rejected mean±sd")
+    print(
+        f"\nreward model from the SFT model on {len(rows)} filtered pairs, {summary['steps']} steps "
+        f"({args.epochs:g} epochs), constant lr {args.lr:g}; held-out: {eval_pairs.name}"
+    )
+    print(
+        f"{'step':>5} {'train loss':>10} {'train acc':>9} {'eval loss':>9} {'eval acc':>8}   chosen mean±sd   rejected mean±sd"
+    )
     for m in curve:
-        print(f"{m['step']:>5} {m.get('train/loss', float('nan')):>10.3f} {m.get('train/accuracy', float('nan')):>9.3f} "
-              f"{m['eval/loss']:>9.3f} {m['eval/accuracy']:>8.3f}   {m['eval/chosen_mean']:6.2f} ± {m['eval/chosen_std']:<5.2f}"
-              f"   {m['eval/rejected_mean']:6.2f} ± {m['eval/rejected_std']:.2f}")
-    print(f"best held-out accuracy {best['eval/accuracy']:.3f} at step {best['step']}; "
-          + (f"the detector fired at step {fired}" if fired else "the detector did not fire"))
+        print(
+            f"{m['step']:>5} {m.get('train/loss', float('nan')):>10.3f} {m.get('train/accuracy', float('nan')):>9.3f} "
+            f"{m['eval/loss']:>9.3f} {m['eval/accuracy']:>8.3f}   {m['eval/chosen_mean']:6.2f} ± {m['eval/chosen_std']:<5.2f}"
+            f"   {m['eval/rejected_mean']:6.2f} ± {m['eval/rejected_std']:.2f}"
+        )
+    print(
+        f"best held-out accuracy {best['eval/accuracy']:.3f} at step {best['step']}; "
+        + (f"the detector fired at step {fired}" if fired else "the detector did not fire")
+    )
     held_out = [r.fields for r in read_records(eval_pairs)]
-    judged = {"best": (best, gold_judged_figures(out / "run" / "best", held_out, 256)),
-              "last": (curve[-1], gold_judged_figures(out / "run" / "final", held_out, 256))}
-    print(f"\n{'':<24} {'best (step ' + str(best['step']) + ')':>16} {'last (step ' + str(curve[-1]['step']) + ')':>16}")
-    lines = [("held-out accuracy (labels)", lambda m, g: m["eval/accuracy"]),
-             ("held-out accuracy (gold)", lambda m, g: g["gold_accuracy"]),
-             ("held-out loss", lambda m, g: m["eval/loss"]), ("margin", lambda m, g: m["eval/margin"])]
+    judged = {
+        "best": (best, gold_judged_figures(out / "run" / "best", held_out, 256)),
+        "last": (curve[-1], gold_judged_figures(out / "run" / "final", held_out, 256)),
+    }
+    print(
+        f"\n{'':<24} {'best (step ' + str(best['step']) + ')':>16} {'last (step ' + str(curve[-1]['step']) + ')':>16}"
+    )
+    lines = [
+        ("held-out accuracy (labels)", lambda m, g: m["eval/accuracy"]),
+        ("held-out accuracy (gold)", lambda m, g: g["gold_accuracy"]),
+        ("held-out loss", lambda m, g: m["eval/loss"]),
+        ("margin", lambda m, g: m["eval/margin"]),
+    ]
     for side in ("chosen", "rejected"):
         lines += [(f"{side} {k}", lambda m, g, k=f"eval/{side}_{k}": m[k]) for k in DISTRIBUTION]
-    lines += [("picks the longer", lambda m, g: g["rm_picks_longer"]),
-              ("picks the more confident", lambda m, g: g["rm_picks_more_confident"])]
+    lines += [
+        ("picks the longer", lambda m, g: g["rm_picks_longer"]),
+        ("picks the more confident", lambda m, g: g["rm_picks_more_confident"]),
+    ]
     for label, value in lines:
         print(f"{label:<24} {value(*judged['best']):>16.3f} {value(*judged['last']):>16.3f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"curve": curve, "best_step": best["step"], "detector_step": fired,
-                                               "gold": {k: g for k, (_, g) in judged.items()}}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "curve": curve,
+                    "best_step": best["step"],
+                    "detector_step": fired,
+                    "gold": {k: g for k, (_, g) in judged.items()},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Test doubles for agent episodes: environments and generation backends with known behaviour."""
+
 from __future__ import annotations
 
 import time
@@ -71,8 +72,15 @@ class ScriptedBackend:
         response = torch.tensor([ids] * len(contexts))
         mask, truncated = response_mask_from_stops(response, stop_ids)
         none = torch.zeros((len(contexts), 0), dtype=torch.long)
-        return Rollout(none, none, response, mask, truncated, [""] * len(contexts),
-                       [self.tokenizer.decode(ids, skip_special_tokens=True)] * len(contexts))
+        return Rollout(
+            none,
+            none,
+            response,
+            mask,
+            truncated,
+            [""] * len(contexts),
+            [self.tokenizer.decode(ids, skip_special_tokens=True)] * len(contexts),
+        )
 
     def weights_updated(self, policy):
         pass
@@ -101,16 +109,30 @@ class ShortTurns:
         from tether.rollout.batch import left_pad
 
         ids, mask = left_pad(contexts, self.tokenizer.pad_token_id, device)
-        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=True,
-                                  temperature=sampling.temperature, top_k=0, top_p=1.0,
-                                  logits_processor=LogitsProcessorList([force_stop]),
-                                  max_new_tokens=max_new_tokens or sampling.max_new_tokens, eos_token_id=stop_ids,
-                                  pad_token_id=self.tokenizer.pad_token_id)
-        response = out[:, ids.shape[1]:]
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_k=0,
+            top_p=1.0,
+            logits_processor=LogitsProcessorList([force_stop]),
+            max_new_tokens=max_new_tokens or sampling.max_new_tokens,
+            eos_token_id=stop_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        response = out[:, ids.shape[1] :]
         rmask, truncated = response_mask_from_stops(response, stop_ids)
         response = torch.where(rmask.bool(), response, torch.full_like(response, self.tokenizer.pad_token_id))
-        return Rollout(ids, mask, response, rmask, truncated, [""] * len(contexts),
-                       self.tokenizer.batch_decode(response, skip_special_tokens=True))
+        return Rollout(
+            ids,
+            mask,
+            response,
+            rmask,
+            truncated,
+            [""] * len(contexts),
+            self.tokenizer.batch_decode(response, skip_special_tokens=True),
+        )
 
     def generate(self, prompts, sampling, stop_ids, seeds=None):
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]

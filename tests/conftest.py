@@ -1,4 +1,5 @@
 """Shared fixtures: a BPE tokenizer trained here and tiny random models built from configs. Nothing is downloaded."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ def tokenizer():
 def model_dirs(tmp_path_factory, tokenizer):
     """{arch: folder} for tiny gpt2, llama and qwen2 models saved with the tokenizer."""
     root = tmp_path_factory.mktemp("models")
-    return {arch: build_tiny_model(arch, tokenizer, root / arch, seed=0, hidden=32, layers=2, heads=2, max_positions=128)
-            for arch in ("gpt2", "llama", "qwen2")}
+    return {
+        arch: build_tiny_model(arch, tokenizer, root / arch, seed=0, hidden=32, layers=2, heads=2, max_positions=128)
+        for arch in ("gpt2", "llama", "qwen2")
+    }
 
 
 @pytest.fixture(scope="session")
@@ -109,3 +112,29 @@ def kill_before_final(monkeypatch, module) -> None:
             return original(save_fn, target, *args, **kwargs)
 
         monkeypatch.setattr(owner, "write_atomically", die_before_final)
+
+
+def assert_same_adamw_weights(reference: dict, other: dict, lr: float, updates: int, what: str = "") -> None:
+    """Weights of two fp32 runs that should train alike (N processes against one, sharded against not), after
+    ``updates`` AdamW updates at learning rate ``lr``; the bounds come from the arithmetic, not from one CPU.
+
+    Two runs that sum a gradient in another order differ in its last bits (u = 6e-8). For a weight whose gradient
+    is large against AdamW's ε the update lr·m̂/(√v̂ + ε) does not depend on the gradient's scale, so it moves by
+    ~u relative: after a few updates such weights agree to far below 1e-6 (BULK_ATOL). A weight whose gradient sits
+    near ε is the exception: there a rounding-level change of g changes the update by up to ~lr, and which weights
+    those are, and by how much, depends on the CPU's kernels. So: every weight within the most AdamW can move in
+    ``updates`` steps (|Δθ| ≤ lr·(1 − β1)/√(1 − β2) ≈ 3.2·lr a step, Kingma & Ba 2015 §2.1, twice: one run each
+    way), and at most 1 % of them beyond BULK_ATOL. A real difference in training (another batch, another
+    normalisation, a process training alone) moves nearly every weight by far more than BULK_ATOL."""
+    assert sorted(reference) == sorted(other), what
+    worst = 2 * 3.2 * lr * updates
+    beyond = total = 0
+    for name, a in reference.items():
+        diff = (other[name].double() - a.double()).abs()
+        assert float(diff.max()) <= worst, f"{what} {name}: {float(diff.max()):.3g} > {worst:.3g}"
+        beyond += int((diff > BULK_ATOL).sum())
+        total += diff.numel()
+    assert beyond <= 0.01 * total, f"{what}: {beyond} of {total} weights differ by more than {BULK_ATOL}"
+
+
+BULK_ATOL = 1e-6

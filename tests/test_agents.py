@@ -1,5 +1,6 @@
 """Agents: tool-call parsing, environments and their faults, multi-turn transcripts (which tokens are actions),
 log-probs across turns, and agent training runs on the online loop (docs/agents.md)."""
+
 import json
 from types import SimpleNamespace
 
@@ -24,8 +25,16 @@ def long_llama(tmp_path_factory, tokenizer):
     """A tiny llama with room for a few turns of JSON tool calls (512 positions)."""
     from tether.models.lm import build_tiny_model
 
-    return build_tiny_model("llama", tokenizer, tmp_path_factory.mktemp("agent") / "llama", seed=0, hidden=32,
-                            layers=2, heads=2, max_positions=512)
+    return build_tiny_model(
+        "llama",
+        tokenizer,
+        tmp_path_factory.mktemp("agent") / "llama",
+        seed=0,
+        hidden=32,
+        layers=2,
+        heads=2,
+        max_positions=512,
+    )
 
 
 def agent_cfg(env, **kw):
@@ -34,43 +43,65 @@ def agent_cfg(env, **kw):
 
 
 def test_tool_calls_are_parsed_and_malformed_ones_say_why():
-    text = ('First <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call> then '
-            '<tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"hi\\"}"}</tool_call>')
-    assert parse_tool_calls(text) == [{"name": "add", "arguments": {"a": 2, "b": 3}},
-                                      {"name": "echo", "arguments": {"text": "hi"}}]
+    text = (
+        'First <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call> then '
+        '<tool_call>{"name": "echo", "arguments": "{\\"text\\": \\"hi\\"}"}</tool_call>'
+    )
+    assert parse_tool_calls(text) == [
+        {"name": "add", "arguments": {"a": 2, "b": 3}},
+        {"name": "echo", "arguments": {"text": "hi"}},
+    ]
     assert parse_tool_calls("The answer is 5.") == []
     bad = parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 2</tool_call>')
     assert "not valid JSON" in bad[0]["error"]
-    assert "a JSON object with a \"name\"" in parse_tool_calls('<tool_call>[1, 2]</tool_call>')[0]["error"]
-    assert "must be a JSON object" in parse_tool_calls('<tool_call>{"name": "add", "arguments": 3}</tool_call>')[0]["error"]
+    assert 'a JSON object with a "name"' in parse_tool_calls("<tool_call>[1, 2]</tool_call>")[0]["error"]
+    assert (
+        "must be a JSON object"
+        in parse_tool_calls('<tool_call>{"name": "add", "arguments": 3}</tool_call>')[0]["error"]
+    )
     # a call cut off before its closing tag is read to the end of the turn
     assert parse_tool_calls('<tool_call>{"name": "echo", "arguments": {"text": "x"}}') == [
-        {"name": "echo", "arguments": {"text": "x"}}]
+        {"name": "echo", "arguments": {"text": "x"}}
+    ]
 
 
 def test_tool_schema_from_the_signature_and_docstring():
-    assert tool_schema(add) == {"type": "function", "function": {
-        "name": "add", "description": "Add two integers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                       "required": ["a"]}}}
+    assert tool_schema(add) == {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a"],
+            },
+        },
+    }
 
 
 def test_failed_calls_are_observations_not_crashes():
     env = EchoTools()
     env.reset({"prompt": "go"})
-    result = env.step('<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
-                      '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
-                      '<tool_call>{"name": "add", "arguments": {"c": 1}}</tool_call>'
-                      '<tool_call>{"name": "broken", "arguments": {"x": "y"}}</tool_call>'
-                      '<tool_call>{oops}</tool_call>')
+    result = env.step(
+        '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+        '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "add", "arguments": {"c": 1}}</tool_call>'
+        '<tool_call>{"name": "broken", "arguments": {"x": "y"}}</tool_call>'
+        "<tool_call>{oops}</tool_call>"
+    )
     contents = [m["content"] for m in result.messages]
     assert contents[0] == "HI" and all(c.startswith("error: ") for c in contents[1:])
     assert "there is no tool 'nope'" in contents[1] and "add:" in contents[2]
     assert "broken raised ValueError: out of order" in contents[3] and "not valid JSON" in contents[4]
     assert [m["role"] for m in result.messages] == ["tool"] * 5 and not result.done
-    assert result.info["calls"] == [{"name": "echo", "ok": True}, {"name": "nope", "ok": False},
-                                    {"name": "add", "ok": False}, {"name": "broken", "ok": False},
-                                    {"name": "?", "ok": False}]
+    assert result.info["calls"] == [
+        {"name": "echo", "ok": True},
+        {"name": "nope", "ok": False},
+        {"name": "add", "ok": False},
+        {"name": "broken", "ok": False},
+        {"name": "?", "ok": False},
+    ]
     final = env.step("ECHO done.")
     assert final.done and env.outcome() == Outcome({"answered": 1.0}, True, None)
 
@@ -92,8 +123,12 @@ def test_the_loss_mask_covers_exactly_the_policy_tokens(long_llama):
     assert policy == call + "<|im_end|>" + "ECHO HI" + "<|im_end|>"  # both turns, each with its stop token
     assert env == "\n<|im_start|>tool\nHI<|im_end|>\n<|im_start|>assistant\n"  # template glue + tool message
     # prompt + transcript is exactly the chat template's rendering of the whole conversation
-    conversation = [{"role": "user", "content": "Shout hi."}, {"role": "assistant", "content": call},
-                    {"role": "tool", "content": "HI"}, {"role": "assistant", "content": "ECHO HI"}]
+    conversation = [
+        {"role": "user", "content": "Shout hi."},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": "HI"},
+        {"role": "assistant", "content": "ECHO HI"},
+    ]
     whole = tok.apply_chat_template(conversation, tokenize=False)
     prompt = tok.decode(rollout.prompt_ids[0][rollout.prompt_mask[0].bool()], skip_special_tokens=False)
     assert prompt + tok.decode(ids[:n], skip_special_tokens=False) + "\n" == whole
@@ -139,12 +174,19 @@ def test_turn_and_token_budgets_end_episodes_marked_truncated(long_llama):
 def test_environment_faults_stop_or_are_scored_and_counted(long_llama):
     with pytest.raises(EnvironmentFault, match="Counting.step raised RuntimeError: the environment broke"):
         scripted_episodes(long_llama, ["a"], env=f"{HELPERS}:Counting(fail_at=2)")
-    _, sampler, (rollout, scores) = scripted_episodes(long_llama, ["a"], env=f"{HELPERS}:Counting(fail_at=2)",
-                                                      env_on_error="score")
+    _, sampler, (rollout, scores) = scripted_episodes(
+        long_llama, ["a"], env=f"{HELPERS}:Counting(fail_at=2)", env_on_error="score"
+    )
     assert sampler.error_counts() == {"env": 2} and scores.total.tolist() == [-1.0, -1.0]
     assert scores.records[0]["end"] == "error" and "broke" in scores.records[0]["error"]
-    _, sampler, (_, scores) = scripted_episodes(long_llama, ["a"], env=f"{HELPERS}:Counting(hang_at=1)",
-                                                env_on_error="score", env_timeout=0.2, rows=[{"prompt": "x"}])
+    _, sampler, (_, scores) = scripted_episodes(
+        long_llama,
+        ["a"],
+        env=f"{HELPERS}:Counting(hang_at=1)",
+        env_on_error="score",
+        env_timeout=0.2,
+        rows=[{"prompt": "x"}],
+    )
     assert sampler.error_counts() == {"env": 1} and "within 0.2 s" in scores.records[0]["error"]
     with pytest.raises(ConfigError, match="no file"):
         scripted_episodes(long_llama, ["a"], env="missing.py:Env")
@@ -179,11 +221,23 @@ def train_config(stage, model_dir, prompts, out, **extra):
     from tether.stages.grpo_config import GRPOConfig
     from tether.stages.ppo_config import PPOConfig
 
-    overrides = {"model.path": str(model_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
-                 "agent.env": f"{HELPERS}:Counting(turns=3)", "agent.max_total_tokens": 64,
-                 "rollout.prompts_per_step": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 8,
-                 "train.max_steps": 4, "optim.lr": 1e-3, "train.output": str(out), "train.eval_every": 4,
-                 "train.save_every": 2, "train.sample_every": 1, "train.report_to": ["none"]}
+    overrides = {
+        "model.path": str(model_dir),
+        "rollout.prompts": str(prompts),
+        "rollout.eval_prompts": str(prompts),
+        "agent.env": f"{HELPERS}:Counting(turns=3)",
+        "agent.max_total_tokens": 64,
+        "rollout.prompts_per_step": 2,
+        "rollout.group_size": 2,
+        "rollout.max_new_tokens": 8,
+        "train.max_steps": 4,
+        "optim.lr": 1e-3,
+        "train.output": str(out),
+        "train.eval_every": 4,
+        "train.save_every": 2,
+        "train.sample_every": 1,
+        "train.report_to": ["none"],
+    }
     if stage == "ppo":
         overrides.update({"algo.minibatch": 4, "critic.lr": 1e-3})
     overrides.update({k.replace("__", "."): v for k, v in extra.items()})
@@ -211,10 +265,16 @@ def test_multi_turn_training_runs_logs_agent_figures_and_resumes_exactly(stage, 
     assert sample["agent"]["turns"] == 3 and "tool: obs 1" in sample["response"]
     with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
         run(train_config(stage, long_llama, prompts, tmp_path / "killed"), backend=backend)
-    assert run(train_config(stage, long_llama, prompts, tmp_path / "killed", train__resume=True),
-               backend=backend)["resumed_from"] == 2
-    strip = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-                       for line in (p / "metrics.jsonl").read_text().splitlines()]
+    assert (
+        run(train_config(stage, long_llama, prompts, tmp_path / "killed", train__resume=True), backend=backend)[
+            "resumed_from"
+        ]
+        == 2
+    )
+    strip = lambda p: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in (p / "metrics.jsonl").read_text().splitlines()
+    ]
     assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
 
 
@@ -227,14 +287,30 @@ def test_env_and_a_reward_function_together_are_refused(tmp_path):
 
 
 def episode_sample(step, calls=None, success=True, claimed=None, turns=1, score=1.0, final="The answer is 1."):
-    return {"step": step, "response": f"assistant: {final}", "score": score, "length": 10,
-            "agent": {"turns": turns, "calls": calls or {}, "failed_calls": 0, "end": "done", "success": success,
-                      "claimed": claimed, "final": final, "final_tokens": 5, "env_tokens": 0}}
+    return {
+        "step": step,
+        "response": f"assistant: {final}",
+        "score": score,
+        "length": 10,
+        "agent": {
+            "turns": turns,
+            "calls": calls or {},
+            "failed_calls": 0,
+            "end": "done",
+            "success": success,
+            "claimed": claimed,
+            "final": final,
+            "final_tokens": 5,
+            "env_tokens": 0,
+        },
+    }
 
 
 def agent_rows(calls, success, turns=None):
-    return [{"step": i + 1, "agent/tool_calls_mean": c, "agent/success_rate": s, "agent/turns_mean": (turns or [1] * 99)[i]}
-            for i, (c, s) in enumerate(zip(calls, success))]
+    return [
+        {"step": i + 1, "agent/tool_calls_mean": c, "agent/success_rate": s, "agent/turns_mean": (turns or [1] * 99)[i]}
+        for i, (c, s) in enumerate(zip(calls, success))
+    ]
 
 
 def test_tool_call_spam_fires_when_calls_rise_without_success_and_not_when_success_rises():
@@ -287,17 +363,27 @@ def test_claimed_without_state_fires_on_unverified_claims_only():
     late = [episode_sample(5, success=i < 1, claimed=True) for i in range(16)]
     alarm = claimed_without_state([], early + late, MonitorSettings())
     assert alarm and alarm[0].statistics["claimed_unverified_at_start"] == 0.5
-    assert claimed_without_state([], early + [episode_sample(5, success=i < 6, claimed=True) for i in range(16)],
-                                 MonitorSettings()) == []  # +12.5 points: within the noise allowed
+    assert (
+        claimed_without_state(
+            [], early + [episode_sample(5, success=i < 6, claimed=True) for i in range(16)], MonitorSettings()
+        )
+        == []
+    )  # +12.5 points: within the noise allowed
 
 
 def test_text_monitors_read_an_episodes_final_answer_not_its_tool_traffic():
     from tether.diagnostics.monitors import MonitorSettings, length_correlation, phrase_surge
 
     calm = [episode_sample(1, final="The answer is 3.") for _ in range(16)]
-    tooled = [dict(episode_sample(2, {"calc": 1}, final="The answer is 3."),
-                   response='assistant: <tool_call>{"name":"calc"}</tool_call>\ntool: 3\nassistant: The answer is 3.',
-                   length=40, score=float(i % 2)) for i in range(16)]
+    tooled = [
+        dict(
+            episode_sample(2, {"calc": 1}, final="The answer is 3."),
+            response='assistant: <tool_call>{"name":"calc"}</tool_call>\ntool: 3\nassistant: The answer is 3.',
+            length=40,
+            score=float(i % 2),
+        )
+        for i in range(16)
+    ]
     assert phrase_surge([], calm + tooled, MonitorSettings()) == []
     assert length_correlation([], calm + tooled, MonitorSettings()) == []
 
@@ -311,21 +397,29 @@ def test_the_worked_example_of_docs_agents_md_runs(long_llama, tmp_path):
     code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if "class NotesEnv" in block)
     (tmp_path / "notes_env.py").write_text(code)
     call = '<tool_call>{"name": "save_note", "arguments": {"title": "milk", "text": "buy 2"}}</tool_call>'
-    rows = [{"prompt": "Note: milk, buy 2.", "title": "milk", "text": "buy 2"},
-            {"prompt": "Note: eggs, buy 6.", "title": "eggs", "text": "buy 6"}]
-    _, _, (rollout, scores) = scripted_episodes(long_llama, [call, "Saved."], env=f"{tmp_path}/notes_env.py:NotesEnv",
-                                                rows=rows)
+    rows = [
+        {"prompt": "Note: milk, buy 2.", "title": "milk", "text": "buy 2"},
+        {"prompt": "Note: eggs, buy 6.", "title": "eggs", "text": "buy 6"},
+    ]
+    _, _, (rollout, scores) = scripted_episodes(
+        long_llama, [call, "Saved."], env=f"{tmp_path}/notes_env.py:NotesEnv", rows=rows
+    )
     assert scores.total.tolist() == [1.0, 0.0]  # the second note was saved under the wrong title
-    assert [r["success"] for r in scores.records] == [True, False] and [r["claimed"] for r in scores.records] == [True] * 2
+    assert [r["success"] for r in scores.records] == [True, False] and [r["claimed"] for r in scores.records] == [
+        True
+    ] * 2
     assert "tool: saved 'milk'" in rollout.responses[0] and "You may call functions" in rollout.prompts[0]
 
 
 def test_a_template_that_takes_tools_lists_them_itself(long_llama):
     tok = load_tokenizer(long_llama)
-    tok.chat_template = ("{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t['function']['name'] }};"
-                         "{% endfor %}<|im_end|>\n{% endif %}" + tok.chat_template)
-    sampler = AgentSampler(agent_cfg(f"{HELPERS}:EchoTools"), tok, ScriptedBackend(tok, ["ECHO"]), SAMPLING,
-                           [tok.eos_token_id])
+    tok.chat_template = (
+        "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t['function']['name'] }};"
+        "{% endfor %}<|im_end|>\n{% endif %}" + tok.chat_template
+    )
+    sampler = AgentSampler(
+        agent_cfg(f"{HELPERS}:EchoTools"), tok, ScriptedBackend(tok, ["ECHO"]), SAMPLING, [tok.eos_token_id]
+    )
     rollout, _ = sampler([{"prompt": "hi"}])
     assert rollout.prompts[0].startswith("<|im_start|>system\necho;add;broken;<|im_end|>")
     assert "You may call functions" not in rollout.prompts[0]  # not listed twice
@@ -341,8 +435,18 @@ def test_a_run_written_before_the_agent_section_resumes_and_refuses_a_new_env(lo
     (tmp_path / "rules.py").write_text("def size(completions):\n    return [float(len(c)) for c in completions]\n")
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats")])
     out = tmp_path / "run"
-    cfg = lambda **kw: train_config("grpo", long_llama, prompts, out, agent__env="", rewards__reward=[f"{tmp_path}/rules.py:size"],
-                                    agent__max_total_tokens=512, train__max_steps=4, train__keep_checkpoints=2, **kw)
+    cfg = lambda **kw: train_config(
+        "grpo",
+        long_llama,
+        prompts,
+        out,
+        agent__env="",
+        rewards__reward=[f"{tmp_path}/rules.py:size"],
+        agent__max_total_tokens=512,
+        train__max_steps=4,
+        train__keep_checkpoints=2,
+        **kw,
+    )
     run_grpo(cfg())
     saved = yaml.safe_load((out / "config.yaml").read_text())
     del saved["agent"]  # as a tether without agents wrote it
@@ -357,12 +461,19 @@ def test_a_run_written_before_the_agent_section_resumes_and_refuses_a_new_env(lo
 def test_a_template_that_rewrites_earlier_turns_is_refused_with_a_reason(long_llama):
     tok = load_tokenizer(long_llama)
     # like templates that strip the reasoning of earlier turns: only the last message keeps its content
-    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if loop.last %}{{ m['content'] }}"
-                         "{% else %}...{% endif %}<|im_end|>\n{% endfor %}"
-                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if loop.last %}{{ m['content'] }}"
+        "{% else %}...{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     call = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
-    sampler = AgentSampler(agent_cfg(f"{HELPERS}:EchoTools(describe_tools=False)"), tok, ScriptedBackend(tok, [call]),
-                           SAMPLING, [tok.eos_token_id])
+    sampler = AgentSampler(
+        agent_cfg(f"{HELPERS}:EchoTools(describe_tools=False)"),
+        tok,
+        ScriptedBackend(tok, [call]),
+        SAMPLING,
+        [tok.eos_token_id],
+    )
     with pytest.raises(ConfigError, match="rewrites earlier turns"):
         sampler([{"prompt": "hi"}])
 
@@ -375,11 +486,21 @@ def test_an_environment_failing_late_checkpoints_and_resumes_scoring_its_faults(
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
     backend = lambda policy, tok: ShortTurns(policy, tok, length=3)
-    cfg = lambda **kw: train_config("grpo", long_llama, prompts, tmp_path / "run", agent__env=f"{HELPERS}:FailsAfter(calls=30)",
-                                    train__save_every=0, **kw)
+    cfg = lambda **kw: train_config(
+        "grpo",
+        long_llama,
+        prompts,
+        tmp_path / "run",
+        agent__env=f"{HELPERS}:FailsAfter(calls=30)",
+        train__save_every=0,
+        **kw,
+    )
     agent_helpers.STEP_CALLS["n"] = 0
-    with pytest.raises(ConfigError, match=r"step 2: environment FailsAfter.step raised ConnectionError: the service went "
-                                          r"away .*checkpoint-1: fix the environment .*--env-on-error score"):
+    with pytest.raises(
+        ConfigError,
+        match=r"step 2: environment FailsAfter.step raised ConnectionError: the service went "
+        r"away .*checkpoint-1: fix the environment .*--env-on-error score",
+    ):
         run_grpo(cfg(), backend=backend)  # evaluation and step 1 take 12 step() calls each, step 2 fails
     agent_helpers.STEP_CALLS["n"] = 0
     summary = run_grpo(cfg(train__resume=True, agent__env_on_error="score"), backend=backend)

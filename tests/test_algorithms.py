@@ -1,4 +1,5 @@
 """Hand-computed cases for the pure functions in tether.algorithms and the LR schedule."""
+
 import math
 
 import pytest
@@ -126,7 +127,9 @@ def test_help_needs_neither_torch_nor_transformers():
     import subprocess
     import sys
 
-    code = ("import sys, tether.cli; tether.cli.build_parser(); "
-            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, tether.cli; tether.cli.build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

@@ -1,5 +1,6 @@
 """The Python API (tether/api.py, docs/python-api.md): in-memory data, loaded models and callables in, the same
 configs, checks and run folders as the command line out."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _rows(n=16):
-    return [{"prompt": f"What is {i} + 1?\n", "completion": f"{i} + 1 = {i + 1}.", "answer": str(i + 1)} for i in range(n)]
+    return [
+        {"prompt": f"What is {i} + 1?\n", "completion": f"{i} + 1 = {i + 1}.", "answer": str(i + 1)} for i in range(n)
+    ]
 
 
 QUICK = dict(max_steps=2, batch_size=4, micro_batch_size=4, eval_every=0, save_every=0, report_to=["none"])
@@ -29,8 +32,15 @@ def test_sft_takes_a_dataset_and_a_loaded_model_and_writes_them_beside_the_run(l
 
     tokenizer = load_tokenizer(llama_dir)
     model = load_model(llama_dir, tokenizer)
-    run = tether.sft(model=model, tokenizer=tokenizer, data=Dataset.from_list(_rows()), output=str(tmp_path / "sft"),
-                     eval_data=_rows(4), learning_rate=1e-3, **QUICK)  # TRL's name for lr, as in a flat YAML
+    run = tether.sft(
+        model=model,
+        tokenizer=tokenizer,
+        data=Dataset.from_list(_rows()),
+        output=str(tmp_path / "sft"),
+        eval_data=_rows(4),
+        learning_rate=1e-3,
+        **QUICK,
+    )  # TRL's name for lr, as in a flat YAML
     assert isinstance(run, tether.RunResult) and run.stage == "sft" and run.summary["steps"] == 2
     inputs = tmp_path / "sft-inputs"
     assert (inputs / "data.jsonl").read_text().count("\n") == 16 and (inputs / "model" / "config.json").is_file()
@@ -39,9 +49,16 @@ def test_sft_takes_a_dataset_and_a_loaded_model_and_writes_them_beside_the_run(l
     trained, _ = run.load()
     assert trained.config.vocab_size == model.config.vocab_size
     # resume from Python with the same inputs: the written files are the same, so the run continues
-    again = tether.sft(model=model, tokenizer=tokenizer, data=Dataset.from_list(_rows()), output=str(tmp_path / "sft"),
-                       eval_data=_rows(4), learning_rate=1e-3, **{**QUICK, "max_steps": 3, "save_every": 1},
-                       overwrite=True)
+    again = tether.sft(
+        model=model,
+        tokenizer=tokenizer,
+        data=Dataset.from_list(_rows()),
+        output=str(tmp_path / "sft"),
+        eval_data=_rows(4),
+        learning_rate=1e-3,
+        **{**QUICK, "max_steps": 3, "save_every": 1},
+        overwrite=True,
+    )
     assert again.summary["steps"] == 3
 
 
@@ -78,29 +95,69 @@ def test_grpo_takes_reward_callables_and_resumes_with_them(llama_dir, tmp_path):
         return [-len(c) / 100 for c in completions]
 
     prompts = [{"prompt": r["prompt"], "answer": r["answer"]} for r in _rows(8)]
-    run = tether.grpo(model=str(llama_dir), prompts=prompts, reward_funcs=[correct, (short, 0.5)],
-                      output=str(tmp_path / "g"), num_generations=2, prompts_per_step=2, max_completion_length=4,
-                      max_steps=2, eval_every=0, save_every=1, report_to=["none"])
+    run = tether.grpo(
+        model=str(llama_dir),
+        prompts=prompts,
+        reward_funcs=[correct, (short, 0.5)],
+        output=str(tmp_path / "g"),
+        num_generations=2,
+        prompts_per_step=2,
+        max_completion_length=4,
+        max_steps=2,
+        eval_every=0,
+        save_every=1,
+        report_to=["none"],
+    )
     assert run.summary["steps"] == 2
     config = (tmp_path / "g" / "config.yaml").read_text()
     assert "python:correct" in config and "python:short=0.5" in config
     last = [json.loads(line) for line in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()][-1]
     assert "reward/correct/mean" in last and "reward/short/mean" in last
     assert seen[0] == 0 and seen[-1] == 1  # the dry call at step 0, then each step's trainer_state
-    cli = subprocess.run([sys.executable, "-m", "tether", "grpo", "--config", str(tmp_path / "g" / "config.yaml"),
-                          "--resume", "--max-steps", "3"], capture_output=True, text=True, timeout=300)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "grpo",
+            "--config",
+            str(tmp_path / "g" / "config.yaml"),
+            "--resume",
+            "--max-steps",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert cli.returncode == 2 and "handed to tether's Python API in another process" in cli.stderr
-    resumed = tether.grpo(model=str(llama_dir), prompts=prompts, reward_funcs=[correct, (short, 0.5)],
-                          output=str(tmp_path / "g"), num_generations=2, prompts_per_step=2, max_completion_length=4,
-                          max_steps=3, eval_every=0, save_every=1, report_to=["none"], resume=True)
+    resumed = tether.grpo(
+        model=str(llama_dir),
+        prompts=prompts,
+        reward_funcs=[correct, (short, 0.5)],
+        output=str(tmp_path / "g"),
+        num_generations=2,
+        prompts_per_step=2,
+        max_completion_length=4,
+        max_steps=3,
+        eval_every=0,
+        save_every=1,
+        report_to=["none"],
+        resume=True,
+    )
     assert resumed.summary["resumed_from"] == 2 and resumed.summary["steps"] == 3
 
 
 @pytest.mark.slow
 def test_the_python_api_example_runs_every_stage(tmp_path):
     """examples/python_api.py: sft, rm, dpo, kto, grpo and ppo from Python, each with its in-memory inputs."""
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "python_api.py"), "--output", str(tmp_path / "api"),
-                          "--steps", "2"], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "python_api.py"), "--output", str(tmp_path / "api"), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(figures) == {"sft", "rm", "dpo", "kto", "grpo", "ppo"}

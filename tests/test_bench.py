@@ -1,4 +1,5 @@
 """`tether bench`: the FLOP counts by hand and the report's shape (times are measured, never asserted)."""
+
 from __future__ import annotations
 
 import json
@@ -30,15 +31,41 @@ def test_the_command_prints_a_table_and_writes_json(monkeypatch, tmp_path, capsy
 
     monkeypatch.setitem(bench.SIZES, "tiny", (32, 1, 2, 64))
     out = tmp_path / "bench.json"
-    assert main(["bench", "--models", "tiny", "--precisions", "fp32,bf16", "--batch", "2", "--length", "8",
-                 "--new-tokens", "2", "--repeats", "1", "--matmul-size", "64", "--data", str(addition_files[0]),
-                 "--model", str(llama_dir), "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--models",
+                "tiny",
+                "--precisions",
+                "fp32,bf16",
+                "--batch",
+                "2",
+                "--length",
+                "8",
+                "--new-tokens",
+                "2",
+                "--repeats",
+                "1",
+                "--matmul-size",
+                "64",
+                "--data",
+                str(addition_files[0]),
+                "--model",
+                str(llama_dir),
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert set(result["peak_gflops"]) == {"fp32", "bf16"} and all(v > 0 for v in result["peak_gflops"].values())
     assert [(r["model"], r["precision"]) for r in result["runs"]] == [("tiny", "fp32"), ("tiny", "bf16")]
     row = result["runs"][0]["phases"][0]
     assert row["phase"] == "forward" and row["share_of_peak"] == pytest.approx(
-        row["gflops_per_s"] / result["peak_gflops"]["fp32"])
+        row["gflops_per_s"] / result["peak_gflops"]["fp32"]
+    )
     padding = result["padding"]
     assert padding["examples"] == 200 and 0 <= padding["padding_share"] < 1
     assert padding["positions"] >= padding["padding_free_positions"] >= padding["real_tokens"]
@@ -48,10 +75,20 @@ def test_the_command_prints_a_table_and_writes_json(monkeypatch, tmp_path, capsy
 @pytest.mark.slow
 def test_compile_phases_time_the_compilation_and_the_steady_step(monkeypatch):
     monkeypatch.setitem(bench.SIZES, "tiny", (32, 1, 2, 64))
-    result = bench.run_bench(models=("tiny",), precisions=("fp32",), batch=2, length=8, new_tokens=2, repeats=1,
-                             matmul_size=64, compile_model=True)
-    rows = {r["phase"].split(" (")[0] + (" compiled" if "torch.compile" in r["phase"] else ""): r
-            for r in result["runs"][0]["phases"]}
+    result = bench.run_bench(
+        models=("tiny",),
+        precisions=("fp32",),
+        batch=2,
+        length=8,
+        new_tokens=2,
+        repeats=1,
+        matmul_size=64,
+        compile_model=True,
+    )
+    rows = {
+        r["phase"].split(" (")[0] + (" compiled" if "torch.compile" in r["phase"] else ""): r
+        for r in result["runs"][0]["phases"]
+    }
     assert rows["forward+backward compiled"]["seconds"] > 0
     first = next(r for r in result["runs"][0]["phases"] if r["phase"].startswith("compile, first call"))
     assert first["seconds"] > rows["forward+backward compiled"]["seconds"]  # the first call compiles
@@ -64,19 +101,25 @@ def test_online_packing_rebuilds_a_runs_rollouts_and_counts_their_positions(tmp_
 
     from tether.models.lm import load_tokenizer
 
-    spec = importlib.util.spec_from_file_location("online_packing", Path(__file__).parents[1] / "bench" / "online_packing.py")
+    spec = importlib.util.spec_from_file_location(
+        "online_packing", Path(__file__).parents[1] / "bench" / "online_packing.py"
+    )
     online_packing = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(online_packing)
     tok = load_tokenizer(llama_dir)
-    samples = [{"step": 1, "prompt": "1+2=", "response": "3", "truncated": False},
-               {"step": 1, "prompt": "10+20=", "response": "30 and more", "truncated": True},
-               {"step": 2, "prompt": "4+4=", "response": "8", "truncated": False}]
+    samples = [
+        {"step": 1, "prompt": "1+2=", "response": "3", "truncated": False},
+        {"step": 1, "prompt": "10+20=", "response": "30 and more", "truncated": True},
+        {"step": 2, "prompt": "4+4=", "response": "8", "truncated": False},
+    ]
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
     rollouts = online_packing.rollouts_from_samples(tmp_path, tok, limit=1)
     assert len(rollouts) == 1
     r = rollouts[0]
     lengths = [len(tok(s["prompt"], add_special_tokens=False)["input_ids"]) for s in samples[:2]]
-    answers = [len(tok(s["response"], add_special_tokens=False)["input_ids"]) + (not s["truncated"]) for s in samples[:2]]
+    answers = [
+        len(tok(s["response"], add_special_tokens=False)["input_ids"]) + (not s["truncated"]) for s in samples[:2]
+    ]
     assert r.prompt_mask.sum(-1).tolist() == lengths and r.response_mask.sum(-1).tolist() == answers
     assert r.prompt_mask[:, -1].tolist() == [1, 1] and r.response_mask[:, 0].tolist() == [1, 1]  # left / right padded
     assert r.response_ids[0, answers[0] - 1].item() == tok.eos_token_id

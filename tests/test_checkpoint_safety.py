@@ -1,5 +1,6 @@
 """Checkpoints hold tensors and JSON only: the training state round-trips exactly, resuming never unpickles (a
 poisoned pickle planted in a checkpoint is never executed), and a damaged state file is named, not a traceback."""
+
 import math
 import pickle
 import random
@@ -38,8 +39,12 @@ def test_state_round_trips_exactly(tmp_path):
     _, optimizer, scheduler = _trained_optimizer()
     random.seed(3)
     np.random.seed(4)
-    tree = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-            "odd": {1: (float("nan"), -math.inf), "s": [None, True, "x"]}}
+    tree = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_state(),
+        "odd": {1: (float("nan"), -math.inf), "s": [None, True, "x"]},
+    }
     save_state(tmp_path / "state", tree)
     back = load_state(tmp_path / "state")
     assert set(tmp_path.iterdir()) == {tmp_path / "state.safetensors", tmp_path / "state.json"}
@@ -62,8 +67,15 @@ def test_state_is_written_in_place_and_shared_memory_is_copied(tmp_path, monkeyp
 
     base = torch.arange(12.0)
     owned = torch.randn(5)
-    tree = {"owned": owned, "whole": base, "view": base[2:6], "again": base, "transposed": torch.ones(2, 3).t(),
-            "empty": torch.zeros(0), "empty2": torch.zeros(0)}
+    tree = {
+        "owned": owned,
+        "whole": base,
+        "view": base[2:6],
+        "again": base,
+        "transposed": torch.ones(2, 3).t(),
+        "empty": torch.zeros(0),
+        "empty2": torch.zeros(0),
+    }
     written, save_file = {}, state_io.save_file
 
     def capture(tensors, filename):

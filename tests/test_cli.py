@@ -1,4 +1,5 @@
 """The command line: data check, and bad input reaching the user as one clear line, not a traceback."""
+
 import subprocess
 import sys
 
@@ -8,8 +9,9 @@ from tether.cli import main
 
 
 def test_data_check_prints_counts_and_the_loss_mask(llama_dir, tmp_path, capsys):
-    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "What is 1 + 2?\n", "completion": "3."},
-                                              {"prompt": "x", "completion": ""}])
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"prompt": "What is 1 + 2?\n", "completion": "3."}, {"prompt": "x", "completion": ""}]
+    )
     assert main(["data", "check", str(path), "--model", str(llama_dir)]) == 0
     err = capsys.readouterr().err
     assert "2 records (prompt/completion) -> 1 examples" in err
@@ -20,8 +22,9 @@ def test_data_check_prints_counts_and_the_loss_mask(llama_dir, tmp_path, capsys)
 def test_bad_data_exits_2_with_the_file_and_line(llama_dir, tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": "b"\n')
-    code = main(["sft", "--model", str(llama_dir), "--data", str(path), "--output", str(tmp_path / "o"),
-                 "--report-to", "none"])
+    code = main(
+        ["sft", "--model", str(llama_dir), "--data", str(path), "--output", str(tmp_path / "o"), "--report-to", "none"]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "tether sft: error:" in err and "bad.jsonl:2: not valid JSON" in err
@@ -50,15 +53,33 @@ def test_an_unknown_flag_gets_the_stage_usage_and_the_flag_it_most_likely_meant(
 
 def test_flags_spelt_with_underscores_are_the_dashed_flags(tmp_path, capsys):
     # TRL and LLaMA-Factory users write --max_steps; the run reaches the same check as with --max-steps
-    assert main(["sft", "--data", "x.jsonl", "--max_steps", "3", "--micro_batch_size=2", "--output",
-                 str(tmp_path / "o")]) == 2
+    assert (
+        main(["sft", "--data", "x.jsonl", "--max_steps", "3", "--micro_batch_size=2", "--output", str(tmp_path / "o")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--model is required" in err and "unrecognized" not in err
 
 
 def test_trl_names_are_accepted_for_the_same_options(tmp_path, capsys):
-    assert main(["sft", "--model_name_or_path", str(tmp_path / "m"), "--learning_rate", "1e-4", "--num_train_epochs",
-                 "2", "--data", str(tmp_path / "nope.jsonl"), "--output_dir", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "sft",
+                "--model_name_or_path",
+                str(tmp_path / "m"),
+                "--learning_rate",
+                "1e-4",
+                "--num_train_epochs",
+                "2",
+                "--data",
+                str(tmp_path / "nope.jsonl"),
+                "--output_dir",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err  # every flag was understood: the run reached the missing model folder
     assert "/m: not a folder" in err and "unrecognized" not in err
 
@@ -68,7 +89,9 @@ def test_data_check_shows_preference_masks_and_rl_prompts(llama_dir, tmp_path, c
     assert main(["data", "check", str(prefs), "--model", str(llama_dir)]) == 0
     err = capsys.readouterr().err
     assert "1 records (pairs) -> 1 examples" in err and "Q: ⟦yes<|im_end|>⟧" in err and "Q: ⟦no<|im_end|>⟧" in err
-    prompts = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": [{"role": "user", "content": "Add 1 and 2."}], "answer": 3}])
+    prompts = write_jsonl(
+        tmp_path / "rl.jsonl", [{"prompt": [{"role": "user", "content": "Add 1 and 2."}], "answer": 3}]
+    )
     assert main(["data", "check", str(prompts), "--model", str(llama_dir)]) == 0
     err = capsys.readouterr().err
     assert "1 RL prompts (chat messages)" in err and "columns reward functions receive by name: ['answer']" in err

@@ -1,4 +1,5 @@
 """Config precedence, validation messages, and the command line built from the dataclasses."""
+
 import pytest
 
 from tether.cli import build_parser, main
@@ -20,10 +21,12 @@ def test_precedence_defaults_then_yaml_then_flags(tmp_path):
 
 def test_a_repeated_list_flag_adds_up_instead_of_replacing(tmp_path):
     from tether.stages.grpo_config import GRPOConfig
+
     yaml_file = tmp_path / "run.yaml"
     yaml_file.write_text("rewards:\n  reward: [from_yaml:f]\n")
-    args = build_parser().parse_args(["grpo", "--config", str(yaml_file), "--reward", "m:a(x=1,y=2)=0.5,m:b",
-                                      "--reward", "m:c"])
+    args = build_parser().parse_args(
+        ["grpo", "--config", str(yaml_file), "--reward", "m:a(x=1,y=2)=0.5,m:b", "--reward", "m:c"]
+    )
     cfg = config_from_args(GRPOConfig, args)
     assert cfg.rewards.reward == ["m:a(x=1,y=2)=0.5", "m:b", "m:c"]  # the flags replace the file's list, and add up
 
@@ -68,12 +71,16 @@ def test_a_flat_yaml_of_flag_names_and_trl_names_is_the_nested_one(tmp_path):
     from tether.stages.grpo_config import GRPOConfig
 
     flat = tmp_path / "flat.yaml"
-    flat.write_text("model_name_or_path: m\nlearning_rate: 1.0e-5\nmax_steps: 7\nnum_generations: 4\n"
-                    "max-new-tokens: 32\nprompts: p.jsonl\nreward: [r.py:f]\nbf16: true\noutput_dir: out\n")
+    flat.write_text(
+        "model_name_or_path: m\nlearning_rate: 1.0e-5\nmax_steps: 7\nnum_generations: 4\n"
+        "max-new-tokens: 32\nprompts: p.jsonl\nreward: [r.py:f]\nbf16: true\noutput_dir: out\n"
+    )
     nested = tmp_path / "nested.yaml"
-    nested.write_text("model: {path: m, mixed_precision: bf16}\noptim: {lr: 1.0e-5}\n"
-                      "train: {max_steps: 7, output: out}\nrollout: {group_size: 4, max_new_tokens: 32, prompts: p.jsonl}\n"
-                      "rewards: {reward: [r.py:f]}\n")
+    nested.write_text(
+        "model: {path: m, mixed_precision: bf16}\noptim: {lr: 1.0e-5}\n"
+        "train: {max_steps: 7, output: out}\nrollout: {group_size: 4, max_new_tokens: 32, prompts: p.jsonl}\n"
+        "rewards: {reward: [r.py:f]}\n"
+    )
     a = build_config(GRPOConfig, load_yaml(flat), source=str(flat))
     b = build_config(GRPOConfig, load_yaml(nested), source=str(nested))
     assert config_to_dict(a) == config_to_dict(b)
@@ -88,8 +95,10 @@ def test_a_runs_own_config_yaml_is_accepted_back(tmp_path):
     from tether.config import config_to_dict, load_yaml
     from tether.stages.grpo_config import GRPOConfig
 
-    cfg = build_config(GRPOConfig, overrides={"model.path": "m", "rollout.prompts": "p.jsonl", "rewards.reward": ["r.py:f"],
-                                              "train.max_steps": 3})
+    cfg = build_config(
+        GRPOConfig,
+        overrides={"model.path": "m", "rollout.prompts": "p.jsonl", "rewards.reward": ["r.py:f"], "train.max_steps": 3},
+    )
     saved = tmp_path / "config.yaml"  # as a run writes it: the settings and the plan table
     saved.write_text(yaml.safe_dump({**config_to_dict(cfg), "plan": {"recipe": "grpo", "processes": 1}}))
     assert config_to_dict(build_config(GRPOConfig, load_yaml(saved))) == config_to_dict(cfg)

@@ -1,6 +1,7 @@
 """Every option declared once and validated once: the same invalid value fails with an error naming the field
 whether it comes from a YAML file, from build_config (the lab's programmatic configs) or from dataclasses built
 in Python; renamed keys keep working with a warning; cross-field rules; derived values."""
+
 import logging
 
 import pytest
@@ -44,8 +45,9 @@ def _yaml(tmp_path, section, field, value):
 
 
 @pytest.mark.parametrize("stage, config_cls, section, field, value, message", INVALID)
-def test_an_invalid_value_names_its_field_from_yaml_and_from_python(tmp_path, stage, config_cls, section, field, value,
-                                                                    message):
+def test_an_invalid_value_names_its_field_from_yaml_and_from_python(
+    tmp_path, stage, config_cls, section, field, value, message
+):
     path = _yaml(tmp_path, section, field, value)
     args = build_parser().parse_args([stage, "--config", str(path)])
     with pytest.raises(ConfigError, match=rf"run.yaml: {section} section: {message}"):
@@ -104,7 +106,12 @@ def test_cross_field_rules_are_checked_at_construction():
 
 def test_stage_defaults_recipes_and_derived_values():
     ppo, grpo, dpo = build_config(PPOConfig), build_config(GRPOConfig), build_config(DPOConfig)
-    assert (ppo.rollout.max_new_tokens, ppo.algo.kl_estimator, ppo.optim.lr, ppo.optim.lr_schedule) == (64, "k1", 1e-5, "constant")
+    assert (ppo.rollout.max_new_tokens, ppo.algo.kl_estimator, ppo.optim.lr, ppo.optim.lr_schedule) == (
+        64,
+        "k1",
+        1e-5,
+        "constant",
+    )
     assert (grpo.rollout.group_size, grpo.algo.kl_estimator, grpo.optim.lr) == (8, "k3", 1e-6)
     assert (dpo.optim.lr_schedule, dpo.rollout.group_size) == ("cosine", 2)
     assert PPOConfig() == ppo and GRPOConfig().algo.kl_coef == 0.04  # Python-built configs get the same defaults
@@ -121,20 +128,31 @@ def test_stage_defaults_recipes_and_derived_values():
 
 def test_renamed_keys_and_flags_keep_working_with_a_warning(tmp_path, caplog):
     old_yaml = tmp_path / "old.yaml"
-    old_yaml.write_text("roles:\n  policy: p\n  reward_model: r\nppo:\n  steps: 7\n  policy_lr: 0.003\n  ppo_epochs: 3\n"
-                        "run:\n  seed: 5\n")
+    old_yaml.write_text(
+        "roles:\n  policy: p\n  reward_model: r\nppo:\n  steps: 7\n  policy_lr: 0.003\n  ppo_epochs: 3\n"
+        "run:\n  seed: 5\n"
+    )
     with caplog.at_level(logging.WARNING, logger="tether.config"):
         cfg = config_from_args(PPOConfig, build_parser().parse_args(["ppo", "--config", str(old_yaml)]))
-    assert (cfg.model.path, cfg.rewards.reward_model, cfg.train.max_steps, cfg.optim.lr, cfg.algo.update_epochs,
-            cfg.train.seed) == ("p", "r", 7, 0.003, 3, 5)
+    assert (
+        cfg.model.path,
+        cfg.rewards.reward_model,
+        cfg.train.max_steps,
+        cfg.optim.lr,
+        cfg.algo.update_epochs,
+        cfg.train.seed,
+    ) == ("p", "r", 7, 0.003, 3, 5)
     assert "ppo.steps is now called train.max_steps" in caplog.text
     args = build_parser().parse_args(["ppo", "--policy", "p", "--steps", "9", "--policy-lr", "0.01"])
     cfg = config_from_args(PPOConfig, args)
     assert (cfg.model.path, cfg.train.max_steps, cfg.optim.lr) == ("p", 9, 0.01)
-    grpo = build_config(GRPOConfig, {"model": {"policy": "p"}, "algo": {"lr": 0.1, "inner_iterations": 2},
-                                     "run": {"steps": 4}})
+    grpo = build_config(
+        GRPOConfig, {"model": {"policy": "p"}, "algo": {"lr": 0.1, "inner_iterations": 2}, "run": {"steps": 4}}
+    )
     assert (grpo.model.path, grpo.optim.lr, grpo.algo.update_epochs, grpo.train.max_steps) == ("p", 0.1, 2, 4)
-    dpo = build_config(DPOConfig, {"online": {"prompts": "x.jsonl", "prompts_per_round": 12}, "dpo": {"reference": "r"}})
+    dpo = build_config(
+        DPOConfig, {"online": {"prompts": "x.jsonl", "prompts_per_round": 12}, "dpo": {"reference": "r"}}
+    )
     assert (dpo.rollout.prompts, dpo.rollout.prompts_per_step, dpo.model.reference) == ("x.jsonl", 12, "r")
     with pytest.raises(ConfigError, match=r"unknown field ppo.nonsense; algo has \['adaptive_kl'"):
         build_config(PPOConfig, {"ppo": {"nonsense": 1}})

@@ -1,4 +1,5 @@
 """Data formats, the loss mask in token space, the drop policy, and every bad input's error."""
+
 import json
 
 import datasets
@@ -47,17 +48,26 @@ def test_train_on_prompt_trains_everything_but_the_first_token(tokenizer, tmp_pa
 
 
 def test_messages_train_every_assistant_turn_up_to_eos(tokenizer, tmp_path):
-    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
-                {"role": "user", "content": "how are you?"}, {"role": "assistant", "content": "fine"}]
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "how are you?"},
+        {"role": "assistant", "content": "fine"},
+    ]
     (ex,), report = tokenize(tokenizer, [{"messages": messages}], tmp_path)
     assert report.format == "messages"
     assert trained_text(tokenizer, ex) == "hi<|im_end|>fine<|im_end|>"  # not the newline after EOS, not user turns
 
 
 def test_conversational_prompt_completion_trains_only_the_completion(tokenizer, tmp_path):
-    row = {"prompt": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
-                      {"role": "user", "content": "and?"}],
-           "completion": [{"role": "assistant", "content": "fine"}]}
+    row = {
+        "prompt": [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "and?"},
+        ],
+        "completion": [{"role": "assistant", "content": "fine"}],
+    }
     (ex,), _ = tokenize(tokenizer, [row], tmp_path)
     assert trained_text(tokenizer, ex) == "fine<|im_end|>"
 
@@ -70,8 +80,11 @@ def test_text_format_trains_all_tokens_and_appends_eos(tokenizer, tmp_path):
 
 
 def test_empty_completion_and_overlong_are_dropped_and_counted(tokenizer, tmp_path):
-    rows = [{"prompt": "a", "completion": "  "}, {"prompt": "b", "completion": "ok"},
-            {"prompt": "c", "completion": "x" * 300}]
+    rows = [
+        {"prompt": "a", "completion": "  "},
+        {"prompt": "b", "completion": "ok"},
+        {"prompt": "c", "completion": "x" * 300},
+    ]
     examples, report = tokenize(tokenizer, rows, tmp_path, max_length=64)
     assert len(examples) == 1
     assert report.dropped == {"empty completion": 1, "longer than max_length=64 tokens": 1}
@@ -89,16 +102,26 @@ def test_strict_turns_a_drop_into_an_error_naming_the_line(tokenizer, tmp_path):
 
 def test_strict_names_the_first_bad_record_whichever_check_finds_it(tokenizer, tmp_path):
     # Line 2 fails only once tokenised (too long), line 3 already when rendered (empty): records are taken in order.
-    rows = [{"prompt": "b", "completion": "ok"}, {"prompt": "c", "completion": "x" * 300}, {"prompt": "a", "completion": ""}]
+    rows = [
+        {"prompt": "b", "completion": "ok"},
+        {"prompt": "c", "completion": "x" * 300},
+        {"prompt": "a", "completion": ""},
+    ]
     with pytest.raises(DataError, match=r"d.jsonl:2: example longer than max_length=64"):
         tokenize(tokenizer, rows, tmp_path, strict=True, max_length=64)
 
 
 def test_tokenising_in_chunks_equals_one_record_at_a_time(tokenizer, tmp_path):
     # 1,100 records span three of tokenize_records' 512-record chunks, with drops inside them and across a boundary.
-    rows = [{"messages": [{"role": "user", "content": f"q {i}"},
-                          {"role": "assistant", "content": "" if i % 97 == 5 else f"answer {i} " * (1 + i % 9)}]}
-            for i in range(1100)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"q {i}"},
+                {"role": "assistant", "content": "" if i % 97 == 5 else f"answer {i} " * (1 + i % 9)},
+            ]
+        }
+        for i in range(1100)
+    ]
     examples, report = tokenize(tokenizer, rows, tmp_path, max_length=40)
     kept = [i for i, r in enumerate(rows) if r["messages"][1]["content"]]
     one_at_a_time = []
@@ -158,7 +181,9 @@ def test_messages_without_chat_template_is_a_clear_error(tokenizer, tmp_path):
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = None
     with pytest.raises(DataError, match="chat template"):
-        tokenize(plain, [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], tmp_path)
+        tokenize(
+            plain, [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], tmp_path
+        )
 
 
 def test_column_mapping(tokenizer, tmp_path):
@@ -203,9 +228,11 @@ def test_collate_right_pads_and_masks(tokenizer):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
 def test_packing_gives_the_same_logits_as_separate_examples(arch, model_dirs, tokenizer, tmp_path):
-    rows = [{"prompt": "What is 1 + 2?\n", "completion": "1 + 2 = 3."},
-            {"prompt": "Tell me about cats.", "completion": " Cats sleep a lot."},
-            {"prompt": "hello", "completion": " there"}]
+    rows = [
+        {"prompt": "What is 1 + 2?\n", "completion": "1 + 2 = 3."},
+        {"prompt": "Tell me about cats.", "completion": " Cats sleep a lot."},
+        {"prompt": "hello", "completion": " there"},
+    ]
     examples, _ = tokenize(tokenizer, rows, tmp_path)
     (row,) = pack_examples(examples, max_length=200)
     assert row.position_ids[: len(examples[0].input_ids)] == list(range(len(examples[0].input_ids)))
@@ -213,7 +240,9 @@ def test_packing_gives_the_same_logits_as_separate_examples(arch, model_dirs, to
     model = load_model(model_dirs[arch], tok).eval()
     with torch.no_grad():
         packed = collate([row], tok.pad_token_id)
-        packed_logits = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits[0]
+        packed_logits = model(
+            input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False
+        ).logits[0]
         start = 0
         for ex in examples:
             alone = model(input_ids=torch.tensor([ex.input_ids]), use_cache=False).logits[0]
@@ -237,7 +266,9 @@ def test_rl_prompt_files_are_checked_row_by_row(tmp_path):
     check([{"prompt": [{"content": "hi"}]}], r"prompts.jsonl:1: prompt message 0 must be \{'role'")
     check([{"prompt": [{"role": "wizard", "content": "hi"}]}], "one of system, user, assistant, tool")
     check([{"question": "a"}], r"prompts.jsonl:1: 'prompt' must be .* \(the row has \['question'\]\)")
-    check([{"prompt": "a", "answer": 1}, {"prompt": "b"}], r"prompts.jsonl:2: the columns differ .* missing \['answer'\]")
+    check(
+        [{"prompt": "a", "answer": 1}, {"prompt": "b"}], r"prompts.jsonl:2: the columns differ .* missing \['answer'\]"
+    )
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "answer": 3}) + "\n")
     assert prompt_rows(good) == [{"prompt": [{"role": "user", "content": "hi"}], "answer": 3}]
@@ -255,8 +286,10 @@ def test_invalid_utf8_unknown_roles_and_empty_files_are_named(tmp_path, tokenize
     bad_json.write_bytes(b'[\n{"text": "a"},\n{"text": "\xff"}\n]')
     with pytest.raises(DataError, match=r"bad.json:3: not valid UTF-8"):
         read_records(bad_json)
-    wizard = write_jsonl(tmp_path / "wizard.jsonl", [{"messages": [{"role": "user", "content": "hi"},
-                                                                   {"role": "wizard", "content": "poof"}]}])
+    wizard = write_jsonl(
+        tmp_path / "wizard.jsonl",
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "poof"}]}],
+    )
     with pytest.raises(DataError, match=r"wizard.jsonl:1: field messages\[1\].role is 'wizard'; roles are"):
         tokenize_records(read_records(wizard), tokenizer, 64)
     (tmp_path / "empty.jsonl").write_text("\n")
@@ -279,18 +312,43 @@ def test_csv_hub_layout_folders_sharegpt_and_content_parts_are_read(tmp_path, to
     write_jsonl(hub / "test.jsonl", rows[:1])
     assert [r.fields for r in read_records(tmp_path / "hub")] == rows
     assert len(read_records(tmp_path / "hub", split="test")) == 1
-    with pytest.raises(DataError, match=r"no data files for split 'valid'; the files' names start with \['test', 'train'\]"):
+    with pytest.raises(
+        DataError, match=r"no data files for split 'valid'; the files' names start with \['test', 'train'\]"
+    ):
         read_records(tmp_path / "hub", split="valid")
-    sharegpt = write_jsonl(tmp_path / "s.jsonl", [{"conversations": [
-        {"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}])
+    sharegpt = write_jsonl(
+        tmp_path / "s.jsonl",
+        [
+            {
+                "conversations": [
+                    {"from": "system", "value": "Be brief."},
+                    {"from": "human", "value": "Hi"},
+                    {"from": "gpt", "value": "Hello."},
+                ]
+            }
+        ],
+    )
     (record,) = read_records(sharegpt)
-    assert record.fields == {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                                          {"role": "assistant", "content": "Hello."}]}
+    assert record.fields == {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+        ]
+    }
     (ex,), _ = tokenize_records([record], tokenizer, 64)
     assert trained_text(tokenizer, ex) == "Hello.<|im_end|>"
-    parts = write_jsonl(tmp_path / "parts.jsonl", [{"messages": [
-        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]}]}])
+    parts = write_jsonl(
+        tmp_path / "parts.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "Hello."}]},
+                ]
+            }
+        ],
+    )
     assert read_records(parts)[0].fields["messages"][0] == {"role": "user", "content": "Hi there"}
     image = write_jsonl(tmp_path / "image.jsonl", [{"messages": [{"role": "user", "content": [{"type": "image"}]}]}])
     with pytest.raises(DataError, match=r"image.jsonl:1: messages\[0\].content has a 'image' part"):
@@ -304,28 +362,48 @@ def test_columns_the_format_does_not_read_are_named(tmp_path, tokenizer):
 
 
 def test_unpaired_preference_data_is_not_trained_as_sft(tmp_path, tokenizer):
-    path = write_jsonl(tmp_path / "kto.jsonl", [{"prompt": "a", "completion": "good", "label": True},
-                                                {"prompt": "a", "completion": "bad", "label": False}])
+    path = write_jsonl(
+        tmp_path / "kto.jsonl",
+        [{"prompt": "a", "completion": "good", "label": True}, {"prompt": "a", "completion": "bad", "label": False}],
+    )
     with pytest.raises(DataError, match=r"kto.jsonl:1: unpaired preference data .* labelled false"):
         tokenize_records(read_records(path), tokenizer, 64)
 
 
 def test_tool_call_turns_are_read_as_the_hermes_text_the_model_writes(tmp_path, tokenizer):
-    path = write_jsonl(tmp_path / "tools.jsonl", [{"messages": [
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
-        {"role": "tool", "content": "rain"},
-        {"role": "assistant", "content": "It rains."}]}])
+    path = write_jsonl(
+        tmp_path / "tools.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": "Weather in Oslo?"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+                        ],
+                    },
+                    {"role": "tool", "content": "rain"},
+                    {"role": "assistant", "content": "It rains."},
+                ]
+            }
+        ],
+    )
     (record,) = read_records(path)
     call = record.fields["messages"][1]
-    assert call == {"role": "assistant", "content": '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>'}
+    assert call == {
+        "role": "assistant",
+        "content": '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
+    }
     from tether.agents.tools import parse_tool_calls
 
     assert parse_tool_calls(call["content"]) == [{"name": "weather", "arguments": {"city": "Oslo"}}]
     (ex,), _ = tokenize_records([record], tokenizer, 256)
     assert trained_text(tokenizer, ex).startswith('<tool_call>{"name": "weather"')  # both assistant turns trained
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "assistant", "content": None,
-                                                              "tool_calls": [{"function": {"arguments": "{}"}}]}]}])
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [{"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}]}],
+    )
     with pytest.raises(DataError, match=r"bad.jsonl:1: messages\[0\].tool_calls\[0\] must be"):
         read_records(bad)

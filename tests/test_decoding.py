@@ -1,5 +1,6 @@
 """Sampling that drops finished rows (tether/rollout/decoding.py): the same tokens as generate() on four architectures and
 a LoRA model, the rows each forward computes counted by hand, and the sampling distribution."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,10 @@ def contexts(tok) -> list[list[int]]:
     return [tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
 
 
-SAMPLINGS = {"greedy": dict(greedy=True),
-             "seeded": dict(seeds=response_seeds(0, range(len(PROMPTS))), temperature=0.9, top_p=0.95, top_k=40)}
+SAMPLINGS = {
+    "greedy": dict(greedy=True),
+    "seeded": dict(seeds=response_seeds(0, range(len(PROMPTS))), temperature=0.9, top_p=0.95, top_k=40),
+}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -52,7 +55,9 @@ def test_a_lora_model_decodes_as_generate_does(arch_models):
     from peft import LoraConfig, get_peft_model
 
     model, tok = arch_models["llama"]
-    lora = get_peft_model(load_model(model.name_or_path, tok), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    lora = get_peft_model(
+        load_model(model.name_or_path, tok), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
     kw = SAMPLINGS["seeded"]
     assert can_compact(lora)
     a = generate_from_ids(lora, tok, contexts(tok), 16, stop_ids=STOPS, compact=True, **kw)
@@ -133,8 +138,9 @@ def test_drop_finished_rows_off_samples_the_same_with_generate(arch_models, monk
     calls = []
     monkeypatch.setattr(model, "generate", lambda *a, _g=model.generate, **k: calls.append(1) or _g(*a, **k))
     seeds = response_seeds(0, range(len(PROMPTS)))
-    on = SimpleNamespace(max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0,
-                         drop_finished_rows=True)
+    on = SimpleNamespace(
+        max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0, drop_finished_rows=True
+    )
     off = SimpleNamespace(**{**vars(on), "drop_finished_rows": False})
     backend = HFGenerate(model, tok)
     a = backend.generate(PROMPTS, on, STOPS, seeds)

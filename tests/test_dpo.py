@@ -1,5 +1,6 @@
 """`tether dpo`: the loss dispatcher by hand, response masks, one-forward scoring, micro-batch invariance,
 the reference cache (used, and keyed), LoRA's reference, learning, online rounds, resume and the CLI."""
+
 import json
 import math
 import subprocess
@@ -50,7 +51,9 @@ def test_one_signature_dispatches_to_each_formula_by_hand():
     w, l, rw, rl = LOGPS[:, 0], LOGPS[:, 1], REF[:, 0], REF[:, 1]
     assert loss("ipo", beta=0.1) == pytest.approx(ipo_loss(w, l, rw, rl, 0.1).item())
     assert loss("hinge", beta=0.1) == pytest.approx(hinge_loss(w, l, rw, rl, 0.1).item())
-    assert loss("robust", beta=0.1, label_smoothing=0.2) == pytest.approx(robust_dpo_loss(w, l, rw, rl, 0.1, 0.2).item())
+    assert loss("robust", beta=0.1, label_smoothing=0.2) == pytest.approx(
+        robust_dpo_loss(w, l, rw, rl, 0.1, 0.2).item()
+    )
     assert simpo_loss(w, l, TOKENS[:, 0], TOKENS[:, 1]).shape == (1,)
     with pytest.raises(ValueError, match="needs reference"):
         preference_loss("sigmoid", LOGPS, None, TOKENS, beta=0.1)
@@ -69,9 +72,11 @@ def test_listwise_over_three_by_hand_and_swapping_flips_the_sign_of_the_margin()
         straight = preference_loss(name, a, b, torch.ones(5, 2), beta=0.5)
         swapped = preference_loss(name, a.flip(1), b.flip(1), torch.ones(5, 2), beta=0.5)
         assert not torch.allclose(straight, swapped)
-    assert torch.allclose(dpo_sigmoid_loss(a[:, 0], a[:, 1], b[:, 0], b[:, 1], 0.5) -
-                          dpo_sigmoid_loss(a[:, 1], a[:, 0], b[:, 1], b[:, 0], 0.5),
-                          -((a[:, 0] - b[:, 0]) - (a[:, 1] - b[:, 1])) * 0.5)  # softplus(−h) − softplus(h) = −h
+    assert torch.allclose(
+        dpo_sigmoid_loss(a[:, 0], a[:, 1], b[:, 0], b[:, 1], 0.5)
+        - dpo_sigmoid_loss(a[:, 1], a[:, 0], b[:, 1], b[:, 0], 0.5),
+        -((a[:, 0] - b[:, 0]) - (a[:, 1] - b[:, 1])) * 0.5,
+    )  # softplus(−h) − softplus(h) = −h
 
 
 def test_beta_dpo_pair_weights_by_hand():
@@ -83,19 +88,38 @@ def test_beta_dpo_pair_weights_by_hand():
 def prefs(tmp_path):
     """Chosen answers talk about cats, rejected ones about dogs; chat pairs and a ranked-list file."""
     topics = ["rain", "the sea", "trees", "music", "bread", "stars", "rivers", "snow"]
-    rows = [{"prompt": [{"role": "user", "content": f"Tell me about {t}."}],
-             "chosen": [{"role": "assistant", "content": f"Cats like {t}. Cats sleep a lot."}],
-             "rejected": [{"role": "assistant", "content": f"Dogs bark at {t}."}]} for t in topics] * 4
-    lists = [{"prompt": f"About {t}: ", "responses": [f"dogs and {t}", f"cats and {t}", f"{t} only"], "ranking": [1, 2, 0]}
-             for t in topics]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Tell me about {t}."}],
+            "chosen": [{"role": "assistant", "content": f"Cats like {t}. Cats sleep a lot."}],
+            "rejected": [{"role": "assistant", "content": f"Dogs bark at {t}."}],
+        }
+        for t in topics
+    ] * 4
+    lists = [
+        {"prompt": f"About {t}: ", "responses": [f"dogs and {t}", f"cats and {t}", f"{t} only"], "ranking": [1, 2, 0]}
+        for t in topics
+    ]
     return write_jsonl(tmp_path / "prefs.jsonl", rows), write_jsonl(tmp_path / "lists.jsonl", lists)
 
 
 def _cfg(model_dir, data, out, **over):
-    values = {"model.path": str(model_dir), "data.path": str(data), "data.eval_fraction": 0.0,
-              "train.output": str(out), "train.batch_size": 8, "train.micro_batch_size": 4, "train.max_steps": 6,
-              "train.eval_every": 0, "train.save_every": 3, "train.log_every": 3, "train.report_to": ["none"],
-              "train.overwrite": True, "optim.lr": 1e-3, "optim.warmup_ratio": 0.0}
+    values = {
+        "model.path": str(model_dir),
+        "data.path": str(data),
+        "data.eval_fraction": 0.0,
+        "train.output": str(out),
+        "train.batch_size": 8,
+        "train.micro_batch_size": 4,
+        "train.max_steps": 6,
+        "train.eval_every": 0,
+        "train.save_every": 3,
+        "train.log_every": 3,
+        "train.report_to": ["none"],
+        "train.overwrite": True,
+        "optim.lr": 1e-3,
+        "optim.warmup_ratio": 0.0,
+    }
     values.update(over)
     return build_config(DPOConfig, overrides=values)
 
@@ -114,19 +138,28 @@ def test_response_mask_covers_the_answer_and_eos_only(tokenizer, prefs):
     assert trained[-1] == tokenizer.eos_token_id
     lists, _ = tokenize_policy_preferences(read_records(prefs[1]), tokenizer, 256)
     best = lists[0].responses[0]
-    assert tokenizer.decode([t for t, m in zip(best.input_ids, best.loss_mask) if m]).strip().startswith("cats and rain")
+    assert (
+        tokenizer.decode([t for t, m in zip(best.input_ids, best.loss_mask) if m]).strip().startswith("cats and rain")
+    )
     batch = collate_policy_preferences(lists[:3], tokenizer.pad_token_id)
     assert batch["input_ids"].shape[0] == 9 and batch["list_mask"].all()
 
 
 def test_bad_rows_are_named_or_counted(tokenizer, tmp_path):
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"},
-                                               {"prompt": "a", "chosen": 3, "rejected": "c"}])
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "chosen": 3, "rejected": "c"}],
+    )
     with pytest.raises(DataError, match=r"bad.jsonl:2: field 'chosen' must be a string"):
         tokenize_policy_preferences(read_records(bad), tokenizer, 256)
-    same = write_jsonl(tmp_path / "same.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"},
-                                                 {"prompt": "a", "chosen": "b", "rejected": "b"},
-                                                 {"prompt": "a", "chosen": "b " * 300, "rejected": "c"}])
+    same = write_jsonl(
+        tmp_path / "same.jsonl",
+        [
+            {"prompt": "a", "chosen": "b", "rejected": "c"},
+            {"prompt": "a", "chosen": "b", "rejected": "b"},
+            {"prompt": "a", "chosen": "b " * 300, "rejected": "c"},
+        ],
+    )
     examples, report = tokenize_policy_preferences(read_records(same), tokenizer, 64)
     assert len(examples) == 1
     assert report.dropped == {"with chosen equal to rejected": 1, "longer than max_length=64 tokens": 1}
@@ -176,8 +209,9 @@ def test_one_forward_equals_separate_forwards_and_micro_batches_do_not_change_th
 
 def test_learning_raises_the_margin_and_accuracy(llama_dir, prefs, tmp_path):
     out = tmp_path / "run"
-    summary = run_dpo(_cfg(llama_dir, prefs[0], out, **{"train.max_steps": 12, "data.eval_fraction": 0.25,
-                                                         "train.eval_every": 12}))
+    summary = run_dpo(
+        _cfg(llama_dir, prefs[0], out, **{"train.max_steps": 12, "data.eval_fraction": 0.25, "train.eval_every": 12})
+    )
     rows = _metrics(out)
     assert rows[0]["step"] == 0 and rows[0]["eval0/rewards/margins"] == pytest.approx(0.0, abs=1e-5)  # π = π_ref
     train = [r for r in rows if r["step"] > 0]
@@ -203,8 +237,14 @@ def test_every_pairwise_loss_runs_and_moves_the_margin(llama_dir, prefs, tmp_pat
 
 
 def test_listwise_on_ranked_lists(llama_dir, prefs, tmp_path):
-    run_dpo(_cfg(llama_dir, prefs[1], tmp_path / "lists", **{"dpo.loss": "listwise", "train.batch_size": 4,
-                                                              "train.micro_batch_size": 2}))
+    run_dpo(
+        _cfg(
+            llama_dir,
+            prefs[1],
+            tmp_path / "lists",
+            **{"dpo.loss": "listwise", "train.batch_size": 4, "train.micro_batch_size": 2},
+        )
+    )
     rows = _metrics(tmp_path / "lists")
     assert rows[-1]["train/rewards/margins"] > rows[0]["train/rewards/margins"]
     with pytest.raises(ConfigError, match="listwise"):
@@ -225,7 +265,9 @@ def test_reference_cache_is_used_keyed_and_shared(llama_dir, prefs, tmp_path):
     stored["logps"] = [[c - 5.0, r + 5.0] for c, r in stored["logps"]]
     files[0].write_text(json.dumps(stored))
     run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "c", **{"dpo.reference_cache": str(cache)}))
-    assert _metrics(tmp_path / "c")[0]["train/loss"] != pytest.approx(_metrics(tmp_path / "a")[0]["train/loss"], abs=1e-3)
+    assert _metrics(tmp_path / "c")[0]["train/loss"] != pytest.approx(
+        _metrics(tmp_path / "a")[0]["train/loss"], abs=1e-3
+    )
     # other data (or another reference) gets its own key and is computed afresh
     fewer = write_jsonl(tmp_path / "fewer.jsonl", [json.loads(x) for x in prefs[0].read_text().splitlines()[:16]])
     third = run_dpo(_cfg(llama_dir, fewer, tmp_path / "d", **{"dpo.reference_cache": str(cache)}))
@@ -260,8 +302,9 @@ def test_a_killed_run_resumes_to_the_same_metrics(llama_dir, prefs, tmp_path, mo
     with killed_after_step(monkeypatch, 4), pytest.raises(KeyboardInterrupt):
         run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "killed", **over))
     monkeypatch.undo()
-    summary = run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "killed", **{**over, "train.overwrite": False,
-                                                                        "train.resume": True}))
+    summary = run_dpo(
+        _cfg(llama_dir, prefs[0], tmp_path / "killed", **{**over, "train.overwrite": False, "train.resume": True})
+    )
     assert summary["resumed_from"] == 3 and summary["reference_examples_computed"] == 0
     whole = {r["step"]: r for r in _metrics(tmp_path / "whole")}
     for r in _metrics(tmp_path / "killed"):
@@ -270,7 +313,7 @@ def test_a_killed_run_resumes_to_the_same_metrics(llama_dir, prefs, tmp_path, mo
             assert r["train/beta"] == pytest.approx(whole[r["step"]]["train/beta"], rel=1e-5)
 
 
-JUDGE = '''
+JUDGE = """
 def more_a(prompts, first, second, **_):
     return [1.0 if a.count("a") > b.count("a") else 0.0 if a.count("a") < b.count("a") else 0.5
             for a, b in zip(first, second)]
@@ -293,18 +336,30 @@ def raising(prompts, first, second, **_):
 
 def wrong_count(prompts, first, second, **_):
     return [1.0]
-'''
+"""
 
 
 def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkeypatch):
     judge = tmp_path / "judge.py"
     judge.write_text(JUDGE)
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]}
-                                                       for w in ("hi", "cats", "dogs", "rain")] * 4)
-    over = {"data.path": "", "online.online": True, "rollout.prompts": str(prompts), "online.judge": f"{judge}:more_a",
-            "online.rounds": 3, "rollout.prompts_per_step": 8, "online.steps_per_round": 2, "rollout.max_new_tokens": 12,
-            "online.keep_truncated": True,
-            "train.batch_size": 4, "train.micro_batch_size": 4, "train.save_every": 2}
+    prompts = write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in ("hi", "cats", "dogs", "rain")] * 4,
+    )
+    over = {
+        "data.path": "",
+        "online.online": True,
+        "rollout.prompts": str(prompts),
+        "online.judge": f"{judge}:more_a",
+        "online.rounds": 3,
+        "rollout.prompts_per_step": 8,
+        "online.steps_per_round": 2,
+        "rollout.max_new_tokens": 12,
+        "online.keep_truncated": True,
+        "train.batch_size": 4,
+        "train.micro_batch_size": 4,
+        "train.save_every": 2,
+    }
     summary = run_dpo(_cfg(llama_dir, "", tmp_path / "online", **over))
     rounds = sorted((tmp_path / "online" / "rounds").glob("round-*.jsonl"))
     assert len(rounds) == 3 and len(summary["online_rounds"]) == 3
@@ -328,20 +383,50 @@ def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkey
     assert (tmp_path / "again" / "samples.jsonl").read_text() == (tmp_path / "online" / "samples.jsonl").read_text()
     with pytest.raises(ConfigError, match="returned 1 values for"):
         run_dpo(_cfg(llama_dir, "", tmp_path / "bad", **{**over, "online.judge": f"{judge}:wrong_count"}))
-    for bad, message in (("nan_verdict", r"verdict 0 is nan"), ("out_of_range", r"verdict 0 is 2.0"),
-                         ("text_verdict", r"verdict 0 is 'first'"), ("raising", r"raised ZeroDivisionError")):
+    for bad, message in (
+        ("nan_verdict", r"verdict 0 is nan"),
+        ("out_of_range", r"verdict 0 is 2.0"),
+        ("text_verdict", r"verdict 0 is 'first'"),
+        ("raising", r"raised ZeroDivisionError"),
+    ):
         with pytest.raises(ConfigError, match=rf"step 1: --judge .*:{bad}.*{message}"):
             run_dpo(_cfg(llama_dir, "", tmp_path / bad, **{**over, "online.judge": f"{judge}:{bad}"}))
 
 
 def test_cli_runs_and_missing_data_is_a_clean_error(llama_dir, prefs, tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "tether", "dpo", "--model", str(llama_dir), "--data", str(prefs[0]),
-                         "--output", str(tmp_path / "cli"), "--loss", "ipo", "--max-steps", "2", "--batch-size", "4",
-                         "--micro-batch-size", "4", "--report-to", "none"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "dpo",
+            "--model",
+            str(llama_dir),
+            "--data",
+            str(prefs[0]),
+            "--output",
+            str(tmp_path / "cli"),
+            "--loss",
+            "ipo",
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--micro-batch-size",
+            "4",
+            "--report-to",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "cli" / "summary.json").read_text())["loss"] == "ipo"
-    bad = subprocess.run([sys.executable, "-m", "tether", "dpo", "--model", str(llama_dir), "--output",
-                          str(tmp_path / "x")], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tether", "dpo", "--model", str(llama_dir), "--output", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "--data is required" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -350,8 +435,9 @@ def test_dropout_is_off_by_default_so_the_first_loss_is_log_2(tokenizer, prefs, 
     disabled, as it is by default; keep_dropout brings it back (and the first loss moves off log 2)."""
     from tether.models.lm import build_tiny_model
 
-    folder = build_tiny_model("gpt2", tokenizer, tmp_path / "dropout-model", seed=0, hidden=32, layers=2, heads=2,
-                              max_positions=128)
+    folder = build_tiny_model(
+        "gpt2", tokenizer, tmp_path / "dropout-model", seed=0, hidden=32, layers=2, heads=2, max_positions=128
+    )
     config = json.loads((folder / "config.json").read_text())
     config.update(resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)
     (folder / "config.json").write_text(json.dumps(config))

@@ -1,4 +1,5 @@
 """The critic-free advantage estimators and DAPO's overlong shaping: hand-computed cases and properties."""
+
 import math
 
 import pytest

@@ -1,5 +1,6 @@
 """`tether grpo` on tiny models: every recipe runs, on-policy ratio is 1, dynamic sampling, process rewards,
 zero-variance warning, failing rewards, resume."""
+
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from tether.stages.grpo import run_grpo
 from tether.stages.grpo_config import GRPOConfig
 from tether.stages.grpo_recipes import RECIPES
 
-RULES = '''
+RULES = """
 def count_a(completions):
     return [float(c.count("a")) for c in completions]
 
@@ -29,23 +30,38 @@ def flaky(completions):
     if len(completions) > 2:
         raise RuntimeError("flaky")
     return [0.0] * len(completions)
-'''
+"""
 
 
 @pytest.fixture
 def setup(tmp_path):
     rules = tmp_path / "rules.py"
     rules.write_text(RULES)
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w}
-                                                       for w in ("hi", "cats", "dogs", "rain")] * 4)
+    prompts = write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [{"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w} for w in ("hi", "cats", "dogs", "rain")]
+        * 4,
+    )
     return rules, prompts
 
 
 def grpo_config(policy_dir, prompts, out, rewards, **extra):
-    overrides = {"model.path": str(policy_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
-                 "rewards.reward": rewards, "rollout.prompts_per_step": 4, "rollout.group_size": 4,
-                 "rollout.max_new_tokens": 8, "train.max_steps": 3, "optim.lr": 3e-3, "train.output": str(out),
-                 "train.eval_every": 3, "train.save_every": 2, "train.sample_every": 1, "train.report_to": ["none"]}
+    overrides = {
+        "model.path": str(policy_dir),
+        "rollout.prompts": str(prompts),
+        "rollout.eval_prompts": str(prompts),
+        "rewards.reward": rewards,
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "rollout.max_new_tokens": 8,
+        "train.max_steps": 3,
+        "optim.lr": 3e-3,
+        "train.output": str(out),
+        "train.eval_every": 3,
+        "train.save_every": 2,
+        "train.sample_every": 1,
+        "train.report_to": ["none"],
+    }
     overrides.update({k.replace("__", "."): v for k, v in extra.items()})
     return build_config(GRPOConfig, overrides=overrides)
 
@@ -65,9 +81,19 @@ def test_every_recipe_runs_and_logs_its_pieces(llama_dir, setup, tmp_path, recip
     summary = run_grpo(cfg)
     metrics = read_metrics(out)
     assert len(metrics) == 3 and summary["recipe"] == recipe
-    for key in ("score/mean", "reward/count_a/mean", "groups/zero_variance_frac", "policy/clip_frac_low",
-                "policy/clip_frac_high", "policy/entropy", "rollout/terminated_length_mean", "rollout/truncated_frac",
-                "time/generate_score_s", "time/update_s", "advantage/mean"):
+    for key in (
+        "score/mean",
+        "reward/count_a/mean",
+        "groups/zero_variance_frac",
+        "policy/clip_frac_low",
+        "policy/clip_frac_high",
+        "policy/entropy",
+        "rollout/terminated_length_mean",
+        "rollout/truncated_frac",
+        "time/generate_score_s",
+        "time/update_s",
+        "advantage/mean",
+    ):
         assert key in metrics[-1], key
     assert ("kl/ref_mean" in metrics[-1]) == (recipe in ("grpo", "reinforce_pp"))
     if recipe == "dapo":
@@ -91,8 +117,11 @@ def test_on_policy_ratio_is_exactly_one_and_inner_iterations_move_it(llama_dir, 
     rules, prompts = setup
     run_grpo(grpo_config(llama_dir, prompts, tmp_path / "mu1", [f"{rules}:count_a"], algo__kl_coef=0.0))
     assert all(m["policy/ratio_mean"] == 1.0 for m in read_metrics(tmp_path / "mu1"))
-    run_grpo(grpo_config(llama_dir, prompts, tmp_path / "mu2", [f"{rules}:count_a"], algo__update_epochs=2,
-                         algo__kl_coef=0.0))
+    run_grpo(
+        grpo_config(
+            llama_dir, prompts, tmp_path / "mu2", [f"{rules}:count_a"], algo__update_epochs=2, algo__kl_coef=0.0
+        )
+    )
     assert any(m["policy/ratio_mean"] != 1.0 for m in read_metrics(tmp_path / "mu2"))
 
 
@@ -109,8 +138,17 @@ def test_equal_scores_warn_and_give_zero_loss_not_nan(llama_dir, setup, tmp_path
 def test_dynamic_sampling_drops_flat_groups_and_fills_the_batch(llama_dir, setup, tmp_path):
     rules, prompts = setup
     out = tmp_path / "dyn"
-    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:count_a_unless_hi"], algo__recipe="dapo",
-                         algo__max_sampling_rounds=4, rollout__temperature=1.5))
+    run_grpo(
+        grpo_config(
+            llama_dir,
+            prompts,
+            out,
+            [f"{rules}:count_a_unless_hi"],
+            algo__recipe="dapo",
+            algo__max_sampling_rounds=4,
+            rollout__temperature=1.5,
+        )
+    )
     metrics = read_metrics(out)
     assert any(m["sampling/rounds"] > 1 for m in metrics)  # the "hi" groups are always flat
     assert all(m["sampling/groups_kept"] <= 4 for m in metrics)
@@ -122,26 +160,42 @@ def test_dynamic_sampling_drops_flat_groups_and_fills_the_batch(llama_dir, setup
 def test_process_reward_step_scores_reach_the_samples(llama_dir, setup, tmp_path):
     rules, prompts = setup
     out = tmp_path / "proc"
-    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:sentence_steps"], algo__kl_coef=0.0,
-                         rollout__temperature=1.5))
+    run_grpo(
+        grpo_config(llama_dir, prompts, out, [f"{rules}:sentence_steps"], algo__kl_coef=0.0, rollout__temperature=1.5)
+    )
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert all(isinstance(r["step_scores"], list) and r["parts"]["sentence_steps"] == sum(r["step_scores"]) for r in rows)
+    assert all(
+        isinstance(r["step_scores"], list) and r["parts"]["sentence_steps"] == sum(r["step_scores"]) for r in rows
+    )
 
 
 def test_a_failing_reward_is_scored_and_counted_or_stops_the_run(llama_dir, setup, tmp_path):
     rules, prompts = setup
     out = tmp_path / "flaky"
-    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:flaky", f"{rules}:count_a"], rewards__reward_on_error="score",
-                         rewards__reward_error_score=-1.0, algo__kl_coef=0.0))
+    run_grpo(
+        grpo_config(
+            llama_dir,
+            prompts,
+            out,
+            [f"{rules}:flaky", f"{rules}:count_a"],
+            rewards__reward_on_error="score",
+            rewards__reward_error_score=-1.0,
+            algo__kl_coef=0.0,
+        )
+    )
     metrics = read_metrics(out)
     assert metrics[-1]["reward/flaky/errors"] >= 3 and metrics[0]["reward/flaky/mean"] == -1.0
-    with pytest.raises(ConfigError, match="evaluation before the first step: reward function flaky raised RuntimeError"):
+    with pytest.raises(
+        ConfigError, match="evaluation before the first step: reward function flaky raised RuntimeError"
+    ):
         run_grpo(grpo_config(llama_dir, prompts, tmp_path / "strict", [f"{rules}:flaky"], algo__kl_coef=0.0))
 
 
 SCORE = "def score(completions):\n    return [float(c.count('a')) for c in completions]\n"
-FAILS_AT_CALL_4 = ("calls = []\ndef score(completions):\n    calls.append(1)\n    if len(calls) == 4:\n"
-                   "        raise RuntimeError('broken on call 4')\n    return [float(c.count('a')) for c in completions]\n")
+FAILS_AT_CALL_4 = (
+    "calls = []\ndef score(completions):\n    calls.append(1)\n    if len(calls) == 4:\n"
+    "        raise RuntimeError('broken on call 4')\n    return [float(c.count('a')) for c in completions]\n"
+)
 
 
 def test_a_reward_failing_late_checkpoints_the_steps_done_and_resumes_exactly(llama_dir, setup, tmp_path):
@@ -151,11 +205,23 @@ def test_a_reward_failing_late_checkpoints_the_steps_done_and_resumes_exactly(ll
     (tmp_path / "good").mkdir()
     (tmp_path / "good" / "fn.py").write_text(SCORE)
     (tmp_path / "fn.py").write_text(FAILS_AT_CALL_4)
-    cfg = lambda rules, out, **kw: grpo_config(llama_dir, prompts, out, [f"{rules}:score"], train__max_steps=4,
-                                               train__save_every=0, rollout__eval_prompts="", algo__kl_coef=0.0, **kw)
+    cfg = lambda rules, out, **kw: grpo_config(
+        llama_dir,
+        prompts,
+        out,
+        [f"{rules}:score"],
+        train__max_steps=4,
+        train__save_every=0,
+        rollout__eval_prompts="",
+        algo__kl_coef=0.0,
+        **kw,
+    )
     run_grpo(cfg(tmp_path / "good" / "fn.py", tmp_path / "whole"))
-    with pytest.raises(ConfigError, match=r"step 3: reward function score raised RuntimeError: broken on call 4.*"
-                                          r"The 2 steps done are in checkpoint-2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"step 3: reward function score raised RuntimeError: broken on call 4.*"
+        r"The 2 steps done are in checkpoint-2",
+    ):
         run_grpo(cfg(tmp_path / "fn.py", tmp_path / "broken"))
     assert [p.name for p in (tmp_path / "broken").glob("checkpoint-*")] == ["checkpoint-2"]
     (tmp_path / "fn.py").write_text(SCORE)  # fixed
@@ -168,15 +234,18 @@ def test_a_reward_failing_late_checkpoints_the_steps_done_and_resumes_exactly(ll
 @pytest.mark.slow
 def test_grpo_resume_matches_the_uninterrupted_run(llama_dir, setup, tmp_path, monkeypatch):
     rules, prompts = setup
-    cfg = lambda out, **kw: grpo_config(llama_dir, prompts, out, [f"{rules}:count_a_unless_hi"], algo__recipe="dapo",
-                                        train__max_steps=4, **kw)
+    cfg = lambda out, **kw: grpo_config(
+        llama_dir, prompts, out, [f"{rules}:count_a_unless_hi"], algo__recipe="dapo", train__max_steps=4, **kw
+    )
     run_grpo(cfg(tmp_path / "whole"))
     with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
         run_grpo(cfg(tmp_path / "killed"))
     summary = run_grpo(cfg(tmp_path / "killed", train__resume=True))
     assert summary["resumed_from"] == 2
-    strip = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-                       for line in (p / "metrics.jsonl").read_text().splitlines()]
+    strip = lambda p: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in (p / "metrics.jsonl").read_text().splitlines()
+    ]
     assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
 
 
@@ -184,8 +253,19 @@ def test_grpo_resume_matches_the_uninterrupted_run(llama_dir, setup, tmp_path, m
 def test_grpo_raises_a_rule_reward(llama_dir, setup, tmp_path):
     rules, prompts = setup
     out = tmp_path / "learn"
-    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:count_a"], train__max_steps=25, algo__kl_coef=0.0,
-                         rollout__prompts_per_step=4, rollout__group_size=8, train__eval_every=0))
+    run_grpo(
+        grpo_config(
+            llama_dir,
+            prompts,
+            out,
+            [f"{rules}:count_a"],
+            train__max_steps=25,
+            algo__kl_coef=0.0,
+            rollout__prompts_per_step=4,
+            rollout__group_size=8,
+            train__eval_every=0,
+        )
+    )
     metrics = read_metrics(out)
     first = sum(m["score/mean"] for m in metrics[:5]) / 5
     last = sum(m["score/mean"] for m in metrics[-5:]) / 5
@@ -196,15 +276,58 @@ def test_cli_grpo_and_recipes(llama_dir, setup, tmp_path):
     rules, prompts = setup
     listing = subprocess.run([sys.executable, "-m", "tether", "recipes"], capture_output=True, text=True, timeout=120)
     assert listing.returncode == 0 and all(name in listing.stdout for name in RECIPES)
-    proc = subprocess.run([sys.executable, "-m", "tether", "grpo", "--policy", str(llama_dir), "--prompts", str(prompts),
-                           "--reward", f"{rules}:count_a", "--recipe", "dr_grpo", "--max-steps", "1", "--group-size", "2",
-                           "--prompts-per-step", "2", "--max-new-tokens", "4", "--output", str(tmp_path / "cli"),
-                           "--report-to", "none"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "grpo",
+            "--policy",
+            str(llama_dir),
+            "--prompts",
+            str(prompts),
+            "--reward",
+            f"{rules}:count_a",
+            "--recipe",
+            "dr_grpo",
+            "--max-steps",
+            "1",
+            "--group-size",
+            "2",
+            "--prompts-per-step",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--output",
+            str(tmp_path / "cli"),
+            "--report-to",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "dr_grpo" in proc.stdout + proc.stderr
-    bad = subprocess.run([sys.executable, "-m", "tether", "grpo", "--policy", str(llama_dir), "--prompts", str(prompts),
-                          "--reward", f"{rules}:nope", "--output", str(tmp_path / "bad")], capture_output=True, text=True,
-                         timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "grpo",
+            "--policy",
+            str(llama_dir),
+            "--prompts",
+            str(prompts),
+            "--reward",
+            f"{rules}:nope",
+            "--output",
+            str(tmp_path / "bad"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "has no function 'nope'" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -213,8 +336,11 @@ def test_lora_grpo_uses_the_adapter_disabled_reference(llama_dir, setup, tmp_pat
 
     rules, prompts = setup
     out = tmp_path / "lora"
-    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:count_a"], model__lora_r=4, model__lora_alpha=8.0,
-                         algo__kl_coef=0.04))
+    run_grpo(
+        grpo_config(
+            llama_dir, prompts, out, [f"{rules}:count_a"], model__lora_r=4, model__lora_alpha=8.0, algo__kl_coef=0.04
+        )
+    )
     metrics = read_metrics(out)
     assert metrics[0]["kl/ref_mean"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity
     assert metrics[-1]["kl/ref_mean"] > 0
@@ -227,14 +353,27 @@ def test_trainable_params_freezes_everything_else(llama_dir, setup, tmp_path):
 
     rules, prompts = setup
     out = tmp_path / "norm"
-    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:count_a"], model__trainable_params=r"model\.norm\.weight",
-                         algo__kl_coef=0.0, optim__lr=1e-2))
+    run_grpo(
+        grpo_config(
+            llama_dir,
+            prompts,
+            out,
+            [f"{rules}:count_a"],
+            model__trainable_params=r"model\.norm\.weight",
+            algo__kl_coef=0.0,
+            optim__lr=1e-2,
+        )
+    )
     before = AutoModelForCausalLM.from_pretrained(llama_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(out / "final").state_dict()
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert changed == ["model.norm.weight"]
     with pytest.raises(ConfigError, match="matches no parameter"):
-        run_grpo(grpo_config(llama_dir, prompts, tmp_path / "none", [f"{rules}:count_a"], model__trainable_params="nothing_here"))
+        run_grpo(
+            grpo_config(
+                llama_dir, prompts, tmp_path / "none", [f"{rules}:count_a"], model__trainable_params="nothing_here"
+            )
+        )
 
 
 def test_a_run_whose_responses_are_all_truncated_says_so_loudly(capsys):

@@ -1,6 +1,7 @@
 """kill -9 at random moments: every stage, run as a process and killed (SIGKILL) at random times — while starting,
 training, or writing a checkpoint — then restarted the way tether's messages say (--resume when a checkpoint
 exists, else --overwrite), ends with final weights identical to an uninterrupted run's."""
+
 import json
 import random
 import subprocess
@@ -13,41 +14,119 @@ from conftest import write_jsonl
 from safetensors.torch import load_file
 
 RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
-JUDGE = ("def more_a(prompts, first, second, **_):\n    return [1.0 if a.count('a') > b.count('a') else 0.0 if "
-         "a.count('a') < b.count('a') else 0.5 for a, b in zip(first, second)]\n")
+JUDGE = (
+    "def more_a(prompts, first, second, **_):\n    return [1.0 if a.count('a') > b.count('a') else 0.0 if "
+    "a.count('a') < b.count('a') else 0.5 for a, b in zip(first, second)]\n"
+)
 
 
 @pytest.fixture
 def inputs(tmp_path, addition_files):
     words = ["cats", "dogs", "rain", "sun", "tea", "maps", "bats", "hats"]
-    prefs = write_jsonl(tmp_path / "prefs.jsonl", [{"prompt": f"Tell me about {w}.", "chosen": f"{w} are a fine topic.",
-                                                    "rejected": "no"} for w in words * 4])
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]}
-                                                       for w in words * 2])
+    prefs = write_jsonl(
+        tmp_path / "prefs.jsonl",
+        [{"prompt": f"Tell me about {w}.", "chosen": f"{w} are a fine topic.", "rejected": "no"} for w in words * 4],
+    )
+    prompts = write_jsonl(
+        tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in words * 2]
+    )
     (tmp_path / "rules.py").write_text(RULES)
     (tmp_path / "judge.py").write_text(JUDGE)
-    return {"sft": addition_files[0], "prefs": prefs, "prompts": prompts, "rules": tmp_path / "rules.py",
-            "judge": tmp_path / "judge.py"}
+    return {
+        "sft": addition_files[0],
+        "prefs": prefs,
+        "prompts": prompts,
+        "rules": tmp_path / "rules.py",
+        "judge": tmp_path / "judge.py",
+    }
 
 
 def stage_command(stage: str, model, inputs: dict, out) -> list[str]:
     common = ["--model", str(model), "--output", str(out), "--report-to", "none", "--seed", "0"]
-    offline = ["--max-steps", "12", "--save-every", "2", "--batch-size", "8", "--micro-batch-size", "4",
-               "--eval-every", "0", "--lr", "1e-3"]
-    online = ["--max-steps", "10", "--save-every", "2", "--eval-every", "0", "--max-new-tokens", "8",
-              "--prompts", str(inputs["prompts"]), "--lr", "1e-3"]
-    return [sys.executable, "-m", "tether", *{
-        "sft": ["sft", "--data", str(inputs["sft"]), "--eval-fraction", "0", *offline],
-        "rm": ["rm", "--data", str(inputs["prefs"]), "--eval-fraction", "0", *offline],
-        "dpo": ["dpo", "--data", str(inputs["prefs"]), "--eval-fraction", "0", *offline],
-        "ppo": ["ppo", "--reward", f"{inputs['rules']}:count_a", "--prompts-per-step", "8", "--minibatch", "4", *online],
-        "grpo": ["grpo", "--reward", f"{inputs['rules']}:count_a", "--prompts-per-step", "2", "--group-size", "4",
-                 *online],
-        "dpo-online": ["dpo", "--online", "--judge", f"{inputs['judge']}:more_a", "--rounds", "5", "--steps-per-round",
-                       "2", "--prompts-per-step", "8", "--keep-truncated", "--batch-size", "4", "--micro-batch-size",
-                       "4", "--prompts", str(inputs["prompts"]), "--max-new-tokens", "8", "--save-every", "2",
-                       "--lr", "1e-3"],
-    }[stage], *common]
+    offline = [
+        "--max-steps",
+        "12",
+        "--save-every",
+        "2",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "4",
+        "--eval-every",
+        "0",
+        "--lr",
+        "1e-3",
+    ]
+    online = [
+        "--max-steps",
+        "10",
+        "--save-every",
+        "2",
+        "--eval-every",
+        "0",
+        "--max-new-tokens",
+        "8",
+        "--prompts",
+        str(inputs["prompts"]),
+        "--lr",
+        "1e-3",
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "tether",
+        *{
+            "sft": ["sft", "--data", str(inputs["sft"]), "--eval-fraction", "0", *offline],
+            "rm": ["rm", "--data", str(inputs["prefs"]), "--eval-fraction", "0", *offline],
+            "dpo": ["dpo", "--data", str(inputs["prefs"]), "--eval-fraction", "0", *offline],
+            "ppo": [
+                "ppo",
+                "--reward",
+                f"{inputs['rules']}:count_a",
+                "--prompts-per-step",
+                "8",
+                "--minibatch",
+                "4",
+                *online,
+            ],
+            "grpo": [
+                "grpo",
+                "--reward",
+                f"{inputs['rules']}:count_a",
+                "--prompts-per-step",
+                "2",
+                "--group-size",
+                "4",
+                *online,
+            ],
+            "dpo-online": [
+                "dpo",
+                "--online",
+                "--judge",
+                f"{inputs['judge']}:more_a",
+                "--rounds",
+                "5",
+                "--steps-per-round",
+                "2",
+                "--prompts-per-step",
+                "8",
+                "--keep-truncated",
+                "--batch-size",
+                "4",
+                "--micro-batch-size",
+                "4",
+                "--prompts",
+                str(inputs["prompts"]),
+                "--max-new-tokens",
+                "8",
+                "--save-every",
+                "2",
+                "--lr",
+                "1e-3",
+            ],
+        }[stage],
+        *common,
+    ]
 
 
 def weights(folder) -> dict:
@@ -78,7 +157,10 @@ def run_with_kills(command: list[str], out, rng: random.Random, kills: int, tota
                 time.sleep(rng.uniform(0.5, 2.0))
             proc.kill()
         _, err = proc.communicate()
-        log.append(f"{' '.join(flag) or 'fresh'}: {proc.returncode}" + (f" {err.strip()[-300:]}" if proc.returncode not in (0, -9) else ""))
+        log.append(
+            f"{' '.join(flag) or 'fresh'}: {proc.returncode}"
+            + (f" {err.strip()[-300:]}" if proc.returncode not in (0, -9) else "")
+        )
         if proc.returncode == 0 or "nothing left to train" in err:
             return log
         assert proc.returncode == -9, f"{log}: {err[-2000:]}"  # only our kills may end a try

@@ -1,4 +1,5 @@
 """`tether lab --quick` end to end: stages, caching, resume of a killed stage, `tether eval`, determinism."""
+
 import json
 import shutil
 import subprocess
@@ -23,12 +24,40 @@ def quick_lab(tmp_path_factory):
 @pytest.mark.slow
 def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     out, summary = quick_lab
-    assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", "rm", "rm_filtered", "ppo_kl0",
-                                        "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process", "dpo_sigmoid",
-                                        "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_sft_samples", "dpo_sigmoid_online",
-                                        "agent_world", "calc_sft", "shop_sft", "calc_grpo", "shop_state", "shop_claim", "report"]
-    for path in ("world/world.json", "pretrain/final/config.json", "sft/final/model.safetensors", "eval/sft.json",
-                 "summary.json", "sft/metrics.jsonl"):
+    assert list(summary["seconds"]) == [
+        "world",
+        "init",
+        "pretrain",
+        "sft",
+        "eval",
+        "rm",
+        "rm_filtered",
+        "ppo_kl0",
+        "ppo_kl0.2",
+        "ppo_adaptive2",
+        "grpo_outcome",
+        "grpo_process",
+        "dpo_sigmoid",
+        "dpo_simpo",
+        "dpo_sigmoid_unfiltered",
+        "dpo_sigmoid_sft_samples",
+        "dpo_sigmoid_online",
+        "agent_world",
+        "calc_sft",
+        "shop_sft",
+        "calc_grpo",
+        "shop_state",
+        "shop_claim",
+        "report",
+    ]
+    for path in (
+        "world/world.json",
+        "pretrain/final/config.json",
+        "sft/final/model.safetensors",
+        "eval/sft.json",
+        "summary.json",
+        "sft/metrics.jsonl",
+    ):
         assert (out / path).exists(), path
     ev = summary["eval"]
     # The fine-tuned model must be measurably better than the pretrained base on the held-out assist prompts.
@@ -67,15 +96,48 @@ def test_second_run_reuses_every_stage_and_a_changed_stage_reruns_identically(qu
 def test_eval_command_prints_and_writes_figures(quick_lab, tmp_path, capsys):
     out, _ = quick_lab
     target = tmp_path / "arith.json"
-    assert main(["eval", "--model", str(out / "sft" / "final"), "--task", "lab-arith", "--limit", "20",
-                 "--output", str(target)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(out / "sft" / "final"),
+                "--task",
+                "lab-arith",
+                "--limit",
+                "20",
+                "--output",
+                str(target),
+            ]
+        )
+        == 0
+    )
     figures = json.loads(target.read_text())
     assert figures["n"] == 20 and 0 <= figures["accuracy"] <= 1 and figures["decoding"]["temperature"] == 0.0
     assert json.loads(capsys.readouterr().out)["accuracy"] == figures["accuracy"]
     target = tmp_path / "assist.json"
-    assert main(["eval", "--model", str(out / "sft" / "final"), "--task", "lab-assist", "--reference",
-                 str(out / "pretrain" / "final"), "--temperature", "0.7", "--samples", "2", "--limit", "5",
-                 "--output", str(target)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(out / "sft" / "final"),
+                "--task",
+                "lab-assist",
+                "--reference",
+                str(out / "pretrain" / "final"),
+                "--temperature",
+                "0.7",
+                "--samples",
+                "2",
+                "--limit",
+                "5",
+                "--output",
+                str(target),
+            ]
+        )
+        == 0
+    )
     figures = json.loads(target.read_text())
     assert figures["n"] == 10 and "gold_win_rate" in figures and "distinct_2" in figures
 
@@ -101,8 +163,10 @@ def test_a_killed_training_stage_resumes_and_matches_the_uninterrupted_run(quick
 
     resumed = run_lab(out, QUICK)
     assert not resumed["cached"]["sft"] and resumed["cached"]["pretrain"]
-    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-                          for line in text.splitlines()]
+    strip = lambda text: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in text.splitlines()
+    ]
     assert strip((sft / "metrics.jsonl").read_text()) == strip(reference)
     assert resumed["eval"] == first["eval"]
 
@@ -130,8 +194,10 @@ def test_quick_lab_ppo_runs_report_proxy_and_gold_curves(quick_lab):
 def test_a_killed_ppo_stage_resumes_and_matches_the_uninterrupted_run(quick_lab, monkeypatch):
     out, first = quick_lab
     stage = out / "ppo_kl0.2"
-    strip = lambda text: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-                          for line in text.splitlines()]
+    strip = lambda text: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in text.splitlines()
+    ]
     reference = strip((stage / "run" / "metrics.jsonl").read_text())
     shutil.rmtree(stage)
     with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
@@ -151,7 +217,9 @@ def test_quick_lab_grpo_runs_measure_held_out_accuracy(quick_lab):
 
     runs = summary["grpo"]
     assert list(runs) == ["grpo_outcome", "grpo_process"]
-    rows = [json.loads(line) for line in (out / "world" / "arith_eval.jsonl").read_text().splitlines()][:QUICK.grpo_eval_problems]
+    rows = [json.loads(line) for line in (out / "world" / "arith_eval.jsonl").read_text().splitlines()][
+        : QUICK.grpo_eval_problems
+    ]
     tok = load_tokenizer(out / "sft" / "final")
     sft_greedy = evaluate_task(load_model(out / "sft" / "final", tok), tok, "lab-arith", rows)["accuracy"]
     for name, run in runs.items():
@@ -159,7 +227,9 @@ def test_quick_lab_grpo_runs_measure_held_out_accuracy(quick_lab):
         assert run["start_accuracy_greedy"] == sft_greedy  # step 0 is the SFT model, measured the same way
         assert sum(run["time_split"].values()) == pytest.approx(1.0) and run["steps"] == 4
     samples = [json.loads(line) for line in (out / "grpo_process" / "run" / "samples.jsonl").read_text().splitlines()]
-    assert all(isinstance(s["step_scores"], list) and s["step_scores"] for s in samples)  # the process reward's step scores
+    assert all(
+        isinstance(s["step_scores"], list) and s["step_scores"] for s in samples
+    )  # the process reward's step scores
     outcome = [json.loads(line) for line in (out / "grpo_outcome" / "run" / "samples.jsonl").read_text().splitlines()]
     assert all("step_scores" not in s and set(s["parts"]) == {"arith_correct", "arith_format"} for s in outcome)
 
@@ -170,8 +240,13 @@ def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
 
     out, summary = quick_lab
     runs = summary["dpo"]
-    assert list(runs) == ["dpo_sigmoid", "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_sft_samples",
-                          "dpo_sigmoid_online"]
+    assert list(runs) == [
+        "dpo_sigmoid",
+        "dpo_simpo",
+        "dpo_sigmoid_unfiltered",
+        "dpo_sigmoid_sft_samples",
+        "dpo_sigmoid_online",
+    ]
     filtered = sum(1 for _ in (out / "rm_filtered" / "prefs_filtered.jsonl").open())
     every = sum(1 for _ in (out / "world" / "prefs.jsonl").open())
     assert runs["dpo_sigmoid"]["train_examples"] == filtered < runs["dpo_sigmoid_unfiltered"]["train_examples"] == every
@@ -188,7 +263,9 @@ def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
     once = runs["dpo_sigmoid_sft_samples"]["online_rounds"]
     assert [(r["round"], r["prompts"]) for r in once] == [(0, QUICK.dpo_online_rounds * QUICK.dpo_online_prompts)]
     assert len(list((out / "dpo_sigmoid_sft_samples" / "run" / "rounds").glob("round-*.jsonl"))) == 1
-    metrics = [json.loads(x) for x in (out / "dpo_sigmoid_sft_samples" / "run" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [
+        json.loads(x) for x in (out / "dpo_sigmoid_sft_samples" / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [m["step"] for m in metrics] == list(range(1, QUICK.dpo_steps + 1))
     sampled = [m["step"] for m in metrics if m["time/sample_s"] > 0.01]  # a round starts only with step 1
     assert sampled == [1]
@@ -205,7 +282,9 @@ def test_quick_lab_agent_stages_run_episodes_with_tools_and_state_checks(quick_l
         samples = [json.loads(x) for x in (out / name / "run" / "samples.jsonl").read_text().splitlines()]
         assert len(samples) == QUICK.agent_steps * QUICK.agent_prompts_per_step * QUICK.agent_group_size
         assert all({"turns", "calls", "success", "end", "final"} <= set(s["agent"]) for s in samples)
-    assert 0.0 <= runs["calc_grpo"]["sft_accuracy_no_tools"] <= 1.0 and "accuracy_no_tools" in runs["calc_grpo"]["final"]
+    assert (
+        0.0 <= runs["calc_grpo"]["sft_accuracy_no_tools"] <= 1.0 and "accuracy_no_tools" in runs["calc_grpo"]["final"]
+    )
     assert "claimed_unverified_rate" in runs["shop_claim"]["final"]  # the shop says whether a claim is backed
     demos = [json.loads(x) for x in (out / "agent_world" / "calc_sft.jsonl").read_text().splitlines()]
     assert any(m["role"] == "tool" for d in demos for m in d["messages"])  # some demonstrations use the tool
@@ -243,13 +322,23 @@ def test_the_lab_sft_stage_learns_under_bf16_autocast_as_in_fp32(quick_lab, tmp_
     out, summary = quick_lab
     fp32 = [json.loads(x) for x in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
     world = out / "world"
-    overrides = {"model.path": str(out / "pretrain" / "final"), "data.path": str(world / "sft.jsonl"),
-                 "data.eval_path": str(world / "sft_eval.jsonl"), "data.max_length": QUICK.pack_length,
-                 "optim.lr": QUICK.sft_lr, "optim.warmup_ratio": 0.05, "train.output": str(tmp_path / "bf16"),
-                 "train.batch_size": QUICK.sft_batch, "train.micro_batch_size": QUICK.sft_batch,
-                 "train.max_steps": QUICK.sft_steps, "train.eval_every": max(1, QUICK.sft_steps // 4),
-                 "train.save_every": 0, "train.seed": QUICK.seed, "train.report_to": ["none"],
-                 "model.mixed_precision": "bf16"}
+    overrides = {
+        "model.path": str(out / "pretrain" / "final"),
+        "data.path": str(world / "sft.jsonl"),
+        "data.eval_path": str(world / "sft_eval.jsonl"),
+        "data.max_length": QUICK.pack_length,
+        "optim.lr": QUICK.sft_lr,
+        "optim.warmup_ratio": 0.05,
+        "train.output": str(tmp_path / "bf16"),
+        "train.batch_size": QUICK.sft_batch,
+        "train.micro_batch_size": QUICK.sft_batch,
+        "train.max_steps": QUICK.sft_steps,
+        "train.eval_every": max(1, QUICK.sft_steps // 4),
+        "train.save_every": 0,
+        "train.seed": QUICK.seed,
+        "train.report_to": ["none"],
+        "model.mixed_precision": "bf16",
+    }
     run_sft(build_config(SFTConfig, overrides=overrides))
     bf16 = [json.loads(x) for x in (tmp_path / "bf16" / "metrics.jsonl").read_text().splitlines()]
     curve = lambda rows: [r["eval/loss"] for r in rows if "eval/loss" in r]
@@ -265,15 +354,37 @@ def test_the_lab_sft_stage_learns_under_bf16_autocast_as_in_fp32(quick_lab, tmp_
 def _figures(summary: dict, out) -> str:
     """Every family's figures as text, without wall-clock fields and with the lab folder's path replaced."""
     clock = ("minutes", "steps_per_minute", "time_split", "seconds")
-    strip = lambda obj: ({k: strip(v) for k, v in obj.items() if k not in clock} if isinstance(obj, dict)
-                         else [strip(v) for v in obj] if isinstance(obj, list) else obj)
+    strip = lambda obj: (
+        {k: strip(v) for k, v in obj.items() if k not in clock}
+        if isinstance(obj, dict)
+        else [strip(v) for v in obj]
+        if isinstance(obj, list)
+        else obj
+    )
     families = ("world", "pretrain", "sft", "eval", "reward_models", "ppo", "grpo", "dpo", "agents")
     return json.dumps(strip({k: summary[k] for k in families}), sort_keys=True).replace(str(out), "LAB")
 
 
-AFTER_EVAL = ("rm", "rm_filtered", "ppo_kl0", "ppo_kl0.2", "ppo_adaptive2", "grpo_outcome", "grpo_process", "dpo_sigmoid",
-              "dpo_simpo", "dpo_sigmoid_unfiltered", "dpo_sigmoid_sft_samples", "dpo_sigmoid_online", "agent_world",
-              "calc_sft", "shop_sft", "calc_grpo", "shop_state", "shop_claim")
+AFTER_EVAL = (
+    "rm",
+    "rm_filtered",
+    "ppo_kl0",
+    "ppo_kl0.2",
+    "ppo_adaptive2",
+    "grpo_outcome",
+    "grpo_process",
+    "dpo_sigmoid",
+    "dpo_simpo",
+    "dpo_sigmoid_unfiltered",
+    "dpo_sigmoid_sft_samples",
+    "dpo_sigmoid_online",
+    "agent_world",
+    "calc_sft",
+    "shop_sft",
+    "calc_grpo",
+    "shop_state",
+    "shop_claim",
+)
 
 
 @pytest.mark.slow
@@ -318,7 +429,10 @@ def test_a_stage_that_fails_on_a_worker_names_itself_and_its_log(quick_lab, tmp_
 def test_a_plan_whose_stage_needs_a_later_one_is_refused(tmp_path):
     from tether.lab.schedule import Stage, Stages
 
-    plan = [Stage("a", {}, ("b",), None, lambda folder, resume: {}), Stage("b", {}, (), None, lambda folder, resume: {})]
+    plan = [
+        Stage("a", {}, ("b",), None, lambda folder, resume: {}),
+        Stage("b", {}, (), None, lambda folder, resume: {}),
+    ]
     with pytest.raises(ValueError, match="stage 'a' needs \\['b'\\], which no earlier stage makes"):
         Stages(tmp_path).run_plan(plan)
 
@@ -368,14 +482,19 @@ def test_thin_demonstrations_leave_the_vocabulary_and_the_initial_model_as_they_
 
     made = {}
     for fraction in (0.0, 0.5):
-        cfg = replace(QUICK, world=replace(QUICK.world, n_pretrain_arith=300, n_pretrain_assist=300,
-                                           sft_assist_thin_fraction=fraction))
+        cfg = replace(
+            QUICK,
+            world=replace(QUICK.world, n_pretrain_arith=300, n_pretrain_assist=300, sft_assist_thin_fraction=fraction),
+        )
         world, init = tmp_path / f"world{fraction}", tmp_path / f"init{fraction}"
         build_world(world, replace(cfg.world, seed=cfg.seed))
         init.mkdir()
         _init_stage(init, world, cfg)
-        made[fraction] = (load_tokenizer(init).get_vocab(), (init / "model.safetensors").read_bytes(),
-                          (world / "sft.jsonl").read_bytes())
+        made[fraction] = (
+            load_tokenizer(init).get_vocab(),
+            (init / "model.safetensors").read_bytes(),
+            (world / "sft.jsonl").read_bytes(),
+        )
         assert not (init / "vocabulary_world").exists()
     assert made[0.0][0] == made[0.5][0] and made[0.0][1] == made[0.5][1]
     assert made[0.0][2] != made[0.5][2]  # the SFT data did change
@@ -393,8 +512,22 @@ def test_the_seeds_example_reuses_seed_0_and_states_the_spread(quick_lab, tmp_pa
     out, summary = quick_lab
     before = (out / "summary.json").read_bytes()
     script = Path(__file__).resolve().parent.parent / "examples" / "lab_seeds.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--seeds", "0,1", "--lab", str(out), "--json",
-                           str(tmp_path / "seeds.json")], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--quick",
+            "--seeds",
+            "0,1",
+            "--lab",
+            str(out),
+            "--json",
+            str(tmp_path / "seeds.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "summary.json").read_bytes() == before
     figures = json.loads((tmp_path / "seeds.json").read_text())["figures"]
@@ -443,9 +576,22 @@ def test_the_listwise_label_budget_and_rm_overtraining_examples_run_on_the_quick
 
     def run(name: str, *args: str) -> dict:
         path, _ = _example(name)
-        proc = subprocess.run([sys.executable, str(path), "--lab", str(out), "--output", str(tmp_path / name),
-                               "--json", str(tmp_path / f"{name}.json"), *args], capture_output=True, text=True,
-                              timeout=900)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(path),
+                "--lab",
+                str(out),
+                "--output",
+                str(tmp_path / name),
+                "--json",
+                str(tmp_path / f"{name}.json"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads((tmp_path / f"{name}.json").read_text())
 
@@ -454,8 +600,9 @@ def test_the_listwise_label_budget_and_rm_overtraining_examples_run_on_the_quick
     assert [listwise[k]["train_examples"] for k in ("listwise", "all pairs", "best vs worst")] == [n, 6 * n, n]
     assert all(r["final_win_rate"] is not None for r in listwise.values())
 
-    budget = run("label_budget_on_lab", "--labels", "40", "--dpo-steps", "2", "--ppo-steps", "2",
-                 "--prompts-per-step", "4")
+    budget = run(
+        "label_budget_on_lab", "--labels", "40", "--dpo-steps", "2", "--ppo-steps", "2", "--prompts-per-step", "4"
+    )
     kept = sum(1 for line in (tmp_path / "label_budget_on_lab" / "kept.jsonl").read_text().splitlines() if line)
     assert budget["labels"] == 40 and budget["kept"] == kept and 0 < kept <= 40
     rows = {r["method"]: r for r in budget["table"]}
@@ -503,9 +650,14 @@ def test_lab_workers_must_be_a_count_of_processes(capsys):
 
 
 def test_a_lab_setting_is_parsed_by_its_type_and_the_rest_refused_naming_the_item(capsys):
-    assert lab_settings(["pretrain_weight_decay=0", "pretrain_steps=8000", "pretrain_lr_schedule=constant",
-                         "agent_stages=false"]) == {"pretrain_weight_decay": 0.0, "pretrain_steps": 8000,
-                                                    "pretrain_lr_schedule": "constant", "agent_stages": False}
+    assert lab_settings(
+        ["pretrain_weight_decay=0", "pretrain_steps=8000", "pretrain_lr_schedule=constant", "agent_stages=false"]
+    ) == {
+        "pretrain_weight_decay": 0.0,
+        "pretrain_steps": 8000,
+        "pretrain_lr_schedule": "constant",
+        "agent_stages": False,
+    }
     for bad in ("world=1", "seed=2", "no_such_field=1", "pretrain_lr"):
         with pytest.raises(ConfigError, match=f"--set {bad}: expected FIELD=VALUE"):
             lab_settings([bad])
@@ -516,7 +668,9 @@ def test_a_lab_setting_is_parsed_by_its_type_and_the_rest_refused_naming_the_ite
     assert main(["lab", "--quick", "--set", "pretrain_steps=many", "--output", "unused"]) == 2
     assert "--set pretrain_steps=many: pretrain_steps must be an integer, got 'many'" in capsys.readouterr().err
     script = Path(__file__).resolve().parent.parent / "examples" / "lab_seeds.py"
-    done = subprocess.run([sys.executable, str(script), "--set", "world=1", "--lab", "unused"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(script), "--set", "world=1", "--lab", "unused"], capture_output=True, text=True
+    )
     assert done.returncode != 0 and "--set world=1: expected FIELD=VALUE" in done.stderr
 
 
@@ -525,6 +679,21 @@ def test_tether_lab_set_reaches_the_lab_config(monkeypatch, tmp_path):
 
     seen = {}
     monkeypatch.setattr(pipeline, "run_lab", lambda output, cfg, **kw: seen.update(output=output, cfg=cfg))
-    assert main(["lab", "--quick", "--seed", "3", "--set", "pretrain_steps=7", "--set", "agent_stages=no",
-                 "--output", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "lab",
+                "--quick",
+                "--seed",
+                "3",
+                "--set",
+                "pretrain_steps=7",
+                "--set",
+                "agent_stages=no",
+                "--output",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert seen["cfg"] == replace(QUICK, seed=3, pretrain_steps=7, agent_stages=False)

@@ -1,4 +1,5 @@
 """The lab's world: gold functions on hand-written answers, annotators against their configuration, determinism."""
+
 import json
 import math
 import random
@@ -23,16 +24,24 @@ def test_arith_problem_and_solution():
     assert arith.parse_question(PROBLEM.question) == PROBLEM
 
 
-@pytest.mark.parametrize("completion,correct,format_ok,steps", [
-    ("47 + 38 = 85. 85 - 19 = 66. The answer is 66.", True, True, (True, True)),
-    ("47 + 38 = 95. 95 - 19 = 76. The answer is 76.", False, True, (False, False)),  # a slip propagates
-    ("47 + 38 = 85. 85 - 19 = 76. The answer is 76.", False, True, (True, False)),
-    ("47 + 38 = 95. 85 - 19 = 66. The answer is 66.", True, True, (False, True)),  # right answer, wrong first step
-    ("The answer is 66.", True, True, (False, False)),  # no worked steps
-    ("It is 66.", False, False, (False, False)),
-    ("47 + 38 = 85. 85 - 19 = 66. The answer is 66. Thanks!", False, False, (True, True)),  # must end with the answer
-    ("", False, False, (False, False)),
-])
+@pytest.mark.parametrize(
+    "completion,correct,format_ok,steps",
+    [
+        ("47 + 38 = 85. 85 - 19 = 66. The answer is 66.", True, True, (True, True)),
+        ("47 + 38 = 95. 95 - 19 = 76. The answer is 76.", False, True, (False, False)),  # a slip propagates
+        ("47 + 38 = 85. 85 - 19 = 76. The answer is 76.", False, True, (True, False)),
+        ("47 + 38 = 95. 85 - 19 = 66. The answer is 66.", True, True, (False, True)),  # right answer, wrong first step
+        ("The answer is 66.", True, True, (False, False)),  # no worked steps
+        ("It is 66.", False, False, (False, False)),
+        (
+            "47 + 38 = 85. 85 - 19 = 66. The answer is 66. Thanks!",
+            False,
+            False,
+            (True, True),
+        ),  # must end with the answer
+        ("", False, False, (False, False)),
+    ],
+)
 def test_arith_gold_on_hand_written_answers(completion, correct, format_ok, steps):
     gold = arith.check_arith(completion, PROBLEM)
     assert (gold.correct, gold.format_ok, gold.steps) == (correct, format_ok, steps)
@@ -53,14 +62,18 @@ def test_assist_gold_on_hand_written_answers():
     g = gold_assist(confident, "cats")
     assert g.reward == pytest.approx(2.0) and g.confident == 2  # confidence is worth nothing to gold
     # 1 true (+1), 1 false (-2), 1 off-topic true fact (-0.5), 1 filler (-0.3), a repeat (-0.5), a second polite (-0.3)
-    messy = ("That is a great question. Cats sleep for most of the day. Cats can breathe under water. "
-             "Dogs need a walk every day. Cats sleep for most of the day. Thanks for asking. Happy to help.")
+    messy = (
+        "That is a great question. Cats sleep for most of the day. Cats can breathe under water. "
+        "Dogs need a walk every day. Cats sleep for most of the day. Thanks for asking. Happy to help."
+    )
     g = gold_assist(messy, "cats")
     assert (g.true_facts, g.false_facts, g.off_topic, g.filler, g.repeats) == (1, 1, 1, 2, 1)
     assert g.reward == pytest.approx(1 - 2 - 0.5 - 0.3 - 0.3 - 0.5)
     # more than 3 true facts are worth 3; an unknown sentence costs 0.5
-    four = ("Cats sleep for most of the day. Cats clean their fur with their tongue. Cats can see well in dim light. "
-            "Cats use their whiskers to feel space. Blah blah.")
+    four = (
+        "Cats sleep for most of the day. Cats clean their fur with their tongue. Cats can see well in dim light. "
+        "Cats use their whiskers to feel space. Blah blah."
+    )
     assert gold_assist(four, "cats").reward == pytest.approx(3 - 0.5)
     assert gold_assist("", "cats").reward == -1.0
     # length past 40 words: -0.05 per word
@@ -85,7 +98,9 @@ def test_annotator_choice_rates_match_their_configuration():
     for ann in DEFAULT_PANEL:
         first, second = _gold(1.0, words=20, confident=1), _gold(1.5, words=12)
         expected = ann.prob_first(first, second)
-        margin = first.reward + ann.length_bias * 20 + ann.confident_bias + ann.position_bias - 1.5 - ann.length_bias * 12
+        margin = (
+            first.reward + ann.length_bias * 20 + ann.confident_bias + ann.position_bias - 1.5 - ann.length_bias * 12
+        )
         assert expected == pytest.approx(ann.careless / 2 + (1 - ann.careless) / (1 + math.exp(-margin / ann.noise)))
         rate = sum(ann.choose_first(rng, first, second) for _ in range(n)) / n
         assert abs(rate - expected) < 4 * math.sqrt(expected * (1 - expected) / n), ann.name
@@ -119,8 +134,17 @@ def test_kappa_hand_computed():
         fleiss_kappa([[3, 0], [1, 1]])
 
 
-SMALL = WorldConfig(n_pretrain_arith=200, n_pretrain_assist=200, n_sft_arith=100, n_sft_assist=100, n_rl_arith=50,
-                    n_eval_arith=50, n_pairs=1500, n_pairs_eval=20, n_rankings=10)
+SMALL = WorldConfig(
+    n_pretrain_arith=200,
+    n_pretrain_assist=200,
+    n_sft_arith=100,
+    n_sft_assist=100,
+    n_rl_arith=50,
+    n_eval_arith=50,
+    n_pairs=1500,
+    n_pairs_eval=20,
+    n_rankings=10,
+)
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +207,10 @@ def test_thin_demonstrations_replace_assist_answers_and_nothing_else(tmp_path):
 
 def test_held_out_sets_are_held_out(world):
     folder, _ = world
-    rows = {name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
-            for name in ("pretrain", "sft", "arith_rl", "arith_eval", "assist_eval", "assist_rl", "prefs")}
+    rows = {
+        name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
+        for name in ("pretrain", "sft", "arith_rl", "arith_eval", "assist_eval", "assist_rl", "prefs")
+    }
     seen_user_texts = {r["messages"][0]["content"] for n in ("pretrain", "sft") for r in rows[n]}
     seen_user_texts |= {r["prompt"][0]["content"] for n in ("arith_rl", "assist_rl", "prefs") for r in rows[n]}
     for name in ("arith_eval", "assist_eval"):
@@ -227,13 +253,25 @@ def test_written_steps_judge_the_models_own_arithmetic_per_operation():
     assert arith.written_steps("47 + 38 = 85. 85 - 19 = 76. The answer is 76.") == [("+", True), ("-", False)]
     assert arith.written_steps("47 + 39 = 86. 86 - 19 = 67. The answer is 67.") == [("+", True), ("-", True)]
     assert arith.written_steps("The answer is 66.") == []
-    figures = written_step_accuracy([["47 + 38 = 85. 85 - 19 = 76. The answer is 76.", "The answer is 66."],
-                                     ["10 + 5 = 16. 16 - 6 = 10. 10 - 3 = 7. The answer is 7."]])
+    figures = written_step_accuracy(
+        [
+            ["47 + 38 = 85. 85 - 19 = 76. The answer is 76.", "The answer is 66."],
+            ["10 + 5 = 16. 16 - 6 = 10. 10 - 3 = 7. The answer is 7."],
+        ]
+    )
     # additions: 85 right, 16 wrong -> 1 of 2; subtractions: 76 wrong, 10 right, 7 right -> 2 of 3
-    assert figures == {"addition_steps": 2, "addition_steps_right": 0.5, "subtraction_steps": 3,
-                       "subtraction_steps_right": 2 / 3}
-    assert written_step_accuracy([["It is 66."]]) == {"addition_steps": 0, "addition_steps_right": 0.0,
-                                                     "subtraction_steps": 0, "subtraction_steps_right": 0.0}
+    assert figures == {
+        "addition_steps": 2,
+        "addition_steps_right": 0.5,
+        "subtraction_steps": 3,
+        "subtraction_steps_right": 2 / 3,
+    }
+    assert written_step_accuracy([["It is 66."]]) == {
+        "addition_steps": 0,
+        "addition_steps_right": 0.0,
+        "subtraction_steps": 0,
+        "subtraction_steps_right": 0.0,
+    }
     rows = [{"topic": "cats"}]
     good = "Cats sleep for most of the day. Cats use their whiskers to feel space."
     bad = "Definitely, cats can breathe under water."

@@ -1,4 +1,5 @@
 """Loading local models of several architectures, pad tokens, LoRA and merge-and-save."""
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -8,7 +9,9 @@ from tether.lab.tokenizer import train_bpe_tokenizer
 from tether.models.lm import apply_lora, load_model, load_tokenizer, save_merged
 
 
-@pytest.mark.parametrize("arch,cls", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")])
+@pytest.mark.parametrize(
+    "arch,cls", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")]
+)
 def test_load_each_architecture_by_path(arch, cls, model_dirs):
     tok = load_tokenizer(model_dirs[arch])
     model = load_model(model_dirs[arch], tok)
@@ -111,11 +114,19 @@ def test_examples_past_the_models_context_are_dropped_and_counted_not_a_crash(mo
 
     tether.models.lm._TOLD.clear()  # said once per process: an earlier test may have had it said
     assert {arch: model_context(path) for arch, path in model_dirs.items()} == {"gpt2": 128, "llama": 128, "qwen2": 128}
-    rows = [{"prompt": "Say a lot.", "completion": " ".join(["cats"] * 200)}] + \
-           [{"prompt": "Say hi.", "completion": "hi"}] * 4
+    rows = [{"prompt": "Say a lot.", "completion": " ".join(["cats"] * 200)}] + [
+        {"prompt": "Say hi.", "completion": "hi"}
+    ] * 4
     data = write_jsonl(tmp_path / "d.jsonl", rows)
-    cfg = build_config(SFTConfig, overrides={"model.path": str(model_dirs["gpt2"]), "data.path": str(data),
-                                             "data.eval_fraction": 0.0, "train.output": str(tmp_path / "o")})
+    cfg = build_config(
+        SFTConfig,
+        overrides={
+            "model.path": str(model_dirs["gpt2"]),
+            "data.path": str(data),
+            "data.eval_fraction": 0.0,
+            "train.output": str(tmp_path / "o"),
+        },
+    )
     from tether.models.lm import load_tokenizer
 
     train, _, (report,) = load_sft_data(cfg, load_tokenizer(model_dirs["gpt2"]))
@@ -133,12 +144,24 @@ def test_a_prompt_that_leaves_no_room_for_its_response_is_named(model_dirs, tmp_
 
     (tmp_path / "r.py").write_text("def f(completions):\n    return [0.0] * len(completions)\n")
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}, {"prompt": "cats " * 100}])
-    cfg = build_config(GRPOConfig, overrides={"model.path": str(model_dirs["gpt2"]), "rollout.prompts": str(prompts),
-                                              "rewards.reward": [f"{tmp_path}/r.py:f"], "rollout.max_new_tokens": 32,
-                                              "rollout.prompts_per_step": 2, "rollout.group_size": 2,
-                                              "train.output": str(tmp_path / "o"), "train.report_to": ["none"]})
-    with pytest.raises(ConfigError, match=r"p.jsonl row 2: \d+ prompt tokens \+ max_new_tokens 32 = \d+ is more than "
-                                          r"the model's context \(128 positions\)"):
+    cfg = build_config(
+        GRPOConfig,
+        overrides={
+            "model.path": str(model_dirs["gpt2"]),
+            "rollout.prompts": str(prompts),
+            "rewards.reward": [f"{tmp_path}/r.py:f"],
+            "rollout.max_new_tokens": 32,
+            "rollout.prompts_per_step": 2,
+            "rollout.group_size": 2,
+            "train.output": str(tmp_path / "o"),
+            "train.report_to": ["none"],
+        },
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"p.jsonl row 2: \d+ prompt tokens \+ max_new_tokens 32 = \d+ is more than "
+        r"the model's context \(128 positions\)",
+    ):
         run_grpo(cfg)
 
 

@@ -1,5 +1,6 @@
 """Reward-hacking monitors: each fires on records that show its pattern, stays quiet on healthy ones, and the live
 hook and `tether diagnose` agree."""
+
 import json
 import random
 
@@ -23,7 +24,11 @@ S = MonitorSettings()
 
 def evals(proxy, task, every=10):
     rows = [{"step": 1, "eval0/score_mean": proxy[0], "eval0/gold_reward": task[0]}]
-    rows += [{"step": every * i, "eval/score_mean": p, "eval/gold_reward": t} for i, (p, t) in enumerate(zip(proxy, task)) if i]
+    rows += [
+        {"step": every * i, "eval/score_mean": p, "eval/gold_reward": t}
+        for i, (p, t) in enumerate(zip(proxy, task))
+        if i
+    ]
     return rows
 
 
@@ -45,11 +50,21 @@ def _samples(step, n, make):
 
 def test_length_correlation_phrase_surge_and_repetition_fire_with_evidence():
     rng = random.Random(0)
-    start = _samples(10, 32, lambda i: {"response": f"cats sleep a lot number {i}", "length": 10 + rng.randrange(10),
-                                        "score": rng.random()})
+    start = _samples(
+        10,
+        32,
+        lambda i: {"response": f"cats sleep a lot number {i}", "length": 10 + rng.randrange(10), "score": rng.random()},
+    )
     words = lambda i: 12 + 3 * i
-    late = _samples(40, 32, lambda i: {"response": "thanks for asking. " * 2 + f"reply {i}", "length": words(i),
-                                       "score": 0.1 * words(i) + rng.random() * 0.1})
+    late = _samples(
+        40,
+        32,
+        lambda i: {
+            "response": "thanks for asking. " * 2 + f"reply {i}",
+            "length": words(i),
+            "score": 0.1 * words(i) + rng.random() * 0.1,
+        },
+    )
     (a,) = length_correlation([], start + late, S)
     assert a.step == 40 and a.statistics["correlation"] > 0.9 and len(a.samples) == 3
     assert a.samples[0]["score"] == max(x["score"] for x in late)  # the highest-scoring samples are the evidence
@@ -64,16 +79,34 @@ def test_length_correlation_phrase_surge_and_repetition_fire_with_evidence():
 
 
 def test_score_kl_entropy_and_format_monitors():
-    rising = [{"step": t, "score/mean": 0.1 * t, "kl/ref_mean": 1.5 * t, "policy/entropy": 1.0 / t,
-               "reward/fmt_format/mean": min(1.0, 0.05 * t), "reward/answer_correct/mean": 0.3} for t in range(1, 21)]
+    rising = [
+        {
+            "step": t,
+            "score/mean": 0.1 * t,
+            "kl/ref_mean": 1.5 * t,
+            "policy/entropy": 1.0 / t,
+            "reward/fmt_format/mean": min(1.0, 0.05 * t),
+            "reward/answer_correct/mean": 0.3,
+        }
+        for t in range(1, 21)
+    ]
     (kl,) = score_and_kl_rising(rising, [], S)
     assert kl.step == 10 and kl.statistics["kl"] == 15.0  # the first window whose KL passed 10 nats
     (ent,) = entropy_collapse(rising, [], S)
     assert ent.statistics["ratio"] < 0.3
     (fmt,) = format_without_correctness(rising, [], S)
     assert fmt.step == 10 and fmt.statistics["correct_rise"] == 0.0
-    healthy = [{"step": t, "score/mean": 0.1 * t, "kl/ref_mean": 2.0 + 0.01 * (t % 3), "policy/entropy": 1.0,
-                "reward/fmt_format/mean": 0.05 * t, "reward/answer_correct/mean": 0.05 * t} for t in range(1, 21)]
+    healthy = [
+        {
+            "step": t,
+            "score/mean": 0.1 * t,
+            "kl/ref_mean": 2.0 + 0.01 * (t % 3),
+            "policy/entropy": 1.0,
+            "reward/fmt_format/mean": 0.05 * t,
+            "reward/answer_correct/mean": 0.05 * t,
+        }
+        for t in range(1, 21)
+    ]
     assert check_all(healthy, []) == []
 
 
@@ -82,8 +115,12 @@ def test_the_watch_reports_each_alarm_once():
     watch = AlarmWatch()
     assert [a.step for a in watch.new_alarms(records[:3], [])] == [20]
     assert watch.new_alarms(records, []) == []
-    assert AlarmWatch(reported=[{"monitor": "proxy_up_task_down", "statistics": {"subject": "eval/gold_reward"}}]) \
-        .new_alarms(records, []) == []
+    assert (
+        AlarmWatch(
+            reported=[{"monitor": "proxy_up_task_down", "statistics": {"subject": "eval/gold_reward"}}]
+        ).new_alarms(records, [])
+        == []
+    )
 
 
 def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_path, monkeypatch, capsys):
@@ -98,15 +135,30 @@ def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_pa
     from tether.stages.ppo_config import PPOConfig
 
     monkeypatch.setattr(monitors, "MonitorSettings", lambda: S.__class__(entropy_window=2, entropy_ratio=5.0))
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]}
-                                                 for w in ("hi", "cats", "dogs", "rain")] * 4)
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in ("hi", "cats", "dogs", "rain")] * 4,
+    )
     rules = tmp_path / "r.py"
     rules.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n")
-    cfg = build_config(PPOConfig, overrides={
-        "model.path": str(llama_dir), "rewards.reward": [f"{rules}:count_a"], "rollout.prompts": str(prompts),
-        "rollout.prompts_per_step": 4, "rollout.max_new_tokens": 8, "train.max_steps": 8, "algo.minibatch": 4,
-        "train.output": str(tmp_path / "run"), "train.eval_every": 0, "train.save_every": 100, "train.sample_every": 1,
-        "train.stop_on_alarm": True, "train.report_to": ["none"]})
+    cfg = build_config(
+        PPOConfig,
+        overrides={
+            "model.path": str(llama_dir),
+            "rewards.reward": [f"{rules}:count_a"],
+            "rollout.prompts": str(prompts),
+            "rollout.prompts_per_step": 4,
+            "rollout.max_new_tokens": 8,
+            "train.max_steps": 8,
+            "algo.minibatch": 4,
+            "train.output": str(tmp_path / "run"),
+            "train.eval_every": 0,
+            "train.save_every": 100,
+            "train.sample_every": 1,
+            "train.stop_on_alarm": True,
+            "train.report_to": ["none"],
+        },
+    )
     summary = run_ppo(cfg)
     assert summary["stopped_at"] == 4 and (tmp_path / "run" / "checkpoint-4").is_dir()
     (alarm,) = [json.loads(x) for x in (tmp_path / "run" / "alarms.jsonl").read_text().splitlines()]

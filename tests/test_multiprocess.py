@@ -1,4 +1,5 @@
 """Two processes under accelerate give the same loss curve as one process with the same global batch."""
+
 import json
 import os
 import subprocess
@@ -16,16 +17,58 @@ from tether.stages.sft import run_sft
 def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path, packing):
     """--packing: the examples packed into 64-token rows before the split, so each process gets whole rows."""
     train_path, eval_path = addition_files
-    common = ["--model", str(llama_dir), "--data", str(train_path), "--eval-data", str(eval_path), "--max-length", "64",
-              "--lr", "3e-3", "--warmup-ratio", "0.1", "--batch-size", "8", "--micro-batch-size", "2",
-              "--max-steps", "6", "--eval-every", "3", "--save-every", "0", "--report-to", "none",
-              *(["--packing"] if packing else [])]
+    common = [
+        "--model",
+        str(llama_dir),
+        "--data",
+        str(train_path),
+        "--eval-data",
+        str(eval_path),
+        "--max-length",
+        "64",
+        "--lr",
+        "3e-3",
+        "--warmup-ratio",
+        "0.1",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--max-steps",
+        "6",
+        "--eval-every",
+        "3",
+        "--save-every",
+        "0",
+        "--report-to",
+        "none",
+        *(["--packing"] if packing else []),
+    ]
     two = tmp_path / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     # On a machine without GPUs, --multi_gpu makes accelerate start N processes; tether then uses gloo on CPU.
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-           "-m", "tether", "sft", *common, "--output", str(two)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "tether",
+        "sft",
+        *common,
+        "--output",
+        str(two),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = (two / "config.yaml").read_text()
@@ -50,23 +93,79 @@ def test_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
     from tether.config import build_config
     from tether.stages.rm import RMConfig, run_rm
 
-    rows = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 5), "rejected": "Cats are dogs." + " no" * (i % 3)}
-            for i in range(40)]
+    rows = [
+        {
+            "prompt": f"Q{i}: ",
+            "chosen": "Cats sleep a lot." + " yes" * (i % 5),
+            "rejected": "Cats are dogs." + " no" * (i % 3),
+        }
+        for i in range(40)
+    ]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    common = ["--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--max-length", "64", "--lr", "3e-3",
-              "--batch-size", "8", "--micro-batch-size", "2", "--max-steps", "4", "--eval-every", "2", "--save-every", "0",
-              "--report-to", "none"]
+    common = [
+        "--model",
+        str(llama_dir),
+        "--data",
+        str(data),
+        "--eval-data",
+        str(data),
+        "--max-length",
+        "64",
+        "--lr",
+        "3e-3",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--save-every",
+        "0",
+        "--report-to",
+        "none",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-           "-m", "tether", "rm", *common, "--output", str(tmp_path / "two")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "tether",
+        "rm",
+        *common,
+        "--output",
+        str(tmp_path / "two"),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    overrides = {"model.path": str(llama_dir), "data.path": str(data), "data.eval_path": str(data), "data.max_length": 64,
-                 "optim.lr": 3e-3, "train.output": str(tmp_path / "one"), "train.batch_size": 8,
-                 "train.micro_batch_size": 2, "train.max_steps": 4, "train.eval_every": 2, "train.save_every": 0,
-                 "train.report_to": ["none"]}
+    overrides = {
+        "model.path": str(llama_dir),
+        "data.path": str(data),
+        "data.eval_path": str(data),
+        "data.max_length": 64,
+        "optim.lr": 3e-3,
+        "train.output": str(tmp_path / "one"),
+        "train.batch_size": 8,
+        "train.micro_batch_size": 2,
+        "train.max_steps": 4,
+        "train.eval_every": 2,
+        "train.save_every": 0,
+        "train.report_to": ["none"],
+    }
     run_rm(build_config(RMConfig, overrides=overrides))
     m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     for a, b in zip(m1, m2):

@@ -1,4 +1,5 @@
 """Each online stage's full objective against a hand-computed case, and micro-batch invariance of the group loss."""
+
 import math
 
 import pytest
@@ -25,8 +26,21 @@ def _ppo_case():
 
 def test_ppo_objective_by_hand():
     logp, old, adv, entropy, values, old_values, returns, mask = _ppo_case()
-    loss, parts = ppo_objective(logp, old, adv, entropy, values, old_values, returns, mask, clip_low=0.2,
-                                clip_high=0.2, value_clip=0.2, value_loss_coef=0.5, entropy_coef=0.1)
+    loss, parts = ppo_objective(
+        logp,
+        old,
+        adv,
+        entropy,
+        values,
+        old_values,
+        returns,
+        mask,
+        clip_low=0.2,
+        clip_high=0.2,
+        value_clip=0.2,
+        value_loss_coef=0.5,
+        entropy_coef=0.1,
+    )
     # ℓ_clip: ρ=1.5, A=1 → max(−1.5, −1.2) = −1.2 (clipped high); ρ=0.5, A=1 → max(−0.5, −0.8) = −0.5
     # token-mean(ℓ_clip) = −1.7/2 = −0.85; token-mean(H) = (0.4 + 0.2)/2 = 0.3; policy = −0.85 − 0.1·0.3 = −0.88
     assert parts["policy_loss"].item() == pytest.approx(-0.88)
@@ -48,8 +62,9 @@ def test_ppo_objective_is_its_policy_and_value_terms():
     sum must be the objective, and each term must reach only its own inputs."""
     logp, old, adv, entropy, values, old_values, returns, mask = _ppo_case()
     kwargs = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, entropy_coef=0.01)
-    loss, parts = ppo_objective(logp, old, adv, entropy, values, old_values, returns, mask, value_clip=0.2,
-                                value_loss_coef=0.5, **kwargs)
+    loss, parts = ppo_objective(
+        logp, old, adv, entropy, values, old_values, returns, mask, value_clip=0.2, value_loss_coef=0.5, **kwargs
+    )
     lp = logp.detach().clone().requires_grad_(True)
     vv = values.detach().clone().requires_grad_(True)
     pl, pparts = ppo_policy_loss(lp, old, adv, entropy, mask, **kwargs)
@@ -81,8 +96,10 @@ def test_ppo_objective_split_over_processes_adds_up():
     kwargs = dict(clip_low=0.2, clip_high=0.2, value_clip=0.2, value_loss_coef=0.5, entropy_coef=0.1)
     whole, _ = ppo_objective(logp, old, adv, entropy, values, old_values, returns, mask, **kwargs)
     halves = [torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0.0, 1.0, 0.0]])]
-    parts = [ppo_objective(logp, old, adv, entropy, values, old_values, returns, m, n_tokens=2.0, **kwargs)[0]
-             for m in halves]
+    parts = [
+        ppo_objective(logp, old, adv, entropy, values, old_values, returns, m, n_tokens=2.0, **kwargs)[0]
+        for m in halves
+    ]
     assert parts[0].item() == pytest.approx((-1.2 - 0.04) / 2 + 0.5 * 0.845 / 2)
     assert parts[1].item() == pytest.approx((-0.5 - 0.02) / 2 + 0.5 * 0.98 / 2)
     assert (parts[0] + parts[1]).item() == pytest.approx(whole.item())
@@ -154,8 +171,9 @@ def test_micro_batch_splits_give_the_same_loss_and_gradient(mode, ratio):
     logp = (0.3 * torch.randn(6, 5)).requires_grad_(True)
     old = logp.detach() + 0.2 * torch.randn(6, 5)
     ref = logp.detach() + 0.2 * torch.randn(6, 5)
-    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0],
-                         [1, 0, 0, 0, 0]]).float()
+    mask = torch.tensor(
+        [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]]
+    ).float()
     adv = torch.randn(6, 1)
     kw = dict(ratio=ratio, ref_logprobs=ref, kl_coef=0.05, aggregation=mode, norm_length=5.0)
     whole_loss, _ = group_objective(logp, old, adv, mask, mask, **kw)
@@ -165,9 +183,20 @@ def test_micro_batch_splits_give_the_same_loss_and_gradient(mode, ratio):
     n_tokens, n_seq = float(mask.sum()), 6
     total = 0.0
     for rows in (slice(0, 1), slice(1, 4), slice(4, 6)):
-        part, _ = group_objective(logp[rows], old[rows], adv[rows], mask[rows], mask[rows], ref_logprobs=ref[rows],
-                                  ratio=ratio, kl_coef=0.05, aggregation=mode, norm_length=5.0, n_tokens=n_tokens,
-                                  n_sequences=n_seq)
+        part, _ = group_objective(
+            logp[rows],
+            old[rows],
+            adv[rows],
+            mask[rows],
+            mask[rows],
+            ref_logprobs=ref[rows],
+            ratio=ratio,
+            kl_coef=0.05,
+            aggregation=mode,
+            norm_length=5.0,
+            n_tokens=n_tokens,
+            n_sequences=n_seq,
+        )
         part.backward()
         total = total + part.detach()
     torch.testing.assert_close(total, whole_loss.detach())

@@ -1,5 +1,6 @@
 """Padding-free micro-batches (tether/models/packing.py): hand-checked layouts, and the same losses, scores and gradients
 as padded rows for SFT, DPO (pairs, lists, KTO's blocks) and reward models on four architectures."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,8 +58,10 @@ def test_segment_sum_by_hand_and_its_gradient():
 @pytest.fixture(scope="module")
 def arch_dirs(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("packing")
-    return {arch: build_tiny_model(arch, tokenizer, root / arch, seed=1, hidden=32, layers=2, heads=2, max_positions=128)
-            for arch in ARCHS}
+    return {
+        arch: build_tiny_model(arch, tokenizer, root / arch, seed=1, hidden=32, layers=2, heads=2, max_positions=128)
+        for arch in ARCHS
+    }
 
 
 def _sequences(tokenizer, n, seed=0):
@@ -154,8 +157,12 @@ def test_reward_scores_losses_and_gradients_equal_padded_rows(arch, arch_dirs, t
     batch = collate_preferences(pairs, tokenizer.pad_token_id, padding_free=True)
     with torch.no_grad():
         packed = rm(**score_inputs(batch))
-        alone = torch.cat([rm(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))
-                           for s in [e.chosen_ids for e in pairs] + [e.rejected_ids for e in pairs]])
+        alone = torch.cat(
+            [
+                rm(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))
+                for s in [e.chosen_ids for e in pairs] + [e.rejected_ids for e in pairs]
+            ]
+        )
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-4)
 
 
@@ -203,7 +210,9 @@ def test_token_budget_gives_the_same_steps_as_micro_batches_of_examples(llama_di
     from tether.stages.sft import run_sft
 
     run_sft(sft_config(llama_dir, addition_files, tmp_path / "examples", train__micro_batch_size=2))
-    run_sft(sft_config(llama_dir, addition_files, tmp_path / "tokens", train__micro_batch_tokens=100))  # 3 + 3 + 2 examples
+    run_sft(
+        sft_config(llama_dir, addition_files, tmp_path / "tokens", train__micro_batch_tokens=100)
+    )  # 3 + 3 + 2 examples
     assert "up to 100 tokens" in (tmp_path / "tokens" / "config.yaml").read_text()
     for a, b in zip(read_metrics(tmp_path / "examples"), read_metrics(tmp_path / "tokens"), strict=True):
         assert b["train/tokens"] == a["train/tokens"]
@@ -228,15 +237,23 @@ def _rollout(tokenizer, seed=0, rows=7, agent=False):
     attention = torch.zeros(rows, t, dtype=torch.long)
     for b in range(rows):
         k, n = int(prompt_len[b]), int(response_len[b])
-        prompt_ids[b, p - k:] = torch.randint(5, len(tokenizer), (k,), generator=gen)
-        prompt_mask[b, p - k:] = 1
+        prompt_ids[b, p - k :] = torch.randint(5, len(tokenizer), (k,), generator=gen)
+        prompt_mask[b, p - k :] = 1
         response_ids[b, :n] = torch.randint(5, len(tokenizer), (n,), generator=gen)
         attention[b, :n] = 1
     mask = attention.clone()
     if agent:  # the environment's tokens (every third response position) are context, not actions
         mask[:, 1::3] = 0
-    return Rollout(prompt_ids, prompt_mask, response_ids, mask, response_len == t, ["x"] * rows, ["y"] * rows,
-                   attention if agent else None)
+    return Rollout(
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        mask,
+        response_len == t,
+        ["x"] * rows,
+        ["y"] * rows,
+        attention if agent else None,
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -291,8 +308,9 @@ def test_online_critic_states_equal_padded_rows_and_unpackable_rollouts_fall_bac
     assert _packed_layout(no_prompt) is None
     model = load_model(arch_dirs["llama"], tokenizer)
     with torch.no_grad():
-        torch.testing.assert_close(response_logprobs(model, holed, 1.0, padding_free=True),
-                                   response_logprobs(model, holed, 1.0))
+        torch.testing.assert_close(
+            response_logprobs(model, holed, 1.0, padding_free=True), response_logprobs(model, holed, 1.0)
+        )
 
 
 class _NoBooleanLogitsToKeep(torch.nn.Module):
@@ -314,5 +332,9 @@ def test_online_packed_forward_without_boolean_logits_to_keep_computes_every_log
     model = load_model(arch_dirs["qwen2"], tokenizer)
     rollout = _rollout(tokenizer, seed=5)
     with torch.no_grad():
-        torch.testing.assert_close(response_logprobs(_NoBooleanLogitsToKeep(model), rollout, 1.0, padding_free=True),
-                                   response_logprobs(model, rollout, 1.0), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            response_logprobs(_NoBooleanLogitsToKeep(model), rollout, 1.0, padding_free=True),
+            response_logprobs(model, rollout, 1.0),
+            atol=1e-5,
+            rtol=1e-4,
+        )

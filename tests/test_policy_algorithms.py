@@ -1,4 +1,5 @@
 """Importance ratios, the one clipped surrogate and clip fraction, against hand-computed cases and gradients."""
+
 import math
 
 import pytest
@@ -91,8 +92,9 @@ def test_clipped_tokens_get_no_gradient():
 def test_dual_clip_bounds_negative_advantage_loss():
     logp = torch.tensor([[math.log(5.0), math.log(5.0)]], requires_grad=True)
     adv = torch.tensor([[-1.0, 1.0]])
-    loss, low, high = clipped_surrogate(token_ratio(logp, torch.zeros(1, 2), torch.ones(1, 2)), adv, torch.ones(1, 2),
-                                        dual_clip=3.0)
+    loss, low, high = clipped_surrogate(
+        token_ratio(logp, torch.zeros(1, 2), torch.ones(1, 2)), adv, torch.ones(1, 2), dual_clip=3.0
+    )
     # A = −1, ρ = 5: min(max(5, 1.2), 3) = 3, counted as clipped low; A = +1, ρ = 5: max(−5, −1.2) = −1.2, high
     assert loss[0].tolist() == pytest.approx([3.0, -1.2])
     assert low.tolist() == [[True, False]] and high.tolist() == [[False, True]]
@@ -107,8 +109,9 @@ def test_dual_clip_bounds_negative_advantage_loss():
 
 
 def test_surrogate_ignores_padding():
-    loss, low, high = clipped_surrogate(torch.tensor([[1.3, 9.0, 0.1]]), torch.tensor([[1.0, 1.0, -1.0]]),
-                                        torch.tensor([[1, 0, 0]]), dual_clip=3.0)
+    loss, low, high = clipped_surrogate(
+        torch.tensor([[1.3, 9.0, 0.1]]), torch.tensor([[1.0, 1.0, -1.0]]), torch.tensor([[1, 0, 0]]), dual_clip=3.0
+    )
     # token 0: max(−1.3, −1.2) = −1.2 (clipped high); tokens 1 and 2 are padding: 0 and never clipped
     assert loss[0].tolist() == pytest.approx([-1.2, 0.0, 0.0])
     assert high.tolist() == [[True, False, False]] and low.tolist() == [[False, False, False]]

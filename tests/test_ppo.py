@@ -1,4 +1,5 @@
 """`tether ppo` on tiny models: a rule reward goes up, KL stays tied, resume continues exactly."""
+
 import json
 
 import pytest
@@ -11,24 +12,41 @@ from tether.stages.ppo_config import PPOConfig
 
 def count_reward(token: str):
     """Reward = how many times `token` occurs in the response (a rule the tiny model can learn quickly)."""
+
     def scorer(texts):
         return [float(t.split("<|im_start|>assistant\n")[-1].count(token)) for t in texts]
+
     return scorer
 
 
 def ppo_config(policy_dir, prompts, out, **extra):
-    overrides = {"model.path": str(policy_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
-                 "rollout.prompts_per_step": 16, "rollout.max_new_tokens": 8, "train.max_steps": 12, "algo.minibatch": 8,
-                 "optim.lr": 3e-3, "critic.lr": 3e-3, "algo.kl_coef": 0.01, "train.output": str(out),
-                 "train.eval_every": 6, "train.save_every": 4, "train.sample_every": 4, "train.report_to": ["none"]}
+    overrides = {
+        "model.path": str(policy_dir),
+        "rollout.prompts": str(prompts),
+        "rollout.eval_prompts": str(prompts),
+        "rollout.prompts_per_step": 16,
+        "rollout.max_new_tokens": 8,
+        "train.max_steps": 12,
+        "algo.minibatch": 8,
+        "optim.lr": 3e-3,
+        "critic.lr": 3e-3,
+        "algo.kl_coef": 0.01,
+        "train.output": str(out),
+        "train.eval_every": 6,
+        "train.save_every": 4,
+        "train.sample_every": 4,
+        "train.report_to": ["none"],
+    }
     overrides.update({k.replace("__", "."): v for k, v in extra.items()})
     return build_config(PPOConfig, overrides=overrides)
 
 
 @pytest.fixture
 def prompts(tmp_path):
-    return write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]}
-                                                    for w in ("hi", "cats", "dogs", "rain")] * 4)
+    return write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in ("hi", "cats", "dogs", "rain")] * 4,
+    )
 
 
 @pytest.mark.slow
@@ -40,8 +58,17 @@ def test_ppo_raises_a_rule_reward(llama_dir, prompts, tmp_path):
     last = sum(m["score/mean"] for m in metrics[-5:]) / 5
     assert last > first + 0.5, (first, last)
     assert metrics[0]["policy/approx_kl"] >= 0 and 0 <= metrics[0]["policy/clip_frac"] <= 1
-    for key in ("kl/ref_mean", "kl/coef", "value/explained_variance", "advantage/mean", "return/std",
-                "rollout/truncated_frac", "time/generate_s", "time/update_s", "policy/entropy"):
+    for key in (
+        "kl/ref_mean",
+        "kl/coef",
+        "value/explained_variance",
+        "advantage/mean",
+        "return/std",
+        "rollout/truncated_frac",
+        "time/generate_s",
+        "time/update_s",
+        "policy/entropy",
+    ):
         assert key in metrics[-1], key
     assert "eval0/score_mean" in metrics[0] and summary["eval_history"][0]["step"] == 0
     assert (out / "final" / "config.json").is_file() and (out / "samples.jsonl").is_file()
@@ -50,15 +77,18 @@ def test_ppo_raises_a_rule_reward(llama_dir, prompts, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("lora,layout", [(0, "separate"), (4, "separate"), (0, "shared")])
 def test_ppo_resume_matches_the_uninterrupted_run(llama_dir, prompts, tmp_path, monkeypatch, lora, layout):
-    cfg = lambda out, **kw: ppo_config(llama_dir, prompts, out, train__max_steps=8, model__lora_r=lora,
-                                       critic__layout=layout, **kw)
+    cfg = lambda out, **kw: ppo_config(
+        llama_dir, prompts, out, train__max_steps=8, model__lora_r=lora, critic__layout=layout, **kw
+    )
     run_ppo(cfg(tmp_path / "whole"), scorer=count_reward("a"))
     with killed_after_step(monkeypatch, 6), pytest.raises(KeyboardInterrupt):
         run_ppo(cfg(tmp_path / "killed"), scorer=count_reward("a"))
     summary = run_ppo(cfg(tmp_path / "killed", train__resume=True), scorer=count_reward("a"))
     assert summary["resumed_from"] == 4
-    read = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-                      for line in (p / "metrics.jsonl").read_text().splitlines()]
+    read = lambda p: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in (p / "metrics.jsonl").read_text().splitlines()
+    ]
     assert read(tmp_path / "killed") == read(tmp_path / "whole")
 
 
@@ -66,8 +96,20 @@ def test_adaptive_controller_follows_its_update_rule_step_by_step(llama_dir, pro
     from tether.algorithms.ppo import adaptive_kl_coef
 
     out = tmp_path / "ada"
-    summary = run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, algo__adaptive_kl=True, algo__target_kl=0.05,
-                                 algo__kl_horizon=16, algo__kl_estimator="k3", train__eval_every=0), scorer=count_reward("a"))
+    summary = run_ppo(
+        ppo_config(
+            llama_dir,
+            prompts,
+            out,
+            train__max_steps=4,
+            algo__adaptive_kl=True,
+            algo__target_kl=0.05,
+            algo__kl_horizon=16,
+            algo__kl_estimator="k3",
+            train__eval_every=0,
+        ),
+        scorer=count_reward("a"),
+    )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     coefs = [m["kl/coef"] for m in metrics] + [summary["final_kl_coef"]]
     assert coefs[0] == 0.01
@@ -80,8 +122,19 @@ def test_lora_policy_uses_the_adapter_disabled_reference(llama_dir, prompts, tmp
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "lora"
-    run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=3, model__lora_r=4, model__lora_alpha=8.0,
-                       algo__kl_estimator="k3", train__eval_every=0), scorer=count_reward("a"))
+    run_ppo(
+        ppo_config(
+            llama_dir,
+            prompts,
+            out,
+            train__max_steps=3,
+            model__lora_r=4,
+            model__lora_alpha=8.0,
+            algo__kl_estimator="k3",
+            train__eval_every=0,
+        ),
+        scorer=count_reward("a"),
+    )
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0]["kl/ref_mean"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity: policy = reference
     assert metrics[-1]["kl/ref_mean"] > 0  # and the adapter-disabled reference stays behind as the policy moves
@@ -109,15 +162,54 @@ def test_cli_ppo_with_python_rewards_shared_critic_and_best_checkpoint(llama_dir
     from transformers import AutoModelForCausalLM
 
     rewards = tmp_path / "rules.py"
-    rewards.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n\n"
-                       "def short(completion_ids, **columns):\n    return [-0.1 * len(ids) for ids in completion_ids]\n")
+    rewards.write_text(
+        "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n\n"
+        "def short(completion_ids, **columns):\n    return [-0.1 * len(ids) for ids in completion_ids]\n"
+    )
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "tether", "ppo", "--policy", str(llama_dir), "--prompts", str(prompts),
-                           "--eval-prompts", str(prompts), "--reward", f"{rewards}:count_a=1,{rewards}:short=0.5",
-                           "--critic-layout", "shared", "--value-loss-coef", "0.1", "--best-metric", "eval/score_mean",
-                           "--max-steps", "12", "--prompts-per-step", "16", "--minibatch", "8", "--max-new-tokens", "8",
-                           "--lr", "3e-3", "--critic-lr", "3e-3", "--eval-every", "4", "--output", str(out),
-                           "--report-to", "none"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "ppo",
+            "--policy",
+            str(llama_dir),
+            "--prompts",
+            str(prompts),
+            "--eval-prompts",
+            str(prompts),
+            "--reward",
+            f"{rewards}:count_a=1,{rewards}:short=0.5",
+            "--critic-layout",
+            "shared",
+            "--value-loss-coef",
+            "0.1",
+            "--best-metric",
+            "eval/score_mean",
+            "--max-steps",
+            "12",
+            "--prompts-per-step",
+            "16",
+            "--minibatch",
+            "8",
+            "--max-new-tokens",
+            "8",
+            "--lr",
+            "3e-3",
+            "--critic-lr",
+            "3e-3",
+            "--eval-every",
+            "4",
+            "--output",
+            str(out),
+            "--report-to",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     shown = proc.stdout + proc.stderr
     assert "value head on the policy backbone" in shown and "1 x count_a + 0.5 x short" in shown
@@ -173,12 +265,18 @@ def test_resume_refuses_changed_settings_and_the_advice_is_not_circular(llama_di
         run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, train__save_every=2), scorer=count_reward("a"))
     monkeypatch.undo()
     with pytest.raises(ConfigError, match="no complete, readable checkpoint.*Start the run afresh with --overwrite"):
-        run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, train__save_every=2, train__resume=True),
-                scorer=count_reward("a"))
+        run_ppo(
+            ppo_config(llama_dir, prompts, out, train__max_steps=4, train__save_every=2, train__resume=True),
+            scorer=count_reward("a"),
+        )
     with pytest.raises(ConfigError, match="holds a run that has no checkpoint to resume from; pass --overwrite"):
         run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, train__save_every=2), scorer=count_reward("a"))
-    run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=2, train__save_every=2, train__overwrite=True),
-            scorer=count_reward("a"))
+    run_ppo(
+        ppo_config(llama_dir, prompts, out, train__max_steps=2, train__save_every=2, train__overwrite=True),
+        scorer=count_reward("a"),
+    )
     with pytest.raises(ConfigError, match=r"settings differ .*optim.lr: 0.003 -> 0.01"):
-        run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=4, train__resume=True, optim__lr=1e-2),
-                scorer=count_reward("a"))
+        run_ppo(
+            ppo_config(llama_dir, prompts, out, train__max_steps=4, train__resume=True, optim__lr=1e-2),
+            scorer=count_reward("a"),
+        )

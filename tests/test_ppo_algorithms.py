@@ -1,4 +1,5 @@
 """Hand-computed cases for the PPO pieces (GAE, whitening, value loss, KL control), reward shaping, KL estimators."""
+
 import math
 
 import pytest
@@ -33,8 +34,9 @@ def test_k1_k3_unbiased_and_k2_k3_non_negative_by_monte_carlo():
 
 
 def test_kl_shaping_puts_the_score_on_the_last_valid_token():
-    rewards = kl_penalty_rewards(torch.tensor([2.0]), torch.tensor([[0.1, 0.2, 0.3, 9.0]]),
-                                 torch.tensor([[1, 1, 1, 0]]), kl_coef=0.5)
+    rewards = kl_penalty_rewards(
+        torch.tensor([2.0]), torch.tensor([[0.1, 0.2, 0.3, 9.0]]), torch.tensor([[1, 1, 1, 0]]), kl_coef=0.5
+    )
     # −0.5·(0.1, 0.2, 0.3) = (−0.05, −0.1, −0.15); the score 2 lands on token 2, the last valid one; padding 0
     torch.testing.assert_close(rewards, torch.tensor([[-0.05, -0.1, 2.0 - 0.15, 0.0]]))
     # a row with no valid token gets nothing, not its score on token 0
@@ -76,8 +78,13 @@ def test_masked_whiten():
 
 
 def test_clipped_value_loss_hand_computed():
-    loss, clipped = clipped_value_loss(torch.tensor([[1.0, 0.6]]), torch.tensor([[0.5, 0.5]]),
-                                       torch.tensor([[2.0, 2.0]]), torch.ones(1, 2), clip_range=0.2)
+    loss, clipped = clipped_value_loss(
+        torch.tensor([[1.0, 0.6]]),
+        torch.tensor([[0.5, 0.5]]),
+        torch.tensor([[2.0, 2.0]]),
+        torch.ones(1, 2),
+        clip_range=0.2,
+    )
     # V=1.0: clip to 0.7, (0.7−2)² = 1.69 > (1−2)² = 1 -> 0.845; V=0.6 inside the range: ½(0.6−2)² = 0.98
     torch.testing.assert_close(loss, torch.tensor([[0.845, 0.98]]))
     assert clipped.tolist() == [[True, False]]

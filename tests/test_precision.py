@@ -1,5 +1,6 @@
 """Precision and memory options of every stage: gradient checkpointing changes no gradient, bf16 autocast keeps
 fp32 weights and fp32 log-probs, --dtype bf16 trains bf16 weights, and every stage runs with each of them."""
+
 import json
 import math
 
@@ -74,31 +75,63 @@ def stage_inputs(tmp_path_factory):
     rules = root / "rules.py"
     rules.write_text(RULES)
     prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
-    pairs = write_jsonl(root / "pairs.jsonl", [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats bark."}
-                                               for i in range(8)])
-    sft = write_jsonl(root / "sft.jsonl", [{"prompt": f"What is {i} + 1?\n", "completion": f"{i + 1}"} for i in range(8)])
+    pairs = write_jsonl(
+        root / "pairs.jsonl",
+        [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats bark."} for i in range(8)],
+    )
+    sft = write_jsonl(
+        root / "sft.jsonl", [{"prompt": f"What is {i} + 1?\n", "completion": f"{i + 1}"} for i in range(8)]
+    )
     return rules, prompts, pairs, sft
 
 
 def stage_args(stage, model, files):
     rules, prompts, pairs, sft = files
     common = ["--model", str(model), "--max-steps", "2", "--save-every", "0", "--report-to", "none", "--lr", "1e-3"]
-    online = ["--prompts", str(prompts), "--reward", f"{rules}:count_a", "--prompts-per-step", "2", "--max-new-tokens", "6"]
-    return {"sft": ["sft", "--data", str(sft), "--batch-size", "4", "--micro-batch-size", "2", "--max-length", "32"],
-            "rm": ["rm", "--data", str(pairs), "--batch-size", "4", "--micro-batch-size", "2", "--max-length", "32"],
-            "dpo": ["dpo", "--data", str(pairs), "--batch-size", "4", "--micro-batch-size", "2", "--max-length", "32"],
-            "grpo": ["grpo", *online, "--group-size", "2"],
-            "ppo": ["ppo", *online, "--critic-layout", "separate"],
-            "dpo-online": ["dpo", "--online", *online, "--rounds", "1", "--steps-per-round", "2", "--batch-size", "2",
-                           "--micro-batch-size", "1", "--keep-truncated", "--temperature", "1.5"]}[stage] + common
+    online = [
+        "--prompts",
+        str(prompts),
+        "--reward",
+        f"{rules}:count_a",
+        "--prompts-per-step",
+        "2",
+        "--max-new-tokens",
+        "6",
+    ]
+    return {
+        "sft": ["sft", "--data", str(sft), "--batch-size", "4", "--micro-batch-size", "2", "--max-length", "32"],
+        "rm": ["rm", "--data", str(pairs), "--batch-size", "4", "--micro-batch-size", "2", "--max-length", "32"],
+        "dpo": ["dpo", "--data", str(pairs), "--batch-size", "4", "--micro-batch-size", "2", "--max-length", "32"],
+        "grpo": ["grpo", *online, "--group-size", "2"],
+        "ppo": ["ppo", *online, "--critic-layout", "separate"],
+        "dpo-online": [
+            "dpo",
+            "--online",
+            *online,
+            "--rounds",
+            "1",
+            "--steps-per-round",
+            "2",
+            "--batch-size",
+            "2",
+            "--micro-batch-size",
+            "1",
+            "--keep-truncated",
+            "--temperature",
+            "1.5",
+        ],
+    }[stage] + common
 
 
 STAGES = ["sft", "rm", "dpo", "grpo", "ppo", "dpo-online"]
 
 
 @pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("setting", [["--dtype", "bf16"], ["--mixed-precision", "bf16", "--frozen-dtype", "bf16"],
-                                     ["--gradient-checkpointing"]], ids=["bf16-weights", "bf16-autocast", "checkpointing"])
+@pytest.mark.parametrize(
+    "setting",
+    [["--dtype", "bf16"], ["--mixed-precision", "bf16", "--frozen-dtype", "bf16"], ["--gradient-checkpointing"]],
+    ids=["bf16-weights", "bf16-autocast", "checkpointing"],
+)
 def test_every_stage_runs_with_each_precision_setting(llama_dir, stage_inputs, tmp_path, stage, setting):
     out = tmp_path / "run"
     assert tether_main(stage_args(stage, llama_dir, stage_inputs) + setting + ["--output", str(out)]) == 0

@@ -1,4 +1,5 @@
 """Hand-computed cases for the DPO family, its table of losses, ORPO's stable log-odds and β-DPO's margins."""
+
 import dataclasses
 import math
 
@@ -140,11 +141,17 @@ def test_the_table_has_one_signature_and_the_dispatcher_goes_through_it():
     logps, refs, tokens = torch.tensor([[-10.0, -11.0]]), torch.tensor([[-12.0, -10.0]]), torch.tensor([[5.0, 10.0]])
     # u_w − u_l = 3, β = 0.1 → h = 0.3
     w, l, rw, rl = logps[:, 0], logps[:, 1], refs[:, 0], refs[:, 1]
-    want = {"sigmoid": sp(0.3), "cdpo": 0.8 * sp(0.3) + 0.2 * sp(-0.3),
-            "robust": (0.8 * sp(0.3) - 0.2 * sp(-0.3)) / 0.6,
-            "ipo": (3 - 5) ** 2, "hinge": 0.7, "beta_dpo": sp(0.3), "listwise": sp(0.3),
-            "simpo": sp(0.1 * -10 / 5 - 0.1 * -11 / 10 - 0.5),  # β/|y|: −0.2 + 0.11 − 0.5 = −0.59
-            "orpo": 2.0 + 0.5 * orpo_odds_ratio_loss(w / 5, l / 10).item()}  # −mean_w + λ L_OR, mean_w = −2
+    want = {
+        "sigmoid": sp(0.3),
+        "cdpo": 0.8 * sp(0.3) + 0.2 * sp(-0.3),
+        "robust": (0.8 * sp(0.3) - 0.2 * sp(-0.3)) / 0.6,
+        "ipo": (3 - 5) ** 2,
+        "hinge": 0.7,
+        "beta_dpo": sp(0.3),
+        "listwise": sp(0.3),
+        "simpo": sp(0.1 * -10 / 5 - 0.1 * -11 / 10 - 0.5),  # β/|y|: −0.2 + 0.11 − 0.5 = −0.59
+        "orpo": 2.0 + 0.5 * orpo_odds_ratio_loss(w / 5, l / 10).item(),
+    }  # −mean_w + λ L_OR, mean_w = −2
     for name, fn in PREFERENCE_LOSSES.items():
         ref = None if name in REFERENCE_FREE else refs
         got = fn(logps, ref, tokens, params, None)
@@ -167,14 +174,22 @@ def test_kto_by_hand():
 
     z0 = kto_reference_point(torch.tensor([-20.0, -18.0]), torch.tensor([-21.0, -20.0]))
     assert z0.item() == pytest.approx(1.5)
-    loss = kto_loss(torch.tensor([-10.0, -12.0]), torch.tensor([-11.0, -11.0]), torch.tensor([True, False]), z0,
-                    beta=0.1, desirable_weight=1.0, undesirable_weight=2.0)
+    loss = kto_loss(
+        torch.tensor([-10.0, -12.0]),
+        torch.tensor([-11.0, -11.0]),
+        torch.tensor([True, False]),
+        z0,
+        beta=0.1,
+        desirable_weight=1.0,
+        undesirable_weight=2.0,
+    )
     assert loss.tolist() == pytest.approx([0.5124974, 0.8756470], abs=1e-6)
     # a policy closer to the reference on other prompts than the reference itself: z_0 is floored at 0
     assert kto_reference_point(torch.tensor([-22.0]), torch.tensor([-21.0])).item() == 0.0
     # the reference point carries no gradient; the example's own log-prob does
     logps = torch.tensor([-10.0], requires_grad=True)
     mismatched = torch.tensor([-20.0], requires_grad=True)
-    kto_loss(logps, torch.tensor([-11.0]), torch.tensor([True]), kto_reference_point(mismatched, torch.tensor([-21.0]))
-             ).sum().backward()
+    kto_loss(
+        logps, torch.tensor([-11.0]), torch.tensor([True]), kto_reference_point(mismatched, torch.tensor([-21.0]))
+    ).sum().backward()
     assert mismatched.grad is None and logps.grad.item() == pytest.approx(-0.1 * 0.25, abs=1e-6)  # −β σ'(0) at r = z_0

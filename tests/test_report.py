@@ -1,5 +1,6 @@
 """`tether report`: a self-contained page whose every metric is explained, alarms marked, several runs compared —
 and loaded in a real headless Chromium: no console errors, and the screenshot shows the plots."""
+
 import json
 import re
 import shutil
@@ -14,14 +15,35 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 def _run(folder, kl_coef, gold, proxy, kl, alarms=()):
     folder.mkdir(parents=True)
-    rows = [{"step": 1, "eval0/gold_reward": gold[0], "eval0/score_mean": proxy[0], "score/mean": proxy[0],
-             "kl/ref_mean": 0.0, "policy/entropy": 1.0}]
+    rows = [
+        {
+            "step": 1,
+            "eval0/gold_reward": gold[0],
+            "eval0/score_mean": proxy[0],
+            "score/mean": proxy[0],
+            "kl/ref_mean": 0.0,
+            "policy/entropy": 1.0,
+        }
+    ]
     for i in range(1, len(gold)):
-        rows.append({"step": 10 * i, "eval/gold_reward": gold[i], "eval/score_mean": proxy[i], "score/mean": proxy[i],
-                     "kl/ref_mean": kl[i], "policy/entropy": 1.0 - 0.1 * i, "kl/coef": kl_coef})
+        rows.append(
+            {
+                "step": 10 * i,
+                "eval/gold_reward": gold[i],
+                "eval/score_mean": proxy[i],
+                "score/mean": proxy[i],
+                "kl/ref_mean": kl[i],
+                "policy/entropy": 1.0 - 0.1 * i,
+                "kl/coef": kl_coef,
+            }
+        )
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / "samples.jsonl").write_text("".join(json.dumps({"step": 40, "prompt": "p", "response": f"answer {i}",
-                                                              "score": i / 10, "length": i}) + "\n" for i in range(12)))
+    (folder / "samples.jsonl").write_text(
+        "".join(
+            json.dumps({"step": 40, "prompt": "p", "response": f"answer {i}", "score": i / 10, "length": i}) + "\n"
+            for i in range(12)
+        )
+    )
     (folder / "alarms.jsonl").write_text("".join(json.dumps(a) + "\n" for a in alarms))
     (folder / "config.yaml").write_text(f"ppo:\n  kl_coef: {kl_coef}\n")
     return folder
@@ -29,20 +51,49 @@ def _run(folder, kl_coef, gold, proxy, kl, alarms=()):
 
 @pytest.fixture
 def two_runs(tmp_path):
-    alarm = {"monitor": "proxy_up_task_down", "step": 20, "message": "gold fell while the proxy rose",
-             "statistics": {"subject": "eval/gold_reward", "task_peak": 1.94}, "samples": [{"response": "so long", "score": 1.2}]}
-    hacked = _run(tmp_path / "ppo_kl0" / "run", 0.0, [1.85, 1.94, 1.60, 1.26, 0.17], [0.5, 0.97, 1.03, 1.06, 1.08],
-                  [0, 4, 16, 36, 67], [alarm])
-    tied = _run(tmp_path / "ppo_kl0.2" / "run", 0.2, [1.85, 2.05, 2.13, 2.03, 2.06], [0.5, 0.6, 0.7, 0.8, 0.85],
-                [0, 0.3, 0.5, 0.6, 0.6])
+    alarm = {
+        "monitor": "proxy_up_task_down",
+        "step": 20,
+        "message": "gold fell while the proxy rose",
+        "statistics": {"subject": "eval/gold_reward", "task_peak": 1.94},
+        "samples": [{"response": "so long", "score": 1.2}],
+    }
+    hacked = _run(
+        tmp_path / "ppo_kl0" / "run",
+        0.0,
+        [1.85, 1.94, 1.60, 1.26, 0.17],
+        [0.5, 0.97, 1.03, 1.06, 1.08],
+        [0, 4, 16, 36, 67],
+        [alarm],
+    )
+    tied = _run(
+        tmp_path / "ppo_kl0.2" / "run",
+        0.2,
+        [1.85, 2.05, 2.13, 2.03, 2.06],
+        [0.5, 0.6, 0.7, 0.8, 0.85],
+        [0, 0.3, 0.5, 0.6, 0.6],
+    )
     return hacked, tied
 
 
 def test_every_metric_of_every_stage_is_in_the_glossary():
     glossary = load_glossary()
-    for key in ("train/loss", "eval/loss", "score/mean", "kl/ref_mean", "policy/entropy", "advantage/min",
-                "reward/arith_correct/mean", "eval/reward/arith_correct", "train/rewards/margins", "eval/rewards/accuracy",
-                "eval/gold_win_rate", "groups/zero_variance_frac", "policy/clip_frac_low", "value/loss"):
+    for key in (
+        "train/loss",
+        "eval/loss",
+        "score/mean",
+        "kl/ref_mean",
+        "policy/entropy",
+        "advantage/min",
+        "reward/arith_correct/mean",
+        "eval/reward/arith_correct",
+        "train/rewards/margins",
+        "eval/rewards/accuracy",
+        "eval/gold_win_rate",
+        "groups/zero_variance_frac",
+        "policy/clip_frac_low",
+        "value/loss",
+    ):
         assert explain(key, glossary)[0], key
     assert explain("no/such/metric", glossary) == ("", "")
 
@@ -57,9 +108,23 @@ def test_the_page_is_self_contained_and_marks_alarms(two_runs):
 
 
 def _chromium(url, screenshot, tmp_path):
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--log-level=0", f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2200",
-                           f"--screenshot={screenshot}", url], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--log-level=0",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1400,2200",
+            f"--screenshot={screenshot}",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _console_errors(stderr: str) -> list[str]:
@@ -95,8 +160,9 @@ def test_the_report_loads_in_a_headless_browser_without_errors_and_shows_plots(t
 
 def _loss_run(folder, stage_yaml: str, losses, summary_stage=None):
     folder.mkdir(parents=True)
-    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "train/loss": v}) + "\n"
-                                                  for i, v in enumerate(losses)))
+    (folder / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i + 1, "train/loss": v}) + "\n" for i, v in enumerate(losses))
+    )
     (folder / "config.yaml").write_text(stage_yaml)
     if summary_stage:
         (folder / "summary.json").write_text(json.dumps({"stage": summary_stage}))
@@ -116,10 +182,15 @@ def test_each_stage_gets_its_own_loss_caption_and_loss_kinds_never_share_an_axis
     dpo = _loss_run(tmp_path / "dpo", "dpo:\n  loss: sigmoid\ndata:\n  path: p\n", [0.69, 0.6], "dpo")
     kto = _loss_run(tmp_path / "kto", "dpo:\n  loss: kto\ndata:\n  path: p\n", [0.5, 0.45])  # still running
     rm = _loss_run(tmp_path / "rm", "rm:\n  heads: [reward]\ndata:\n  path: p\n", [0.69, 0.5], "rm")
-    assert [(Run(f).stage, Run(f).loss_kind) for f in (dpo, kto, rm)] == [("dpo", "dpo sigmoid"), ("dpo", "dpo kto"),
-                                                                          ("rm", "rm")]
+    assert [(Run(f).stage, Run(f).loss_kind) for f in (dpo, kto, rm)] == [
+        ("dpo", "dpo sigmoid"),
+        ("dpo", "dpo kto"),
+        ("rm", "rm"),
+    ]
     page = render_report([dpo, kto, rm])
-    assert {"train/loss (dpo sigmoid)", "train/loss (dpo kto)", "train/loss (rm)"} <= set(re.findall(r"alt='([^']+)'", page))
+    assert {"train/loss (dpo sigmoid)", "train/loss (dpo kto)", "train/loss (rm)"} <= set(
+        re.findall(r"alt='([^']+)'", page)
+    )
     assert "alt='train/loss'" not in page.split("<h2>Comparison</h2>")[1].split("<h2>")[0]
     assert "Bradley–Terry" in page and "trained tokens" not in page  # no run here is SFT
 
@@ -137,24 +208,52 @@ def test_an_installed_wheel_captions_its_plots(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(repo / name, source / name)
-    shutil.copytree(repo / "tether", source / "tether", symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(
+        repo / "tether", source / "tether", symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
     (source / "docs").mkdir()
     shutil.copy(repo / "docs" / "metrics.md", source / "docs" / "metrics.md")
     wheels = tmp_path / "wheels"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(wheels), str(source)], capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = wheels.glob("tether-*.whl")
     target = tmp_path / "installed"
-    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
-                                str(wheel)], capture_output=True, text=True, timeout=300)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stderr[-2000:]
     assert (target / "tether" / "glossary.md").is_file() and not (target / "tether" / "glossary.md").is_symlink()
     run = _loss_run(tmp_path / "run", "dpo:\n  loss: sigmoid\ndata:\n  path: p\n", [0.69, 0.6], "dpo")
-    script = ("import tether, tether.report as r, sys; assert tether.__file__.startswith(sys.argv[2]), tether.__file__; "
-              "page = r.render_report([sys.argv[1]]); assert 'not in the glossary' not in page; "
-              "print('chosen loss' in page)")
-    shown = subprocess.run([sys.executable, "-c", script, str(run), str(target)], capture_output=True, text=True,
-                           timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)})
+    script = (
+        "import tether, tether.report as r, sys; assert tether.__file__.startswith(sys.argv[2]), tether.__file__; "
+        "page = r.render_report([sys.argv[1]]); assert 'not in the glossary' not in page; "
+        "print('chosen loss' in page)"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", script, str(run), str(target)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+    )
     assert shown.returncode == 0 and shown.stdout.strip() == "True", shown.stderr[-2000:]

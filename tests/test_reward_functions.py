@@ -1,4 +1,5 @@
 """Python reward functions: loading, the signature check and dry run, errors handled as documented."""
+
 import sys
 import textwrap
 
@@ -14,7 +15,8 @@ ROWS = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "What is 3+3?", "a
 @pytest.fixture
 def reward_file(tmp_path):
     path = tmp_path / "my_rewards.py"
-    path.write_text(textwrap.dedent('''
+    path.write_text(
+        textwrap.dedent("""
         def exact(completions, answer):
             return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
 
@@ -41,7 +43,8 @@ def reward_file(tmp_path):
 
         def steps(completions):
             return [[0.5, 1.0] for _ in completions]
-    '''))
+    """)
+    )
     return path
 
 
@@ -50,7 +53,9 @@ def rewards(path, *names, **kw):
 
 
 def test_functions_get_the_columns_they_declare_and_weights_sum(reward_file):
-    rs = RewardSet(parse_reward_specs([f"{reward_file}:exact=2", f"{reward_file}:length=0.5"]), columns=["prompt", "answer"])
+    rs = RewardSet(
+        parse_reward_specs([f"{reward_file}:exact=2", f"{reward_file}:length=0.5"]), columns=["prompt", "answer"]
+    )
     rs.check(ROWS)
     parts = rs.score(ROWS, ["4", "7"], [[5, 6, 7], [8]], [False, True])
     assert parts == {"exact": [1.0, 0.0], "length": [3.0, 1.0]}
@@ -110,10 +115,14 @@ def test_importable_module_spec(reward_file, monkeypatch):
 def test_builtin_rewards_by_hand():
     from tether.rewards import builtin as b
 
-    assert b.exact_answer(["3 + 4 = 7. The answer is 7.", "The answer is 8.", "so \\boxed{1,000}", "none"],
-                          [7, "7", 1000, "x"]) == [1.0, 0.0, 1.0, 0.0]
+    assert b.exact_answer(
+        ["3 + 4 = 7. The answer is 7.", "The answer is 8.", "so \\boxed{1,000}", "none"], [7, "7", 1000, "x"]
+    ) == [1.0, 0.0, 1.0, 0.0]
     assert b.exact_answer(["The answer is Paris."], ["paris"]) == [1.0]
-    assert b.format_match(["1 + 2 = 3. The answer is 3.", "3"], pattern=r"(?:.*= -?\d+\. )*The answer is -?\d+\.") == [1.0, 0.0]
+    assert b.format_match(["1 + 2 = 3. The answer is 3.", "3"], pattern=r"(?:.*= -?\d+\. )*The answer is -?\d+\.") == [
+        1.0,
+        0.0,
+    ]
     assert b.length_penalty([[1] * 5, [1] * 12], target=10, scale=0.5) == [0.0, -1.0]
     assert b.overlong([[1] * 10, [1] * 14, [1] * 17], max_length=16, cache=4) == [0.0, -0.5, -1.0]
     # "a b a b a": 3-grams (a b a), (b a b), (a b a): 2 distinct of 3 → −(1 − 2/3)
@@ -132,8 +141,10 @@ def test_spec_arguments_bind_and_are_checked():
 
 def test_a_hanging_function_times_out_as_documented(tmp_path):
     path = tmp_path / "slow.py"
-    path.write_text("import time\ndef hang(completions):\n    if any(completions):\n        time.sleep(30)\n"
-                    "    return [0.0] * len(completions)\n")
+    path.write_text(
+        "import time\ndef hang(completions):\n    if any(completions):\n        time.sleep(30)\n"
+        "    return [0.0] * len(completions)\n"
+    )
     strict = RewardSet(parse_reward_specs([f"{path}:hang"]), columns=["prompt"], timeout=0.5)
     with pytest.raises(RewardFunctionError, match=r"hang raised TimeoutError: no result within 0.5 s"):
         strict.score(ROWS, ["x", "y"], [[1], [2]], [False, False])
@@ -149,11 +160,15 @@ def test_a_process_whose_reward_function_hung_still_exits(tmp_path):
     import time
 
     path = tmp_path / "forever.py"
-    path.write_text("import time\ndef hang(completions):\n    if any(completions):\n        time.sleep(600)\n"
-                    "    return [0.0] * len(completions)\n")
-    script = ("from tether.rewards.functions import RewardSet, parse_reward_specs\n"
-              f"rs = RewardSet(parse_reward_specs([{str(path) + ':hang'!r}]), columns=['prompt'], timeout=0.3, "
-              "on_error='score')\nprint(rs.score([{'prompt': 'p'}], ['x'], [[1]], [False]))")
+    path.write_text(
+        "import time\ndef hang(completions):\n    if any(completions):\n        time.sleep(600)\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    script = (
+        "from tether.rewards.functions import RewardSet, parse_reward_specs\n"
+        f"rs = RewardSet(parse_reward_specs([{str(path) + ':hang'!r}]), columns=['prompt'], timeout=0.3, "
+        "on_error='score')\nprint(rs.score([{'prompt': 'p'}], ['x'], [[1]], [False]))"
+    )
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "{'hang': [0.0]}" in done.stdout and time.monotonic() - start < 30
@@ -163,8 +178,10 @@ def test_async_functions_run_concurrently(tmp_path):
     import time
 
     path = tmp_path / "slow_async.py"
-    path.write_text("import asyncio\nasync def a(completions):\n    await asyncio.sleep(0.5)\n    return [1.0] * len(completions)\n"
-                    "async def b(completions):\n    await asyncio.sleep(0.5)\n    return [2.0] * len(completions)\n")
+    path.write_text(
+        "import asyncio\nasync def a(completions):\n    await asyncio.sleep(0.5)\n    return [1.0] * len(completions)\n"
+        "async def b(completions):\n    await asyncio.sleep(0.5)\n    return [2.0] * len(completions)\n"
+    )
     rs = RewardSet(parse_reward_specs([f"{path}:a", f"{path}:b"]), columns=["prompt"])
     start = time.perf_counter()
     assert rs.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"a": [1.0, 1.0], "b": [2.0, 2.0]}
@@ -208,11 +225,14 @@ def test_a_hung_function_named_by_a_spec_is_killed_with_its_worker_process(tmp_p
     import os
 
     path = tmp_path / "stuck.py"
-    path.write_text("import time\ncalls = []\ndef stuck(completions):\n    calls.append(1)\n"
-                    "    if completions and completions[0] == 'hang':\n        time.sleep(600)\n"
-                    "    return [float(len(calls))] * len(completions)\n")
-    rs = RewardSet(parse_reward_specs([f"{path}:stuck"]), columns=["prompt"], timeout=1.0, on_error="score",
-                   error_score=-1.0)
+    path.write_text(
+        "import time\ncalls = []\ndef stuck(completions):\n    calls.append(1)\n"
+        "    if completions and completions[0] == 'hang':\n        time.sleep(600)\n"
+        "    return [float(len(calls))] * len(completions)\n"
+    )
+    rs = RewardSet(
+        parse_reward_specs([f"{path}:stuck"]), columns=["prompt"], timeout=1.0, on_error="score", error_score=-1.0
+    )
     assert rs.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"stuck": [1.0, 1.0]}  # state lives in the worker
     assert rs.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"stuck": [2.0, 2.0]}
     hung_pid = rs.worker.pid
@@ -222,13 +242,16 @@ def test_a_hung_function_named_by_a_spec_is_killed_with_its_worker_process(tmp_p
         os.kill(hung_pid, 0)  # the hung call's process is gone, not abandoned
     assert rs.score(ROWS, ["x", "y"], [[1], [2]], [False, False]) == {"stuck": [1.0, 1.0]}  # a fresh worker
     strict = RewardSet(parse_reward_specs([f"{path}:stuck"]), columns=["prompt"], timeout=1.0)
-    with pytest.raises(RewardFunctionError, match="stuck raised TimeoutError: no result within 1 s .*worker process was killed"):
+    with pytest.raises(
+        RewardFunctionError, match="stuck raised TimeoutError: no result within 1 s .*worker process was killed"
+    ):
         strict.score(ROWS, ["hang", "y"], [[1], [2]], [False, False])
     raising = tmp_path / "raising.py"
     raising.write_text("def boom(completions):\n    raise KeyError('missing')\n")
     with pytest.raises(RewardFunctionError, match="boom raised KeyError: 'missing'"):
         RewardSet(parse_reward_specs([f"{raising}:boom"]), columns=["prompt"], timeout=5.0).score(
-            ROWS, ["x", "y"], [[1], [2]], [False, False])
+            ROWS, ["x", "y"], [[1], [2]], [False, False]
+        )
 
 
 TRL_STYLE = """
@@ -255,22 +278,38 @@ def test_reward_functions_written_the_trl_way_run_unchanged(tmp_path):
     from tether.rewards.score import Scorer
 
     (tmp_path / "trl_rewards.py").write_text(TRL_STYLE)
-    rows = [{"prompt": [{"role": "user", "content": "Greet."}], "answer": "there"},
-            {"prompt": [{"role": "user", "content": "Greet."}], "answer": None}]
+    rows = [
+        {"prompt": [{"role": "user", "content": "Greet."}], "answer": "there"},
+        {"prompt": [{"role": "user", "content": "Greet."}], "answer": None},
+    ]
     specs = [f"{tmp_path}/trl_rewards.py:{name}" for name in ("first_word_is_hi", "answer_column", "length")]
     options = SimpleNamespace(reward=specs, reward_on_error="raise", reward_error_score=0.0, reward_timeout=0.0)
     rewards = load_reward_set(options, rows)
     assert [c.chat for c in rewards.components] == [True, True, False]
-    rollout = SimpleNamespace(responses=["hi there", "go away"], prompts=["", ""], truncated=torch.tensor([False, False]),
-                              completion_ids=lambda: [[1], [2]], lengths=torch.tensor([2, 2]))
-    cfg = SimpleNamespace(reward_model_weight=1.0, penalize_truncated=False, truncation_penalty=-1.0, reward_clip=0.0,
-                          overlong_tokens=lambda n: 0)
+    rollout = SimpleNamespace(
+        responses=["hi there", "go away"],
+        prompts=["", ""],
+        truncated=torch.tensor([False, False]),
+        completion_ids=lambda: [[1], [2]],
+        lengths=torch.tensor([2, 2]),
+    )
+    cfg = SimpleNamespace(
+        reward_model_weight=1.0,
+        penalize_truncated=False,
+        truncation_penalty=-1.0,
+        reward_clip=0.0,
+        overlong_tokens=lambda n: 0,
+    )
     scores = Scorer(cfg, 8, None, rewards)(rollout, rows)
     assert scores.parts["first_word_is_hi"].tolist() == [1.0, 0.0]
     assert scores.parts["answer_column"].tolist() == [1.0, 0.0] and scores.parts["length"].tolist() == [8.0, 7.0]
     assert scores.total.tolist() == [10.0, 7.0]
-    assert Scorer(cfg, 8, None, rewards).error_counts() == {"first_word_is_hi": 0, "answer_column": 0, "length": 0,
-                                                             "answer_column/none": 1}
+    assert Scorer(cfg, 8, None, rewards).error_counts() == {
+        "first_word_is_hi": 0,
+        "answer_column": 0,
+        "length": 0,
+        "answer_column/none": 1,
+    }
 
 
 def test_a_function_with_no_opinion_on_every_completion_is_named_before_and_during_training():

@@ -1,4 +1,5 @@
 """Hand-computed cases for the reward-model losses."""
+
 import math
 
 import pytest
@@ -10,9 +11,13 @@ from tether.algorithms.reward import all_pairs_loss, bradley_terry_loss, placket
 def test_bradley_terry_hand_computed():
     chosen, rejected = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0])
     # −log σ(1) = log(1 + e^−1) = 0.31326; −log σ(0) = log 2
-    torch.testing.assert_close(bradley_terry_loss(chosen, rejected), torch.tensor([math.log1p(math.exp(-1)), math.log(2)]))
+    torch.testing.assert_close(
+        bradley_terry_loss(chosen, rejected), torch.tensor([math.log1p(math.exp(-1)), math.log(2)])
+    )
     # margin 1 turns the first pair into −log σ(0)
-    torch.testing.assert_close(bradley_terry_loss(chosen, rejected, torch.tensor([1.0, 0.0]))[0], torch.tensor(math.log(2)))
+    torch.testing.assert_close(
+        bradley_terry_loss(chosen, rejected, torch.tensor([1.0, 0.0]))[0], torch.tensor(math.log(2))
+    )
 
 
 def test_bradley_terry_gradient_pushes_scores_apart():

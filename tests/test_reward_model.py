@@ -1,4 +1,5 @@
 """Reward models: padding invariance, the objective, tether rm end to end, over-fitting, normalisation."""
+
 import json
 import math
 
@@ -36,7 +37,7 @@ def test_score_is_invariant_to_padding_side_and_amount(arch, model_dirs):
                 if side == "right":
                     batch[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
                 else:
-                    batch[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
+                    batch[i, width - len(r) :], mask[i, width - len(r) :] = torch.tensor(r), 1
             torch.testing.assert_close(rm(batch, mask), alone, atol=1e-5, rtol=1e-4)
     # The pad id plays no part: padding with EOS (a real token id) gives the same scores.
     eos_padded = torch.tensor([[10, 11, 12, tok.eos_token_id, tok.eos_token_id]])
@@ -52,8 +53,14 @@ def test_new_heads_start_at_zero_and_are_named(llama_dir):
 
 def test_pair_objective_hand_computed():
     objective = RewardObjective(center_coef=0.5)
-    scores = torch.tensor([[2.0, 0.0], [1.0, 1.0],   # chosen rows: pair 0, pair 1
-                           [0.0, 1.0], [1.0, 0.0]])  # rejected rows
+    scores = torch.tensor(
+        [
+            [2.0, 0.0],
+            [1.0, 1.0],  # chosen rows: pair 0, pair 1
+            [0.0, 1.0],
+            [1.0, 0.0],
+        ]
+    )  # rejected rows
     batch = {"margin": torch.tensor([1.0, 0.0]), "head_labels": torch.tensor([[1, -1], [1, 0]])}
     loss, stats = objective.pair_losses(scores, batch)
     sp = lambda d: math.log1p(math.exp(-d))  # −log σ(d)
@@ -86,14 +93,24 @@ def test_preference_data_errors_and_drops(tokenizer):
     with pytest.raises(DataError, match=r"p.jsonl:1: preference data needs 'chosen' and 'rejected'"):
         tokenize_preferences([rec({"prompt": "a", "answer": "b"})], tokenizer, 64, ["reward"])
     with pytest.raises(DataError, match=r"p.jsonl:1: field 'score' must be a number"):
-        tokenize_preferences([rec({"prompt": "a", "chosen": "b", "rejected": "c", "score": "big"})], tokenizer, 64,
-                             ["reward"], margin_column="score")
-    with pytest.raises(DataError, match=r"p.jsonl:1: field 'safe' \(label of head safe\) must be 'chosen', 'rejected' or null"):
+        tokenize_preferences(
+            [rec({"prompt": "a", "chosen": "b", "rejected": "c", "score": "big"})],
+            tokenizer,
+            64,
+            ["reward"],
+            margin_column="score",
+        )
+    with pytest.raises(
+        DataError, match=r"p.jsonl:1: field 'safe' \(label of head safe\) must be 'chosen', 'rejected' or null"
+    ):
         tokenize_preferences([rec({"chosen": "b", "rejected": "c", "safe": "yes"})], tokenizer, 64, ["reward", "safe"])
     with pytest.raises(DataError, match=r"p.jsonl:1: field 'ranking' must list every index"):
         tokenize_preferences([rec({"responses": ["a", "b"], "ranking": [0, 0]})], tokenizer, 64, ["reward"])
-    rows = [rec({"prompt": "q", "chosen": "same", "rejected": "same"}), rec({"prompt": "q", "chosen": "x" * 200, "rejected": "y"}, 2),
-            rec({"prompt": "q", "chosen": "good", "rejected": "bad"}, 3)]
+    rows = [
+        rec({"prompt": "q", "chosen": "same", "rejected": "same"}),
+        rec({"prompt": "q", "chosen": "x" * 200, "rejected": "y"}, 2),
+        rec({"prompt": "q", "chosen": "good", "rejected": "bad"}, 3),
+    ]
     examples, report = tokenize_preferences(rows, tokenizer, 64, ["reward"])
     assert len(examples) == 1
     assert report.dropped == {"with chosen equal to rejected": 1, "longer than max_length=64 tokens": 1}
@@ -114,8 +131,20 @@ def test_overfit_detector_logic():
 @pytest.fixture(scope="module")
 def lab_prefs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("prefs")
-    build_world(folder, WorldConfig(n_pretrain_arith=10, n_pretrain_assist=20, n_sft_arith=10, n_sft_assist=10,
-                                    n_rl_arith=10, n_eval_arith=10, n_pairs=400, n_pairs_eval=150, n_rankings=40))
+    build_world(
+        folder,
+        WorldConfig(
+            n_pretrain_arith=10,
+            n_pretrain_assist=20,
+            n_sft_arith=10,
+            n_sft_assist=10,
+            n_rl_arith=10,
+            n_eval_arith=10,
+            n_pairs=400,
+            n_pairs_eval=150,
+            n_rankings=40,
+        ),
+    )
     return folder
 
 
@@ -125,14 +154,31 @@ def llama256(tmp_path_factory, tokenizer):
     weights as llama_dir's — a Llama has no position table — but a context that holds the data."""
     from tether.models.lm import build_tiny_model
 
-    return build_tiny_model("llama", tokenizer, tmp_path_factory.mktemp("rm-base") / "llama", seed=0, hidden=32,
-                            layers=2, heads=2, max_positions=256)
+    return build_tiny_model(
+        "llama",
+        tokenizer,
+        tmp_path_factory.mktemp("rm-base") / "llama",
+        seed=0,
+        hidden=32,
+        layers=2,
+        heads=2,
+        max_positions=256,
+    )
 
 
 def rm_config(model_dir, train, evals, out, **extra):
-    overrides = {"model.path": str(model_dir), "data.path": str(train), "data.eval_path": str(evals),
-                 "data.max_length": 256, "optim.lr": 3e-3, "train.output": str(out), "train.batch_size": 16,
-                 "train.micro_batch_size": 8, "train.save_every": 0, "train.report_to": ["none"]}
+    overrides = {
+        "model.path": str(model_dir),
+        "data.path": str(train),
+        "data.eval_path": str(evals),
+        "data.max_length": 256,
+        "optim.lr": 3e-3,
+        "train.output": str(out),
+        "train.batch_size": 16,
+        "train.micro_batch_size": 8,
+        "train.save_every": 0,
+        "train.report_to": ["none"],
+    }
     overrides.update({k.replace("__", "."): v for k, v in extra.items()})
     return build_config(RMConfig, overrides=overrides)
 
@@ -142,8 +188,18 @@ def test_overfitting_run_fires_the_detector_and_stops(llama256, lab_prefs, tmp_p
     rows = (lab_prefs / "prefs.jsonl").read_text().splitlines()
     small = tmp_path / "small.jsonl"
     small.write_text("\n".join(rows[:48]) + "\n")  # tiny data, many epochs
-    summary = run_rm(rm_config(llama256, small, lab_prefs / "prefs_eval.jsonl", tmp_path / "rm", train__epochs=60.0,
-                               train__eval_every=5, rm__overfit_patience=3, rm__early_stop=True))
+    summary = run_rm(
+        rm_config(
+            llama256,
+            small,
+            lab_prefs / "prefs_eval.jsonl",
+            tmp_path / "rm",
+            train__epochs=60.0,
+            train__eval_every=5,
+            rm__overfit_patience=3,
+            rm__early_stop=True,
+        )
+    )
     assert summary["overfit_alarm_step"] is not None
     assert summary["steps"] == summary["overfit_alarm_step"] < 180  # stopped early
     best = max(a for _, a in summary["eval_history"])
@@ -156,8 +212,16 @@ def test_overfitting_run_fires_the_detector_and_stops(llama256, lab_prefs, tmp_p
 @pytest.mark.slow
 def test_rm_learns_the_lab_preferences_and_writes_probes_and_normalisation(llama256, lab_prefs, tmp_path):
     out = tmp_path / "rm"
-    summary = run_rm(rm_config(llama256, lab_prefs / "prefs.jsonl", lab_prefs / "prefs_eval.jsonl", out,
-                               train__epochs=2.0, train__eval_every=10))
+    summary = run_rm(
+        rm_config(
+            llama256,
+            lab_prefs / "prefs.jsonl",
+            lab_prefs / "prefs_eval.jsonl",
+            out,
+            train__epochs=2.0,
+            train__eval_every=10,
+        )
+    )
     assert summary["eval/accuracy"] > 0.6  # above chance (0.5) on held-out prompts, from a random tiny model
     for key in ("eval/margin", "eval/chosen_mean", "eval/chosen_q90", "eval/rejected_std"):
         assert key in summary
@@ -178,8 +242,9 @@ def test_rm_learns_the_lab_preferences_and_writes_probes_and_normalisation(llama
     from tether.data.preferences import render_response
 
     rows = [json.loads(line) for line in (lab_prefs / "prefs_eval.jsonl").read_text().splitlines()]
-    fits = lambda r: all(len(tok(render_response(tok, r["prompt"], r[s], "t", s))["input_ids"]) <= 256
-                         for s in ("chosen", "rejected"))
+    fits = lambda r: all(
+        len(tok(render_response(tok, r["prompt"], r[s], "t", s))["input_ids"]) <= 256 for s in ("chosen", "rejected")
+    )
     texts = [render_response(tok, r["prompt"], r[s], "t", s) for r in rows if fits(r) for s in ("chosen", "rejected")]
     assert len(texts) == norm["reward"]["n"]  # the reference set: held-out pairs kept by the length policy
     z = (score_texts(rm, tok, texts)[:, 0] - norm["reward"]["mean"]) / norm["reward"]["std"]
@@ -193,20 +258,52 @@ def test_normalisation_asked_but_missing_is_an_error(llama_dir):
 
 @pytest.mark.slow
 def test_multi_head_ranked_and_lora_variants_train(llama_dir, tmp_path):
-    pairs = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats are dogs.",
-              "safe": ["chosen", "rejected", None][i % 3]} for i in range(24)]
+    pairs = [
+        {
+            "prompt": f"Q{i}: ",
+            "chosen": "Cats sleep a lot.",
+            "rejected": "Cats are dogs.",
+            "safe": ["chosen", "rejected", None][i % 3],
+        }
+        for i in range(24)
+    ]
     write_jsonl(tmp_path / "pairs.jsonl", pairs)
-    s = run_rm(rm_config(llama_dir, tmp_path / "pairs.jsonl", tmp_path / "pairs.jsonl", tmp_path / "multi",
-                         rm__heads=["helpful", "safe"], train__max_steps=6))
+    s = run_rm(
+        rm_config(
+            llama_dir,
+            tmp_path / "pairs.jsonl",
+            tmp_path / "pairs.jsonl",
+            tmp_path / "multi",
+            rm__heads=["helpful", "safe"],
+            train__max_steps=6,
+        )
+    )
     assert "eval/accuracy_safe" in s and s["heads"] == ["helpful", "safe"]
     lists = [{"prompt": "Q: ", "responses": ["a b", "Cats sleep a lot.", "Cats are dogs."], "ranking": [1, 2, 0]}] * 16
     write_jsonl(tmp_path / "lists.jsonl", lists)
     for loss in ("plackett-luce", "all-pairs"):
-        s = run_rm(rm_config(llama_dir, tmp_path / "lists.jsonl", tmp_path / "lists.jsonl", tmp_path / loss,
-                             rm__ranking_loss=loss, train__max_steps=8))
+        s = run_rm(
+            rm_config(
+                llama_dir,
+                tmp_path / "lists.jsonl",
+                tmp_path / "lists.jsonl",
+                tmp_path / loss,
+                rm__ranking_loss=loss,
+                train__max_steps=8,
+            )
+        )
         assert s["eval/accuracy"] > 0.5
-    s = run_rm(rm_config(llama_dir, tmp_path / "pairs.jsonl", tmp_path / "pairs.jsonl", tmp_path / "lora",
-                         model__lora_r=4, model__lora_alpha=8.0, train__max_steps=4))
+    s = run_rm(
+        rm_config(
+            llama_dir,
+            tmp_path / "pairs.jsonl",
+            tmp_path / "pairs.jsonl",
+            tmp_path / "lora",
+            model__lora_r=4,
+            model__lora_alpha=8.0,
+            train__max_steps=4,
+        )
+    )
     merged = AutoModelForSequenceClassification.from_pretrained(tmp_path / "lora" / "final")
     assert not any("lora" in n for n, _ in merged.named_parameters())
 
@@ -215,37 +312,70 @@ def test_rm_resume_matches_the_uninterrupted_run(llama256, lab_prefs, tmp_path, 
     rows = (lab_prefs / "prefs.jsonl").read_text().splitlines()
     small = tmp_path / "small.jsonl"
     small.write_text("\n".join(rows[:64]) + "\n")
-    cfg = lambda out, **kw: rm_config(llama256, small, lab_prefs / "prefs_eval.jsonl", out, train__max_steps=6,
-                                      train__save_every=2, train__eval_every=3, **kw)
+    cfg = lambda out, **kw: rm_config(
+        llama256,
+        small,
+        lab_prefs / "prefs_eval.jsonl",
+        out,
+        train__max_steps=6,
+        train__save_every=2,
+        train__eval_every=3,
+        **kw,
+    )
     run_rm(cfg(tmp_path / "whole"))
     with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
         run_rm(cfg(tmp_path / "killed"))
     summary = run_rm(cfg(tmp_path / "killed", train__resume=True))
     assert summary["resumed_from"] == 4
-    read = lambda p: [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-                      for line in (p / "metrics.jsonl").read_text().splitlines()]
+    read = lambda p: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in (p / "metrics.jsonl").read_text().splitlines()
+    ]
     assert read(tmp_path / "killed") == read(tmp_path / "whole")
 
 
 def test_scorer_normalises_combines_heads_and_probe_file(llama_dir, tmp_path):
     from tether.models.reward import RewardScorer
 
-    pairs = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats are dogs.",
-              "safe": "rejected" if i % 2 else "chosen"} for i in range(16)]
+    pairs = [
+        {
+            "prompt": f"Q{i}: ",
+            "chosen": "Cats sleep a lot.",
+            "rejected": "Cats are dogs.",
+            "safe": "rejected" if i % 2 else "chosen",
+        }
+        for i in range(16)
+    ]
     write_jsonl(tmp_path / "pairs.jsonl", pairs)
-    probes = [{"prompt": "Q: ", "original": "Cats sleep a lot.", "modified": "Cats sleep a lot. Cats sleep a lot.",
-               "probe": "repeat"}] * 3
+    probes = [
+        {
+            "prompt": "Q: ",
+            "original": "Cats sleep a lot.",
+            "modified": "Cats sleep a lot. Cats sleep a lot.",
+            "probe": "repeat",
+        }
+    ] * 3
     write_jsonl(tmp_path / "probes.jsonl", probes)
     out = tmp_path / "rm"
-    summary = run_rm(rm_config(llama_dir, tmp_path / "pairs.jsonl", tmp_path / "pairs.jsonl", out,
-                               rm__heads=["helpful", "safe"], train__max_steps=4, data__probe_path=str(tmp_path / "probes.jsonl")))
+    summary = run_rm(
+        rm_config(
+            llama_dir,
+            tmp_path / "pairs.jsonl",
+            tmp_path / "pairs.jsonl",
+            out,
+            rm__heads=["helpful", "safe"],
+            train__max_steps=4,
+            data__probe_path=str(tmp_path / "probes.jsonl"),
+        )
+    )
     assert summary["probes"]["counterfactual"]["repeat"]["n"] == 3
     texts = ["Q: Cats sleep a lot.<|im_end|>", "Q: Cats are dogs.<|im_end|>"]
     raw = RewardScorer(out / "final", normalize=False).head_scores(texts)
     stats = load_normalization(out / "final")
     scorer = RewardScorer(out / "final", weights={"helpful": 1.0, "safe": 0.5})
-    expected = ((raw[:, 0] - stats["helpful"]["mean"]) / stats["helpful"]["std"]
-                + 0.5 * (raw[:, 1] - stats["safe"]["mean"]) / stats["safe"]["std"])
+    expected = (raw[:, 0] - stats["helpful"]["mean"]) / stats["helpful"]["std"] + 0.5 * (
+        raw[:, 1] - stats["safe"]["mean"]
+    ) / stats["safe"]["std"]
     assert scorer(texts) == pytest.approx(expected.tolist(), rel=1e-5, abs=1e-6)
     with pytest.raises(ConfigError, match=r"reward weights name heads \['harmless'\]"):
         RewardScorer(out / "final", weights={"harmless": 1.0})
@@ -268,8 +398,9 @@ def test_margins_must_be_finite_and_non_negative_and_rankings_integers(tokenizer
         with pytest.raises(DataError, match=r"prefs.jsonl:1: field 'margin' must be a finite number >= 0"):
             tokenize_preferences(rows({**pair, "margin": margin}), tokenizer, 64, ["reward"], "margin")
     with pytest.raises(DataError, match=r"prefs.jsonl:1: field 'ranking' must list every index"):
-        tokenize_preferences(rows({"prompt": "Q", "responses": ["a b", "c"], "ranking": [1.0, 0.0]}), tokenizer, 64,
-                             ["reward"])
+        tokenize_preferences(
+            rows({"prompt": "Q", "responses": ["a b", "c"], "ranking": [1.0, 0.0]}), tokenizer, 64, ["reward"]
+        )
 
 
 def test_score_texts_scores_each_text_once_and_its_batch_does_not_matter(llama_dir):
@@ -291,9 +422,12 @@ def test_score_texts_scores_each_text_once_and_its_batch_does_not_matter(llama_d
 def test_no_held_out_pairs_means_no_best_folder_and_no_claim_of_one(llama_dir, tmp_path, capsys):
     pairs = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats are dogs."} for i in range(16)]
     write_jsonl(tmp_path / "pairs.jsonl", pairs)
-    config = rm_config(llama_dir, tmp_path / "pairs.jsonl", "", tmp_path / "rm", data__eval_fraction=0.0,
-                       train__max_steps=2)
+    config = rm_config(
+        llama_dir, tmp_path / "pairs.jsonl", "", tmp_path / "rm", data__eval_fraction=0.0, train__max_steps=2
+    )
     summary = run_rm(config)
     printed = " ".join(capsys.readouterr().err.split())  # the console writes to stderr, wrapped
     assert not (tmp_path / "rm" / "best").exists() and summary["best_step"] is None
-    assert "no held-out pairs, so no validation accuracy and no best/" in printed and "best by validation" not in printed
+    assert (
+        "no held-out pairs, so no validation accuracy and no best/" in printed and "best by validation" not in printed
+    )

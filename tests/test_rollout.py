@@ -1,4 +1,5 @@
 """The online core: stop set and response mask, step-0 invariants, log-prob padding/batch invariance."""
+
 import copy
 
 import pytest
@@ -49,8 +50,9 @@ def test_logprobs_match_the_sampling_distribution_of_generate(policy):
     full = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)
     with torch.no_grad():
         logits = model(input_ids=full).logits[0] / 0.8
-        expected = torch.log_softmax(logits, -1)[torch.arange(rollout.prompt_ids.shape[1] - 1, full.shape[1] - 1),
-                                                 rollout.response_ids[0]]
+        expected = torch.log_softmax(logits, -1)[
+            torch.arange(rollout.prompt_ids.shape[1] - 1, full.shape[1] - 1), rollout.response_ids[0]
+        ]
         got = response_logprobs(model, rollout, 0.8)[0]
     n = int(rollout.response_mask.sum())
     torch.testing.assert_close(got[:n], expected[:n], atol=1e-5, rtol=1e-4)
@@ -89,10 +91,24 @@ def test_entropy_is_positive_and_masked(policy):
 
 def bare_and_padded(prompt: list[int], pad: int) -> tuple[Rollout, Rollout]:
     """The same prompt and 3-token response, alone and with two pads on the left and one on the right."""
-    one = Rollout(torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long), torch.tensor([[7, 8, 9]]),
-                  torch.ones(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.bool), [], [])
-    padded = Rollout(torch.tensor([[pad] * 2 + prompt]), torch.tensor([[0, 0] + [1] * len(prompt)]),
-                     torch.tensor([[7, 8, 9, pad]]), torch.tensor([[1, 1, 1, 0]]), torch.zeros(1, dtype=torch.bool), [], [])
+    one = Rollout(
+        torch.tensor([prompt]),
+        torch.ones(1, len(prompt), dtype=torch.long),
+        torch.tensor([[7, 8, 9]]),
+        torch.ones(1, 3, dtype=torch.long),
+        torch.zeros(1, dtype=torch.bool),
+        [],
+        [],
+    )
+    padded = Rollout(
+        torch.tensor([[pad] * 2 + prompt]),
+        torch.tensor([[0, 0] + [1] * len(prompt)]),
+        torch.tensor([[7, 8, 9, pad]]),
+        torch.tensor([[1, 1, 1, 0]]),
+        torch.zeros(1, dtype=torch.bool),
+        [],
+        [],
+    )
     return one, padded
 
 
@@ -136,7 +152,7 @@ def test_shared_value_head_reads_the_policy_backbone_at_each_state(model_dirs, a
         v1, v2 = critic(one), critic(padded)
         ids = torch.tensor([prompt + [7, 8]])
         hidden = model.base_model(input_ids=ids).last_hidden_state  # positions of s_0, s_1, s_2
-        expected = critic.head(hidden[:, len(prompt) - 1:])[..., 0]
+        expected = critic.head(hidden[:, len(prompt) - 1 :])[..., 0]
         logp, _, values = response_logprobs_and_values(model, critic.head, one, 0.7)
     torch.testing.assert_close(v1, expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(v2[:, :3], v1, atol=1e-5, rtol=1e-4)
@@ -175,8 +191,10 @@ def test_seeded_responses_do_not_depend_on_the_batch(policy):
     apart = [generate_rollout(model, tok, [p], 10, 0.9, 0.95, 40, seeds=[s]) for p, s in zip(prompts, seeds)]
     reversed_ = generate_rollout(model, tok, prompts[::-1], 10, 0.9, 0.95, 40, seeds=seeds[::-1])
     assert together.responses == [a.responses[0] for a in apart] == reversed_.responses[::-1]
-    assert generate_rollout(model, tok, prompts, 10, 0.9, seeds=response_seeds(4, [0, 1, 2, 3])).responses \
+    assert (
+        generate_rollout(model, tok, prompts, 10, 0.9, seeds=response_seeds(4, [0, 1, 2, 3])).responses
         != together.responses
+    )
 
 
 def test_seeded_sampler_draws_from_the_warped_distribution():
@@ -214,8 +232,15 @@ class ScriptedBackend:
         ids = tok(self.text, add_special_tokens=False)["input_ids"] + [stop_ids[0]]
         response = torch.tensor([ids] * len(prompts))
         mask, truncated = response_mask_from_stops(response, stop_ids)
-        return Rollout(enc["input_ids"], enc["attention_mask"], response, mask, truncated, list(prompts),
-                       [self.text] * len(prompts))
+        return Rollout(
+            enc["input_ids"],
+            enc["attention_mask"],
+            response,
+            mask,
+            truncated,
+            list(prompts),
+            [self.text] * len(prompts),
+        )
 
     def weights_updated(self, policy):
         self.updates += 1
@@ -233,16 +258,31 @@ def test_a_generation_backend_plugs_in_without_touching_the_stage(llama_dir, tmp
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("hi", "cats", "dogs")))
     made = []
-    cfg = build_config(GRPOConfig, overrides={
-        "model.path": str(llama_dir), "rollout.prompts": str(prompts), "rollout.eval_prompts": str(prompts),
-        "rewards.reward": [f"{rules}:count_a"], "rollout.prompts_per_step": 2, "rollout.group_size": 2,
-        "rollout.max_new_tokens": 16, "train.max_steps": 3, "train.eval_every": 3, "train.save_every": 0, "train.sample_every": 1,
-        "train.output": str(tmp_path / "out"), "train.report_to": ["none"]})
+    cfg = build_config(
+        GRPOConfig,
+        overrides={
+            "model.path": str(llama_dir),
+            "rollout.prompts": str(prompts),
+            "rollout.eval_prompts": str(prompts),
+            "rewards.reward": [f"{rules}:count_a"],
+            "rollout.prompts_per_step": 2,
+            "rollout.group_size": 2,
+            "rollout.max_new_tokens": 16,
+            "train.max_steps": 3,
+            "train.eval_every": 3,
+            "train.save_every": 0,
+            "train.sample_every": 1,
+            "train.output": str(tmp_path / "out"),
+            "train.report_to": ["none"],
+        },
+    )
     run_grpo(cfg, backend=lambda policy, tok: made.append(ScriptedBackend(policy, tok)) or made[-1])
     backend = made[0]
     assert backend.updates == 3 and backend.calls == 3 + 2  # one rollout per step, evaluations at steps 0 and 3
     samples = [json.loads(x) for x in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 12 and {s["response"] for s in samples} == {"a a a"} and {s["score"] for s in samples} == {3.0}
+    assert (
+        len(samples) == 12 and {s["response"] for s in samples} == {"a a a"} and {s["score"] for s in samples} == {3.0}
+    )
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["eval/score_mean"] == 3.0
 
@@ -307,8 +347,11 @@ def test_chat_prompts_without_a_chat_template_are_a_clear_error(tokenizer):
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = None
     assert render_prompts(plain, [{"prompt": "Say hi."}], "p.jsonl") == ["Say hi."]
-    with pytest.raises(DataError, match=r"p.jsonl row 2: 'prompt' is a list of chat messages, and the tokenizer has no "
-                                        "chat template"):
+    with pytest.raises(
+        DataError,
+        match=r"p.jsonl row 2: 'prompt' is a list of chat messages, and the tokenizer has no "
+        "chat template",
+    ):
         render_prompts(plain, [{"prompt": "a"}, {"prompt": [{"role": "user", "content": "b"}]}], "p.jsonl")
 
 

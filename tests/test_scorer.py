@@ -1,4 +1,5 @@
 """One scorer for every online stage: EOS and truncation rules, sampled token ids, parts, shaping, process rewards."""
+
 import pytest
 import torch
 
@@ -15,9 +16,15 @@ class Tok:
 
 def rollout():
     """Two responses: the first ended with its stop token (id 2), the second hit the budget of 3 tokens."""
-    return Rollout(prompt_ids=torch.tensor([[5, 6], [5, 7]]), prompt_mask=torch.ones(2, 2, dtype=torch.long),
-                   response_ids=torch.tensor([[9, 2, 0], [8, 8, 8]]), response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
-                   truncated=torch.tensor([False, True]), prompts=["Q1 ", "Q2 "], responses=["a", "bbb"])
+    return Rollout(
+        prompt_ids=torch.tensor([[5, 6], [5, 7]]),
+        prompt_mask=torch.ones(2, 2, dtype=torch.long),
+        response_ids=torch.tensor([[9, 2, 0], [8, 8, 8]]),
+        response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+        truncated=torch.tensor([False, True]),
+        prompts=["Q1 ", "Q2 "],
+        responses=["a", "bbb"],
+    )
 
 
 def test_reward_model_sees_eos_only_after_finished_responses_and_functions_get_the_sampled_ids():
@@ -32,9 +39,14 @@ def test_reward_model_sees_eos_only_after_finished_responses_and_functions_get_t
         return [float(len(ids)) for ids in completion_ids]
 
     rewards = RewardSet([RewardComponent("length", length, 0.5)], columns=["prompt"])
-    scores = Scorer(RewardSection(reward_model_weight=2.0), 3, Tok(), rewards, rm)(rollout(), [{"prompt": "Q1"}, {"prompt": "Q2"}])
+    scores = Scorer(RewardSection(reward_model_weight=2.0), 3, Tok(), rewards, rm)(
+        rollout(), [{"prompt": "Q1"}, {"prompt": "Q2"}]
+    )
     assert seen["texts"] == ["Q1 a</s>", "Q2 bbb"]  # no EOS appended to the truncated answer
-    assert seen["ids"] == [[9, 2], [8, 8, 8]] and seen["truncated"] == [False, True]  # the sampled ids, stop token included
+    assert seen["ids"] == [[9, 2], [8, 8, 8]] and seen["truncated"] == [
+        False,
+        True,
+    ]  # the sampled ids, stop token included
     assert scores.total.tolist() == [2 * 1.0 + 0.5 * 2, 2 * 2.0 + 0.5 * 3]  # 3.0, 5.5
     assert set(scores.parts) == {"reward_model", "length"} and scores.step_scores is None and scores.has_outcome
 
@@ -63,11 +75,16 @@ def test_process_rewards_are_kept_apart_and_refused_where_one_score_is_needed():
 
 def test_a_step_where_every_reward_function_has_no_opinion_stops_with_the_step_named():
     rows = [{"prompt": "Q1"}, {"prompt": "Q2"}]
-    picky = RewardSet([RewardComponent("picky", lambda completions: [1.0 if c == "yes" else None for c in completions])],
-                      columns=["prompt"])
+    picky = RewardSet(
+        [RewardComponent("picky", lambda completions: [1.0 if c == "yes" else None for c in completions])],
+        columns=["prompt"],
+    )
     picky.trainer_state.global_step = 6
     scorer = Scorer(RewardSection(), 3, Tok(), picky)
     with pytest.raises(RewardFunctionError, match=r"picky\) returned None .* for all 2 completions of step 7"):
         scorer(rollout(), rows)
     # with a reward model beside it the step still has a score
-    assert Scorer(RewardSection(), 3, Tok(), picky, lambda texts: [1.0, 2.0])(rollout(), rows).total.tolist() == [1.0, 2.0]
+    assert Scorer(RewardSection(), 3, Tok(), picky, lambda texts: [1.0, 2.0])(rollout(), rows).total.tolist() == [
+        1.0,
+        2.0,
+    ]

@@ -1,12 +1,12 @@
 """--fsdp on two CPU processes (FSDP2 over gloo): sharded SFT and DPO train what one unsharded process trains, their
 checkpoints are plain Hugging Face folders, and a sharded run resumes exactly from one."""
+
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import write_jsonl
+from conftest import assert_same_adamw_weights, write_jsonl
 from safetensors.torch import load_file
 from test_online_parallel import launch, lines
 
@@ -17,10 +17,10 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 # round differently (about 1e-7 per update), which is not what these tests compare.
 
 
-# Weights after a few steps differ by float rounding: the sharded run sums gradients in another order, and AdamW's
-# normalisation m / √v turns a rounding-level change of a near-zero gradient element into an update of order
-# lr × 1e-3 (seen: 1.4e-6 in one of 4,096 elements at lr 3e-3, with every loss and gradient norm equal to 1e-7).
-WEIGHT_ATOL = 1e-5
+# Weights after a few steps differ by float rounding: the sharded run sums gradients in another order, which AdamW
+# can amplify in weights whose gradient is near zero (conftest's assert_same_adamw_weights bounds it from the
+# arithmetic). Every run here trains at --lr 3e-3 for at most 6 updates.
+LR, MAX_UPDATES = 3e-3, 6
 
 
 def assert_same_training(one, two, keys):
@@ -32,16 +32,39 @@ def assert_same_training(one, two, keys):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)
     w1, w2 = load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors"))
     assert sorted(w1) == sorted(w2)  # the same plain folder: a tied lm_head is not written twice
-    for name in w1:
-        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=WEIGHT_ATOL, msg=name)
+    assert_same_adamw_weights(w1, w2, LR, MAX_UPDATES, str(two))
 
 
 @pytest.mark.slow
 def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_files, tmp_path, capsys):
     train_path, eval_path = addition_files
-    args = ["sft", "--model", str(llama_dir), "--data", str(train_path), "--eval-data", str(eval_path), "--max-length",
-            "64", "--lr", "3e-3", "--batch-size", "8", "--micro-batch-size", "2", "--max-steps", "4", "--eval-every", "2",
-            "--save-every", "2", "--report-to", "none", "--adamw", "foreach"]
+    args = [
+        "sft",
+        "--model",
+        str(llama_dir),
+        "--data",
+        str(train_path),
+        "--eval-data",
+        str(eval_path),
+        "--max-length",
+        "64",
+        "--lr",
+        "3e-3",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--save-every",
+        "2",
+        "--report-to",
+        "none",
+        "--adamw",
+        "foreach",
+    ]
     two = tmp_path / "two"
     proc = launch(args + ["--fsdp", "--output", str(two)], config_file=str(CONFIGS / "cpu.yaml"))  # the shipped file
     assert "sharded over 2 processes (FSDP2)" in (two / "config.yaml").read_text(), proc.stderr[-2000:]
@@ -65,16 +88,49 @@ def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_
 
 @pytest.mark.slow
 def test_sharded_dpo_equals_one_process(llama_dir, tmp_path):
-    rows = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 3), "rejected": "Cats bark." + " no" * (i % 4)}
-            for i in range(24)]
+    rows = [
+        {
+            "prompt": f"Q{i}: ",
+            "chosen": "Cats sleep a lot." + " yes" * (i % 3),
+            "rejected": "Cats bark." + " no" * (i % 4),
+        }
+        for i in range(24)
+    ]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    args = ["dpo", "--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--max-length", "48",
-            "--lr", "3e-3", "--batch-size", "4", "--micro-batch-size", "1", "--max-steps", "3", "--eval-every", "3",
-            "--save-every", "0", "--report-to", "none", "--adamw", "foreach"]
+    args = [
+        "dpo",
+        "--model",
+        str(llama_dir),
+        "--data",
+        str(data),
+        "--eval-data",
+        str(data),
+        "--max-length",
+        "48",
+        "--lr",
+        "3e-3",
+        "--batch-size",
+        "4",
+        "--micro-batch-size",
+        "1",
+        "--max-steps",
+        "3",
+        "--eval-every",
+        "3",
+        "--save-every",
+        "0",
+        "--report-to",
+        "none",
+        "--adamw",
+        "foreach",
+    ]
     launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_training(tmp_path / "one", tmp_path / "two",
-                         ("train/loss", "train/grad_norm", "train/rewards/margins", "eval/loss", "eval/rewards/accuracy"))
+    assert_same_training(
+        tmp_path / "one",
+        tmp_path / "two",
+        ("train/loss", "train/grad_norm", "train/rewards/margins", "eval/loss", "eval/rewards/accuracy"),
+    )
 
 
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
@@ -97,21 +153,52 @@ def test_shipped_accelerate_configs_are_valid_accelerate_configs(name):
 @pytest.mark.slow
 def test_sharded_reward_model_equals_one_process(llama_dir, tmp_path):
     """Including best/ (gathered at each new best) and final/ with its probes (on process 0, from a gathered copy)."""
-    rows = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 5), "rejected": "Cats are dogs." + " no" * (i % 3)}
-            for i in range(32)]
+    rows = [
+        {
+            "prompt": f"Q{i}: ",
+            "chosen": "Cats sleep a lot." + " yes" * (i % 5),
+            "rejected": "Cats are dogs." + " no" * (i % 3),
+        }
+        for i in range(32)
+    ]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    args = ["rm", "--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--max-length", "48",
-            "--lr", "3e-3", "--batch-size", "8", "--micro-batch-size", "2", "--max-steps", "4", "--eval-every", "2",
-            "--save-every", "2", "--report-to", "none", "--adamw", "foreach"]
+    args = [
+        "rm",
+        "--model",
+        str(llama_dir),
+        "--data",
+        str(data),
+        "--eval-data",
+        str(data),
+        "--max-length",
+        "48",
+        "--lr",
+        "3e-3",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--save-every",
+        "2",
+        "--report-to",
+        "none",
+        "--adamw",
+        "foreach",
+    ]
     launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_training(tmp_path / "one", tmp_path / "two", ("train/loss", "train/grad_norm", "eval/loss", "eval/accuracy"))
+    assert_same_training(
+        tmp_path / "one", tmp_path / "two", ("train/loss", "train/grad_norm", "eval/loss", "eval/accuracy")
+    )
     for folder in ("best", "checkpoint-4"):
         w1 = load_file(str(tmp_path / "one" / folder / "model.safetensors"))
         w2 = load_file(str(tmp_path / "two" / folder / "model.safetensors"))
         assert sorted(w1) == sorted(w2)
-        for name in w1:
-            torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=WEIGHT_ATOL, msg=f"{folder} {name}")
+        assert_same_adamw_weights(w1, w2, LR, MAX_UPDATES, folder)
     s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
     assert s2["probes"]["length_correlation"] == pytest.approx(s1["probes"]["length_correlation"], abs=1e-5)
     for head, stats in s1["normalization"].items():
@@ -123,12 +210,36 @@ def test_token_budget_micro_batches_sharded_equal_one_process_by_examples(llama_
     """Micro-batches by tokens: each process splits its share its own way (at 60 tokens, 4 and 3 micro-batches in
     step 1; the short process runs a weight-0 pass so the sharded forwards pair up), and the steps equal one
     process's by examples."""
-    rows = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 7), "rejected": "No." + " no" * (i % 2)}
-            for i in range(32)]
+    rows = [
+        {"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 7), "rejected": "No." + " no" * (i % 2)}
+        for i in range(32)
+    ]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    args = ["rm", "--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--max-length", "48",
-            "--lr", "3e-3", "--batch-size", "8", "--max-steps", "4", "--eval-every", "4", "--save-every", "0",
-            "--report-to", "none", "--adamw", "foreach"]
+    args = [
+        "rm",
+        "--model",
+        str(llama_dir),
+        "--data",
+        str(data),
+        "--eval-data",
+        str(data),
+        "--max-length",
+        "48",
+        "--lr",
+        "3e-3",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "4",
+        "--save-every",
+        "0",
+        "--report-to",
+        "none",
+        "--adamw",
+        "foreach",
+    ]
     proc = launch(args + ["--micro-batch-tokens", "60", "--fsdp", "--output", str(tmp_path / "two")])
     assert "up to 60 tokens" in (tmp_path / "two" / "config.yaml").read_text(), proc.stderr[-2000:]
     assert tether_main(args + ["--micro-batch-size", "2", "--output", str(tmp_path / "one")]) == 0

@@ -1,6 +1,7 @@
 """The shape the codebase keeps (docs/architecture.md): floors whose imports all point down, no import circles, no
 stage importing another, a written rule in every folder, few top-level modules, and no function over 80 lines in
 tether/stages/ or tether/train/. Imports inside functions count: a lazy import is still a dependency."""
+
 import ast
 from pathlib import Path
 
@@ -139,26 +140,28 @@ def test_old_import_paths_work_with_a_deprecation_warning():
     import subprocess
     import sys
 
-    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-            "import tether\n"
-            "for old, new in [('tether.reward_model', 'tether.models.reward'), ('tether.monitors', "
-            "'tether.diagnostics.monitors')]:\n"
-            "    try:\n"
-            "        __import__(old)\n"
-            "    except DeprecationWarning as w:\n"
-            "        assert new in str(w), w\n"
-            "    else:\n"
-            "        raise AssertionError(old)\n"
-            "warnings.simplefilter('ignore', DeprecationWarning)\n"
-            "from tether.reward_model import RewardModel\n"
-            "from tether.models.reward import RewardModel as New\n"
-            "assert RewardModel is New\n"
-            "from tether.rollout import Rollout, generate_rollout\n"
-            "from tether.rollout.batch import Rollout as R\n"
-            "assert Rollout is R\n"
-            "from tether.models import load_model\n"
-            "import tether.models.lm\n"
-            "assert load_model is tether.models.lm.load_model\n")
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "import tether\n"
+        "for old, new in [('tether.reward_model', 'tether.models.reward'), ('tether.monitors', "
+        "'tether.diagnostics.monitors')]:\n"
+        "    try:\n"
+        "        __import__(old)\n"
+        "    except DeprecationWarning as w:\n"
+        "        assert new in str(w), w\n"
+        "    else:\n"
+        "        raise AssertionError(old)\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "from tether.reward_model import RewardModel\n"
+        "from tether.models.reward import RewardModel as New\n"
+        "assert RewardModel is New\n"
+        "from tether.rollout import Rollout, generate_rollout\n"
+        "from tether.rollout.batch import Rollout as R\n"
+        "assert Rollout is R\n"
+        "from tether.models import load_model\n"
+        "import tether.models.lm\n"
+        "assert load_model is tether.models.lm.load_model\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert importlib.import_module("tether.rollout.batch").Rollout.__module__ == "tether.rollout.batch"

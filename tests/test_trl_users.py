@@ -6,6 +6,7 @@ expected now, on tiny local Qwen2, Llama, GPT-2 and Mistral-style models that co
     gpt2     no pad token
     mistral  no pad token, and an EOS (</s>, here <|bos|>) that is not the template's end of turn (<|im_end|>)
 """
+
 from __future__ import annotations
 
 import copy
@@ -57,20 +58,33 @@ def _metrics(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-QUICK = ["--max-steps", "2", "--batch-size", "4", "--micro-batch-size", "2", "--eval-every", "0", "--save-every", "0",
-         "--report-to", "none", "--overwrite"]
+QUICK = [
+    "--max-steps",
+    "2",
+    "--batch-size",
+    "4",
+    "--micro-batch-size",
+    "2",
+    "--eval-every",
+    "0",
+    "--save-every",
+    "0",
+    "--report-to",
+    "none",
+    "--overwrite",
+]
 
 
 # TRL's reward-function conventions, written as its documentation shows them: chat completions as message lists,
 # columns as keyword arguments, None for "no opinion", the trainer state.
-TRL_REWARDS = '''
+TRL_REWARDS = """
 def reward_len(completions, **kwargs):
     return [-abs(20 - len(completion[0]["content"])) for completion in completions]
 
 def answer_given(completions, answer, trainer_state, **kwargs):
     assert trainer_state.max_steps == 2 and 0 <= trainer_state.global_step < 2
     return [None if a is None else float(a in c[0]["content"]) for c, a in zip(completions, answer)]
-'''
+"""
 
 
 @pytest.mark.slow
@@ -85,11 +99,13 @@ def test_reproductions_1_2_4_6_7_on_each_pad_eos_case(case, case_dirs, tmp_path,
     vocab = AutoConfig.from_pretrained(model).vocab_size
     rows = [_chat(f"Say {w}.", f"{w} {w}.") for w in ("hi", "yes", "no", "ok", "hello", "fine", "good", "well")]
     sft_yaml = tmp_path / "sft.yaml"
-    sft_yaml.write_text(f"model_name_or_path: {model}\n"
-                        f"data: {_write(tmp_path / 'chat.jsonl', [{'messages': m} for m in rows])}\n"
-                        f"output_dir: {tmp_path / 'sft'}\nlearning_rate: 1.0e-3\nmax_steps: 2\n"
-                        "per_device_train_batch_size: 2\nbatch_size: 4\nlora_r: 4\nlora_alpha: 8\nsave_steps: 1\n"
-                        "eval_steps: 0\nreport_to: none\nlogging_steps: 1\n")
+    sft_yaml.write_text(
+        f"model_name_or_path: {model}\n"
+        f"data: {_write(tmp_path / 'chat.jsonl', [{'messages': m} for m in rows])}\n"
+        f"output_dir: {tmp_path / 'sft'}\nlearning_rate: 1.0e-3\nmax_steps: 2\n"
+        "per_device_train_batch_size: 2\nbatch_size: 4\nlora_r: 4\nlora_alpha: 8\nsave_steps: 1\n"
+        "eval_steps: 0\nreport_to: none\nlogging_steps: 1\n"
+    )
     assert main(["sft", "--config", str(sft_yaml)]) == 0
     # 7: padding added no token, so the LoRA adapter still fits the untouched base, and final/ keeps the vocabulary
     assert AutoConfig.from_pretrained(tmp_path / "sft" / "final").vocab_size == vocab
@@ -99,20 +115,65 @@ def test_reproductions_1_2_4_6_7_on_each_pad_eos_case(case, case_dirs, tmp_path,
     checkpoint = sorted((tmp_path / "sft").glob("checkpoint-*"))[-1]
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model), str(checkpoint))  # no size mismatch
     # 1: implicit-prompt pairs (two whole conversations, no prompt) in DPO
-    pairs = [{"chosen": _chat(f"Say {w}.", f"{w}."), "rejected": _chat(f"Say {w}.", "no idea")}
-             for w in ("hi", "yes", "ok", "fine", "good", "well")]
-    assert main(["dpo", "--model", str(tmp_path / "sft" / "final"), "--data", _write(tmp_path / "pairs.jsonl", pairs),
-                 "--output", str(tmp_path / "dpo"), "--eval-fraction", "0", *QUICK]) == 0
+    pairs = [
+        {"chosen": _chat(f"Say {w}.", f"{w}."), "rejected": _chat(f"Say {w}.", "no idea")}
+        for w in ("hi", "yes", "ok", "fine", "good", "well")
+    ]
+    assert (
+        main(
+            [
+                "dpo",
+                "--model",
+                str(tmp_path / "sft" / "final"),
+                "--data",
+                _write(tmp_path / "pairs.jsonl", pairs),
+                "--output",
+                str(tmp_path / "dpo"),
+                "--eval-fraction",
+                "0",
+                *QUICK,
+            ]
+        )
+        == 0
+    )
     # 2 and 6: GRPO on chat prompts with TRL-style reward functions
     (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
-    prompts = [{"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w if i % 2 else None}
-               for i, w in enumerate(("hi", "yes", "no", "ok"))]
+    prompts = [
+        {"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w if i % 2 else None}
+        for i, w in enumerate(("hi", "yes", "no", "ok"))
+    ]
     capsys.readouterr()
-    assert main(["grpo", "--model", str(tmp_path / "sft" / "final"), "--prompts", _write(tmp_path / "p.jsonl", prompts),
-                 "--reward", f"{tmp_path}/trl_rewards.py:reward_len,{tmp_path}/trl_rewards.py:answer_given",
-                 "--output", str(tmp_path / "grpo"), "--group-size", "2", "--prompts-per-step", "2",
-                 "--max-new-tokens", "4", "--max-steps", "2", "--eval-every", "0", "--save-every", "0",
-                 "--report-to", "none", "--overwrite"]) == 0
+    assert (
+        main(
+            [
+                "grpo",
+                "--model",
+                str(tmp_path / "sft" / "final"),
+                "--prompts",
+                _write(tmp_path / "p.jsonl", prompts),
+                "--reward",
+                f"{tmp_path}/trl_rewards.py:reward_len,{tmp_path}/trl_rewards.py:answer_given",
+                "--output",
+                str(tmp_path / "grpo"),
+                "--group-size",
+                "2",
+                "--prompts-per-step",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--max-steps",
+                "2",
+                "--eval-every",
+                "0",
+                "--save-every",
+                "0",
+                "--report-to",
+                "none",
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "<|im_end|>" in err.split("stop tokens", 1)[1].splitlines()[0]  # the plan's stop set has the end of turn
     last = _metrics(tmp_path / "grpo")[-1]
@@ -131,18 +192,55 @@ def test_reproduction_5_max_length_beyond_the_context(case, case_dirs, tmp_path,
 
     tether.models.lm._TOLD.clear()
     long_text = " ".join(["hello world"] * 200)
-    data = _write(tmp_path / "d.jsonl", [{"prompt": "Say hi.", "completion": "hi."}] * 6
-                  + [{"prompt": long_text, "completion": "ok."}])
-    assert main(["sft", "--model", str(case_dirs[case]), "--data", data, "--output", str(tmp_path / "sft"),
-                 "--max-length", "4096", "--eval-fraction", "0", *QUICK]) == 0
+    data = _write(
+        tmp_path / "d.jsonl",
+        [{"prompt": "Say hi.", "completion": "hi."}] * 6 + [{"prompt": long_text, "completion": "ok."}],
+    )
+    assert (
+        main(
+            [
+                "sft",
+                "--model",
+                str(case_dirs[case]),
+                "--data",
+                data,
+                "--output",
+                str(tmp_path / "sft"),
+                "--max-length",
+                "4096",
+                "--eval-fraction",
+                "0",
+                *QUICK,
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "--max-length 4096 is more than the model's context (256 positions" in err
     summary = json.loads((tmp_path / "sft" / "summary.json").read_text())
-    assert "-> 6 examples" in summary["data"][0] and "dropped: 1 longer than max_length=256 tokens" in summary["data"][0]
+    assert (
+        "-> 6 examples" in summary["data"][0] and "dropped: 1 longer than max_length=256 tokens" in summary["data"][0]
+    )
     prompts = _write(tmp_path / "p.jsonl", [{"prompt": "Say hi."}, {"prompt": long_text}])
-    code = main(["grpo", "--model", str(case_dirs[case]), "--prompts", prompts, "--reward",
-                 "tether.rewards.builtin:length_penalty", "--output", str(tmp_path / "grpo"), "--max-new-tokens", "64",
-                 "--max-steps", "1", "--report-to", "none"])
+    code = main(
+        [
+            "grpo",
+            "--model",
+            str(case_dirs[case]),
+            "--prompts",
+            prompts,
+            "--reward",
+            "tether.rewards.builtin:length_penalty",
+            "--output",
+            str(tmp_path / "grpo"),
+            "--max-new-tokens",
+            "64",
+            "--max-steps",
+            "1",
+            "--report-to",
+            "none",
+        ]
+    )
     assert code == 2 and "row 2:" in capsys.readouterr().err
 
 
@@ -158,8 +256,23 @@ def test_reproduction_9_chat_prompts_without_a_chat_template(case_dirs, tmp_path
     tok.save_pretrained(plain)
     (plain / "chat_template.jinja").unlink(missing_ok=True)
     prompts = _write(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": "hi"}]}])
-    code = main(["grpo", "--model", str(plain), "--prompts", prompts, "--reward", "tether.rewards.builtin:length_penalty",
-                 "--output", str(tmp_path / "g"), "--max-steps", "1", "--report-to", "none"])
+    code = main(
+        [
+            "grpo",
+            "--model",
+            str(plain),
+            "--prompts",
+            prompts,
+            "--reward",
+            "tether.rewards.builtin:length_penalty",
+            "--output",
+            str(tmp_path / "g"),
+            "--max-steps",
+            "1",
+            "--report-to",
+            "none",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "is a list of chat messages, and the tokenizer has no chat template" in err
     assert "Traceback" not in err
@@ -172,11 +285,19 @@ def test_reproduction_4_yaml_and_flags_the_way_trl_users_write_them(case_dirs, t
     from tether.stages.grpo_config import GRPOConfig
 
     flat = tmp_path / "grpo.yaml"
-    flat.write_text("model_name_or_path: m\nlearning_rate: 3.0e-6\nnum_generations: 4\nmax_completion_length: 32\n"
-                    "beta: 0.02\nmax_steps: 7\nper_device_train_batch_size: 2\n")
+    flat.write_text(
+        "model_name_or_path: m\nlearning_rate: 3.0e-6\nnum_generations: 4\nmax_completion_length: 32\n"
+        "beta: 0.02\nmax_steps: 7\nper_device_train_batch_size: 2\n"
+    )
     cfg = build_config(GRPOConfig, load_yaml(flat))
-    assert (cfg.model.path, cfg.optim.lr, cfg.rollout.group_size, cfg.rollout.max_new_tokens, cfg.algo.kl_coef,
-            cfg.train.max_steps) == ("m", 3e-6, 4, 32, 0.02, 7)
+    assert (
+        cfg.model.path,
+        cfg.optim.lr,
+        cfg.rollout.group_size,
+        cfg.rollout.max_new_tokens,
+        cfg.algo.kl_coef,
+        cfg.train.max_steps,
+    ) == ("m", 3e-6, 4, 32, 0.02, 7)
     with pytest.raises(ConfigError, match="gradient_accumulation_steps: tether sets the batch per optimizer step"):
         flat.write_text("gradient_accumulation_steps: 4\n")
         build_config(GRPOConfig, load_yaml(flat))
@@ -189,9 +310,17 @@ def test_reproduction_4_yaml_and_flags_the_way_trl_users_write_them(case_dirs, t
 
 
 def test_reproduction_12_help_lists_each_stage_once_without_torch():
-    out = subprocess.run([sys.executable, "-c", "import sys; from tether.cli import main\ntry:\n main(['--help'])\n"
-                          "except SystemExit: pass\nprint('torch' in sys.modules, 'transformers' in sys.modules)"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tether.cli import main\ntry:\n main(['--help'])\n"
+            "except SystemExit: pass\nprint('torch' in sys.modules, 'transformers' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.stdout.count("Reward model from preference pairs") == 1
     assert out.stdout.strip().splitlines()[-1] == "False False"
 
@@ -217,14 +346,33 @@ def test_reproduction_12_log_lines_stay_above_the_progress_bar_and_tokenising_sh
     assert printed[0].startswith("tokenising d.jsonl: 1/5") and len(printed) == 4
 
 
-def test_reproduction_13_a_crash_before_the_first_checkpoint_gives_one_way_forward(case_dirs, tmp_path, capsys,
-                                                                                   monkeypatch):
+def test_reproduction_13_a_crash_before_the_first_checkpoint_gives_one_way_forward(
+    case_dirs, tmp_path, capsys, monkeypatch
+):
     from conftest import killed_after_step
 
     data = _write(tmp_path / "d.jsonl", [{"prompt": "Say hi.", "completion": "hi."}] * 8)
-    args = ["sft", "--model", str(case_dirs["qwen2"]), "--data", data, "--output", str(tmp_path / "run"),
-            "--eval-fraction", "0", "--max-steps", "4", "--batch-size", "2", "--micro-batch-size", "2",
-            "--save-every", "0", "--report-to", "none"]
+    args = [
+        "sft",
+        "--model",
+        str(case_dirs["qwen2"]),
+        "--data",
+        data,
+        "--output",
+        str(tmp_path / "run"),
+        "--eval-fraction",
+        "0",
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--micro-batch-size",
+        "2",
+        "--save-every",
+        "0",
+        "--report-to",
+        "none",
+    ]
     import tether.train.offline as offline
 
     with killed_after_step(monkeypatch, 1), pytest.raises(KeyboardInterrupt):
@@ -265,18 +413,40 @@ def test_trackio_gets_the_metrics_and_the_config(tmp_path, monkeypatch):
 def test_reproduction_8_unpaired_labels_are_recognised_everywhere_preferences_are_read(case_dirs, tmp_path, capsys):
     """KTO-style rows (completion + true/false label): `data check` shows the KTO view, SFT, the reward model and
     the pairwise DPO losses refuse them with the reason, `dpo --loss kto` trains on them."""
-    rows = [{"prompt": f"Say {w}.", "completion": f"{w}." if i % 2 else "no idea", "label": bool(i % 2)}
-            for i, w in enumerate(("hi", "yes", "ok", "fine", "good", "well", "so", "no"))]
+    rows = [
+        {"prompt": f"Say {w}.", "completion": f"{w}." if i % 2 else "no idea", "label": bool(i % 2)}
+        for i, w in enumerate(("hi", "yes", "ok", "fine", "good", "well", "so", "no"))
+    ]
     data = _write(tmp_path / "labels.jsonl", rows)
     model = str(case_dirs["llama"])
     assert main(["data", "check", data, "--model", model]) == 0
     assert "label False (`tether dpo --loss kto`)" in capsys.readouterr().err
     common = ["--model", model, "--data", data, "--report-to", "none", "--max-steps", "1"]
-    for stage, reason in (("sft", "unpaired preference data"), ("rm", "a reward model needs pairs or ranked lists"),
-                          ("dpo", "this loss compares pairs — use --loss kto")):
+    for stage, reason in (
+        ("sft", "unpaired preference data"),
+        ("rm", "a reward model needs pairs or ranked lists"),
+        ("dpo", "this loss compares pairs — use --loss kto"),
+    ):
         assert main([stage, *common, "--output", str(tmp_path / stage)]) == 2
         assert reason in capsys.readouterr().err
-    assert main(["dpo", *common, "--loss", "kto", "--output", str(tmp_path / "kto"), "--batch-size", "4",
-                 "--micro-batch-size", "2", "--eval-fraction", "0"]) == 0
+    assert (
+        main(
+            [
+                "dpo",
+                *common,
+                "--loss",
+                "kto",
+                "--output",
+                str(tmp_path / "kto"),
+                "--batch-size",
+                "4",
+                "--micro-batch-size",
+                "2",
+                "--eval-fraction",
+                "0",
+            ]
+        )
+        == 0
+    )
     last = _metrics(tmp_path / "kto")[-1]
     assert last["train/loss"] == pytest.approx(0.5, abs=1e-4) and last["train/kto/reference_point"] == 0.0  # π = π_ref

@@ -1,4 +1,5 @@
 """Annotator agreement: κ against scikit-learn, statistics, filtering to majority labels, bad vote data."""
+
 import json
 import random
 
@@ -32,14 +33,18 @@ def test_fleiss_kappa_equals_cohen_style_reading_for_perfect_and_random():
 
 
 def pair(i, votes, chosen="good answer", rejected="bad answer"):
-    return Record({"prompt": "q", "chosen": f"{chosen} {i}", "rejected": f"{rejected} {i}", "votes": votes}, f"v.jsonl:{i}")
+    return Record(
+        {"prompt": "q", "chosen": f"{chosen} {i}", "rejected": f"{rejected} {i}", "votes": votes}, f"v.jsonl:{i}"
+    )
 
 
 def test_statistics_filter_and_majority_relabel():
-    records = [pair(1, {"x": "chosen", "y": "chosen", "z": "chosen"}),
-               pair(2, {"x": "rejected", "y": "rejected", "z": "chosen"}),
-               pair(3, {"x": "chosen", "y": "rejected", "z": None}),  # missing vote -> 1-1 tie
-               pair(4, {"x": "chosen", "y": "chosen"}, chosen="same", rejected="same")]
+    records = [
+        pair(1, {"x": "chosen", "y": "chosen", "z": "chosen"}),
+        pair(2, {"x": "rejected", "y": "rejected", "z": "chosen"}),
+        pair(3, {"x": "chosen", "y": "rejected", "z": None}),  # missing vote -> 1-1 tie
+        pair(4, {"x": "chosen", "y": "chosen"}, chosen="same", rejected="same"),
+    ]
     rows, report = read_votes(records, ["x", "y", "z"])
     assert report.dropped == {"with chosen equal to rejected": 1} and report.missing_votes == 1
     stats = agreement_statistics(rows, report.annotators)
@@ -50,13 +55,17 @@ def test_statistics_filter_and_majority_relabel():
     kept, dropped = filter_by_agreement(rows, 0.6)
     assert dropped == {"tie (no majority)": 1}
     assert [k["chosen"] for k in kept] == ["good answer 1", "bad answer 2"]  # row 2 swapped to its majority
-    assert kept[1]["votes"] == {"x": "chosen", "y": "chosen", "z": "rejected"} and kept[1]["agreement"] == pytest.approx(2 / 3, abs=1e-4)
+    assert kept[1]["votes"] == {"x": "chosen", "y": "chosen", "z": "rejected"} and kept[1][
+        "agreement"
+    ] == pytest.approx(2 / 3, abs=1e-4)
     kept, dropped = filter_by_agreement(rows, 0.9)
     assert len(kept) == 1 and dropped["agreement below 0.9"] == 1
 
 
 def test_bad_votes_are_clear_errors():
-    with pytest.raises(DataError, match=r"v.jsonl:1: votes has unknown annotator id 'w'; --annotators lists \['x', 'y'\]"):
+    with pytest.raises(
+        DataError, match=r"v.jsonl:1: votes has unknown annotator id 'w'; --annotators lists \['x', 'y'\]"
+    ):
         read_votes([pair(1, {"x": "chosen", "w": "chosen"})], ["x", "y"])
     with pytest.raises(DataError, match=r"v.jsonl:1: field 'votes' must map annotator ids to labels"):
         read_votes([pair(1, ["chosen", "rejected"])])
@@ -67,8 +76,15 @@ def test_bad_votes_are_clear_errors():
 
 
 def test_data_agreement_and_filter_commands(tmp_path, capsys):
-    rows = [{"prompt": "q", "chosen": f"c{i}", "rejected": f"r{i}",
-             "votes": {"x": "chosen", "y": "chosen" if i % 2 else "rejected", "z": "chosen"}} for i in range(10)]
+    rows = [
+        {
+            "prompt": "q",
+            "chosen": f"c{i}",
+            "rejected": f"r{i}",
+            "votes": {"x": "chosen", "y": "chosen" if i % 2 else "rejected", "z": "chosen"},
+        }
+        for i in range(10)
+    ]
     src = write_jsonl(tmp_path / "prefs.jsonl", rows)
     stats_file = tmp_path / "stats.json"
     assert main(["data", "agreement", str(src), "--json", str(stats_file)]) == 0

@@ -7,11 +7,22 @@ command line's ``--help``) stays free of torch and transformers.
 
 __version__ = "0.1.0"
 
-_LAZY = {"sft": "tether.api", "rm": "tether.api", "dpo": "tether.api", "ppo": "tether.api", "grpo": "tether.api",
-         "RunResult": "tether.api", "TrainerState": "tether.rewards.loading",
-         "SFTConfig": "tether.stages.sft_config", "RMConfig": "tether.stages.rm_config",
-         "DPOConfig": "tether.stages.dpo_config", "PPOConfig": "tether.stages.ppo_config",
-         "GRPOConfig": "tether.stages.grpo_config", "ConfigError": "tether.errors", "DataError": "tether.errors"}
+_LAZY = {
+    "sft": "tether.api",
+    "rm": "tether.api",
+    "dpo": "tether.api",
+    "ppo": "tether.api",
+    "grpo": "tether.api",
+    "RunResult": "tether.api",
+    "TrainerState": "tether.rewards.loading",
+    "SFTConfig": "tether.stages.sft_config",
+    "RMConfig": "tether.stages.rm_config",
+    "DPOConfig": "tether.stages.dpo_config",
+    "PPOConfig": "tether.stages.ppo_config",
+    "GRPOConfig": "tether.stages.grpo_config",
+    "ConfigError": "tether.errors",
+    "DataError": "tether.errors",
+}
 
 __all__ = sorted(_LAZY)
 

@@ -2,6 +2,7 @@
 paths keep working, with a DeprecationWarning naming the new one: ``tether.reward_model`` and the other moved
 modules through a finder on ``sys.meta_path`` (installed by ``tether/__init__.py``), and names that were imported
 from the old ``tether.rollout`` and ``tether.models`` modules, now packages, through their ``__getattr__``."""
+
 from __future__ import annotations
 
 import importlib
@@ -32,10 +33,21 @@ MOVED_NAMES = {
     "tether.rollout": {
         **dict.fromkeys(("Rollout", "left_pad", "concat_rollouts"), "tether.rollout.batch"),
         **dict.fromkeys(("render_prompts", "stop_token_ids", "response_mask_from_stops"), "tether.rollout.prompts"),
-        **dict.fromkeys(("response_seeds", "SeededSampler", "generate_rollout", "generate_from_ids", "GenerationBackend",
-                         "HFGenerate"), "tether.rollout.backends"),
-        **dict.fromkeys(("response_states", "response_logprobs", "response_logprobs_and_values", "reference_logprobs"),
-                        "tether.rollout.forward"),
+        **dict.fromkeys(
+            (
+                "response_seeds",
+                "SeededSampler",
+                "generate_rollout",
+                "generate_from_ids",
+                "GenerationBackend",
+                "HFGenerate",
+            ),
+            "tether.rollout.backends",
+        ),
+        **dict.fromkeys(
+            ("response_states", "response_logprobs", "response_logprobs_and_values", "reference_logprobs"),
+            "tether.rollout.forward",
+        ),
         "step_end_tokens": "tether.rollout.texts",
         "end_of_turn_id": "tether.models.lm",
     },

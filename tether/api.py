@@ -25,6 +25,7 @@ inputs. Callables are registered in this process under a ``python:<name>`` spec 
 resume such a run from Python with the same callables. The command line (tether/cli.py) builds a config from
 flags and YAML and calls ``run_stage``, the function this module's stages call too.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -37,15 +38,21 @@ from typing import Any, Callable
 from tether.config import ConfigError, build_config, config_to_dict
 
 # stage -> (config class, run function)
-_STAGES = {"sft": ("tether.stages.sft_config:SFTConfig", "tether.stages.sft:run_sft"),
-           "rm": ("tether.stages.rm_config:RMConfig", "tether.stages.rm:run_rm"),
-           "dpo": ("tether.stages.dpo_config:DPOConfig", "tether.stages.dpo:run_dpo"),
-           "ppo": ("tether.stages.ppo_config:PPOConfig", "tether.stages.ppo:run_ppo"),
-           "grpo": ("tether.stages.grpo_config:GRPOConfig", "tether.stages.grpo:run_grpo")}
+_STAGES = {
+    "sft": ("tether.stages.sft_config:SFTConfig", "tether.stages.sft:run_sft"),
+    "rm": ("tether.stages.rm_config:RMConfig", "tether.stages.rm:run_rm"),
+    "dpo": ("tether.stages.dpo_config:DPOConfig", "tether.stages.dpo:run_dpo"),
+    "ppo": ("tether.stages.ppo_config:PPOConfig", "tether.stages.ppo:run_ppo"),
+    "grpo": ("tether.stages.grpo_config:GRPOConfig", "tether.stages.grpo:run_grpo"),
+}
 
 # keyword input -> the dotted option it fills, per stage
-_ROW_INPUTS = {"data": "data.path", "eval_data": "data.eval_path", "prompts": "rollout.prompts",
-               "eval_prompts": "rollout.eval_prompts"}
+_ROW_INPUTS = {
+    "data": "data.path",
+    "eval_data": "data.eval_path",
+    "prompts": "rollout.prompts",
+    "eval_prompts": "rollout.eval_prompts",
+}
 _MODEL_INPUTS = {"model": "model.path", "tokenizer": "model.tokenizer", "reference": "model.reference"}
 _INPUTS = {**_ROW_INPUTS, **_MODEL_INPUTS}
 
@@ -116,7 +123,9 @@ def _rows_of(value, name: str) -> list[dict] | None:
     if isinstance(value, (str, Path)):
         return None
     if hasattr(value, "keys") and hasattr(value, "column_names") and not hasattr(value, "to_list"):
-        raise ConfigError(f"{name}: a DatasetDict with splits {sorted(value.keys())}; pass one split, e.g. {name}=ds['train']")
+        raise ConfigError(
+            f"{name}: a DatasetDict with splits {sorted(value.keys())}; pass one split, e.g. {name}=ds['train']"
+        )
     if hasattr(value, "to_list"):  # datasets.Dataset
         rows = value.to_list()
     elif hasattr(value, "to_dict") and hasattr(value, "columns"):  # pandas.DataFrame
@@ -124,8 +133,10 @@ def _rows_of(value, name: str) -> list[dict] | None:
     elif isinstance(value, (list, tuple)):
         rows = list(value)
     else:
-        raise ConfigError(f"{name}: expected a path, a datasets.Dataset, a pandas DataFrame or a list of dicts; "
-                          f"got {type(value).__name__}")
+        raise ConfigError(
+            f"{name}: expected a path, a datasets.Dataset, a pandas DataFrame or a list of dicts; "
+            f"got {type(value).__name__}"
+        )
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ConfigError(f"{name}[{i}]: rows must be dicts (column -> value), got {type(row).__name__}")
@@ -159,8 +170,10 @@ def _save_pretrained(obj, folder: Path, name: str) -> None:
     from tether.models.lm import is_peft
 
     if is_peft(obj):
-        raise ConfigError(f"{name}: a PEFT model; pass its base model with lora_r=... (tether adds the adapters), "
-                          "or merge_and_unload() it first")
+        raise ConfigError(
+            f"{name}: a PEFT model; pass its base model with lora_r=... (tether adds the adapters), "
+            "or merge_and_unload() it first"
+        )
     if not hasattr(obj, "save_pretrained"):
         raise ConfigError(f"{name}: expected a path or a transformers model/tokenizer, got {type(obj).__name__}")
     tmp = folder.with_name(folder.name + ".tmp")
@@ -258,8 +271,9 @@ def _run(stage: str, config, settings: dict, inputs: dict, callables: dict, hook
             raise ConfigError("reward_model: the path of a `tether rm` folder (final/ of an rm run)")
         overrides["rewards.reward_model"] = str(callables["reward_model"])
     paths = {k: str(v) for k, v in inputs.items() if isinstance(v, (str, Path))}
-    draft = build_config(cls, values, {**overrides, **{_INPUTS[k]: v for k, v in paths.items()}},
-                         source=f"tether.{stage}()")  # every setting validated before anything is written
+    draft = build_config(
+        cls, values, {**overrides, **{_INPUTS[k]: v for k, v in paths.items()}}, source=f"tether.{stage}()"
+    )  # every setting validated before anything is written
     overrides.update(_materialise(stage, inputs, draft.train.output))
     cfg = build_config(cls, values, overrides, source=f"tether.{stage}()")
     summary = run_stage(stage, cfg, **{k: v for k, v in hooks.items() if v is not None})
@@ -279,30 +293,82 @@ def rm(config=None, *, model=None, tokenizer=None, data=None, eval_data=None, **
     return _run("rm", config, settings, dict(model=model, tokenizer=tokenizer, data=data, eval_data=eval_data), {}, {})
 
 
-def dpo(config=None, *, model=None, tokenizer=None, reference=None, data=None, eval_data=None, prompts=None,
-        reward_funcs=None, reward_model=None, judge=None, evaluate: Callable | None = None, **settings) -> RunResult:
+def dpo(
+    config=None,
+    *,
+    model=None,
+    tokenizer=None,
+    reference=None,
+    data=None,
+    eval_data=None,
+    prompts=None,
+    reward_funcs=None,
+    reward_model=None,
+    judge=None,
+    evaluate: Callable | None = None,
+    **settings,
+) -> RunResult:
     """The direct-preference family, offline (``data``) or online (``online=True``, ``prompts`` and a labeller:
     ``reward_funcs``, ``reward_model`` or ``judge``). ``evaluate(policy, tokenizer) -> dict`` adds task metrics to
     every evaluation."""
-    return _run("dpo", config, settings,
-                dict(model=model, tokenizer=tokenizer, reference=reference, data=data, eval_data=eval_data, prompts=prompts),
-                dict(reward_funcs=reward_funcs, reward_model=reward_model, judge=judge), dict(evaluate_fn=evaluate))
+    return _run(
+        "dpo",
+        config,
+        settings,
+        dict(model=model, tokenizer=tokenizer, reference=reference, data=data, eval_data=eval_data, prompts=prompts),
+        dict(reward_funcs=reward_funcs, reward_model=reward_model, judge=judge),
+        dict(evaluate_fn=evaluate),
+    )
 
 
-def ppo(config=None, *, model=None, tokenizer=None, reference=None, prompts=None, eval_prompts=None, reward_funcs=None,
-        reward_model=None, env=None, evaluate: Callable | None = None, **settings) -> RunResult:
+def ppo(
+    config=None,
+    *,
+    model=None,
+    tokenizer=None,
+    reference=None,
+    prompts=None,
+    eval_prompts=None,
+    reward_funcs=None,
+    reward_model=None,
+    env=None,
+    evaluate: Callable | None = None,
+    **settings,
+) -> RunResult:
     """PPO with a critic against a reward model and/or reward functions, or an environment (``env``)."""
-    return _run("ppo", config, settings,
-                dict(model=model, tokenizer=tokenizer, reference=reference, prompts=prompts, eval_prompts=eval_prompts),
-                dict(reward_funcs=reward_funcs, reward_model=reward_model, env=env), dict(evaluate_fn=evaluate))
+    return _run(
+        "ppo",
+        config,
+        settings,
+        dict(model=model, tokenizer=tokenizer, reference=reference, prompts=prompts, eval_prompts=eval_prompts),
+        dict(reward_funcs=reward_funcs, reward_model=reward_model, env=env),
+        dict(evaluate_fn=evaluate),
+    )
 
 
-def grpo(config=None, *, model=None, tokenizer=None, reference=None, prompts=None, eval_prompts=None, reward_funcs=None,
-         reward_model=None, env=None, evaluate: Callable | None = None, **settings) -> RunResult:
+def grpo(
+    config=None,
+    *,
+    model=None,
+    tokenizer=None,
+    reference=None,
+    prompts=None,
+    eval_prompts=None,
+    reward_funcs=None,
+    reward_model=None,
+    env=None,
+    evaluate: Callable | None = None,
+    **settings,
+) -> RunResult:
     """The group family (``recipe="dapo"``...) against reward functions, a reward model, or an environment."""
-    return _run("grpo", config, settings,
-                dict(model=model, tokenizer=tokenizer, reference=reference, prompts=prompts, eval_prompts=eval_prompts),
-                dict(reward_funcs=reward_funcs, reward_model=reward_model, env=env), dict(evaluate_fn=evaluate))
+    return _run(
+        "grpo",
+        config,
+        settings,
+        dict(model=model, tokenizer=tokenizer, reference=reference, prompts=prompts, eval_prompts=eval_prompts),
+        dict(reward_funcs=reward_funcs, reward_model=reward_model, env=env),
+        dict(evaluate_fn=evaluate),
+    )
 
 
 __all__ = ["RunResult", "config_class", "dpo", "grpo", "ppo", "rm", "run_stage", "sft"]

@@ -1,4 +1,5 @@
 """Command line: `tether <stage> [options]`. Each stage's options come from its config dataclasses."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,11 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     from tether.stages.rm_config import RMConfig
     from tether.stages.sft_config import SFTConfig
 
-    parser = argparse.ArgumentParser(prog="tether", description="Post-training for language models, with a ground-truth lab.")
+    parser = argparse.ArgumentParser(
+        prog="tether", description="Post-training for language models, with a ground-truth lab."
+    )
     sub = parser.add_subparsers(dest="stage", metavar="STAGE", title="stages")  # each listed once, by its help
     sft = sub.add_parser("sft", help=STAGES["sft"], description=STAGES["sft"])
-    sft.add_argument("--demo", action="store_true",
-                     help="Run the built-in demo: writes its own data and a tiny model, needs no files.")
+    sft.add_argument(
+        "--demo",
+        action="store_true",
+        help="Run the built-in demo: writes its own data and a tiny model, needs no files.",
+    )
     add_config_arguments(sft, SFTConfig)
 
     rm = sub.add_parser("rm", help=STAGES["rm"], description=STAGES["rm"])
@@ -46,18 +52,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     from tether.stages.grpo_config import GRPOConfig
 
-    grpo = sub.add_parser("grpo", help=STAGES["grpo"], description=STAGES["grpo"] + " A recipe sets the algo options; "
-                          "any flag or YAML value overrides it (defaults shown are those of no recipe).")
+    grpo = sub.add_parser(
+        "grpo",
+        help=STAGES["grpo"],
+        description=STAGES["grpo"] + " A recipe sets the algo options; "
+        "any flag or YAML value overrides it (defaults shown are those of no recipe).",
+    )
     add_config_arguments(grpo, GRPOConfig)
     from tether.stages.dpo_config import DPOConfig
 
     dpo = sub.add_parser("dpo", help=STAGES["dpo"], description=STAGES["dpo"] + " Formulas: docs/dpo.md.")
     add_config_arguments(dpo, DPOConfig)
-    diag = sub.add_parser("diagnose", help=STAGES["diagnose"], description=STAGES["diagnose"] + " Monitors, thresholds "
-                          "and windows: docs/monitors.md.")
+    diag = sub.add_parser(
+        "diagnose",
+        help=STAGES["diagnose"],
+        description=STAGES["diagnose"] + " Monitors, thresholds and windows: docs/monitors.md.",
+    )
     diag.add_argument("run", help="Run folder with metrics.jsonl (and samples.jsonl).")
-    diag.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                      help="Override a monitor setting, e.g. --set task_drop=0.3 (names in docs/monitors.md).")
+    diag.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="Override a monitor setting, e.g. --set task_drop=0.3 (names in docs/monitors.md).",
+    )
     diag.add_argument("--write", action="store_true", help="Write the alarms to RUN/alarms.jsonl (replacing it).")
     rep = sub.add_parser("report", help=STAGES["report"], description=STAGES["report"])
     rep.add_argument("runs", nargs="+", help="Run folders (each with metrics.jsonl).")
@@ -65,32 +83,56 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("recipes", help=STAGES["recipes"], description=STAGES["recipes"])
 
     lab = sub.add_parser("lab", help=STAGES["lab"], description=STAGES["lab"])
-    lab.add_argument("--output", default="runs/lab", help="Lab run folder; stages already done there with the same recipe are reused.")
-    lab.add_argument("--quick", action="store_true", help="A smaller world and model (about a minute); used by the tests.")
+    lab.add_argument(
+        "--output",
+        default="runs/lab",
+        help="Lab run folder; stages already done there with the same recipe are reused.",
+    )
+    lab.add_argument(
+        "--quick", action="store_true", help="A smaller world and model (about a minute); used by the tests."
+    )
     lab.add_argument("--seed", type=int, default=0, help="Seed of the world, the model and every stage.")
     lab.add_argument("--fresh", action="store_true", help="Redo every stage, ignoring cached outputs.")
-    lab.add_argument("--workers", type=int, default=0,
-                     help="Processes that run the stages whose inputs are ready side by side (0: one per core; "
-                          "1: one stage at a time, in this process). The figures do not depend on it.")
-    lab.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                     help="Another value for a LabConfig field (tether/lab/pipeline.py; repeatable), e.g. "
-                          "pretrain_steps=8000. Stages whose recipe it changes are computed again; the others are "
-                          "reused.")
+    lab.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="Processes that run the stages whose inputs are ready side by side (0: one per core; "
+        "1: one stage at a time, in this process). The figures do not depend on it.",
+    )
+    lab.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="Another value for a LabConfig field (tether/lab/pipeline.py; repeatable), e.g. "
+        "pretrain_steps=8000. Stages whose recipe it changes are computed again; the others are "
+        "reused.",
+    )
 
     ev = sub.add_parser("eval", help=STAGES["eval"], description=STAGES["eval"])
     ev.add_argument("--model", required=True, help="Model folder to evaluate.")
     ev.add_argument("--task", required=True, choices=("lab-arith", "lab-assist"), help="Which lab task.")
-    ev.add_argument("--reference", default="", help="Reference model folder: assist then reports the gold win rate against it.")
-    ev.add_argument("--data", default="", help="Evaluation file (arith_eval.jsonl / assist_eval.jsonl); default: "
-                    "the default world's held-out split, rebuilt from --seed.")
+    ev.add_argument(
+        "--reference", default="", help="Reference model folder: assist then reports the gold win rate against it."
+    )
+    ev.add_argument(
+        "--data",
+        default="",
+        help="Evaluation file (arith_eval.jsonl / assist_eval.jsonl); default: "
+        "the default world's held-out split, rebuilt from --seed.",
+    )
     ev.add_argument("--seed", type=int, default=0, help="World seed for the default split, and the sampling seed.")
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; otherwise sampling temperature.")
     ev.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling threshold when sampling.")
     ev.add_argument("--samples", type=int, default=1, help="Completions per prompt.")
     ev.add_argument("--max-new-tokens", type=int, default=96, help="Generation budget per completion.")
     ev.add_argument("--limit", type=int, default=0, help="Evaluate only the first N prompts (0 = all).")
-    ev.add_argument("--output", default="", help="JSON file for the figures (default: printed only; nothing is written "
-                    "beside the model folder).")
+    ev.add_argument(
+        "--output",
+        default="",
+        help="JSON file for the figures (default: printed only; nothing is written beside the model folder).",
+    )
 
     bench = sub.add_parser("bench", help=STAGES["bench"], description=STAGES["bench"] + " docs/performance.md.")
     bench.add_argument("--models", default="lab,29m", help="Model sizes, comma-separated: lab (the lab's Llama), 29m.")
@@ -100,36 +142,54 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--new-tokens", type=int, default=32, help="Tokens generated per row.")
     bench.add_argument("--repeats", type=int, default=5, help="Timed runs per phase (the median is reported).")
     bench.add_argument("--matmul-size", type=int, default=1024, help="Side of the square matmuls of the peak.")
-    bench.add_argument("--compile", action="store_true", help="Also time forward + backward under torch.compile: "
-                                                              "the compilation, the steady step, the pay-back.")
+    bench.add_argument(
+        "--compile",
+        action="store_true",
+        help="Also time forward + backward under torch.compile: the compilation, the steady step, the pay-back.",
+    )
     bench.add_argument("--data", default="", help="A data file whose padding to measure (with --model).")
     bench.add_argument("--model", default="", help="Model or tokenizer folder for --data.")
     bench.add_argument("--json", default="", help="Also write every figure to this JSON file.")
 
     data = sub.add_parser("data", help=STAGES["data"], description=STAGES["data"])
     data_sub = data.add_subparsers(dest="data_command", metavar="COMMAND")
-    check = data_sub.add_parser("check", help="Counts, drops and one rendered example with its loss mask (SFT and "
-                                "preference data), or the rendered prompts and their lengths (RL prompt files).")
+    check = data_sub.add_parser(
+        "check",
+        help="Counts, drops and one rendered example with its loss mask (SFT and "
+        "preference data), or the rendered prompts and their lengths (RL prompt files).",
+    )
     check.add_argument("file", help="Data file or datasets folder.")
-    check.add_argument("--model", required=True, help="Model or tokenizer folder whose tokenizer (and chat template) to use.")
+    check.add_argument(
+        "--model", required=True, help="Model or tokenizer folder whose tokenizer (and chat template) to use."
+    )
     check.add_argument("--columns", default="", help="Rename columns, NAME=SOURCE,...")
     check.add_argument("--split", default="train", help="Split of a datasets folder.")
     check.add_argument("--max-length", type=int, default=1024, help="Longest example in tokens.")
     check.add_argument("--train-on-prompt", action="store_true", help="Show the mask with prompt tokens trained.")
     check.add_argument("--strict", action="store_true", help="Make dropped examples errors.")
     check.add_argument("--index", type=int, default=0, help="Which kept example to render.")
-    agree = data_sub.add_parser("agreement", help="Cohen's κ per annotator pair, Fleiss' κ, per-item agreement, "
-                                                  "agreement with the majority, for rows with a 'votes' mapping.")
+    agree = data_sub.add_parser(
+        "agreement",
+        help="Cohen's κ per annotator pair, Fleiss' κ, per-item agreement, "
+        "agreement with the majority, for rows with a 'votes' mapping.",
+    )
     agree.add_argument("file", help="Preference file whose rows carry votes: {annotator: label}.")
     agree.add_argument("--annotators", default="", help="Expected annotator ids, A,B,...; any other id is an error.")
     agree.add_argument("--columns", default="", help="Rename columns, NAME=SOURCE,...")
     agree.add_argument("--json", default="", help="Also write the statistics to this JSON file.")
-    filt = data_sub.add_parser("filter", help="Keep rows whose majority has at least --min-agreement of the votes, "
-                                              "relabelled to the majority (ties dropped).")
+    filt = data_sub.add_parser(
+        "filter",
+        help="Keep rows whose majority has at least --min-agreement of the votes, "
+        "relabelled to the majority (ties dropped).",
+    )
     filt.add_argument("file", help="Preference file whose rows carry votes.")
     filt.add_argument("--output", required=True, help="JSONL file to write.")
-    filt.add_argument("--min-agreement", type=float, default=0.0,
-                      help="Fraction of votes that must agree with the majority label (e.g. 0.8 = 4 of 5).")
+    filt.add_argument(
+        "--min-agreement",
+        type=float,
+        default=0.0,
+        help="Fraction of votes that must agree with the majority label (e.g. 0.8 = 4 of 5).",
+    )
     filt.add_argument("--annotators", default="", help="Expected annotator ids, A,B,...; any other id is an error.")
     filt.add_argument("--columns", default="", help="Rename columns, NAME=SOURCE,...")
     return parser
@@ -174,8 +234,10 @@ def show_demo_generations(cfg, summary) -> None:
             f.write(json.dumps({"prompt": r["prompt"], "completion": c, "answer": r["answer"]}) + "\n")
     for r, c in list(zip(rows, completions))[:3]:
         console.print(f"  {r['prompt'].strip()!r} -> {c!r}")
-    console.print(f"held-out loss {summary.get('eval/loss', float('nan')):.3f}, greedy answer accuracy "
-                  f"{accuracy:.1%} on {len(rows)} held-out problems (samples.jsonl)")
+    console.print(
+        f"held-out loss {summary.get('eval/loss', float('nan')):.3f}, greedy answer accuracy "
+        f"{accuracy:.1%} on {len(rows)} held-out problems (samples.jsonl)"
+    )
 
 
 def run_lab_command(args) -> None:
@@ -206,7 +268,9 @@ def run_eval_command(args) -> None:
         need = "question" if args.task == "lab-arith" else "topic"
         for r in records:
             if "prompt" not in r.fields or need not in r.fields:
-                raise DataError(f"{r.where}: {args.task} rows need 'prompt' and '{need}'; the row has {sorted(r.fields)}")
+                raise DataError(
+                    f"{r.where}: {args.task} rows need 'prompt' and '{need}'; the row has {sorted(r.fields)}"
+                )
         rows = [r.fields for r in records]
     else:
         rows = default_eval_rows(args.task, WorldConfig(seed=args.seed))
@@ -220,8 +284,13 @@ def run_eval_command(args) -> None:
     if args.reference:
         ref_tok = load_tokenizer(args.reference)
         ref_model = load_model(args.reference, ref_tok)
-    decoding = Decoding(temperature=args.temperature, top_p=args.top_p, samples=args.samples,
-                        max_new_tokens=args.max_new_tokens, seed=args.seed)
+    decoding = Decoding(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        samples=args.samples,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+    )
     figures = evaluate_task(model, tokenizer, args.task, rows, decoding, ref_model, ref_tok)
     figures["model"] = str(args.model)
     figures["reference"] = args.reference or None
@@ -245,9 +314,11 @@ def run_data_agreement(args) -> None:
     stats = agreement_statistics(rows, report.annotators)
     stats["dropped"] = dict(report.dropped)
     stats["missing_votes"] = report.missing_votes
-    console.print(f"{args.file}: {report.rows} rows, {len(rows)} with votes, {len(report.annotators)} annotators, "
-                  f"{report.missing_votes} missing votes" + ("; dropped: " + ", ".join(f"{n} {w}" for w, n in report.dropped.items())
-                                                              if report.dropped else ""))
+    console.print(
+        f"{args.file}: {report.rows} rows, {len(rows)} with votes, {len(report.annotators)} annotators, "
+        f"{report.missing_votes} missing votes"
+        + ("; dropped: " + ", ".join(f"{n} {w}" for w, n in report.dropped.items()) if report.dropped else "")
+    )
     if "fleiss_kappa" in stats:
         f = stats["fleiss_kappa"]
         console.print(f"Fleiss' κ {f['kappa']:.3f} ({f['reading']}) over {f['items']} items with every vote")
@@ -256,8 +327,12 @@ def run_data_agreement(args) -> None:
     for name, a in stats["per_annotator"].items():
         console.print(f"  {name}: agrees with the majority on {a['agreement_with_majority']:.1%} of {a['votes']} votes")
     p = stats["per_item"]
-    console.print(f"per item: mean agreement {p['mean_agreement']:.1%}, unanimous {p['unanimous']:.1%}, ties {p['ties']}")
-    console.print("κ reading (Landis & Koch): < 0 poor, 0-0.2 slight, 0.2-0.4 fair, 0.4-0.6 moderate, 0.6-0.8 substantial, > 0.8 almost perfect")
+    console.print(
+        f"per item: mean agreement {p['mean_agreement']:.1%}, unanimous {p['unanimous']:.1%}, ties {p['ties']}"
+    )
+    console.print(
+        "κ reading (Landis & Koch): < 0 poor, 0-0.2 slight, 0.2-0.4 fair, 0.4-0.6 moderate, 0.6-0.8 substantial, > 0.8 almost perfect"
+    )
     if args.json:
         from pathlib import Path
 
@@ -274,8 +349,10 @@ def run_data_filter(args) -> None:
     kept, dropped = filter_by_agreement(rows, args.min_agreement)
     dropped.update(report.dropped)
     write_jsonl(kept, args.output)
-    console.print(f"{args.file}: kept {len(kept)} of {report.rows} rows (majority labels) -> {args.output}"
-                  + ("; dropped: " + ", ".join(f"{n} {w}" for w, n in sorted(dropped.items())) if dropped else ""))
+    console.print(
+        f"{args.file}: kept {len(kept)} of {report.rows} rows (majority labels) -> {args.output}"
+        + ("; dropped: " + ", ".join(f"{n} {w}" for w, n in sorted(dropped.items())) if dropped else "")
+    )
 
 
 def run_data_check(args) -> None:
@@ -298,12 +375,15 @@ def run_data_check(args) -> None:
         console.print(report.summary())
         ex = examples[min(args.index, len(examples) - 1)]
         if unpaired:
-            console.print(f"\nexample from {ex.where}: label {ex.desirable} (`tether dpo --loss kto`); response 2 is "
-                          "the next row's completion under this prompt, for KTO's reference point "
-                          "(trained tokens are between ⟦ ⟧)")
+            console.print(
+                f"\nexample from {ex.where}: label {ex.desirable} (`tether dpo --loss kto`); response 2 is "
+                "the next row's completion under this prompt, for KTO's reference point "
+                "(trained tokens are between ⟦ ⟧)"
+            )
         else:
-            console.print(f"\nexample from {ex.where}: {len(ex.responses)} responses, best first "
-                          "(trained tokens are between ⟦ ⟧)")
+            console.print(
+                f"\nexample from {ex.where}: {len(ex.responses)} responses, best first (trained tokens are between ⟦ ⟧)"
+            )
         for rank, response in enumerate(ex.responses):
             console.print(f"\nresponse {rank + 1}: {len(response.input_ids)} tokens, {sum(response.loss_mask)} trained")
             _print_mask(tokenizer, response.input_ids, response.loss_mask)
@@ -315,9 +395,11 @@ def run_data_check(args) -> None:
         rows = prompt_rows(args.file)
         prompts = render_prompts(tokenizer, rows, str(args.file))
         lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
-        console.print(f"{args.file}: {len(rows)} RL prompts ({'chat messages' if isinstance(first['prompt'], list) else 'text'}); "
-                      f"prompt tokens min {min(lengths)}, mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)}; "
-                      f"columns reward functions receive by name: {sorted(set(first) - {'prompt'}) or 'none'}")
+        console.print(
+            f"{args.file}: {len(rows)} RL prompts ({'chat messages' if isinstance(first['prompt'], list) else 'text'}); "
+            f"prompt tokens min {min(lengths)}, mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)}; "
+            f"columns reward functions receive by name: {sorted(set(first) - {'prompt'}) or 'none'}"
+        )
         i = min(args.index, len(prompts) - 1)
         console.print(f"\nprompt {i + 1} as the policy sees it ({lengths[i]} tokens; it writes after the end):")
         from rich.markup import escape
@@ -326,11 +408,15 @@ def run_data_check(args) -> None:
         return
     from tether.data.sft import tokenize_records
 
-    examples, report = tokenize_records(records, tokenizer, args.max_length, args.train_on_prompt, args.strict, args.file)
+    examples, report = tokenize_records(
+        records, tokenizer, args.max_length, args.train_on_prompt, args.strict, args.file
+    )
     console.print(report.summary())
     ex = examples[min(args.index, len(examples) - 1)]
-    console.print(f"\nexample from {ex.where}: {len(ex.input_ids)} tokens, {sum(ex.loss_mask)} trained "
-                  "(trained tokens are between ⟦ ⟧)")
+    console.print(
+        f"\nexample from {ex.where}: {len(ex.input_ids)} tokens, {sum(ex.loss_mask)} trained "
+        "(trained tokens are between ⟦ ⟧)"
+    )
     _print_mask(tokenizer, ex.input_ids, ex.loss_mask)
 
 
@@ -518,7 +604,9 @@ def run_diagnose_command(args) -> int:
     live = read_jsonl(run / "alarms.jsonl")
     if (run / "alarms.jsonl").is_file() and not values:
         same = [(a["monitor"], a["step"]) for a in live] == [(a.monitor, a.step) for a in alarms]
-        print(f"{len(alarms)} alarm(s); the live alarms.jsonl has {len(live)}: " + ("the same" if same else "they differ"))
+        print(
+            f"{len(alarms)} alarm(s); the live alarms.jsonl has {len(live)}: " + ("the same" if same else "they differ")
+        )
     else:
         print(f"{len(alarms)} alarm(s)")
     if args.write:

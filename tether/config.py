@@ -7,6 +7,7 @@ A stage's defaults are its default section instances (``rollout: SamplingSection
 Precedence: those defaults < a preset (the group family's recipes) < ``--config`` YAML < command-line flags.
 Keys renamed in a later version keep working for a while: ``RENAMED`` maps them to the new key, with a warning.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,9 @@ from tether.errors import ConfigError  # noqa: F401 - re-exported: tether.config
 log = logging.getLogger("tether.config")
 
 
-def option(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
-           aliases: tuple[str, ...] = ()):
+def option(
+    default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, aliases: tuple[str, ...] = ()
+):
     """A documented config field. ``flag`` overrides the command-line name (default: --field-name); ``choices``
     are enforced at construction (for a list field, on every item); ``aliases`` are further flag names."""
     meta = {"help": help, "flag": flag, "choices": choices, "aliases": aliases}
@@ -97,22 +99,41 @@ def flag_name(f: dataclasses.Field) -> str:
 # TRL's (Hugging Face TrainingArguments') names for options whose meaning is tether's: accepted as flags
 # (--learning_rate) and as keys of a flat YAML file (learning_rate: 1e-5), where the stage has the tether flag. A
 # tuple lists the flags in each stage's terms: TRL's `beta` is DPO's β and the group family's KL coefficient.
-TRL_NAMES = {"model_name_or_path": "--model", "learning_rate": "--lr", "output_dir": "--output",
-             "num_train_epochs": "--epochs", "max_steps": "--max-steps", "seed": "--seed",
-             "warmup_ratio": "--warmup-ratio", "warmup_steps": "--warmup-steps", "weight_decay": "--weight-decay",
-             "max_grad_norm": "--max-grad-norm", "logging_steps": "--log-every", "save_steps": "--save-every",
-             "eval_steps": "--eval-every", "save_total_limit": "--keep-checkpoints", "report_to": "--report-to",
-             "resume_from_checkpoint": "--resume", "beta": ("--beta", "--kl-coef"), "num_generations": "--group-size",
-             "max_completion_length": "--max-new-tokens", "max_length": "--max-length",
-             "temperature": "--temperature", "bf16": "--mixed-precision",
-             "gradient_checkpointing": "--gradient-checkpointing", "lora_r": "--lora-r", "lora_alpha": "--lora-alpha",
-             "lora_dropout": "--lora-dropout", "per_device_train_batch_size": "--micro-batch-size"}
+TRL_NAMES = {
+    "model_name_or_path": "--model",
+    "learning_rate": "--lr",
+    "output_dir": "--output",
+    "num_train_epochs": "--epochs",
+    "max_steps": "--max-steps",
+    "seed": "--seed",
+    "warmup_ratio": "--warmup-ratio",
+    "warmup_steps": "--warmup-steps",
+    "weight_decay": "--weight-decay",
+    "max_grad_norm": "--max-grad-norm",
+    "logging_steps": "--log-every",
+    "save_steps": "--save-every",
+    "eval_steps": "--eval-every",
+    "save_total_limit": "--keep-checkpoints",
+    "report_to": "--report-to",
+    "resume_from_checkpoint": "--resume",
+    "beta": ("--beta", "--kl-coef"),
+    "num_generations": "--group-size",
+    "max_completion_length": "--max-new-tokens",
+    "max_length": "--max-length",
+    "temperature": "--temperature",
+    "bf16": "--mixed-precision",
+    "gradient_checkpointing": "--gradient-checkpointing",
+    "lora_r": "--lora-r",
+    "lora_alpha": "--lora-alpha",
+    "lora_dropout": "--lora-dropout",
+    "per_device_train_batch_size": "--micro-batch-size",
+}
 # TRL's names whose meaning is not one tether option: what to write instead
 TRL_EXPLAINED = {
     "gradient_accumulation_steps": "tether sets the batch per optimizer step over all processes (batch_size, "
-                                   "--batch-size) and derives the accumulation from it: batch_size = micro_batch_size "
-                                   "x accumulation x processes; set batch_size to per_device_train_batch_size x "
-                                   "gradient_accumulation_steps x processes",
+    "--batch-size) and derives the accumulation from it: batch_size = micro_batch_size "
+    "x accumulation x processes; set batch_size to per_device_train_batch_size x "
+    "gradient_accumulation_steps x processes",
     "per_device_eval_batch_size": "held-out data is scored in micro_batch_size rows per forward; leave it out",
 }
 TRL_VALUES = {"bf16": {True: "bf16", False: "no"}}  # a TRL boolean whose tether option takes a value
@@ -174,7 +195,9 @@ def _argument_kwargs(f, typ, dest: str, help_text: str) -> dict:
 
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
     """One flag per leaf field of every section (and a hidden one per renamed key); unset flags stay absent."""
-    parser.add_argument("--config", default=None, help="YAML file with any of the options below; flags given on the command line win.")
+    parser.add_argument(
+        "--config", default=None, help="YAML file with any of the options below; flags given on the command line win."
+    )
     defaults = _section_defaults(config_cls)
     taken = set()
     for section, section_cls in _sections(config_cls):
@@ -186,7 +209,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
             names = [flag_name(f), *f.metadata.get("aliases", ())]
             taken.update(names)
             group.add_argument(*names, **_argument_kwargs(f, typ, f"{section}.{f.name}", help_text))
-    old_flags = {"--" + old.split(".", 1)[1].replace("_", "-"): old for old in config_cls.RENAMED if not old.endswith(".*")}
+    old_flags = {
+        "--" + old.split(".", 1)[1].replace("_", "-"): old for old in config_cls.RENAMED if not old.endswith(".*")
+    }
     for flag, old in {**old_flags, **config_cls.OLD_FLAGS}.items():
         new = config_cls.RENAMED[old]
         new_section, new_field = new.split(".", 1)
@@ -234,8 +259,9 @@ def _flatten(config_cls, file_values: dict | None, source: str) -> dict[str, Any
         if section in FILE_ONLY_KEYS:
             continue
         if not isinstance(entries, dict):
-            out[_flat_key(config_cls, flags, section_types, str(section), source)] = \
+            out[_flat_key(config_cls, flags, section_types, str(section), source)] = (
                 TRL_VALUES.get(section, {}).get(entries, entries) if isinstance(entries, bool) else entries
+            )
             continue
         for key, value in entries.items():
             out[f"{section}.{key}"] = value
@@ -251,12 +277,18 @@ def _flat_key(config_cls, flags: dict, section_types: dict, key: str, source: st
         raise ConfigError(f"{source}: {key}: {TRL_EXPLAINED[key]}")
     import difflib
 
-    names = sorted({f[2:].replace("-", "_") for f in flags} | set(section_types)
-                   | {name for name in TRL_NAMES if any(f in flags for f in trl_flags(name))})
+    names = sorted(
+        {f[2:].replace("-", "_") for f in flags}
+        | set(section_types)
+        | {name for name in TRL_NAMES if any(f in flags for f in trl_flags(name))}
+    )
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.7)
-    raise ConfigError(f"{source}: unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "") +
-                      "; flat keys are flag names (max_steps, lr, ...) or TRL's names (learning_rate, ...), and "
-                      f"nested ones sections {sorted(section_types)}")
+    raise ConfigError(
+        f"{source}: unknown key {key!r}"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + "; flat keys are flag names (max_steps, lr, ...) or TRL's names (learning_rate, ...), and "
+        f"nested ones sections {sorted(section_types)}"
+    )
 
 
 def _known(section_types: dict, dotted: str) -> bool:
@@ -286,8 +318,10 @@ def build_config(config_cls, file_values: dict | None = None, overrides: dict | 
     """Defaults, then the preset, then ``file_values`` ({section: {field: value}}), then ``overrides``
     ({"section.field": value}). Every value is type-checked and every section validated, naming the field."""
     section_types = dict(_sections(config_cls))
-    user = {**_flatten(config_cls, file_values, source),
-            **_apply_renames(config_cls, dict(overrides or {}), source, section_types)}
+    user = {
+        **_flatten(config_cls, file_values, source),
+        **_apply_renames(config_cls, dict(overrides or {}), source, section_types),
+    }
     values = _section_defaults(config_cls)
     for dotted, value in {**config_cls.preset(user), **user}.items():
         section, key = dotted.split(".", 1)

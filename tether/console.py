@@ -1,6 +1,7 @@
 """What tether prints to the terminal: one rich console (on stderr), log records routed through it, quiet
 third-party libraries, and progress for long loops. Every floor of the package may import it; it imports nothing
 of tether's."""
+
 from __future__ import annotations
 
 import logging
@@ -12,8 +13,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 # Not a terminal (CI, a log file): wide enough that the lab's tables are not folded into 80 columns.
-console = Console(stderr=True, highlight=False, soft_wrap=True,
-                  width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS", 160)))
+console = Console(
+    stderr=True,
+    highlight=False,
+    soft_wrap=True,
+    width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS", 160)),
+)
 
 
 class ConsoleLogHandler(logging.Handler):
@@ -49,8 +54,14 @@ def progress(items, total: int, description: str, min_items: int = 2000, every_s
         yield from items
         return
     if sys.stderr.isatty():
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeRemainingColumn(), console=console, transient=True) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
             task = bar.add_task(description, total=total)
             for item in items:
                 yield item
@@ -63,4 +74,3 @@ def progress(items, total: int, description: str, min_items: int = 2000, every_s
         if now - last >= every_s and done < total:
             console.print(f"{description}: {done}/{total} ({now - start:.0f} s)")
             last = now
-

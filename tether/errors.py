@@ -1,5 +1,6 @@
 """The two errors a user is meant to read: a wrong setting and bad input data. Each message names what is wrong
 (the option, or the file, line and field) and how to fix it; the command line prints them without a traceback."""
+
 from __future__ import annotations
 
 

@@ -17,6 +17,7 @@ A call that raises, or runs past ``env_timeout`` seconds (it is abandoned in its
 ``env_on_error=raise`` stops the run (the online loop checkpoints the steps done and names the environment and the
 prompt); ``score`` ends that episode, scores it ``env_error_score`` and counts it in ``reward/env/errors``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -85,25 +86,31 @@ class GuardedCall:
         if self.timeout:
             finished, value = call_in_daemon_thread(lambda: fn(*args), self.timeout, f"env-{self.name}-{what}")
             if not finished:
-                raise EnvironmentFault(f"environment {self.name}.{what} gave no result within {self.timeout:g} s "
-                                       f"(env_timeout; prompt: {str(prompt)[:80]!r})")
+                raise EnvironmentFault(
+                    f"environment {self.name}.{what} gave no result within {self.timeout:g} s "
+                    f"(env_timeout; prompt: {str(prompt)[:80]!r})"
+                )
         else:
             try:
                 value = fn(*args)
             except Exception as err:  # noqa: BLE001 - a user's environment; reported with its name below
                 value = err
         if isinstance(value, BaseException):
-            raise EnvironmentFault(f"environment {self.name}.{what} raised {type(value).__name__}: {value} "
-                                   f"(prompt: {str(prompt)[:80]!r})") from value
+            raise EnvironmentFault(
+                f"environment {self.name}.{what} raised {type(value).__name__}: {value} (prompt: {str(prompt)[:80]!r})"
+            ) from value
         return value
 
 
 def check_messages(value, name: str, what: str) -> list[dict]:
     """A list of {"role", "content"} messages, or an EnvironmentFault saying what is wrong."""
-    if not isinstance(value, list) or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                              and isinstance(m.get("content", ""), str) for m in value):
-        raise EnvironmentFault(f"environment {name}.{what} must give a list of {{'role': str, 'content': str}} "
-                               f"messages, not {str(value)[:120]!r}")
+    if not isinstance(value, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str) for m in value
+    ):
+        raise EnvironmentFault(
+            f"environment {name}.{what} must give a list of {{'role': str, 'content': str}} "
+            f"messages, not {str(value)[:120]!r}"
+        )
     return value
 
 
@@ -111,8 +118,9 @@ def check_parts(value, name: str, what: str) -> dict[str, float]:
     import math
 
     if not isinstance(value, dict):
-        raise EnvironmentFault(f"environment {name}.{what}: rewards must be a dict of name -> number, not "
-                               f"{type(value).__name__}")
+        raise EnvironmentFault(
+            f"environment {name}.{what}: rewards must be a dict of name -> number, not {type(value).__name__}"
+        )
     out = {}
     for k, v in value.items():
         try:

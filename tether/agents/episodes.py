@@ -12,6 +12,7 @@ policy's tokens (the loss, the KL and the entropy are taken over them only), res
 One forward over the whole transcript gives the log-prob of every policy token under exactly the context it was
 sampled in (tests/test_agents.py checks it against the per-turn sampling forwards).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -46,16 +47,19 @@ class Transcript:
 
     def __init__(self, tokenizer, messages: list[dict], tools: list[dict] | None = None):
         if not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("--env: episodes are chat conversations, and the tokenizer has no chat template to render "
-                              "them (use a model folder whose tokenizer_config.json has a chat_template)")
+            raise ConfigError(
+                "--env: episodes are chat conversations, and the tokenizer has no chat template to render "
+                "them (use a model folder whose tokenizer_config.json has a chat_template)"
+            )
         self.tokenizer, self.messages, self.tools = tokenizer, list(messages), tools
         self.text = self.render(self.messages, True)
         self.prompt_ids = tokenizer(self.text, add_special_tokens=False)["input_ids"]
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
         extra = {"tools": self.tools} if self.tools else {}
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
-                                                  **extra)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
+        )
 
     def continue_with(self, turn_ids: list[int], turn_text: str, observations: list[dict]) -> list[int]:
         """The token ids that follow the policy's turn (sampled as ``turn_ids``, ending with its stop token): the
@@ -64,20 +68,22 @@ class Transcript:
         with_turn = self.render(self.messages + [assistant], False)
         after = self.render(self.messages + [assistant] + observations, True)
         if not with_turn.startswith(self.text) or not after.startswith(with_turn):
-            raise ConfigError("the chat template does not render a conversation as the prefix of its continuation "
-                              "(it rewrites earlier turns), so a multi-turn transcript cannot be extended token by "
-                              "token; use a template that keeps earlier turns as they were")
-        rendered_turn = with_turn[len(self.text):]
+            raise ConfigError(
+                "the chat template does not render a conversation as the prefix of its continuation "
+                "(it rewrites earlier turns), so a multi-turn transcript cannot be extended token by "
+                "token; use a template that keeps earlier turns as they were"
+            )
+        rendered_turn = with_turn[len(self.text) :]
         sampled = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         if rendered_turn.startswith(sampled):
-            glue = rendered_turn[len(sampled):]  # what the template adds after the stop token (a newline...)
+            glue = rendered_turn[len(sampled) :]  # what the template adds after the stop token (a newline...)
         else:  # the template reformatted the turn's text; the tokens stay as sampled, the rest follows its end marker
             marker = self.tokenizer.decode(turn_ids[-1:], skip_special_tokens=False)
             at = rendered_turn.rfind(marker) if marker else -1
-            glue = rendered_turn[at + len(marker):] if at >= 0 else ""
+            glue = rendered_turn[at + len(marker) :] if at >= 0 else ""
         self.messages += [assistant] + observations
         self.text = after
-        return self.tokenizer(glue + after[len(with_turn):], add_special_tokens=False)["input_ids"]
+        return self.tokenizer(glue + after[len(with_turn) :], add_special_tokens=False)["input_ids"]
 
 
 @dataclass
@@ -111,10 +117,18 @@ class Episode:
     def record(self) -> dict:
         """What samples.jsonl keeps of the episode (the agent monitors read it)."""
         o = self.outcome or Outcome()
-        return {"turns": len(self.turn_ends), "calls": dict(self.calls), "failed_calls": self.failed_calls,
-                "end": self.end, "success": o.success, "claimed": o.claimed, "final": self.final,
-                "final_tokens": self.final_tokens,
-                "env_tokens": len(self.actions) - sum(self.actions), **({"error": self.error} if self.error else {})}
+        return {
+            "turns": len(self.turn_ends),
+            "calls": dict(self.calls),
+            "failed_calls": self.failed_calls,
+            "end": self.end,
+            "success": o.success,
+            "claimed": o.claimed,
+            "final": self.final,
+            "final_tokens": self.final_tokens,
+            "env_tokens": len(self.actions) - sum(self.actions),
+            **({"error": self.error} if self.error else {}),
+        }
 
 
 class AgentSampler:
@@ -122,7 +136,13 @@ class AgentSampler:
     It is also the stage's scorer as far as the loop is concerned (describe, error counts, close)."""
 
     def __init__(self, agent_cfg, tokenizer, backend, sampling, stops: list[int], check_rows: list[dict] = ()):
-        self.cfg, self.tokenizer, self.backend, self.sampling, self.stops = agent_cfg, tokenizer, backend, sampling, stops
+        self.cfg, self.tokenizer, self.backend, self.sampling, self.stops = (
+            agent_cfg,
+            tokenizer,
+            backend,
+            sampling,
+            stops,
+        )
         self.factory = load_environment(agent_cfg.env)
         self.name = environment_name(agent_cfg.env)
         self.guard = GuardedCall(self.name, agent_cfg.env_timeout)
@@ -134,8 +154,10 @@ class AgentSampler:
                 raise ConfigError(f"dry run of --env {agent_cfg.env} on the first prompts: {err}") from err
 
     def describe(self) -> str:
-        return (f"environment {self.cfg.env}: its outcome and per-turn rewards; up to {self.cfg.max_turns} turns "
-                f"and {self.cfg.max_total_tokens} tokens per episode")
+        return (
+            f"environment {self.cfg.env}: its outcome and per-turn rewards; up to {self.cfg.max_turns} turns "
+            f"and {self.cfg.max_total_tokens} tokens per episode"
+        )
 
     def error_counts(self) -> dict[str, int]:
         return {"env": self.errors}
@@ -183,8 +205,14 @@ class AgentSampler:
                 break
             budgets = [min(self.sampling.max_new_tokens, cfg.max_total_tokens - len(e.ids)) for _, e in live]
             turn_seeds = [seeds[k] + 1_000_003 * turn for k, _ in live] if seeds is not None else None
-            out = self.backend.generate_ids([e.transcript.prompt_ids + e.ids for _, e in live], self.sampling,
-                                            self.stops, turn_seeds, max(budgets), greedy)
+            out = self.backend.generate_ids(
+                [e.transcript.prompt_ids + e.ids for _, e in live],
+                self.sampling,
+                self.stops,
+                turn_seeds,
+                max(budgets),
+                greedy,
+            )
             for j, (_, e) in enumerate(live):
                 n = int(out.response_mask[j].sum())
                 ids = out.response_ids[j, :n].tolist()
@@ -199,8 +227,9 @@ class AgentSampler:
                 try:
                     o = self.guard("outcome", e.env.outcome, prompt=e.row.get("prompt"))
                     if not isinstance(o, Outcome):
-                        raise EnvironmentFault(f"environment {self.name}.outcome must return an Outcome, not "
-                                               f"{type(o).__name__}")
+                        raise EnvironmentFault(
+                            f"environment {self.name}.outcome must return an Outcome, not {type(o).__name__}"
+                        )
                     e.outcome = Outcome(check_parts(o.rewards, self.name, "outcome"), o.success, o.claimed)
                 except EnvironmentFault as err:
                     self.fail(e, err)
@@ -222,8 +251,9 @@ class AgentSampler:
         try:
             result = self.guard("step", e.env.step, text, prompt=e.row.get("prompt"))
             if not isinstance(result, StepResult):
-                raise EnvironmentFault(f"environment {self.name}.step must return a StepResult, not "
-                                       f"{type(result).__name__}")
+                raise EnvironmentFault(
+                    f"environment {self.name}.step must return a StepResult, not {type(result).__name__}"
+                )
             messages = check_messages(result.messages, self.name, "step")
             e.turn_rewards.append(check_parts(result.rewards, self.name, "step"))
         except EnvironmentFault as err:
@@ -260,15 +290,27 @@ class AgentSampler:
                 ids[i, :n] = torch.tensor(e.ids)
                 actions[i, :n] = torch.tensor(e.actions)
                 attention[i, :n] = 1
-        return Rollout(prompt_ids, prompt_mask, ids, actions, torch.tensor([e.truncated for e in episodes]),
-                       [e.transcript.text if e.transcript else "" for e in episodes],
-                       ["\n".join(e.lines) for e in episodes], attention)
+        return Rollout(
+            prompt_ids,
+            prompt_mask,
+            ids,
+            actions,
+            torch.tensor([e.truncated for e in episodes]),
+            [e.transcript.text if e.transcript else "" for e in episodes],
+            ["\n".join(e.lines) for e in episodes],
+            attention,
+        )
 
     def scores(self, episodes: list[Episode]) -> Scores:
         """Outcome parts sum to the total; each turn's parts sum to that turn's step score (a process reward on the
         turn's last token); every part is logged by name (a per-turn part as its sum over the episode)."""
-        names = sorted({k for e in episodes for k in ((e.outcome.rewards if e.outcome else {}) |
-                                                       {n: 0 for t in e.turn_rewards for n in t})})
+        names = sorted(
+            {
+                k
+                for e in episodes
+                for k in ((e.outcome.rewards if e.outcome else {}) | {n: 0 for t in e.turn_rewards for n in t})
+            }
+        )
         parts = {n: torch.zeros(len(episodes)) for n in names}
         total = torch.zeros(len(episodes))
         steps, ends = [], []
@@ -292,14 +334,16 @@ def agent_metrics(records: list[dict]) -> dict:
     for r in records:
         calls.update(r["calls"])
     total_calls = sum(calls.values())
-    out = {"agent/turns_mean": sum(r["turns"] for r in records) / n,
-           "agent/tool_calls_mean": total_calls / n,
-           "agent/failed_calls_mean": sum(r["failed_calls"] for r in records) / n,
-           "agent/env_tokens_mean": sum(r["env_tokens"] for r in records) / n,
-           "agent/done_frac": sum(r["end"] == "done" for r in records) / n,
-           "agent/out_of_turns_frac": sum(r["end"] == "turns" for r in records) / n,
-           "agent/out_of_tokens_frac": sum(r["end"] == "tokens" for r in records) / n,
-           "agent/top_tool_share": max(calls.values()) / total_calls if total_calls else 0.0}
+    out = {
+        "agent/turns_mean": sum(r["turns"] for r in records) / n,
+        "agent/tool_calls_mean": total_calls / n,
+        "agent/failed_calls_mean": sum(r["failed_calls"] for r in records) / n,
+        "agent/env_tokens_mean": sum(r["env_tokens"] for r in records) / n,
+        "agent/done_frac": sum(r["end"] == "done" for r in records) / n,
+        "agent/out_of_turns_frac": sum(r["end"] == "turns" for r in records) / n,
+        "agent/out_of_tokens_frac": sum(r["end"] == "tokens" for r in records) / n,
+        "agent/top_tool_share": max(calls.values()) / total_calls if total_calls else 0.0,
+    }
     for name, count in sorted(calls.items()):
         out[f"agent/calls/{name}"] = count / n
     judged = [r for r in records if r["success"] is not None]
@@ -310,5 +354,7 @@ def agent_metrics(records: list[dict]) -> dict:
         out["agent/claimed_rate"] = sum(bool(r["claimed"]) for r in claims) / len(claims)
         both = [r for r in claims if r["success"] is not None]
         if both:
-            out["agent/claimed_unverified_rate"] = sum(bool(r["claimed"]) and not r["success"] for r in both) / len(both)
+            out["agent/claimed_unverified_rate"] = sum(bool(r["claimed"]) and not r["success"] for r in both) / len(
+                both
+            )
     return out

@@ -9,6 +9,7 @@ the function does not take, a function that raises — is answered with an "erro
 sees on its next turn (a malformed call is an observation, never a crash) and counted as a failed call. A turn
 without a call is the policy's final answer and ends the episode.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -39,14 +40,20 @@ def tool_schema(fn: Callable) -> dict:
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
-        properties[p.name] = {"type": JSON_TYPES.get(hints.get(p.name), "string")} \
-            if p.annotation is not inspect.Parameter.empty else {}
+        properties[p.name] = (
+            {"type": JSON_TYPES.get(hints.get(p.name), "string")} if p.annotation is not inspect.Parameter.empty else {}
+        )
         if p.default is inspect.Parameter.empty:
             required.append(p.name)
     doc = inspect.getdoc(fn) or ""
-    return {"type": "function", "function": {"name": fn.__name__, "description": doc.split("\n\n")[0].strip(),
-                                             "parameters": {"type": "object", "properties": properties,
-                                                            "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": fn.__name__,
+            "description": doc.split("\n\n")[0].strip(),
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 def parse_tool_calls(text: str) -> list[dict]:
@@ -79,9 +86,12 @@ def parse_tool_calls(text: str) -> list[dict]:
 def tools_system_message(schemas: list[dict]) -> dict:
     """A Hermes-style system message listing the tools, for chat templates without their own ``tools=`` support."""
     listed = "\n".join(json.dumps(s) for s in schemas)
-    return {"role": "system", "content": "You may call functions to help with the request. The functions:\n<tools>\n"
-            f"{listed}\n</tools>\nTo call one, write <tool_call>{{\"name\": <name>, \"arguments\": <object>}}"
-            "</tool_call>; its result comes back in a tool message."}
+    return {
+        "role": "system",
+        "content": "You may call functions to help with the request. The functions:\n<tools>\n"
+        f'{listed}\n</tools>\nTo call one, write <tool_call>{{"name": <name>, "arguments": <object>}}'
+        "</tool_call>; its result comes back in a tool message.",
+    }
 
 
 class ToolEnvironment:
@@ -95,8 +105,14 @@ class ToolEnvironment:
     tools: list[Callable] = []
     describe_tools: bool = True  # add a system message listing the tools (False: the model knows them already)
 
-    def __init__(self, tools: list[Callable] | None = None, call_reward: float = 0.0, error_reward: float = 0.0,
-                 claim_pattern: str = "", describe_tools: bool | None = None):
+    def __init__(
+        self,
+        tools: list[Callable] | None = None,
+        call_reward: float = 0.0,
+        error_reward: float = 0.0,
+        claim_pattern: str = "",
+        describe_tools: bool | None = None,
+    ):
         self.tools = list(tools if tools is not None else type(self).tools)
         self.by_name = {getattr(t, "__name__", str(t)): t for t in self.tools}
         self.call_reward, self.error_reward = call_reward, error_reward

@@ -5,13 +5,19 @@ sampled responses each; ``token_advantages`` is the one entry point a trainer ca
 tensors are (B, T) with B = N·G rows ordered prompt-major (row i·G + j is response j of prompt i); a mask is 1
 on response tokens that count (up to and including EOS) and 0 on padding.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                   gamma: float = 1.0, lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438; docs/algorithms.md §4).
 
     δ_t = r_t + γ V(s_{t+1}) − V(s_t)   (V = 0 past the last valid token)
@@ -125,8 +131,9 @@ def rloo_advantages(scores: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
 SEQUENCE_ADVANTAGES = {"group": group_advantages, "group_no_std": group_advantages_no_std, "rloo": rloo_advantages}
 
 
-def reinforce_pp_advantages(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float,
-                            gamma: float = 1.0) -> torch.Tensor:
+def reinforce_pp_advantages(
+    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, gamma: float = 1.0
+) -> torch.Tensor:
     """REINFORCE++: token rewards with the KL penalty folded in, returns-to-go, batch-normalised.
 
     r_t = −β · kl_t, plus the sequence score R on the last counted token
@@ -148,8 +155,9 @@ def reinforce_pp_advantages(scores: torch.Tensor, kl: torch.Tensor, mask: torch.
     return masked_whiten(returns * m, mask)
 
 
-def process_advantages(step_rewards: list[list[list[float]]], step_ends: list[list[list[int]]], length: int,
-                       eps: float = 1e-4) -> torch.Tensor:
+def process_advantages(
+    step_rewards: list[list[list[float]]], step_ends: list[list[list[int]]], length: int, eps: float = 1e-4
+) -> torch.Tensor:
     """Â_t = Σ_{k: end_k ≥ t} r̃_k,  r̃ = (r − mean) / (std + ε) over all step scores of one prompt's group.
 
     Process supervision (Shao et al. 2024, arXiv 2402.03300, §4.1.3; docs/algorithms.md §5): step rewards are
@@ -185,9 +193,16 @@ def zero_variance_groups(scores: torch.Tensor, tol: float = 1e-8) -> torch.Tenso
 from tether.algorithms.choices import ADVANTAGE_ESTIMATORS  # noqa: E402 - the names the settings offer
 
 
-def token_advantages(estimator: str, scores: torch.Tensor, mask: torch.Tensor, group_size: int,
-                     kl: torch.Tensor | None = None, kl_coef: float = 0.0, gamma: float = 1.0,
-                     eps: float = 1e-4) -> torch.Tensor:
+def token_advantages(
+    estimator: str,
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    gamma: float = 1.0,
+    eps: float = 1e-4,
+) -> torch.Tensor:
     """A_{i,t} = Â_i · m_{i,t} for a sequence-level estimator; REINFORCE++'s token advantages otherwise.
 
     The one entry point a trainer calls (docs/algorithms.md §5). estimator: one of ADVANTAGE_ESTIMATORS.

@@ -1,4 +1,5 @@
 """Inter-annotator agreement (docs/algorithms.md §2, "Annotator agreement"). Pure functions over label lists."""
+
 from __future__ import annotations
 
 from collections import Counter

@@ -5,6 +5,15 @@ these (tests/test_algorithms.py)."""
 ADVANTAGE_ESTIMATORS = ("group", "group_no_std", "rloo", "reinforce_pp")  # algorithms/advantages.py
 RATIOS = ("token", "sequence", "sequence_token")  # algorithms/policy.py
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")  # algorithms/reductions.py
-PREFERENCE_LOSSES = ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo", "orpo", "beta_dpo",
-                     "listwise")  # algorithms/preference.py
+PREFERENCE_LOSSES = (
+    "sigmoid",
+    "cdpo",
+    "robust",
+    "ipo",
+    "hinge",
+    "simpo",
+    "orpo",
+    "beta_dpo",
+    "listwise",
+)  # algorithms/preference.py
 UNPAIRED_LOSSES = ("kto",)  # one labelled completion per example: algorithms/preference.py kto_loss

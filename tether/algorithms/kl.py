@@ -2,6 +2,7 @@
 
 Samples come from π_θ; ``log_r = ref_logprobs − logprobs``. Each returns (B, T) values; mask and reduce outside.
 """
+
 from __future__ import annotations
 
 import torch

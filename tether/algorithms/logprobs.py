@@ -3,16 +3,14 @@
 One function serves SFT, reference, old and current log-probs alike, so the
 same sampling transform (logits / temperature) is applied everywhere.
 """
+
 from __future__ import annotations
 
 import torch
 
 
 def token_logprobs(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float = 1.0,
-    chunk_rows: int = 8,
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, chunk_rows: int = 8
 ) -> torch.Tensor:
     """log π(a_t | s_t) for the given targets.
 

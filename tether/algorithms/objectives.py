@@ -5,6 +5,7 @@
 family, GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++ (§5), which differ only in the arguments given. Each
 returns (loss, parts): a 0-dim loss to backpropagate and the per-token pieces a trainer logs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,35 +16,65 @@ from tether.algorithms.ppo import clipped_value_loss
 from tether.algorithms.reductions import aggregate
 
 
-def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    entropy: torch.Tensor, mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
-                    dual_clip: float = 0.0, entropy_coef: float = 0.0,
-                    n_tokens: float | None = None) -> tuple[torch.Tensor, dict]:
+def ppo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float = 0.0,
+    entropy_coef: float = 0.0,
+    n_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict]:
     """L_π = token-mean(ℓ_clip) − c_H · token-mean(H), the policy's part of ``ppo_objective`` (docs/algorithms.md §4).
 
     Returns (L_π, {"clipped_low", "clipped_high": (B, T) bool}). It reaches only the policy's parameters when the
     critic is a separate model, so the PPO stage can backpropagate it (and free the policy's activations) before the
     critic's forward.
     """
-    pl, low, high = clipped_surrogate(token_ratio(logprobs, old_logprobs, mask), advantages, mask, clip_low, clip_high,
-                                      dual_clip)
+    pl, low, high = clipped_surrogate(
+        token_ratio(logprobs, old_logprobs, mask), advantages, mask, clip_low, clip_high, dual_clip
+    )
     loss = aggregate(pl, mask, n_tokens=n_tokens) - entropy_coef * aggregate(entropy, mask, n_tokens=n_tokens)
     return loss, {"clipped_low": low, "clipped_high": high}
 
 
-def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
-                   value_clip: float = 0.2, n_tokens: float | None = None) -> tuple[torch.Tensor, dict]:
+def ppo_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    value_clip: float = 0.2,
+    n_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict]:
     """L_V = token-mean(½ max((V − G)², (clip(V, V_old ± ε_v) − G)²)), the critic's part of ``ppo_objective``
     (docs/algorithms.md §4). Returns (L_V, {"value_clipped": (B, T) bool}); it is not yet weighted by c_v."""
     vl, vclipped = clipped_value_loss(values, old_values, returns, mask, value_clip)
     return aggregate(vl, mask, n_tokens=n_tokens), {"value_clipped": vclipped}
 
 
-def ppo_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, entropy: torch.Tensor,
-                  values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
-                  clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float = 0.0, value_clip: float = 0.2,
-                  value_loss_coef: float = 1.0, entropy_coef: float = 0.0,
-                  n_tokens: float | None = None) -> tuple[torch.Tensor, dict]:
+def ppo_objective(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    entropy: torch.Tensor,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float = 0.0,
+    value_clip: float = 0.2,
+    value_loss_coef: float = 1.0,
+    entropy_coef: float = 0.0,
+    n_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict]:
     """L = token-mean(ℓ_clip) − c_H · token-mean(H) + c_v · token-mean(L_V) = L_π + c_v · L_V.
 
     ℓ_clip = max(−ρA, −clip(ρ, 1 − ε_low, 1 + ε_high) A), ρ = exp(logp − old_logp), with the optional dual clip;
@@ -57,20 +88,44 @@ def ppo_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     parts = {"policy_loss": token-mean(ℓ_clip) − c_H token-mean(H), "value_loss": token-mean(L_V),
     "clipped_low", "clipped_high": (B, T) bool from the surrogate, "value_clipped": (B, T) bool}.
     """
-    policy_loss, policy_parts = ppo_policy_loss(logprobs, old_logprobs, advantages, entropy, mask, clip_low=clip_low,
-                                                clip_high=clip_high, dual_clip=dual_clip, entropy_coef=entropy_coef,
-                                                n_tokens=n_tokens)
-    value_loss, value_parts = ppo_value_loss(values, old_values, returns, mask, value_clip=value_clip,
-                                             n_tokens=n_tokens)
+    policy_loss, policy_parts = ppo_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        entropy,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        entropy_coef=entropy_coef,
+        n_tokens=n_tokens,
+    )
+    value_loss, value_parts = ppo_value_loss(
+        values, old_values, returns, mask, value_clip=value_clip, n_tokens=n_tokens
+    )
     loss = policy_loss + value_loss_coef * value_loss
     return loss, {"policy_loss": policy_loss, "value_loss": value_loss, **policy_parts, **value_parts}
 
 
-def group_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                    response_mask: torch.Tensor, *, ratio: str = "token", clip_low: float = 0.2, clip_high: float = 0.2,
-                    dual_clip: float = 0.0, ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0, kl_estimator: str = "k3",
-                    aggregation: str = "seq-mean-token-mean", n_tokens: float | None = None,
-                    n_sequences: float | None = None, norm_length: float | None = None) -> tuple[torch.Tensor, dict]:
+def group_objective(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    ratio: str = "token",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    aggregation: str = "seq-mean-token-mean",
+    n_tokens: float | None = None,
+    n_sequences: float | None = None,
+    norm_length: float | None = None,
+) -> tuple[torch.Tensor, dict]:
     """J = aggregate( ℓ_clip(ρ) + β · k(π_θ, π_ref) ),  ℓ_clip = max(−ρÂ, −clip(ρ, 1 − ε_low, 1 + ε_high) Â).
 
     The group family's loss (docs/algorithms.md §5): GRPO (Shao et al. 2024, arXiv 2402.03300) is ratio "token",

@@ -3,6 +3,7 @@
 Ratios share one signature, ``(logprobs, old_logprobs, mask) -> (B, T)``; ``clipped_surrogate`` takes any of
 them. Shapes: B sequences × T response tokens; ``mask`` (B, T) is 1 on tokens that count and 0 on padding.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,9 +49,14 @@ def sequence_token_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mas
 RATIOS = {"token": token_ratio, "sequence": sequence_ratio, "sequence_token": sequence_token_ratio}
 
 
-def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_low: float = 0.2,
-                      clip_high: float = 0.2,
-                      dual_clip: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ℓ_t = max(−ρ_t Â_t, −clip(ρ_t, 1 − ε_low, 1 + ε_high) Â_t), per token;
     with dual clip, ℓ_t = min(ℓ_t, −c Â_t) where Â_t < 0.
 

@@ -5,13 +5,15 @@ The rest of PPO lives with its kind: GAE and whitening in ``advantages``, ratios
 ``policy``, KL-in-the-reward in ``shaping``, the full loss in ``objectives.ppo_objective``. Shapes: B sequences ×
 T response tokens; ``mask`` (B, T) is 1 on generated tokens up to and including EOS and 0 on padding.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-                       clip_range: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip_range: float = 0.2
+) -> tuple[torch.Tensor, torch.Tensor]:
     """L_V = ½ max((V − G)², (clip(V, V_old − ε_v, V_old + ε_v) − G)²), per token.
 
     PPO's clipped value loss as in the RLHF implementations (Huang et al. 2024, arXiv 2403.17031;

@@ -6,6 +6,7 @@ Reference-free losses ignore the reference. With u_w = logπ(y_w) − logπ_ref(
 and h = β (u_w − u_l). ``PREFERENCE_LOSSES`` maps each name to one signature over (B, K) tensors, best first;
 ``preference_loss`` dispatches through it.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,9 @@ def _h(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta)
     return beta * ((chosen_logps - ref_chosen_logps) - (rejected_logps - ref_rejected_logps))
 
 
-def dpo_sigmoid_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float = 0.1,
-                     label_smoothing: float = 0.0) -> torch.Tensor:
+def dpo_sigmoid_loss(
+    chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float = 0.1, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """L = −(1−ε) log σ(h) − ε log σ(−h), h = β (u_w − u_l); ε = 0 is DPO's L = − log σ(h).
 
     DPO (Rafailov et al. 2023, arXiv 2305.18290); with label_smoothing ε > 0, conservative DPO (cDPO, Mitchell
@@ -31,8 +33,9 @@ def dpo_sigmoid_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejecte
     return -(1 - label_smoothing) * F.logsigmoid(h) - label_smoothing * F.logsigmoid(-h)
 
 
-def robust_dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float = 0.1,
-                    label_smoothing: float = 0.1) -> torch.Tensor:
+def robust_dpo_loss(
+    chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float = 0.1, label_smoothing: float = 0.1
+) -> torch.Tensor:
     """L = [ −(1−ε) log σ(h) + ε log σ(−h) ] / (1 − 2ε), ε the assumed label-flip rate (0 ≤ ε < 0.5).
 
     Robust DPO (Chowdhury et al. 2024, arXiv 2403.00409); docs/algorithms.md §6. Sequence log-probs (B,) -> (B,).
@@ -64,8 +67,9 @@ def hinge_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logp
     return torch.relu(1 - _h(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta))
 
 
-def simpo_loss(chosen_logps, rejected_logps, chosen_lengths, rejected_lengths, beta: float = 2.0,
-               gamma: float = 0.5) -> torch.Tensor:
+def simpo_loss(
+    chosen_logps, rejected_logps, chosen_lengths, rejected_lengths, beta: float = 2.0, gamma: float = 0.5
+) -> torch.Tensor:
     """L = − log σ( (β/|y_w|) log π(y_w) − (β/|y_l|) log π(y_l) − γ ).
 
     SimPO (Meng et al. 2024, arXiv 2405.14734), reference-free and length-normalised; docs/algorithms.md §6.
@@ -89,7 +93,6 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
     small = torch.log(-torch.expm1(torch.where(near_zero, x, cut)))
     large = torch.log1p(-torch.exp(torch.where(near_zero, cut, x)))
     return torch.where(near_zero, small, large)
-
 
 
 def _log_odds(mean_logps: torch.Tensor) -> torch.Tensor:
@@ -136,8 +139,9 @@ def beta_dpo_beta(batch_margins: torch.Tensor, beta0: float, alpha: float, refer
     return max(1e-3, beta0 * (1.0 + alpha * (float(batch_margins.mean()) - reference_margin)))
 
 
-def listwise_dpo_loss(ranked_logps: torch.Tensor, ranked_ref_logps: torch.Tensor, beta: float = 0.1,
-                      mask: torch.Tensor | None = None) -> torch.Tensor:
+def listwise_dpo_loss(
+    ranked_logps: torch.Tensor, ranked_ref_logps: torch.Tensor, beta: float = 0.1, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """L = − Σ_{k=1}^{K−1} log [ exp(β u_(k)) / Σ_{j≥k} exp(β u_(j)) ].
 
     Plackett–Luce over K ranked responses (Rafailov et al. 2023, arXiv 2305.18290, appendix A.3;
@@ -184,8 +188,15 @@ def kto_reference_point_from_sums(log_ratio_sum: torch.Tensor | float, count: to
     return torch.clamp(torch.as_tensor(log_ratio_sum, dtype=torch.float64) / count, min=0.0)
 
 
-def kto_loss(logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor, reference_point: torch.Tensor | float,
-             beta: float = 0.1, desirable_weight: float = 1.0, undesirable_weight: float = 1.0) -> torch.Tensor:
+def kto_loss(
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    desirable: torch.Tensor,
+    reference_point: torch.Tensor | float,
+    beta: float = 0.1,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> torch.Tensor:
     """KTO (Ethayarajh et al. 2024, arXiv 2402.01306, eq. 8; docs/algorithms.md §6.5), per example (B,):
 
     r = log π_θ(y|x) − log π_ref(y|x) (sequence sums), z_0 = ``reference_point`` (kto_reference_point);
@@ -268,16 +279,31 @@ def _listwise(logps, ref_logps, tokens, params: PreferenceParams, list_mask=None
 
 # name -> loss(logps (B, K), ref_logps (B, K) | None, tokens (B, K), params, list_mask (B, K) | None) -> (B,)
 PREFERENCE_LOSSES: dict[str, Callable[..., torch.Tensor]] = {
-    "sigmoid": _sigmoid, "cdpo": _cdpo, "robust": _robust, "ipo": _ipo, "hinge": _hinge, "simpo": _simpo,
-    "orpo": _orpo, "beta_dpo": _beta_dpo, "listwise": _listwise,
+    "sigmoid": _sigmoid,
+    "cdpo": _cdpo,
+    "robust": _robust,
+    "ipo": _ipo,
+    "hinge": _hinge,
+    "simpo": _simpo,
+    "orpo": _orpo,
+    "beta_dpo": _beta_dpo,
+    "listwise": _listwise,
 }
 REFERENCE_FREE = ("simpo", "orpo")
 PAIR_LOSSES = tuple(PREFERENCE_LOSSES)
 
 
-def preference_loss(name: str, logps: torch.Tensor, ref_logps: torch.Tensor | None, tokens: torch.Tensor,
-                    beta: float, label_smoothing: float = 0.0, gamma: float = 0.5, orpo_lambda: float = 0.1,
-                    list_mask: torch.Tensor | None = None) -> torch.Tensor:
+def preference_loss(
+    name: str,
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor | None,
+    tokens: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+    gamma: float = 0.5,
+    orpo_lambda: float = 0.1,
+    list_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Every member of the family behind one signature, (B,) per-example losses: PREFERENCE_LOSSES[name].
 
     logps, ref_logps, tokens: (B, K), best first (K = 2: chosen, rejected): Σ log π over each response's tokens,

@@ -4,6 +4,7 @@ Losses elsewhere return per-token (B, T) values; ``aggregate`` is the one named,
 into a scalar. ``mask`` is 1 on tokens that count (response tokens up to and including EOS) and 0 on prompt
 and padding.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,14 @@ def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), values, torch.zeros_like(values)).sum()
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", n_tokens: float | None = None,
-              n_sequences: float | None = None, norm_length: float | None = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token-mean",
+    n_tokens: float | None = None,
+    n_sequences: float | None = None,
+    norm_length: float | None = None,
+) -> torch.Tensor:
     """Token terms → one number, with denominators of the whole optimizer step (docs/algorithms.md §5).
 
     token-mean:              Σ_{i,t} ℓ m / n_tokens                     (DAPO, Yu et al. 2025, arXiv 2503.14476)

@@ -1,12 +1,14 @@
 """Reward-model losses (docs/algorithms.md §2). Per-pair or per-list values; callers reduce."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor,
-                       margin: torch.Tensor | None = None) -> torch.Tensor:
+def bradley_terry_loss(
+    chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, margin: torch.Tensor | None = None
+) -> torch.Tensor:
     """Pairwise Bradley–Terry loss, optionally with a margin.
 
     L = − log σ(r_w − r_l − m)

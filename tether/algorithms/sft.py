@@ -1,4 +1,5 @@
 """Supervised fine-tuning loss (docs/algorithms.md §1)."""
+
 from __future__ import annotations
 
 import torch

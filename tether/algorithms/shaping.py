@@ -3,13 +3,15 @@
 KL penalty folded into token rewards (docs/algorithms.md §4), DAPO's overlong ramp (§5), the fixed penalty for
 truncated responses and score clipping (§4). Scores are (B,), one per completion; token tensors are (B, T).
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def kl_penalty_rewards(scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor,
-                       kl_coef: float) -> torch.Tensor:
+def kl_penalty_rewards(
+    scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor, kl_coef: float
+) -> torch.Tensor:
     """r_t = − β · kl_t for t < T,   r_T = R(x, y) − β · kl_T   (T = the last valid token of the row).
 
     Per-token rewards with the KL penalty in the reward (Ziegler et al. 2019, arXiv 1909.08593; Ouyang et al.
@@ -39,7 +41,9 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, cache: int) -> torc
     lengths = lengths.to(torch.float32)
     free = max_length - cache
     ramp = (free - lengths) / cache
-    return torch.where(lengths <= free, torch.zeros_like(lengths), torch.where(lengths <= max_length, ramp, -torch.ones_like(lengths)))
+    return torch.where(
+        lengths <= free, torch.zeros_like(lengths), torch.where(lengths <= max_length, ramp, -torch.ones_like(lengths))
+    )
 
 
 def truncation_penalty(scores: torch.Tensor, truncated: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -14,6 +14,7 @@ Policy (docs/data.md): pairs whose chosen equals rejected and examples longer
 than max_length are dropped and counted (errors with strict); malformed records
 are errors naming the file, line and field. Nothing is truncated.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,14 +42,18 @@ class PolicyPreference:
 def _response_example(tokenizer, prompt, response, where: str, field_name: str, max_length: int) -> Example:
     if isinstance(response, str) and not response.strip() or isinstance(response, list) and not response:
         raise DataError(f"{where}: field {field_name!r} is empty")
-    fields = {"prompt": prompt if prompt is not None else ([] if isinstance(response, list) else ""),
-              "completion": response}
+    fields = {
+        "prompt": prompt if prompt is not None else ([] if isinstance(response, list) else ""),
+        "completion": response,
+    }
     if isinstance(response, list) and not fields["prompt"]:
         raise DataError(f"{where}: field 'prompt' is missing; chat responses need the prompt messages")
     try:
         text, spans, add_special = render(fields, "prompt/completion", tokenizer, False, where, DataReport(path=where))
     except DataError as err:  # name the response field, not SFT's 'completion'
-        raise DataError(str(err).replace("'completion'", repr(field_name)).replace("completion[", f"{field_name}[")) from None
+        raise DataError(
+            str(err).replace("'completion'", repr(field_name)).replace("completion[", f"{field_name}[")
+        ) from None
     enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
     mask = [int(any(s < e_span and e > s_span for s_span, e_span in spans)) for s, e in offsets]
@@ -67,29 +72,37 @@ def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object,
         f, where = rec.fields, rec.where
         if fmt == "unpaired":
             if "completion" not in f or not isinstance(f.get("label"), bool):
-                raise DataError(f"{where}: unpaired rows need 'completion' and a true/false 'label'; the row has "
-                                f"{sorted(f)}" + (f" (label {f.get('label')!r})" if "label" in f else ""))
+                raise DataError(
+                    f"{where}: unpaired rows need 'completion' and a true/false 'label'; the row has "
+                    f"{sorted(f)}" + (f" (label {f.get('label')!r})" if "label" in f else "")
+                )
             items.append((f.get("prompt"), f["completion"], f["label"], where))
         elif fmt == "pairs":
             f = split_implicit_prompt(f, where)
             for name, response in ordered_responses(f, fmt, where):
                 items.append((f.get("prompt"), response, name == "chosen", f"{where} ({name})"))
         else:
-            raise DataError(f"{path}: loss kto reads unpaired labels (prompt, completion, label) or pairs; ranked "
-                            "lists need --loss listwise")
+            raise DataError(
+                f"{path}: loss kto reads unpaired labels (prompt, completion, label) or pairs; ranked "
+                "lists need --loss listwise"
+            )
     if len(items) < 2:
         raise DataError(f"{path}: KTO needs at least 2 rows (each is compared with another row's completion)")
     return items
 
 
-def tokenize_unpaired(records: list[Record], tokenizer, max_length: int, strict: bool = False,
-                      path: str = "data") -> tuple[list[PolicyPreference], PreferenceReport]:
+def tokenize_unpaired(
+    records: list[Record], tokenizer, max_length: int, strict: bool = False, path: str = "data"
+) -> tuple[list[PolicyPreference], PreferenceReport]:
     """Unpaired labels (or pairs split in two) -> PolicyPreference list with two responses: the labelled completion
     and the next row's completion under this row's prompt (wrapping round)."""
     _check_fast(tokenizer)
     fmt = preference_format(records, path)
-    report = PreferenceReport(path=str(path), records=len(records), format="unpaired" if fmt == "unpaired"
-                              else f"{fmt} split into unpaired labels")
+    report = PreferenceReport(
+        path=str(path),
+        records=len(records),
+        format="unpaired" if fmt == "unpaired" else f"{fmt} split into unpaired labels",
+    )
     try:
         items = _unpaired_items(records, fmt, path)
     except _Drop as drop:  # a pair with chosen == rejected cannot be split into labels
@@ -98,8 +111,10 @@ def tokenize_unpaired(records: list[Record], tokenizer, max_length: int, strict:
     for i, (prompt, completion, desirable, where) in progress(enumerate(items), len(items), f"tokenising {path}"):
         other = items[(i + 1) % len(items)][1]
         try:
-            responses = [_response_example(tokenizer, prompt, completion, where, "completion", max_length),
-                         _response_example(tokenizer, prompt, other, where, "completion (of the next row)", max_length)]
+            responses = [
+                _response_example(tokenizer, prompt, completion, where, "completion", max_length),
+                _response_example(tokenizer, prompt, other, where, "completion (of the next row)", max_length),
+            ]
         except _Drop as drop:
             if strict:
                 raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
@@ -110,32 +125,41 @@ def tokenize_unpaired(records: list[Record], tokenizer, max_length: int, strict:
     if not examples:
         raise DataError(f"{path}: every record was dropped ({report.summary()})")
     if all(e.desirable for e in examples) or not any(e.desirable for e in examples):
-        raise DataError(f"{path}: every kept row has label {examples[0].desirable}; KTO needs both desirable and "
-                        "undesirable completions")
+        raise DataError(
+            f"{path}: every kept row has label {examples[0].desirable}; KTO needs both desirable and "
+            "undesirable completions"
+        )
     return examples, report
 
 
 def _check_fast(tokenizer) -> None:
     if not getattr(tokenizer, "is_fast", False):
-        raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; tether needs "
-                        "offset mappings (a tokenizer.json) to locate response tokens")
+        raise DataError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; tether needs "
+            "offset mappings (a tokenizer.json) to locate response tokens"
+        )
 
 
-def tokenize_policy_preferences(records: list[Record], tokenizer, max_length: int, strict: bool = False,
-                                path: str = "data") -> tuple[list[PolicyPreference], PreferenceReport]:
+def tokenize_policy_preferences(
+    records: list[Record], tokenizer, max_length: int, strict: bool = False, path: str = "data"
+) -> tuple[list[PolicyPreference], PreferenceReport]:
     """Pairs (prompt/chosen/rejected) or ranked lists (prompt/responses/ranking) -> PolicyPreference list."""
     _check_fast(tokenizer)
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
     if report.format == "unpaired":
-        raise DataError(f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO); "
-                        "this loss compares pairs — use --loss kto, or pairs data")
+        raise DataError(
+            f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO); "
+            "this loss compares pairs — use --loss kto, or pairs data"
+        )
     examples: list[PolicyPreference] = []
     for rec in progress(records, len(records), f"tokenising {path}"):
         where = rec.where
         f = split_implicit_prompt(rec.fields, where) if report.format == "pairs" else rec.fields
         try:
-            responses = [_response_example(tokenizer, f.get("prompt"), value, where, name, max_length)
-                         for name, value in ordered_responses(f, report.format, where)]
+            responses = [
+                _response_example(tokenizer, f.get("prompt"), value, where, name, max_length)
+                for name, value in ordered_responses(f, report.format, where)
+            ]
         except _Drop as drop:
             if strict:
                 raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
@@ -160,8 +184,9 @@ def data_fingerprint(examples: list[PolicyPreference]) -> str:
     return digest.hexdigest()
 
 
-def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int,
-                               padding_free: bool = False) -> dict[str, torch.Tensor]:
+def collate_policy_preferences(
+    examples: list[PolicyPreference], pad_id: int, padding_free: bool = False
+) -> dict[str, torch.Tensor]:
     """Response-major sequences: sequences [k·B, (k+1)·B) are every example's k-th response (chosen block, then
     rejected block for pairs), so one forward scores all of them. Padded: one right-padded row per sequence.
     ``padding_free``: each block's sequences laid end to end in fewer rows (tether/models/packing.py; ``group_rows``
@@ -171,8 +196,12 @@ def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int,
     rows = [e.responses[min(j, len(e.responses) - 1)] for j in range(k) for e in examples]
     if padding_free:
         b = len(examples)
-        batch = pack_sequences([r.input_ids for r in rows], pad_id, [r.loss_mask for r in rows],
-                               groups=[list(range(j * b, (j + 1) * b)) for j in range(k)])
+        batch = pack_sequences(
+            [r.input_ids for r in rows],
+            pad_id,
+            [r.loss_mask for r in rows],
+            groups=[list(range(j * b, (j + 1) * b)) for j in range(k)],
+        )
         del batch["last_index"]
     else:
         batch = pad_sequences([r.input_ids for r in rows], pad_id, [r.loss_mask for r in rows])
@@ -182,5 +211,6 @@ def collate_policy_preferences(examples: list[PolicyPreference], pad_id: int,
         batch["desirable"] = torch.tensor([bool(e.desirable) for e in examples])
     if examples[0].reference_logps is not None:
         batch["reference_logps"] = torch.tensor(
-            [[e.reference_logps[min(j, len(e.responses) - 1)] for j in range(k)] for e in examples], dtype=torch.float32)
+            [[e.reference_logps[min(j, len(e.responses) - 1)] for j in range(k)] for e in examples], dtype=torch.float32
+        )
     return batch

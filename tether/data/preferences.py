@@ -5,6 +5,7 @@ conversational rows, prompt + response + EOS for strings — and tokenised once.
 Pairs whose chosen equals rejected, over-long texts and rows without a
 label are dropped and counted (errors with strict), like SFT data.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -46,15 +47,20 @@ class PreferenceReport:
     def summary(self) -> str:
         text = f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples"
         if self.dropped:
-            text += "; dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items())) + \
-                    " (use --strict to make these errors)"
+            text += (
+                "; dropped: "
+                + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items()))
+                + " (use --strict to make these errors)"
+            )
         return text
 
 
 def render_response(tokenizer, prompt, response, where: str, field_name: str) -> str:
     """One text for (prompt, response): chat template for message lists, else prompt + response + EOS."""
     if isinstance(response, list) or isinstance(prompt, list):
-        messages = (check_messages(prompt, where, "prompt") if prompt else []) + check_messages(response, where, field_name)
+        messages = (check_messages(prompt, where, "prompt") if prompt else []) + check_messages(
+            response, where, field_name
+        )
         text = render_chat(tokenizer, messages, where).rstrip()  # the score is read at the final EOS, not a newline
         return text
     prompt = check_str(prompt or "", where, "prompt")
@@ -85,9 +91,11 @@ def preference_format(records: list[Record], path) -> str:
         return "ranked lists"
     if "completion" in first and isinstance(first.get("label"), bool):
         return "unpaired"
-    raise DataError(f"{records[0].where}: preference data needs 'chosen' and 'rejected' (pairs) or 'responses' and "
-                    f"'ranking' (ranked lists), each with an optional 'prompt'; the record has {sorted(first)}. "
-                    "Map other names with --columns")
+    raise DataError(
+        f"{records[0].where}: preference data needs 'chosen' and 'rejected' (pairs) or 'responses' and "
+        f"'ranking' (ranked lists), each with an optional 'prompt'; the record has {sorted(first)}. "
+        "Map other names with --columns"
+    )
 
 
 def split_implicit_prompt(fields: dict, where: str) -> dict:
@@ -102,11 +110,15 @@ def split_implicit_prompt(fields: dict, where: str) -> dict:
     if shared == len(chosen) and shared == len(rejected):
         return fields  # the same conversation twice: the chosen == rejected check drops it
     if shared == 0:
-        raise DataError(f"{where}: 'chosen' and 'rejected' are conversations without a 'prompt', and they share no "
-                        "opening message to read the prompt from; add a 'prompt' field")
+        raise DataError(
+            f"{where}: 'chosen' and 'rejected' are conversations without a 'prompt', and they share no "
+            "opening message to read the prompt from; add a 'prompt' field"
+        )
     if shared in (len(chosen), len(rejected)):
-        raise DataError(f"{where}: one of 'chosen' and 'rejected' is the start of the other ({shared} shared "
-                        "messages), so one response would be empty")
+        raise DataError(
+            f"{where}: one of 'chosen' and 'rejected' is the start of the other ({shared} shared "
+            "messages), so one response would be empty"
+        )
     return {**fields, "prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
 
 
@@ -122,20 +134,34 @@ def ordered_responses(fields: dict, fmt: str, where: str) -> list[tuple[str, obj
     responses, ranking = fields.get("responses"), fields.get("ranking")
     if not isinstance(responses, list) or len(responses) < 2:
         raise DataError(f"{where}: field 'responses' must be a list of at least 2 responses")
-    if not isinstance(ranking, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ranking) \
-            or sorted(ranking) != list(range(len(responses))):
-        raise DataError(f"{where}: field 'ranking' must list every index of 'responses' once, best first; "
-                        f"got {ranking!r} for {len(responses)} responses")
+    if (
+        not isinstance(ranking, list)
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ranking)
+        or sorted(ranking) != list(range(len(responses)))
+    ):
+        raise DataError(
+            f"{where}: field 'ranking' must list every index of 'responses' once, best first; "
+            f"got {ranking!r} for {len(responses)} responses"
+        )
     return [(f"responses[{i}]", responses[i]) for i in ranking]
 
 
-def tokenize_preferences(records: list[Record], tokenizer, max_length: int, heads: list[str],
-                         margin_column: str = "", strict: bool = False, path: str = "data"):
+def tokenize_preferences(
+    records: list[Record],
+    tokenizer,
+    max_length: int,
+    heads: list[str],
+    margin_column: str = "",
+    strict: bool = False,
+    path: str = "data",
+):
     """PairExample or RankedExample list and a report."""
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
     if report.format == "unpaired":
-        raise DataError(f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO): a "
-                        "reward model needs pairs or ranked lists; `tether dpo --loss kto` trains on unpaired labels")
+        raise DataError(
+            f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO): a "
+            "reward model needs pairs or ranked lists; `tether dpo --loss kto` trains on unpaired labels"
+        )
     examples = []
 
     def ids_of(text, where):
@@ -152,21 +178,30 @@ def tokenize_preferences(records: list[Record], tokenizer, max_length: int, head
                 margin = 0.0
                 if margin_column:
                     if margin_column not in f:
-                        raise DataError(f"{where}: margin column {margin_column!r} is missing; the record has {sorted(f)}")
+                        raise DataError(
+                            f"{where}: margin column {margin_column!r} is missing; the record has {sorted(f)}"
+                        )
                     if not isinstance(f[margin_column], (int, float)) or isinstance(f[margin_column], bool):
                         raise DataError(f"{where}: field {margin_column!r} must be a number, got {f[margin_column]!r}")
                     margin = float(f[margin_column])
                     if not margin >= 0 or margin == float("inf"):  # NaN fails >= too
-                        raise DataError(f"{where}: field {margin_column!r} must be a finite number >= 0 (a margin "
-                                        f"m in -log σ(r_w - r_l - m)), got {f[margin_column]!r}")
+                        raise DataError(
+                            f"{where}: field {margin_column!r} must be a finite number >= 0 (a margin "
+                            f"m in -log σ(r_w - r_l - m)), got {f[margin_column]!r}"
+                        )
                 labels = [1]
                 for head in heads[1:]:
                     value = f.get(head)
                     if value not in HEAD_LABELS:
-                        raise DataError(f"{where}: field {head!r} (label of head {head}) must be 'chosen', 'rejected' "
-                                        f"or null, got {value!r}")
+                        raise DataError(
+                            f"{where}: field {head!r} (label of head {head}) must be 'chosen', 'rejected' "
+                            f"or null, got {value!r}"
+                        )
                     labels.append(HEAD_LABELS[value])
-            ids = [ids_of(render_response(tokenizer, f.get("prompt"), value, where, name), where) for name, value in responses]
+            ids = [
+                ids_of(render_response(tokenizer, f.get("prompt"), value, where, name), where)
+                for name, value in responses
+            ]
             if report.format == "pairs":
                 examples.append(PairExample(ids[0], ids[1], margin, labels, where))
             else:
@@ -194,9 +229,11 @@ def collate_preferences(examples: list, pad_id: int, padding_free: bool = False)
     and a (B, K) mask. ``padding_free`` lays them end to end in fewer rows (tether/models/packing.py)."""
     if isinstance(examples[0], PairExample):
         batch = _layout([e.chosen_ids for e in examples] + [e.rejected_ids for e in examples], pad_id, padding_free)
-        return {**batch,  # 2B sequences
-                "margin": torch.tensor([e.margin for e in examples]),  # (B,)
-                "head_labels": torch.tensor([e.head_labels for e in examples])}  # (B, heads)
+        return {
+            **batch,  # 2B sequences
+            "margin": torch.tensor([e.margin for e in examples]),  # (B,)
+            "head_labels": torch.tensor([e.head_labels for e in examples]),
+        }  # (B, heads)
     k = max(len(e.ranked_ids) for e in examples)
     rows, list_mask = [], torch.zeros((len(examples), k), dtype=torch.bool)
     for i, e in enumerate(examples):

@@ -8,6 +8,7 @@ Hermes `<tool_call>` text.
 Every record keeps where it came from ("file.jsonl:12", "file.parquet row 3")
 so that any later validation error can name the file, line and field.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ ACCEPTED_FORMATS = (
 
 
 def parse_column_map(spec: str | dict | None) -> dict[str, str]:
-    """"prompt=question,completion=answer" -> {"question": "prompt", "answer": "completion"} (source -> tether name)."""
+    """ "prompt=question,completion=answer" -> {"question": "prompt", "answer": "completion"} (source -> tether name)."""
     if not spec:
         return {}
     if isinstance(spec, dict):
@@ -55,8 +56,11 @@ def read_records(path: str | Path, columns: str | dict | None = None, split: str
         raise DataError(f"{path}: no such file or folder")
     rename = parse_column_map(columns)
     if path.is_dir():
-        saved = (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file() \
+        saved = (
+            (path / "dataset_info.json").is_file()
+            or (path / "dataset_dict.json").is_file()
             or (path / "state.json").is_file()
+        )
         records = _read_saved_dataset(path, split) if saved else _read_data_folder(path, split)
     else:
         records = _read_file(path)
@@ -65,7 +69,9 @@ def read_records(path: str | Path, columns: str | dict | None = None, split: str
         present = set(records[0].fields) if records else set()
         missing = [src for src, name in rename.items() if name not in present]
         if records and missing:
-            raise DataError(f"{path}: --columns names source column(s) {missing} that the data does not have; it has {sorted(records[0].fields)}")
+            raise DataError(
+                f"{path}: --columns names source column(s) {missing} that the data does not have; it has {sorted(records[0].fields)}"
+            )
     return [_normalise(r) for r in records]
 
 
@@ -74,8 +80,10 @@ READERS = {".jsonl": "_read_jsonl", ".json": "_read_json", ".csv": "_read_csv", 
 
 def _read_file(path: Path) -> list[Record]:
     if path.suffix not in READERS:
-        raise DataError(f"{path}: unknown data format {path.suffix!r}; use .jsonl, .json, .csv, .parquet, a datasets "
-                        "folder saved with save_to_disk, or a folder of such files")
+        raise DataError(
+            f"{path}: unknown data format {path.suffix!r}; use .jsonl, .json, .csv, .parquet, a datasets "
+            "folder saved with save_to_disk, or a folder of such files"
+        )
     return globals()[READERS[path.suffix]](path)
 
 
@@ -84,32 +92,49 @@ def _read_data_folder(path: Path, split: str) -> list[Record]:
     `train.jsonl`), anywhere below it, read in name order."""
     files = sorted(f for f in path.rglob("*") if f.is_file() and f.suffix in READERS and not f.name.startswith("."))
     if not files:
-        raise DataError(f"{path}: a folder with no data files (.jsonl, .json, .csv, .parquet) and not a datasets "
-                        "folder saved with save_to_disk")
+        raise DataError(
+            f"{path}: a folder with no data files (.jsonl, .json, .csv, .parquet) and not a datasets "
+            "folder saved with save_to_disk"
+        )
     chosen = [f for f in files if f.stem == split or f.stem.startswith(f"{split}-") or f.stem.startswith(f"{split}_")]
     if not chosen:
         splits = sorted({f.stem.split("-")[0].split("_")[0] for f in files})
-        raise DataError(f"{path}: no data files for split {split!r}; the files' names start with {splits} "
-                        "(choose one with --split)")
+        raise DataError(
+            f"{path}: no data files for split {split!r}; the files' names start with {splits} (choose one with --split)"
+        )
     return [r for f in chosen for r in _read_file(f)]
 
 
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
-                  "tool": "tool", "observation": "tool", "function_response": "tool"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+}
 
 
 def _normalise(record: Record) -> Record:
     """ShareGPT conversations as messages; content-part lists as their text (errors name the record)."""
     fields = record.fields
     turns = fields.get("conversations")
-    if "messages" not in fields and isinstance(turns, list) and turns and all(isinstance(t, dict) and "from" in t
-                                                                               for t in turns):
+    if (
+        "messages" not in fields
+        and isinstance(turns, list)
+        and turns
+        and all(isinstance(t, dict) and "from" in t for t in turns)
+    ):
         messages = []
         for i, turn in enumerate(turns):
             role = SHAREGPT_ROLES.get(str(turn["from"]).lower())
             if role is None:
-                raise DataError(f"{record.where}: conversations[{i}].from is {turn['from']!r}; ShareGPT roles read "
-                                f"are {', '.join(SHAREGPT_ROLES)}")
+                raise DataError(
+                    f"{record.where}: conversations[{i}].from is {turn['from']!r}; ShareGPT roles read "
+                    f"are {', '.join(SHAREGPT_ROLES)}"
+                )
             messages.append({"role": role, "content": turn.get("value", "")})
         fields = {**{k: v for k, v in fields.items() if k != "conversations"}, "messages": messages}
     for name in ("messages", "prompt", "completion", "chosen", "rejected"):
@@ -188,8 +213,10 @@ def _decode(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{where}: not valid UTF-8 (byte {exc.start} of the line: {raw[exc.start:exc.start + 4]!r}); "
-                        "save the file as UTF-8") from None
+        raise DataError(
+            f"{where}: not valid UTF-8 (byte {exc.start} of the line: {raw[exc.start : exc.start + 4]!r}); "
+            "save the file as UTF-8"
+        ) from None
 
 
 def _read_jsonl(path: Path) -> list[Record]:
@@ -324,15 +351,24 @@ def prompt_rows(path: str | Path) -> list[dict]:
                 raise DataError(f"{rec.where}: 'prompt' is empty")
         elif isinstance(prompt, list) and prompt:
             for i, message in enumerate(prompt):
-                if not isinstance(message, dict) or message.get("role") not in ROLES \
-                        or not isinstance(message.get("content"), str):
-                    raise DataError(f"{rec.where}: prompt message {i} must be {{'role': one of {', '.join(ROLES)}, "
-                                    f"'content': text}}, got {str(message)[:80]!r}")
+                if (
+                    not isinstance(message, dict)
+                    or message.get("role") not in ROLES
+                    or not isinstance(message.get("content"), str)
+                ):
+                    raise DataError(
+                        f"{rec.where}: prompt message {i} must be {{'role': one of {', '.join(ROLES)}, "
+                        f"'content': text}}, got {str(message)[:80]!r}"
+                    )
         else:
-            raise DataError(f"{rec.where}: 'prompt' must be a non-empty string or a non-empty list of chat messages"
-                            + ("" if "prompt" in rec.fields else f" (the row has {sorted(rec.fields)})"))
+            raise DataError(
+                f"{rec.where}: 'prompt' must be a non-empty string or a non-empty list of chat messages"
+                + ("" if "prompt" in rec.fields else f" (the row has {sorted(rec.fields)})")
+            )
         if set(rec.fields) != columns:
             missing, extra = sorted(columns - set(rec.fields)), sorted(set(rec.fields) - columns)
-            raise DataError(f"{rec.where}: the columns differ from the first row's ({sorted(columns)}): "
-                            + (f"missing {missing}" if missing else f"extra {extra}"))
+            raise DataError(
+                f"{rec.where}: the columns differ from the first row's ({sorted(columns)}): "
+                + (f"missing {missing}" if missing else f"extra {extra}")
+            )
     return [rec.fields for rec in records]

@@ -8,6 +8,7 @@ Policy (docs/data.md): empty completions, examples with no trained token and
 examples longer than ``max_length`` are dropped and counted, or are errors
 with ``strict``. Nothing is truncated.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -41,13 +42,18 @@ class DataReport:
     unused: list = field(default_factory=list)  # columns of the file the format does not read
 
     def summary(self) -> str:
-        parts = [f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples, "
-                 f"{self.tokens} tokens, {self.trained_tokens} trained"]
+        parts = [
+            f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples, "
+            f"{self.tokens} tokens, {self.trained_tokens} trained"
+        ]
         if self.unused:
             parts.append(f"columns not used: {', '.join(self.unused)}")
         if self.dropped:
-            parts.append("dropped: " + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items()))
-                         + " (use --strict to make these errors)")
+            parts.append(
+                "dropped: "
+                + ", ".join(f"{n} {why}" for why, n in sorted(self.dropped.items()))
+                + " (use --strict to make these errors)"
+            )
         for why, n in sorted(self.warnings.items()):
             parts.append(f"warning: {n} {why}")
         return "; ".join(parts)
@@ -93,8 +99,10 @@ def check_messages(value, where: str, name: str) -> list[dict]:
 
 def render_chat(tokenizer, messages, where, **kwargs) -> str:
     if not getattr(tokenizer, "chat_template", None):
-        raise DataError(f"{where}: chat messages need a chat template, and the tokenizer has none "
-                        "(add 'chat_template' to its tokenizer_config.json, or use prompt/completion strings)")
+        raise DataError(
+            f"{where}: chat messages need a chat template, and the tokenizer has none "
+            "(add 'chat_template' to its tokenizer_config.json, or use prompt/completion strings)"
+        )
     return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
 
 
@@ -116,16 +124,19 @@ def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report
         # the last turn's rendering is the whole conversation's, already rendered (most records: one turn)
         upto = full if i == len(messages) - 1 else render_chat(tokenizer, messages[: i + 1], where)
         if not (upto.startswith(prefix) and full.startswith(upto)):
-            raise DataError(f"{where}: the chat template renders earlier turns differently once later turns are added, "
-                            "so assistant tokens cannot be located; use prompt/completion strings instead")
+            raise DataError(
+                f"{where}: the chat template renders earlier turns differently once later turns are added, "
+                "so assistant tokens cannot be located; use prompt/completion strings instead"
+            )
         end = len(upto)
-        turn = upto[len(prefix):]
+        turn = upto[len(prefix) :]
         closing = eos if eos and eos in turn else end_of_turn if end_of_turn and end_of_turn in turn else ""
         if closing:  # train up to and including EOS (or the template's end-of-turn token), not the newline after it
             end = len(prefix) + turn.rindex(closing) + len(closing)
         else:
-            report.warnings["assistant turns without the EOS or end-of-turn token (the model may not learn to "
-                            "stop)"] += 1
+            report.warnings[
+                "assistant turns without the EOS or end-of-turn token (the model may not learn to stop)"
+            ] += 1
         spans.append((len(prefix), end))
     if not spans:
         raise _Drop("no assistant turn")
@@ -160,19 +171,29 @@ def render(fields: dict, fmt: str, tokenizer, train_on_prompt: bool, where: str,
     return text, [(0 if train_on_prompt else len(prompt), len(text))], True
 
 
-def tokenize_records(records: list[Record], tokenizer, max_length: int, train_on_prompt: bool = False,
-                     strict: bool = False, path: str = "data") -> tuple[list[Example], DataReport]:
+def tokenize_records(
+    records: list[Record],
+    tokenizer,
+    max_length: int,
+    train_on_prompt: bool = False,
+    strict: bool = False,
+    path: str = "data",
+) -> tuple[list[Example], DataReport]:
     if not getattr(tokenizer, "is_fast", False):
-        raise DataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; tether needs "
-                        "offset mappings (a tokenizer.json) to locate completion tokens")
+        raise DataError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; tether needs "
+            "offset mappings (a tokenizer.json) to locate completion tokens"
+        )
     report = DataReport(path=str(path), records=len(records))
     if not records:
         raise DataError(f"{path}: no records")
     fmt = detect_format(records[0].fields, records[0].where)
     if fmt == "prompt/completion" and isinstance(records[0].fields.get("label"), bool):
-        raise DataError(f"{records[0].where}: unpaired preference data (a true/false 'label' on each completion, as "
-                        "for KTO): SFT would train on the completions labelled false too. Keep the rows labelled "
-                        "true and drop the column, or pair completions into chosen/rejected for tether dpo / rm")
+        raise DataError(
+            f"{records[0].where}: unpaired preference data (a true/false 'label' on each completion, as "
+            "for KTO): SFT would train on the completions labelled false too. Keep the rows labelled "
+            "true and drop the column, or pair completions into chosen/rejected for tether dpo / rm"
+        )
     report.format = fmt
     report.unused = sorted(set(records[0].fields) - set(FORMAT_FIELDS[fmt]))
     examples = []
@@ -180,12 +201,18 @@ def tokenize_records(records: list[Record], tokenizer, max_length: int, train_on
     # in one call, faster than record by record, with the same ids and offsets. Records are then taken in order, so
     # --strict names the first bad one.
     chunk = 512
-    for start in progress(range(0, len(records), chunk), (len(records) + chunk - 1) // chunk,
-                          f"tokenising {path} ({chunk} records a chunk)", min_items=2000 // chunk):
+    for start in progress(
+        range(0, len(records), chunk),
+        (len(records) + chunk - 1) // chunk,
+        f"tokenising {path} ({chunk} records a chunk)",
+        min_items=2000 // chunk,
+    ):
         outcomes = []  # per record: (text, spans, add_special) or the _Drop that rendering raised
         for rec in records[start : start + chunk]:
             if detect_format(rec.fields, rec.where) != fmt:
-                raise DataError(f"{rec.where}: record is {detect_format(rec.fields, rec.where)} but earlier records are {fmt}; one format per file")
+                raise DataError(
+                    f"{rec.where}: record is {detect_format(rec.fields, rec.where)} but earlier records are {fmt}; one format per file"
+                )
             try:
                 outcomes.append(render(rec.fields, fmt, tokenizer, train_on_prompt, rec.where, report))
             except _Drop as why:
@@ -202,7 +229,9 @@ def tokenize_records(records: list[Record], tokenizer, max_length: int, train_on
                 ids, offsets = next(encoded)
                 spans = outcome[1]
                 mask = [int(any(s < e_span and e > s_span for s_span, e_span in spans)) for s, e in offsets]
-                mask[0] = 0  # nothing predicts the first token (and in a packed row it must not see the previous example)
+                mask[0] = (
+                    0  # nothing predicts the first token (and in a packed row it must not see the previous example)
+                )
                 if not any(mask):
                     raise _Drop("with no trained token")
                 if len(ids) > max_length:

@@ -11,6 +11,7 @@ uses tether.algorithms.agreement. Policies (docs/preferences.md):
   ``filter_by_agreement`` and counted;
 - κ for pairs is computed on a vote-independent coding (see _code_pair).
 """
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,9 @@ def _content(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
-def read_votes(records: list[Record], annotators: list[str] | None = None, path: str = "data") -> tuple[list[VotedRow], VoteReport]:
+def read_votes(
+    records: list[Record], annotators: list[str] | None = None, path: str = "data"
+) -> tuple[list[VotedRow], VoteReport]:
     report = VoteReport(path=str(path), rows=len(records))
     known = list(annotators) if annotators else None
     seen: list[str] = []
@@ -67,8 +70,10 @@ def read_votes(records: list[Record], annotators: list[str] | None = None, path:
     for rec in records:
         f, where = rec.fields, rec.where
         if "votes" not in f:
-            raise DataError(f"{where}: no 'votes' field; agreement needs a mapping annotator -> label per row. "
-                            f"The record has {sorted(f)}")
+            raise DataError(
+                f"{where}: no 'votes' field; agreement needs a mapping annotator -> label per row. "
+                f"The record has {sorted(f)}"
+            )
         votes = f["votes"]
         if not isinstance(votes, dict):
             raise DataError(f"{where}: field 'votes' must map annotator ids to labels, got {type(votes).__name__}")
@@ -114,28 +119,40 @@ def agreement_statistics(rows: list[VotedRow], annotators: list[str]) -> dict:
     """Cohen's κ for every pair of annotators, Fleiss' κ, per-item agreement, agreement with the majority."""
     out: dict = {"items": len(rows), "annotators": list(annotators), "cohen_kappa": {}, "per_annotator": {}}
     for i, a in enumerate(annotators):
-        for b in annotators[i + 1:]:
+        for b in annotators[i + 1 :]:
             both = [(r.kappa_votes[a], r.kappa_votes[b]) for r in rows if a in r.votes and b in r.votes]
             if both:
                 kappa = cohen_kappa([x for x, _ in both], [y for _, y in both])
-                out["cohen_kappa"][f"{a}~{b}"] = {"kappa": round(kappa, 4), "items": len(both), "reading": landis_koch(kappa)}
+                out["cohen_kappa"][f"{a}~{b}"] = {
+                    "kappa": round(kappa, 4),
+                    "items": len(both),
+                    "reading": landis_koch(kappa),
+                }
     labels = sorted({v for r in rows for v in r.kappa_votes.values()}, key=str)
     complete = [r for r in rows if len(r.votes) == len(annotators)]
     if complete and len(annotators) >= 2:
         table = [[sum(v == c for v in r.kappa_votes.values()) for c in labels] for r in complete]
         kappa = fleiss_kappa(table)
-        out["fleiss_kappa"] = {"kappa": round(kappa, 4), "items": len(complete), "reading": landis_koch(kappa),
-                               "left_out_with_missing_votes": len(rows) - len(complete)}
+        out["fleiss_kappa"] = {
+            "kappa": round(kappa, 4),
+            "items": len(complete),
+            "reading": landis_koch(kappa),
+            "left_out_with_missing_votes": len(rows) - len(complete),
+        }
     agreements = [r.majority[1] for r in rows]
     ties = sum(r.majority[0] is None for r in rows)
-    out["per_item"] = {"mean_agreement": round(sum(agreements) / max(1, len(agreements)), 4),
-                       "unanimous": round(sum(a == 1.0 for a in agreements) / max(1, len(agreements)), 4),
-                       "ties": ties,
-                       "histogram": {f"{k:.2f}": v for k, v in sorted(Counter(round(a, 2) for a in agreements).items())}}
+    out["per_item"] = {
+        "mean_agreement": round(sum(agreements) / max(1, len(agreements)), 4),
+        "unanimous": round(sum(a == 1.0 for a in agreements) / max(1, len(agreements)), 4),
+        "ties": ties,
+        "histogram": {f"{k:.2f}": v for k, v in sorted(Counter(round(a, 2) for a in agreements).items())},
+    }
     for a in annotators:
         voted = [r for r in rows if a in r.votes and r.majority[0] is not None]
-        out["per_annotator"][a] = {"votes": sum(a in r.votes for r in rows),
-                                   "agreement_with_majority": round(sum(r.votes[a] == r.majority[0] for r in voted) / max(1, len(voted)), 4)}
+        out["per_annotator"][a] = {
+            "votes": sum(a in r.votes for r in rows),
+            "agreement_with_majority": round(sum(r.votes[a] == r.majority[0] for r in voted) / max(1, len(voted)), 4),
+        }
     return out
 
 
@@ -160,7 +177,9 @@ def filter_by_agreement(rows: list[VotedRow], min_agreement: float) -> tuple[lis
                 raise DataError(f"{r.where}: majority label {label!r}: pair votes must be 'chosen' or 'rejected'")
             if label == "rejected":
                 row["chosen"], row["rejected"] = row["rejected"], row["chosen"]
-                row["votes"] = {a: {"chosen": "rejected", "rejected": "chosen"}.get(v, v) for a, v in row["votes"].items()}
+                row["votes"] = {
+                    a: {"chosen": "rejected", "rejected": "chosen"}.get(v, v) for a, v in row["votes"].items()
+                }
         row["agreement"] = round(agreement, 4)
         kept.append(row)
     return kept, dropped

@@ -26,6 +26,7 @@
 Times are machine-dependent: compare rows within one run. A JSON with every figure goes to ``--json``.
 The figures and how to read them: docs/performance.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,7 +64,7 @@ def matmul_peak(dtype: str, size: int = 1024, repeats: int = 10) -> float:
         t0 = time.perf_counter()
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
-    return 2 * size ** 3 / best / 1e9
+    return 2 * size**3 / best / 1e9
 
 
 def cpu_bf16_flags() -> list[str]:
@@ -84,8 +85,13 @@ class Phase:
 
     def row(self, peak: float) -> dict:
         gflops = self.flops / self.seconds / 1e9 if self.seconds > 0 and self.flops else 0.0
-        return {"phase": self.name, "seconds": self.seconds, "gflop": self.flops / 1e9, "gflops_per_s": gflops,
-                "share_of_peak": gflops / peak if peak else 0.0}
+        return {
+            "phase": self.name,
+            "seconds": self.seconds,
+            "gflop": self.flops / 1e9,
+            "gflops_per_s": gflops,
+            "share_of_peak": gflops / peak if peak else 0.0,
+        }
 
 
 def build_model(size: str, precision: str, seed: int = 0):
@@ -96,8 +102,11 @@ def build_model(size: str, precision: str, seed: int = 0):
 
     hidden, layers, heads, vocab = SIZES[size]
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config("llama", vocab, hidden=hidden, layers=layers, heads=heads,
-                                                         max_positions=1024, bos_id=0, eos_id=1, pad_id=2))
+    model = AutoModelForCausalLM.from_config(
+        tiny_config(
+            "llama", vocab, hidden=hidden, layers=layers, heads=heads, max_positions=1024, bos_id=0, eos_id=1, pad_id=2
+        )
+    )
     if precision == "bf16":
         model = model.to(torch.bfloat16)
     return model
@@ -118,7 +127,9 @@ def phases(model, batch: int, length: int, new_tokens: int, repeats: int, compil
     cfg = model.config
     n = matmul_parameters(model)
     tokens = batch * length
-    attention = 2 * 2 * length * length * cfg.hidden_size * cfg.num_hidden_layers * batch  # QKᵀ and AV, causal not halved
+    attention = (
+        2 * 2 * length * length * cfg.hidden_size * cfg.num_hidden_layers * batch
+    )  # QKᵀ and AV, causal not halved
     ids = torch.randint(3, cfg.vocab_size, (batch, length))
     model.train()
     out: list[Phase] = []
@@ -146,15 +157,26 @@ def phases(model, batch: int, length: int, new_tokens: int, repeats: int, compil
 
     def generate():
         with torch.no_grad():
-            model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
-                           min_new_tokens=new_tokens, do_sample=True, pad_token_id=2)
+            model.generate(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=True,
+                pad_token_id=2,
+            )
 
     out.append(Phase("generate", _timed(generate, max(1, repeats // 2)), 2 * n * generated))
     with torch.no_grad():  # one decoding step alone: the model's share of a generated token's time
         cache = model(input_ids=prompt, use_cache=True).cache  # transformers 5: `cache` (was past_key_values)
         step_ids = prompt[:, -1:]
-        out.append(Phase("decode_step", _timed(lambda: model(input_ids=step_ids, cache=cache,
-                                                             use_cache=True), repeats), 2 * n * batch))
+        out.append(
+            Phase(
+                "decode_step",
+                _timed(lambda: model(input_ids=step_ids, cache=cache, use_cache=True), repeats),
+                2 * n * batch,
+            )
+        )
     params = [p for p in model.parameters()]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
@@ -186,9 +208,11 @@ def compiled_phases(model, ids, eager_seconds: float, flops: float, repeats: int
     steady = _timed(step, repeats)
     saving = eager_seconds - steady
     steps = f"{(first - steady) / saving:.0f} steps to pay back" if saving > 0 else "never pays back"
-    return [Phase("forward+backward (eager)", eager_seconds, flops),
-            Phase("forward+backward (torch.compile)", steady, flops),
-            Phase(f"compile, first call ({steps})", first, 0.0)]
+    return [
+        Phase("forward+backward (eager)", eager_seconds, flops),
+        Phase("forward+backward (torch.compile)", steady, flops),
+        Phase(f"compile, first call ({steps})", first, 0.0),
+    ]
 
 
 def padding_waste(data: str, model_dir: str, batch: int, max_length: int = 1024) -> dict:
@@ -209,18 +233,37 @@ def padding_waste(data: str, model_dir: str, batch: int, max_length: int = 1024)
         rows, _ = choose_rows(b, [list(range(len(b)))])
         packed += len(rows) * max(sum(b[i] for i in row) for row in rows)
     real = sum(lengths)
-    return {"examples": len(lengths), "real_tokens": real, "positions": positions,
-            "padding_share": 1 - real / positions if positions else 0.0, "padding_free_positions": packed,
-            "padding_free_share": 1 - real / packed if packed else 0.0}
+    return {
+        "examples": len(lengths),
+        "real_tokens": real,
+        "positions": positions,
+        "padding_share": 1 - real / positions if positions else 0.0,
+        "padding_free_positions": packed,
+        "padding_free_share": 1 - real / packed if packed else 0.0,
+    }
 
 
-def run_bench(models=("lab", "29m"), precisions=PRECISIONS, batch: int = 8, length: int = 256, new_tokens: int = 32,
-              repeats: int = 5, matmul_size: int = 1024, data: str = "", model_dir: str = "",
-              compile_model: bool = False) -> dict:
+def run_bench(
+    models=("lab", "29m"),
+    precisions=PRECISIONS,
+    batch: int = 8,
+    length: int = 256,
+    new_tokens: int = 32,
+    repeats: int = 5,
+    matmul_size: int = 1024,
+    data: str = "",
+    model_dir: str = "",
+    compile_model: bool = False,
+) -> dict:
     import torch
 
-    result = {"threads": torch.get_num_threads(), "torch": torch.__version__, "cpu_bf16": cpu_bf16_flags(),
-              "peak_gflops": {}, "runs": []}
+    result = {
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cpu_bf16": cpu_bf16_flags(),
+        "peak_gflops": {},
+        "runs": [],
+    }
     for precision in precisions:
         result["peak_gflops"][precision] = matmul_peak(precision, matmul_size)
     for size in models:
@@ -230,9 +273,16 @@ def run_bench(models=("lab", "29m"), precisions=PRECISIONS, batch: int = 8, leng
                 continue
             model = build_model(size, precision)
             rows = [p.row(peak) for p in phases(model, batch, length, new_tokens, repeats, compile_model)]
-            run = {"model": size, "precision": precision, "parameters": sum(p.numel() for p in model.parameters()),
-                   "matmul_parameters": matmul_parameters(model), "batch": batch, "length": length,
-                   "new_tokens": new_tokens, "phases": rows}
+            run = {
+                "model": size,
+                "precision": precision,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "matmul_parameters": matmul_parameters(model),
+                "batch": batch,
+                "length": length,
+                "new_tokens": new_tokens,
+                "phases": rows,
+            }
             run["generate_overhead"] = generate_overhead(run)
             result["runs"].append(run)
     if data:
@@ -254,12 +304,16 @@ def print_bench(result: dict) -> None:
     from tether.console import console
 
     peaks = ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in result["peak_gflops"].items())
-    console.print(f"matmul peak ({result['threads']} threads, torch {result['torch']}, CPU bf16 instructions: "
-                  f"{', '.join(result['cpu_bf16']) or 'none (emulated)'}): {peaks}")
+    console.print(
+        f"matmul peak ({result['threads']} threads, torch {result['torch']}, CPU bf16 instructions: "
+        f"{', '.join(result['cpu_bf16']) or 'none (emulated)'}): {peaks}"
+    )
     for run in result["runs"]:
-        console.print(f"\n{run['model']} ({run['parameters'] / 1e6:.2f} M parameters, {run['matmul_parameters'] / 1e6:.2f} M "
-                      f"in matmuls), {run['precision']}, batch {run['batch']} x {run['length']} tokens, "
-                      f"generate {run['new_tokens']} tokens")
+        console.print(
+            f"\n{run['model']} ({run['parameters'] / 1e6:.2f} M parameters, {run['matmul_parameters'] / 1e6:.2f} M "
+            f"in matmuls), {run['precision']}, batch {run['batch']} x {run['length']} tokens, "
+            f"generate {run['new_tokens']} tokens"
+        )
         console.print(f"  {'phase':44s} {'seconds':>9s} {'GFLOP':>8s} {'GFLOP/s':>9s} {'of peak':>8s}")
         for row in run["phases"]:
             share = f"{row['share_of_peak']:.0%}" if row["gflop"] else ""
@@ -267,19 +321,33 @@ def print_bench(result: dict) -> None:
             console.print(f"  {row['phase']:44s} {row['seconds']:9.4f} {row['gflop']:8.2f} {gflops:>9s} {share:>8s}")
         overhead = generate_overhead(run)
         if overhead is not None:
-            console.print(f"  generate: {overhead['per_token_s'] * 1e3:.2f} ms per token step, of which the model's "
-                          f"forward {overhead['decode_step_s'] * 1e3:.2f} ms; the loop around it "
-                          f"{overhead['loop_share']:.0%}")
+            console.print(
+                f"  generate: {overhead['per_token_s'] * 1e3:.2f} ms per token step, of which the model's "
+                f"forward {overhead['decode_step_s'] * 1e3:.2f} ms; the loop around it "
+                f"{overhead['loop_share']:.0%}"
+            )
     if "padding" in result:
         p = result["padding"]
-        console.print(f"\npadding: {p['examples']} examples, {p['real_tokens']} real tokens in {p['positions']} "
-                      f"positions: {p['padding_share']:.1%} of the positions are padding; padding-free "
-                      f"micro-batches: {p['padding_free_positions']} positions, {p['padding_free_share']:.1%} padding")
+        console.print(
+            f"\npadding: {p['examples']} examples, {p['real_tokens']} real tokens in {p['positions']} "
+            f"positions: {p['padding_share']:.1%} of the positions are padding; padding-free "
+            f"micro-batches: {p['padding_free_positions']} positions, {p['padding_free_share']:.1%} padding"
+        )
 
 
 def main(args) -> None:
-    result = run_bench(tuple(args.models.split(",")), tuple(args.precisions.split(",")), args.batch, args.length,
-                       args.new_tokens, args.repeats, args.matmul_size, args.data, args.model, args.compile)
+    result = run_bench(
+        tuple(args.models.split(",")),
+        tuple(args.precisions.split(",")),
+        args.batch,
+        args.length,
+        args.new_tokens,
+        args.repeats,
+        args.matmul_size,
+        args.data,
+        args.model,
+        args.compile,
+    )
     print_bench(result)
     if args.json:
         with open(args.json, "w") as f:

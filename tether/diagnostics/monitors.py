@@ -11,6 +11,7 @@ live and the offline verdicts are the same function of the same records.
 A monitor fires once per run and subject (the first step at which its
 condition holds); thresholds and windows are MonitorSettings fields.
 """
+
 from __future__ import annotations
 
 import math
@@ -157,13 +158,23 @@ def _sample_steps(samples: list[dict], s: "MonitorSettings") -> list[tuple[int, 
 
 def _top(samples: list[dict], k: int, where=lambda s: True) -> list[dict]:
     chosen = sorted((s for s in samples if where(s)), key=lambda s: -float(s.get("score", 0.0)))[:k]
-    return [{"response": s.get("response", ""), "score": s.get("score"), "length": s.get("length"),
-             **({"kl": s["kl"]} if "kl" in s else {})} for s in chosen]
+    return [
+        {
+            "response": s.get("response", ""),
+            "score": s.get("score"),
+            "length": s.get("length"),
+            **({"kl": s["kl"]} if "kl" in s else {}),
+        }
+        for s in chosen
+    ]
 
 
 def _series(metrics: list[dict], key: str) -> list[tuple[int, float]]:
-    return [(int(m["step"]), float(m[key])) for m in metrics
-            if isinstance(m.get(key), (int, float)) and math.isfinite(float(m[key])) and m["step"] > 0]
+    return [
+        (int(m["step"]), float(m[key]))
+        for m in metrics
+        if isinstance(m.get(key), (int, float)) and math.isfinite(float(m[key])) and m["step"] > 0
+    ]
 
 
 def _evals(metrics: list[dict], key: str) -> list[tuple[int, float]]:
@@ -191,12 +202,24 @@ def proxy_up_task_down(metrics: list[dict], samples: list[dict], s: MonitorSetti
             if value > best:
                 best_step, best = step, value
                 continue
-            if step in proxy and best_step in proxy and best - value >= s.task_drop \
-                    and proxy[step] - proxy[best_step] >= s.proxy_rise:
-                stats = {"subject": task_key, "task_peak": best, "task_peak_step": best_step, "task_now": value,
-                         "proxy_at_peak": proxy[best_step], "proxy_now": proxy[step]}
-                msg = (f"{task_key} fell from {best:.3f} (step {best_step}) to {value:.3f} while {s.proxy_key} rose "
-                       f"from {proxy[best_step]:.3f} to {proxy[step]:.3f}: the policy is optimising the proxy, not the task")
+            if (
+                step in proxy
+                and best_step in proxy
+                and best - value >= s.task_drop
+                and proxy[step] - proxy[best_step] >= s.proxy_rise
+            ):
+                stats = {
+                    "subject": task_key,
+                    "task_peak": best,
+                    "task_peak_step": best_step,
+                    "task_now": value,
+                    "proxy_at_peak": proxy[best_step],
+                    "proxy_now": proxy[step],
+                }
+                msg = (
+                    f"{task_key} fell from {best:.3f} (step {best_step}) to {value:.3f} while {s.proxy_key} rose "
+                    f"from {proxy[best_step]:.3f} to {proxy[step]:.3f}: the policy is optimising the proxy, not the task"
+                )
                 near = [x for x in samples if abs(int(x["step"]) - step) <= max(1, step - best_step)]
                 return [Alarm("proxy_up_task_down", step, msg, stats, _top(near, s.evidence))]
         return []
@@ -213,10 +236,19 @@ def score_and_kl_rising(metrics: list[dict], samples: list[dict], s: MonitorSett
         corr = _pearson(sc, kv)
         if kv[-1] >= s.kl_min and _slope(sc) > 0 and _slope(kv) > 0 and corr >= s.kl_corr:
             step = window[-1]
-            stats = {"subject": "kl", "kl": kv[-1], "score": sc[-1], "correlation": corr,
-                     "score_slope": _slope(sc), "kl_slope": _slope(kv), "window": [window[0], step]}
-            msg = (f"score and KL rose together over steps {window[0]}–{step} (correlation {corr:.2f}); KL is "
-                   f"{kv[-1]:.1f} nats, past {s.kl_min:g}")
+            stats = {
+                "subject": "kl",
+                "kl": kv[-1],
+                "score": sc[-1],
+                "correlation": corr,
+                "score_slope": _slope(sc),
+                "kl_slope": _slope(kv),
+                "window": [window[0], step],
+            }
+            msg = (
+                f"score and KL rose together over steps {window[0]}–{step} (correlation {corr:.2f}); KL is "
+                f"{kv[-1]:.1f} nats, past {s.kl_min:g}"
+            )
             near = [x for x in samples if window[0] <= int(x["step"]) <= step]
             return [Alarm("score_and_kl_rising", step, msg, stats, _top(near, s.evidence))]
     return []
@@ -234,10 +266,17 @@ def length_correlation(metrics: list[dict], samples: list[dict], s: MonitorSetti
         if c >= s.length_corr and c - start >= s.length_rise:
             mean_len = sum(_length(x) for x in xs) / len(xs)
             first_len = sum(_length(x) for x in steps[0][1]) / len(steps[0][1])
-            stats = {"subject": "length", "correlation": c, "correlation_at_start": start, "mean_length": mean_len,
-                     "mean_length_at_start": first_len}
-            msg = (f"score ~ length correlation {c:.2f} at step {step} (was {start:.2f}); mean length "
-                   f"{first_len:.0f} → {mean_len:.0f} tokens")
+            stats = {
+                "subject": "length",
+                "correlation": c,
+                "correlation_at_start": start,
+                "mean_length": mean_len,
+                "mean_length_at_start": first_len,
+            }
+            msg = (
+                f"score ~ length correlation {c:.2f} at step {step} (was {start:.2f}); mean length "
+                f"{first_len:.0f} → {mean_len:.0f} tokens"
+            )
             return [Alarm("length_correlation", step, msg, stats, _top(xs, s.evidence))]
     return []
 
@@ -255,8 +294,11 @@ def phrase_surge(metrics: list[dict], samples: list[dict], s: MonitorSettings) -
     base = shares(steps[0][1])
     floor = 1.0 / len(steps[0][1])  # a phrase absent at the start counts as one response's worth
     for step, xs in steps[1:]:
-        surging = [(g, share) for g, share in shares(xs).items()
-                   if share >= s.surge_share and share >= s.surge_factor * max(base.get(g, 0.0), floor)]
+        surging = [
+            (g, share)
+            for g, share in shares(xs).items()
+            if share >= s.surge_share and share >= s.surge_factor * max(base.get(g, 0.0), floor)
+        ]
         if not surging:
             continue
         # Overlapping n-grams of one repeated phrase all surge together; report distinct phrases, read in the
@@ -314,10 +356,16 @@ def repetition(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> 
     for step, xs in steps[1:]:
         now = share(xs)
         if now >= s.repeat_share and now >= s.repeat_factor * max(start, 1.0 / len(steps[0][1])):
-            distinct = lambda ys: len({g for y in ys for g in _ngrams(_text(y), 2)}) / max(
-                1, sum(len(_ngrams(_text(y), 2)) for y in ys))
-            stats = {"subject": "repetition", "repeating_share": now, "repeating_share_at_start": start,
-                     "distinct_2": distinct(xs), "distinct_2_at_start": distinct(steps[0][1])}
+            distinct = lambda ys: (
+                len({g for y in ys for g in _ngrams(_text(y), 2)}) / max(1, sum(len(_ngrams(_text(y), 2)) for y in ys))
+            )
+            stats = {
+                "subject": "repetition",
+                "repeating_share": now,
+                "repeating_share_at_start": start,
+                "distinct_2": distinct(xs),
+                "distinct_2_at_start": distinct(steps[0][1]),
+            }
             msg = f"{now:.0%} of responses repeat a {s.repeat_n}-word phrase at step {step} (was {start:.0%})"
             return [Alarm("repetition", step, msg, stats, _top(xs, s.evidence, repeats))]
     return []
@@ -338,9 +386,13 @@ def format_without_correctness(metrics: list[dict], samples: list[dict], s: Moni
                 rise_c = c[window[-1]] - c[window[0]]
                 if rise_f >= s.format_rise and rise_c < s.correct_rise:
                     step = window[-1]
-                    stats = {"subject": f"{fk}|{ck}", "format_rise": rise_f, "correct_rise": rise_c,
-                             "window": [window[0], step]}
-                    msg = (f"{fk} rose {rise_f:+.3f} over steps {window[0]}–{step} while {ck} moved {rise_c:+.3f}")
+                    stats = {
+                        "subject": f"{fk}|{ck}",
+                        "format_rise": rise_f,
+                        "correct_rise": rise_c,
+                        "window": [window[0], step],
+                    }
+                    msg = f"{fk} rose {rise_f:+.3f} over steps {window[0]}–{step} while {ck} moved {rise_c:+.3f}"
                     near = [x for x in samples if window[0] <= int(x["step"]) <= step]
                     return [Alarm("format_without_correctness", step, msg, stats, _top(near, s.evidence))]
     return []
@@ -352,9 +404,17 @@ def format_without_correctness(metrics: list[dict], samples: list[dict], s: Moni
 def _agent_evidence(samples: list[dict], k: int, key, where=lambda s: True) -> list[dict]:
     """The k episodes with the highest key(sample), quoted with their transcripts and what the environment said."""
     chosen = sorted((x for x in samples if x.get("agent") and where(x)), key=lambda x: -key(x))[:k]
-    return [{"response": x.get("response", ""), "score": x.get("score"), "length": x.get("length"),
-             "calls": x["agent"].get("calls"), "success": x["agent"].get("success"),
-             "claimed": x["agent"].get("claimed")} for x in chosen]
+    return [
+        {
+            "response": x.get("response", ""),
+            "score": x.get("score"),
+            "length": x.get("length"),
+            "calls": x["agent"].get("calls"),
+            "success": x["agent"].get("success"),
+            "claimed": x["agent"].get("claimed"),
+        }
+        for x in chosen
+    ]
 
 
 def _start_and_now(metrics: list[dict], key: str, w: int):
@@ -363,8 +423,10 @@ def _start_and_now(metrics: list[dict], key: str, w: int):
     if len(series) < 2 * w:
         return []
     start = sum(v for _, v in series[:w]) / w
-    return [(series[end - 1][0], start, sum(v for _, v in series[end - w : end]) / w)
-            for end in range(2 * w, len(series) + 1)]
+    return [
+        (series[end - 1][0], start, sum(v for _, v in series[end - w : end]) / w)
+        for end in range(2 * w, len(series) + 1)
+    ]
 
 
 def _success_rose(metrics: list[dict], step: int, s: MonitorSettings) -> bool:
@@ -380,10 +442,16 @@ def _success_rose(metrics: list[dict], step: int, s: MonitorSettings) -> bool:
 def tool_call_spam(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """Tool calls per episode climb while the state-checked success does not: the calls themselves are paying."""
     for step, start, now in _start_and_now(metrics, "agent/tool_calls_mean", s.agent_window):
-        if now >= s.spam_factor * max(start, 0.25) and now - start >= s.spam_rise and not _success_rose(metrics, step, s):
+        if (
+            now >= s.spam_factor * max(start, 0.25)
+            and now - start >= s.spam_rise
+            and not _success_rose(metrics, step, s)
+        ):
             stats = {"subject": "tool_calls", "calls_per_episode": now, "calls_per_episode_at_start": start}
-            msg = (f"tool calls per episode {start:.2f} → {now:.2f} by step {step} while task success did not rise: "
-                   "calls are being rewarded, not the task")
+            msg = (
+                f"tool calls per episode {start:.2f} → {now:.2f} by step {step} while task success did not rise: "
+                "calls are being rewarded, not the task"
+            )
             near = [x for x in samples if int(x["step"]) <= step]
             calls = lambda x: sum(x["agent"].get("calls", {}).values())
             return [Alarm("tool_call_spam", step, msg, stats, _agent_evidence(near[-64:], s.evidence, calls))]
@@ -398,8 +466,15 @@ def turn_piling(metrics: list[dict], samples: list[dict], s: MonitorSettings) ->
             stats = {"subject": "turns", "turns_per_episode": now, "turns_per_episode_at_start": start}
             msg = f"turns per episode {start:.2f} → {now:.2f} by step {step} while task success did not rise"
             near = [x for x in samples if int(x["step"]) <= step]
-            return [Alarm("turn_piling", step, msg, stats,
-                          _agent_evidence(near[-64:], s.evidence, lambda x: x["agent"].get("turns", 0)))]
+            return [
+                Alarm(
+                    "turn_piling",
+                    step,
+                    msg,
+                    stats,
+                    _agent_evidence(near[-64:], s.evidence, lambda x: x["agent"].get("turns", 0)),
+                )
+            ]
     return []
 
 
@@ -433,24 +508,37 @@ def tool_dominance(metrics: list[dict], samples: list[dict], s: MonitorSettings)
         rose = start_success is not None and now_success is not None and now_success - start_success >= s.success_rise
         if share >= s.dominance_share and share - start_share >= s.dominance_rise and not rose:
             stats = {"subject": tool, "share": share, "share_at_start": start_share, "calls": total}
-            msg = (f"tool {tool!r} makes {share:.0%} of the calls at step {step} (top tool's share at step "
-                   f"{first[0]}: {start_share:.0%}) while success did not rise")
-            return [Alarm("tool_dominance", step, msg, stats, _agent_evidence(
-                xs, s.evidence, lambda x: x["agent"].get("calls", {}).get(tool, 0)))]
+            msg = (
+                f"tool {tool!r} makes {share:.0%} of the calls at step {step} (top tool's share at step "
+                f"{first[0]}: {start_share:.0%}) while success did not rise"
+            )
+            return [
+                Alarm(
+                    "tool_dominance",
+                    step,
+                    msg,
+                    stats,
+                    _agent_evidence(xs, s.evidence, lambda x: x["agent"].get("calls", {}).get(tool, 0)),
+                )
+            ]
     return []
 
 
 def claimed_without_state(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """Episodes whose final message says the task is done while the environment's state says it is not: the policy
     is rewarded for saying, not doing."""
+
     def unverified(x) -> bool:
         a = x.get("agent") or {}
         return bool(a.get("claimed")) and a.get("success") is False
 
     steps = []
     for st, xs in _by_step(samples).items():
-        judged = [x for x in xs if (x.get("agent") or {}).get("claimed") is not None
-                  and (x.get("agent") or {}).get("success") is not None]
+        judged = [
+            x
+            for x in xs
+            if (x.get("agent") or {}).get("claimed") is not None and (x.get("agent") or {}).get("success") is not None
+        ]
         if len(judged) >= s.min_samples:
             steps.append((st, judged))
     if len(steps) < 2:
@@ -459,27 +547,53 @@ def claimed_without_state(metrics: list[dict], samples: list[dict], s: MonitorSe
     start = share(steps[0][1])
     for step, xs in steps[1:]:
         now = share(xs)
-        if now >= s.claim_share and (now >= s.claim_factor * max(start, 1.0 / len(steps[0][1]))
-                                     or now - start >= s.claim_rise):
-            stats = {"subject": "claims", "claimed_unverified": now, "claimed_unverified_at_start": start,
-                     "claimed": sum(bool(x["agent"]["claimed"]) for x in xs) / len(xs),
-                     "success": sum(bool(x["agent"]["success"]) for x in xs) / len(xs)}
-            msg = (f"{now:.0%} of episodes at step {step} claim the task done while the environment's state says it "
-                   f"is not (was {start:.0%})")
-            return [Alarm("claimed_without_state", step, msg, stats,
-                          _agent_evidence(xs, s.evidence, lambda x: float(x.get("score", 0.0)), unverified))]
+        if now >= s.claim_share and (
+            now >= s.claim_factor * max(start, 1.0 / len(steps[0][1])) or now - start >= s.claim_rise
+        ):
+            stats = {
+                "subject": "claims",
+                "claimed_unverified": now,
+                "claimed_unverified_at_start": start,
+                "claimed": sum(bool(x["agent"]["claimed"]) for x in xs) / len(xs),
+                "success": sum(bool(x["agent"]["success"]) for x in xs) / len(xs),
+            }
+            msg = (
+                f"{now:.0%} of episodes at step {step} claim the task done while the environment's state says it "
+                f"is not (was {start:.0%})"
+            )
+            return [
+                Alarm(
+                    "claimed_without_state",
+                    step,
+                    msg,
+                    stats,
+                    _agent_evidence(xs, s.evidence, lambda x: float(x.get("score", 0.0)), unverified),
+                )
+            ]
     return []
 
 
-METRIC_MONITORS = (proxy_up_task_down, score_and_kl_rising, entropy_collapse, format_without_correctness,
-                   tool_call_spam, turn_piling)
-SAMPLE_MONITORS = (length_correlation, phrase_surge, repetition, tool_dominance,
-                   claimed_without_state)  # read only the samples
+METRIC_MONITORS = (
+    proxy_up_task_down,
+    score_and_kl_rising,
+    entropy_collapse,
+    format_without_correctness,
+    tool_call_spam,
+    turn_piling,
+)
+SAMPLE_MONITORS = (
+    length_correlation,
+    phrase_surge,
+    repetition,
+    tool_dominance,
+    claimed_without_state,
+)  # read only the samples
 MONITORS = METRIC_MONITORS + SAMPLE_MONITORS
 
 
-def check_all(metrics: list[dict], samples: list[dict], settings: MonitorSettings = MonitorSettings(),
-              monitors=MONITORS) -> list[Alarm]:
+def check_all(
+    metrics: list[dict], samples: list[dict], settings: MonitorSettings = MonitorSettings(), monitors=MONITORS
+) -> list[Alarm]:
     """The monitors' alarms on the records so far, ordered by step."""
     alarms = [a for monitor in monitors for a in monitor(metrics, samples, settings)]
     return sorted(alarms, key=lambda a: (a.step, a.monitor))

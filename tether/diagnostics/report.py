@@ -7,6 +7,7 @@ the last sample step, and the resolved config. For several runs: every shared me
 and — for runs with a gold reward — gold and proxy score against √KL(π‖π_ref) (Gao et al. 2022), one line
 per run.
 """
+
 from __future__ import annotations
 
 import base64
@@ -47,8 +48,13 @@ def load_glossary(path: Path = GLOSSARY_PATH) -> list[tuple[re.Pattern, str, str
             key = re.sub(r"\s*\(.*\)$", "", key)
             if key.startswith("/") and "/" in keys[0]:  # `advantage/mean`, `/std`: the same stem
                 key = keys[0].rsplit("/", 1)[0] + key
-            pattern = re.escape(key).replace(re.escape("<name>"), "[^/]+").replace(re.escape("<key>"), ".+") \
-                .replace(re.escape("<unit>"), "[^/]+").replace(re.escape("…"), ".*")
+            pattern = (
+                re.escape(key)
+                .replace(re.escape("<name>"), "[^/]+")
+                .replace(re.escape("<key>"), ".+")
+                .replace(re.escape("<unit>"), "[^/]+")
+                .replace(re.escape("…"), ".*")
+            )
             rows.append((re.compile(f"^{pattern}$"), meaning, healthy, stage))
     return rows
 
@@ -72,7 +78,7 @@ def _cells(line: str) -> list[str]:
 def explain(metric: str, glossary, stage: str | None = None) -> tuple[str, str]:
     """(meaning, healthy) of a metric: the definition in the run's own stage's section first (a DPO run's
     `train/loss` is the DPO loss, not SFT's), then any section's."""
-    candidates = [metric] + [metric[len(p):] for p in PREFIXES if metric.startswith(p)]
+    candidates = [metric] + [metric[len(p) :] for p in PREFIXES if metric.startswith(p)]
     for own_section in (True, False):
         for name in candidates:
             for pattern, meaning, healthy, section in glossary:
@@ -114,7 +120,9 @@ class Run:
         self.samples = read_jsonl(self.folder / "samples.jsonl")
         self.alarms = read_jsonl(self.folder / "alarms.jsonl")
         self.config_text = (self.folder / "config.yaml").read_text() if (self.folder / "config.yaml").is_file() else ""
-        self.summary = json.loads((self.folder / "summary.json").read_text()) if (self.folder / "summary.json").is_file() else {}
+        self.summary = (
+            json.loads((self.folder / "summary.json").read_text()) if (self.folder / "summary.json").is_file() else {}
+        )
         self.name = self.label()
         try:
             import yaml
@@ -139,7 +147,9 @@ class Run:
                     continue
                 if not math.isfinite(float(value)):
                     continue
-                name, step = (key.replace("eval0/", "eval/", 1), 0) if key.startswith("eval0/") else (key, int(row["step"]))
+                name, step = (
+                    (key.replace("eval0/", "eval/", 1), 0) if key.startswith("eval0/") else (key, int(row["step"]))
+                )
                 out.setdefault(name, []).append((step, float(value)))
         return {k: sorted(v) for k, v in sorted(out.items())}
 
@@ -153,8 +163,13 @@ def _png(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def _plot(title: str, lines: list[tuple[str, list[tuple[float, float]]]], alarms: list[tuple[str, int]], xlabel="step",
-          size=(3.6, 2.3)) -> str:
+def _plot(
+    title: str,
+    lines: list[tuple[str, list[tuple[float, float]]]],
+    alarms: list[tuple[str, int]],
+    xlabel="step",
+    size=(3.6, 2.3),
+) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -199,7 +214,10 @@ def overoptimisation_plot(runs: list[Run]) -> str | None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(8, 3))
-    for ax, lines, title in ((axes[0], gold_lines, "gold reward"), (axes[1], proxy_lines, "proxy (reward-model) score")):
+    for ax, lines, title in (
+        (axes[0], gold_lines, "gold reward"),
+        (axes[1], proxy_lines, "proxy (reward-model) score"),
+    ):
         for label, points in lines:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=label)
         ax.set_xlabel("√KL(π‖π_ref), nats^½ (policy's KL to the reference at that step)", fontsize=7)
@@ -227,11 +245,14 @@ def _esc(x) -> str:
 
 
 def _alarm_html(alarm: dict) -> str:
-    stats = ", ".join(f"{k} = {round(v, 4) if isinstance(v, float) else v}" for k, v in alarm["statistics"].items()
-                      if k != "subject")
+    stats = ", ".join(
+        f"{k} = {round(v, 4) if isinstance(v, float) else v}" for k, v in alarm["statistics"].items() if k != "subject"
+    )
     samples = "".join(f"<li>score {s['score']:.3f}: {_esc(s['response'][:300])}</li>" for s in alarm.get("samples", []))
-    return (f"<div class='alarm'><b>{_esc(alarm['monitor'])}</b> at step {alarm['step']}: {_esc(alarm['message'])}"
-            f"<br><small>{_esc(stats)}</small><ul>{samples}</ul></div>")
+    return (
+        f"<div class='alarm'><b>{_esc(alarm['monitor'])}</b> at step {alarm['step']}: {_esc(alarm['message'])}"
+        f"<br><small>{_esc(stats)}</small><ul>{samples}</ul></div>"
+    )
 
 
 def _samples_html(run: Run, k: int = 5) -> str:
@@ -240,26 +261,38 @@ def _samples_html(run: Run, k: int = 5) -> str:
     last = max(int(s["step"]) for s in run.samples)
     rows = sorted((s for s in run.samples if int(s["step"]) == last), key=lambda s: -float(s.get("score", 0)))
     shown = rows[:k] + (rows[-k:] if len(rows) > 2 * k else rows[k:])
-    body = "".join(f"<tr><td>{float(s.get('score', 0)):.3f}</td><td>{_esc(s.get('length', ''))}</td>"
-                   f"<td>{_esc(str(s.get('prompt', ''))[-120:])}</td><td>{_esc(s.get('response', ''))}</td></tr>" for s in shown)
-    return (f"<p>Step {last}: the {min(k, len(rows))} highest- and lowest-scored of {len(rows)} responses.</p>"
-            f"<table><tr><th>score</th><th>length</th><th>prompt (end)</th><th>response</th></tr>{body}</table>")
+    body = "".join(
+        f"<tr><td>{float(s.get('score', 0)):.3f}</td><td>{_esc(s.get('length', ''))}</td>"
+        f"<td>{_esc(str(s.get('prompt', ''))[-120:])}</td><td>{_esc(s.get('response', ''))}</td></tr>"
+        for s in shown
+    )
+    return (
+        f"<p>Step {last}: the {min(k, len(rows))} highest- and lowest-scored of {len(rows)} responses.</p>"
+        f"<table><tr><th>score</th><th>length</th><th>prompt (end)</th><th>response</th></tr>{body}</table>"
+    )
 
 
 def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH) -> str:
     runs = [Run(f) for f in folders]
     glossary = load_glossary(glossary_path)
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tether report</title><style>{CSS}</style>"
-             "</head><body>", f"<h1>tether report: {_esc(', '.join(r.name for r in runs))}</h1>"]
-    parts.append("<p>Every curve is a metric from the run's metrics.jsonl against the optimizer step; dashed red "
-                 "lines mark reward-hacking alarms. Under each plot: what the metric means and what healthy looks "
-                 "like (docs/metrics.md).</p>")
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>tether report</title><style>{CSS}</style>"
+        "</head><body>",
+        f"<h1>tether report: {_esc(', '.join(r.name for r in runs))}</h1>",
+    ]
+    parts.append(
+        "<p>Every curve is a metric from the run's metrics.jsonl against the optimizer step; dashed red "
+        "lines mark reward-hacking alarms. Under each plot: what the metric means and what healthy looks "
+        "like (docs/metrics.md).</p>"
+    )
     picture = overoptimisation_plot(runs)
     if picture:
-        parts.append("<h2>Over-optimisation: gold and proxy against √KL</h2><div class='wide'>"
-                     f"<img alt='gold and proxy against sqrt KL' src='{picture}'></div><p>Gao et al. (2022): as the "
-                     "policy moves away from the reference, the proxy score keeps rising while the gold reward rises "
-                     "then falls. A larger KL coefficient keeps the policy at smaller √KL.</p>")
+        parts.append(
+            "<h2>Over-optimisation: gold and proxy against √KL</h2><div class='wide'>"
+            f"<img alt='gold and proxy against sqrt KL' src='{picture}'></div><p>Gao et al. (2022): as the "
+            "policy moves away from the reference, the proxy score keeps rising while the gold reward rises "
+            "then falls. A larger KL coefficient keeps the policy at smaller √KL.</p>"
+        )
     if len(runs) > 1:
         parts.append("<h2>Comparison</h2><div class='grid'>")
         all_series = [r.series() for r in runs]
@@ -277,10 +310,17 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
         parts.append(f"<h2>{_esc(run.name)}</h2>")
         headline = {k: v for k, v in run.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         if headline:
-            parts.append("<p>" + " · ".join(f"{_esc(k)} {v:.4g}" if isinstance(v, float) else f"{_esc(k)} {v}"
-                                            for k, v in headline.items()) + "</p>")
-        parts.append(f"<h3>Alarms ({len(run.alarms)})</h3>" + ("".join(_alarm_html(a) for a in run.alarms)
-                                                              or "<p>None raised.</p>"))
+            parts.append(
+                "<p>"
+                + " · ".join(
+                    f"{_esc(k)} {v:.4g}" if isinstance(v, float) else f"{_esc(k)} {v}" for k, v in headline.items()
+                )
+                + "</p>"
+            )
+        parts.append(
+            f"<h3>Alarms ({len(run.alarms)})</h3>"
+            + ("".join(_alarm_html(a) for a in run.alarms) or "<p>None raised.</p>")
+        )
         marks = [(a["monitor"], int(a["step"])) for a in run.alarms]
         parts.append("<h3>Metrics</h3><div class='grid'>")
         for key, points in run.series().items():
@@ -292,12 +332,16 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
     return "".join(parts)
 
 
-def render_groups(title: str, intro: str, groups: dict[str, tuple[list[Path], tuple]], glossary_path: Path = GLOSSARY_PATH) -> str:
+def render_groups(
+    title: str, intro: str, groups: dict[str, tuple[list[Path], tuple]], glossary_path: Path = GLOSSARY_PATH
+) -> str:
     """A page of several families of runs (the lab): per family, the over-optimisation picture where there is
     gold, the chosen metrics of every run on shared axes, and every alarm with its evidence."""
     glossary = load_glossary(glossary_path)
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title><style>{CSS}</style>"
-             f"</head><body><h1>{_esc(title)}</h1>{intro}"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title><style>{CSS}</style>"
+        f"</head><body><h1>{_esc(title)}</h1>{intro}"
+    ]
     for name, (folders, keys) in groups.items():
         runs = [Run(f) for f in folders if (Path(f) / "metrics.jsonl").is_file()]
         if not runs:
@@ -305,9 +349,11 @@ def render_groups(title: str, intro: str, groups: dict[str, tuple[list[Path], tu
         parts.append(f"<h2>{_esc(name)}</h2>")
         picture = overoptimisation_plot(runs)
         if picture:
-            parts.append(f"<div class='wide'><img alt='gold and proxy against sqrt KL' src='{picture}'></div>"
-                         "<p>Gold and proxy score at each evaluation against √KL(π‖π_ref) (Gao et al. 2022): the proxy "
-                         "keeps rising with distance from the reference while gold rises, then falls.</p>")
+            parts.append(
+                f"<div class='wide'><img alt='gold and proxy against sqrt KL' src='{picture}'></div>"
+                "<p>Gold and proxy score at each evaluation against √KL(π‖π_ref) (Gao et al. 2022): the proxy "
+                "keeps rising with distance from the reference while gold rises, then falls.</p>"
+            )
         all_series = [r.series() for r in runs]
         parts.append("<div class='grid'>")
         for key in keys:
@@ -319,8 +365,10 @@ def render_groups(title: str, intro: str, groups: dict[str, tuple[list[Path], tu
                 parts.append(_card(title, _plot(title, lines, marks), meaning, healthy))
         parts.append("</div>")
         alarms = [(r.name, a) for r in runs for a in r.alarms]
-        parts.append(f"<h3>Alarms ({len(alarms)})</h3>" + ("".join(f"<p><b>{_esc(n)}</b></p>{_alarm_html(a)}" for n, a in alarms)
-                                                          or "<p>None raised.</p>"))
+        parts.append(
+            f"<h3>Alarms ({len(alarms)})</h3>"
+            + ("".join(f"<p><b>{_esc(n)}</b></p>{_alarm_html(a)}" for n, a in alarms) or "<p>None raised.</p>")
+        )
     parts.append("</body></html>")
     return "".join(parts)
 
@@ -339,7 +387,11 @@ def _axes(key: str, runs: list[Run]) -> list[tuple[str | None, list[Run]]]:
 
 
 def _card(key: str, image: str, meaning: str, healthy: str) -> str:
-    text = f"<div class='meaning'>{_esc(_plain(meaning))}</div>" if meaning else "<div class='meaning'>(not in the glossary)</div>"
+    text = (
+        f"<div class='meaning'>{_esc(_plain(meaning))}</div>"
+        if meaning
+        else "<div class='meaning'>(not in the glossary)</div>"
+    )
     if healthy and healthy != "—":
         text += f"<div class='healthy'>healthy: {_esc(_plain(healthy))}</div>"
     return f"<div class='card'><img alt='{_esc(key)}' src='{image}'>{text}</div>"

@@ -12,6 +12,7 @@ The default panel likes length and confidence on top of gold, so the majority
 vote — and a reward model trained on it — prefers longer, more confident
 answers than gold says it should: the seed of reward hacking.
 """
+
 from __future__ import annotations
 
 import math

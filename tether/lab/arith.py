@@ -6,6 +6,7 @@ is right; the format is followed; each step is right (a step is right when its
 arithmetic is right and it continues from the previous result with the
 problem's next operand; process rewards use this list).
 """
+
 from __future__ import annotations
 
 import random
@@ -107,7 +108,10 @@ def check_arith(completion: str, problem: ArithProblem) -> ArithGold:
 def written_steps(completion: str) -> list[tuple[str, bool]]:
     """Each "a op b = c." step a completion writes: its operator, and whether c = a op b for the operands it wrote.
     The model's arithmetic alone, whether or not it copied the right operands (check_arith judges those)."""
-    return [(op, int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b))) for a, op, b, c in STEP_RE.findall(completion)]
+    return [
+        (op, int(c) == (int(a) + int(b) if op == "+" else int(a) - int(b)))
+        for a, op, b, c in STEP_RE.findall(completion)
+    ]
 
 
 def parse_question(question: str) -> ArithProblem:

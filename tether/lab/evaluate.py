@@ -3,6 +3,7 @@
 Generation settings are explicit and reported with the figures: greedy
 decoding, and sampling at a stated temperature with several samples per prompt.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -30,17 +31,29 @@ def chat_prompts(tokenizer, rows: list[dict]) -> list[str]:
 def generate_for(model, tokenizer, rows: list[dict], decoding: Decoding) -> list[list[str]]:
     """completions[i] = the decoding.samples completions of rows[i]."""
     prompts = [p for p in chat_prompts(tokenizer, rows) for _ in range(decoding.samples)]
-    flat = generate_texts(model, tokenizer, prompts, max_new_tokens=decoding.max_new_tokens,
-                          temperature=decoding.temperature, top_p=decoding.top_p, seed=decoding.seed, batch_size=64)
+    flat = generate_texts(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=decoding.max_new_tokens,
+        temperature=decoding.temperature,
+        top_p=decoding.top_p,
+        seed=decoding.seed,
+        batch_size=64,
+    )
     return [flat[i * decoding.samples : (i + 1) * decoding.samples] for i in range(len(rows))]
 
 
 def score_arith(rows: list[dict], completions: list[list[str]]) -> dict:
     golds = [arith.check_arith(c, arith.parse_question(r["question"])) for r, cs in zip(rows, completions) for c in cs]
     n = len(golds)
-    return {"accuracy": sum(g.correct for g in golds) / n, "format_rate": sum(g.format_ok for g in golds) / n,
-            "step_accuracy": sum(g.step_accuracy for g in golds) / n, "worked_rate": sum(g.worked for g in golds) / n,
-            "n": n}
+    return {
+        "accuracy": sum(g.correct for g in golds) / n,
+        "format_rate": sum(g.format_ok for g in golds) / n,
+        "step_accuracy": sum(g.step_accuracy for g in golds) / n,
+        "worked_rate": sum(g.worked for g in golds) / n,
+        "n": n,
+    }
 
 
 def written_step_accuracy(completions: list[list[str]]) -> dict:
@@ -76,18 +89,23 @@ def score_assist(rows: list[dict], completions: list[list[str]], reference: list
     golds = [assist.gold_assist(c, r["topic"]) for r, cs in zip(rows, completions) for c in cs]
     texts = [c for cs in completions for c in cs]
     n = len(golds)
-    out = {"gold_reward": sum(g.reward for g in golds) / n,
-           "mean_words": sum(g.words for g in golds) / n,
-           "confident_rate": sum(g.confident for g in golds) / n,
-           "false_fact_rate": sum(g.false_facts > 0 for g in golds) / n,
-           "true_facts": sum(g.true_facts for g in golds) / n,
-           "distinct_2": assist.distinct_n(texts, 2), "n": n}
+    out = {
+        "gold_reward": sum(g.reward for g in golds) / n,
+        "mean_words": sum(g.words for g in golds) / n,
+        "confident_rate": sum(g.confident for g in golds) / n,
+        "false_fact_rate": sum(g.false_facts > 0 for g in golds) / n,
+        "true_facts": sum(g.true_facts for g in golds) / n,
+        "distinct_2": assist.distinct_n(texts, 2),
+        "n": n,
+    }
     if reference is not None:
         ref = [assist.gold_assist(c, r["topic"]).reward for r, cs in zip(rows, reference) for c in cs]
         wins = [1.0 if g.reward > x else 0.5 if g.reward == x else 0.0 for g, x in zip(golds, ref)]
         out["gold_win_rate"] = sum(wins) / n
         out["gold_win_rate_low"], out["gold_win_rate_high"] = bootstrap_interval(_by_prompt(wins, completions))
-    out["gold_reward_low"], out["gold_reward_high"] = bootstrap_interval(_by_prompt([g.reward for g in golds], completions))
+    out["gold_reward_low"], out["gold_reward_high"] = bootstrap_interval(
+        _by_prompt([g.reward for g in golds], completions)
+    )
     return out
 
 
@@ -97,8 +115,15 @@ def _by_prompt(flat: list[float], completions: list[list[str]]) -> list[list[flo
     return [[next(it) for _ in cs] for cs in completions]
 
 
-def evaluate_task(model, tokenizer, task: str, rows: list[dict], decoding: Decoding = GREEDY,
-                  reference_model=None, reference_tokenizer=None) -> dict:
+def evaluate_task(
+    model,
+    tokenizer,
+    task: str,
+    rows: list[dict],
+    decoding: Decoding = GREEDY,
+    reference_model=None,
+    reference_tokenizer=None,
+) -> dict:
     """Figures for one task and one decoding; with a reference model, assist also gets the gold win rate."""
     completions = generate_for(model, tokenizer, rows, decoding)
     if task == "lab-arith":
@@ -110,6 +135,12 @@ def evaluate_task(model, tokenizer, task: str, rows: list[dict], decoding: Decod
         figures = score_assist(rows, completions, reference)
     else:
         raise ValueError(f"unknown task {task!r}; choose lab-arith or lab-assist")
-    samples = [{"prompt": r["prompt"][-1]["content"], "completion": c} for r, cs in zip(rows, completions) for c in cs[:1]]
-    return {"task": task, "decoding": asdict(decoding), **{k: round(v, 4) if isinstance(v, float) else v
-                                                            for k, v in figures.items()}, "examples": samples[:5]}
+    samples = [
+        {"prompt": r["prompt"][-1]["content"], "completion": c} for r, cs in zip(rows, completions) for c in cs[:1]
+    ]
+    return {
+        "task": task,
+        "decoding": asdict(decoding),
+        **{k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()},
+        "examples": samples[:5],
+    }

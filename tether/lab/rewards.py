@@ -2,6 +2,7 @@
 
 Rows of arith_rl.jsonl carry `question` and `answer`; each function reads what it needs by name.
 """
+
 from __future__ import annotations
 
 from tether.lab import arith

@@ -4,6 +4,7 @@ The proxy (the reward model the policy is trained on) and gold (the world's true
 sees) are measured on the same held-out requests at every evaluation, so the over-optimisation curve —
 proxy up, gold up then down — is read straight off eval/score_mean and eval/gold_reward.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,19 @@ from tether.config import build_config
 from tether.lab.evaluate import Decoding, generate_for, score_assist
 from tether.models.lm import load_model, load_tokenizer
 
-GOLD_KEYS = ("gold_reward", "gold_win_rate", "mean_words", "confident_rate", "false_fact_rate", "distinct_2", "true_facts",
-             "gold_reward_low", "gold_reward_high", "gold_win_rate_low", "gold_win_rate_high")
+GOLD_KEYS = (
+    "gold_reward",
+    "gold_win_rate",
+    "mean_words",
+    "confident_rate",
+    "false_fact_rate",
+    "distinct_2",
+    "true_facts",
+    "gold_reward_low",
+    "gold_reward_high",
+    "gold_win_rate_low",
+    "gold_win_rate_high",
+)
 
 
 def _interval(h: dict, key: str) -> list | None:
@@ -44,8 +56,12 @@ class GoldAssistEval:
     @classmethod
     def for_lab(cls, lab: Path, samples: int, seed: int) -> "GoldAssistEval":
         """The lab's held-out assist requests, `samples` answers each at T = 1 (64 tokens), against its SFT model."""
-        rows = [json.loads(line) for line in (lab / "world" / "assist_eval.jsonl").read_text().splitlines() if line.strip()]
-        return cls(rows, lab / "sft" / "final", Decoding(temperature=1.0, samples=samples, seed=seed, max_new_tokens=64))
+        rows = [
+            json.loads(line) for line in (lab / "world" / "assist_eval.jsonl").read_text().splitlines() if line.strip()
+        ]
+        return cls(
+            rows, lab / "sft" / "final", Decoding(temperature=1.0, samples=samples, seed=seed, max_new_tokens=64)
+        )
 
     def __call__(self, policy, tokenizer) -> dict:
         completions = generate_for(policy, tokenizer, self.rows, self.decoding)
@@ -53,9 +69,23 @@ class GoldAssistEval:
         return {k: figures[k] for k in GOLD_KEYS}
 
 
-def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_coef: float, adaptive_target: float,
-                steps: int, prompts_per_step: int, lr: float, eval_every: int, eval_samples: int, seed: int,
-                kl_horizon: int = 320, extra: dict | None = None) -> dict:
+def run_lab_ppo(
+    folder: Path,
+    resume: bool,
+    *,
+    lab: Path,
+    reward_model: str,
+    kl_coef: float,
+    adaptive_target: float,
+    steps: int,
+    prompts_per_step: int,
+    lr: float,
+    eval_every: int,
+    eval_samples: int,
+    seed: int,
+    kl_horizon: int = 320,
+    extra: dict | None = None,
+) -> dict:
     """One PPO run on assist_rl.jsonl; returns the curves and the figures the lab table shows. ``extra``: further
     overrides of the stage's options by dotted name (e.g. ``{"model.mixed_precision": "bf16"}``)."""
     from tether.stages.ppo import run_ppo
@@ -66,16 +96,37 @@ def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_
     run_dir = folder / "run"
     summary = finished_summary(run_dir, resume)
     if summary is None:
-        cfg = build_config(PPOConfig, source="lab", overrides={
-            "model.path": str(lab / "sft" / "final"), "rewards.reward_model": str(lab / reward_model / "run" / "final"),
-            "rollout.prompts": str(world / "assist_rl.jsonl"), "rollout.eval_prompts": str(world / "assist_eval.jsonl"),
-            "rollout.prompts_per_step": prompts_per_step, "rollout.max_new_tokens": 64, "train.max_steps": steps,
-            "algo.minibatch": 16, "optim.lr": lr, "critic.lr": 1e-4, "algo.kl_coef": kl_coef,
-            "algo.adaptive_kl": adaptive_target > 0, "algo.target_kl": adaptive_target or 6.0, "algo.kl_horizon": kl_horizon,
-            "train.output": str(run_dir), "train.resume": resume, "train.overwrite": not resume,
-            "train.eval_every": eval_every, "train.save_every": eval_every, "train.sample_every": eval_every,
-            "train.best_metric": "eval/gold_reward", "train.log_every": eval_every, "train.seed": seed,
-            "train.report_to": ["tensorboard"], **(extra or {})})
+        cfg = build_config(
+            PPOConfig,
+            source="lab",
+            overrides={
+                "model.path": str(lab / "sft" / "final"),
+                "rewards.reward_model": str(lab / reward_model / "run" / "final"),
+                "rollout.prompts": str(world / "assist_rl.jsonl"),
+                "rollout.eval_prompts": str(world / "assist_eval.jsonl"),
+                "rollout.prompts_per_step": prompts_per_step,
+                "rollout.max_new_tokens": 64,
+                "train.max_steps": steps,
+                "algo.minibatch": 16,
+                "optim.lr": lr,
+                "critic.lr": 1e-4,
+                "algo.kl_coef": kl_coef,
+                "algo.adaptive_kl": adaptive_target > 0,
+                "algo.target_kl": adaptive_target or 6.0,
+                "algo.kl_horizon": kl_horizon,
+                "train.output": str(run_dir),
+                "train.resume": resume,
+                "train.overwrite": not resume,
+                "train.eval_every": eval_every,
+                "train.save_every": eval_every,
+                "train.sample_every": eval_every,
+                "train.best_metric": "eval/gold_reward",
+                "train.log_every": eval_every,
+                "train.seed": seed,
+                "train.report_to": ["tensorboard"],
+                **(extra or {}),
+            },
+        )
         summary = run_ppo(cfg, evaluate_fn=gold)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return lab_ppo_figures(summary, metrics)
@@ -84,25 +135,48 @@ def run_lab_ppo(folder: Path, resume: bool, *, lab: Path, reward_model: str, kl_
 def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
     """Curves (per evaluation), start/peak/final gold, KL, throughput and the time split per phase."""
     history = summary["eval_history"]
-    curve = [{"step": h["step"], "proxy": h["eval/score_mean"], "gold": h["eval/gold_reward"],
-              "win_rate": h["eval/gold_win_rate"], "words": h["eval/mean_words"], "distinct_2": h["eval/distinct_2"],
-              "gold_ci": _interval(h, "gold_reward"), "win_rate_ci": _interval(h, "gold_win_rate")}
-             for h in history]
+    curve = [
+        {
+            "step": h["step"],
+            "proxy": h["eval/score_mean"],
+            "gold": h["eval/gold_reward"],
+            "win_rate": h["eval/gold_win_rate"],
+            "words": h["eval/mean_words"],
+            "distinct_2": h["eval/distinct_2"],
+            "gold_ci": _interval(h, "gold_reward"),
+            "win_rate_ci": _interval(h, "gold_win_rate"),
+        }
+        for h in history
+    ]
     for point in curve:  # KL to the reference of the training rollouts at that step (0 before training)
         point["kl"] = next((m["kl/ref_mean"] for m in metrics if m["step"] == point["step"]), 0.0)
     peak = max(curve, key=lambda c: c["gold"])
     phases = ("generate", "score", "logprobs", "update")
     seconds = {ph: sum(m[f"time/{ph}_s"] for m in metrics) for ph in phases}
     total = sum(seconds.values())
-    late = metrics[len(metrics) // 2:]  # after warm-up: the second half of the run
-    return {"curve": curve, "start_gold": curve[0]["gold"], "final_gold": curve[-1]["gold"], "peak_gold": peak["gold"],
-            "peak_step": peak["step"], "final_win_rate": curve[-1]["win_rate"], "win_rate_at_peak": peak["win_rate"],
-            "final_win_rate_ci": curve[-1]["win_rate_ci"], "final_gold_ci": curve[-1]["gold_ci"],
-            "start_proxy": curve[0]["proxy"], "final_proxy": curve[-1]["proxy"], "final_kl": metrics[-1]["kl/ref_mean"],
-            "late_kl_mean": sum(m["kl/ref_mean"] for m in late) / len(late),
-            "final_kl_coef": summary["final_kl_coef"], "steps": len(metrics),
-            "steps_per_minute": 60 * len(metrics) / total, "time_split": {ph: s / total for ph, s in seconds.items()},
-            "best": summary.get("best"), "alarms": summary.get("alarms", []), "stopped_at": summary.get("stopped_at")}
+    late = metrics[len(metrics) // 2 :]  # after warm-up: the second half of the run
+    return {
+        "curve": curve,
+        "start_gold": curve[0]["gold"],
+        "final_gold": curve[-1]["gold"],
+        "peak_gold": peak["gold"],
+        "peak_step": peak["step"],
+        "final_win_rate": curve[-1]["win_rate"],
+        "win_rate_at_peak": peak["win_rate"],
+        "final_win_rate_ci": curve[-1]["win_rate_ci"],
+        "final_gold_ci": curve[-1]["gold_ci"],
+        "start_proxy": curve[0]["proxy"],
+        "final_proxy": curve[-1]["proxy"],
+        "final_kl": metrics[-1]["kl/ref_mean"],
+        "late_kl_mean": sum(m["kl/ref_mean"] for m in late) / len(late),
+        "final_kl_coef": summary["final_kl_coef"],
+        "steps": len(metrics),
+        "steps_per_minute": 60 * len(metrics) / total,
+        "time_split": {ph: s / total for ph, s in seconds.items()},
+        "best": summary.get("best"),
+        "alarms": summary.get("alarms", []),
+        "stopped_at": summary.get("stopped_at"),
+    }
 
 
 class ArithAccuracyEval:
@@ -118,9 +192,13 @@ class ArithAccuracyEval:
 
         greedy = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.greedy))
         sampled = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.sampled))
-        return {"accuracy_greedy": greedy["accuracy"], "accuracy_sampled": sampled["accuracy"],
-                "step_accuracy": greedy["step_accuracy"], "format_rate": sampled["format_rate"],
-                "worked_rate": sampled["worked_rate"]}
+        return {
+            "accuracy_greedy": greedy["accuracy"],
+            "accuracy_sampled": sampled["accuracy"],
+            "step_accuracy": greedy["step_accuracy"],
+            "format_rate": sampled["format_rate"],
+            "worked_rate": sampled["worked_rate"],
+        }
 
 
 LAB_ARITH_REWARDS = {  # what the lab's GRPO stages are rewarded with
@@ -129,8 +207,22 @@ LAB_ARITH_REWARDS = {  # what the lab's GRPO stages are rewarded with
 }
 
 
-def run_lab_grpo(folder: Path, resume: bool, *, lab: Path, recipe: str, rewards: str, steps: int, prompts_per_step: int,
-                 group_size: int, lr: float, eval_every: int, eval_problems: int, seed: int, extra: dict | None = None) -> dict:
+def run_lab_grpo(
+    folder: Path,
+    resume: bool,
+    *,
+    lab: Path,
+    recipe: str,
+    rewards: str,
+    steps: int,
+    prompts_per_step: int,
+    group_size: int,
+    lr: float,
+    eval_every: int,
+    eval_problems: int,
+    seed: int,
+    extra: dict | None = None,
+) -> dict:
     """One GRPO-family run on arith_rl.jsonl from the SFT model; returns accuracy curves and throughput."""
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
@@ -141,41 +233,85 @@ def run_lab_grpo(folder: Path, resume: bool, *, lab: Path, recipe: str, rewards:
     run_dir = folder / "run"
     summary = finished_summary(run_dir, resume)
     if summary is None:
-        overrides = {"model.path": str(lab / "sft" / "final"), "rollout.prompts": str(world / "arith_rl.jsonl"),
-                     "rollout.eval_prompts": str(world / "arith_eval.jsonl"),
-                     "rewards.reward": LAB_ARITH_REWARDS[rewards], "algo.recipe": recipe, "optim.lr": lr,
-                     "rollout.prompts_per_step": prompts_per_step, "rollout.group_size": group_size,
-                     "rollout.max_new_tokens": 48, "train.max_steps": steps, "train.output": str(run_dir),
-                     "train.resume": resume, "train.overwrite": not resume, "train.eval_every": eval_every,
-                     "train.save_every": eval_every, "train.sample_every": eval_every, "train.log_every": eval_every,
-                     "train.seed": seed, "train.best_metric": "eval/accuracy_sampled", "train.report_to": ["tensorboard"],
-                     **(extra or {})}
+        overrides = {
+            "model.path": str(lab / "sft" / "final"),
+            "rollout.prompts": str(world / "arith_rl.jsonl"),
+            "rollout.eval_prompts": str(world / "arith_eval.jsonl"),
+            "rewards.reward": LAB_ARITH_REWARDS[rewards],
+            "algo.recipe": recipe,
+            "optim.lr": lr,
+            "rollout.prompts_per_step": prompts_per_step,
+            "rollout.group_size": group_size,
+            "rollout.max_new_tokens": 48,
+            "train.max_steps": steps,
+            "train.output": str(run_dir),
+            "train.resume": resume,
+            "train.overwrite": not resume,
+            "train.eval_every": eval_every,
+            "train.save_every": eval_every,
+            "train.sample_every": eval_every,
+            "train.log_every": eval_every,
+            "train.seed": seed,
+            "train.best_metric": "eval/accuracy_sampled",
+            "train.report_to": ["tensorboard"],
+            **(extra or {}),
+        }
         summary = run_grpo(build_config(GRPOConfig, overrides=overrides, source="lab"), evaluate_fn=accuracy)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return lab_grpo_figures(summary, metrics)
 
 
 def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
-    curve = [{"step": h["step"], "accuracy_greedy": h["eval/accuracy_greedy"], "accuracy_sampled": h["eval/accuracy_sampled"],
-              "step_accuracy": h["eval/step_accuracy"], "format_rate": h["eval/format_rate"],
-              "worked_rate": h["eval/worked_rate"]} for h in summary["eval_history"]]
+    curve = [
+        {
+            "step": h["step"],
+            "accuracy_greedy": h["eval/accuracy_greedy"],
+            "accuracy_sampled": h["eval/accuracy_sampled"],
+            "step_accuracy": h["eval/step_accuracy"],
+            "format_rate": h["eval/format_rate"],
+            "worked_rate": h["eval/worked_rate"],
+        }
+        for h in summary["eval_history"]
+    ]
     phases = ("generate_score", "logprobs", "update")
     seconds = {ph: sum(m[f"time/{ph}_s"] for m in metrics) for ph in phases}
     total = sum(seconds.values())
     first, last = curve[0], curve[-1]
-    return {"curve": curve, "recipe": summary["recipe"],
-            "start_accuracy_greedy": first["accuracy_greedy"], "final_accuracy_greedy": last["accuracy_greedy"],
-            "start_accuracy_sampled": first["accuracy_sampled"], "final_accuracy_sampled": last["accuracy_sampled"],
-            "best_accuracy_sampled": max(c["accuracy_sampled"] for c in curve),
-            "train_reward_first5": sum(m.get("score/mean", 0.0) for m in metrics[:5]) / max(len(metrics[:5]), 1),
-            "train_reward_last5": sum(m.get("score/mean", 0.0) for m in metrics[-5:]) / max(len(metrics[-5:]), 1),
-            "zero_variance_frac": sum(m["groups/zero_variance_frac"] for m in metrics) / len(metrics),
-            "steps": len(metrics), "minutes": total / 60, "steps_per_minute": 60 * len(metrics) / total,
-            "time_split": {ph: s / total for ph, s in seconds.items()}, "alarms": summary.get("alarms", [])}
+    return {
+        "curve": curve,
+        "recipe": summary["recipe"],
+        "start_accuracy_greedy": first["accuracy_greedy"],
+        "final_accuracy_greedy": last["accuracy_greedy"],
+        "start_accuracy_sampled": first["accuracy_sampled"],
+        "final_accuracy_sampled": last["accuracy_sampled"],
+        "best_accuracy_sampled": max(c["accuracy_sampled"] for c in curve),
+        "train_reward_first5": sum(m.get("score/mean", 0.0) for m in metrics[:5]) / max(len(metrics[:5]), 1),
+        "train_reward_last5": sum(m.get("score/mean", 0.0) for m in metrics[-5:]) / max(len(metrics[-5:]), 1),
+        "zero_variance_frac": sum(m["groups/zero_variance_frac"] for m in metrics) / len(metrics),
+        "steps": len(metrics),
+        "minutes": total / 60,
+        "steps_per_minute": 60 * len(metrics) / total,
+        "time_split": {ph: s / total for ph, s in seconds.items()},
+        "alarms": summary.get("alarms", []),
+    }
 
 
-def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, loss: str, beta: float, steps: int,
-                batch: int, lr: float, eval_every: int, eval_samples: int, seed: int, extra: dict | None = None) -> dict:
+def run_lab_dpo(
+    folder: Path,
+    resume: bool,
+    *,
+    lab: Path,
+    pairs: Path | None,
+    loss: str,
+    beta: float,
+    steps: int,
+    batch: int,
+    lr: float,
+    eval_every: int,
+    eval_samples: int,
+    seed: int,
+    extra: dict | None = None,
+) -> dict:
     """One DPO-family run on the assist world from the SFT model — offline on `pairs`, or online (pairs None: sampled
     from the policy each round and labelled by the annotator panel) — judged by gold on held-out requests.
     ``extra``: further overrides by dotted name (e.g. ``{"dpo.sft_coef": 1.0}``, or an online run's rounds)."""
@@ -187,33 +323,69 @@ def run_lab_dpo(folder: Path, resume: bool, *, lab: Path, pairs: Path | None, lo
     run_dir = folder / "run"
     summary = finished_summary(run_dir, resume)
     if summary is None:
-        overrides = {"model.path": str(lab / "sft" / "final"), "data.eval_path": str(world / "prefs_eval.jsonl"),
-                     "dpo.loss": loss, "dpo.beta": beta, "optim.lr": lr, "optim.warmup_ratio": 0.05,
-                     "train.batch_size": batch, "train.micro_batch_size": batch, "train.max_steps": steps,
-                     "train.eval_every": eval_every, "train.save_every": eval_every, "train.keep_checkpoints": 1,
-                     "train.log_every": eval_every, "train.seed": seed, "train.output": str(run_dir),
-                     "train.resume": resume, "train.overwrite": not resume, "train.report_to": ["tensorboard"]}
+        overrides = {
+            "model.path": str(lab / "sft" / "final"),
+            "data.eval_path": str(world / "prefs_eval.jsonl"),
+            "dpo.loss": loss,
+            "dpo.beta": beta,
+            "optim.lr": lr,
+            "optim.warmup_ratio": 0.05,
+            "train.batch_size": batch,
+            "train.micro_batch_size": batch,
+            "train.max_steps": steps,
+            "train.eval_every": eval_every,
+            "train.save_every": eval_every,
+            "train.keep_checkpoints": 1,
+            "train.log_every": eval_every,
+            "train.seed": seed,
+            "train.output": str(run_dir),
+            "train.resume": resume,
+            "train.overwrite": not resume,
+            "train.report_to": ["tensorboard"],
+        }
         if pairs is not None:
             overrides["data.path"] = str(pairs)
         else:  # online: the pairs come from the policy; --eval-data still gives held-out pair accuracy
-            overrides.update({"online.online": True, "rollout.prompts": str(world / "assist_rl.jsonl"),
-                              "rollout.max_new_tokens": 64})
+            overrides.update(
+                {"online.online": True, "rollout.prompts": str(world / "assist_rl.jsonl"), "rollout.max_new_tokens": 64}
+            )
         overrides.update(extra or {})
         summary = run_dpo(build_config(DPOConfig, overrides=overrides, source="lab"), evaluate_fn=gold)
     return lab_dpo_figures(summary)
 
 
 def lab_dpo_figures(summary: dict) -> dict:
-    curve = [{"step": h["step"], "gold": h["eval/gold_reward"], "win_rate": h["eval/gold_win_rate"],
-              "words": h["eval/mean_words"], "accuracy": h.get("eval/rewards/accuracy"),
-              "chosen": h.get("eval/rewards/chosen"), "rejected": h.get("eval/rewards/rejected"),
-              "logps_chosen": h.get("eval/logps/chosen"), "logps_rejected": h.get("eval/logps/rejected"),
-              "gold_ci": _interval(h, "gold_reward"), "win_rate_ci": _interval(h, "gold_win_rate")}
-             for h in summary["eval_history"]]
+    curve = [
+        {
+            "step": h["step"],
+            "gold": h["eval/gold_reward"],
+            "win_rate": h["eval/gold_win_rate"],
+            "words": h["eval/mean_words"],
+            "accuracy": h.get("eval/rewards/accuracy"),
+            "chosen": h.get("eval/rewards/chosen"),
+            "rejected": h.get("eval/rewards/rejected"),
+            "logps_chosen": h.get("eval/logps/chosen"),
+            "logps_rejected": h.get("eval/logps/rejected"),
+            "gold_ci": _interval(h, "gold_reward"),
+            "win_rate_ci": _interval(h, "gold_win_rate"),
+        }
+        for h in summary["eval_history"]
+    ]
     peak = max(curve, key=lambda c: c["gold"])
-    return {"curve": curve, "loss": summary["loss"], "beta": summary["beta"], "start_gold": curve[0]["gold"],
-            "final_gold": curve[-1]["gold"], "peak_gold": peak["gold"], "peak_step": peak["step"],
-            "final_win_rate": curve[-1]["win_rate"], "win_rate_at_peak": peak["win_rate"],
-            "final_win_rate_ci": curve[-1]["win_rate_ci"], "final_gold_ci": curve[-1]["gold_ci"],
-            "final_pair_accuracy": curve[-1]["accuracy"], "online_rounds": summary.get("online_rounds", []),
-            "train_examples": summary["train_examples"], "minutes": summary["wall_s"] / 60}
+    return {
+        "curve": curve,
+        "loss": summary["loss"],
+        "beta": summary["beta"],
+        "start_gold": curve[0]["gold"],
+        "final_gold": curve[-1]["gold"],
+        "peak_gold": peak["gold"],
+        "peak_step": peak["step"],
+        "final_win_rate": curve[-1]["win_rate"],
+        "win_rate_at_peak": peak["win_rate"],
+        "final_win_rate_ci": curve[-1]["win_rate_ci"],
+        "final_gold_ci": curve[-1]["gold_ci"],
+        "final_pair_accuracy": curve[-1]["accuracy"],
+        "online_rounds": summary.get("online_rounds", []),
+        "train_examples": summary["train_examples"],
+        "minutes": summary["wall_s"] / 60,
+    }

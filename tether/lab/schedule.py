@@ -11,6 +11,7 @@ mostly Python per token, which a second thread does not speed; measured on two c
 The figures do not depend on it: every stage is seeded, and a worker's stage computes what the same stage computes
 inline (tests/test_lab_pipeline.py checks it, number for number).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,6 +37,7 @@ class Stage:
     """One stage of a plan: its folder name, its own settings, the stages whose outputs it reads (their hashes are
     part of its recipe, and it starts once they are done), the summary table it belongs to (None: its own key), and
     ``run(folder, resume) -> figures`` (JSON)."""
+
     name: str
     recipe: dict
     needs: tuple = ()
@@ -100,8 +102,12 @@ class Stages:
         if hit is not None:
             return recipe_hash, hit
         started = folder / "recipe.json"
-        resume = (not self.fresh and started.is_file() and json.loads(started.read_text()).get("recipe_hash") == recipe_hash
-                  and (latest_checkpoint(folder) or latest_checkpoint(folder / "run")) is not None)
+        resume = (
+            not self.fresh
+            and started.is_file()
+            and json.loads(started.read_text()).get("recipe_hash") == recipe_hash
+            and (latest_checkpoint(folder) or latest_checkpoint(folder / "run")) is not None
+        )
         if not resume:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
@@ -113,8 +119,18 @@ class Stages:
         done = folder / "stage.json"
         tmp = done.with_suffix(".tmp")
         # began/ended (Unix time): when stages ran side by side, and in which order
-        tmp.write_text(json.dumps({"recipe_hash": recipe_hash, "seconds": seconds, "began": began, "ended": time.time(),
-                                   "result": result}, indent=2))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "recipe_hash": recipe_hash,
+                    "seconds": seconds,
+                    "began": began,
+                    "ended": time.time(),
+                    "result": result,
+                },
+                indent=2,
+            )
+        )
         tmp.replace(done)
         self.timings[name], self.cached[name] = seconds, False
         return recipe_hash, result
@@ -163,10 +179,22 @@ class Stages:
                 threads = max(1, cores // (len(running) + len(start))) if start else 1
                 for stage in start:
                     log = logs / f"{stage.name}.log"
-                    console.print(f"[bold]lab: {stage.name}[/] [dim](worker, {threads} thread{'s' * (threads > 1)}; "
-                                  f"log {log})[/]")
-                    running[pool.submit(_run_in_worker, rebuild, str(self.output), stage.name, recipes[stage.name],
-                                        self.fresh, self.code, threads, str(log))] = stage
+                    console.print(
+                        f"[bold]lab: {stage.name}[/] [dim](worker, {threads} thread{'s' * (threads > 1)}; log {log})[/]"
+                    )
+                    running[
+                        pool.submit(
+                            _run_in_worker,
+                            rebuild,
+                            str(self.output),
+                            stage.name,
+                            recipes[stage.name],
+                            self.fresh,
+                            self.code,
+                            threads,
+                            str(log),
+                        )
+                    ] = stage
                     pending.remove(stage)
                 if not running:
                     raise RuntimeError(f"lab plan: nothing can start; waiting: {[s.name for s in pending]}")
@@ -181,8 +209,11 @@ class Stages:
                         console.print(f"lab: {stage.name} failed; the end of {log}:", style="red", markup=False)
                         console.print("\n".join(tail), markup=False, highlight=False)
                         if running:
-                            console.print(f"lab: waiting for {', '.join(s.name for s in running.values())} to end "
-                                          "(a later run reuses them)", markup=False)
+                            console.print(
+                                f"lab: waiting for {', '.join(s.name for s in running.values())} to end "
+                                "(a later run reuses them)",
+                                markup=False,
+                            )
                         raise
                     self.timings[stage.name], self.cached[stage.name] = seconds, False
                     console.print(f"lab: {stage.name} done in {seconds:.1f} s")
@@ -225,8 +256,9 @@ def _output_to(log: str):
                 os.close(copy)
 
 
-def _run_in_worker(rebuild: tuple, output: str, name: str, recipe: dict, fresh: bool, code: str, threads: int,
-                   log: str) -> tuple[float, dict]:
+def _run_in_worker(
+    rebuild: tuple, output: str, name: str, recipe: dict, fresh: bool, code: str, threads: int, log: str
+) -> tuple[float, dict]:
     import torch
 
     torch.set_num_threads(threads)

@@ -4,6 +4,7 @@ Used by the lab, the built-in demo and the tests (no tokenizer can be
 downloaded). Digits are split individually: merged digit runs make arithmetic
 far harder for a tiny model (shared LAB-NOTES).
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -33,12 +34,17 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 512, with_pad: b
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD if with_pad else None,
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD if with_pad else None,
         additional_special_tokens=[IM_START],
     )
     fast.chat_template = CHAT_TEMPLATE

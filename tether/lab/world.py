@@ -12,6 +12,7 @@ Files (JSON lines, the standard field names):
   assist_eval.jsonl   held-out requests: a (topic, wording) never used for training
   world.json          the recipe, counts and annotator statistics
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -93,8 +94,10 @@ def held_out_sets(rng: random.Random, cfg: WorldConfig):
     """The evaluation splits, drawn first from the world's seed so `tether eval` can rebuild them alone."""
     train_requests, eval_requests = split_requests(rng, cfg.held_out_fraction)
     problems = _problems(rng, cfg, cfg.n_eval_arith, exclude=set())
-    files = {"arith_eval": [{"prompt": user(p.question), "question": p.question, "answer": p.answer} for p in problems],
-             "assist_eval": [{"prompt": user(text), "topic": topic} for topic, text in eval_requests]}
+    files = {
+        "arith_eval": [{"prompt": user(p.question), "question": p.question, "answer": p.answer} for p in problems],
+        "assist_eval": [{"prompt": user(text), "topic": topic} for topic, text in eval_requests],
+    }
     return files, train_requests, eval_requests
 
 
@@ -131,8 +134,10 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
     files, train_requests, eval_requests = held_out_sets(rng, cfg)
     eval_questions = {row["question"] for row in files["arith_eval"]}
 
-    pretrain = [{"messages": user(p.question) + assistant(_pretrain_solution(rng, p, cfg.wrong_fraction))}
-                for p in _problems(rng, cfg, cfg.n_pretrain_arith, eval_questions)]
+    pretrain = [
+        {"messages": user(p.question) + assistant(_pretrain_solution(rng, p, cfg.wrong_fraction))}
+        for p in _problems(rng, cfg, cfg.n_pretrain_arith, eval_questions)
+    ]
     for _ in range(cfg.n_pretrain_assist):
         topic, text = rng.choice(train_requests)
         style = assist.GOOD if rng.random() < 0.25 else assist.MIXED
@@ -140,8 +145,10 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
     rng.shuffle(pretrain)
     files["pretrain"] = pretrain
 
-    sft = [{"messages": user(p.question) + assistant(p.solution())}
-           for p in _problems(rng, cfg, cfg.n_sft_arith, eval_questions)]
+    sft = [
+        {"messages": user(p.question) + assistant(p.solution())}
+        for p in _problems(rng, cfg, cfg.n_sft_arith, eval_questions)
+    ]
     while len(sft) < cfg.n_sft_arith + cfg.n_sft_assist:
         topic, text = rng.choice(train_requests)
         answer = assist.sample_answer(rng, topic, assist.GOOD)
@@ -160,15 +167,19 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
     # The direct answers draw from their own generator and go to both splits afterwards, so that adding them
     # leaves every other row of every file as it was (and the tokenizer, trained on the other texts, too).
     direct_rng = random.Random(f"direct-{cfg.seed}")
-    direct = [{"messages": user(p.question) + assistant(p.direct_answer())}
-              for p in _problems(direct_rng, cfg, cfg.n_sft_arith_direct, eval_questions)]
+    direct = [
+        {"messages": user(p.question) + assistant(p.direct_answer())}
+        for p in _problems(direct_rng, cfg, cfg.n_sft_arith_direct, eval_questions)
+    ]
     n_direct_eval = len(direct) // 20
     files["sft"] = files["sft"] + direct[n_direct_eval:]
     files["sft_eval"] = files["sft_eval"] + direct[:n_direct_eval]
     direct_rng.shuffle(files["sft"])
 
-    files["arith_rl"] = [{"prompt": user(p.question), "question": p.question, "answer": p.answer}
-                         for p in _problems(rng, cfg, cfg.n_rl_arith, eval_questions)]
+    files["arith_rl"] = [
+        {"prompt": user(p.question), "question": p.question, "answer": p.answer}
+        for p in _problems(rng, cfg, cfg.n_rl_arith, eval_questions)
+    ]
     files["assist_rl"] = [{"prompt": user(text), "topic": topic} for topic, text in train_requests]
 
     pair_stats: list[dict] = []
@@ -176,16 +187,24 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
         rows = []
         for _ in range(n):
             topic, text = rng.choice(requests)
-            answers = [assist.sample_answer(rng, topic, assist.GOOD if rng.random() < 0.3 else assist.MIXED)
-                       for _ in range(2)]
+            answers = [
+                assist.sample_answer(rng, topic, assist.GOOD if rng.random() < 0.3 else assist.MIXED) for _ in range(2)
+            ]
             while answers[1] == answers[0]:
                 answers[1] = assist.sample_answer(rng, topic, assist.MIXED)
             result = _vote(rng, cfg.panel, topic, answers)
             c = result["chosen_index"]
-            rows.append({"prompt": user(text), "chosen": assistant(answers[c]), "rejected": assistant(answers[1 - c]),
-                         "topic": topic,
-                         "votes": {k: ("chosen" if v == (c == 0) else "rejected") for k, v in result["votes_for_0"].items()},
-                         "gold_chosen": result["golds"][c].reward, "gold_rejected": result["golds"][1 - c].reward})
+            rows.append(
+                {
+                    "prompt": user(text),
+                    "chosen": assistant(answers[c]),
+                    "rejected": assistant(answers[1 - c]),
+                    "topic": topic,
+                    "votes": {k: ("chosen" if v == (c == 0) else "rejected") for k, v in result["votes_for_0"].items()},
+                    "gold_chosen": result["golds"][c].reward,
+                    "gold_rejected": result["golds"][1 - c].reward,
+                }
+            )
             if name == "prefs":
                 pair_stats.append(result)
         files[name] = rows
@@ -201,17 +220,28 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
             for place, idx in enumerate(order):
                 borda[idx] += cfg.rank_k - 1 - place
         consensus = sorted(range(cfg.rank_k), key=lambda i: (-borda[i], i))
-        rankings.append({"prompt": user(text), "responses": [assistant(a) for a in answers], "topic": topic,
-                         "rankings": per_annotator, "ranking": consensus, "gold": [g.reward for g in golds]})
+        rankings.append(
+            {
+                "prompt": user(text),
+                "responses": [assistant(a) for a in answers],
+                "topic": topic,
+                "rankings": per_annotator,
+                "ranking": consensus,
+                "gold": [g.reward for g in golds],
+            }
+        )
     files["rankings"] = rankings
 
     for name, rows in files.items():
         with (out / f"{name}.jsonl").open("w") as handle:
             for row in rows:
                 handle.write(json.dumps(row) + "\n")
-    manifest = {"recipe_hash": cfg.recipe_hash(), "config": asdict(cfg),
-                "counts": {name: len(rows) for name, rows in files.items()},
-                "annotators": annotator_statistics(pair_stats, cfg.panel)}
+    manifest = {
+        "recipe_hash": cfg.recipe_hash(),
+        "config": asdict(cfg),
+        "counts": {name: len(rows) for name, rows in files.items()},
+        "annotators": annotator_statistics(pair_stats, cfg.panel),
+    }
     (out / "world.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -226,31 +256,44 @@ def annotator_statistics(pairs: list[dict], panel) -> dict:
     for name in names:
         votes = [p["votes_for_0"][name] for p in pairs]
         stats["per_annotator"][name] = {
-            "agreement_with_gold": sum(p["votes_for_0"][name] == g for p, g in zip(decided, gold_first)) / max(1, len(decided)),
+            "agreement_with_gold": sum(p["votes_for_0"][name] == g for p, g in zip(decided, gold_first))
+            / max(1, len(decided)),
             "agreement_with_majority": sum(v == m for v, m in zip(votes, majority)) / max(1, len(pairs)),
         }
-    stats["majority_agreement_with_gold"] = sum((p["chosen_index"] == 0) == g for p, g in zip(decided, gold_first)) / max(1, len(decided))
+    stats["majority_agreement_with_gold"] = sum(
+        (p["chosen_index"] == 0) == g for p, g in zip(decided, gold_first)
+    ) / max(1, len(decided))
     kappas = {}
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             kappas[f"{a}~{b}"] = cohen_kappa([p["votes_for_0"][a] for p in pairs], [p["votes_for_0"][b] for p in pairs])
     stats["cohen_kappa"] = kappas
     table = [[sum(p["votes_for_0"].values()), len(names) - sum(p["votes_for_0"].values())] for p in pairs]
     stats["fleiss_kappa"] = fleiss_kappa(table)
     stats["fleiss_reading"] = landis_koch(stats["fleiss_kappa"])
-    stats["majority_bias"] = {"longer": _bias(pairs, lambda g: g.words), "more_confident": _bias(pairs, lambda g: g.confident)}
+    stats["majority_bias"] = {
+        "longer": _bias(pairs, lambda g: g.words),
+        "more_confident": _bias(pairs, lambda g: g.confident),
+    }
     return stats
 
 
 def _bias(pairs, feature) -> dict:
     """Among pairs that differ in the feature and where gold prefers one answer: how often the answer with more
     of the feature wins under gold and under the majority vote."""
-    rows = [p for p in pairs if feature(p["golds"][0]) != feature(p["golds"][1])
-            and p["golds"][0].reward != p["golds"][1].reward]
+    rows = [
+        p
+        for p in pairs
+        if feature(p["golds"][0]) != feature(p["golds"][1]) and p["golds"][0].reward != p["golds"][1].reward
+    ]
     if not rows:
         return {"pairs": 0}
     more_is_0 = [feature(p["golds"][0]) > feature(p["golds"][1]) for p in rows]
     gold_wins = sum((p["golds"][0].reward > p["golds"][1].reward) == m for p, m in zip(rows, more_is_0)) / len(rows)
     vote_wins = sum((p["chosen_index"] == 0) == m for p, m in zip(rows, more_is_0)) / len(rows)
-    return {"pairs": len(rows), "gold_picks_more": round(gold_wins, 4), "majority_picks_more": round(vote_wins, 4),
-            "excess": round(vote_wins - gold_wins, 4)}
+    return {
+        "pairs": len(rows),
+        "gold_picks_more": round(gold_wins, 4),
+        "majority_picks_more": round(vote_wins, 4),
+        "excess": round(vote_wins - gold_wins, 4),
+    }

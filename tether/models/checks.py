@@ -1,4 +1,5 @@
 """Checks a loaded model must pass before tether relies on it. Here: whether packed sequences stay apart."""
+
 from __future__ import annotations
 
 import torch
@@ -35,6 +36,8 @@ def check_position_restarts(model, where: str) -> None:
     packed, alone = packed.float(), alone.float()
     tolerance = (1e-4 if next(model.parameters()).dtype == torch.float32 else 5e-2) * (1 + float(alone.abs().max()))
     if float((packed - alone).abs().max()) > tolerance:
-        raise ConfigError(f"{where}: this model lets a sequence packed after another attend to it (its attention "
-                          "ignores position-id restarts), so padding-free micro-batches would be wrong for it: "
-                          "pass --no-padding-free (padded rows)")
+        raise ConfigError(
+            f"{where}: this model lets a sequence packed after another attend to it (its attention "
+            "ignores position-id restarts), so padding-free micro-batches would be wrong for it: "
+            "pass --no-padding-free (padded rows)"
+        )

@@ -2,6 +2,7 @@
 
 Everything loads from a path: nothing here reaches a hub.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,15 +16,23 @@ from tether.config import ConfigError
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
 
 
 def _check_dir(path: str | Path, what: str) -> Path:
     path = Path(path)
     if not path.is_dir():
-        raise ConfigError(f"{what} {path}: not a folder. tether loads local Hugging Face folders only "
-                          "(config.json, weights, tokenizer files); nothing is downloaded")
+        raise ConfigError(
+            f"{what} {path}: not a folder. tether loads local Hugging Face folders only "
+            "(config.json, weights, tokenizer files); nothing is downloaded"
+        )
     return path
 
 
@@ -46,8 +55,10 @@ def check_model_folder(path: Path, what: str = "model", weights: bool = True) ->
             raise ConfigError(f"{what} {path}: config.json is not valid JSON ({err})") from None
         shards = sorted(path.glob("*.safetensors"))
         if not shards and not list(path.glob("*.bin")):
-            raise ConfigError(f"{what} {path}: no weights (model.safetensors); the folder has "
-                              f"{sorted(p.name for p in path.iterdir())[:12]}")
+            raise ConfigError(
+                f"{what} {path}: no weights (model.safetensors); the folder has "
+                f"{sorted(p.name for p in path.iterdir())[:12]}"
+            )
         from safetensors import safe_open
 
         for shard in shards:
@@ -60,8 +71,10 @@ def check_model_folder(path: Path, what: str = "model", weights: bool = True) ->
             for weights_file in sorted(path.glob("*.bin")):
                 _check_torch_weights(weights_file, f"{what} {path}")
     elif not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"tokenizer {path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass --tokenizer "
-                          "with a folder that has them, or save the tokenizer next to the model")
+        raise ConfigError(
+            f"tokenizer {path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}); pass --tokenizer "
+            "with a folder that has them, or save the tokenizer next to the model"
+        )
 
 
 # torch.save's legacy (pre-1.6, not zip) format opens with this pickled magic number
@@ -83,8 +96,10 @@ def _check_torch_weights(weights_file: Path, what: str) -> None:
             if not any(name.endswith("data.pkl") for name in archive.namelist()):
                 raise zipfile.BadZipFile("no data.pkl in the archive")
     except (zipfile.BadZipFile, OSError) as err:
-        raise ConfigError(f"{what}: {weights_file.name} is not a readable PyTorch weights file ({err}); convert the "
-                          "model to safetensors (model.save_pretrained) or replace the file") from None
+        raise ConfigError(
+            f"{what}: {weights_file.name} is not a readable PyTorch weights file ({err}); convert the "
+            "model to safetensors (model.save_pretrained) or replace the file"
+        ) from None
 
 
 def end_of_turn_id(tokenizer) -> int | None:
@@ -105,11 +120,12 @@ _END_OF_TURN: dict = {}
 def _probe_end_of_turn(tokenizer) -> int | None:
     marker = "TETHERENDOFTURNPROBE"
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}],
-                                             tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
+        )
     except Exception:  # noqa: BLE001 - a template with its own rules (roles, system turns): no probe, no extra stop
         return None
-    after = text[text.rfind(marker) + len(marker):] if marker in text else ""
+    after = text[text.rfind(marker) + len(marker) :] if marker in text else ""
     ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
     if not ids:
         return None
@@ -133,13 +149,22 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
         raise ConfigError(f"tokenizer {path}: cannot be loaded ({type(err).__name__}: {str(err)[:300]})") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token or tok.bos_token or tok.convert_ids_to_tokens(0)
-        log.info("tokenizer %s has no pad token; padding with %s (id %d), masked everywhere", path, tok.pad_token,
-                 tok.pad_token_id)
+        log.info(
+            "tokenizer %s has no pad token; padding with %s (id %d), masked everywhere",
+            path,
+            tok.pad_token,
+            tok.pad_token_id,
+        )
     return tok
 
 
-def load_model(path: str | Path, tokenizer=None, dtype: str = "float32", trust_remote_code: bool = False,
-               device: str | torch.device | None = None):
+def load_model(
+    path: str | Path,
+    tokenizer=None,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    device: str | torch.device | None = None,
+):
     """A causal LM from a local folder. Embeddings grow only if the tokenizer has more tokens than the model (a
     tokenizer a user extended); padding adds none (load_tokenizer)."""
     path = _check_dir(path, "model")
@@ -173,7 +198,9 @@ def apply_lora(model, r: int, alpha: float, dropout: float, target_modules: list
         return get_peft_model(model, cfg)
     except ValueError as exc:
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise ConfigError(f"--lora-target-modules {target_modules}: {exc}. Linear modules in this model: {names}") from None
+        raise ConfigError(
+            f"--lora-target-modules {target_modules}: {exc}. Linear modules in this model: {names}"
+        ) from None
 
 
 def is_peft(model) -> bool:
@@ -205,11 +232,17 @@ def disable_dropout(model) -> None:
 def check_lora_reference(model_cfg) -> None:
     """With LoRA and no separate reference, the reference is the model with its adapter disabled — which is only
     the SFT model if the --model folder is a full model, not itself an adapter."""
-    if model_cfg.lora_r > 0 and not getattr(model_cfg, "reference", "") and model_cfg.path \
-            and (Path(model_cfg.path) / "adapter_config.json").is_file():
-        raise ConfigError(f"--model {model_cfg.path} is a LoRA adapter folder: with --lora-r the reference would be the "
-                          "model with adapters disabled, i.e. the adapter's base model, not your SFT model. Merge the "
-                          "adapter first (tether writes merged final/ folders) or pass --reference")
+    if (
+        model_cfg.lora_r > 0
+        and not getattr(model_cfg, "reference", "")
+        and model_cfg.path
+        and (Path(model_cfg.path) / "adapter_config.json").is_file()
+    ):
+        raise ConfigError(
+            f"--model {model_cfg.path} is a LoRA adapter folder: with --lora-r the reference would be the "
+            "model with adapters disabled, i.e. the adapter's base model, not your SFT model. Merge the "
+            "adapter first (tether writes merged final/ folders) or pass --reference"
+        )
 
 
 def load_stage_tokenizer(model_cfg):
@@ -228,8 +261,13 @@ def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
 
             model = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
         else:
-            model = apply_lora(model, model_cfg.lora_r, model_cfg.lora_alpha, model_cfg.lora_dropout,
-                               list(model_cfg.lora_target_modules))
+            model = apply_lora(
+                model,
+                model_cfg.lora_r,
+                model_cfg.lora_alpha,
+                model_cfg.lora_dropout,
+                list(model_cfg.lora_target_modules),
+            )
     else:
         model = load_model(checkpoint or model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
     if not model_cfg.keep_dropout:
@@ -241,8 +279,10 @@ def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
 
         chosen = [n for n, q in model.named_parameters() if q.requires_grad_(bool(re.search(pattern, n))).requires_grad]
         if not chosen:
-            raise ConfigError(f"trainable_params={pattern!r} matches no parameter; names look like "
-                              f"{[n for n, _ in model.named_parameters()][:4]}")
+            raise ConfigError(
+                f"trainable_params={pattern!r} matches no parameter; names look like "
+                f"{[n for n, _ in model.named_parameters()][:4]}"
+            )
     return model
 
 
@@ -316,8 +356,9 @@ def load_reference(model_cfg, tokenizer, device=None):
     check_lora_reference(model_cfg)
     if model_cfg.lora_r > 0 and not model_cfg.reference:
         return None
-    reference = load_model(model_cfg.reference or model_cfg.path, tokenizer, frozen_dtype(model_cfg),
-                           model_cfg.trust_remote_code, device)
+    reference = load_model(
+        model_cfg.reference or model_cfg.path, tokenizer, frozen_dtype(model_cfg), model_cfg.trust_remote_code, device
+    )
     disable_dropout(reference)
     autocast_forwards(reference, model_cfg.mixed_precision)  # the policy's precision: KL 0 on-policy
     reference.eval()
@@ -362,13 +403,16 @@ def length_limit(max_length: int, model_path, flag: str = "--max-length") -> int
         _TOLD.add((flag, max_length, context))
         from tether.console import console
 
-        console.print(f"[yellow]{flag} {max_length} is more than the model's context ({context} positions in its "
-                      f"config.json): examples longer than {context} tokens are dropped and counted[/]")
+        console.print(
+            f"[yellow]{flag} {max_length} is more than the model's context ({context} positions in its "
+            f"config.json): examples longer than {context} tokens are dropped and counted[/]"
+        )
     return context
 
 
-def check_prompt_context(tokenizer, prompts: list[str], budget: int, context: int | None, where: str,
-                         what: str = "max_new_tokens") -> None:
+def check_prompt_context(
+    tokenizer, prompts: list[str], budget: int, context: int | None, where: str, what: str = "max_new_tokens"
+) -> None:
     """Every prompt plus the response budget fits the model's context, or a ConfigError names the first that does
     not (the prompt file's row, its tokens, the budget)."""
     if context is None:
@@ -376,8 +420,10 @@ def check_prompt_context(tokenizer, prompts: list[str], budget: int, context: in
     for i, prompt in enumerate(prompts):
         n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         if n + budget > context:
-            raise ConfigError(f"{where} row {i + 1}: {n} prompt tokens + {what} {budget} = {n + budget} is more than "
-                              f"the model's context ({context} positions); shorten the prompt or lower {what}")
+            raise ConfigError(
+                f"{where} row {i + 1}: {n} prompt tokens + {what} {budget} = {n + budget} is more than "
+                f"the model's context ({context} positions); shorten the prompt or lower {what}"
+            )
 
 
 def parameter_summary(model) -> str:
@@ -394,26 +440,58 @@ def count_parameters(model) -> tuple[int, int]:
 TINY_ARCHS = ("llama", "qwen2", "gpt2", "mistral")
 
 
-def tiny_config(arch: str, vocab_size: int, hidden: int = 64, layers: int = 2, heads: int = 4,
-                max_positions: int = 256, bos_id: int | None = None, eos_id: int | None = None,
-                pad_id: int | None = None):
+def tiny_config(
+    arch: str,
+    vocab_size: int,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    max_positions: int = 256,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    pad_id: int | None = None,
+):
     """A small randomly initialised config of a standard architecture (for the lab, the demo and tests)."""
     common = dict(vocab_size=vocab_size, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
     if arch == "gpt2":
-        return AutoConfig.for_model("gpt2", n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_positions,
-                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        return AutoConfig.for_model(
+            "gpt2",
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_positions=max_positions,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
     if arch in ("llama", "qwen2", "mistral"):
         extra = {"sliding_window": None} if arch == "mistral" else {}
-        return AutoConfig.for_model(arch, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                                    num_attention_heads=heads, num_key_value_heads=heads,
-                                    max_position_embeddings=max_positions, tie_word_embeddings=True, **common, **extra)
+        return AutoConfig.for_model(
+            arch,
+            hidden_size=hidden,
+            intermediate_size=4 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=True,
+            **common,
+            **extra,
+        )
     raise ConfigError(f"unknown tiny architecture {arch!r}; choose one of {TINY_ARCHS}")
 
 
 def build_tiny_model(arch: str, tokenizer, out_dir: str | Path, seed: int = 0, **dims) -> Path:
     """Create, save and return the folder of a random tiny model (plus its tokenizer)."""
-    cfg = tiny_config(arch, len(tokenizer), bos_id=tokenizer.bos_token_id, eos_id=tokenizer.eos_token_id,
-                      pad_id=tokenizer.pad_token_id, **dims)
+    cfg = tiny_config(
+        arch,
+        len(tokenizer),
+        bos_id=tokenizer.bos_token_id,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        **dims,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     out_dir = Path(out_dir)

@@ -16,6 +16,7 @@ A packed batch carries ``position_ids`` instead of ``attention_mask``, and ``seq
 sequence each position belongs to, n (the number of sequences) on padding. Reward models also get
 ``last_index`` (n,): each sequence's last token, as a flat index into the (R·W) positions.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,9 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def pad_sequences(sequences: list[list[int]], pad_id: int,
-                  loss_masks: list[list[int]] | None = None) -> dict[str, torch.Tensor]:
+def pad_sequences(
+    sequences: list[list[int]], pad_id: int, loss_masks: list[list[int]] | None = None
+) -> dict[str, torch.Tensor]:
     """The padded layout: one right-padded row per sequence, input_ids and attention_mask (R, W), and loss_mask
     when masks are given."""
     width = max(len(s) for s in sequences)
@@ -83,8 +85,12 @@ def choose_rows(lengths: list[int], groups: list[list[int]]) -> tuple[list[list[
     return best[1], best[2]
 
 
-def pack_sequences(sequences: list[list[int]], pad_id: int, loss_masks: list[list[int]] | None = None,
-                   groups: list[list[int]] | None = None) -> dict[str, torch.Tensor]:
+def pack_sequences(
+    sequences: list[list[int]],
+    pad_id: int,
+    loss_masks: list[list[int]] | None = None,
+    groups: list[list[int]] | None = None,
+) -> dict[str, torch.Tensor]:
     """Lay ``sequences`` into the rows ``choose_rows`` picks.
 
     ``groups`` (default: one group of all) partitions the sequence indices; a row only holds sequences of one
@@ -113,8 +119,13 @@ def pack_sequences(sequences: list[list[int]], pad_id: int, loss_masks: list[lis
             last_index[i] = r * width + col + k - 1
             col += k
         position_ids[r, col:] = torch.arange(width - col)  # padding restarts too: a segment of its own
-    batch = {"input_ids": input_ids, "position_ids": position_ids, "sequence_index": sequence_index,
-             "last_index": last_index, "group_rows": torch.tensor(group_rows)}
+    batch = {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "sequence_index": sequence_index,
+        "last_index": last_index,
+        "group_rows": torch.tensor(group_rows),
+    }
     if loss_masks is not None:
         batch["loss_mask"] = loss_mask
     return batch
@@ -134,8 +145,11 @@ def example_tokens(example) -> int:
 
 def describe(padding_free: bool) -> str:
     """The plan table's line for a micro-batch's layout."""
-    return ("padding-free: sequences end to end, each attending to itself (--no-padding-free: padded rows)"
-            if padding_free else "padded rows, one sequence each")
+    return (
+        "padding-free: sequences end to end, each attending to itself (--no-padding-free: padded rows)"
+        if padding_free
+        else "padded rows, one sequence each"
+    )
 
 
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
@@ -156,8 +170,12 @@ def group_rows(batch: dict, group: int, per_group: int) -> dict[str, torch.Tenso
     lo, hi = int(batch["group_rows"][group]), int(batch["group_rows"][group + 1])
     index = batch["sequence_index"][lo:hi] - group * per_group
     index = torch.where((index >= 0) & (index < per_group), index, torch.full_like(index, per_group))
-    return {"input_ids": batch["input_ids"][lo:hi], "position_ids": batch["position_ids"][lo:hi],
-            "loss_mask": batch["loss_mask"][lo:hi], "sequence_index": index}
+    return {
+        "input_ids": batch["input_ids"][lo:hi],
+        "position_ids": batch["position_ids"][lo:hi],
+        "loss_mask": batch["loss_mask"][lo:hi],
+        "sequence_index": index,
+    }
 
 
 def sequence_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ position ids come from the mask, so padding side and amount change nothing
 (transformers' own classifier heads find the last token through the pad id,
 which breaks when pad equals EOS).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,18 +42,25 @@ class RewardModel(nn.Module):
         cfg = self.inner.config
         return [cfg.id2label[i] for i in range(cfg.num_labels)]
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, last_index: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        last_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """(sequences, heads) scores at each sequence's last token: of padded rows (attention_mask, left or right
         padding) or of packed rows (position_ids restarting per sequence, last_index: tether/models/packing.py)."""
         inner = self.inner
         if last_index is not None:
-            hidden = inner.base_model(input_ids=input_ids, position_ids=position_ids,
-                                      use_cache=False).last_hidden_state  # (R, W, H)
+            hidden = inner.base_model(
+                input_ids=input_ids, position_ids=position_ids, use_cache=False
+            ).last_hidden_state  # (R, W, H)
             return self.score_head(hidden.reshape(-1, hidden.shape[-1])[last_index]).float()  # (n, heads)
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T), 0 at the first real token
-        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False).last_hidden_state  # (B, T, H)
+        hidden = inner.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # (B, T, H)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         last = (positions * attention_mask.long()).argmax(-1)  # (B,) last real token, for left or right padding
         pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
@@ -62,16 +70,23 @@ class RewardModel(nn.Module):
     def score_head(self):
         head = getattr(self.inner, "score", None)
         if head is None:
-            raise ConfigError(f"{type(self.inner).__name__} has no 'score' head; tether's reward models need an "
-                              "architecture whose sequence-classification class names its head 'score' (llama, qwen2, gpt2, mistral, ...)")
+            raise ConfigError(
+                f"{type(self.inner).__name__} has no 'score' head; tether's reward models need an "
+                "architecture whose sequence-classification class names its head 'score' (llama, qwen2, gpt2, mistral, ...)"
+            )
         return head
 
     def save_pretrained(self, folder: str | Path, **kwargs) -> None:
         self.model.save_pretrained(str(folder), **kwargs)
 
 
-def load_reward_model(path: str | Path, tokenizer, head_names: list[str] | None = None, dtype: str = "float32",
-                      trust_remote_code: bool = False) -> RewardModel:
+def load_reward_model(
+    path: str | Path,
+    tokenizer,
+    head_names: list[str] | None = None,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+) -> RewardModel:
     """From a reward-model folder (heads as saved) or a causal-LM folder (new, zero-initialised heads)."""
     path = _check_dir(path, "model")
     check_model_folder(path, "reward model" if (path / "reward_normalization.json").is_file() else "model")
@@ -82,13 +97,19 @@ def load_reward_model(path: str | Path, tokenizer, head_names: list[str] | None 
         saved = [config.id2label[i] for i in range(config.num_labels)]
         if head_names and list(head_names) != saved:
             raise ConfigError(f"{path} is a reward model with heads {saved}; --heads {head_names} does not match")
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch_dtype,
-                                                                   trust_remote_code=trust_remote_code)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(path), dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
     else:
         names = list(head_names or ["reward"])
         model = AutoModelForSequenceClassification.from_pretrained(
-            str(path), num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
-            dtype=torch_dtype, trust_remote_code=trust_remote_code)
+            str(path),
+            num_labels=len(names),
+            id2label=dict(enumerate(names)),
+            label2id={n: i for i, n in enumerate(names)},
+            dtype=torch_dtype,
+            trust_remote_code=trust_remote_code,
+        )
         with torch.no_grad():
             model.score.weight.zero_()  # every head starts at score 0: no arbitrary initial preference
             if getattr(model.score, "bias", None) is not None:
@@ -103,8 +124,14 @@ def apply_reward_lora(rm: RewardModel, r: int, alpha: float, dropout: float, tar
     from peft import LoraConfig, get_peft_model
 
     targets = target_modules[0] if target_modules == ["all-linear"] else list(target_modules)
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, task_type="SEQ_CLS",
-                     modules_to_save=["score"])
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        task_type="SEQ_CLS",
+        modules_to_save=["score"],
+    )
     return RewardModel(get_peft_model(rm.model, cfg))
 
 
@@ -124,13 +151,17 @@ def save_reward_model(rm: RewardModel, tokenizer, folder: str | Path, normalizat
 def load_normalization(folder: str | Path) -> dict:
     path = Path(folder) / NORM_FILE
     if not path.is_file():
-        raise ConfigError(f"reward normalisation was asked for but {path} does not exist; it is written by `tether rm` "
-                          "at the end of training (or turn normalisation off)")
+        raise ConfigError(
+            f"reward normalisation was asked for but {path} does not exist; it is written by `tether rm` "
+            "at the end of training (or turn normalisation off)"
+        )
     return json.loads(path.read_text())
 
 
 @torch.no_grad()
-def score_texts(rm: RewardModel, tokenizer, texts: list[str], batch_size: int = 32, max_length: int = 1024) -> torch.Tensor:
+def score_texts(
+    rm: RewardModel, tokenizer, texts: list[str], batch_size: int = 32, max_length: int = 1024
+) -> torch.Tensor:
     """(N, heads) scores of full texts (prompt and response already rendered), in the order given.
 
     Each distinct text is scored once, and texts go through the model in batches of similar length (sorted by
@@ -147,8 +178,10 @@ def check_lengths(ids: list[list[int]], max_length: int, position=lambda i: i) -
     """A ConfigError naming the first text longer than max_length (``position`` maps to the caller's numbering)."""
     for i, row in enumerate(ids):
         if len(row) > max_length:
-            raise ConfigError(f"text {position(i)} is longer than max_length={max_length} tokens; reward models score "
-                              "whole texts and never truncate them silently")
+            raise ConfigError(
+                f"text {position(i)} is longer than max_length={max_length} tokens; reward models score "
+                "whole texts and never truncate them silently"
+            )
 
 
 @torch.no_grad()
@@ -173,8 +206,15 @@ class RewardScorer:
     and 0 for the others.
     """
 
-    def __init__(self, path: str | Path, weights: dict[str, float] | None = None, normalize: bool = True,
-                 device: str | torch.device = "cpu", max_length: int = 1024, dtype: str = "float32"):
+    def __init__(
+        self,
+        path: str | Path,
+        weights: dict[str, float] | None = None,
+        normalize: bool = True,
+        device: str | torch.device = "cpu",
+        max_length: int = 1024,
+        dtype: str = "float32",
+    ):
         from tether.models.lm import load_tokenizer
 
         self.tokenizer = load_tokenizer(path)

@@ -6,6 +6,7 @@ Use them by name, with arguments in the spec when they take any:
     --reward 'tether.rewards.builtin:format_match(pattern="^.*The answer is -?\\d+\\.$")=0.5'
     --reward tether.rewards.builtin:overlong(max_length=64,cache=16)
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,11 @@ import re
 from functools import lru_cache
 
 NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
-ANSWER_PATTERNS = (re.compile(r"\\boxed\{([^{}]*)\}"), re.compile(r"[Tt]he answer is[:\s]*([^\n]*?)\.?\s*$", re.M),
-                   re.compile(r"####\s*([^\n]+)"))
+ANSWER_PATTERNS = (
+    re.compile(r"\\boxed\{([^{}]*)\}"),
+    re.compile(r"[Tt]he answer is[:\s]*([^\n]*?)\.?\s*$", re.M),
+    re.compile(r"####\s*([^\n]+)"),
+)
 
 
 def extract_answer(text: str) -> str | None:
@@ -81,8 +85,9 @@ def repetition_penalty(completions, n: int = 3, scale: float = 1.0, **_) -> list
     return out
 
 
-def python_tests(completions, tests, timeout_s: float = 5.0, memory_mb: int = 512, isolation: str = "bubblewrap",
-                 **_) -> list[float]:
+def python_tests(
+    completions, tests, timeout_s: float = 5.0, memory_mb: int = 512, isolation: str = "bubblewrap", **_
+) -> list[float]:
     """1 if the completion's code (a ```python block, else the whole text) followed by the row's ``tests`` runs
     to exit status 0 in the sandbox (tether.rewards.sandbox: namespaces, a cgroup for memory and processes, a
     time limit), else 0. isolation="weak" (named on purpose) runs without the boundary where none can be had."""
@@ -92,7 +97,9 @@ def python_tests(completions, tests, timeout_s: float = 5.0, memory_mb: int = 51
     for c, t in zip(completions, tests):
         block = re.search(r"```(?:python)?\n(.*?)```", c, re.S)
         code = (block.group(1) if block else c) + "\n" + str(t) + "\n"
-        scores.append(1.0 if run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation).ok else 0.0)
+        scores.append(
+            1.0 if run_python(code, timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation).ok else 0.0
+        )
     return scores
 
 

@@ -33,6 +33,7 @@ Python with the same objects finds them again.
 Arguments for a function go in the spec: ``tether.rewards.builtin:length_penalty(target=40,scale=0.01)=0.5``
 (Python literals, bound with functools.partial).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -67,13 +68,20 @@ class RewardComponent:
         """(argument names it declares, whether it takes **kwargs)."""
         params = inspect.signature(self.fn).parameters.values()
         takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-        names = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        names = {
+            p.name
+            for p in params
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        }
         return names, takes_all
 
     def required(self) -> set[str]:
-        return {p.name for p in inspect.signature(self.fn).parameters.values()
-                if p.default is inspect.Parameter.empty
-                and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        return {
+            p.name
+            for p in inspect.signature(self.fn).parameters.values()
+            if p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        }
 
 
 def parse_reward_specs(specs: list[str]) -> list[RewardComponent]:
@@ -102,11 +110,15 @@ def _as_scores(value, n: int, name: str, first_prompt) -> list:
     try:
         values = list(value)
     except TypeError:
-        raise RewardFunctionError(f"reward function {name} returned {type(value).__name__}, expected a list of "
-                                  f"{n} floats (first prompt: {str(first_prompt)[:80]!r})") from None
+        raise RewardFunctionError(
+            f"reward function {name} returned {type(value).__name__}, expected a list of "
+            f"{n} floats (first prompt: {str(first_prompt)[:80]!r})"
+        ) from None
     if len(values) != n:
-        raise RewardFunctionError(f"reward function {name} returned {len(values)} values for {n} completions "
-                                  f"(first prompt: {str(first_prompt)[:80]!r})")
+        raise RewardFunctionError(
+            f"reward function {name} returned {len(values)} values for {n} completions "
+            f"(first prompt: {str(first_prompt)[:80]!r})"
+        )
     out = []
     for i, v in enumerate(values):
         if v is None:  # no opinion on this completion (TRL's convention): scored 0 and counted
@@ -116,11 +128,13 @@ def _as_scores(value, n: int, name: str, first_prompt) -> list:
         try:
             numbers = [float(x) for x in items]
         except (TypeError, ValueError):
-            raise RewardFunctionError(f"reward function {name}: value {i} is {v!r}, not a number or a list of step "
-                                      "scores") from None
+            raise RewardFunctionError(
+                f"reward function {name}: value {i} is {v!r}, not a number or a list of step scores"
+            ) from None
         if not all(math.isfinite(x) for x in numbers):
-            raise RewardFunctionError(f"reward function {name}: value {i} is {v!r} (not finite) for completion "
-                                      f"{i} of the batch")
+            raise RewardFunctionError(
+                f"reward function {name}: value {i} is {v!r} (not finite) for completion {i} of the batch"
+            )
         out.append(numbers if isinstance(v, (list, tuple)) else numbers[0])
     return out
 
@@ -144,36 +158,59 @@ class RewardSet:
             names, _ = c.wanted()
             missing = sorted(c.required() - available)
             if missing:
-                raise ConfigError(f"reward function {c.name} needs {missing}, but the prompt file has columns "
-                                  f"{sorted(self.columns)} (and tether passes {list(BATCH_ARGUMENTS)})")
+                raise ConfigError(
+                    f"reward function {c.name} needs {missing}, but the prompt file has columns "
+                    f"{sorted(self.columns)} (and tether passes {list(BATCH_ARGUMENTS)})"
+                )
         sample = rows[:2]
         chat_prompts = any(isinstance(r.get("prompt"), list) for r in sample)
         while True:
             try:
-                values = self.score(sample, [""] * len(sample), [[] for _ in sample], [False] * len(sample),
-                                    on_error="raise")
+                values = self.score(
+                    sample, [""] * len(sample), [[] for _ in sample], [False] * len(sample), on_error="raise"
+                )
                 if all(v is None for scores in values.values() for v in scores):
-                    raise ConfigError(f"dry run of the reward functions on the first rows with empty completions: "
-                                      f"{', '.join(values)} returned None ('no opinion') for every completion, so "
-                                      "training would see a score of 0 everywhere; return a number (0.0 for a wrong "
-                                      "or empty answer) and keep None for completions a function does not judge")
+                    raise ConfigError(
+                        f"dry run of the reward functions on the first rows with empty completions: "
+                        f"{', '.join(values)} returned None ('no opinion') for every completion, so "
+                        "training would see a score of 0 everywhere; return a number (0.0 for a wrong "
+                        "or empty answer) and keep None for completions a function does not judge"
+                    )
                 return
             except RewardFunctionError as err:
                 failed = next((c for c in self.components if f"reward function {c.name} " in str(err)), None)
                 if not chat_prompts or failed is None or failed.chat:
-                    raise ConfigError(f"dry run of the reward functions on the first rows with empty completions: {err}"
-                                      + (" (with the completions as text and as message lists)" if failed is not None
-                                         and failed.chat else "")) from err
+                    raise ConfigError(
+                        f"dry run of the reward functions on the first rows with empty completions: {err}"
+                        + (
+                            " (with the completions as text and as message lists)"
+                            if failed is not None and failed.chat
+                            else ""
+                        )
+                    ) from err
                 failed.chat = True  # written for TRL's chat convention: try message lists
 
-    def score(self, rows: list[dict], completions: list[str], completion_ids: list[list[int]], truncated: list[bool],
-              on_error: str | None = None) -> dict[str, list]:
+    def score(
+        self,
+        rows: list[dict],
+        completions: list[str],
+        completion_ids: list[list[int]],
+        truncated: list[bool],
+        on_error: str | None = None,
+    ) -> dict[str, list]:
         """{component name: one value per completion (a float, or a list of step scores)}."""
         policy = on_error or self.on_error
-        batch = {"prompts": [r.get("prompt") for r in rows], "completions": completions,
-                 "completion_ids": completion_ids, "truncated": truncated, "trainer_state": self.trainer_state}
-        as_messages = [[{"role": "assistant", "content": text}] if isinstance(r.get("prompt"), list) else text
-                       for r, text in zip(rows, completions)]
+        batch = {
+            "prompts": [r.get("prompt") for r in rows],
+            "completions": completions,
+            "completion_ids": completion_ids,
+            "truncated": truncated,
+            "trainer_state": self.trainer_state,
+        }
+        as_messages = [
+            [{"role": "assistant", "content": text}] if isinstance(r.get("prompt"), list) else text
+            for r, text in zip(rows, completions)
+        ]
         for column in self.columns:
             if column != "prompt":
                 batch.setdefault(column, [r.get(column) for r in rows])
@@ -193,12 +230,15 @@ class RewardSet:
                 if isinstance(err, RewardFunctionError):
                     raise
                 first = str(batch["prompts"][0])[:80] if rows else ""
-                raise RewardFunctionError(f"reward function {c.name} raised {getattr(err, 'kind', type(err).__name__)}: {err} "
-                                          f"(batch of {len(completions)}, first prompt: {first!r})") from err
+                raise RewardFunctionError(
+                    f"reward function {c.name} raised {getattr(err, 'kind', type(err).__name__)}: {err} "
+                    f"(batch of {len(completions)}, first prompt: {first!r})"
+                ) from err
         return out
 
     def _call_all(self, batch: dict) -> dict:
         """{name: return value or the exception}; async functions concurrently, others one by one in a thread."""
+
         def kwargs_for(c):
             names, takes_all = c.wanted()
             given = {**batch, "completions": batch["chat_completions"]} if c.chat else batch
@@ -207,9 +247,14 @@ class RewardSet:
 
         timeout = self.timeout or None
         results: dict = {}
-        async_components = [c for c in self.components if inspect.iscoroutinefunction(inspect.unwrap(c.fn))
-                             or inspect.iscoroutinefunction(getattr(c.fn, "func", None))]
+        async_components = [
+            c
+            for c in self.components
+            if inspect.iscoroutinefunction(inspect.unwrap(c.fn))
+            or inspect.iscoroutinefunction(getattr(c.fn, "func", None))
+        ]
         if async_components:
+
             async def run_all():
                 calls = [asyncio.wait_for(c.fn(**kwargs_for(c)), timeout) for c in async_components]
                 return await asyncio.gather(*calls, return_exceptions=True)
@@ -279,7 +324,13 @@ def load_reward_set(options, rows: list[dict], max_steps: int = 0) -> RewardSet 
     if not options.reward:
         return None
     columns = sorted(set().union(*(row.keys() for row in rows[:8])))
-    rewards = RewardSet(parse_reward_specs(options.reward), options.reward_on_error, options.reward_error_score, columns,
-                        options.reward_timeout, trainer_state=TrainerState(0, max_steps))
+    rewards = RewardSet(
+        parse_reward_specs(options.reward),
+        options.reward_on_error,
+        options.reward_error_score,
+        columns,
+        options.reward_timeout,
+        trainer_state=TrainerState(0, max_steps),
+    )
     rewards.check(rows)  # arguments exist, one value per completion
     return rewards

@@ -3,6 +3,7 @@
 API in this process; and ``TrainerState``, the run's progress as a function sees it. Loading only: calling the
 functions (weights, timeouts, the worker process) is tether/rewards/functions.py, which the worker process needs
 none of."""
+
 from __future__ import annotations
 
 import ast
@@ -51,11 +52,15 @@ def _spec_arguments(spec: str, text: str) -> dict:
 
 
 def _where_raised(err: BaseException, path: Path | None) -> str:
-    """"file.py:LINE" of the line of ``path`` (None: of the user's module, any file but Python's import machinery
+    """ "file.py:LINE" of the line of ``path`` (None: of the user's module, any file but Python's import machinery
     and this one) where an exception raised while a module was imported; "" (None) or the path if no such line."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not f.filename.startswith("<") and Path(f.filename).resolve() != Path(__file__).resolve()
-              and Path(f.filename).parent.name != "importlib"]
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if not f.filename.startswith("<")
+        and Path(f.filename).resolve() != Path(__file__).resolve()
+        and Path(f.filename).parent.name != "importlib"
+    ]
     if path is not None:
         frames = [f for f in frames if Path(f.filename).resolve() == path.resolve()]
         return f"{path}:{frames[-1].lineno}" if frames else str(path)
@@ -65,11 +70,13 @@ def _where_raised(err: BaseException, path: Path | None) -> str:
 def load_reward_function(target: str) -> Callable:
     """``package.module:function`` (importable) or ``path/to/file.py:function``, optionally ``function(k=v,...)``."""
     if target.startswith("python:"):
-        obj = PYTHON_OBJECTS.get(target[len("python:"):])
+        obj = PYTHON_OBJECTS.get(target[len("python:") :])
         if obj is None:
-            raise ConfigError(f"--reward {target!r}: this object was handed to tether's Python API in another process; "
-                              "resume the run from Python with the same objects (reward_funcs=..., env=...), or name "
-                              "an importable module:function instead")
+            raise ConfigError(
+                f"--reward {target!r}: this object was handed to tether's Python API in another process; "
+                "resume the run from Python with the same objects (reward_funcs=..., env=...), or name "
+                "an importable module:function instead"
+            )
         return obj
     arguments = {}
     called = re.fullmatch(r"(.*?)\((.*)\)", target)
@@ -90,8 +97,9 @@ def load_reward_function(target: str) -> Callable:
         except SyntaxError as err:
             raise ConfigError(f"--reward {target!r}: {path}:{err.lineno}: {err.msg}") from None
         except Exception as err:  # noqa: BLE001 - whatever the user's module raises while it is imported
-            raise ConfigError(f"--reward {target!r}: {_where_raised(err, path)}: importing it raised "
-                              f"{type(err).__name__}: {err}") from None
+            raise ConfigError(
+                f"--reward {target!r}: {_where_raised(err, path)}: importing it raised {type(err).__name__}: {err}"
+            ) from None
     else:
         try:
             module = importlib.import_module(module_name)
@@ -100,14 +108,18 @@ def load_reward_function(target: str) -> Callable:
         except Exception as err:  # noqa: BLE001 - ImportError, or whatever the module raises while it is imported
             where = _where_raised(err, None)
             where = f" ({where})" if where else ""
-            raise ConfigError(f"--reward {target!r}: cannot import {module_name}{where}: {type(err).__name__}: "
-                              f"{err}") from None
+            raise ConfigError(
+                f"--reward {target!r}: cannot import {module_name}{where}: {type(err).__name__}: {err}"
+            ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(f"--reward {target!r}: {module_name} has no function {attr!r}")
     if arguments:
-        declared = [q.name for q in inspect.signature(fn).parameters.values()
-                    if q.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        declared = [
+            q.name
+            for q in inspect.signature(fn).parameters.values()
+            if q.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ]
         unknown = sorted(set(arguments) - set(declared))
         if unknown:  # a **kwargs catch-all would swallow a misspelt argument silently
             raise ConfigError(f"--reward {target!r}: {attr} has no parameter {unknown}; it takes {declared}")

@@ -15,6 +15,7 @@ refuses with SandboxUnavailable, unless the caller opts into ``isolation="weak"`
 interpreter in its own session with per-process memory and file-size limits and a timeout that kills its
 process group — containment for honest mistakes, not a security boundary.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,15 @@ class SandboxResult:
     output_truncated: bool = False  # stdout or stderr reached max_output_bytes
 
 
-def run_python(code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 512, max_processes: int = 32,
-               max_output_bytes: int = 1 << 20, isolation: str = "bubblewrap") -> SandboxResult:
+def run_python(
+    code: str,
+    stdin: str = "",
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_processes: int = 32,
+    max_output_bytes: int = 1 << 20,
+    isolation: str = "bubblewrap",
+) -> SandboxResult:
     """Execute ``code`` in a child interpreter; never raises for the child's failures (only SandboxUnavailable)."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation={isolation!r}: choose {' or '.join(ISOLATIONS)}")
@@ -62,8 +70,15 @@ def run_python(code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: in
         limits = _limits(memory_mb if isolation == "weak" else 0, max_output_bytes, group)
         with open(in_path) as fin, open(out_path, "w") as fout, open(err_path, "w") as ferr:
             start = time.monotonic()
-            proc = subprocess.Popen(command, stdin=fin, stdout=fout, stderr=ferr, preexec_fn=limits, close_fds=True,
-                                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if group is None else {})
+            proc = subprocess.Popen(
+                command,
+                stdin=fin,
+                stdout=fout,
+                stderr=ferr,
+                preexec_fn=limits,
+                close_fds=True,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if group is None else {},
+            )
             timed_out = _wait(proc, timeout_s - (time.monotonic() - start))
             _kill_tree(proc, group)
         out, err = (_read_capped(p, max_output_bytes) for p in (out_path, err_path))
@@ -94,15 +109,43 @@ def check_isolation(isolation: str = "bubblewrap") -> None:
 def _bubblewrap_command(code: str) -> list[str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        raise SandboxUnavailable("bubblewrap (bwrap) is not installed, so model-written code cannot be isolated: "
-                                 "install it (Debian: apt-get install bubblewrap; the set-up does this as root), or "
-                                 "accept a sandbox that is no security boundary by passing isolation='weak'")
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed, so model-written code cannot be isolated: "
+            "install it (Debian: apt-get install bubblewrap; the set-up does this as root), or "
+            "accept a sandbox that is no security boundary by passing isolation='weak'"
+        )
     python = os.path.realpath(sys.executable)
     prefix = os.path.realpath(sys.base_prefix)
-    command = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-               "--uid", str(NOBODY), "--gid", str(NOBODY), "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
-               "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8", "--proc", "/proc", "--dev", "/dev",
-               "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    command = [
+        bwrap,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(NOBODY),
+        "--gid",
+        str(NOBODY),
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--chdir",
+        "/tmp",
+    ]
     for path in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/alternatives", "/etc/ld.so.cache"):
         command += ["--ro-bind-try", path, path]
     if not any(prefix == p or prefix.startswith(p + "/") for p in ("/usr", "/lib", "/bin")):
@@ -112,6 +155,7 @@ def _bubblewrap_command(code: str) -> list[str]:
 
 def _limits(memory_mb: int, max_output_bytes: int, group: "_CGroup | None"):
     """The child's set-up before it execs: its own session, file-size and (weak mode) memory limits, the cgroup."""
+
     def apply() -> None:
         import resource
 
@@ -122,6 +166,7 @@ def _limits(memory_mb: int, max_output_bytes: int, group: "_CGroup | None"):
             resource.setrlimit(resource.RLIMIT_AS, (memory_mb * 2**20, memory_mb * 2**20))
         if group is not None:
             group.enter(os.getpid())
+
     return apply
 
 
@@ -162,8 +207,11 @@ class _CGroup:
         name = f"tether-sandbox-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         v2 = (CGROUP_ROOT / "cgroup.controllers").is_file()
         folders = [CGROUP_ROOT / name] if v2 else [CGROUP_ROOT / "memory" / name, CGROUP_ROOT / "pids" / name]
-        settings = ({"memory.max": memory_mb * 2**20, "memory.swap.max": 0, "pids.max": max_processes} if v2 else
-                    {"memory.limit_in_bytes": memory_mb * 2**20, "pids.max": max_processes})
+        settings = (
+            {"memory.max": memory_mb * 2**20, "memory.swap.max": 0, "pids.max": max_processes}
+            if v2
+            else {"memory.limit_in_bytes": memory_mb * 2**20, "pids.max": max_processes}
+        )
         group = cls([])
         try:
             for folder in folders:
@@ -177,9 +225,11 @@ class _CGroup:
                     target.write_text(str(value))
         except OSError as err:
             group.remove()
-            raise SandboxUnavailable(f"no cgroup for the sandbox's memory and process limits ({err}; tether needs to "
-                                     f"create one under {CGROUP_ROOT}, as root or with a delegated cgroup): pass "
-                                     "isolation='weak' to run without this boundary") from None
+            raise SandboxUnavailable(
+                f"no cgroup for the sandbox's memory and process limits ({err}; tether needs to "
+                f"create one under {CGROUP_ROOT}, as root or with a delegated cgroup): pass "
+                "isolation='weak' to run without this boundary"
+            ) from None
         return group
 
     def enter(self, pid: int) -> None:
@@ -188,8 +238,12 @@ class _CGroup:
 
     def kill_all(self) -> None:
         for _ in range(50):  # processes may be forking while they are killed
-            pids = {int(p) for f in self.folders if (f / "cgroup.procs").exists()
-                    for p in (f / "cgroup.procs").read_text().split()}
+            pids = {
+                int(p)
+                for f in self.folders
+                if (f / "cgroup.procs").exists()
+                for p in (f / "cgroup.procs").read_text().split()
+            }
             if not pids:
                 return
             for pid in pids:

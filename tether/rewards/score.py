@@ -9,6 +9,7 @@ logging. A component that returns step scores is a process reward: its weighted 
     total = w_RM · RM(x, y) + Σ_i w_i · f_i(x, y) + overlong(|y|)    (outcome components only)
     then, if asked: truncated → truncation_penalty; clip to [−c, c]       (docs/algorithms.md §8)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,15 +43,23 @@ class Scores:
         steps = [self.step_scores[i] for i in pick] if self.step_scores is not None else None
         ends = [self.step_ends[i] for i in pick] if self.step_ends is not None else None
         records = [self.records[i] for i in pick] if self.records is not None else None
-        return Scores(self.total[idx], {k: v[idx] for k, v in self.parts.items()}, steps, self.has_outcome, ends, records)
+        return Scores(
+            self.total[idx], {k: v[idx] for k, v in self.parts.items()}, steps, self.has_outcome, ends, records
+        )
 
     @staticmethod
     def cat(parts: list["Scores"]) -> "Scores":
         steps = [s for p in parts for s in p.step_scores] if parts[0].step_scores is not None else None
         ends = [s for p in parts for s in p.step_ends] if parts[0].step_ends is not None else None
         records = [s for p in parts for s in p.records] if parts[0].records is not None else None
-        return Scores(torch.cat([p.total for p in parts]), {k: torch.cat([p.parts[k] for p in parts]) for k in parts[0].parts},
-                      steps, parts[0].has_outcome, ends, records)
+        return Scores(
+            torch.cat([p.total for p in parts]),
+            {k: torch.cat([p.parts[k] for p in parts]) for k in parts[0].parts},
+            steps,
+            parts[0].has_outcome,
+            ends,
+            records,
+        )
 
 
 def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
@@ -59,15 +68,23 @@ def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
         return None
     from tether.models.reward import RewardScorer
 
-    return RewardScorer(rewards_cfg.reward_model, rewards_cfg.head_weights, rewards_cfg.normalize_reward, device,
-                        dtype=dtype)
+    return RewardScorer(
+        rewards_cfg.reward_model, rewards_cfg.head_weights, rewards_cfg.normalize_reward, device, dtype=dtype
+    )
 
 
 class Scorer:
     """Reward model + reward functions + shaping -> Scores (a RewardSection says which and how)."""
 
-    def __init__(self, rewards_cfg, max_new_tokens: int, tokenizer, reward_set: RewardSet | None, reward_model=None,
-                 allow_process: bool = True):
+    def __init__(
+        self,
+        rewards_cfg,
+        max_new_tokens: int,
+        tokenizer,
+        reward_set: RewardSet | None,
+        reward_model=None,
+        allow_process: bool = True,
+    ):
         """``reward_set``: load_reward_set(rewards_cfg, rows), checked before any model is loaded;
         ``reward_model(texts) -> list[float]``: load_reward_model_scorer(), or a stand-in (the lab, tests)."""
         self.cfg, self.tokenizer, self.max_new_tokens = rewards_cfg, tokenizer, max_new_tokens
@@ -82,8 +99,9 @@ class Scorer:
         terms = [f"{self.cfg.reward_model_weight:g} x reward model"] if self.reward_model is not None else []
         terms += [f"{c.weight:g} x {c.name}" for c in (self.rewards.components if self.rewards else [])]
         terms += [f"overlong (last {self.overlong_cache} tokens)"] if self.overlong_cache else []
-        shaping = (["truncated -> %g" % self.cfg.truncation_penalty] if self.cfg.penalize_truncated else []) \
-            + ([f"clipped to ±{self.cfg.reward_clip:g}"] if self.cfg.reward_clip else [])
+        shaping = (["truncated -> %g" % self.cfg.truncation_penalty] if self.cfg.penalize_truncated else []) + (
+            [f"clipped to ±{self.cfg.reward_clip:g}"] if self.cfg.reward_clip else []
+        )
         return " + ".join(terms) + (f"; {', '.join(shaping)}" if shaping else "")
 
     def __call__(self, rollout, rows: list[dict]) -> Scores:
@@ -92,7 +110,10 @@ class Scorer:
         total = torch.zeros(len(rollout.responses))
         if self.reward_model is not None:
             eos = self.tokenizer.eos_token or ""
-            texts = [p + r + ("" if t else eos) for p, r, t in zip(rollout.prompts, rollout.responses, rollout.truncated.tolist())]
+            texts = [
+                p + r + ("" if t else eos)
+                for p, r, t in zip(rollout.prompts, rollout.responses, rollout.truncated.tolist())
+            ]
             parts["reward_model"] = torch.tensor(self.reward_model(texts), dtype=torch.float32)
             total += self.cfg.reward_model_weight * parts["reward_model"]
         if self.rewards is not None:
@@ -101,7 +122,8 @@ class Scorer:
                 raise RewardFunctionError(
                     f"every reward function ({', '.join(values)}) returned None ('no opinion') for all "
                     f"{len(rollout.responses)} completions of step {self.rewards.trainer_state.global_step + 1}: the "
-                    f"step would train on a score of 0 everywhere (first prompt: {str(rows[0].get('prompt'))[:80]!r})")
+                    f"step would train on a score of 0 everywhere (first prompt: {str(rows[0].get('prompt'))[:80]!r})"
+                )
             for c in self.rewards.components:
                 v = values[c.name]
                 if any(x is None for x in v):  # "no opinion" (TRL's convention): adds 0, counted
@@ -123,8 +145,10 @@ class Scorer:
 
     def _process(self, component, values: list[list[float]], steps):
         if not self.allow_process:
-            raise ConfigError(f"reward function {component.name} returned step scores (a process reward); this stage "
-                              "needs one score per response. Process rewards are for `tether grpo`")
+            raise ConfigError(
+                f"reward function {component.name} returned step scores (a process reward); this stage "
+                "needs one score per response. Process rewards are for `tether grpo`"
+            )
         if steps is not None:
             raise ConfigError("more than one process reward (functions returning step scores); combine them into one")
         return [[component.weight * x for x in row] for row in values]

@@ -6,6 +6,7 @@ or CUDA state), loads the same specs, and answers one call at a time over a pipe
 JSON, so nothing is unpickled on either side. Module-level state of a reward file lives in the worker (and starts
 over when a hung call forced a new one).
 """
+
 from __future__ import annotations
 
 import json

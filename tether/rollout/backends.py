@@ -3,6 +3,7 @@
 ``BACKENDS`` maps each name to its class (``hf`` today: the trained policy itself, sampled with the KV cache); a new
 engine is one class here and one row in the table. Every backend returns the same Rollout, cut by the one stop set.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -37,23 +38,43 @@ class SeededSampler:
 
 
 @torch.no_grad()
-def generate_rollout(model, tokenizer, prompts: list[str], max_new_tokens: int, temperature: float = 1.0,
-                     top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None,
-                     seeds: list[int] | None = None, compact: bool = True) -> Rollout:
+def generate_rollout(
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_ids: list[int] | None = None,
+    seeds: list[int] | None = None,
+    compact: bool = True,
+) -> Rollout:
     """Sample one response per prompt with the KV cache; prompts are left-padded, positions come from the mask.
     ``seeds`` (one per prompt): each response is drawn with its own generator instead of the global RNG.
     ``compact``: as in generate_from_ids."""
     ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    rollout = generate_from_ids(model, tokenizer, ids, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds,
-                                compact=compact)
+    rollout = generate_from_ids(
+        model, tokenizer, ids, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds, compact=compact
+    )
     rollout.prompts = list(prompts)
     return rollout
 
 
 @torch.no_grad()
-def generate_from_ids(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-                      top_p: float = 1.0, top_k: int = 0, stop_ids: list[int] | None = None,
-                      seeds: list[int] | None = None, greedy: bool = False, compact: bool = True) -> Rollout:
+def generate_from_ids(
+    model,
+    tokenizer,
+    contexts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop_ids: list[int] | None = None,
+    seeds: list[int] | None = None,
+    greedy: bool = False,
+    compact: bool = True,
+) -> Rollout:
     """generate_rollout from token ids (a multi-turn transcript is continued from the exact tokens it holds, never
     a re-tokenisation of its text). ``greedy``: argmax decoding (evaluation only; training rollouts sample).
     ``compact``: sample with decoding.decode, which stops computing finished rows; False (or a model it cannot
@@ -68,12 +89,16 @@ def generate_from_ids(model, tokenizer, contexts: list[list[int]], max_new_token
     was_training = model.training
     model.eval()
     if compact and can_compact(model):
-        choose = greedy_choice if greedy else Sampler(temperature, top_p, top_k,
-                                                       seeded_generators(seeds, device) if seeds is not None else None)
+        choose = (
+            greedy_choice
+            if greedy
+            else Sampler(temperature, top_p, top_k, seeded_generators(seeds, device) if seeds is not None else None)
+        )
         response_ids = decode(model, input_ids, attention, max_new_tokens, stop_ids, tokenizer.pad_token_id, choose)
     else:
-        response_ids = _hf_generate(model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k,
-                                    stop_ids, seeds, greedy)
+        response_ids = _hf_generate(
+            model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds, greedy
+        )
     model.train(was_training)
     mask, truncated = response_mask_from_stops(response_ids, stop_ids)
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
@@ -81,8 +106,9 @@ def generate_from_ids(model, tokenizer, contexts: list[list[int]], max_new_token
     return Rollout(input_ids, attention, response_ids, mask, truncated, [""] * len(contexts), texts)
 
 
-def _hf_generate(model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds,
-                 greedy) -> torch.Tensor:
+def _hf_generate(
+    model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds, greedy
+) -> torch.Tensor:
     """(B, T) new tokens from Hugging Face's generate(): every row runs until the longest stops."""
     if greedy:
         sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
@@ -92,11 +118,18 @@ def _hf_generate(model, tokenizer, input_ids, attention, max_new_tokens, tempera
         from transformers import LogitsProcessorList
 
         sampler = SeededSampler(seeds, temperature, top_p, top_k, input_ids.device)
-        sampling = dict(do_sample=False, logits_processor=LogitsProcessorList([sampler]), temperature=None, top_p=None,
-                        top_k=None)
-    out = model.generate(input_ids=input_ids, attention_mask=attention, **sampling, max_new_tokens=max_new_tokens,
-                         eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id)
-    return out[:, input_ids.shape[1]:]
+        sampling = dict(
+            do_sample=False, logits_processor=LogitsProcessorList([sampler]), temperature=None, top_p=None, top_k=None
+        )
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        **sampling,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stop_ids,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return out[:, input_ids.shape[1] :]
 
 
 class GenerationBackend(Protocol):
@@ -113,8 +146,15 @@ class GenerationBackend(Protocol):
     def weights_updated(self, policy) -> None:
         """The policy's weights changed: a backend holding its own copy (a vLLM engine) loads them here."""
 
-    def generate_ids(self, contexts: list[list[int]], sampling, stop_ids: list[int], seeds: list[int] | None = None,
-                     max_new_tokens: int | None = None, greedy: bool = False) -> Rollout:
+    def generate_ids(
+        self,
+        contexts: list[list[int]],
+        sampling,
+        stop_ids: list[int],
+        seeds: list[int] | None = None,
+        max_new_tokens: int | None = None,
+        greedy: bool = False,
+    ) -> Rollout:
         """Continue token-id contexts (multi-turn transcripts, tether/agents); as generate() otherwise.
         ``max_new_tokens`` overrides sampling's; ``greedy``: argmax (evaluation)."""
 
@@ -129,26 +169,53 @@ class HFGenerate:
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         size = getattr(sampling, "generation_batch", 0) or len(prompts)
-        parts = [generate_rollout(self.model, self.tokenizer, prompts[i : i + size], sampling.max_new_tokens,
-                                  sampling.temperature, sampling.top_p, sampling.top_k, stop_ids,
-                                  seeds=seeds[i : i + size] if seeds is not None else None,
-                                  compact=getattr(sampling, "drop_finished_rows", True))
-                 for i in range(0, len(prompts), size)]
+        parts = [
+            generate_rollout(
+                self.model,
+                self.tokenizer,
+                prompts[i : i + size],
+                sampling.max_new_tokens,
+                sampling.temperature,
+                sampling.top_p,
+                sampling.top_k,
+                stop_ids,
+                seeds=seeds[i : i + size] if seeds is not None else None,
+                compact=getattr(sampling, "drop_finished_rows", True),
+            )
+            for i in range(0, len(prompts), size)
+        ]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 
-    def generate_ids(self, contexts: list[list[int]], sampling, stop_ids: list[int], seeds: list[int] | None = None,
-                     max_new_tokens: int | None = None, greedy: bool = False) -> Rollout:
+    def generate_ids(
+        self,
+        contexts: list[list[int]],
+        sampling,
+        stop_ids: list[int],
+        seeds: list[int] | None = None,
+        max_new_tokens: int | None = None,
+        greedy: bool = False,
+    ) -> Rollout:
         size = getattr(sampling, "generation_batch", 0) or len(contexts)
-        parts = [generate_from_ids(self.model, self.tokenizer, contexts[i : i + size],
-                                   max_new_tokens or sampling.max_new_tokens, sampling.temperature, sampling.top_p,
-                                   sampling.top_k, stop_ids, seeds[i : i + size] if seeds is not None else None,
-                                   greedy=greedy, compact=getattr(sampling, "drop_finished_rows", True))
-                 for i in range(0, len(contexts), size)]
+        parts = [
+            generate_from_ids(
+                self.model,
+                self.tokenizer,
+                contexts[i : i + size],
+                max_new_tokens or sampling.max_new_tokens,
+                sampling.temperature,
+                sampling.top_p,
+                sampling.top_k,
+                stop_ids,
+                seeds[i : i + size] if seeds is not None else None,
+                greedy=greedy,
+                compact=getattr(sampling, "drop_finished_rows", True),
+            )
+            for i in range(0, len(contexts), size)
+        ]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 
     def weights_updated(self, policy) -> None:
         pass
-
 
 
 # rollout.backend's choices (tether/sections.py ROLLOUT_BACKENDS names the same keys; a test checks they agree)

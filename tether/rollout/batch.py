@@ -1,5 +1,6 @@
 """The rollout record: a batch of sampled responses, their masks and truncation flags, and how batches are padded
 and joined. No sampling and no model here."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,9 +36,16 @@ class Rollout:
     def select(self, idx: torch.Tensor) -> "Rollout":
         """The rows ``idx`` (a 1-D index tensor), in that order."""
         pick = idx.tolist()
-        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.response_ids[idx], self.response_mask[idx],
-                       self.truncated[idx], [self.prompts[i] for i in pick], [self.responses[i] for i in pick],
-                       self.response_attention[idx] if self.response_attention is not None else None)
+        return Rollout(
+            self.prompt_ids[idx],
+            self.prompt_mask[idx],
+            self.response_ids[idx],
+            self.response_mask[idx],
+            self.truncated[idx],
+            [self.prompts[i] for i in pick],
+            [self.responses[i] for i in pick],
+            self.response_attention[idx] if self.response_attention is not None else None,
+        )
 
     def completion_ids(self) -> list[list[int]]:
         """The sampled token ids of each response, up to and including its stop token (what reward functions get)."""
@@ -51,8 +59,8 @@ def left_pad(contexts: list[list[int]], pad_id: int, device=None) -> tuple[torch
     mask = torch.zeros((len(contexts), width), dtype=torch.long)
     for i, c in enumerate(contexts):
         if c:
-            ids[i, width - len(c):] = torch.tensor(c, dtype=torch.long)
-            mask[i, width - len(c):] = 1
+            ids[i, width - len(c) :] = torch.tensor(c, dtype=torch.long)
+            mask[i, width - len(c) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -70,10 +78,13 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     attention = None
     if any(r.response_attention is not None for r in parts):
         attention = torch.cat([pad(r.attention, t_len, 0, False) for r in parts])
-    return Rollout(torch.cat([pad(r.prompt_ids, p_len, pad_id, True) for r in parts]),
-                   torch.cat([pad(r.prompt_mask, p_len, 0, True) for r in parts]),
-                   torch.cat([pad(r.response_ids, t_len, pad_id, False) for r in parts]),
-                   torch.cat([pad(r.response_mask, t_len, 0, False) for r in parts]),
-                   torch.cat([r.truncated for r in parts]), [p for r in parts for p in r.prompts],
-                   [x for r in parts for x in r.responses], attention)
-
+    return Rollout(
+        torch.cat([pad(r.prompt_ids, p_len, pad_id, True) for r in parts]),
+        torch.cat([pad(r.prompt_mask, p_len, 0, True) for r in parts]),
+        torch.cat([pad(r.response_ids, t_len, pad_id, False) for r in parts]),
+        torch.cat([pad(r.response_mask, t_len, 0, False) for r in parts]),
+        torch.cat([r.truncated for r in parts]),
+        [p for r in parts for p in r.prompts],
+        [x for r in parts for x in r.responses],
+        attention,
+    )

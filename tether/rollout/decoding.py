@@ -9,6 +9,7 @@ draws (tests/test_decoding.py: greedy and per-response seeds give the same token
 Sampling is exactly softmax(top-k/top-p(logits / τ)), the distribution the trainers' log-probs are computed at;
 a model's generation_config (repetition penalty, forced tokens) is not applied, since the loss would not see it.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -48,16 +49,18 @@ class Sampler:
     """Draws from sampling_probs: from the global RNG, or with ``generators`` (one per batch row) each row from its
     own, so a response depends on its seed and prompt only, never on which other rows share its batch."""
 
-    def __init__(self, temperature: float, top_p: float = 1.0, top_k: int = 0,
-                 generators: list[torch.Generator] | None = None):
+    def __init__(
+        self, temperature: float, top_p: float = 1.0, top_k: int = 0, generators: list[torch.Generator] | None = None
+    ):
         self.temperature, self.top_p, self.top_k, self.generators = temperature, top_p, top_k, generators
 
     def __call__(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         probs = sampling_probs(logits, self.temperature, self.top_p, self.top_k)
         if self.generators is None:
             return torch.multinomial(probs, 1).squeeze(1)
-        return torch.cat([torch.multinomial(probs[i], 1, generator=self.generators[r])
-                          for i, r in enumerate(rows.tolist())])
+        return torch.cat(
+            [torch.multinomial(probs[i], 1, generator=self.generators[r]) for i, r in enumerate(rows.tolist())]
+        )
 
 
 def seeded_generators(seeds: list[int], device) -> list[torch.Generator]:
@@ -86,8 +89,15 @@ def _cache_keyword(model) -> str | None:
 
 
 @torch.no_grad()
-def decode(model, input_ids: torch.Tensor, attention: torch.Tensor, max_new_tokens: int, stop_ids: list[int],
-           pad_id: int, choose: Chooser) -> torch.Tensor:
+def decode(
+    model,
+    input_ids: torch.Tensor,
+    attention: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids: list[int],
+    pad_id: int,
+    choose: Chooser,
+) -> torch.Tensor:
     """(B, T) new tokens after left-padded prompts ``input_ids`` / ``attention`` (B, P), right-padded with
     ``pad_id`` after each row's first stop token; T is the longest response (at most max_new_tokens).
 
@@ -108,8 +118,13 @@ def decode(model, input_ids: torch.Tensor, attention: torch.Tensor, max_new_toke
     live = torch.ones(batch, dtype=torch.bool, device=device)  # among the rows still in the batch
     mask = attention.long()
     next_position = mask.sum(-1)  # (b,) the position id of the token each row is about to read
-    prefill = dict(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                   use_cache=True, **{keyword: cache})
+    prefill = dict(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        **{keyword: cache},
+    )
     try:
         out = model(**prefill, logits_to_keep=1)
     except TypeError:  # a model without logits_to_keep: all prompt positions' logits, the last one read
@@ -126,9 +141,20 @@ def decode(model, input_ids: torch.Tensor, attention: torch.Tensor, max_new_toke
         if finished and finished >= COMPACT_SHARE * len(rows):
             keep = live.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
-            rows, tokens, mask, next_position, live = rows[keep], tokens[keep], mask[keep], next_position[keep], live[keep]
+            rows, tokens, mask, next_position, live = (
+                rows[keep],
+                tokens[keep],
+                mask[keep],
+                next_position[keep],
+                live[keep],
+            )
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None], use_cache=True,
-                    **{keyword: cache})
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=next_position[:, None],
+            use_cache=True,
+            **{keyword: cache},
+        )
         next_position = next_position + 1
     return response[:, :steps]

@@ -1,6 +1,7 @@
 """Scoring a rollout's tokens with the trainer's own forward: log-probs (always under the sampling transform,
 logits / temperature), entropies, critic states, and the reference's log-probs. Only response logits are computed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,14 +25,19 @@ def _forward_response(model, rollout: Rollout, with_hidden: bool = False, paddin
     attention = torch.cat([rollout.prompt_mask, rollout.attention], dim=1)  # (B, P+T)
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
     t = rollout.response_ids.shape[1]
-    kwargs = dict(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False,
-                  output_hidden_states=with_hidden)
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=position_ids,
+        use_cache=False,
+        output_hidden_states=with_hidden,
+    )
     try:
         out = model(**kwargs, logits_to_keep=t + 1)
     except TypeError:  # a model without logits_to_keep: compute all, keep the tail
         out = model(**kwargs)
-    hidden = out.hidden_states[-1][:, -(t + 1):-1] if with_hidden else None  # final (normed) layer output
-    return out.logits[:, -(t + 1):-1], hidden
+    hidden = out.hidden_states[-1][:, -(t + 1) : -1] if with_hidden else None  # final (normed) layer output
+    return out.logits[:, -(t + 1) : -1], hidden
 
 
 def _packed_layout(rollout: Rollout):
@@ -46,8 +52,12 @@ def _packed_layout(rollout: Rollout):
     prompt_run = (columns_p[None] >= p - prompt_len[:, None]).to(rollout.prompt_mask.dtype)
     response_run = (columns_t[None] < response_len[:, None]).to(rollout.attention.dtype)
     scored = rollout.response_mask.bool()
-    if (not torch.equal(prompt_run, rollout.prompt_mask) or not torch.equal(response_run, rollout.attention)
-            or bool((scored & ~response_run.bool()).any()) or bool((scored.any(-1) & (prompt_len == 0)).any())):
+    if (
+        not torch.equal(prompt_run, rollout.prompt_mask)
+        or not torch.equal(response_run, rollout.attention)
+        or bool((scored & ~response_run.bool()).any())
+        or bool((scored.any(-1) & (prompt_len == 0)).any())
+    ):
         return None
     return prompt_len.cpu(), response_len.cpu()
 
@@ -61,8 +71,10 @@ class _PackedRollout:
         prompt_len, response_len = layout
         p = rollout.prompt_ids.shape[1]
         prompt_ids, response_ids = rollout.prompt_ids.cpu(), rollout.response_ids.cpu()
-        sequences = [prompt_ids[b, p - int(prompt_len[b]):].tolist() + response_ids[b, : int(response_len[b])].tolist()
-                     for b in range(len(prompt_len))]
+        sequences = [
+            prompt_ids[b, p - int(prompt_len[b]) :].tolist() + response_ids[b, : int(response_len[b])].tolist()
+            for b in range(len(prompt_len))
+        ]
         batch = pack_sequences(sequences, pad_id=0)
         rows, width = batch["input_ids"].shape
         starts = batch["last_index"] - (prompt_len + response_len - 1)  # (B,) each sequence's first flat position
@@ -113,14 +125,16 @@ def response_states(backbone, rollout: Rollout, padding_free: bool = False) -> t
     input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], 1)  # (B, P+T)
     attention = torch.cat([rollout.prompt_mask, rollout.attention], 1)  # (B, P+T)
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                      use_cache=False).last_hidden_state  # (B, P+T, H)
+    hidden = backbone(
+        input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False
+    ).last_hidden_state  # (B, P+T, H)
     t = rollout.response_ids.shape[1]
-    return hidden[:, -(t + 1):-1]  # position P−1+t is state s_t
+    return hidden[:, -(t + 1) : -1]  # position P−1+t is state s_t
 
 
-def response_logprobs(model, rollout: Rollout, temperature: float, with_entropy: bool = False,
-                      padding_free: bool = False):
+def response_logprobs(
+    model, rollout: Rollout, temperature: float, with_entropy: bool = False, padding_free: bool = False
+):
     """log π(a_t | s_t) of the response tokens under the sampling transform; (B, T), 0 on padding.
 
     With with_entropy, also the per-token entropy of π(· | s_t) at that temperature, (B, T). ``padding_free``:
@@ -145,10 +159,11 @@ def response_logprobs_and_values(model, value_head, rollout: Rollout, temperatur
     return logprobs, token_entropy(logits, temperature) * mask, values
 
 
-def reference_logprobs(reference, policy, rollout: Rollout, temperature: float, padding_free: bool = False) -> torch.Tensor:
+def reference_logprobs(
+    reference, policy, rollout: Rollout, temperature: float, padding_free: bool = False
+) -> torch.Tensor:
     """Reference log-probs: from the frozen copy, or (LoRA, reference None) from the policy with its adapter off."""
     if reference is not None:
         return response_logprobs(reference, rollout, temperature, padding_free=padding_free)
     with policy.disable_adapter():
         return response_logprobs(policy, rollout, temperature, padding_free=padding_free)
-

@@ -3,6 +3,7 @@
 One stop set decides, alike for the generator, the response mask, the truncation flag and the metrics, where a
 response ends (the generation config's EOS ids, the tokenizer's EOS, the chat template's end-of-turn token).
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,9 +19,11 @@ def render_prompts(tokenizer, rows: list[dict], where: str) -> list[str]:
         prompt = row.get("prompt")
         if isinstance(prompt, list):
             if not getattr(tokenizer, "chat_template", None):
-                raise DataError(f"{where} row {i + 1}: 'prompt' is a list of chat messages, and the tokenizer has no "
-                                "chat template to render them (give the prompts as plain strings, or use a model "
-                                "folder whose tokenizer_config.json has a chat_template)")
+                raise DataError(
+                    f"{where} row {i + 1}: 'prompt' is a list of chat messages, and the tokenizer has no "
+                    "chat template to render them (give the prompts as plain strings, or use a model "
+                    "folder whose tokenizer_config.json has a chat_template)"
+                )
             out.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
         elif isinstance(prompt, str):
             out.append(prompt)
@@ -34,8 +37,10 @@ def stop_token_ids(tokenizer, model=None) -> list[int]:
     (a model whose EOS is not what closes its turns — Mistral's </s> with a ChatML template — stops at either)."""
     ids: list[int] = []
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])) + [tokenizer.eos_token_id,
-                                                                                      end_of_turn_id(tokenizer)]:
+    for value in ([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])) + [
+        tokenizer.eos_token_id,
+        end_of_turn_id(tokenizer),
+    ]:
         if value is not None and value not in ids:
             ids.append(int(value))
     if not ids:
@@ -50,4 +55,3 @@ def response_mask_from_stops(response_ids: torch.Tensor, stop_ids: list[int]) ->
     mask = (stops_before == 0).long()
     truncated = ~is_stop.any(-1)
     return mask, truncated
-

@@ -6,6 +6,7 @@ online loop (tether/train/online.py) with rounds — every steps_per_round steps
 from the current policy, labelled (a judge function, or the shared scorer: a reward model and/or reward
 functions), and the next steps train on those pairs against the fixed reference.
 """
+
 from __future__ import annotations
 
 import json
@@ -122,14 +123,19 @@ class DPOObjective:
         total = reduce(total).cpu()
         n = float(total[3])
         batch_mean = float(total[0]) / n
-        batch_std = max(float(total[1]) / n - batch_mean ** 2, 0.0) ** 0.5
+        batch_std = max(float(total[1]) / n - batch_mean**2, 0.0) ** 0.5
         reference_margin = batch_mean if old_mean is None else old_mean
-        self.beta = beta_dpo_beta(torch.tensor([batch_mean]), self.d.effective_beta, self.d.beta_dpo_alpha, reference_margin)
+        self.beta = beta_dpo_beta(
+            torch.tensor([batch_mean]), self.d.effective_beta, self.d.beta_dpo_alpha, reference_margin
+        )
         self._weight_norm = float(total[2]) / n
         mom = self.d.beta_dpo_momentum
-        self.state = {"mean": batch_mean if old_mean is None else mom * old_mean + (1 - mom) * batch_mean,
-                      "std": batch_std if old_mean is None else mom * old_std + (1 - mom) * batch_std,
-                      "old_mean": old_mean, "old_std": old_std}
+        self.state = {
+            "mean": batch_mean if old_mean is None else mom * old_mean + (1 - mom) * batch_mean,
+            "std": batch_std if old_mean is None else mom * old_std + (1 - mom) * batch_std,
+            "old_mean": old_mean,
+            "old_std": old_std,
+        }
 
     def loss_sum(self, model, batch: dict):
         d = self.d
@@ -139,14 +145,31 @@ class DPOObjective:
         ref = batch.get("reference_logps")
         if self.needs_reference and ref is None:
             raise RuntimeError("reference log-probabilities are missing from the batch")
-        losses = preference_loss(d.loss, logps, ref if self.needs_reference else None, tokens, self.beta,
-                                 d.label_smoothing, d.simpo_gamma, d.orpo_lambda, batch["list_mask"])
+        losses = preference_loss(
+            d.loss,
+            logps,
+            ref if self.needs_reference else None,
+            tokens,
+            self.beta,
+            d.label_smoothing,
+            d.simpo_gamma,
+            d.orpo_lambda,
+            batch["list_mask"],
+        )
         # Weighting needs a running σ from earlier steps; when every weight underflows (σ far smaller than the
         # spread of this step's margins) the step falls back to equal weights rather than dividing by zero.
-        if (d.loss == "beta_dpo" and d.beta_dpo_weighting and model.training and self.state.get("old_mean") is not None
-                and self._weight_norm and self._weight_norm > 1e-12):
+        if (
+            d.loss == "beta_dpo"
+            and d.beta_dpo_weighting
+            and model.training
+            and self.state.get("old_mean") is not None
+            and self._weight_norm
+            and self._weight_norm > 1e-12
+        ):
             m = self._margins(logps.detach(), ref)
-            losses = losses * beta_dpo_pair_weights(m, self.state["old_mean"], self.state["old_std"]) / self._weight_norm
+            losses = (
+                losses * beta_dpo_pair_weights(m, self.state["old_mean"], self.state["old_std"]) / self._weight_norm
+            )
         chosen_nll = -logps[:, 0] / tokens[:, 0].clamp(min=1)
         if d.sft_coef:
             losses = losses + d.sft_coef * chosen_nll
@@ -171,9 +194,13 @@ class DPOObjective:
         with torch.no_grad():
             r = logps.detach() - ref[:, 0]
             n = len(losses)
-            stats = {"kto/reference_point": z0.detach() * n, "kto/reward": (self.beta * r).sum(),
-                     "rewards/accuracy": ((r > z0) == desirable).float().sum(),
-                     "logps/chosen": logps.detach().sum(), "beta": torch.tensor(self.beta * n)}
+            stats = {
+                "kto/reference_point": z0.detach() * n,
+                "kto/reward": (self.beta * r).sum(),
+                "rewards/accuracy": ((r > z0) == desirable).float().sum(),
+                "logps/chosen": logps.detach().sum(),
+                "beta": torch.tensor(self.beta * n),
+            }
         return losses.sum(), stats
 
     @torch.no_grad()
@@ -181,16 +208,23 @@ class DPOObjective:
         last = list_mask.sum(-1) - 1  # the worst-ranked real response
         worst = logps.gather(1, last[:, None]).squeeze(1)
         if self.needs_reference:
-            r_chosen, r_rejected = implicit_rewards(logps[:, 0], worst, ref[:, 0], ref.gather(1, last[:, None]).squeeze(1),
-                                                    self.beta)
+            r_chosen, r_rejected = implicit_rewards(
+                logps[:, 0], worst, ref[:, 0], ref.gather(1, last[:, None]).squeeze(1), self.beta
+            )
         else:  # the reference-free losses' own implicit reward: (β/|y|) log π(y)
             r_chosen = self.beta * logps[:, 0] / tokens[:, 0].clamp(min=1)
             r_rejected = self.beta * worst / tokens.gather(1, last[:, None]).squeeze(1).clamp(min=1)
         margins = r_chosen - r_rejected
-        return {"rewards/chosen": r_chosen.sum(), "rewards/rejected": r_rejected.sum(),
-                "rewards/margins": margins.sum(), "rewards/accuracy": (margins > 0).float().sum(),
-                "logps/chosen": logps[:, 0].detach().sum(), "logps/rejected": worst.detach().sum(),
-                "nll/chosen": chosen_nll.detach().sum(), "beta": torch.tensor(self.beta * n)}
+        return {
+            "rewards/chosen": r_chosen.sum(),
+            "rewards/rejected": r_rejected.sum(),
+            "rewards/margins": margins.sum(),
+            "rewards/accuracy": (margins > 0).float().sum(),
+            "logps/chosen": logps[:, 0].detach().sum(),
+            "logps/rejected": worst.detach().sum(),
+            "nll/chosen": chosen_nll.detach().sum(),
+            "beta": torch.tensor(self.beta * n),
+        }
 
 
 # ------------------------------------------------------------------------------------------------- online
@@ -202,8 +236,17 @@ class PairLabeller:
     def __init__(self, cfg: DPOConfig, tokenizer, reward_set, device):
         self.cfg = cfg
         self.judge = load_reward_function(cfg.online.judge) if cfg.online.judge else None
-        self.scorer = None if self.judge else Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, reward_set,
-                                                     load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model)))
+        self.scorer = (
+            None
+            if self.judge
+            else Scorer(
+                cfg.rewards,
+                cfg.rollout.max_new_tokens,
+                tokenizer,
+                reward_set,
+                load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model)),
+            )
+        )
 
     def __call__(self, rows: list[dict], rollout) -> tuple[list[float], list[float]]:
         """(P(first is better) per prompt: 1, 0 or 0.5 — a tie, dropped; the score of every answer: the scorer's,
@@ -215,7 +258,6 @@ class PairLabeller:
         totals = self.scorer(rollout, [r for r in rows for _ in range(2)]).flat().tolist()
         a, b = totals[0::2], totals[1::2]
         return [1.0 if x > y else 0.0 if x < y else 0.5 for x, y in zip(a, b)], totals
-
 
     def _verdicts(self, rows: list[dict], first: list[str], second: list[str]) -> list[float]:
         """The judge's P(first is better) per pair, each a number in [0, 1]; anything else is a RewardFunctionError
@@ -230,13 +272,24 @@ class PairLabeller:
             raise RewardFunctionError(f"--judge {name} returned {len(values)} values for {len(first)} pairs")
         for i, v in enumerate(values):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= float(v) <= 1.0:
-                raise RewardFunctionError(f"--judge {name}: verdict {i} is {v!r}; a verdict is P(first is better), a "
-                                          "number in [0, 1] (0.5 for a tie)")
+                raise RewardFunctionError(
+                    f"--judge {name}: verdict {i} is {v!r}; a verdict is P(first is better), a "
+                    "number in [0, 1] (0.5 for a tie)"
+                )
         return [float(v) for v in values]
 
 
-def sample_round_pairs(backend, tokenizer, stops: list[int], rows: list[dict], labeller: PairLabeller, cfg: DPOConfig,
-                       seed: int, step: int, positions: list[int] | None = None):
+def sample_round_pairs(
+    backend,
+    tokenizer,
+    stops: list[int],
+    rows: list[dict],
+    labeller: PairLabeller,
+    cfg: DPOConfig,
+    seed: int,
+    step: int,
+    positions: list[int] | None = None,
+):
     """Two answers per prompt from the current policy, labelled; ties, identical and (unless keep_truncated)
     truncated answers dropped and counted. Returns (pairs, counts, SampleRecords of every answer). ``positions``:
     the prompts' places in the prompt stream, which seed each answer when rollout.response_seeds is on."""
@@ -250,20 +303,34 @@ def sample_round_pairs(backend, tokenizer, stops: list[int], rows: list[dict], l
     rollout = backend.generate([t for t in texts for _ in range(2)], ro, stops, seeds)
     answers, truncated, lengths = rollout.responses, rollout.truncated.tolist(), rollout.lengths.tolist()
     preference, answer_scores = labeller(rows, rollout)
-    samples = [SampleRecord(step, texts[i // 2], answers[i], float(answer_scores[i]), {}, int(lengths[i]),
-                            bool(truncated[i])) for i in range(len(answers))]
+    samples = [
+        SampleRecord(step, texts[i // 2], answers[i], float(answer_scores[i]), {}, int(lengths[i]), bool(truncated[i]))
+        for i in range(len(answers))
+    ]
     pairs = []
     for i, row in enumerate(rows):
         first, second = answers[2 * i], answers[2 * i + 1]
-        reason = ("truncated" if not cfg.online.keep_truncated and (truncated[2 * i] or truncated[2 * i + 1]) else
-                  "identical" if first.strip() == second.strip() else "ties" if preference[i] == 0.5 else None)
+        reason = (
+            "truncated"
+            if not cfg.online.keep_truncated and (truncated[2 * i] or truncated[2 * i + 1])
+            else "identical"
+            if first.strip() == second.strip()
+            else "ties"
+            if preference[i] == 0.5
+            else None
+        )
         if reason:
             counts[reason] += 1
             continue
         chosen, rejected = (first, second) if preference[i] > 0.5 else (second, first)
         wrap = (lambda a: [{"role": "assistant", "content": a}]) if isinstance(row["prompt"], list) else (lambda a: a)
-        pairs.append({**{k: v for k, v in row.items() if k not in ("chosen", "rejected")},
-                      "chosen": wrap(chosen), "rejected": wrap(rejected)})
+        pairs.append(
+            {
+                **{k: v for k, v in row.items() if k not in ("chosen", "rejected")},
+                "chosen": wrap(chosen),
+                "rejected": wrap(rejected),
+            }
+        )
     counts["pairs"] = len(pairs)
     return pairs, counts, samples
 
@@ -301,9 +368,11 @@ class OnlineDPOStage:
 
     def plan(self) -> dict:
         o, ro = self.cfg.online, self.cfg.rollout
-        return {**_plan(self.cfg, self.setup),
-                "online": f"{o.rounds} rounds x {ro.prompts_per_step} prompts x 2 answers, {o.steps_per_round} steps each, "
-                          "labelled by " + (f"judge {o.judge}" if o.judge else self.labeller.scorer.describe())}
+        return {
+            **_plan(self.cfg, self.setup),
+            "online": f"{o.rounds} rounds x {ro.prompts_per_step} prompts x 2 answers, {o.steps_per_round} steps each, "
+            "labelled by " + (f"judge {o.judge}" if o.judge else self.labeller.scorer.describe()),
+        }
 
     def evaluate(self) -> dict:
         return _evaluate_pairs(self.setup, self.cfg)
@@ -318,18 +387,22 @@ class OnlineDPOStage:
         if not any(r["round"] == rnd for r in self.rounds):
             pairs, counts, samples = self._sample_round(rnd, step)
             if not pairs:
-                raise ConfigError(f"online round {rnd}: no usable pair ({counts}); raise max_new_tokens or "
-                                  "the temperature, or check the labeller")
+                raise ConfigError(
+                    f"online round {rnd}: no usable pair ({counts}); raise max_new_tokens or "
+                    "the temperature, or check the labeller"
+                )
             if self.setup.accelerator.is_main_process:
                 path.parent.mkdir(exist_ok=True)
                 write_json_lines(path, pairs)
             self.setup.accelerator.wait_for_everyone()
             self.rounds.append({"round": rnd, **counts})
-            console.print(f"online round {rnd}: {counts['pairs']} pairs from {counts['prompts']} prompts (dropped: "
-                          f"{counts['ties']} ties, {counts['identical']} identical, {counts['truncated']} truncated)")
-        self.examples, _ = tokenize_policy_preferences(read_records(path), self.tokenizer,
-                                                       length_limit(cfg.data.max_length, cfg.model.path), False,
-                                                       str(path))
+            console.print(
+                f"online round {rnd}: {counts['pairs']} pairs from {counts['prompts']} prompts (dropped: "
+                f"{counts['ties']} ties, {counts['identical']} identical, {counts['truncated']} truncated)"
+            )
+        self.examples, _ = tokenize_policy_preferences(
+            read_records(path), self.tokenizer, length_limit(cfg.data.max_length, cfg.model.path), False, str(path)
+        )
         if self.setup.reference is not None:
             self.setup.reference.fresh_policy = False
             self.setup.reference.attach(self.examples, use_cache=False)
@@ -344,8 +417,19 @@ class OnlineDPOStage:
         count = cfg.rollout.prompts_per_step
         mine = dp.shard(list(zip(self.order.slice(first, count), range(first, first + count))))  # (prompt, position)
         rows, positions = [self.prompt_rows[i] for i, _ in mine], [p for _, p in mine]
-        pairs, counts, samples = dp.all_or_none(lambda: sample_round_pairs(
-            self.backend, self.tokenizer, self.stops, rows, self.labeller, cfg, cfg.train.seed * 1000 + rnd, step + 1, positions))
+        pairs, counts, samples = dp.all_or_none(
+            lambda: sample_round_pairs(
+                self.backend,
+                self.tokenizer,
+                self.stops,
+                rows,
+                self.labeller,
+                cfg,
+                cfg.train.seed * 1000 + rnd,
+                step + 1,
+                positions,
+            )
+        )
         if not dp.active:
             return pairs, counts, samples
         samples = [SampleRecord(**row) for row in dp.gather_json([x.as_dict() for x in samples])]
@@ -359,8 +443,13 @@ class OnlineDPOStage:
         metrics = _offline_step(self.setup, self.cfg, self.examples, self.round_order, step)
         self.backend.weights_updated(self.policy)
         elapsed = time.perf_counter() - t1
-        metrics.update({"time/sample_s": t1 - t0, "time/step_s": elapsed,
-                        "perf/pairs_per_s": metrics["train/pairs"] / max(elapsed, 1e-9)})
+        metrics.update(
+            {
+                "time/sample_s": t1 - t0,
+                "time/step_s": elapsed,
+                "perf/pairs_per_s": metrics["train/pairs"] / max(elapsed, 1e-9),
+            }
+        )
         return metrics, samples
 
 
@@ -408,15 +497,24 @@ def _load_offline(cfg: DPOConfig, tokenizer):
         return tokenizer_of(recs, tokenizer, limit, d.strict, label)
 
     if d.path:
-        _, _, train, evals, reports = tokenize_split(read_records(d.path, d.columns, d.split), eval_records,
-                                                     d.eval_fraction, cfg.train.seed, d.path, tokenize, d.eval_path)
+        _, _, train, evals, reports = tokenize_split(
+            read_records(d.path, d.columns, d.split),
+            eval_records,
+            d.eval_fraction,
+            cfg.train.seed,
+            d.path,
+            tokenize,
+            d.eval_path,
+        )
     else:  # online, held-out pairs only
         train, (evals, report) = [], tokenize(eval_records, d.eval_path)
         reports = [report]
     longest = max((len(e.responses) for e in train + evals), default=2)
     if longest > 2 and cfg.dpo.loss != "listwise":
-        raise ConfigError(f"{d.path} holds ranked lists of up to {longest} responses; loss {cfg.dpo.loss} compares "
-                          "pairs — use --loss listwise (Plackett–Luce), or pairs data")
+        raise ConfigError(
+            f"{d.path} holds ranked lists of up to {longest} responses; loss {cfg.dpo.loss} compares "
+            "pairs — use --loss listwise (Plackett–Luce), or pairs data"
+        )
     return train, evals, reports
 
 
@@ -443,9 +541,16 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
     objective = DPOObjective(cfg.dpo, state.get("beta_dpo"))
     reference, source = None, "not used (reference-free loss)"
     if objective.needs_reference:
-        reference = ReferenceLogps(cfg.model, cfg.dpo.reference_cache or str(out / "reference_cache"),
-                                   cfg.dpo.reference_batch_size, tokenizer, model, accelerator.device,
-                                   fresh_policy=checkpoint is None, padding_free=cfg.model.padding_free)
+        reference = ReferenceLogps(
+            cfg.model,
+            cfg.dpo.reference_cache or str(out / "reference_cache"),
+            cfg.dpo.reference_batch_size,
+            tokenizer,
+            model,
+            accelerator.device,
+            fresh_policy=checkpoint is None,
+            padding_free=cfg.model.padding_free,
+        )
         source = f"computed each round from {reference.describe()}"
         used = _visited(train, cfg, total_steps) + evals  # a run that sees a third of the pairs scores a third
         if used:
@@ -458,8 +563,26 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
                 source += f" for the {len(used) - len(evals)} of {len(train)} training examples the run's steps visit"
     # the optimizer's state is restored by the offline and online loops' own resume (_run_offline, run_online)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, None)
-    return DPOSetup(accelerator, config, out, start_step, checkpoint, tokenizer, train, evals, reports, model,
-                    accelerator.unwrap_model(model), objective, reference, source, optimizer, scheduler, total_steps, state)
+    return DPOSetup(
+        accelerator,
+        config,
+        out,
+        start_step,
+        checkpoint,
+        tokenizer,
+        train,
+        evals,
+        reports,
+        model,
+        accelerator.unwrap_model(model),
+        objective,
+        reference,
+        source,
+        optimizer,
+        scheduler,
+        total_steps,
+        state,
+    )
 
 
 def _visited(train: list, cfg: DPOConfig, total_steps: int) -> list:
@@ -476,14 +599,21 @@ def _visited(train: list, cfg: DPOConfig, total_steps: int) -> list:
 
 def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:
     d = cfg.dpo
-    return {"loss": f"{d.loss} (β {d.effective_beta:g}" + (f", ε {d.label_smoothing:g}" if d.label_smoothing else "")
-                    + (f", SFT term {d.sft_coef:g}" if d.sft_coef else "")
-                    + (f", λ_D {d.kto_desirable_weight:g}, λ_U {d.kto_undesirable_weight:g}" if d.loss == "kto" else "")
-                    + ")",
-            "examples (train / eval)": f"{len(s.train)} / {len(s.evals)}" + (f" {s.reports[0].format}" if s.reports else ""),
-            "reference log-probs": s.reference_source, "batch per optimizer step": cfg.train.batch_size,
-            "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(s.accelerator.num_processes),
-            "micro-batch rows": describe(cfg.model.padding_free), "optimizer steps": s.total_steps, "model": parameter_summary(s.model)}
+    return {
+        "loss": f"{d.loss} (β {d.effective_beta:g}"
+        + (f", ε {d.label_smoothing:g}" if d.label_smoothing else "")
+        + (f", SFT term {d.sft_coef:g}" if d.sft_coef else "")
+        + (f", λ_D {d.kto_desirable_weight:g}, λ_U {d.kto_undesirable_weight:g}" if d.loss == "kto" else "")
+        + ")",
+        "examples (train / eval)": f"{len(s.train)} / {len(s.evals)}"
+        + (f" {s.reports[0].format}" if s.reports else ""),
+        "reference log-probs": s.reference_source,
+        "batch per optimizer step": cfg.train.batch_size,
+        "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(s.accelerator.num_processes),
+        "micro-batch rows": describe(cfg.model.padding_free),
+        "optimizer steps": s.total_steps,
+        "model": parameter_summary(s.model),
+    }
 
 
 def _collate(setup: DPOSetup, cfg: DPOConfig):
@@ -495,8 +625,9 @@ def _evaluate_pairs(setup: DPOSetup, cfg: DPOConfig) -> dict:
 
     if not setup.evals:
         return {}
-    return held_out(setup.accelerator, setup.model, setup.evals, _collate(setup, cfg), setup.objective,
-                    cfg.train.micro_batch_size)
+    return held_out(
+        setup.accelerator, setup.model, setup.evals, _collate(setup, cfg), setup.objective, cfg.train.micro_batch_size
+    )
 
 
 def _offline_step(setup: DPOSetup, cfg: DPOConfig, examples: list, order: EpochOrder, step: int) -> dict:
@@ -504,20 +635,39 @@ def _offline_step(setup: DPOSetup, cfg: DPOConfig, examples: list, order: EpochO
     acc, t = setup.accelerator, cfg.train
     per_process = t.batch_size // acc.num_processes
     indices = order.batch(step, t.batch_size)[acc.process_index * per_process : (acc.process_index + 1) * per_process]
-    micro, filler = step_micro_batches(acc, [examples[i] for i in indices], _collate(setup, cfg),
-                                       loop_settings(cfg.train, setup.total_steps, cfg.optim.max_grad_norm))
+    micro, filler = step_micro_batches(
+        acc,
+        [examples[i] for i in indices],
+        _collate(setup, cfg),
+        loop_settings(cfg.train, setup.total_steps, cfg.optim.max_grad_norm),
+    )
     setup.model.train()
     params = [p for p in setup.model.parameters() if p.requires_grad]
-    metrics = train_step(acc, setup.model, setup.optimizer, setup.scheduler, micro, setup.objective, params,
-                         cfg.optim.max_grad_norm, filler)
+    metrics = train_step(
+        acc,
+        setup.model,
+        setup.optimizer,
+        setup.scheduler,
+        micro,
+        setup.objective,
+        params,
+        cfg.optim.max_grad_norm,
+        filler,
+    )
     return {**metrics, "train/epoch": order.epoch_at(step + 1, t.batch_size)}
 
 
 def _summary(cfg: DPOConfig, setup: DPOSetup, last_eval: dict, rounds: list) -> dict:
-    return {"loss": cfg.dpo.loss, "beta": cfg.dpo.effective_beta, "train_examples": len(setup.train),
-            "eval_examples": len(setup.evals), **last_eval, "online_rounds": rounds,
-            "reference_examples_computed": setup.reference.computed if setup.reference else 0,
-            "data": [r.summary() for r in setup.reports]}
+    return {
+        "loss": cfg.dpo.loss,
+        "beta": cfg.dpo.effective_beta,
+        "train_examples": len(setup.train),
+        "eval_examples": len(setup.evals),
+        **last_eval,
+        "online_rounds": rounds,
+        "reference_examples_computed": setup.reference.computed if setup.reference else 0,
+        "data": [r.summary() for r in setup.reports],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- run
@@ -531,15 +681,28 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
 
 def _run_online(cfg: DPOConfig, evaluate_fn) -> dict:
     data = _load_data(cfg)
-    start = start_online("dpo --online", cfg, cfg.total_steps_online, cfg.rewards, cfg.rollout.prompts, "",
-                         stand_in_reward=bool(cfg.online.judge))
+    start = start_online(
+        "dpo --online",
+        cfg,
+        cfg.total_steps_online,
+        cfg.rewards,
+        cfg.rollout.prompts,
+        "",
+        stand_in_reward=bool(cfg.online.judge),
+    )
     setup = _setup(cfg, data, start.accelerator, start.config, start.start_step, start.checkpoint)
     labeller = PairLabeller(cfg, setup.tokenizer, start.reward_set, start.accelerator.device)
     stage = OnlineDPOStage(cfg, setup, labeller, start.prompt_rows)
-    schedule = Schedule.of(cfg.train, setup.total_steps, stop_on_alarm=cfg.online.stop_on_alarm, sample_every=1,
-                           round_steps=cfg.online.steps_per_round)
-    return run_online(stage, schedule, start.config, start.accelerator, start.out, start.checkpoint, "tether dpo",
-                      evaluate_fn)
+    schedule = Schedule.of(
+        cfg.train,
+        setup.total_steps,
+        stop_on_alarm=cfg.online.stop_on_alarm,
+        sample_every=1,
+        round_steps=cfg.online.steps_per_round,
+    )
+    return run_online(
+        stage, schedule, start.config, start.accelerator, start.out, start.checkpoint, "tether dpo", evaluate_fn
+    )
 
 
 def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
@@ -551,11 +714,18 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
     accelerator, config, _, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     s = _setup(cfg, data, accelerator, config, start_step, checkpoint)
     if checkpoint is not None:
-        load_training_state(checkpoint, s.optimizer, s.scheduler, accelerator.process_index,
-                            sharded_model=s.model if is_sharded(s.model) else None)
+        load_training_state(
+            checkpoint,
+            s.optimizer,
+            s.scheduler,
+            accelerator.process_index,
+            sharded_model=s.model if is_sharded(s.model) else None,
+        )
     if is_sharded(s.model) and evaluate_fn is not None:
-        raise ConfigError("--fsdp: a task evaluation (the lab's) runs on process 0 alone, which a sharded model "
-                          "cannot; run it without --fsdp")
+        raise ConfigError(
+            "--fsdp: a task evaluation (the lab's) runs on process 0 alone, which a sharded model "
+            "cannot; run it without --fsdp"
+        )
     if accelerator.is_main_process:
         announce("tether dpo", {**_plan(cfg, s), "start step": start_step}, config, s.out, s.reports, checkpoint)
     history: list[dict] = list(s.state.get("eval_history", []))
@@ -573,18 +743,41 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
         logger.log({"step": 0, **{k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()}})
     # with no held-out pairs but a task evaluation, a stand-in list makes the loop call evaluate()
     last_eval, _ = run_offline_loop(
-        cfg, accelerator, logger, s.total_steps, model=s.model, optimizer=s.optimizer, scheduler=s.scheduler,
-        train_examples=s.train, eval_examples=s.evals or ([None] if evaluate_fn is not None else []),
-        collate_fn=_collate(s, cfg), objective=s.objective, start_step=start_step, output=s.out,
-        tokenizer=s.tokenizer, on_eval=lambda step, m: history.append({"step": step, **m}) and False,
-        checkpoint_state=lambda: {"beta_dpo": s.objective.state, "eval_history": history}, evaluate_fn=evaluate)
-    summary = {"stage": "dpo", "steps": s.total_steps, "resumed_from": start_step or None,
-               **_summary(cfg, s, last_eval, []), "eval_history": history, "alarms": [], "stopped_at": None,
-               "wall_s": round(time.perf_counter() - t_start, 2), "peak_memory": peak_memory(accelerator)}
+        cfg,
+        accelerator,
+        logger,
+        s.total_steps,
+        model=s.model,
+        optimizer=s.optimizer,
+        scheduler=s.scheduler,
+        train_examples=s.train,
+        eval_examples=s.evals or ([None] if evaluate_fn is not None else []),
+        collate_fn=_collate(s, cfg),
+        objective=s.objective,
+        start_step=start_step,
+        output=s.out,
+        tokenizer=s.tokenizer,
+        on_eval=lambda step, m: history.append({"step": step, **m}) and False,
+        checkpoint_state=lambda: {"beta_dpo": s.objective.state, "eval_history": history},
+        evaluate_fn=evaluate,
+    )
+    summary = {
+        "stage": "dpo",
+        "steps": s.total_steps,
+        "resumed_from": start_step or None,
+        **_summary(cfg, s, last_eval, []),
+        "eval_history": history,
+        "alarms": [],
+        "stopped_at": None,
+        "wall_s": round(time.perf_counter() - t_start, 2),
+        "peak_memory": peak_memory(accelerator),
+    }
     save_final(accelerator, s.model, s.tokenizer, s.out / "final")
     if accelerator.is_main_process:
         write_json(s.out / "summary.json", summary)
-        console.print(f"final model: {s.out / 'final'}  " + "  ".join(
-            f"{k} {v:.4g}" for k, v in last_eval.items() if isinstance(v, float)))
+        console.print(
+            f"final model: {s.out / 'final'}  "
+            + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items() if isinstance(v, float))
+        )
     accelerator.wait_for_everyone()
     return summary

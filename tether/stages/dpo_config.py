@@ -1,4 +1,5 @@
 """Settings of `tether dpo`: the shared sections with DPO's defaults, the loss, and online rounds."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,38 +24,61 @@ DEFAULT_BETA = {"simpo": 2.0}  # every other loss: 0.1
 class DPOSection(Section):
     """The loss, its coefficients, and the reference log-probs."""
 
-    loss: str = option("sigmoid", "sigmoid (DPO), cdpo, robust, ipo, hinge, simpo, orpo, beta_dpo, listwise "
-                                  "(Plackett–Luce over ranked lists), kto (unpaired true/false labels). Formulas: "
-                                  "docs/algorithms.md §6.", choices=PAIR_LOSSES + UNPAIRED_LOSSES)
+    loss: str = option(
+        "sigmoid",
+        "sigmoid (DPO), cdpo, robust, ipo, hinge, simpo, orpo, beta_dpo, listwise "
+        "(Plackett–Luce over ranked lists), kto (unpaired true/false labels). Formulas: "
+        "docs/algorithms.md §6.",
+        choices=PAIR_LOSSES + UNPAIRED_LOSSES,
+    )
     beta: float = option(0.0, "β; 0 = the loss's usual value (0.1; SimPO 2.0). For beta_dpo the base β_0.")
-    label_smoothing: float = option(0.0, "ε: the assumed rate of flipped labels (cdpo, robust; robust needs 0 < ε < 0.5).")
+    label_smoothing: float = option(
+        0.0, "ε: the assumed rate of flipped labels (cdpo, robust; robust needs 0 < ε < 0.5)."
+    )
     simpo_gamma: float = option(0.5, "SimPO's target margin γ.")
     orpo_lambda: float = option(0.1, "ORPO's weight λ on the odds-ratio term.")
     beta_dpo_alpha: float = option(0.6, "β-DPO: β_b = β_0 (1 + α (M_b − M_0)), M_b the step batch's mean margin.")
     beta_dpo_momentum: float = option(0.9, "β-DPO: M_0 and σ are running averages with this momentum.")
-    beta_dpo_margin: str = option("scaled", "β-DPO's margin M: scaled = β_0 (u_w − u_l) (tether's form so far), unscaled "
-                                            "= u_w − u_l (the authors' released code); docs/algorithms.md §6.",
-                                  choices=("scaled", "unscaled"))
-    beta_dpo_weighting: bool = option(False, "β-DPO's data weighting: pairs weighted by exp(−(M_i − M_0)²/2σ²), "
-                                             "normalised to mean 1 over the step.")
-    kto_desirable_weight: float = option(1.0, "KTO's λ_D, the weight of desirable completions (docs/algorithms.md §6.5).")
-    kto_undesirable_weight: float = option(1.0, "KTO's λ_U, the weight of undesirable completions; the paper advises "
-                                                "λ_D n_D / (λ_U n_U) in [1, 4/3].")
-    sft_coef: float = option(0.0, "Adds this times the chosen response's mean token NLL (RPO), against likelihood "
-                                  "displacement (both chosen and rejected log-probs falling).")
+    beta_dpo_margin: str = option(
+        "scaled",
+        "β-DPO's margin M: scaled = β_0 (u_w − u_l) (tether's form so far), unscaled "
+        "= u_w − u_l (the authors' released code); docs/algorithms.md §6.",
+        choices=("scaled", "unscaled"),
+    )
+    beta_dpo_weighting: bool = option(
+        False, "β-DPO's data weighting: pairs weighted by exp(−(M_i − M_0)²/2σ²), normalised to mean 1 over the step."
+    )
+    kto_desirable_weight: float = option(
+        1.0, "KTO's λ_D, the weight of desirable completions (docs/algorithms.md §6.5)."
+    )
+    kto_undesirable_weight: float = option(
+        1.0, "KTO's λ_U, the weight of undesirable completions; the paper advises λ_D n_D / (λ_U n_U) in [1, 4/3]."
+    )
+    sft_coef: float = option(
+        0.0,
+        "Adds this times the chosen response's mean token NLL (RPO), against likelihood "
+        "displacement (both chosen and rejected log-probs falling).",
+    )
     reference_batch_size: int = option(32, "Preference examples per forward in the one-off reference pass.")
-    reference_cache: str = option("", "Folder for cached reference log-probs (keyed by data, reference and tokenizer); "
-                                      "default <output>/reference_cache. Point several runs at one folder to share it.")
+    reference_cache: str = option(
+        "",
+        "Folder for cached reference log-probs (keyed by data, reference and tokenizer); "
+        "default <output>/reference_cache. Point several runs at one folder to share it.",
+    )
 
     def check(self):
         if self.beta < 0:
             raise ConfigError(f"beta={self.beta}: must be > 0 (or 0 for the loss's usual value)")
         if self.loss == "robust" and not 0 < self.label_smoothing < 0.5:
-            raise ConfigError(f"loss robust needs 0 < label_smoothing < 0.5 (the assumed flip rate), got {self.label_smoothing}")
+            raise ConfigError(
+                f"loss robust needs 0 < label_smoothing < 0.5 (the assumed flip rate), got {self.label_smoothing}"
+            )
         if not 0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"label_smoothing={self.label_smoothing}: must be in [0, 0.5)")
         if self.sft_coef < 0 or self.reference_batch_size < 1:
-            raise ConfigError(f"sft_coef={self.sft_coef} must be >= 0 and reference_batch_size={self.reference_batch_size} >= 1")
+            raise ConfigError(
+                f"sft_coef={self.sft_coef} must be >= 0 and reference_batch_size={self.reference_batch_size} >= 1"
+            )
         if self.kto_desirable_weight <= 0 or self.kto_undesirable_weight <= 0:
             raise ConfigError("kto_desirable_weight and kto_undesirable_weight must be > 0")
         if self.loss == "kto" and (self.label_smoothing or self.sft_coef):
@@ -72,14 +96,25 @@ class OnlineSection(AlarmOptions):
     """Online (iterative) DPO: each round samples group_size = 2 answers for each of the rollout's prompts_per_step
     prompts from the current policy, labels them, and trains steps_per_round steps on those pairs."""
 
-    online: bool = option(False, "Train on pairs sampled from the current policy each round instead of --data (which "
-                                 "may then be left out; --eval-data still gives held-out pairs).", flag="--online")
+    online: bool = option(
+        False,
+        "Train on pairs sampled from the current policy each round instead of --data (which "
+        "may then be left out; --eval-data still gives held-out pairs).",
+        flag="--online",
+    )
     rounds: int = option(4, "Online rounds: sample and label, then train steps_per_round steps on that round's pairs.")
     steps_per_round: int = option(4, "Optimizer steps on each round's pairs.")
-    keep_truncated: bool = option(False, "Keep pairs with an answer that hit max_new_tokens (trained as if it had ended "
-                                         "there); by default they are dropped and counted.")
-    judge: str = option("", "module:function(prompts, first, second, **columns) -> P(first is better) per pair "
-                            "(1, 0, or 0.5 for a tie); instead of scores.", flag="--judge")
+    keep_truncated: bool = option(
+        False,
+        "Keep pairs with an answer that hit max_new_tokens (trained as if it had ended "
+        "there); by default they are dropped and counted.",
+    )
+    judge: str = option(
+        "",
+        "module:function(prompts, first, second, **columns) -> P(first is better) per pair "
+        "(1, 0, or 0.5 for a tie); instead of scores.",
+        flag="--judge",
+    )
 
     def check(self):
         if self.rounds < 1 or self.steps_per_round < 1:
@@ -97,33 +132,49 @@ class DPOConfig(StageConfig):
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
 
-    RENAMED = {"dpo.reference": "model.reference", "online.prompts": "rollout.prompts",
-               "online.prompts_per_round": "rollout.prompts_per_step", "online.temperature": "rollout.temperature",
-               "online.max_new_tokens": "rollout.max_new_tokens", "online.reward_model": "rewards.reward_model",
-               "online.reward": "rewards.reward", "online.reward_on_error": "rewards.reward_on_error",
-               "online.reward_error_score": "rewards.reward_error_score", "online.reward_timeout": "rewards.reward_timeout",
-               "online.reward_model_weight": "rewards.reward_model_weight"}
+    RENAMED = {
+        "dpo.reference": "model.reference",
+        "online.prompts": "rollout.prompts",
+        "online.prompts_per_round": "rollout.prompts_per_step",
+        "online.temperature": "rollout.temperature",
+        "online.max_new_tokens": "rollout.max_new_tokens",
+        "online.reward_model": "rewards.reward_model",
+        "online.reward": "rewards.reward",
+        "online.reward_on_error": "rewards.reward_on_error",
+        "online.reward_error_score": "rewards.reward_error_score",
+        "online.reward_timeout": "rewards.reward_timeout",
+        "online.reward_model_weight": "rewards.reward_model_weight",
+    }
     OLD_FLAGS = {"--online-prompts": "online.prompts"}
 
     def check(self):
         if self.train.micro_batch_tokens and self.model.fsdp and self.dpo.loss in ("kto", "beta_dpo"):
-            raise ConfigError(f"dpo.loss={self.dpo.loss} with train.micro_batch_tokens and model.fsdp: the loss's "
-                              "step-wide pass runs once per micro-batch, and sharded processes must run as many "
-                              "forwards each; set train.micro_batch_size instead")
+            raise ConfigError(
+                f"dpo.loss={self.dpo.loss} with train.micro_batch_tokens and model.fsdp: the loss's "
+                "step-wide pass runs once per micro-batch, and sharded processes must run as many "
+                "forwards each; set train.micro_batch_size instead"
+            )
         if self.online.online:
             if self.dpo.loss == "kto":
-                raise ConfigError("dpo.loss=kto with online.online: online rounds make pairs; use a pairwise loss "
-                                  "(kto reads unpaired labels from --data)")
+                raise ConfigError(
+                    "dpo.loss=kto with online.online: online rounds make pairs; use a pairwise loss "
+                    "(kto reads unpaired labels from --data)"
+                )
             if self.dpo.loss == "listwise":
-                raise ConfigError("dpo.loss=listwise with online.online: online rounds make pairs; use a pairwise loss "
-                                  "(listwise needs ranked lists in --data)")
+                raise ConfigError(
+                    "dpo.loss=listwise with online.online: online rounds make pairs; use a pairwise loss "
+                    "(listwise needs ranked lists in --data)"
+                )
             if self.rollout.group_size != 2:
-                raise ConfigError(f"rollout.group_size={self.rollout.group_size}: online DPO samples two answers per prompt")
+                raise ConfigError(
+                    f"rollout.group_size={self.rollout.group_size}: online DPO samples two answers per prompt"
+                )
             if not (self.online.judge or self.rewards.has_reward()):
                 raise ConfigError("online.online needs a labeller: --judge module:function, --reward-model or --reward")
             if self.online.judge and self.rewards.has_reward():
-                raise ConfigError("online.judge and a reward (rewards.reward_model / rewards.reward) both label pairs; "
-                                  "choose one")
+                raise ConfigError(
+                    "online.judge and a reward (rewards.reward_model / rewards.reward) both label pairs; choose one"
+                )
 
     @property
     def total_steps_online(self) -> int:

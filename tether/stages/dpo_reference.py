@@ -12,6 +12,7 @@ tokenizer = hash of its serialised vocabulary/merges, chat template and
 special tokens; reference = hash of config.json and the weight files (files
 over 256 MiB: their size and first and last 16 MiB, to keep large models cheap).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,13 @@ EDGE = 16 << 20
 def model_fingerprint(path: str | Path) -> str:
     folder = Path(path)
     digest = hashlib.sha256()
-    files = sorted(p for p in folder.iterdir() if p.is_file() and (p.name == "config.json" or p.suffix in WEIGHT_SUFFIXES)
-                   and not p.name.startswith(("optimizer", "scheduler", "rng-")))
+    files = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file()
+        and (p.name == "config.json" or p.suffix in WEIGHT_SUFFIXES)
+        and not p.name.startswith(("optimizer", "scheduler", "rng-"))
+    )
     if not files:
         raise FileNotFoundError(f"{folder}: no config.json or weight files to fingerprint")
     for p in files:
@@ -51,28 +57,40 @@ def model_fingerprint(path: str | Path) -> str:
 
 def tokenizer_fingerprint(tokenizer) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    parts = [backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True),
-             str(getattr(tokenizer, "chat_template", "") or ""),
-             json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)]
+    parts = [
+        backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True),
+        str(getattr(tokenizer, "chat_template", "") or ""),
+        json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str),
+    ]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
 def cache_key(examples: list[PolicyPreference], reference_fp: str, tokenizer_fp: str) -> dict:
-    parts = {"data": data_fingerprint(examples), "reference": reference_fp, "tokenizer": tokenizer_fp,
-             "examples": len(examples), "version": 1}
+    parts = {
+        "data": data_fingerprint(examples),
+        "reference": reference_fp,
+        "tokenizer": tokenizer_fp,
+        "examples": len(examples),
+        "version": 1,
+    }
     parts["key"] = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     return parts
 
 
 @torch.no_grad()
-def sequence_logps(model, examples: list[PolicyPreference], pad_id: int, batch_size: int, device,
-                   padding_free: bool = True) -> list[list[float]]:
+def sequence_logps(
+    model, examples: list[PolicyPreference], pad_id: int, batch_size: int, device, padding_free: bool = True
+) -> list[list[float]]:
     """Σ log π(y|x) over each response's tokens, in the examples' order (best first within each)."""
     was_training = model.training
     model.eval()
     out: list[list[float]] = []
-    for start in progress(range(0, len(examples), batch_size), -(-len(examples) // batch_size),
-                          "reference log-probs (batches)", min_items=20):
+    for start in progress(
+        range(0, len(examples), batch_size),
+        -(-len(examples) // batch_size),
+        "reference log-probs (batches)",
+        min_items=20,
+    ):
         chunk = examples[start : start + batch_size]
         batch = collate_policy_preferences(chunk, pad_id, padding_free)
         k = batch["list_mask"].shape[1]
@@ -101,7 +119,11 @@ class ReferenceCache:
             stored = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             return None  # a damaged file: recompute
-        if not isinstance(stored, dict) or stored.get("key") != key["key"] or len(stored.get("logps", [])) != key["examples"]:
+        if (
+            not isinstance(stored, dict)
+            or stored.get("key") != key["key"]
+            or len(stored.get("logps", [])) != key["examples"]
+        ):
             return None  # a prefix collision or a damaged file: recompute
         return stored["logps"]
 
@@ -109,8 +131,15 @@ class ReferenceCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(key)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key["key"], "parts": {k: v for k, v in key.items() if k != "key"},
-                                   "logps": [[float(x) for x in row] for row in logps]}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "key": key["key"],
+                    "parts": {k: v for k, v in key.items() if k != "key"},
+                    "logps": [[float(x) for x in row] for row in logps],
+                }
+            )
+        )
         tmp.replace(path)
         return path
 
@@ -124,10 +153,24 @@ class ReferenceLogps:
     """log π_ref for preference examples: from the cache, or computed with the reference — the --reference model,
     the policy itself before training (same weights), or with LoRA the adapter-disabled policy."""
 
-    def __init__(self, model_cfg, cache_folder: str, batch_size: int, tokenizer, policy, device, fresh_policy: bool,
-                 padding_free: bool = True):
-        self.model_cfg, self.batch_size, self.tokenizer, self.policy, self.device = \
-            model_cfg, batch_size, tokenizer, policy, device
+    def __init__(
+        self,
+        model_cfg,
+        cache_folder: str,
+        batch_size: int,
+        tokenizer,
+        policy,
+        device,
+        fresh_policy: bool,
+        padding_free: bool = True,
+    ):
+        self.model_cfg, self.batch_size, self.tokenizer, self.policy, self.device = (
+            model_cfg,
+            batch_size,
+            tokenizer,
+            policy,
+            device,
+        )
         self.padding_free = padding_free
         self.lora = model_cfg.lora_r > 0 and not model_cfg.reference
         self.source = model_cfg.reference or model_cfg.path

@@ -7,6 +7,7 @@ update_epochs passes of the group objective (update). Which advantage estimator,
 placement are used is the recipe's choice (tether/stages/grpo_recipes.py), each a pure function in tether/algorithms/; the
 loop around the step is tether/train/online.py.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,12 +22,7 @@ from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fraction
 from tether.console import console
 from tether.models.checks import check_position_restarts
-from tether.models.lm import (
-    frozen_dtype,
-    load_reference,
-    load_stage_tokenizer,
-    load_trainable_model,
-)
+from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
 from tether.rewards.score import Scorer, Scores, load_reward_model_scorer
 from tether.rollout.backends import response_seeds
 from tether.rollout.batch import concat_rollouts
@@ -75,8 +71,12 @@ class GroupCounts:
         return self.zero_variance / max(self.sampled, 1)
 
     def metrics(self) -> dict:
-        return {"groups/zero_variance_frac": self.zero_variance_frac, "sampling/rounds": self.rounds,
-                "sampling/groups_sampled": self.sampled, "sampling/groups_kept": self.kept}
+        return {
+            "groups/zero_variance_frac": self.zero_variance_frac,
+            "sampling/rounds": self.rounds,
+            "sampling/groups_sampled": self.sampled,
+            "sampling/groups_kept": self.kept,
+        }
 
 
 class GroupStage:
@@ -94,8 +94,9 @@ class GroupStage:
         if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
             self.scorer = self.agent
         self.params = [q for q in policy.parameters() if q.requires_grad]
-        self.optimizer, self.scheduler = build_optimizer(self.params, cfg.optim,
-                                                         cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout))
+        self.optimizer, self.scheduler = build_optimizer(
+            self.params, cfg.optim, cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout)
+        )
         self.order = EpochOrder(len(self.prompts), cfg.train.seed)
         self.cursor = 0  # prompts drawn so far: dynamic sampling draws a varying number per step
         self.warned_until = 0
@@ -121,21 +122,26 @@ class GroupStage:
         cfg, a = self.cfg, self.cfg.algo
         recipe = RECIPES[a.recipe]
         overridden = sorted(k for k, v in recipe.settings.items() if _value(cfg, k) != v)
-        kl = (f"{a.kl_estimator} x {a.kl_coef:g} in the loss" if a.kl_coef else "none in the loss") \
-            + (f"; {a.kl_estimator} x {a.kl_in_reward:g} in the reward" if a.kl_in_reward else "") \
+        kl = (
+            (f"{a.kl_estimator} x {a.kl_coef:g} in the loss" if a.kl_coef else "none in the loss")
+            + (f"; {a.kl_estimator} x {a.kl_in_reward:g} in the reward" if a.kl_in_reward else "")
             + (" (reference: adapter-disabled policy)" if self.reference is None and cfg.needs_reference() else "")
-        return {"recipe": a.recipe + (f" (overridden: {', '.join(overridden)})" if overridden else ""),
-                "prompts (train / eval)": f"{len(self.prompts)} / {len(self.eval_prompts)}",
-                "responses per step": f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size}",
-                "optimizer updates per step": f"{updates_per_step(a, cfg.rollout) // a.update_epochs} x {a.update_epochs} "
-                                              f"pass(es) of {minibatch_size(a, cfg.rollout)} responses",
-                "advantage / ratio / aggregation": f"{a.advantage} / {a.ratio} / {a.aggregation}"
-                                                   + (f" (L = {cfg.norm_length})" if a.aggregation == "seq-mean-token-sum-norm" else ""),
-                "KL": kl, "reward": self.scorer.describe(),
-                "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
-                **({"episodes": "multi-turn; loss, KL and entropy on the policy's tokens only"} if self.agent else {}),
-                "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
-                                        f"{sum(q.numel() for q in self.policy.parameters()):,}"}
+        )
+        return {
+            "recipe": a.recipe + (f" (overridden: {', '.join(overridden)})" if overridden else ""),
+            "prompts (train / eval)": f"{len(self.prompts)} / {len(self.eval_prompts)}",
+            "responses per step": f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size}",
+            "optimizer updates per step": f"{updates_per_step(a, cfg.rollout) // a.update_epochs} x {a.update_epochs} "
+            f"pass(es) of {minibatch_size(a, cfg.rollout)} responses",
+            "advantage / ratio / aggregation": f"{a.advantage} / {a.ratio} / {a.aggregation}"
+            + (f" (L = {cfg.norm_length})" if a.aggregation == "seq-mean-token-sum-norm" else ""),
+            "KL": kl,
+            "reward": self.scorer.describe(),
+            "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
+            **({"episodes": "multi-turn; loss, KL and entropy on the policy's tokens only"} if self.agent else {}),
+            "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
+            f"{sum(q.numel() for q in self.policy.parameters()):,}",
+        }
 
     def evaluate(self) -> dict:
         return self.sampler.evaluate(self.eval_rows, self.scorer, self.cfg.train.seed, self.dp)
@@ -170,8 +176,9 @@ class GroupStage:
         counts = GroupCounts(rounds, sampled, zero, len(kept_rows) // g)
         if not kept_rollouts:
             return None, counts
-        return Experience(concat_rollouts(kept_rollouts, self.tokenizer.pad_token_id), kept_rows,
-                          Scores.cat(kept_scores)), counts
+        return Experience(
+            concat_rollouts(kept_rollouts, self.tokenizer.pad_token_id), kept_rows, Scores.cat(kept_scores)
+        ), counts
 
     def sample(self, prompt_indices: list[int], positions: list[int]):
         """(rollout, scores) of group_size responses to each prompt (positions: their places in the prompt stream)."""
@@ -189,10 +196,17 @@ class GroupStage:
         self._warn_if_flat(step, counts.zero_variance_frac)
         metrics = counts.metrics()
         if exp is None:
-            console.print(f"[yellow]step {step + 1}: every sampled group had equal scores after "
-                          f"{counts.rounds} rounds; no update[/]")
-            return {**metrics, "time/generate_score_s": t1 - t0, "time/logprobs_s": 0.0, "time/update_s": 0.0,
-                    "perf/tokens_per_s": 0.0}, []
+            console.print(
+                f"[yellow]step {step + 1}: every sampled group had equal scores after "
+                f"{counts.rounds} rounds; no update[/]"
+            )
+            return {
+                **metrics,
+                "time/generate_score_s": t1 - t0,
+                "time/logprobs_s": 0.0,
+                "time/update_s": 0.0,
+                "perf/tokens_per_s": 0.0,
+            }, []
         self.prepare(exp)
         t2 = time.perf_counter()
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
@@ -200,17 +214,27 @@ class GroupStage:
         self.sampler.weights_updated(self.policy)
         t3 = time.perf_counter()
         mask = exp.rollout.response_mask.bool()
-        metrics.update({**rollout_metrics(exp), **update, **stats("advantage", exp.advantages[mask]),
-                        "lr": self.scheduler.get_last_lr()[0], "time/generate_score_s": t1 - t0,
-                        "time/logprobs_s": t2 - t1, "time/update_s": t3 - t2,
-                        "perf/tokens_per_s": float(exp.rollout.lengths.sum()) / (t3 - t0)})
+        metrics.update(
+            {
+                **rollout_metrics(exp),
+                **update,
+                **stats("advantage", exp.advantages[mask]),
+                "lr": self.scheduler.get_last_lr()[0],
+                "time/generate_score_s": t1 - t0,
+                "time/logprobs_s": t2 - t1,
+                "time/update_s": t3 - t2,
+                "perf/tokens_per_s": float(exp.rollout.lengths.sum()) / (t3 - t0),
+            }
+        )
         return metrics, exp.samples(step + 1, self.cfg.rollout.group_size)
 
     def _warn_if_flat(self, step: int, zero_variance_frac: float) -> None:
         if zero_variance_frac > 0.5 and not self.cfg.algo.dynamic_sampling and step >= self.warned_until:
-            console.print(f"[yellow]step {step + 1}: {zero_variance_frac:.0%} of groups scored all their responses "
-                          "equally; their advantages are 0, so the loss and the update are mostly 0. Raise group_size "
-                          "or temperature, use a finer reward, or --dynamic-sampling.[/]")
+            console.print(
+                f"[yellow]step {step + 1}: {zero_variance_frac:.0%} of groups scored all their responses "
+                "equally; their advantages are 0, so the loss and the update are mostly 0. Raise group_size "
+                "or temperature, use a finer reward, or --dynamic-sampling.[/]"
+            )
             self.warned_until = step + 10  # at most one warning per 10 steps
 
     @torch.no_grad()
@@ -224,16 +248,29 @@ class GroupStage:
         exp.old_logprobs = dp.map_rows(current, rollout) if self.keep_old else None
         if self.cfg.needs_reference():
             exp.ref_logprobs = dp.map_rows(
-                lambda r: reference_logprobs(self.reference, self.policy, r, temperature, padding_free=free), rollout)
+                lambda r: reference_logprobs(self.reference, self.policy, r, temperature, padding_free=free), rollout
+            )
         kl_reward = None
         if a.kl_in_reward > 0:
             now = exp.old_logprobs if exp.old_logprobs is not None else dp.map_rows(current, rollout)
             kl_reward = kl_estimate(now, exp.ref_logprobs, a.kl_estimator) * mask
-        advantages = token_advantages(a.advantage, exp.scores.total, mask, self.cfg.rollout.group_size, kl_reward,
-                                      a.kl_in_reward, a.gamma, a.std_eps)
+        advantages = token_advantages(
+            a.advantage,
+            exp.scores.total,
+            mask,
+            self.cfg.rollout.group_size,
+            kl_reward,
+            a.kl_in_reward,
+            a.gamma,
+            a.std_eps,
+        )
         if exp.scores.step_scores is not None:  # process reward: its token advantages, plus the outcome part if any
-            process = process_token_advantages(exp, self.tokenizer, self.cfg.rewards.step_pattern,
-                                               self.cfg.rollout.group_size) * mask
+            process = (
+                process_token_advantages(
+                    exp, self.tokenizer, self.cfg.rewards.step_pattern, self.cfg.rollout.group_size
+                )
+                * mask
+            )
             advantages = advantages + process if exp.scores.has_outcome else process
         exp.advantages = advantages
 
@@ -259,8 +296,9 @@ class GroupStage:
                     for name, value in self._micro_batch(exp, micro, loss_mask[micro], n_tokens, n_seq).items():
                         sums[name] += value
                 dp.sum_gradients(self.params)
-                norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm
-                                                      if self.cfg.optim.max_grad_norm > 0 else float("inf"))
+                norm = torch.nn.utils.clip_grad_norm_(
+                    self.params, self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
+                )
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)  # not held through the next rollout and the save
@@ -274,31 +312,55 @@ class GroupStage:
             out.pop("kl/ref_mean", None)
         return out
 
-    STATISTICS = ("policy/clip_frac", "policy/clip_frac_low", "policy/clip_frac_high", "policy/entropy",
-                  "policy/ratio_mean", "kl/ref_mean", "policy/loss")
+    STATISTICS = (
+        "policy/clip_frac",
+        "policy/clip_frac_low",
+        "policy/clip_frac_high",
+        "policy/entropy",
+        "policy/ratio_mean",
+        "kl/ref_mean",
+        "policy/loss",
+    )
 
     def _micro_batch(self, exp: Experience, micro: torch.Tensor, lm: torch.Tensor, n_tokens: float, n_seq: int) -> dict:
         """Forward and backward of one micro-batch; returns token-weighted statistics (Σ value · tokens)."""
         a = self.cfg.algo
         sub = exp.rollout.select(micro)
-        logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True,
-                                          padding_free=self.cfg.model.padding_free)
+        logp, entropy = response_logprobs(
+            self.policy, sub, self.cfg.rollout.temperature, with_entropy=True, padding_free=self.cfg.model.padding_free
+        )
         old = exp.old_logprobs[micro] if exp.old_logprobs is not None else logp.detach()
         ref = exp.ref_logprobs[micro] if exp.ref_logprobs is not None else None
-        loss, parts = group_objective(logp, old, exp.advantages[micro], lm, sub.response_mask, ratio=a.ratio,
-                                      clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
-                                      ref_logprobs=ref, kl_coef=a.kl_coef, kl_estimator=a.kl_estimator,
-                                      aggregation=a.aggregation, n_tokens=n_tokens, n_sequences=n_seq,
-                                      norm_length=self.cfg.norm_length)
+        loss, parts = group_objective(
+            logp,
+            old,
+            exp.advantages[micro],
+            lm,
+            sub.response_mask,
+            ratio=a.ratio,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            ref_logprobs=ref,
+            kl_coef=a.kl_coef,
+            kl_estimator=a.kl_estimator,
+            aggregation=a.aggregation,
+            n_tokens=n_tokens,
+            n_sequences=n_seq,
+            norm_length=self.cfg.norm_length,
+        )
         loss.backward()
         k = float(lm.sum())
         rmask = sub.response_mask.bool()
         low, high = parts["clipped_low"], parts["clipped_high"]
         none = torch.zeros_like(low)
-        figures = {"policy/clip_frac": clip_fraction(low, high, lm), "policy/clip_frac_low": clip_fraction(low, none, lm),
-                   "policy/clip_frac_high": clip_fraction(none, high, lm),
-                   "policy/entropy": entropy.detach()[rmask].mean() if rmask.any() else 0.0,
-                   "policy/ratio_mean": parts["ratio"].detach()[rmask].mean() if rmask.any() else 1.0}
+        figures = {
+            "policy/clip_frac": clip_fraction(low, high, lm),
+            "policy/clip_frac_low": clip_fraction(low, none, lm),
+            "policy/clip_frac_high": clip_fraction(none, high, lm),
+            "policy/entropy": entropy.detach()[rmask].mean() if rmask.any() else 0.0,
+            "policy/ratio_mean": parts["ratio"].detach()[rmask].mean() if rmask.any() else 1.0,
+        }
         out = {name: float(value) * k for name, value in figures.items()}
         out["kl/ref_mean"] = float((parts["kl"].detach() * sub.response_mask).sum())  # Σ over the responses
         out["policy/loss"] = float(loss.detach()) * n_tokens
@@ -314,8 +376,15 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
     """Train. ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) ->
     dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation; ``backend(policy, tokenizer) ->
     GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
-    start = start_online("grpo", cfg, cfg.train.max_steps, None if cfg.agent.env else cfg.rewards, cfg.rollout.prompts,
-                         cfg.rollout.eval_prompts, stand_in_reward=scorer is not None)
+    start = start_online(
+        "grpo",
+        cfg,
+        cfg.train.max_steps,
+        None if cfg.agent.env else cfg.rewards,
+        cfg.rollout.prompts,
+        cfg.rollout.eval_prompts,
+        stand_in_reward=scorer is not None,
+    )
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
@@ -329,5 +398,13 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
         score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model)
     stage = GroupStage(cfg, tokenizer, policy, reference, score, start, backend(policy, tokenizer) if backend else None)
-    return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start.config, start.accelerator, start.out,
-                      start.checkpoint, "tether grpo", evaluate_fn)
+    return run_online(
+        stage,
+        Schedule.of(cfg.train, cfg.train.max_steps),
+        start.config,
+        start.accelerator,
+        start.out,
+        start.checkpoint,
+        "tether grpo",
+        evaluate_fn,
+    )

@@ -2,6 +2,7 @@
 
 A recipe (tether/stages/grpo_recipes.py) presets the pieces; any flag or YAML value overrides it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,31 +26,53 @@ from tether.stages.grpo_recipes import RECIPES
 class GroupSection(PolicyUpdateSection):
     """The pieces a recipe composes (docs/algorithms.md §5); a recipe sets them, any flag overrides."""
 
-    recipe: str = option("grpo", "Named composition: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp (`tether recipes`).",
-                         flag="--recipe", choices=tuple(RECIPES))
-    advantage: str = option("group", "group (std-scaled), group_no_std, rloo, reinforce_pp.", choices=ADVANTAGE_ESTIMATORS)
+    recipe: str = option(
+        "grpo",
+        "Named composition: grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp (`tether recipes`).",
+        flag="--recipe",
+        choices=tuple(RECIPES),
+    )
+    advantage: str = option(
+        "group", "group (std-scaled), group_no_std, rloo, reinforce_pp.", choices=ADVANTAGE_ESTIMATORS
+    )
     std_eps: float = option(1e-4, "ε added to the group std (equal scores give 0, never 0/0).")
-    ratio: str = option("token", "Importance ratio: token (PPO/GRPO), sequence (GSPO), sequence_token (GSPO-token).",
-                        choices=tuple(RATIOS))
+    ratio: str = option(
+        "token",
+        "Importance ratio: token (PPO/GRPO), sequence (GSPO), sequence_token (GSPO-token).",
+        choices=tuple(RATIOS),
+    )
     aggregation: str = option("seq-mean-token-mean", "How token terms become the loss.", choices=AGGREGATIONS)
     norm_length: int = option(0, "L of seq-mean-token-sum-norm; 0 = max_new_tokens.")
-    kl_in_reward: float = option(0.0, "β of the per-token KL penalty folded into the rewards (reinforce_pp's estimator "
-                                      "only); 0 = none.")
-    dynamic_sampling: bool = option(False, "Drop groups whose scores are all equal and sample more prompts to fill the step.")
-    max_sampling_rounds: int = option(3, "Dynamic sampling: most generation rounds per step; a step short of groups "
-                                         "after them trains on what it has (logged).")
+    kl_in_reward: float = option(
+        0.0, "β of the per-token KL penalty folded into the rewards (reinforce_pp's estimator only); 0 = none."
+    )
+    dynamic_sampling: bool = option(
+        False, "Drop groups whose scores are all equal and sample more prompts to fill the step."
+    )
+    max_sampling_rounds: int = option(
+        3,
+        "Dynamic sampling: most generation rounds per step; a step short of groups "
+        "after them trains on what it has (logged).",
+    )
     mask_truncated: bool = option(False, "Give truncated responses no loss (DAPO's overlong filtering).")
-    micro_batch_size: int = option(32, "Responses per forward/backward within an optimizer update (the offline stages' micro_batch_size: one name per concept).")
+    micro_batch_size: int = option(
+        32,
+        "Responses per forward/backward within an optimizer update (the offline stages' micro_batch_size: one name per concept).",
+    )
 
     def check(self):
         super().check()
         if self.kl_in_reward < 0 or self.micro_batch_size < 1 or self.max_sampling_rounds < 1 or self.norm_length < 0:
-            raise ConfigError(f"kl_in_reward={self.kl_in_reward} must be >= 0, micro_batch_size={self.micro_batch_size} and "
-                              f"max_sampling_rounds={self.max_sampling_rounds} >= 1, norm_length={self.norm_length} >= 0")
+            raise ConfigError(
+                f"kl_in_reward={self.kl_in_reward} must be >= 0, micro_batch_size={self.micro_batch_size} and "
+                f"max_sampling_rounds={self.max_sampling_rounds} >= 1, norm_length={self.norm_length} >= 0"
+            )
         if self.kl_in_reward > 0 and self.advantage != "reinforce_pp":
-            raise ConfigError(f"kl_in_reward={self.kl_in_reward} folds the KL into token rewards, which only the "
-                              f"reinforce_pp advantage reads; advantage={self.advantage!r} would ignore it "
-                              "(use kl_coef for a KL term in the loss)")
+            raise ConfigError(
+                f"kl_in_reward={self.kl_in_reward} folds the KL into token rewards, which only the "
+                f"reinforce_pp advantage reads; advantage={self.advantage!r} would ignore it "
+                "(use kl_coef for a KL term in the loss)"
+            )
 
 
 @dataclass(frozen=True)
@@ -60,12 +83,21 @@ class GRPOConfig(StageConfig):
     algo: GroupSection = GroupSection(kl_coef=0.04, kl_estimator="k3")
     optim: OptimSection = OptimSection(lr=1e-6, weight_decay=0.01, lr_schedule="constant", warmup_ratio=0.0)
     agent: AgentSection = AgentSection()
-    train: OnlineRunSection = OnlineRunSection(max_steps=100, eval_every=10, save_every=20, keep_checkpoints=1, log_every=5)
+    train: OnlineRunSection = OnlineRunSection(
+        max_steps=100, eval_every=10, save_every=20, keep_checkpoints=1, log_every=5
+    )
 
-    RENAMED = {"model.policy": "model.path", "algo.lr": "optim.lr", "algo.warmup_steps": "optim.warmup_steps",
-               "algo.max_grad_norm": "optim.max_grad_norm", "algo.inner_iterations": "algo.update_epochs",
-               "algo.overlong_cache": "rewards.overlong_cache", "run.steps": "train.max_steps", "run.*": "train.*",
-               "algo.micro_batch": "algo.micro_batch_size"}
+    RENAMED = {
+        "model.policy": "model.path",
+        "algo.lr": "optim.lr",
+        "algo.warmup_steps": "optim.warmup_steps",
+        "algo.max_grad_norm": "optim.max_grad_norm",
+        "algo.inner_iterations": "algo.update_epochs",
+        "algo.overlong_cache": "rewards.overlong_cache",
+        "run.steps": "train.max_steps",
+        "run.*": "train.*",
+        "algo.micro_batch": "algo.micro_batch_size",
+    }
 
     @classmethod
     def preset(cls, values: dict[str, Any]) -> dict[str, Any]:
@@ -76,9 +108,13 @@ class GRPOConfig(StageConfig):
 
     def check(self):
         if self.rollout.group_size < 2:
-            raise ConfigError(f"rollout.group_size={self.rollout.group_size}: a group baseline needs at least two responses")
+            raise ConfigError(
+                f"rollout.group_size={self.rollout.group_size}: a group baseline needs at least two responses"
+            )
         if self.train.best_metric and not self.rollout.eval_prompts:
-            raise ConfigError("train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations")
+            raise ConfigError(
+                "train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations"
+            )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
 
@@ -89,4 +125,3 @@ class GRPOConfig(StageConfig):
 
     def needs_reference(self) -> bool:
         return self.algo.kl_coef > 0 or self.algo.kl_in_reward > 0
-

@@ -9,6 +9,7 @@ Rewards: a `tether rm` reward model (with its saved normalisation), Python funct
 both, summed with their weights (tether/rewards/score.py). The critic is a separate model or a value head on the
 policy's backbone (critic.layout).
 """
+
 from __future__ import annotations
 
 import time
@@ -51,8 +52,14 @@ class PPOStage:
     name = "ppo"
 
     def __init__(self, cfg: PPOConfig, tokenizer, policy, reference, critic, scorer: Scorer, start, backend=None):
-        self.cfg, self.tokenizer, self.policy, self.reference, self.critic, self.scorer = \
-            cfg, tokenizer, policy, reference, critic, scorer
+        self.cfg, self.tokenizer, self.policy, self.reference, self.critic, self.scorer = (
+            cfg,
+            tokenizer,
+            policy,
+            reference,
+            critic,
+            scorer,
+        )
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
         self.sampler = OnlineSampler(cfg, tokenizer, policy, self.rows, self.eval_rows, backend)
@@ -62,8 +69,9 @@ class PPOStage:
             self.scorer = self.agent
         updates = cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout)
         self.optimizer, self.scheduler = build_optimizer(policy.parameters(), cfg.optim, updates)
-        self.critic_optimizer, self.critic_scheduler = build_optimizer(critic.parameters(), cfg.optim, updates,
-                                                                       lr=cfg.critic.lr)
+        self.critic_optimizer, self.critic_scheduler = build_optimizer(
+            critic.parameters(), cfg.optim, updates, lr=cfg.critic.lr
+        )
         self.kl_coef = cfg.algo.kl_coef
         self.order = EpochOrder(len(self.prompts), cfg.train.seed)
 
@@ -82,19 +90,22 @@ class PPOStage:
     def plan(self) -> dict:
         cfg = self.cfg
         mb = minibatch_size(cfg.algo, cfg.rollout)
-        return {"prompts (train / eval)": f"{len(self.prompts)} / {len(self.eval_prompts)}",
-                "responses per step": f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size}",
-                "minibatches x passes": f"{-(-cfg.rollout.rollout_size // mb)} x {cfg.algo.update_epochs} ({mb} responses each)",
-                "optimizer updates per step": updates_per_step(cfg.algo, cfg.rollout),
-                "KL": f"{cfg.algo.kl_estimator} x {cfg.algo.kl_coef:g} in the reward"
-                      + (f", adapted towards {cfg.algo.target_kl:g} nats" if cfg.algo.adaptive_kl else ""),
-                "critic": "value head on the policy backbone" if cfg.critic.layout == "shared"
-                          else f"separate ({cfg.critic.path or cfg.rewards.reward_model or cfg.model.path})",
-                "reference": "frozen copy" if self.reference is not None else "policy with the LoRA adapter disabled",
-                "reward": self.scorer.describe(),
-                "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
-                "learning rate": f"{cfg.optim.lr:g} policy, {cfg.critic.lr:g} critic ({cfg.optim.lr_schedule})",
-                "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic)}
+        return {
+            "prompts (train / eval)": f"{len(self.prompts)} / {len(self.eval_prompts)}",
+            "responses per step": f"{cfg.rollout.prompts_per_step} prompts x {cfg.rollout.group_size}",
+            "minibatches x passes": f"{-(-cfg.rollout.rollout_size // mb)} x {cfg.algo.update_epochs} ({mb} responses each)",
+            "optimizer updates per step": updates_per_step(cfg.algo, cfg.rollout),
+            "KL": f"{cfg.algo.kl_estimator} x {cfg.algo.kl_coef:g} in the reward"
+            + (f", adapted towards {cfg.algo.target_kl:g} nats" if cfg.algo.adaptive_kl else ""),
+            "critic": "value head on the policy backbone"
+            if cfg.critic.layout == "shared"
+            else f"separate ({cfg.critic.path or cfg.rewards.reward_model or cfg.model.path})",
+            "reference": "frozen copy" if self.reference is not None else "policy with the LoRA adapter disabled",
+            "reward": self.scorer.describe(),
+            "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
+            "learning rate": f"{cfg.optim.lr:g} policy, {cfg.critic.lr:g} critic ({cfg.optim.lr_schedule})",
+            "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic),
+        }
 
     def evaluate(self) -> dict:
         return self.sampler.evaluate(self.eval_rows, self.scorer, self.cfg.train.seed, self.dp)
@@ -108,8 +119,9 @@ class PPOStage:
         picked = [i for i in mine for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
         if self.agent is not None:  # episodes: sampled and scored together, turn by turn
-            rollout, scores = dp.all_or_none(lambda: self.agent([self.rows[i] for i in picked], seeds) if picked
-                                             else (empty_rollout(), None))
+            rollout, scores = dp.all_or_none(
+                lambda: self.agent([self.rows[i] for i in picked], seeds) if picked else (empty_rollout(), None)
+            )
             t1 = time.perf_counter()
         else:
             rollout = self.sampler.generate(picked, seeds) if picked else empty_rollout()
@@ -126,12 +138,21 @@ class PPOStage:
         t4 = time.perf_counter()
         sequence_kl = float(exp.kl.sum(-1).mean())
         mask = rollout.response_mask.bool()
-        metrics = {**rollout_metrics(exp), "kl/ref_mean": sequence_kl, "kl/coef": self.kl_coef,
-                   "value/explained_variance": explained_variance(exp.values, exp.returns, rollout.response_mask),
-                   **stats("advantage", exp.advantages[mask]), **stats("return", exp.returns[mask]), **update,
-                   "lr": self.scheduler.get_last_lr()[0],
-                   "time/generate_s": t1 - t0, "time/score_s": t2 - t1, "time/logprobs_s": t3 - t2,
-                   "time/update_s": t4 - t3, "perf/tokens_per_s": float(rollout.lengths.sum()) / (t4 - t0)}
+        metrics = {
+            **rollout_metrics(exp),
+            "kl/ref_mean": sequence_kl,
+            "kl/coef": self.kl_coef,
+            "value/explained_variance": explained_variance(exp.values, exp.returns, rollout.response_mask),
+            **stats("advantage", exp.advantages[mask]),
+            **stats("return", exp.returns[mask]),
+            **update,
+            "lr": self.scheduler.get_last_lr()[0],
+            "time/generate_s": t1 - t0,
+            "time/score_s": t2 - t1,
+            "time/logprobs_s": t3 - t2,
+            "time/update_s": t4 - t3,
+            "perf/tokens_per_s": float(rollout.lengths.sum()) / (t4 - t0),
+        }
         if self.cfg.algo.adaptive_kl:
             a = self.cfg.algo
             self.kl_coef = adaptive_kl_coef(self.kl_coef, sequence_kl, a.target_kl, a.kl_horizon, ro.rollout_size)
@@ -145,13 +166,16 @@ class PPOStage:
         free = self.cfg.model.padding_free
         if isinstance(self.critic, SharedValueHead):  # one forward gives the old log-probs and the values
             exp.old_logprobs, _, exp.values = dp.map_rows(
-                lambda r: response_logprobs_and_values(self.policy, self.critic.head, r, temperature, free), rollout)
+                lambda r: response_logprobs_and_values(self.policy, self.critic.head, r, temperature, free), rollout
+            )
         else:
-            exp.old_logprobs = dp.map_rows(lambda r: response_logprobs(self.policy, r, temperature, padding_free=free),
-                                           rollout)
+            exp.old_logprobs = dp.map_rows(
+                lambda r: response_logprobs(self.policy, r, temperature, padding_free=free), rollout
+            )
             exp.values = dp.map_rows(lambda r: self.critic(r, padding_free=free), rollout)
-        exp.ref_logprobs = dp.map_rows(lambda r: reference_logprobs(self.reference, self.policy, r, temperature, free),
-                                       rollout)
+        exp.ref_logprobs = dp.map_rows(
+            lambda r: reference_logprobs(self.reference, self.policy, r, temperature, free), rollout
+        )
         mask = rollout.response_mask
         exp.kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, a.kl_estimator) * mask
         token_rewards = kl_penalty_rewards(exp.scores.total, exp.kl, mask, self.kl_coef)
@@ -159,8 +183,9 @@ class PPOStage:
             exp.advantages, exp.returns = gae_advantages(token_rewards, exp.values, mask, a.gamma, a.lam)
         else:  # multi-turn: each turn's reward on its last token; GAE over the policy's tokens, run together
             if exp.scores.step_scores is not None:
-                token_rewards = token_rewards + turn_rewards(exp.scores.step_scores, exp.scores.step_ends,
-                                                             mask.shape[1])
+                token_rewards = token_rewards + turn_rewards(
+                    exp.scores.step_scores, exp.scores.step_ends, mask.shape[1]
+                )
             rewards, actions = compact_actions(token_rewards, mask)
             values, _ = compact_actions(exp.values, mask)
             advantages, returns = gae_advantages(rewards, values, actions, a.gamma, a.lam)
@@ -212,21 +237,27 @@ class PPOStage:
         critic_params = [q for q in self.critic.parameters() if q.requires_grad]
         if isinstance(self.critic, SharedValueHead):
             if sub is not None:
-                logp, entropy, values = response_logprobs_and_values(self.policy, self.critic.head, sub,
-                                                                     self.cfg.rollout.temperature,
-                                                                     self.cfg.model.padding_free)
+                logp, entropy, values = response_logprobs_and_values(
+                    self.policy, self.critic.head, sub, self.cfg.rollout.temperature, self.cfg.model.padding_free
+                )
                 policy_loss, policy_parts = self._policy_loss(exp, local, logp, entropy, n_tokens)
                 value_loss, value_parts = self._value_loss(exp, local, values, n_tokens)
                 (policy_loss + self.cfg.critic.value_loss_coef * value_loss).backward()  # both reach the backbone
-                figures = self._statistics(exp, local, logp, entropy, policy_loss, policy_parts, value_loss,
-                                           value_parts, n_tokens)
+                figures = self._statistics(
+                    exp, local, logp, entropy, policy_loss, policy_parts, value_loss, value_parts, n_tokens
+                )
             dp.sum_gradients(policy_params + [q for q in critic_params if all(q is not p for p in policy_params)])
             gn_pi = self._clip_and_step(policy_params, self.optimizer, self.scheduler)
             gn_v = self._clip_and_step(critic_params, self.critic_optimizer, self.critic_scheduler)
         else:
             if sub is not None:
-                logp, entropy = response_logprobs(self.policy, sub, self.cfg.rollout.temperature, with_entropy=True,
-                                                  padding_free=self.cfg.model.padding_free)
+                logp, entropy = response_logprobs(
+                    self.policy,
+                    sub,
+                    self.cfg.rollout.temperature,
+                    with_entropy=True,
+                    padding_free=self.cfg.model.padding_free,
+                )
                 policy_loss, policy_parts = self._policy_loss(exp, local, logp, entropy, n_tokens)
                 policy_loss.backward()
                 logp, entropy = logp.detach(), entropy.detach()
@@ -236,8 +267,9 @@ class PPOStage:
                 values = self.critic(sub, padding_free=self.cfg.model.padding_free)
                 value_loss, value_parts = self._value_loss(exp, local, values, n_tokens)
                 (self.cfg.critic.value_loss_coef * value_loss).backward()
-                figures = self._statistics(exp, local, logp, entropy, policy_loss, policy_parts, value_loss,
-                                           value_parts, n_tokens)
+                figures = self._statistics(
+                    exp, local, logp, entropy, policy_loss, policy_parts, value_loss, value_parts, n_tokens
+                )
             dp.sum_gradients(critic_params)
             gn_v = self._clip_and_step(critic_params, self.critic_optimizer, self.critic_scheduler)
         return {**dp.sum_dict(figures), "policy/grad_norm": gn_pi * n_tokens, "value/grad_norm": gn_v * n_tokens}
@@ -253,35 +285,71 @@ class PPOStage:
         optimizer.zero_grad(set_to_none=True)
         return norm
 
-    STATISTICS = ("policy/loss", "policy/clip_frac", "policy/clip_frac_low", "policy/clip_frac_high", "policy/approx_kl",
-                  "policy/entropy", "value/loss", "value/clip_frac")
+    STATISTICS = (
+        "policy/loss",
+        "policy/clip_frac",
+        "policy/clip_frac_low",
+        "policy/clip_frac_high",
+        "policy/approx_kl",
+        "policy/entropy",
+        "value/loss",
+        "value/clip_frac",
+    )
 
-    def _policy_loss(self, exp: Experience, local: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,
-                     n_tokens: float) -> tuple[torch.Tensor, dict]:
+    def _policy_loss(
+        self, exp: Experience, local: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor, n_tokens: float
+    ) -> tuple[torch.Tensor, dict]:
         a = self.cfg.algo
-        return ppo_policy_loss(logp, exp.old_logprobs[local], exp.advantages[local], entropy,
-                               exp.rollout.response_mask[local], clip_low=a.clip_low, clip_high=a.clip_high,
-                               dual_clip=a.dual_clip, entropy_coef=a.entropy_coef, n_tokens=n_tokens)
+        return ppo_policy_loss(
+            logp,
+            exp.old_logprobs[local],
+            exp.advantages[local],
+            entropy,
+            exp.rollout.response_mask[local],
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            entropy_coef=a.entropy_coef,
+            n_tokens=n_tokens,
+        )
 
-    def _value_loss(self, exp: Experience, local: torch.Tensor, values: torch.Tensor,
-                    n_tokens: float) -> tuple[torch.Tensor, dict]:
-        return ppo_value_loss(values, exp.values[local], exp.returns[local], exp.rollout.response_mask[local],
-                              value_clip=self.cfg.critic.value_clip, n_tokens=n_tokens)
+    def _value_loss(
+        self, exp: Experience, local: torch.Tensor, values: torch.Tensor, n_tokens: float
+    ) -> tuple[torch.Tensor, dict]:
+        return ppo_value_loss(
+            values,
+            exp.values[local],
+            exp.returns[local],
+            exp.rollout.response_mask[local],
+            value_clip=self.cfg.critic.value_clip,
+            n_tokens=n_tokens,
+        )
 
-    def _statistics(self, exp: Experience, local: torch.Tensor, logp: torch.Tensor, entropy: torch.Tensor,
-                    policy_loss: torch.Tensor, policy_parts: dict, value_loss: torch.Tensor, value_parts: dict,
-                    n_tokens: float) -> dict:
+    def _statistics(
+        self,
+        exp: Experience,
+        local: torch.Tensor,
+        logp: torch.Tensor,
+        entropy: torch.Tensor,
+        policy_loss: torch.Tensor,
+        policy_parts: dict,
+        value_loss: torch.Tensor,
+        value_parts: dict,
+        n_tokens: float,
+    ) -> dict:
         """Σ over this process's tokens of each statistic, later summed over processes and divided by n_tokens."""
         mask = exp.rollout.response_mask[local]
         low, high = policy_parts["clipped_low"], policy_parts["clipped_high"]
         none = torch.zeros_like(low)
         k = float(mask.sum())
-        per_token = {"policy/clip_frac": clip_fraction(low, high, mask),
-                     "policy/clip_frac_low": clip_fraction(low, none, mask),
-                     "policy/clip_frac_high": clip_fraction(none, high, mask),
-                     "policy/approx_kl": aggregate(kl_k2(logp.detach(), exp.old_logprobs[local]), mask),  # ½ (Δ logp)²
-                     "policy/entropy": aggregate(entropy.detach(), mask),
-                     "value/clip_frac": aggregate(value_parts["value_clipped"].float(), mask)}
+        per_token = {
+            "policy/clip_frac": clip_fraction(low, high, mask),
+            "policy/clip_frac_low": clip_fraction(low, none, mask),
+            "policy/clip_frac_high": clip_fraction(none, high, mask),
+            "policy/approx_kl": aggregate(kl_k2(logp.detach(), exp.old_logprobs[local]), mask),  # ½ (Δ logp)²
+            "policy/entropy": aggregate(entropy.detach(), mask),
+            "value/clip_frac": aggregate(value_parts["value_clipped"].float(), mask),
+        }
         out = {name: float(torch.as_tensor(value).detach()) * k for name, value in per_token.items()}
         # the loss parts are already shares of the minibatch's token-mean: weight by the minibatch's tokens
         out["policy/loss"] = float(policy_loss.detach()) * n_tokens
@@ -293,6 +361,7 @@ def _memory_estimate(policy, reference, critic) -> str:
     def mb(model, trainable_copies: int) -> float:
         n = sum(q.numel() * q.element_size() for q in model.parameters())
         return n * (1 + trainable_copies) / 2**20
+
     # trained models: weights + gradients + two AdamW moments; frozen: weights only (activations not included)
     total = mb(policy, 3) + mb(critic, 3) + (mb(reference, 0) if reference is not None else 0.0)
     return f"{total:.1f} MiB before activations"
@@ -312,8 +381,15 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     """Train; ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) -> dict``
     adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation; ``backend(policy,
     tokenizer) -> GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
-    start = start_online("ppo", cfg, cfg.train.max_steps, None if cfg.agent.env else cfg.rewards, cfg.rollout.prompts,
-                         cfg.rollout.eval_prompts, stand_in_reward=scorer is not None)
+    start = start_online(
+        "ppo",
+        cfg,
+        cfg.train.max_steps,
+        None if cfg.agent.env else cfg.rewards,
+        cfg.rollout.prompts,
+        cfg.rollout.eval_prompts,
+        stand_in_reward=scorer is not None,
+    )
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
@@ -328,9 +404,19 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
-        score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model,
-                       allow_process=False)
-    stage = PPOStage(cfg, tokenizer, policy, reference, critic, score, start,
-                     backend(policy, tokenizer) if backend else None)
-    return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start.config, start.accelerator, start.out,
-                      start.checkpoint, "tether ppo", evaluate_fn)
+        score = Scorer(
+            cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model, allow_process=False
+        )
+    stage = PPOStage(
+        cfg, tokenizer, policy, reference, critic, score, start, backend(policy, tokenizer) if backend else None
+    )
+    return run_online(
+        stage,
+        Schedule.of(cfg.train, cfg.train.max_steps),
+        start.config,
+        start.accelerator,
+        start.out,
+        start.checkpoint,
+        "tether ppo",
+        evaluate_fn,
+    )

@@ -1,4 +1,5 @@
 """Settings of `tether ppo`: the shared sections with PPO's defaults, the PPO-only pieces and the critic."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,9 +25,12 @@ class PPOSection(PolicyUpdateSection):
     kl_horizon: int = option(10000, "Controller horizon in responses.")
     lam: float = option(0.95, "GAE λ.")
     whiten_advantages: bool = option(True, "Whiten advantages over the batch's valid tokens.")
-    entropy_coef: float = option(0.0, "Entropy bonus coefficient. Off by default: it is not part of RLHF-PPO as published.")
-    target_approx_kl: float = option(0.0, "Stop a step's remaining passes when the pass's approx KL to the sampling "
-                                          "policy exceeds this; 0 = off.")
+    entropy_coef: float = option(
+        0.0, "Entropy bonus coefficient. Off by default: it is not part of RLHF-PPO as published."
+    )
+    target_approx_kl: float = option(
+        0.0, "Stop a step's remaining passes when the pass's approx KL to the sampling policy exceeds this; 0 = off."
+    )
 
     def check(self):
         super().check()
@@ -38,21 +42,35 @@ class PPOSection(PolicyUpdateSection):
 class CriticSection(Section):
     """The critic: a separate model, or a value head on the policy's backbone."""
 
-    path: str = option("", "Critic initialisation for the separate layout: a reward-model folder (default: "
-                           "--reward-model, as InstructGPT) or a causal-LM folder such as the policy (a new zero head).",
-                       flag="--critic")
-    layout: str = option("separate", "separate: the critic is its own model; shared: a value head on the policy's "
-                                     "backbone, trained by value_loss_coef x value loss (one model in memory).",
-                         flag="--critic-layout", choices=("separate", "shared"))
-    lr: float = option(1e-4, "Critic learning rate (the optim section's schedule and settings otherwise).", flag="--critic-lr")
+    path: str = option(
+        "",
+        "Critic initialisation for the separate layout: a reward-model folder (default: "
+        "--reward-model, as InstructGPT) or a causal-LM folder such as the policy (a new zero head).",
+        flag="--critic",
+    )
+    layout: str = option(
+        "separate",
+        "separate: the critic is its own model; shared: a value head on the policy's "
+        "backbone, trained by value_loss_coef x value loss (one model in memory).",
+        flag="--critic-layout",
+        choices=("separate", "shared"),
+    )
+    lr: float = option(
+        1e-4, "Critic learning rate (the optim section's schedule and settings otherwise).", flag="--critic-lr"
+    )
     value_clip: float = option(0.2, "ε_v: value clipping around the rollout-time values.")
-    value_loss_coef: float = option(1.0, "c_v: weight of the value loss. With a separate critic (own AdamW) it barely "
-                                         "matters; with the shared layout it sets how hard the value loss pulls the backbone.")
+    value_loss_coef: float = option(
+        1.0,
+        "c_v: weight of the value loss. With a separate critic (own AdamW) it barely "
+        "matters; with the shared layout it sets how hard the value loss pulls the backbone.",
+    )
 
     def check(self):
         if self.lr <= 0 or self.value_clip < 0 or self.value_loss_coef < 0:
-            raise ConfigError(f"lr={self.lr} must be > 0, value_clip={self.value_clip} and "
-                              f"value_loss_coef={self.value_loss_coef} >= 0")
+            raise ConfigError(
+                f"lr={self.lr} must be > 0, value_clip={self.value_clip} and "
+                f"value_loss_coef={self.value_loss_coef} >= 0"
+            )
 
 
 @dataclass(frozen=True)
@@ -64,21 +82,40 @@ class PPOConfig(StageConfig):
     critic: CriticSection = CriticSection()
     optim: OptimSection = OptimSection(lr=1e-5, weight_decay=0.01, lr_schedule="constant", warmup_ratio=0.0)
     agent: AgentSection = AgentSection()
-    train: OnlineRunSection = OnlineRunSection(max_steps=100, eval_every=10, save_every=20, keep_checkpoints=1, log_every=5)
+    train: OnlineRunSection = OnlineRunSection(
+        max_steps=100, eval_every=10, save_every=20, keep_checkpoints=1, log_every=5
+    )
 
-    RENAMED = {"roles.policy": "model.path", "roles.reference": "model.reference", "roles.lora_r": "model.lora_r",
-               "roles.lora_alpha": "model.lora_alpha", "roles.lora_dropout": "model.lora_dropout",
-               "roles.lora_target_modules": "model.lora_target_modules", "roles.dtype": "model.dtype",
-               "roles.device": "model.device", "roles.critic": "critic.path", "roles.critic_layout": "critic.layout",
-               "roles.*": "rewards.*", "rollout.penalize_truncated": "rewards.penalize_truncated",
-               "rollout.truncation_penalty": "rewards.truncation_penalty", "rollout.reward_clip": "rewards.reward_clip",
-               "ppo.steps": "train.max_steps", "ppo.ppo_epochs": "algo.update_epochs", "ppo.policy_lr": "optim.lr",
-               "ppo.critic_lr": "critic.lr", "ppo.max_grad_norm": "optim.max_grad_norm",
-               "ppo.value_clip": "critic.value_clip", "ppo.value_loss_coef": "critic.value_loss_coef",
-               "ppo.*": "algo.*", "run.*": "train.*"}
+    RENAMED = {
+        "roles.policy": "model.path",
+        "roles.reference": "model.reference",
+        "roles.lora_r": "model.lora_r",
+        "roles.lora_alpha": "model.lora_alpha",
+        "roles.lora_dropout": "model.lora_dropout",
+        "roles.lora_target_modules": "model.lora_target_modules",
+        "roles.dtype": "model.dtype",
+        "roles.device": "model.device",
+        "roles.critic": "critic.path",
+        "roles.critic_layout": "critic.layout",
+        "roles.*": "rewards.*",
+        "rollout.penalize_truncated": "rewards.penalize_truncated",
+        "rollout.truncation_penalty": "rewards.truncation_penalty",
+        "rollout.reward_clip": "rewards.reward_clip",
+        "ppo.steps": "train.max_steps",
+        "ppo.ppo_epochs": "algo.update_epochs",
+        "ppo.policy_lr": "optim.lr",
+        "ppo.critic_lr": "critic.lr",
+        "ppo.max_grad_norm": "optim.max_grad_norm",
+        "ppo.value_clip": "critic.value_clip",
+        "ppo.value_loss_coef": "critic.value_loss_coef",
+        "ppo.*": "algo.*",
+        "run.*": "train.*",
+    }
 
     def check(self):
         if self.train.best_metric and not self.rollout.eval_prompts:
-            raise ConfigError("train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations")
+            raise ConfigError(
+                "train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations"
+            )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)

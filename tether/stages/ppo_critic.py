@@ -3,6 +3,7 @@
 Initialised from a reward model folder (backbone and head, as InstructGPT does) or from the policy folder
 (a new zero head). The value of state s_t = (x, a_<t) is read at the position that predicts a_t.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,7 +31,9 @@ class ValueModel(nn.Module):
 def load_value_model(path, tokenizer, dtype: str = "float32") -> ValueModel:
     rm = load_reward_model(path, tokenizer, None, dtype)
     if len(rm.head_names) != 1:  # a multi-head reward model: keep one head for the value
-        raise ValueError(f"critic init from {path}: it has heads {rm.head_names}; use a single-head model or the policy")
+        raise ValueError(
+            f"critic init from {path}: it has heads {rm.head_names}; use a single-head model or the policy"
+        )
     return ValueModel(rm)
 
 
@@ -59,7 +62,9 @@ class SharedValueHead(nn.Module):
         from safetensors.torch import save_file
 
         Path(folder).mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(Path(folder) / "value_head.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in self.head.state_dict().items()}, str(Path(folder) / "value_head.safetensors")
+        )
 
     @classmethod
     def load(cls, policy, folder) -> "SharedValueHead":

@@ -4,6 +4,7 @@ Trains with the shared offline loop; evaluates held-out accuracy, margin and the
 score distribution; keeps best/ by validation accuracy; watches for
 over-fitting; ends with bias probes and normalisation statistics (rm_probes.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,13 +26,7 @@ from tether.console import console
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records, tokenize_split
 from tether.models.checks import check_position_restarts
-from tether.models.lm import (
-    apply_precision,
-    disable_dropout,
-    length_limit,
-    load_stage_tokenizer,
-    parameter_summary,
-)
+from tether.models.lm import apply_precision, disable_dropout, length_limit, load_stage_tokenizer, parameter_summary
 from tether.models.packing import describe, score_inputs
 from tether.models.reward import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
 from tether.stages.rm_config import RMConfig
@@ -76,13 +71,24 @@ class RewardObjective:
         if self.center_coef:
             per = per + reward_centering_penalty(chosen, rejected, self.center_coef)
         per = torch.where(labels != 0, per, torch.zeros_like(per))
-        return per.sum(), {"accuracy": (chosen[:, 0] > rejected[:, 0]).float().sum(),
-                           "margin": (chosen[:, 0] - rejected[:, 0]).sum()}
+        return per.sum(), {
+            "accuracy": (chosen[:, 0] > rejected[:, 0]).float().sum(),
+            "margin": (chosen[:, 0] - rejected[:, 0]).sum(),
+        }
 
 
 @torch.no_grad()
-def evaluate_rm(model, examples, pad_id: int, objective: RewardObjective, heads: list[str], micro: int,
-                device, scored: dict | None = None, padding_free: bool = False) -> dict[str, float]:
+def evaluate_rm(
+    model,
+    examples,
+    pad_id: int,
+    objective: RewardObjective,
+    heads: list[str],
+    micro: int,
+    device,
+    scored: dict | None = None,
+    padding_free: bool = False,
+) -> dict[str, float]:
     """Held-out loss, accuracy (per head), margin and score distributions (every process evaluates the whole set).
     One forward per batch gives both the loss and the scores. ``scored``, when given, is filled with
     {token ids: scores} of every response, for the probes to reuse (tether/stages/rm_probes.py)."""
@@ -185,52 +191,56 @@ def run_rm(cfg: RMConfig) -> dict:
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model, optimizer, scheduler, detector = _model_and_optimizer(cfg, tokenizer, accelerator, checkpoint, total_steps)
     sharded = is_sharded(model)
-    plan = {"examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}", "heads": ", ".join(heads),
-            "batch per optimizer step": cfg.train.batch_size,
-            "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(accelerator.num_processes),
-            "micro-batch rows": describe(cfg.model.padding_free), "optimizer steps": total_steps, "start step": start_step,
-            "model": parameter_summary(model) + (f", sharded over {accelerator.num_processes} processes (FSDP2)"
-                                                 if sharded else "")}
+    plan = _rm_plan(cfg, train, evals, report, accelerator, total_steps, start_step, model)
     if accelerator.is_main_process:
         announce("tether rm", plan, config, out, reports, None)
     objective = RewardObjective(cfg.rm.ranking_loss, cfg.rm.center_coef)
     unwrapped = accelerator.unwrap_model(model)
-
-    def on_eval(step: int, metrics: dict) -> bool:
-        fired = detector.update(step, metrics["eval/accuracy"])
-        metrics["eval/best_accuracy"] = detector.best
-        metrics["eval/overfit_alarm"] = float(detector.fired_at is not None)
-        if detector.best_step == step and sharded:  # every process gathers, process 0 writes
-            write_atomically(lambda tmp: save_full_model(model, tokenizer, tmp, accelerator),
-                             out / "best", accelerator)
-        elif detector.best_step == step and accelerator.is_main_process:
-            write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "best")
-        if fired and accelerator.is_main_process:
-            console.print(f"[bold red]over-fitting: validation accuracy {metrics['eval/accuracy']:.3f} has been more than "
-                          f"{cfg.rm.overfit_drop} below its best {detector.best:.3f} (step {detector.best_step}) for "
-                          f"{cfg.rm.overfit_patience} evaluations[/]" + (" — stopping" if cfg.rm.early_stop else ""))
-        return fired and cfg.rm.early_stop
-
+    on_eval = _best_keeper(cfg, detector, model, unwrapped, tokenizer, out, accelerator)
     final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
-    evaluate = lambda: _evaluate(unwrapped, evals, tokenizer.pad_token_id, objective, heads,  # noqa: E731
-                                 cfg.train.micro_batch_size, accelerator.device, scored=final_scores,
-                                 padding_free=cfg.model.padding_free)
+    mb, device = cfg.train.micro_batch_size, accelerator.device
+    pad_id, padding_free = tokenizer.pad_token_id, cfg.model.padding_free
+    evaluate = lambda: _evaluate(  # noqa: E731
+        unwrapped, evals, pad_id, objective, heads, mb, device, scored=final_scores, padding_free=padding_free
+    )
     logger = offline_logger(cfg, accelerator, out, config, start_step, total_steps, "rm")
     last_eval, steps_done = run_offline_loop(
-        cfg, accelerator, logger, total_steps, model=model, optimizer=optimizer, scheduler=scheduler,
-        train_examples=train, eval_examples=evals, objective=objective, start_step=start_step, output=out,
+        cfg,
+        accelerator,
+        logger,
+        total_steps,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_examples=train,
+        eval_examples=evals,
+        objective=objective,
+        start_step=start_step,
+        output=out,
         collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id, cfg.model.padding_free),
-        tokenizer=tokenizer, on_eval=on_eval, checkpoint_state=lambda: {"overfit": asdict(detector)},
-        evaluate_fn=evaluate)
-    summary = {"stage": "rm", "steps": steps_done, "heads": heads, "resumed_from": start_step or None, **last_eval,
-               "best_step": detector.best_step if detector.history else None, "best_accuracy": detector.best if detector.history else None,
-               "overfit_alarm_step": detector.fired_at, "eval_history": detector.history,
-               "data": [r.summary() for r in reports]}
+        tokenizer=tokenizer,
+        on_eval=on_eval,
+        checkpoint_state=lambda: {"overfit": asdict(detector)},
+        evaluate_fn=evaluate,
+    )
+    summary = {
+        "stage": "rm",
+        "steps": steps_done,
+        "heads": heads,
+        "resumed_from": start_step or None,
+        **last_eval,
+        "best_step": detector.best_step if detector.history else None,
+        "best_accuracy": detector.best if detector.history else None,
+        "overfit_alarm_step": detector.fired_at,
+        "eval_history": detector.history,
+        "data": [r.summary() for r in reports],
+    }
     memory = peak_memory(accelerator)  # before the probes, which process 0 alone runs
     if sharded:  # the probes run on process 0 alone: on an ordinary copy of the trained model
         m = cfg.model
-        unwrapped = unsharded_on_main(model, lambda: load_reward_model(m.path, tokenizer, heads, m.dtype,
-                                                                       m.trust_remote_code), accelerator)
+        unwrapped = unsharded_on_main(
+            model, lambda: load_reward_model(m.path, tokenizer, heads, m.dtype, m.trust_remote_code), accelerator
+        )
     if accelerator.is_main_process:
         last_eval_step = detector.history[-1][0] if detector.history else None
         known = final_scores if last_eval_step == steps_done else None  # scores of the final weights only
@@ -238,18 +248,63 @@ def run_rm(cfg: RMConfig) -> dict:
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)
         summary["peak_memory"] = memory
         write_json(out / "summary.json", summary)
-        console.print(f"reward model: {out / 'final'}{_best_line(out, detector, last_eval)}; "
-                      f"length correlation {summary['probes']['length_correlation']:.2f}; "
-                      + "; ".join(f"{k} shift {v['mean_shift']:+.3f}" for k, v in summary["probes"]["counterfactual"].items()))
+        console.print(_final_line(out, detector, last_eval, summary["probes"]))
     accelerator.wait_for_everyone()
     return summary
+
+
+def _rm_plan(cfg: RMConfig, train, evals, report, accelerator, total_steps: int, start_step: int, model) -> dict:
+    return {
+        "examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}",
+        "heads": ", ".join(cfg.rm.heads),
+        "batch per optimizer step": cfg.train.batch_size,
+        "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(accelerator.num_processes),
+        "micro-batch rows": describe(cfg.model.padding_free),
+        "optimizer steps": total_steps,
+        "start step": start_step,
+        "model": parameter_summary(model)
+        + (f", sharded over {accelerator.num_processes} processes (FSDP2)" if is_sharded(model) else ""),
+    }
+
+
+def _best_keeper(cfg: RMConfig, detector: OverfitDetector, model, unwrapped, tokenizer, out: Path, accelerator):
+    """on_eval for the offline loop: the over-fitting detector's update, best/ written at a new best accuracy."""
+    sharded = is_sharded(model)
+
+    def on_eval(step: int, metrics: dict) -> bool:
+        fired = detector.update(step, metrics["eval/accuracy"])
+        metrics["eval/best_accuracy"] = detector.best
+        metrics["eval/overfit_alarm"] = float(detector.fired_at is not None)
+        if detector.best_step == step and sharded:  # every process gathers, process 0 writes
+            write_atomically(lambda tmp: save_full_model(model, tokenizer, tmp, accelerator), out / "best", accelerator)
+        elif detector.best_step == step and accelerator.is_main_process:
+            write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "best")
+        if fired and accelerator.is_main_process:
+            console.print(
+                f"[bold red]over-fitting: validation accuracy {metrics['eval/accuracy']:.3f} has been more than "
+                f"{cfg.rm.overfit_drop} below its best {detector.best:.3f} (step {detector.best_step}) for "
+                f"{cfg.rm.overfit_patience} evaluations[/]" + (" — stopping" if cfg.rm.early_stop else "")
+            )
+        return fired and cfg.rm.early_stop
+
+    return on_eval
+
+
+def _final_line(out: Path, detector: OverfitDetector, last_eval: dict, probes: dict) -> str:
+    return (
+        f"reward model: {out / 'final'}{_best_line(out, detector, last_eval)}; "
+        f"length correlation {probes['length_correlation']:.2f}; "
+        + "; ".join(f"{k} shift {v['mean_shift']:+.3f}" for k, v in probes["counterfactual"].items())
+    )
 
 
 def _best_line(out: Path, detector: OverfitDetector, last_eval: dict) -> str:
     if not detector.history or not (out / "best").is_dir():
         return " (no held-out pairs, so no validation accuracy and no best/)"
-    return (f" (best by validation accuracy: {out / 'best'}, step {detector.best_step}); accuracy "
-            f"{last_eval.get('eval/accuracy', float('nan')):.3f}")
+    return (
+        f" (best by validation accuracy: {out / 'best'}, step {detector.best_step}); accuracy "
+        f"{last_eval.get('eval/accuracy', float('nan')):.3f}"
+    )
 
 
 def load_rm_data(cfg: RMConfig, tokenizer):
@@ -259,9 +314,14 @@ def load_rm_data(cfg: RMConfig, tokenizer):
     eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
     limit = length_limit(d.max_length, cfg.model.path)
     train_recs, eval_recs, train, evals, reports = tokenize_split(
-        records, eval_records, d.eval_fraction, cfg.train.seed, d.path,
+        records,
+        eval_records,
+        d.eval_fraction,
+        cfg.train.seed,
+        d.path,
         lambda recs, label: tokenize_preferences(recs, tokenizer, limit, heads, d.margin_column, d.strict, label),
-        d.eval_path)
+        d.eval_path,
+    )
     return train_recs, eval_recs, train, evals, reports
 
 
@@ -281,6 +341,9 @@ def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data, k
     write_atomically(lambda tmp: save_reward_model(model, tokenizer, tmp, normalization), out / "final")
     if (out / "best").is_dir():  # best/ has its own weights, so its own statistics (unless they are the final ones)
         same = summary.get("best_step") is not None and summary.get("best_step") == summary.get("steps")
-        best_norm = normalization if same else normalization_stats(load_reward_model(out / "best", tokenizer),
-                                                                   tokenizer, norm_rows, limit)
+        best_norm = (
+            normalization
+            if same
+            else normalization_stats(load_reward_model(out / "best", tokenizer), tokenizer, norm_rows, limit)
+        )
         (out / "best" / NORM_FILE).write_text(json.dumps(best_norm, indent=2))

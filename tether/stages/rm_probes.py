@@ -6,6 +6,7 @@
 - your own probes: rows {prompt, original, modified, probe} scored the same way;
 - normalisation: per-head mean and std of scores over a reference set, saved beside the model for RL stages.
 """
+
 from __future__ import annotations
 
 import copy
@@ -75,35 +76,62 @@ def _shift(score, originals: list[str], modified: list[str], max_length: int) ->
     a = score(originals, max_length)[:, 0]
     b = score(modified, max_length)[:, 0]
     delta = b - a
-    return {"n": len(delta), "mean_shift": round(delta.mean().item(), 4), "std": round(delta.std(unbiased=False).item(), 4),
-            "fraction_up": round((delta > 0).float().mean().item(), 4)}
+    return {
+        "n": len(delta),
+        "mean_shift": round(delta.mean().item(), 4),
+        "std": round(delta.std(unbiased=False).item(), 4),
+        "fraction_up": round((delta > 0).float().mean().item(), 4),
+    }
 
 
 def normalization_stats(rm, tokenizer, rows: list[dict], max_length: int, score: ScoreMemo | None = None) -> dict:
-    texts = [render_response(tokenizer, r.get("prompt"), resp, "reference", "response") for r in rows for resp in _responses(r)]
+    texts = [
+        render_response(tokenizer, r.get("prompt"), resp, "reference", "response")
+        for r in rows
+        for resp in _responses(r)
+    ]
     if not texts:
         raise ValueError("normalisation needs at least one reference response")
     scores = (score or ScoreMemo(rm, tokenizer))(texts, max_length)  # (N, heads)
-    return {name: {"mean": scores[:, h].mean().item(), "std": max(scores[:, h].std(unbiased=False).item(), 1e-6),
-                   "n": len(texts)} for h, name in enumerate(rm.head_names)}
+    return {
+        name: {
+            "mean": scores[:, h].mean().item(),
+            "std": max(scores[:, h].std(unbiased=False).item(), 1e-6),
+            "n": len(texts),
+        }
+        for h, name in enumerate(rm.head_names)
+    }
 
 
-def run_probes(rm, tokenizer, eval_rows: list[dict], norm_rows: list[dict], probe_rows: list[dict],
-               max_length: int, known: dict | None = None) -> tuple[dict, dict]:
+def run_probes(
+    rm,
+    tokenizer,
+    eval_rows: list[dict],
+    norm_rows: list[dict],
+    probe_rows: list[dict],
+    max_length: int,
+    known: dict | None = None,
+) -> tuple[dict, dict]:
     """``known``: {token ids: scores} the final evaluation computed with these weights, not scored again."""
     score = ScoreMemo(rm, tokenizer, known)
     pairs = [(r.get("prompt"), resp) for r in eval_rows for resp in _responses(r)]
     texts = [render_response(tokenizer, p, resp, "probe", "response") for p, resp in pairs]
     scores = score(texts, max_length)[:, 0].tolist()
     lengths = [len(_content(resp).split()) for _, resp in pairs]
-    probes: dict = {"length_correlation": round(pearson(lengths, scores), 4), "responses": len(pairs), "counterfactual": {}}
+    probes: dict = {
+        "length_correlation": round(pearson(lengths, scores), 4),
+        "responses": len(pairs),
+        "counterfactual": {},
+    }
     originals = [(r.get("prompt"), r["chosen"]) for r in eval_rows if "chosen" in r]
     for name, transform in DEFAULT_PROBES.items():
         if not originals:
             break
         before = [render_response(tokenizer, p, resp, "probe", "chosen") for p, resp in originals]
-        after = [render_response(tokenizer, p, _with_content(resp, transform(_content(resp))), "probe", "chosen")
-                 for p, resp in originals]
+        after = [
+            render_response(tokenizer, p, _with_content(resp, transform(_content(resp))), "probe", "chosen")
+            for p, resp in originals
+        ]
         probes["counterfactual"][name] = _shift(score, before, after, max_length + 32)  # room for the added words
     by_name: dict[str, list] = {}
     for row in probe_rows:

@@ -1,4 +1,5 @@
 """`tether sft`: supervised fine-tuning with a completion-only loss (docs/algorithms.md §1)."""
+
 from __future__ import annotations
 
 import time
@@ -43,9 +44,14 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
     eval_records = read_records(data.eval_path, data.columns, data.split) if data.eval_path else None
     limit = length_limit(data.max_length, cfg.model.path)
     _, _, train, evals, reports = tokenize_split(
-        records, eval_records, data.eval_fraction, cfg.train.seed, data.path,
+        records,
+        eval_records,
+        data.eval_fraction,
+        cfg.train.seed,
+        data.path,
         lambda recs, label: tokenize_records(recs, tokenizer, limit, data.train_on_prompt, data.strict, label),
-        data.eval_path)
+        data.eval_path,
+    )
     if data.packing:
         train = pack_examples(train, limit)
         evals = pack_examples(evals, limit) if evals else evals
@@ -58,32 +64,54 @@ def run_sft(cfg: SFTConfig) -> dict:
     tokenizer = load_stage_tokenizer(cfg.model)
     train, evals, reports = load_sft_data(cfg, tokenizer)  # checked before the run folder is touched
     accelerator, config, out, start_step, checkpoint = start_run(
-        cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
+        cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output}
+    )
     world = accelerator.num_processes
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint)
     if cfg.model.padding_free and not cfg.data.packing:
         check_position_restarts(model, cfg.model.path)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
-    plan = {"examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
-            "batch per optimizer step": cfg.train.batch_size,
-            "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(world),
-            "micro-batch rows": "packed rows (--packing)" if cfg.data.packing else describe(cfg.model.padding_free),
-            "optimizer steps": total_steps,
-            "start step": start_step,
-            "model": parameter_summary(model) + (f", sharded over {world} processes (FSDP2)" if is_sharded(model) else ""),
-            "loss": "all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)"}
+    plan = {
+        "examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
+        "batch per optimizer step": cfg.train.batch_size,
+        "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(world),
+        "micro-batch rows": "packed rows (--packing)" if cfg.data.packing else describe(cfg.model.padding_free),
+        "optimizer steps": total_steps,
+        "start step": start_step,
+        "model": parameter_summary(model) + (f", sharded over {world} processes (FSDP2)" if is_sharded(model) else ""),
+        "loss": "all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)",
+    }
     if accelerator.is_main_process:
         announce("tether sft", plan, config, out, reports, checkpoint)
     logger = offline_logger(cfg, accelerator, out, config, start_step, total_steps, "sft")
     last_eval, _ = run_offline_loop(
-        cfg, accelerator, logger, total_steps, model=model, optimizer=optimizer, scheduler=scheduler,
-        train_examples=train, eval_examples=evals, objective=SFTObjective(), start_step=start_step, output=out,
-        collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.model.padding_free), tokenizer=tokenizer)
-    summary = {"stage": "sft", "steps": total_steps, "resumed_from": start_step or None,
-               "train_examples": len(train), "eval_examples": len(evals), **last_eval,
-               "data": [r.summary() for r in reports], "wall_s": round(time.perf_counter() - t_start, 2),
-               "peak_memory": peak_memory(accelerator)}
+        cfg,
+        accelerator,
+        logger,
+        total_steps,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_examples=train,
+        eval_examples=evals,
+        objective=SFTObjective(),
+        start_step=start_step,
+        output=out,
+        collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.model.padding_free),
+        tokenizer=tokenizer,
+    )
+    summary = {
+        "stage": "sft",
+        "steps": total_steps,
+        "resumed_from": start_step or None,
+        "train_examples": len(train),
+        "eval_examples": len(evals),
+        **last_eval,
+        "data": [r.summary() for r in reports],
+        "wall_s": round(time.perf_counter() - t_start, 2),
+        "peak_memory": peak_memory(accelerator),
+    }
     save_final(accelerator, model, tokenizer, out / "final")
     if accelerator.is_main_process:
         write_json(out / "summary.json", summary)

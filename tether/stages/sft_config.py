@@ -1,4 +1,5 @@
 """Settings of `tether sft` (kept apart from the stage so that `--help` needs neither torch nor transformers)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

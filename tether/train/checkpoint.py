@@ -9,6 +9,7 @@ continue bit-for-bit: optimizer, scheduler, step and every process's RNG.
 Every state file is safetensors + JSON (tether/train/state_io.py): resuming
 from a checkpoint someone hands you never unpickles, so it cannot run code.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,10 @@ def checkpoint_problem(folder: Path) -> str | None:
     except (OSError, ValueError) as err:
         return f"{folder / STATE_FILE}: {err}"
     tensor_files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*/*.safetensors"))
-    if not any(f.name in ("model.safetensors", "adapter_model.safetensors") or f.name.startswith("model-")
-               for f in tensor_files):
+    if not any(
+        f.name in ("model.safetensors", "adapter_model.safetensors") or f.name.startswith("model-")
+        for f in tensor_files
+    ):
         return f"{folder}: no model weights (model.safetensors)"
     for path in tensor_files:
         try:
@@ -90,8 +93,12 @@ def remove_partials(output: str | Path) -> None:
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -102,8 +109,18 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: int, output: str | Path,
-                    state: dict, keep: int, extra: dict | None = None) -> Path:
+def save_checkpoint(
+    accelerator,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    step: int,
+    output: str | Path,
+    state: dict,
+    keep: int,
+    extra: dict | None = None,
+) -> Path:
     """Write checkpoint-<step>/ atomically (every process calls this).
 
     One layout for every stage: the trained model in Hugging Face format (a LoRA adapter folder when training
@@ -135,8 +152,9 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
             save_state(partial / f"optimizer-{name}", part_optimizer.state_dict())
             if part_scheduler is not None:
                 save_state(partial / f"scheduler-{name}", part_scheduler.state_dict())
-        (partial / STATE_FILE).write_text(json.dumps({**state, "step": step,
-                                                      "num_processes": accelerator.num_processes}, indent=2))
+        (partial / STATE_FILE).write_text(
+            json.dumps({**state, "step": step, "num_processes": accelerator.num_processes}, indent=2)
+        )
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if final.exists():
@@ -149,23 +167,28 @@ def save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, step: i
     return final
 
 
-def load_training_state(checkpoint: Path, optimizer, scheduler, process_index: int, extra: dict | None = None,
-                        sharded_model=None) -> dict:
+def load_training_state(
+    checkpoint: Path, optimizer, scheduler, process_index: int, extra: dict | None = None, sharded_model=None
+) -> dict:
     """Restore optimizer, scheduler (and ``extra`` {name: (optimizer, scheduler or None)}) and this process's RNG;
     return the saved trainer state. Nothing is unpickled: a checkpoint with pickle files only (written by tether
     0.1) is refused with a message, never loaded."""
     if (checkpoint / "optimizer.pt").is_file() and not (checkpoint / "optimizer.json").is_file():
-        raise StateFileError(f"{checkpoint}: its state files are pickles (optimizer.pt, written by tether 0.1); tether "
-                             "reads tensors and JSON only, so it cannot resume from it. Start afresh (--overwrite), or "
-                             "from its weights: --model " + str(checkpoint))
+        raise StateFileError(
+            f"{checkpoint}: its state files are pickles (optimizer.pt, written by tether 0.1); tether "
+            "reads tensors and JSON only, so it cannot resume from it. Start afresh (--overwrite), or "
+            "from its weights: --model " + str(checkpoint)
+        )
     state = json.loads((checkpoint / STATE_FILE).read_text())
     if sharded_model is not None:  # a sharded run's optimizer state is keyed by parameter name (train/sharding.py)
         load_optimizer_state(sharded_model, optimizer, load_state(checkpoint / "optimizer"))
     else:
         saved = load_state(checkpoint / "optimizer")
         if any(isinstance(k, str) for k in saved.get("state", {})):
-            raise StateFileError(f"{checkpoint}: its optimizer state was written by a sharded run (--fsdp), keyed by "
-                                 "parameter name; resume it with --fsdp (on any number of processes)")
+            raise StateFileError(
+                f"{checkpoint}: its optimizer state was written by a sharded run (--fsdp), keyed by "
+                "parameter name; resume it with --fsdp (on any number of processes)"
+            )
         optimizer.load_state_dict(saved)
     scheduler.load_state_dict(load_state(checkpoint / "scheduler"))
     for name, (part_optimizer, part_scheduler) in (extra or {}).items():

@@ -1,4 +1,5 @@
 """The over-fitting detector: validation accuracy fallen below its best for several evaluations."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,5 +1,6 @@
 """The records every online stage shares: one step's experience, and one sampled response as samples.jsonl stores
 it (the monitors and the report read those rows; docs/monitors.md)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -49,22 +50,35 @@ class Experience:
         r = self.rollout
         mask = r.response_mask.float()
         seq_adv = (self.advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1) if self.advantages is not None else None
-        return [SampleRecord(step, r.prompts[i], r.responses[i], float(self.scores.total[i]),
-                             {k: float(v[i]) for k, v in self.scores.parts.items()}, int(r.lengths[i]),
-                             bool(r.truncated[i]), group=i // group_size if group_size else None,
-                             step_scores=self.scores.step_scores[i] if self.scores.step_scores is not None else None,
-                             advantage=float(seq_adv[i]) if seq_adv is not None else None,
-                             kl=float(self.kl[i].sum()) if self.kl is not None else None,
-                             agent=self.scores.records[i] if self.scores.records is not None else None)
-                for i in range(len(r.responses))]
+        return [
+            SampleRecord(
+                step,
+                r.prompts[i],
+                r.responses[i],
+                float(self.scores.total[i]),
+                {k: float(v[i]) for k, v in self.scores.parts.items()},
+                int(r.lengths[i]),
+                bool(r.truncated[i]),
+                group=i // group_size if group_size else None,
+                step_scores=self.scores.step_scores[i] if self.scores.step_scores is not None else None,
+                advantage=float(seq_adv[i]) if seq_adv is not None else None,
+                kl=float(self.kl[i].sum()) if self.kl is not None else None,
+                agent=self.scores.records[i] if self.scores.records is not None else None,
+            )
+            for i in range(len(r.responses))
+        ]
 
 
 def stats(area: str, x: torch.Tensor) -> dict:
     """{area/mean, area/std, area/min, area/max} of a 1-D tensor (empty: nothing)."""
     if x.numel() == 0:
         return {}
-    return {f"{area}/mean": float(x.mean()), f"{area}/std": float(x.std(unbiased=False)),
-            f"{area}/min": float(x.min()), f"{area}/max": float(x.max())}
+    return {
+        f"{area}/mean": float(x.mean()),
+        f"{area}/std": float(x.std(unbiased=False)),
+        f"{area}/min": float(x.min()),
+        f"{area}/max": float(x.max()),
+    }
 
 
 def rollout_metrics(exp: Experience) -> dict:
@@ -72,10 +86,13 @@ def rollout_metrics(exp: Experience) -> dict:
     r, s = exp.rollout, exp.scores
     lengths = r.lengths.float()
     done = ~r.truncated
-    out = {"score/mean": float(s.total.mean()), "score/std": float(s.total.std(unbiased=False)),
-           "rollout/length_mean": float(lengths.mean()),
-           "rollout/terminated_length_mean": float(lengths[done].mean()) if done.any() else 0.0,
-           "rollout/truncated_frac": float(r.truncated.float().mean())}
+    out = {
+        "score/mean": float(s.total.mean()),
+        "score/std": float(s.total.std(unbiased=False)),
+        "rollout/length_mean": float(lengths.mean()),
+        "rollout/terminated_length_mean": float(lengths[done].mean()) if done.any() else 0.0,
+        "rollout/truncated_frac": float(r.truncated.float().mean()),
+    }
     for name, v in s.parts.items():
         out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = float(v.mean()), float(v.std(unbiased=False))
     if s.records is not None:

@@ -4,6 +4,7 @@ Only the main process logs. On resume, lines past the checkpoint's step are
 dropped from metrics.jsonl (they came from the killed run after its last
 checkpoint) and TensorBoard purges them, so the file reads as one run.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,20 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 
 
 # the figures worth a glance on the console line; everything else is in metrics.jsonl
-CONSOLE_KEYS = ("train/loss", "eval/loss", "score/mean", "kl/ref_mean", "kl/coef", "eval/score_mean", "eval/gold_reward",
-                "train/rewards/margins", "train/rewards/accuracy", "eval/rewards/accuracy", "eval/gold_win_rate",
-                "perf/tokens_per_s")
+CONSOLE_KEYS = (
+    "train/loss",
+    "eval/loss",
+    "score/mean",
+    "kl/ref_mean",
+    "kl/coef",
+    "eval/score_mean",
+    "eval/gold_reward",
+    "train/rewards/margins",
+    "train/rewards/accuracy",
+    "eval/rewards/accuracy",
+    "eval/gold_win_rate",
+    "perf/tokens_per_s",
+)
 
 
 def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
@@ -53,8 +65,17 @@ def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
 
 
 class MetricsLogger:
-    def __init__(self, output: str | Path, report_to: list[str], config: dict, start_step: int, total_steps: int,
-                 enabled: bool = True, log_every: int = 10, run_name: str = "tether"):
+    def __init__(
+        self,
+        output: str | Path,
+        report_to: list[str],
+        config: dict,
+        start_step: int,
+        total_steps: int,
+        enabled: bool = True,
+        log_every: int = 10,
+        run_name: str = "tether",
+    ):
         self.enabled = enabled
         self.output = Path(output)
         self.total_steps = total_steps
@@ -76,13 +97,19 @@ class MetricsLogger:
             except ImportError:
                 raise ConfigError("report_to includes wandb but wandb is not installed (pip install wandb)") from None
             # wandb's own variables win, as everywhere else wandb is used: WANDB_PROJECT, WANDB_NAME, WANDB_ENTITY...
-            self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "tether",
-                                    name=os.environ.get("WANDB_NAME") or run_name, config=config, resume="allow")
+            self.wandb = wandb.init(
+                project=os.environ.get("WANDB_PROJECT") or "tether",
+                name=os.environ.get("WANDB_NAME") or run_name,
+                config=config,
+                resume="allow",
+            )
         if "mlflow" in report_to:
             try:
                 import mlflow
             except ImportError:
-                raise ConfigError("report_to includes mlflow but mlflow is not installed (pip install mlflow)") from None
+                raise ConfigError(
+                    "report_to includes mlflow but mlflow is not installed (pip install mlflow)"
+                ) from None
             self.mlflow = mlflow
             mlflow.start_run(run_name=os.environ.get("MLFLOW_RUN_NAME") or run_name)
             mlflow.log_params(flat_params(config))  # the resolved settings, as `section.field`
@@ -90,15 +117,24 @@ class MetricsLogger:
             try:
                 import trackio
             except ImportError:
-                raise ConfigError("report_to includes trackio but trackio is not installed (pip install trackio)") from None
+                raise ConfigError(
+                    "report_to includes trackio but trackio is not installed (pip install trackio)"
+                ) from None
             # local by default (TRACKIO_DIR); trackio's own TRACKIO_SPACE_ID sends it to a Space
-            trackio.init(project=os.environ.get("TRACKIO_PROJECT") or "tether", name=run_name, config=config,
-                         resume="allow")
+            trackio.init(
+                project=os.environ.get("TRACKIO_PROJECT") or "tether", name=run_name, config=config, resume="allow"
+            )
             self.trackio = trackio
         if sys.stderr.isatty():
-            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                      TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
-                                      TimeRemainingColumn(), console=console, transient=False)
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                console=console,
+                transient=False,
+            )
             self._task = self._progress.add_task(run_name, total=total_steps, completed=start_step, info="")
             self._progress.start()
         self._t0 = time.perf_counter()
@@ -125,7 +161,11 @@ class MetricsLogger:
         if self._progress:
             self._progress.update(self._task, completed=step, info=info)
         # the line is printed with a bar too: in a terminal it stays on screen above the bar
-        if step % self.log_every == 0 or step == self.total_steps or any(k.startswith(("eval/", "eval0/")) for k in metrics):
+        if (
+            step % self.log_every == 0
+            or step == self.total_steps
+            or any(k.startswith(("eval/", "eval0/")) for k in metrics)
+        ):
             elapsed = time.perf_counter() - self._t0
             done = step - self._start_step
             eta = f"  eta {elapsed / done * (self.total_steps - step):.0f}s" if done > 0 else "  (before training)"

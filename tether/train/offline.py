@@ -11,6 +11,7 @@ all micro-batches and processes, times the number of processes because DDP
 averages gradients across them. The gradient is then exactly that of
 (Σ over the global batch) / N_step, however the batch is split.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,8 +81,17 @@ class LoopSettings:
 
 def loop_settings(train, total_steps: int, max_grad_norm: float) -> LoopSettings:
     """LoopSettings from a stage's TrainSection (tether/sections.py)."""
-    return LoopSettings(train.batch_size, train.micro_batch_size, total_steps, max_grad_norm, train.eval_every,
-                        train.save_every, train.keep_checkpoints, train.seed, train.micro_batch_tokens)
+    return LoopSettings(
+        train.batch_size,
+        train.micro_batch_size,
+        total_steps,
+        max_grad_norm,
+        train.eval_every,
+        train.save_every,
+        train.keep_checkpoints,
+        train.seed,
+        train.micro_batch_tokens,
+    )
 
 
 def split_micro_batches(examples: list, micro_batch_size: int, micro_batch_tokens: int = 0) -> list[list]:
@@ -125,8 +135,15 @@ def _to_device(batch: dict, device) -> dict:
 
 
 @torch.no_grad()
-def evaluate(accelerator, model, examples, collate_fn: Callable, objective: Objective, micro_batch_size: int,
-             prefix: str = "eval") -> dict[str, float]:
+def evaluate(
+    accelerator,
+    model,
+    examples,
+    collate_fn: Callable,
+    objective: Objective,
+    micro_batch_size: int,
+    prefix: str = "eval",
+) -> dict[str, float]:
     """Unit-weighted mean loss (and statistics) over all held-out examples, sharded across processes."""
     model.eval()
     shard = examples[accelerator.process_index :: accelerator.num_processes]
@@ -158,8 +175,17 @@ def evaluate(accelerator, model, examples, collate_fn: Callable, objective: Obje
     return out
 
 
-def train_step(accelerator, model, optimizer, scheduler, micro_batches: list[dict], objective: Objective, params,
-               max_grad_norm: float, filler: int = 0) -> dict[str, float]:
+def train_step(
+    accelerator,
+    model,
+    optimizer,
+    scheduler,
+    micro_batches: list[dict],
+    objective: Objective,
+    params,
+    max_grad_norm: float,
+    filler: int = 0,
+) -> dict[str, float]:
     """One optimizer step over this process's micro-batches; returns the step's train/* metrics (global means).
 
     Each micro-batch loss is its sum / N_step, N_step the units of the whole step over every micro-batch and process
@@ -172,8 +198,11 @@ def train_step(accelerator, model, optimizer, scheduler, micro_batches: list[dic
     local_units = torch.tensor(float(sum(objective.count(b) for b in micro_batches)))
     step_units = _all_reduce_sum(accelerator, local_units).clamp(min=1).float()
     if hasattr(objective, "begin_step"):  # statistics of the whole step's batch (β-DPO's batch margin)
-        objective.begin_step(model, [_to_device(b, accelerator.device) for b in micro_batches],
-                             lambda value: _all_reduce_sum(accelerator, value))
+        objective.begin_step(
+            model,
+            [_to_device(b, accelerator.device) for b in micro_batches],
+            lambda value: _all_reduce_sum(accelerator, value),
+        )
     loss_total = torch.zeros((), dtype=torch.float64)
     stat_totals: dict[str, torch.Tensor] = {}
     for k in range(accum):
@@ -195,17 +224,36 @@ def train_step(accelerator, model, optimizer, scheduler, micro_batches: list[dic
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     step_units_f = float(step_units)
-    metrics = {"train/loss": (_all_reduce_sum(accelerator, loss_total) / step_units_f).item(), "train/lr": lr,
-               "train/grad_norm": float(grad_norm), f"train/{unit}": step_units_f}
+    metrics = {
+        "train/loss": (_all_reduce_sum(accelerator, loss_total) / step_units_f).item(),
+        "train/lr": lr,
+        "train/grad_norm": float(grad_norm),
+        f"train/{unit}": step_units_f,
+    }
     for name in sorted(stat_totals):
         metrics[f"train/{name}"] = (_all_reduce_sum(accelerator, stat_totals[name]) / step_units_f).item()
     return metrics
 
 
-def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, eval_examples, collate_fn: Callable,
-                  objective: Objective, settings: LoopSettings, start_step: int, output, tokenizer, logger,
-                  checkpoint_state: Callable[[], dict] = dict, evaluate_fn: Callable[[], dict] | None = None,
-                  on_eval: Callable[[int, dict], bool] | None = None) -> tuple[dict[str, float], int]:
+def train_offline(
+    *,
+    accelerator,
+    model,
+    optimizer,
+    scheduler,
+    train_examples,
+    eval_examples,
+    collate_fn: Callable,
+    objective: Objective,
+    settings: LoopSettings,
+    start_step: int,
+    output,
+    tokenizer,
+    logger,
+    checkpoint_state: Callable[[], dict] = dict,
+    evaluate_fn: Callable[[], dict] | None = None,
+    on_eval: Callable[[int, dict], bool] | None = None,
+) -> tuple[dict[str, float], int]:
     """Run optimizer steps start_step..total_steps-1; return (last eval metrics, steps done).
 
     ``evaluate_fn`` replaces the default held-out loss evaluation; ``on_eval(step, metrics)`` sees every
@@ -221,27 +269,45 @@ def train_offline(*, accelerator, model, optimizer, scheduler, train_examples, e
     for step in range(start_step, settings.total_steps):
         t0 = time.perf_counter()
         indices = order.batch(step, settings.batch_size)[rank * per_process : (rank + 1) * per_process]
-        micro_batches, filler = step_micro_batches(accelerator, [train_examples[i] for i in indices], collate_fn,
-                                                   settings)
-        step_metrics = train_step(accelerator, model, optimizer, scheduler, micro_batches, objective, params,
-                                  settings.max_grad_norm, filler)
+        micro_batches, filler = step_micro_batches(
+            accelerator, [train_examples[i] for i in indices], collate_fn, settings
+        )
+        step_metrics = train_step(
+            accelerator, model, optimizer, scheduler, micro_batches, objective, params, settings.max_grad_norm, filler
+        )
         done = step + 1
         elapsed = time.perf_counter() - t0
-        metrics = {"step": done, **step_metrics, "train/epoch": order.epoch_at(done, settings.batch_size),
-                   "time/step_s": elapsed, f"perf/{unit}_per_s": step_metrics[f"train/{unit}"] / max(elapsed, 1e-9)}
+        metrics = {
+            "step": done,
+            **step_metrics,
+            "train/epoch": order.epoch_at(done, settings.batch_size),
+            "time/step_s": elapsed,
+            f"perf/{unit}_per_s": step_metrics[f"train/{unit}"] / max(elapsed, 1e-9),
+        }
         is_last = done == settings.total_steps
         stop = False
         if eval_examples and ((settings.eval_every and done % settings.eval_every == 0) or is_last):
             if evaluate_fn is not None:
                 last_eval = evaluate_fn()
             else:
-                last_eval = evaluate(accelerator, model, eval_examples, collate_fn, objective, settings.micro_batch_size)
+                last_eval = evaluate(
+                    accelerator, model, eval_examples, collate_fn, objective, settings.micro_batch_size
+                )
             stop = bool(on_eval(done, last_eval)) if on_eval else False  # may add keys (best, alarms) to last_eval
             metrics.update(last_eval)
         logger.log(metrics)
         if settings.save_every and (done % settings.save_every == 0 or is_last or stop):
-            save_checkpoint(accelerator, model, tokenizer, optimizer, scheduler, done, output,
-                            checkpoint_state(), settings.keep_checkpoints)
+            save_checkpoint(
+                accelerator,
+                model,
+                tokenizer,
+                optimizer,
+                scheduler,
+                done,
+                output,
+                checkpoint_state(),
+                settings.keep_checkpoints,
+            )
         if stop:
             return last_eval, done
     return last_eval, settings.total_steps

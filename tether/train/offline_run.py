@@ -1,6 +1,7 @@
 """The offline stages' scaffolding, written once: SFT, reward models and offline DPO each bring their data, model
 and objective, and take from here the step count, the trained model's optimizer (sharded with --fsdp, restored on
 resume, wrapped for data parallelism), the metrics logger and the loop (tether/train/offline.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,23 +32,41 @@ def prepare_trained(model, cfg, accelerator, total_steps: int, checkpoint: Path 
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
     state = {}
     if checkpoint is not None:
-        state = load_training_state(checkpoint, optimizer, scheduler, accelerator.process_index,
-                                    sharded_model=model if is_sharded(model) else None)
+        state = load_training_state(
+            checkpoint,
+            optimizer,
+            scheduler,
+            accelerator.process_index,
+            sharded_model=model if is_sharded(model) else None,
+        )
     if not is_sharded(model):
         model, optimizer = accelerator.prepare(model, optimizer)
     return model, optimizer, scheduler, state
 
 
-def offline_logger(cfg, accelerator, out: Path, config: dict, start_step: int, total_steps: int,
-                   run_name: str) -> MetricsLogger:
-    return MetricsLogger(out, cfg.train.report_to, config, start_step, total_steps,
-                         enabled=accelerator.is_main_process, log_every=cfg.train.log_every, run_name=run_name)
+def offline_logger(
+    cfg, accelerator, out: Path, config: dict, start_step: int, total_steps: int, run_name: str
+) -> MetricsLogger:
+    return MetricsLogger(
+        out,
+        cfg.train.report_to,
+        config,
+        start_step,
+        total_steps,
+        enabled=accelerator.is_main_process,
+        log_every=cfg.train.log_every,
+        run_name=run_name,
+    )
 
 
 def run_offline_loop(cfg, accelerator, logger: MetricsLogger, total_steps: int, **loop) -> tuple[dict, int]:
     """train_offline with the run's loop settings; the logger is closed however the loop ends."""
     try:
-        return train_offline(accelerator=accelerator, logger=logger,
-                             settings=loop_settings(cfg.train, total_steps, cfg.optim.max_grad_norm), **loop)
+        return train_offline(
+            accelerator=accelerator,
+            logger=logger,
+            settings=loop_settings(cfg.train, total_steps, cfg.optim.max_grad_norm),
+            **loop,
+        )
     finally:
         logger.close()

@@ -10,6 +10,7 @@ tether/train/checkpoint.py), final/ and summary.json.
 Reading order = execution order: for each step, step() → evaluate (when due) → metrics.jsonl → samples.jsonl
 → monitors → checkpoint (when due, at the end, or on an alarm that stops the run).
 """
+
 from __future__ import annotations
 
 import json
@@ -88,9 +89,18 @@ class Schedule:
     @classmethod
     def of(cls, run, total_steps: int, **overrides) -> "Schedule":
         """From a RunSection (OnlineRunSection fields when it has them)."""
-        fields = {k: getattr(run, k) for k in ("sample_every", "best_metric", "best_mode", "stop_on_alarm") if hasattr(run, k)}
-        return cls(total_steps, run.eval_every, run.save_every, run.keep_checkpoints, run.log_every, list(run.report_to),
-                   **{**fields, **overrides})
+        fields = {
+            k: getattr(run, k) for k in ("sample_every", "best_metric", "best_mode", "stop_on_alarm") if hasattr(run, k)
+        }
+        return cls(
+            total_steps,
+            run.eval_every,
+            run.save_every,
+            run.keep_checkpoints,
+            run.log_every,
+            list(run.report_to),
+            **{**fields, **overrides},
+        )
 
     def due(self, every: int, done: int) -> bool:
         return bool(every) and done % every == 0
@@ -99,8 +109,11 @@ class Schedule:
         return self.due(self.eval_every, done) or done == self.total_steps or self.due(self.round_steps, done)
 
     def save_at(self, done: int) -> bool:
-        return (self.due(self.save_every, done) or done == self.total_steps
-                or (bool(self.save_every) and self.due(self.round_steps, done)))
+        return (
+            self.due(self.save_every, done)
+            or done == self.total_steps
+            or (bool(self.save_every) and self.due(self.round_steps, done))
+        )
 
 
 def improves(figures: dict, metric: str, mode: str, best) -> bool:
@@ -123,10 +136,13 @@ class _Run:
         extra = {name: (opt, sched) for name, (_, opt, sched) in self.stage.extra_parts().items()}
         written_by = json.loads((checkpoint / "trainer_state.json").read_text()).get("num_processes", 1)
         if written_by != self.dp.world:  # each process's RNG and share of the prompts belong to its rank
-            raise ConfigError(f"{checkpoint} was written by {written_by} process(es); resume it on {written_by} "
-                              f"(accelerate launch --num_processes {written_by}), not {self.dp.world}")
-        saved = load_training_state(checkpoint, self.stage.optimizer, self.stage.scheduler,
-                                    self.accelerator.process_index, extra)
+            raise ConfigError(
+                f"{checkpoint} was written by {written_by} process(es); resume it on {written_by} "
+                f"(accelerate launch --num_processes {written_by}), not {self.dp.world}"
+            )
+        saved = load_training_state(
+            checkpoint, self.stage.optimizer, self.stage.scheduler, self.accelerator.process_index, extra
+        )
         self.history = [h for h in saved.get("eval_history", []) if h["step"] <= saved["step"]]
         self.best.update(saved.get("best", {}))
         self.stage.load_state(saved.get("stage", {}))
@@ -148,8 +164,10 @@ class _Run:
         return {name: int(n) for name, n in self.dp.sum_dict(counts).items()}
 
     def error_metrics(self) -> dict:
-        return {f"reward/{name}" if name.endswith("/none") else f"reward/{name}/errors": n
-                for name, n in self.error_counts().items()}
+        return {
+            f"reward/{name}" if name.endswith("/none") else f"reward/{name}/errors": n
+            for name, n in self.error_counts().items()
+        }
 
     def evaluate(self, step: int) -> dict:
         res = self.stage.evaluate()
@@ -170,11 +188,24 @@ class _Run:
         return res
 
     def save(self, done: int) -> None:
-        state = {"stage": self.stage.state(), "best": self.best, "eval_history": self.history,
-                 "reward_errors": self.error_counts()}
-        save_checkpoint(self.accelerator, self.stage.policy, self.stage.tokenizer, self.stage.optimizer,
-                        self.stage.scheduler, done, self.out, state, self.schedule.keep_checkpoints,
-                        extra=self.stage.extra_parts())
+        state = {
+            "stage": self.stage.state(),
+            "best": self.best,
+            "eval_history": self.history,
+            "reward_errors": self.error_counts(),
+        }
+        save_checkpoint(
+            self.accelerator,
+            self.stage.policy,
+            self.stage.tokenizer,
+            self.stage.optimizer,
+            self.stage.scheduler,
+            done,
+            self.out,
+            state,
+            self.schedule.keep_checkpoints,
+            extra=self.stage.extra_parts(),
+        )
 
     def evaluate_or_stop(self, step: int, keep_the_step: Callable | None = None) -> dict:
         """evaluate(step); a reward function failing in it stops the run, after ``keep_the_step()`` (which logs the
@@ -185,8 +216,10 @@ class _Run:
             if keep_the_step is None:
                 raise ConfigError(f"evaluation before the first step: {err}") from err
             keep_the_step()
-            raise ConfigError(f"evaluation after step {step}: {err}. The {step} steps done are in checkpoint-{step} "
-                              "(without this evaluation): fix the reward function and run again with --resume") from err
+            raise ConfigError(
+                f"evaluation after step {step}: {err}. The {step} steps done are in checkpoint-{step} "
+                "(without this evaluation): fix the reward function and run again with --resume"
+            ) from err
 
     def snapshot(self) -> dict:
         """What a step changes before it updates anything (the RNG, the stage's state): restored by a failed step."""
@@ -200,11 +233,16 @@ class _Run:
         set_rng_state(snapshot["rng"])
         self.stage.load_state(snapshot["stage"])
         self.save(step)
-        what, option = ("environment", "--env-on-error score") if getattr(error, "is_environment", False) \
+        what, option = (
+            ("environment", "--env-on-error score")
+            if getattr(error, "is_environment", False)
             else ("reward function", "--reward-on-error score")
-        raise ConfigError(f"step {step + 1}: {error}. The {step} steps done are in checkpoint-{step}: fix the {what} "
-                          f"and run again with --resume (or, to score failures and count them instead, resume with "
-                          f"{option})") from error
+        )
+        raise ConfigError(
+            f"step {step + 1}: {error}. The {step} steps done are in checkpoint-{step}: fix the {what} "
+            f"and run again with --resume (or, to score failures and count them instead, resume with "
+            f"{option})"
+        ) from error
 
     def write_samples(self, samples: list) -> None:
         if not self.accelerator.is_main_process:  # every process holds the step's whole experience
@@ -220,30 +258,71 @@ def warn_if_truncated(metrics: dict, warned_at: int, share: float = 0.9) -> int:
     step = metrics["step"]
     if frac is None or frac < share or step - warned_at < 10:
         return warned_at
-    console.print(f"[bold yellow]step {step}: {frac:.0%} of the responses hit max_new_tokens without a stop token. "
-                  "Raise max_new_tokens, or check the stop set in the plan: a model that ends its turns with a token "
-                  "outside it never stops (its EOS and the chat template's end-of-turn token are in it).[/]")
+    console.print(
+        f"[bold yellow]step {step}: {frac:.0%} of the responses hit max_new_tokens without a stop token. "
+        "Raise max_new_tokens, or check the stop set in the plan: a model that ends its turns with a token "
+        "outside it never stops (its EOS and the chat template's end-of-turn token are in it).[/]"
+    )
     return step
 
 
-def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator, out: Path, checkpoint: Path | None,
-               title: str, evaluate_fn: Callable | None = None) -> dict:
+def _same_start(run: "_Run", stage: OnlineStage) -> None:
+    """On N processes the trained models start equal on every process, and each process samples its own noise."""
+    if not run.dp.active:
+        return
+    import torch
+
+    for model in [stage.policy] + [part for part, _, _ in stage.extra_parts().values()]:
+        run.dp.broadcast_parameters([q for q in model.parameters() if q.requires_grad])
+    torch.manual_seed(torch.initial_seed() + 7919 * run.dp.rank)
+
+
+def _summary(run: "_Run", stage, schedule, out: Path, start_step: int, stopped_at, t_start: float, accelerator) -> dict:
+    summary = {
+        "stage": stage.name,
+        "steps": schedule.total_steps,
+        "resumed_from": start_step or None,
+        **stage.summary(),
+        "alarms": read_jsonl(out / "alarms.jsonl"),
+        "stopped_at": stopped_at,
+        "eval_history": run.history,
+        "wall_s": round(time.perf_counter() - t_start, 2),
+        "peak_memory": peak_memory(accelerator),
+    }
+    if schedule.best_metric:
+        summary["best"] = {"metric": schedule.best_metric, **run.best}
+    return summary
+
+
+def run_online(
+    stage: OnlineStage,
+    schedule: Schedule,
+    config: dict,
+    accelerator,
+    out: Path,
+    checkpoint: Path | None,
+    title: str,
+    evaluate_fn: Callable | None = None,
+) -> dict:
     """Train ``stage`` from the checkpoint (or step 0) to schedule.total_steps; returns the summary.
     ``evaluate_fn(policy, tokenizer) -> dict`` adds task metrics (the lab's gold figures) to every evaluation."""
     t_start = time.perf_counter()
     run = _Run(stage, schedule, out, evaluate_fn, accelerator)
-    if run.dp.active:  # the trained models start equal on every process, and each process samples its own noise
-        import torch
-
-        for model in [stage.policy] + [part for part, _, _ in stage.extra_parts().values()]:
-            run.dp.broadcast_parameters([q for q in model.parameters() if q.requires_grad])
-        torch.manual_seed(torch.initial_seed() + 7919 * run.dp.rank)
+    _same_start(run, stage)
     start_step = run.restore(checkpoint) if checkpoint is not None else 0  # RNG last: nothing below draws from it
     if accelerator.is_main_process:
         plan = {**stage.plan(), "processes": run.dp.world, "steps": schedule.total_steps, "start step": start_step}
         announce(title, plan, config, out, checkpoint=checkpoint)
-    logger = MetricsLogger(out, schedule.report_to, config, start_step, schedule.total_steps,
-                           enabled=accelerator.is_main_process, log_every=schedule.log_every, run_name=stage.name)
+    logger = MetricsLogger(
+        out,
+        schedule.report_to,
+        config,
+        start_step,
+        schedule.total_steps,
+        enabled=accelerator.is_main_process,
+        log_every=schedule.log_every,
+        run_name=stage.name,
+    )
     baseline = run.evaluate_or_stop(0) if start_step == 0 else {}
     monitor, stopped_at, warned_truncation = RunMonitor(out, schedule.stop_on_alarm), None, -10
     try:
@@ -261,8 +340,11 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
                 metrics.update({k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()})
             keep_samples = bool(samples) and schedule.due(schedule.sample_every, done)
             if schedule.evaluate_at(done):
-                metrics.update(run.evaluate_or_stop(done, lambda: (logger.log(metrics), keep_samples and
-                                                                   run.write_samples(samples), run.save(done))))
+                metrics.update(
+                    run.evaluate_or_stop(
+                        done, lambda: (logger.log(metrics), keep_samples and run.write_samples(samples), run.save(done))
+                    )
+                )
             logger.log(metrics)
             warned_truncation = warn_if_truncated(metrics, warned_truncation)
             if keep_samples:
@@ -279,12 +361,7 @@ def run_online(stage: OnlineStage, schedule: Schedule, config: dict, accelerator
         logger.close()
         if run.scorer is not None:
             run.scorer.close()
-    summary = {"stage": stage.name, "steps": schedule.total_steps, "resumed_from": start_step or None,
-               **stage.summary(), "alarms": read_jsonl(out / "alarms.jsonl"), "stopped_at": stopped_at,
-               "eval_history": run.history, "wall_s": round(time.perf_counter() - t_start, 2),
-               "peak_memory": peak_memory(accelerator)}
-    if schedule.best_metric:
-        summary["best"] = {"metric": schedule.best_metric, **run.best}
+    summary = _summary(run, stage, schedule, out, start_step, stopped_at, t_start, accelerator)
     if accelerator.is_main_process:
         write_atomically(lambda tmp: save_merged(stage.policy, stage.tokenizer, tmp), out / "final")  # LoRA merged
         write_json(out / "summary.json", summary)
@@ -310,8 +387,9 @@ class OnlineStart:
     reward_set: object
 
 
-def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, eval_prompts: str,
-                 stand_in_reward: bool = False) -> OnlineStart:
+def start_online(
+    stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, eval_prompts: str, stand_in_reward: bool = False
+) -> OnlineStart:
     """Checks and set-up shared by the online stages: required inputs, a reward, the run folder (new, --overwrite
     or --resume), the seeds, the prompt files and the reward functions."""
     from tether.data.records import prompt_rows as prompt_rows_of
@@ -323,8 +401,10 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
         raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(cfg.model)  # before anything is written
     if cfg.model.fsdp:
-        raise ConfigError(f"--fsdp: tether {stage} does not shard (it samples with the whole policy on every "
-                          "process); its processes are data-parallel replicas. docs/scaling.md says what fits")
+        raise ConfigError(
+            f"--fsdp: tether {stage} does not shard (it samples with the whole policy on every "
+            "process); its processes are data-parallel replicas. docs/scaling.md says what fits"
+        )
     for flag, value in (("--model", cfg.model.path), ("--prompts", prompts)):
         if not value:
             raise ConfigError(f"{flag} is required")
@@ -333,5 +413,4 @@ def start_online(stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, e
     reward_set = load_reward_set(rewards_cfg, prompt_rows, total_steps) if rewards_cfg is not None else None
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     check_steps_left(start_step, total_steps, checkpoint)
-    return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows,
-                       reward_set)
+    return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows, reward_set)

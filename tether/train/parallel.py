@@ -13,6 +13,7 @@ is the one-process update exactly (tests/test_online_parallel.py).
 
 Nothing here pickles: tensors travel as tensors, text as UTF-8 JSON in a byte tensor.
 """
+
 from __future__ import annotations
 
 import json
@@ -172,8 +173,9 @@ class DataParallel:
         except RewardFunctionError as err:
             error = err
         if self.any(error is not None):
-            raise error or RewardFunctionError("a reward function failed on another process (its message is in "
-                                               "that process's output)")
+            raise error or RewardFunctionError(
+                "a reward function failed on another process (its message is in that process's output)"
+            )
         return result
 
     # ------------------------------------------------------------------------------------------ row splits
@@ -215,11 +217,16 @@ def gather_rollout(dp: DataParallel, rollout, pad_id: int):
     from tether.rollout.batch import Rollout
 
     prompts, responses = dp.gather_json(rollout.prompts), dp.gather_json(rollout.responses)
-    return Rollout(dp.gather_rows(rollout.prompt_ids, pad_id, left=True),
-                   dp.gather_rows(rollout.prompt_mask, 0, left=True),
-                   dp.gather_rows(rollout.response_ids, pad_id), dp.gather_rows(rollout.response_mask, 0),
-                   dp.gather_rows(rollout.truncated.long()).bool(), prompts, responses,
-                   dp.gather_rows(rollout.attention, 0) if dp.any(rollout.response_attention is not None) else None)
+    return Rollout(
+        dp.gather_rows(rollout.prompt_ids, pad_id, left=True),
+        dp.gather_rows(rollout.prompt_mask, 0, left=True),
+        dp.gather_rows(rollout.response_ids, pad_id),
+        dp.gather_rows(rollout.response_mask, 0),
+        dp.gather_rows(rollout.truncated.long()).bool(),
+        prompts,
+        responses,
+        dp.gather_rows(rollout.attention, 0) if dp.any(rollout.response_attention is not None) else None,
+    )
 
 
 def gather_scores(dp: DataParallel, scores):
@@ -232,15 +239,34 @@ def gather_scores(dp: DataParallel, scores):
     names = [n for n in dp.gather_json([list(local.parts)] if local is not None else []) if n][:1]
     names = names[0] if names else []
     total = local.total if local is not None else torch.zeros(0)
-    parts = torch.stack([local.parts[k] for k in names], 1) if local is not None and names else torch.zeros((len(total), len(names)))
+    parts = (
+        torch.stack([local.parts[k] for k in names], 1)
+        if local is not None and names
+        else torch.zeros((len(total), len(names)))
+    )
     has_steps = dp.any(local is not None and local.step_scores is not None)
-    steps = dp.gather_json(local.step_scores if local is not None and local.step_scores is not None else []) \
-        if has_steps else None
+    steps = (
+        dp.gather_json(local.step_scores if local is not None and local.step_scores is not None else [])
+        if has_steps
+        else None
+    )
     has_outcome = dp.any(local is not None and local.has_outcome)
     all_parts = dp.gather_rows(parts.float())
-    ends = dp.gather_json(local.step_ends if local is not None and local.step_ends is not None else []) \
-        if dp.any(local is not None and local.step_ends is not None) else None
-    records = dp.gather_json(local.records if local is not None and local.records is not None else []) \
-        if dp.any(local is not None and local.records is not None) else None
-    return Scores(dp.gather_rows(total.float()), {k: all_parts[:, j] for j, k in enumerate(names)}, steps, has_outcome,
-                  ends, records)
+    ends = (
+        dp.gather_json(local.step_ends if local is not None and local.step_ends is not None else [])
+        if dp.any(local is not None and local.step_ends is not None)
+        else None
+    )
+    records = (
+        dp.gather_json(local.records if local is not None and local.records is not None else [])
+        if dp.any(local is not None and local.records is not None)
+        else None
+    )
+    return Scores(
+        dp.gather_rows(total.float()),
+        {k: all_parts[:, j] for j, k in enumerate(names)},
+        steps,
+        has_outcome,
+        ends,
+        records,
+    )

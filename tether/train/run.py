@@ -1,5 +1,6 @@
 """The run folder, shared by every stage: open it (new, --overwrite or --resume), print the plan and write
 config.yaml, write JSON atomically, and the accelerator and seeds a run starts with."""
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,37 @@ from tether.train.logger import truncate_metrics
 
 # Fields that may change between a run and its resumption: they alter length, logging or bookkeeping, not the
 # trajectory of the steps already taken (the output folder too: a run folder that was moved or copied resumes).
-RESUMABLE_CHANGES = {"train.output", "train.resume", "train.overwrite", "train.max_steps", "train.epochs", "train.eval_every",
-                     "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
-                     "train.sample_every", "train.stop_on_alarm", "online.stop_on_alarm",
-                     "model.gradient_checkpointing",  # recomputing activations changes memory, not one number
-                     # what to do about a failing reward function or environment (the stop's own advice)
-                     "rewards.reward_on_error", "rewards.reward_timeout", "agent.env_on_error", "agent.env_timeout"}
-RUN_FILES = ("metrics.jsonl", "summary.json", "config.yaml", "tensorboard", "final", "best", "samples.jsonl",
-             "alarms.jsonl")
+RESUMABLE_CHANGES = {
+    "train.output",
+    "train.resume",
+    "train.overwrite",
+    "train.max_steps",
+    "train.epochs",
+    "train.eval_every",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "train.log_every",
+    "train.report_to",
+    "train.sample_every",
+    "train.stop_on_alarm",
+    "online.stop_on_alarm",
+    "model.gradient_checkpointing",  # recomputing activations changes memory, not one number
+    # what to do about a failing reward function or environment (the stop's own advice)
+    "rewards.reward_on_error",
+    "rewards.reward_timeout",
+    "agent.env_on_error",
+    "agent.env_timeout",
+}
+RUN_FILES = (
+    "metrics.jsonl",
+    "summary.json",
+    "config.yaml",
+    "tensorboard",
+    "final",
+    "best",
+    "samples.jsonl",
+    "alarms.jsonl",
+)
 STEP_FILES = ("samples.jsonl", "alarms.jsonl")  # one JSON row per record with its step: cut back on resume
 
 
@@ -33,11 +57,17 @@ def make_accelerator(device: str):
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
-    if os.environ.get("MASTER_ADDR") and os.environ.get("ACCELERATE_MIXED_PRECISION") and not os.environ.get("WORLD_SIZE"):
+    if (
+        os.environ.get("MASTER_ADDR")
+        and os.environ.get("ACCELERATE_MIXED_PRECISION")
+        and not os.environ.get("WORLD_SIZE")
+    ):
         # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts a single process
         # when there is no GPU; say so instead of training alone while the user expects several processes.
-        console.print("[yellow]accelerate launch started one process: without GPUs add --multi_gpu "
-                      "(it then starts --num_processes CPU processes over gloo), or use torchrun --nproc_per_node N[/]")
+        console.print(
+            "[yellow]accelerate launch started one process: without GPUs add --multi_gpu "
+            "(it then starts --num_processes CPU processes over gloo), or use torchrun --nproc_per_node N[/]"
+        )
     # Without a GPU, multi-process runs need cpu=True: only then does accelerate set up gloo (MULTI_CPU).
     accelerator = Accelerator(cpu=device == "cpu" or (device == "auto" and not torch.cuda.is_available()))
     if not accelerator.is_main_process:  # one copy of the plan, progress and warnings, not N
@@ -76,8 +106,10 @@ def _check_resumable(out: Path, config: dict, defaults: dict | None = None, rena
                 old[section][key] = value
     diffs = [d for d in config_diff(old, config) if d.split(":")[0] not in RESUMABLE_CHANGES]
     if diffs:
-        raise ConfigError(f"--resume: this run's settings differ from {saved}, so resuming would not continue "
-                          "the same run: " + "; ".join(diffs))
+        raise ConfigError(
+            f"--resume: this run's settings differ from {saved}, so resuming would not continue "
+            "the same run: " + "; ".join(diffs)
+        )
 
 
 def _written_by_tether(out: Path) -> bool:
@@ -93,8 +125,9 @@ def _written_by_tether(out: Path) -> bool:
         return False
 
 
-def open_run(accelerator, run, config: dict, defaults: dict | None = None,
-             renamed: dict | None = None) -> tuple[int, Path | None]:
+def open_run(
+    accelerator, run, config: dict, defaults: dict | None = None, renamed: dict | None = None
+) -> tuple[int, Path | None]:
     """Check the run folder (``run``: a RunSection) against resume/overwrite; return (start step, checkpoint to
     resume from or None). On resume, rows written after the checkpoint are cut from the step files."""
     if not run.output:
@@ -107,9 +140,12 @@ def open_run(accelerator, run, config: dict, defaults: dict | None = None,
         for problem in skipped:
             console.print(f"[yellow]--resume: passing over a damaged checkpoint: {problem}[/]")
         if found is None:
-            raise ConfigError(f"--resume: no complete, readable checkpoint-<step>/ in {out}; nothing to resume from"
-                              + (f" ({'; '.join(skipped)})" if skipped else "") + ". Start the run afresh with "
-                              "--overwrite (without --resume)")
+            raise ConfigError(
+                f"--resume: no complete, readable checkpoint-<step>/ in {out}; nothing to resume from"
+                + (f" ({'; '.join(skipped)})" if skipped else "")
+                + ". Start the run afresh with "
+                "--overwrite (without --resume)"
+            )
         _check_resumable(out, config, defaults, renamed)
         if accelerator.is_main_process:
             for name in STEP_FILES:  # a kill between checkpoints would otherwise show those rows twice
@@ -118,12 +154,17 @@ def open_run(accelerator, run, config: dict, defaults: dict | None = None,
     has_run = out.is_dir() and (any((out / name).exists() for name in RUN_FILES) or bool(latest_checkpoint(out)))
     if has_run and not run.overwrite:
         if latest_checkpoint(out) is None:  # killed before its first checkpoint: nothing --resume could continue
-            raise ConfigError(f"--output {out} holds a run that has no checkpoint to resume from; pass --overwrite to "
-                              "start it afresh")
-        raise ConfigError(f"--output {out} already holds a run; pass --resume to continue it or --overwrite to start afresh")
+            raise ConfigError(
+                f"--output {out} holds a run that has no checkpoint to resume from; pass --overwrite to start it afresh"
+            )
+        raise ConfigError(
+            f"--output {out} already holds a run; pass --resume to continue it or --overwrite to start afresh"
+        )
     if has_run and not _written_by_tether(out):
-        raise ConfigError(f"--output {out}: its config.yaml was not written by tether (it has no plan), so --overwrite "
-                          "will not delete anything there; give the run a folder of its own")
+        raise ConfigError(
+            f"--output {out}: its config.yaml was not written by tether (it has no plan), so --overwrite "
+            "will not delete anything there; give the run a folder of its own"
+        )
     if accelerator.is_main_process:
         if has_run:
             for child in out.iterdir():
@@ -146,8 +187,9 @@ def start_run(cfg, required: dict[str, str]):
             raise ConfigError(f"{flag} is required")
     accelerator = make_accelerator(cfg.model.device)
     config = config_to_dict(cfg)
-    start_step, checkpoint = open_run(accelerator, cfg.train, config, config_to_dict(_defaults(type(cfg))),
-                                      getattr(type(cfg), "RENAMED", {}))
+    start_step, checkpoint = open_run(
+        accelerator, cfg.train, config, config_to_dict(_defaults(type(cfg))), getattr(type(cfg), "RENAMED", {})
+    )
     seed_everything(cfg.train.seed)
     return accelerator, config, Path(cfg.train.output), start_step, checkpoint
 
@@ -166,9 +208,11 @@ def check_steps_left(start_step: int, total_steps: int, checkpoint: Path | None)
     if start_step == total_steps and not (checkpoint.parent / "final").exists():
         console.print(f"resuming from {checkpoint.name}, the last step: no step left, writing final/ and the summary")
         return
-    raise ConfigError(f"--resume: {checkpoint.name} is already at step {start_step} and this run has {total_steps} "
-                      "steps, so there is nothing left to train; raise --max-steps (or --epochs) to continue, or "
-                      "use final/ as it is")
+    raise ConfigError(
+        f"--resume: {checkpoint.name} is already at step {start_step} and this run has {total_steps} "
+        "steps, so there is nothing left to train; raise --max-steps (or --epochs) to continue, or "
+        "use final/ as it is"
+    )
 
 
 def show_plan(plan: dict, title: str) -> None:
@@ -209,4 +253,3 @@ def peak_memory(accelerator) -> dict:
         gpu = torch.cuda.max_memory_allocated() / 2**20
         out["gpu_allocated_mib"] = [round(x, 1) for x in DataParallel(accelerator).gather_json([gpu])]
     return out
-

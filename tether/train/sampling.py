@@ -5,6 +5,7 @@ stop set, the agent sampler for multi-turn episodes), a step's sampling (respons
 their environment) and the periodic evaluation's sampling all go through ``OnlineSampler``; after each optimizer
 step the stage calls ``weights_updated`` so a backend holding its own copy of the weights can reload them.
 """
+
 from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
@@ -76,10 +77,17 @@ class OnlineSampler:
             if scores.records is not None:  # sums over this share, like the rest
                 from tether.agents.episodes import agent_metrics
 
-                figures = {f"eval/{k}": v * (stop - start) for k, v in agent_metrics(scores.records).items()
-                           if k in ("agent/turns_mean", "agent/tool_calls_mean", "agent/success_rate", "agent/claimed_rate")}
-            return {"eval/score_mean": float(scores.total.sum()), "eval/length_mean": float(rollout.lengths.float().sum()),
-                    **{f"eval/reward/{name}": float(v.sum()) for name, v in scores.parts.items()}, **figures}
+                figures = {
+                    f"eval/{k}": v * (stop - start)
+                    for k, v in agent_metrics(scores.records).items()
+                    if k in ("agent/turns_mean", "agent/tool_calls_mean", "agent/success_rate", "agent/claimed_rate")
+                }
+            return {
+                "eval/score_mean": float(scores.total.sum()),
+                "eval/length_mean": float(rollout.lengths.float().sum()),
+                **{f"eval/reward/{name}": float(v.sum()) for name, v in scores.parts.items()},
+                **figures,
+            }
 
         sums = dp.all_or_none(sample_and_score)
         names = dp.gather_json(sorted(sums))

@@ -1,4 +1,5 @@
 """The optimizer (AdamW) and its learning-rate schedule, built from an OptimSection."""
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,12 @@ def adamw_kwargs(implementation: str, params) -> dict:
         plain = all(type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in params)
         dtypes = {p.dtype for p in params}
         devices = {p.device.type for p in params}
-        if plain and len(dtypes) == 1 and dtypes <= {torch.float32, torch.bfloat16, torch.float16} \
-                and devices <= {"cpu", "cuda"}:
+        if (
+            plain
+            and len(dtypes) == 1
+            and dtypes <= {torch.float32, torch.bfloat16, torch.float16}
+            and devices <= {"cpu", "cuda"}
+        ):
             return {"fused": True}
     return {"foreach": True}
 
@@ -48,8 +53,13 @@ def build_optimizer(params, optim, total_updates: int, lr: float | None = None):
         from tether.config import ConfigError
 
         raise ConfigError("the model has no trainable parameters")
-    optimizer = torch.optim.AdamW(params, lr=lr or optim.lr, weight_decay=optim.weight_decay,
-                                  betas=(optim.adam_beta1, optim.adam_beta2), **adamw_kwargs(optim.adamw, params))
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=lr or optim.lr,
+        weight_decay=optim.weight_decay,
+        betas=(optim.adam_beta1, optim.adam_beta2),
+        **adamw_kwargs(optim.adamw, params),
+    )
     warmup = optim.warmup(total_updates)
     if optim.lr_schedule == "constant":
         multiplier = lambda s: warmup_constant(s, warmup)

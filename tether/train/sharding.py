@@ -12,6 +12,7 @@ Checkpoints stay plain: the model's full state dict is gathered to process 0 and
 and the optimizer's full state (keyed by parameter name) as tensors and JSON. A sharded checkpoint is therefore
 loadable by any number of processes, sharded or not.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,13 +35,17 @@ def shard_model(model, accelerator):
     from tether.models.lm import is_peft, transformers_model
 
     if is_peft(model):
-        raise ConfigError("--fsdp with LoRA is not built: the adapters are small, so data parallelism (without "
-                          "--fsdp) already fits them; shard the base model with full fine-tuning")
+        raise ConfigError(
+            "--fsdp with LoRA is not built: the adapters are small, so data parallelism (without "
+            "--fsdp) already fits them; shard the base model with full fine-tuning"
+        )
     units = set(getattr(transformers_model(model), "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in units]
     if not layers:
-        raise ConfigError(f"--fsdp: {type(transformers_model(model)).__name__} names no decoder-layer class "
-                          "(_no_split_modules) to shard by")
+        raise ConfigError(
+            f"--fsdp: {type(transformers_model(model)).__name__} names no decoder-layer class "
+            "(_no_split_modules) to shard by"
+        )
     for layer in layers:
         fully_shard(layer)
     fully_shard(model)
@@ -83,8 +88,10 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     if not any(isinstance(k, str) for k in state.get("state", {})) and state.get("state"):
-        raise ConfigError("this checkpoint's optimizer state was written without --fsdp (indexed, not named, "
-                          "parameters); resume it without --fsdp (on any number of processes)")
+        raise ConfigError(
+            "this checkpoint's optimizer state was written without --fsdp (indexed, not named, "
+            "parameters); resume it without --fsdp (on any number of processes)"
+        )
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
@@ -95,7 +102,7 @@ def full_state_of(model, inner: str = "") -> dict:
     state = full_model_state(model)
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     prefix = f"{inner}." if inner else ""
-    return {k[len(prefix):]: v for k, v in state.items() if k not in tied and k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in state.items() if k not in tied and k.startswith(prefix)}
 
 
 def save_full_model(model, tokenizer, out_dir, accelerator) -> None:
@@ -103,8 +110,11 @@ def save_full_model(model, tokenizer, out_dir, accelerator) -> None:
     Hugging Face model (tether's reward model) is written as the model it wraps."""
     from transformers import PreTrainedModel
 
-    inner = "model" if not isinstance(model, PreTrainedModel) and isinstance(getattr(model, "model", None),
-                                                                             PreTrainedModel) else ""
+    inner = (
+        "model"
+        if not isinstance(model, PreTrainedModel) and isinstance(getattr(model, "model", None), PreTrainedModel)
+        else ""
+    )
     state = full_state_of(model, inner)
     if accelerator.is_main_process:
         (getattr(model, inner) if inner else model).save_pretrained(str(out_dir), state_dict=state)

@@ -7,6 +7,7 @@ tensor replaced by a reference; ``load_state(path)`` rebuilds it. JSON keeps no 
 so those are written as tagged objects: {"__tuple__": [...]}, {"__items__": [[key, value], ...]}.
 Anything else in a state (a function, an arbitrary object) is an error when saving, not something to unpickle.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,9 @@ def _encode(value, key: str, tensors: dict, storages: set):
         return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise TypeError(f"state entry {key!r} is a {type(value).__name__}; a checkpoint holds tensors, numbers and text only")
+    raise TypeError(
+        f"state entry {key!r} is a {type(value).__name__}; a checkpoint holds tensors, numbers and text only"
+    )
 
 
 def _decode(value, tensors: dict, where: str):
@@ -88,8 +91,10 @@ def save_state(path: str | Path, state) -> None:
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     tree = _encode(state, "state", tensors, storages=set())  # storages: the memory of each tensor written so far
-    for suffix, write in ((".safetensors", lambda tmp: save_file(tensors, str(tmp))),
-                          (".json", lambda tmp: tmp.write_text(json.dumps(tree)))):
+    for suffix, write in (
+        (".safetensors", lambda tmp: save_file(tensors, str(tmp))),
+        (".json", lambda tmp: tmp.write_text(json.dumps(tree))),
+    ):
         tmp = path.with_name(path.name + suffix + ".tmp")
         write(tmp)
         tmp.replace(path.with_name(path.name + suffix))

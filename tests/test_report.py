@@ -244,7 +244,7 @@ def test_an_installed_wheel_captions_its_plots(tmp_path):
     assert (target / "tether" / "glossary.md").is_file() and not (target / "tether" / "glossary.md").is_symlink()
     run = _loss_run(tmp_path / "run", "dpo:\n  loss: sigmoid\ndata:\n  path: p\n", [0.69, 0.6], "dpo")
     script = (
-        "import tether, tether.report as r, sys; assert tether.__file__.startswith(sys.argv[2]), tether.__file__; "
+        "import tether, tether.diagnostics.report as r, sys; assert tether.__file__.startswith(sys.argv[2]), tether.__file__; "
         "page = r.render_report([sys.argv[1]]); assert 'not in the glossary' not in page; "
         "print('chosen loss' in page)"
     )

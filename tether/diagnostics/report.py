@@ -22,7 +22,7 @@ from tether.diagnostics.monitors import read_jsonl
 
 # docs/metrics.md, shipped inside the package: tether/glossary.md is a link to it in the repository, and the wheel
 # holds a copy (setuptools copies the file a link points to), so an installed tether captions its plots too.
-GLOSSARY_PATH = Path(__file__).resolve().parent / "glossary.md"
+GLOSSARY_PATH = Path(__file__).resolve().parent.parent / "glossary.md"
 PREFIXES = ("train/", "eval0/", "eval/")
 
 

@@ -339,6 +339,12 @@ def autocast_forwards(model, mixed_precision: str) -> None:
             return forward(*args, **kwargs)
 
     base.forward = autocast_forward
+    model.tether_compute_dtype = dtype  # what compute_dtype() reports: the weights stay in their own dtype
+
+
+def compute_dtype(model) -> torch.dtype:
+    """The dtype the model's matmuls run in: the autocast dtype under --mixed-precision, else its weights' dtype."""
+    return getattr(model, "tether_compute_dtype", None) or next(model.parameters()).dtype
 
 
 def apply_precision(model, model_cfg, trained: bool = True):

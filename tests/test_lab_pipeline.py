@@ -93,6 +93,22 @@ def test_second_run_reuses_every_stage_and_a_changed_stage_reruns_identically(qu
 
 
 @pytest.mark.slow
+def test_the_quick_lab_says_in_its_first_and_last_lines_that_it_is_a_plumbing_check(quick_lab, capsys):
+    """At its scale the quick lab learns nothing (docs/lab.md): it must not be read as the lessons."""
+    from tether.lab.pipeline import LabConfig, plumbing_note
+
+    out, first = quick_lab
+    note = plumbing_note(QUICK)
+    assert plumbing_note(LabConfig()) is None and "plumbing check" in note and "make lab" in note
+    assert first["plumbing_check"] == note and "plumbing check" in (out / "report.html").read_text()
+    capsys.readouterr()
+    run_lab(out, QUICK)  # every stage cached: seconds
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines[0].startswith("tether lab: a plumbing check") and "make lab" in lines[0]
+    assert "make lab" in lines[-1] and any(line.startswith("tether lab: a plumbing check") for line in lines[-3:])
+
+
+@pytest.mark.slow
 def test_eval_command_prints_and_writes_figures(quick_lab, tmp_path, capsys):
     out, _ = quick_lab
     target = tmp_path / "arith.json"

@@ -4,4 +4,6 @@ environment.py  the protocol a user implements (reset, step, outcome), loading b
 tools.py        tool calling as one kind of environment: Python functions with JSON schemas, Hermes <tool_call> parsing
 episodes.py     batched multi-turn rollouts on the online loop: the transcript's tokens, the action mask, per-turn
                 rewards, the episode records the agent monitors read
+
+May import: algorithms, errors, console, config, sections, models, data, rollout, rewards.
 """

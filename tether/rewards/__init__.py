@@ -1,4 +1,9 @@
-"""Rewards for the online trainers: Python functions you write (and built-in ones), and the reward-model scorer."""
+"""Rewards for the online trainers: finding reward functions by spec (loading), calling them with weights, time
+limits and a worker process (functions, worker), built-in rewards (builtin), the sandbox for model-written code
+(sandbox), and the one scorer of every online stage (score).
+
+May import: algorithms, errors, console, config, sections, models (reward models), data.
+"""
 
 from tether.rewards.functions import RewardComponent, RewardSet, parse_reward_specs
 from tether.rewards.loading import load_reward_function

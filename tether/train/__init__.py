@@ -1,1 +1,7 @@
-"""Training machinery that every stage shares: schedule, checkpoints, logging, the offline loop."""
+"""The training loops and what every stage shares around them: the offline loop (offline) and its scaffolding
+(offline_run), the online loop (online) and its one sampling path (sampling), a step's experience (experience), run
+folders (run), checkpoints and their tensors-only state (checkpoint, state_io), schedules, logging, data
+parallelism (parallel), FSDP2 sharding (sharding) and the over-fitting detector (early_stop).
+
+May import: every floor below it (algorithms up to diagnostics). Never a stage: stages compose the loops.
+"""

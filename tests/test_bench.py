@@ -94,6 +94,34 @@ def test_compile_phases_time_the_compilation_and_the_steady_step(monkeypatch):
     assert first["seconds"] > rows["forward+backward compiled"]["seconds"]  # the first call compiles
 
 
+def test_a_model_torch_compile_cannot_compile_is_named_not_a_compiler_traceback(monkeypatch):
+    """Inductor compiles C++ on this machine; where that fails (no compiler, mismatched ATen headers) --compile
+    says so and how to go on."""
+    import torch
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    from tether.errors import ConfigError
+
+    def fails(*args, **kwargs):
+        raise BackendCompilerFailed("inductor", RuntimeError("C++ compile error: g++ not found"), None)
+
+    monkeypatch.setattr(torch, "compile", lambda model: fails)
+    monkeypatch.setitem(bench.SIZES, "tiny", (32, 1, 2, 64))
+    with pytest.raises(
+        ConfigError, match="torch.compile could not compile the model on this machine .*without --compile"
+    ):
+        bench.run_bench(
+            models=("tiny",),
+            precisions=("fp32",),
+            batch=2,
+            length=8,
+            new_tokens=2,
+            repeats=1,
+            matmul_size=64,
+            compile_model=True,
+        )
+
+
 def test_online_packing_rebuilds_a_runs_rollouts_and_counts_their_positions(tmp_path, llama_dir):
     """bench/online_packing.py: rollouts from samples.jsonl keep the run's lengths (EOS only where not truncated),
     and the position counts are the real tokens, the padded grid and the packed rows."""

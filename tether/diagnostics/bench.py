@@ -203,7 +203,16 @@ def compiled_phases(model, ids, eager_seconds: float, flops: float, repeats: int
         compiled(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
 
     t0 = time.perf_counter()
-    step()
+    try:
+        step()
+    except torch._dynamo.exc.BackendCompilerFailed as err:  # e.g. inductor's C++ under ATEN_CPU_CAPABILITY=default
+        from tether.errors import ConfigError
+
+        first_line = str(err).strip().splitlines()[0][:200]
+        raise ConfigError(
+            f"--compile: torch.compile could not compile the model on this machine ({first_line}); "
+            "run the benchmark without --compile"
+        ) from None
     first = time.perf_counter() - t0
     steady = _timed(step, repeats)
     saving = eager_seconds - steady

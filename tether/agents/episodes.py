@@ -95,6 +95,7 @@ class Episode:
     env: object = None
     ids: list[int] = field(default_factory=list)  # transcript tokens after the prompt
     actions: list[int] = field(default_factory=list)  # 1 on the policy's tokens
+    sampler_logprobs: list[float] | None = None  # per token of ids: the sampler's log-prob (0 on the environment's)
     turn_ends: list[int] = field(default_factory=list)  # index in ids of each policy turn's last token
     turn_rewards: list[dict] = field(default_factory=list)  # reward parts earned by each policy turn
     lines: list[str] = field(default_factory=list)  # the readable transcript
@@ -219,6 +220,10 @@ class AgentSampler:
                 stopped = not bool(out.truncated[j])
                 if len(ids) > budgets[j]:  # the batch's budget is the largest; this episode's is its own
                     ids, stopped = ids[: budgets[j]], False
+                if out.sampler_logprobs is not None:  # a backend that is not the trainer (vllm): keep its log-probs
+                    e.sampler_logprobs = (e.sampler_logprobs or [0.0] * len(e.ids)) + out.sampler_logprobs[
+                        j, : len(ids)
+                    ].tolist()
                 self.take_turn(e, ids, stopped, turn)
         for e in episodes:
             if e.live:  # cannot happen: the last turn ends every episode; kept as a guard for the invariant
@@ -276,6 +281,8 @@ class AgentSampler:
             return
         e.ids += following
         e.actions += [0] * len(following)
+        if e.sampler_logprobs is not None:
+            e.sampler_logprobs += [0.0] * len(following)
 
     def rollout(self, episodes: list[Episode]) -> Rollout:
         pad = self.tokenizer.pad_token_id
@@ -284,12 +291,16 @@ class AgentSampler:
         ids = torch.full((len(episodes), width), pad, dtype=torch.long)
         actions = torch.zeros((len(episodes), width), dtype=torch.long)
         attention = torch.zeros((len(episodes), width), dtype=torch.long)
+        sampled = any(e.sampler_logprobs is not None for e in episodes)
+        sampler = torch.zeros((len(episodes), width)) if sampled else None
         for i, e in enumerate(episodes):
             n = len(e.ids)
             if n:
                 ids[i, :n] = torch.tensor(e.ids)
                 actions[i, :n] = torch.tensor(e.actions)
                 attention[i, :n] = 1
+                if sampler is not None and e.sampler_logprobs is not None:
+                    sampler[i, :n] = torch.tensor(e.sampler_logprobs)
         return Rollout(
             prompt_ids,
             prompt_mask,
@@ -299,6 +310,7 @@ class AgentSampler:
             [e.transcript.text if e.transcript else "" for e in episodes],
             ["\n".join(e.lines) for e in episodes],
             attention,
+            sampler,
         )
 
     def scores(self, episodes: list[Episode]) -> Scores:

@@ -14,6 +14,7 @@ hand-computed case. Formulas and sources: docs/algorithms.md.
   shaping     KL-in-the-reward, overlong and truncation penalties, score clipping
   ppo         PPO's value loss, adaptive KL coefficient, explained variance
   objectives  the full loss of each online stage (PPO, the group family)
+  mismatch    a sampler that is not the trainer (vLLM): its log-prob gap and truncated importance weights
   preference  the DPO family, one table behind one signature
   choices     the names of the pieces above that settings choose between (no torch: `--help` reads them)
 """

@@ -28,8 +28,11 @@ def ppo_policy_loss(
     dual_clip: float = 0.0,
     entropy_coef: float = 0.0,
     n_tokens: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """L_π = token-mean(ℓ_clip) − c_H · token-mean(H), the policy's part of ``ppo_objective`` (docs/algorithms.md §4).
+    """L_π = token-mean(w · ℓ_clip) − c_H · token-mean(H), the policy's part of ``ppo_objective`` (docs/algorithms.md
+    §4); w = ``token_weights`` (B, T), the truncated importance weights of a sampler that is not the trainer
+    (mismatch.truncated_importance_weights, §11), or 1.
 
     Returns (L_π, {"clipped_low", "clipped_high": (B, T) bool}). It reaches only the policy's parameters when the
     critic is a separate model, so the PPO stage can backpropagate it (and free the policy's activations) before the
@@ -38,6 +41,8 @@ def ppo_policy_loss(
     pl, low, high = clipped_surrogate(
         token_ratio(logprobs, old_logprobs, mask), advantages, mask, clip_low, clip_high, dual_clip
     )
+    if token_weights is not None:
+        pl = pl * token_weights
     loss = aggregate(pl, mask, n_tokens=n_tokens) - entropy_coef * aggregate(entropy, mask, n_tokens=n_tokens)
     return loss, {"clipped_low": low, "clipped_high": high}
 
@@ -74,6 +79,7 @@ def ppo_objective(
     value_loss_coef: float = 1.0,
     entropy_coef: float = 0.0,
     n_tokens: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """L = token-mean(ℓ_clip) − c_H · token-mean(H) + c_v · token-mean(L_V) = L_π + c_v · L_V.
 
@@ -87,6 +93,7 @@ def ppo_objective(
     processes (the parts' losses then add up to the minibatch's; docs/algorithms.md §1). Returns (loss, parts) with
     parts = {"policy_loss": token-mean(ℓ_clip) − c_H token-mean(H), "value_loss": token-mean(L_V),
     "clipped_low", "clipped_high": (B, T) bool from the surrogate, "value_clipped": (B, T) bool}.
+    ``token_weights``: as in ``ppo_policy_loss`` (ℓ_clip becomes w · ℓ_clip).
     """
     policy_loss, policy_parts = ppo_policy_loss(
         logprobs,
@@ -99,6 +106,7 @@ def ppo_objective(
         dual_clip=dual_clip,
         entropy_coef=entropy_coef,
         n_tokens=n_tokens,
+        token_weights=token_weights,
     )
     value_loss, value_parts = ppo_value_loss(
         values, old_values, returns, mask, value_clip=value_clip, n_tokens=n_tokens
@@ -125,8 +133,9 @@ def group_objective(
     n_tokens: float | None = None,
     n_sequences: float | None = None,
     norm_length: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """J = aggregate( ℓ_clip(ρ) + β · k(π_θ, π_ref) ),  ℓ_clip = max(−ρÂ, −clip(ρ, 1 − ε_low, 1 + ε_high) Â).
+    """J = aggregate( w · ℓ_clip(ρ) + β · k(π_θ, π_ref) ),  ℓ_clip = max(−ρÂ, −clip(ρ, 1 − ε_low, 1 + ε_high) Â).
 
     The group family's loss (docs/algorithms.md §5): GRPO (Shao et al. 2024, arXiv 2402.03300) is ratio "token",
     β > 0 with k3, seq-mean-token-mean; Dr. GRPO (Liu et al. 2025, arXiv 2503.20783) seq-mean-token-sum-norm;
@@ -137,7 +146,9 @@ def group_objective(
 
     logprobs, old_logprobs, ref_logprobs, advantages: (B, T) (advantages may be (B, 1)). mask: the loss mask,
     which may exclude truncated responses; response_mask: every generated token, used by the sequence ratio for
-    |y_i|. n_tokens / n_sequences / norm_length go to ``aggregate``: pass the optimizer step's totals when the
+    |y_i|. ``token_weights`` w (B, T): truncated importance weights of a sampler that is not the trainer
+    (mismatch.truncated_importance_weights, docs/algorithms.md §11), on the surrogate only; None = 1.
+    n_tokens / n_sequences / norm_length go to ``aggregate``: pass the optimizer step's totals when the
     step is split into micro-batches, and the micro-batch losses sum to the full-batch loss. Returns (loss,
     parts) with parts = {"ratio": ρ (B, T), "kl": k (B, T), zeros without a reference, "clipped_low",
     "clipped_high": (B, T) bool}.
@@ -149,6 +160,8 @@ def group_objective(
         raise ValueError(f"unknown ratio {ratio!r}; choose from {tuple(RATIOS)}")
     rho = RATIOS[ratio](logprobs, old_logprobs, response_mask)
     terms, low, high = clipped_surrogate(rho, advantages, mask, clip_low, clip_high, dual_clip)
+    if token_weights is not None:
+        terms = terms * token_weights
     kl = kl_estimate(logprobs, ref_logprobs, kl_estimator) if ref_logprobs is not None else torch.zeros_like(logprobs)
     if kl_coef > 0:
         terms = terms + kl_coef * kl

@@ -218,6 +218,35 @@ def save_merged(model, tokenizer, out_dir: str | Path) -> None:
         tokenizer.save_pretrained(str(out_dir))
 
 
+def checkpoint_weights(model) -> dict[str, torch.Tensor]:
+    """{name: tensor} under the names a Hugging Face checkpoint of ``model`` uses (what save_merged would write, and
+    what a serving engine loads), LoRA adapters merged in: W + ΔW per adapted layer, computed beside the weights (the
+    model is not changed: merging in place and back would not give W back bit for bit). Tied weights appear under
+    each of their names, as state_dict() gives them."""
+    if not is_peft(model):
+        return dict(model.state_dict())
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged:
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    delta = module.get_delta_weight(adapter)
+                    deltas[name] = deltas[name] + delta if name in deltas else delta
+    out = {}
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name or "lora_magnitude" in name:
+            continue
+        plain = name.replace(".base_layer.", ".")
+        module = plain.rsplit(".", 1)[0]
+        if plain.endswith(".weight") and module in deltas:
+            tensor = tensor + deltas[module].to(tensor.dtype)
+        out[plain] = tensor
+    return out
+
+
 def disable_dropout(model) -> None:
     """Set every dropout of ``model`` to 0 (nn.Dropout modules and the float rates attention layers read while
     training), so training and scoring see the same function (docs: model.keep_dropout)."""

@@ -1,7 +1,8 @@
 """Generation backends: what samples the online stages' responses, chosen by ``rollout.backend``.
 
-``BACKENDS`` maps each name to its class (``hf`` today: the trained policy itself, sampled with the KV cache); a new
-engine is one class here and one row in the table. Every backend returns the same Rollout, cut by the one stop set.
+``BACKENDS`` maps each name to its class: ``hf``, the trained policy itself sampled with the KV cache, and ``vllm``, a
+vLLM engine per training process (rollout/vllm_backend.py); a new engine is one class and one row in the table.
+Every backend returns the same Rollout, cut by the one stop set.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.decoding import Sampler, can_compact, decode, seeded_generators
 from tether.rollout.decoding import greedy as greedy_choice
 from tether.rollout.prompts import response_mask_from_stops, stop_token_ids
+from tether.rollout.vllm_backend import VLLMBackend
 
 
 def response_seeds(seed: int, positions: list[int], samples: int = 1) -> list[int]:
@@ -137,7 +139,9 @@ class GenerationBackend(Protocol):
     generate() for every rollout and evaluation, and weights_updated() after each step's optimizer updates; they
     never look inside. A backend returns the sampled token ids right-padded after the stop token, the response
     mask and truncation flags of the one stop set (response_mask_from_stops) and the decoded text; log-probs are
-    always recomputed by the trainer's own forward, so a backend's numerics never enter the loss unseen."""
+    always recomputed by the trainer's own forward, so a backend's numerics never enter the loss unseen. A backend
+    that is not the trained model itself also returns its own log-prob of every sampled token
+    (Rollout.sampler_logprobs): the stages log the gap and can weight the loss by it (rollout.tis_cap)."""
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         """One response per prompt, sampled with ``sampling``'s max_new_tokens, temperature, top_p and top_k;
@@ -164,8 +168,11 @@ class HFGenerate:
     when sampling.drop_finished_rows is off): it samples from the weights being trained, so there is nothing to
     copy after an update."""
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, settings=None):
         self.model, self.tokenizer = model, tokenizer
+
+    def describe(self) -> str:
+        return "the trained policy (Hugging Face model, KV cache)"
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         size = getattr(sampling, "generation_batch", 0) or len(prompts)
@@ -219,9 +226,9 @@ class HFGenerate:
 
 
 # rollout.backend's choices (tether/sections.py ROLLOUT_BACKENDS names the same keys; a test checks they agree)
-BACKENDS = {"hf": HFGenerate}
+BACKENDS = {"hf": HFGenerate, "vllm": VLLMBackend}
 
 
-def make_backend(name: str, policy, tokenizer) -> GenerationBackend:
-    """The backend ``rollout.backend`` names, sampling from ``policy``."""
-    return BACKENDS[name](policy, tokenizer)
+def make_backend(settings, policy, tokenizer) -> GenerationBackend:
+    """The backend ``settings.backend`` names (a SamplingSection: rollout.backend), sampling from ``policy``."""
+    return BACKENDS[settings.backend](policy, tokenizer, settings)

@@ -23,6 +23,11 @@ class Rollout:
     # context, attended to, while response_mask marks the policy's own tokens, the only actions. None: the same
     # as response_mask (one sampled response).
     response_attention: torch.Tensor | None = None
+    # (B, T) log π_sampler(token) of each sampled token as the backend that drew it computed it (logits / τ after
+    # its top-k/top-p), 0 off the response mask; None from a backend that samples with the trained weights
+    # themselves (hf). The trainer's own forward still gives every log-prob the loss uses; these measure how far
+    # the sampler's numerics are from it and weight the loss under truncated importance sampling (rollout.tis_cap).
+    sampler_logprobs: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -45,6 +50,7 @@ class Rollout:
             [self.prompts[i] for i in pick],
             [self.responses[i] for i in pick],
             self.response_attention[idx] if self.response_attention is not None else None,
+            self.sampler_logprobs[idx] if self.sampler_logprobs is not None else None,
         )
 
     def completion_ids(self) -> list[list[int]]:
@@ -78,6 +84,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     attention = None
     if any(r.response_attention is not None for r in parts):
         attention = torch.cat([pad(r.attention, t_len, 0, False) for r in parts])
+    sampler = None
+    if all(r.sampler_logprobs is not None for r in parts):
+        sampler = torch.cat([pad(r.sampler_logprobs, t_len, 0.0, False) for r in parts])
     return Rollout(
         torch.cat([pad(r.prompt_ids, p_len, pad_id, True) for r in parts]),
         torch.cat([pad(r.prompt_mask, p_len, 0, True) for r in parts]),
@@ -87,4 +96,5 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         [p for r in parts for p in r.prompts],
         [x for r in parts for x in r.responses],
         attention,
+        sampler,
     )

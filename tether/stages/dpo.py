@@ -345,7 +345,7 @@ class OnlineDPOStage:
         self.cfg, self.setup, self.labeller, self.prompt_rows = cfg, setup, labeller, prompt_rows
         self.policy, self.tokenizer = setup.unwrapped, setup.tokenizer
         self.dp = DataParallel(setup.accelerator)
-        self.backend = make_backend(cfg.rollout.backend, self.policy, self.tokenizer)  # rollout.backend
+        self.backend = make_backend(cfg.rollout, self.policy, self.tokenizer)  # rollout.backend
         self.stops = stop_token_ids(self.tokenizer, self.policy)
         self.optimizer, self.scheduler = setup.optimizer, setup.scheduler
         self.scorer = labeller.scorer  # None with a judge
@@ -372,6 +372,7 @@ class OnlineDPOStage:
             **_plan(self.cfg, self.setup),
             "online": f"{o.rounds} rounds x {ro.prompts_per_step} prompts x 2 answers, {o.steps_per_round} steps each, "
             "labelled by " + (f"judge {o.judge}" if o.judge else self.labeller.scorer.describe()),
+            "generation": self.backend.describe(),
         }
 
     def evaluate(self) -> dict:

@@ -171,6 +171,11 @@ class DPOConfig(StageConfig):
                 )
             if not (self.online.judge or self.rewards.has_reward()):
                 raise ConfigError("online.online needs a labeller: --judge module:function, --reward-model or --reward")
+            if self.rollout.tis_cap:
+                raise ConfigError(
+                    f"rollout.tis_cap={self.rollout.tis_cap:g}: online DPO's loss has no sampling ratio to weight "
+                    "(its pairs are labelled, not scored by log-probs under the sampler); leave it at 0"
+                )
             if self.online.judge and self.rewards.has_reward():
                 raise ConfigError(
                     "online.judge and a reward (rewards.reward_model / rewards.reward) both label pairs; choose one"

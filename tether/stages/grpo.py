@@ -138,6 +138,7 @@ class GroupStage:
             "KL": kl,
             "reward": self.scorer.describe(),
             "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
+            "generation": self.sampler.describe(),
             **({"episodes": "multi-turn; loss, KL and entropy on the policy's tokens only"} if self.agent else {}),
             "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
             f"{sum(q.numel() for q in self.policy.parameters()):,}",
@@ -250,10 +251,12 @@ class GroupStage:
             exp.ref_logprobs = dp.map_rows(
                 lambda r: reference_logprobs(self.reference, self.policy, r, temperature, padding_free=free), rollout
             )
-        kl_reward = None
+        kl_reward, now = None, exp.old_logprobs
+        if now is None and (a.kl_in_reward > 0 or rollout.sampler_logprobs is not None):
+            now = dp.map_rows(current, rollout)  # the log-probs at sampling time, which the ratio does not need
         if a.kl_in_reward > 0:
-            now = exp.old_logprobs if exp.old_logprobs is not None else dp.map_rows(current, rollout)
             kl_reward = kl_estimate(now, exp.ref_logprobs, a.kl_estimator) * mask
+        exp.measure_sampler(now, self.cfg.rollout.tis_cap)
         advantages = token_advantages(
             a.advantage,
             exp.scores.total,
@@ -348,6 +351,7 @@ class GroupStage:
             n_tokens=n_tokens,
             n_sequences=n_seq,
             norm_length=self.cfg.norm_length,
+            token_weights=exp.tis_weights[micro] if exp.tis_weights is not None else None,
         )
         loss.backward()
         k = float(lm.sum())

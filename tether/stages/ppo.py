@@ -103,6 +103,7 @@ class PPOStage:
             "reference": "frozen copy" if self.reference is not None else "policy with the LoRA adapter disabled",
             "reward": self.scorer.describe(),
             "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
+            "generation": self.sampler.describe(),
             "learning rate": f"{cfg.optim.lr:g} policy, {cfg.critic.lr:g} critic ({cfg.optim.lr_schedule})",
             "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic),
         }
@@ -177,6 +178,7 @@ class PPOStage:
             lambda r: reference_logprobs(self.reference, self.policy, r, temperature, free), rollout
         )
         mask = rollout.response_mask
+        exp.measure_sampler(exp.old_logprobs, self.cfg.rollout.tis_cap)
         exp.kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, a.kl_estimator) * mask
         token_rewards = kl_penalty_rewards(exp.scores.total, exp.kl, mask, self.kl_coef)
         if rollout.response_attention is None:
@@ -311,6 +313,7 @@ class PPOStage:
             dual_clip=a.dual_clip,
             entropy_coef=a.entropy_coef,
             n_tokens=n_tokens,
+            token_weights=exp.tis_weights[local] if exp.tis_weights is not None else None,
         )
 
     def _value_loss(

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from tether.algorithms.mismatch import sampler_mismatch, truncated_importance_weights
 from tether.rewards.score import Scores
 from tether.rollout.batch import Rollout
 
@@ -45,6 +46,23 @@ class Experience:
     kl: torch.Tensor | None = None  # (B, T) per-token KL estimate to the reference, 0 on padding
     advantages: torch.Tensor | None = None  # (B, T), 0 on padding
     returns: torch.Tensor | None = None  # (B, T) (PPO)
+    sampler_gap: dict | None = None  # a backend that is not the trainer: mismatch.sampler_mismatch's figures
+    tis_weights: torch.Tensor | None = None  # (B, T) truncated importance weights (rollout.tis_cap), 0 on padding
+    tis_cap: float = 0.0
+
+    def measure_sampler(self, train_logprobs: torch.Tensor, tis_cap: float) -> None:
+        """With the sampler's own log-probs in the rollout (a vLLM backend): the gap to the trainer's log-probs at
+        sampling time (``train_logprobs`` (B, T)), and the truncated importance weights when ``tis_cap`` > 0
+        (docs/algorithms.md §11). Nothing without them (the hf backend samples with the trained weights)."""
+        r = self.rollout
+        if r.sampler_logprobs is None:
+            return
+        self.sampler_gap = sampler_mismatch(train_logprobs, r.sampler_logprobs, r.response_mask)
+        if tis_cap > 0:
+            self.tis_cap = tis_cap
+            self.tis_weights = truncated_importance_weights(
+                train_logprobs, r.sampler_logprobs, r.response_mask, tis_cap
+            )
 
     def samples(self, step: int, group_size: int | None = None) -> list[SampleRecord]:
         r = self.rollout
@@ -95,6 +113,15 @@ def rollout_metrics(exp: Experience) -> dict:
     }
     for name, v in s.parts.items():
         out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = float(v.mean()), float(v.std(unbiased=False))
+    if exp.sampler_gap is not None:
+        out["rollout/sampler_logprob_diff_mean"] = exp.sampler_gap["abs_mean"]
+        out["rollout/sampler_logprob_diff_max"] = exp.sampler_gap["abs_max"]
+        out["rollout/sampler_kl"] = exp.sampler_gap["kl"]
+    if exp.tis_weights is not None:
+        m = r.response_mask.bool()
+        w = exp.tis_weights[m]
+        out["rollout/tis_weight_mean"] = float(w.mean()) if w.numel() else 1.0
+        out["rollout/tis_capped_frac"] = float((exp.tis_weights >= exp.tis_cap)[m].float().mean()) if w.numel() else 0.0
     if s.records is not None:
         from tether.agents.episodes import agent_metrics
 

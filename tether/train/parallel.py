@@ -226,7 +226,15 @@ def gather_rollout(dp: DataParallel, rollout, pad_id: int):
         prompts,
         responses,
         dp.gather_rows(rollout.attention, 0) if dp.any(rollout.response_attention is not None) else None,
+        dp.gather_rows(_sampler_logprobs(rollout), 0.0) if dp.any(rollout.sampler_logprobs is not None) else None,
     )
+
+
+def _sampler_logprobs(rollout) -> torch.Tensor:
+    """The rollout's sampler log-probs, or zeros of its shape (a process given no prompts this round)."""
+    if rollout.sampler_logprobs is not None:
+        return rollout.sampler_logprobs
+    return torch.zeros(rollout.response_ids.shape, dtype=torch.float32)
 
 
 def gather_scores(dp: DataParallel, scores):

@@ -23,7 +23,7 @@ class OnlineSampler:
     def __init__(self, cfg, tokenizer, policy, rows: list[dict], eval_rows: list[dict], backend=None):
         ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
         self.rollout_cfg = ro
-        self.backend = backend or make_backend(ro.backend, policy, tokenizer)
+        self.backend = backend or make_backend(ro, policy, tokenizer)
         self.prompts = render_prompts(tokenizer, rows, ro.prompts)
         self.eval_prompts = render_prompts(tokenizer, eval_rows, ro.eval_prompts) if eval_rows else []
         episodes = agent_cfg is not None and bool(agent_cfg.env)
@@ -45,6 +45,13 @@ class OnlineSampler:
 
     def weights_updated(self, policy) -> None:
         self.backend.weights_updated(policy)
+
+    def describe(self) -> str:
+        """The plan's line: which backend samples, and with what (a stand-in backend may not say)."""
+        describe = getattr(self.backend, "describe", None)
+        text = describe() if describe is not None else type(self.backend).__name__
+        ro = self.rollout_cfg
+        return text + (f"; truncated importance sampling, C = {ro.tis_cap:g}" if ro.tis_cap else "")
 
     def evaluate(self, rows: list[dict], scorer, seed: int, dp=None) -> dict:
         """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation.

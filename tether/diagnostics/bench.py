@@ -168,12 +168,15 @@ def phases(model, batch: int, length: int, new_tokens: int, repeats: int, compil
 
     out.append(Phase("generate", _timed(generate, max(1, repeats // 2)), 2 * n * generated))
     with torch.no_grad():  # one decoding step alone: the model's share of a generated token's time
-        cache = model(input_ids=prompt, use_cache=True).cache  # transformers 5: `cache` (was past_key_values)
+        from tether.rollout.decoding import cache_keyword
+
+        keyword = cache_keyword(model)  # `cache` from transformers 5.20, `past_key_values` before
+        cache = getattr(model(input_ids=prompt, use_cache=True), keyword)
         step_ids = prompt[:, -1:]
         out.append(
             Phase(
                 "decode_step",
-                _timed(lambda: model(input_ids=step_ids, cache=cache, use_cache=True), repeats),
+                _timed(lambda: model(input_ids=step_ids, use_cache=True, **{keyword: cache}), repeats),
                 2 * n * batch,
             )
         )

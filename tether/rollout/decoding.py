@@ -74,7 +74,7 @@ def can_compact(model) -> bool:
     from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes kwargs on
-    if _cache_keyword(base) is None or getattr(base, "config", None) is None:
+    if cache_keyword(base) is None or getattr(base, "config", None) is None:
         return False
     try:
         layers = DynamicCache(config=base.config).layers
@@ -83,7 +83,8 @@ def can_compact(model) -> bool:
     return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
-def _cache_keyword(model) -> str | None:
+def cache_keyword(model) -> str | None:
+    """The name the model's forward takes its KV cache by (and its output returns it by)."""
     params = inspect.signature(type(model).forward).parameters
     return next((k for k in ("cache", "past_key_values") if k in params), None)  # transformers renamed it in 5.x
 
@@ -112,7 +113,7 @@ def decode(
         return response[:, :0]
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     cache = DynamicCache(config=base.config)
-    keyword = _cache_keyword(base)
+    keyword = cache_keyword(base)
     stops = torch.tensor(stop_ids, device=device)
     rows = torch.arange(batch, device=device)  # each live row's place in the batch
     live = torch.ones(batch, dtype=torch.bool, device=device)  # among the rows still in the batch

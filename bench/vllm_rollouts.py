@@ -156,7 +156,10 @@ def main() -> None:
         if not (args.lab / "sft" / "final").is_dir():
             raise SystemExit(f"{args.lab}: no sft/final; run `make lab` first (or pass --lab)")
         results["lab"] = lab_runs(args.lab, args.out)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    path = args.out / "results.json"
+    if path.is_file() and args.part != "all":  # one part re-measured: the other part's figures stay
+        results = {**json.loads(path.read_text()), **results}
+    path.write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
 
 

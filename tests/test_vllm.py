@@ -136,6 +136,22 @@ def test_seeds_make_responses_independent_of_batching_and_unseeded_draws_follow_
     assert engine.generate(PROMPTS, s, stops).responses == first  # the seeds come from torch's checkpointed RNG
 
 
+def test_many_long_seeded_prompts_in_one_call(model_dir, tokenizer):
+    """More prompt tokens than one engine step schedules (256 x ~95 > 8,192), every request seeded: vLLM's chunked
+    prefill would rewind the seeded generators, which its CPU build cannot do; the backend prefills whole prompts.
+    The responses still follow their seeds alone."""
+    model = load_model(model_dir)
+    s = sampling(max_new_tokens=4)
+    engine = VLLMBackend(model, tokenizer, s)
+    prompt = " ".join(["Tell me about cats."] * 12)
+    stops = stop_token_ids(tokenizer, model)
+    many = engine.generate([prompt] * 256, s, stops, list(range(256)))
+    assert many.response_ids.shape[0] == 256 and len(set(many.responses)) > 1
+    assert engine.generate([prompt] * 3, s, stops, [7, 100, 255]).responses == [
+        many.responses[i] for i in (7, 100, 255)
+    ]
+
+
 RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
 JUDGE = (
     "def more_a(prompts, first, second, **_):\n    return [1.0 if a.count('a') > b.count('a') else 0.0 if "

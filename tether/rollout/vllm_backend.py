@@ -128,6 +128,11 @@ def _start_engine(folder: Path, key: dict):
             skip_tokenizer_init=True,  # token ids in and out: the trainer's tokenizer is the one that counts
             generation_config="vllm",  # the model folder's generation_config.json must not change the sampling
             distributed_executor_backend="mp",  # the model and its threads in a process of their own
+            # whole prompts only: a prompt prefilled in chunks has its partial samples discarded, which rewinds the
+            # request's seeded generator, and vLLM's CPU build cannot rewind a CPU generator ("CPU Generator does
+            # not use offset", measured on 256 seeded prompts of 95 tokens)
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(key["context"], 8192),
         )
         # one token now: some refusals (the CPU attention's head sizes) come only with the first forward
         llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)

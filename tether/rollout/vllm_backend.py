@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from tether.errors import ConfigError
-from tether.models.lm import checkpoint_weights, compute_dtype, model_context
+from tether.models.lm import checkpoint_weights, model_context
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.prompts import response_mask_from_stops
 from tether.sections import VLLM_INSTALL as INSTALL
@@ -274,7 +274,6 @@ class VLLMBackend:
             atexit.register(_shutdown_at_exit)
         self.llm, self.folder = _ENGINE["llm"], Path(_ENGINE["folder"])
         self.kv_bytes = _ENGINE["key"]["kv_bytes"]
-        self.compute_dtype = compute_dtype(model)
 
     def describe(self) -> str:
         return (

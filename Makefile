@@ -32,11 +32,12 @@ lab: $(STAMP)
 
 # the formatter and linter first (pyproject.toml [tool.ruff]: a violation fails the tests); then
 # the test files run on TEST_WORKERS pytest-xdist workers (a file's tests stay on one worker, so a module's
-# fixture, e.g. the quick lab, is built once); the slowest tests are listed at the end
+# fixture, e.g. the quick lab, is built once), the longest files first (tests/conftest.py LONGEST_FIRST); the
+# slowest tests are listed at the end
 TEST_WORKERS ?= 2
 test: $(TEST_STAMP) system
 	$(BIN)/ruff check --quiet . && $(BIN)/ruff format --check --quiet . || { echo "style: run .venv/bin/ruff format . && .venv/bin/ruff check --fix ."; exit 1; }
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) runs

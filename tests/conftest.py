@@ -35,6 +35,24 @@ CORPUS = [
 ] * 20 + [f"{i} + {j} = {i + j}" for i in range(30) for j in range(0, 30, 7)]
 
 
+# The longest files first (measured with --durations: the quick lab's file alone is about 12 minutes of one worker):
+# `make test` hands whole files to the workers in collection order (--dist loadfile --no-loadscope-reorder), and
+# the suite's wall time is the busier worker's, so a long file started late decides it.
+LONGEST_FIRST = (
+    "test_lab_pipeline.py",
+    "test_vllm.py",
+    "test_kill_anywhere.py",
+    "test_online_parallel.py",
+    "test_sharding.py",
+    "test_multiprocess.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return train_bpe_tokenizer(CORPUS, vocab_size=320)

@@ -41,14 +41,14 @@ def test_module_entry_point_runs():
     assert proc.returncode == 0 and "sft" in proc.stdout
 
 
-def test_an_unknown_flag_gets_the_stage_usage_and_the_flag_it_most_likely_meant(capsys):
+def test_an_unknown_flag_gets_one_line_with_the_flag_it_most_likely_meant_and_no_usage(capsys):
     import pytest
 
     with pytest.raises(SystemExit) as stop:
         main(["grpo", "--modle", "m", "--lerning-rat", "1"])
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and "usage: tether grpo" in err
-    assert "--modle (did you mean --model?)" in err and "--lerning-rat m" not in err
+    assert stop.value.code == 2 and "usage:" not in err and len(err.splitlines()) == 4, err
+    assert "--modle: unknown (did you mean --model?)" in err and "--lerning-rat: unknown\n" in err
 
 
 def test_flags_spelt_with_underscores_are_the_dashed_flags(tmp_path, capsys):

@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tether"
 # them, the stages above the loops, and the lab, the Python API and the command line above everything.
 FLOORS = [
     ("tether.errors", "tether.console", "tether.algorithms", "tether._moved"),
+    ("tether.compat",),
     ("tether.config",),
     ("tether.sections",),
     ("tether.models",),
@@ -28,7 +29,7 @@ FLOORS = [
     ("tether.cli",),
     ("tether.__main__", "tether"),
 ]
-TOP_LEVEL = {"__init__", "__main__", "_moved", "api", "cli", "config", "console", "errors", "sections"}
+TOP_LEVEL = {"__init__", "__main__", "_moved", "api", "cli", "compat", "config", "console", "errors", "sections"}
 
 
 def module_name(path: Path) -> str:

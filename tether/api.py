@@ -108,14 +108,14 @@ def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _barrier() -> None:
+def _barrier(device: str) -> None:
     """Under a multi-process launch, the other processes wait for process 0 to write the inputs."""
     import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from accelerate import PartialState
+        from tether.train.run import wait_for_everyone
 
-        PartialState().wait_for_everyone()
+        wait_for_everyone(device)
 
 
 def _rows_of(value, name: str) -> list[dict] | None:
@@ -183,7 +183,7 @@ def _save_pretrained(obj, folder: Path, name: str) -> None:
     tmp.rename(folder)
 
 
-def _materialise(stage: str, inputs: dict, output: str) -> dict[str, Any]:
+def _materialise(stage: str, inputs: dict, output: str, device: str) -> dict[str, Any]:
     """{dotted option: path} for every input; objects are written under ``<output>-inputs/`` by process 0."""
     if not output:
         raise ConfigError("output is required (the run folder), e.g. output='runs/my-run'")
@@ -216,7 +216,7 @@ def _materialise(stage: str, inputs: dict, output: str) -> dict[str, Any]:
                 _save_pretrained(value, path, name)
             out[_MODEL_INPUTS[name]], written = str(path), True
     if written:
-        _barrier()
+        _barrier(device)
     return out
 
 
@@ -253,7 +253,33 @@ def _object_spec(value, name: str) -> str:
     raise ConfigError(f"{name}: expected a class, a callable or a module:Name spec, got {type(value).__name__}")
 
 
+def _trl_arguments(stage: str, settings: dict, inputs: dict, callables: dict) -> None:
+    """TRL's trainer arguments moved to tether's (in place): train_dataset / eval_dataset (data, or prompts online),
+    processing_class (tokenizer), ref_model (reference), peft_config (a LoraConfig, as lora_* settings) and
+    reward_weights given as a list (the weights of reward_funcs, in order)."""
+    from tether.compat import API_INPUTS, api_input, peft_settings
+
+    for theirs in [k for k in settings if k in API_INPUTS]:
+        ours = api_input(stage, theirs, bool(settings.get("online")))
+        if ours not in inputs:
+            raise ConfigError(f"{theirs} (TRL's name for {ours}=): tether.{stage}() takes no {ours}")
+        if inputs[ours] is not None:
+            raise ConfigError(f"{theirs} and {ours} are the same input (TRL's name and tether's): give one")
+        inputs[ours] = settings.pop(theirs)
+    if settings.get("peft_config") is not None:
+        settings.update(peft_settings(settings.pop("peft_config")))
+    weights = settings.get("reward_weights")
+    if isinstance(weights, (list, tuple)) and callables.get("reward_funcs") is not None:
+        funcs = callables["reward_funcs"]
+        funcs = list(funcs) if isinstance(funcs, (list, tuple)) else [funcs]
+        if len(funcs) != len(weights):
+            raise ConfigError(f"reward_weights has {len(weights)} weights for {len(funcs)} reward_funcs")
+        callables["reward_funcs"] = list(zip(funcs, weights))
+        del settings["reward_weights"]
+
+
 def _run(stage: str, config, settings: dict, inputs: dict, callables: dict, hooks: dict) -> RunResult:
+    _trl_arguments(stage, settings, inputs, callables)
     cls = config_class(stage)
     if config is not None and not isinstance(config, cls):
         raise ConfigError(f"config: expected a {cls.__name__}, got {type(config).__name__}")
@@ -274,7 +300,7 @@ def _run(stage: str, config, settings: dict, inputs: dict, callables: dict, hook
     draft = build_config(
         cls, values, {**overrides, **{_INPUTS[k]: v for k, v in paths.items()}}, source=f"tether.{stage}()"
     )  # every setting validated before anything is written
-    overrides.update(_materialise(stage, inputs, draft.train.output))
+    overrides.update(_materialise(stage, inputs, draft.train.output, draft.model.device))
     cfg = build_config(cls, values, overrides, source=f"tether.{stage}()")
     summary = run_stage(stage, cfg, **{k: v for k, v in hooks.items() if v is not None})
     return RunResult(stage, Path(cfg.train.output), summary)

@@ -440,57 +440,89 @@ def _print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
 
 
 def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]) -> None:
-    """Exit with the stage's usage and, for each unknown flag, the flag it most likely meant."""
+    """Exit with one line per unknown flag: what it means in tether (tether/compat.py), or the flag it most
+    likely meant — without the whole usage, which buries the line that matters."""
     import difflib
+
+    from tether.compat import knows
 
     stage = parser
     for action in parser._actions:  # the stage's own parser, whose flags the user was writing
         if isinstance(action, argparse._SubParsersAction) and args.stage in action.choices:
             stage = action.choices[args.stage]
     options = [o for a in stage._actions for o in a.option_strings if o.startswith("--")]
-    words = []
-    for item in unknown:
+    lines = []
+    for i, item in enumerate(unknown):
         name = item.split("=", 1)[0]
         if not name.startswith("-"):
-            words.append(item)
+            if i == 0 or not unknown[i - 1].startswith("-") or "=" in unknown[i - 1]:
+                lines.append(f"{item}: a value with no flag before it")
+            continue  # else the value of the unknown flag before it
+        if knows(name.lstrip("-").replace("-", "_")):
+            lines.append(f"{name}: not a setting of tether {args.stage} (tether/compat.py lists where it applies)")
             continue
-        from tether.config import TRL_EXPLAINED
-
-        if name.lstrip("-") in TRL_EXPLAINED:
-            words.append(f"{item} ({TRL_EXPLAINED[name.lstrip('-')]})")
-            continue
-        dashed = "--" + name.lstrip("-").replace("_", "-")  # TRL and LLaMA-Factory write flags with underscores
-        close = [dashed] if dashed in options else difflib.get_close_matches(dashed, options, n=1, cutoff=0.7)
-        words.append(f"{item} (did you mean {close[0]}?)" if close else item)
-    stage.error("unrecognized arguments: " + " ".join(words))
+        dashed = "--" + name.lstrip("-").replace("_", "-")
+        close = difflib.get_close_matches(dashed, options, n=1, cutoff=0.75)
+        lines.append(f"{name}: unknown" + (f" (did you mean {close[0]}?)" if close else ""))
+    print(f"{stage.prog}: error: unrecognized arguments\n  " + "\n  ".join(lines), file=sys.stderr)
+    print(f"(tether {args.stage} --help lists every flag)", file=sys.stderr)
+    sys.exit(2)
 
 
-def _dashed_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``--max_steps 3`` as ``--max-steps 3``, ``--learning_rate 1e-5`` as ``--lr 1e-5`` (TRL's names,
-    tether.config.TRL_NAMES) where the stage has that flag; anything else is left for argparse to judge."""
+def _scalar(text: str):
+    """A command-line value as YAML would read it (true, 3, 1e-5, [a, b]); anything else stays a string."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value.lower() for c in ".e") else int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _foreign_flags(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], dict]:
+    """(argv with tether's flags, {key: value} of other projects' flags): ``--max_steps 3`` is tether's --max-steps
+    written with underscores; ``--learning_rate 1e-5`` or ``--bf16`` are TRL's names (tether/compat.py), read as
+    flat keys of a YAML file are. Anything else is left for argparse to judge."""
     stages = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
     if not argv or argv[0] not in stages:
-        return argv
-    from tether.config import trl_flags
+        return argv, {}
+    from tether.compat import knows
 
     options = {o for a in stages[argv[0]]._actions for o in a.option_strings}
-    out = []
-    for item in argv:
+    out, foreign = [], {}
+    i = 0
+    while i < len(argv):
+        item = argv[i]
+        i += 1
         name, eq, value = item.partition("=")
         if not name.startswith("--") or name in options:
             out.append(item)
             continue
         dashed = "--" + name[2:].replace("_", "-")
-        trl = [f for f in trl_flags(name[2:]) if f in options] if name[2:] != "bf16" else []  # --bf16 takes no value
-        known = dashed if dashed in options else trl[0] if trl else None
-        out.append(known + eq + value if known else item)
-    return out
+        key = name[2:].replace("-", "_")
+        if dashed in options and not knows(key):
+            out.append(dashed + eq + value)
+        elif knows(key):
+            if not eq:
+                takes = i < len(argv) and not argv[i].startswith("--")
+                value, i = (argv[i], i + 1) if takes else ("true", i)
+            foreign[key] = _scalar(value)
+        else:
+            out.append(item)
+    return out, foreign
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    argv = _dashed_flags(parser, list(sys.argv[1:] if argv is None else argv))
+    argv, foreign = _foreign_flags(parser, list(sys.argv[1:] if argv is None else argv))
     args, unknown = parser.parse_known_args(argv)
+    args.foreign_flags = foreign
     if unknown:
         _unknown_arguments(parser, args, unknown)
     if args.stage is None:

@@ -96,53 +96,9 @@ def flag_name(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-# TRL's (Hugging Face TrainingArguments') names for options whose meaning is tether's: accepted as flags
-# (--learning_rate) and as keys of a flat YAML file (learning_rate: 1e-5), where the stage has the tether flag. A
-# tuple lists the flags in each stage's terms: TRL's `beta` is DPO's β and the group family's KL coefficient.
-TRL_NAMES = {
-    "model_name_or_path": "--model",
-    "learning_rate": "--lr",
-    "output_dir": "--output",
-    "num_train_epochs": "--epochs",
-    "max_steps": "--max-steps",
-    "seed": "--seed",
-    "warmup_ratio": "--warmup-ratio",
-    "warmup_steps": "--warmup-steps",
-    "weight_decay": "--weight-decay",
-    "max_grad_norm": "--max-grad-norm",
-    "logging_steps": "--log-every",
-    "save_steps": "--save-every",
-    "eval_steps": "--eval-every",
-    "save_total_limit": "--keep-checkpoints",
-    "report_to": "--report-to",
-    "resume_from_checkpoint": "--resume",
-    "beta": ("--beta", "--kl-coef"),
-    "num_generations": "--group-size",
-    "max_completion_length": "--max-new-tokens",
-    "max_length": "--max-length",
-    "temperature": "--temperature",
-    "bf16": "--mixed-precision",
-    "gradient_checkpointing": "--gradient-checkpointing",
-    "lora_r": "--lora-r",
-    "lora_alpha": "--lora-alpha",
-    "lora_dropout": "--lora-dropout",
-    "per_device_train_batch_size": "--micro-batch-size",
-}
-# TRL's names whose meaning is not one tether option: what to write instead
-TRL_EXPLAINED = {
-    "gradient_accumulation_steps": "tether sets the batch per optimizer step over all processes (batch_size, "
-    "--batch-size) and derives the accumulation from it: batch_size = micro_batch_size "
-    "x accumulation x processes; set batch_size to per_device_train_batch_size x "
-    "gradient_accumulation_steps x processes",
-    "per_device_eval_batch_size": "held-out data is scored in micro_batch_size rows per forward; leave it out",
-}
-TRL_VALUES = {"bf16": {True: "bf16", False: "no"}}  # a TRL boolean whose tether option takes a value
-
-
-def trl_flags(name: str) -> tuple[str, ...]:
-    """The tether flags TRL's option ``name`` may stand for (TRL_NAMES), in order."""
-    value = TRL_NAMES.get(name, ())
-    return (value,) if isinstance(value, str) else tuple(value)
+def stage_name(config_cls) -> str:
+    """The stage a config class belongs to: SFTConfig -> "sft"."""
+    return config_cls.__name__.removesuffix("Config").lower()
 
 
 def flag_fields(config_cls) -> dict[str, str]:
@@ -150,8 +106,11 @@ def flag_fields(config_cls) -> dict[str, str]:
     out = {}
     for section, section_cls in _sections(config_cls):
         for f, _ in _leaf_fields(section_cls):
-            for name in (flag_name(f), *f.metadata.get("aliases", ())):
-                out[name] = f"{section}.{f.name}"
+            out[flag_name(f)] = f"{section}.{f.name}"
+    for section, section_cls in _sections(config_cls):
+        for f, _ in _leaf_fields(section_cls):
+            for name in f.metadata.get("aliases", ()):
+                out.setdefault(name, f"{section}.{f.name}")  # a flag's own name wins over another's alias
     return out
 
 
@@ -199,6 +158,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
         "--config", default=None, help="YAML file with any of the options below; flags given on the command line win."
     )
     defaults = _section_defaults(config_cls)
+    flags = flag_fields(config_cls)
     taken = set()
     for section, section_cls in _sections(config_cls):
         doc = (section_cls.__doc__ or "").strip().splitlines()
@@ -206,7 +166,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
         for f, typ in _leaf_fields(section_cls):
             default = defaults[section][f.name]
             help_text = f"{f.metadata.get('help', '')} (YAML {section}.{f.name}; default: {default!r})"
-            names = [flag_name(f), *f.metadata.get("aliases", ())]
+            names = [n for n in (flag_name(f), *f.metadata.get("aliases", ())) if flags[n] == f"{section}.{f.name}"]
             taken.update(names)
             group.add_argument(*names, **_argument_kwargs(f, typ, f"{section}.{f.name}", help_text))
     old_flags = {
@@ -248,47 +208,31 @@ FILE_ONLY_KEYS = ("plan",)  # what tether writes into a run's config.yaml beside
 
 
 def _flatten(config_cls, file_values: dict | None, source: str) -> dict[str, Any]:
-    """{section: {field: value}} -> {"section.field": value}, renamed keys mapped; unknown ones named.
+    """{section: {field: value}} -> {"section.field": value}, renamed keys mapped; unknown ones named, all at once.
 
-    A top-level key whose value is not a mapping is a flag name (a flat file as TRL and LLaMA-Factory users write
-    it: ``max_steps: 100``, ``lr: 1e-5``, ``model: path``), or one of TRL's names for the same option."""
+    Top-level keys whose value is not a mapping are flat keys, as TRL and LLaMA-Factory users write a file
+    (``max_steps: 100``, ``learning_rate: 1e-5``): a tether flag name, or another project's name for a setting,
+    read through tether/compat.py's table (after the sections: a flat key wins)."""
+    from tether.compat import problem_report, translate
+
     section_types = dict(_sections(config_cls))
-    flags = flag_fields(config_cls)
-    out: dict[str, Any] = {}
+    nested: dict[str, Any] = {}
+    flat: dict[str, Any] = {}
     for section, entries in (file_values or {}).items():
         if section in FILE_ONLY_KEYS:
             continue
-        if not isinstance(entries, dict):
-            out[_flat_key(config_cls, flags, section_types, str(section), source)] = (
-                TRL_VALUES.get(section, {}).get(entries, entries) if isinstance(entries, bool) else entries
-            )
-            continue
-        for key, value in entries.items():
-            out[f"{section}.{key}"] = value
-    return _apply_renames(config_cls, out, source, section_types)
-
-
-def _flat_key(config_cls, flags: dict, section_types: dict, key: str, source: str) -> str:
-    """The "section.field" a flat file's key names: its flag (underscores or dashes), or TRL's name for it."""
-    for candidate in ("--" + key.replace("_", "-"), *trl_flags(key)):
-        if candidate in flags:
-            return flags[candidate]
-    if key in TRL_EXPLAINED:
-        raise ConfigError(f"{source}: {key}: {TRL_EXPLAINED[key]}")
-    import difflib
-
-    names = sorted(
-        {f[2:].replace("-", "_") for f in flags}
-        | set(section_types)
-        | {name for name in TRL_NAMES if any(f in flags for f in trl_flags(name))}
-    )
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.7)
-    raise ConfigError(
-        f"{source}: unknown key {key!r}"
-        + (f" (did you mean {close[0]!r}?)" if close else "")
-        + "; flat keys are flag names (max_steps, lr, ...) or TRL's names (learning_rate, ...), and "
-        f"nested ones sections {sorted(section_types)}"
-    )
+        if isinstance(entries, dict):
+            for key, value in entries.items():
+                nested[f"{section}.{key}"] = value
+        else:
+            flat[str(section)] = entries
+    problems: list[str] = []
+    out = _apply_renames(config_cls, nested, source, section_types, problems)
+    if flat:
+        out.update(translate(stage_name(config_cls), flat, flag_fields(config_cls), source, problems))
+    if problems:
+        raise ConfigError(problem_report(source, problems))
+    return out
 
 
 def _known(section_types: dict, dotted: str) -> bool:
@@ -296,7 +240,11 @@ def _known(section_types: dict, dotted: str) -> bool:
     return section in section_types and key in {f.name for f in dataclasses.fields(section_types[section])}
 
 
-def _apply_renames(config_cls, values: dict[str, Any], source: str, section_types: dict) -> dict[str, Any]:
+def _apply_renames(
+    config_cls, values: dict[str, Any], source: str, section_types: dict, problems: list | None = None
+) -> dict[str, Any]:
+    """Renamed keys mapped to their new names (with a warning); unknown ones collected in ``problems`` (or, without
+    it, raised at the first)."""
     out = {}
     for dotted, value in values.items():
         if not _known(section_types, dotted):
@@ -304,10 +252,15 @@ def _apply_renames(config_cls, values: dict[str, Any], source: str, section_type
             if new is None or not _known(section_types, new):
                 section = dotted.split(".", 1)[0]
                 if section not in section_types and new is None:
-                    raise ConfigError(f"{source}: unknown section {section!r}; sections are {sorted(section_types)}")
-                section = (new or dotted).split(".", 1)[0]
-                fields = sorted(f.name for f in dataclasses.fields(section_types[section]))
-                raise ConfigError(f"{source}: unknown field {dotted}; {section} has {fields}")
+                    problem = f"unknown section {section!r}; sections are {sorted(section_types)}"
+                else:
+                    section = (new or dotted).split(".", 1)[0]
+                    fields = sorted(f.name for f in dataclasses.fields(section_types[section]))
+                    problem = f"unknown field {dotted}; {section} has {fields}"
+                if problems is None:
+                    raise ConfigError(f"{source}: {problem}")
+                problems.append(problem)
+                continue
             log.warning("%s: %s is now called %s; the old name still works but will be removed", source, dotted, new)
             dotted = new
         out[dotted] = value
@@ -362,7 +315,10 @@ def _coerce(value, typ, name, source):
 
 
 def config_from_args(config_cls, args: argparse.Namespace):
+    """The config of a command line: defaults < --config YAML < other projects' flags (``--learning_rate``, read as
+    a flat YAML key would be) < tether's own flags."""
     file_values = load_yaml(args.config) if getattr(args, "config", None) else {}
+    file_values = {**file_values, **getattr(args, "foreign_flags", {})}
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     return build_config(config_cls, file_values, overrides, source=args.config or "command line")
 

@@ -121,6 +121,9 @@ class DataSection(Section):
     )
     split: str = option("train", "Split to read from a datasets folder that has several.")
     columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. prompt=question,completion=answer.")
+    max_records: int = option(
+        0, "Read only the first N records of the training file (0: all), before the held-out split."
+    )
     max_length: int = option(
         1024, "Longest example in tokens; longer ones are dropped and counted (errors with --strict). Never truncated."
     )
@@ -131,6 +134,8 @@ class DataSection(Section):
             raise ConfigError(f"eval_fraction={self.eval_fraction}: must be in [0, 1)")
         if self.max_length < 2:
             raise ConfigError(f"max_length={self.max_length}: must be >= 2")
+        if self.max_records < 0:
+            raise ConfigError(f"max_records={self.max_records}: must be >= 0 (0: every record)")
 
 
 @dataclass(frozen=True)
@@ -320,6 +325,13 @@ class SamplingSection(Section):
         flag="--prompts",
     )
     eval_prompts: str = option("", "Held-out prompts for periodic evaluation; empty: no evaluation.")
+    columns: str = option(
+        "",
+        "Rename the prompt files' columns, NAME=SOURCE,..., e.g. prompt=question (a GSM8K file); the other columns "
+        "reach the reward functions under their own names.",
+        flag="--prompt-columns",
+        aliases=("--columns",),  # the offline stages' name; where the stage reads --data too (dpo) that one wins
+    )
     prompts_per_step: int = option(32, "Prompts sampled per step.")
     group_size: int = option(1, "Responses sampled per prompt (G).")
     max_new_tokens: int = option(64, "Response budget; responses without EOS within it are truncated.")

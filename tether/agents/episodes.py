@@ -31,14 +31,9 @@ from tether.agents.environment import (
     load_environment,
 )
 from tether.config import ConfigError
+from tether.data.sft import template_takes_tools
 from tether.rewards.score import Scores
 from tether.rollout.batch import Rollout, left_pad
-
-
-def template_takes_tools(tokenizer) -> bool:
-    """Whether the chat template renders a ``tools=`` list itself (Qwen2.5, Llama 3.1, Hermes templates do)."""
-    template = getattr(tokenizer, "chat_template", None) or ""
-    return isinstance(template, str) and "tools" in template
 
 
 class Transcript:

@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Callable
 
 from tether.agents.environment import Outcome, StepResult
+from tether.data.sft import tools_system_message
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
@@ -81,17 +82,6 @@ def parse_tool_calls(text: str) -> list[dict]:
             continue
         calls.append({"name": call["name"], "arguments": arguments})
     return calls
-
-
-def tools_system_message(schemas: list[dict]) -> dict:
-    """A Hermes-style system message listing the tools, for chat templates without their own ``tools=`` support."""
-    listed = "\n".join(json.dumps(s) for s in schemas)
-    return {
-        "role": "system",
-        "content": "You may call functions to help with the request. The functions:\n<tools>\n"
-        f'{listed}\n</tools>\nTo call one, write <tool_call>{{"name": <name>, "arguments": <object>}}'
-        "</tool_call>; its result comes back in a tool message.",
-    }
 
 
 class ToolEnvironment:

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from tether.console import progress
-from tether.data.preferences import PreferenceReport, ordered_responses, preference_format, split_implicit_prompt
+from tether.data.preferences import (
+    PreferenceReport,
+    ordered_responses,
+    preference_format,
+    split_implicit_prompt,
+    unused_columns,
+)
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, render
 from tether.models.packing import pack_sequences, pad_sequences
@@ -65,6 +71,13 @@ def _response_example(tokenizer, prompt, response, where: str, field_name: str, 
     return Example(ids, mask, where)
 
 
+KTO_FORMATS = (
+    "KTO reads unpaired rows — prompt, completion and a true/false label (TRL's shape; prompt and completion "
+    "strings or chat messages), messages with a label, or LLaMA-Factory's kto_tag rows (alpaca or sharegpt) — "
+    "or pairs (prompt, chosen, rejected), each split into a desirable and an undesirable row"
+)
+
+
 def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object, object, bool, str]]:
     """(prompt, completion, desirable, where) of unpaired rows, or of pairs split in two."""
     items = []
@@ -74,7 +87,7 @@ def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object,
             if "completion" not in f or not isinstance(f.get("label"), bool):
                 raise DataError(
                     f"{where}: unpaired rows need 'completion' and a true/false 'label'; the row has "
-                    f"{sorted(f)}" + (f" (label {f.get('label')!r})" if "label" in f else "")
+                    f"{sorted(f)}" + (f" (label {f.get('label')!r})" if "label" in f else "") + f". {KTO_FORMATS}"
                 )
             items.append((f.get("prompt"), f["completion"], f["label"], where))
         elif fmt == "pairs":
@@ -82,10 +95,7 @@ def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object,
             for name, response in ordered_responses(f, fmt, where):
                 items.append((f.get("prompt"), response, name == "chosen", f"{where} ({name})"))
         else:
-            raise DataError(
-                f"{path}: loss kto reads unpaired labels (prompt, completion, label) or pairs; ranked "
-                "lists need --loss listwise"
-            )
+            raise DataError(f"{path}: ranked lists need --loss listwise. {KTO_FORMATS}")
     if len(items) < 2:
         raise DataError(f"{path}: KTO needs at least 2 rows (each is compared with another row's completion)")
     return items
@@ -97,11 +107,15 @@ def tokenize_unpaired(
     """Unpaired labels (or pairs split in two) -> PolicyPreference list with two responses: the labelled completion
     and the next row's completion under this row's prompt (wrapping round)."""
     _check_fast(tokenizer)
-    fmt = preference_format(records, path)
+    try:
+        fmt = preference_format(records, path)
+    except DataError as err:
+        raise DataError(f"{err} {KTO_FORMATS}") from None
     report = PreferenceReport(
         path=str(path),
         records=len(records),
         format="unpaired" if fmt == "unpaired" else f"{fmt} split into unpaired labels",
+        unused=unused_columns(records, fmt),
     )
     try:
         items = _unpaired_items(records, fmt, path)
@@ -128,6 +142,7 @@ def tokenize_unpaired(
         raise DataError(
             f"{path}: every kept row has label {examples[0].desirable}; KTO needs both desirable and "
             "undesirable completions"
+            + (" (held out: pass --eval-data, or --eval-fraction 0)" if "held out" in str(path) else "")
         )
     return examples, report
 
@@ -146,6 +161,7 @@ def tokenize_policy_preferences(
     """Pairs (prompt/chosen/rejected) or ranked lists (prompt/responses/ranking) -> PolicyPreference list."""
     _check_fast(tokenizer)
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
+    report.unused = unused_columns(records, report.format)
     if report.format == "unpaired":
         raise DataError(
             f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO); "

@@ -43,9 +43,12 @@ class PreferenceReport:
     records: int = 0
     examples: int = 0
     dropped: Counter = field(default_factory=Counter)
+    unused: list = field(default_factory=list)  # columns of the file nothing reads, with a hint where one applies
 
     def summary(self) -> str:
         text = f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples"
+        if self.unused:
+            text += f"; columns not used: {', '.join(self.unused)}"
         if self.dropped:
             text += (
                 "; dropped: "
@@ -96,6 +99,24 @@ def preference_format(records: list[Record], path) -> str:
         f"'ranking' (ranked lists), each with an optional 'prompt'; the record has {sorted(first)}. "
         "Map other names with --columns"
     )
+
+
+FORMAT_COLUMNS = {
+    "pairs": ("prompt", "chosen", "rejected"),
+    "ranked lists": ("prompt", "responses", "ranking"),
+    "unpaired": ("prompt", "completion", "label"),
+}
+UNUSED_HINTS = {
+    "margin": "margin (`tether rm --margin-column margin` uses it as m in -log σ(r_w - r_l - m), as TRL's "
+    "RewardTrainer does when the column is present)"
+}
+
+
+def unused_columns(records: list[Record], fmt: str, read: tuple[str, ...] = ()) -> list[str]:
+    """The first record's columns that the format and ``read`` (further columns a stage reads) leave unread, each
+    with its hint (UNUSED_HINTS) — so a column that means something elsewhere is never dropped without a word."""
+    taken = set(FORMAT_COLUMNS.get(fmt, ())) | set(read)
+    return [UNUSED_HINTS.get(c, c) for c in sorted(set(records[0].fields) - taken)] if records else []
 
 
 def split_implicit_prompt(fields: dict, where: str) -> dict:
@@ -157,6 +178,7 @@ def tokenize_preferences(
 ):
     """PairExample or RankedExample list and a report."""
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
+    report.unused = unused_columns(records, report.format, (*heads[1:], margin_column))
     if report.format == "unpaired":
         raise DataError(
             f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO): a "

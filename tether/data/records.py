@@ -3,7 +3,12 @@ out as on the Hugging Face hub (`data/train-00000-of-00002.parquet`, `train.json
 
 ShareGPT rows (`conversations` of `{from, value}`) are read as `messages`, message contents given as lists of
 parts (`[{"type": "text", "text": ...}]`) as their text, and assistant turns given as structured `tool_calls` as
-Hermes `<tool_call>` text.
+Hermes `<tool_call>` text. LLaMA-Factory's shapes are read as LLaMA-Factory reads them (docs/data.md, "Files from
+LLaMA-Factory"): alpaca rows (`instruction`, `input`, `output` or `chosen`/`rejected`, `system`, `history`,
+`kto_tag`) become chat turns, ShareGPT `function_call`/`observation` turns tool calls and results, a `system` column
+the first message, `tools` the schemas the chat template is given; ShareGPT preference rows (`chosen`/`rejected` as
+one `{from, value}` turn) and KTO rows (`kto_tag`, or a true/false `label` on `messages`) become prompt and
+response(s). ``dataset_info.json:NAME`` reads one dataset of a LLaMA-Factory data folder with its column mapping.
 
 Every record keeps where it came from ("file.jsonl:12", "file.parquet row 3")
 so that any later validation error can name the file, line and field.
@@ -49,8 +54,13 @@ def parse_column_map(spec: str | dict | None) -> dict[str, str]:
     return {source: name for name, source in pairs}
 
 
-def read_records(path: str | Path, columns: str | dict | None = None, split: str = "train") -> list[Record]:
-    """All records of a data file or folder, with column renames applied."""
+def read_records(
+    path: str | Path, columns: str | dict | None = None, split: str = "train", limit: int = 0
+) -> list[Record]:
+    """All records of a data file or folder (the first ``limit`` when > 0), with column renames applied."""
+    info = _dataset_info_entry(path)
+    if info is not None:
+        return _read_llamafactory(*info, columns, split, limit)
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
@@ -64,6 +74,8 @@ def read_records(path: str | Path, columns: str | dict | None = None, split: str
         records = _read_saved_dataset(path, split) if saved else _read_data_folder(path, split)
     else:
         records = _read_file(path)
+    if limit > 0:
+        records = records[:limit]
     if rename:
         records = [Record({rename.get(k, k): v for k, v in r.fields.items()}, r.where) for r in records]
         present = set(records[0].fields) if records else set()
@@ -73,6 +85,93 @@ def read_records(path: str | Path, columns: str | dict | None = None, split: str
                 f"{path}: --columns names source column(s) {missing} that the data does not have; it has {sorted(records[0].fields)}"
             )
     return [_normalise(r) for r in records]
+
+
+def _dataset_info_entry(path) -> tuple[Path, str] | None:
+    """(dataset_info.json, names) for a LLaMA-Factory spec ``FOLDER/dataset_info.json:NAME[,NAME...]`` (or
+    ``FOLDER:NAME``), else None."""
+    text = str(path)
+    if ":" not in text:
+        return None
+    where, _, names = text.rpartition(":")
+    info = Path(where)
+    if info.is_dir():
+        info = info / "dataset_info.json"
+    if info.name != "dataset_info.json" or not names:
+        return None
+    if not info.is_file():
+        raise DataError(f"{info}: no such file (a LLaMA-Factory data folder has one, naming its datasets)")
+    return info, names
+
+
+LLAMAFACTORY_COLUMNS = {  # dataset_info.json "columns" name -> the field name tether reads, per formatting
+    "alpaca": {
+        "prompt": "instruction",
+        "query": "input",
+        "response": "output",
+        "system": "system",
+        "history": "history",
+        "chosen": "chosen",
+        "rejected": "rejected",
+        "kto_tag": "kto_tag",
+        "tools": "tools",
+    },
+    "sharegpt": {
+        "messages": "conversations",
+        "system": "system",
+        "tools": "tools",
+        "chosen": "chosen",
+        "rejected": "rejected",
+        "kto_tag": "kto_tag",
+    },
+}
+
+
+def _read_llamafactory(info: Path, names: str, columns, split: str, limit: int) -> list[Record]:
+    """The datasets ``names`` (comma-separated, read one after another as LLaMA-Factory mixes them by default)
+    of a LLaMA-Factory data folder: each entry's file_name, formatting, columns and tags honoured."""
+    try:
+        table = json.loads(info.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{info}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    records = []
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        entry = table.get(name)
+        if not isinstance(entry, dict):
+            raise DataError(f"{info}: no dataset {name!r}; it lists {sorted(table)}")
+        if "file_name" not in entry:
+            hub = next((entry[k] for k in ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url") if k in entry), "")
+            raise DataError(
+                f"{info}: dataset {name!r} has no file_name ({hub or 'no local file'}); tether reads local files: "
+                'download it into the folder and add "file_name"'
+            )
+        formatting = entry.get("formatting", "alpaca")
+        if formatting not in LLAMAFACTORY_COLUMNS:
+            raise DataError(f"{info}: dataset {name!r}: formatting {formatting!r} is not alpaca or sharegpt")
+        rename = {}
+        for key, source in (entry.get("columns") or {}).items():
+            if key not in LLAMAFACTORY_COLUMNS[formatting]:
+                raise DataError(
+                    f"{info}: dataset {name!r}: columns.{key} is not a {formatting} column; they are "
+                    f"{sorted(LLAMAFACTORY_COLUMNS[formatting])}"
+                )
+            rename[source] = LLAMAFACTORY_COLUMNS[formatting][key]
+        file = info.parent / entry["file_name"]
+        if not file.exists():
+            raise DataError(f"{info}: dataset {name!r}: file_name {entry['file_name']!r}: no {file}")
+        raw = (_read_data_folder(file, entry.get("split", split)) if file.is_dir() else _read_file(file))[
+            : (entry.get("num_samples") or None)
+        ]
+        for r in raw:
+            fields = {rename.get(k, k): v for k, v in r.fields.items()}
+            if formatting == "sharegpt" and "conversations" not in fields:
+                raise DataError(
+                    f"{r.where}: a sharegpt dataset's row needs its messages column; the row has {sorted(r.fields)}"
+                )
+            records.append(_normalise(Record(fields, r.where), entry.get("tags")))
+    records = records[:limit] if limit > 0 else records
+    rename = parse_column_map(columns)
+    return [Record({rename.get(k, k): v for k, v in r.fields.items()}, r.where) for r in records] if rename else records
 
 
 READERS = {".jsonl": "_read_jsonl", ".json": "_read_json", ".csv": "_read_csv", ".parquet": "_read_parquet"}
@@ -114,29 +213,176 @@ SHAREGPT_ROLES = {
     "tool": "tool",
     "observation": "tool",
     "function_response": "tool",
+    "function_call": "assistant",  # LLaMA-Factory: the assistant's tool call(s), as JSON
 }
+SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value"}  # LLaMA-Factory's defaults (dataset_info.json "tags")
 
 
-def _normalise(record: Record) -> Record:
-    """ShareGPT conversations as messages; content-part lists as their text (errors name the record)."""
-    fields = record.fields
+def _sharegpt_messages(turns, where: str, field: str, tags: dict | None = None) -> list[dict]:
+    """ShareGPT turns ({from, value}) as chat messages; a ``function_call`` turn (a JSON call or list of calls, as
+    LLaMA-Factory writes it) as the assistant's Hermes ``<tool_call>`` text. ``tags`` are dataset_info.json's
+    (role_tag, content_tag, user_tag, ...), mapping another file's names."""
+    tags = {**SHAREGPT_TAGS, **(tags or {})}
+    role_names = dict(SHAREGPT_ROLES)
+    for tag, role in (
+        ("user_tag", "human"),
+        ("assistant_tag", "gpt"),
+        ("observation_tag", "observation"),
+        ("function_tag", "function_call"),
+        ("system_tag", "system"),
+    ):
+        if tags.get(tag):
+            role_names[str(tags[tag]).lower()] = SHAREGPT_ROLES[role] if role != "function_call" else "function_call"
+    messages = []
+    for i, turn in enumerate(turns if isinstance(turns, list) else [turns]):
+        here = f"{where}: {field}[{i}]" if isinstance(turns, list) else f"{where}: {field}"
+        if not isinstance(turn, dict) or tags["role_tag"] not in turn:
+            raise DataError(f"{here} must be an object with {tags['role_tag']!r} and {tags['content_tag']!r}")
+        name = str(turn[tags["role_tag"]]).lower()
+        role = role_names.get(name)
+        if role is None:
+            raise DataError(
+                f"{here}.{tags['role_tag']} is {turn[tags['role_tag']]!r}; ShareGPT roles read are "
+                f"{', '.join(sorted(role_names))}"
+            )
+        content = turn.get(tags["content_tag"], "")
+        if name == "function_call" or role == "function_call":
+            messages.append({"role": "assistant", "content": _function_call_text(content, here)})
+        else:
+            messages.append({"role": role, "content": content})
+    return messages
+
+
+def _function_call_text(value, where: str) -> str:
+    """A LLaMA-Factory ``function_call`` value ('{"name": ..., "arguments": {...}}', or a list of such) as the
+    ``<tool_call>`` text tether's tool environments parse and Qwen/Hermes templates render."""
+    try:
+        calls = json.loads(value) if isinstance(value, str) else value
+    except json.JSONDecodeError:
+        raise DataError(f"{where}: a function_call turn whose value is not JSON ({str(value)[:60]!r})") from None
+    calls = calls if isinstance(calls, list) else [calls]
+    out = []
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise DataError(f"{where}: a function_call must be {{'name': ..., 'arguments': {{...}}}}, got {call!r:.80}")
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                raise DataError(f"{where}: function_call arguments are a string that is not JSON") from None
+        out.append("<tool_call>" + json.dumps({"name": call["name"], "arguments": arguments}) + "</tool_call>")
+    return "".join(out)
+
+
+def _tool_schemas(value, where: str) -> list[dict]:
+    """A ``tools`` column (a JSON string or a list, as LLaMA-Factory and OpenAI-style files write it) as the list
+    of JSON schemas ``apply_chat_template(tools=...)`` takes: bare function definitions are wrapped as
+    ``{"type": "function", "function": ...}``."""
+    if isinstance(value, str):
+        if not value.strip():
+            return []
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise DataError(f"{where}: field 'tools' is a string that is not JSON") from None
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise DataError(f"{where}: field 'tools' must be a list of function schemas")
+    return [
+        t if "function" in t and t.get("type", "function") == "function" else {"type": "function", "function": t}
+        for t in value
+    ]
+
+
+ALPACA_FIELDS = ("instruction", "input", "output", "chosen", "rejected", "system", "history", "kto_tag")
+
+
+def _alpaca(fields: dict, where: str) -> dict:
+    """An alpaca row as LLaMA-Factory reads it: the user's turn is ``instruction`` and ``input`` joined by a
+    newline, after the ``system`` message and the ``history`` ([[question, answer], ...], trained like any
+    assistant turn); ``output`` is the answer (a list of two: chosen then rejected, its ranking form),
+    ``chosen``/``rejected`` a preference pair, and ``kto_tag`` an unpaired true/false label."""
+    instruction = fields.get("instruction") or ""
+    query = fields.get("input") or ""
+    if not isinstance(instruction, str) or not isinstance(query, str):
+        raise DataError(f"{where}: alpaca fields 'instruction' and 'input' must be strings")
+    prompt = []
+    if fields.get("system"):
+        prompt.append({"role": "system", "content": fields["system"]})
+    for i, pair in enumerate(fields.get("history") or []):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(t, str) for t in pair):
+            raise DataError(f"{where}: history[{i}] must be [question, answer], got {pair!r:.80}")
+        prompt += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    prompt.append({"role": "user", "content": "\n".join(t for t in (instruction, query) if t)})
+    rest = {k: v for k, v in fields.items() if k not in ALPACA_FIELDS}
+    output, chosen, rejected = fields.get("output"), fields.get("chosen"), fields.get("rejected")
+    if chosen is None and isinstance(output, list) and len(output) == 2:
+        chosen, rejected = output
+    if chosen is not None or rejected is not None:
+        answer = {"chosen": chosen, "rejected": rejected}
+        for name, value in answer.items():
+            if not isinstance(value, str):
+                raise DataError(f"{where}: alpaca field {name!r} must be a string, got {type(value).__name__}")
+        return {**rest, "prompt": prompt, **{k: [{"role": "assistant", "content": v}] for k, v in answer.items()}}
+    if not isinstance(output, str):
+        raise DataError(f"{where}: alpaca field 'output' must be a string, got {type(output).__name__}")
+    answer = [{"role": "assistant", "content": output}]
+    if "kto_tag" in fields:
+        return {**rest, "prompt": prompt, "completion": answer, "label": _kto_label(fields["kto_tag"], where)}
+    return {**rest, "messages": prompt + answer}
+
+
+def _kto_label(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise DataError(f"{where}: field 'kto_tag' must be true or false, got {value!r}")
+    return value
+
+
+def _unpaired_conversation(fields: dict, where: str) -> dict:
+    """KTO rows written as one conversation and a label (``messages`` + ``label``/``kto_tag``): the last turn is
+    the labelled completion, the turns before it the prompt."""
+    label_key = "kto_tag" if "kto_tag" in fields else "label"
+    messages = fields["messages"]
+    if not isinstance(messages, list) or len(messages) < 2:
+        raise DataError(f"{where}: a labelled conversation needs the prompt turns and the labelled answer")
+    rest = {k: v for k, v in fields.items() if k not in ("messages", label_key)}
+    label = _kto_label(fields[label_key], where) if label_key == "kto_tag" else fields[label_key]
+    return {**rest, "prompt": messages[:-1], "completion": messages[-1:], "label": label}
+
+
+def _normalise(record: Record, tags: dict | None = None) -> Record:
+    """ShareGPT conversations as messages, LLaMA-Factory's alpaca and preference shapes as tether's, content-part
+    lists as their text (errors name the record)."""
+    fields, where = record.fields, record.where
+    if (
+        "instruction" in fields
+        and not {"prompt", "messages", "conversations"} & set(fields)
+        and {"output", "chosen", "rejected"} & set(fields)
+    ):
+        fields = _alpaca(fields, where)
+    tags = {**SHAREGPT_TAGS, **(tags or {})}
     turns = fields.get("conversations")
     if (
         "messages" not in fields
         and isinstance(turns, list)
         and turns
-        and all(isinstance(t, dict) and "from" in t for t in turns)
+        and all(isinstance(t, dict) and tags["role_tag"] in t for t in turns)
     ):
-        messages = []
-        for i, turn in enumerate(turns):
-            role = SHAREGPT_ROLES.get(str(turn["from"]).lower())
-            if role is None:
-                raise DataError(
-                    f"{record.where}: conversations[{i}].from is {turn['from']!r}; ShareGPT roles read "
-                    f"are {', '.join(SHAREGPT_ROLES)}"
-                )
-            messages.append({"role": role, "content": turn.get("value", "")})
-        fields = {**{k: v for k, v in fields.items() if k != "conversations"}, "messages": messages}
+        messages = _sharegpt_messages(turns, where, "conversations", tags)
+        if fields.get("system") and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": fields["system"]})
+        fields = {**{k: v for k, v in fields.items() if k not in ("conversations", "system")}, "messages": messages}
+        for name in ("chosen", "rejected"):  # ShareGPT preference rows: one {from, value} answer each
+            if isinstance(fields.get(name), dict) and tags["role_tag"] in fields[name]:
+                fields = {**fields, name: _sharegpt_messages(fields[name], where, name, tags)}
+        if isinstance(fields.get("chosen"), list) and isinstance(fields.get("rejected"), list):
+            fields = {**{k: v for k, v in fields.items() if k != "messages"}, "prompt": fields["messages"]}
+    if "messages" in fields and ("kto_tag" in fields or isinstance(fields.get("label"), bool)):
+        fields = _unpaired_conversation(fields, where)
+    if "tools" in fields:
+        fields = {**fields, "tools": _tool_schemas(fields["tools"], where)}
     for name in ("messages", "prompt", "completion", "chosen", "rejected"):
         value = fields.get(name)
         if isinstance(value, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in value):
@@ -283,8 +529,12 @@ def _read_saved_dataset(path: Path, split: str) -> list[Record]:
     return [Record(row, f"{path} row {i}") for i, row in enumerate(ds, start=1)]
 
 
-def split_records(records, eval_fraction: float, seed: int, path: str | Path = "data"):
-    """Deterministic held-out split (a seeded shuffle of record positions); an empty file is named first."""
+def split_records(records, eval_fraction: float, seed: int, path: str | Path = "data", group=None):
+    """Deterministic held-out split (a seeded shuffle of record positions); an empty file is named first.
+
+    ``group(record) -> key`` splits each group on its own (KTO's labels: a small file's held-out share would
+    otherwise draw one label only): a seeded ``eval_fraction`` of each group with two or more records, at least
+    one record of each."""
     import random
 
     from tether.config import ConfigError
@@ -293,19 +543,24 @@ def split_records(records, eval_fraction: float, seed: int, path: str | Path = "
         raise DataError(f"{path}: no records (the file is empty)")
     if eval_fraction <= 0:
         return records, []
-    order = list(range(len(records)))
-    random.Random(seed).shuffle(order)
-    n_eval = max(1, int(round(eval_fraction * len(records))))
-    if n_eval >= len(records):
+    groups: dict = {}
+    for i, rec in enumerate(records):
+        groups.setdefault(group(rec) if group else None, []).append(i)
+    held = set()
+    for positions in groups.values():
+        order = list(positions)
+        random.Random(seed).shuffle(order)
+        n_eval = max(1, int(round(eval_fraction * len(order)))) if len(order) > 1 or not group else 0
+        held.update(order[:n_eval])
+    if len(held) >= len(records):
         raise ConfigError(f"eval_fraction={eval_fraction} leaves no training records out of {len(records)}")
-    held = set(order[:n_eval])
     return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
 
 
-def tokenize_split(records, eval_records, eval_fraction: float, seed: int, path, tokenize, eval_path=""):
+def tokenize_split(records, eval_records, eval_fraction: float, seed: int, path, tokenize, eval_path="", group=None):
     """(train records, held-out records, train examples, held-out examples, reports): ``eval_records`` (from
     --eval-data) or a seeded ``eval_fraction`` of ``records`` held out, each side tokenised by
-    ``tokenize(records, label) -> (examples, report)``.
+    ``tokenize(records, label) -> (examples, report)``; ``group`` as split_records takes it.
 
     Errors name the first bad record of the file, whichever side the split put it on: when tokenising a side (or
     the split itself, e.g. a one-row file) fails, the whole file is tokenised once more in file order, which
@@ -316,7 +571,7 @@ def tokenize_split(records, eval_records, eval_fraction: float, seed: int, path,
         train_recs, eval_recs = records, eval_records
     else:
         try:
-            train_recs, eval_recs = split_records(records, eval_fraction, seed, path)
+            train_recs, eval_recs = split_records(records, eval_fraction, seed, path, group)
         except ConfigError:
             tokenize(records, str(path))
             raise
@@ -336,11 +591,12 @@ def tokenize_split(records, eval_records, eval_fraction: float, seed: int, path,
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def prompt_rows(path: str | Path) -> list[dict]:
+def prompt_rows(path: str | Path, columns: str | dict | None = None) -> list[dict]:
     """The rows of an RL prompt file, checked: at least one row; every row a non-empty 'prompt' — a string, or a
     list of chat messages each with a known 'role' and a string 'content'; and every row with the same columns
-    (a reward function reading a column must find it in every row). Errors name the file, line and field."""
-    records = read_records(path)
+    (a reward function reading a column must find it in every row). Errors name the file, line and field.
+    ``columns`` renames as --columns does (a GSM8K file: prompt=question)."""
+    records = read_records(path, columns)
     if not records:
         raise DataError(f"{path}: no prompts (the file is empty)")
     columns = set(records[0].fields)

@@ -59,7 +59,11 @@ class DataReport:
         return "; ".join(parts)
 
 
-FORMAT_FIELDS = {"messages": ("messages",), "prompt/completion": ("prompt", "completion"), "text": ("text",)}
+FORMAT_FIELDS = {
+    "messages": ("messages", "tools"),
+    "prompt/completion": ("prompt", "completion", "tools"),
+    "text": ("text",),
+}
 
 
 def detect_format(fields: dict, where: str) -> str:
@@ -97,6 +101,35 @@ def check_messages(value, where: str, name: str) -> list[dict]:
     return value
 
 
+def template_takes_tools(tokenizer) -> bool:
+    """Whether the chat template renders a ``tools=`` list itself (Qwen2.5, Llama 3.1, Hermes templates do)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    return isinstance(template, str) and "tools" in template
+
+
+def tools_system_message(schemas: list[dict]) -> dict:
+    """A Hermes-style system message listing the tools, for chat templates without their own ``tools=`` support."""
+    import json
+
+    listed = "\n".join(json.dumps(s) for s in schemas)
+    return {
+        "role": "system",
+        "content": "You may call functions to help with the request. The functions:\n<tools>\n"
+        f'{listed}\n</tools>\nTo call one, write <tool_call>{{"name": <name>, "arguments": <object>}}'
+        "</tool_call>; its result comes back in a tool message.",
+    }
+
+
+def with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], dict]:
+    """(messages, apply_chat_template keywords) for a conversation with tool schemas, rendered as the online stages
+    render an environment's tools: given to a template that takes ``tools=``, else listed in a system message."""
+    if not tools:
+        return messages, {}
+    if template_takes_tools(tokenizer):
+        return messages, {"tools": tools}
+    return [tools_system_message(tools), *messages], {}
+
+
 def render_chat(tokenizer, messages, where, **kwargs) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
@@ -106,9 +139,15 @@ def render_chat(tokenizer, messages, where, **kwargs) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
 
 
-def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report: DataReport) -> tuple[str, list]:
-    """Render a conversation and return the character spans of assistant turns from index first_trained on."""
-    full = render_chat(tokenizer, messages, where)
+def _assistant_spans(
+    tokenizer, messages, first_trained: int, where: str, report: DataReport, tools: list[dict] | None = None
+) -> tuple[str, list]:
+    """Render a conversation (with its tool schemas, if any) and return the character spans of assistant turns
+    from index first_trained on."""
+    shown, extra = with_tools(tokenizer, messages, tools)
+    first_trained += len(shown) - len(messages)
+    messages = shown
+    full = render_chat(tokenizer, messages, where, **extra)
     from tether.models.lm import end_of_turn_id
 
     spans = []
@@ -120,9 +159,9 @@ def _assistant_spans(tokenizer, messages, first_trained: int, where: str, report
             continue
         if not messages[i]["content"].strip():
             raise _Drop("empty completion")
-        prefix = render_chat(tokenizer, messages[:i], where, add_generation_prompt=True)
+        prefix = render_chat(tokenizer, messages[:i], where, add_generation_prompt=True, **extra)
         # the last turn's rendering is the whole conversation's, already rendered (most records: one turn)
-        upto = full if i == len(messages) - 1 else render_chat(tokenizer, messages[: i + 1], where)
+        upto = full if i == len(messages) - 1 else render_chat(tokenizer, messages[: i + 1], where, **extra)
         if not (upto.startswith(prefix) and full.startswith(upto)):
             raise DataError(
                 f"{where}: the chat template renders earlier turns differently once later turns are added, "
@@ -154,13 +193,13 @@ def render(fields: dict, fmt: str, tokenizer, train_on_prompt: bool, where: str,
         return text, [(0, len(text))], True
     if fmt == "messages":
         messages = check_messages(fields["messages"], where, "messages")
-        text, spans = _assistant_spans(tokenizer, messages, 0, where, report)
+        text, spans = _assistant_spans(tokenizer, messages, 0, where, report, fields.get("tools"))
         return text, ([(0, len(text))] if train_on_prompt else spans), False
     prompt, completion = fields["prompt"], fields["completion"]
     if isinstance(prompt, list) or isinstance(completion, list):
         prompt = check_messages(prompt, where, "prompt")
         completion = check_messages(completion, where, "completion")
-        text, spans = _assistant_spans(tokenizer, prompt + completion, len(prompt), where, report)
+        text, spans = _assistant_spans(tokenizer, prompt + completion, len(prompt), where, report, fields.get("tools"))
         return text, ([(0, len(text))] if train_on_prompt else spans), False
     prompt = check_str(prompt, where, "prompt")
     completion = check_str(completion, where, "completion")
@@ -188,11 +227,12 @@ def tokenize_records(
     if not records:
         raise DataError(f"{path}: no records")
     fmt = detect_format(records[0].fields, records[0].where)
-    if fmt == "prompt/completion" and isinstance(records[0].fields.get("label"), bool):
+    labelled = next((r for r in records if isinstance(r.fields.get("label"), bool)), None)
+    if labelled is not None:  # KTO's rows in any shape (prompt/completion, messages or alpaca with kto_tag...)
         raise DataError(
-            f"{records[0].where}: unpaired preference data (a true/false 'label' on each completion, as "
-            "for KTO): SFT would train on the completions labelled false too. Keep the rows labelled "
-            "true and drop the column, or pair completions into chosen/rejected for tether dpo / rm"
+            f"{labelled.where}: unpaired preference data (a true/false 'label' or 'kto_tag' on each answer, as "
+            "for KTO): SFT would train on the answers labelled false too. Train on them with `tether dpo --loss "
+            "kto`, or keep the rows labelled true and drop the column for SFT"
         )
     report.format = fmt
     report.unused = sorted(set(records[0].fields) - set(FORMAT_FIELDS[fmt]))

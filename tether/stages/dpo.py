@@ -499,13 +499,14 @@ def _load_offline(cfg: DPOConfig, tokenizer):
 
     if d.path:
         _, _, train, evals, reports = tokenize_split(
-            read_records(d.path, d.columns, d.split),
+            read_records(d.path, d.columns, d.split, d.max_records),
             eval_records,
             d.eval_fraction,
             cfg.train.seed,
             d.path,
             tokenize,
             d.eval_path,
+            (lambda rec: rec.fields.get("label")) if cfg.dpo.loss == "kto" else None,  # both labels on each side
         )
     else:  # online, held-out pairs only
         train, (evals, report) = [], tokenize(eval_records, d.eval_path)

@@ -310,7 +310,7 @@ def _best_line(out: Path, detector: OverfitDetector, last_eval: dict) -> str:
 def load_rm_data(cfg: RMConfig, tokenizer):
     """(train records, held-out records, train examples, held-out examples, data reports)."""
     d, heads = cfg.data, list(cfg.rm.heads)
-    records = read_records(d.path, d.columns, d.split)
+    records = read_records(d.path, d.columns, d.split, d.max_records)
     eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
     limit = length_limit(d.max_length, cfg.model.path)
     train_recs, eval_recs, train, evals, reports = tokenize_split(

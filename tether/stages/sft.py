@@ -40,7 +40,7 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
     data = cfg.data
     if not data.path:
         raise ConfigError("--data is required: a .jsonl, .json, .parquet file or a datasets folder")
-    records = read_records(data.path, data.columns, data.split)
+    records = read_records(data.path, data.columns, data.split, data.max_records)
     eval_records = read_records(data.eval_path, data.columns, data.split) if data.eval_path else None
     limit = length_limit(data.max_length, cfg.model.path)
     _, _, train, evals, reports = tokenize_split(

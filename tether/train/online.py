@@ -408,8 +408,9 @@ def start_online(
     for flag, value in (("--model", cfg.model.path), ("--prompts", prompts)):
         if not value:
             raise ConfigError(f"{flag} is required")
-    prompt_rows = prompt_rows_of(prompts)  # inputs are checked before the run folder is touched
-    eval_rows = prompt_rows_of(eval_prompts) if eval_prompts else []
+    columns = cfg.rollout.columns
+    prompt_rows = prompt_rows_of(prompts, columns)  # inputs are checked before the run folder is touched
+    eval_rows = prompt_rows_of(eval_prompts, columns) if eval_prompts else []
     reward_set = load_reward_set(rewards_cfg, prompt_rows, total_steps) if rewards_cfg is not None else None
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     check_steps_left(start_step, total_steps, checkpoint)

@@ -52,6 +52,21 @@ RUN_FILES = (
 STEP_FILES = ("samples.jsonl", "alarms.jsonl")  # one JSON row per record with its step: cut back on resume
 
 
+def _on_cpu(device: str) -> bool:
+    # Without a GPU, multi-process runs need cpu=True: only then does accelerate set up gloo (MULTI_CPU).
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
+def wait_for_everyone(device: str) -> None:
+    """A barrier across a launch's processes before the stage's Accelerator exists (the Python API writing its
+    inputs). accelerate's process state is made once per process, with the arguments of the first call: made here
+    without ``cpu``, a CPU launch of N processes would become N runs of one process each, so it is made as
+    make_accelerator makes it."""
+    from accelerate import PartialState
+
+    PartialState(cpu=_on_cpu(device)).wait_for_everyone()
+
+
 def make_accelerator(device: str):
     from accelerate import Accelerator
 
@@ -68,8 +83,7 @@ def make_accelerator(device: str):
             "[yellow]accelerate launch started one process: without GPUs add --multi_gpu "
             "(it then starts --num_processes CPU processes over gloo), or use torchrun --nproc_per_node N[/]"
         )
-    # Without a GPU, multi-process runs need cpu=True: only then does accelerate set up gloo (MULTI_CPU).
-    accelerator = Accelerator(cpu=device == "cpu" or (device == "auto" and not torch.cuda.is_available()))
+    accelerator = Accelerator(cpu=_on_cpu(device))
     if not accelerator.is_main_process:  # one copy of the plan, progress and warnings, not N
         console.quiet = True
     return accelerator

@@ -1,0 +1,595 @@
+"""Other projects' names for tether's settings, as one table: TRL's (and Hugging Face TrainingArguments') and
+LLaMA-Factory's keys, each mapped to the tether setting with the same meaning, with its values translated, derived
+with others (the batch sizes), accepted as having no effect here, or refused with what to write instead.
+
+The same table serves a flat YAML file (``learning_rate: 1e-5``), the Python API's keywords
+(``tether.grpo(..., learning_rate=1e-5)``) and command-line flags (``--learning_rate 1e-5``): tether/config.py
+calls ``translate`` for every key that is not a tether flag name. A name that means something else in tether is
+explained, never "did you mean"-ed to the wrong option; every unknown key of a file is reported at once. The
+migration tables in docs/python-api.md and docs/data.md are generated from it (``python -m tether.compat``), so the
+docs cannot drift from the code.
+
+Where a project's meaning depends on the number of processes (TRL's per-device batch sizes), ``WORLD_SIZE`` (set by
+accelerate launch and torchrun) is read when the config is built, in each process alike.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+from tether.errors import ConfigError
+
+HF = "TRL, LLaMA-Factory"  # Hugging Face TrainingArguments' names: both projects write them
+TRL = "TRL"
+LF = "LLaMA-Factory"
+ONLINE = ("grpo", "ppo")
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """One of another project's keys. ``to``: the tether flag with the same meaning (or {stage: flag}); ``values``:
+    their value -> tether's (a value not listed is refused, naming the ones that are); ``kind``: same (the value as
+    given), values, derived (computed with other keys by ``derive``), ignored (no effect in tether: accepted and
+    named) or refused (``note`` says what to write instead)."""
+
+    key: str
+    project: str
+    to: str | dict = ""
+    kind: str = "same"
+    values: dict = field(default_factory=dict)
+    note: str = ""
+    stages: tuple = ()  # the stages it applies to (empty: every stage with the target flag)
+
+
+def _values(key, project, to, values, note="", stages=()):
+    return Foreign(key, project, to, "values", values, note, stages)
+
+
+def _ignored(key, project, note):
+    return Foreign(key, project, kind="ignored", note=note)
+
+
+def _refused(key, project, note, stages=()):
+    return Foreign(key, project, kind="refused", note=note, stages=stages)
+
+
+def _derived(key, project, note, stages=()):
+    return Foreign(key, project, kind="derived", note=note, stages=stages)
+
+
+BATCH_NOTE = (
+    "counts completions per process (TRL): with per_device_train_batch_size B, gradient_accumulation_steps A, "
+    "steps_per_generation S (default A), num_generations G and N processes, prompts_per_step = B·N·S / G, "
+    "minibatch = B·N·A responses per optimizer update (0 when that is the whole rollout), micro_batch_size = B"
+)
+OFFLINE_BATCH_NOTE = (
+    "examples per process per forward: micro_batch_size = B and batch_size = B × gradient_accumulation_steps × "
+    "processes (tether's batch_size counts every process)"
+)
+LOSS_TYPES = {
+    "grpo": "seq-mean-token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "dapo": "token-mean",
+    "bnpo": "token-mean",
+}
+DPO_LOSSES = {"sigmoid": "sigmoid", "hinge": "hinge", "ipo": "ipo", "robust": "robust"}
+PREF_LOSSES = {"sigmoid": "sigmoid", "hinge": "hinge", "ipo": "ipo", "orpo": "orpo", "simpo": "simpo"}
+SCALE_REWARDS = {True: "group", "group": "group", False: "group_no_std", "none": "group_no_std"}
+SCHEDULES = {"cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32", "auto": "fp32", "float16": "fp16"}
+LF_STAGES = {"sft": "sft", "pt": "sft", "rm": "rm", "dpo": "dpo", "kto": "dpo", "ppo": "ppo"}
+
+NAMES = [
+    # ---- Hugging Face TrainingArguments: both projects
+    Foreign("model_name_or_path", HF, "--model"),
+    Foreign("learning_rate", HF, "--lr"),
+    Foreign("output_dir", HF, "--output"),
+    Foreign("num_train_epochs", HF, "--epochs"),
+    Foreign("warmup_ratio", HF, "--warmup-ratio"),
+    Foreign("warmup_steps", HF, "--warmup-steps"),
+    Foreign("weight_decay", HF, "--weight-decay"),
+    Foreign("max_grad_norm", HF, "--max-grad-norm"),
+    Foreign("adam_beta1", HF, "--adam-beta1"),
+    Foreign("adam_beta2", HF, "--adam-beta2"),
+    Foreign("logging_steps", HF, "--log-every"),
+    Foreign("save_steps", HF, "--save-every"),
+    Foreign("eval_steps", HF, "--eval-every"),
+    Foreign("save_total_limit", HF, "--keep-checkpoints"),
+    _values(
+        "resume_from_checkpoint",
+        HF,
+        "--resume",
+        {True: True, False: False},
+        "a checkpoint path is not read: tether resumes the run in --output from its last checkpoint",
+    ),
+    Foreign("overwrite_output_dir", HF, "--overwrite"),
+    Foreign("trust_remote_code", HF, "--trust-remote-code"),
+    _values("bf16", HF, "--mixed-precision", {True: "bf16", False: "no"}),
+    _values("lr_scheduler_type", HF, "--lr-schedule", SCHEDULES, "linear and the others are not built in tether"),
+    _values("torch_dtype", HF, "--dtype", DTYPES),
+    _values("dtype", TRL, "--dtype", DTYPES),
+    _derived("per_device_train_batch_size", HF, "offline stages: " + OFFLINE_BATCH_NOTE + "; grpo: " + BATCH_NOTE),
+    _derived("gradient_accumulation_steps", HF, "with per_device_train_batch_size: see there"),
+    _ignored("per_device_eval_batch_size", HF, "held-out data is scored in micro_batch_size rows per forward"),
+    _ignored("do_train", HF, "a tether stage always trains"),
+    _ignored("ddp_timeout", HF, "no effect on tether's process groups"),
+    _ignored("dataloader_num_workers", HF, "tether tokenises once, before training"),
+    _ignored("preprocessing_num_workers", HF, "tether tokenises in one process, before training"),
+    _ignored("overwrite_cache", HF, "tether keeps no tokenisation cache"),
+    _ignored("save_only_model", HF, "tether's checkpoints always hold what an exact resume needs"),
+    _ignored("logging_first_step", HF, "tether logs every log_every steps"),
+    _values("save_strategy", HF, "--save-every", {"no": 0, "steps": None}, "epoch is not built"),
+    _values("eval_strategy", HF, "--eval-every", {"no": 0, "steps": None}, "epoch is not built"),
+    _values("push_to_hub", HF, "", {False: None}, "tether never uploads: upload final/ yourself"),
+    Foreign("seed", HF, "--seed"),
+    Foreign("report_to", HF, "--report-to"),
+    Foreign("gradient_checkpointing", HF, "--gradient-checkpointing"),
+    _refused("gradient_checkpointing_kwargs", HF, "tether checkpoints every layer; leave it out"),
+    # ---- TRL
+    Foreign(
+        "dataset_name",
+        TRL,
+        {"sft": "--data", "rm": "--data", "dpo": "--data", "grpo": "--prompts", "ppo": "--prompts"},
+        note="a local file or folder (tether reads no hub names)",
+    ),
+    Foreign("dataset_train_split", TRL, "--split"),
+    Foreign("beta", TRL, {"dpo": "--beta", "grpo": "--kl-coef", "ppo": "--kl-coef"}),
+    Foreign("num_generations", TRL, "--group-size"),
+    Foreign("max_completion_length", TRL, "--max-new-tokens"),
+    Foreign("max_length", TRL, "--max-length"),
+    Foreign("temperature", TRL, "--temperature"),
+    Foreign("top_p", TRL, "--top-p"),
+    Foreign("top_k", TRL, "--top-k", note="0 or None: off"),
+    Foreign("num_iterations", TRL, "--update-epochs", stages=("grpo",)),
+    Foreign("num_ppo_epochs", TRL, "--update-epochs", stages=("ppo",)),
+    Foreign("epsilon", TRL, "--clip-low", note="and --clip-high unless epsilon_high is given"),
+    Foreign("epsilon_high", TRL, "--clip-high"),
+    Foreign("cliprange", TRL, "--clip-low", stages=("ppo",), note="and --clip-high"),
+    Foreign("vf_coef", TRL, "--value-loss-coef", stages=("ppo",)),
+    Foreign("cliprange_value", TRL, "--value-clip", stages=("ppo",)),
+    Foreign("kl_coef", TRL, "--kl-coef"),
+    Foreign("gamma", TRL, "--gamma"),
+    Foreign("lam", TRL, "--lam"),
+    Foreign("mask_truncated_completions", TRL, "--mask-truncated"),
+    Foreign("center_rewards_coefficient", TRL, "--center-coef", stages=("rm",)),
+    Foreign("label_smoothing", TRL, "--label-smoothing", stages=("dpo",)),
+    Foreign("rpo_alpha", TRL, "--sft-coef", stages=("dpo",), note="the NLL term on the chosen response"),
+    Foreign("desirable_weight", TRL, "--kto-desirable-weight"),
+    Foreign("undesirable_weight", TRL, "--kto-undesirable-weight"),
+    Foreign("lora_r", TRL, "--lora-r"),
+    Foreign("lora_alpha", HF, "--lora-alpha"),
+    Foreign("lora_dropout", HF, "--lora-dropout"),
+    Foreign("lora_target_modules", TRL, "--lora-target-modules"),
+    _derived(
+        "use_peft", TRL, "true: LoRA with TRL's defaults (lora_r 16, lora_alpha 32, lora_dropout 0.05) where not given"
+    ),
+    _values(
+        "loss_type",
+        TRL,
+        "--aggregation",
+        LOSS_TYPES,
+        "TRL's loss_type is the aggregation only (Dr. GRPO's "
+        "unscaled advantages are scale_rewards: false; --recipe dr_grpo sets both)",
+        stages=("grpo",),
+    ),
+    _values("loss_type", TRL, "--loss", DPO_LOSSES, "the other TRL losses are not built", stages=("dpo",)),
+    _values("scale_rewards", TRL, "--advantage", SCALE_REWARDS, "batch scaling is not built", stages=("grpo",)),
+    _derived("steps_per_generation", TRL, "with per_device_train_batch_size: see there", stages=("grpo",)),
+    _derived(
+        "generation_batch_size",
+        TRL,
+        "completions generated per step: prompts_per_step = generation_batch_size / "
+        "num_generations (tether's --generation-batch is another thing: responses per generate() call)",
+        stages=("grpo",),
+    ),
+    _derived("num_mini_batches", TRL, "minibatch = prompts_per_step / num_mini_batches", stages=("ppo",)),
+    _derived("total_episodes", TRL, "max_steps = total_episodes / prompts_per_step", stages=("ppo",)),
+    _derived(
+        "reward_funcs",
+        TRL,
+        "--reward, each dotted path module.function as module:function; "
+        "reward_weights (a list of numbers) paired with them",
+    ),
+    _derived(
+        "reward_weights",
+        TRL,
+        "a list of numbers: the weights of reward_funcs, in order (tether's own "
+        "reward_weights, HEAD=W,..., weighs a reward model's heads)",
+    ),
+    Foreign("reward_model_path", TRL, "--reward-model"),
+    Foreign("sft_model_path", TRL, "--model", stages=("ppo",)),
+    Foreign("use_vllm", TRL, "--rollout-backend", kind="values", values={True: "vllm", False: "hf"}),
+    _values("vllm_mode", TRL, "", {"colocate": None}, "server mode is not built: each process runs its own engine"),
+    Foreign("vllm_gpu_memory_utilization", TRL, "--vllm-gpu-memory-utilization"),
+    _ignored("log_completions", TRL, "tether writes samples.jsonl every sample_every steps"),
+    _ignored("shuffle_dataset", TRL, "tether draws prompts in a seeded shuffled order"),
+    _ignored("attn_implementation", TRL, "the model's default attention is used"),
+    _ignored("use_liger_kernel", TRL, "tether computes its losses in PyTorch"),
+    _refused(
+        "max_prompt_length",
+        TRL,
+        "tether keeps every prompt whole (TRL cuts longer prompts from the left): "
+        "leave it out, or shorten the prompts in the file",
+    ),
+    _refused("repetition_penalty", TRL, "not built: it changes the sampling distribution the log-probs are taken from"),
+    _refused("ref_model", TRL, "the reference model is reference= (API) or --reference"),
+    _refused("processing_class", TRL, "the tokenizer is tokenizer= (API) or --tokenizer"),
+    _refused("args", TRL, "pass the settings as keywords (TRL's names work: learning_rate=..., num_generations=...)"),
+    _refused("missing_eos_penalty", TRL, "use --truncation-penalty (a score for responses cut at max_new_tokens)"),
+    # ---- LLaMA-Factory
+    _derived("stage", LF, "must be the stage run: sft (pt: plain text), rm, dpo (kto: tether dpo --loss kto), ppo"),
+    _derived("dataset", LF, "names in dataset_dir/dataset_info.json: --data dataset_info.json:NAME (ppo: --prompts)"),
+    _derived("eval_dataset", LF, "as dataset, for --eval-data (ppo: --eval-prompts)"),
+    _derived("dataset_dir", LF, "the folder of dataset_info.json (default data)"),
+    _values(
+        "finetuning_type",
+        LF,
+        "",
+        {"lora": None, "full": None},
+        "freeze is not built (full: no LoRA; lora: lora_rank, 8 when not given)",
+    ),
+    Foreign("lora_rank", LF, "--lora-r"),
+    Foreign("lora_target", LF, "--lora-target-modules", note="all: every linear layer (all-linear)"),
+    Foreign("cutoff_len", LF, "--max-length", note="longer examples are dropped and counted, never cut"),
+    Foreign("max_samples", LF, "--max-records"),
+    Foreign("val_size", LF, "--eval-fraction"),
+    Foreign("pref_beta", LF, {"dpo": "--beta"}),
+    _values("pref_loss", LF, "--loss", PREF_LOSSES, stages=("dpo",)),
+    Foreign("pref_ftx", LF, "--sft-coef", stages=("dpo",)),
+    Foreign("simpo_gamma", LF, "--simpo-gamma", stages=("dpo",)),
+    Foreign("kto_chosen_weight", LF, "--kto-desirable-weight"),
+    Foreign("kto_rejected_weight", LF, "--kto-undesirable-weight"),
+    Foreign("reward_model", LF, "--reward-model", stages=ONLINE),
+    _values("reward_model_type", LF, "", {"full": None}, "lora and api reward models are not built", stages=ONLINE),
+    Foreign("ppo_epochs", LF, "--update-epochs", stages=("ppo",)),
+    Foreign("ppo_target", LF, "--target-kl", stages=("ppo",)),
+    _ignored(
+        "template",
+        LF,
+        "tether renders with the tokenizer's own chat template (LLaMA-Factory's template names "
+        "its built-in copy of a family's)",
+    ),
+    _ignored("plot_loss", LF, "tether always writes report.html with every curve"),
+    _ignored("flash_attn", LF, "the model's default attention is used"),
+    _refused("quantization_bit", LF, "quantised training is not built"),
+    _refused("deepspeed", LF, "pass the DeepSpeed config to accelerate launch (docs/scaling.md)"),
+]
+_INDEX: dict[str, list[Foreign]] = {}
+for _entry in NAMES:
+    _INDEX.setdefault(_entry.key, []).append(_entry)
+
+# The Python API's keyword inputs under TRL's names: {their name: tether's keyword}, and the keyword per stage
+API_INPUTS = {
+    "train_dataset": "data",
+    "eval_dataset": "eval_data",
+    "processing_class": "tokenizer",
+    "ref_model": "reference",
+}
+
+
+def api_input(stage: str, name: str, online: bool) -> str:
+    """tether's keyword for one of TRL's trainer arguments: train_dataset is ``data`` offline, ``prompts`` online."""
+    target = API_INPUTS[name]
+    if target in ("data", "eval_data") and (stage in ONLINE or online):
+        return "prompts" if target == "data" else "eval_prompts"
+    return target
+
+
+def peft_settings(config) -> dict:
+    """A peft ``LoraConfig`` (TRL's peft_config=) as tether's settings; anything tether's LoRA does not build is
+    refused by name."""
+    out = {"lora_r": int(config.r), "lora_alpha": float(config.lora_alpha), "lora_dropout": float(config.lora_dropout)}
+    targets = config.target_modules
+    if targets:
+        out["lora_target_modules"] = [targets] if isinstance(targets, str) else sorted(targets)
+    for name, plain in (("use_dora", False), ("use_rslora", False), ("modules_to_save", None)):
+        if getattr(config, name, plain) not in (plain, [], ()):
+            raise ConfigError(f"peft_config.{name}={getattr(config, name)!r}: not built in tether's LoRA")
+    return out
+
+
+def knows(key: str) -> bool:
+    return key in _INDEX
+
+
+def _entry(stage: str, key: str, flags: dict) -> Foreign | None:
+    """The entry for ``key`` in this stage: the first whose stages include it and whose target flag it has."""
+    for entry in _INDEX.get(key, ()):
+        if entry.stages and stage not in entry.stages:
+            continue
+        if isinstance(entry.to, dict) and stage not in entry.to:
+            continue
+        return entry
+    return None
+
+
+def _target(entry: Foreign, stage: str) -> str:
+    return entry.to.get(stage, "") if isinstance(entry.to, dict) else entry.to
+
+
+def _world() -> int:
+    return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+
+
+def _number(values: dict, key: str, default):
+    value = values.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    if number != int(number) or number < 1:
+        raise ConfigError(f"{key} must be a whole number >= 1, got {value!r}")
+    return int(number)
+
+
+def _reward_spec(name: str) -> str:
+    """TRL names a reward function by its dotted path (``my_rewards.accuracy``); tether by module:function."""
+    name = str(name)
+    if ":" in name or "." not in name:
+        return name
+    module, _, function = name.rpartition(".")
+    return f"{module}:{function}"
+
+
+def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str, object]:
+    """The settings derived from several keys at once: batch sizes, LoRA switches, reward functions and weights,
+    LLaMA-Factory's stage and datasets. ``given``: the flat keys as written."""
+    out: dict[str, object] = {}
+    world = _world()
+    batch_keys = (
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "steps_per_generation",
+        "generation_batch_size",
+        "num_mini_batches",
+        "total_episodes",
+    )
+    if any(k in given for k in batch_keys):
+        b = _number(given, "per_device_train_batch_size", 8)  # TrainingArguments' default
+        a = _number(given, "gradient_accumulation_steps", 1)
+        if stage == "grpo":
+            g = _number(given, "num_generations", _number(given, "group_size", 8))  # TRL's default G is 8
+            s = _number(given, "steps_per_generation", a)
+            generated = _number(given, "generation_batch_size", b * world * s)
+            if generated % g:
+                raise ConfigError(
+                    f"TRL's generation batch ({generated} completions) is not a multiple of num_generations={g}"
+                )
+            update = b * world * a
+            out |= {
+                "rollout.group_size": g,
+                "rollout.prompts_per_step": generated // g,
+                "algo.minibatch": 0 if update >= generated else update,
+                "algo.micro_batch_size": b,
+            }
+            updates = max(1, generated // update) * _number(given, "num_iterations", 1)
+            notes.append(
+                f"TRL's batch sizes read as tether's: {b} completions per device x {world} process(es) x "
+                f"{s} step(s) per generation / {g} per prompt = prompts_per_step {generated // g}; "
+                f"minibatch {out['algo.minibatch'] or 'the whole rollout'}; micro_batch_size {b}"
+            )
+            if "max_steps" in given and updates > 1:
+                steps = math.ceil(_number(given, "max_steps", 1) / updates)
+                out["train.max_steps"] = steps
+                notes.append(
+                    f"TRL's max_steps counts optimizer updates ({updates} per rollout here): max_steps {steps}"
+                )
+        elif stage == "ppo":
+            prompts = b * a * world
+            minis = _number(given, "num_mini_batches", 1)
+            if prompts % minis:
+                raise ConfigError(f"num_mini_batches={minis} does not divide the batch of {prompts} prompts")
+            out |= {"rollout.prompts_per_step": prompts, "algo.minibatch": 0 if minis == 1 else prompts // minis}
+            if "total_episodes" in given:
+                out["train.max_steps"] = math.ceil(_number(given, "total_episodes", 1) / prompts)
+            notes.append(
+                f"TRL's batch sizes read as tether's: prompts_per_step {prompts}, minibatch {out['algo.minibatch'] or 'whole'}"
+            )
+        else:
+            if "train.batch_size" in {flags.get("--" + k.replace("_", "-")) for k in given}:
+                raise ConfigError(
+                    "batch_size and per_device_train_batch_size both given: tether's batch_size counts every "
+                    "process and micro-batch; give one of them"
+                )
+            out |= {"train.micro_batch_size": b, "train.batch_size": b * a * world}
+            if stage == "dpo" and given.get("online"):
+                out["rollout.prompts_per_step"] = b * a * world
+            notes.append(
+                f"per_device_train_batch_size {b} x accumulation {a} x {world} process(es) = batch_size {b * a * world}"
+            )
+    if given.get("use_peft") or given.get("finetuning_type") == "lora":
+        peft = {"lora_r": 16, "lora_alpha": 32.0, "lora_dropout": 0.05} if given.get("use_peft") else {"lora_r": 8}
+        for key, value in peft.items():
+            if key not in given and not (key == "lora_r" and "lora_rank" in given):
+                out[flags["--" + key.replace("_", "-")]] = value
+    if "reward_funcs" in given:
+        funcs = given["reward_funcs"]
+        funcs = [funcs] if isinstance(funcs, str) else list(funcs)
+        weights = given.get("reward_weights")
+        if weights is not None:
+            if isinstance(weights, str):
+                weights = [w for w in re.split(r"[,\s]+", weights.strip("[] ")) if w]
+            if len(weights) != len(funcs):
+                raise ConfigError(f"reward_weights has {len(weights)} weights for {len(funcs)} reward_funcs")
+        specs = [_reward_spec(f) for f in funcs]
+        out["rewards.reward"] = [f"{s}={float(w):g}" for s, w in zip(specs, weights)] if weights is not None else specs
+    elif isinstance(given.get("reward_weights"), (list, tuple)):
+        raise ConfigError(
+            "reward_weights as a list weighs TRL's reward_funcs, which are not given; tether's reward_weights "
+            "(HEAD=W,...) weighs a reward model's heads"
+        )
+    if "stage" in given:
+        theirs = str(given["stage"])
+        if LF_STAGES.get(theirs) != stage:
+            command = f"tether {LF_STAGES[theirs]}" if theirs in LF_STAGES else "no tether stage"
+            raise ConfigError(f"stage: {theirs}: this config is for {command}, not tether {stage}")
+        if theirs == "kto":
+            out["dpo.loss"] = "kto"
+    folder = str(given.get("dataset_dir", "data"))
+    for key, option in (("dataset", "path"), ("eval_dataset", "eval")):
+        if key in given:
+            names = given[key]
+            names = ",".join(names) if isinstance(names, (list, tuple)) else str(names)
+            target = {"path": ("--data", "--prompts"), "eval": ("--eval-data", "--eval-prompts")}[option]
+            flag = target[1] if stage in ONLINE else target[0]
+            out[flags[flag]] = f"{folder}/dataset_info.json:{names.replace(' ', '')}"
+    return out
+
+
+def translate(
+    stage: str, values: dict, flags: dict[str, str], source: str, problems: list[str] | None = None
+) -> dict[str, object]:
+    """{dotted tether key: value} for a stage from flat keys written in tether's flag names or another project's
+    (NAMES). ``flags``: the stage's {flag: dotted key}. Every key that cannot be read is reported at once: raised,
+    or added to ``problems`` when given (the caller adds its own and raises)."""
+    out: dict[str, object] = {}
+    collect = problems is not None
+    problems = problems if collect else []
+    ignored, notes = [], []
+    foreign = {}
+    for key, value in values.items():
+        own = flags.get("--" + str(key).replace("_", "-"))
+        trl_weights = key == "reward_weights" and (isinstance(value, (list, tuple)) or "reward_funcs" in values)
+        if own is not None and not trl_weights:
+            out[own] = value
+            continue
+        if value is None and knows(key):
+            continue  # TRL and LLaMA-Factory write null for "not set"
+        entry = _entry(stage, key, flags)
+        if entry is None:
+            problems.append(_unknown(stage, key, flags))
+            continue
+        foreign[key] = value
+        if entry.kind == "ignored":
+            ignored.append(f"{key} ({entry.note})")
+        elif entry.kind == "refused":
+            problems.append(f"{key}: {entry.note}")
+        elif entry.kind in ("same", "values"):
+            target = _target(entry, stage)
+            if entry.kind == "values":
+                table = entry.values
+                lookup = value.lower() if isinstance(value, str) and value.lower() in ("true", "false") else value
+                lookup = {"true": True, "false": False}.get(lookup, lookup) if isinstance(lookup, str) else lookup
+                if lookup not in table:
+                    accepted = ", ".join(str(k) for k in table)
+                    problems.append(
+                        f"{key}: {value!r} has no tether equivalent (accepted: {accepted})"
+                        + (f"; {entry.note}" if entry.note else "")
+                    )
+                    continue
+                value = table[lookup]
+                if value is None:
+                    continue  # a value that is tether's behaviour already
+            if not target or target not in flags:
+                problems.append(
+                    f"{key}: no {target or 'equivalent'} in tether {stage}" + (f" ({entry.note})" if entry.note else "")
+                )
+                continue
+            if key == "lora_target" or key == "lora_target_modules":
+                value = [
+                    "all-linear" if v == "all" else v for v in (value.split(",") if isinstance(value, str) else value)
+                ]
+            out[flags[target]] = value
+            if key in ("epsilon", "cliprange") and "epsilon_high" not in values:
+                out[flags["--clip-high"]] = value
+    if problems:
+        if collect:
+            return out
+        raise ConfigError(problem_report(source, problems))
+    derived = _derive(stage, {**values, **{k: v for k, v in foreign.items()}}, flags, notes)
+    out.update(derived)
+    if ignored:
+        notes.append("no effect in tether: " + "; ".join(ignored))
+    _say(source, notes)
+    return out
+
+
+def problem_report(source: str, problems: list[str]) -> str:
+    if len(problems) == 1:
+        return f"{source}: {problems[0]}"
+    return f"{source}: {len(problems)} key(s) cannot be read:\n  " + "\n  ".join(problems)
+
+
+def _unknown(stage: str, key: str, flags: dict) -> str:
+    """An unknown key's line: another stage's key, or a close tether flag name (never a foreign false friend)."""
+    import difflib
+
+    if key in _INDEX:
+        where = sorted({s for e in _INDEX[key] for s in (e.stages or (e.to if isinstance(e.to, dict) else ()))})
+        return f"{key}: not a setting of tether {stage}" + (f" (it applies to {', '.join(where)})" if where else "")
+    names = sorted(
+        {f[2:].replace("-", "_") for f in flags}
+        | {k for k in _INDEX if (e := _entry(stage, k, flags)) and e.kind in ("same", "values")}
+    )
+    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.75)
+    return f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
+_SAID: set[str] = set()
+
+
+def _say(source: str, notes: list[str]) -> None:
+    """Each translation note once per process, from process 0 only."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    from tether.console import console
+
+    for note in notes:
+        if note not in _SAID:
+            _SAID.add(note)
+            console.print(f"{source}: {note}", markup=False)
+
+
+def migration_table(projects: tuple[str, ...]) -> str:
+    """The markdown table of one project's names (docs/python-api.md, docs/data.md), from NAMES."""
+    rows = ["| their name | project | in tether | note |", "|---|---|---|---|"]
+    for entry in NAMES:
+        if not any(p in entry.project for p in projects):
+            continue
+        if entry.kind in ("same", "values"):
+            to = entry.to if isinstance(entry.to, str) else ", ".join(f"{s}: `{f}`" for s, f in entry.to.items())
+            target = f"`{to}`" if isinstance(entry.to, str) and to else to or "(tether's behaviour)"
+            if entry.values:
+                target += (
+                    " ("
+                    + ", ".join(f"{k} → {v if v is not None else 'as tether does'}" for k, v in entry.values.items())
+                    + ")"
+                )
+        else:
+            target = {"derived": "derived", "ignored": "no effect", "refused": "refused"}[entry.kind]
+        stages = f" ({', '.join(entry.stages)} only)" if entry.stages else ""
+        rows.append(f"| `{entry.key}` | {entry.project} | {target}{stages} | {entry.note} |")
+    return "\n".join(rows)
+
+
+DOCS = {"docs/python-api.md": (TRL,), "docs/data.md": (LF,)}
+MARK = "<!-- generated by python -m tether.compat: edit tether/compat.py, not this table -->"
+
+
+def docs_with_tables(root) -> dict[str, str]:
+    """{doc path: its text with the generated table between the markers}."""
+    from pathlib import Path
+
+    out = {}
+    for path, projects in DOCS.items():
+        text = (Path(root) / path).read_text()
+        start = text.index(MARK) + len(MARK)
+        end = text.index(MARK, start)
+        out[path] = text[:start] + "\n" + migration_table(projects) + "\n" + text[end:]
+    return out
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for path, text in docs_with_tables(root).items():
+        (root / path).write_text(text)
+        print(f"wrote the table in {path}")

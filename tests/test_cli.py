@@ -96,3 +96,13 @@ def test_data_check_shows_preference_masks_and_rl_prompts(llama_dir, tmp_path, c
     err = capsys.readouterr().err
     assert "1 RL prompts (chat messages)" in err and "columns reward functions receive by name: ['answer']" in err
     assert "<|im_start|>user\nAdd 1 and 2.<|im_end|>\n<|im_start|>assistant" in err
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"tether {version('tether')}"

@@ -450,3 +450,273 @@ def test_reproduction_8_unpaired_labels_are_recognised_everywhere_preferences_ar
     )
     last = _metrics(tmp_path / "kto")[-1]
     assert last["train/loss"] == pytest.approx(0.5, abs=1e-4) and last["train/kto/reference_point"] == 0.0  # π = π_ref
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue 41: a TRL user's scripts, configs and datasets. The silent cases first: each test below failed before.
+
+
+def _grpo_config(values: dict, world: int = 1, monkeypatch=None):
+    from tether.config import build_config
+    from tether.stages.grpo_config import GRPOConfig
+
+    if monkeypatch is not None:
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+    return build_config(GRPOConfig, values, source="trl.yaml")
+
+
+def test_trl_per_device_batch_counts_completions_and_sets_prompts_per_step(monkeypatch):
+    """TRL's per_device_train_batch_size counts completions per process: 8 per device, 4 per prompt, on 1 and on 2
+    processes, is 2 and 4 prompts per step (not tether's default 32 with a micro-batch of 8); steps_per_generation
+    and generation_batch_size, TRL's other two ways to say it, give the hand-computed figures too."""
+    trl = {"per_device_train_batch_size": 8, "num_generations": 4}
+    one, two = _grpo_config(trl, 1, monkeypatch), _grpo_config(trl, 2, monkeypatch)
+    assert (one.rollout.prompts_per_step, one.rollout.group_size, one.algo.minibatch) == (2, 4, 0)
+    assert (two.rollout.prompts_per_step, two.algo.micro_batch_size) == (4, 8)
+    # 4 per device x 2 processes x 3 steps per generation = 24 completions = 6 prompts of 4; each update takes 8
+    cfg = _grpo_config({**trl, "per_device_train_batch_size": 4, "steps_per_generation": 3}, 2, monkeypatch)
+    assert (cfg.rollout.prompts_per_step, cfg.algo.minibatch, cfg.algo.micro_batch_size) == (6, 8, 4)
+    cfg = _grpo_config({**trl, "generation_batch_size": 32, "max_steps": 100}, 1, monkeypatch)
+    assert (cfg.rollout.prompts_per_step, cfg.algo.minibatch) == (8, 8)
+    assert cfg.train.max_steps == 25  # TRL's max_steps counts updates: 4 per rollout here
+    with pytest.raises(ConfigError, match="not a multiple of num_generations=4"):
+        _grpo_config({**trl, "generation_batch_size": 30}, 1, monkeypatch)
+
+
+def test_a_trl_grpo_config_is_read_in_one_go_with_every_value_translated(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    cfg = _grpo_config(
+        {
+            "learning_rate": 1e-6,
+            "loss_type": "dr_grpo",
+            "scale_rewards": False,
+            "epsilon": 0.2,
+            "epsilon_high": 0.28,
+            "num_iterations": 2,
+            "beta": 0.04,
+            "bf16": True,
+            "use_peft": True,
+            "lora_target_modules": ["q_proj", "v_proj"],
+            "max_prompt_length": None,  # null: not set
+            "log_completions": True,
+            "reward_funcs": ["my_rewards.accuracy", "my_rewards.format"],
+            "reward_weights": [1.0, 0.5],
+            "mask_truncated_completions": True,
+        }
+    )
+    a = cfg.algo
+    assert (a.aggregation, a.advantage, a.clip_low, a.clip_high, a.update_epochs) == (
+        "seq-mean-token-sum-norm",
+        "group_no_std",
+        0.2,
+        0.28,
+        2,
+    )
+    assert a.kl_coef == 0.04 and a.mask_truncated and cfg.optim.lr == 1e-6
+    assert (cfg.model.lora_r, cfg.model.lora_alpha, cfg.model.lora_dropout) == (16, 32.0, 0.0)
+    assert cfg.model.lora_target_modules == ["q_proj", "v_proj"] and cfg.model.mixed_precision == "bf16"
+    assert cfg.rewards.reward == ["my_rewards:accuracy=1", "my_rewards:format=0.5"]
+    assert cfg.rewards.reward_weights == ""  # tether's own reward_weights (a reward model's heads) untouched
+
+
+def test_names_that_mean_something_else_are_explained_and_every_unknown_key_is_named_at_once():
+    with pytest.raises(ConfigError) as err:
+        _grpo_config(
+            {
+                "generation_batch_size": 30,  # derived, fine on its own ...
+                "max_prompt_length": 512,
+                "ref_model": "path",
+                "repetition_penalty": 1.1,
+                "learnin_rate": 1e-5,
+                "num_iteration": 2,
+                "train": {"max_stepz": 3},
+            }
+        )
+    text = str(err.value)
+    assert "6 key(s) cannot be read" in text
+    assert "max_prompt_length: tether keeps every prompt whole" in text
+    assert "ref_model: the reference model is reference=" in text
+    assert "repetition_penalty: not built" in text
+    assert "unknown key 'learnin_rate' (did you mean 'learning_rate'?)" in text
+    assert "unknown key 'num_iteration' (did you mean 'num_iterations'?)" in text  # never num_generations
+    assert "unknown field train.max_stepz" in text
+    assert "generation_batch" not in text.replace("generation_batch_size", "")  # never tether's other option
+
+
+def test_trl_flags_on_the_command_line_are_read_like_the_yaml_keys(case_dirs, tmp_path, capsys, monkeypatch):
+    from tether.cli import _foreign_flags, build_parser, config_from_args
+    from tether.stages.grpo_config import GRPOConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    parser = build_parser()
+    argv, foreign = _foreign_flags(
+        parser,
+        [
+            "grpo",
+            "--model_name_or_path",
+            "m",
+            "--bf16",
+            "--loss_type",
+            "dapo",
+            "--reward_funcs",
+            "rew.correct",
+            "--per_device_train_batch_size",
+            "8",
+            "--num_generations",
+            "4",
+            "--prompts",
+            "p.jsonl",
+            "--max-steps",
+            "3",
+        ],
+    )
+    args = parser.parse_args(argv)
+    args.foreign_flags = foreign
+    cfg = config_from_args(GRPOConfig, args)
+    assert (cfg.model.path, cfg.model.mixed_precision, cfg.algo.aggregation) == ("m", "bf16", "token-mean")
+    assert (cfg.rewards.reward, cfg.rollout.prompts_per_step, cfg.train.max_steps) == (["rew:correct"], 2, 3)
+    with pytest.raises(SystemExit):
+        main(["grpo", "--reward_func", "x"])
+    assert "--reward_func: unknown" in capsys.readouterr().err  # no "did you mean --reward-clip"
+
+
+def test_a_margin_column_is_named_with_the_flag_that_uses_it(case_dirs, tmp_path):
+    from transformers import AutoTokenizer
+
+    from tether.data.preferences import tokenize_preferences
+    from tether.data.records import read_records
+
+    path = _write(tmp_path / "prefs.jsonl", [{"prompt": "Hi.", "chosen": " Hello.", "rejected": " No.", "margin": 2.0}])
+    tok = AutoTokenizer.from_pretrained(case_dirs["llama"])
+    _, report = tokenize_preferences(read_records(path), tok, 64, ["main"])
+    assert "columns not used: margin (`tether rm --margin-column margin`" in report.summary()
+    examples, report = tokenize_preferences(read_records(path), tok, 64, ["main"], margin_column="margin")
+    assert examples[0].margin == 2.0 and "not used" not in report.summary()
+
+
+def test_kto_rows_in_messages_form_are_refused_by_sft_and_read_by_kto(case_dirs, tmp_path, capsys):
+    rows = [
+        {"messages": _chat(f"Say {w}.", f"{w}." if i % 2 else "no idea"), "label": bool(i % 2)}
+        for i, w in enumerate(("hi", "yes", "ok", "fine", "good", "well", "so", "no"))
+    ]
+    data = _write(tmp_path / "kto.jsonl", rows)
+    common = ["--model", str(case_dirs["qwen2"]), "--data", data, *QUICK]
+    assert main(["sft", *common, "--output", str(tmp_path / "sft")]) == 2
+    err = capsys.readouterr().err
+    assert "kto.jsonl:1: unpaired preference data" in err and "tether dpo --loss kto" in err
+    # the default 5 % held out would draw one row, one label; each label is split on its own
+    assert main(["dpo", *common, "--loss", "kto", "--output", str(tmp_path / "kto")]) == 0
+    assert "(held out): 2 records" in capsys.readouterr().err
+
+
+def test_the_kto_loss_names_the_formats_it_reads(case_dirs, tmp_path, capsys):
+    data = _write(tmp_path / "chat.jsonl", [{"messages": _chat("Hi.", "Hello.")}] * 4)
+    assert (
+        main(
+            [
+                "dpo",
+                "--model",
+                str(case_dirs["qwen2"]),
+                "--data",
+                data,
+                "--loss",
+                "kto",
+                *QUICK,
+                "--output",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
+    assert "KTO reads unpaired rows — prompt, completion and a true/false label" in capsys.readouterr().err
+
+
+def test_the_api_takes_trls_argument_names(case_dirs, tmp_path):
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+
+    import tether
+
+    rows = [{"prompt": f"Say {w}.", "chosen": f" {w}.", "rejected": " no"} for w in ("hi", "yes", "ok", "fine")]
+    run = tether.dpo(
+        model=str(case_dirs["llama"]),
+        processing_class=AutoTokenizer.from_pretrained(case_dirs["llama"]),
+        ref_model=str(case_dirs["llama"]),
+        train_dataset=rows,
+        peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_steps=1,
+        report_to="none",
+        eval_fraction=0,
+    )
+    saved = (run.output / "config.yaml").read_text()
+    assert "lora_r: 4" in saved and "batch_size: 4" in saved and "micro_batch_size: 2" in saved
+    assert "- q_proj" in saved and run.summary["steps"] == 1
+    with pytest.raises(ConfigError, match="train_dataset and data are the same input"):
+        tether.sft(model="m", data=rows, train_dataset=rows, output=str(tmp_path / "x"))
+
+
+def test_a_gsm8k_shaped_prompt_file_is_read_with_columns_in_grpo(tmp_path):
+    from tether.data.records import prompt_rows
+
+    path = _write(tmp_path / "gsm8k.jsonl", [{"question": "What is 2 + 3?", "answer": "#### 5"}])
+    assert prompt_rows(path, "prompt=question") == [{"prompt": "What is 2 + 3?", "answer": "#### 5"}]
+    cfg = _grpo_config({"columns": "prompt=question"})
+    assert cfg.rollout.columns == "prompt=question"
+
+
+@pytest.mark.slow
+def test_the_api_under_a_two_process_launch_is_one_data_parallel_run(case_dirs, tmp_path):
+    """In-memory rows under `accelerate launch --multi_gpu --num_processes 2` (on CPU: gloo): one run of two
+    processes (written once by process 0, read by both), whose weights equal one process's (the bound of
+    tests/conftest.py assert_same_adamw_weights). It was two independent one-process runs in one folder."""
+    from conftest import assert_same_adamw_weights
+    from safetensors.torch import load_file
+    from test_online_parallel import ENV, free_port
+
+    script = tmp_path / "api_run.py"
+    script.write_text(
+        "import sys, tether\n"
+        "rows = [{'prompt': f'What is {i} + 1?', 'completion': f' {i + 1}'} for i in range(16)]\n"
+        "run = tether.sft(model=sys.argv[1], data=rows, output=sys.argv[2], max_steps=3, batch_size=8,\n"
+        "                 micro_batch_size=2, lr=1e-3, report_to=['none'], eval_fraction=0)\n"
+    )
+    model = str(case_dirs["llama"])
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        model,
+        str(tmp_path / "two"),
+    ]
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("processes x micro-batch x accumulation  2 x 2 x 2") == 1, done.stdout[-3000:]
+    one = subprocess.run(
+        [sys.executable, str(script), model, str(tmp_path / "one")],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert_same_adamw_weights(
+        load_file(str(tmp_path / "one" / "final" / "model.safetensors")),
+        load_file(str(tmp_path / "two" / "final" / "model.safetensors")),
+        lr=1e-3,
+        updates=3,
+    )

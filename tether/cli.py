@@ -35,6 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tether", description="Post-training for language models, with a ground-truth lab."
     )
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("tether")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        installed = "(not installed)"
+    parser.add_argument("--version", action="version", version=f"tether {installed}")
     sub = parser.add_subparsers(dest="stage", metavar="STAGE", title="stages")  # each listed once, by its help
     sft = sub.add_parser("sft", help=STAGES["sft"], description=STAGES["sft"])
     sft.add_argument(

@@ -164,7 +164,10 @@ NAMES = [
     Foreign("lora_dropout", HF, "--lora-dropout"),
     Foreign("lora_target_modules", TRL, "--lora-target-modules"),
     _derived(
-        "use_peft", TRL, "true: LoRA with TRL's defaults (lora_r 16, lora_alpha 32, lora_dropout 0.05) where not given"
+        "use_peft",
+        TRL,
+        "true: LoRA with TRL's lora_r 16 and lora_alpha 32 where not given; its lora_dropout 0.05 is not applied, "
+        "since tether turns dropout off (--keep-dropout keeps it)",
     ),
     _values(
         "loss_type",
@@ -405,7 +408,7 @@ def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str,
                 f"per_device_train_batch_size {b} x accumulation {a} x {world} process(es) = batch_size {b * a * world}"
             )
     if given.get("use_peft") or given.get("finetuning_type") == "lora":
-        peft = {"lora_r": 16, "lora_alpha": 32.0, "lora_dropout": 0.05} if given.get("use_peft") else {"lora_r": 8}
+        peft = {"lora_r": 16, "lora_alpha": 32.0} if given.get("use_peft") else {"lora_r": 8}
         for key, value in peft.items():
             if key not in given and not (key == "lora_r" and "lora_rank" in given):
                 out[flags["--" + key.replace("_", "-")]] = value
@@ -425,13 +428,12 @@ def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str,
             "reward_weights as a list weighs TRL's reward_funcs, which are not given; tether's reward_weights "
             "(HEAD=W,...) weighs a reward model's heads"
         )
-    if "stage" in given:
-        theirs = str(given["stage"])
-        if LF_STAGES.get(theirs) != stage:
-            command = f"tether {LF_STAGES[theirs]}" if theirs in LF_STAGES else "no tether stage"
-            raise ConfigError(f"stage: {theirs}: this config is for {command}, not tether {stage}")
-        if theirs == "kto":
+    if "stage" in given:  # the stage itself was checked by translate
+        if given["stage"] == "kto":
             out["dpo.loss"] = "kto"
+        if "val_size" not in given and "data.eval_fraction" in flags.values():
+            out["data.eval_fraction"] = 0.0  # LLaMA-Factory holds nothing out unless val_size says so
+            notes.append("no val_size: nothing held out (LLaMA-Factory's default), eval_fraction 0")
     folder = str(given.get("dataset_dir", "data"))
     for key, option in (("dataset", "path"), ("eval_dataset", "eval")):
         if key in given:
@@ -454,6 +456,10 @@ def translate(
     problems = problems if collect else []
     ignored, notes = [], []
     foreign = {}
+    theirs = values.get("stage")
+    if theirs is not None and LF_STAGES.get(str(theirs)) != stage:  # the one problem worth naming: the command
+        command = f"tether {LF_STAGES[str(theirs)]}" if str(theirs) in LF_STAGES else "no tether stage"
+        raise ConfigError(f"{source}: stage: {theirs}: this config is for {command}, not tether {stage}")
     for key, value in values.items():
         own = flags.get("--" + str(key).replace("_", "-"))
         trl_weights = key == "reward_weights" and (isinstance(value, (list, tuple)) or "reward_funcs" in values)

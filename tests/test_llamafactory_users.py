@@ -1,0 +1,230 @@
+"""Issue 41: what a LLaMA-Factory user brings — alpaca, sharegpt (with tool calls), preference and KTO files in both
+styles, a data folder's dataset_info.json, and the project's example YAMLs — read as LLaMA-Factory reads them. The
+files are our own, in LLaMA-Factory's shapes; the model is the session's tiny Llama with a ChatML template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from tether.cli import main
+from tether.config import ConfigError, build_config, load_yaml
+from tether.data.dpo import tokenize_policy_preferences, tokenize_unpaired
+from tether.data.records import read_records
+from tether.data.sft import tokenize_records
+
+
+def _json(path, rows):
+    path.write_text(json.dumps(rows))
+    return str(path)
+
+
+@pytest.fixture
+def tok(llama_dir):
+    return AutoTokenizer.from_pretrained(llama_dir)
+
+
+def _trained_text(tok, example) -> str:
+    return tok.decode([t for t, m in zip(example.input_ids, example.loss_mask) if m])
+
+
+def test_an_alpaca_preference_file_keeps_its_prompt(tmp_path, tok):
+    """It was read as two strings with no prompt at all: instruction and input were dropped without a word."""
+    path = _json(
+        tmp_path / "pref.json",
+        [
+            {
+                "instruction": "Add the numbers.",
+                "input": "2 and 3",
+                "chosen": "5",
+                "rejected": "6",
+                "system": "Be brief.",
+            }
+        ],
+    )
+    (pair,), report = tokenize_policy_preferences(read_records(path), tok, 256)
+    text = tok.decode(pair.responses[0].input_ids)
+    assert "Be brief." in text and "Add the numbers.\n2 and 3" in text and text.rstrip().endswith("5<|im_end|>")
+    assert _trained_text(tok, pair.responses[0]).startswith("5") and not report.unused
+
+
+def test_alpaca_sft_rows_train_the_history_and_the_output_as_llamafactory_does(tmp_path, tok):
+    path = _json(
+        tmp_path / "alpaca.json",
+        [{"instruction": "Add.", "input": "2 and 3", "output": "5", "history": [["Hi", "Hello!"]]}],
+    )
+    (example,), report = tokenize_records(read_records(path), tok, 256)
+    assert report.format == "messages" and not report.unused
+    trained = _trained_text(tok, example)
+    assert "Hello!" in trained and "5" in trained and "Add." not in trained and "Hi" not in trained
+
+
+def test_sharegpt_tool_calls_system_and_tools_are_rendered(tmp_path, tok):
+    tools = [
+        {
+            "name": "weather",
+            "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        }
+    ]
+    row = {
+        "conversations": [
+            {"from": "human", "value": "Weather in Paris?"},
+            {"from": "function_call", "value": json.dumps({"name": "weather", "arguments": {"city": "Paris"}})},
+            {"from": "observation", "value": '{"temp": 20}'},
+            {"from": "gpt", "value": "20 degrees."},
+        ],
+        "system": "You help.",
+        "tools": json.dumps(tools),
+    }
+    (example,), report = tokenize_records(read_records(_json(tmp_path / "sg.json", [row])), tok, 512)
+    text = tok.decode(example.input_ids)
+    assert "You help." in text and '"name": "weather"' in text.split("Weather in Paris?")[0]  # the tools, listed
+    trained = _trained_text(tok, example)
+    assert '<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>' in trained
+    assert "20 degrees." in trained and '{"temp": 20}' not in trained and not report.unused
+
+
+def test_preference_and_kto_rows_in_both_styles(tmp_path, tok):
+    sharegpt_pair = {
+        "conversations": [{"from": "human", "value": "2+3?"}],
+        "chosen": {"from": "gpt", "value": "5"},
+        "rejected": {"from": "gpt", "value": "6"},
+    }
+    (pair,), _ = tokenize_policy_preferences(read_records(_json(tmp_path / "p.json", [sharegpt_pair])), tok, 256)
+    assert "2+3?" in tok.decode(pair.responses[1].input_ids) and _trained_text(tok, pair.responses[1]).startswith("6")
+    kto = [
+        {"instruction": "2+3?", "output": "5", "kto_tag": True},
+        {"conversations": [{"from": "human", "value": "2+4?"}, {"from": "gpt", "value": "7"}], "kto_tag": False},
+    ]
+    examples, _ = tokenize_unpaired(read_records(_json(tmp_path / "kto.json", kto)), tok, 256)
+    assert [e.desirable for e in examples] == [True, False]
+    assert _trained_text(tok, examples[1].responses[0]).startswith("7")
+    with pytest.raises(Exception, match="unpaired preference data"):
+        tokenize_records(read_records(str(tmp_path / "kto.json")), tok, 256)
+
+
+def test_dataset_info_names_a_dataset_with_its_columns_and_tags(tmp_path, tok):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    _json(folder / "chat.json", [{"msgs": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}])
+    _json(folder / "qa.json", [{"q": "Add.", "a": "5"}])
+    (folder / "dataset_info.json").write_text(
+        json.dumps(
+            {
+                "chat": {
+                    "file_name": "chat.json",
+                    "formatting": "sharegpt",
+                    "columns": {"messages": "msgs"},
+                    "tags": {
+                        "role_tag": "role",
+                        "content_tag": "content",
+                        "user_tag": "user",
+                        "assistant_tag": "assistant",
+                    },
+                },
+                "qa": {"file_name": "qa.json", "columns": {"prompt": "q", "response": "a"}},
+                "hub": {"hf_hub_url": "someone/data"},
+            }
+        )
+    )
+    records = read_records(f"{folder}/dataset_info.json:chat,qa")
+    assert [r.fields["messages"][-1]["content"] for r in records] == ["Yo", "5"]
+    with pytest.raises(Exception, match="tether reads local files"):
+        read_records(f"{folder}:hub")
+    with pytest.raises(Exception, match=r"no dataset 'nope'; it lists \['chat', 'hub', 'qa'\]"):
+        read_records(f"{folder}:nope")
+
+
+LF_DPO_YAML = """\
+### model
+model_name_or_path: {model}
+trust_remote_code: true
+### method
+stage: dpo
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+pref_beta: 0.1
+pref_loss: sigmoid  # choices: [sigmoid (dpo), orpo, simpo]
+### dataset
+dataset: dpo_en_demo
+dataset_dir: {data}
+template: llama3
+cutoff_len: 256
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+dataloader_num_workers: 4
+### output
+output_dir: {out}
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+save_only_model: false
+report_to: none
+### train
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 4
+learning_rate: 5.0e-6
+num_train_epochs: 1.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: false
+ddp_timeout: 180000000
+resume_from_checkpoint: null
+"""
+
+
+def _lf_folder(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir(exist_ok=True)
+    rows = [
+        {"instruction": f"Add {i} and {i + 1}.", "input": "", "chosen": f"{2 * i + 1}", "rejected": "no"}
+        for i in range(8)
+    ]
+    _json(folder / "dpo_en_demo.json", rows)
+    (folder / "dataset_info.json").write_text(
+        json.dumps({"dpo_en_demo": {"file_name": "dpo_en_demo.json", "ranking": True}})
+    )
+    return folder
+
+
+def test_the_llamafactory_dpo_example_yaml_runs_unchanged(llama_dir, tmp_path, capsys):
+    folder = _lf_folder(tmp_path)
+    config = tmp_path / "llama3_lora_dpo.yaml"
+    config.write_text(LF_DPO_YAML.format(model=llama_dir, data=folder, out=tmp_path / "saves"))
+    assert main(["dpo", "--config", str(config)]) == 0
+    said = capsys.readouterr()
+    assert "no effect in tether: do_train" in said.out + said.err  # accepted, and named
+    saved = (tmp_path / "saves" / "config.yaml").read_text()
+    assert "lora_r: 8" in saved and "- all-linear" in saved and "eval_fraction: 0.0" in saved
+    assert "batch_size: 4" in saved and "max_records: 1000" in saved
+    assert json.loads((tmp_path / "saves" / "summary.json").read_text())["steps"] == 2  # 8 pairs / 4
+
+
+def test_a_llamafactory_config_for_another_stage_names_the_command(llama_dir, tmp_path):
+    from tether.stages.sft_config import SFTConfig
+
+    config = tmp_path / "c.yaml"
+    config.write_text(LF_DPO_YAML.format(model=llama_dir, data=_lf_folder(tmp_path), out=tmp_path / "o"))
+    with pytest.raises(ConfigError, match="stage: dpo: this config is for tether dpo, not tether sft"):
+        build_config(SFTConfig, load_yaml(config), source="c.yaml")
+    with pytest.raises(ConfigError, match=r"pref_loss: 'kto_pair' has no tether equivalent \(accepted: sigmoid"):
+        from tether.stages.dpo_config import DPOConfig
+
+        build_config(DPOConfig, {**load_yaml(config), "pref_loss": "kto_pair"}, source="c.yaml")
+
+
+def test_the_migration_tables_in_the_docs_are_the_ones_the_code_generates():
+    from pathlib import Path
+
+    from tether.compat import docs_with_tables
+
+    root = Path(__file__).resolve().parent.parent
+    for path, text in docs_with_tables(root).items():
+        assert (root / path).read_text() == text, f"{path}: run python -m tether.compat to regenerate its table"

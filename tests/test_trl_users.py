@@ -287,7 +287,7 @@ def test_reproduction_4_yaml_and_flags_the_way_trl_users_write_them(case_dirs, t
     flat = tmp_path / "grpo.yaml"
     flat.write_text(
         "model_name_or_path: m\nlearning_rate: 3.0e-6\nnum_generations: 4\nmax_completion_length: 32\n"
-        "beta: 0.02\nmax_steps: 7\nper_device_train_batch_size: 2\n"
+        "beta: 0.02\nmax_steps: 7\nper_device_train_batch_size: 8\n"
     )
     cfg = build_config(GRPOConfig, load_yaml(flat))
     assert (
@@ -297,10 +297,13 @@ def test_reproduction_4_yaml_and_flags_the_way_trl_users_write_them(case_dirs, t
         cfg.rollout.max_new_tokens,
         cfg.algo.kl_coef,
         cfg.train.max_steps,
-    ) == ("m", 3e-6, 4, 32, 0.02, 7)
-    with pytest.raises(ConfigError, match="gradient_accumulation_steps: tether sets the batch per optimizer step"):
-        flat.write_text("gradient_accumulation_steps: 4\n")
-        build_config(GRPOConfig, load_yaml(flat))
+        cfg.rollout.prompts_per_step,
+    ) == ("m", 3e-6, 4, 32, 0.02, 7, 2)
+    # TRL's accumulation is derived with its batch (issue 41), not refused: 8 per device (TRL's default) x 4
+    # steps per generation = 32 completions = 4 prompts of 8 (tether grpo's group_size), updated 8 at a time
+    flat.write_text("gradient_accumulation_steps: 4\n")
+    cfg = build_config(GRPOConfig, load_yaml(flat))
+    assert (cfg.rollout.prompts_per_step, cfg.algo.minibatch) == (4, 0)
     with pytest.raises(SystemExit):
         main(["grpo", "--model_name", "X"])
     assert "did you mean --model" in capsys.readouterr().err
@@ -705,7 +708,8 @@ def test_the_api_under_a_two_process_launch_is_one_data_parallel_run(case_dirs, 
     ]
     done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("processes x micro-batch x accumulation  2 x 2 x 2") == 1, done.stdout[-3000:]
+    said = done.stdout + done.stderr
+    assert said.count("processes x micro-batch x accumulation  2 x 2 x 2") == 1, said[-3000:]
     one = subprocess.run(
         [sys.executable, str(script), model, str(tmp_path / "one")],
         env=ENV,

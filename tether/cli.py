@@ -469,7 +469,7 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]
             lines.append(f"{name}: not a setting of tether {args.stage} (tether/compat.py lists where it applies)")
             continue
         dashed = "--" + name.lstrip("-").replace("_", "-")
-        close = difflib.get_close_matches(dashed, options, n=1, cutoff=0.75)
+        close = difflib.get_close_matches(dashed, options, n=1, cutoff=0.7)
         lines.append(f"{name}: unknown" + (f" (did you mean {close[0]}?)" if close else ""))
     print(f"{stage.prog}: error: unrecognized arguments\n  " + "\n  ".join(lines), file=sys.stderr)
     print(f"(tether {args.stage} --help lists every flag)", file=sys.stderr)

@@ -396,12 +396,13 @@ def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str,
                 f"TRL's batch sizes read as tether's: prompts_per_step {prompts}, minibatch {out['algo.minibatch'] or 'whole'}"
             )
         else:
-            if "train.batch_size" in {flags.get("--" + k.replace("_", "-")) for k in given}:
+            stated = given.get("batch_size")  # tether's own name, stated too: per_device is the micro-batch
+            if stated is not None and "gradient_accumulation_steps" in given and int(stated) != b * a * world:
                 raise ConfigError(
-                    "batch_size and per_device_train_batch_size both given: tether's batch_size counts every "
-                    "process and micro-batch; give one of them"
+                    f"batch_size {stated} and per_device_train_batch_size {b} x gradient_accumulation_steps {a} x "
+                    f"{world} process(es) = {b * a * world} disagree; give one of them"
                 )
-            out |= {"train.micro_batch_size": b, "train.batch_size": b * a * world}
+            out |= {"train.micro_batch_size": b, "train.batch_size": stated if stated is not None else b * a * world}
             if stage == "dpo" and given.get("online"):
                 out["rollout.prompts_per_step"] = b * a * world
             notes.append(
@@ -534,7 +535,7 @@ def _unknown(stage: str, key: str, flags: dict) -> str:
         {f[2:].replace("-", "_") for f in flags}
         | {k for k in _INDEX if (e := _entry(stage, k, flags)) and e.kind in ("same", "values")}
     )
-    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.75)
+    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.7)
     return f"unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 

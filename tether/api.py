@@ -279,6 +279,9 @@ def _trl_arguments(stage: str, settings: dict, inputs: dict, callables: dict) ->
 
 
 def _run(stage: str, config, settings: dict, inputs: dict, callables: dict, hooks: dict) -> RunResult:
+    from tether.console import quiet_libraries
+
+    quiet_libraries()  # as the command line: no third-party progress bars between tether's lines
     _trl_arguments(stage, settings, inputs, callables)
     cls = config_class(stage)
     if config is not None and not isinstance(config, cls):

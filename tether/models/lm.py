@@ -6,6 +6,7 @@ Everything loads from a path: nothing here reaches a hub.
 from __future__ import annotations
 
 import logging
+import os
 import pickle  # noqa: S403 - for the exception type that torch.load raises on a corrupt .bin, nothing is unpickled here
 from pathlib import Path
 
@@ -434,14 +435,18 @@ def length_limit(max_length: int, model_path, flag: str = "--max-length") -> int
     context = model_context(model_path) if model_path else None
     if context is None or max_length <= context:
         return max_length
-    if (flag, max_length, context) not in _TOLD:
+    if (flag, max_length, context) not in _TOLD and os.environ.get("RANK", "0") == "0":  # once, from process 0
         _TOLD.add((flag, max_length, context))
         from tether.console import console
+        from tether.sections import DataSection
 
-        console.print(
-            f"[yellow]{flag} {max_length} is more than the model's context ({context} positions in its "
-            f"config.json): examples longer than {context} tokens are dropped and counted[/]"
-        )
+        if max_length == DataSection.max_length and flag == "--max-length":  # the default: not the user's choice
+            console.print(f"max_length: the model's context, {context} tokens (the default {max_length} is longer)")
+        else:
+            console.print(
+                f"[yellow]{flag} {max_length} is more than the model's context ({context} positions in its "
+                f"config.json): examples longer than {context} tokens are dropped and counted[/]"
+            )
     return context
 
 

@@ -106,3 +106,23 @@ def test_version_prints_the_installed_version(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"tether {version('tether')}"
+
+
+def test_ctrl_c_says_the_step_the_last_checkpoint_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    import tether.cli
+
+    out = tmp_path / "run"
+    (out / "checkpoint-4").mkdir(parents=True)
+    (out / "checkpoint-2").mkdir()
+    (out / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in range(1, 6)))
+
+    def interrupted(stage, cfg, **_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tether.cli, "run_stage", interrupted)
+    assert main(["grpo", "--model", "m", "--prompts", "p.jsonl", "--output", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"tether grpo: interrupted at step 5; the last checkpoint is step 4 in {out}; the same command with "
+        "--resume continues from it"
+    )

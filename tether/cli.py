@@ -584,9 +584,42 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"tether {args.stage}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_line(args), file=sys.stderr)
+        return 130
     finally:
         _close_process_group()
     return 0
+
+
+def interrupted_line(args) -> str:
+    """Ctrl-C's one line, instead of a traceback: the last step logged, the last checkpoint, how to go on."""
+    import json
+    from pathlib import Path
+
+    output = vars(args).get("train.output")
+    if output is None and getattr(args, "config", None):
+        try:
+            values = load_yaml(args.config)
+        except ConfigError:
+            values = {}
+        output = (values.get("train") or {}).get("output") or values.get("output") or values.get("output_dir")
+    if not output or not Path(output).is_dir():
+        return f"tether {args.stage}: interrupted before the run folder was written; nothing to resume"
+    out = Path(output)
+    step = 0
+    metrics = out / "metrics.jsonl"
+    if metrics.is_file():
+        lines = [line for line in metrics.read_text().splitlines() if line.strip()]
+        if lines:
+            step = json.loads(lines[-1]).get("step", len(lines))
+    saved = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if p.name.split("-")[1].isdigit())
+    if not saved:
+        return f"tether {args.stage}: interrupted at step {step}; no checkpoint yet, so a new run starts over"
+    return (
+        f"tether {args.stage}: interrupted at step {step}; the last checkpoint is step {saved[-1]} in {out}; "
+        "the same command with --resume continues from it"
+    )
 
 
 def _close_process_group() -> None:

@@ -265,14 +265,18 @@ def _function_call_text(value, where: str) -> str:
     for call in calls:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             raise DataError(f"{where}: a function_call must be {{'name': ..., 'arguments': {{...}}}}, got {call!r:.80}")
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
-                raise DataError(f"{where}: function_call arguments are a string that is not JSON") from None
-        out.append("<tool_call>" + json.dumps({"name": call["name"], "arguments": arguments}) + "</tool_call>")
+        out.append(_hermes_call(call["name"], call.get("arguments", {}), f"{where}: function_call arguments"))
     return "".join(out)
+
+
+def _hermes_call(name: str, arguments, where: str) -> str:
+    """One call as the Hermes text the model writes, arguments given as an object or a JSON string."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            raise DataError(f"{where} is a string that is not JSON") from None
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
 
 
 def _tool_schemas(value, where: str) -> list[dict]:
@@ -404,13 +408,9 @@ def _tool_call_text(message, where: str):
         function = call.get("function", call) if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise DataError(f"{where}.tool_calls[{j}] must be {{'function': {{'name': ..., 'arguments': ...}}}}")
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
-                raise DataError(f"{where}.tool_calls[{j}].function.arguments is a string that is not JSON") from None
-        calls.append("<tool_call>" + json.dumps({"name": function["name"], "arguments": arguments}) + "</tool_call>")
+        calls.append(
+            _hermes_call(function["name"], function.get("arguments", {}), f"{where}.tool_calls[{j}].function.arguments")
+        )
     content = message.get("content") or ""
     return {k: v for k, v in {**message, "content": content + "".join(calls)}.items() if k != "tool_calls"}
 

@@ -115,3 +115,23 @@ def test_resume_never_unpickles_and_names_a_damaged_file(llama_dir, tokenizer, t
     (folder / "scheduler.safetensors").write_bytes(b"\x00garbage")
     with pytest.raises(StateFileError, match="scheduler.safetensors: not a readable safetensors file"):
         load_training_state(folder, fresh, fresh_scheduler, 0)
+
+
+def test_a_saved_folder_has_the_umasks_file_modes(tmp_path):
+    """safetensors writes model.safetensors as 0600; a saved folder's files get the mode the umask gives any new file
+    (0644 under the usual 022), so another user of a shared model folder can read the weights."""
+    import os
+
+    from tether.train.checkpoint import write_atomically
+
+    def save(folder):
+        path = folder / "model.safetensors"
+        path.write_bytes(b"x")
+        path.chmod(0o600)
+
+    old = os.umask(0o022)
+    try:
+        out = write_atomically(save, tmp_path / "final")
+    finally:
+        os.umask(old)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644

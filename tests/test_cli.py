@@ -126,3 +126,10 @@ def test_ctrl_c_says_the_step_the_last_checkpoint_and_how_to_resume(tmp_path, mo
         f"tether grpo: interrupted at step 5; the last checkpoint is step 4 in {out}; the same command with "
         "--resume continues from it"
     )
+
+
+def test_commands_from_other_vocabularies_point_to_the_tether_command(capsys):
+    assert main(["kto", "--data", "x.jsonl"]) == 2
+    assert "tether kto: there is no such command; use tether dpo --loss kto" in capsys.readouterr().err
+    assert main(["demo"]) == 2
+    assert "use tether sft --demo" in capsys.readouterr().err

@@ -102,3 +102,24 @@ def test_a_runs_own_config_yaml_is_accepted_back(tmp_path):
     saved = tmp_path / "config.yaml"  # as a run writes it: the settings and the plan table
     saved.write_text(yaml.safe_dump({**config_to_dict(cfg), "plan": {"recipe": "grpo", "processes": 1}}))
     assert config_to_dict(build_config(GRPOConfig, load_yaml(saved))) == config_to_dict(cfg)
+
+
+def test_the_readmes_yaml_and_preference_row_are_read_as_they_are(tmp_path, tokenizer):
+    """The README shows a run.yaml and a prefs.jsonl line; both must be what tether reads."""
+    import json
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from tether.data.preferences import preference_format
+    from tether.data.records import read_records
+    from tether.stages.sft_config import SFTConfig
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"```yaml\n(# run.yaml.*?)```", readme, re.S).group(1)
+    cfg = build_config(SFTConfig, yaml.safe_load(block), source="README run.yaml")
+    assert (cfg.data.path, cfg.optim.lr, cfg.train.micro_batch_size) == ("train.jsonl", 2e-5, 4)
+    row = re.search(r"```json\n(.*?)\n```", readme, re.S).group(1)
+    (tmp_path / "prefs.jsonl").write_text(json.dumps(json.loads(row)) + "\n")
+    assert preference_format(read_records(tmp_path / "prefs.jsonl"), "prefs.jsonl") == "pairs"

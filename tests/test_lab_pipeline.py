@@ -130,7 +130,9 @@ def test_eval_command_prints_and_writes_figures(quick_lab, tmp_path, capsys):
     )
     figures = json.loads(target.read_text())
     assert figures["n"] == 20 and 0 <= figures["accuracy"] <= 1 and figures["decoding"]["temperature"] == 0.0
-    assert json.loads(capsys.readouterr().out)["accuracy"] == figures["accuracy"]
+    said = capsys.readouterr()
+    assert json.loads(said.out)["accuracy"] == figures["accuracy"]  # stdout: the JSON alone
+    assert "  accuracy " in said.err and "tether eval: lab-arith on" in said.err  # stderr: the reader's summary
     target = tmp_path / "assist.json"
     assert (
         main(

@@ -166,4 +166,6 @@ def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_pa
     assert "ALARM entropy_collapse at step 4" in capsys.readouterr().err
     monkeypatch.undo()
     assert main(["diagnose", str(tmp_path / "run"), "--set", "entropy_window=2", "--set", "entropy_ratio=5"]) == 0
-    assert "ALARM entropy_collapse at step 4" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "ALARM entropy_collapse at step 4" in said
+    assert "monitors on 4 step(s) of metrics.jsonl" in said and "proxy_up_task_down, " in said  # what it ran

@@ -257,3 +257,24 @@ def test_an_installed_wheel_captions_its_plots(tmp_path):
         env={**os.environ, "PYTHONPATH": str(target)},
     )
     assert shown.returncode == 0 and shown.stdout.strip() == "True", shown.stderr[-2000:]
+
+
+def test_metric_groups_put_reward_and_gold_first_then_kl_then_the_rest():
+    from tether.diagnostics.report import metric_groups
+
+    keys = [
+        "train/loss",
+        "perf/tokens_per_s",
+        "score/mean",
+        "kl/mean",
+        "eval/gold",
+        "rollout/response_length",
+        "train/grad_norm",
+        "policy/clip_frac",
+    ]
+    assert metric_groups(keys) == [
+        ("Reward and task", ["eval/gold", "score/mean"]),
+        ("KL and the reference", ["kl/mean", "policy/clip_frac"]),
+        ("Loss and optimisation", ["train/grad_norm", "train/loss"]),
+        ("Sampling and lengths", ["perf/tokens_per_s", "rollout/response_length"]),
+    ]

@@ -636,7 +636,7 @@ def test_the_kto_loss_names_the_formats_it_reads(case_dirs, tmp_path, capsys):
 
 def test_the_api_takes_trls_argument_names(case_dirs, tmp_path):
     from peft import LoraConfig
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, TrainingArguments
 
     import tether
 
@@ -647,15 +647,18 @@ def test_the_api_takes_trls_argument_names(case_dirs, tmp_path):
         ref_model=str(case_dirs["llama"]),
         train_dataset=rows,
         peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]),
-        output_dir=str(tmp_path / "run"),
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_steps=1,
+        args=TrainingArguments(  # TRL's config objects are TrainingArguments: the fields set are read
+            output_dir=str(tmp_path / "run"),
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            max_steps=1,
+            learning_rate=1e-3,
+        ),
         report_to="none",
         eval_fraction=0,
     )
     saved = (run.output / "config.yaml").read_text()
-    assert "lora_r: 4" in saved and "batch_size: 4" in saved and "micro_batch_size: 2" in saved
+    assert "lr: 0.001" in saved and "lora_r: 4" in saved and "batch_size: 4" in saved and "micro_batch_size: 2" in saved
     assert "- q_proj" in saved and run.summary["steps"] == 1
     with pytest.raises(ConfigError, match="train_dataset and data are the same input"):
         tether.sft(model="m", data=rows, train_dataset=rows, output=str(tmp_path / "x"))

@@ -254,11 +254,16 @@ def _object_spec(value, name: str) -> str:
 
 
 def _trl_arguments(stage: str, settings: dict, inputs: dict, callables: dict) -> None:
-    """TRL's trainer arguments moved to tether's (in place): train_dataset / eval_dataset (data, or prompts online),
+    """TRL's trainer arguments moved to tether's (in place): ``args`` (its config object's non-default fields, the
+    keywords winning), train_dataset / eval_dataset (data, or prompts online),
     processing_class (tokenizer), ref_model (reference), peft_config (a LoraConfig, as lora_* settings) and
     reward_weights given as a list (the weights of reward_funcs, in order)."""
-    from tether.compat import API_INPUTS, api_input, peft_settings
+    from tether.compat import API_INPUTS, api_input, args_settings, peft_settings
 
+    if settings.get("args") is not None:  # TRL's config object: its non-default fields, under the keywords given
+        merged = {**args_settings(settings.pop("args")), **settings}
+        settings.clear()
+        settings.update(merged)
     for theirs in [k for k in settings if k in API_INPUTS]:
         ours = api_input(stage, theirs, bool(settings.get("online")))
         if ours not in inputs:

@@ -301,6 +301,13 @@ def run_eval_command(args) -> None:
     figures = evaluate_task(model, tokenizer, args.task, rows, decoding, ref_model, ref_tok)
     figures["model"] = str(args.model)
     figures["reference"] = args.reference or None
+    from tether.console import console
+
+    # a reader's summary on stderr, the JSON alone on stdout (for a pipe or a script)
+    console.print(f"tether eval: {args.task} on {len(rows)} prompt(s), {args.model}")
+    for key, value in figures.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            console.print(f"  {key:<32} {value:.4g}", markup=False)
     print(json.dumps(figures, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(figures, indent=2))
@@ -525,9 +532,28 @@ def _foreign_flags(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[li
     return out, foreign
 
 
+# Commands people type from other projects' vocabularies, and the tether command that does it
+POINTERS = {
+    "kto": "tether dpo --loss kto (KTO is a loss of the DPO stage: unpaired true/false labels, docs/data.md)",
+    "orpo": "tether dpo --loss orpo",
+    "simpo": "tether dpo --loss simpo",
+    "ipo": "tether dpo --loss ipo",
+    "demo": "tether sft --demo (a two-minute SFT on a built-in task), or tether lab for the whole pipeline",
+    "reward": "tether rm",
+    "train": "tether sft, rm, dpo, ppo or grpo: one command per stage (a LLaMA-Factory YAML's stage: names it)",
+    "rloo": "tether grpo --recipe rloo",
+    "dapo": "tether grpo --recipe dapo",
+    "gspo": "tether grpo --recipe gspo",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    argv, foreign = _foreign_flags(parser, list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in POINTERS:
+        print(f"tether {argv[0]}: there is no such command; use {POINTERS[argv[0]]}", file=sys.stderr)
+        return 2
+    argv, foreign = _foreign_flags(parser, argv)
     args, unknown = parser.parse_known_args(argv)
     args.foreign_flags = foreign
     if unknown:
@@ -657,7 +683,7 @@ def run_diagnose_command(args) -> int:
     import dataclasses
     import json
 
-    from tether.diagnostics.monitors import MonitorSettings, check_all, format_alarm, read_jsonl
+    from tether.diagnostics.monitors import MONITORS, MonitorSettings, check_all, format_alarm, read_jsonl
 
     run = Path(args.run)
     if not (run / "metrics.jsonl").is_file():
@@ -670,7 +696,12 @@ def run_diagnose_command(args) -> int:
             raise ConfigError(f"--set {item}: no monitor setting {name!r}; settings are {sorted(fields)}")
         default = fields[name].default
         values[name] = tuple(raw.split(",")) if isinstance(default, tuple) else type(default)(raw)
-    alarms = check_all(read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "samples.jsonl"), MonitorSettings(**values))
+    metrics, samples = read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "samples.jsonl")
+    alarms = check_all(metrics, samples, MonitorSettings(**values))
+    print(
+        f"{len(MONITORS)} monitors on {len(metrics)} step(s) of metrics.jsonl and {len(samples)} sample(s) of "
+        f"samples.jsonl: {', '.join(m.__name__ for m in MONITORS)} (docs/monitors.md says what each watches)"
+    )
     for alarm in alarms:
         print(format_alarm(alarm))
     live = read_jsonl(run / "alarms.jsonl")

@@ -220,7 +220,12 @@ NAMES = [
     _refused("repetition_penalty", TRL, "not built: it changes the sampling distribution the log-probs are taken from"),
     _refused("ref_model", TRL, "the reference model is reference= (API) or --reference"),
     _refused("processing_class", TRL, "the tokenizer is tokenizer= (API) or --tokenizer"),
-    _refused("args", TRL, "pass the settings as keywords (TRL's names work: learning_rate=..., num_generations=...)"),
+    _refused(
+        "args",
+        TRL,
+        "the Python API only: a TrainingArguments / TRL config object (or a dict); the fields "
+        "that differ from its class's defaults are read as keywords",
+    ),
     _refused("missing_eos_penalty", TRL, "use --truncation-penalty (a score for responses cut at max_new_tokens)"),
     # ---- LLaMA-Factory
     _derived("stage", LF, "must be the stage run: sft (pt: plain text), rm, dpo (kto: tether dpo --loss kto), ppo"),
@@ -292,6 +297,28 @@ def peft_settings(config) -> dict:
         if getattr(config, name, plain) not in (plain, [], ()):
             raise ConfigError(f"peft_config.{name}={getattr(config, name)!r}: not built in tether's LoRA")
     return out
+
+
+def args_settings(args) -> dict:
+    """TRL's ``args=`` (a TrainingArguments or TRL config dataclass, or a dict) as keyword settings: the fields whose
+    value differs from a fresh instance of the same class (built with the same output_dir, since __post_init__
+    fills some fields in), so the class's hundred defaults are not read as the user's choices."""
+    import dataclasses
+
+    if isinstance(args, dict):
+        return dict(args)
+    if not dataclasses.is_dataclass(args):
+        raise ConfigError(f"args: expected a TrainingArguments / TRL config or a dict, got {type(args).__name__}")
+    try:
+        baseline = type(args)(output_dir=getattr(args, "output_dir", None))
+    except Exception as exc:  # a config class whose defaults do not construct alone: say which
+        raise ConfigError(f"args: cannot build a default {type(args).__name__} to compare with ({exc})") from None
+    out = {}
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if f.name == "output_dir" or value != getattr(baseline, f.name, None):
+            out[f.name] = value
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def knows(key: str) -> bool:

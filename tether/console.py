@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -39,6 +40,8 @@ def quiet_libraries() -> None:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    # peft asks every LoRA model the deprecated question (transformers 5): a warning the user can do nothing about
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig, through the console (above a progress bar)
         handler = ConsoleLogHandler()

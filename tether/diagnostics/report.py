@@ -272,6 +272,28 @@ def _samples_html(run: Run, k: int = 5) -> str:
     )
 
 
+# The report's panels, by what a reader looks at first: what training is for (reward, gold, task accuracy), how far
+# the policy moved (KL), then the optimisation and the sampling; within a group, names in alphabetical order.
+METRIC_GROUPS = (
+    ("Reward and task", ("score", "reward", "gold", "accuracy", "success", "win_rate", "margin", "agent/")),
+    ("KL and the reference", ("kl", "ratio", "clip", "tis_", "sampler_", "entropy")),
+    ("Loss and optimisation", ("loss", "grad", "lr", "value", "advantage", "adaptive")),
+    ("Sampling and lengths", ("rollout/", "length", "truncat", "response", "stop", "tokens")),
+)
+
+
+def metric_groups(keys) -> list[tuple[str, list[str]]]:
+    """[(group title, its metric names)] in METRIC_GROUPS' order; a name joins the first group one of whose words it
+    contains, and names in no group come last, under "Other"."""
+    groups: dict[str, list[str]] = {title: [] for title, _ in METRIC_GROUPS}
+    other = []
+    for key in sorted(keys):
+        title = next((t for t, words in METRIC_GROUPS if any(w in key.lower() for w in words)), None)
+        (groups[title] if title else other).append(key)
+    out = [(t, names) for t, names in groups.items() if names]
+    return out + ([("Other", other)] if other else [])
+
+
 def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH) -> str:
     runs = [Run(f) for f in folders]
     glossary = load_glossary(glossary_path)
@@ -299,7 +321,7 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
         shared = sorted(set.intersection(*(set(s) for s in all_series)))
         if not shared:
             parts.append("<p>These runs log no metric in common.</p>")
-        for key in shared:
+        for key in [k for _, names in metric_groups(shared) for k in names]:
             for kind, members in _axes(key, runs):  # losses of different kinds never share an axis
                 title = key if kind is None else f"{key} ({kind})"
                 meaning, healthy = explain(key, glossary, members[0].stage)
@@ -322,11 +344,15 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
             + ("".join(_alarm_html(a) for a in run.alarms) or "<p>None raised.</p>")
         )
         marks = [(a["monitor"], int(a["step"])) for a in run.alarms]
-        parts.append("<h3>Metrics</h3><div class='grid'>")
-        for key, points in run.series().items():
-            meaning, healthy = explain(key, glossary, run.stage)
-            parts.append(_card(key, _plot(key, [(run.name, points)], marks), meaning, healthy))
-        parts.append("</div><h3>Samples</h3>" + _samples_html(run))
+        parts.append("<h3>Metrics</h3>")
+        series = run.series()
+        for title, names in metric_groups(series):
+            parts.append(f"<h4>{_esc(title)}</h4><div class='grid'>")
+            for key in names:
+                meaning, healthy = explain(key, glossary, run.stage)
+                parts.append(_card(key, _plot(key, [(run.name, series[key])], marks), meaning, healthy))
+            parts.append("</div>")
+        parts.append("<h3>Samples</h3>" + _samples_html(run))
         parts.append(f"<h3>Resolved config</h3><pre>{_esc(run.config_text or '(no config.yaml)')}</pre>")
     parts.append("</body></html>")
     return "".join(parts)

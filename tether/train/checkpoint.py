@@ -157,6 +157,7 @@ def save_checkpoint(
         )
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        with_umask_modes(partial)
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)  # the atomic moment: before it no checkpoint-<step>, after it a complete one
@@ -212,6 +213,18 @@ def save_final(accelerator, model, tokenizer, out: Path) -> None:
     accelerator.wait_for_everyone()
 
 
+def with_umask_modes(folder: Path) -> None:
+    """Give the files under ``folder`` the mode the user's umask gives a new file: safetensors' writer creates
+    model.safetensors as 0600 (a temporary file renamed), which another user of a shared model folder cannot read."""
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~mask)
+
+
 def write_atomically(save_fn, target: str | Path, accelerator=None) -> Path:
     """Run save_fn(tmp_dir) and rename tmp_dir to target: a folder named target is always complete. With an
     ``accelerator``, every process calls save_fn (a collective save) and process 0 alone touches the folders."""
@@ -227,6 +240,7 @@ def write_atomically(save_fn, target: str | Path, accelerator=None) -> Path:
     if accelerator is not None:
         accelerator.wait_for_everyone()
     if main:
+        with_umask_modes(partial)
         if target.exists():
             shutil.rmtree(target)
         partial.rename(target)

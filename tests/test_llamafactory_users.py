@@ -228,3 +228,10 @@ def test_the_migration_tables_in_the_docs_are_the_ones_the_code_generates():
     root = Path(__file__).resolve().parent.parent
     for path, text in docs_with_tables(root).items():
         assert (root / path).read_text() == text, f"{path}: run python -m tether.compat to regenerate its table"
+
+
+def test_an_alpaca_file_gives_ppo_its_prompts_as_llamafactory_does(tmp_path):
+    from tether.data.records import prompt_rows
+
+    path = _json(tmp_path / "alpaca.json", [{"instruction": "Add.", "input": "2 and 3", "output": "5"}])
+    assert prompt_rows(path) == [{"prompt": [{"role": "user", "content": "Add.\n2 and 3"}], "completion": "5"}]

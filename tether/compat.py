@@ -229,7 +229,12 @@ NAMES = [
     _refused("missing_eos_penalty", TRL, "use --truncation-penalty (a score for responses cut at max_new_tokens)"),
     # ---- LLaMA-Factory
     _derived("stage", LF, "must be the stage run: sft (pt: plain text), rm, dpo (kto: tether dpo --loss kto), ppo"),
-    _derived("dataset", LF, "names in dataset_dir/dataset_info.json: --data dataset_info.json:NAME (ppo: --prompts)"),
+    _derived(
+        "dataset",
+        LF,
+        "names in dataset_dir/dataset_info.json: --data dataset_info.json:NAME (ppo: --prompts, "
+        "each row's turns before its answer as the prompt, the answer kept as 'completion')",
+    ),
     _derived("eval_dataset", LF, "as dataset, for --eval-data (ppo: --eval-prompts)"),
     _derived("dataset_dir", LF, "the folder of dataset_info.json (default data)"),
     _values(

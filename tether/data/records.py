@@ -591,12 +591,27 @@ def tokenize_split(records, eval_records, eval_fraction: float, seed: int, path,
 ROLES = ("system", "user", "assistant", "tool")
 
 
+def _prompt_of_conversation(record: Record) -> Record:
+    """A conversation row with no 'prompt' (an SFT file: messages, alpaca, sharegpt — what LLaMA-Factory's PPO
+    reads) as a prompt row: the turns before the last assistant turn are the prompt, and that answer is kept as
+    the 'completion' column, which a reward function may read."""
+    fields = record.fields
+    messages = fields.get("messages")
+    if "prompt" in fields or not isinstance(messages, list) or len(messages) < 2:
+        return record
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return record
+    rest = {k: v for k, v in fields.items() if k != "messages"}
+    return Record({**rest, "prompt": messages[:-1], "completion": last.get("content", "")}, record.where)
+
+
 def prompt_rows(path: str | Path, columns: str | dict | None = None) -> list[dict]:
     """The rows of an RL prompt file, checked: at least one row; every row a non-empty 'prompt' — a string, or a
     list of chat messages each with a known 'role' and a string 'content'; and every row with the same columns
     (a reward function reading a column must find it in every row). Errors name the file, line and field.
     ``columns`` renames as --columns does (a GSM8K file: prompt=question)."""
-    records = read_records(path, columns)
+    records = [_prompt_of_conversation(r) for r in read_records(path, columns)]
     if not records:
         raise DataError(f"{path}: no prompts (the file is empty)")
     columns = set(records[0].fields)

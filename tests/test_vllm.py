@@ -308,76 +308,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.slow
-def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(model_dir, files, tmp_path):
-    """GRPO on the vLLM backend, killed with SIGKILL after step 3 of 6 is logged: its engine processes die too (the
-    watchdog), and --resume ends with the uninterrupted run's final weights (response seeds off: the engine's seeds
-    come from torch's RNG, which the checkpoint holds)."""
-    rules, _, prompts, _ = files
-    args = [
-        "--model",
-        str(model_dir),
-        "--prompts",
-        str(prompts),
-        "--reward",
-        f"{rules}:count_a",
-        "--rollout-backend",
-        "vllm",
-        "--prompts-per-step",
-        "2",
-        "--group-size",
-        "4",
-        "--max-new-tokens",
-        "8",
-        "--max-steps",
-        "6",
-        "--save-every",
-        "1",
-        "--eval-every",
-        "0",
-        "--report-to",
-        "none",
-        "--lr",
-        "1e-3",
-        "--vllm-kv-cache-gib",
-        str(KV_GIB),
-    ]
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    from tether.cli import main as cli_main
-
-    cli_main(["grpo", *args, "--output", str(whole)])
-    log = (tmp_path / "killed.log").open("w")  # a file, not a pipe: nothing can hold the test on it
-    proc = subprocess.Popen([sys.executable, "-m", "tether", "grpo", *args, "--output", str(killed)], stderr=log)
-    path = killed / "metrics.jsonl"
-    while proc.poll() is None and (not path.is_file() or path.read_text().count("\n") < 3):
-        time.sleep(0.01)
-    engines = descendants(proc.pid)
-    assert engines, "the run's engine processes"
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -9, (tmp_path / "killed.log").read_text()[-2000:]
-    deadline = time.time() + 20
-    while any(alive(p) for p in engines) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
-    cli_main(["grpo", *args, "--output", str(killed), "--resume"])
-    a, b = load_file(str(whole / "final" / "model.safetensors")), load_file(str(killed / "final" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.slow
-def test_two_processes_each_with_an_engine_equal_one(model_dir, files, tmp_path):
-    """Each process samples its share of the prompts on its own engine; with --response-seeds the responses depend
-    on their seeds and prompts only, so the 2-process run is the 1-process run: samples, scores, update figures and
-    weights (to the bound of tests/conftest.py assert_same_adamw_weights)."""
-    from test_online_parallel import assert_same_run, launch
-
-    from tether.cli import main as tether_main
-
-    rules, _, prompts, _ = files
-    args = [
+def _seeded_grpo_args(rules, prompts) -> list[str]:
+    """GRPO on the vLLM backend with response seeds: each response depends on its seed and prompt only, so one
+    process and two sample the same responses, and a resumed run the same as an uninterrupted one."""
+    return [
         "grpo",
         "--model",
-        str(model_dir),
+        "{model}",
         "--prompts",
         str(prompts),
         "--reward",
@@ -395,12 +332,10 @@ def test_two_processes_each_with_an_engine_equal_one(model_dir, files, tmp_path)
         "--max-new-tokens",
         "8",
         "--max-steps",
-        "3",
+        "3",  # 3 steps x 2 minibatches x 2 epochs = test_online_parallel's MAX_UPDATES (12), the weights' bound
         "--lr",
         "3e-3",
         "--eval-every",
-        "0",
-        "--save-every",
         "0",
         "--report-to",
         "none",
@@ -412,9 +347,59 @@ def test_two_processes_each_with_an_engine_equal_one(model_dir, files, tmp_path)
         "--update-epochs",
         "2",
     ]
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+
+
+@pytest.fixture(scope="module")
+def one_process_run(model_dir, tmp_path_factory):
+    """(args, run folder) of the one-process run both subprocess tests compare with: it is trained once, in the
+    pytest process (whose engine the other tests here share)."""
+    from tether.cli import main as tether_main
+
+    root = tmp_path_factory.mktemp("vllm-one")
+    (root / "rules.py").write_text(RULES)
+    prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("cats", "dogs", "rain", "sun")])
+    args = [a.replace("{model}", str(model_dir)) for a in _seeded_grpo_args(root / "rules.py", prompts)]
+    assert tether_main(args + ["--output", str(root / "one"), "--save-every", "1"]) == 0
+    return args, root / "one"
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_path):
+    """The run killed with SIGKILL after step 2 of 3 is logged: its engine processes die too (the watchdog), and
+    --resume ends with the uninterrupted run's final weights, bit for bit. (With response seeds off the engine's
+    seeds come from torch's RNG, which the checkpoint holds: test_seeds_... checks the draws follow it.)"""
+    args, one = one_process_run
+    killed = tmp_path / "killed"
+    from tether.cli import main as cli_main
+
+    log = (tmp_path / "killed.log").open("w")  # a file, not a pipe: nothing can hold the test on it
+    cmd = [sys.executable, "-m", "tether", *args[:], "--output", str(killed), "--save-every", "1"]
+    proc = subprocess.Popen(cmd, stderr=log)
+    path = killed / "metrics.jsonl"
+    while proc.poll() is None and (not path.is_file() or path.read_text().count("\n") < 2):
+        time.sleep(0.01)
+    engines = descendants(proc.pid)
+    assert engines, "the run's engine processes"
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -9, (tmp_path / "killed.log").read_text()[-2000:]
+    deadline = time.time() + 20
+    while any(alive(p) for p in engines) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
+    assert cli_main([*args, "--output", str(killed), "--save-every", "1", "--resume"]) == 0
+    a, b = load_file(str(one / "final" / "model.safetensors")), load_file(str(killed / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_two_processes_each_with_an_engine_equal_one(one_process_run, tmp_path):
+    """Each process samples its share of the prompts on its own engine; the 2-process run is the 1-process run:
+    samples, scores, update figures and weights (to the bound of tests/conftest.py assert_same_adamw_weights)."""
+    from test_online_parallel import assert_same_run, launch
+
+    args, one = one_process_run
+    launch(args + ["--output", str(tmp_path / "two"), "--save-every", "1"])
+    assert_same_run(one, tmp_path / "two")
 
 
 def test_without_vllm_the_config_says_how_to_install_it(model_dir, monkeypatch):

@@ -641,7 +641,10 @@ def interrupted_line(args) -> str:
             step = json.loads(lines[-1]).get("step", len(lines))
     saved = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*") if p.name.split("-")[1].isdigit())
     if not saved:
-        return f"tether {args.stage}: interrupted at step {step}; no checkpoint yet, so a new run starts over"
+        return (
+            f"tether {args.stage}: interrupted at step {step}; no checkpoint was saved yet (--save-every), so the "
+            "same command with --overwrite starts over"
+        )
     return (
         f"tether {args.stage}: interrupted at step {step}; the last checkpoint is step {saved[-1]} in {out}; "
         "the same command with --resume continues from it"

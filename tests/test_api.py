@@ -161,6 +161,6 @@ def test_the_python_api_example_runs_every_stage(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(figures) == {"sft", "rm", "dpo", "kto", "grpo", "ppo"}
-    assert figures["sft"]["steps"] == 6 and all(figures[s]["steps"] == 2 for s in ("rm", "dpo", "kto", "grpo", "ppo"))
+    assert figures["sft"]["steps"] == 60 and all(figures[s]["steps"] == 2 for s in ("rm", "dpo", "kto", "grpo", "ppo"))
     for stage in figures:
         assert (tmp_path / "api" / stage / "final" / "config.json").is_file()

@@ -52,7 +52,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(args: list[str], processes: int = 2, wait: bool = True, config_file: str | None = None):
+def launch(
+    args: list[str], processes: int = 2, wait: bool = True, config_file: str | None = None, script: str | None = None
+):
+    """``accelerate launch`` of ``tether ARGS`` (or of a Python ``script`` with ARGS) on ``processes`` CPU processes:
+    waited for and checked, or (wait=False) the running Popen."""
     how = (
         ["--config_file", config_file]
         if config_file
@@ -75,8 +79,7 @@ def launch(args: list[str], processes: int = 2, wait: bool = True, config_file: 
         *how,
         "--main_process_port",
         str(free_port()),
-        "-m",
-        "tether",
+        *([script] if script else ["-m", "tether"]),
         *args,
     ]
     if not wait:

@@ -683,7 +683,7 @@ def test_the_api_under_a_two_process_launch_is_one_data_parallel_run(case_dirs, 
     tests/conftest.py assert_same_adamw_weights). It was two independent one-process runs in one folder."""
     from conftest import assert_same_adamw_weights
     from safetensors.torch import load_file
-    from test_online_parallel import ENV, free_port
+    from test_online_parallel import ENV, launch
 
     script = tmp_path / "api_run.py"
     script.write_text(
@@ -693,29 +693,9 @@ def test_the_api_under_a_two_process_launch_is_one_data_parallel_run(case_dirs, 
         "                 micro_batch_size=2, lr=1e-3, report_to=['none'], eval_fraction=0)\n"
     )
     model = str(case_dirs["llama"])
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(script),
-        model,
-        str(tmp_path / "two"),
-    ]
-    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = launch([model, str(tmp_path / "two")], script=str(script))
     said = done.stdout + done.stderr
-    assert said.count("processes x micro-batch x accumulation  2 x 2 x 2") == 1, said[-3000:]
+    assert said.count("processes x micro-batch x accumulation  2 x 2 x 2") == 1, said[-3000:]  # one run, not two
     one = subprocess.run(
         [sys.executable, str(script), model, str(tmp_path / "one")],
         env=ENV,

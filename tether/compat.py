@@ -488,7 +488,6 @@ def translate(
     collect = problems is not None
     problems = problems if collect else []
     ignored, notes = [], []
-    foreign = {}
     theirs = values.get("stage")
     if theirs is not None and LF_STAGES.get(str(theirs)) != stage:  # the one problem worth naming: the command
         command = f"tether {LF_STAGES[str(theirs)]}" if str(theirs) in LF_STAGES else "no tether stage"
@@ -505,7 +504,6 @@ def translate(
         if entry is None:
             problems.append(_unknown(stage, key, flags))
             continue
-        foreign[key] = value
         if entry.kind == "ignored":
             ignored.append(f"{key} ({entry.note})")
         elif entry.kind == "refused":
@@ -542,8 +540,10 @@ def translate(
         if collect:
             return out
         raise ConfigError(problem_report(source, problems))
-    derived = _derive(stage, {**values, **{k: v for k, v in foreign.items()}}, flags, notes)
-    out.update(derived)
+    try:
+        out.update(_derive(stage, values, flags, notes))
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None  # name the file (or the call) the keys came from
     if ignored:
         notes.append("no effect in tether: " + "; ".join(ignored))
     _say(source, notes)

@@ -417,6 +417,34 @@ def test_without_vllm_the_config_says_how_to_install_it(model_dir, monkeypatch):
         build_config(GRPOConfig, overrides={**overrides, "rollout.tis_cap": 2.0})
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="sleep mode is refused on a CPU only")
+def test_sleep_mode_on_a_cpu_is_refused_before_an_engine_starts(model_dir, tokenizer):
+    from tether.config import ConfigError
+
+    with pytest.raises(ConfigError, match="vllm_sleep: vLLM's sleep mode frees GPU memory; on a CPU there is none"):
+        VLLMBackend(load_model(model_dir), tokenizer, sampling(vllm_sleep=True))
+
+
+def test_truncated_importance_sampling_is_refused_for_online_dpo(tmp_path):
+    """Online DPO labels its pairs; no loss term takes a sampling ratio, so a cap on one would do nothing."""
+    from tether.config import ConfigError
+    from tether.stages.dpo_config import DPOConfig
+
+    with pytest.raises(ConfigError, match=r"rollout.tis_cap=2: online DPO's loss has no sampling ratio"):
+        build_config(
+            DPOConfig,
+            {},
+            {
+                "model.path": "m",
+                "online.online": True,
+                "rollout.prompts": "p.jsonl",
+                "rollout.backend": "vllm",
+                "rollout.tis_cap": 2.0,
+                "online.judge": "judge.py:more_a",
+            },
+        )
+
+
 def test_an_engine_that_cannot_start_stops_with_the_reason(tmp_path, tokenizer):
     """head_dim 16 (hidden 32, 2 heads), which vLLM's CPU attention refuses: a ConfigError naming the cause and the
     head sizes it takes, not a trace from inside vLLM. (Last in the file: it replaces the shared engine.)"""

@@ -514,7 +514,11 @@ def translate(
                 table = entry.values
                 lookup = value.lower() if isinstance(value, str) and value.lower() in ("true", "false") else value
                 lookup = {"true": True, "false": False}.get(lookup, lookup) if isinstance(lookup, str) else lookup
-                if lookup not in table:
+                try:
+                    known = lookup in table
+                except TypeError:  # a list or a mapping where a value is expected
+                    known = False
+                if not known:
                     accepted = ", ".join(str(k) for k in table)
                     problems.append(
                         f"{key}: {value!r} has no tether equivalent (accepted: {accepted})"

@@ -58,6 +58,23 @@ class Counting:
         return Outcome({"final": float(self.n)}, success=self.n >= 2, claimed=True)
 
 
+class Feedback:
+    """A user who says "Try again." after the first answer and accepts the second (no tools)."""
+
+    def reset(self, row):
+        self.n = 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        self.n += 1
+        if self.n == 1:
+            return StepResult([{"role": "user", "content": "Try again."}])
+        return StepResult(done=True)
+
+    def outcome(self):
+        return Outcome({"answered": 1.0}, success=True)
+
+
 class ScriptedBackend:
     """Turn k of every episode is turns[k] (cycled), tokenised, followed by EOS: a policy with a known script."""
 

@@ -458,7 +458,7 @@ def test_a_run_written_before_the_agent_section_resumes_and_refuses_a_new_env(lo
     assert run_grpo(cfg(train__resume=True))["resumed_from"] == 2
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused_with_a_reason(long_llama):
+def test_a_template_that_rewrites_earlier_turns_is_continued_and_the_plan_says_so(long_llama):
     tok = load_tokenizer(long_llama)
     # like templates that strip the reasoning of earlier turns: only the last message keeps its content
     tok.chat_template = (
@@ -470,12 +470,18 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_with_a_reason(long_ll
     sampler = AgentSampler(
         agent_cfg(f"{HELPERS}:EchoTools(describe_tools=False)"),
         tok,
-        ScriptedBackend(tok, [call]),
+        ScriptedBackend(tok, [call, "ECHO HI"]),
         SAMPLING,
         [tok.eos_token_id],
+        [{"prompt": "hi"}],
     )
-    with pytest.raises(ConfigError, match="rewrites earlier turns"):
-        sampler([{"prompt": "hi"}])
+    rollout, scores = sampler([{"prompt": "hi"}])
+    assert scores.records[0]["calls"] == {"echo": 1} and scores.records[0]["end"] == "done"
+    ids, mask = rollout.response_ids[0], rollout.response_mask[0].bool()
+    assert (
+        tok.decode(ids[~mask], skip_special_tokens=False) == "\n<|im_start|>tool\nHI<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert "re-renders a finished episode differently" in sampler.plan()["template note"]
 
 
 def test_an_environment_failing_late_checkpoints_and_resumes_scoring_its_faults(long_llama, tmp_path):

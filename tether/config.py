@@ -32,6 +32,8 @@ def option(
     meta = {"help": help, "flag": flag, "choices": choices, "aliases": aliases}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda d=tuple(default): list(d), metadata=meta)
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=lambda d=tuple(default.items()): dict(d), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -128,6 +130,30 @@ def _parse_list(text: str) -> list[str]:
     return [part.strip() for part in parts if part.strip()]
 
 
+def _parse_mapping(text: str) -> dict:
+    """``NAME=VALUE,...`` (each value read as YAML: ``enable_thinking=false`` is a boolean) or a JSON object."""
+    import json
+
+    import yaml
+
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"not a JSON object ({err.msg})") from None
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        return value
+    out = {}
+    for item in _parse_list(text):
+        name, eq, raw = item.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"{item!r} is not NAME=VALUE")
+        out[name.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
 class _AppendListAction(argparse.Action):
     """A list flag may be given several times (``--reward a --reward b``) or once with commas; the items add up."""
 
@@ -145,6 +171,8 @@ def _argument_kwargs(f, typ, dest: str, help_text: str) -> dict:
         kwargs["action"] = argparse.BooleanOptionalAction
     elif _is_list(typ):
         kwargs.update(type=_parse_list, action=_AppendListAction, metavar="A,B")
+    elif typ is dict:
+        kwargs.update(type=_parse_mapping, metavar="NAME=VALUE,...")
     else:
         kwargs.update(type=typ, metavar=f.name.upper())
         if f.metadata.get("choices"):
@@ -193,6 +221,15 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections (model:, data:, ...), got {type(data).__name__}")
     return data
+
+
+# Keys also read under a second name, without a warning: the chat template belongs to the model's tokenizer, and
+# recipes write it beside the data (LLaMA-Factory's template, the issue's data.chat_template_kwargs).
+SAME_AS = {
+    "data.chat_template": "model.chat_template",
+    "data.chat_template_kwargs": "model.chat_template_kwargs",
+    "rollout.chat_template_kwargs": "model.chat_template_kwargs",
+}
 
 
 def _renamed(config_cls, dotted: str) -> str | None:
@@ -247,6 +284,8 @@ def _apply_renames(
     it, raised at the first)."""
     out = {}
     for dotted, value in values.items():
+        if not _known(section_types, dotted) and _known(section_types, SAME_AS.get(dotted, ".")):
+            dotted = SAME_AS[dotted]
         if not _known(section_types, dotted):
             new = _renamed(config_cls, dotted)
             if new is None or not _known(section_types, new):
@@ -303,6 +342,12 @@ def _coerce(value, typ, name, source):
             raise TypeError
         if _is_list(typ):
             return _parse_list(value) if isinstance(value, str) else [str(v) for v in value]
+        if typ is dict:
+            if isinstance(value, str):
+                return _parse_mapping(value)
+            if not isinstance(value, dict):
+                raise TypeError
+            return {str(k): v for k, v in value.items()}
         if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if typ is int and isinstance(value, int) and not isinstance(value, bool):

@@ -62,6 +62,16 @@ class ModelSection(Section):
     )
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
     trust_remote_code: bool = option(False, "Run model code shipped inside the model folder. Off unless you trust it.")
+    chat_template: str = option(
+        "",
+        "Chat template to render with: empty = the tokenizer's own (of a named set: tool_use when there are "
+        "tools, else default); a name of the tokenizer's set; or a .jinja file (a training template).",
+    )
+    chat_template_kwargs: dict = option(
+        {},
+        "Variables handed to every chat-template rendering, SFT included: NAME=VALUE,... or JSON, e.g. "
+        "enable_thinking=false (YAML: a mapping, also read as data.chat_template_kwargs).",
+    )
     lora_r: int = option(0, "LoRA rank; 0 trains every weight. Typical 8-64.")
     lora_alpha: float = option(16.0, "LoRA scaling alpha (update scaled by alpha/r). Typical 2*r.")
     lora_dropout: float = option(0.0, "Dropout on the LoRA input (needs keep_dropout). Typical 0-0.1.")
@@ -558,19 +568,30 @@ class AgentSection(Section):
         choices=("raise", "score"),
     )
     env_error_score: float = option(0.0, "Score of an episode whose environment failed, with env_on_error=score.")
+    env_concurrency: int = option(
+        8,
+        "Environment calls (reset, step, outcome) of one turn run at most this many at a time across the "
+        "batch, each on its own instance, each under env_timeout; 1 = one after another.",
+    )
+    tool_parser: str = option(
+        "",
+        "How tool calls are read from a turn: empty = from the chat template (hermes, llama3_json, "
+        "mistral, deepseek), one of those names, or module:function (docs/agents.md).",
+    )
 
     def check(self):
-        if self.max_turns < 1 or self.max_total_tokens < 1 or self.env_timeout < 0:
+        if self.max_turns < 1 or self.max_total_tokens < 1 or self.env_timeout < 0 or self.env_concurrency < 1:
             raise ConfigError(
-                f"max_turns={self.max_turns} and max_total_tokens={self.max_total_tokens} must be >= 1, "
-                f"env_timeout={self.env_timeout} >= 0"
+                f"max_turns={self.max_turns}, max_total_tokens={self.max_total_tokens} and "
+                f"env_concurrency={self.env_concurrency} must be >= 1, env_timeout={self.env_timeout} >= 0"
             )
 
     def check_rewards(self, rewards) -> None:
-        """With --env the environment is the reward: a reward model or reward functions beside it are refused."""
-        if self.env and (rewards.reward or rewards.reward_model):
+        """With --env the environment is the reward; reward functions beside it score the final answer and add to
+        it. A reward model beside it is refused."""
+        if self.env and rewards.reward_model:
             raise ConfigError(
                 f"--env {self.env}: the environment scores the episodes (its outcome and per-turn "
-                "rewards); --reward and --reward-model are not used with it. Put reward logic in the "
-                "environment's step() and outcome() (docs/agents.md)"
+                "rewards), with any --reward functions on the final answer; --reward-model is not used with "
+                "it. Score with a reward model inside the environment's outcome() (docs/agents.md)"
             )

@@ -7,11 +7,17 @@ An environment is a Python class; tether makes one instance per episode, with th
                                        row's prompt, a string becoming one user message)
     step(text) -> StepResult           the policy's turn (its text, special tokens removed) -> the messages the
                                        environment answers with (role "tool" or "user"), reward parts earned by
-                                       this turn, whether the episode is over, and free-form info
+                                       this turn, whether the episode is over, and info (its numbers are logged
+                                       as env/<name>). A step(text, calls) also gets the turn's tool calls, parsed
+                                       in the model family's format (formats.py)
     outcome() -> Outcome               called once when the episode ends (done, out of turns or out of tokens):
                                        reward parts from the environment's own final state, and whether the task
                                        is really done ("success", checked on the state, never on the model's word)
                                        and whether the policy said it was ("claimed")
+
+Any of them may be ``async def`` (awaited). The calls of one turn across the batch run concurrently, at most
+``env_concurrency`` at a time, each on its own instance (an environment sharing state between instances must lock
+it, or run with env_concurrency=1).
 
 A call that raises, or runs past ``env_timeout`` seconds (it is abandoned in its daemon thread), is a fault:
 ``env_on_error=raise`` stops the run (the online loop checkpoints the steps done and names the environment and the
@@ -75,6 +81,21 @@ def environment_name(spec: str) -> str:
     return spec.split("(")[0].rpartition(":")[2] or spec
 
 
+def await_if_needed(value):
+    """The value of a call that may be a coroutine (an ``async def`` tool or environment method): run to its end on
+    a fresh event loop (tether calls environments from worker threads, none of which runs one)."""
+    import asyncio
+    import inspect
+
+    if not inspect.isawaitable(value):
+        return value
+
+    async def wait():
+        return await value
+
+    return asyncio.run(wait())
+
+
 class GuardedCall:
     """Calls an environment's methods under the time limit and turns every failure into an EnvironmentFault that
     names the environment, the method and the prompt."""
@@ -82,9 +103,11 @@ class GuardedCall:
     def __init__(self, name: str, timeout: float):
         self.name, self.timeout = name, timeout
 
-    def __call__(self, what: str, fn: Callable, *args, prompt=None):
+    def __call__(self, what: str, fn: Callable, *args, prompt=None, **kwargs):
         if self.timeout:
-            finished, value = call_in_daemon_thread(lambda: fn(*args), self.timeout, f"env-{self.name}-{what}")
+            finished, value = call_in_daemon_thread(
+                lambda: await_if_needed(fn(*args, **kwargs)), self.timeout, f"env-{self.name}-{what}"
+            )
             if not finished:
                 raise EnvironmentFault(
                     f"environment {self.name}.{what} gave no result within {self.timeout:g} s "
@@ -92,7 +115,7 @@ class GuardedCall:
                 )
         else:
             try:
-                value = fn(*args)
+                value = await_if_needed(fn(*args, **kwargs))
             except Exception as err:  # noqa: BLE001 - a user's environment; reported with its name below
                 value = err
         if isinstance(value, BaseException):

@@ -15,6 +15,10 @@ sampled in (tests/test_agents.py checks it against the per-turn sampling forward
 
 from __future__ import annotations
 
+import inspect
+import json
+import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -30,55 +34,82 @@ from tether.agents.environment import (
     environment_name,
     load_environment,
 )
+from tether.agents.formats import FORMATS, ID_LENGTH, call_id, tool_format
 from tether.config import ConfigError
 from tether.data.sft import template_takes_tools
+from tether.models.chat import has_template, render_chat, takes_tools, template_name, template_text
+from tether.models.lm import end_of_turn_id
 from tether.rewards.score import Scores
 from tether.rollout.batch import Rollout, left_pad
 
+log = logging.getLogger("tether")
+
+
+PROBE = "\u27e6tether-probe-{}\u27e7"  # stands in for an environment message's content when locating it
+
 
 class Transcript:
-    """A conversation rendered through the chat template, continued turn by turn: the environment's messages
-    become the tokens the template puts between the policy's turn and the next generation prompt."""
+    """A conversation continued turn by turn by appending tokens, never by re-rendering what came before.
 
-    def __init__(self, tokenizer, messages: list[dict], tools: list[dict] | None = None):
-        if not getattr(tokenizer, "chat_template", None):
+    The prompt is rendered through the chat template once. After each policy turn (its tokens exactly as sampled),
+    the tokens appended are what the template writes after the end of an assistant turn: the glue after the turn's
+    end marker, the environment's messages and the next generation prompt. They are found by rendering the whole
+    conversation twice, once with the environment's messages and once with placeholders in their place: the two
+    agree up to the first message's content, and the last end-of-turn marker before it closes the policy's turn
+    (templates that drop earlier reasoning or put ``<think>`` in the generation prompt are continued alike: what they
+    would re-render differently is never re-rendered).
+    """
+
+    def __init__(self, tokenizer, messages: list[dict], tools: list[dict] | None = None, markers: tuple = ()):
+        if not has_template(tokenizer):
             raise ConfigError(
                 "--env: episodes are chat conversations, and the tokenizer has no chat template to render "
                 "them (use a model folder whose tokenizer_config.json has a chat_template)"
             )
-        self.tokenizer, self.messages, self.tools = tokenizer, list(messages), tools
+        self.tokenizer, self.messages, self.tools, self.markers = tokenizer, list(messages), tools, markers
         self.text = self.render(self.messages, True)
         self.prompt_ids = tokenizer(self.text, add_special_tokens=False)["input_ids"]
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
-        extra = {"tools": self.tools} if self.tools else {}
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
-        )
+        try:
+            return render_chat(self.tokenizer, messages, generation_prompt, self.tools)
+        except Exception as err:  # noqa: BLE001 - a template's own raise_exception, or a jinja error
+            roles = ", ".join(m["role"] + ("+tool_calls" if m.get("tool_calls") else "") for m in messages)
+            raise TemplateError(
+                f"the chat template ({template_name(self.tokenizer, bool(self.tools))}) cannot render the "
+                f"conversation [{roles}]: {type(err).__name__}: {err}"
+            ) from None
 
-    def continue_with(self, turn_ids: list[int], turn_text: str, observations: list[dict]) -> list[int]:
-        """The token ids that follow the policy's turn (sampled as ``turn_ids``, ending with its stop token): the
-        template's end of the turn, the environment's messages and the next generation prompt."""
-        assistant = {"role": "assistant", "content": turn_text}
-        with_turn = self.render(self.messages + [assistant], False)
-        after = self.render(self.messages + [assistant] + observations, True)
-        if not with_turn.startswith(self.text) or not after.startswith(with_turn):
-            raise ConfigError(
-                "the chat template does not render a conversation as the prefix of its continuation "
-                "(it rewrites earlier turns), so a multi-turn transcript cannot be extended token by "
-                "token; use a template that keeps earlier turns as they were"
+    def following(self, assistant: dict, observations: list[dict]) -> str:
+        """The text after the policy's turn: the glue after its end marker, ``observations``, the generation prompt."""
+        base = self.messages + [assistant]
+        real = self.render(base + observations, True)
+        probe = self.render(base + [{**m, "content": PROBE.format(k)} for k, m in enumerate(observations)], True)
+        if real == probe:
+            raise TemplateError(
+                f"the chat template ({template_name(self.tokenizer, bool(self.tools))}) does not show the "
+                f"environment's messages (roles {sorted({m['role'] for m in observations})})"
             )
-        rendered_turn = with_turn[len(self.text) :]
-        sampled = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
-        if rendered_turn.startswith(sampled):
-            glue = rendered_turn[len(sampled) :]  # what the template adds after the stop token (a newline...)
-        else:  # the template reformatted the turn's text; the tokens stay as sampled, the rest follows its end marker
-            marker = self.tokenizer.decode(turn_ids[-1:], skip_special_tokens=False)
-            at = rendered_turn.rfind(marker) if marker else -1
-            glue = rendered_turn[at + len(marker) :] if at >= 0 else ""
+        same = next((i for i, (a, b) in enumerate(zip(real, probe)) if a != b), min(len(real), len(probe)))
+        at, marker = max(((real.rfind(m, 0, same), m) for m in self.markers if m), default=(-1, ""))
+        if at < 0:
+            raise TemplateError(
+                f"the chat template ({template_name(self.tokenizer, bool(self.tools))}) closes the assistant's "
+                f"turn with none of the stop tokens ({', '.join(self.markers)})"
+            )
+        return real[at + len(marker) :]
+
+    def continue_with(self, assistant: dict, observations: list[dict]) -> list[int]:
+        """The token ids that follow the policy's turn (the assistant message it becomes, structured with its tool
+        calls), and the conversation advanced past ``observations``."""
+        text = self.following(assistant, observations)
         self.messages += [assistant] + observations
-        self.text = after
-        return self.tokenizer(glue + after[len(with_turn) :], add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+class TemplateError(ConfigError):
+    """The chat template cannot continue an episode: found by the start-up check (check_template) before any
+    model is loaded."""
 
 
 @dataclass
@@ -96,8 +127,12 @@ class Episode:
     lines: list[str] = field(default_factory=list)  # the readable transcript
     final: str = ""  # the policy's last turn
     final_tokens: int = 0  # its length in tokens
+    final_ids: list[int] = field(default_factory=list)  # its tokens (what reward functions beside --env read)
     calls: Counter = field(default_factory=Counter)  # tool calls by name
     failed_calls: int = 0
+    calls_made: int = 0  # calls parsed so far (the next call's id)
+    unparsed_turns: int = 0  # turns that look like a call in the family's format, none of which parsed
+    info: dict = field(default_factory=dict)  # the environment's numbers from StepResult.info, summed over turns
     end: str = ""  # done | turns | tokens | error: why it ended
     error: str = ""
     outcome: Outcome | None = None
@@ -123,37 +158,68 @@ class Episode:
             "final": self.final,
             "final_tokens": self.final_tokens,
             "env_tokens": len(self.actions) - sum(self.actions),
+            "unparsed_turns": self.unparsed_turns,
+            **({"info": dict(self.info)} if self.info else {}),
             **({"error": self.error} if self.error else {}),
         }
 
 
 class AgentSampler:
     """Episodes in place of sample-then-score for the online stages: __call__(rows, seeds) -> (Rollout, Scores).
-    It is also the stage's scorer as far as the loop is concerned (describe, error counts, close)."""
+    It is also the stage's scorer as far as the loop is concerned (describe, error counts, close).
 
-    def __init__(self, agent_cfg, tokenizer, backend, sampling, stops: list[int], check_rows: list[dict] = ()):
-        self.cfg, self.tokenizer, self.backend, self.sampling, self.stops = (
-            agent_cfg,
-            tokenizer,
-            backend,
-            sampling,
-            stops,
-        )
+    ``reward_set``: reward functions beside the environment (rewards/functions.py), scoring each episode's final
+    answer; their weighted scores are added to the environment's outcome, each logged as its own part."""
+
+    def __init__(
+        self, agent_cfg, tokenizer, backend, sampling, stops: list[int], check_rows: list[dict] = (), reward_set=None
+    ):
+        self.cfg, self.tokenizer, self.backend, self.sampling = agent_cfg, tokenizer, backend, sampling
         self.factory = load_environment(agent_cfg.env)
         self.name = environment_name(agent_cfg.env)
         self.guard = GuardedCall(self.name, agent_cfg.env_timeout)
-        self.errors = 0
+        self.concurrency = max(1, int(getattr(agent_cfg, "env_concurrency", 1)))
+        self.format, self.format_source = tool_format(
+            getattr(agent_cfg, "tool_parser", ""), template_text(tokenizer, tools=True)
+        )
+        self.stops = list(stops) + [t for t in format_stop_ids(tokenizer, self.format) if t not in stops]
+        self.markers = tuple(dict.fromkeys(tokenizer.decode([t]) for t in self.stops))
+        self.reward_set = reward_set
+        self.errors, self.unparsed_warned = 0, False
+        episodes = []
         for row in list(check_rows)[:2]:  # a dry reset before any model is used: the spec and the rows fit
             try:
-                self.start(row)
+                episodes.append(self.start(row))
             except EnvironmentFault as err:
                 raise ConfigError(f"dry run of --env {agent_cfg.env} on the first prompts: {err}") from err
+        tools = next((e.transcript.tools for e in episodes if e.transcript.tools), None)
+        self.template_notes = check_template(tokenizer, self.format, self.stops, tools)
 
     def describe(self) -> str:
+        rewards = ""
+        if self.reward_set is not None:
+            terms = " + ".join(f"{c.weight:g} x {c.name}" for c in self.reward_set.components)
+            rewards = f" + {terms} on the final answer"
         return (
-            f"environment {self.cfg.env}: its outcome and per-turn rewards; up to {self.cfg.max_turns} turns "
-            f"and {self.cfg.max_total_tokens} tokens per episode"
+            f"environment {self.cfg.env}: its outcome and per-turn rewards{rewards}; up to {self.cfg.max_turns} turns and "
+            f"{self.cfg.max_total_tokens} tokens per episode"
         )
+
+    def plan(self) -> dict:
+        """The plan's lines about episodes: how calls are read, which template renders, what the check found."""
+        return {
+            "episodes": "multi-turn, continued by appending tokens; loss, KL and entropy on the policy's tokens only; "
+            f"{self.concurrency} environment call(s) at a time",
+            "tool calls": f"{self.format.describe()}, {self.format_source}; parsed from the turn's text with special "
+            "tokens",
+            "chat template": template_name(self.tokenizer, tools=True)
+            + (
+                f" with {self.tokenizer.tether_chat.kwargs}"
+                if getattr(self.tokenizer, "tether_chat", None) and self.tokenizer.tether_chat.kwargs
+                else ""
+            ),
+            **({"template note": " | ".join(self.template_notes)} if self.template_notes else {}),
+        }
 
     def error_counts(self) -> dict[str, int]:
         return {"env": self.errors}
@@ -162,10 +228,12 @@ class AgentSampler:
         self.errors = counts.get("env", 0)
 
     def set_progress(self, global_step: int, max_steps: int) -> None:
-        pass  # an environment is not told the run's progress (reward functions are: rewards/score.py)
+        if self.reward_set is not None:
+            self.reward_set.set_progress(global_step, max_steps)
 
     def close(self) -> None:
-        pass
+        if self.reward_set is not None:
+            self.reward_set.close()
 
     def start(self, row: dict) -> Episode:
         prompt = row.get("prompt")
@@ -173,14 +241,33 @@ class AgentSampler:
         tools = None
         if template_takes_tools(self.tokenizer) and getattr(env, "schemas", None):
             env.describe_tools, tools = False, env.schemas  # the template lists the tools in its own format
+        if hasattr(env, "tool_format"):
+            env.tool_format = self.format
         messages = check_messages(self.guard("reset", env.reset, row, prompt=prompt), self.name, "reset")
-        return Episode(row, Transcript(self.tokenizer, messages, tools), env)
+        return Episode(row, Transcript(self.tokenizer, messages, tools, self.markers), env)
 
     def fail(self, episode: Episode, err: EnvironmentFault) -> None:
         if self.cfg.env_on_error == "raise":
             raise err
         self.errors += 1
         episode.end, episode.error = "error", str(err)
+
+    def each(self, fn, items: list) -> list:
+        """fn over items, at most env_concurrency at a time, results in order (an exception is returned, not
+        raised, so every item's call completes before any is acted on)."""
+
+        def call(item):
+            try:
+                return fn(item)
+            except EnvironmentFault as err:
+                return err
+
+        if self.concurrency == 1 or len(items) < 2:
+            return [call(item) for item in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)), thread_name_prefix="env") as pool:
+            return list(pool.map(call, items))
 
     def __call__(self, rows: list[dict], seeds: list[int] | None = None, greedy: bool = False):
         episodes = self.run(rows, seeds, greedy)
@@ -189,27 +276,28 @@ class AgentSampler:
     def run(self, rows: list[dict], seeds: list[int] | None = None, greedy: bool = False) -> list[Episode]:
         cfg = self.cfg
         episodes = []
-        for row in rows:
-            try:
-                episodes.append(self.start(row))
-            except EnvironmentFault as err:
-                episodes.append(Episode(row))
-                self.fail(episodes[-1], err)
+        for row, started in zip(rows, self.each(self.start, rows)):
+            episodes.append(started if isinstance(started, Episode) else Episode(row))
+            if isinstance(started, EnvironmentFault):
+                self.fail(episodes[-1], started)
         for turn in range(cfg.max_turns):
-            live = [(k, e) for k, e in enumerate(episodes) if e.live]
+            live = [e for e in episodes if e.live]
             if not live:
                 break
-            budgets = [min(self.sampling.max_new_tokens, cfg.max_total_tokens - len(e.ids)) for _, e in live]
-            turn_seeds = [seeds[k] + 1_000_003 * turn for k, _ in live] if seeds is not None else None
+            budgets = [min(self.sampling.max_new_tokens, cfg.max_total_tokens - len(e.ids)) for e in live]
+            turn_seeds = None
+            if seeds is not None:
+                turn_seeds = [seeds[k] + 1_000_003 * turn for k, e in enumerate(episodes) if e.live]
             out = self.backend.generate_ids(
-                [e.transcript.prompt_ids + e.ids for _, e in live],
+                [e.transcript.prompt_ids + e.ids for e in live],
                 self.sampling,
                 self.stops,
                 turn_seeds,
                 max(budgets),
                 greedy,
             )
-            for j, (_, e) in enumerate(live):
+            turns = []
+            for j, e in enumerate(live):
                 n = int(out.response_mask[j].sum())
                 ids = out.response_ids[j, :n].tolist()
                 stopped = not bool(out.truncated[j])
@@ -219,58 +307,90 @@ class AgentSampler:
                     e.sampler_logprobs = (e.sampler_logprobs or [0.0] * len(e.ids)) + out.sampler_logprobs[
                         j, : len(ids)
                     ].tolist()
-                self.take_turn(e, ids, stopped, turn)
-        for e in episodes:
-            if e.live:  # cannot happen: the last turn ends every episode; kept as a guard for the invariant
-                e.end = "turns"
-            if e.end != "error":
-                try:
-                    o = self.guard("outcome", e.env.outcome, prompt=e.row.get("prompt"))
-                    if not isinstance(o, Outcome):
-                        raise EnvironmentFault(
-                            f"environment {self.name}.outcome must return an Outcome, not {type(o).__name__}"
-                        )
-                    e.outcome = Outcome(check_parts(o.rewards, self.name, "outcome"), o.success, o.claimed)
-                except EnvironmentFault as err:
-                    self.fail(e, err)
+                turns.append(self.record_turn(e, ids, stopped))
+            stepping = [(e, t) for e, t in zip(live, turns) if t is not None]
+            results = self.each(lambda et: self.step(*et), stepping)
+            for (e, t), result in zip(stepping, results):
+                self.apply_step(e, t, result, turn)
+        self.finish(episodes)
         return episodes
 
-    def take_turn(self, e: Episode, ids: list[int], stopped: bool, turn: int) -> None:
-        """Append the policy's turn, step the environment, append its answer (or end the episode)."""
-        tok, cfg = self.tokenizer, self.cfg
+    def record_turn(self, e: Episode, ids: list[int], stopped: bool):
+        """Append the policy's turn and parse it; the turn (text, content, calls), or None when it ended the
+        episode (out of tokens: the environment never sees a half-written turn)."""
+        tok = self.tokenizer
         e.ids += ids
         e.actions += [1] * len(ids)
         e.turn_ends.append(len(e.ids) - 1)
         text = tok.decode(ids, skip_special_tokens=True)
-        e.final, e.final_tokens = text, len(ids)
+        e.final, e.final_tokens, e.final_ids = text, len(ids), list(ids)
         e.lines.append(f"assistant: {text}")
-        if not stopped:  # the turn ran out of tokens: the environment never sees a half-written turn
+        if not stopped:
             e.turn_rewards.append({})
             e.end = "tokens"
-            return
+            return None
+        raw = tok.decode(ids[:-1], skip_special_tokens=False)  # call markers may be special tokens
         try:
-            result = self.guard("step", e.env.step, text, prompt=e.row.get("prompt"))
-            if not isinstance(result, StepResult):
-                raise EnvironmentFault(
-                    f"environment {self.name}.step must return a StepResult, not {type(result).__name__}"
+            content, calls = self.format.parse(raw)
+        except Exception as err:  # noqa: BLE001 - a user's parser (--tool-parser module:function)
+            raise ConfigError(f"agent.tool_parser {self.format.name} raised {type(err).__name__}: {err}") from err
+        if not calls and self.format.looks_like_call(raw):
+            e.unparsed_turns += 1
+            if not self.unparsed_warned:
+                self.unparsed_warned = True
+                log.warning(
+                    "a turn looks like a tool call in the %s format but none parses (counted in "
+                    "agent/unparsed_call_frac; --tool-parser chooses the format): %r",
+                    self.format.name,
+                    raw[:200],
                 )
+        for call in calls:
+            e.calls_made += 1
+            call["id"] = call.get("id") if len(str(call.get("id", ""))) == ID_LENGTH else call_id(e.calls_made)
+        return text, content, calls
+
+    def step(self, e: Episode, turn) -> StepResult:
+        text, _, calls = turn
+        step = e.env.step
+        wants_calls = "calls" in getattr(inspect.signature(step), "parameters", {})
+        if wants_calls:
+            result = self.guard("step", step, text, calls=[dict(c) for c in calls], prompt=e.row.get("prompt"))
+        else:
+            result = self.guard("step", step, text, prompt=e.row.get("prompt"))
+        if not isinstance(result, StepResult):
+            raise EnvironmentFault(
+                f"environment {self.name}.step must return a StepResult, not {type(result).__name__}"
+            )
+        return result
+
+    def apply_step(self, e: Episode, turn, result, index: int) -> None:
+        """Append the environment's answer to the policy's turn (or end the episode)."""
+        cfg = self.cfg
+        try:
+            if isinstance(result, EnvironmentFault):
+                raise result
             messages = check_messages(result.messages, self.name, "step")
             e.turn_rewards.append(check_parts(result.rewards, self.name, "step"))
         except EnvironmentFault as err:
             e.turn_rewards.append({})
             self.fail(e, err)
             return
-        for call in (result.info or {}).get("calls", []):
+        info = result.info or {}
+        for call in info.get("calls", []):
             e.calls[str(call.get("name", "?"))] += 1
             e.failed_calls += 0 if call.get("ok", True) else 1
+        for name, value in info.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                e.info[str(name)] = e.info.get(str(name), 0.0) + float(value)
         e.lines += [f"{m['role']}: {m.get('content', '')}" for m in messages]
         if result.done:
             e.end = "done"
             return
-        if turn + 1 == cfg.max_turns:
+        if index + 1 == cfg.max_turns:
             e.end = "turns"
             return
-        following = e.transcript.continue_with(ids, text, messages)
+        _, content, calls = turn
+        following = e.transcript.continue_with(self.assistant_message(content, calls), tool_replies(messages, calls))
         if len(e.ids) + len(following) >= cfg.max_total_tokens:  # no room left for a policy token
             e.end = "tokens"
             return
@@ -278,6 +398,34 @@ class AgentSampler:
         e.actions += [0] * len(following)
         if e.sampler_logprobs is not None:
             e.sampler_logprobs += [0.0] * len(following)
+
+    def assistant_message(self, content: str, calls: list[dict]) -> dict:
+        """The policy's turn as the conversation keeps it: its text, and its calls as structured tool_calls (with
+        their ids; arguments a JSON string where the family's templates want one)."""
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [structured_call(c, self.format.arguments_as_string) for c in calls]
+        return message
+
+    def finish(self, episodes: list[Episode]) -> None:
+        for e in episodes:
+            if e.live:  # cannot happen: the last turn ends every episode; kept as a guard for the invariant
+                e.end = "turns"
+        ended = [e for e in episodes if e.end != "error"]
+
+        def outcome(e: Episode) -> Outcome:
+            o = self.guard("outcome", e.env.outcome, prompt=e.row.get("prompt"))
+            if not isinstance(o, Outcome):
+                raise EnvironmentFault(
+                    f"environment {self.name}.outcome must return an Outcome, not {type(o).__name__}"
+                )
+            return Outcome(check_parts(o.rewards, self.name, "outcome"), o.success, o.claimed)
+
+        for e, o in zip(ended, self.each(outcome, ended)):
+            if isinstance(o, EnvironmentFault):
+                self.fail(e, o)
+            else:
+                e.outcome = o
 
     def rollout(self, episodes: list[Episode]) -> Rollout:
         pad = self.tokenizer.pad_token_id
@@ -310,7 +458,8 @@ class AgentSampler:
 
     def scores(self, episodes: list[Episode]) -> Scores:
         """Outcome parts sum to the total; each turn's parts sum to that turn's step score (a process reward on the
-        turn's last token); every part is logged by name (a per-turn part as its sum over the episode)."""
+        turn's last token); every part is logged by name (a per-turn part as its sum over the episode). Reward
+        functions beside the environment add their weighted score of the final answer to the total."""
         names = sorted(
             {
                 k
@@ -331,7 +480,74 @@ class AgentSampler:
             total[i] = self.cfg.env_error_score if e.end == "error" else sum(outcome.values())
             steps.append([sum(t.values()) for t in e.turn_rewards])
             ends.append(list(e.turn_ends))
+        if self.reward_set is not None:
+            scored = torch.tensor([e.end != "error" for e in episodes], dtype=torch.float32)
+            for name, (weight, values) in self.final_answer_scores(episodes).items():
+                if name in parts:
+                    raise ConfigError(f"reward function {name} has the name of one of the environment's rewards")
+                parts[name] = values
+                total += weight * values * scored
         return Scores(total, parts, steps, True, step_ends=ends, records=[e.record() for e in episodes])
+
+    def final_answer_scores(self, episodes: list[Episode]) -> dict:
+        """{name: (weight, scores)} of the reward functions beside the environment, on each final answer."""
+        values = self.reward_set.score(
+            [e.row for e in episodes],
+            [e.final for e in episodes],
+            [list(e.final_ids) for e in episodes],
+            [e.truncated for e in episodes],
+        )
+        out = {}
+        for c in self.reward_set.components:
+            v = values[c.name]
+            if any(isinstance(x, list) for x in v):
+                raise ConfigError(
+                    f"reward function {c.name} returned step scores; beside --env a reward function scores the "
+                    "final answer (per-turn rewards are the environment's: StepResult.rewards)"
+                )
+            if any(x is None for x in v):  # "no opinion": adds 0, counted
+                c.nones += sum(x is None for x in v)
+            out[c.name] = (c.weight, torch.tensor([0.0 if x is None else float(x) for x in v]))
+        return out
+
+
+def tool_replies(messages: list[dict], calls: list[dict]) -> list[dict]:
+    """The environment's messages with the k-th tool message answering the k-th call: its id (``tool_call_id``) and
+    the tool's ``name``, unless the environment gave them (templates need both: Mistral's the id, Hermes' the
+    name)."""
+    out, k = [], 0
+    for m in messages:
+        if m.get("role") == "tool" and k < len(calls):
+            m = {**m, "tool_call_id": m.get("tool_call_id") or calls[k]["id"]}
+            m.setdefault("name", calls[k].get("name") or "invalid_call")
+            k += 1
+        out.append(m)
+    return out
+
+
+def structured_call(call: dict, arguments_as_string: bool) -> dict:
+    """A parsed call as an assistant message's tool_calls entry (one that did not parse: its name or
+    "invalid_call", no arguments; the tokens stay as the policy wrote them)."""
+    arguments = call.get("arguments", {}) if "error" not in call else {}
+    return {
+        "id": call["id"],
+        "type": "function",
+        "function": {
+            "name": call.get("name") or "invalid_call",
+            "arguments": json.dumps(arguments) if arguments_as_string else arguments,
+        },
+    }
+
+
+def format_stop_ids(tokenizer, fmt) -> list[int]:
+    """Tokens the format ends a call turn with besides the template's end of turn (Llama 3's <|eom_id|>), where
+    the tokenizer has them as single tokens."""
+    out = []
+    for marker in fmt.stop_markers:
+        ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1 and tokenizer.decode(ids) == marker:
+            out.append(int(ids[0]))
+    return out
 
 
 def agent_metrics(records: list[dict]) -> dict:
@@ -350,7 +566,12 @@ def agent_metrics(records: list[dict]) -> dict:
         "agent/out_of_turns_frac": sum(r["end"] == "turns" for r in records) / n,
         "agent/out_of_tokens_frac": sum(r["end"] == "tokens" for r in records) / n,
         "agent/top_tool_share": max(calls.values()) / total_calls if total_calls else 0.0,
+        "agent/unparsed_call_frac": sum(r.get("unparsed_turns", 0) for r in records)
+        / max(sum(r["turns"] for r in records), 1),
     }
+    info_names = sorted({k for r in records for k in r.get("info", {})})
+    for name in info_names:  # the environment's own numbers (StepResult.info), per episode
+        out[f"env/{name}"] = sum(r.get("info", {}).get(name, 0.0) for r in records) / n
     for name, count in sorted(calls.items()):
         out[f"agent/calls/{name}"] = count / n
     judged = [r for r in records if r["success"] is not None]
@@ -365,3 +586,109 @@ def agent_metrics(records: list[dict]) -> dict:
                 both
             )
     return out
+
+
+def check_episodes(agent_cfg, tokenizer, rows: list[dict]) -> None:
+    """Before any model is loaded: the environment resets on the first prompts, and the chat template continues a
+    scripted tool episode with the chosen parser (check_template); nothing fails mid-run for a template reason."""
+    if agent_cfg is None or not agent_cfg.env:
+        return
+    from tether.rollout.prompts import stop_token_ids
+
+    AgentSampler(agent_cfg, tokenizer, None, None, stop_token_ids(tokenizer), rows)
+
+
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a word up.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
+
+
+def check_template(tokenizer, fmt, stops: list[int], tools: list[dict] | None = None) -> list[str]:
+    """The start-up check, before any model is loaded: a scripted two-turn tool episode (a call, its result, a
+    final answer) rendered through the run's chat template and continued as episodes are. Raises a ConfigError
+    naming the template, what failed and the option that fixes it; returns notes for the plan (what the template
+    would re-render differently, what the policy is trained on)."""
+    tools = tools or ([PROBE_TOOL] if takes_tools(tokenizer) else None)
+    name = template_name(tokenizer, tools=bool(tools))
+    fixes = (
+        "--chat-template FILE (a training template), --chat-template-kwargs, or --tool-parser "
+        f"({', '.join(FORMATS)} or module:function)"
+    )
+    first = (tools or [PROBE_TOOL])[0]["function"]
+    call = {"name": first["name"], "arguments": {p: "tether" for p in first["parameters"].get("required", [])}}
+    user = {"role": "user", "content": "Use a tool, then answer."}
+    notes = []
+    try:
+        written = template_call_text(tokenizer, user, call, fmt, tools)
+        if written is not None:
+            parsed = fmt.parse(written)[1]
+            if [(c.get("name"), c.get("arguments")) for c in parsed] != [(call["name"], call["arguments"])]:
+                readers = [f.name for f in FORMATS.values() if f.parse(written)[1][:1] == [call]]
+                raise TemplateError(
+                    f"the chat template ({name}) writes a tool call as {written[:160]!r}, which the "
+                    f"{fmt.name} parser reads as {parsed}; "
+                    + (f"use --tool-parser {readers[0]}" if readers else "give --tool-parser module:function")
+                )
+        markers = tuple(dict.fromkeys(tokenizer.decode([t]) for t in stops))
+        transcript = Transcript(tokenizer, [user], tools, markers)
+        ids = list(transcript.prompt_ids)
+        stop = stops[0] if stops else tokenizer.eos_token_id
+        turn = tokenizer(fmt.write([call]), add_special_tokens=False)["input_ids"] + [stop]
+        parsed = fmt.parse(tokenizer.decode(turn[:-1], skip_special_tokens=False))[1]
+        if [(c.get("name"), c.get("arguments")) for c in parsed] != [(call["name"], call["arguments"])]:
+            raise TemplateError(
+                f"a call written in the {fmt.name} format does not survive tokenizing and decoding ({parsed}); "
+                "use --tool-parser"
+            )
+        call = {**call, "id": call_id(1)}
+        reply = tool_replies([{"role": "tool", "content": "PROBE RESULT"}], [call])
+        assistant = {"role": "assistant", "content": "", "tool_calls": [structured_call(call, fmt.arguments_as_string)]}
+        following = transcript.continue_with(assistant, reply)
+        if "PROBE RESULT" not in tokenizer.decode(following, skip_special_tokens=False):
+            raise TemplateError(f"the chat template ({name}) does not show a tool's result after a call")
+        ids += turn + following
+        answer = tokenizer("The answer is here.", add_special_tokens=False)["input_ids"] + [stop]
+        ids += answer
+        full = transcript.render(transcript.messages + [{"role": "assistant", "content": "The answer is here."}], False)
+    except TemplateError as err:
+        raise ConfigError(f"--env: {err}. Episodes cannot be continued with this template; fix with {fixes}") from None
+    appended = tokenizer.decode(ids, skip_special_tokens=False)
+    if not full.startswith(appended.rstrip()) and not appended.startswith(full.rstrip()):
+        at = next((i for i, (a, b) in enumerate(zip(appended, full)) if a != b), min(len(appended), len(full)))
+        notes.append(
+            f"the chat template ({name}) re-renders a finished episode differently from its transcript (from "
+            f"{appended[max(0, at - 30) : at + 30]!r} it writes {full[max(0, at - 30) : at + 30]!r}): the policy is "
+            "trained on its turns exactly as it sampled them, each in the context it was sampled in; a server "
+            "that re-renders the conversation shows it the template's version"
+        )
+    return notes
+
+
+def template_call_text(tokenizer, user: dict, call: dict, fmt, tools) -> str | None:
+    """How the chat template writes an assistant turn with one tool call (None: it does not show tool calls)."""
+    message = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [structured_call({**call, "id": call_id(1)}, fmt.arguments_as_string)],
+    }
+    try:
+        prompt = render_chat(tokenizer, [user], True, tools)
+        with_call = render_chat(tokenizer, [user, message], False, tools)
+    except Exception as err:  # noqa: BLE001 - the template's own raise_exception or a jinja error
+        raise TemplateError(
+            f"the chat template ({template_name(tokenizer, bool(tools))}) cannot render an assistant turn with "
+            f"tool_calls: {type(err).__name__}: {err}"
+        ) from None
+    same = next((i for i, (a, b) in enumerate(zip(prompt, with_call)) if a != b), min(len(prompt), len(with_call)))
+    written = with_call[same:]
+    if call["name"] not in written:
+        return None
+    for end in dict.fromkeys([tokenizer.eos_token or "", tokenizer.decode([end_of_turn_id(tokenizer) or 0])]):
+        if end and end in written:
+            written = written[: written.rindex(end)]
+    return written.strip()

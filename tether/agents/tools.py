@@ -1,10 +1,13 @@
-"""Tool calling as an environment: tools are plain Python functions; the policy calls them in the Hermes / Qwen
-convention, a JSON object between <tool_call> tags in its turn; results go back as "tool" messages through the
-model's chat template (docs/agents.md).
+"""Tool calling as an environment: tools are plain Python functions (``async def`` ones are awaited); the policy
+calls them in its model family's format (formats.py: Hermes / Qwen's <tool_call> JSON, Llama 3's JSON, Mistral's
+[TOOL_CALLS], DeepSeek's call tokens), and results go back as "tool" messages through the model's chat template
+(docs/agents.md).
 
     <tool_call>{"name": "calc", "arguments": {"expression": "47 + 38 - 19"}}</tool_call>
 
-A turn with calls gets one tool message per call. A call that cannot be made — not JSON, no such tool, arguments
+The episode runner parses the turn (from its text decoded with special tokens) and hands the calls to ``step``;
+called on its own, ``step(text)`` parses ``text`` in ``tool_format`` (Hermes by default). A turn with calls gets
+one tool message per call, in order (the runner adds each call's id and name to it). A call that cannot be made — not JSON, no such tool, arguments
 the function does not take, a function that raises — is answered with an "error: ..." tool message the policy
 sees on its next turn (a malformed call is an observation, never a crash) and counted as a failed call. A turn
 without a call is the policy's final answer and ends the episode.
@@ -18,17 +21,44 @@ import re
 from collections import Counter
 from typing import Callable
 
-from tether.agents.environment import Outcome, StepResult
+from tether.agents.environment import Outcome, StepResult, await_if_needed
+from tether.agents.formats import FORMATS, ToolFormat
 from tether.data.sft import tools_system_message
 
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)  # kept for 0.1's importers
+ARGS_HEADERS = ("Args:", "Arguments:", "Parameters:")
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+def docstring_arguments(doc: str) -> tuple[str, dict[str, str]]:
+    """(the description, {parameter: its description}) of a Google-style docstring: the text before the ``Args:``
+    section (its first paragraph), and each ``name (type): description`` line of the section, continuation lines
+    joined."""
+    lines = doc.splitlines()
+    at = next((i for i, line in enumerate(lines) if line.strip() in ARGS_HEADERS), len(lines))
+    description = "\n".join(lines[:at]).split("\n\n")[0].strip()
+    arguments, current, indent = {}, None, None
+    for line in lines[at + 1 :]:
+        if not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        if indent is None:
+            indent = depth
+        if depth < indent or (depth == indent and line.strip().endswith(":") and " " not in line.strip()):
+            break  # the next section (Returns:, Raises:)
+        match = re.match(r"\s*\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)", line) if depth == indent else None
+        if match:
+            current = match.group(1)
+            arguments[current] = match.group(2).strip()
+        elif current is not None:
+            arguments[current] = (arguments[current] + " " + line.strip()).strip()
+    return description, arguments
 
 
 def tool_schema(fn: Callable) -> dict:
     """The JSON schema of a Python function as chat templates take it ({"type": "function", "function": {...}}): its
-    name, its docstring's first paragraph, its parameters' annotated types; parameters without a default are
-    required. A function with a ``schema`` attribute (a dict) gives its own."""
+    name, its docstring's first paragraph, its parameters' annotated types and their ``Args:`` descriptions;
+    parameters without a default are required. A function with a ``schema`` attribute (a dict) gives its own."""
     if isinstance(getattr(fn, "schema", None), dict):
         return fn.schema
     import typing
@@ -37,6 +67,7 @@ def tool_schema(fn: Callable) -> dict:
         hints = typing.get_type_hints(fn)  # resolves string annotations (from __future__ import annotations)
     except Exception:  # noqa: BLE001 - an annotation that does not resolve: typed as a string below
         hints = {}
+    description, described = docstring_arguments(inspect.getdoc(fn) or "")
     properties, required = {}, []
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
@@ -44,44 +75,25 @@ def tool_schema(fn: Callable) -> dict:
         properties[p.name] = (
             {"type": JSON_TYPES.get(hints.get(p.name), "string")} if p.annotation is not inspect.Parameter.empty else {}
         )
+        if described.get(p.name):
+            properties[p.name]["description"] = described[p.name]
         if p.default is inspect.Parameter.empty:
             required.append(p.name)
-    doc = inspect.getdoc(fn) or ""
     return {
         "type": "function",
         "function": {
             "name": fn.__name__,
-            "description": doc.split("\n\n")[0].strip(),
+            "description": description,
             "parameters": {"type": "object", "properties": properties, "required": required},
         },
     }
 
 
 def parse_tool_calls(text: str) -> list[dict]:
-    """The calls in a policy turn, in order: {"name", "arguments"} for a well-formed call, {"error": why} for one
-    that is not (a dangling <tool_call> without its closing tag is parsed up to the end of the turn)."""
-    calls = []
-    for raw in TOOL_CALL_RE.findall(text):
-        try:
-            call = json.loads(raw.strip())
-        except json.JSONDecodeError as err:
-            calls.append({"error": f"the tool call is not valid JSON ({err.msg} at character {err.pos})"})
-            continue
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            calls.append({"error": 'a tool call is a JSON object with a "name" and "arguments"'})
-            continue
-        arguments = call.get("arguments", {})
-        if isinstance(arguments, str):  # some templates and models write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
-                calls.append({"name": call["name"], "error": '"arguments" is a string that is not JSON'})
-                continue
-        if not isinstance(arguments, dict):
-            calls.append({"name": call["name"], "error": '"arguments" must be a JSON object'})
-            continue
-        calls.append({"name": call["name"], "arguments": arguments})
-    return calls
+    """The calls in a policy turn written in the Hermes / Qwen convention, in order: {"name", "arguments"} for a
+    well-formed call, {"error": why} for one that is not (a dangling <tool_call> without its closing tag is parsed up
+    to the end of the turn). Other families: formats.py."""
+    return FORMATS["hermes"].parse(text)[1]
 
 
 class ToolEnvironment:
@@ -94,6 +106,7 @@ class ToolEnvironment:
 
     tools: list[Callable] = []
     describe_tools: bool = True  # add a system message listing the tools (False: the model knows them already)
+    tool_format: ToolFormat = FORMATS["hermes"]  # how step(text) reads calls when the runner gives none
 
     def __init__(
         self,
@@ -121,8 +134,11 @@ class ToolEnvironment:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         return ([tools_system_message(self.schemas)] if self.describe_tools and self.tools else []) + messages
 
-    def step(self, text: str) -> StepResult:
-        calls = parse_tool_calls(text)
+    def step(self, text: str, calls: list[dict] | None = None) -> StepResult:
+        """``calls``: the turn's calls as the runner parsed them in the model family's format; None: parse ``text``
+        in ``tool_format``."""
+        if calls is None:
+            calls = self.tool_format.parse(text)[1]
         if not calls:
             self.final_text = text
             return StepResult(done=True)
@@ -151,7 +167,7 @@ class ToolEnvironment:
         except TypeError as err:
             return f"error: {call['name']}: {err}", False
         try:
-            result = fn(**call["arguments"])
+            result = await_if_needed(fn(**call["arguments"]))
         except Exception as err:  # noqa: BLE001 - a tool's failure is the policy's observation
             return f"error: {call['name']} raised {type(err).__name__}: {err}", False
         return result if isinstance(result, str) else json.dumps(result), True

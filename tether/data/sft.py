@@ -18,6 +18,8 @@ import torch
 
 from tether.console import progress
 from tether.data.records import ACCEPTED_FORMATS, ROLES, DataError, Record
+from tether.models.chat import has_template, takes_tools
+from tether.models.chat import render_chat as render_with_choice
 from tether.models.packing import pack_sequences
 
 
@@ -102,9 +104,9 @@ def check_messages(value, where: str, name: str) -> list[dict]:
 
 
 def template_takes_tools(tokenizer) -> bool:
-    """Whether the chat template renders a ``tools=`` list itself (Qwen2.5, Llama 3.1, Hermes templates do)."""
-    template = getattr(tokenizer, "chat_template", None) or ""
-    return isinstance(template, str) and "tools" in template
+    """Whether the run's chat template renders a ``tools=`` list itself (Qwen2.5, Llama 3.1, Hermes templates do;
+    for a tokenizer with named templates, the one a conversation with tools gets: models/chat.py)."""
+    return takes_tools(tokenizer)
 
 
 def tools_system_message(schemas: list[dict]) -> dict:
@@ -121,8 +123,8 @@ def tools_system_message(schemas: list[dict]) -> dict:
 
 
 def with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], dict]:
-    """(messages, apply_chat_template keywords) for a conversation with tool schemas, rendered as the online stages
-    render an environment's tools: given to a template that takes ``tools=``, else listed in a system message."""
+    """(messages, render keywords) for a conversation with tool schemas, rendered as the online stages render an
+    environment's tools: given to a template that takes ``tools=``, else listed in a system message."""
     if not tools:
         return messages, {}
     if template_takes_tools(tokenizer):
@@ -130,13 +132,15 @@ def with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> tup
     return [tools_system_message(tools), *messages], {}
 
 
-def render_chat(tokenizer, messages, where, **kwargs) -> str:
-    if not getattr(tokenizer, "chat_template", None):
+def render_chat(tokenizer, messages, where, add_generation_prompt: bool = False, tools=None) -> str:
+    """A conversation through the run's chat template and options (models/chat.py); a missing template names
+    ``where``."""
+    if not has_template(tokenizer):
         raise DataError(
             f"{where}: chat messages need a chat template, and the tokenizer has none "
             "(add 'chat_template' to its tokenizer_config.json, or use prompt/completion strings)"
         )
-    return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    return render_with_choice(tokenizer, messages, add_generation_prompt, tools)
 
 
 def _assistant_spans(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tether.lab import arith, assist
+from tether.models.chat import render_chat
 from tether.rollout.texts import generate_texts
 
 
@@ -25,7 +26,7 @@ GREEDY = Decoding()
 
 
 def chat_prompts(tokenizer, rows: list[dict]) -> list[str]:
-    return [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows]
+    return [render_chat(tokenizer, r["prompt"], generation_prompt=True) for r in rows]
 
 
 def generate_for(model, tokenizer, rows: list[dict], decoding: Decoding) -> list[list[str]]:

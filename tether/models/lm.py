@@ -106,10 +106,11 @@ def _check_torch_weights(weights_file: Path, what: str) -> None:
 def end_of_turn_id(tokenizer) -> int | None:
     """The special token the chat template closes an assistant turn with (ChatML's <|im_end|>, Llama 3's <|eot_id|>,
     Gemma's <end_of_turn>), found by rendering a turn; None without a template or when none follows the turn."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
+    from tether.models.chat import chat_choice, has_template, template_text
+
+    if not has_template(tokenizer):
         return None
-    key = (id(tokenizer), str(template), tokenizer.eos_token)
+    key = (id(tokenizer), template_text(tokenizer), str(chat_choice(tokenizer).kwargs), tokenizer.eos_token)
     if key not in _END_OF_TURN:  # once per tokenizer and template: data preparation asks for every conversation
         _END_OF_TURN[key] = _probe_end_of_turn(tokenizer)
     return _END_OF_TURN[key]
@@ -119,11 +120,11 @@ _END_OF_TURN: dict = {}
 
 
 def _probe_end_of_turn(tokenizer) -> int | None:
+    from tether.models.chat import render_chat
+
     marker = "TETHERENDOFTURNPROBE"
     try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
-        )
+        text = render_chat(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}])
     except Exception:  # noqa: BLE001 - a template with its own rules (roles, system turns): no probe, no extra stop
         return None
     after = text[text.rfind(marker) + len(marker) :] if marker in text else ""
@@ -278,7 +279,10 @@ def check_lora_reference(model_cfg) -> None:
 def load_stage_tokenizer(model_cfg):
     if not model_cfg.path:
         raise ConfigError("--model is required: a local Hugging Face model folder")
-    return load_tokenizer(model_cfg.tokenizer or model_cfg.path, model_cfg.trust_remote_code)
+    from tether.models.chat import use_chat
+
+    tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.path, model_cfg.trust_remote_code)
+    return use_chat(tokenizer, model_cfg.chat_template, model_cfg.chat_template_kwargs)
 
 
 def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):

@@ -115,11 +115,13 @@ def reward_model(prompts, completions, path: str = "", normalize: bool = True, *
     reward model's chat template when it is a list of messages."""
     if not path:
         raise ValueError("reward_model needs path=... (a `tether rm` final/ folder)")
+    from tether.models.chat import render_chat
+
     tok = _tokenizer(path)
     eos = tok.eos_token or ""
     texts = []
     for p, c in zip(prompts, completions):
-        rendered = tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
+        rendered = render_chat(tok, p, generation_prompt=True) if isinstance(p, list) else p
         texts.append(rendered + c + eos)
     return list(_scorer(path, normalize)(texts))
 

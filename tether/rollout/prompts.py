@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from tether.errors import DataError
+from tether.models.chat import has_template, render_chat
 from tether.models.lm import end_of_turn_id
 
 
@@ -18,13 +19,13 @@ def render_prompts(tokenizer, rows: list[dict], where: str) -> list[str]:
     for i, row in enumerate(rows):
         prompt = row.get("prompt")
         if isinstance(prompt, list):
-            if not getattr(tokenizer, "chat_template", None):
+            if not has_template(tokenizer):
                 raise DataError(
                     f"{where} row {i + 1}: 'prompt' is a list of chat messages, and the tokenizer has no "
                     "chat template to render them (give the prompts as plain strings, or use a model "
                     "folder whose tokenizer_config.json has a chat_template)"
                 )
-            out.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+            out.append(render_chat(tokenizer, prompt, generation_prompt=True))
         elif isinstance(prompt, str):
             out.append(prompt)
         else:

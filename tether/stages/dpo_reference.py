@@ -62,6 +62,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
         str(getattr(tokenizer, "chat_template", "") or ""),
         json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str),
     ]
+    choice = getattr(tokenizer, "tether_chat", None)
+    if choice is not None and (choice.template is not None or choice.kwargs):  # the run's template choice renders too
+        parts.append(repr((choice.template, sorted(choice.kwargs.items()))))
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tether.agents.episodes import check_episodes
 from tether.algorithms.advantages import process_advantages, token_advantages, zero_variance_groups
 from tether.algorithms.kl import kl_estimate
 from tether.algorithms.objectives import group_objective
@@ -88,7 +89,9 @@ class GroupStage:
         self.cfg, self.tokenizer, self.policy, self.reference, self.scorer = cfg, tokenizer, policy, reference, scorer
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
-        self.sampler = OnlineSampler(cfg, tokenizer, policy, self.rows, self.eval_rows, backend)
+        self.sampler = OnlineSampler(
+            cfg, tokenizer, policy, self.rows, self.eval_rows, backend, start.reward_set if cfg.agent.env else None
+        )
         self.prompts, self.eval_prompts = self.sampler.prompts, self.sampler.eval_prompts
         self.stops, self.agent = self.sampler.stops, self.sampler.agent
         if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
@@ -137,9 +140,11 @@ class GroupStage:
             + (f" (L = {cfg.norm_length})" if a.aggregation == "seq-mean-token-sum-norm" else ""),
             "KL": kl,
             "reward": self.scorer.describe(),
-            "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
+            "stop tokens": ", ".join(
+                self.tokenizer.convert_ids_to_tokens(self.agent.stops if self.agent else self.stops)
+            ),
             "generation": self.sampler.describe(),
-            **({"episodes": "multi-turn; loss, KL and entropy on the policy's tokens only"} if self.agent else {}),
+            **(self.agent.plan() if self.agent else {}),
             "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
             f"{sum(q.numel() for q in self.policy.parameters()):,}",
         }
@@ -384,13 +389,14 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
         "grpo",
         cfg,
         cfg.train.max_steps,
-        None if cfg.agent.env else cfg.rewards,
+        cfg.rewards if not cfg.agent.env or cfg.rewards.reward else None,  # beside --env: functions on the answer
         cfg.rollout.prompts,
         cfg.rollout.eval_prompts,
         stand_in_reward=scorer is not None,
     )
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
+    check_episodes(cfg.agent, tokenizer, start.prompt_rows)
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
     reference = load_reference(cfg.model, tokenizer, device) if cfg.needs_reference() else None
     if cfg.model.padding_free:  # the log-prob forwards lay the rollout's rows end to end

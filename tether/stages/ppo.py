@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from tether.agents.episodes import check_episodes
 from tether.algorithms.advantages import compact_actions, expand_actions, gae_advantages, masked_whiten, turn_rewards
 from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.objectives import ppo_policy_loss, ppo_value_loss
@@ -62,7 +63,9 @@ class PPOStage:
         )
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
-        self.sampler = OnlineSampler(cfg, tokenizer, policy, self.rows, self.eval_rows, backend)
+        self.sampler = OnlineSampler(
+            cfg, tokenizer, policy, self.rows, self.eval_rows, backend, start.reward_set if cfg.agent.env else None
+        )
         self.prompts, self.eval_prompts = self.sampler.prompts, self.sampler.eval_prompts
         self.stops, self.agent = self.sampler.stops, self.sampler.agent
         if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
@@ -102,8 +105,11 @@ class PPOStage:
             else f"separate ({cfg.critic.path or cfg.rewards.reward_model or cfg.model.path})",
             "reference": "frozen copy" if self.reference is not None else "policy with the LoRA adapter disabled",
             "reward": self.scorer.describe(),
-            "stop tokens": ", ".join(self.tokenizer.convert_ids_to_tokens(self.stops)),
+            "stop tokens": ", ".join(
+                self.tokenizer.convert_ids_to_tokens(self.agent.stops if self.agent else self.stops)
+            ),
             "generation": self.sampler.describe(),
+            **(self.agent.plan() if self.agent else {}),
             "learning rate": f"{cfg.optim.lr:g} policy, {cfg.critic.lr:g} critic ({cfg.optim.lr_schedule})",
             "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic),
         }
@@ -388,13 +394,14 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
         "ppo",
         cfg,
         cfg.train.max_steps,
-        None if cfg.agent.env else cfg.rewards,
+        cfg.rewards if not cfg.agent.env or cfg.rewards.reward else None,  # beside --env: functions on the answer
         cfg.rollout.prompts,
         cfg.rollout.eval_prompts,
         stand_in_reward=scorer is not None,
     )
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
+    check_episodes(cfg.agent, tokenizer, start.prompt_rows)
     policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
     reference = load_reference(cfg.model, tokenizer, device)
     critic = load_critic(cfg, tokenizer, policy, start.checkpoint).to(device)

@@ -20,7 +20,7 @@ class OnlineSampler:
     and ``eval_prompts`` (the rendered prompt rows), ``stops`` (the one stop set) and ``agent`` (an AgentSampler
     when agent.env names an environment, else None)."""
 
-    def __init__(self, cfg, tokenizer, policy, rows: list[dict], eval_rows: list[dict], backend=None):
+    def __init__(self, cfg, tokenizer, policy, rows: list[dict], eval_rows: list[dict], backend=None, reward_set=None):
         ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
         self.rollout_cfg = ro
         self.backend = backend or make_backend(ro, policy, tokenizer)
@@ -30,7 +30,9 @@ class OnlineSampler:
         if not episodes:  # each prompt and its response budget fit the model's positions
             check_prompt_context(tokenizer, self.prompts, ro.max_new_tokens, model_context(policy), ro.prompts)
         self.stops = stop_token_ids(tokenizer, policy)
-        self.agent = AgentSampler(agent_cfg, tokenizer, self.backend, ro, self.stops, rows) if episodes else None
+        self.agent = (
+            AgentSampler(agent_cfg, tokenizer, self.backend, ro, self.stops, rows, reward_set) if episodes else None
+        )
 
     def generate(self, prompt_indices: list[int], seeds: list[int] | None):
         """One response per entry of ``prompt_indices`` (repeat an index for a group)."""

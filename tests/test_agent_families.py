@@ -1,0 +1,289 @@
+"""Agents on the model families' own conventions (docs/agents.md, "Model families"): each family's tool-call format
+parsed from the turn decoded with special tokens, structured call turns and results with ids and names, thinking
+templates continued by appending tokens, named templates, the start-up check, and a 2-step GRPO run per family.
+
+The templates are written here to behave as each family's does (tests/family_templates.py)."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import write_jsonl
+from family_templates import family_tokenizer
+
+from tether.agents.episodes import AgentSampler, check_template
+from tether.agents.formats import FORMATS, detect
+from tether.config import ConfigError, build_config
+from tether.models.chat import use_chat
+from tether.rollout.batch import Rollout
+from tether.rollout.prompts import response_mask_from_stops
+
+HELPERS = "tests/agent_helpers.py"
+SAMPLING = SimpleNamespace(max_new_tokens=96, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0)
+ADD = {"name": "add", "arguments": {"a": 2, "b": 3}}
+
+
+def agent_cfg(env=f"{HELPERS}:EchoTools", **kw):
+    base = dict(
+        env=env,
+        max_turns=3,
+        max_total_tokens=400,
+        env_timeout=5.0,
+        env_on_error="raise",
+        env_error_score=-1.0,
+        tool_parser="",
+        env_concurrency=4,
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+class Script:
+    """Turn k of every episode is turns[k]: (text, the token that ends it); the texts' special tokens are tokens."""
+
+    def __init__(self, tokenizer, turns):
+        self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
+
+    def generate_ids(self, contexts, sampling, stop_ids, seeds=None, max_new_tokens=None, greedy=False):
+        text, stop = self.turns[self.calls % len(self.turns)]
+        self.calls += 1
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.convert_tokens_to_ids(stop)]
+        response = torch.tensor([ids] * len(contexts))
+        mask, truncated = response_mask_from_stops(response, stop_ids)
+        none = torch.zeros((len(contexts), 0), dtype=torch.long)
+        return Rollout(none, none, response, mask, truncated, [""] * len(contexts), [text] * len(contexts))
+
+    def weights_updated(self, policy):
+        pass
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("family-base")
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+HERMES_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+R1_CALL = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n"
+    '{"a": 2, "b": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+)
+
+# family -> (the policy's two turns with their stop tokens, the parser detected, what the environment's tokens
+# between them must read: the template's rendering of the tool result and the next generation prompt)
+CASES = {
+    "qwen2.5": (
+        [(HERMES_CALL, "<|im_end|>"), ("The answer is 5.", "<|im_end|>")],
+        "hermes",
+        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    ),
+    "llama3": (
+        [('<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 3}}', "<|eom_id|>"), ("It is 5.", "<|eot_id|>")],
+        "llama3_json",
+        "<|start_header_id|>ipython<|end_header_id|>\n\n5<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    ),
+    "mistral": (
+        [('[TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 3}}]', "</s>"), ("It is 5.", "</s>")],
+        "mistral",
+        '[TOOL_RESULTS]{"content": "5", "call_id": "call00001"}[/TOOL_RESULTS]',
+    ),
+    "qwen3": (
+        [
+            ("<think>\nI add.\n</think>\n\n" + HERMES_CALL, "<|im_end|>"),
+            ("<think>\nDone.\n</think>\n\n5", "<|im_end|>"),
+        ],
+        "hermes",
+        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    ),
+    "r1": (
+        [("I add.\n</think>\n\n" + R1_CALL, "<｜end▁of▁sentence｜>"), ("So 5.</think>\n\n5", "<｜end▁of▁sentence｜>")],
+        "deepseek",
+        "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>5<｜tool▁output▁end｜><｜tool▁outputs▁end｜><｜Assistant｜><think>\n",
+    ),
+    "hermes3": (
+        [(HERMES_CALL, "<|im_end|>"), ("The answer is 5.", "<|im_end|>")],
+        "hermes",
+        '\n<|im_start|>tool\n<tool_response>\n{"name": "add", "content": "5"}\n</tool_response><|im_end|>\n'
+        "<|im_start|>assistant\n",
+    ),
+}
+
+
+def episode(tok, turns, **kw):
+    stops = [tok.eos_token_id]
+    sampler = AgentSampler(agent_cfg(**kw), tok, Script(tok, turns), SAMPLING, stops, [{"prompt": "Add 2 and 3."}])
+    rollout, scores = sampler([{"prompt": "Add 2 and 3."}, {"prompt": "Add 2 and 3."}])
+    return sampler, rollout, scores
+
+
+def split_tokens(tok, rollout, i=0):
+    """(the policy's tokens, the environment's tokens) of episode i, decoded with special tokens."""
+    ids, mask, attention = rollout.response_ids[i], rollout.response_mask[i].bool(), rollout.attention[i].bool()
+    ids, mask = ids[attention], mask[attention]
+    return tok.decode(ids[mask], skip_special_tokens=False), tok.decode(ids[~mask], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_each_family_parses_its_calls_and_continues_with_the_templates_own_tool_result(base_dir, family):
+    tok = family_tokenizer(base_dir, family)
+    turns, parser, env_text = CASES[family]
+    sampler, rollout, scores = episode(tok, turns)
+    assert (
+        sampler.format.name
+        == parser
+        == detect(tok.chat_template if family != "hermes3" else tok.chat_template["tool_use"])
+    )
+    policy, env = split_tokens(tok, rollout)
+    assert policy == "".join(text + stop for text, stop in turns)  # the loss mask: the policy's tokens, exactly
+    assert env == env_text  # the environment's tokens: the template's tool-result rendering, exactly
+    record = scores.records[0]
+    assert record["calls"] == {"add": 1} and record["failed_calls"] == 0 and record["unparsed_turns"] == 0
+    assert record["turns"] == 2 and record["end"] == "done"
+    assert "tool: 5" in rollout.responses[0]
+
+
+def test_special_token_call_markers_reach_the_parser(base_dir):
+    tok = family_tokenizer(base_dir, "qwen2.5")  # <tool_call> is a special token of this tokenizer
+    assert (
+        tok.decode(tok(HERMES_CALL, add_special_tokens=False)["input_ids"], skip_special_tokens=True).strip()[0] == "{"
+    )
+    _, _, scores = episode(tok, CASES["qwen2.5"][0])
+    assert scores.records[0]["calls"] == {"add": 1}
+
+
+def test_llama_calls_without_the_python_tag_and_several_per_turn(base_dir):
+    tok = family_tokenizer(base_dir, "llama3")
+    bare = '{"name": "add", "parameters": {"a": 2, "b": 3}}; {"name": "echo", "parameters": {"text": "x"}}'
+    sampler, rollout, scores = episode(tok, [(bare, "<|eot_id|>"), ("Done.", "<|eot_id|>")])
+    assert scores.records[0]["calls"] == {"add": 1, "echo": 1}
+    assert "<|eom_id|>" in tok.convert_ids_to_tokens(sampler.stops)  # a python_tag call ends there
+    _, env = split_tokens(tok, rollout)
+    assert env.count("ipython") == 2 and "5<|eot_id|>" in env and "X<|eot_id|>" in env
+
+
+def test_mistral_call_turns_are_structured_with_nine_character_ids(base_dir):
+    tok = family_tokenizer(base_dir, "mistral")
+    sampler, _, scores = episode(tok, CASES["mistral"][0])
+    messages = sampler.run([{"prompt": "Add 2 and 3."}])[0].transcript.messages
+    call_turn, result = messages[1], messages[2]
+    assert call_turn["role"] == "assistant" and call_turn["tool_calls"][0]["function"] == ADD
+    assert call_turn["tool_calls"][0]["id"] == result["tool_call_id"] == "call00001" and result["name"] == "add"
+
+
+def test_a_line_that_looks_like_a_call_but_does_not_parse_is_counted_and_warned(base_dir, caplog):
+    tok = family_tokenizer(base_dir, "llama3")  # a Llama call is the whole turn: text before it is not a call
+    said = 'Sure: {"name": "add", "parameters": {"a": 2, "b": 3}}'
+    _, _, scores = episode(tok, [(said, "<|eot_id|>"), ("5", "<|eot_id|>")])
+    record = scores.records[0]
+    assert record["unparsed_turns"] == 1 and record["failed_calls"] == 0 and record["calls"] == {}
+    from tether.agents.episodes import agent_metrics
+
+    assert record["turns"] == 1  # not a call: the final answer, so the episode ended there
+    assert agent_metrics(scores.records)["agent/unparsed_call_frac"] == 1.0
+    assert "looks like a tool call in the llama3_json format" in caplog.text
+
+
+def test_qwen3_dropping_earlier_reasoning_is_continued_and_said_in_the_plan(base_dir):
+    tok = family_tokenizer(base_dir, "qwen3")
+    env = f"{HELPERS}:Feedback"  # answers as the user, so the template drops the earlier turn's reasoning
+    turns = [("<think>\nHmm.\n</think>\n\nFour.", "<|im_end|>"), ("<think>\nOops.\n</think>\n\nFive.", "<|im_end|>")]
+    sampler, rollout, scores = episode(tok, turns, env=env)
+    policy, environment = split_tokens(tok, rollout)
+    assert policy == "".join(t + s for t, s in turns)  # the reasoning is trained on, as sampled
+    assert environment == "\n<|im_start|>user\nTry again.<|im_end|>\n<|im_start|>assistant\n"
+    note = sampler.plan()["template note"]
+    assert "re-renders a finished episode differently" in note
+
+
+def test_chat_template_kwargs_reach_every_rendering(base_dir):
+    tok = use_chat(family_tokenizer(base_dir, "qwen3"), "", {"enable_thinking": False})
+    _, rollout, _ = episode(tok, CASES["qwen3"][0])
+    assert rollout.prompts[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    _, environment = split_tokens(tok, rollout)
+    assert environment.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    from tether.data.records import Record
+    from tether.data.sft import tokenize_records
+
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+
+    def trained(tokenizer):
+        example = tokenize_records([Record({"messages": messages}, "x:1")], tokenizer, 128)[0][0]
+        return tokenizer.decode([t for t, m in zip(example.input_ids, example.loss_mask) if m])
+
+    # SFT renders with the option too: the empty think block moves into the prompt, as the online stages see it
+    assert trained(tok) == "a<|im_end|>"
+    assert trained(family_tokenizer(base_dir, "qwen3")) == "<think>\n\n</think>\n\na<|im_end|>"
+
+
+def test_named_templates_use_tool_use_with_tools_and_results_carry_their_name(base_dir):
+    tok = family_tokenizer(base_dir, "hermes3")
+    sampler, rollout, _ = episode(tok, CASES["hermes3"][0])
+    assert rollout.prompts[0].startswith("<|im_start|>system\n<tools>")
+    assert "'tool_use'" in sampler.plan()["chat template"]
+    default = use_chat(family_tokenizer(base_dir, "hermes3"), "default")  # --chat-template default: no tools=
+    _, rollout, scores = episode(default, CASES["hermes3"][0])
+    assert "You may call functions" in rollout.prompts[0] and scores.records[0]["calls"] == {"add": 1}
+    with pytest.raises(ConfigError, match="neither a template of this tokenizer"):
+        use_chat(family_tokenizer(base_dir, "hermes3"), "nope")
+
+
+def test_a_parser_that_cannot_read_the_templates_calls_is_refused_naming_the_one_that_can(base_dir):
+    tok = family_tokenizer(base_dir, "llama3")
+    with pytest.raises(ConfigError, match="use --tool-parser llama3_json"):
+        check_template(tok, FORMATS["hermes"], [tok.eos_token_id], None)
+
+
+def test_an_incompatible_template_is_refused_before_any_model_loads(base_dir, tmp_path):
+    from tether.models.lm import build_tiny_model
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    tok = family_tokenizer(base_dir, "qwen2.5")
+    tok.chat_template = "{% for m in messages %}{% if m.role != 'tool' %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    model = build_tiny_model("llama", tok, tmp_path / "m", hidden=16, layers=1, heads=2, max_positions=256)
+    (model / "model.safetensors").write_bytes(b"not weights: the check must refuse before anything loads them")
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Add 2 and 3."}])
+    cfg = build_config(
+        GRPOConfig,
+        overrides={
+            "model.path": str(model),
+            "rollout.prompts": str(prompts),
+            "agent.env": f"{HELPERS}:EchoTools",
+            "train.output": str(tmp_path / "out"),
+            "train.report_to": ["none"],
+        },
+    )
+    with pytest.raises(ConfigError, match=r"does not show the environment's messages.*--chat-template FILE"):
+        run_grpo(cfg)
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_two_grpo_steps_per_family(base_dir, family, tmp_path):
+    from tether.models.lm import build_tiny_model
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    tok = family_tokenizer(base_dir, family)
+    model = build_tiny_model("qwen2", tok, tmp_path / "m", hidden=16, layers=1, heads=2, max_positions=512)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Add 2 and 3."}, {"prompt": "Add 3 and 2."}])
+    overrides = {
+        "model.path": str(model),
+        "rollout.prompts": str(prompts),
+        "agent.env": f"{HELPERS}:EchoTools",
+        "agent.max_turns": 2,
+        "rollout.prompts_per_step": 2,
+        "rollout.group_size": 2,
+        "train.max_steps": 2,
+        "train.output": str(tmp_path / "out"),
+        "train.save_every": 0,
+        "train.eval_every": 0,
+        "train.report_to": ["none"],
+    }
+    turns = CASES[family][0]
+    run_grpo(build_config(GRPOConfig, overrides=overrides), backend=lambda policy, t: Script(t, turns))
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 2 and all(m["agent/tool_calls_mean"] == 1.0 for m in metrics)
+    assert all(m["agent/unparsed_call_frac"] == 0.0 and m["agent/done_frac"] == 1.0 for m in metrics)
+    plan = (tmp_path / "out" / "config.yaml").read_text()
+    assert CASES[family][1] in plan

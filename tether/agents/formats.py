@@ -1,0 +1,274 @@
+"""Tool-call formats: how each model family writes a call in its turn, read back into {"name", "arguments"}
+(docs/agents.md, "Model families").
+
+    hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call>, several per turn      Qwen2.5, Qwen3, Hermes 2/3
+    llama3_json  {"name": ..., "parameters": {...}}, alone in the turn or after <|python_tag|>   Llama 3.1, 3.2, 3.3
+    mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]                          Mistral v0.3, Nemo
+    deepseek     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+                 ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>                    DeepSeek-V3, R1 distills
+
+A format is chosen from the chat template's own text (``detect``), named in the plan, and overridden with
+``agent.tool_parser`` (``--tool-parser NAME`` or ``module:function``). Turns are parsed from their text decoded
+*with* special tokens: several families' call markers are special tokens, which a decode that skips them loses.
+
+Each parsed call is {"name", "arguments"} (arguments a dict) or, for a call that cannot be made, {"error": why}
+(and "name" when it is known); a call the model wrote an id for keeps it as "id". A malformed call is the policy's
+observation, never a crash (tools.py answers it with an error message).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Callable
+
+from tether.errors import ConfigError
+
+ID_LENGTH = 9  # Mistral's templates refuse any other; every family gets the same form
+
+
+def call_id(n: int) -> str:
+    """The id of the n-th call of an episode: 9 alphanumeric characters (``call00001``), unique within it."""
+    return f"call{n:05d}"
+
+
+def _json_call(obj, keys=("arguments", "parameters")) -> dict:
+    """One call object -> {"name", "arguments"} or {"error": ...}; ``arguments`` may be a JSON string."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return {"error": 'a tool call is a JSON object with a "name" and "arguments"'}
+    arguments = next((obj[k] for k in keys if k in obj), {})
+    if isinstance(arguments, str):  # some templates and models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return {"name": obj["name"], "error": '"arguments" is a string that is not JSON'}
+    if not isinstance(arguments, dict):
+        return {"name": obj["name"], "error": '"arguments" must be a JSON object'}
+    call = {"name": obj["name"], "arguments": arguments}
+    if isinstance(obj.get("id"), str) and obj["id"]:
+        call["id"] = obj["id"]
+    return call
+
+
+def _loads(raw: str) -> tuple[object, str | None]:
+    try:
+        return json.loads(raw), None
+    except json.JSONDecodeError as err:
+        return None, f"the tool call is not valid JSON ({err.msg} at character {err.pos})"
+
+
+def _json_sequence(text: str) -> tuple[list, str | None]:
+    """JSON values written one after another (separated by whitespace, ``;`` or ``,``): (values, error or None)."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(text) and text[at] in " \t\r\n;,":
+            at += 1
+        if at >= len(text):
+            return values, None
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as err:
+            return values, f"the tool call is not valid JSON ({err.msg} at character {err.pos})"
+        values.append(value)
+
+
+class ToolFormat:
+    """One family's way of writing calls: ``parse(text) -> (content, calls)``, ``looks_like_call(text)`` (the turn
+    tried to call: used to count turns whose calls do not parse), ``write(calls)`` (the text a model of the family
+    writes for them: scripted policies, tests), and whether its templates want arguments as a JSON string."""
+
+    name = ""
+    families = ""
+    markers: tuple[str, ...] = ()  # text whose presence means the turn tried to call
+    stop_markers: tuple[str, ...] = ()  # tokens that end a call turn besides the template's end of turn
+    arguments_as_string = False
+
+    def parse(self, text: str) -> tuple[str, list[dict]]:
+        raise NotImplementedError
+
+    def looks_like_call(self, text: str) -> bool:
+        return any(m in text for m in self.markers)
+
+    def write(self, calls: list[dict]) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.families})" if self.families else self.name
+
+
+class Hermes(ToolFormat):
+    name, families = "hermes", "Qwen2.5, Qwen3, Hermes 2/3; tether's own convention"
+    markers = ("<tool_call>",)
+    CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+    def parse(self, text):
+        calls = []
+        for raw in self.CALL.findall(text):
+            value, error = _loads(raw.strip())
+            calls.append({"error": error} if error else _json_call(value, ("arguments",)))
+        return text.split("<tool_call>", 1)[0].strip(), calls
+
+    def write(self, calls):
+        return "\n".join(
+            "<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}) + "\n</tool_call>"
+            for c in calls
+        )
+
+
+class Llama3Json(ToolFormat):
+    """Llama 3.x's custom-tool calls: a JSON object with "name" and "parameters" as the whole turn, or after the
+    <|python_tag|> token (ended by <|eom_id|>); several separated by ";" are read as several calls."""
+
+    name, families = "llama3_json", "Llama 3.1, 3.2, 3.3"
+    markers = ("<|python_tag|>",)
+    stop_markers = ("<|eom_id|>",)
+    STARTS = re.compile(r'\s*\{\s*"(name|type|function)"')
+
+    def parse(self, text):
+        body = text
+        for end in ("<|eom_id|>", "<|eot_id|>", "<|end_of_text|>"):
+            body = body.replace(end, "")
+        tagged = "<|python_tag|>" in body
+        content, body = body.split("<|python_tag|>", 1) if tagged else ("", body)
+        if not tagged and not self.STARTS.match(body):
+            return text.strip(), []  # a plain answer
+        values, error = _json_sequence(body)
+        calls = [
+            _json_call(v.get("function", v) if isinstance(v, dict) else v, ("parameters", "arguments")) for v in values
+        ]
+        if error:
+            calls.append({"error": error})
+        return content.strip(), calls
+
+    def looks_like_call(self, text):
+        return (
+            "<|python_tag|>" in text or bool(self.STARTS.match(text)) or ('"name"' in text and '"parameters"' in text)
+        )
+
+    def write(self, calls):
+        return "; ".join(json.dumps({"name": c["name"], "parameters": c["arguments"]}) for c in calls)
+
+
+class Mistral(ToolFormat):
+    name, families = "mistral", "Mistral v0.3, Mistral Nemo, Mixtral 8x22B"
+    markers = ("[TOOL_CALLS]",)
+
+    def parse(self, text):
+        if "[TOOL_CALLS]" not in text:
+            return text.strip(), []
+        content, body = text.split("[TOOL_CALLS]", 1)
+        body = body.replace("</s>", "")
+        values, error = _json_sequence(body)
+        calls = []
+        for v in values:
+            calls += [_json_call(c) for c in v] if isinstance(v, list) else [_json_call(v)]
+        if error or not values:
+            calls.append({"error": error or "[TOOL_CALLS] is followed by no JSON list of calls"})
+        return content.strip(), calls
+
+    def write(self, calls):
+        return "[TOOL_CALLS]" + json.dumps([{"name": c["name"], "arguments": c["arguments"]} for c in calls])
+
+
+class DeepSeek(ToolFormat):
+    """DeepSeek-V3 / R1's call tokens; the arguments in a ```json block (V3, R1) or bare after the separator with the
+    name before it (V3.1). Their templates join the arguments into the prompt as a string."""
+
+    name, families = "deepseek", "DeepSeek-V3, DeepSeek-R1 and its distills"
+    BEGIN, CALL, SEP, CALL_END, END = (
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁end｜>",
+    )
+    markers = (BEGIN, CALL)
+    arguments_as_string = True
+    FENCED = re.compile(r"\s*(\S+?)\s*```(?:json)?\s*(.*?)\s*(?:```|$)", re.DOTALL)
+
+    def parse(self, text):
+        if self.CALL not in text:
+            if self.BEGIN in text:
+                return text.split(self.BEGIN, 1)[0].strip(), [{"error": f"{self.BEGIN} is followed by no call"}]
+            return text.strip(), []
+        content = text.split(self.BEGIN if self.BEGIN in text else self.CALL, 1)[0]
+        calls = []
+        for raw in text.split(self.CALL)[1:]:
+            raw = raw.split(self.CALL_END, 1)[0].split(self.END, 1)[0]
+            kind, sep, rest = raw.partition(self.SEP)
+            if not sep:
+                calls.append({"error": f"a call has no {self.SEP} between its type and its name"})
+                continue
+            fenced = self.FENCED.match(rest)
+            name, arguments = (fenced.group(1), fenced.group(2)) if fenced else (kind.strip(), rest.strip())
+            value, error = _loads(arguments) if arguments else ({}, None)
+            calls.append({"name": name, "error": error} if error else _json_call({"name": name, "arguments": value}))
+        return content.strip(), calls
+
+    def write(self, calls):
+        body = "".join(
+            f"{self.CALL}function{self.SEP}{c['name']}\n```json\n{json.dumps(c['arguments'])}\n```{self.CALL_END}"
+            for c in calls
+        )
+        return f"{self.BEGIN}{body}{self.END}"
+
+
+class UserFormat(ToolFormat):
+    """``--tool-parser module:function``: ``function(text)`` returns the turn's calls (a list of {"name",
+    "arguments"} dicts) or (content, calls); an attribute ``markers`` on it enables the unparsed-call count."""
+
+    def __init__(self, spec: str, fn: Callable):
+        self.name, self.fn = spec, fn
+        self.markers = tuple(getattr(fn, "markers", ()))
+        self.arguments_as_string = bool(getattr(fn, "arguments_as_string", False))
+
+    def parse(self, text):
+        out = self.fn(text)
+        content, calls = out if isinstance(out, tuple) else (text, out)
+        if not isinstance(calls, list):
+            raise TypeError(f"tool parser {self.name} returned {type(calls).__name__}, not a list of calls")
+        return str(content), [c if isinstance(c, dict) and "error" in c else _json_call(c) for c in calls]
+
+    def write(self, calls):
+        write = getattr(self.fn, "write", None)
+        if write is None:
+            raise NotImplementedError(f"tool parser {self.name} has no write(calls)")
+        return write(calls)
+
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Mistral(), DeepSeek())}
+
+
+def detect(template: str) -> str:
+    """The format a chat template's text speaks (the default, hermes, for templates that show none)."""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "tool▁calls▁begin" in template or "tool▁call▁begin" in template:
+        return "deepseek"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "<|python_tag|>" in template or ("<|start_header_id|>" in template and "parameters" in template):
+        return "llama3_json"
+    return "hermes"
+
+
+def tool_format(spec: str, template: str) -> tuple[ToolFormat, str]:
+    """(the format, how it was chosen) for ``agent.tool_parser``: empty = from the template, a name, or
+    module:function."""
+    if not spec:
+        name = detect(template)
+        how = "from the chat template" if name != "hermes" or "<tool_call>" in template else "tether's default"
+        return FORMATS[name], how
+    if spec in FORMATS:
+        return FORMATS[spec], "--tool-parser"
+    if ":" not in spec:
+        raise ConfigError(
+            f"agent.tool_parser={spec!r} (--tool-parser): choose {', '.join(FORMATS)} or give module:function"
+        )
+    from tether.rewards.loading import load_reward_function
+
+    try:
+        fn = load_reward_function(spec)
+    except ConfigError as err:
+        raise ConfigError(f"agent.tool_parser: {err}".replace("--reward", "--tool-parser")) from None
+    return UserFormat(spec, fn), "--tool-parser"

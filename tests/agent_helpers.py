@@ -174,3 +174,46 @@ class FailsAfter(Counting):
         if STEP_CALLS["n"] > self.limit:
             raise ConnectionError("the service went away")
         return super().step(text)
+
+
+async def slow_add(a: int, b: int = 0) -> int:
+    """Add two integers, eventually.
+
+    Args:
+        a: The first.
+        b: The second,
+            zero if not given.
+    """
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+class AsyncTools(ToolEnvironment):
+    """An async tool and an async outcome; each step reports how many calls it made as info (env/calls_made)."""
+
+    tools = [slow_add]
+
+    def step(self, text, calls=None):
+        result = super().step(text, calls)
+        result.info["calls_made"] = len(result.info.get("calls", []))
+        return result
+
+    async def outcome(self):
+        return Outcome({"answered": 1.0 if self.final_text else 0.0}, success=bool(self.calls))
+
+
+def first_word_parser(text):
+    """A user's own format: CALL name a=1 b=2."""
+    if not text.startswith("CALL "):
+        return []
+    name, *pairs = text[5:].split()
+    return [{"name": name, "arguments": {k: int(v) for k, v in (p.split("=") for p in pairs)}}]
+
+
+first_word_parser.markers = ("CALL",)
+
+
+def says_five(completions, **_):
+    return [1.0 if "5" in c else 0.0 for c in completions]

@@ -287,3 +287,91 @@ def test_two_grpo_steps_per_family(base_dir, family, tmp_path):
     assert all(m["agent/unparsed_call_frac"] == 0.0 and m["agent/done_frac"] == 1.0 for m in metrics)
     plan = (tmp_path / "out" / "config.yaml").read_text()
     assert CASES[family][1] in plan
+
+
+def test_async_tools_and_outcomes_are_awaited_and_env_numbers_become_metrics(base_dir):
+    from agent_helpers import slow_add
+
+    from tether.agents.episodes import agent_metrics
+    from tether.agents.tools import tool_schema
+
+    schema = tool_schema(slow_add)["function"]
+    assert schema["description"] == "Add two integers, eventually."
+    assert schema["parameters"]["properties"]["b"] == {
+        "type": "integer",
+        "description": "The second, zero if not given.",
+    }
+    tok = family_tokenizer(base_dir, "qwen2.5")
+    call = HERMES_CALL.replace('"add"', '"slow_add"')
+    _, rollout, scores = episode(tok, [(call, "<|im_end|>"), ("5", "<|im_end|>")], env=f"{HELPERS}:AsyncTools")
+    assert scores.records[0]["calls"] == {"slow_add": 1} and "tool: 5" in rollout.responses[0]
+    assert scores.total.tolist() == [1.0, 1.0] and scores.records[0]["success"] is True
+    assert agent_metrics(scores.records)["env/calls_made"] == 1.0  # summed over an episode's turns, mean over episodes
+
+
+def test_concurrent_environments_give_the_same_episodes_as_one_at_a_time(base_dir):
+    tok = family_tokenizer(base_dir, "qwen2.5")
+    turns = [(HERMES_CALL, "<|im_end|>"), ("The answer is 5.", "<|im_end|>")]
+    one = episode(tok, turns, env_concurrency=1)
+    many = episode(tok, turns, env_concurrency=8)
+    assert torch.equal(one[1].response_ids, many[1].response_ids) and one[2].records == many[2].records
+
+
+def test_a_users_own_tool_parser(base_dir):
+    tok = family_tokenizer(base_dir, "qwen2.5")
+    sampler, _, scores = episode(
+        tok, [("CALL add a=2 b=3", "<|im_end|>"), ("5", "<|im_end|>")], tool_parser=f"{HELPERS}:first_word_parser"
+    )
+    assert scores.records[0]["calls"] == {"add": 1} and "module:function" not in sampler.plan()["tool calls"]
+    with pytest.raises(ConfigError, match="tool_parser"):
+        episode(tok, CASES["qwen2.5"][0], tool_parser="yaml")
+
+
+def test_reward_functions_beside_the_environment_add_to_its_outcome(base_dir):
+    from tether.rewards.functions import load_reward_set
+    from tether.sections import RewardSection
+
+    tok = family_tokenizer(base_dir, "qwen2.5")
+    rows = [{"prompt": "Add 2 and 3."}]
+    reward_set = load_reward_set(RewardSection(reward=[f"{HELPERS}:says_five=0.5"]), rows)
+    cfg = agent_cfg()
+    sampler = AgentSampler(cfg, tok, Script(tok, CASES["qwen2.5"][0]), SAMPLING, [tok.eos_token_id], rows, reward_set)
+    _, scores = sampler(rows)
+    assert scores.parts["says_five"].tolist() == [1.0] and scores.parts["answered"].tolist() == [1.0]
+    assert scores.total.tolist() == [1.5]  # the outcome (1) + 0.5 x the function's score of the final answer (1)
+    assert "0.5 x says_five on the final answer" in sampler.describe()
+
+
+def test_the_new_agent_and_chat_options_from_flags_and_yaml():
+    import argparse
+
+    from tether.config import add_config_arguments, config_from_args
+    from tether.stages.grpo_config import GRPOConfig
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, GRPOConfig)
+    args = parser.parse_args(
+        ["--chat-template-kwargs", "enable_thinking=false", "--tool-parser", "mistral", "--env-concurrency", "3"]
+    )
+    cfg = config_from_args(GRPOConfig, args)
+    assert cfg.model.chat_template_kwargs == {"enable_thinking": False}
+    assert cfg.agent.tool_parser == "mistral" and cfg.agent.env_concurrency == 3
+    yaml_cfg = build_config(GRPOConfig, {"data": {"chat_template_kwargs": {"enable_thinking": False}}})
+    assert yaml_cfg.model.chat_template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ConfigError, match="chat_template_kwargs must be dict"):
+        build_config(GRPOConfig, {"model": {"chat_template_kwargs": [1]}})
+
+
+def test_the_coding_agent_pays_for_hidden_tests_and_the_visible_reward_pays_the_hack(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("coding_agent", "examples/coding_agent.py")
+    coding = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(coding)
+    from tether.lab.tokenizer import train_bpe_tokenizer
+
+    tok = train_bpe_tokenizer([json.dumps(t) for t in coding.TASKS] * 4, vocab_size=300)
+    for reward_from, paid in (("hidden", [1.0, 0.0]), ("visible", [1.0, 1.0])):
+        _, scores = coding.run_episodes(tok, reward_from, [False, True], "bubblewrap", 2)
+        assert scores.total.tolist() == paid  # honest, then the hacker who emptied tests.py
+        assert [r["success"] for r in scores.records] == [True, False] and scores.records[1]["claimed"] is True

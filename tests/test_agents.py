@@ -278,9 +278,11 @@ def test_multi_turn_training_runs_logs_agent_figures_and_resumes_exactly(stage, 
     assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
 
 
-def test_env_and_a_reward_function_together_are_refused(tmp_path):
-    with pytest.raises(ConfigError, match="the environment scores the episodes"):
-        train_config("grpo", tmp_path, tmp_path / "p.jsonl", tmp_path / "o", rewards__reward=["x.py:f"])
+def test_env_and_a_reward_model_together_are_refused_and_functions_accepted(tmp_path):
+    with pytest.raises(ConfigError, match="--reward-model is not used with it"):
+        train_config("grpo", tmp_path, tmp_path / "p.jsonl", tmp_path / "o", rewards__reward_model=str(tmp_path))
+    cfg = train_config("grpo", tmp_path, tmp_path / "p.jsonl", tmp_path / "o", rewards__reward=["x.py:f"])
+    assert cfg.rewards.reward == ["x.py:f"]
 
 
 # ------------------------------------------------------------------------------------------------ agent monitors

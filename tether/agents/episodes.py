@@ -193,7 +193,9 @@ class AgentSampler:
             except EnvironmentFault as err:
                 raise ConfigError(f"dry run of --env {agent_cfg.env} on the first prompts: {err}") from err
         tools = next((e.transcript.tools for e in episodes if e.transcript.tools), None)
-        self.template_notes = check_template(tokenizer, self.format, self.stops, tools)
+        self.template_notes = check_template(
+            tokenizer, self.format, self.stops, tools, chosen=self.format_source == "--tool-parser"
+        )
 
     def describe(self) -> str:
         rewards = ""
@@ -608,11 +610,14 @@ PROBE_TOOL = {
 }
 
 
-def check_template(tokenizer, fmt, stops: list[int], tools: list[dict] | None = None) -> list[str]:
+def check_template(
+    tokenizer, fmt, stops: list[int], tools: list[dict] | None = None, chosen: bool = False
+) -> list[str]:
     """The start-up check, before any model is loaded: a scripted two-turn tool episode (a call, its result, a
     final answer) rendered through the run's chat template and continued as episodes are. Raises a ConfigError
     naming the template, what failed and the option that fixes it; returns notes for the plan (what the template
-    would re-render differently, what the policy is trained on)."""
+    would re-render differently, what the policy is trained on). A parser the run ``chosen`` (--tool-parser) that
+    does not read the template's own calls is a note, not a refusal."""
     tools = tools or ([PROBE_TOOL] if takes_tools(tokenizer) else None)
     name = template_name(tokenizer, tools=bool(tools))
     fixes = (
@@ -629,18 +634,26 @@ def check_template(tokenizer, fmt, stops: list[int], tools: list[dict] | None = 
             parsed = fmt.parse(written)[1]
             if [(c.get("name"), c.get("arguments")) for c in parsed] != [(call["name"], call["arguments"])]:
                 readers = [f.name for f in FORMATS.values() if f.parse(written)[1][:1] == [call]]
-                raise TemplateError(
+                mismatch = (
                     f"the chat template ({name}) writes a tool call as {written[:160]!r}, which the "
-                    f"{fmt.name} parser reads as {parsed}; "
-                    + (f"use --tool-parser {readers[0]}" if readers else "give --tool-parser module:function")
+                    f"{fmt.name} parser reads as {parsed}"
                 )
+                if not chosen:
+                    raise TemplateError(
+                        f"{mismatch}; "
+                        + (f"use --tool-parser {readers[0]}" if readers else "give --tool-parser module:function")
+                    )
+                notes.append(f"{mismatch}: calls in the data the model learnt from may not be read")
         markers = tuple(dict.fromkeys(tokenizer.decode([t]) for t in stops))
         transcript = Transcript(tokenizer, [user], tools, markers)
         ids = list(transcript.prompt_ids)
         stop = stops[0] if stops else tokenizer.eos_token_id
-        turn = tokenizer(fmt.write([call]), add_special_tokens=False)["input_ids"] + [stop]
+        try:
+            turn = tokenizer(fmt.write([call]), add_special_tokens=False)["input_ids"] + [stop]
+        except NotImplementedError:  # a user's parser without write(): its calls in the probe are the template's
+            turn = tokenizer(written or "", add_special_tokens=False)["input_ids"] + [stop]
         parsed = fmt.parse(tokenizer.decode(turn[:-1], skip_special_tokens=False))[1]
-        if [(c.get("name"), c.get("arguments")) for c in parsed] != [(call["name"], call["arguments"])]:
+        if not chosen and [(c.get("name"), c.get("arguments")) for c in parsed] != [(call["name"], call["arguments"])]:
             raise TemplateError(
                 f"a call written in the {fmt.name} format does not survive tokenizing and decoding ({parsed}); "
                 "use --tool-parser"

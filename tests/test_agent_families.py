@@ -358,6 +358,10 @@ def test_the_new_agent_and_chat_options_from_flags_and_yaml():
     assert cfg.agent.tool_parser == "mistral" and cfg.agent.env_concurrency == 3
     yaml_cfg = build_config(GRPOConfig, {"data": {"chat_template_kwargs": {"enable_thinking": False}}})
     assert yaml_cfg.model.chat_template_kwargs == {"enable_thinking": False}
+    trl = build_config(
+        GRPOConfig, {"chat_template_kwargs": {"enable_thinking": False}, "chat_template_path": "t.jinja"}
+    )
+    assert trl.model.chat_template_kwargs == {"enable_thinking": False} and trl.model.chat_template == "t.jinja"
     with pytest.raises(ConfigError, match="chat_template_kwargs must be dict"):
         build_config(GRPOConfig, {"model": {"chat_template_kwargs": [1]}})
 

@@ -265,6 +265,8 @@ NAMES = [
         "tether renders with the tokenizer's own chat template (LLaMA-Factory's template names "
         "its built-in copy of a family's)",
     ),
+    Foreign("chat_template_kwargs", TRL, "--chat-template-kwargs"),
+    Foreign("chat_template_path", TRL, "--chat-template"),
     _ignored("plot_loss", LF, "tether always writes report.html with every curve"),
     _ignored("flash_attn", LF, "the model's default attention is used"),
     _refused("quantization_bit", LF, "quantised training is not built"),

@@ -241,6 +241,11 @@ def _renamed(config_cls, dotted: str) -> str | None:
     return f"{wildcard[:-2]}.{key}" if wildcard else None
 
 
+def _mapping_fields(config_cls) -> set[str]:
+    """Names of the options whose value is a mapping (a flat key with a mapping value is one of them, not a section)."""
+    return {f.name for _, section_cls in _sections(config_cls) for f, typ in _leaf_fields(section_cls) if typ is dict}
+
+
 FILE_ONLY_KEYS = ("plan",)  # what tether writes into a run's config.yaml beside the settings (read back: ignored)
 
 
@@ -258,7 +263,8 @@ def _flatten(config_cls, file_values: dict | None, source: str) -> dict[str, Any
     for section, entries in (file_values or {}).items():
         if section in FILE_ONLY_KEYS:
             continue
-        if isinstance(entries, dict):
+        mapping_option = section not in section_types and section in _mapping_fields(config_cls)
+        if isinstance(entries, dict) and not mapping_option:
             for key, value in entries.items():
                 nested[f"{section}.{key}"] = value
         else:

@@ -1,7 +1,8 @@
 """Agents: multi-turn episodes against environments and tools (docs/agents.md).
 
 environment.py  the protocol a user implements (reset, step, outcome), loading by spec, time limits and faults
-tools.py        tool calling as one kind of environment: Python functions with JSON schemas, Hermes <tool_call> parsing
+tools.py        tool calling as one kind of environment: Python functions (async too) with JSON schemas
+formats.py      each model family's tool-call format (hermes, llama3_json, mistral, deepseek, a user's own)
 episodes.py     batched multi-turn rollouts on the online loop: the transcript's tokens, the action mask, per-turn
                 rewards, the episode records the agent monitors read
 

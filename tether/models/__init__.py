@@ -1,5 +1,5 @@
 """Models: loading local Hugging Face causal LMs and tokenizers, LoRA, precision and tiny test models (``lm``);
-reward models with named heads (``reward``); how sequences are laid into rows, padded or packed (``packing``); and
+the run's chat template and its options (``chat``); reward models with named heads (``reward``); how sequences are laid into rows, padded or packed (``packing``); and
 checks a loaded model must pass (``checks``).
 
 May import: ``tether.algorithms``, ``tether.config``, ``tether.errors``, ``tether.console``. Nothing above it.

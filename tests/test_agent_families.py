@@ -194,6 +194,7 @@ def test_qwen3_dropping_earlier_reasoning_is_continued_and_said_in_the_plan(base
     assert environment == "\n<|im_start|>user\nTry again.<|im_end|>\n<|im_start|>assistant\n"
     note = sampler.plan()["template note"]
     assert "re-renders a finished episode differently" in note
+    assert scores.records[0]["final"] == "Five."  # the answer the claim patterns and monitors read: no reasoning
 
 
 def test_chat_template_kwargs_reach_every_rendering(base_dir):
@@ -379,3 +380,16 @@ def test_the_coding_agent_pays_for_hidden_tests_and_the_visible_reward_pays_the_
         _, scores = coding.run_episodes(tok, reward_from, [False, True], "bubblewrap", 2)
         assert scores.total.tolist() == paid  # honest, then the hacker who emptied tests.py
         assert [r["success"] for r in scores.records] == [True, False] and scores.records[1]["claimed"] is True
+
+
+def test_pythonic_calls_are_read_as_literals_never_run(base_dir):
+    fmt = FORMATS["pythonic"]
+    assert fmt.parse('[add(a=2, b=3), echo(text="x")]')[1] == [ADD, {"name": "echo", "arguments": {"text": "x"}}]
+    assert fmt.parse("[add(a=__import__('os').getpid())]")[1] == [
+        {"name": "add", "error": "argument values must be Python literals"}
+    ]
+    assert fmt.parse("The answer is [5].") == ("The answer is [5].", [])
+    tok = family_tokenizer(base_dir, "llama3")
+    sampler, _, scores = episode(tok, [("[add(a=2, b=3)]", "<|eot_id|>"), ("5", "<|eot_id|>")], tool_parser="pythonic")
+    assert scores.records[0]["calls"] == {"add": 1}
+    assert "pythonic parser reads as []" in sampler.plan()["template note"]  # chosen by hand: a note, not a refusal

@@ -34,7 +34,7 @@ from tether.agents.environment import (
     environment_name,
     load_environment,
 )
-from tether.agents.formats import FORMATS, ID_LENGTH, call_id, tool_format
+from tether.agents.formats import FORMATS, ID_LENGTH, answer_text, call_id, tool_format
 from tether.config import ConfigError
 from tether.data.sft import template_takes_tools
 from tether.models.chat import has_template, render_chat, takes_tools, template_name, template_text
@@ -125,7 +125,7 @@ class Episode:
     turn_ends: list[int] = field(default_factory=list)  # index in ids of each policy turn's last token
     turn_rewards: list[dict] = field(default_factory=list)  # reward parts earned by each policy turn
     lines: list[str] = field(default_factory=list)  # the readable transcript
-    final: str = ""  # the policy's last turn
+    final: str = ""  # the policy's last turn, without a thinking model's reasoning
     final_tokens: int = 0  # its length in tokens
     final_ids: list[int] = field(default_factory=list)  # its tokens (what reward functions beside --env read)
     calls: Counter = field(default_factory=Counter)  # tool calls by name
@@ -325,7 +325,7 @@ class AgentSampler:
         e.actions += [1] * len(ids)
         e.turn_ends.append(len(e.ids) - 1)
         text = tok.decode(ids, skip_special_tokens=True)
-        e.final, e.final_tokens, e.final_ids = text, len(ids), list(ids)
+        e.final, e.final_tokens, e.final_ids = answer_text(text), len(ids), list(ids)
         e.lines.append(f"assistant: {text}")
         if not stopped:
             e.turn_rewards.append({})

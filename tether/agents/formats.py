@@ -3,6 +3,7 @@
 
     hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call>, several per turn      Qwen2.5, Qwen3, Hermes 2/3
     llama3_json  {"name": ..., "parameters": {...}}, alone in the turn or after <|python_tag|>   Llama 3.1, 3.2, 3.3
+    pythonic     [add(a=2, b=3), echo(text="x")]                                                 Llama 3.2, Llama 4
     mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]                          Mistral v0.3, Nemo
     deepseek     <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
                  ```json {...} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>                    DeepSeek-V3, R1 distills
@@ -25,6 +26,12 @@ from typing import Callable
 from tether.errors import ConfigError
 
 ID_LENGTH = 9  # Mistral's templates refuse any other; every family gets the same form
+
+
+def answer_text(text: str) -> str:
+    """A turn's answer without its reasoning: the text after the last ``</think>`` (thinking models: Qwen3, R1), or
+    the whole turn. Claim patterns, final-answer rewards and the text monitors read this."""
+    return text.rsplit("</think>", 1)[1].lstrip() if "</think>" in text else text
 
 
 def call_id(n: int) -> str:
@@ -149,6 +156,45 @@ class Llama3Json(ToolFormat):
         return "; ".join(json.dumps({"name": c["name"], "parameters": c["arguments"]}) for c in calls)
 
 
+class Pythonic(ToolFormat):
+    """Calls as a Python list of calls with keyword arguments, ``[add(a=2, b=3), echo(text="x")]`` (Llama 3.2's and
+    Llama 4's zero-shot format); argument values are Python literals, read with ``ast.literal_eval``, never run."""
+
+    name, families = "pythonic", "Llama 3.2 / Llama 4 pythonic calls"
+    STARTS = re.compile(r"\s*(<\|python_start\|>)?\s*\[\s*[A-Za-z_][\w.]*\s*\(")
+
+    def parse(self, text):
+        import ast
+
+        body = text.replace("<|python_start|>", "").replace("<|python_end|>", "").strip()
+        if not self.STARTS.match(body):
+            return text.strip(), []
+        try:
+            tree = ast.parse(body, mode="eval").body
+        except SyntaxError as err:
+            return "", [{"error": f"the tool call is not a Python list of calls ({err.msg})"}]
+        if not isinstance(tree, ast.List):
+            return "", [{"error": "the tool calls are not a Python list"}]
+        calls = []
+        for node in tree.elts:
+            if not isinstance(node, ast.Call) or node.args:
+                calls.append({"error": "each call is name(argument=value, ...), keyword arguments only"})
+                continue
+            name = ast.unparse(node.func)
+            try:
+                calls.append({"name": name, "arguments": {k.arg: ast.literal_eval(k.value) for k in node.keywords}})
+            except (ValueError, SyntaxError, TypeError):
+                calls.append({"name": name, "error": "argument values must be Python literals"})
+        return "", calls
+
+    def looks_like_call(self, text):
+        return bool(self.STARTS.match(text.replace("<|python_start|>", "")))
+
+    def write(self, calls):
+        args = lambda c: ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items())
+        return "[" + ", ".join(f"{c['name']}({args(c)})" for c in calls) + "]"
+
+
 class Mistral(ToolFormat):
     name, families = "mistral", "Mistral v0.3, Mistral Nemo, Mixtral 8x22B"
     markers = ("[TOOL_CALLS]",)
@@ -236,7 +282,7 @@ class UserFormat(ToolFormat):
         return write(calls)
 
 
-FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Mistral(), DeepSeek())}
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Pythonic(), Mistral(), DeepSeek())}
 
 
 def detect(template: str) -> str:
@@ -247,6 +293,8 @@ def detect(template: str) -> str:
         return "deepseek"
     if "<tool_call>" in template:
         return "hermes"
+    if "[func_name" in template or "<|python_start|>" in template:
+        return "pythonic"
     if "<|python_tag|>" in template or ("<|start_header_id|>" in template and "parameters" in template):
         return "llama3_json"
     return "hermes"

@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Callable
 
 from tether.agents.environment import Outcome, StepResult, await_if_needed
-from tether.agents.formats import FORMATS, ToolFormat
+from tether.agents.formats import FORMATS, ToolFormat, answer_text
 from tether.data.sft import tools_system_message
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)  # kept for 0.1's importers
@@ -140,7 +140,7 @@ class ToolEnvironment:
         if calls is None:
             calls = self.tool_format.parse(text)[1]
         if not calls:
-            self.final_text = text
+            self.final_text = answer_text(text)  # without a thinking model's reasoning
             return StepResult(done=True)
         replies, made = [], []
         for call in calls:

@@ -61,3 +61,39 @@ def test_ordered_pair_accuracy_hand_computed():
     mask = torch.tensor([[True, True, True], [True, True, False]])
     # list 1: (3>1 ✓, 3>2 ✓, 1>2 ✗) = 2/3; list 2: only (0.5>0 ✓) = 1
     torch.testing.assert_close(ordered_pair_accuracy(ranked, mask), torch.tensor([2 / 3, 1.0]))
+
+
+# ------------------------------------------------------------------------------------- process reward models
+
+
+def test_step_bce_hand_computed_with_soft_labels_and_padding():
+    from tether.algorithms.reward import step_bce_loss
+
+    logits = torch.tensor([[0.0, 2.0, 5.0]], dtype=torch.float64)
+    labels = torch.tensor([[1.0, 0.0, 0.25]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0]])
+    # step 1: −log σ(0) = log 2; step 2 (wrong): −log(1 − σ(2)) = log(1 + e²); step 3 padded: 0
+    expected = torch.tensor([[math.log(2), math.log1p(math.exp(2)), 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(step_bce_loss(logits, labels, mask), expected)
+    # a soft label y: −[y log σ(s) + (1−y) log(1−σ(s))]; at s = 5, y = 1/4
+    s, y = 5.0, 0.25
+    soft = -(y * math.log(1 / (1 + math.exp(-s))) + (1 - y) * math.log(1 - 1 / (1 + math.exp(-s))))
+    torch.testing.assert_close(step_bce_loss(logits, labels)[0, 2], torch.tensor(soft, dtype=torch.float64))
+
+
+def test_auroc_first_wrong_step_and_step_aggregations_hand_computed():
+    from tether.algorithms.reward import aggregate_step_scores, binary_auroc, first_wrong_step
+
+    # positives 0.9, 0.5; negatives 0.2, 0.5: 3 pairs ordered right, one tie (1/2) -> 3.5 / 4
+    assert binary_auroc(torch.tensor([0.9, 0.2, 0.5, 0.5]), torch.tensor([1, 0, 1, 0])) == 0.875
+    assert math.isnan(binary_auroc(torch.tensor([0.1, 0.2]), torch.tensor([1, 1])))
+    correct = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 0], [0, 1, 1, 1]]).bool()
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
+    assert first_wrong_step(correct, mask).tolist() == [2, 3, 0]  # the second row's padded step is not a mistake
+    scores = torch.tensor([[0.5, 0.2, 0.9], [0.3, 7.0, 7.0]])
+    real = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert aggregate_step_scores(scores, real, "min").tolist() == pytest.approx([0.2, 0.3])
+    assert aggregate_step_scores(scores, real, "sum").tolist() == pytest.approx([1.6, 0.3])
+    assert aggregate_step_scores(scores, real, "mean").tolist() == pytest.approx([1.6 / 3, 0.3])
+    assert aggregate_step_scores(scores, real, "last").tolist() == pytest.approx([0.9, 0.3])
+    assert aggregate_step_scores(scores, torch.zeros_like(real), "min").tolist() == [0.0, 0.0]

@@ -41,6 +41,7 @@ from tether.config import ConfigError, build_config, config_to_dict
 _STAGES = {
     "sft": ("tether.stages.sft_config:SFTConfig", "tether.stages.sft:run_sft"),
     "rm": ("tether.stages.rm_config:RMConfig", "tether.stages.rm:run_rm"),
+    "prm": ("tether.stages.prm_config:PRMConfig", "tether.stages.prm:run_prm"),
     "dpo": ("tether.stages.dpo_config:DPOConfig", "tether.stages.dpo:run_dpo"),
     "ppo": ("tether.stages.ppo_config:PPOConfig", "tether.stages.ppo:run_ppo"),
     "grpo": ("tether.stages.grpo_config:GRPOConfig", "tether.stages.grpo:run_grpo"),

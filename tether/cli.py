@@ -16,6 +16,7 @@ STAGES = {
     "eval": "Measure a model on a lab task against gold: `tether eval --model DIR --task lab-arith`.",
     "sft": "Supervised fine-tuning on prompt/completion, messages or text data.",
     "rm": "Reward model from preference pairs or ranked lists, with bias probes and normalisation.",
+    "prm": "Process reward model from step-labelled solutions: a score per step (step accuracy, AUROC, first wrong step).",
     "ppo": "PPO with a critic, a reward model and/or reward functions (or an environment) and a KL-tied reference.",
     "grpo": "The group family (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++): `tether grpo --recipe dapo ...`.",
     "dpo": "The direct-preference family (DPO, cDPO, robust, IPO, hinge, SimPO, ORPO, β-DPO, listwise, KTO), offline or --online.",
@@ -53,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rm = sub.add_parser("rm", help=STAGES["rm"], description=STAGES["rm"])
     add_config_arguments(rm, RMConfig)
+    from tether.stages.prm_config import PRMConfig
+
+    prm = sub.add_parser("prm", help=STAGES["prm"], description=STAGES["prm"])
+    add_config_arguments(prm, PRMConfig)
 
     ppo = sub.add_parser("ppo", help=STAGES["ppo"], description=STAGES["ppo"])
     add_config_arguments(ppo, PPOConfig)
@@ -199,6 +204,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     filt.add_argument("--annotators", default="", help="Expected annotator ids, A,B,...; any other id is an error.")
     filt.add_argument("--columns", default="", help="Rename columns, NAME=SOURCE,...")
+    labels = data_sub.add_parser(
+        "prm-labels",
+        help="Math-Shepherd step labels: from each step's prefix a policy writes --samples continuations; the step "
+        "is right when any reaches the answer (--check), its soft label the share that do.",
+    )
+    labels.add_argument(
+        "file", help="Step-split solutions: prompt, completions (steps) or completion, and columns --check reads."
+    )
+    labels.add_argument("--model", required=True, help="The policy's model folder.")
+    labels.add_argument(
+        "--check",
+        required=True,
+        help="Reward function module:fn scoring a whole solution (prompt columns as keywords); > 0.5 = reached the answer.",
+    )
+    labels.add_argument("--output", required=True, help="JSONL file to write: the rows with labels and label_scores.")
+    labels.add_argument("--samples", type=int, default=8, help="Continuations per step (Math-Shepherd's N).")
+    labels.add_argument("--max-new-tokens", type=int, default=64, help="Longest continuation.")
+    labels.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature of the continuations.")
+    labels.add_argument("--step-separator", default="\n", help="What ends each step (and cuts a completion string).")
+    labels.add_argument("--soft", action="store_true", help="Labels are the share that reached the answer, not any.")
+    labels.add_argument("--columns", default="", help="Rename columns, NAME=SOURCE,...")
+    labels.add_argument("--seed", type=int, default=0, help="Sampling seed.")
     return parser
 
 
@@ -367,6 +394,51 @@ def run_data_filter(args) -> None:
         f"{args.file}: kept {len(kept)} of {report.rows} rows (majority labels) -> {args.output}"
         + ("; dropped: " + ", ".join(f"{n} {w}" for w, n in sorted(dropped.items())) if dropped else "")
     )
+
+
+def run_data_prm_labels(args) -> None:
+    """Label each step of each solution the Math-Shepherd way with a model folder as the policy; print the cost."""
+    import json
+
+    from tether.console import console
+    from tether.data.records import read_records
+    from tether.data.steps import step_texts
+    from tether.models.lm import load_model, load_tokenizer
+    from tether.rewards.loading import load_reward_function
+    from tether.rollout.texts import generate_texts
+    from tether.stages.prm_labels import step_labels
+
+    if args.samples < 1:
+        raise ConfigError(f"--samples {args.samples}: must be >= 1")
+    rows = [r.fields for r in read_records(args.file, args.columns)]
+    for k, r in enumerate(rows):
+        if not isinstance(r.get("prompt"), str):
+            raise DataError(f"{args.file} row {k + 1}: 'prompt' must be a string (the text continuations follow)")
+    fn = load_reward_function(args.check)
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model, tokenizer)
+
+    def generate(contexts):
+        texts = generate_texts(model, tokenizer, contexts, args.max_new_tokens, args.temperature, seed=args.seed)
+        return [(t, len(tokenizer(t, add_special_tokens=False)["input_ids"])) for t in texts]
+
+    def check(batch_rows, texts):
+        columns = {k: [r.get(k) for r in batch_rows] for k in batch_rows[0] if k not in ("completions", "labels")}
+        scores = fn(prompts=[r["prompt"] for r in batch_rows], completions=texts, **columns)
+        return [s is not None and float(s) > 0.5 for s in scores]
+
+    where = lambda row: f"{args.file} ({str(row.get('prompt'))[:40]!r})"
+    labelled, cost = step_labels(
+        rows,
+        lambda row: step_texts(row, where(row), args.step_separator)[0],
+        generate,
+        check,
+        args.samples,
+        args.step_separator,
+        args.soft,
+    )
+    Path(args.output).write_text("".join(json.dumps(r) + "\n" for r in labelled))
+    console.print(f"{cost.line(len(labelled), sum(len(r['labels']) for r in labelled))}; wrote {args.output}")
 
 
 def run_data_check(args) -> None:
@@ -602,8 +674,17 @@ def main(argv: list[str] | None = None) -> int:
             from tether.stages.rm_config import RMConfig
 
             run_stage("rm", config_from_args(RMConfig, args))
+        elif args.stage == "prm":
+            from tether.stages.prm_config import PRMConfig
+
+            run_stage("prm", config_from_args(PRMConfig, args))
         elif args.stage == "data":
-            commands = {"check": run_data_check, "agreement": run_data_agreement, "filter": run_data_filter}
+            commands = {
+                "check": run_data_check,
+                "agreement": run_data_agreement,
+                "filter": run_data_filter,
+                "prm-labels": run_data_prm_labels,
+            }
             if args.data_command not in commands:
                 parser.parse_args(["data", "--help"])
             commands[args.data_command](args)

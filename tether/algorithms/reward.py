@@ -1,4 +1,5 @@
-"""Reward-model losses (docs/algorithms.md §2). Per-pair or per-list values; callers reduce."""
+"""Reward-model losses (docs/algorithms.md §2) and process reward models' step losses and measures (§2.4).
+Per-pair, per-list or per-step values; callers reduce."""
 
 from __future__ import annotations
 
@@ -77,3 +78,59 @@ def ordered_pair_accuracy(ranked: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     valid = upper & mask.unsqueeze(-1) & mask.unsqueeze(-2)
     right = (ranked.unsqueeze(-1) > ranked.unsqueeze(-2)) & valid
     return right.sum((-1, -2)).float() / valid.sum((-1, -2)).clamp(min=1)
+
+
+def step_bce_loss(step_logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-step binary cross-entropy of a process reward model.
+
+    L_k = −[y_k log σ(s_k) + (1 − y_k) log(1 − σ(s_k))] = softplus(s_k) − y_k s_k
+
+    s_k is the head's logit at step k's last token, y_k ∈ [0, 1] its label (1: the step is right; a fraction: a
+    Math-Shepherd soft label). Padded steps (mask 0) give 0. Source: Lightman et al. 2023 (arXiv 2305.20050, §2.2
+    and appendix on the PRM); Wang et al. 2024 (Math-Shepherd, arXiv 2312.08935, §3.3).
+    Shapes: step_logits, labels, mask (B, S) -> (B, S).
+    """
+    losses = F.softplus(step_logits) - labels.to(step_logits.dtype) * step_logits
+    return losses if mask is None else losses * mask.to(losses.dtype)
+
+
+def binary_auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Area under the ROC curve of ``scores`` for boolean ``labels``: the probability that a random positive scores
+    above a random negative, ties counting 1/2 (Mann–Whitney U / (n₊ n₋)). NaN without both classes.
+    Shapes: (N,), (N,) -> float."""
+    scores, labels = scores.flatten().double(), labels.flatten().bool()
+    pos, neg = scores[labels], scores[~labels]
+    if pos.numel() == 0 or neg.numel() == 0:
+        return float("nan")
+    greater = (pos[:, None] > neg[None, :]).double().sum()
+    ties = (pos[:, None] == neg[None, :]).double().sum()
+    return float((greater + 0.5 * ties) / (pos.numel() * neg.numel()))
+
+
+def first_wrong_step(correct: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The index of each solution's first wrong step (``correct`` False where mask is 1), or the number of real
+    steps when every step is right. Shapes: (B, S) bool, (B, S) -> (B,) long."""
+    wrong = (~correct.bool()) & mask.bool()
+    steps = mask.long().sum(-1)
+    index = torch.where(wrong, torch.arange(correct.shape[1], device=correct.device), correct.shape[1]).min(-1).values
+    return torch.minimum(index, steps)
+
+
+def aggregate_step_scores(step_scores: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
+    """One score per solution from its step scores: ``min`` (Math-Shepherd, Wang et al. 2024 §3.4: a solution is
+    as good as its worst step), ``sum``, ``mean`` or ``last`` (the last real step's score). A solution with no
+    step scores 0. Shapes: (B, S), (B, S) -> (B,)."""
+    real = mask.bool()
+    has = real.any(-1)
+    if how == "min":
+        out = torch.where(real, step_scores, torch.full_like(step_scores, float("inf"))).min(-1).values
+    elif how == "sum":
+        out = (step_scores * real).sum(-1)
+    elif how == "mean":
+        out = (step_scores * real).sum(-1) / real.sum(-1).clamp(min=1)
+    elif how == "last":
+        last = (real.long() * torch.arange(1, step_scores.shape[1] + 1, device=step_scores.device)).argmax(-1)
+        out = step_scores.gather(-1, last[:, None]).squeeze(-1)
+    else:
+        raise ValueError(f"aggregation {how!r}: min, sum, mean or last")
+    return torch.where(has, out, torch.zeros_like(out))

@@ -48,9 +48,14 @@ class RewardModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         last_index: torch.Tensor | None = None,
+        step_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(sequences, heads) scores at each sequence's last token: of padded rows (attention_mask, left or right
-        padding) or of packed rows (position_ids restarting per sequence, last_index: tether/models/packing.py)."""
+        padding) or of packed rows (position_ids restarting per sequence, last_index: tether/models/packing.py).
+        With ``step_index`` (B, S): (B, S, heads) scores at each row's step positions (step_scores). Through
+        forward, so data-parallel and sharded wrappers see the call."""
+        if step_index is not None:
+            return self.step_scores(input_ids, attention_mask, step_index)
         inner = self.inner
         if last_index is not None:
             hidden = inner.base_model(
@@ -65,6 +70,17 @@ class RewardModel(nn.Module):
         last = (positions * attention_mask.long()).argmax(-1)  # (B,) last real token, for left or right padding
         pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
         return self.score_head(pooled).float()  # (B, heads)
+
+    def step_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, step_index: torch.Tensor):
+        """(B, S, heads) logits at each row's step positions (``step_index`` (B, S), right-padded rows): a process
+        reward model's score of every step in one forward (tether/data/steps.py)."""
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden = self.inner.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # (B, T, H)
+        at = step_index.clamp(max=hidden.shape[1] - 1)
+        picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, S, H)
+        return self.score_head(picked).float()
 
     @property
     def score_head(self):

@@ -1,0 +1,165 @@
+"""Process reward models: step-labelled data, the stage learning a step rule, resume (docs/algorithms.md §2.4)."""
+
+import json
+import random
+
+import pytest
+import torch
+from conftest import write_jsonl
+
+from tether.config import build_config
+from tether.data.records import DataError, read_records
+from tether.data.steps import collate_steps, tokenize_steps
+from tether.models.lm import load_tokenizer
+
+
+def step_rows(n: int, seed: int = 0) -> list[dict]:
+    """Solutions of 2-4 steps; a step is right when it ends in "yes" (a rule a tiny model can learn)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        labels = [rng.random() < 0.6 for _ in range(rng.randint(2, 4))]
+        steps = [f"{rng.randint(1, 29)} + {rng.randint(1, 9)} is {'yes' if ok else 'no'}" for ok in labels]
+        rows.append({"prompt": "Check each step. ", "completions": steps, "labels": labels})
+    return rows
+
+
+def test_both_shapes_score_each_step_at_the_end_of_its_separator(tokenizer, tmp_path):
+    rows = [
+        {"prompt": "Q: ", "completions": ["1 + 1 = 2", "2 + 2 = 5"], "labels": [True, False]},
+        {"prompt": "Q: ", "completion": "1 + 1 = 2\n2 + 2 = 5\n", "labels": [1, 0.25]},
+    ]
+    records = read_records(write_jsonl(tmp_path / "steps.jsonl", rows))
+    examples, report = tokenize_steps(records, tokenizer, 128, "\n")
+    assert report.examples == 2 and examples[0].input_ids == examples[1].input_ids  # the same text either way
+    for e in examples:
+        ends = [tokenizer.decode(e.input_ids[: i + 1]) for i in e.step_ends]
+        assert ends == ["Q: 1 + 1 = 2\n", "Q: 1 + 1 = 2\n2 + 2 = 5\n"]
+    assert examples[1].labels == [1.0, 0.25]
+    batch = collate_steps(examples, tokenizer.pad_token_id)
+    assert batch["step_mask"].tolist() == [[1, 1], [1, 1]] and batch["step_labels"][1].tolist() == [1.0, 0.25]
+
+
+def test_bad_step_rows_name_the_record_and_field(tokenizer, tmp_path):
+    cases = [
+        ({"prompt": "Q", "completions": ["a", "b"], "labels": [True]}, "2 steps and 1 labels"),
+        ({"prompt": "Q", "completions": ["a"], "labels": ["yes"]}, "labels\\[0\\] is 'yes'"),
+        ({"prompt": "Q", "completions": "a", "labels": [True]}, "'completions' must be a list"),
+        ({"prompt": "Q", "answer": "a"}, "needs 'prompt', 'labels'"),
+    ]
+    for k, (row, message) in enumerate(cases):
+        path = write_jsonl(tmp_path / f"bad{k}.jsonl", [row])
+        with pytest.raises(DataError, match=f"bad{k}.jsonl:1.*{message}"):
+            tokenize_steps(read_records(path), tokenizer, 128, "\n")
+
+
+def test_a_tiny_prm_learns_a_step_rule_and_resumes_exactly(llama_dir, tmp_path, monkeypatch):
+    from conftest import killed_after_step
+
+    from tether.stages.prm import run_prm
+    from tether.stages.prm_config import PRMConfig
+
+    data = write_jsonl(tmp_path / "train.jsonl", step_rows(240))
+    held = write_jsonl(tmp_path / "eval.jsonl", step_rows(60, seed=1))
+
+    def cfg(out, **extra):
+        overrides = {
+            "model.path": str(llama_dir),
+            "data.path": str(data),
+            "data.eval_path": str(held),
+            "train.batch_size": 16,
+            "train.max_steps": 30,
+            "train.eval_every": 15,
+            "train.save_every": 10,
+            "optim.lr": 3e-3,
+            "train.output": str(out),
+            "train.report_to": ["none"],
+            **extra,
+        }
+        return build_config(PRMConfig, overrides=overrides)
+
+    summary = run_prm(cfg(tmp_path / "whole"))
+    metrics = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    evals = [m for m in metrics if "eval/step_accuracy" in m]
+    assert summary["eval/step_accuracy"] >= 0.9 and summary["eval/auroc"] >= 0.95  # the rule, learnt
+    assert metrics[0]["train/loss"] > metrics[-1]["train/loss"] and evals[0]["step"] == 15
+    with killed_after_step(monkeypatch, 15), pytest.raises(KeyboardInterrupt):
+        run_prm(cfg(tmp_path / "killed"))
+    assert run_prm(cfg(tmp_path / "killed", **{"train.resume": True}))["resumed_from"] == 10
+    strip = lambda p: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in (p / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+    from tether.models.reward import load_reward_model
+
+    tok = load_tokenizer(tmp_path / "whole" / "final")
+    prm = load_reward_model(tmp_path / "whole" / "final", tok)
+    assert prm.head_names == ["step"]
+    e, _ = tokenize_steps(read_records(held), tok, 256, "\n")
+    batch = collate_steps(e[:4], tok.pad_token_id)
+    with torch.no_grad():
+        p = torch.sigmoid(prm(batch["input_ids"], batch["attention_mask"], step_index=batch["step_index"])[..., 0])
+    right = (p > 0.5) == (batch["step_labels"] > 0.5)
+    assert right[batch["step_mask"].bool()].float().mean() >= 0.9  # final/ scores steps as the run measured
+
+
+def test_math_shepherd_labels_on_a_scripted_policy_are_the_hand_computed_ones():
+    from tether.stages.prm_labels import step_labels
+
+    row = {"prompt": "Q: ", "completions": ["a", "b", "c"], "answer": "42"}
+    reach = {"Q: a\n": [1, 1, 1, 0], "Q: a\nb\n": [1, 0, 1, 0], "Q: a\nb\nc\n": [0, 0, 0, 0]}  # sample -> reaches?
+
+    def generate(contexts):
+        assert contexts == [c for c in reach for _ in range(4)]  # each prefix, repeated samples times, in order
+        out, seen = [], {}
+        for c in contexts:
+            k = seen[c] = seen.get(c, -1) + 1
+            out.append(("so 42" if reach[c][k] else "so 7", 2))
+        return out
+
+    check = lambda rows, texts: [t.endswith(r["answer"]) for r, t in zip(rows, texts)]
+    (hard,), cost = step_labels([row], lambda r: r["completions"], generate, check, samples=4)
+    assert hard["labels"] == [True, True, False] and hard["label_scores"] == [0.75, 0.5, 0.0]
+    assert cost.continuations == 12 and cost.tokens == 24
+    (soft,), _ = step_labels([row], lambda r: r["completions"], generate, check, samples=4, soft=True)
+    assert soft["labels"] == [0.75, 0.5, 0.0]
+
+
+def test_prm_labels_from_the_command_line(llama_dir, tmp_path):
+    import subprocess
+    import sys
+
+    rows = [{"prompt": "1 + 1 = ", "completions": ["2", "3"], "answer": "2"}]
+    data = write_jsonl(tmp_path / "solutions.jsonl", rows)
+    (tmp_path / "checks.py").write_text(
+        "def mentions_answer(completions, answer, **_):\n    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]\n"
+    )
+    out = tmp_path / "labelled.jsonl"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "data",
+            "prm-labels",
+            str(data),
+            "--model",
+            str(llama_dir),
+            "--check",
+            f"{tmp_path}/checks.py:mentions_answer",
+            "--output",
+            str(out),
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    labelled = json.loads(out.read_text())
+    assert labelled["labels"] == [True, True]  # every prefix already contains "2"
+    assert "1 solutions, 2 steps: 4 continuations generated" in done.stdout + done.stderr

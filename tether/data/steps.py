@@ -1,0 +1,141 @@
+"""Step-labelled solutions for process reward models (docs/reward-models.md, "Process reward models").
+
+Two shapes, the common ones:
+
+    {"prompt": ..., "completions": ["step", "step", ...], "labels": [true, false, ...]}   TRL's stepwise supervision,
+                                                                                        Math-Shepherd's data
+    {"prompt": ..., "completion": "step\\nstep\\n", "labels": [...]}                      one string, cut at
+                                                                                        data.step_separator
+
+``prompt`` is a string or chat messages (rendered with the generation prompt); labels are booleans or numbers in
+[0, 1] (a Math-Shepherd soft label). The text is the prompt followed by each step and the separator after it;
+step k is scored at the last token of its separator (tether/algorithms/reward.py step_bce_loss). A solution longer
+than max_length keeps the steps that fit (counted); one with none that fits is dropped (counted; --strict: an
+error naming the record).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tether.data.records import DataError, Record
+from tether.data.sft import DataReport, check_messages
+from tether.models.chat import has_template, render_chat
+
+STEP_FORMATS = ("stepwise (prompt, completions: list of steps, labels)", "separated (prompt, completion, labels)")
+
+
+@dataclass
+class StepExample:
+    input_ids: list[int]
+    step_ends: list[int]  # index of each step's last token (the end of its separator)
+    labels: list[float]  # 1: the step is right, 0: wrong; a fraction: a soft label
+    where: str
+
+
+def _label(value, where: str, k: int) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and 0 <= value <= 1:
+        return float(value)
+    raise DataError(f"{where}: labels[{k}] is {value!r}; a step's label is true/false or a number in [0, 1]")
+
+
+def step_texts(fields: dict, where: str, separator: str) -> tuple[list[str], str]:
+    """(the steps, the format) of a record; errors name the record and the field."""
+    if "completions" in fields:
+        steps = fields["completions"]
+        if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+            raise DataError(f"{where}: field 'completions' must be a list of step strings")
+        return steps, "stepwise"
+    if "completion" in fields:
+        text = fields["completion"]
+        if not isinstance(text, str):
+            raise DataError(f"{where}: field 'completion' must be a string (steps cut at {separator!r})")
+        steps = [s for s in text.split(separator)]
+        if steps and steps[-1] == "":  # a completion ending in the separator
+            steps.pop()
+        return steps, "separated"
+    raise DataError(
+        f"{where}: a step-labelled record needs 'prompt', 'labels' and 'completions' (a list of steps) or "
+        f"'completion' (steps cut at {separator!r}); it has {sorted(fields)}"
+    )
+
+
+def tokenize_steps(
+    records: list[Record], tokenizer, max_length: int, separator: str, strict: bool = False, label: str = ""
+) -> tuple[list[StepExample], DataReport]:
+    report = DataReport(label or (records[0].where.split(":")[0] if records else "?"))
+    out = []
+    for rec in records:
+        report.records += 1
+        fields, where = rec.fields, rec.where
+        if "prompt" not in fields or "labels" not in fields:
+            step_texts({}, where, separator)  # raises naming the fields it needs
+        steps, report.format = step_texts(fields, where, separator)
+        labels = fields["labels"]
+        if not isinstance(labels, list) or len(labels) != len(steps):
+            raise DataError(
+                f"{where}: {len(steps)} steps and {len(labels) if isinstance(labels, list) else labels!r} labels; "
+                "give one label per step"
+            )
+        labels = [_label(v, where, k) for k, v in enumerate(labels)]
+        prompt = fields["prompt"]
+        if isinstance(prompt, list):
+            if not has_template(tokenizer):
+                raise DataError(f"{where}: 'prompt' is chat messages and the tokenizer has no chat template")
+            prompt, specials = render_chat(tokenizer, check_messages(prompt, where, "prompt"), True), False
+        elif isinstance(prompt, str):
+            specials = True
+        else:
+            raise DataError(f"{where}: field 'prompt' must be a string or chat messages")
+        if not steps:
+            report.dropped["no steps"] += 1
+            continue
+        text, ends = prompt, []
+        for step in steps:
+            text += step + separator
+            ends.append(len(text))
+        enc = tokenizer(text, add_special_tokens=specials, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        step_ends = [max(t for t, (start, _) in enumerate(offsets) if start < end) for end in ends]
+        kept = sum(e < max_length for e in step_ends)
+        if kept == 0:
+            if strict:
+                raise DataError(f"{where}: no step fits in max_length {max_length} (--strict)")
+            report.dropped["no step within max_length"] += 1
+            continue
+        if kept < len(steps):
+            report.warnings["solutions cut to the steps within max_length"] += 1
+        ids = ids[: step_ends[kept - 1] + 1]
+        out.append(StepExample(ids, step_ends[:kept], labels[:kept], where))
+        report.examples += 1
+        report.tokens += len(ids)
+        report.trained_tokens += kept
+    return out, report
+
+
+def collate_steps(examples: list[StepExample], pad_id: int) -> dict:
+    """Right-padded rows and each row's step positions and labels, padded to the batch's most steps (step_mask)."""
+    width = max(len(e.input_ids) for e in examples)
+    steps = max(len(e.step_ends) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    index = torch.zeros((len(examples), steps), dtype=torch.long)
+    labels = torch.zeros((len(examples), steps))
+    mask = torch.zeros((len(examples), steps), dtype=torch.long)
+    for i, e in enumerate(examples):
+        ids[i, : len(e.input_ids)] = torch.tensor(e.input_ids)
+        attention[i, : len(e.input_ids)] = 1
+        index[i, : len(e.step_ends)] = torch.tensor(e.step_ends)
+        labels[i, : len(e.labels)] = torch.tensor(e.labels)
+        mask[i, : len(e.labels)] = 1
+    return {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "step_index": index,
+        "step_labels": labels,
+        "step_mask": mask,
+    }

@@ -1,0 +1,179 @@
+"""`tether prm`: process reward models from step-labelled solutions (docs/algorithms.md §2.4,
+docs/reward-models.md "Process reward models").
+
+Its own stage rather than a flag of `tether rm`: the data (steps and labels, not pairs), the loss (one binary
+cross-entropy per step, not a comparison) and the evaluation (step accuracy, AUROC, first wrong step) share nothing
+with preference training but the model class. The model is a reward model with one head, ``step``, read at each
+step's last token; final/ is a reward-model folder (``--process-reward-model`` takes it).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tether.algorithms.reward import binary_auroc, first_wrong_step, step_bce_loss
+from tether.config import ConfigError
+from tether.console import console
+from tether.data.records import read_records, tokenize_split
+from tether.data.steps import collate_steps, tokenize_steps
+from tether.models.lm import apply_precision, disable_dropout, length_limit, load_stage_tokenizer, parameter_summary
+from tether.models.reward import apply_reward_lora, load_reward_model, save_reward_model
+from tether.stages.prm_config import PRMConfig
+from tether.train.checkpoint import write_atomically
+from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
+from tether.train.run import announce, peak_memory, start_run, write_json
+
+HEAD = "step"
+
+
+class StepObjective:
+    """Σ of per-step binary cross-entropies over the batch's labelled steps; the loop divides by the step count."""
+
+    unit = "steps"
+
+    def count(self, batch: dict) -> int:
+        return int(batch["step_mask"].sum())
+
+    def loss_sum(self, model, batch: dict):
+        logits = model(batch["input_ids"], batch["attention_mask"], step_index=batch["step_index"])[..., 0]  # (B, S)
+        mask = batch["step_mask"]
+        losses = step_bce_loss(logits, batch["step_labels"], mask)
+        right = ((logits > 0) == (batch["step_labels"] >= 0.5)) & mask.bool()
+        return losses.sum(), {"step_accuracy": right.float().sum()}
+
+
+@torch.no_grad()
+def evaluate_prm(model, examples, pad_id: int, micro: int, device) -> dict[str, float]:
+    """Held-out loss per step, step accuracy (p > 1/2 against label >= 1/2), AUROC of p over the steps, and the
+    share of solutions whose first predicted wrong step is their first wrong step (or none, for both)."""
+    model.eval()
+    probs, labels, masks, loss, n = [], [], [], 0.0, 0
+    for start in range(0, len(examples), micro):
+        batch = {k: v.to(device) for k, v in collate_steps(examples[start : start + micro], pad_id).items()}
+        logits = model(batch["input_ids"], batch["attention_mask"], step_index=batch["step_index"])[..., 0]
+        loss += float(step_bce_loss(logits, batch["step_labels"], batch["step_mask"]).sum())
+        n += int(batch["step_mask"].sum())
+        for row_p, row_y, row_m in zip(
+            torch.sigmoid(logits).cpu(), batch["step_labels"].cpu(), batch["step_mask"].cpu()
+        ):
+            probs.append(row_p[row_m.bool()])
+            labels.append(row_y[row_m.bool()] >= 0.5)
+            masks.append(int(row_m.sum()))
+    model.train()
+    if not n:
+        return {}
+    p, y = torch.cat(probs), torch.cat(labels)
+    first_right = 0
+    for row_p, row_y in zip(probs, labels):
+        mask = torch.ones(1, len(row_p), dtype=torch.long)
+        first_right += int(first_wrong_step((row_p > 0.5)[None], mask)[0] == first_wrong_step(row_y[None], mask)[0])
+    return {
+        "eval/loss": loss / n,
+        "eval/step_accuracy": float(((p > 0.5) == y).float().mean()),
+        "eval/auroc": binary_auroc(p, y),
+        "eval/first_wrong_step_accuracy": first_right / len(probs),
+        "eval/wrong_step_share": float((~y).float().mean()),
+    }
+
+
+def load_prm_data(cfg: PRMConfig, tokenizer):
+    d = cfg.data
+    if not d.path:
+        raise ConfigError("--data is required: step-labelled solutions (prompt, completions, labels)")
+    records = read_records(d.path, d.columns, d.split, d.max_records)
+    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
+    limit = length_limit(d.max_length, cfg.model.path)
+    _, _, train, evals, reports = tokenize_split(
+        records,
+        eval_records,
+        d.eval_fraction,
+        cfg.train.seed,
+        d.path,
+        lambda recs, label: tokenize_steps(recs, tokenizer, limit, d.step_separator, d.strict, label),
+        d.eval_path,
+    )
+    return train, evals, reports
+
+
+def load_trainable_prm(cfg: PRMConfig, tokenizer, checkpoint):
+    m = cfg.model
+    if m.lora_r > 0:
+        prm = load_reward_model(m.path, tokenizer, [HEAD], m.dtype, m.trust_remote_code)
+        if checkpoint is not None:
+            from peft import PeftModel
+
+            from tether.models.reward import RewardModel
+
+            prm = RewardModel(PeftModel.from_pretrained(prm.model, str(checkpoint), is_trainable=True))
+        else:
+            prm = apply_reward_lora(prm, m.lora_r, m.lora_alpha, m.lora_dropout, list(m.lora_target_modules))
+    else:
+        prm = load_reward_model(checkpoint or m.path, tokenizer, [HEAD], m.dtype, m.trust_remote_code)
+    if not m.keep_dropout:
+        disable_dropout(prm)
+    return apply_precision(prm, m)
+
+
+def run_prm(cfg: PRMConfig) -> dict:
+    """Train, checkpoint, evaluate and write final/ (a reward-model folder with one head, ``step``)."""
+    t_start = time.perf_counter()
+    if not cfg.model.path:
+        raise ConfigError("--model is required")
+    if cfg.model.fsdp:
+        raise ConfigError("--fsdp: tether prm does not shard yet; its processes are data-parallel replicas")
+    tokenizer = load_stage_tokenizer(cfg.model)
+    train, evals, reports = load_prm_data(cfg, tokenizer)  # checked before the run folder is touched
+    accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
+    total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
+    model = load_trainable_prm(cfg, tokenizer, checkpoint)
+    model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
+    plan = {
+        "examples (train / eval)": f"{len(train)} / {len(evals)} {reports[0].format} solutions, "
+        f"{sum(len(e.labels) for e in train)} / {sum(len(e.labels) for e in evals)} labelled steps",
+        "step separator": repr(cfg.data.step_separator),
+        "loss": "binary cross-entropy per step at its last token (docs/algorithms.md §2.4)",
+        "batch per optimizer step": cfg.train.batch_size,
+        "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(accelerator.num_processes),
+        "optimizer steps": total_steps,
+        "start step": start_step,
+        "model": parameter_summary(model),
+    }
+    if accelerator.is_main_process:
+        announce("tether prm", plan, config, out, reports, checkpoint)
+    unwrapped, pad_id = accelerator.unwrap_model(model), tokenizer.pad_token_id
+    micro, device = cfg.train.micro_batch_size, accelerator.device
+    logger = offline_logger(cfg, accelerator, out, config, start_step, total_steps, "prm")
+    last_eval, steps_done = run_offline_loop(
+        cfg,
+        accelerator,
+        logger,
+        total_steps,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_examples=train,
+        eval_examples=evals,
+        objective=StepObjective(),
+        start_step=start_step,
+        output=out,
+        collate_fn=lambda exs: collate_steps(exs, pad_id),
+        tokenizer=tokenizer,
+        evaluate_fn=lambda: evaluate_prm(unwrapped, evals, pad_id, micro, device),
+    )
+    summary = {
+        "stage": "prm",
+        "steps": steps_done,
+        "resumed_from": start_step or None,
+        **last_eval,
+        "data": [r.summary() for r in reports],
+        "peak_memory": peak_memory(accelerator),
+    }
+    if accelerator.is_main_process:
+        write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "final")
+        summary["wall_s"] = round(time.perf_counter() - t_start, 2)
+        write_json(out / "summary.json", summary)
+        console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
+    accelerator.wait_for_everyone()
+    return summary

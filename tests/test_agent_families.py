@@ -393,3 +393,18 @@ def test_pythonic_calls_are_read_as_literals_never_run(base_dir):
     sampler, _, scores = episode(tok, [("[add(a=2, b=3)]", "<|eot_id|>"), ("5", "<|eot_id|>")], tool_parser="pythonic")
     assert scores.records[0]["calls"] == {"add": 1}
     assert "pythonic parser reads as []" in sampler.plan()["template note"]  # chosen by hand: a note, not a refusal
+
+
+def test_a_template_without_a_tool_role_serves_user_feedback_environments_and_refuses_tool_ones(base_dir):
+    tok = family_tokenizer(base_dir, "qwen2.5")
+    tok.chat_template = (  # like Gemma's: user and model turns only
+        "{% for m in messages %}{% if m.role not in ('user', 'assistant') %}"
+        "{{ raise_exception('Conversation roles must alternate user/model/user/model/...') }}{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    turns = [("Four.", "<|im_end|>"), ("Five.", "<|im_end|>")]
+    _, rollout, scores = episode(tok, turns, env=f"{HELPERS}:Feedback")
+    assert scores.records[0]["turns"] == 2 and "user: Try again." in rollout.responses[0]
+    with pytest.raises(ConfigError, match="cannot render the conversation.*roles must alternate.*--chat-template FILE"):
+        episode(tok, CASES["qwen2.5"][0], env=f"{HELPERS}:EchoTools")

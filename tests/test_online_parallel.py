@@ -554,3 +554,20 @@ def test_shares_are_contiguous_and_cover_every_item_once():
         for world in range(1, 5):
             covered = [i for r in range(world) for i in range(*shard_bounds(count, world, r))]
             assert covered == list(range(count))
+
+
+@pytest.mark.slow
+def test_a_process_reward_model_on_two_processes_equals_one(llama_dir, files, tmp_path):
+    """The PRM's step probabilities travel with their responses, as a reward function's step scores do."""
+    from test_prm import tiny_prm
+
+    _, prompts = files
+    prm = tiny_prm(llama_dir, tmp_path)
+    args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--process-reward-model", prm]
+    args += ["--step-pattern", " ", "--prompts-per-step", "4", "--group-size", "3", "--max-new-tokens", "8"]
+    args += ["--max-steps", "2", "--lr", "3e-3", "--save-every", "0", "--report-to", "none", "--sample-every", "1"]
+    args += ["--response-seeds"]
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert any(s["step_scores"] for s in lines(tmp_path / "two" / "samples.jsonl"))

@@ -24,7 +24,7 @@ def step_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def test_both_shapes_score_each_step_at_the_end_of_its_separator(tokenizer, tmp_path):
+def test_both_shapes_score_each_step_at_its_last_token(tokenizer, tmp_path):
     rows = [
         {"prompt": "Q: ", "completions": ["1 + 1 = 2", "2 + 2 = 5"], "labels": [True, False]},
         {"prompt": "Q: ", "completion": "1 + 1 = 2\n2 + 2 = 5\n", "labels": [1, 0.25]},
@@ -34,7 +34,7 @@ def test_both_shapes_score_each_step_at_the_end_of_its_separator(tokenizer, tmp_
     assert report.examples == 2 and examples[0].input_ids == examples[1].input_ids  # the same text either way
     for e in examples:
         ends = [tokenizer.decode(e.input_ids[: i + 1]) for i in e.step_ends]
-        assert ends == ["Q: 1 + 1 = 2\n", "Q: 1 + 1 = 2\n2 + 2 = 5\n"]
+        assert ends == ["Q: 1 + 1 = 2", "Q: 1 + 1 = 2\n2 + 2 = 5"]
     assert examples[1].labels == [1.0, 0.25]
     batch = collate_steps(examples, tokenizer.pad_token_id)
     assert batch["step_mask"].tolist() == [[1, 1], [1, 1]] and batch["step_labels"][1].tolist() == [1.0, 0.25]
@@ -163,3 +163,65 @@ def test_prm_labels_from_the_command_line(llama_dir, tmp_path):
     labelled = json.loads(out.read_text())
     assert labelled["labels"] == [True, True]  # every prefix already contains "2"
     assert "1 solutions, 2 steps: 4 continuations generated" in done.stdout + done.stderr
+
+
+def tiny_prm(llama_dir, tmp_path) -> str:
+    """A `tether prm` folder trained for a few steps on the step rule (what matters here is its shape)."""
+    from tether.stages.prm import run_prm
+    from tether.stages.prm_config import PRMConfig
+
+    data = write_jsonl(tmp_path / "prm-train.jsonl", step_rows(32))
+    overrides = {"model.path": str(llama_dir), "data.path": str(data), "train.batch_size": 8, "train.max_steps": 2}
+    overrides.update({"train.output": str(tmp_path / "prm"), "train.report_to": ["none"], "train.save_every": 0})
+    run_prm(build_config(PRMConfig, overrides=overrides))
+    return str(tmp_path / "prm" / "final")
+
+
+def test_grpo_with_a_process_reward_model_runs_and_resumes_exactly(llama_dir, tmp_path, monkeypatch):
+    from conftest import killed_after_step
+
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    prm = tiny_prm(llama_dir, tmp_path)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
+
+    def cfg(out, **extra):
+        overrides = {"model.path": str(llama_dir), "rollout.prompts": str(prompts), "rewards.process_reward_model": prm}
+        overrides.update({"rewards.step_pattern": " ", "rollout.prompts_per_step": 2, "rollout.group_size": 3})
+        overrides.update({"rollout.max_new_tokens": 8, "train.max_steps": 4, "optim.lr": 3e-3, "train.save_every": 2})
+        overrides.update({"train.sample_every": 1, "train.output": str(out), "train.report_to": ["none"], **extra})
+        return build_config(GRPOConfig, overrides=overrides)
+
+    run_grpo(cfg(tmp_path / "whole"))
+    metrics = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (tmp_path / "whole" / "samples.jsonl").read_text().splitlines()]
+    assert all("reward/process_reward_model/mean" in m for m in metrics)
+    steps = [s["step_scores"] for s in samples if s.get("step_scores")]
+    assert steps and all(0 < p < 1 for row in steps for p in row)  # probabilities, one per matched step
+    assert "process reward model (each step's probability" in (tmp_path / "whole" / "config.yaml").read_text()
+    with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
+        run_grpo(cfg(tmp_path / "killed"))
+    assert run_grpo(cfg(tmp_path / "killed", **{"train.resume": True}))["resumed_from"] == 2
+    strip = lambda p: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in (p / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+
+
+def test_ppo_takes_an_aggregated_process_reward_model_and_refuses_step_scores(llama_dir, tmp_path):
+    from tether.config import ConfigError
+    from tether.stages.ppo import run_ppo
+    from tether.stages.ppo_config import PPOConfig
+
+    prm = tiny_prm(llama_dir, tmp_path)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Say hi."}, {"prompt": "Say cats."}])
+    overrides = {"model.path": str(llama_dir), "rollout.prompts": str(prompts), "rewards.process_reward_model": prm}
+    overrides.update({"rewards.step_pattern": " ", "rollout.prompts_per_step": 2, "rollout.max_new_tokens": 8})
+    overrides.update({"train.max_steps": 2, "train.output": str(tmp_path / "ppo"), "train.report_to": ["none"]})
+    with pytest.raises(ConfigError, match="choose --process-reward-aggregation min"):
+        build_config(PPOConfig, overrides=overrides)
+    run_ppo(build_config(PPOConfig, overrides={**overrides, "rewards.process_reward_aggregation": "min"}))
+    metrics = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= m["reward/process_reward_model/mean"] <= 1 for m in metrics)

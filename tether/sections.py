@@ -438,6 +438,19 @@ class RewardSection(Section):
 
     reward_model: str = option("", "A `tether rm` folder whose score is added to the reward.", flag="--reward-model")
     reward_model_weight: float = option(1.0, "Weight of the reward model's score in the total reward.")
+    process_reward_model: str = option(
+        "",
+        "A `tether prm` folder: the probability that each step is right (steps end where --step-pattern "
+        "matches), as a process reward or aggregated (process_reward_aggregation).",
+        flag="--process-reward-model",
+    )
+    process_reward_weight: float = option(1.0, "Weight of the process reward model's step scores.")
+    process_reward_aggregation: str = option(
+        "steps",
+        "How the process reward model's step probabilities reward a response: steps (each on its step's "
+        "last token: GRPO's process advantages) or one score: min (Math-Shepherd), sum, mean or last.",
+        choices=("steps", "min", "sum", "mean", "last"),
+    )
     reward_weights: str = option("", "Weights of reward-model heads, HEAD=W,...; default: the first head alone.")
     normalize_reward: bool = option(True, "Standardise reward-model scores with the statistics saved by `tether rm`.")
     reward: list = option(
@@ -488,7 +501,7 @@ class RewardSection(Section):
         return {k: float(v) for k, _, v in (p.partition("=") for p in self.reward_weights.split(",") if p)} or None
 
     def has_reward(self) -> bool:
-        return bool(self.reward_model or self.reward)
+        return bool(self.reward_model or self.reward or self.process_reward_model)
 
     def overlong_tokens(self, max_new_tokens: int) -> int:
         """L_cache in tokens (-1 resolves to a quarter of the budget); checked against the budget."""

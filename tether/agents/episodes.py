@@ -192,9 +192,17 @@ class AgentSampler:
                 episodes.append(self.start(row))
             except EnvironmentFault as err:
                 raise ConfigError(f"dry run of --env {agent_cfg.env} on the first prompts: {err}") from err
+            except TemplateError as err:
+                raise ConfigError(
+                    f"--env {agent_cfg.env}: {err}. Episodes cannot be started with this template; fix with "
+                    "--chat-template FILE (a training template) or --chat-template-kwargs"
+                ) from None
         tools = next((e.transcript.tools for e in episodes if e.transcript.tools), None)
+        tool_use = bool(  # an environment with tools (or one whose class lists them): probe a tool call
+            any(getattr(e.env, "tools", None) for e in episodes) if episodes else getattr(self.factory, "tools", None)
+        )
         self.template_notes = check_template(
-            tokenizer, self.format, self.stops, tools, chosen=self.format_source == "--tool-parser"
+            tokenizer, self.format, self.stops, tools, chosen=self.format_source == "--tool-parser", tool_use=tool_use
         )
 
     def describe(self) -> str:
@@ -611,13 +619,16 @@ PROBE_TOOL = {
 
 
 def check_template(
-    tokenizer, fmt, stops: list[int], tools: list[dict] | None = None, chosen: bool = False
+    tokenizer, fmt, stops: list[int], tools: list[dict] | None = None, chosen: bool = False, tool_use: bool = True
 ) -> list[str]:
-    """The start-up check, before any model is loaded: a scripted two-turn tool episode (a call, its result, a
-    final answer) rendered through the run's chat template and continued as episodes are. Raises a ConfigError
+    """The start-up check, before any model is loaded: a scripted two-turn episode rendered through the run's chat
+    template and continued as episodes are — with ``tool_use``, a call, its result and a final answer; without
+    (an environment that answers as the user), an answer, a user's reply and a second answer. Raises a ConfigError
     naming the template, what failed and the option that fixes it; returns notes for the plan (what the template
     would re-render differently, what the policy is trained on). A parser the run ``chosen`` (--tool-parser) that
     does not read the template's own calls is a note, not a refusal."""
+    if not tool_use:
+        return _check_plain_template(tokenizer, stops)
     tools = tools or ([PROBE_TOOL] if takes_tools(tokenizer) else None)
     name = template_name(tokenizer, tools=bool(tools))
     fixes = (
@@ -670,16 +681,41 @@ def check_template(
         full = transcript.render(transcript.messages + [{"role": "assistant", "content": "The answer is here."}], False)
     except TemplateError as err:
         raise ConfigError(f"--env: {err}. Episodes cannot be continued with this template; fix with {fixes}") from None
-    appended = tokenizer.decode(ids, skip_special_tokens=False)
-    if not full.startswith(appended.rstrip()) and not appended.startswith(full.rstrip()):
-        at = next((i for i, (a, b) in enumerate(zip(appended, full)) if a != b), min(len(appended), len(full)))
-        notes.append(
-            f"the chat template ({name}) re-renders a finished episode differently from its transcript (from "
-            f"{appended[max(0, at - 30) : at + 30]!r} it writes {full[max(0, at - 30) : at + 30]!r}): the policy is "
-            "trained on its turns exactly as it sampled them, each in the context it was sampled in; a server "
-            "that re-renders the conversation shows it the template's version"
-        )
-    return notes
+    return notes + rewrite_note(tokenizer.decode(ids, skip_special_tokens=False), full, name)
+
+
+def _check_plain_template(tokenizer, stops: list[int]) -> list[str]:
+    """check_template for an environment without tools: answer, the user's reply, a second answer."""
+    name = template_name(tokenizer)
+    stop = stops[0] if stops else tokenizer.eos_token_id
+    markers = tuple(dict.fromkeys(tokenizer.decode([t]) for t in stops))
+    try:
+        transcript = Transcript(tokenizer, [{"role": "user", "content": "Answer, then try again."}], None, markers)
+        first = tokenizer("A first answer.", add_special_tokens=False)["input_ids"] + [stop]
+        reply = [{"role": "user", "content": "PROBE REPLY"}]
+        following = transcript.continue_with({"role": "assistant", "content": "A first answer."}, reply)
+        second = tokenizer("A second answer.", add_special_tokens=False)["input_ids"] + [stop]
+        ids = transcript.prompt_ids + first + following + second
+        full = transcript.render(transcript.messages + [{"role": "assistant", "content": "A second answer."}], False)
+    except TemplateError as err:
+        raise ConfigError(
+            f"--env: {err}. Episodes cannot be continued with this template; fix with --chat-template FILE (a "
+            "training template) or --chat-template-kwargs"
+        ) from None
+    return rewrite_note(tokenizer.decode(ids, skip_special_tokens=False), full, name)
+
+
+def rewrite_note(appended: str, full: str, name: str) -> list[str]:
+    """The plan's note when re-rendering a finished probe episode differs from its appended transcript."""
+    if full.startswith(appended.rstrip()) or appended.startswith(full.rstrip()):
+        return []
+    at = next((i for i, (a, b) in enumerate(zip(appended, full)) if a != b), min(len(appended), len(full)))
+    return [
+        f"the chat template ({name}) re-renders a finished episode differently from its transcript (from "
+        f"{appended[max(0, at - 30) : at + 30]!r} it writes {full[max(0, at - 30) : at + 30]!r}): the policy is "
+        "trained on its turns exactly as it sampled them, each in the context it was sampled in; a server "
+        "that re-renders the conversation shows it the template's version"
+    ]
 
 
 def template_call_text(tokenizer, user: dict, call: dict, fmt, tools) -> str | None:

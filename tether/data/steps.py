@@ -9,7 +9,8 @@ Two shapes, the common ones:
 
 ``prompt`` is a string or chat messages (rendered with the generation prompt); labels are booleans or numbers in
 [0, 1] (a Math-Shepherd soft label). The text is the prompt followed by each step and the separator after it;
-step k is scored at the last token of its separator (tether/algorithms/reward.py step_bce_loss). A solution longer
+step k is scored at the token holding its last character (tether/algorithms/reward.py step_bce_loss), as
+``--process-reward-model`` reads it where a step matched by ``--step-pattern`` ends. A solution longer
 than max_length keeps the steps that fit (counted); one with none that fits is dropped (counted; --strict: an
 error naming the record).
 """
@@ -30,7 +31,7 @@ STEP_FORMATS = ("stepwise (prompt, completions: list of steps, labels)", "separa
 @dataclass
 class StepExample:
     input_ids: list[int]
-    step_ends: list[int]  # index of each step's last token (the end of its separator)
+    step_ends: list[int]  # index of the token holding each step's last character
     labels: list[float]  # 1: the step is right, 0: wrong; a fraction: a soft label
     where: str
 
@@ -96,8 +97,9 @@ def tokenize_steps(
             continue
         text, ends = prompt, []
         for step in steps:
-            text += step + separator
-            ends.append(len(text))
+            text += step
+            ends.append(len(text))  # the step's own end: its score is read at the token holding its last character
+            text += separator
         enc = tokenizer(text, add_special_tokens=specials, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
         step_ends = [max(t for t, (start, _) in enumerate(offsets) if start < end) for end in ends]

@@ -255,3 +255,51 @@ class RewardScorer:
 
     def __call__(self, texts: list[str]) -> list[float]:
         return (self.head_scores(texts) @ self.weights).tolist()
+
+
+class ProcessRewardScorer:
+    """A trained process reward model (`tether prm`) used as a reward: for each text and each step's end (a
+    character offset), p_k = σ(s_k), the head's probability that the step is right, read at the token holding the
+    step's last character (docs/algorithms.md §2.4)."""
+
+    def __init__(
+        self, path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32", batch_size: int = 16
+    ):
+        from tether.models.lm import load_tokenizer
+
+        self.tokenizer = load_tokenizer(path)
+        self.model = load_reward_model(path, self.tokenizer, dtype=dtype).to(device).eval()
+        if len(self.model.head_names) != 1:
+            raise ConfigError(
+                f"--process-reward-model {path}: a process reward model has one head (`tether prm` writes 'step'); "
+                f"this one has {self.model.head_names}"
+            )
+        self.device, self.batch_size = device, batch_size
+
+    @torch.no_grad()
+    def __call__(self, texts: list[str], char_ends: list[list[int]]) -> list[list[float]]:
+        out: list[list[float]] = [[] for _ in texts]
+        bos = self.tokenizer.bos_token or ""
+        for start in range(0, len(texts), self.batch_size):
+            rows = []
+            for i in range(start, min(start + self.batch_size, len(texts))):
+                if not char_ends[i]:
+                    continue
+                specials = not (bos and texts[i].startswith(bos))  # a rendered chat prompt has its own
+                enc = self.tokenizer(texts[i], add_special_tokens=specials, return_offsets_mapping=True)
+                offsets = enc["offset_mapping"]
+                steps = [max(t for t, (s, _) in enumerate(offsets) if s < max(end, 1)) for end in char_ends[i]]
+                rows.append((i, enc["input_ids"], steps))
+            if not rows:
+                continue
+            batch = pad_sequences([ids for _, ids, _ in rows], self.tokenizer.pad_token_id)
+            width = max(len(steps) for _, _, steps in rows)
+            index = torch.tensor([steps + [0] * (width - len(steps)) for _, _, steps in rows])
+            logits = self.model(
+                batch["input_ids"].to(self.device),
+                batch["attention_mask"].to(self.device),
+                step_index=index.to(self.device),
+            )[..., 0]
+            for (i, _, steps), row in zip(rows, torch.sigmoid(logits).float().cpu()):
+                out[i] = row[: len(steps)].tolist()
+        return out

@@ -62,6 +62,15 @@ class Scores:
         )
 
 
+def load_process_reward_scorer(rewards_cfg, device, dtype: str = "float32"):
+    """The RewardSection's process reward model as (texts, step end offsets) -> step probabilities, or None."""
+    if not rewards_cfg.process_reward_model:
+        return None
+    from tether.models.reward import ProcessRewardScorer
+
+    return ProcessRewardScorer(rewards_cfg.process_reward_model, device, dtype)
+
+
 def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
     """The RewardSection's reward model as texts -> scores (normalised, head weights applied), or None."""
     if not rewards_cfg.reward_model:
@@ -84,20 +93,33 @@ class Scorer:
         reward_set: RewardSet | None,
         reward_model=None,
         allow_process: bool = True,
+        process_model=None,
     ):
         """``reward_set``: load_reward_set(rewards_cfg, rows), checked before any model is loaded;
-        ``reward_model(texts) -> list[float]``: load_reward_model_scorer(), or a stand-in (the lab, tests)."""
+        ``reward_model(texts) -> list[float]``: load_reward_model_scorer(), or a stand-in (the lab, tests);
+        ``process_model(texts, step_end_offsets) -> step probabilities``: load_process_reward_scorer()."""
         self.cfg, self.tokenizer, self.max_new_tokens = rewards_cfg, tokenizer, max_new_tokens
         self.allow_process = allow_process
-        self.rewards, self.reward_model = reward_set, reward_model
-        if self.reward_model is None and self.rewards is None:
+        self.rewards, self.reward_model, self.process_model = reward_set, reward_model, process_model
+        if self.reward_model is None and self.rewards is None and self.process_model is None:
             raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
+        if process_model is not None and rewards_cfg.process_reward_aggregation == "steps" and not allow_process:
+            raise ConfigError(
+                "--process-reward-model with process_reward_aggregation=steps gives step scores; this stage needs "
+                "one score per response: choose --process-reward-aggregation min, sum, mean or last"
+            )
         self.overlong_cache = rewards_cfg.overlong_tokens(max_new_tokens)
 
     def describe(self) -> str:
         """The reward as the plan prints it."""
         terms = [f"{self.cfg.reward_model_weight:g} x reward model"] if self.reward_model is not None else []
         terms += [f"{c.weight:g} x {c.name}" for c in (self.rewards.components if self.rewards else [])]
+        if self.process_model is not None:
+            how = self.cfg.process_reward_aggregation
+            terms.append(
+                f"{self.cfg.process_reward_weight:g} x process reward model "
+                + ("(each step's probability on its last token)" if how == "steps" else f"({how} over the steps)")
+            )
         terms += [f"overlong (last {self.overlong_cache} tokens)"] if self.overlong_cache else []
         shaping = (["truncated -> %g" % self.cfg.truncation_penalty] if self.cfg.penalize_truncated else []) + (
             [f"clipped to ±{self.cfg.reward_clip:g}"] if self.cfg.reward_clip else []
@@ -135,6 +157,8 @@ class Scorer:
                 else:
                     parts[c.name] = torch.tensor(v, dtype=torch.float32)
                     total += c.weight * parts[c.name]
+        if self.process_model is not None:
+            steps, total = self._process_model_part(rollout, parts, steps, total)
         if self.overlong_cache:
             parts["overlong"] = overlong_penalty(rollout.lengths, self.max_new_tokens, self.overlong_cache)
             total += parts["overlong"]
@@ -142,6 +166,30 @@ class Scorer:
             total = truncation_penalty(total, rollout.truncated, self.cfg.truncation_penalty)
         total = clip_scores(total, self.cfg.reward_clip)
         return Scores(total, parts, steps, has_outcome=steps is None or len(parts) > 1)
+
+    def _process_model_part(self, rollout, parts: dict, steps, total):
+        """The process reward model's step probabilities (steps end where --step-pattern matches): a process
+        reward, or aggregated into one score per response (docs/algorithms.md §2.4)."""
+        import re
+
+        from tether.algorithms.reward import aggregate_step_scores
+
+        regex = re.compile(self.cfg.step_pattern)
+        ends = [[len(p) + m.end() for m in regex.finditer(r)] for p, r in zip(rollout.prompts, rollout.responses)]
+        probs = self.process_model([p + r for p, r in zip(rollout.prompts, rollout.responses)], ends)
+        w, how = self.cfg.process_reward_weight, self.cfg.process_reward_aggregation
+        if how == "steps":
+            if steps is not None:
+                raise ConfigError("more than one process reward (functions returning step scores and a PRM)")
+            parts["process_reward_model"] = torch.tensor([sum(row) for row in probs], dtype=torch.float32)
+            return [[w * x for x in row] for row in probs], total
+        width = max((len(row) for row in probs), default=0)
+        padded = torch.tensor([row + [0.0] * (width - len(row)) for row in probs], dtype=torch.float32)
+        mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in probs])
+        parts["process_reward_model"] = aggregate_step_scores(
+            padded.view(len(probs), width), mask.view(len(probs), width), how
+        )
+        return steps, total + w * parts["process_reward_model"]
 
     def _process(self, component, values: list[list[float]], steps):
         if not self.allow_process:

@@ -24,7 +24,7 @@ from tether.algorithms.policy import clip_fraction
 from tether.console import console
 from tether.models.checks import check_position_restarts
 from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
-from tether.rewards.score import Scorer, Scores, load_reward_model_scorer
+from tether.rewards.score import Scorer, Scores, load_process_reward_scorer, load_reward_model_scorer
 from tether.rollout.backends import response_seeds
 from tether.rollout.batch import concat_rollouts
 from tether.rollout.forward import reference_logprobs, response_logprobs
@@ -406,7 +406,15 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
-        score = Scorer(cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model)
+        process_model = load_process_reward_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
+        score = Scorer(
+            cfg.rewards,
+            cfg.rollout.max_new_tokens,
+            tokenizer,
+            start.reward_set,
+            reward_model,
+            process_model=process_model,
+        )
     stage = GroupStage(cfg, tokenizer, policy, reference, score, start, backend(policy, tokenizer) if backend else None)
     return run_online(
         stage,

@@ -33,7 +33,7 @@ from tether.models.lm import (
     load_stage_tokenizer,
     load_trainable_model,
 )
-from tether.rewards.score import Scorer, load_reward_model_scorer
+from tether.rewards.score import Scorer, load_process_reward_scorer, load_reward_model_scorer
 from tether.rollout.backends import response_seeds
 from tether.rollout.forward import reference_logprobs, response_logprobs, response_logprobs_and_values
 from tether.sections import minibatch_size, updates_per_step
@@ -415,7 +415,13 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
         score = Scorer(
-            cfg.rewards, cfg.rollout.max_new_tokens, tokenizer, start.reward_set, reward_model, allow_process=False
+            cfg.rewards,
+            cfg.rollout.max_new_tokens,
+            tokenizer,
+            start.reward_set,
+            reward_model,
+            allow_process=False,
+            process_model=load_process_reward_scorer(cfg.rewards, device, frozen_dtype(cfg.model)),
         )
     stage = PPOStage(
         cfg, tokenizer, policy, reference, critic, score, start, backend(policy, tokenizer) if backend else None

@@ -119,3 +119,8 @@ class PPOConfig(StageConfig):
             )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
+        if self.rewards.process_reward_model and self.rewards.process_reward_aggregation == "steps":
+            raise ConfigError(
+                "--process-reward-model: PPO scores each response once (its critic spreads the credit); choose "
+                "--process-reward-aggregation min, sum, mean or last (steps: for tether grpo's process advantages)"
+            )

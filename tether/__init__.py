@@ -1,6 +1,6 @@
 """tether: post-training language models with human feedback, with a ground-truth lab.
 
-The Python API (docs/python-api.md): ``tether.sft``, ``tether.rm``, ``tether.dpo``, ``tether.ppo``, ``tether.grpo``
+The Python API (docs/python-api.md): ``tether.sft``, ``tether.rm``, ``tether.prm``, ``tether.dpo``, ``tether.ppo``, ``tether.grpo``
 and the stage configs (``tether.SFTConfig``...). They are imported on first use, so that ``import tether`` (and the
 command line's ``--help``) stays free of torch and transformers.
 """
@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "sft": "tether.api",
     "rm": "tether.api",
+    "prm": "tether.api",
     "dpo": "tether.api",
     "ppo": "tether.api",
     "grpo": "tether.api",
@@ -17,6 +18,7 @@ _LAZY = {
     "TrainerState": "tether.rewards.loading",
     "SFTConfig": "tether.stages.sft_config",
     "RMConfig": "tether.stages.rm_config",
+    "PRMConfig": "tether.stages.prm_config",
     "DPOConfig": "tether.stages.dpo_config",
     "PPOConfig": "tether.stages.ppo_config",
     "GRPOConfig": "tether.stages.grpo_config",

@@ -88,7 +88,7 @@ class RunResult:
         from tether.models.lm import load_model, load_tokenizer
 
         tokenizer = load_tokenizer(self.final)
-        if self.stage == "rm":
+        if self.stage in ("rm", "prm"):
             from tether.models.reward import load_reward_model
 
             return load_reward_model(self.final, tokenizer), tokenizer
@@ -328,6 +328,11 @@ def rm(config=None, *, model=None, tokenizer=None, data=None, eval_data=None, **
     return _run("rm", config, settings, dict(model=model, tokenizer=tokenizer, data=data, eval_data=eval_data), {}, {})
 
 
+def prm(config=None, *, model=None, tokenizer=None, data=None, eval_data=None, **settings) -> RunResult:
+    """A process reward model from step-labelled solutions (docs/algorithms.md §2.4): a probability per step."""
+    return _run("prm", config, settings, dict(model=model, tokenizer=tokenizer, data=data, eval_data=eval_data), {}, {})
+
+
 def dpo(
     config=None,
     *,
@@ -406,4 +411,4 @@ def grpo(
     )
 
 
-__all__ = ["RunResult", "config_class", "dpo", "grpo", "ppo", "rm", "run_stage", "sft"]
+__all__ = ["RunResult", "config_class", "dpo", "grpo", "ppo", "prm", "rm", "run_stage", "sft"]

@@ -266,6 +266,12 @@ NAMES = [
         "its built-in copy of a family's)",
     ),
     Foreign("chat_template_kwargs", TRL, "--chat-template-kwargs"),
+    Foreign("step_separator", TRL, "--step-separator", stages=("prm",)),
+    _refused(
+        "train_on_last_step_only",
+        TRL,
+        "tether prm trains on every labelled step; give only the last step a label to train on it alone",
+    ),
     Foreign("chat_template_path", TRL, "--chat-template"),
     _ignored("plot_loss", LF, "tether always writes report.html with every curve"),
     _ignored("flash_attn", LF, "the model's default attention is used"),

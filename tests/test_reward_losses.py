@@ -97,3 +97,4 @@ def test_auroc_first_wrong_step_and_step_aggregations_hand_computed():
     assert aggregate_step_scores(scores, real, "mean").tolist() == pytest.approx([1.6 / 3, 0.3])
     assert aggregate_step_scores(scores, real, "last").tolist() == pytest.approx([0.9, 0.3])
     assert aggregate_step_scores(scores, torch.zeros_like(real), "min").tolist() == [0.0, 0.0]
+    assert aggregate_step_scores(torch.zeros(2, 0), torch.zeros(2, 0), "last").tolist() == [0.0, 0.0]  # no steps at all

@@ -122,6 +122,8 @@ def aggregate_step_scores(step_scores: torch.Tensor, mask: torch.Tensor, how: st
     step scores 0. Shapes: (B, S), (B, S) -> (B,)."""
     real = mask.bool()
     has = real.any(-1)
+    if step_scores.shape[-1] == 0:  # no solution has a step
+        return torch.zeros(step_scores.shape[:-1], dtype=step_scores.dtype, device=step_scores.device)
     if how == "min":
         out = torch.where(real, step_scores, torch.full_like(step_scores, float("inf"))).min(-1).values
     elif how == "sum":

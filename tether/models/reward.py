@@ -136,6 +136,27 @@ def load_reward_model(
     return RewardModel(model)
 
 
+def load_trainable_reward_model(model_cfg, tokenizer, heads: list[str], checkpoint) -> "RewardModel":
+    """The reward model to train (`tether rm`, `tether prm`): from --model with new heads, or from a checkpoint when
+    resuming (LoRA: base + saved adapter); dropout off unless keep_dropout; precision as the model section says."""
+    from tether.models.lm import apply_precision, disable_dropout
+
+    m = model_cfg
+    if m.lora_r > 0:
+        rm = load_reward_model(m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
+        if checkpoint is not None:
+            from peft import PeftModel
+
+            rm = RewardModel(PeftModel.from_pretrained(rm.model, str(checkpoint), is_trainable=True))
+        else:
+            rm = apply_reward_lora(rm, m.lora_r, m.lora_alpha, m.lora_dropout, list(m.lora_target_modules))
+    else:
+        rm = load_reward_model(checkpoint or m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
+    if not m.keep_dropout:
+        disable_dropout(rm)
+    return apply_precision(rm, m)
+
+
 def apply_reward_lora(rm: RewardModel, r: int, alpha: float, dropout: float, target_modules: list[str]) -> RewardModel:
     from peft import LoraConfig, get_peft_model
 

@@ -18,8 +18,8 @@ from tether.config import ConfigError
 from tether.console import console
 from tether.data.records import read_records, tokenize_split
 from tether.data.steps import collate_steps, tokenize_steps
-from tether.models.lm import apply_precision, disable_dropout, length_limit, load_stage_tokenizer, parameter_summary
-from tether.models.reward import apply_reward_lora, load_reward_model, save_reward_model
+from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
+from tether.models.reward import load_trainable_reward_model, save_reward_model
 from tether.stages.prm_config import PRMConfig
 from tether.train.checkpoint import write_atomically
 from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
@@ -97,25 +97,6 @@ def load_prm_data(cfg: PRMConfig, tokenizer):
     return train, evals, reports
 
 
-def load_trainable_prm(cfg: PRMConfig, tokenizer, checkpoint):
-    m = cfg.model
-    if m.lora_r > 0:
-        prm = load_reward_model(m.path, tokenizer, [HEAD], m.dtype, m.trust_remote_code)
-        if checkpoint is not None:
-            from peft import PeftModel
-
-            from tether.models.reward import RewardModel
-
-            prm = RewardModel(PeftModel.from_pretrained(prm.model, str(checkpoint), is_trainable=True))
-        else:
-            prm = apply_reward_lora(prm, m.lora_r, m.lora_alpha, m.lora_dropout, list(m.lora_target_modules))
-    else:
-        prm = load_reward_model(checkpoint or m.path, tokenizer, [HEAD], m.dtype, m.trust_remote_code)
-    if not m.keep_dropout:
-        disable_dropout(prm)
-    return apply_precision(prm, m)
-
-
 def run_prm(cfg: PRMConfig) -> dict:
     """Train, checkpoint, evaluate and write final/ (a reward-model folder with one head, ``step``)."""
     t_start = time.perf_counter()
@@ -127,7 +108,7 @@ def run_prm(cfg: PRMConfig) -> dict:
     train, evals, reports = load_prm_data(cfg, tokenizer)  # checked before the run folder is touched
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
-    model = load_trainable_prm(cfg, tokenizer, checkpoint)
+    model = load_trainable_reward_model(cfg.model, tokenizer, [HEAD], checkpoint)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
     plan = {
         "examples (train / eval)": f"{len(train)} / {len(evals)} {reports[0].format} solutions, "

@@ -26,9 +26,9 @@ from tether.console import console
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records, tokenize_split
 from tether.models.checks import check_position_restarts
-from tether.models.lm import apply_precision, disable_dropout, length_limit, load_stage_tokenizer, parameter_summary
+from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
 from tether.models.packing import describe, score_inputs
-from tether.models.reward import NORM_FILE, apply_reward_lora, load_reward_model, save_reward_model
+from tether.models.reward import NORM_FILE, load_reward_model, load_trainable_reward_model, save_reward_model
 from tether.stages.rm_config import RMConfig
 from tether.stages.rm_probes import normalization_stats, run_probes
 from tether.train.checkpoint import write_atomically
@@ -159,23 +159,7 @@ def _evaluate(model, *args, scored: dict, **kwargs) -> dict[str, float]:
 
 
 def load_trainable_rm(cfg: RMConfig, tokenizer, checkpoint: Path | None):
-    m = cfg.model
-    heads = list(cfg.rm.heads)
-    if m.lora_r > 0:
-        rm = load_reward_model(m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
-        if checkpoint is not None:
-            from peft import PeftModel
-
-            from tether.models.reward import RewardModel
-
-            rm = RewardModel(PeftModel.from_pretrained(rm.model, str(checkpoint), is_trainable=True))
-        else:
-            rm = apply_reward_lora(rm, m.lora_r, m.lora_alpha, m.lora_dropout, list(m.lora_target_modules))
-    else:
-        rm = load_reward_model(checkpoint or m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
-    if not m.keep_dropout:
-        disable_dropout(rm)
-    return apply_precision(rm, m)
+    return load_trainable_reward_model(cfg.model, tokenizer, list(cfg.rm.heads), checkpoint)
 
 
 def run_rm(cfg: RMConfig) -> dict:

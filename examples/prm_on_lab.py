@@ -173,6 +173,14 @@ def grpo(lab: Path, out: Path, name: str, seed: int, extra: dict, rewards: str =
     return figures
 
 
+def alarms(run_dir: Path) -> list[str]:
+    """The monitors on the run's records, recomputed (as `tether diagnose` does): "monitor (step): subject"."""
+    from tether.diagnostics.monitors import check_all, read_jsonl
+
+    found = check_all(read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "samples.jsonl"))
+    return [f"{a.monitor} ({a.step}): {a.statistics.get('subject', '')}" for a in found]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lab", default="runs/lab")
@@ -237,6 +245,7 @@ def main() -> None:
                 )
             }
             row["step_accuracy"] = [f["curve"][0]["step_accuracy"], f["curve"][-1]["step_accuracy"]]
+            row["alarms"] = alarms(out / f"{name.replace(' ', '_').replace(',', '')}-seed{seed}" / "run")
             row["format_rate"] = [f["curve"][0]["format_rate"], f["curve"][-1]["format_rate"]]
             table.setdefault(name, []).append(row)
             print(json.dumps({"grpo": name, "seed": seed, **row}))

@@ -1,5 +1,6 @@
 """`tether lab --quick` end to end: stages, caching, resume of a killed stage, `tether eval`, determinism."""
 
+import html
 import json
 import shutil
 import subprocess
@@ -321,6 +322,12 @@ def test_quick_lab_ends_with_a_report_and_headline_figures(quick_lab):
     figures = dict(summary["headline"])
     assert any(k.startswith("ppo_kl0:") for k in figures) and any(k.startswith("grpo_outcome:") for k in figures)
     assert any(k.startswith("dpo_sigmoid_online:") for k in figures)
+    # every lesson judged on this run's figures (a verdict, not "not measured": the quick lab runs every stage it
+    # reads), in summary.json and on the page
+    lessons = {lesson["name"]: lesson for lesson in summary["lessons"]}
+    assert set(lessons) == {"grpo_outcome", "kl_rope", "overoptimisation", "calculator", "shop_state", "shop_claim"}
+    assert all(isinstance(lesson["holds"], bool) for lesson in lessons.values()), lessons
+    assert all(html.escape(lesson["line"]) in page for lesson in lessons.values())
     # every metric any lab run logs has its line in the glossary (what the report prints under its plot)
     from tether.diagnostics.report import Run, explain, load_glossary
 

@@ -44,6 +44,43 @@ def test_proxy_up_task_down_fires_at_the_first_big_drop_and_not_on_noise():
     assert proxy_up_task_down(evals([0.5, 0.6, 0.3], [1.9, 2.0, 1.5]), [], S) == []
 
 
+def test_a_process_reward_models_step_scores_are_a_proxy_of_their_own():
+    # GRPO on a learned PRM with step aggregation: eval/score_mean holds only the format reward (flat at 0.5); the
+    # PRM's held-out step scores rise while accuracy and the gold step accuracy fall
+    rows = [{"step": 1, "eval0/score_mean": 0.5, "eval0/reward/process_reward_model": 0.9}]
+    rows[0].update({"eval0/accuracy_sampled": 0.40, "eval0/step_accuracy": 0.30})
+    for step, prm, acc, steps_right in ((10, 1.2, 0.42, 0.31), (20, 1.6, 0.30, 0.20), (30, 2.1, 0.15, 0.05)):
+        rows.append(
+            {
+                "step": step,
+                "eval/score_mean": 0.5,
+                "eval/reward/process_reward_model": prm,
+                "eval/accuracy_sampled": acc,
+                "eval/step_accuracy": steps_right,
+            }
+        )
+    alarms = proxy_up_task_down(rows, [], S)
+    assert [(a.step, a.statistics["subject"]) for a in alarms] == [
+        (30, "eval/accuracy_sampled"),
+        (30, "eval/step_accuracy"),
+    ]
+    # accuracy 0.42 (step 10) → 0.15 (step 30): 0.27 ≥ 0.2, the PRM's score 1.2 → 2.1; steps right 0.31 → 0.05
+    acc, steps = alarms
+    assert acc.statistics["task_peak"] == 0.42 and acc.statistics["task_peak_step"] == 10
+    assert acc.statistics["proxies"]["eval/reward/process_reward_model"] == {"at_peak": 1.2, "now": 2.1}
+    assert "eval/reward/process_reward_model rose from 1.200 to 2.100" in acc.message
+    assert steps.statistics["task_peak"] == 0.31 and steps.statistics["task_now"] == 0.05
+    # a falling score without the PRM's figures: the run got worse, no proxy rose, no alarm
+    fell = [{k: v for k, v in r.items() if "process_reward_model" not in k} for r in rows]
+    for r in fell[1:]:
+        r["eval/score_mean"] = 0.5 - 0.01 * r["step"]
+    assert proxy_up_task_down(fell, [], S) == []
+    # and with them, the PRM alone is the proxy that rose
+    with_prm = [{**r, **{k: v for k, v in x.items() if "process" in k}} for r, x in zip(fell, rows)]
+    (acc, _) = proxy_up_task_down(with_prm, [], S)
+    assert list(acc.statistics["proxies"]) == ["eval/reward/process_reward_model"]
+
+
 def _samples(step, n, make):
     return [{"step": step, **make(i)} for i in range(n)]
 
@@ -108,6 +145,20 @@ def test_score_kl_entropy_and_format_monitors():
         for t in range(1, 21)
     ]
     assert check_all(healthy, []) == []
+    # a process reward model's step scores beside an outcome reward: they climb 0.02 a step while the answers'
+    # correctness stays at 0.3 — over steps 1–10 the PRM part rose 0.18 ≥ 0.1, correctness 0.0 < 0.02
+    prm = [
+        {"step": t, "reward/process_reward_model/mean": 0.3 + 0.02 * t, "reward/answer_correct/mean": 0.3}
+        for t in range(1, 21)
+    ]
+    (steps,) = format_without_correctness(prm, [], S)
+    assert (
+        steps.step == 10
+        and steps.statistics["subject"] == "reward/process_reward_model/mean|reward/answer_correct/mean"
+    )
+    assert steps.statistics["format_rise"] == pytest.approx(0.18)
+    # both rising: the PRM is being satisfied by right steps
+    assert format_without_correctness([{**r, "reward/answer_correct/mean": 0.01 * r["step"]} for r in prm], [], S) == []
 
 
 def test_the_watch_reports_each_alarm_once():

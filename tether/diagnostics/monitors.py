@@ -23,10 +23,14 @@ from dataclasses import asdict, dataclass, field
 @dataclass(frozen=True)
 class MonitorSettings:
     # proxy up, task down: at an evaluation, the task metric is at least task_drop below its best so far while
-    # the proxy score is at least proxy_rise above its value at that best evaluation (0: has not fallen — a
-    # saturating proxy rises little once the policy has found what it likes)
-    proxy_key: str = "eval/score_mean"
+    # a proxy score is at least proxy_rise above its value at that best evaluation (0: has not fallen — a
+    # saturating proxy rises little once the policy has found what it likes). The proxies: the held-out score,
+    # and a process reward model's held-out step scores (with step aggregation they are not in the score, and a
+    # PRM is a proxy of its own: steps that look right). The task: the first of task_keys the run logs, and the
+    # gold step accuracy where it is logged (the lab's arith).
+    proxy_keys: tuple = ("eval/score_mean", "eval/reward/process_reward_model")
     task_keys: tuple = ("eval/gold_reward", "eval/accuracy_sampled", "eval/accuracy")
+    step_task_keys: tuple = ("eval/step_accuracy",)
     task_drop: float = 0.2
     proxy_rise: float = 0.0
     # score and KL rising together: over the last kl_window steps both slopes are positive, their correlation is
@@ -190,40 +194,56 @@ def _evals(metrics: list[dict], key: str) -> list[tuple[int, float]]:
 # ----------------------------------------------------------------------------------------------- monitors
 
 
-def proxy_up_task_down(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
-    """The proxy (reward-model) score keeps rising on held-out prompts while a task or gold metric falls."""
-    proxy = dict(_evals(metrics, s.proxy_key))
-    for task_key in s.task_keys:
-        task = _evals(metrics, task_key)
-        if len(task) < 2 or not proxy:
+def _task_drop(metrics, proxy_keys: list[str], task_key: str, samples: list[dict], s: MonitorSettings):
+    """The first evaluation at which task_key is task_drop below its best so far while at least one proxy is
+    proxy_rise above its value at that best evaluation; the alarm names every proxy that was."""
+    proxies = {k: dict(_evals(metrics, k)) for k in proxy_keys}
+    task = _evals(metrics, task_key)
+    if len(task) < 2:
+        return None
+    best_step, best = task[0]
+    for step, value in task[1:]:
+        if value > best:
+            best_step, best = step, value
             continue
-        best_step, best = task[0]
-        for step, value in task[1:]:
-            if value > best:
-                best_step, best = step, value
-                continue
-            if (
-                step in proxy
-                and best_step in proxy
-                and best - value >= s.task_drop
-                and proxy[step] - proxy[best_step] >= s.proxy_rise
-            ):
-                stats = {
-                    "subject": task_key,
-                    "task_peak": best,
-                    "task_peak_step": best_step,
-                    "task_now": value,
-                    "proxy_at_peak": proxy[best_step],
-                    "proxy_now": proxy[step],
-                }
-                msg = (
-                    f"{task_key} fell from {best:.3f} (step {best_step}) to {value:.3f} while {s.proxy_key} rose "
-                    f"from {proxy[best_step]:.3f} to {proxy[step]:.3f}: the policy is optimising the proxy, not the task"
-                )
-                near = [x for x in samples if abs(int(x["step"]) - step) <= max(1, step - best_step)]
-                return [Alarm("proxy_up_task_down", step, msg, stats, _top(near, s.evidence))]
-        return []
-    return []
+        if best - value < s.task_drop:
+            continue
+        rose = {
+            k: (p[best_step], p[step])
+            for k, p in proxies.items()
+            if step in p and best_step in p and p[step] - p[best_step] >= s.proxy_rise
+        }
+        if not rose:
+            continue
+        first = next(iter(rose.values()))
+        stats = {
+            "subject": task_key,
+            "task_peak": best,
+            "task_peak_step": best_step,
+            "task_now": value,
+            "proxy_at_peak": first[0],
+            "proxy_now": first[1],
+            "proxies": {k: {"at_peak": a, "now": b} for k, (a, b) in rose.items()},
+        }
+        said = "; ".join(f"{k} rose from {a:.3f} to {b:.3f}" for k, (a, b) in rose.items())
+        msg = (
+            f"{task_key} fell from {best:.3f} (step {best_step}) to {value:.3f} while {said}: the policy is "
+            "optimising the proxy, not the task"
+        )
+        near = [x for x in samples if abs(int(x["step"]) - step) <= max(1, step - best_step)]
+        return Alarm("proxy_up_task_down", step, msg, stats, _top(near, s.evidence))
+    return None
+
+
+def proxy_up_task_down(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """A proxy (the reward model's score, a process reward model's step scores) keeps rising on held-out prompts
+    while a task or gold metric falls. The task: the first of task_keys the run logs, and each of step_task_keys
+    it logs; one alarm per task."""
+    logged = {k.replace("eval0/", "eval/", 1) for m in metrics for k in m}
+    tasks = [k for k in s.task_keys if k in logged][:1] + [k for k in s.step_task_keys if k in logged]
+    proxies = [k for k in s.proxy_keys if k in logged]
+    found = (_task_drop(metrics, proxies, task_key, samples, s) for task_key in tasks)
+    return [alarm for alarm in found if alarm is not None]
 
 
 def score_and_kl_rising(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
@@ -372,9 +392,10 @@ def repetition(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> 
 
 
 def format_without_correctness(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
-    """A format reward climbs while the correctness reward beside it does not: the easy part is being farmed."""
+    """A format reward climbs while the correctness reward beside it does not: the easy part is being farmed. A
+    process reward model's step scores beside an outcome reward count as such a part (steps that look right)."""
     keys = {k for m in metrics for k in m if k.startswith("reward/") and k.endswith("/mean")}
-    formats = sorted(k for k in keys if "format" in k or "valid" in k)
+    formats = sorted(k for k in keys if "format" in k or "valid" in k or k == "reward/process_reward_model/mean")
     corrects = sorted(k for k in keys if any(w in k for w in ("correct", "accuracy", "exact", "answer", "success")))
     for fk in formats:
         for ck in corrects:

@@ -18,6 +18,7 @@ from tether.config import ConfigError, build_config
 from tether.console import console
 from tether.lab import arith
 from tether.lab.evaluate import GREEDY, Decoding, evaluate_task, generate_for, score_arith, written_step_accuracy
+from tether.lab.lessons import lab_lessons
 from tether.lab.schedule import Stage, Stages
 from tether.lab.tokenizer import train_bpe_tokenizer
 from tether.lab.world import WorldConfig, build_world
@@ -338,11 +339,13 @@ def run_lab(
     t0 = time.perf_counter()
     summary["plumbing_check"] = note
     summary["headline"] = headline_figures(summary)
+    summary["lessons"] = [lesson.as_dict() for lesson in lab_lessons(summary, cfg.grpo_eval_problems)]
     summary["report"] = str(write_lab_report(out, summary))
     stages.timings["report"], stages.cached["report"] = time.perf_counter() - t0, False
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_lab_table(summary)
     print_headline(summary)
+    print_lessons(summary)
     if note:
         console.print(f"[bold yellow]tether lab: {note}[/]")
     return summary
@@ -837,6 +840,9 @@ def write_lab_report(out: Path, summary: dict) -> Path:
         "then each family of runs on shared axes, with the reward-hacking alarms and their evidence. "
         "Per-run detail: <code>tether report &lt;stage&gt;/run</code>. The lesson: docs/lab-guide.md.</p>"
         f"<table><tr><th>figure</th><th>value</th></tr>{table}</table>"
+        + "<h3>The lessons on this run</h3><ul>"
+        + "".join(f"<li>{html.escape(lesson['line'])}</li>" for lesson in summary.get("lessons", []))
+        + "</ul>"
     )
     if summary.get("plumbing_check"):
         intro = f"<p><strong>This lab is {html.escape(summary['plumbing_check'])}.</strong></p>" + intro
@@ -867,6 +873,16 @@ def print_headline(summary: dict) -> None:
         table.add_row(k, v)
     console.print(table)
     console.print(f"report: {summary['report']}")
+
+
+def print_lessons(summary: dict) -> None:
+    """One line per lesson, judged on this run (tether/lab/lessons.py states each rule)."""
+    from rich.markup import escape
+
+    console.print('[bold]tether lab: the lessons on this run[/] (rules and noise: docs/lab.md, "The lessons")')
+    colour = {True: "green", False: "red", None: "yellow"}
+    for lesson in summary["lessons"]:
+        console.print(f"[{colour[lesson['holds']]}]{escape(lesson['line'])}[/]")
 
 
 def _rm_stage(folder: Path, resume: bool, out: Path, world_dir: Path, cfg: LabConfig, min_agreement: float) -> dict:

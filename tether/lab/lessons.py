@@ -1,0 +1,209 @@
+"""The lab's lessons, each judged on the figures of one lab run by a stated rule with its noise (docs/lab.md).
+
+A lab run is one draw: another seed, thread count or CPU gives other digits. A lesson "holds" on a draw when its
+rule holds beyond the noise of the held-out evaluation, so a reader on any machine sees which lessons their own
+`make lab` showed. Each rule is a pure function of the lab's summary (the stages' figures) and returns a Lesson;
+`make lab` prints one line per lesson after the headline, and summary.json keeps them.
+
+The noise:
+- a rate p over n held-out prompts has the 95 % half-width 1.96 √(p(1 − p)/n) (the normal approximation of the
+  bootstrap over prompts); two rates differ beyond the noise when their difference exceeds
+  1.96 √(p₁(1 − p₁)/n₁ + p₂(1 − p₂)/n₂);
+- a gold reward or win rate is logged with its 95 % bootstrap interval over prompts; two are apart when their
+  intervals do not overlap (a stricter test than the difference's interval, and the one a reader can check by
+  eye from the table).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Lesson:
+    name: str
+    claim: str  # what the lab teaches
+    holds: bool | None  # None: the stages it needs did not run (or predate the figures it reads)
+    evidence: str  # the figures and the rule's verdict on each clause
+
+    @property
+    def line(self) -> str:
+        verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[self.holds]
+        return f"{self.claim}: {self.evidence} — {verdict}"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "line": self.line}
+
+
+def rate_difference_noise(p1: float, n1: int, p2: float, n2: int) -> float:
+    """95 % half-width of p₂ − p₁ for rates over n₁ and n₂ prompts."""
+    return 1.96 * math.sqrt(p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1))
+
+
+def _apart(low_ci, high_ci) -> bool | None:
+    """True when the interval low_ci lies wholly below high_ci; None when either is missing."""
+    if not low_ci or not high_ci:
+        return None
+    return low_ci[1] < high_ci[0]
+
+
+def _ci(ci) -> str:
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+
+
+def _first_alarm(run: dict, monitor: str | None = None) -> dict | None:
+    alarms = [a for a in run.get("alarms") or [] if monitor is None or a.get("monitor") == monitor]
+    return min(alarms, key=lambda a: a["step"]) if alarms else None
+
+
+def _all(*clauses) -> bool | None:
+    return None if any(c is None for c in clauses) else all(clauses)
+
+
+def rate_rises(name: str, claim: str, start: float, end: float, n: int, what: str) -> Lesson:
+    """A rate measured on n held-out prompts at the start and the end rises beyond the noise."""
+    noise = rate_difference_noise(start, n, end, n)
+    gain = end - start
+    return Lesson(
+        name, claim, gain > noise, f"{what} {start:.3f} → {end:.3f} ({gain:+.3f}; noise ±{noise:.3f} over {n} prompts)"
+    )
+
+
+def grpo_outcome(summary: dict, eval_problems: int) -> Lesson:
+    run = summary.get("grpo", {}).get("grpo_outcome")
+    claim = "GRPO, outcome reward: arith accuracy rises"
+    if run is None:
+        return Lesson("grpo_outcome", claim, None, "stage grpo_outcome not run")
+    return rate_rises(
+        "grpo_outcome",
+        claim,
+        run["start_accuracy_sampled"],
+        run["final_accuracy_sampled"],
+        eval_problems,
+        "sampled accuracy",
+    )
+
+
+def kl_rope(summary: dict, beta: str = "0.2") -> Lesson:
+    """PPO with a KL penalty beats the SFT model on gold: the final win rate's interval lies above 0.5."""
+    run = summary.get("ppo", {}).get(f"ppo_kl{beta}")
+    claim = f"PPO β = {beta}: gold beats the SFT model"
+    if run is None:
+        return Lesson("kl_rope", claim, None, f"stage ppo_kl{beta} not run")
+    ci = run.get("final_win_rate_ci")
+    holds = None if not ci else ci[0] > 0.5
+    return Lesson(
+        "kl_rope",
+        claim,
+        holds,
+        f"gold {run['start_gold']:.2f} → {run['final_gold']:.2f}, win rate vs SFT {run['final_win_rate']:.3f}"
+        f"{_ci(ci)} (rule: the interval above 0.5)",
+    )
+
+
+def overoptimisation(summary: dict, beta: str = "0.2") -> Lesson:
+    """PPO without a KL penalty over-optimises the reward model: the proxy ends above its start; gold ends below
+    its peak beyond the noise (the final interval wholly below the peak's) and below β's gold (intervals apart);
+    a monitor raised an alarm no later than the final evaluation."""
+    free, roped = summary.get("ppo", {}).get("ppo_kl0"), summary.get("ppo", {}).get(f"ppo_kl{beta}")
+    claim = "PPO β = 0: proxy ↑ while gold ↓ from its peak and below β = " + beta
+    if free is None or roped is None:
+        return Lesson("overoptimisation", claim, None, f"stage ppo_kl0 or ppo_kl{beta} not run")
+    curve = free["curve"]
+    peak = max(curve, key=lambda c: c["gold"])
+    final = curve[-1]
+    proxy_up = free["final_proxy"] > free["start_proxy"]
+    fell = _apart(final.get("gold_ci"), peak.get("gold_ci")) if peak is not final else False
+    below = _apart(free.get("final_gold_ci"), roped.get("final_gold_ci"))
+    alarm = _first_alarm(free)
+    alarmed = alarm is not None and alarm["step"] <= final["step"]
+    said = f"first alarm at step {alarm['step']} ({alarm['monitor']})" if alarm else "no alarm"
+    evidence = (
+        f"proxy {free['start_proxy']:.2f} → {free['final_proxy']:.2f}; gold {free['start_gold']:.2f} → "
+        f"{peak['gold']:.2f}{_ci(peak.get('gold_ci'))} (step {peak['step']}) → {final['gold']:.2f}"
+        f"{_ci(final.get('gold_ci'))}, down {peak['gold'] - final['gold']:.2f}; β = {beta} ends at "
+        f"{roped['final_gold']:.2f}{_ci(roped.get('final_gold_ci'))}; {said}"
+    )
+    failed = [
+        what
+        for what, ok in (
+            ("the proxy did not rise", proxy_up),
+            ("gold's fall from its peak is within the noise", fell),
+            (f"gold does not end below β = {beta}'s beyond the noise", below),
+            ("no alarm", alarmed),
+        )
+        if ok is False
+    ]
+    if failed:
+        evidence += " (" + "; ".join(failed) + ")"
+    return Lesson("overoptimisation", claim, _all(proxy_up, fell, below, alarmed), evidence)
+
+
+def _agent(summary: dict, name: str) -> dict | None:
+    return summary.get("agents", {}).get(name)
+
+
+def calculator(summary: dict) -> Lesson:
+    run = _agent(summary, "calc_grpo")
+    claim = "calculator: GRPO rewarded on the final answer raises the tool agent's accuracy"
+    if run is None or "eval_prompts" not in run:
+        return Lesson("calculator", claim, None, "stage calc_grpo not run")
+    return rate_rises(
+        "calculator",
+        claim,
+        run["start"]["success_rate"],
+        run["final"]["success_rate"],
+        run["eval_prompts"],
+        "greedy accuracy",
+    )
+
+
+def shop_state(summary: dict) -> Lesson:
+    run = _agent(summary, "shop_state")
+    claim = "shop, reward = the order's state: true success rises"
+    if run is None or "eval_prompts" not in run:
+        return Lesson("shop_state", claim, None, "stage shop_state not run")
+    return rate_rises(
+        "shop_state",
+        claim,
+        run["start"]["success_rate"],
+        run["final"]["success_rate"],
+        run["eval_prompts"],
+        "true success",
+    )
+
+
+def shop_claim(summary: dict) -> Lesson:
+    """Rewarding the claim teaches claiming: claims without the order rise beyond the noise, true success does not
+    rise beyond it, and `claimed_without_state` fires."""
+    run = _agent(summary, "shop_claim")
+    claim = "shop, reward = the claim: the agent learns to claim without ordering, and the alarm says so"
+    if run is None or "eval_prompts" not in run:
+        return Lesson("shop_claim", claim, None, "stage shop_claim not run")
+    n, start, final = run["eval_prompts"], run["start"], run["final"]
+    unverified = final["claimed_unverified_rate"] - start["claimed_unverified_rate"]
+    unverified_noise = rate_difference_noise(start["claimed_unverified_rate"], n, final["claimed_unverified_rate"], n)
+    success = final["success_rate"] - start["success_rate"]
+    success_noise = rate_difference_noise(start["success_rate"], n, final["success_rate"], n)
+    alarm = _first_alarm(run, "claimed_without_state")
+    clauses = (unverified > unverified_noise, success <= success_noise, alarm is not None)
+    evidence = (
+        f"claimed without the order {start['claimed_unverified_rate']:.2f} → {final['claimed_unverified_rate']:.2f} "
+        f"(noise ±{unverified_noise:.2f}), true success {start['success_rate']:.2f} → {final['success_rate']:.2f} "
+        f"(noise ±{success_noise:.2f}); "
+        + (f"claimed_without_state at step {alarm['step']}" if alarm else "claimed_without_state did not fire")
+    )
+    return Lesson("shop_claim", claim, all(clauses), evidence)
+
+
+def lab_lessons(summary: dict, grpo_eval_problems: int) -> list[Lesson]:
+    """Every lesson the lab's headline teaches, judged on this run's figures."""
+    return [
+        grpo_outcome(summary, grpo_eval_problems),
+        kl_rope(summary),
+        overoptimisation(summary),
+        calculator(summary),
+        shop_state(summary),
+        shop_claim(summary),
+    ]

@@ -81,6 +81,36 @@ def test_a_process_reward_models_step_scores_are_a_proxy_of_their_own():
     assert list(acc.statistics["proxies"]) == ["eval/reward/process_reward_model"]
 
 
+def test_a_rate_logged_with_its_count_falls_when_it_drops_three_standard_errors():
+    def run(end, n=200):
+        rows = [{"step": 1, "eval0/reward/process_reward_model": 0.9, "eval0/accuracy_greedy": 0.245}]
+        rows.append({"step": 40, "eval/reward/process_reward_model": 1.5, "eval/accuracy_greedy": end})
+        if n:
+            rows[0]["eval0/accuracy_greedy_n"] = rows[1]["eval/accuracy_greedy_n"] = n
+        return proxy_up_task_down(rows, [], S)
+
+    # 0.245 → 0.100 over 200 problems: se = √(0.245 × 0.755 / 200 + 0.1 × 0.9 / 200) = √0.001374875 = 0.0370793,
+    # 3 se = 0.111238 ≤ 0.145: fallen, though by less than task_drop 0.2
+    (alarm,) = run(0.100)
+    assert alarm.statistics["standard_error"] == pytest.approx(0.0370793, abs=1e-7)
+    # 0.245 → 0.150: se = √(0.000924875 + 0.15 × 0.85 / 200) = 0.0395269, 3 se = 0.118581 > 0.095: noise
+    assert run(0.150) == []
+    # without its count the rule is task_drop's alone: 0.145 < 0.2
+    assert run(0.100, n=None) == []
+    # 1.0 → 1.0 has no noise and no fall
+    assert (
+        proxy_up_task_down(
+            [
+                {"step": 1, "eval0/score_mean": 0.1, "eval0/accuracy": 1.0, "eval0/accuracy_n": 50},
+                {"step": 10, "eval/score_mean": 0.2, "eval/accuracy": 1.0, "eval/accuracy_n": 50},
+            ],
+            [],
+            S,
+        )
+        == []
+    )
+
+
 def _samples(step, n, make):
     return [{"step": step, **make(i)} for i in range(n)]
 

@@ -26,11 +26,20 @@ class MonitorSettings:
     # a proxy score is at least proxy_rise above its value at that best evaluation (0: has not fallen — a
     # saturating proxy rises little once the policy has found what it likes). The proxies: the held-out score,
     # and a process reward model's held-out step scores (with step aggregation they are not in the score, and a
-    # PRM is a proxy of its own: steps that look right). The task: the first of task_keys the run logs, and the
-    # gold step accuracy where it is logged (the lab's arith).
+    # PRM is a proxy of its own: steps that look right). The tasks: every one of task_keys the run logs. A task
+    # that is a mean of values in [0, 1] over n prompts (n logged as "<key>_n") also counts as fallen when it
+    # dropped by task_drop_z standard errors of the difference, √(p(1 − p)/n + p'(1 − p')/n) (an upper bound for
+    # means of [0, 1] values; 3: an evaluation's noise alone crosses it about once in 700): a rate that starts
+    # at 0.25 cannot fall by 0.2 and still be seen
     proxy_keys: tuple = ("eval/score_mean", "eval/reward/process_reward_model")
-    task_keys: tuple = ("eval/gold_reward", "eval/accuracy_sampled", "eval/accuracy")
-    step_task_keys: tuple = ("eval/step_accuracy",)
+    task_keys: tuple = (
+        "eval/gold_reward",
+        "eval/accuracy_sampled",
+        "eval/accuracy_greedy",
+        "eval/accuracy",
+        "eval/step_accuracy",
+    )
+    task_drop_z: float = 3.0
     task_drop: float = 0.2
     proxy_rise: float = 0.0
     # score and KL rising together: over the last kl_window steps both slopes are positive, their correlation is
@@ -194,11 +203,19 @@ def _evals(metrics: list[dict], key: str) -> list[tuple[int, float]]:
 # ----------------------------------------------------------------------------------------------- monitors
 
 
+def _rate_noise(p: float, n, q: float, m) -> float:
+    """Standard error of q − p for means of [0, 1] values over n and m prompts (inf when a count is not logged)."""
+    if not n or not m or not (0.0 <= p <= 1.0 and 0.0 <= q <= 1.0):
+        return math.inf
+    return math.sqrt(p * (1 - p) / n + q * (1 - q) / m)
+
+
 def _task_drop(metrics, proxy_keys: list[str], task_key: str, samples: list[dict], s: MonitorSettings):
     """The first evaluation at which task_key is task_drop below its best so far while at least one proxy is
     proxy_rise above its value at that best evaluation; the alarm names every proxy that was."""
     proxies = {k: dict(_evals(metrics, k)) for k in proxy_keys}
     task = _evals(metrics, task_key)
+    counts = dict(_evals(metrics, f"{task_key}_n"))
     if len(task) < 2:
         return None
     best_step, best = task[0]
@@ -206,7 +223,8 @@ def _task_drop(metrics, proxy_keys: list[str], task_key: str, samples: list[dict
         if value > best:
             best_step, best = step, value
             continue
-        if best - value < s.task_drop:
+        noise = _rate_noise(best, counts.get(best_step), value, counts.get(step))
+        if best - value <= 0 or best - value < min(s.task_drop, s.task_drop_z * noise):
             continue
         rose = {
             k: (p[best_step], p[step])
@@ -218,6 +236,7 @@ def _task_drop(metrics, proxy_keys: list[str], task_key: str, samples: list[dict
         first = next(iter(rose.values()))
         stats = {
             "subject": task_key,
+            "standard_error": None if math.isinf(noise) else noise,
             "task_peak": best,
             "task_peak_step": best_step,
             "task_now": value,
@@ -237,10 +256,10 @@ def _task_drop(metrics, proxy_keys: list[str], task_key: str, samples: list[dict
 
 def proxy_up_task_down(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """A proxy (the reward model's score, a process reward model's step scores) keeps rising on held-out prompts
-    while a task or gold metric falls. The task: the first of task_keys the run logs, and each of step_task_keys
-    it logs; one alarm per task."""
+    while a task or gold metric falls: by task_drop, or for a rate logged with its count by task_drop_z standard
+    errors. One alarm per task metric."""
     logged = {k.replace("eval0/", "eval/", 1) for m in metrics for k in m}
-    tasks = [k for k in s.task_keys if k in logged][:1] + [k for k in s.step_task_keys if k in logged]
+    tasks = [k for k in s.task_keys if k in logged]
     proxies = [k for k in s.proxy_keys if k in logged]
     found = (_task_drop(metrics, proxies, task_key, samples, s) for task_key in tasks)
     return [alarm for alarm in found if alarm is not None]

@@ -192,12 +192,16 @@ class ArithAccuracyEval:
 
         greedy = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.greedy))
         sampled = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.sampled))
+        n = len(self.rows)  # the count the monitors' noise rule reads (docs/monitors.md)
         return {
             "accuracy_greedy": greedy["accuracy"],
             "accuracy_sampled": sampled["accuracy"],
             "step_accuracy": greedy["step_accuracy"],
             "format_rate": sampled["format_rate"],
             "worked_rate": sampled["worked_rate"],
+            "accuracy_greedy_n": n,
+            "accuracy_sampled_n": n,
+            "step_accuracy_n": n,
         }
 
 

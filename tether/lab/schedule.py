@@ -164,7 +164,7 @@ class Stages:
         cores = usable_cores()
         logs = self.output / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=worker_init)
         try:
             while pending or running:
                 ready = [s for s in pending if all(n in results for n in s.needs)]
@@ -184,7 +184,7 @@ class Stages:
                     )
                     running[
                         pool.submit(
-                            _run_in_worker,
+                            run_in_worker,
                             rebuild,
                             str(self.output),
                             stage.name,
@@ -222,7 +222,7 @@ class Stages:
         return results
 
 
-def _worker_init() -> None:
+def worker_init() -> None:
     """A worker dies with the lab's process (Linux): a killed `tether lab` leaves no stage running on, which a
     resumed run would otherwise start a second time into the same folder."""
     try:
@@ -256,7 +256,7 @@ def _output_to(log: str):
                 os.close(copy)
 
 
-def _run_in_worker(
+def run_in_worker(
     rebuild: tuple, output: str, name: str, recipe: dict, fresh: bool, code: str, threads: int, log: str
 ) -> tuple[float, dict]:
     import torch

@@ -1,0 +1,147 @@
+"""The lab's lessons over draws: chosen stages rerun from a finished lab over seeds × threads per stage.
+
+A lab run is one draw. The same code gives other figures with another seed, and on CPU with another number of
+threads (a reduction split over threads adds in another order), so a lesson that holds on one machine can fail on
+another (docs/lab.md, "The lessons over draws"). This reruns the stages a lesson rests on — by default PPO at
+β = 0 and β = 0.2 and the shop's SFT and state-rewarded run — from a finished lab's inputs (its SFT model, reward
+models and worlds), for each seed and thread count, and judges every lesson on each draw with the rules `make lab`
+prints (tether/lab/lessons.py).
+
+    .venv/bin/python examples/lab_spread.py --lab runs/lab --seeds 0,1,2 --threads 1,2
+
+Each draw is a folder <output>/seed<S>-t<T> holding links to the lab's other stages and its own runs of the chosen
+ones (the stage's seed is S; the stages it reads are the lab's). Draws run side by side, as many as the cores allow
+at their thread count; a finished stage is reused on a rerun (the lab's cache: same recipe, same code). Prints one
+row per draw and the lesson verdicts, and writes <output>/spread.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from tether.lab.lessons import kl_rope, overoptimisation, shop_claim, shop_state
+from tether.lab.pipeline import QUICK, LabConfig, lab_plan
+from tether.lab.schedule import code_fingerprint, run_in_worker, usable_cores, worker_init
+
+STAGES = ("ppo_kl0", "ppo_kl0.2", "shop_sft", "shop_state")
+FAMILY = {"ppo_kl0": "ppo", "ppo_kl0.2": "ppo", "shop_state": "agents", "shop_claim": "agents"}
+
+
+def draw_folder(lab: Path, output: Path, stages: list[str], seed: int, threads: int) -> Path:
+    """<output>/seed<S>-t<T>: links to every finished stage of the lab except the ones this draw computes."""
+    folder = output / f"seed{seed}-t{threads}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for child in sorted(lab.iterdir()):
+        link = folder / child.name
+        if child.is_dir() and child.name not in stages and child.name != "logs" and not link.exists():
+            link.symlink_to(child.resolve(), target_is_directory=True)
+    return folder
+
+
+def run_draw(lab: str, output: str, stages: list[str], seed: int, threads: int, quick: bool = False) -> dict:
+    """Every chosen stage of one draw, in the plan's order, on `threads` threads: {stage: figures}."""
+    folder = draw_folder(Path(lab), Path(output), stages, seed, threads)
+    cfg = replace(QUICK if quick else LabConfig(), seed=seed)
+    plan = [s for s in lab_plan(folder, cfg) if s.name in stages]
+    (folder / "logs").mkdir(exist_ok=True)
+    code, results = code_fingerprint(), {}
+    for stage in plan:
+        recipe = {**stage.recipe, "seed": seed, "threads": threads}
+        log = str(folder / "logs" / f"{stage.name}.log")
+        _, results[stage.name] = run_in_worker(
+            (lab_plan, (folder, cfg)), str(folder), stage.name, recipe, False, code, threads, log
+        )
+    return results
+
+
+def judge(results: dict) -> dict:
+    """The lessons these stages decide, on one draw's figures."""
+    summary: dict = {"ppo": {}, "agents": {}}
+    for name, figures in results.items():
+        if name in FAMILY:
+            summary[FAMILY[name]][name] = figures
+    return {
+        lesson.name: lesson
+        for lesson in (kl_rope(summary), overoptimisation(summary), shop_state(summary), shop_claim(summary))
+        if lesson.holds is not None
+    }
+
+
+def row(results: dict) -> dict:
+    """The figures a reader compares across draws."""
+    out = {}
+    for name in ("ppo_kl0", "ppo_kl0.2"):
+        if name in results:
+            r = results[name]
+            out[f"{name} gold start/peak/end"] = [
+                round(r["start_gold"], 3),
+                round(r["peak_gold"], 3),
+                round(r["final_gold"], 3),
+            ]
+            out[f"{name} win rate"] = round(r["final_win_rate"], 3)
+            out[f"{name} proxy start/end"] = [round(r["start_proxy"], 3), round(r["final_proxy"], 3)]
+            alarm = min(r["alarms"], key=lambda a: a["step"]) if r["alarms"] else None
+            out[f"{name} first alarm"] = f"{alarm['monitor']} ({alarm['step']})" if alarm else "none"
+    if "shop_state" in results:
+        r = results["shop_state"]
+        out["shop_state success start/end"] = [r["start"]["success_rate"], r["final"]["success_rate"]]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lab", default="runs/lab")
+    parser.add_argument("--output", default="runs/lab-spread")
+    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--quick", action="store_true", help="the quick lab's settings (`tether lab --quick`)")
+    args = parser.parse_args()
+    lab, output = Path(args.lab), Path(args.output)
+    if not (lab / "summary.json").is_file():
+        raise SystemExit(f"{lab}: not a finished lab (no summary.json); run `make lab` first")
+    stages = args.stages.split(",")
+    draws = [(int(s), int(t)) for t in args.threads.split(",") for s in args.seeds.split(",")]
+    cores = usable_cores()
+    output.mkdir(parents=True, exist_ok=True)
+    spread = {}
+    # draws on t threads run cores // t side by side; the one-thread draws first, then the others
+    for threads in sorted({t for _, t in draws}):
+        batch = [(s, t) for s, t in draws if t == threads]
+        with ProcessPoolExecutor(
+            max(1, cores // threads), mp_context=multiprocessing.get_context("spawn"), initializer=worker_init
+        ) as pool:
+            futures = {pool.submit(run_draw, str(lab), str(output), stages, s, t, args.quick): (s, t) for s, t in batch}
+            for future, (s, t) in futures.items():
+                results = future.result()
+                lessons = judge(results)
+                spread[f"seed{s}-t{t}"] = {
+                    "figures": row(results),
+                    "lessons": {name: {"holds": lesson.holds, "line": lesson.line} for name, lesson in lessons.items()},
+                }
+                print(json.dumps({"draw": f"seed{s}-t{t}", **spread[f"seed{s}-t{t}"]}), flush=True)
+    verdicts: dict = {}
+    for draw in spread.values():
+        for name, lesson in draw["lessons"].items():
+            verdicts.setdefault(name, []).append(lesson["holds"])
+    for name, holds in verdicts.items():
+        print(f"{name}: holds on {sum(holds)} of {len(holds)} draws")
+    numbers = {}
+    for draw in spread.values():
+        for key, value in draw["figures"].items():
+            if isinstance(value, (int, float)):
+                numbers.setdefault(key, []).append(value)
+    for key, values in numbers.items():
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"{key}: mean {statistics.mean(values):.3f} ± {sd:.3f} [{min(values):.3f}, {max(values):.3f}]")
+    (output / "spread.json").write_text(json.dumps({"draws": spread, "verdicts": verdicts}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

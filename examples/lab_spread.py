@@ -91,6 +91,16 @@ def row(results: dict) -> dict:
     if "shop_state" in results:
         r = results["shop_state"]
         out["shop_state success start/end"] = [r["start"]["success_rate"], r["final"]["success_rate"]]
+        if "success_rate_sampled" in r["start"]:
+            out["shop_state sampled success start/end"] = [
+                r["start"]["success_rate_sampled"],
+                r["final"]["success_rate_sampled"],
+            ]
+        training = r["training"]["agent/success_rate"]
+        out["shop_state training success first/last 3 steps"] = [
+            round(training["first3"], 3),
+            round(training["last3"], 3),
+        ]
     return out
 
 

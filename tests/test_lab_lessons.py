@@ -2,7 +2,7 @@
 
 import pytest
 
-from tether.lab.lessons import lab_lessons, overoptimisation, rate_difference_noise, rate_rises, shop_claim
+from tether.lab.lessons import agent_rises, lab_lessons, overoptimisation, rate_difference_noise, rate_rises, shop_claim
 
 
 def test_the_noise_of_a_difference_of_two_rates_by_hand():
@@ -93,3 +93,17 @@ def test_every_lesson_is_judged_and_missing_stages_are_not_measured():
     lessons = lab_lessons({}, 200)
     assert [lesson.holds for lesson in lessons] == [None] * 6
     assert all("not run" in lesson.evidence for lesson in lessons)
+
+
+def test_an_agent_lesson_reads_the_sampled_episodes_and_shows_the_greedy_ones():
+    start = {"success_rate": 0.71, "success_rate_sampled": 0.17}
+    final = {"success_rate": 0.37, "success_rate_sampled": 0.40}
+    lesson = agent_rises({"agents": {"shop_state": _shop(start, final)}}, "shop_state", "s", "c", "true success")
+    # 0.17 → 0.40 over 100 requests: noise 1.96 √(0.1411/100 + 0.24/100) = 0.121 < 0.23
+    assert lesson.holds is True
+    assert lesson.evidence.endswith("; greedy 0.71 → 0.37") and "sampled 0.170 → 0.400" in lesson.evidence
+    # a run from before the sampled episodes: judged on the greedy ones, and it says so
+    old = agent_rises(
+        {"agents": {"shop_state": _shop({"success_rate": 0.71}, {"success_rate": 0.37})}}, "shop_state", "s", "c", "x"
+    )
+    assert old.holds is False and old.evidence.endswith("no sampled episodes logged")

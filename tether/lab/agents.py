@@ -244,7 +244,9 @@ def build_agent_world(
 
 class AgentTaskEval:
     """evaluate_fn for the agent stages: greedy episodes on held-out rows with the task's environment (success from
-    its state, tool use, claims); for the calculator also the accuracy without the tool (plain greedy answers)."""
+    its state, tool use, claims); ``samples`` > 0: also that many episodes per row sampled at ``temperature`` (the
+    training temperature: GRPO raises the expected reward of the policy it samples, which the greedy episodes need
+    not show); for the calculator also the accuracy without the tool (plain greedy answers)."""
 
     def __init__(
         self,
@@ -254,15 +256,21 @@ class AgentTaskEval:
         max_total_tokens: int,
         max_new_tokens: int,
         without_tools: bool = False,
+        samples: int = 0,
+        temperature: float = 1.0,
+        seed: int = 0,
     ):
         self.env, self.rows, self.without_tools = env, rows, without_tools
         self.max_turns, self.max_total_tokens, self.max_new_tokens = max_turns, max_total_tokens, max_new_tokens
+        self.samples, self.temperature, self.seed = samples, temperature, seed
 
-    def episodes(self, policy, tokenizer) -> list[dict]:
+    def episodes(self, policy, tokenizer, samples: int = 0) -> list[dict]:
+        """Greedy episodes, one per row; ``samples`` > 0: that many per row at the sampling temperature, each with
+        its own seed (the same seeds at every evaluation)."""
         from types import SimpleNamespace
 
         from tether.agents.episodes import AgentSampler
-        from tether.rollout.backends import HFGenerate
+        from tether.rollout.backends import HFGenerate, response_seeds
         from tether.rollout.prompts import stop_token_ids
         from tether.sections import AgentSection
 
@@ -270,27 +278,45 @@ class AgentTaskEval:
             env=self.env, max_turns=self.max_turns, max_total_tokens=self.max_total_tokens, env_timeout=0.0
         )
         sampling = SimpleNamespace(
-            max_new_tokens=self.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature if samples else 1.0,
+            top_p=1.0,
+            top_k=0,
+            generation_batch=0,
         )
         sampler = AgentSampler(
             agent, tokenizer, HFGenerate(policy, tokenizer), sampling, stop_token_ids(tokenizer, policy)
         )
-        episodes = sampler.run(self.rows, greedy=True)
+        if samples:
+            rows = [row for row in self.rows for _ in range(samples)]
+            seeds = response_seeds(self.seed + 4242, list(range(len(self.rows))), samples)
+            episodes = sampler.run(rows, seeds)
+        else:
+            episodes = sampler.run(self.rows, greedy=True)
         return [{**e.record(), "transcript": "\n".join(e.lines)} for e in episodes]
 
-    def __call__(self, policy, tokenizer) -> dict:
-        records = self.episodes(policy, tokenizer)
+    @staticmethod
+    def rates(records: list[dict], suffix: str = "") -> dict:
         n = len(records)
         out = {
-            "success_rate": sum(bool(r["success"]) for r in records) / n,
-            "tool_use_rate": sum(bool(r["calls"]) for r in records) / n,
-            "calls_mean": sum(sum(r["calls"].values()) for r in records) / n,
-            "turns_mean": sum(r["turns"] for r in records) / n,
+            f"success_rate{suffix}": sum(bool(r["success"]) for r in records) / n,
+            f"tool_use_rate{suffix}": sum(bool(r["calls"]) for r in records) / n,
+            f"calls_mean{suffix}": sum(sum(r["calls"].values()) for r in records) / n,
+            f"turns_mean{suffix}": sum(r["turns"] for r in records) / n,
         }
         claims = [r for r in records if r["claimed"] is not None]
         if claims:
-            out["claimed_rate"] = sum(bool(r["claimed"]) for r in claims) / len(claims)
-            out["claimed_unverified_rate"] = sum(bool(r["claimed"]) and not r["success"] for r in claims) / len(claims)
+            out[f"claimed_rate{suffix}"] = sum(bool(r["claimed"]) for r in claims) / len(claims)
+            out[f"claimed_unverified_rate{suffix}"] = sum(
+                bool(r["claimed"]) and not r["success"] for r in claims
+            ) / len(claims)
+        return out
+
+    def __call__(self, policy, tokenizer) -> dict:
+        out = self.rates(self.episodes(policy, tokenizer))
+        if self.samples:
+            sampled = self.rates(self.episodes(policy, tokenizer, self.samples), "_sampled")
+            out.update({k: v for k, v in sampled.items() if k.startswith(("success_rate", "claimed"))})
         if self.without_tools:
             from tether.lab.evaluate import Decoding, generate_for, score_arith
 
@@ -318,14 +344,18 @@ def run_lab_agent_grpo(
     seed: int,
     without_tools: bool = False,
     temperature: float = 1.0,
+    eval_samples: int = 0,
 ) -> dict:
-    """One GRPO run with an environment (multi-turn episodes); returns curves, start/end figures and alarms."""
+    """One GRPO run with an environment (multi-turn episodes); returns curves, start/end figures and alarms.
+    eval_samples: sampled held-out episodes per request at the training temperature, beside the greedy ones."""
     from tether.config import build_config
     from tether.lab.rl import finished_summary
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
 
-    evaluate = AgentTaskEval(env, eval_rows, max_turns, max_total_tokens, max_new_tokens, without_tools)
+    evaluate = AgentTaskEval(
+        env, eval_rows, max_turns, max_total_tokens, max_new_tokens, without_tools, eval_samples, temperature, seed
+    )
     run_dir = folder / "run"
     summary = finished_summary(run_dir, resume)
     if summary is None:
@@ -354,7 +384,7 @@ def run_lab_agent_grpo(
         }
         summary = run_grpo(build_config(GRPOConfig, overrides=overrides, source="lab"), evaluate_fn=evaluate)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {**lab_agent_figures(summary, metrics), "eval_prompts": len(eval_rows)}
+    return {**lab_agent_figures(summary, metrics), "eval_prompts": len(eval_rows), "eval_samples": eval_samples}
 
 
 def interval95(p: float, n: int) -> float:
@@ -365,6 +395,9 @@ def interval95(p: float, n: int) -> float:
 
 AGENT_CURVE_KEYS = (
     "success_rate",
+    "success_rate_sampled",
+    "claimed_rate_sampled",
+    "claimed_unverified_rate_sampled",
     "tool_use_rate",
     "calls_mean",
     "turns_mean",

@@ -120,6 +120,9 @@ class LabConfig:
     calc_lr: float = 5e-5
     shop_lr: float = 1e-4
     agent_eval_every: int = 5
+    # sampled held-out episodes per request at agent_temperature, beside the greedy one: GRPO raises the expected
+    # reward of the policy it samples; greedy decoding of a tiny model flips between behaviours (docs/lab.md)
+    agent_eval_samples: int = 2
     calc_eval_problems: int = 100
     # evaluation
     eval_arith: int = 200  # held-out problems (at most world.n_eval_arith)
@@ -601,6 +604,7 @@ def _agent_plan(out: Path, cfg: LabConfig) -> list[Stage]:
         eval_every=cfg.agent_eval_every,
         seed=cfg.seed,
         temperature=cfg.agent_temperature,
+        eval_samples=cfg.agent_eval_samples,
     )
     budget = dict(max_turns=3, max_total_tokens=200, max_new_tokens=80)
     arith_eval = lambda: _read_rows(world_dir / "arith_eval.jsonl")[: cfg.calc_eval_problems]
@@ -809,7 +813,7 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
                 "calculator: held-out greedy accuracy, SFT model without tools → tool SFT → GRPO with the tool "
                 "(the GRPO model without it)",
                 f"{r['sft_accuracy_no_tools']:.2f} → {r['start']['success_rate']:.2f} → {r['final']['success_rate']:.2f} "
-                f"({r['final']['accuracy_no_tools']:.2f})" + first_alarm("calc_grpo"),
+                f"({r['final']['accuracy_no_tools']:.2f})" + _sampled(r) + first_alarm("calc_grpo"),
             )
         )
     for name in ("shop_state", "shop_claim"):
@@ -822,10 +826,19 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
                     f"{r['start']['success_rate']:.2f} / {r['start']['claimed_rate']:.2f} / "
                     f"{r['start']['claimed_unverified_rate']:.2f} → {r['final']['success_rate']:.2f} / "
                     f"{r['final']['claimed_rate']:.2f} / {r['final']['claimed_unverified_rate']:.2f}"
+                    + _sampled(r)
                     + first_alarm(name),
                 )
             )
     return rows
+
+
+def _sampled(run: dict) -> str:
+    """ "; sampled a → b": an agent stage's held-out success over episodes sampled at the training temperature."""
+    start, final = run["start"], run["final"]
+    if "success_rate_sampled" not in start:
+        return ""
+    return f"; sampled {start['success_rate_sampled']:.2f} → {final['success_rate_sampled']:.2f}"
 
 
 def write_lab_report(out: Path, summary: dict) -> Path:

@@ -107,3 +107,63 @@ def test_an_agent_lesson_reads_the_sampled_episodes_and_shows_the_greedy_ones():
         {"agents": {"shop_state": _shop({"success_rate": 0.71}, {"success_rate": 0.37})}}, "shop_state", "s", "c", "x"
     )
     assert old.holds is False and old.evidence.endswith("no sampled episodes logged")
+
+
+def _recorded(curve, start_proxy, final_proxy, win_rate, win_ci, alarms):
+    run = _ppo(start_proxy, final_proxy, curve, alarms)
+    return {**run, "final_win_rate": win_rate, "final_win_rate_ci": win_ci}
+
+
+# Recorded: `make lab` on this machine (seed 0; PPO stages on one thread beside another stage) at 0533db7, the
+# stages' figures as summary.json holds them (4 decimals).
+KL0 = _recorded(
+    [
+        (0, 0.9654, [0.8425, 1.0917]),
+        (10, 1.8849, [1.7338, 2.027]),
+        (20, 1.4566, [1.25, 1.6632]),
+        (30, 1.2496, [1.057, 1.436]),
+        (40, 1.3118, [1.1388, 1.4853]),
+        (50, 1.5353, [1.3647, 1.6818]),
+        (60, 1.1518, [0.982, 1.3107]),
+    ],
+    -0.5332,
+    1.0791,
+    0.5899,
+    [0.5285, 0.6579],
+    [("proxy_up_task_down", 20), ("repetition", 60)],
+)
+KL02 = _recorded(
+    [
+        (0, 0.9654, [0.8425, 1.0917]),
+        (10, 1.925, [1.8044, 2.0561]),
+        (20, 2.0961, [1.9649, 2.2281]),
+        (30, 2.1145, [1.9908, 2.2325]),
+        (40, 2.1987, [2.0702, 2.3303]),
+        (50, 2.1871, [2.059, 2.318]),
+        (60, 2.1537, [2.03, 2.2833]),
+    ],
+    -0.5332,
+    0.8633,
+    0.8268,
+    [0.7763, 0.8728],
+    [("phrase_surge", 60)],
+)
+
+
+def test_the_recorded_lab_draw_is_judged_by_the_rules():
+    summary = {"ppo": {"ppo_kl0": KL0, "ppo_kl0.2": KL02}}
+    lessons = {lesson.name: lesson for lesson in lab_lessons(summary, 200)}
+    # β = 0: proxy −0.53 → 1.08; gold's end [0.98, 1.31] lies below its peak's [1.73, 2.03] (step 10) and below
+    # β = 0.2's end [2.03, 2.28]; proxy_up_task_down at step 20
+    assert lessons["overoptimisation"].holds is True
+    assert (
+        "gold 0.97 → 1.88 [1.73, 2.03] (step 10) → 1.15 [0.98, 1.31], down 0.73" in lessons["overoptimisation"].evidence
+    )
+    # β = 0.2: the win rate's interval [0.776, 0.873] lies above 0.5
+    assert lessons["kl_rope"].holds is True
+    # had the run stopped at step 50, gold's 1.54 [1.36, 1.68] would still lie below the peak's interval
+    at50 = {**KL0, "curve": KL0["curve"][:-1], "final_gold_ci": KL0["curve"][-2]["gold_ci"]}
+    assert overoptimisation({"ppo": {"ppo_kl0": at50, "ppo_kl0.2": KL02}}).holds is True
+    # and at step 20 (1.46 [1.25, 1.66]): the fall was beyond the noise from the first evaluation after the peak
+    at20 = {**KL0, "curve": KL0["curve"][:3], "final_gold_ci": KL0["curve"][2]["gold_ci"]}
+    assert overoptimisation({"ppo": {"ppo_kl0": at20, "ppo_kl0.2": KL02}}).holds is True

@@ -203,8 +203,9 @@ def _evals(metrics: list[dict], key: str) -> list[tuple[int, float]]:
 # ----------------------------------------------------------------------------------------------- monitors
 
 
-def _rate_noise(p: float, n, q: float, m) -> float:
-    """Standard error of q − p for means of [0, 1] values over n and m prompts (inf when a count is not logged)."""
+def rate_difference_se(p: float, n, q: float, m) -> float:
+    """Standard error of q − p for means of [0, 1] values over n and m prompts, √(p(1 − p)/n + q(1 − q)/m) (an upper
+    bound for means of [0, 1] values; inf when a count is missing). The lab's lesson rules use it too."""
     if not n or not m or not (0.0 <= p <= 1.0 and 0.0 <= q <= 1.0):
         return math.inf
     return math.sqrt(p * (1 - p) / n + q * (1 - q) / m)
@@ -223,7 +224,7 @@ def _task_drop(metrics, proxy_keys: list[str], task_key: str, samples: list[dict
         if value > best:
             best_step, best = step, value
             continue
-        noise = _rate_noise(best, counts.get(best_step), value, counts.get(step))
+        noise = rate_difference_se(best, counts.get(best_step), value, counts.get(step))
         if best - value <= 0 or best - value < min(s.task_drop, s.task_drop_z * noise):
             continue
         rose = {

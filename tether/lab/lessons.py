@@ -16,8 +16,9 @@ The noise:
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
+
+from tether.diagnostics.monitors import rate_difference_se
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class Lesson:
 
 
 def rate_difference_noise(p1: float, n1: int, p2: float, n2: int) -> float:
-    """95 % half-width of p₂ − p₁ for rates over n₁ and n₂ prompts."""
-    return 1.96 * math.sqrt(p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1))
+    """95 % half-width of p₂ − p₁ for rates over n₁ and n₂ prompts: 1.96 standard errors (the monitors' formula)."""
+    return 1.96 * rate_difference_se(p1, max(n1, 1), p2, max(n2, 1))
 
 
 def _apart(low_ci, high_ci) -> bool | None:

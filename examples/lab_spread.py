@@ -104,6 +104,16 @@ def row(results: dict) -> dict:
     return out
 
 
+def counts(flag: str, text: str, least: int) -> list[int]:
+    """A comma-separated list of whole numbers ≥ least, or a clear exit naming the flag and the item."""
+    out = []
+    for item in text.split(","):
+        if not item.strip().isdigit() or int(item) < least:
+            raise SystemExit(f"{flag} {text}: {item!r} is not a whole number of at least {least}")
+        out.append(int(item))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lab", default="runs/lab")
@@ -116,8 +126,13 @@ def main() -> None:
     lab, output = Path(args.lab), Path(args.output)
     if not (lab / "summary.json").is_file():
         raise SystemExit(f"{lab}: not a finished lab (no summary.json); run `make lab` first")
+    cfg = QUICK if args.quick else LabConfig()
+    known = [s.name for s in lab_plan(lab, cfg)]
     stages = args.stages.split(",")
-    draws = [(int(s), int(t)) for t in args.threads.split(",") for s in args.seeds.split(",")]
+    unknown = [s for s in stages if s not in known]
+    if unknown:
+        raise SystemExit(f"--stages: no lab stage named {', '.join(unknown)}; the lab's stages are {', '.join(known)}")
+    draws = [(s, t) for t in counts("--threads", args.threads, 1) for s in counts("--seeds", args.seeds, 0)]
     cores = usable_cores()
     output.mkdir(parents=True, exist_ok=True)
     spread = {}

@@ -167,3 +167,30 @@ def test_the_recorded_lab_draw_is_judged_by_the_rules():
     # and at step 20 (1.46 [1.25, 1.66]): the fall was beyond the noise from the first evaluation after the peak
     at20 = {**KL0, "curve": KL0["curve"][:3], "final_gold_ci": KL0["curve"][2]["gold_ci"]}
     assert overoptimisation({"ppo": {"ppo_kl0": at20, "ppo_kl0.2": KL02}}).holds is True
+
+
+def test_the_spread_example_refuses_a_stage_or_a_count_it_cannot_run(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "lab_spread.py"
+    spec = importlib.util.spec_from_file_location("lab_spread", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    base = [str(path), "--lab", str(lab), "--output", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", base)
+    with pytest.raises(SystemExit, match="not a finished lab"):
+        module.main()
+    (lab / "summary.json").write_text("{}")
+    for args, message in (
+        (["--stages", "ppo_kl0,ppo_kl9"], "no lab stage named ppo_kl9; the lab's stages are world, "),
+        (["--seeds", "0,x"], "--seeds 0,x: 'x' is not a whole number of at least 0"),
+        (["--threads", "0"], "--threads 0: '0' is not a whole number of at least 1"),
+    ):
+        monkeypatch.setattr(sys, "argv", base + args)
+        with pytest.raises(SystemExit, match=message):
+            module.main()
+    assert not (tmp_path / "out").exists()  # refused before anything is written

@@ -2,7 +2,15 @@
 
 import pytest
 
-from tether.lab.lessons import agent_rises, lab_lessons, overoptimisation, rate_difference_noise, rate_rises, shop_claim
+from tether.lab.lessons import (
+    agent_rises,
+    grpo_outcome,
+    lab_lessons,
+    overoptimisation,
+    rate_difference_noise,
+    rate_rises,
+    shop_claim,
+)
 
 
 def test_the_noise_of_a_difference_of_two_rates_by_hand():
@@ -20,6 +28,29 @@ def test_a_rate_rises_only_beyond_the_noise():
     assert rate_rises("x", "c", 0.50, 0.63, 100, "acc").holds is False
     line = rate_rises("x", "claim", 0.50, 0.63, 100, "acc").line
     assert line == "claim: acc 0.500 → 0.630 (+0.130; noise ±0.136 over 100 prompts) — does NOT hold"
+
+
+def _grpo(start, end, se=(None, None)):
+    run = {"start_accuracy_sampled": start, "final_accuracy_sampled": end}
+    run.update(start_accuracy_greedy=0.245, final_accuracy_greedy=0.370)
+    run.update(start_accuracy_sampled_se=se[0], final_accuracy_sampled_se=se[1])
+    return {"grpo": {"grpo_outcome": run}}
+
+
+def test_the_grpo_lesson_uses_the_logged_standard_errors_and_else_the_rate_rule():
+    # one answer per problem (no standard error): 0.120 → 0.175 over 200, noise 1.96 √(0.1056/200 + 0.144375/200)
+    # = 1.96 × 0.0353395 = 0.069265 > 0.055
+    lesson = grpo_outcome(_grpo(0.120, 0.175), 200)
+    assert lesson.holds is False and "noise ±0.069 over 200 prompts" in lesson.evidence
+    # standard errors 0.015 and 0.02 logged: 1.96 √(0.000225 + 0.0004) = 1.96 × 0.025 = 0.049 < 0.055
+    lesson = grpo_outcome(_grpo(0.120, 0.175, (0.015, 0.02)), 200)
+    assert lesson.holds is True
+    assert lesson.evidence.startswith(
+        "accuracy sampled at the training temperature 0.120 → 0.175 (+0.055; noise ±0.049"
+    )
+    assert lesson.evidence.endswith("greedy 0.245 → 0.370")
+    # 0.04 and 0.03: 1.96 × 0.05 = 0.098 > 0.055
+    assert grpo_outcome(_grpo(0.120, 0.175, (0.04, 0.03)), 200).holds is False
 
 
 def _ppo(start_proxy, final_proxy, curve, alarms=()):

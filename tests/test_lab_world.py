@@ -296,3 +296,30 @@ def test_bootstrap_interval_resamples_prompts_not_answers():
     # 40 prompts, half 0 and half 1: mean ½, standard error ½/√40 ≈ 0.079, interval about ½ ± 0.155.
     low, high = bootstrap_interval([[0.0]] * 20 + [[1.0]] * 20)
     assert low == pytest.approx(0.5 - 0.155, abs=0.03) and high == pytest.approx(0.5 + 0.155, abs=0.03)
+
+
+def test_the_sampled_accuracy_is_averaged_per_problem_and_its_standard_error_is_over_problems(monkeypatch):
+    """ArithAccuracyEval with 2 answers per problem on scripted answers: problem 1 right 2/2, problem 2 right 1/2,
+    problem 3 right 0/2. Accuracy = 3/6 = 0.5; per-problem means 1, 0.5, 0: s² = (0.25 + 0 + 0.25)/2 = 0.25,
+    standard error √(0.25/3) = 0.288675. The count the monitors read stays 3 problems."""
+    import tether.lab.rl as rl
+
+    problems = [
+        arith.ArithProblem((3, 4), ("+",)),
+        arith.ArithProblem((9, 2), ("-",)),
+        arith.ArithProblem((1, 1), ("+",)),
+    ]
+    rows = [{"prompt": [], "question": p.question, "answer": p.answer} for p in problems]
+    wrong = lambda p: p.solution(error_step=0, error_delta=1)  # noqa: E731
+    answers = {
+        0.0: [[p.solution()] for p in problems],
+        1.0: [[problems[0].solution()] * 2, [problems[1].solution(), wrong(problems[1])], [wrong(problems[2])] * 2],
+    }
+    monkeypatch.setattr(rl, "generate_for", lambda policy, tokenizer, rows, decoding: answers[decoding.temperature])
+    figures = rl.ArithAccuracyEval(rows, 1.0, 0, 96, samples=2)(None, None)
+    assert figures["accuracy_sampled"] == pytest.approx(0.5, abs=1e-12)
+    assert figures["accuracy_sampled_se"] == pytest.approx(0.288675, abs=1e-6)
+    assert figures["accuracy_greedy"] == 1.0 and figures["accuracy_sampled_n"] == 3
+    assert rl.mean_standard_error([0.7]) == 0.0
+    with pytest.raises(ValueError, match="samples must be at least 1"):
+        rl.ArithAccuracyEval(rows, 1.0, 0, 96, samples=0)

@@ -11,11 +11,14 @@ The noise:
   1.96 √(p₁(1 − p₁)/n₁ + p₂(1 − p₂)/n₂);
 - a gold reward or win rate is logged with its 95 % bootstrap interval over prompts; two are apart when their
   intervals do not overlap (a stricter test than the difference's interval, and the one a reader can check by
-  eye from the table).
+  eye from the table);
+- a rate averaged over several sampled answers per prompt is logged with its standard error over prompts s, and
+  two such rates differ beyond the noise when their difference exceeds 1.96 √(s₁² + s₂²).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from tether.diagnostics.monitors import rate_difference_se
@@ -73,19 +76,28 @@ def rate_rises(name: str, claim: str, start: float, end: float, n: int, what: st
 
 def grpo_outcome(summary: dict, eval_problems: int) -> Lesson:
     """GRPO raises the expected reward of the policy it samples: judged on the accuracy sampled at the training
-    temperature (one answer per held-out problem), the greedy accuracy beside it."""
+    temperature, the greedy accuracy beside it. With several answers per problem the run logs the standard error of
+    each sampled accuracy over problems (s₀, s₁), and the gain must exceed 1.96 √(s₀² + s₁²) (start and end are
+    scored on the same problems, which makes the true noise of the difference smaller still); a run that logged one
+    answer per problem is judged by the rate rule over eval_problems."""
     run = summary.get("grpo", {}).get("grpo_outcome")
     claim = "GRPO, outcome reward: arith accuracy rises"
     if run is None:
         return Lesson("grpo_outcome", claim, None, "stage grpo_outcome not run")
-    lesson = rate_rises(
-        "grpo_outcome",
-        claim,
-        run["start_accuracy_sampled"],
-        run["final_accuracy_sampled"],
-        eval_problems,
-        "accuracy sampled at the training temperature",
-    )
+    start, end = run["start_accuracy_sampled"], run["final_accuracy_sampled"]
+    what = "accuracy sampled at the training temperature"
+    se0, se1 = run.get("start_accuracy_sampled_se"), run.get("final_accuracy_sampled_se")
+    if se0 is None or se1 is None:
+        lesson = rate_rises("grpo_outcome", claim, start, end, eval_problems, what)
+    else:
+        noise = 1.96 * math.sqrt(se0**2 + se1**2)
+        gain = end - start
+        lesson = Lesson(
+            "grpo_outcome",
+            claim,
+            gain > noise,
+            f"{what} {start:.3f} → {end:.3f} ({gain:+.3f}; noise ±{noise:.3f} over {eval_problems} problems)",
+        )
     greedy = f"greedy {run['start_accuracy_greedy']:.3f} → {run['final_accuracy_greedy']:.3f}"
     return replace(lesson, evidence=f"{lesson.evidence}; {greedy}")
 

@@ -8,6 +8,7 @@ proxy up, gold up then down — is read straight off eval/score_mean and eval/go
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from tether.config import build_config
@@ -180,22 +181,34 @@ def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
 
 
 class ArithAccuracyEval:
-    """evaluate_fn for run_grpo: held-out arith accuracy, greedy and sampled at the training temperature."""
+    """evaluate_fn for run_grpo: held-out arith accuracy, greedy and sampled at the training temperature.
 
-    def __init__(self, rows: list[dict], temperature: float, seed: int, max_new_tokens: int):
+    ``samples`` answers are sampled per problem: the sampled accuracy is their mean, and ``accuracy_sampled_se`` its
+    standard error over problems (the spread of the per-problem means / √n; a problem's answers are not independent
+    of each other, so they are not counted as separate draws). More answers per problem lower the part of the noise
+    that comes from sampling, not the part that comes from which problems were drawn. ``accuracy_sampled_n`` stays
+    the number of problems: the monitors' rate rule (docs/monitors.md) then uses √(p(1 − p)/n), which is never below
+    the true standard error of a mean of per-problem means, so the alarm is conservative."""
+
+    def __init__(self, rows: list[dict], temperature: float, seed: int, max_new_tokens: int, samples: int = 1):
+        if samples < 1:
+            raise ValueError(f"ArithAccuracyEval: samples must be at least 1, got {samples}")
         self.rows = rows
-        self.sampled = Decoding(temperature=temperature, samples=1, seed=seed, max_new_tokens=max_new_tokens)
+        self.sampled = Decoding(temperature=temperature, samples=samples, seed=seed, max_new_tokens=max_new_tokens)
         self.greedy = Decoding(temperature=0.0, samples=1, seed=seed, max_new_tokens=max_new_tokens)
 
     def __call__(self, policy, tokenizer) -> dict:
         from tether.lab.evaluate import score_arith
 
         greedy = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.greedy))
-        sampled = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.sampled))
+        completions = generate_for(policy, tokenizer, self.rows, self.sampled)
+        sampled = score_arith(self.rows, completions)
+        per_problem = [score_arith([row], [answers])["accuracy"] for row, answers in zip(self.rows, completions)]
         n = len(self.rows)  # the count the monitors' noise rule reads (docs/monitors.md)
         return {
             "accuracy_greedy": greedy["accuracy"],
             "accuracy_sampled": sampled["accuracy"],
+            "accuracy_sampled_se": mean_standard_error(per_problem),
             "step_accuracy": greedy["step_accuracy"],
             "format_rate": sampled["format_rate"],
             "worked_rate": sampled["worked_rate"],
@@ -203,6 +216,16 @@ class ArithAccuracyEval:
             "accuracy_sampled_n": n,
             "step_accuracy_n": n,
         }
+
+
+def mean_standard_error(values: list[float]) -> float:
+    """Standard error of the mean of independent values: s / √n with the sample standard deviation s (n − 1 in its
+    denominator); 0.0 for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 LAB_ARITH_REWARDS = {  # what the lab's GRPO stages are rewarded with
@@ -225,6 +248,7 @@ def run_lab_grpo(
     eval_every: int,
     eval_problems: int,
     seed: int,
+    eval_samples: int = 1,
     extra: dict | None = None,
 ) -> dict:
     """One GRPO-family run on arith_rl.jsonl from the SFT model; returns accuracy curves and throughput."""
@@ -233,7 +257,7 @@ def run_lab_grpo(
 
     world = lab / "world"
     rows = [json.loads(line) for line in (world / "arith_eval.jsonl").read_text().splitlines() if line.strip()]
-    accuracy = ArithAccuracyEval(rows[:eval_problems], 1.0, seed, 96)  # the budget `tether eval` uses
+    accuracy = ArithAccuracyEval(rows[:eval_problems], 1.0, seed, 96, eval_samples)  # the budget `tether eval` uses
     run_dir = folder / "run"
     summary = finished_summary(run_dir, resume)
     if summary is None:
@@ -271,6 +295,7 @@ def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
             "step": h["step"],
             "accuracy_greedy": h["eval/accuracy_greedy"],
             "accuracy_sampled": h["eval/accuracy_sampled"],
+            "accuracy_sampled_se": h.get("eval/accuracy_sampled_se"),  # absent from runs before it was logged
             "step_accuracy": h["eval/step_accuracy"],
             "format_rate": h["eval/format_rate"],
             "worked_rate": h["eval/worked_rate"],
@@ -288,6 +313,8 @@ def lab_grpo_figures(summary: dict, metrics: list[dict]) -> dict:
         "final_accuracy_greedy": last["accuracy_greedy"],
         "start_accuracy_sampled": first["accuracy_sampled"],
         "final_accuracy_sampled": last["accuracy_sampled"],
+        "start_accuracy_sampled_se": first["accuracy_sampled_se"],
+        "final_accuracy_sampled_se": last["accuracy_sampled_se"],
         "best_accuracy_sampled": max(c["accuracy_sampled"] for c in curve),
         "train_reward_first5": sum(m.get("score/mean", 0.0) for m in metrics[:5]) / max(len(metrics[:5]), 1),
         "train_reward_last5": sum(m.get("score/mean", 0.0) for m in metrics[-5:]) / max(len(metrics[-5:]), 1),

@@ -197,20 +197,12 @@ def assert_written_once(out, rows_per_step: int, steps: int):
     assert "processes: 2" in (out / "config.yaml").read_text()
 
 
-@pytest.mark.slow
-# The recipes whose pieces meet the data-parallel contract differently: grpo (token ratio, per-sequence token mean,
-# KL in the loss), dr_grpo (token sums over a constant length), dapo (dynamic sampling: uneven later rounds; the
-# token mean over the whole minibatch), reinforce_pp (KL in the reward, advantages normalised over the whole batch).
-# gspo's sequence ratio and rloo's leave-one-out baseline are computed within a response or on the gathered batch,
-# with grpo's aggregation: their pieces have hand tests (test_group_algorithms.py, test_policy_algorithms.py, test_objectives.py), and their runs here were grpo's
-# path again at 18-19 s each.
-@pytest.mark.parametrize("recipe", ["grpo", "dr_grpo", "dapo", "reinforce_pp"])
-def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, recipe):
-    rules, prompts = files
+def group_recipe_args(model, rules, prompts, recipe: str) -> list[str]:
+    """A group-recipe run of 3 steps, 2 passes of minibatches of 8 in micro-batches of 3 (also the sharded tests')."""
     args = [
         "grpo",
         "--model",
-        str(llama_dir),
+        str(model),
         "--prompts",
         str(prompts),
         "--eval-prompts",
@@ -247,6 +239,20 @@ def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, re
     ]
     if recipe == "dapo":  # dynamic sampling: the kept-group count is global, later rounds split unevenly
         args[args.index(f"{rules}:count_a")] = f"{rules}:has_a"
+    return args
+
+
+@pytest.mark.slow
+# The recipes whose pieces meet the data-parallel contract differently: grpo (token ratio, per-sequence token mean,
+# KL in the loss), dr_grpo (token sums over a constant length), dapo (dynamic sampling: uneven later rounds; the
+# token mean over the whole minibatch), reinforce_pp (KL in the reward, advantages normalised over the whole batch).
+# gspo's sequence ratio and rloo's leave-one-out baseline are computed within a response or on the gathered batch,
+# with grpo's aggregation: their pieces have hand tests (test_group_algorithms.py, test_policy_algorithms.py, test_objectives.py), and their runs here were grpo's
+# path again at 18-19 s each.
+@pytest.mark.parametrize("recipe", ["grpo", "dr_grpo", "dapo", "reinforce_pp"])
+def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, recipe):
+    rules, prompts = files
+    args = group_recipe_args(llama_dir, rules, prompts, recipe)
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
@@ -348,14 +354,12 @@ def test_a_reward_function_failing_on_one_process_stops_both_at_the_same_step(ll
     assert [m["step"] for m in lines(out / "metrics.jsonl")] == [1]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", ["separate", "shared"])
-def test_ppo_on_two_processes_equals_one(llama_dir, files, tmp_path, layout):
-    rules, prompts = files
+def ppo_args(model, rules, prompts, layout: str) -> list[str]:
+    """A PPO run of 3 steps of 6 responses, 2 passes of minibatches of 3, with the adaptive KL and whitening."""
     args = [
         "ppo",
         "--model",
-        str(llama_dir),
+        str(model),
         "--prompts",
         str(prompts),
         "--eval-prompts",
@@ -390,20 +394,27 @@ def test_ppo_on_two_processes_equals_one(llama_dir, files, tmp_path, layout):
         "1",
         "--response-seeds",
     ]
+    return args
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["separate", "shared"])
+def test_ppo_on_two_processes_equals_one(llama_dir, files, tmp_path, layout):
+    rules, prompts = files
+    args = ppo_args(llama_dir, rules, prompts, layout)
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
     assert_written_once(tmp_path / "two", 6, 3)
 
 
-@pytest.mark.slow
-def test_online_dpo_on_two_processes_equals_one(llama_dir, files, tmp_path):
-    rules, prompts = files
+def online_dpo_args(model, rules, prompts) -> list[str]:
+    """An online DPO run of 2 rounds of 8 prompts, 2 steps each."""
     args = [
         "dpo",
         "--online",
         "--model",
-        str(llama_dir),
+        str(model),
         "--prompts",
         str(prompts),
         "--reward",
@@ -431,6 +442,13 @@ def test_online_dpo_on_two_processes_equals_one(llama_dir, files, tmp_path):
         "--temperature",
         "1.3",
     ]
+    return args
+
+
+@pytest.mark.slow
+def test_online_dpo_on_two_processes_equals_one(llama_dir, files, tmp_path):
+    rules, prompts = files
+    args = online_dpo_args(llama_dir, rules, prompts)
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")

@@ -134,11 +134,14 @@ def test_sharded_dpo_equals_one_process(llama_dir, tmp_path):
 
 
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
-def test_stages_that_do_not_shard_say_so(llama_dir, tmp_path, capsys, stage):
+def test_the_online_stages_refuse_lora_with_fsdp_and_say_why(llama_dir, tmp_path, capsys, stage):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Q: ", "chosen": "a", "rejected": "b"}])
-    extra = ["--prompts", str(data), "--reward-model", str(tmp_path)]
+    extra = ["--prompts", str(data), "--reward-model", str(tmp_path), "--lora-r", "4"]
     assert tether_main([stage, "--model", str(llama_dir), *extra, "--fsdp", "--output", str(tmp_path / "o")]) == 2
-    assert "--fsdp: tether " in capsys.readouterr().err
+    assert "--fsdp with LoRA is not built: the adapters and their AdamW states are small" in " ".join(
+        capsys.readouterr().err.split()
+    )
+    assert not (tmp_path / "o").exists()  # refused before the run folder is made
 
 
 @pytest.mark.parametrize("name", ["cpu.yaml", "multi-gpu.yaml", "multi-node.yaml"])

@@ -43,8 +43,8 @@ class ModelSection(Section):
     fsdp: bool = option(
         False,
         "Shard parameters, gradients and AdamW states over the processes (FSDP2: one shard "
-        "unit per decoder layer) instead of replicating them; tether sft, rm and offline "
-        "dpo, full fine-tuning (docs/scaling.md).",
+        "unit per decoder layer) instead of replicating them; full fine-tuning in tether sft, rm, dpo "
+        "(offline and online), ppo and grpo (docs/scaling.md).",
     )
     frozen_dtype: str = option(
         "",

@@ -55,7 +55,7 @@ from tether.train.offline_run import offline_logger, plan_steps, prepare_trained
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
-from tether.train.sharding import is_sharded
+from tether.train.sharding import copy_gathered, is_sharded, sampling_copy_of
 
 
 class DPOObjective:
@@ -345,8 +345,15 @@ class OnlineDPOStage:
         self.cfg, self.setup, self.labeller, self.prompt_rows = cfg, setup, labeller, prompt_rows
         self.policy, self.tokenizer = setup.unwrapped, setup.tokenizer
         self.dp = DataParallel(setup.accelerator)
-        self.backend = make_backend(cfg.rollout, self.policy, self.tokenizer)  # rollout.backend
-        self.stops = stop_token_ids(self.tokenizer, self.policy)
+        # --fsdp: the pairs are sampled from an ordinary copy of the sharded policy (train/sharding.py)
+        self.sampling_policy = setup.sampling_copy if setup.sampling_copy is not None else self.policy
+        if setup.sampling_copy is not None and cfg.rollout.backend != "hf":
+            raise ConfigError(
+                f"--fsdp with rollout.backend={cfg.rollout.backend}: pushing a sharded policy's weights into the "
+                "engine is not built yet; sample with rollout.backend=hf (each process samples from a gathered copy)"
+            )
+        self.backend = make_backend(cfg.rollout, self.sampling_policy, self.tokenizer)  # rollout.backend
+        self.stops = stop_token_ids(self.tokenizer, self.sampling_policy)
         self.optimizer, self.scheduler = setup.optimizer, setup.scheduler
         self.scorer = labeller.scorer  # None with a judge
         self.order = EpochOrder(len(prompt_rows), cfg.train.seed)
@@ -372,7 +379,12 @@ class OnlineDPOStage:
             **_plan(self.cfg, self.setup),
             "online": f"{o.rounds} rounds x {ro.prompts_per_step} prompts x 2 answers, {o.steps_per_round} steps each, "
             "labelled by " + (f"judge {o.judge}" if o.judge else self.labeller.scorer.describe()),
-            "generation": self.backend.describe(),
+            "generation": self.backend.describe()
+            + (
+                "; a gathered copy of the sharded policy on every process"
+                if self.setup.sampling_copy is not None
+                else ""
+            ),
         }
 
     def evaluate(self) -> dict:
@@ -442,7 +454,9 @@ class OnlineDPOStage:
         samples = self._start_round(rnd, step) if rnd != self.round else []
         t1 = time.perf_counter()
         metrics = _offline_step(self.setup, self.cfg, self.examples, self.round_order, step)
-        self.backend.weights_updated(self.policy)
+        if self.setup.sampling_copy is not None:
+            copy_gathered(self.policy, self.setup.sampling_copy)
+        self.backend.weights_updated(self.sampling_policy)
         elapsed = time.perf_counter() - t1
         metrics.update(
             {
@@ -485,6 +499,7 @@ class DPOSetup:
     scheduler: object
     total_steps: int
     state: dict
+    sampling_copy: object = None  # online --fsdp: an ordinary copy of the sharded policy, which samples the pairs
 
 
 def _load_offline(cfg: DPOConfig, tokenizer):
@@ -563,6 +578,8 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
                 reference.attach(used)
             if len(used) < len(train) + len(evals):
                 source += f" for the {len(used) - len(evals)} of {len(train)} training examples the run's steps visit"
+    sharded = cfg.model.fsdp and accelerator.num_processes > 1
+    sampling_copy = sampling_copy_of(model) if cfg.online.online and sharded else None
     # the optimizer's state is restored by the offline and online loops' own resume (_run_offline, run_online)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, None)
     return DPOSetup(
@@ -584,6 +601,7 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
         scheduler,
         total_steps,
         state,
+        sampling_copy,
     )
 
 
@@ -614,7 +632,8 @@ def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:
         "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(s.accelerator.num_processes),
         "micro-batch rows": describe(cfg.model.padding_free),
         "optimizer steps": s.total_steps,
-        "model": parameter_summary(s.model),
+        "model": parameter_summary(s.model)
+        + (f", sharded over {s.accelerator.num_processes} processes (FSDP2)" if is_sharded(s.model) else ""),
     }
 
 
@@ -691,6 +710,7 @@ def _run_online(cfg: DPOConfig, evaluate_fn) -> dict:
         cfg.rollout.prompts,
         "",
         stand_in_reward=bool(cfg.online.judge),
+        shards=True,
     )
     setup = _setup(cfg, data, start.accelerator, start.config, start.start_step, start.checkpoint)
     labeller = PairLabeller(cfg, setup.tokenizer, start.reward_set, start.accelerator.device)

@@ -38,6 +38,14 @@ from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import OnlineSampler
 from tether.train.schedule import build_optimizer
+from tether.train.sharding import (
+    grad_norm_value,
+    is_sharded,
+    reshard,
+    shard_frozen,
+    shard_trained_online,
+    sharding_line,
+)
 
 
 def process_token_advantages(exp: Experience, tokenizer, pattern: str, group_size: int) -> torch.Tensor:
@@ -85,13 +93,14 @@ class GroupStage:
 
     name = "grpo"
 
-    def __init__(self, cfg: GRPOConfig, tokenizer, policy, reference, scorer: Scorer, start, backend=None):
+    def __init__(
+        self, cfg: GRPOConfig, tokenizer, policy, reference, scorer: Scorer, start, backend=None, sampling_copy=None
+    ):
         self.cfg, self.tokenizer, self.policy, self.reference, self.scorer = cfg, tokenizer, policy, reference, scorer
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
-        self.sampler = OnlineSampler(
-            cfg, tokenizer, policy, self.rows, self.eval_rows, backend, start.reward_set if cfg.agent.env else None
-        )
+        self.sharded = is_sharded(policy)  # --fsdp: every forward and backward of the policy is collective
+        self.sampler = OnlineSampler.of_stage(cfg, tokenizer, policy, start, backend, sampling_copy)
         self.prompts, self.eval_prompts = self.sampler.prompts, self.sampler.eval_prompts
         self.stops, self.agent = self.sampler.stops, self.sampler.agent
         if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
@@ -103,6 +112,10 @@ class GroupStage:
         self.order = EpochOrder(len(self.prompts), cfg.train.seed)
         self.cursor = 0  # prompts drawn so far: dynamic sampling draws a varying number per step
         self.warned_until = 0
+
+    @property
+    def sampling_policy(self):
+        return self.sampler.sampling_policy
 
     def extra_parts(self) -> dict:
         return {}
@@ -147,6 +160,7 @@ class GroupStage:
             **(self.agent.plan() if self.agent else {}),
             "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
             f"{sum(q.numel() for q in self.policy.parameters()):,}",
+            **({"sharding": sharding_line(self.dp.world, self.reference is not None)} if self.sharded else {}),
         }
 
     def evaluate(self) -> dict:
@@ -262,6 +276,10 @@ class GroupStage:
         if a.kl_in_reward > 0:
             kl_reward = kl_estimate(now, exp.ref_logprobs, a.kl_estimator) * mask
         exp.measure_sampler(now, self.cfg.rollout.tis_cap)
+        if self.sharded:  # free the layers these no-grad forwards left gathered (train/sharding.py reshard)
+            for model in (self.policy, self.reference):
+                if model is not None:
+                    reshard(model)
         advantages = token_advantages(
             a.advantage,
             exp.scores.total,
@@ -298,11 +316,10 @@ class GroupStage:
                 idx = order[start : start + mb]
                 self.optimizer.zero_grad(set_to_none=True)
                 n_tokens, n_seq = float(loss_mask[idx].sum()), len(idx)
-                local = dp.local_part(idx)
-                for mstart in range(0, len(local), a.micro_batch_size):
-                    micro = local[mstart : mstart + a.micro_batch_size]
-                    for name, value in self._micro_batch(exp, micro, loss_mask[micro], n_tokens, n_seq).items():
-                        sums[name] += value
+                for micro, real in dp.micro_batches(idx, a.micro_batch_size, lockstep=self.sharded):
+                    figures = self._micro_batch(exp, micro, loss_mask[micro], n_tokens, n_seq, 1.0 if real else 0.0)
+                    for name, value in figures.items():
+                        sums[name] += value if real else 0.0
                 dp.sum_gradients(self.params)
                 norm = torch.nn.utils.clip_grad_norm_(
                     self.params, self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
@@ -311,7 +328,7 @@ class GroupStage:
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)  # not held through the next rollout and the save
                 tokens, sequences = tokens + n_tokens, sequences + n_seq
-                grad_norms += float(norm) * n_tokens
+                grad_norms += grad_norm_value(norm) * n_tokens
         summed = dp.sum_dict(sums)
         out = {k: v / max(tokens, 1.0) for k, v in summed.items()}
         out["kl/ref_mean"] = summed["kl/ref_mean"] / max(sequences, 1.0)  # Σ_t KL per response, mean over responses
@@ -330,8 +347,11 @@ class GroupStage:
         "policy/loss",
     )
 
-    def _micro_batch(self, exp: Experience, micro: torch.Tensor, lm: torch.Tensor, n_tokens: float, n_seq: int) -> dict:
-        """Forward and backward of one micro-batch; returns token-weighted statistics (Σ value · tokens)."""
+    def _micro_batch(
+        self, exp: Experience, micro: torch.Tensor, lm: torch.Tensor, n_tokens: float, n_seq: int, weight: float = 1.0
+    ) -> dict:
+        """Forward and backward of one micro-batch (its loss times ``weight``: 0 for a lock-step filler); returns
+        token-weighted statistics (Σ value · tokens)."""
         a = self.cfg.algo
         sub = exp.rollout.select(micro)
         logp, entropy = response_logprobs(
@@ -358,7 +378,7 @@ class GroupStage:
             norm_length=self.cfg.norm_length,
             token_weights=exp.tis_weights[micro] if exp.tis_weights is not None else None,
         )
-        loss.backward()
+        (loss * weight if weight != 1.0 else loss).backward()
         k = float(lm.sum())
         rmask = sub.response_mask.bool()
         low, high = parts["clipped_low"], parts["clipped_high"]
@@ -393,6 +413,7 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
         cfg.rollout.prompts,
         cfg.rollout.eval_prompts,
         stand_in_reward=scorer is not None,
+        shards=True,
     )
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
@@ -403,6 +424,10 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
         check_position_restarts(policy, cfg.model.path)
         if reference is not None and cfg.model.reference:
             check_position_restarts(reference, cfg.model.reference)
+    sampling_copy = None
+    if cfg.model.fsdp and start.accelerator.num_processes > 1:
+        policy, sampling_copy = shard_trained_online(policy, start.accelerator)
+        reference = shard_frozen(reference, start.accelerator)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
@@ -415,7 +440,16 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
             reward_model,
             process_model=process_model,
         )
-    stage = GroupStage(cfg, tokenizer, policy, reference, score, start, backend(policy, tokenizer) if backend else None)
+    stage = GroupStage(
+        cfg,
+        tokenizer,
+        policy,
+        reference,
+        score,
+        start,
+        backend(sampling_copy or policy, tokenizer) if backend else None,
+        sampling_copy,
+    )
     return run_online(
         stage,
         Schedule.of(cfg.train, cfg.train.max_steps),

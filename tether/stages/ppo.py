@@ -45,6 +45,15 @@ from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import OnlineSampler
 from tether.train.schedule import build_optimizer
+from tether.train.sharding import (
+    grad_norm_value,
+    is_sharded,
+    reshard,
+    shard_frozen,
+    shard_summed,
+    shard_trained_online,
+    sharding_line,
+)
 
 
 class PPOStage:
@@ -52,7 +61,18 @@ class PPOStage:
 
     name = "ppo"
 
-    def __init__(self, cfg: PPOConfig, tokenizer, policy, reference, critic, scorer: Scorer, start, backend=None):
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        tokenizer,
+        policy,
+        reference,
+        critic,
+        scorer: Scorer,
+        start,
+        backend=None,
+        sampling_copy=None,
+    ):
         self.cfg, self.tokenizer, self.policy, self.reference, self.critic, self.scorer = (
             cfg,
             tokenizer,
@@ -63,9 +83,8 @@ class PPOStage:
         )
         self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
         self.dp = DataParallel(start.accelerator)
-        self.sampler = OnlineSampler(
-            cfg, tokenizer, policy, self.rows, self.eval_rows, backend, start.reward_set if cfg.agent.env else None
-        )
+        self.sharded = is_sharded(policy)  # --fsdp: every forward and backward of the policy is collective
+        self.sampler = OnlineSampler.of_stage(cfg, tokenizer, policy, start, backend, sampling_copy)
         self.prompts, self.eval_prompts = self.sampler.prompts, self.sampler.eval_prompts
         self.stops, self.agent = self.sampler.stops, self.sampler.agent
         if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
@@ -77,6 +96,10 @@ class PPOStage:
         )
         self.kl_coef = cfg.algo.kl_coef
         self.order = EpochOrder(len(self.prompts), cfg.train.seed)
+
+    @property
+    def sampling_policy(self):
+        return self.sampler.sampling_policy
 
     def extra_parts(self) -> dict:
         return {"critic": (self.critic, self.critic_optimizer, self.critic_scheduler)}
@@ -112,7 +135,12 @@ class PPOStage:
             **(self.agent.plan() if self.agent else {}),
             "learning rate": f"{cfg.optim.lr:g} policy, {cfg.critic.lr:g} critic ({cfg.optim.lr_schedule})",
             "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic),
+            **({"sharding": sharding_line(self.dp.world, True, self.critic_layout_sharded)} if self.sharded else {}),
         }
+
+    @property
+    def critic_layout_sharded(self) -> str:
+        return "" if isinstance(self.critic, SharedValueHead) else "the critic"
 
     def evaluate(self) -> dict:
         return self.sampler.evaluate(self.eval_rows, self.scorer, self.cfg.train.seed, self.dp)
@@ -200,6 +228,10 @@ class PPOStage:
             exp.advantages, exp.returns = expand_actions(advantages, mask), expand_actions(returns, mask)
         if a.whiten_advantages:
             exp.advantages = masked_whiten(exp.advantages, mask)
+        if self.sharded:  # free the layers these no-grad forwards left gathered (train/sharding.py reshard)
+            for model in (self.policy, self.reference, self.critic):
+                if model is not None and is_sharded(model):
+                    reshard(model)
         return exp
 
     def update(self, exp: Experience, generator: torch.Generator) -> dict:
@@ -237,6 +269,10 @@ class PPOStage:
         dp = self.dp
         n_tokens = float(exp.rollout.response_mask[idx].sum())
         local = dp.local_part(idx)
+        # a sharded model's forward and backward are collective: a process without rows runs the minibatch's first
+        # row, its loss multiplied by 0 (nothing learned, no statistics)
+        filler = self.sharded and len(local) == 0
+        local, weight = (idx[:1], 0.0) if filler else (local, 1.0)
         sub = exp.rollout.select(local) if len(local) else None
         figures = {name: 0.0 for name in self.STATISTICS}
         self.optimizer.zero_grad(set_to_none=True)  # already freed after each step; cheap insurance
@@ -250,10 +286,12 @@ class PPOStage:
                 )
                 policy_loss, policy_parts = self._policy_loss(exp, local, logp, entropy, n_tokens)
                 value_loss, value_parts = self._value_loss(exp, local, values, n_tokens)
-                (policy_loss + self.cfg.critic.value_loss_coef * value_loss).backward()  # both reach the backbone
-                figures = self._statistics(
-                    exp, local, logp, entropy, policy_loss, policy_parts, value_loss, value_parts, n_tokens
-                )
+                joint = policy_loss + self.cfg.critic.value_loss_coef * value_loss  # both reach the backbone
+                (joint * weight).backward()
+                if not filler:
+                    figures = self._statistics(
+                        exp, local, logp, entropy, policy_loss, policy_parts, value_loss, value_parts, n_tokens
+                    )
             dp.sum_gradients(policy_params + [q for q in critic_params if all(q is not p for p in policy_params)])
             gn_pi = self._clip_and_step(policy_params, self.optimizer, self.scheduler)
             gn_v = self._clip_and_step(critic_params, self.critic_optimizer, self.critic_scheduler)
@@ -267,17 +305,18 @@ class PPOStage:
                     padding_free=self.cfg.model.padding_free,
                 )
                 policy_loss, policy_parts = self._policy_loss(exp, local, logp, entropy, n_tokens)
-                policy_loss.backward()
+                (policy_loss * weight).backward()
                 logp, entropy = logp.detach(), entropy.detach()
             dp.sum_gradients(policy_params)
             gn_pi = self._clip_and_step(policy_params, self.optimizer, self.scheduler)
             if sub is not None:
                 values = self.critic(sub, padding_free=self.cfg.model.padding_free)
                 value_loss, value_parts = self._value_loss(exp, local, values, n_tokens)
-                (self.cfg.critic.value_loss_coef * value_loss).backward()
-                figures = self._statistics(
-                    exp, local, logp, entropy, policy_loss, policy_parts, value_loss, value_parts, n_tokens
-                )
+                (self.cfg.critic.value_loss_coef * value_loss * weight).backward()
+                if not filler:
+                    figures = self._statistics(
+                        exp, local, logp, entropy, policy_loss, policy_parts, value_loss, value_parts, n_tokens
+                    )
             dp.sum_gradients(critic_params)
             gn_v = self._clip_and_step(critic_params, self.critic_optimizer, self.critic_scheduler)
         return {**dp.sum_dict(figures), "policy/grad_norm": gn_pi * n_tokens, "value/grad_norm": gn_v * n_tokens}
@@ -287,7 +326,7 @@ class PPOStage:
         gradients now, not at the next update (a model's worth of them would otherwise stay allocated through the
         next rollout and the checkpoint save). Returns the norm before clipping."""
         cap = self.cfg.optim.max_grad_norm if self.cfg.optim.max_grad_norm > 0 else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(params, cap))
+        norm = grad_norm_value(torch.nn.utils.clip_grad_norm_(params, cap))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -398,6 +437,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
         cfg.rollout.prompts,
         cfg.rollout.eval_prompts,
         stand_in_reward=scorer is not None,
+        shards=True,
     )
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
@@ -411,6 +451,12 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
             check_position_restarts(reference, cfg.model.reference)
         if not isinstance(critic, SharedValueHead):
             check_position_restarts(critic.rm, cfg.critic.path or cfg.rewards.reward_model or cfg.model.path)
+    sampling_copy = None
+    if cfg.model.fsdp and start.accelerator.num_processes > 1:  # the shared head stays whole: it is one vector
+        policy, sampling_copy = shard_trained_online(policy, start.accelerator)
+        reference = shard_frozen(reference, start.accelerator)
+        if not isinstance(critic, SharedValueHead):
+            critic = shard_summed(critic, start.accelerator)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
@@ -424,7 +470,15 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
             process_model=load_process_reward_scorer(cfg.rewards, device, frozen_dtype(cfg.model)),
         )
     stage = PPOStage(
-        cfg, tokenizer, policy, reference, critic, score, start, backend(policy, tokenizer) if backend else None
+        cfg,
+        tokenizer,
+        policy,
+        reference,
+        critic,
+        score,
+        start,
+        backend(sampling_copy or policy, tokenizer) if backend else None,
+        sampling_copy,
     )
     return run_online(
         stage,

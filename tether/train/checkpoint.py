@@ -140,6 +140,11 @@ def save_checkpoint(
     if sharded:  # gathered by every process, written by process 0: the checkpoint is a plain, unsharded one
         save_full_model(model, tokenizer, partial, accelerator)
         optimizer_state = full_optimizer_state(model, optimizer)
+    sharded_parts = {}  # a sharded extra part (PPO's separate critic): gathered by all, written by process 0
+    for name, (part, part_optimizer, _) in (extra or {}).items():
+        if is_sharded(part):
+            save_full_model(part, None, partial / name, accelerator)
+            sharded_parts[name] = full_optimizer_state(part, part_optimizer)
     if accelerator.is_main_process:
         if not sharded:
             accelerator.unwrap_model(model).save_pretrained(str(partial))
@@ -148,8 +153,11 @@ def save_checkpoint(
         save_state(partial / "optimizer", optimizer_state if sharded else optimizer.state_dict())
         save_state(partial / "scheduler", scheduler.state_dict())
         for name, (part, part_optimizer, part_scheduler) in (extra or {}).items():
-            part.save_pretrained(str(partial / name))
-            save_state(partial / f"optimizer-{name}", part_optimizer.state_dict())
+            if name in sharded_parts:
+                save_state(partial / f"optimizer-{name}", sharded_parts[name])
+            else:
+                part.save_pretrained(str(partial / name))
+                save_state(partial / f"optimizer-{name}", part_optimizer.state_dict())
             if part_scheduler is not None:
                 save_state(partial / f"scheduler-{name}", part_scheduler.state_dict())
         (partial / STATE_FILE).write_text(
@@ -171,7 +179,8 @@ def save_checkpoint(
 def load_training_state(
     checkpoint: Path, optimizer, scheduler, process_index: int, extra: dict | None = None, sharded_model=None
 ) -> dict:
-    """Restore optimizer, scheduler (and ``extra`` {name: (optimizer, scheduler or None)}) and this process's RNG;
+    """Restore optimizer, scheduler (and ``extra`` {name: (optimizer, scheduler or None[, the part if sharded])}) and
+    this process's RNG;
     return the saved trainer state. Nothing is unpickled: a checkpoint with pickle files only (written by tether
     0.1) is refused with a message, never loaded."""
     if (checkpoint / "optimizer.pt").is_file() and not (checkpoint / "optimizer.json").is_file():
@@ -192,8 +201,11 @@ def load_training_state(
             )
         optimizer.load_state_dict(saved)
     scheduler.load_state_dict(load_state(checkpoint / "scheduler"))
-    for name, (part_optimizer, part_scheduler) in (extra or {}).items():
-        part_optimizer.load_state_dict(load_state(checkpoint / f"optimizer-{name}"))
+    for name, (part_optimizer, part_scheduler, *part) in (extra or {}).items():
+        if part and part[0] is not None:  # (optimizer, scheduler, the part when sharded): keyed by parameter name
+            load_optimizer_state(part[0], part_optimizer, load_state(checkpoint / f"optimizer-{name}"))
+        else:
+            part_optimizer.load_state_dict(load_state(checkpoint / f"optimizer-{name}"))
         if part_scheduler is not None:
             part_scheduler.load_state_dict(load_state(checkpoint / f"scheduler-{name}"))
     rng = checkpoint / f"rng-{process_index}"

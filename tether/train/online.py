@@ -28,6 +28,7 @@ from tether.train.checkpoint import load_training_state, rng_state, save_checkpo
 from tether.train.logger import MetricsLogger
 from tether.train.parallel import DataParallel
 from tether.train.run import announce, peak_memory, write_json
+from tether.train.sharding import is_dtensor, is_sharded
 
 
 class RunScorer(Protocol):
@@ -42,7 +43,8 @@ class RunScorer(Protocol):
 
 class OnlineStage(Protocol):
     name: str  # "ppo", "grpo", "dpo": the summary's stage and the logger's run name
-    policy: object  # the trained model (a PeftModel when training LoRA)
+    policy: object  # the trained model (a PeftModel when training LoRA; sharded with --fsdp)
+    sampling_policy: object  # the policy as an ordinary model: the policy itself, or a sharded policy's gathered copy
     tokenizer: object
     optimizer: object
     scheduler: object
@@ -133,15 +135,24 @@ class _Run:
         self.best = {"value": None, "step": None}
 
     def restore(self, checkpoint: Path) -> int:
-        extra = {name: (opt, sched) for name, (_, opt, sched) in self.stage.extra_parts().items()}
+        extra = {
+            name: (opt, sched, part if is_sharded(part) else None)
+            for name, (part, opt, sched) in self.stage.extra_parts().items()
+        }
         written_by = json.loads((checkpoint / "trainer_state.json").read_text()).get("num_processes", 1)
         if written_by != self.dp.world:  # each process's RNG and share of the prompts belong to its rank
             raise ConfigError(
                 f"{checkpoint} was written by {written_by} process(es); resume it on {written_by} "
                 f"(accelerate launch --num_processes {written_by}), not {self.dp.world}"
             )
+        policy = self.stage.policy
         saved = load_training_state(
-            checkpoint, self.stage.optimizer, self.stage.scheduler, self.accelerator.process_index, extra
+            checkpoint,
+            self.stage.optimizer,
+            self.stage.scheduler,
+            self.accelerator.process_index,
+            extra,
+            sharded_model=policy if is_sharded(policy) else None,
         )
         self.history = [h for h in saved.get("eval_history", []) if h["step"] <= saved["step"]]
         self.best.update(saved.get("best", {}))
@@ -172,7 +183,8 @@ class _Run:
     def evaluate(self, step: int) -> dict:
         res = self.stage.evaluate()
         if self.evaluate_fn is not None and self.accelerator.is_main_process:
-            res.update({f"eval/{k}": v for k, v in self.evaluate_fn(self.stage.policy, self.stage.tokenizer).items()})
+            figures = self.evaluate_fn(self.stage.sampling_policy, self.stage.tokenizer)
+            res.update({f"eval/{k}": v for k, v in figures.items()})
         res = self.dp.gather_json([res])[0]  # process 0's figures (with the task metrics only it computes) everywhere
         self.history.append({"step": step, **res})
         s = self.schedule
@@ -180,7 +192,7 @@ class _Run:
             self.best.update(value=res[s.best_metric], step=step)  # step 0: nothing trained has beaten the start yet
 
             def save_best(tmp: Path) -> None:
-                save_merged(self.stage.policy, self.stage.tokenizer, tmp)
+                save_merged(self.stage.sampling_policy, self.stage.tokenizer, tmp)
                 (tmp / "best.json").write_text(json.dumps({"metric": s.best_metric, **self.best}))
 
             if self.accelerator.is_main_process:
@@ -273,7 +285,8 @@ def _same_start(run: "_Run", stage: OnlineStage) -> None:
     import torch
 
     for model in [stage.policy] + [part for part, _, _ in stage.extra_parts().values()]:
-        run.dp.broadcast_parameters([q for q in model.parameters() if q.requires_grad])
+        # a sharded model's shards were cut from the same loaded weights on every process
+        run.dp.broadcast_parameters([q for q in model.parameters() if q.requires_grad and not is_dtensor(q)])
     torch.manual_seed(torch.initial_seed() + 7919 * run.dp.rank)
 
 
@@ -363,7 +376,8 @@ def run_online(
             run.scorer.close()
     summary = _summary(run, stage, schedule, out, start_step, stopped_at, t_start, accelerator)
     if accelerator.is_main_process:
-        write_atomically(lambda tmp: save_merged(stage.policy, stage.tokenizer, tmp), out / "final")  # LoRA merged
+        # LoRA merged; a sharded policy's gathered copy, current since the last update
+        write_atomically(lambda tmp: save_merged(stage.sampling_policy, stage.tokenizer, tmp), out / "final")
         write_json(out / "summary.json", summary)
     accelerator.wait_for_everyone()
     return summary
@@ -388,10 +402,17 @@ class OnlineStart:
 
 
 def start_online(
-    stage: str, cfg, total_steps: int, rewards_cfg, prompts: str, eval_prompts: str, stand_in_reward: bool = False
+    stage: str,
+    cfg,
+    total_steps: int,
+    rewards_cfg,
+    prompts: str,
+    eval_prompts: str,
+    stand_in_reward: bool = False,
+    shards: bool = False,
 ) -> OnlineStart:
     """Checks and set-up shared by the online stages: required inputs, a reward, the run folder (new, --overwrite
-    or --resume), the seeds, the prompt files and the reward functions."""
+    or --resume), the seeds, the prompt files and the reward functions. ``shards``: the stage takes --fsdp."""
     from tether.data.records import prompt_rows as prompt_rows_of
     from tether.models.lm import check_lora_reference
     from tether.rewards.functions import load_reward_set
@@ -400,10 +421,16 @@ def start_online(
     if rewards_cfg is not None and not (stand_in_reward or rewards_cfg.has_reward()):
         raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(cfg.model)  # before anything is written
-    if cfg.model.fsdp:
+    if cfg.model.fsdp and not shards:
         raise ConfigError(
-            f"--fsdp: tether {stage} does not shard (it samples with the whole policy on every "
-            "process); its processes are data-parallel replicas. docs/scaling.md says what fits"
+            f"--fsdp: tether {stage} does not shard yet; its processes are data-parallel replicas. "
+            "docs/scaling.md says what fits"
+        )
+    if cfg.model.fsdp and cfg.model.lora_r > 0:
+        raise ConfigError(
+            "--fsdp with LoRA is not built: the adapters and their AdamW states are small (162 M parameters, 2.4 GiB "
+            "for a 7 B model at r = 64), and the frozen bf16 base fits each process whole up to about 32 B (61 GiB); "
+            "train LoRA data-parallel, without --fsdp (docs/scaling.md)"
         )
     for flag, value in (("--model", cfg.model.path), ("--prompts", prompts)):
         if not value:

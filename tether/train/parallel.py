@@ -114,10 +114,14 @@ class DataParallel:
     def sum_gradients(self, params: list[torch.Tensor]) -> None:
         """Σ of each parameter's gradient over processes, in flat all-reduces of up to BUCKET elements. A process
         whose share of the update was empty contributes zeros; a parameter no process gave a gradient keeps none
-        (as on one process, where AdamW then skips it)."""
+        (as on one process, where AdamW then skips it). A sharded parameter (--fsdp) is skipped: its reduce-scatter
+        summed it already (tether/train/sharding.py shard_trained_online)."""
         if not self.active:
             return
         import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in params if not isinstance(p, DTensor)]
 
         had = torch.tensor([0.0 if p.grad is None else 1.0 for p in params], device=self.device)
         dist.all_reduce(had)
@@ -184,6 +188,20 @@ class DataParallel:
         """This process's contiguous part of an update's (global) row indices."""
         start, stop = shard_bounds(len(idx), self.world, self.rank)
         return idx[start:stop]
+
+    def micro_batches(self, idx: torch.Tensor, size: int, lockstep: bool = False) -> list[tuple[torch.Tensor, bool]]:
+        """This process's micro-batches of an update's (global) rows ``idx``: [(rows, real)], its contiguous part cut
+        into ``size`` rows. ``lockstep`` (a sharded model, whose every forward and backward is collective): every
+        process runs as many micro-batches as the process with the largest part (process 0, shard_bounds), a
+        process short of them running the update's first row with real=False — its loss is multiplied by 0, so the
+        collectives run and nothing is learned from it."""
+        local = self.local_part(idx)
+        parts = [(local[i : i + size], True) for i in range(0, len(local), size)]
+        if lockstep and self.active:
+            start, stop = shard_bounds(len(idx), self.world, 0)
+            most = -(-(stop - start) // size)
+            parts += [(idx[:1], False)] * (most - len(parts))
+        return parts
 
     def map_rows(self, fn, rollout, *row_tensors):
         """fn(sub_rollout, *sub_tensors) -> tensor or tuple of (rows, ...) tensors, computed on this process's

@@ -10,9 +10,11 @@ step the stage calls ``weights_updated`` so a backend holding its own copy of th
 from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
+from tether.config import ConfigError
 from tether.models.lm import check_prompt_context, model_context
 from tether.rollout.backends import make_backend, response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
+from tether.train.sharding import copy_gathered
 
 
 class OnlineSampler:
@@ -20,9 +22,28 @@ class OnlineSampler:
     and ``eval_prompts`` (the rendered prompt rows), ``stops`` (the one stop set) and ``agent`` (an AgentSampler
     when agent.env names an environment, else None)."""
 
-    def __init__(self, cfg, tokenizer, policy, rows: list[dict], eval_rows: list[dict], backend=None, reward_set=None):
+    def __init__(
+        self,
+        cfg,
+        tokenizer,
+        policy,
+        rows: list[dict],
+        eval_rows: list[dict],
+        backend=None,
+        reward_set=None,
+        sampling_copy=None,
+    ):
         ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
         self.rollout_cfg = ro
+        # a sharded policy (--fsdp) samples through its ordinary copy (train/sharding.py shard_trained_online)
+        self.sampling_copy = sampling_copy
+        self.sampling_policy = sampling_copy if sampling_copy is not None else policy
+        if sampling_copy is not None and ro.backend != "hf":
+            raise ConfigError(
+                f"--fsdp with rollout.backend={ro.backend}: pushing a sharded policy's weights into the engine is not "
+                "built yet; sample with rollout.backend=hf (each process samples from a gathered copy)"
+            )
+        policy = self.sampling_policy
         self.backend = backend or make_backend(ro, policy, tokenizer)
         self.prompts = render_prompts(tokenizer, rows, ro.prompts)
         self.eval_prompts = render_prompts(tokenizer, eval_rows, ro.eval_prompts) if eval_rows else []
@@ -33,6 +54,12 @@ class OnlineSampler:
         self.agent = (
             AgentSampler(agent_cfg, tokenizer, self.backend, ro, self.stops, rows, reward_set) if episodes else None
         )
+
+    @classmethod
+    def of_stage(cls, cfg, tokenizer, policy, start, backend=None, sampling_copy=None) -> "OnlineSampler":
+        """The sampler of a PPO or group-family stage opened by ``start`` (train/online.py OnlineStart)."""
+        reward_set = start.reward_set if cfg.agent.env else None  # an environment's episodes, scored beside it
+        return cls(cfg, tokenizer, policy, start.prompt_rows, start.eval_rows, backend, reward_set, sampling_copy)
 
     def generate(self, prompt_indices: list[int], seeds: list[int] | None):
         """One response per entry of ``prompt_indices`` (repeat an index for a group)."""
@@ -46,7 +73,11 @@ class OnlineSampler:
         return rollout, scorer(rollout, [rows[i] for i in prompt_indices])
 
     def weights_updated(self, policy) -> None:
-        self.backend.weights_updated(policy)
+        """After an update (every process calls it): a sharded policy's weights are gathered into the copy that
+        samples, and the backend told."""
+        if self.sampling_copy is not None:
+            copy_gathered(policy, self.sampling_copy)
+        self.backend.weights_updated(self.sampling_policy)
 
     def describe(self) -> str:
         """The plan's line: which backend samples, and with what (a stand-in backend may not say)."""

@@ -20,10 +20,14 @@ import torch
 from tether.config import ConfigError
 
 
-def is_sharded(model) -> bool:
+def is_dtensor(tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
-    return any(isinstance(q, DTensor) for q in model.parameters())
+    return isinstance(tensor, DTensor)
+
+
+def is_sharded(model) -> bool:
+    return any(is_dtensor(q) for q in model.parameters())
 
 
 def shard_model(model, accelerator):
@@ -110,14 +114,11 @@ def save_full_model(model, tokenizer, out_dir, accelerator) -> None:
     Hugging Face model (tether's reward model) is written as the model it wraps."""
     from transformers import PreTrainedModel
 
-    inner = (
-        "model"
-        if not isinstance(model, PreTrainedModel) and isinstance(getattr(model, "model", None), PreTrainedModel)
-        else ""
-    )
+    # the Hugging Face model's place inside a wrapper: "model" in a reward model, "rm.model" in PPO's value model
+    inner = next(name for name, module in model.named_modules() if isinstance(module, PreTrainedModel))
     state = full_state_of(model, inner)
     if accelerator.is_main_process:
-        (getattr(model, inner) if inner else model).save_pretrained(str(out_dir), state_dict=state)
+        model.get_submodule(inner).save_pretrained(str(out_dir), state_dict=state)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(out_dir))
 
@@ -140,3 +141,66 @@ def grad_norm_value(norm) -> float:
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     return float(torch.as_tensor(norm))
+
+
+# ------------------------------------------------------------------------------------------ the online stages
+
+
+def shard_trained_online(model, accelerator):
+    """(the policy sharded, an ordinary copy of it that samples) for the online stages' --fsdp.
+
+    The online loop sums gradients over processes under a loss normalised by the whole minibatch's counts
+    (tether/train/parallel.py), so the reduce-scatter sums too (divide factor 1), where the offline stages average.
+    The copy is taken before sharding, so it keeps whatever the model was loaded with (dtype, precision, dropout
+    off); it holds the whole weights on every process for generation, refreshed by ``copy_gathered`` after each
+    update (docs/scaling.md: what it costs and why generation is not sharded)."""
+    plain = sampling_copy_of(model)
+    return shard_summed(model, accelerator), plain
+
+
+def sampling_copy_of(model):
+    """An ordinary, frozen copy of a model about to be sharded, for sampling (refreshed by ``copy_gathered``)."""
+    import copy
+
+    plain = copy.deepcopy(model)
+    for q in plain.parameters():
+        q.requires_grad_(False)
+    return plain
+
+
+def shard_summed(model, accelerator):
+    """shard_model with gradients reduce-scattered as sums (the online loop's contract), not averages."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = shard_model(model, accelerator)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum
+    return model
+
+
+def shard_frozen(model, accelerator):
+    """A frozen model (the reference) sharded like the policy: 1/N of its weights per process, one layer gathered at
+    a time for its forwards. None stays None."""
+    return shard_model(model, accelerator) if model is not None else None
+
+
+@torch.no_grad()
+def copy_gathered(sharded, plain) -> None:
+    """Write a sharded model's current weights into its ordinary copy, one parameter gathered at a time (every
+    process calls it; at most one parameter's whole tensor is in flight beyond the copy itself)."""
+    from torch.distributed.tensor import DTensor
+
+    target = dict(plain.named_parameters())
+    for name, q in sharded.named_parameters():
+        target[name].copy_(q.full_tensor() if isinstance(q, DTensor) else q)
+
+
+def sharding_line(processes: int, reference: bool, *others: str) -> str:
+    """The plan's line for a sharded online stage: the policy, the reference if any, and ``others`` by name."""
+    parts = ["the policy"] + (["the reference"] if reference else []) + [o for o in others if o]
+    return (
+        f"FSDP2 over {processes} processes: {', '.join(parts)} (parameters, gradients, AdamW states: 1/{processes} "
+        "each); every process samples from a gathered copy of the policy's weights"
+    )

@@ -1,0 +1,115 @@
+"""--fsdp for the online stages on two CPU processes (FSDP2 over gloo) against one unsharded process: the same samples,
+scores, advantages and update figures, the same weights after several updates, and an exact resume."""
+
+import time
+
+import pytest
+import torch
+from conftest import assert_same_adamw_weights
+from safetensors.torch import load_file
+from test_online_parallel import (  # noqa: F401 - files is a fixture
+    assert_same_run,
+    files,
+    group_recipe_args,
+    kill_tree,
+    launch,
+    lines,
+    online_dpo_args,
+    ppo_args,
+    weights,
+)
+
+from tether.cli import main as tether_main
+
+FOREACH = ["--adamw", "foreach"]  # sharded parameters cannot take the fused kernel: both sides use the same AdamW
+
+
+def set_flag(args: list[str], flag: str, value: str) -> list[str]:
+    args[args.index(flag) + 1] = value
+    return args
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["grpo", "dapo"])
+def test_sharded_group_recipes_equal_one_unsharded_process(llama_dir, files, tmp_path, recipe):  # noqa: F811
+    """grpo (the reference sharded too: KL in the loss) and dapo (dynamic sampling: rounds split unevenly)."""
+    rules, prompts = files
+    # 8 rows a minibatch over 2 processes in micro-batches of 3: 2 per process, the second short (lock step holds)
+    args = group_recipe_args(llama_dir, rules, prompts, recipe) + FOREACH
+    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
+    plan = " ".join((tmp_path / "two" / "config.yaml").read_text().split())  # YAML folds long lines
+    assert "FSDP2 over 2 processes: the policy" in plan, plan
+    assert ("the policy, the reference" in plan) == (recipe == "grpo"), plan  # dapo has no KL, so no reference
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert len(lines(tmp_path / "two" / "metrics.jsonl")) == 3
+
+
+@pytest.mark.slow
+def test_a_killed_sharded_run_resumes_exactly_and_only_sharded_on_as_many(llama_dir, files, tmp_path, capsys):  # noqa: F811
+    """kill -9 between checkpoints; the resumed run's samples and final weights equal the uninterrupted run's. Each
+    process samples from its own RNG (no --response-seeds): its rng-<rank> file carries it."""
+    rules, prompts = files
+    args = set_flag(group_recipe_args(llama_dir, rules, prompts, "grpo"), "--max-steps", "8") + FOREACH + ["--fsdp"]
+    args.remove("--response-seeds")  # sampled from each process's RNG
+    launch(args + ["--output", str(tmp_path / "whole")])
+    killed = tmp_path / "killed"
+    proc = launch(args + ["--output", str(killed), "--save-every", "2"], wait=False)
+    deadline = time.time() + 300
+    while not (killed / "checkpoint-2").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    kill_tree(proc.pid)
+    proc.wait()
+    assert (killed / "checkpoint-2" / "rng-1.json").is_file() and not (killed / "final").exists()
+
+    # one process cannot take over two processes' RNG states and shares of the prompts
+    assert tether_main(args + ["--output", str(killed), "--save-every", "2", "--resume"]) == 2
+    assert "written by 2 process(es); resume it on 2" in capsys.readouterr().err
+    # unsharded on two: the run's settings differ (its optimizer state is also keyed by parameter name)
+    unsharded = [a for a in args if a != "--fsdp"]
+    proc = launch(unsharded + ["--output", str(killed), "--save-every", "2", "--resume"], wait=False)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "model.fsdp: True -> False" in out, out[-3000:]
+
+    launch(args + ["--output", str(killed), "--save-every", "2", "--resume"])
+    whole, resumed = lines(tmp_path / "whole" / "samples.jsonl"), lines(killed / "samples.jsonl")
+    assert [s["response"] for s in resumed if s["step"] > 2] == [s["response"] for s in whole if s["step"] > 2]
+    w1, w2 = weights(tmp_path / "whole" / "final"), weights(killed / "final")
+    assert sorted(w1) == sorted(w2)
+    for name in w1:  # the same operations in the same order on the same process count: equal to the bit
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["separate", "shared"])
+def test_sharded_ppo_equals_one_unsharded_process(llama_dir, files, tmp_path, layout):  # noqa: F811
+    """separate: policy, reference and critic sharded; shared: policy and reference sharded, the value head (one
+    vector) whole on every process, its gradient summed by the data-parallel all-reduce."""
+    rules, prompts = files
+    # 7 responses in minibatches of 3: the last minibatch has one row, so process 1 runs a lock-step filler
+    args = set_flag(ppo_args(llama_dir, rules, prompts, layout), "--prompts-per-step", "7") + FOREACH
+    args = set_flag(set_flag(args, "--max-steps", "2"), "--eval-every", "2")
+    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
+    plan = " ".join((tmp_path / "two" / "config.yaml").read_text().split())  # YAML folds long lines
+    assert "FSDP2 over 2 processes" in plan and ("the critic" in plan) == (layout == "separate"), plan
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    critic_file = "model.safetensors" if layout == "separate" else "value_head.safetensors"
+    one = load_file(str(tmp_path / "one" / "checkpoint-2" / "critic" / critic_file))
+    two = load_file(str(tmp_path / "two" / "checkpoint-2" / "critic" / critic_file))
+    assert sorted(one) == sorted(two)
+    assert_same_adamw_weights(one, two, 1e-4, 12, "critic")  # --critic-lr 1e-4 (the default), 2 x 2 x 3 updates
+
+
+@pytest.mark.slow
+def test_sharded_online_dpo_equals_one_unsharded_process(llama_dir, files, tmp_path):  # noqa: F811
+    """Each round's pairs sampled from the gathered copy; the update is the offline sharded DPO step."""
+    rules, prompts = files
+    args = online_dpo_args(llama_dir, rules, prompts) + FOREACH
+    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
+    plan = " ".join((tmp_path / "two" / "config.yaml").read_text().split())  # YAML folds long lines
+    assert "sharded over 2 processes (FSDP2)" in plan and "a gathered copy of the sharded policy" in plan, plan
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    r1, r2 = (lines(tmp_path / d / "rounds" / "round-1.jsonl") for d in ("one", "two"))
+    assert r1 == r2 and len(r1) > 0  # the second round was sampled from the updated weights alike

@@ -144,6 +144,23 @@ def test_the_online_stages_refuse_lora_with_fsdp_and_say_why(llama_dir, tmp_path
     assert not (tmp_path / "o").exists()  # refused before the run folder is made
 
 
+@pytest.mark.parametrize(
+    "stage, extra, message",
+    [
+        ("grpo", [], "offload_frozen offloads the shards of a sharded reference: it needs fsdp"),
+        ("dpo", ["--fsdp"], "model.offload_frozen: tether dpo holds no sharded frozen model to offload"),
+    ],
+)
+def test_offloading_the_reference_is_refused_where_nothing_sharded_holds_it(
+    llama_dir, tmp_path, capsys, stage, extra, message
+):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "Q: ", "chosen": "a", "rejected": "b"}])
+    args = [stage, "--model", str(llama_dir), "--offload-frozen", *extra, "--output", str(tmp_path / "o")]
+    args += ["--prompts", str(data), "--reward-model", str(tmp_path)] if stage == "grpo" else ["--data", str(data)]
+    assert tether_main(args) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
 @pytest.mark.parametrize("name", ["cpu.yaml", "multi-gpu.yaml", "multi-node.yaml"])
 def test_shipped_accelerate_configs_are_valid_accelerate_configs(name):
     from accelerate.commands.config.config_args import load_config_from_file

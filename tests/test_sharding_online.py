@@ -30,16 +30,18 @@ def set_flag(args: list[str], flag: str, value: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["grpo", "dapo"])
-def test_sharded_group_recipes_equal_one_unsharded_process(llama_dir, files, tmp_path, recipe):  # noqa: F811
-    """grpo (the reference sharded too: KL in the loss) and dapo (dynamic sampling: rounds split unevenly)."""
+@pytest.mark.parametrize("recipe, offload", [("grpo", False), ("grpo", True), ("dapo", False)])
+def test_sharded_group_recipes_equal_one_unsharded_process(llama_dir, files, tmp_path, recipe, offload):  # noqa: F811
+    """grpo (the reference sharded too: KL in the loss; and its shards offloaded to CPU memory, --offload-frozen)
+    and dapo (dynamic sampling: rounds split unevenly)."""
     rules, prompts = files
     # 8 rows a minibatch over 2 processes in micro-batches of 3: 2 per process, the second short (lock step holds)
     args = group_recipe_args(llama_dir, rules, prompts, recipe) + FOREACH
-    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
+    launch(args + ["--fsdp", "--output", str(tmp_path / "two")] + (["--offload-frozen"] if offload else []))
     plan = " ".join((tmp_path / "two" / "config.yaml").read_text().split())  # YAML folds long lines
     assert "FSDP2 over 2 processes: the policy" in plan, plan
     assert ("the policy, the reference" in plan) == (recipe == "grpo"), plan  # dapo has no KL, so no reference
+    assert ("the reference (its shards in CPU memory)" in plan) == offload, plan
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
     assert len(lines(tmp_path / "two" / "metrics.jsonl")) == 3

@@ -109,9 +109,18 @@ class PolicySection(ModelSection):
         "Regular expression: train only the parameters whose names match it (the rest "
         "frozen); empty trains all. Not with LoRA.",
     )
+    offload_frozen: bool = option(
+        False,
+        "With --fsdp in ppo and grpo: keep the frozen reference's shards in CPU memory, copied to the device "
+        "one layer at a time for its forwards. Off by default: sharded, the reference already costs 1/N of "
+        "its weights per device (1.8 GiB for a 7 B bf16 model on 8 GPUs), and offloading trades that for "
+        "copying the whole reference to the devices at every forward (docs/scaling.md).",
+    )
 
     def check(self):
         super().check()
+        if self.offload_frozen and not self.fsdp:
+            raise ConfigError("offload_frozen offloads the shards of a sharded reference: it needs fsdp (--fsdp)")
         if self.trainable_params and self.lora_r > 0:
             raise ConfigError("trainable_params selects weights to train; with lora_r > 0 the adapters are what trains")
 

@@ -148,6 +148,11 @@ class DPOConfig(StageConfig):
     OLD_FLAGS = {"--online-prompts": "online.prompts"}
 
     def check(self):
+        if self.model.offload_frozen:
+            raise ConfigError(
+                "model.offload_frozen: tether dpo holds no sharded frozen model to offload (its reference "
+                "log-probs are computed before training, or each round, by a whole reference, and cached)"
+            )
         if self.train.micro_batch_tokens and self.model.fsdp and self.dpo.loss in ("kto", "beta_dpo"):
             raise ConfigError(
                 f"dpo.loss={self.dpo.loss} with train.micro_batch_tokens and model.fsdp: the loss's "

@@ -160,7 +160,11 @@ class GroupStage:
             **(self.agent.plan() if self.agent else {}),
             "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
             f"{sum(q.numel() for q in self.policy.parameters()):,}",
-            **({"sharding": sharding_line(self.dp.world, self.reference is not None)} if self.sharded else {}),
+            **(
+                {"sharding": sharding_line(self.dp.world, self.reference is not None, cfg.model.offload_frozen)}
+                if self.sharded
+                else {}
+            ),
         }
 
     def evaluate(self) -> dict:
@@ -427,7 +431,7 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
     sampling_copy = None
     if cfg.model.fsdp and start.accelerator.num_processes > 1:
         policy, sampling_copy = shard_trained_online(policy, start.accelerator)
-        reference = shard_frozen(reference, start.accelerator)
+        reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))

@@ -135,7 +135,11 @@ class PPOStage:
             **(self.agent.plan() if self.agent else {}),
             "learning rate": f"{cfg.optim.lr:g} policy, {cfg.critic.lr:g} critic ({cfg.optim.lr_schedule})",
             "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic),
-            **({"sharding": sharding_line(self.dp.world, True, self.critic_layout_sharded)} if self.sharded else {}),
+            **(
+                {"sharding": sharding_line(self.dp.world, True, cfg.model.offload_frozen, self.critic_layout_sharded)}
+                if self.sharded
+                else {}
+            ),
         }
 
     @property
@@ -454,7 +458,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     sampling_copy = None
     if cfg.model.fsdp and start.accelerator.num_processes > 1:  # the shared head stays whole: it is one vector
         policy, sampling_copy = shard_trained_online(policy, start.accelerator)
-        reference = shard_frozen(reference, start.accelerator)
+        reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
         if not isinstance(critic, SharedValueHead):
             critic = shard_summed(critic, start.accelerator)
     score = None

@@ -30,8 +30,9 @@ def is_sharded(model) -> bool:
     return any(is_dtensor(q) for q in model.parameters())
 
 
-def shard_model(model, accelerator):
-    """fully_shard every decoder layer, then the whole model; returns it (on one process: unchanged)."""
+def shard_model(model, accelerator, **options):
+    """fully_shard every decoder layer, then the whole model; returns it (on one process: unchanged). ``options``
+    go to every fully_shard call (an offload policy)."""
     if accelerator.num_processes == 1:
         return model
     from torch.distributed.fsdp import fully_shard
@@ -51,8 +52,8 @@ def shard_model(model, accelerator):
             "(_no_split_modules) to shard by"
         )
     for layer in layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
     return model
 
 
@@ -180,10 +181,19 @@ def shard_summed(model, accelerator):
     return model
 
 
-def shard_frozen(model, accelerator):
+def shard_frozen(model, accelerator, offload: bool = False):
     """A frozen model (the reference) sharded like the policy: 1/N of its weights per process, one layer gathered at
-    a time for its forwards. None stays None."""
-    return shard_model(model, accelerator) if model is not None else None
+    a time for its forwards; ``offload`` (--offload-frozen): its shards kept in CPU memory and copied to the device
+    for each layer's forward (FSDP2's CPUOffloadPolicy). None stays None."""
+    if model is None:
+        return None
+    if not offload:
+        return shard_model(model, accelerator)
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    # pinned host memory speeds the copies on a GPU; a CPU run has no device to copy to
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    return shard_model(model, accelerator, offload_policy=policy)
 
 
 @torch.no_grad()
@@ -197,9 +207,11 @@ def copy_gathered(sharded, plain) -> None:
         target[name].copy_(q.full_tensor() if isinstance(q, DTensor) else q)
 
 
-def sharding_line(processes: int, reference: bool, *others: str) -> str:
-    """The plan's line for a sharded online stage: the policy, the reference if any, and ``others`` by name."""
-    parts = ["the policy"] + (["the reference"] if reference else []) + [o for o in others if o]
+def sharding_line(processes: int, reference: bool, offloaded: bool, *others: str) -> str:
+    """The plan's line for a sharded online stage: the policy, the reference if any (offloaded or not), and
+    ``others`` by name."""
+    frozen = ["the reference" + (" (its shards in CPU memory)" if offloaded else "")] if reference else []
+    parts = ["the policy"] + frozen + [o for o in others if o]
     return (
         f"FSDP2 over {processes} processes: {', '.join(parts)} (parameters, gradients, AdamW states: 1/{processes} "
         "each); every process samples from a gathered copy of the policy's weights"

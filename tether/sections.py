@@ -113,8 +113,8 @@ class PolicySection(ModelSection):
         False,
         "With --fsdp in ppo and grpo: keep the frozen reference's shards in CPU memory, copied to the device "
         "one layer at a time for its forwards. Off by default: sharded, the reference already costs 1/N of "
-        "its weights per device (1.8 GiB for a 7 B bf16 model on 8 GPUs), and offloading trades that for "
-        "copying the whole reference to the devices at every forward (docs/scaling.md).",
+        "its weights per device (1.8 GiB for a 7 B bf16 model on 8 GPUs), which is all offloading saves, "
+        "for a copy from host memory at every reference forward (docs/scaling.md).",
     )
 
     def check(self):

@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scaling import tether  # noqa: E402 - the shared launcher of this folder's benchmarks
 
-SIZES = {  # name: build_tiny_model dimensions
-    "34 M (d 512, 8 layers)": dict(hidden=512, layers=8, heads=8, max_positions=512),
-    "201 M (d 1024, 16 layers)": dict(hidden=1024, layers=16, heads=16, max_positions=512),
+SIZES = {  # name: build_tiny_model dimensions (random Llama models)
+    "34M": dict(hidden=512, layers=8, heads=8, max_positions=512),
+    "201M": dict(hidden=1024, layers=16, heads=16, max_positions=512),
 }
 
 
@@ -62,7 +62,7 @@ def main() -> None:
     world = lab / "world"
     results = []
     for size in args.sizes.split(","):
-        model = model_of(lab, out / f"model-{size.split()[0]}M", SIZES[size])
+        model = model_of(lab, out / f"model-{size}", SIZES[size])
         params = _total(model)
         common = [
             "--model",
@@ -97,14 +97,15 @@ def main() -> None:
                 ("2 processes", 2, []),
                 ("2 processes --fsdp", 2, ["--fsdp"]),
             ):
-                run = out / f"{stage}-{size.split()[0]}M-{layout.replace(' ', '-').replace('--', '')}"
+                run = out / f"{stage}-{size}-{layout.replace(' ', '-').replace('--', '')}"
                 summary = tether(command + extra, n, run, run.with_suffix(".log"))
                 row = {
                     "model": size,
                     "parameters": params,
                     "stage": stage,
                     "layout": layout,
-                    "peak_rss_mib": summary["peak_memory"]["rss_mib"],
+                    "peak_rss_mib_training": summary["peak_memory"]["before_final_save"]["rss_mib"],
+                    "peak_rss_mib_with_checkpoint": summary["peak_memory"]["rss_mib"],
                     "state_arithmetic_mib": round(state_mib(params, stage, n, bool(extra)), 1),
                 }
                 results.append(row)

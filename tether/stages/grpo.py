@@ -422,15 +422,20 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
     check_episodes(cfg.agent, tokenizer, start.prompt_rows)
-    policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
-    reference = load_reference(cfg.model, tokenizer, device) if cfg.needs_reference() else None
+    # --fsdp: loaded in CPU memory and sharded from there (fully_shard moves one layer at a time to the device), so
+    # no device holds a whole trained model beside its sampling copy
+    sharded = cfg.model.fsdp and start.accelerator.num_processes > 1
+    policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint)
+    policy = policy if sharded else policy.to(device)
+    reference = load_reference(cfg.model, tokenizer, None if sharded else device) if cfg.needs_reference() else None
     if cfg.model.padding_free:  # the log-prob forwards lay the rollout's rows end to end
         check_position_restarts(policy, cfg.model.path)
         if reference is not None and cfg.model.reference:
             check_position_restarts(reference, cfg.model.reference)
     sampling_copy = None
-    if cfg.model.fsdp and start.accelerator.num_processes > 1:
+    if sharded:
         policy, sampling_copy = shard_trained_online(policy, start.accelerator)
+        sampling_copy = sampling_copy.to(device)
         reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)

@@ -446,9 +446,15 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)
     check_episodes(cfg.agent, tokenizer, start.prompt_rows)
-    policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint).to(device)
-    reference = load_reference(cfg.model, tokenizer, device)
-    critic = load_critic(cfg, tokenizer, policy, start.checkpoint).to(device)
+    # --fsdp: loaded in CPU memory and sharded from there (fully_shard moves one layer at a time to the device), so
+    # no device holds a whole trained model beside its sampling copy
+    sharded = cfg.model.fsdp and start.accelerator.num_processes > 1
+    policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint)
+    policy = policy if sharded else policy.to(device)
+    reference = load_reference(cfg.model, tokenizer, None if sharded else device)
+    critic = load_critic(cfg, tokenizer, policy, start.checkpoint)
+    # a shared head is moved alone (the policy is not its submodule); a separate critic sharded from CPU memory
+    critic = critic.to(device) if not sharded or isinstance(critic, SharedValueHead) else critic
     if cfg.model.padding_free:  # the log-prob and value forwards lay the rollout's rows end to end
         check_position_restarts(policy, cfg.model.path)
         if cfg.model.reference:
@@ -456,8 +462,9 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
         if not isinstance(critic, SharedValueHead):
             check_position_restarts(critic.rm, cfg.critic.path or cfg.rewards.reward_model or cfg.model.path)
     sampling_copy = None
-    if cfg.model.fsdp and start.accelerator.num_processes > 1:  # the shared head stays whole: it is one vector
+    if sharded:  # the shared head stays whole: it is one vector
         policy, sampling_copy = shard_trained_online(policy, start.accelerator)
+        sampling_copy = sampling_copy.to(device)
         reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
         if not isinstance(critic, SharedValueHead):
             critic = shard_summed(critic, start.accelerator)

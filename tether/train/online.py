@@ -338,6 +338,7 @@ def run_online(
     )
     baseline = run.evaluate_or_stop(0) if start_step == 0 else {}
     monitor, stopped_at, warned_truncation = RunMonitor(out, schedule.stop_on_alarm), None, -10
+    trained_peak = None
     try:
         for step in range(start_step, schedule.total_steps):
             before = run.snapshot()
@@ -364,6 +365,8 @@ def run_online(
                 run.write_samples(samples)
             # reward-hacking alarms on everything written so far (by process 0, which tells the others)
             stop = run.dp.broadcast_flag(monitor.check() if accelerator.is_main_process else False)
+            if done == schedule.total_steps or stop:  # the training's peak, before the last checkpoint's gathers
+                trained_peak = peak_memory(accelerator)
             if schedule.save_at(done) or stop:
                 run.save(done)
             if stop:
@@ -375,6 +378,8 @@ def run_online(
         if run.scorer is not None:
             run.scorer.close()
     summary = _summary(run, stage, schedule, out, start_step, stopped_at, t_start, accelerator)
+    if trained_peak is not None:
+        summary["peak_memory"]["before_final_save"] = trained_peak
     if accelerator.is_main_process:
         # LoRA merged; a sharded policy's gathered copy, current since the last update
         write_atomically(lambda tmp: save_merged(stage.sampling_policy, stage.tokenizer, tmp), out / "final")

@@ -43,6 +43,7 @@ LONGEST_FIRST = (
     "test_vllm.py",
     "test_kill_anywhere.py",
     "test_online_parallel.py",
+    "test_sharding_online.py",
     "test_sharding.py",
     "test_multiprocess.py",
 )

@@ -547,13 +547,7 @@ def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, fil
         "1",
     ]
     launch(args + ["--output", str(tmp_path / "whole")])
-    killed = tmp_path / "killed"
-    proc = launch(args + ["--output", str(killed), "--save-every", "2"], wait=False)
-    deadline = time.time() + 300
-    while not (killed / "checkpoint-2").is_dir() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    kill_tree(proc.pid)
-    proc.wait()
+    killed = kill_after_checkpoint(args, tmp_path / "killed", 2)
     assert (killed / "checkpoint-2" / "rng-0.json").is_file() and (killed / "checkpoint-2" / "rng-1.json").is_file()
     assert not (killed / "final").exists()
 
@@ -567,6 +561,18 @@ def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, fil
     w1, w2 = weights(tmp_path / "whole" / "final"), weights(killed / "final")
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def kill_after_checkpoint(args: list[str], out, step: int):
+    """Launch ``args`` on 2 processes saving every ``step`` steps into ``out``, SIGKILL them all once
+    checkpoint-<step> exists; returns ``out``."""
+    proc = launch(args + ["--output", str(out), "--save-every", str(step)], wait=False)
+    deadline = time.time() + 300
+    while not (out / f"checkpoint-{step}").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    kill_tree(proc.pid)
+    proc.wait()
+    return out
 
 
 def test_shares_are_contiguous_and_cover_every_item_once():

@@ -1,8 +1,6 @@
 """--fsdp for the online stages on two CPU processes (FSDP2 over gloo) against one unsharded process: the same samples,
 scores, advantages and update figures, the same weights after several updates, and an exact resume."""
 
-import time
-
 import pytest
 import torch
 from conftest import assert_same_adamw_weights
@@ -11,7 +9,7 @@ from test_online_parallel import (  # noqa: F401 - files is a fixture
     assert_same_run,
     files,
     group_recipe_args,
-    kill_tree,
+    kill_after_checkpoint,
     launch,
     lines,
     online_dpo_args,
@@ -52,16 +50,10 @@ def test_a_killed_sharded_run_resumes_exactly_and_only_sharded_on_as_many(llama_
     """kill -9 between checkpoints; the resumed run's samples and final weights equal the uninterrupted run's. Each
     process samples from its own RNG (no --response-seeds): its rng-<rank> file carries it."""
     rules, prompts = files
-    args = set_flag(group_recipe_args(llama_dir, rules, prompts, "grpo"), "--max-steps", "8") + FOREACH + ["--fsdp"]
+    args = set_flag(group_recipe_args(llama_dir, rules, prompts, "grpo"), "--max-steps", "6") + FOREACH + ["--fsdp"]
     args.remove("--response-seeds")  # sampled from each process's RNG
     launch(args + ["--output", str(tmp_path / "whole")])
-    killed = tmp_path / "killed"
-    proc = launch(args + ["--output", str(killed), "--save-every", "2"], wait=False)
-    deadline = time.time() + 300
-    while not (killed / "checkpoint-2").is_dir() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    kill_tree(proc.pid)
-    proc.wait()
+    killed = kill_after_checkpoint(args, tmp_path / "killed", 2)
     assert (killed / "checkpoint-2" / "rng-1.json").is_file() and not (killed / "final").exists()
 
     # one process cannot take over two processes' RNG states and shares of the prompts

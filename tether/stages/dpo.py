@@ -703,14 +703,7 @@ def run_dpo(cfg: DPOConfig, evaluate_fn=None) -> dict:
 def _run_online(cfg: DPOConfig, evaluate_fn) -> dict:
     data = _load_data(cfg)
     start = start_online(
-        "dpo --online",
-        cfg,
-        cfg.total_steps_online,
-        cfg.rewards,
-        cfg.rollout.prompts,
-        "",
-        stand_in_reward=bool(cfg.online.judge),
-        shards=True,
+        cfg, cfg.total_steps_online, cfg.rewards, cfg.rollout.prompts, "", stand_in_reward=bool(cfg.online.judge)
     )
     setup = _setup(cfg, data, start.accelerator, start.config, start.start_step, start.checkpoint)
     labeller = PairLabeller(cfg, setup.tokenizer, start.reward_set, start.accelerator.device)

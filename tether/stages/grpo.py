@@ -410,14 +410,12 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
     dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation; ``backend(policy, tokenizer) ->
     GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
     start = start_online(
-        "grpo",
         cfg,
         cfg.train.max_steps,
         cfg.rewards if not cfg.agent.env or cfg.rewards.reward else None,  # beside --env: functions on the answer
         cfg.rollout.prompts,
         cfg.rollout.eval_prompts,
         stand_in_reward=scorer is not None,
-        shards=True,
     )
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)

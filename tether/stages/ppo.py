@@ -434,14 +434,12 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation; ``backend(policy,
     tokenizer) -> GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
     start = start_online(
-        "ppo",
         cfg,
         cfg.train.max_steps,
         cfg.rewards if not cfg.agent.env or cfg.rewards.reward else None,  # beside --env: functions on the answer
         cfg.rollout.prompts,
         cfg.rollout.eval_prompts,
         stand_in_reward=scorer is not None,
-        shards=True,
     )
     device = start.accelerator.device
     tokenizer = load_stage_tokenizer(cfg.model)

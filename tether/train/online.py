@@ -407,17 +407,10 @@ class OnlineStart:
 
 
 def start_online(
-    stage: str,
-    cfg,
-    total_steps: int,
-    rewards_cfg,
-    prompts: str,
-    eval_prompts: str,
-    stand_in_reward: bool = False,
-    shards: bool = False,
+    cfg, total_steps: int, rewards_cfg, prompts: str, eval_prompts: str, stand_in_reward: bool = False
 ) -> OnlineStart:
     """Checks and set-up shared by the online stages: required inputs, a reward, the run folder (new, --overwrite
-    or --resume), the seeds, the prompt files and the reward functions. ``shards``: the stage takes --fsdp."""
+    or --resume), the seeds, the prompt files and the reward functions."""
     from tether.data.records import prompt_rows as prompt_rows_of
     from tether.models.lm import check_lora_reference
     from tether.rewards.functions import load_reward_set
@@ -426,11 +419,6 @@ def start_online(
     if rewards_cfg is not None and not (stand_in_reward or rewards_cfg.has_reward()):
         raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(cfg.model)  # before anything is written
-    if cfg.model.fsdp and not shards:
-        raise ConfigError(
-            f"--fsdp: tether {stage} does not shard yet; its processes are data-parallel replicas. "
-            "docs/scaling.md says what fits"
-        )
     if cfg.model.fsdp and cfg.model.lora_r > 0:
         raise ConfigError(
             "--fsdp with LoRA is not built: the adapters and their AdamW states are small (162 M parameters, 2.4 GiB "

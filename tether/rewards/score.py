@@ -160,10 +160,11 @@ class Scorer:
         if self.process_model is not None:
             steps, total = self._process_model_part(rollout, parts, steps, total)
         if self.overlong_cache:
-            parts["overlong"] = overlong_penalty(rollout.lengths, self.max_new_tokens, self.overlong_cache)
+            # scores live on the CPU; the rollout may live on the device
+            parts["overlong"] = overlong_penalty(rollout.lengths.cpu(), self.max_new_tokens, self.overlong_cache)
             total += parts["overlong"]
         if self.cfg.penalize_truncated:
-            total = truncation_penalty(total, rollout.truncated, self.cfg.truncation_penalty)
+            total = truncation_penalty(total, rollout.truncated.cpu(), self.cfg.truncation_penalty)
         total = clip_scores(total, self.cfg.reward_clip)
         return Scores(total, parts, steps, has_outcome=steps is None or len(parts) > 1)
 

@@ -286,7 +286,7 @@ class GroupStage:
                     reshard(model)
         advantages = token_advantages(
             a.advantage,
-            exp.scores.total,
+            exp.scores.total.to(mask.device),  # scores are computed on the CPU, the rollout lives on the device
             mask,
             self.cfg.rollout.group_size,
             kl_reward,
@@ -298,7 +298,7 @@ class GroupStage:
             process = (
                 process_token_advantages(
                     exp, self.tokenizer, self.cfg.rewards.step_pattern, self.cfg.rollout.group_size
-                )
+                ).to(mask.device)
                 * mask
             )
             advantages = advantages + process if exp.scores.has_outcome else process

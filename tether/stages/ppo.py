@@ -218,14 +218,15 @@ class PPOStage:
         mask = rollout.response_mask
         exp.measure_sampler(exp.old_logprobs, self.cfg.rollout.tis_cap)
         exp.kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, a.kl_estimator) * mask
-        token_rewards = kl_penalty_rewards(exp.scores.total, exp.kl, mask, self.kl_coef)
+        # scores are computed on the CPU, the rollout lives on the device
+        token_rewards = kl_penalty_rewards(exp.scores.total.to(mask.device), exp.kl, mask, self.kl_coef)
         if rollout.response_attention is None:
             exp.advantages, exp.returns = gae_advantages(token_rewards, exp.values, mask, a.gamma, a.lam)
         else:  # multi-turn: each turn's reward on its last token; GAE over the policy's tokens, run together
             if exp.scores.step_scores is not None:
                 token_rewards = token_rewards + turn_rewards(
                     exp.scores.step_scores, exp.scores.step_ends, mask.shape[1]
-                )
+                ).to(mask.device)
             rewards, actions = compact_actions(token_rewards, mask)
             values, _ = compact_actions(exp.values, mask)
             advantages, returns = gae_advantages(rewards, values, actions, a.gamma, a.lam)

@@ -339,6 +339,40 @@ def wrong_count(prompts, first, second, **_):
 """
 
 
+def test_a_round_drops_pairs_with_an_empty_answer_and_counts_them(llama_dir, tokenizer, tmp_path):
+    """An answer that is only its stop token (vLLM samples one now and then) has no text for the round's pairs file:
+    its pair is dropped and counted as "empty", beside ties, identical and truncated pairs."""
+    from tether.rollout.batch import Rollout
+    from tether.rollout.prompts import response_mask_from_stops
+    from tether.stages.dpo import sample_round_pairs
+
+    answers = ["a a", "", "b", "b", "a", "c", "  ", "a"]  # per prompt: empty, identical, a pair, blank
+
+    class Answers:
+        def generate(self, prompts, sampling, stop_ids, seeds=None):
+            ids = [tokenizer(a, add_special_tokens=False)["input_ids"] + [stop_ids[0]] for a in answers]
+            width = max(map(len, ids))
+            response = torch.tensor([x + [stop_ids[0]] * (width - len(x)) for x in ids])
+            mask, truncated = response_mask_from_stops(response, stop_ids)
+            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            return Rollout(enc["input_ids"], enc["attention_mask"], response, mask, truncated, prompts, answers)
+
+    def more_a(rows, rollout):
+        n = [r.count("a") for r in rollout.responses]
+        pref = [1.0 if x > y else 0.0 if x < y else 0.5 for x, y in zip(n[0::2], n[1::2])]
+        return pref, [float(x) for x in n]
+
+    judge = tmp_path / "judge.py"
+    judge.write_text(JUDGE)
+    over = {"data.path": "", "online.online": True, "rollout.prompts": "x.jsonl", "online.judge": f"{judge}:more_a"}
+    cfg = _cfg(llama_dir, "", tmp_path, **over)  # the judge named; the labeller below is the same rule in-process
+    rows = [{"prompt": w} for w in ("one", "two", "three", "four")]
+    stops = [tokenizer.eos_token_id]
+    pairs, counts, samples = sample_round_pairs(Answers(), tokenizer, stops, rows, more_a, cfg, 0, 1)
+    assert counts == {"prompts": 4, "ties": 0, "truncated": 0, "identical": 1, "empty": 2, "pairs": 1}
+    assert [(p["chosen"], p["rejected"]) for p in pairs] == [("a", "c")] and len(samples) == 8
+
+
 def test_online_rounds_sample_label_train_and_resume(llama_dir, tmp_path, monkeypatch):
     judge = tmp_path / "judge.py"
     judge.write_text(JUDGE)

@@ -66,7 +66,12 @@ def test_bf16_autocast_keeps_fp32_weights_and_fp32_logprobs(llama_dir):
         assert model(input_ids=rollout.prompt_ids).logits.dtype == torch.bfloat16  # the forwards really autocast
 
 
-RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
+RULES = (
+    "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
+    # online DPO's labeller: two different answers score apart whatever the sampler drew (count_a ties often, and
+    # a round with every pair tied has nothing to train on)
+    "def text_code(completions):\n    return [float(sum((i + 1) * ord(ch) for i, ch in enumerate(c))) for c in completions]\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +112,12 @@ def stage_args(stage, model, files):
         "dpo-online": [
             "dpo",
             "--online",
-            *online,
+            *online[:2],
+            "--reward",
+            f"{rules}:text_code",
+            "--prompts-per-step",
+            "4",
+            *online[6:],
             "--rounds",
             "1",
             "--steps-per-round",

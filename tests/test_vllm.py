@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from conftest import write_jsonl
 from safetensors.torch import load_file
 
@@ -400,6 +401,43 @@ def test_two_processes_each_with_an_engine_equal_one(one_process_run, tmp_path):
     args, one = one_process_run
     launch(args + ["--output", str(tmp_path / "two"), "--save-every", "1"])
     assert_same_run(one, tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_two_sharded_processes_push_gathered_weights_and_equal_one(one_process_run, tmp_path):
+    """--fsdp on the vLLM backend: the policy sharded, no gathered copy kept; after each update every process writes
+    its engine's weights file one all-gathered parameter at a time. The run is the 1-process run (samples, scores,
+    update figures, weights), and final/ is the sharded policy gathered."""
+    from test_online_parallel import assert_same_run, launch
+
+    args, one = one_process_run
+    two = tmp_path / "two"
+    launch(args + ["--output", str(two), "--save-every", "1", "--fsdp"])
+    assert_same_run(one, two)
+    plan = yaml.safe_load((two / "config.yaml").read_text())["plan"]
+    assert plan["sharding"].endswith(
+        "every process's engine is pushed the policy's weights gathered one parameter at a time"
+    )
+    assert "gathered one parameter at a time" in plan["generation"] and "gathered copy" not in str(plan)
+
+
+def test_the_weights_file_is_a_safetensors_file_of_the_policy(tmp_path, tokenizer):
+    """The engine's weights file, written a tensor at a time with its own header: safetensors reads it back as the
+    model's state dict, tied weights under both names, in float32 and bfloat16 alike (no engine needed)."""
+    from safetensors import safe_open
+
+    from tether.rollout.vllm_backend import _write_weights
+
+    folder = build_tiny_model("qwen2", tokenizer, tmp_path / "qwen2", seed=1, hidden=64, layers=1, heads=2)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = load_model(folder).to(dtype)
+        _write_weights(model, tmp_path)
+        back, state = load_file(str(tmp_path / "model.safetensors")), model.state_dict()
+        assert back.keys() == state.keys()
+        assert all(back[k].dtype == dtype and torch.equal(back[k], state[k]) for k in state)
+        with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+            assert f.metadata() == {"format": "pt"}
+    assert model.config.tie_word_embeddings and "lm_head.weight" in back
 
 
 def test_without_vllm_the_config_says_how_to_install_it(model_dir, monkeypatch):

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from tether.errors import ConfigError
-from tether.models.lm import checkpoint_weights, model_context
+from tether.models.lm import checkpoint_weights, gathered, is_sharded, model_context
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.prompts import response_mask_from_stops
 from tether.sections import VLLM_INSTALL as INSTALL
@@ -65,19 +65,56 @@ def kv_cache_bytes(config, rows: int, context: int, dtype: torch.dtype, gib: flo
     return max(min(per_token * context * max(rows, 1), int(KV_AUTO_CAP_GIB * 2**30)), one_sequence)
 
 
+SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+@torch.no_grad()
 def _write_weights(policy, folder: Path) -> None:
     """The policy's checkpoint-format weights as folder/model.safetensors, replaced atomically (the engine never
-    reads half a file). Tensors sharing memory (tied embeddings) are written once each, as copies."""
-    from safetensors.torch import save_file
+    reads half a file). The file is written one tensor at a time: its header first (names, dtypes, shapes and byte
+    ranges are known without the data), then each tensor's bytes, so at most one whole tensor is held beyond the
+    model. A sharded policy (--fsdp) has each parameter all-gathered as it is written: every process calls this, in
+    the same order, and no process ever holds the whole model gathered. Tied weights are written under each name."""
+    import struct
 
-    seen, tensors = set(), {}
-    for name, t in checkpoint_weights(policy).items():
-        t = t.detach()
-        tensors[name] = t.clone() if t.data_ptr() in seen else t.contiguous()
-        seen.add(t.data_ptr())
+    weights = checkpoint_weights(policy)
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, t in weights.items():
+        if t.dtype not in SAFETENSORS_DTYPES:
+            raise ConfigError(f"the vLLM backend cannot write {name} of dtype {t.dtype}")
+        size = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors' own writer does it
     tmp = folder / "model.safetensors.tmp"
-    save_file({k: v.cpu() for k, v in tensors.items()}, str(tmp))
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for t in weights.values():
+            whole = gathered(t.detach()).cpu().contiguous()
+            f.write(whole.reshape(-1).view(torch.uint8).numpy())
     os.replace(tmp, folder / "model.safetensors")
+
+
+def _architecture(model) -> str:
+    """The Hugging Face class name of ``model`` (FSDP2 wraps a sharded model in a subclass named FSDP<class>)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c.__name__ for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
 def _model_folder(policy) -> Path:
@@ -88,7 +125,7 @@ def _model_folder(policy) -> Path:
     )
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     config = base.config.to_dict()
-    config["architectures"] = [type(base).__name__]
+    config["architectures"] = [_architecture(base)]
     (folder / "config.json").write_text(json.dumps(config, indent=1, default=str))
     _write_weights(policy, folder)
     return folder
@@ -255,6 +292,10 @@ class VLLMBackend:
             "gpu_share": float(getattr(settings, "vllm_gpu_memory_utilization", 0.3)),
         }
         self.sleep, self.asleep, self.stale = key["sleep"], False, True  # a reused engine holds another run's weights
+        # --fsdp: writing the weights gathers each parameter, a collective every process joins, so it happens in
+        # weights_updated, which every process calls after an update; the reload (its own engine's) stays lazy
+        self.sharded = is_sharded(model)
+        self.written = False  # the folder's file holds the current weights
         if not _reusable(_ENGINE.get("key"), key):
             _shutdown(_ENGINE)
             _ENGINE.clear()
@@ -268,31 +309,40 @@ class VLLMBackend:
                 _shutdown({"folder": folder})
                 raise
             _ENGINE.update(key=key, folder=folder, llm=llm)
+            self.written = True
             started = [p.pid for p in multiprocessing.active_children() if p.pid not in before]
             _ENGINE["watchdog"] = _watch(started)
             atexit.unregister(_shutdown_at_exit)
             atexit.register(_shutdown_at_exit)
         self.llm, self.folder = _ENGINE["llm"], Path(_ENGINE["folder"])
         self.kv_bytes = _ENGINE["key"]["kv_bytes"]
+        if self.sharded and not self.written:
+            self.weights_updated(model)
 
     def describe(self) -> str:
         return (
             f"vLLM {vllm_version()}, one engine per process, {self.kv_bytes / 2**20:,.0f} MiB of KV cache; "
             "weights reloaded after every step"
+            + (" (the sharded policy's, gathered one parameter at a time)" if self.sharded else "")
         )
 
     def weights_updated(self, policy) -> None:
         """The policy changed: its weights go into the engine before the next generation (a step that samples
-        nothing, e.g. the last, pushes nothing)."""
-        self.model, self.stale = policy, True
+        nothing, e.g. the last, pushes nothing). A sharded policy's are written now (every process calls this)."""
+        self.model, self.stale, self.written = policy, True, False
+        if self.sharded:
+            _write_weights(policy, self.folder)
+            self.written = True
 
     def push_weights(self) -> None:
-        """Write the policy's weights to shared memory, reload them in the engine in place, drop the prefix cache
-        (its keys and values were computed with the old weights)."""
+        """Write the policy's weights to shared memory (unless written already), reload them in the engine in place,
+        drop the prefix cache (its keys and values were computed with the old weights)."""
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
-        _write_weights(self.model, self.folder)
+        if not self.written:
+            _write_weights(self.model, self.folder)
+            self.written = True
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_path": str(self.folder), "is_checkpoint_format": True}
         )

@@ -55,7 +55,8 @@ from tether.train.offline_run import offline_logger, plan_steps, prepare_trained
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel
 from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
-from tether.train.sharding import copy_gathered, is_sharded, sampling_copy_of
+from tether.train.sampling import weights_updated
+from tether.train.sharding import is_sharded, sampling_copy_of
 
 
 class DPOObjective:
@@ -290,10 +291,10 @@ def sample_round_pairs(
     step: int,
     positions: list[int] | None = None,
 ):
-    """Two answers per prompt from the current policy, labelled; ties, identical and (unless keep_truncated)
-    truncated answers dropped and counted. Returns (pairs, counts, SampleRecords of every answer). ``positions``:
+    """Two answers per prompt from the current policy, labelled; ties, identical answers, empty ones and (unless
+    keep_truncated) truncated ones dropped with their pair and counted. Returns (pairs, counts, SampleRecords of every answer). ``positions``:
     the prompts' places in the prompt stream, which seed each answer when rollout.response_seeds is on."""
-    counts = {"prompts": len(rows), "ties": 0, "truncated": 0, "identical": 0, "pairs": 0}
+    counts = {"prompts": len(rows), "ties": 0, "truncated": 0, "identical": 0, "empty": 0, "pairs": 0}
     if not rows:  # a process whose share of a small round is empty
         return [], counts, []
     torch.manual_seed(seed)
@@ -313,6 +314,9 @@ def sample_round_pairs(
         reason = (
             "truncated"
             if not cfg.online.keep_truncated and (truncated[2 * i] or truncated[2 * i + 1])
+            # an answer that is only its stop (or blanks) has no text a pairs file can hold
+            else "empty"
+            if not first.strip() or not second.strip()
             else "identical"
             if first.strip() == second.strip()
             else "ties"
@@ -345,13 +349,9 @@ class OnlineDPOStage:
         self.cfg, self.setup, self.labeller, self.prompt_rows = cfg, setup, labeller, prompt_rows
         self.policy, self.tokenizer = setup.unwrapped, setup.tokenizer
         self.dp = DataParallel(setup.accelerator)
-        # --fsdp: the pairs are sampled from an ordinary copy of the sharded policy (train/sharding.py)
+        # --fsdp: the pairs are sampled from an ordinary copy of the sharded policy (the hf backend), or by an
+        # engine pushed the gathered weights (train/sharding.py)
         self.sampling_policy = setup.sampling_copy if setup.sampling_copy is not None else self.policy
-        if setup.sampling_copy is not None and cfg.rollout.backend != "hf":
-            raise ConfigError(
-                f"--fsdp with rollout.backend={cfg.rollout.backend}: pushing a sharded policy's weights into the "
-                "engine is not built yet; sample with rollout.backend=hf (each process samples from a gathered copy)"
-            )
         self.backend = make_backend(cfg.rollout, self.sampling_policy, self.tokenizer)  # rollout.backend
         self.stops = stop_token_ids(self.tokenizer, self.sampling_policy)
         self.optimizer, self.scheduler = setup.optimizer, setup.scheduler
@@ -411,7 +411,8 @@ class OnlineDPOStage:
             self.rounds.append({"round": rnd, **counts})
             console.print(
                 f"online round {rnd}: {counts['pairs']} pairs from {counts['prompts']} prompts (dropped: "
-                f"{counts['ties']} ties, {counts['identical']} identical, {counts['truncated']} truncated)"
+                f"{counts['ties']} ties, {counts['identical']} identical, {counts['truncated']} truncated, "
+                f"{counts['empty']} with an empty answer)"
             )
         self.examples, _ = tokenize_policy_preferences(
             read_records(path), self.tokenizer, length_limit(cfg.data.max_length, cfg.model.path), False, str(path)
@@ -454,9 +455,7 @@ class OnlineDPOStage:
         samples = self._start_round(rnd, step) if rnd != self.round else []
         t1 = time.perf_counter()
         metrics = _offline_step(self.setup, self.cfg, self.examples, self.round_order, step)
-        if self.setup.sampling_copy is not None:
-            copy_gathered(self.policy, self.setup.sampling_copy)
-        self.backend.weights_updated(self.sampling_policy)
+        weights_updated(self.backend, self.policy, self.setup.sampling_copy)
         elapsed = time.perf_counter() - t1
         metrics.update(
             {
@@ -579,7 +578,9 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
             if len(used) < len(train) + len(evals):
                 source += f" for the {len(used) - len(evals)} of {len(train)} training examples the run's steps visit"
     sharded = cfg.model.fsdp and accelerator.num_processes > 1
-    sampling_copy = sampling_copy_of(model) if cfg.online.online and sharded else None
+    # the hf backend samples from a copy; an engine (vllm) is pushed the sharded weights gathered
+    gathered_copy = cfg.online.online and sharded and cfg.rollout.backend == "hf"
+    sampling_copy = sampling_copy_of(model) if gathered_copy else None
     # the optimizer's state is restored by the offline and online loops' own resume (_run_offline, run_online)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, None)
     return DPOSetup(

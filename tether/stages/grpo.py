@@ -161,7 +161,14 @@ class GroupStage:
             "trainable parameters": f"{sum(q.numel() for q in self.params):,} of "
             f"{sum(q.numel() for q in self.policy.parameters()):,}",
             **(
-                {"sharding": sharding_line(self.dp.world, self.reference is not None, cfg.model.offload_frozen)}
+                {
+                    "sharding": sharding_line(
+                        self.dp.world,
+                        self.reference is not None,
+                        cfg.model.offload_frozen,
+                        self.sampler.sampling_copy is not None,
+                    )
+                }
                 if self.sharded
                 else {}
             ),
@@ -432,8 +439,8 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
             check_position_restarts(reference, cfg.model.reference)
     sampling_copy = None
     if sharded:
-        policy, sampling_copy = shard_trained_online(policy, start.accelerator)
-        sampling_copy = sampling_copy.to(device)
+        policy, sampling_copy = shard_trained_online(policy, start.accelerator, cfg.rollout.backend == "hf")
+        sampling_copy = sampling_copy.to(device) if sampling_copy is not None else None
         reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)

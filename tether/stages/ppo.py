@@ -136,7 +136,15 @@ class PPOStage:
             "learning rate": f"{cfg.optim.lr:g} policy, {cfg.critic.lr:g} critic ({cfg.optim.lr_schedule})",
             "memory estimate (weights + AdamW)": _memory_estimate(self.policy, self.reference, self.critic),
             **(
-                {"sharding": sharding_line(self.dp.world, True, cfg.model.offload_frozen, self.critic_layout_sharded)}
+                {
+                    "sharding": sharding_line(
+                        self.dp.world,
+                        True,
+                        cfg.model.offload_frozen,
+                        self.sampler.sampling_copy is not None,
+                        self.critic_layout_sharded,
+                    )
+                }
                 if self.sharded
                 else {}
             ),
@@ -462,8 +470,8 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
             check_position_restarts(critic.rm, cfg.critic.path or cfg.rewards.reward_model or cfg.model.path)
     sampling_copy = None
     if sharded:  # the shared head stays whole: it is one vector
-        policy, sampling_copy = shard_trained_online(policy, start.accelerator)
-        sampling_copy = sampling_copy.to(device)
+        policy, sampling_copy = shard_trained_online(policy, start.accelerator, cfg.rollout.backend == "hf")
+        sampling_copy = sampling_copy.to(device) if sampling_copy is not None else None
         reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
         if not isinstance(critic, SharedValueHead):
             critic = shard_summed(critic, start.accelerator)

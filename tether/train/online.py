@@ -28,7 +28,7 @@ from tether.train.checkpoint import load_training_state, rng_state, save_checkpo
 from tether.train.logger import MetricsLogger
 from tether.train.parallel import DataParallel
 from tether.train.run import announce, peak_memory, write_json
-from tether.train.sharding import is_dtensor, is_sharded
+from tether.train.sharding import is_dtensor, is_sharded, save_full_model
 
 
 class RunScorer(Protocol):
@@ -44,7 +44,9 @@ class RunScorer(Protocol):
 class OnlineStage(Protocol):
     name: str  # "ppo", "grpo", "dpo": the summary's stage and the logger's run name
     policy: object  # the trained model (a PeftModel when training LoRA; sharded with --fsdp)
-    sampling_policy: object  # the policy as an ordinary model: the policy itself, or a sharded policy's gathered copy
+    sampling_policy: (
+        object  # what samples: the policy itself, a sharded policy's gathered copy (hf), or the sharded policy (vllm)
+    )
     tokenizer: object
     optimizer: object
     scheduler: object
@@ -133,6 +135,12 @@ class _Run:
         self.accelerator, self.dp = accelerator, DataParallel(accelerator)
         self.history: list[dict] = []
         self.best = {"value": None, "step": None}
+        if evaluate_fn is not None and is_sharded(stage.sampling_policy):
+            raise ConfigError(
+                "--fsdp with rollout.backend=vllm: a task evaluation (the lab's) runs on process 0 alone, on an "
+                "ordinary model, and a policy whose weights go to the engine keeps no gathered copy; run it with "
+                "rollout.backend=hf (each process samples from a gathered copy) or without the task evaluation"
+            )
 
     def restore(self, checkpoint: Path) -> int:
         extra = {
@@ -191,12 +199,10 @@ class _Run:
         if s.best_metric and improves(res, s.best_metric, s.best_mode, self.best["value"]):
             self.best.update(value=res[s.best_metric], step=step)  # step 0: nothing trained has beaten the start yet
 
-            def save_best(tmp: Path) -> None:
-                save_merged(self.stage.sampling_policy, self.stage.tokenizer, tmp)
+            def best_json(tmp: Path) -> None:
                 (tmp / "best.json").write_text(json.dumps({"metric": s.best_metric, **self.best}))
 
-            if self.accelerator.is_main_process:
-                write_atomically(save_best, self.out / "best")
+            save_policy(self.stage, self.accelerator, self.out / "best", best_json)
         return res
 
     def save(self, done: int) -> None:
@@ -380,12 +386,31 @@ def run_online(
     summary = _summary(run, stage, schedule, out, start_step, stopped_at, t_start, accelerator)
     if trained_peak is not None:
         summary["peak_memory"]["before_final_save"] = trained_peak
+    save_policy(stage, accelerator, out / "final")
     if accelerator.is_main_process:
-        # LoRA merged; a sharded policy's gathered copy, current since the last update
-        write_atomically(lambda tmp: save_merged(stage.sampling_policy, stage.tokenizer, tmp), out / "final")
         write_json(out / "summary.json", summary)
     accelerator.wait_for_everyone()
     return summary
+
+
+def save_policy(stage: OnlineStage, accelerator, target: Path, more: Callable | None = None) -> None:
+    """The policy as a plain Hugging Face folder at ``target`` (final/, best/), ``more(folder)`` adding files;
+    every process calls it. LoRA merged; with --fsdp the gathered copy that samples, current since the last update,
+    or, with no copy (an engine samples), the sharded policy gathered to process 0."""
+    policy, tokenizer, main = stage.sampling_policy, stage.tokenizer, accelerator.is_main_process
+
+    def save(tmp: Path) -> None:
+        if is_sharded(policy):
+            save_full_model(policy, tokenizer, tmp, accelerator)
+        elif main:
+            save_merged(policy, tokenizer, tmp)
+        if more is not None and main:
+            more(tmp)
+
+    if is_sharded(policy):
+        write_atomically(save, target, accelerator)
+    elif main:
+        write_atomically(save, target)
 
 
 # ------------------------------------------------------------------------------------------ shared by the stages

@@ -10,7 +10,6 @@ step the stage calls ``weights_updated`` so a backend holding its own copy of th
 from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
-from tether.config import ConfigError
 from tether.models.lm import check_prompt_context, model_context
 from tether.rollout.backends import make_backend, response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
@@ -35,14 +34,10 @@ class OnlineSampler:
     ):
         ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
         self.rollout_cfg = ro
-        # a sharded policy (--fsdp) samples through its ordinary copy (train/sharding.py shard_trained_online)
+        # a sharded policy (--fsdp) samples through its ordinary copy with the hf backend, or is pushed into the
+        # engine gathered (train/sharding.py shard_trained_online)
         self.sampling_copy = sampling_copy
         self.sampling_policy = sampling_copy if sampling_copy is not None else policy
-        if sampling_copy is not None and ro.backend != "hf":
-            raise ConfigError(
-                f"--fsdp with rollout.backend={ro.backend}: pushing a sharded policy's weights into the engine is not "
-                "built yet; sample with rollout.backend=hf (each process samples from a gathered copy)"
-            )
         policy = self.sampling_policy
         self.backend = backend or make_backend(ro, policy, tokenizer)
         self.prompts = render_prompts(tokenizer, rows, ro.prompts)
@@ -73,11 +68,8 @@ class OnlineSampler:
         return rollout, scorer(rollout, [rows[i] for i in prompt_indices])
 
     def weights_updated(self, policy) -> None:
-        """After an update (every process calls it): a sharded policy's weights are gathered into the copy that
-        samples, and the backend told."""
-        if self.sampling_copy is not None:
-            copy_gathered(policy, self.sampling_copy)
-        self.backend.weights_updated(self.sampling_policy)
+        """After an update (every process calls it): see ``weights_updated``."""
+        weights_updated(self.backend, policy, self.sampling_copy)
 
     def describe(self) -> str:
         """The plan's line: which backend samples, and with what (a stand-in backend may not say)."""
@@ -133,3 +125,12 @@ class OnlineSampler:
         names = dp.gather_json(sorted(sums))
         sums = dp.sum_dict({k: sums.get(k, 0.0) for k in sorted(set(names))})
         return {k: v / len(prompts) for k, v in sums.items()}
+
+
+def weights_updated(backend, policy, sampling_copy=None) -> None:
+    """After an update (every process calls it, in step): a sharded policy's weights are gathered into the copy that
+    samples (the hf backend), and the backend told (an engine is pushed the weights; a sharded policy's are gathered
+    a parameter at a time as they are written, rollout/vllm_backend.py)."""
+    if sampling_copy is not None:
+        copy_gathered(policy, sampling_copy)
+    backend.weights_updated(sampling_copy if sampling_copy is not None else policy)

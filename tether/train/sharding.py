@@ -18,16 +18,9 @@ from __future__ import annotations
 import torch
 
 from tether.config import ConfigError
-
-
-def is_dtensor(tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(tensor, DTensor)
-
-
-def is_sharded(model) -> bool:
-    return any(is_dtensor(q) for q in model.parameters())
+from tether.models.lm import gathered
+from tether.models.lm import is_dtensor as is_dtensor  # the stages' and loops' names for them
+from tether.models.lm import is_sharded as is_sharded
 
 
 def shard_model(model, accelerator, **options):
@@ -147,15 +140,17 @@ def grad_norm_value(norm) -> float:
 # ------------------------------------------------------------------------------------------ the online stages
 
 
-def shard_trained_online(model, accelerator):
-    """(the policy sharded, an ordinary copy of it that samples) for the online stages' --fsdp.
+def shard_trained_online(model, accelerator, gathered_copy: bool = True):
+    """(the policy sharded, an ordinary copy of it that samples, or None) for the online stages' --fsdp.
 
     The online loop sums gradients over processes under a loss normalised by the whole minibatch's counts
     (tether/train/parallel.py), so the reduce-scatter sums too (divide factor 1), where the offline stages average.
-    The copy is taken before sharding, so it keeps whatever the model was loaded with (dtype, precision, dropout
-    off); it holds the whole weights on every process for generation, refreshed by ``copy_gathered`` after each
-    update (docs/scaling.md: what it costs and why generation is not sharded)."""
-    plain = sampling_copy_of(model)
+    ``gathered_copy`` (the hf backend, which samples with the trainer's own model): the copy is taken before
+    sharding, so it keeps whatever the model was loaded with (dtype, precision, dropout off); it holds the whole
+    weights on every process for generation, refreshed by ``copy_gathered`` after each update (docs/scaling.md:
+    what it costs and why generation is not sharded). An engine (vllm) holds its own weights and is pushed the
+    sharded ones gathered a parameter at a time (rollout/vllm_backend.py), so no copy is kept."""
+    plain = sampling_copy_of(model) if gathered_copy else None
     return shard_summed(model, accelerator), plain
 
 
@@ -200,19 +195,22 @@ def shard_frozen(model, accelerator, offload: bool = False):
 def copy_gathered(sharded, plain) -> None:
     """Write a sharded model's current weights into its ordinary copy, one parameter gathered at a time (every
     process calls it; at most one parameter's whole tensor is in flight beyond the copy itself)."""
-    from torch.distributed.tensor import DTensor
-
     target = dict(plain.named_parameters())
     for name, q in sharded.named_parameters():
-        target[name].copy_(q.full_tensor() if isinstance(q, DTensor) else q)
+        target[name].copy_(gathered(q))
 
 
-def sharding_line(processes: int, reference: bool, offloaded: bool, *others: str) -> str:
-    """The plan's line for a sharded online stage: the policy, the reference if any (offloaded or not), and
-    ``others`` by name."""
+def sharding_line(processes: int, reference: bool, offloaded: bool, copy: bool, *others: str) -> str:
+    """The plan's line for a sharded online stage: the policy, the reference if any (offloaded or not), ``others``
+    by name, and what samples (a gathered ``copy``, or an engine pushed the gathered weights)."""
     frozen = ["the reference" + (" (its shards in CPU memory)" if offloaded else "")] if reference else []
     parts = ["the policy"] + frozen + [o for o in others if o]
     return (
         f"FSDP2 over {processes} processes: {', '.join(parts)} (parameters, gradients, AdamW states: 1/{processes} "
-        "each); every process samples from a gathered copy of the policy's weights"
+        "each); "
+        + (
+            "every process samples from a gathered copy of the policy's weights"
+            if copy
+            else "every process's engine is pushed the policy's weights gathered one parameter at a time"
+        )
     )

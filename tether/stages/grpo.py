@@ -394,12 +394,15 @@ class GroupStage:
         rmask = sub.response_mask.bool()
         low, high = parts["clipped_low"], parts["clipped_high"]
         none = torch.zeros_like(low)
+        count = int(rmask.sum())
+        # sum / count, not .mean(): CUDA's mean multiplies by 1/count, so the on-policy ratio's mean of ones would
+        # read 0.99999994 there
         figures = {
             "policy/clip_frac": clip_fraction(low, high, lm),
             "policy/clip_frac_low": clip_fraction(low, none, lm),
             "policy/clip_frac_high": clip_fraction(none, high, lm),
-            "policy/entropy": entropy.detach()[rmask].mean() if rmask.any() else 0.0,
-            "policy/ratio_mean": parts["ratio"].detach()[rmask].mean() if rmask.any() else 1.0,
+            "policy/entropy": float(entropy.detach()[rmask].sum()) / count if count else 0.0,
+            "policy/ratio_mean": float(parts["ratio"].detach()[rmask].sum()) / count if count else 1.0,
         }
         out = {name: float(value) * k for name, value in figures.items()}
         out["kl/ref_mean"] = float((parts["kl"].detach() * sub.response_mask).sum())  # Σ over the responses

@@ -28,7 +28,10 @@ def prepare_trained(model, cfg, accelerator, total_steps: int, checkpoint: Path 
     optimizer is built on its (sharded) parameters, the optimizer and schedule restored from ``checkpoint``, then —
     unsharded — wrapped by accelerate for data parallelism."""
     if cfg.model.fsdp:
-        model = shard_model(model.to(accelerator.device), accelerator)
+        # a model still in CPU memory is sharded from there: fully_shard moves each process's shards to the device, so
+        # no device holds the whole model (DPO's arrives on the device: its reference log-probs come first). On one
+        # process nothing is sharded and accelerate's prepare below moves it.
+        model = shard_model(model, accelerator)
     optimizer, scheduler = build_optimizer(model.parameters(), cfg.optim, total_steps)
     state = {}
     if checkpoint is not None:

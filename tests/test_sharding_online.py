@@ -31,18 +31,47 @@ def set_flag(args: list[str], flag: str, value: str) -> list[str]:
 @pytest.mark.parametrize("recipe, offload", [("grpo", False), ("grpo", True), ("dapo", False)])
 def test_sharded_group_recipes_equal_one_unsharded_process(llama_dir, files, tmp_path, recipe, offload):  # noqa: F811
     """grpo (the reference sharded too: KL in the loss; and its shards offloaded to CPU memory, --offload-frozen)
-    and dapo (dynamic sampling: rounds split unevenly)."""
+    and dapo (dynamic sampling: rounds split unevenly) with a sharded reward model scored beside the rule at weight 0:
+    the groups stay as flat as the rule makes them, so later rounds leave a process with nothing to score, which
+    still joins the reward model's forwards (score_token_ids's lock step)."""
     rules, prompts = files
     # 8 rows a minibatch over 2 processes in micro-batches of 3: 2 per process, the second short (lock step holds)
     args = group_recipe_args(llama_dir, rules, prompts, recipe) + FOREACH
+    if recipe == "dapo":
+        args += ["--reward-model", str(random_reward_model(llama_dir, tmp_path / "rm"))]
+        args += ["--no-normalize-reward", "--reward-model-weight", "0"]
     launch(args + ["--fsdp", "--output", str(tmp_path / "two")] + (["--offload-frozen"] if offload else []))
     plan = " ".join((tmp_path / "two" / "config.yaml").read_text().split())  # YAML folds long lines
     assert "FSDP2 over 2 processes: the policy" in plan, plan
     assert ("the policy, the reference" in plan) == (recipe == "grpo"), plan  # dapo has no KL, so no reference
     assert ("the reference (its shards in CPU memory)" in plan) == offload, plan
+    assert ("the reward model" in plan) == (recipe == "dapo"), plan
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
     assert len(lines(tmp_path / "two" / "metrics.jsonl")) == 3
+    if recipe == "dapo":
+        one, two = lines(tmp_path / "one" / "samples.jsonl"), lines(tmp_path / "two" / "samples.jsonl")
+        rm_scores = [s["parts"]["reward_model"] for s in one]
+        assert len(set(rm_scores)) > 1  # the random head scores texts apart
+        assert [s["parts"]["reward_model"] for s in two] == pytest.approx(rm_scores, abs=1e-5)
+        rounds = [m["sampling/rounds"] for m in lines(tmp_path / "two" / "metrics.jsonl")]
+        assert max(rounds) > 1, rounds
+
+
+def random_reward_model(llama_dir, out):
+    """A reward-model folder on the tiny llama with a random (not zero) head, so its scores differ between texts."""
+    from tether.models.lm import load_tokenizer
+    from tether.models.reward import load_reward_model, save_reward_model
+
+    tokenizer = load_tokenizer(llama_dir)
+    rm = load_reward_model(llama_dir, tokenizer, ["reward"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for q in rm.parameters():
+            if not q.any():  # the new head
+                q.normal_(0.0, 1.0)
+    save_reward_model(rm, tokenizer, out, None)
+    return out
 
 
 @pytest.mark.slow

@@ -393,21 +393,12 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
 
 
 @pytest.mark.slow
-def test_two_processes_each_with_an_engine_equal_one(one_process_run, tmp_path):
-    """Each process samples its share of the prompts on its own engine; the 2-process run is the 1-process run:
-    samples, scores, update figures and weights (to the bound of tests/conftest.py assert_same_adamw_weights)."""
-    from test_online_parallel import assert_same_run, launch
-
-    args, one = one_process_run
-    launch(args + ["--output", str(tmp_path / "two"), "--save-every", "1"])
-    assert_same_run(one, tmp_path / "two")
-
-
-@pytest.mark.slow
 def test_two_sharded_processes_push_gathered_weights_and_equal_one(one_process_run, tmp_path):
-    """--fsdp on the vLLM backend: the policy sharded, no gathered copy kept; after each update every process writes
-    its engine's weights file one all-gathered parameter at a time. The run is the 1-process run (samples, scores,
-    update figures, weights), and final/ is the sharded policy gathered."""
+    """Two processes, each sampling its share of the prompts on its own engine, are the 1-process run (samples,
+    scores, update figures, weights) — here with --fsdp: the policy sharded, no gathered copy kept, and after each
+    update every process writes its engine's weights file one all-gathered parameter at a time; final/ is the
+    sharded policy gathered. (The data-parallel layout differs only in writing the file lazily, as one process does:
+    one 2-process engine test is run, not two, for the suite's time.)"""
     from test_online_parallel import assert_same_run, launch
 
     args, one = one_process_run

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tether.config import ConfigError
-from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft
+from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, is_sharded, reshard
 from tether.models.packing import pad_sequences
 
 NORM_FILE = "reward_normalization.json"
@@ -223,15 +223,29 @@ def check_lengths(ids: list[list[int]], max_length: int, position=lambda i: i) -
 
 @torch.no_grad()
 def score_token_ids(rm: RewardModel, ids: list[list[int]], pad_id: int, batch_size: int = 32) -> torch.Tensor:
-    """(N, heads) scores of tokenised texts, in the order given, through the model in batches of similar length."""
+    """(N, heads) scores of tokenised texts, in the order given, through the model in batches of similar length.
+
+    A sharded model (--fsdp) gathers each layer in every forward, a collective: every process then runs as many
+    forwards as the process with the most batches, the extra ones on a one-token row whose score is dropped (a
+    process with nothing to score runs only those), and the model is resharded after them."""
     rm.eval()
     device = next(rm.parameters()).device
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     scores = torch.zeros(len(ids), len(rm.head_names))
+    batches = -(-len(order) // batch_size)
+    sharded = is_sharded(rm)
+    if sharded:  # the count first, on every process, before any forward's own collectives
+        most = torch.tensor([batches], device=device)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         batch = pad_sequences([ids[i] for i in chunk], pad_id)
         scores[chunk] = rm(batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().cpu()
+    if sharded:
+        one = torch.ones(1, 1, dtype=torch.long, device=device)
+        for _ in range(int(most) - batches):
+            rm(one * pad_id, one)
+        reshard(rm)
     return scores
 
 
@@ -276,6 +290,12 @@ class RewardScorer:
 
     def __call__(self, texts: list[str]) -> list[float]:
         return (self.head_scores(texts) @ self.weights).tolist()
+
+    @property
+    def in_step(self) -> bool:
+        """Sharded (--fsdp, tether/train/sharding.py shard_reward_model): every process must score in step, even
+        one with no texts (rewards/score.py Scorer.join_idle)."""
+        return is_sharded(self.model)
 
 
 class ProcessRewardScorer:

@@ -126,6 +126,12 @@ class Scorer:
         )
         return " + ".join(terms) + (f"; {', '.join(shaping)}" if shaping else "")
 
+    def join_idle(self) -> None:
+        """A process with no responses to score this time (N processes): it still runs its share of a sharded reward
+        model's forwards, which every process runs in step (--fsdp, models/reward.py score_token_ids)."""
+        if self.reward_model is not None and getattr(self.reward_model, "in_step", False):
+            self.reward_model([])
+
     def __call__(self, rollout, rows: list[dict]) -> Scores:
         parts: dict[str, torch.Tensor] = {}
         steps = None

@@ -43,7 +43,9 @@ from tether.train.sharding import (
     is_sharded,
     reshard,
     shard_frozen,
+    shard_reward_model,
     shard_trained_online,
+    sharded_reward_model,
     sharding_line,
 )
 
@@ -167,6 +169,7 @@ class GroupStage:
                         self.reference is not None,
                         cfg.model.offload_frozen,
                         self.sampler.sampling_copy is not None,
+                        sharded_reward_model(self.scorer, cfg.model.offload_frozen),
                     )
                 }
                 if self.sharded
@@ -215,6 +218,8 @@ class GroupStage:
         """(rollout, scores) of group_size responses to each prompt (positions: their places in the prompt stream)."""
         ro, g = self.cfg.rollout, self.cfg.rollout.group_size
         if not prompt_indices:
+            if self.scorer is not None:
+                self.scorer.join_idle()
             return empty_rollout(), None
         picked = [i for i in prompt_indices for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
@@ -447,7 +452,12 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
         reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
-        reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
+        # --fsdp: loaded in CPU memory and sharded like the reference (a stand-in scorer is not sharded)
+        reward_model = scorer or load_reward_model_scorer(
+            cfg.rewards, "cpu" if sharded else device, frozen_dtype(cfg.model)
+        )
+        if sharded:
+            reward_model = shard_reward_model(reward_model, start.accelerator, cfg.model.offload_frozen)
         process_model = load_process_reward_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
         score = Scorer(
             cfg.rewards,

@@ -50,8 +50,10 @@ from tether.train.sharding import (
     is_sharded,
     reshard,
     shard_frozen,
+    shard_reward_model,
     shard_summed,
     shard_trained_online,
+    sharded_reward_model,
     sharding_line,
 )
 
@@ -143,6 +145,7 @@ class PPOStage:
                         cfg.model.offload_frozen,
                         self.sampler.sampling_copy is not None,
                         self.critic_layout_sharded,
+                        sharded_reward_model(self.scorer, cfg.model.offload_frozen),
                     )
                 }
                 if self.sharded
@@ -173,7 +176,9 @@ class PPOStage:
         else:
             rollout = self.sampler.generate(picked, seeds) if picked else empty_rollout()
             t1 = time.perf_counter()
-            scores = dp.all_or_none(lambda: self.scorer(rollout, [self.rows[i] for i in picked]) if picked else None)
+            scores = dp.all_or_none(
+                lambda: self.scorer(rollout, [self.rows[i] for i in picked]) if picked else self.scorer.join_idle()
+            )
         rollout, scores = gather_rollout(dp, rollout, self.tokenizer.pad_token_id), gather_scores(dp, scores)
         rows = [self.rows[i] for i in indices for _ in range(g)]
         t2 = time.perf_counter()
@@ -477,7 +482,12 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
             critic = shard_summed(critic, start.accelerator)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
-        reward_model = scorer or load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
+        # --fsdp: loaded in CPU memory and sharded like the reference (a stand-in scorer is not sharded)
+        reward_model = scorer or load_reward_model_scorer(
+            cfg.rewards, "cpu" if sharded else device, frozen_dtype(cfg.model)
+        )
+        if sharded:
+            reward_model = shard_reward_model(reward_model, start.accelerator, cfg.model.offload_frozen)
         score = Scorer(
             cfg.rewards,
             cfg.rollout.max_new_tokens,

@@ -94,6 +94,8 @@ class OnlineSampler:
 
         def sample_and_score() -> dict:
             if stop == start:
+                if agent is None:  # a sharded reward model scores in step on every process
+                    scorer.join_idle()
                 return {}
             torch_state = torch.get_rng_state()
             torch.manual_seed(seed + 12345)

@@ -21,6 +21,7 @@ from tether.config import ConfigError
 from tether.models.lm import gathered
 from tether.models.lm import is_dtensor as is_dtensor  # the stages' and loops' names for them
 from tether.models.lm import is_sharded as is_sharded
+from tether.models.lm import reshard as reshard
 
 
 def shard_model(model, accelerator, **options):
@@ -48,17 +49,6 @@ def shard_model(model, accelerator, **options):
         fully_shard(layer, **options)
     fully_shard(model, **options)
     return model
-
-
-def reshard(model) -> None:
-    """Free the gathered parameters a no-grad forward left behind: FSDP2 keeps the root unit's parameters gathered
-    after a forward until the backward, and an evaluation has no backward. Left gathered, the next training step's
-    gradients of those parameters would not be reduce-scattered."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.reshard()
 
 
 def _options():
@@ -189,6 +179,24 @@ def shard_frozen(model, accelerator, offload: bool = False):
     # pinned host memory speeds the copies on a GPU; a CPU run has no device to copy to
     policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     return shard_model(model, accelerator, offload_policy=policy)
+
+
+def shard_reward_model(scorer, accelerator, offload: bool = False):
+    """--fsdp: a reward model loaded from its folder (models/reward.py RewardScorer, loaded in CPU memory) sharded
+    like the reference; its forwards then run in step on every process (score_token_ids). A stand-in callable (the
+    lab's, a test's) stays as it is."""
+    from tether.models.reward import RewardScorer
+
+    if isinstance(scorer, RewardScorer):
+        scorer.model = shard_frozen(scorer.model, accelerator, offload)
+    return scorer
+
+
+def sharded_reward_model(scorer, offloaded: bool) -> str:
+    """The plan's name for a stage's sharded reward model ("" when there is none: a stand-in, or none at all)."""
+    if not getattr(getattr(scorer, "reward_model", None), "in_step", False):
+        return ""
+    return "the reward model" + (" (its shards in CPU memory)" if offloaded else "")
 
 
 @torch.no_grad()

@@ -366,13 +366,14 @@ def one_process_run(model_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_path):
-    """The run killed with SIGKILL after step 2 of 3 is logged: its engine processes die too (the watchdog), and
-    --resume ends with the uninterrupted run's final weights, bit for bit. (With response seeds off the engine's
+    """The run killed with SIGKILL after step 2 of 3 is logged: its engine processes die too and its weights folder
+    leaves /dev/shm (the watchdog), and --resume ends with the uninterrupted run's final weights, bit for bit. (With response seeds off the engine's
     seeds come from torch's RNG, which the checkpoint holds: test_seeds_... checks the draws follow it.)"""
     args, one = one_process_run
     killed = tmp_path / "killed"
     from tether.cli import main as cli_main
 
+    folders = set(Path("/dev/shm").glob("tether-vllm-*"))  # the engines' weights folders (this file's engines only)
     log = (tmp_path / "killed.log").open("w")  # a file, not a pipe: nothing can hold the test on it
     cmd = [sys.executable, "-m", "tether", *args[:], "--output", str(killed), "--save-every", "1"]
     proc = subprocess.Popen(cmd, stderr=log)
@@ -387,6 +388,9 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     while any(alive(p) for p in engines) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
+    while set(Path("/dev/shm").glob("tether-vllm-*")) - folders and time.time() < deadline:
+        time.sleep(0.1)
+    assert not set(Path("/dev/shm").glob("tether-vllm-*")) - folders, "the killed run's weights stayed in /dev/shm"
     assert cli_main([*args, "--output", str(killed), "--save-every", "1", "--resume"]) == 0
     a, b = load_file(str(one / "final" / "model.safetensors")), load_file(str(killed / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

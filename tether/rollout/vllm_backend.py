@@ -208,13 +208,14 @@ def _reusable(running: dict | None, wanted: dict) -> bool:
 
 
 # Run beside each engine: an engine process that outlives a trainer killed with SIGKILL would hold its memory (on a
-# GPU, the device's) and the trainer's output pipes; vLLM's worker watches a pipe from its parent, and this is the
+# GPU, the device's) and the trainer's output pipes, and its weights folder would stay in /dev/shm (the model's size
+# in host memory, per killed run); vLLM's worker watches a pipe from its parent, and this is the
 # backstop should that fail (measured: with vLLM's engine core in a process of its own, it did). This watchdog, a child of the trainer, sees the
 # trainer gone when it is re-parented, and kills the engine processes it was given — each only if it is still the
 # process that was started then (its start time in /proc/<pid>/stat unchanged: after a normal exit vLLM has stopped
-# them, and their ids may belong to another process by then).
+# them, and their ids may belong to another process by then) — and removes the weights folder.
 WATCHDOG = """
-import os, signal, sys, time
+import os, shutil, signal, sys, time
 
 def started(pid):
     try:
@@ -223,7 +224,7 @@ def started(pid):
     except (OSError, IndexError):
         return None
 
-trainer, pids = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+trainer, folder, pids = int(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:]]
 births = {pid: started(pid) for pid in pids}
 while os.getppid() == trainer:
     time.sleep(0.5)
@@ -233,18 +234,20 @@ for pid, birth in births.items():
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+shutil.rmtree(folder, ignore_errors=True)
 """
 
 
-def _watch(pids: list[int]):
-    """Start the watchdog over the engine processes ``pids`` (Linux: it reads /proc); None elsewhere or with none."""
+def _watch(pids: list[int], folder: Path):
+    """Start the watchdog over the engine processes ``pids`` and their weights ``folder`` (Linux: it reads /proc);
+    None elsewhere or with no processes."""
     import subprocess
     import sys
 
     if not pids or not Path("/proc/self/cmdline").exists():
         return None
     return subprocess.Popen(
-        [sys.executable, "-c", WATCHDOG, str(os.getpid()), *map(str, pids)],
+        [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(folder), *map(str, pids)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -311,7 +314,7 @@ class VLLMBackend:
             _ENGINE.update(key=key, folder=folder, llm=llm)
             self.written = True
             started = [p.pid for p in multiprocessing.active_children() if p.pid not in before]
-            _ENGINE["watchdog"] = _watch(started)
+            _ENGINE["watchdog"] = _watch(started, folder)
             atexit.unregister(_shutdown_at_exit)
             atexit.register(_shutdown_at_exit)
         self.llm, self.folder = _ENGINE["llm"], Path(_ENGINE["folder"])

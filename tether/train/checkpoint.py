@@ -214,14 +214,25 @@ def load_training_state(
     return state
 
 
-def save_final(accelerator, model, tokenizer, out: Path) -> None:
-    """final/ (every process calls it): LoRA merged; a sharded model gathered first."""
+def save_final(accelerator, model, tokenizer, out: Path, more=None) -> None:
+    """final/ or best/ (every process calls it): LoRA merged; a sharded model gathered first; ``more(folder)`` adds
+    files (process 0)."""
     from tether.models.lm import save_merged
 
+    main = accelerator.is_main_process
+
+    def save(tmp: Path) -> None:
+        if is_sharded(model):
+            save_full_model(model, tokenizer, tmp, accelerator)
+        else:
+            save_merged(accelerator.unwrap_model(model), tokenizer, tmp)
+        if more is not None and main:
+            more(tmp)
+
     if is_sharded(model):
-        write_atomically(lambda tmp: save_full_model(model, tokenizer, tmp, accelerator), out, accelerator)
-    elif accelerator.is_main_process:
-        write_atomically(lambda tmp: save_merged(accelerator.unwrap_model(model), tokenizer, tmp), out)
+        write_atomically(save, out, accelerator)
+    elif main:
+        write_atomically(save, out)
     accelerator.wait_for_everyone()
 
 

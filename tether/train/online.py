@@ -22,13 +22,12 @@ from typing import Callable, Protocol
 from tether.config import ConfigError
 from tether.console import console
 from tether.diagnostics.monitors import RunMonitor, read_jsonl
-from tether.models.lm import save_merged
 from tether.rewards.functions import RewardFunctionError
-from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, set_rng_state, write_atomically
+from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, save_final, set_rng_state
 from tether.train.logger import MetricsLogger
 from tether.train.parallel import DataParallel
 from tether.train.run import announce, peak_memory, write_json
-from tether.train.sharding import is_dtensor, is_sharded, save_full_model
+from tether.train.sharding import is_dtensor, is_sharded
 
 
 class RunScorer(Protocol):
@@ -202,7 +201,8 @@ class _Run:
             def best_json(tmp: Path) -> None:
                 (tmp / "best.json").write_text(json.dumps({"metric": s.best_metric, **self.best}))
 
-            save_policy(self.stage, self.accelerator, self.out / "best", best_json)
+            # every process: a sharded policy (vllm keeps no gathered copy) is gathered to process 0
+            save_final(self.accelerator, self.stage.sampling_policy, self.stage.tokenizer, self.out / "best", best_json)
         return res
 
     def save(self, done: int) -> None:
@@ -386,31 +386,12 @@ def run_online(
     summary = _summary(run, stage, schedule, out, start_step, stopped_at, t_start, accelerator)
     if trained_peak is not None:
         summary["peak_memory"]["before_final_save"] = trained_peak
-    save_policy(stage, accelerator, out / "final")
+    # LoRA merged; with --fsdp the gathered copy that samples (hf), or the sharded policy gathered (vllm)
+    save_final(accelerator, stage.sampling_policy, stage.tokenizer, out / "final")
     if accelerator.is_main_process:
         write_json(out / "summary.json", summary)
     accelerator.wait_for_everyone()
     return summary
-
-
-def save_policy(stage: OnlineStage, accelerator, target: Path, more: Callable | None = None) -> None:
-    """The policy as a plain Hugging Face folder at ``target`` (final/, best/), ``more(folder)`` adding files;
-    every process calls it. LoRA merged; with --fsdp the gathered copy that samples, current since the last update,
-    or, with no copy (an engine samples), the sharded policy gathered to process 0."""
-    policy, tokenizer, main = stage.sampling_policy, stage.tokenizer, accelerator.is_main_process
-
-    def save(tmp: Path) -> None:
-        if is_sharded(policy):
-            save_full_model(policy, tokenizer, tmp, accelerator)
-        elif main:
-            save_merged(policy, tokenizer, tmp)
-        if more is not None and main:
-            more(tmp)
-
-    if is_sharded(policy):
-        write_atomically(save, target, accelerator)
-    elif main:
-        write_atomically(save, target)
 
 
 # ------------------------------------------------------------------------------------------ shared by the stages

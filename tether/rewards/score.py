@@ -18,6 +18,7 @@ import torch
 
 from tether.algorithms.shaping import clip_scores, overlong_penalty, truncation_penalty
 from tether.config import ConfigError
+from tether.models.work import phase
 from tether.rewards.functions import RewardFunctionError, RewardSet
 
 
@@ -130,7 +131,8 @@ class Scorer:
         """A process with no responses to score this time (N processes): it still runs its share of a sharded reward
         model's forwards, which every process runs in step (--fsdp, models/reward.py score_token_ids)."""
         if self.reward_model is not None and getattr(self.reward_model, "in_step", False):
-            self.reward_model([])
+            with phase("reward"):
+                self.reward_model([])
 
     def __call__(self, rollout, rows: list[dict]) -> Scores:
         parts: dict[str, torch.Tensor] = {}
@@ -142,7 +144,8 @@ class Scorer:
                 p + r + ("" if t else eos)
                 for p, r, t in zip(rollout.prompts, rollout.responses, rollout.truncated.tolist())
             ]
-            parts["reward_model"] = torch.tensor(self.reward_model(texts), dtype=torch.float32)
+            with phase("reward"):
+                parts["reward_model"] = torch.tensor(self.reward_model(texts), dtype=torch.float32)
             total += self.cfg.reward_model_weight * parts["reward_model"]
         if self.rewards is not None:
             values = self.rewards.score(rows, rollout.responses, rollout.completion_ids(), rollout.truncated.tolist())
@@ -183,7 +186,8 @@ class Scorer:
 
         regex = re.compile(self.cfg.step_pattern)
         ends = [[len(p) + m.end() for m in regex.finditer(r)] for p, r in zip(rollout.prompts, rollout.responses)]
-        probs = self.process_model([p + r for p, r in zip(rollout.prompts, rollout.responses)], ends)
+        with phase("process_reward"):
+            probs = self.process_model([p + r for p, r in zip(rollout.prompts, rollout.responses)], ends)
         w, how = self.cfg.process_reward_weight, self.cfg.process_reward_aggregation
         if how == "steps":
             if steps is not None:

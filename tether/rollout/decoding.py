@@ -83,9 +83,13 @@ def can_compact(model) -> bool:
     return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
+def _forward_parameters(model) -> dict:
+    return inspect.signature(type(model).forward).parameters
+
+
 def cache_keyword(model) -> str | None:
     """The name the model's forward takes its KV cache by (and its output returns it by)."""
-    params = inspect.signature(type(model).forward).parameters
+    params = _forward_parameters(model)
     return next((k for k in ("cache", "past_key_values") if k in params), None)  # transformers renamed it in 5.x
 
 
@@ -126,10 +130,8 @@ def decode(
         use_cache=True,
         **{keyword: cache},
     )
-    try:
-        out = model(**prefill, logits_to_keep=1)
-    except TypeError:  # a model without logits_to_keep: all prompt positions' logits, the last one read
-        out = model(**prefill)
+    # the last position's logits only, where the model's forward takes logits_to_keep (else all, the last one read)
+    out = model(**prefill, **({"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(base) else {}))
     steps = 0
     for t in range(max_new_tokens):
         tokens = choose(out.logits[:, -1], rows)  # (b,)

@@ -4,19 +4,60 @@ logits / temperature), entropies, critic states, and the reference's log-probs. 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from tether.algorithms.logprobs import token_entropy, token_logprobs
+from tether.errors import ConfigError
 from tether.models.packing import pack_sequences
+from tether.models.work import phase
 from tether.rollout.batch import Rollout
+
+
+def _lm_head(model):
+    """The module that turns the last (normed) hidden states into logits: the output embeddings of the model under
+    any PEFT wrapper. None for a model that names none (its logits are then computed everywhere and indexed)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+
+
+@contextmanager
+def _head_sees_only(model, select):
+    """Inside, the model's LM head is given ``select(hidden)`` instead of the whole (R, W, H) hidden states, so the
+    logits are computed only where ``select`` keeps a position; ``captured["hidden"]`` is what it was given (the
+    final, normed hidden states there). Any head-side work the model does after the head (a soft cap, a scale) still
+    applies. Why not the library's ``logits_to_keep``: its tensor form is a 1-D index into one sequence dimension, and
+    transformers 5.19's Llama raised IndexError on the 2-D mask of packed rows *after* running the whole backbone
+    (a silent retry then ran every forward twice); selecting here is one forward on any version."""
+    head, captured = _lm_head(model), {}
+    if head is None:
+        yield None
+        return
+
+    def pre_hook(module, args):
+        captured["hidden"] = select(args[0])
+        return (captured["hidden"], *args[1:])
+
+    handle = head.register_forward_pre_hook(pre_hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
 
 
 def _forward_response(model, rollout: Rollout, with_hidden: bool = False, padding_free: bool = False):
     """(logits (B, T, V), last hidden states (B, T, H) or None) at the positions that predict response tokens.
 
-    Prompt logits are never computed (logits_to_keep); position P−1+t predicts response token t. With
-    ``padding_free`` the rows' tokens are laid end to end (``_forward_packed``) wherever the rollout allows it.
+    Prompt logits are never computed (the LM head sees only those positions); position P−1+t predicts response token
+    t. With ``padding_free`` the rows' tokens are laid end to end (``_forward_packed``) wherever the rollout allows it.
     """
+    if with_hidden and _lm_head(model) is None:
+        raise ConfigError(
+            f"{type(model).__name__} names no output embeddings (get_output_embeddings() is None), so its last "
+            "hidden states cannot be read before the LM head: a critic on its backbone needs them (use a separate "
+            "critic)"
+        )
     if padding_free:
         layout = _packed_layout(rollout)
         if layout is not None:
@@ -25,19 +66,12 @@ def _forward_response(model, rollout: Rollout, with_hidden: bool = False, paddin
     attention = torch.cat([rollout.prompt_mask, rollout.attention], dim=1)  # (B, P+T)
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
     t = rollout.response_ids.shape[1]
-    kwargs = dict(
-        input_ids=input_ids,
-        attention_mask=attention,
-        position_ids=position_ids,
-        use_cache=False,
-        output_hidden_states=with_hidden,
-    )
-    try:
-        out = model(**kwargs, logits_to_keep=t + 1)
-    except TypeError:  # a model without logits_to_keep: compute all, keep the tail
-        out = model(**kwargs)
-    hidden = out.hidden_states[-1][:, -(t + 1) : -1] if with_hidden else None  # final (normed) layer output
-    return out.logits[:, -(t + 1) : -1], hidden
+    window = lambda hidden: hidden[:, -(t + 1) : -1]  # (B, T, H): position P−1+t predicts response token t
+    with _head_sees_only(model, window) as captured:
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False)
+    if captured is None:  # a model without an LM head module: every position's logits
+        return window(out.logits), None
+    return out.logits, captured["hidden"] if with_hidden else None
 
 
 def _packed_layout(rollout: Rollout):
@@ -100,19 +134,15 @@ class _PackedRollout:
 
 def _forward_packed(model, rollout: Rollout, layout, with_hidden: bool):
     """``_forward_response`` on padding-free rows. Only the positions that predict a response-mask token go through
-    the LM head (a boolean ``logits_to_keep``); the results are scattered back into the rollout's (B, T) layout."""
+    the LM head; the results are scattered back into the rollout's (B, T) layout."""
     packed = _PackedRollout(rollout, layout)
-    kwargs = dict(**packed.inputs, use_cache=False, output_hidden_states=with_hidden)
-    try:
-        out = model(**kwargs, logits_to_keep=packed.keep)
-        logits = out.logits if out.logits.dim() == 2 and out.logits.shape[0] == packed.kept else None
-    except (TypeError, IndexError):
-        logits = None
-    if logits is None:  # no boolean logits_to_keep (an older or a remote-code model): every position's logits
-        out = model(**kwargs)
-        logits = out.logits[packed.keep]
-    hidden = packed.scatter(out.hidden_states[-1][packed.keep]) if with_hidden else None  # final (normed) layer
-    return packed.scatter(logits), hidden
+    kept = lambda hidden: hidden[packed.keep][None]  # (1, K, H), row-major: the K kept positions
+    with _head_sees_only(model, kept) as captured:
+        out = model(**packed.inputs, use_cache=False)
+    if captured is None:  # a model without an LM head module: every position's logits
+        return packed.scatter(kept(out.logits)[0]), None
+    hidden = packed.scatter(captured["hidden"][0]) if with_hidden else None  # final (normed) layer
+    return packed.scatter(out.logits[0]), hidden
 
 
 def response_states(backbone, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
@@ -163,7 +193,8 @@ def reference_logprobs(
     reference, policy, rollout: Rollout, temperature: float, padding_free: bool = False
 ) -> torch.Tensor:
     """Reference log-probs: from the frozen copy, or (LoRA, reference None) from the policy with its adapter off."""
-    if reference is not None:
-        return response_logprobs(reference, rollout, temperature, padding_free=padding_free)
-    with policy.disable_adapter():
-        return response_logprobs(policy, rollout, temperature, padding_free=padding_free)
+    with phase("reference"):
+        if reference is not None:
+            return response_logprobs(reference, rollout, temperature, padding_free=padding_free)
+        with policy.disable_adapter():
+            return response_logprobs(policy, rollout, temperature, padding_free=padding_free)

@@ -41,6 +41,7 @@ from tether.models.lm import (
     parameter_summary,
 )
 from tether.models.packing import describe, group_rows, sequence_logprob_sums
+from tether.models.work import phase
 from tether.rewards.functions import RewardFunctionError
 from tether.rewards.loading import load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
@@ -388,7 +389,8 @@ class OnlineDPOStage:
         }
 
     def evaluate(self) -> dict:
-        return _evaluate_pairs(self.setup, self.cfg)
+        with phase("pairs"):
+            return _evaluate_pairs(self.setup, self.cfg)
 
     def _start_round(self, rnd: int, step: int) -> list:
         """The round's pairs and their reference log-probs. A round is sampled and labelled at its first step; its
@@ -398,7 +400,8 @@ class OnlineDPOStage:
         cfg, samples = self.cfg, []
         path = self.setup.out / "rounds" / f"round-{rnd}.jsonl"
         if not any(r["round"] == rnd for r in self.rounds):
-            pairs, counts, samples = self._sample_round(rnd, step)
+            with phase("sample"):  # a reward model labelling the pairs names its own phase
+                pairs, counts, samples = self._sample_round(rnd, step)
             if not pairs:
                 raise ConfigError(
                     f"online round {rnd}: no usable pair ({counts}); raise max_new_tokens or "
@@ -419,7 +422,8 @@ class OnlineDPOStage:
         )
         if self.setup.reference is not None:
             self.setup.reference.fresh_policy = False
-            self.setup.reference.attach(self.examples, use_cache=False)
+            with phase("reference"):
+                self.setup.reference.attach(self.examples, use_cache=False)
         self.round, self.round_order = rnd, EpochOrder(len(self.examples), cfg.train.seed + rnd)
         return samples
 
@@ -454,7 +458,8 @@ class OnlineDPOStage:
         rnd = step // self.cfg.online.steps_per_round
         samples = self._start_round(rnd, step) if rnd != self.round else []
         t1 = time.perf_counter()
-        metrics = _offline_step(self.setup, self.cfg, self.examples, self.round_order, step)
+        with phase("update"):
+            metrics = _offline_step(self.setup, self.cfg, self.examples, self.round_order, step)
         weights_updated(self.backend, self.policy, self.setup.sampling_copy)
         elapsed = time.perf_counter() - t1
         metrics.update(

@@ -24,6 +24,7 @@ from tether.algorithms.policy import clip_fraction
 from tether.console import console
 from tether.models.checks import check_position_restarts
 from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
+from tether.models.work import phase
 from tether.rewards.score import Scorer, Scores, load_process_reward_scorer, load_reward_model_scorer
 from tether.rollout.backends import response_seeds
 from tether.rollout.batch import concat_rollouts
@@ -243,10 +244,12 @@ class GroupStage:
                 "time/update_s": 0.0,
                 "perf/tokens_per_s": 0.0,
             }, []
-        self.prepare(exp)
+        with phase("logprobs"):
+            self.prepare(exp)
         t2 = time.perf_counter()
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
-        update = self.update(exp, generator)
+        with phase("update"):
+            update = self.update(exp, generator)
         self.sampler.weights_updated(self.policy)
         t3 = time.perf_counter()
         mask = exp.rollout.response_mask.bool()

@@ -33,6 +33,7 @@ from tether.models.lm import (
     load_stage_tokenizer,
     load_trainable_model,
 )
+from tether.models.work import phase
 from tether.rewards.score import Scorer, load_process_reward_scorer, load_reward_model_scorer
 from tether.rollout.backends import response_seeds
 from tether.rollout.forward import reference_logprobs, response_logprobs, response_logprobs_and_values
@@ -169,9 +170,10 @@ class PPOStage:
         picked = [i for i in mine for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
         if self.agent is not None:  # episodes: sampled and scored together, turn by turn
-            rollout, scores = dp.all_or_none(
-                lambda: self.agent([self.rows[i] for i in picked], seeds) if picked else (empty_rollout(), None)
-            )
+            with phase("sample"):
+                rollout, scores = dp.all_or_none(
+                    lambda: self.agent([self.rows[i] for i in picked], seeds) if picked else (empty_rollout(), None)
+                )
             t1 = time.perf_counter()
         else:
             rollout = self.sampler.generate(picked, seeds) if picked else empty_rollout()
@@ -182,10 +184,12 @@ class PPOStage:
         rollout, scores = gather_rollout(dp, rollout, self.tokenizer.pad_token_id), gather_scores(dp, scores)
         rows = [self.rows[i] for i in indices for _ in range(g)]
         t2 = time.perf_counter()
-        exp = self.make_experience(Experience(rollout, rows, scores))
+        with phase("logprobs"):
+            exp = self.make_experience(Experience(rollout, rows, scores))
         t3 = time.perf_counter()
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)  # a function of the step alone
-        update = self.update(exp, generator)
+        with phase("update"):
+            update = self.update(exp, generator)
         self.sampler.weights_updated(self.policy)
         t4 = time.perf_counter()
         sequence_kl = float(exp.kl.sum(-1).mean())

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from tether.models.reward import load_reward_model
+from tether.models.work import phase
 from tether.rollout.batch import Rollout
 from tether.rollout.forward import response_states
 
@@ -20,7 +21,8 @@ class ValueModel(nn.Module):
         self.rm = reward_model  # a tether RewardModel: backbone + 'score' head
 
     def forward(self, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
-        states = response_states(self.rm.inner.base_model, rollout, padding_free)  # (B, T, H): state s_t
+        with phase("critic"):
+            states = response_states(self.rm.inner.base_model, rollout, padding_free)  # (B, T, H): state s_t
         values = self.rm.score_head(states)[..., 0].float()  # (B, T)
         return values * rollout.response_mask
 

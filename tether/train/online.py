@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 from tether.config import ConfigError
 from tether.console import console
 from tether.diagnostics.monitors import RunMonitor, read_jsonl
+from tether.models.work import counting, phase, section
 from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, save_final, set_rng_state
 from tether.train.logger import MetricsLogger
@@ -188,10 +189,12 @@ class _Run:
         }
 
     def evaluate(self, step: int) -> dict:
-        res = self.stage.evaluate()
-        if self.evaluate_fn is not None and self.accelerator.is_main_process:
-            figures = self.evaluate_fn(self.stage.sampling_policy, self.stage.tokenizer)
-            res.update({f"eval/{k}": v for k, v in figures.items()})
+        with section("eval"):
+            res = self.stage.evaluate()
+            if self.evaluate_fn is not None and self.accelerator.is_main_process:
+                with phase("task"):  # the lab's gold evaluation (process 0 alone)
+                    figures = self.evaluate_fn(self.stage.sampling_policy, self.stage.tokenizer)
+                res.update({f"eval/{k}": v for k, v in figures.items()})
         res = self.dp.gather_json([res])[0]  # process 0's figures (with the task metrics only it computes) everywhere
         self.history.append({"step": step, **res})
         s = self.schedule
@@ -326,6 +329,11 @@ def run_online(
     """Train ``stage`` from the checkpoint (or step 0) to schedule.total_steps; returns the summary.
     ``evaluate_fn(policy, tokenizer) -> dict`` adds task metrics (the lab's gold figures) to every evaluation."""
     t_start = time.perf_counter()
+    with counting() as counter:  # every model forward, by phase: forwards/* and positions/* in each metrics row
+        return _train(stage, schedule, config, accelerator, out, checkpoint, title, evaluate_fn, t_start, counter)
+
+
+def _train(stage, schedule, config, accelerator, out, checkpoint, title, evaluate_fn, t_start, counter) -> dict:
     run = _Run(stage, schedule, out, evaluate_fn, accelerator)
     _same_start(run, stage)
     start_step = run.restore(checkpoint) if checkpoint is not None else 0  # RNG last: nothing below draws from it
@@ -365,6 +373,7 @@ def run_online(
                         done, lambda: (logger.log(metrics), keep_samples and run.write_samples(samples), run.save(done))
                     )
                 )
+            metrics.update(counter.take())  # the step's forwards (and the evaluation's, if it ran)
             logger.log(metrics)
             warned_truncation = warn_if_truncated(metrics, warned_truncation)
             if keep_samples:

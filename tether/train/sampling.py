@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
 from tether.models.lm import check_prompt_context, model_context
+from tether.models.work import phase, section
 from tether.rollout.backends import make_backend, response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
 from tether.train.sharding import copy_gathered
@@ -58,12 +59,14 @@ class OnlineSampler:
 
     def generate(self, prompt_indices: list[int], seeds: list[int] | None):
         """One response per entry of ``prompt_indices`` (repeat an index for a group)."""
-        return self.backend.generate([self.prompts[i] for i in prompt_indices], self.rollout_cfg, self.stops, seeds)
+        with phase("sample"):
+            return self.backend.generate([self.prompts[i] for i in prompt_indices], self.rollout_cfg, self.stops, seeds)
 
     def sample(self, rows: list[dict], prompt_indices: list[int], seeds: list[int] | None, scorer):
         """(rollout, scores): episodes scored by their environment, or responses scored by ``scorer``."""
         if self.agent is not None:
-            return self.agent([rows[i] for i in prompt_indices], seeds)
+            with phase("sample"):
+                return self.agent([rows[i] for i in prompt_indices], seeds)
         rollout = self.generate(prompt_indices, seeds)
         return rollout, scorer(rollout, [rows[i] for i in prompt_indices])
 
@@ -123,7 +126,8 @@ class OnlineSampler:
                 **figures,
             }
 
-        sums = dp.all_or_none(sample_and_score)
+        with section("eval"), phase("sample"):  # the scorer's reward-model forwards name their own phase
+            sums = dp.all_or_none(sample_and_score)
         names = dp.gather_json(sorted(sums))
         sums = dp.sum_dict({k: sums.get(k, 0.0) for k in sorted(set(names))})
         return {k: v / len(prompts) for k, v in sums.items()}

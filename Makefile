@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tether-installed
 TEST_STAMP := $(VENV)/.tether-test-installed
 
-.PHONY: lab test venv system clean
+.PHONY: lab test test-newest-transformers venv system clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,17 @@ TEST_WORKERS ?= 2
 test: $(TEST_STAMP) system
 	$(BIN)/ruff check --quiet . && $(BIN)/ruff format --check --quiet . || { echo "style: run .venv/bin/ruff format . && .venv/bin/ruff check --fix ."; exit 1; }
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
+
+# The forward counts and the log-prob layouts (tests/test_work.py and the files below) on the newest transformers in
+# the package's range: the set-up installs vLLM's <5.20 (constraints.txt), and a library change there ran every
+# padding-free forward twice unseen (docs/performance.md). A second environment inside .venv; .ci/run calls it after
+# make test. Raise NEWEST_TRANSFORMERS when a newer release is out.
+NEWEST_TRANSFORMERS ?= 5.25.0
+NEWEST := $(VENV)/newest
+test-newest-transformers: $(STAMP)
+	test -x $(NEWEST)/bin/python || $(PYTHON) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet torch==2.13.0 transformers==$(NEWEST_TRANSFORMERS) pytest -e .
+	$(NEWEST)/bin/python -m pytest -q -p no:cacheprovider tests/test_work.py tests/test_packing.py tests/test_rollout.py tests/test_decoding.py
 
 clean:
 	rm -rf $(VENV) runs

@@ -143,6 +143,8 @@ class GenerationBackend(Protocol):
     that is not the trained model itself also returns its own log-prob of every sampled token
     (Rollout.sampler_logprobs): the stages log the gap and can weight the loss by it (rollout.tis_cap)."""
 
+    samples_trainer_weights: bool  # samples with the trained model's own weights (nothing to copy, no sampler gap)
+
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         """One response per prompt, sampled with ``sampling``'s max_new_tokens, temperature, top_p and top_k;
         ``seeds``: one per prompt (rollout.response_seeds) or None for the backend's own RNG."""
@@ -167,6 +169,8 @@ class HFGenerate:
     """The trained policy itself, sampled with the KV cache (decoding.decode, finished rows dropped; generate()
     when sampling.drop_finished_rows is off): it samples from the weights being trained, so there is nothing to
     copy after an update."""
+
+    samples_trainer_weights = True
 
     def __init__(self, model, tokenizer, settings=None):
         self.model, self.tokenizer = model, tokenizer

@@ -276,6 +276,8 @@ def _shutdown(engine: dict) -> None:
 class VLLMBackend:
     """rollout.backend vllm: the GenerationBackend protocol (rollout/backends.py) on a vLLM engine."""
 
+    samples_trainer_weights = False  # the engine holds its own copy, pushed after each update
+
     def __init__(self, model, tokenizer, settings=None):
         if vllm_version() is None:
             raise ConfigError(INSTALL)

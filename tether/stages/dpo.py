@@ -45,7 +45,7 @@ from tether.models.work import phase
 from tether.rewards.functions import RewardFunctionError
 from tether.rewards.loading import load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
-from tether.rollout.backends import make_backend, response_seeds
+from tether.rollout.backends import BACKENDS, make_backend, response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
 from tether.stages.dpo_config import DPOConfig
 from tether.stages.dpo_reference import ReferenceLogps
@@ -584,7 +584,7 @@ def _setup(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, che
                 source += f" for the {len(used) - len(evals)} of {len(train)} training examples the run's steps visit"
     sharded = cfg.model.fsdp and accelerator.num_processes > 1
     # the hf backend samples from a copy; an engine (vllm) is pushed the sharded weights gathered
-    gathered_copy = cfg.online.online and sharded and cfg.rollout.backend == "hf"
+    gathered_copy = cfg.online.online and sharded and BACKENDS[cfg.rollout.backend].samples_trainer_weights
     sampling_copy = sampling_copy_of(model) if gathered_copy else None
     # the optimizer's state is restored by the offline and online loops' own resume (_run_offline, run_online)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, None)

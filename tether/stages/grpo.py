@@ -26,7 +26,7 @@ from tether.models.checks import check_position_restarts
 from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
 from tether.models.work import phase
 from tether.rewards.score import Scorer, Scores, load_process_reward_scorer, load_reward_model_scorer
-from tether.rollout.backends import response_seeds
+from tether.rollout.backends import BACKENDS, response_seeds
 from tether.rollout.batch import concat_rollouts
 from tether.rollout.forward import reference_logprobs, response_logprobs
 from tether.rollout.texts import step_end_tokens
@@ -155,6 +155,7 @@ class GroupStage:
             "advantage / ratio / aggregation": f"{a.advantage} / {a.ratio} / {a.aggregation}"
             + (f" (L = {cfg.norm_length})" if a.aggregation == "seq-mean-token-sum-norm" else ""),
             "KL": kl,
+            "forwards per step (each process)": self._forwards_line(),
             "reward": self.scorer.describe(),
             "stop tokens": ", ".join(
                 self.tokenizer.convert_ids_to_tokens(self.agent.stops if self.agent else self.stops)
@@ -177,6 +178,27 @@ class GroupStage:
                 else {}
             ),
         }
+
+    def _forwards_line(self) -> str:
+        """The plan's count of the step's no-grad and grad forwards over the rollout (forwards/* in metrics.jsonl)."""
+        a, ro, world = self.cfg.algo, self.cfg.rollout, self.dp.world
+        local = -(-minibatch_size(a, ro) // world)  # the most rows of one update a process takes
+        micro = -(-local // a.micro_batch_size)
+        sampler_gap = not getattr(self.sampler.backend, "samples_trainer_weights", True)
+        why = (
+            "old log-probs"
+            if self.keep_old
+            else "log-probs at sampling time, for the in-reward KL"
+            if a.kl_in_reward > 0
+            else "log-probs at sampling time, for the sampler gap"
+            if sampler_gap
+            else ""
+        )
+        return ", ".join(
+            ([f"1 no-grad ({why})"] if why else [])
+            + (["1 reference"] if self.cfg.needs_reference() else [])
+            + [f"{updates_per_step(a, ro)} x {micro} with gradients (updates x micro-batches)"]
+        )
 
     def evaluate(self) -> dict:
         return self.sampler.evaluate(self.eval_rows, self.scorer, self.cfg.train.seed, self.dp)
@@ -450,7 +472,9 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
             check_position_restarts(reference, cfg.model.reference)
     sampling_copy = None
     if sharded:
-        policy, sampling_copy = shard_trained_online(policy, start.accelerator, cfg.rollout.backend == "hf")
+        policy, sampling_copy = shard_trained_online(
+            policy, start.accelerator, BACKENDS[cfg.rollout.backend].samples_trainer_weights
+        )
         sampling_copy = sampling_copy.to(device) if sampling_copy is not None else None
         reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
     score = None

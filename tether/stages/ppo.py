@@ -35,7 +35,7 @@ from tether.models.lm import (
 )
 from tether.models.work import phase
 from tether.rewards.score import Scorer, load_process_reward_scorer, load_reward_model_scorer
-from tether.rollout.backends import response_seeds
+from tether.rollout.backends import BACKENDS, response_seeds
 from tether.rollout.forward import reference_logprobs, response_logprobs, response_logprobs_and_values
 from tether.sections import minibatch_size, updates_per_step
 from tether.stages.ppo_config import PPOConfig
@@ -130,6 +130,9 @@ class PPOStage:
             if cfg.critic.layout == "shared"
             else f"separate ({cfg.critic.path or cfg.rewards.reward_model or cfg.model.path})",
             "reference": "frozen copy" if self.reference is not None else "policy with the LoRA adapter disabled",
+            "forwards per step (each process)": f"1 no-grad (old log-probs{', values' if cfg.critic.layout == 'shared' else ''}), 1 reference, "
+            f"{updates_per_step(cfg.algo, cfg.rollout)} with gradients (one per minibatch)"
+            + ("" if cfg.critic.layout == "shared" else f"; the critic 1 + {updates_per_step(cfg.algo, cfg.rollout)}"),
             "reward": self.scorer.describe(),
             "stop tokens": ", ".join(
                 self.tokenizer.convert_ids_to_tokens(self.agent.stops if self.agent else self.stops)
@@ -479,7 +482,9 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
             check_position_restarts(critic.rm, cfg.critic.path or cfg.rewards.reward_model or cfg.model.path)
     sampling_copy = None
     if sharded:  # the shared head stays whole: it is one vector
-        policy, sampling_copy = shard_trained_online(policy, start.accelerator, cfg.rollout.backend == "hf")
+        policy, sampling_copy = shard_trained_online(
+            policy, start.accelerator, BACKENDS[cfg.rollout.backend].samples_trainer_weights
+        )
         sampling_copy = sampling_copy.to(device) if sampling_copy is not None else None
         reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
         if not isinstance(critic, SharedValueHead):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.logprobs import token_entropy, token_logprobs
+from tether.algorithms.logprobs import at_least_float32, token_entropy, token_logprobs
 from tether.algorithms.reductions import AGGREGATIONS, aggregate, masked_sum
 from tether.algorithms.sft import sft_nll_sum
 from tether.train.schedule import warmup_cosine
@@ -42,6 +42,18 @@ def test_token_entropy_hand_computed_and_at_the_sampling_temperature():
     torch.testing.assert_close(token_entropy(logits, 0.7, chunk_rows=2), naive)
     with pytest.raises(ValueError, match="temperature"):
         token_entropy(logits, 0.0)
+
+
+def test_log_probs_keep_float64_and_lift_lower_precisions_to_float32():
+    # log(3/4) = ln 3 − ln 4 to float64 precision (a few roundings of terms ≤ 1.4: within 10 ulps of 1), not rounded
+    # to float32 (6e-8) on the way
+    logits = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64)
+    got = token_logprobs(logits, torch.tensor([[1]]))
+    assert got.dtype == torch.float64 and abs(got.item() - math.log(0.75)) <= 10 * 2.0**-53
+    assert token_entropy(logits).dtype == torch.float64
+    for low in (torch.bfloat16, torch.float16, torch.float32):
+        assert token_logprobs(logits.to(low), torch.tensor([[1]])).dtype == torch.float32
+        assert at_least_float32(logits.to(low)).dtype == torch.float32
 
 
 def test_token_logprobs_rejects_bad_temperature():

@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from conftest import assert_same_adamw_weights, write_jsonl
+from conftest import FP64, assert_same_adamw_weights, write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main as tether_main
@@ -163,8 +163,9 @@ UPDATE_FIGURES = (
 
 # Final weights after at most 12 Adam updates at lr 3e-3 (every run here uses --lr 3e-3): one process and two sum
 # the same gradients in another order (and the packed forward reads its rows from one long sequence), so gradients
-# differ by float32 rounding, which AdamW can amplify in weights whose gradient is near zero (conftest's
-# assert_same_adamw_weights says how far, from the arithmetic). Every logged figure agrees to 1e-4.
+# differ by rounding, which AdamW can amplify in weights whose gradient is near zero: every run compared here trains
+# in float64 (conftest's FP64), and assert_same_adamw_weights says how far they may differ, from the arithmetic.
+# Every logged figure agrees to 1e-4 (scores and advantages are float32).
 LR, MAX_UPDATES = 3e-3, 12
 
 
@@ -239,7 +240,7 @@ def group_recipe_args(model, rules, prompts, recipe: str) -> list[str]:
     ]
     if recipe == "dapo":  # dynamic sampling: the kept-group count is global, later rounds split unevenly
         args[args.index(f"{rules}:count_a")] = f"{rules}:has_a"
-    return args
+    return args + FP64
 
 
 @pytest.mark.slow
@@ -292,7 +293,7 @@ def test_a_process_reward_on_two_processes_equals_one(llama_dir, files, tmp_path
         "--sample-every",
         "1",
         "--response-seeds",
-    ]
+    ] + FP64
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
@@ -394,7 +395,7 @@ def ppo_args(model, rules, prompts, layout: str) -> list[str]:
         "1",
         "--response-seeds",
     ]
-    return args
+    return args + FP64
 
 
 @pytest.mark.slow
@@ -442,7 +443,7 @@ def online_dpo_args(model, rules, prompts) -> list[str]:
         "--temperature",
         "1.3",
     ]
-    return args
+    return args + FP64
 
 
 @pytest.mark.slow
@@ -478,38 +479,42 @@ def test_multi_turn_episodes_on_two_processes_equal_one(short_turn_model, files,
     environment tokens and action masks) are gathered, and the update is the one-process update."""
     _, prompts = files
     env = f"{os.path.dirname(os.path.abspath(__file__))}/agent_helpers.py:Counting(turns=3)"
-    args = [
-        stage,
-        "--model",
-        str(short_turn_model),
-        "--prompts",
-        str(prompts),
-        "--eval-prompts",
-        str(prompts),
-        "--env",
-        env,
-        "--max-total-tokens",
-        "48",
-        "--prompts-per-step",
-        "4",
-        "--group-size",
-        "2",
-        "--max-new-tokens",
-        "8",
-        "--max-steps",
-        "2",
-        "--lr",
-        "3e-3",
-        "--eval-every",
-        "2",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-        "--sample-every",
-        "1",
-        "--response-seeds",
-    ] + (["--minibatch", "4"] if stage == "ppo" else [])
+    args = (
+        [
+            stage,
+            "--model",
+            str(short_turn_model),
+            "--prompts",
+            str(prompts),
+            "--eval-prompts",
+            str(prompts),
+            "--env",
+            env,
+            "--max-total-tokens",
+            "48",
+            "--prompts-per-step",
+            "4",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--max-steps",
+            "2",
+            "--lr",
+            "3e-3",
+            "--eval-every",
+            "2",
+            "--save-every",
+            "0",
+            "--report-to",
+            "none",
+            "--sample-every",
+            "1",
+            "--response-seeds",
+        ]
+        + (["--minibatch", "4"] if stage == "ppo" else [])
+        + FP64
+    )
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
@@ -596,7 +601,7 @@ def test_a_process_reward_model_on_two_processes_equals_one(llama_dir, files, tm
     args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--process-reward-model", prm]
     args += ["--step-pattern", " ", "--prompts-per-step", "4", "--group-size", "3", "--max-new-tokens", "8"]
     args += ["--max-steps", "2", "--lr", "3e-3", "--save-every", "0", "--report-to", "none", "--sample-every", "1"]
-    args += ["--response-seeds"]
+    args += ["--response-seeds"] + FP64
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_same_adamw_weights, write_jsonl
+from conftest import FP64, assert_same_adamw_weights, write_jsonl
 from safetensors.torch import load_file
 from test_online_parallel import launch, lines
 
@@ -18,8 +18,9 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 
 
 # Weights after a few steps differ by float rounding: the sharded run sums gradients in another order, which AdamW
-# can amplify in weights whose gradient is near zero (conftest's assert_same_adamw_weights bounds it from the
-# arithmetic). Every run here trains at --lr 3e-3 for at most 6 updates.
+# can amplify in weights whose gradient is near zero, so every run compared here trains in float64 (conftest's FP64)
+# and assert_same_adamw_weights bounds the difference from the arithmetic. Every run here trains at --lr 3e-3 for at
+# most 6 updates.
 LR, MAX_UPDATES = 3e-3, 6
 
 
@@ -64,7 +65,7 @@ def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_
         "none",
         "--adamw",
         "foreach",
-    ]
+    ] + FP64
     two = tmp_path / "two"
     proc = launch(args + ["--fsdp", "--output", str(two)], config_file=str(CONFIGS / "cpu.yaml"))  # the shipped file
     assert "sharded over 2 processes (FSDP2)" in (two / "config.yaml").read_text(), proc.stderr[-2000:]
@@ -123,7 +124,7 @@ def test_sharded_dpo_equals_one_process(llama_dir, tmp_path):
         "none",
         "--adamw",
         "foreach",
-    ]
+    ] + FP64
     launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_training(
@@ -208,7 +209,7 @@ def test_sharded_reward_model_equals_one_process(llama_dir, tmp_path):
         "none",
         "--adamw",
         "foreach",
-    ]
+    ] + FP64
     launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_training(
@@ -259,7 +260,7 @@ def test_token_budget_micro_batches_sharded_equal_one_process_by_examples(llama_
         "none",
         "--adamw",
         "foreach",
-    ]
+    ] + FP64
     proc = launch(args + ["--micro-batch-tokens", "60", "--fsdp", "--output", str(tmp_path / "two")])
     assert "up to 60 tokens" in (tmp_path / "two" / "config.yaml").read_text(), proc.stderr[-2000:]
     assert tether_main(args + ["--micro-batch-size", "2", "--output", str(tmp_path / "one")]) == 0

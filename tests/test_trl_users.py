@@ -690,7 +690,7 @@ def test_the_api_under_a_two_process_launch_is_one_data_parallel_run(case_dirs, 
         "import sys, tether\n"
         "rows = [{'prompt': f'What is {i} + 1?', 'completion': f' {i + 1}'} for i in range(16)]\n"
         "run = tether.sft(model=sys.argv[1], data=rows, output=sys.argv[2], max_steps=3, batch_size=8,\n"
-        "                 micro_batch_size=2, lr=1e-3, report_to=['none'], eval_fraction=0)\n"
+        "                 micro_batch_size=2, lr=1e-3, report_to=['none'], eval_fraction=0, dtype='float64')\n"
     )
     model = str(case_dirs["llama"])
     done = launch([model, str(tmp_path / "two")], script=str(script))

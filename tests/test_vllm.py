@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from conftest import write_jsonl
+from conftest import FP64, write_jsonl
 from safetensors.torch import load_file
 
 from tether.agents.episodes import AgentSampler
@@ -359,7 +359,8 @@ def one_process_run(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm-one")
     (root / "rules.py").write_text(RULES)
     prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("cats", "dogs", "rain", "sun")])
-    args = [a.replace("{model}", str(model_dir)) for a in _seeded_grpo_args(root / "rules.py", prompts)]
+    # a float64 trainer (the engine serves it in float32): the 2-process run is compared to the bound of float64
+    args = [a.replace("{model}", str(model_dir)) for a in _seeded_grpo_args(root / "rules.py", prompts)] + FP64
     assert tether_main(args + ["--output", str(root / "one"), "--save-every", "1"]) == 0
     return args, root / "one"
 

@@ -22,11 +22,11 @@ class ModelSection(Section):
     dtype: str = option(
         "float32",
         "dtype the trained weights are stored and updated in: fp32 (float32), bf16 "
-        "(bfloat16), fp16 (float16) or auto (as saved). bf16 halves weights, gradients "
+        "(bfloat16), fp16 (float16), fp64 (float64: numerical reference runs) or auto (as saved). bf16 halves weights, gradients "
         "and AdamW states; updates below bf16's resolution are lost — for fp32 master "
         "weights with bf16 arithmetic use --mixed-precision bf16 (docs/scaling.md).",
         flag="--dtype",
-        choices=("float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16"),
+        choices=("float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16", "float64", "fp64"),
     )
     mixed_precision: str = option(
         "no",
@@ -50,7 +50,7 @@ class ModelSection(Section):
         "",
         "dtype of the frozen models (reference, reward model scoring rollouts); empty: "
         "the same as --dtype. E.g. bf16 halves their memory under an fp32 policy.",
-        choices=("", "float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16"),
+        choices=("", "float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16", "float64", "fp64"),
     )
     padding_free: bool = option(
         True,

@@ -24,6 +24,8 @@ DTYPES = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
+    "float64": torch.float64,  # numerical reference runs (the tests' N processes = 1 checks)
+    "fp64": torch.float64,
 }
 
 

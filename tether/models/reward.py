@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from tether.algorithms.logprobs import at_least_float32
 from tether.config import ConfigError
 from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, is_sharded, reshard
 from tether.models.packing import pad_sequences
@@ -61,7 +62,7 @@ class RewardModel(nn.Module):
             hidden = inner.base_model(
                 input_ids=input_ids, position_ids=position_ids, use_cache=False
             ).last_hidden_state  # (R, W, H)
-            return self.score_head(hidden.reshape(-1, hidden.shape[-1])[last_index]).float()  # (n, heads)
+            return at_least_float32(self.score_head(hidden.reshape(-1, hidden.shape[-1])[last_index]))  # (n, heads)
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T), 0 at the first real token
         hidden = inner.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
@@ -69,7 +70,7 @@ class RewardModel(nn.Module):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         last = (positions * attention_mask.long()).argmax(-1)  # (B,) last real token, for left or right padding
         pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
-        return self.score_head(pooled).float()  # (B, heads)
+        return at_least_float32(self.score_head(pooled))  # (B, heads)
 
     def step_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, step_index: torch.Tensor):
         """(B, S, heads) logits at each row's step positions (``step_index`` (B, S), right-padded rows): a process
@@ -80,7 +81,7 @@ class RewardModel(nn.Module):
         ).last_hidden_state  # (B, T, H)
         at = step_index.clamp(max=hidden.shape[1] - 1)
         picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, S, H)
-        return self.score_head(picked).float()
+        return at_least_float32(self.score_head(picked))
 
     @property
     def score_head(self):

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
-from tether.algorithms.logprobs import token_entropy, token_logprobs
+from tether.algorithms.logprobs import at_least_float32, token_entropy, token_logprobs
 from tether.errors import ConfigError
 from tether.models.packing import pack_sequences
 from tether.models.work import phase
@@ -185,7 +185,7 @@ def response_logprobs_and_values(model, value_head, rollout: Rollout, temperatur
     logits, hidden = _forward_response(model, rollout, with_hidden=True, padding_free=padding_free)
     mask = rollout.response_mask
     logprobs = token_logprobs(logits, rollout.response_ids, temperature) * mask
-    values = value_head(hidden.to(value_head.weight.dtype))[..., 0].float() * mask
+    values = at_least_float32(value_head(hidden.to(value_head.weight.dtype))[..., 0]) * mask
     return logprobs, token_entropy(logits, temperature) * mask, values
 
 

@@ -77,6 +77,12 @@ SAFETENSORS_DTYPES = {
 }
 
 
+def served_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the engine runs a policy of ``dtype`` in: vLLM has no float64 kernels, so a float64 policy (a
+    numerical reference run) is served in float32, its sampler log-probs then float32's."""
+    return torch.float32 if dtype == torch.float64 else dtype
+
+
 @torch.no_grad()
 def _write_weights(policy, folder: Path) -> None:
     """The policy's checkpoint-format weights as folder/model.safetensors, replaced atomically (the engine never
@@ -89,11 +95,12 @@ def _write_weights(policy, folder: Path) -> None:
     weights = checkpoint_weights(policy)
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, t in weights.items():
-        if t.dtype not in SAFETENSORS_DTYPES:
+        dtype = served_dtype(t.dtype)
+        if dtype not in SAFETENSORS_DTYPES:
             raise ConfigError(f"the vLLM backend cannot write {name} of dtype {t.dtype}")
-        size = t.numel() * t.element_size()
+        size = t.numel() * dtype.itemsize
         header[name] = {
-            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "dtype": SAFETENSORS_DTYPES[dtype],
             "shape": list(t.shape),
             "data_offsets": [offset, offset + size],
         }
@@ -105,7 +112,7 @@ def _write_weights(policy, folder: Path) -> None:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for t in weights.values():
-            whole = gathered(t.detach()).cpu().contiguous()
+            whole = gathered(t.detach()).cpu().to(served_dtype(t.dtype)).contiguous()
             f.write(whole.reshape(-1).view(torch.uint8).numpy())
     os.replace(tmp, folder / "model.safetensors")
 
@@ -287,7 +294,7 @@ class VLLMBackend:
         context = model_context(model) or 2048
         rows = settings.rollout_size if settings is not None else 1
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        dtype = next(model.parameters()).dtype
+        dtype = served_dtype(next(model.parameters()).dtype)
         key = {
             "config": json.dumps(base.config.to_dict(), sort_keys=True, default=str),
             "dtype": str(dtype).removeprefix("torch."),

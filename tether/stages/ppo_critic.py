@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tether.algorithms.logprobs import at_least_float32, compute_dtype
 from tether.models.reward import load_reward_model
 from tether.models.work import phase
 from tether.rollout.batch import Rollout
@@ -23,7 +24,7 @@ class ValueModel(nn.Module):
     def forward(self, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
         with phase("critic"):
             states = response_states(self.rm.inner.base_model, rollout, padding_free)  # (B, T, H): state s_t
-        values = self.rm.score_head(states)[..., 0].float()  # (B, T)
+        values = at_least_float32(self.rm.score_head(states)[..., 0])  # (B, T)
         return values * rollout.response_mask
 
     def save_pretrained(self, folder, **kwargs) -> None:
@@ -48,7 +49,8 @@ class SharedValueHead(nn.Module):
 
     def __init__(self, policy, hidden_size: int):
         super().__init__()
-        self.head = nn.Linear(hidden_size, 1)
+        # fp32 under a bf16 or fp32 policy, fp64 under a float64 one (the values keep the policy's precision)
+        self.head = nn.Linear(hidden_size, 1, dtype=compute_dtype(next(policy.parameters())))
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
         object.__setattr__(self, "policy", policy)  # not a submodule: the policy's weights stay out of this module

@@ -144,7 +144,9 @@ class DataParallel:
     def _all_reduce_grads(self, params: list[torch.Tensor]) -> None:
         import torch.distributed as dist
 
-        flat = torch.cat([p.grad.reshape(-1).float() for p in params]).to(self.device)
+        # summed in float32 at least (bf16 gradients too), float64 for a float64 model
+        dtype = torch.float64 if any(p.grad.dtype == torch.float64 for p in params) else torch.float32
+        flat = torch.cat([p.grad.reshape(-1).to(dtype) for p in params]).to(self.device)
         dist.all_reduce(flat)
         offset = 0
         for p in params:

@@ -133,3 +133,22 @@ def test_commands_from_other_vocabularies_point_to_the_tether_command(capsys):
     assert "tether kto: there is no such command; use tether dpo --loss kto" in capsys.readouterr().err
     assert main(["demo"]) == 2
     assert "use tether sft --demo" in capsys.readouterr().err
+
+
+def test_the_console_prints_text_as_written_never_as_markup(capsys):
+    """Template notes (Mistral's [/INST]), file names, model text reach the plan, warnings, errors and progress
+    lines: every one appears as written."""
+    import logging
+
+    from tether.console import ConsoleLogHandler, console, progress
+    from tether.train.run import show_plan
+
+    text = "[/INST] [bold]not bold[/bold] [red]x"
+    console.print(text)
+    show_plan({"template note": text}, f"plan {text}")
+    handler = ConsoleLogHandler()
+    handler.emit(logging.LogRecord("tether", logging.WARNING, __file__, 1, text, None, None))
+    assert list(progress(iter(range(3)), 3, text, min_items=1, every_s=0.0)) == [0, 1, 2]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == text and lines[1].strip() == f"plan {text}" and text in lines[2]
+    assert lines[3] == text and lines[4].startswith(f"{text}: 1/3")

@@ -80,7 +80,10 @@ def test_tool_schema_from_the_signature_and_docstring():
     }
 
 
-def test_failed_calls_are_observations_not_crashes():
+def test_failed_calls_are_observations_not_crashes(caplog):
+    from tether.agents import tools
+
+    tools.WARNED.discard("broken")
     env = EchoTools()
     env.reset({"prompt": "go"})
     result = env.step(
@@ -104,6 +107,9 @@ def test_failed_calls_are_observations_not_crashes():
     ]
     final = env.step("ECHO done.")
     assert final.done and env.outcome() == Outcome({"answered": 1.0}, True, None)
+    env.step('<tool_call>{"name": "broken", "arguments": {"x": "z"}}</tool_call>')
+    warned = [r.getMessage() for r in caplog.records if "raised" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("tool broken raised ValueError: out of order")  # once a tool
 
 
 def scripted_episodes(long_llama, turns, env=f"{HELPERS}:EchoTools(describe_tools=False)", rows=None, **kw):
@@ -190,6 +196,23 @@ def test_environment_faults_stop_or_are_scored_and_counted(long_llama):
     assert sampler.error_counts() == {"env": 1} and "within 0.2 s" in scores.records[0]["error"]
     with pytest.raises(ConfigError, match="no file"):
         scripted_episodes(long_llama, ["a"], env="missing.py:Env")
+
+
+@pytest.mark.parametrize("timeout,concurrency", [(5.0, 2), (0.0, 1)])
+def test_an_async_client_opened_in_reset_serves_every_later_call(long_llama, timeout, concurrency):
+    """One event loop for the environment's run: a connection opened in an async reset carries both turns' tool
+    calls and the outcome's, in every episode, with and without a time limit, one call at a time or several."""
+    call = '<tool_call>{"name": "shout", "arguments": {"text": "hi"}}</tool_call>'
+    _, sampler, (rollout, scores) = scripted_episodes(
+        long_llama,
+        [call, call, "HI HI"],
+        env=f"{HELPERS}:ConnectedTools",
+        env_timeout=timeout,
+        env_concurrency=concurrency,
+    )
+    sampler.close()
+    assert [(r["calls"], r["failed_calls"], r["end"]) for r in scores.records] == [({"shout": 2}, 0, "done")] * 2
+    assert rollout.responses[0].count("tool: HI") == 2 and scores.total.tolist() == [1.0, 1.0]
 
 
 def test_per_turn_rewards_and_outcome_are_kept_apart(long_llama):

@@ -242,6 +242,7 @@ class AgentSampler:
             self.reward_set.set_progress(global_step, max_steps)
 
     def close(self) -> None:
+        self.guard.close()  # the environment's event loop
         if self.reward_set is not None:
             self.reward_set.close()
 
@@ -605,7 +606,7 @@ def check_episodes(agent_cfg, tokenizer, rows: list[dict]) -> None:
         return
     from tether.rollout.prompts import stop_token_ids
 
-    AgentSampler(agent_cfg, tokenizer, None, None, stop_token_ids(tokenizer), rows)
+    AgentSampler(agent_cfg, tokenizer, None, None, stop_token_ids(tokenizer), rows).close()
 
 
 PROBE_TOOL = {

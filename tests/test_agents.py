@@ -538,3 +538,81 @@ def test_an_environment_failing_late_checkpoints_and_resumes_scoring_its_faults(
     assert summary["resumed_from"] == 1
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4] and metrics[-1]["reward/env/errors"] > 0
+
+
+BAD_SPECS = """
+from tether.agents.environment import Outcome, StepResult
+
+
+class NoStep:
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def outcome(self):
+        return Outcome()
+
+
+class NoReset:
+    def step(self, text):
+        return StepResult(done=True)
+
+    def outcome(self):
+        return Outcome()
+
+
+class Stepper:
+    def step(self, text):
+        return StepResult(done=True)
+
+
+def make_stepper():
+    return Stepper()
+
+
+def raising_parser(text):
+    raise ValueError("cannot read this")
+
+
+def dict_parser(text):
+    return {"name": "echo"}
+"""
+
+
+BAD = "{bad}"  # the file above, written in the test's folder
+BAD_CASES = {
+    "no step": ((f"{BAD}:NoStep",), "NoStep has no step() method; an environment defines reset(row)"),
+    "no reset": ((f"{BAD}:NoReset",), "NoReset has no reset() method"),
+    "a factory": ((f"{BAD}:make_stepper",), "what it makes (Stepper) has no reset() and no outcome() method"),
+    "malformed": (
+        (f"{BAD}:NoStep(difficulty=",),
+        "a malformed spec; the form is module:class or path/file.py:class, with arguments class(name=literal, ...)",
+    ),
+    "parser raises": (
+        (f"{HELPERS}:EchoTools", "--tool-parser", f"{BAD}:raising_parser"),
+        f"--tool-parser {BAD}:raising_parser raised ValueError: cannot read this on the turn",
+    ),
+    "parser returns a dict": (
+        (f"{HELPERS}:EchoTools", "--tool-parser", f"{BAD}:dict_parser"),
+        f"--tool-parser {BAD}:dict_parser returned \"{{'name': 'echo'}}\" (dict) for the turn",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_environments_parsers_and_specs_are_one_line_before_any_model_loads(case, llama_dir, tmp_path, capsys):
+    import shutil
+
+    from tether.cli import main
+
+    model = shutil.copytree(llama_dir, tmp_path / "m")
+    (model / "model.safetensors").write_bytes(b"not weights: every check must refuse before anything loads them")
+    (tmp_path / "bad.py").write_text(BAD_SPECS)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}])
+    (env, *more), message = BAD_CASES[case]
+    bad = f"{tmp_path}/bad.py"
+    argv = ["grpo", "--model", str(model), "--prompts", str(prompts), "--output", str(tmp_path / "o"), "--env", env]
+    assert main([a.replace(BAD, bad) for a in argv + more]) == 2
+    err = capsys.readouterr().err
+    assert message.replace(BAD, bad) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    if "parser" in case:
+        assert 'returns its calls: a list of {"name": str, "arguments": dict}' in err

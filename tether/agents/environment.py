@@ -73,13 +73,32 @@ class EnvironmentFault(RewardFunctionError):
     is_environment = True
 
 
+PROTOCOL = ("reset", "step", "outcome")
+
+
 def load_environment(spec: str) -> Callable[[], Environment]:
-    """``module:Class`` or ``path/file.py:Class``, optionally ``Class(k=v,...)``: a factory of fresh instances."""
+    """``module:Class`` or ``path/file.py:Class``, optionally ``Class(k=v,...)``: a factory of fresh instances. A
+    class is checked for the protocol's methods here; what another callable makes, at its first instance."""
     try:
         factory = load_reward_function(spec)
     except ConfigError as err:
         raise ConfigError(str(err).replace("--reward", "--env").replace("function", "class")) from None
+    made = getattr(factory, "func", factory)  # a spec with arguments is a functools.partial
+    if isinstance(made, type):
+        check_protocol(made, spec)
     return factory
+
+
+def check_protocol(env, spec: str) -> None:
+    """A ConfigError naming the methods of the protocol that ``env`` (a class or an instance) lacks."""
+    missing = [m for m in PROTOCOL if not callable(getattr(env, m, None))]
+    if missing:
+        what = env.__name__ if isinstance(env, type) else f"what it makes ({type(env).__name__})"
+        raise ConfigError(
+            f"--env {spec}: {what} has no {' and no '.join(f'{m}()' for m in missing)} method; an environment "
+            "defines reset(row) -> messages, step(text) -> StepResult and outcome() -> Outcome (docs/agents.md, "
+            '"The protocol")'
+        )
 
 
 def environment_name(spec: str) -> str:

@@ -31,6 +31,7 @@ from tether.agents.environment import (
     StepResult,
     check_messages,
     check_parts,
+    check_protocol,
     environment_name,
     load_environment,
 )
@@ -249,6 +250,7 @@ class AgentSampler:
     def start(self, row: dict) -> Episode:
         prompt = row.get("prompt")
         env = self.guard("__init__", self.factory, prompt=prompt)
+        check_protocol(env, self.cfg.env)
         tools = None
         if template_takes_tools(self.tokenizer) and getattr(env, "schemas", None):
             env.describe_tools, tools = False, env.schemas  # the template lists the tools in its own format
@@ -341,10 +343,7 @@ class AgentSampler:
             e.end = "tokens"
             return None
         raw = tok.decode(ids[:-1], skip_special_tokens=False)  # call markers may be special tokens
-        try:
-            content, calls = self.format.parse(raw)
-        except Exception as err:  # noqa: BLE001 - a user's parser (--tool-parser module:function)
-            raise ConfigError(f"agent.tool_parser {self.format.name} raised {type(err).__name__}: {err}") from err
+        content, calls = self.format.parse(raw)  # a user's parser that fails: a ConfigError naming it
         if not calls and self.format.looks_like_call(raw):
             e.unparsed_turns += 1
             if not self.unparsed_warned:

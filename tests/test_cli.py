@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 from conftest import write_jsonl
 
 from tether.cli import main
@@ -152,3 +153,50 @@ def test_the_console_prints_text_as_written_never_as_markup(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == text and lines[1].strip() == f"plan {text}" and text in lines[2]
     assert lines[3] == text and lines[4].startswith(f"{text}: 1/3")
+
+
+BROKEN_TEMPLATES = {
+    "syntax": (
+        "{% for m in messages %}\n{{ m.content }\n{% endfor %}",
+        ":2: not a valid Jinja template: unexpected '}'",
+    ),
+    "render": (
+        "{% for m in messages %}{{ m.role }}\n{{ m.content + 1 }}\n{% endfor %}",
+        ":2: rendering a user turn and the generation prompt raised TypeError: can only concatenate str",
+    ),
+    "answer": (
+        "{% for m in messages %}{{ m.content }}{% if m.role == 'assistant' %}\n\n{{ raise_exception('no answers') }}"
+        "{% endif %}{% endfor %}",
+        ":3: rendering a user turn and its answer raised TemplateError: no answers",
+    ),
+}
+
+
+@pytest.mark.parametrize("stage", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("kind", list(BROKEN_TEMPLATES))
+def test_a_broken_chat_template_file_is_named_with_its_line_before_any_model_loads(
+    stage, kind, llama_dir, tmp_path, capsys
+):
+    import shutil
+
+    model = shutil.copytree(llama_dir, tmp_path / "m")
+    (model / "model.safetensors").write_bytes(b"not weights: the check must refuse before anything loads them")
+    text, message = BROKEN_TEMPLATES[kind]
+    (tmp_path / "t.jinja").write_text(text)
+    user, answer = [{"role": "user", "content": "Q"}], [{"role": "assistant", "content": "A"}]
+    rows = {
+        "sft": [{"messages": user + answer}] * 4,
+        "dpo": [{"prompt": user, "chosen": answer, "rejected": [{"role": "assistant", "content": "B"}]}] * 4,
+        "grpo": [{"prompt": user}] * 4,
+    }[stage]
+    data = [write_jsonl(tmp_path / "d.jsonl", rows)]
+    data = (
+        ["--prompts", *data, "--reward", "tether.rewards.builtin:length_penalty"]
+        if stage == "grpo"
+        else ["--data", *data]
+    )
+    argv = [stage, "--model", str(model), *map(str, data), "--chat-template", str(tmp_path / "t.jinja")]
+    assert main([*argv, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"tether {stage}: error: --chat-template {tmp_path / 't.jinja'}{message}" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -200,3 +200,14 @@ def test_a_broken_chat_template_file_is_named_with_its_line_before_any_model_loa
     err = capsys.readouterr().err
     assert f"tether {stage}: error: --chat-template {tmp_path / 't.jinja'}{message}" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sharegpt_turn_without_its_text_names_the_file_line_and_turn(llama_dir, tmp_path, capsys):
+    turns = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]
+    path = write_jsonl(tmp_path / "s.jsonl", [{"conversations": turns}, {"conversations": [turns[0], {"from": "gpt"}]}])
+    assert main(["data", "check", str(path), "--model", str(llama_dir)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip()
+        == f"tether data: error: {path}:2: conversations[1] has no 'value' (the turn's text); the turn is {{'from': 'gpt'}}"
+    )

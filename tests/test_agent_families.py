@@ -422,7 +422,7 @@ def test_an_env_run_with_a_reward_function_beside_it_from_the_command_line(base_
     env = f"{HELPERS}:EchoTools(claim_pattern='[/INST] done')"
     args = ["--model", str(model), "--prompts", str(prompts), "--env", env, "--max-new-tokens", "4"]
     args += ["--reward", f"{HELPERS}:says_five=0.5,{HELPERS}:training_progress=0", "--max-steps", "2"]
-    args += ["--prompts-per-step", "2", "--group-size", "2", "--eval-every", "0", "--save-every", "0"]
+    args += "--prompts-per-step 2 --group-size 2 --eval-every 0 --save-every 0 --reward-timeout 0".split()
     code = main(["grpo", *args, "--output", str(tmp_path / "out"), "--report-to", "none"])
     err = capsys.readouterr().err
     assert code == 0, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import torch
@@ -215,5 +216,49 @@ def first_word_parser(text):
 first_word_parser.markers = ("CALL",)
 
 
+def training_progress(completions, trainer_state, **_):
+    """The steps done before this batch, as the run's trainer_state says."""
+    return [float(trainer_state.global_step)] * len(completions)
+
+
 def says_five(completions, **_):
     return [1.0 if "5" in c else 0.0 for c in completions]
+
+
+async def shout_back(reader, writer):
+    """A line server: each line comes back in capitals."""
+    while line := await reader.readline():
+        writer.write(line.upper())
+        await writer.drain()
+    writer.close()
+
+
+class ConnectedTools(ToolEnvironment):
+    """Its tool talks to a server over a connection opened in ``reset`` and closed in ``outcome``, as an HTTP or MCP
+    client does: the connection belongs to the event loop it was opened on."""
+
+    def __init__(self):
+        super().__init__(tools=[self.shout])
+
+    async def reset(self, row):
+        self.server = await asyncio.start_server(shout_back, "127.0.0.1", 0)
+        self.reader, self.writer = await asyncio.open_connection(*self.server.sockets[0].getsockname()[:2])
+        return super().reset(row)
+
+    async def shout(self, text: str) -> str:
+        """Say it louder, through the server.
+
+        Args:
+            text: What to say.
+        """
+        self.writer.write(text.encode() + b"\n")
+        await self.writer.drain()
+        return (await self.reader.readline()).decode().strip()
+
+    async def outcome(self):
+        reply = await self.shout("bye")
+        self.writer.close()
+        await self.writer.wait_closed()
+        self.server.close()
+        await self.server.wait_closed()
+        return Outcome({"answered": 1.0 if reply == "BYE" else 0.0}, success=bool(self.calls))

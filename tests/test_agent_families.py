@@ -408,3 +408,25 @@ def test_a_template_without_a_tool_role_serves_user_feedback_environments_and_re
     assert scores.records[0]["turns"] == 2 and "user: Try again." in rollout.responses[0]
     with pytest.raises(ConfigError, match="cannot render the conversation.*roles must alternate.*--chat-template FILE"):
         episode(tok, CASES["qwen2.5"][0], env=f"{HELPERS}:EchoTools")
+
+
+def test_an_env_run_with_a_reward_function_beside_it_from_the_command_line(base_dir, tmp_path, capsys):
+    """The Mistral family with tools: its plan prints text holding [/INST]-like tags (here the claim pattern of the
+    spec), verbatim; a reward function beside the environment sees the run's progress at every step."""
+    from tether.cli import main
+    from tether.models.lm import build_tiny_model
+
+    tok = family_tokenizer(base_dir, "mistral")
+    model = build_tiny_model("qwen2", tok, tmp_path / "m", hidden=16, layers=1, heads=2, max_positions=256)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Add 2 and 3."}, {"prompt": "Add 3 and 2."}])
+    env = f"{HELPERS}:EchoTools(claim_pattern='[/INST] done')"
+    args = ["--model", str(model), "--prompts", str(prompts), "--env", env, "--max-new-tokens", "4"]
+    args += ["--reward", f"{HELPERS}:says_five=0.5,{HELPERS}:training_progress=0", "--max-steps", "2"]
+    args += "--prompts-per-step 2 --group-size 2 --eval-every 0 --save-every 0 --reward-timeout 0".split()
+    code = main(["grpo", *args, "--output", str(tmp_path / "out"), "--report-to", "none"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert env in " ".join(err.split())  # the plan's line, as written (rich markup would have refused [/INST])
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["reward/training_progress/mean"] for m in metrics] == [0.0, 1.0]  # trainer_state.global_step
+    assert all("reward/says_five/mean" in m for m in metrics)

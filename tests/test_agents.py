@@ -80,7 +80,10 @@ def test_tool_schema_from_the_signature_and_docstring():
     }
 
 
-def test_failed_calls_are_observations_not_crashes():
+def test_failed_calls_are_observations_not_crashes(caplog):
+    from tether.agents import tools
+
+    tools.WARNED.discard("broken")
     env = EchoTools()
     env.reset({"prompt": "go"})
     result = env.step(
@@ -104,6 +107,9 @@ def test_failed_calls_are_observations_not_crashes():
     ]
     final = env.step("ECHO done.")
     assert final.done and env.outcome() == Outcome({"answered": 1.0}, True, None)
+    env.step('<tool_call>{"name": "broken", "arguments": {"x": "z"}}</tool_call>')
+    warned = [r.getMessage() for r in caplog.records if "raised" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("tool broken raised ValueError: out of order")  # once a tool
 
 
 def scripted_episodes(long_llama, turns, env=f"{HELPERS}:EchoTools(describe_tools=False)", rows=None, **kw):
@@ -190,6 +196,23 @@ def test_environment_faults_stop_or_are_scored_and_counted(long_llama):
     assert sampler.error_counts() == {"env": 1} and "within 0.2 s" in scores.records[0]["error"]
     with pytest.raises(ConfigError, match="no file"):
         scripted_episodes(long_llama, ["a"], env="missing.py:Env")
+
+
+@pytest.mark.parametrize("timeout,concurrency", [(5.0, 2), (0.0, 1)])
+def test_an_async_client_opened_in_reset_serves_every_later_call(long_llama, timeout, concurrency):
+    """One event loop for the environment's run: a connection opened in an async reset carries both turns' tool
+    calls and the outcome's, in every episode, with and without a time limit, one call at a time or several."""
+    call = '<tool_call>{"name": "shout", "arguments": {"text": "hi"}}</tool_call>'
+    _, sampler, (rollout, scores) = scripted_episodes(
+        long_llama,
+        [call, call, "HI HI"],
+        env=f"{HELPERS}:ConnectedTools",
+        env_timeout=timeout,
+        env_concurrency=concurrency,
+    )
+    sampler.close()
+    assert [(r["calls"], r["failed_calls"], r["end"]) for r in scores.records] == [({"shout": 2}, 0, "done")] * 2
+    assert rollout.responses[0].count("tool: HI") == 2 and scores.total.tolist() == [1.0, 1.0]
 
 
 def test_per_turn_rewards_and_outcome_are_kept_apart(long_llama):
@@ -515,3 +538,81 @@ def test_an_environment_failing_late_checkpoints_and_resumes_scoring_its_faults(
     assert summary["resumed_from"] == 1
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4] and metrics[-1]["reward/env/errors"] > 0
+
+
+BAD_SPECS = """
+from tether.agents.environment import Outcome, StepResult
+
+
+class NoStep:
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def outcome(self):
+        return Outcome()
+
+
+class NoReset:
+    def step(self, text):
+        return StepResult(done=True)
+
+    def outcome(self):
+        return Outcome()
+
+
+class Stepper:
+    def step(self, text):
+        return StepResult(done=True)
+
+
+def make_stepper():
+    return Stepper()
+
+
+def raising_parser(text):
+    raise ValueError("cannot read this")
+
+
+def dict_parser(text):
+    return {"name": "echo"}
+"""
+
+
+BAD = "{bad}"  # the file above, written in the test's folder
+BAD_CASES = {
+    "no step": ((f"{BAD}:NoStep",), "NoStep has no step() method; an environment defines reset(row)"),
+    "no reset": ((f"{BAD}:NoReset",), "NoReset has no reset() method"),
+    "a factory": ((f"{BAD}:make_stepper",), "what it makes (Stepper) has no reset() and no outcome() method"),
+    "malformed": (
+        (f"{BAD}:NoStep(difficulty=",),
+        "a malformed spec; the form is module:class or path/file.py:class, with arguments class(name=literal, ...)",
+    ),
+    "parser raises": (
+        (f"{HELPERS}:EchoTools", "--tool-parser", f"{BAD}:raising_parser"),
+        f"--tool-parser {BAD}:raising_parser raised ValueError: cannot read this on the turn",
+    ),
+    "parser returns a dict": (
+        (f"{HELPERS}:EchoTools", "--tool-parser", f"{BAD}:dict_parser"),
+        f"--tool-parser {BAD}:dict_parser returned \"{{'name': 'echo'}}\" (dict) for the turn",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_environments_parsers_and_specs_are_one_line_before_any_model_loads(case, llama_dir, tmp_path, capsys):
+    import shutil
+
+    from tether.cli import main
+
+    model = shutil.copytree(llama_dir, tmp_path / "m")
+    (model / "model.safetensors").write_bytes(b"not weights: every check must refuse before anything loads them")
+    (tmp_path / "bad.py").write_text(BAD_SPECS)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}])
+    (env, *more), message = BAD_CASES[case]
+    bad = f"{tmp_path}/bad.py"
+    argv = ["grpo", "--model", str(model), "--prompts", str(prompts), "--output", str(tmp_path / "o"), "--env", env]
+    assert main([a.replace(BAD, bad) for a in argv + more]) == 2
+    err = capsys.readouterr().err
+    assert message.replace(BAD, bad) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    if "parser" in case:
+        assert 'returns its calls: a list of {"name": str, "arguments": dict}' in err

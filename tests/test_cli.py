@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 from conftest import write_jsonl
 
 from tether.cli import main
@@ -133,3 +134,80 @@ def test_commands_from_other_vocabularies_point_to_the_tether_command(capsys):
     assert "tether kto: there is no such command; use tether dpo --loss kto" in capsys.readouterr().err
     assert main(["demo"]) == 2
     assert "use tether sft --demo" in capsys.readouterr().err
+
+
+def test_the_console_prints_text_as_written_never_as_markup(capsys):
+    """Template notes (Mistral's [/INST]), file names, model text reach the plan, warnings, errors and progress
+    lines: every one appears as written."""
+    import logging
+
+    from tether.console import ConsoleLogHandler, console, progress
+    from tether.train.run import show_plan
+
+    text = "[/INST] [bold]not bold[/bold] [red]x"
+    console.print(text)
+    show_plan({"template note": text}, f"plan {text}")
+    handler = ConsoleLogHandler()
+    handler.emit(logging.LogRecord("tether", logging.WARNING, __file__, 1, text, None, None))
+    assert list(progress(iter(range(3)), 3, text, min_items=1, every_s=0.0)) == [0, 1, 2]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == text and lines[1].strip() == f"plan {text}" and text in lines[2]
+    assert lines[3] == text and lines[4].startswith(f"{text}: 1/3")
+
+
+BROKEN_TEMPLATES = {
+    "syntax": (
+        "{% for m in messages %}\n{{ m.content }\n{% endfor %}",
+        ":2: not a valid Jinja template: unexpected '}'",
+    ),
+    "render": (
+        "{% for m in messages %}{{ m.role }}\n{{ m.content + 1 }}\n{% endfor %}",
+        ":2: rendering a user turn and the generation prompt raised TypeError: can only concatenate str",
+    ),
+    "answer": (
+        "{% for m in messages %}{{ m.content }}{% if m.role == 'assistant' %}\n\n{{ raise_exception('no answers') }}"
+        "{% endif %}{% endfor %}",
+        ":3: rendering a user turn and its answer raised TemplateError: no answers",
+    ),
+}
+
+
+@pytest.mark.parametrize("stage", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("kind", list(BROKEN_TEMPLATES))
+def test_a_broken_chat_template_file_is_named_with_its_line_before_any_model_loads(
+    stage, kind, llama_dir, tmp_path, capsys
+):
+    import shutil
+
+    model = shutil.copytree(llama_dir, tmp_path / "m")
+    (model / "model.safetensors").write_bytes(b"not weights: the check must refuse before anything loads them")
+    text, message = BROKEN_TEMPLATES[kind]
+    (tmp_path / "t.jinja").write_text(text)
+    user, answer = [{"role": "user", "content": "Q"}], [{"role": "assistant", "content": "A"}]
+    rows = {
+        "sft": [{"messages": user + answer}] * 4,
+        "dpo": [{"prompt": user, "chosen": answer, "rejected": [{"role": "assistant", "content": "B"}]}] * 4,
+        "grpo": [{"prompt": user}] * 4,
+    }[stage]
+    data = [write_jsonl(tmp_path / "d.jsonl", rows)]
+    data = (
+        ["--prompts", *data, "--reward", "tether.rewards.builtin:length_penalty"]
+        if stage == "grpo"
+        else ["--data", *data]
+    )
+    argv = [stage, "--model", str(model), *map(str, data), "--chat-template", str(tmp_path / "t.jinja")]
+    assert main([*argv, "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"tether {stage}: error: --chat-template {tmp_path / 't.jinja'}{message}" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_sharegpt_turn_without_its_text_names_the_file_line_and_turn(llama_dir, tmp_path, capsys):
+    turns = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]
+    path = write_jsonl(tmp_path / "s.jsonl", [{"conversations": turns}, {"conversations": [turns[0], {"from": "gpt"}]}])
+    assert main(["data", "check", str(path), "--model", str(llama_dir)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip()
+        == f"tether data: error: {path}:2: conversations[1] has no 'value' (the turn's text); the turn is {{'from': 'gpt'}}"
+    )

@@ -334,7 +334,7 @@ def run_eval_command(args) -> None:
     console.print(f"tether eval: {args.task} on {len(rows)} prompt(s), {args.model}")
     for key, value in figures.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            console.print(f"  {key:<32} {value:.4g}", markup=False)
+            console.print(f"  {key:<32} {value:.4g}")
     print(json.dumps(figures, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(figures, indent=2))
@@ -488,9 +488,7 @@ def run_data_check(args) -> None:
         )
         i = min(args.index, len(prompts) - 1)
         console.print(f"\nprompt {i + 1} as the policy sees it ({lengths[i]} tokens; it writes after the end):")
-        from rich.markup import escape
-
-        console.print(escape(prompts[i]), highlight=False)
+        console.print(prompts[i], highlight=False)
         return
     from tether.data.sft import tokenize_records
 
@@ -507,8 +505,6 @@ def run_data_check(args) -> None:
 
 
 def _print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
-    from rich.markup import escape
-
     from tether.console import console
 
     # Brackets mark trained runs so the mask is visible without colour too.
@@ -522,7 +518,7 @@ def _print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
         out.append(tokenizer.decode([token_id]))
     if in_run:
         out.append("⟧")
-    console.print(escape("".join(out)), highlight=False)
+    console.print("".join(out), highlight=False)
 
 
 def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]) -> None:

@@ -595,7 +595,7 @@ def _say(source: str, notes: list[str]) -> None:
     for note in notes:
         if note not in _SAID:
             _SAID.add(note)
-            console.print(f"{source}: {note}", markup=False)
+            console.print(f"{source}: {note}")
 
 
 def migration_table(projects: tuple[str, ...]) -> str:

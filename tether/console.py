@@ -1,6 +1,10 @@
 """What tether prints to the terminal: one rich console (on stderr), log records routed through it, quiet
 third-party libraries, and progress for long loops. Every floor of the package may import it; it imports nothing
-of tether's."""
+of tether's.
+
+Rich markup is off on the console: whatever is printed (a plan's template note holding Mistral's ``[/INST]``, a
+file name, an error, a model's text) appears as written, never read as ``[style]`` tags. A line in colour says so
+with ``style=`` (``console.print(text, style="yellow")``)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 # Not a terminal (CI, a log file): wide enough that the lab's tables are not folded into 80 columns.
 console = Console(
     stderr=True,
+    markup=False,
     highlight=False,
     soft_wrap=True,
     width=None if sys.stderr.isatty() else int(os.environ.get("COLUMNS", 160)),
@@ -27,7 +32,7 @@ class ConsoleLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            console.print(self.format(record), markup=False, highlight=False)
+            console.print(self.format(record), highlight=False)
         except Exception:  # noqa: BLE001 - logging must not raise
             self.handleError(record)
 
@@ -58,7 +63,7 @@ def progress(items, total: int, description: str, min_items: int = 2000, every_s
         return
     if sys.stderr.isatty():
         with Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
             TimeRemainingColumn(),

@@ -31,6 +31,7 @@ from tether.agents.environment import (
     StepResult,
     check_messages,
     check_parts,
+    check_protocol,
     environment_name,
     load_environment,
 )
@@ -242,12 +243,14 @@ class AgentSampler:
             self.reward_set.set_progress(global_step, max_steps)
 
     def close(self) -> None:
+        self.guard.close()  # the environment's event loop
         if self.reward_set is not None:
             self.reward_set.close()
 
     def start(self, row: dict) -> Episode:
         prompt = row.get("prompt")
         env = self.guard("__init__", self.factory, prompt=prompt)
+        check_protocol(env, self.cfg.env)
         tools = None
         if template_takes_tools(self.tokenizer) and getattr(env, "schemas", None):
             env.describe_tools, tools = False, env.schemas  # the template lists the tools in its own format
@@ -340,10 +343,7 @@ class AgentSampler:
             e.end = "tokens"
             return None
         raw = tok.decode(ids[:-1], skip_special_tokens=False)  # call markers may be special tokens
-        try:
-            content, calls = self.format.parse(raw)
-        except Exception as err:  # noqa: BLE001 - a user's parser (--tool-parser module:function)
-            raise ConfigError(f"agent.tool_parser {self.format.name} raised {type(err).__name__}: {err}") from err
+        content, calls = self.format.parse(raw)  # a user's parser that fails: a ConfigError naming it
         if not calls and self.format.looks_like_call(raw):
             e.unparsed_turns += 1
             if not self.unparsed_warned:
@@ -605,7 +605,7 @@ def check_episodes(agent_cfg, tokenizer, rows: list[dict]) -> None:
         return
     from tether.rollout.prompts import stop_token_ids
 
-    AgentSampler(agent_cfg, tokenizer, None, None, stop_token_ids(tokenizer), rows)
+    AgentSampler(agent_cfg, tokenizer, None, None, stop_token_ids(tokenizer), rows).close()
 
 
 PROBE_TOOL = {

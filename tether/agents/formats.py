@@ -268,18 +268,37 @@ class UserFormat(ToolFormat):
         self.markers = tuple(getattr(fn, "markers", ()))
         self.arguments_as_string = bool(getattr(fn, "arguments_as_string", False))
 
+    CONTRACT = (
+        'a tool parser takes a turn\'s text and returns its calls: a list of {"name": str, "arguments": dict} '
+        "(empty for a turn without a call), or (content, calls)"
+    )
+
     def parse(self, text):
-        out = self.fn(text)
-        content, calls = out if isinstance(out, tuple) else (text, out)
-        if not isinstance(calls, list):
-            raise TypeError(f"tool parser {self.name} returned {type(calls).__name__}, not a list of calls")
-        return str(content), [c if isinstance(c, dict) and "error" in c else _json_call(c) for c in calls]
+        try:
+            out = self.fn(text)
+        except Exception as err:  # noqa: BLE001 - a user's parser: named, with the text it failed on
+            raise ConfigError(
+                f"--tool-parser {self.name} raised {type(err).__name__}: {err} on the turn {text[:160]!r}; "
+                + self.CONTRACT
+            ) from err
+        content, calls = out if isinstance(out, tuple) and len(out) == 2 else (text, out)
+        if not isinstance(content, str) or not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise ConfigError(
+                f"--tool-parser {self.name} returned {str(out)[:120]!r} ({type(out).__name__}) for the turn "
+                f"{text[:160]!r}; {self.CONTRACT}"
+            )
+        return content, [c if "error" in c else _json_call(c) for c in calls]
 
     def write(self, calls):
         write = getattr(self.fn, "write", None)
         if write is None:
             raise NotImplementedError(f"tool parser {self.name} has no write(calls)")
-        return write(calls)
+        try:
+            return write(calls)
+        except Exception as err:  # noqa: BLE001 - a user's writer, named
+            raise ConfigError(
+                f"--tool-parser {self.name}: its write({calls}) raised {type(err).__name__}: {err}"
+            ) from err
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Pythonic(), Mistral(), DeepSeek())}

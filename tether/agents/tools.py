@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import re
 from collections import Counter
 from typing import Callable
@@ -27,6 +28,8 @@ from tether.data.sft import tools_system_message
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)  # kept for 0.1's importers
 ARGS_HEADERS = ("Args:", "Arguments:", "Parameters:")
+WARNED: set[str] = set()  # tools whose failure has been printed
+log = logging.getLogger("tether")
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -87,6 +90,22 @@ def tool_schema(fn: Callable) -> dict:
             "parameters": {"type": "object", "properties": properties, "required": required},
         },
     }
+
+
+def warn_once(tool: str, err: Exception) -> None:
+    """The first time a tool raises (in this process): a warning, since the policy's error message is all a run
+    shows otherwise, and a tool broken for every call (a client closed under it) looks like a policy's mistakes."""
+    if tool in WARNED:
+        return
+    WARNED.add(tool)
+    log.warning(
+        "tool %s raised %s: %s (the policy is answered with the error, the call counted in agent/failed_calls_mean; "
+        "later failures of %s are not printed)",
+        tool,
+        type(err).__name__,
+        err,
+        tool,
+    )
 
 
 def parse_tool_calls(text: str) -> list[dict]:
@@ -169,6 +188,7 @@ class ToolEnvironment:
         try:
             result = await_if_needed(fn(**call["arguments"]))
         except Exception as err:  # noqa: BLE001 - a tool's failure is the policy's observation
+            warn_once(call["name"], err)
             return f"error: {call['name']} raised {type(err).__name__}: {err}", False
         return result if isinstance(result, str) else json.dumps(result), True
 

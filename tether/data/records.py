@@ -245,7 +245,9 @@ def _sharegpt_messages(turns, where: str, field: str, tags: dict | None = None) 
                 f"{here}.{tags['role_tag']} is {turn[tags['role_tag']]!r}; ShareGPT roles read are "
                 f"{', '.join(sorted(role_names))}"
             )
-        content = turn.get(tags["content_tag"], "")
+        content = turn.get(tags["content_tag"])
+        if content is None:  # a lost turn, not an empty one (read as empty, the record was dropped unnamed)
+            raise DataError(f"{here} has no {tags['content_tag']!r} (the turn's text); the turn is {turn}")
         if name == "function_call" or role == "function_call":
             messages.append({"role": "assistant", "content": _function_call_text(content, here)})
         else:

@@ -712,8 +712,6 @@ class RunMonitor:
     def check(self) -> bool:
         import json
 
-        from rich.markup import escape
-
         from tether.console import console
 
         self._read_new("metrics.jsonl")
@@ -725,5 +723,5 @@ class RunMonitor:
                 for alarm in fresh:
                     handle.write(json.dumps(alarm.as_dict()) + "\n")
             for alarm in fresh:
-                console.print(f"[bold red]{escape(format_alarm(alarm))}[/]")
+                console.print(format_alarm(alarm), style="bold red")
         return bool(fresh) and self.stop_on_alarm

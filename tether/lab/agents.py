@@ -287,12 +287,15 @@ class AgentTaskEval:
         sampler = AgentSampler(
             agent, tokenizer, HFGenerate(policy, tokenizer), sampling, stop_token_ids(tokenizer, policy)
         )
-        if samples:
-            rows = [row for row in self.rows for _ in range(samples)]
-            seeds = response_seeds(self.seed + 4242, list(range(len(self.rows))), samples)
-            episodes = sampler.run(rows, seeds)
-        else:
-            episodes = sampler.run(self.rows, greedy=True)
+        try:
+            if samples:
+                rows = [row for row in self.rows for _ in range(samples)]
+                seeds = response_seeds(self.seed + 4242, list(range(len(self.rows))), samples)
+                episodes = sampler.run(rows, seeds)
+            else:
+                episodes = sampler.run(self.rows, greedy=True)
+        finally:
+            sampler.close()
         return [{**e.record(), "transcript": "\n".join(e.lines)} for e in episodes]
 
     @staticmethod

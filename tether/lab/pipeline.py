@@ -321,7 +321,7 @@ def run_lab(
     out.mkdir(parents=True, exist_ok=True)
     note = plumbing_note(cfg)
     if note:
-        console.print(f"[bold yellow]tether lab: {note}[/]")
+        console.print(f"tether lab: {note}", style="bold yellow")
     stages = Stages(out, fresh)
     plan = lab_plan(out, cfg)
     t0 = time.perf_counter()
@@ -354,7 +354,7 @@ def run_lab(
     print_headline(summary)
     print_lessons(summary)
     if note:
-        console.print(f"[bold yellow]tether lab: {note}[/]")
+        console.print(f"tether lab: {note}", style="bold yellow")
     return summary
 
 
@@ -895,12 +895,10 @@ def print_headline(summary: dict) -> None:
 
 def print_lessons(summary: dict) -> None:
     """One line per lesson, judged on this run (tether/lab/lessons.py states each rule)."""
-    from rich.markup import escape
-
-    console.print('[bold]tether lab: the lessons on this run[/] (rules and noise: docs/lab.md, "The lessons")')
+    console.print('tether lab: the lessons on this run (rules and noise: docs/lab.md, "The lessons")', style="bold")
     colour = {True: "green", False: "red", None: "yellow"}
     for lesson in summary["lessons"]:
-        console.print(f"[{colour[lesson['holds']]}]{escape(lesson['line'])}[/]")
+        console.print(lesson["line"], style=colour[lesson["holds"]])
 
 
 def _rm_stage(folder: Path, resume: bool, out: Path, world_dir: Path, cfg: LabConfig, min_agreement: float) -> dict:

@@ -89,7 +89,7 @@ class Stages:
         record = json.loads(done.read_text())
         if record.get("recipe_hash") != recipe_hash:
             return None
-        console.print(f"[dim]lab: {name}: cached ({self.output / name})[/]")
+        console.print(f"lab: {name}: cached ({self.output / name})", style="dim")
         self.timings[name], self.cached[name] = record["seconds"], True
         return record["result"]
 
@@ -112,7 +112,7 @@ class Stages:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
             started.write_text(json.dumps({"recipe_hash": recipe_hash, "recipe": recipe}, indent=2, default=str))
-        console.print(f"[bold]lab: {name}[/]" + (" (resuming)" if resume else ""))
+        console.print(f"lab: {name}" + (" (resuming)" if resume else ""), style="bold")
         t0, began = time.perf_counter(), time.time()
         result = fn(folder, resume)
         seconds = round(time.perf_counter() - t0, 1)
@@ -180,7 +180,7 @@ class Stages:
                 for stage in start:
                     log = logs / f"{stage.name}.log"
                     console.print(
-                        f"[bold]lab: {stage.name}[/] [dim](worker, {threads} thread{'s' * (threads > 1)}; log {log})[/]"
+                        f"lab: {stage.name} (worker, {threads} thread{'s' * (threads > 1)}; log {log})", style="bold"
                     )
                     running[
                         pool.submit(
@@ -206,13 +206,12 @@ class Stages:
                         seconds, results[stage.name] = future.result()
                     except BaseException:
                         tail = log.read_text(errors="replace").splitlines()[-25:] if log.is_file() else []
-                        console.print(f"lab: {stage.name} failed; the end of {log}:", style="red", markup=False)
-                        console.print("\n".join(tail), markup=False, highlight=False)
+                        console.print(f"lab: {stage.name} failed; the end of {log}:", style="red")
+                        console.print("\n".join(tail), highlight=False)
                         if running:
                             console.print(
                                 f"lab: waiting for {', '.join(s.name for s in running.values())} to end "
-                                "(a later run reuses them)",
-                                markup=False,
+                                "(a later run reuses them)"
                             )
                         raise
                     self.timings[stage.name], self.cached[stage.name] = seconds, False

@@ -6,7 +6,8 @@ with ``model.chat_template`` (``--chat-template``): empty takes the tokenizer's 
 when the conversation has tools, else ``default``, as transformers does); a name picks one of the set; a path to a
 ``.jinja`` file is a training template of your own. ``model.chat_template_kwargs`` (``--chat-template-kwargs``, e.g.
 ``enable_thinking=false``) are handed to every rendering. Both travel on the tokenizer object (``use_chat``), so
-every module that renders sees the same choice without threading it through.
+every module that renders sees the same choice without threading it through. A template file is checked there,
+before any model is loaded: it compiles, and renders a user turn and a user turn with an answer.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def use_chat(tokenizer, template: str = "", kwargs: dict | None = None):
     """Fix the run's chat template and options on ``tokenizer`` (returned): ``template`` is empty, a name of the
     tokenizer's set or a path to a Jinja file; errors name the option."""
     names = named_templates(tokenizer)
-    chosen, source = None, "the tokenizer's own"
+    chosen, source, path = None, "the tokenizer's own", None
     if template:
         if template in names and isinstance(tokenizer.chat_template, dict):
             chosen, source = template, f"the tokenizer's {template!r} template"
@@ -44,6 +45,7 @@ def use_chat(tokenizer, template: str = "", kwargs: dict | None = None):
             chosen, source = None, "the tokenizer's own"
         elif Path(template).is_file():
             chosen, source = Path(template).read_text(), f"{template} (a training template)"
+            path = template
         else:
             raise ConfigError(
                 f"model.chat_template={template!r} (--chat-template) is neither a template of this tokenizer "
@@ -52,7 +54,36 @@ def use_chat(tokenizer, template: str = "", kwargs: dict | None = None):
     if kwargs is not None and not isinstance(kwargs, dict):
         raise ConfigError(f"model.chat_template_kwargs must be a mapping (NAME=VALUE,...), not {kwargs!r}")
     tokenizer.tether_chat = ChatChoice(chosen, dict(kwargs or {}), source)
+    if path is not None:
+        check_template_file(tokenizer, path)
     return tokenizer
+
+
+PROBE_TURNS = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5."}]
+
+
+def check_template_file(tokenizer, path: str) -> None:
+    """The run's template, read from ``path``, compiles and renders a user turn with the generation prompt and a
+    user turn with its answer (what every stage renders); else a ConfigError naming the file, the line and what
+    failed. Conversations the template refuses on purpose (roles that must alternate) are the data's matter."""
+    import traceback
+
+    from jinja2 import TemplateSyntaxError
+
+    for messages, generation_prompt in ((PROBE_TURNS[:1], True), (PROBE_TURNS, False)):
+        try:
+            render_chat(tokenizer, messages, generation_prompt)
+        except TemplateSyntaxError as err:
+            raise ConfigError(
+                f"--chat-template {path}:{err.lineno}: not a valid Jinja template: {err.message}"
+            ) from None
+        except Exception as err:  # noqa: BLE001 - whatever a template raises while rendering: named below
+            lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if f.filename == "<template>"]
+            what = "a user turn and its answer" if len(messages) > 1 else "a user turn and the generation prompt"
+            raise ConfigError(
+                f"--chat-template {path}{f':{lines[-1]}' if lines else ''}: rendering {what} raised "
+                f"{type(err).__name__}: {err}"
+            ) from None
 
 
 def chat_choice(tokenizer) -> ChatChoice:

@@ -478,8 +478,9 @@ def length_limit(max_length: int, model_path, flag: str = "--max-length") -> int
             console.print(f"max_length: the model's context, {context} tokens (the default {max_length} is longer)")
         else:
             console.print(
-                f"[yellow]{flag} {max_length} is more than the model's context ({context} positions in its "
-                f"config.json): examples longer than {context} tokens are dropped and counted[/]"
+                f"{flag} {max_length} is more than the model's context ({context} positions in its "
+                f"config.json): examples longer than {context} tokens are dropped and counted",
+                style="yellow",
             )
     return context
 

@@ -273,6 +273,10 @@ class RewardSet:
                 results[c.name] = _call_in_daemon_thread(c, kwargs_for(c), timeout)
         return results
 
+    def set_progress(self, global_step: int, max_steps: int) -> None:
+        """What ``trainer_state`` says from now on (the online loop moves it on before each step)."""
+        self.trainer_state.global_step, self.trainer_state.max_steps = global_step, max_steps
+
     def close(self) -> None:
         """Stop the worker process (the run is over)."""
         if self.worker is not None:

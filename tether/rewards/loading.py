@@ -85,6 +85,11 @@ def load_reward_function(target: str) -> Callable:
     if ":" not in target:
         raise ConfigError(f"--reward {target!r}: expected module:function or path/file.py:function")
     module_name, _, attr = target.rpartition(":")
+    if not attr.isidentifier():  # an unclosed argument list, a stray bracket
+        raise ConfigError(
+            f"--reward {target!r}: a malformed spec; the form is module:function or path/file.py:function, with "
+            "arguments function(name=literal, ...)"
+        )
     if module_name.endswith(".py"):
         path = Path(module_name)
         if not path.is_file():

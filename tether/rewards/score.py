@@ -220,7 +220,7 @@ class Scorer:
     def set_progress(self, global_step: int, max_steps: int) -> None:
         """What the reward functions' ``trainer_state`` says from now on (the online loop calls it before each step)."""
         if self.rewards is not None:
-            self.rewards.trainer_state.global_step, self.rewards.trainer_state.max_steps = global_step, max_steps
+            self.rewards.set_progress(global_step, max_steps)
 
     def error_counts(self) -> dict[str, int]:
         """{name: failed calls} for every function, and {name/none: completions it had no opinion on} once any."""

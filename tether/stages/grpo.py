@@ -256,8 +256,8 @@ class GroupStage:
         metrics = counts.metrics()
         if exp is None:
             console.print(
-                f"[yellow]step {step + 1}: every sampled group had equal scores after "
-                f"{counts.rounds} rounds; no update[/]"
+                f"step {step + 1}: every sampled group had equal scores after {counts.rounds} rounds; no update",
+                style="yellow",
             )
             return {
                 **metrics,
@@ -292,9 +292,10 @@ class GroupStage:
     def _warn_if_flat(self, step: int, zero_variance_frac: float) -> None:
         if zero_variance_frac > 0.5 and not self.cfg.algo.dynamic_sampling and step >= self.warned_until:
             console.print(
-                f"[yellow]step {step + 1}: {zero_variance_frac:.0%} of groups scored all their responses "
+                f"step {step + 1}: {zero_variance_frac:.0%} of groups scored all their responses "
                 "equally; their advantages are 0, so the loss and the update are mostly 0. Raise group_size "
-                "or temperature, use a finer reward, or --dynamic-sampling.[/]"
+                "or temperature, use a finer reward, or --dynamic-sampling.",
+                style="yellow",
             )
             self.warned_until = step + 10  # at most one warning per 10 steps
 

@@ -265,9 +265,10 @@ def _best_keeper(cfg: RMConfig, detector: OverfitDetector, model, unwrapped, tok
             write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "best")
         if fired and accelerator.is_main_process:
             console.print(
-                f"[bold red]over-fitting: validation accuracy {metrics['eval/accuracy']:.3f} has been more than "
+                f"over-fitting: validation accuracy {metrics['eval/accuracy']:.3f} has been more than "
                 f"{cfg.rm.overfit_drop} below its best {detector.best:.3f} (step {detector.best_step}) for "
-                f"{cfg.rm.overfit_patience} evaluations[/]" + (" — stopping" if cfg.rm.early_stop else "")
+                f"{cfg.rm.overfit_patience} evaluations" + (" — stopping" if cfg.rm.early_stop else ""),
+                style="bold red",
             )
         return fired and cfg.rm.early_stop
 

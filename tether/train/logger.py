@@ -127,10 +127,10 @@ class MetricsLogger:
             self.trackio = trackio
         if sys.stderr.isatty():
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"),
+                TextColumn("{task.description}", style="bold", markup=False),
                 BarColumn(),
                 TextColumn("{task.completed}/{task.total}"),
-                TextColumn("{task.fields[info]}"),
+                TextColumn("{task.fields[info]}", markup=False),
                 TimeRemainingColumn(),
                 console=console,
                 transient=False,

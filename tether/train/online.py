@@ -280,9 +280,10 @@ def warn_if_truncated(metrics: dict, warned_at: int, share: float = 0.9) -> int:
     if frac is None or frac < share or step - warned_at < 10:
         return warned_at
     console.print(
-        f"[bold yellow]step {step}: {frac:.0%} of the responses hit max_new_tokens without a stop token. "
+        f"step {step}: {frac:.0%} of the responses hit max_new_tokens without a stop token. "
         "Raise max_new_tokens, or check the stop set in the plan: a model that ends its turns with a token "
-        "outside it never stops (its EOS and the chat template's end-of-turn token are in it).[/]"
+        "outside it never stops (its EOS and the chat template's end-of-turn token are in it).",
+        style="bold yellow",
     )
     return step
 
@@ -385,7 +386,7 @@ def _train(stage, schedule, config, accelerator, out, checkpoint, title, evaluat
             if schedule.save_at(done) or stop:
                 run.save(done)
             if stop:
-                console.print(f"[bold red]stopping at step {done}: --stop-on-alarm[/]")
+                console.print(f"stopping at step {done}: --stop-on-alarm", style="bold red")
                 stopped_at = done
                 break
     finally:

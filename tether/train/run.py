@@ -80,8 +80,9 @@ def make_accelerator(device: str):
         # accelerate's simple launcher sets MASTER_ADDR for --num_processes > 1 but starts a single process
         # when there is no GPU; say so instead of training alone while the user expects several processes.
         console.print(
-            "[yellow]accelerate launch started one process: without GPUs add --multi_gpu "
-            "(it then starts --num_processes CPU processes over gloo), or use torchrun --nproc_per_node N[/]"
+            "accelerate launch started one process: without GPUs add --multi_gpu "
+            "(it then starts --num_processes CPU processes over gloo), or use torchrun --nproc_per_node N",
+            style="yellow",
         )
     accelerator = Accelerator(cpu=_on_cpu(device))
     if not accelerator.is_main_process:  # one copy of the plan, progress and warnings, not N
@@ -152,7 +153,7 @@ def open_run(
     if run.resume:
         found, skipped = resumable_checkpoint(out)
         for problem in skipped:
-            console.print(f"[yellow]--resume: passing over a damaged checkpoint: {problem}[/]")
+            console.print(f"--resume: passing over a damaged checkpoint: {problem}", style="yellow")
         if found is None:
             raise ConfigError(
                 f"--resume: no complete, readable checkpoint-<step>/ in {out}; nothing to resume from"

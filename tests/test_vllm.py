@@ -217,6 +217,15 @@ def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, 
         # the same float32 weights on both sides: the gap is rounding (bound derived in the first test)
         assert 0 <= row["rollout/sampler_logprob_diff_max"] < 1e-3 and 0 <= row["rollout/sampler_kl"] < 1e-6
         assert abs(row["rollout/tis_weight_mean"] - 1.0) < 1e-3 and row["rollout/tis_capped_frac"] == 0.0
+        assert row["forwards/logprobs"] == 1  # the old log-probs, which also give the gap
+    # on policy (one update of one minibatch): the gap and the weights come from the update's own forward
+    run_grpo(
+        build_config(GRPOConfig, overrides={**grpo, "algo.update_epochs": 1, "train.output": str(tmp_path / "g1")})
+    )
+    for row in metrics(tmp_path / "g1"):
+        assert 0 <= row["rollout/sampler_logprob_diff_max"] < 1e-3 and 0 <= row["rollout/sampler_kl"] < 1e-6
+        assert abs(row["rollout/tis_weight_mean"] - 1.0) < 1e-3 and row["rollout/tis_capped_frac"] == 0.0
+        assert "forwards/logprobs" not in row and row["forwards/update"] == 1, row
     ppo = common(
         model_dir,
         prompts,

@@ -19,6 +19,7 @@ import torch
 from tether.agents.episodes import check_episodes
 from tether.algorithms.advantages import process_advantages, token_advantages, zero_variance_groups
 from tether.algorithms.kl import kl_estimate
+from tether.algorithms.mismatch import truncated_importance_weights
 from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fraction
 from tether.console import console
@@ -184,14 +185,11 @@ class GroupStage:
         a, ro, world = self.cfg.algo, self.cfg.rollout, self.dp.world
         local = -(-minibatch_size(a, ro) // world)  # the most rows of one update a process takes
         micro = -(-local // a.micro_batch_size)
-        sampler_gap = not getattr(self.sampler.backend, "samples_trainer_weights", True)
         why = (
             "old log-probs"
             if self.keep_old
             else "log-probs at sampling time, for the in-reward KL"
-            if a.kl_in_reward > 0
-            else "log-probs at sampling time, for the sampler gap"
-            if sampler_gap
+            if a.kl_in_reward
             else ""
         )
         return ", ".join(
@@ -313,11 +311,14 @@ class GroupStage:
                 lambda r: reference_logprobs(self.reference, self.policy, r, temperature, padding_free=free), rollout
             )
         kl_reward, now = None, exp.old_logprobs
-        if now is None and (a.kl_in_reward > 0 or rollout.sampler_logprobs is not None):
-            now = dp.map_rows(current, rollout)  # the log-probs at sampling time, which the ratio does not need
+        if now is None and a.kl_in_reward > 0:  # the log-probs at sampling time, which the ratio does not need
+            now = dp.map_rows(current, rollout)
         if a.kl_in_reward > 0:
             kl_reward = kl_estimate(now, exp.ref_logprobs, a.kl_estimator) * mask
-        exp.measure_sampler(now, self.cfg.rollout.tis_cap)
+        if now is not None:
+            exp.measure_sampler(now, self.cfg.rollout.tis_cap)
+        # else on policy (one update, one minibatch): the update's own forward gives the log-probs at sampling time,
+        # and the sampler gap and the importance weights are taken from it there (update), with no forward of its own
         if self.sharded:  # free the layers these no-grad forwards left gathered (train/sharding.py reshard)
             for model in (self.policy, self.reference):
                 if model is not None:
@@ -352,6 +353,12 @@ class GroupStage:
         n, mb = rollout.response_ids.shape[0], minibatch_size(a, self.cfg.rollout)
         sums: dict[str, float] = {name: 0.0 for name in self.STATISTICS}
         tokens, sequences, grad_norms = 0.0, 0.0, 0.0
+        # a sampler's gap not yet measured (prepare): this single on-policy update's forwards are at sampling time
+        at_sampling = (
+            torch.zeros(rollout.response_ids.shape, dtype=torch.float64, device=mask.device)
+            if rollout.sampler_logprobs is not None and exp.sampler_gap is None
+            else None
+        )
         for _ in range(a.update_epochs):
             order = torch.randperm(n, generator=generator) if mb < n else torch.arange(n)
             for start in range(0, n, mb):
@@ -359,7 +366,15 @@ class GroupStage:
                 self.optimizer.zero_grad(set_to_none=True)
                 n_tokens, n_seq = float(loss_mask[idx].sum()), len(idx)
                 for micro, real in dp.micro_batches(idx, a.micro_batch_size, lockstep=self.sharded):
-                    figures = self._micro_batch(exp, micro, loss_mask[micro], n_tokens, n_seq, 1.0 if real else 0.0)
+                    figures = self._micro_batch(
+                        exp,
+                        micro,
+                        loss_mask[micro],
+                        n_tokens,
+                        n_seq,
+                        1.0 if real else 0.0,
+                        at_sampling if real else None,
+                    )
                     for name, value in figures.items():
                         sums[name] += value if real else 0.0
                 dp.sum_gradients(self.params)
@@ -371,6 +386,8 @@ class GroupStage:
                 self.optimizer.zero_grad(set_to_none=True)  # not held through the next rollout and the save
                 tokens, sequences = tokens + n_tokens, sequences + n_seq
                 grad_norms += grad_norm_value(norm) * n_tokens
+        if at_sampling is not None:  # the on-policy update's log-probs, every process's rows: the sampler gap's
+            exp.measure_sampler(dp.sum(at_sampling).to(at_sampling.device), self.cfg.rollout.tis_cap)
         summed = dp.sum_dict(sums)
         out = {k: v / max(tokens, 1.0) for k, v in summed.items()}
         out["kl/ref_mean"] = summed["kl/ref_mean"] / max(sequences, 1.0)  # Σ_t KL per response, mean over responses
@@ -390,15 +407,30 @@ class GroupStage:
     )
 
     def _micro_batch(
-        self, exp: Experience, micro: torch.Tensor, lm: torch.Tensor, n_tokens: float, n_seq: int, weight: float = 1.0
+        self,
+        exp: Experience,
+        micro: torch.Tensor,
+        lm: torch.Tensor,
+        n_tokens: float,
+        n_seq: int,
+        weight: float = 1.0,
+        at_sampling: torch.Tensor | None = None,
     ) -> dict:
         """Forward and backward of one micro-batch (its loss times ``weight``: 0 for a lock-step filler); returns
-        token-weighted statistics (Σ value · tokens)."""
+        token-weighted statistics (Σ value · tokens). ``at_sampling`` (B, T): the on-policy update's log-probs are
+        recorded there, and the truncated importance weights computed from them (rollout.tis_cap)."""
         a = self.cfg.algo
         sub = exp.rollout.select(micro)
         logp, entropy = response_logprobs(
             self.policy, sub, self.cfg.rollout.temperature, with_entropy=True, padding_free=self.cfg.model.padding_free
         )
+        tis = exp.tis_weights[micro] if exp.tis_weights is not None else None
+        if at_sampling is not None:
+            at_sampling[micro] = logp.detach().to(at_sampling.dtype)
+            if self.cfg.rollout.tis_cap > 0:
+                tis = truncated_importance_weights(
+                    logp.detach(), sub.sampler_logprobs, sub.response_mask, self.cfg.rollout.tis_cap
+                )
         old = exp.old_logprobs[micro] if exp.old_logprobs is not None else logp.detach()
         ref = exp.ref_logprobs[micro] if exp.ref_logprobs is not None else None
         loss, parts = group_objective(
@@ -418,7 +450,7 @@ class GroupStage:
             n_tokens=n_tokens,
             n_sequences=n_seq,
             norm_length=self.cfg.norm_length,
-            token_weights=exp.tis_weights[micro] if exp.tis_weights is not None else None,
+            token_weights=tis,
         )
         (loss * weight if weight != 1.0 else loss).backward()
         k = float(lm.sum())

@@ -5,6 +5,7 @@ files are our own, in LLaMA-Factory's shapes; the model is the session's tiny Ll
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from transformers import AutoTokenizer
@@ -12,7 +13,7 @@ from transformers import AutoTokenizer
 from tether.cli import main
 from tether.config import ConfigError, build_config, load_yaml
 from tether.data.dpo import tokenize_policy_preferences, tokenize_unpaired
-from tether.data.records import read_records
+from tether.data.records import DataError, read_records
 from tether.data.sft import tokenize_records
 
 
@@ -235,3 +236,48 @@ def test_an_alpaca_file_gives_ppo_its_prompts_as_llamafactory_does(tmp_path):
 
     path = _json(tmp_path / "alpaca.json", [{"instruction": "Add.", "input": "2 and 3", "output": "5"}])
     assert prompt_rows(path) == [{"prompt": [{"role": "user", "content": "Add.\n2 and 3"}], "completion": "5"}]
+
+
+def test_a_registry_of_the_wrong_structure_is_named_by_file_and_field(tmp_path, capsys, llama_dir):
+    """Issue 52 items 33 and 36: a dataset_info.json that is a list, columns or tags given as lists, num_samples
+    "ten" were tracebacks; an entry that is not an object was "no dataset 'x'; it lists [... 'x' ...]"."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    _json(folder / "qa.json", [{"instruction": "Add.", "output": "5"}])
+    info = folder / "dataset_info.json"
+    cases = [
+        ([{"file_name": "qa.json"}], "must be a JSON object mapping each dataset's name to its entry"),
+        ({"qa": "qa.json"}, "dataset 'qa' must be an object (file_name, formatting, columns, ...), not a str"),
+        ({"qa": {"file_name": "qa.json", "columns": ["prompt"]}}, "dataset 'qa': columns must be an object"),
+        ({"qa": {"file_name": "qa.json", "tags": ["role"]}}, "dataset 'qa': tags must be an object"),
+        ({"qa": {"file_name": "qa.json", "num_samples": "ten"}}, "num_samples must be a whole number >= 1, got 'ten'"),
+        ({"qa": {"file_name": "qa.json", "formatting": "xml"}}, "formatting 'xml' is not one of alpaca, sharegpt"),
+    ]
+    for table, message in cases:
+        info.write_text(json.dumps(table))
+        with pytest.raises(DataError, match=re.escape(message)) as err:
+            read_records(f"{info}:qa")
+        assert str(info) in str(err.value)
+    # through the command line: one line, exit 2, no traceback
+    info.write_text(json.dumps({"qa": {"file_name": "qa.json", "columns": ["prompt"]}}))
+    assert main(["data", "check", f"{folder}:qa", "--model", str(llama_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "columns must be an object" in err and "Traceback" not in err
+
+
+def test_registry_entries_in_openai_formatting_and_registries_named_another_way(tmp_path):
+    """Issue 52 item 24: formatting "openai" was refused though the same file given directly is read; a registry
+    named without :NAME, or saved under another name, got errors about something else."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = [{"msgs": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}]
+    _json(folder / "chat.json", rows)
+    table = {"chat": {"file_name": "chat.json", "formatting": "openai", "columns": {"messages": "msgs"}}}
+    (folder / "dataset_info.json").write_text(json.dumps(table))
+    (records,) = read_records(f"{folder}/dataset_info.json:chat")
+    assert records.fields["messages"][-1] == {"role": "assistant", "content": "Yo"}
+    for bare in (folder, folder / "dataset_info.json"):
+        with pytest.raises(DataError, match=r"registry; name the dataset\(s\) to read: .*:NAME.*it lists \['chat'\]"):
+            read_records(str(bare))
+    (folder / "my_registry.json").write_text(json.dumps(table))
+    assert read_records(f"{folder}/my_registry.json:chat")[0].fields == records.fields

@@ -372,6 +372,17 @@ def _number(values: dict, key: str, default):
     return int(number)
 
 
+def _finite(value, key: str) -> float:
+    """A number of another project's list (reward_weights, loss_weights), or a ConfigError naming the key."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: {value!r} is not a number") from None
+    if isinstance(value, bool) or not math.isfinite(number):
+        raise ConfigError(f"{key}: {value!r} is not a finite number")
+    return number
+
+
 def _reward_spec(name: str) -> str:
     """TRL names a reward function by its dotted path (``my_rewards.accuracy``); tether by module:function."""
     name = str(name)
@@ -455,15 +466,23 @@ def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str,
                 out[flags["--" + key.replace("_", "-")]] = value
     if "reward_funcs" in given:
         funcs = given["reward_funcs"]
-        funcs = [funcs] if isinstance(funcs, str) else list(funcs)
+        funcs = [funcs] if isinstance(funcs, str) else funcs
+        if not isinstance(funcs, (list, tuple)) or not all(isinstance(f, str) for f in funcs):
+            raise ConfigError(
+                f"reward_funcs: {given['reward_funcs']!r}: expected a reward function's dotted path "
+                "(my_rewards.accuracy) or a list of them"
+            )
         weights = given.get("reward_weights")
         if weights is not None:
             if isinstance(weights, str):
                 weights = [w for w in re.split(r"[,\s]+", weights.strip("[] ")) if w]
+            weights = [
+                _finite(w, "reward_weights") for w in (weights if isinstance(weights, (list, tuple)) else [weights])
+            ]
             if len(weights) != len(funcs):
                 raise ConfigError(f"reward_weights has {len(weights)} weights for {len(funcs)} reward_funcs")
         specs = [_reward_spec(f) for f in funcs]
-        out["rewards.reward"] = [f"{s}={float(w):g}" for s, w in zip(specs, weights)] if weights is not None else specs
+        out["rewards.reward"] = [f"{s}={w:g}" for s, w in zip(specs, weights)] if weights is not None else specs
     elif isinstance(given.get("reward_weights"), (list, tuple)):
         raise ConfigError(
             "reward_weights as a list weighs TRL's reward_funcs, which are not given; tether's reward_weights "

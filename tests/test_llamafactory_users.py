@@ -281,3 +281,16 @@ def test_registry_entries_in_openai_formatting_and_registries_named_another_way(
             read_records(str(bare))
     (folder / "my_registry.json").write_text(json.dumps(table))
     assert read_records(f"{folder}/my_registry.json:chat")[0].fields == records.fields
+
+
+def test_a_value_of_the_wrong_type_is_named_by_the_files_key(tmp_path, llama_dir, capsys):
+    """Issue 52 item 36: `cutoff_len: long` was reported as data.max_length, a key the file does not have."""
+    from tether.stages.dpo_config import DPOConfig
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model_name_or_path: {llama_dir}\ncutoff_len: long\n")
+    assert main(["dpo", "--config", str(config)]) == 2
+    assert "c.yaml: cutoff_len (tether's data.max_length) must be int, got 'long'" in capsys.readouterr().err
+    config.write_text("data:\n  max_length: long\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: data.max_length must be int, got 'long'"):
+        build_config(DPOConfig, load_yaml(config), source=str(config))

@@ -506,12 +506,19 @@ def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str,
 
 
 def translate(
-    stage: str, values: dict, flags: dict[str, str], source: str, problems: list[str] | None = None
+    stage: str,
+    values: dict,
+    flags: dict[str, str],
+    source: str,
+    problems: list[str] | None = None,
+    written: dict[str, str] | None = None,
 ) -> dict[str, object]:
     """{dotted tether key: value} for a stage from flat keys written in tether's flag names or another project's
     (NAMES). ``flags``: the stage's {flag: dotted key}. Every key that cannot be read is reported at once: raised,
-    or added to ``problems`` when given (the caller adds its own and raises)."""
+    or added to ``problems`` when given (the caller adds its own and raises). ``written``, when given, gets
+    {dotted key: the key as the file wrote it}, so that a later error about the value names the file's key."""
     out: dict[str, object] = {}
+    written = {} if written is None else written
     collect = problems is not None
     problems = problems if collect else []
     ignored, notes = [], []
@@ -523,7 +530,7 @@ def translate(
         own = flags.get("--" + str(key).replace("_", "-"))
         trl_weights = key == "reward_weights" and (isinstance(value, (list, tuple)) or "reward_funcs" in values)
         if own is not None and not trl_weights:
-            out[own] = value
+            out[own], written[own] = value, key
             continue
         if value is None and knows(key):
             continue  # TRL and LLaMA-Factory write null for "not set"
@@ -564,7 +571,7 @@ def translate(
                 value = [
                     "all-linear" if v == "all" else v for v in (value.split(",") if isinstance(value, str) else value)
                 ]
-            out[flags[target]] = value
+            out[flags[target]], written[flags[target]] = value, key
             if key in ("epsilon", "cliprange") and "epsilon_high" not in values:
                 out[flags["--clip-high"]] = value
     if problems:

@@ -196,3 +196,14 @@ def test_reward_settings_that_cannot_work_are_refused_at_config_time(tmp_path, c
         assert main(["grpo", *flags]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def test_offline_dpo_refuses_what_only_online_rounds_use(capsys):
+    """Issue 52 item 36: --rollout-backend and --judge were silently ignored by offline dpo."""
+    from tether.cli import main
+
+    for flags in (["--rollout-backend", "vllm"], ["--judge", "m:f"], ["--reward", "m:f"]):
+        assert main(["dpo", "--data", "d.jsonl", *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"{flags[0]}" in err and "offline DPO trains on the pairs in --data" in err, err
+    assert build_config(DPOConfig, overrides={"online.online": True, "online.judge": "m:f"}).online.judge == "m:f"

@@ -159,6 +159,18 @@ class DPOConfig(StageConfig):
                 "step-wide pass runs once per micro-batch, and sharded processes must run as many "
                 "forwards each; set train.micro_batch_size instead"
             )
+        if not self.online.online:
+            sampling_only = {
+                "--rollout-backend": self.rollout.backend != "hf",
+                "--judge": bool(self.online.judge),
+                "--reward / --reward-model": self.rewards.has_reward(),
+            }
+            given = [flag for flag, set_ in sampling_only.items() if set_]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)}: online DPO's (--online: pairs sampled and labelled each round); offline "
+                    "DPO trains on the pairs in --data and samples nothing, so they would have no effect"
+                )
         if self.online.online:
             if self.dpo.loss == "kto":
                 raise ConfigError(

@@ -710,3 +710,70 @@ def test_the_api_under_a_two_process_launch_is_one_data_parallel_run(case_dirs, 
         lr=1e-3,
         updates=3,
     )
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue 52: args= objects, in a fresh process (tests/conftest.py quiets transformers at import, which hid item 18)
+
+ARGS_SCRIPT = """
+import json, sys
+import transformers, trl
+import tether
+from tether.compat import args_settings
+from tether.config import build_config
+from tether.stages.grpo_config import GRPOConfig
+
+model, out = sys.argv[1], sys.argv[2]
+rows = [{"prompt": f"Say {w}.", "completion": f" {w}."} for w in ("hi", "yes", "ok", "fine", "good", "well", "so", "no")]
+# transformers' own class: the run that failed with "unknown key 'disable_tqdm'"
+tether.sft(model=model, train_dataset=rows, args=transformers.TrainingArguments(output_dir=out + "/sft", max_steps=1))
+pairs = [{"prompt": r["prompt"], "chosen": r["completion"], "rejected": " no idea"} for r in rows]
+# TRL's class on a CPU (bf16=False, as TRL asks there): its defaults are TRL's learning rate, epochs, seed ...
+tether.dpo(model=model, train_dataset=pairs, args=trl.DPOConfig(output_dir=out + "/dpo", max_steps=1, bf16=False,
+           use_cpu=True, gradient_checkpointing=False, report_to="none"))
+cfg = build_config(GRPOConfig, args_settings(trl.GRPOConfig(output_dir=out + "/grpo", bf16=False)), source="args")
+print(json.dumps({"grpo": [cfg.optim.lr, cfg.algo.kl_coef, cfg.algo.aggregation, cfg.rollout.max_new_tokens,
+                           cfg.rollout.prompts_per_step, cfg.rollout.group_size]}))
+"""
+
+
+def test_trl_and_transformers_config_objects_run_with_their_own_values_in_a_fresh_process(case_dirs, tmp_path):
+    """Issue 52 items 18 and 19: every args= object failed outside the suite (the default instance compared with
+    was built after tether quieted transformers, so disable_tqdm differed; TRL's classes did not build on a CPU),
+    and behind that only non-default fields were read, so args=DPOConfig(...) trained at tether's lr 2e-5, not
+    TRL's 1e-6. The run's config.yaml and plan say TRL's values now."""
+    import yaml
+
+    pytest.importorskip("trl")
+    script = tmp_path / "args_run.py"
+    script.write_text(ARGS_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(case_dirs["llama"]), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    sft = yaml.safe_load((tmp_path / "sft" / "config.yaml").read_text())
+    assert sft["optim"]["lr"] == 5e-5 and sft["train"]["epochs"] == 3.0 and sft["train"]["seed"] == 42
+    assert sft["train"]["batch_size"] == 8 and sft["data"]["eval_fraction"] == 0.0  # TrainingArguments' values
+    dpo = yaml.safe_load((tmp_path / "dpo" / "config.yaml").read_text())
+    assert (dpo["optim"]["lr"], dpo["optim"]["warmup_ratio"], dpo["dpo"]["beta"]) == (1e-6, 0.0, 0.1)
+    assert dpo["model"]["device"] == "cpu" and dpo["plan"]["learning rate"].startswith("1e-06 (warm-up 0")
+    assert "lr_scheduler_type='linear'" in said.split("tether's own setting kept:")[1].splitlines()[0]
+    grpo = json.loads(done.stdout.strip().splitlines()[-1])["grpo"]
+    assert grpo == [1e-6, 0.0, "token-mean", 512, 1, 8]  # TRL GRPO: β 0, loss_type dapo, 512 tokens, 8 x 1
+
+
+def test_the_table_of_trls_other_defaults_is_the_installed_trls():
+    from pathlib import Path
+
+    from tether.api import DEFAULTS_MARK, defaults_table
+    from tether.compat import replace_between
+
+    pytest.importorskip("trl")
+    doc = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"
+    text = doc.read_text()
+    assert replace_between(text, DEFAULTS_MARK, defaults_table()) == text, "run python -m tether.api"
+    assert "| dpo | `optim.lr` | 2e-05 | `learning_rate: 1e-06` |" in text

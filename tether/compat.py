@@ -15,6 +15,7 @@ accelerate launch and torchrun) is read when the config is built, in each proces
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import re
@@ -113,6 +114,8 @@ NAMES = [
     _values("dtype", TRL, "--dtype", DTYPES),
     _derived("per_device_train_batch_size", HF, "offline stages: " + OFFLINE_BATCH_NOTE + "; grpo: " + BATCH_NOTE),
     _derived("gradient_accumulation_steps", HF, "with per_device_train_batch_size: see there"),
+    _values("use_cpu", HF, "--device", {True: "cpu", False: None}),
+    _ignored("disable_tqdm", HF, "tether prints its own progress: a bar in a terminal, a line every log_every steps"),
     _ignored("per_device_eval_batch_size", HF, "held-out data is scored in micro_batch_size rows per forward"),
     _ignored("do_train", HF, "a tether stage always trains"),
     _ignored("ddp_timeout", HF, "no effect on tether's process groups"),
@@ -178,6 +181,7 @@ NAMES = [
         "unscaled advantages are scale_rewards: false; --recipe dr_grpo sets both)",
         stages=("grpo",),
     ),
+    _values("loss_type", TRL, "", {"nll": None}, "dft is not built", stages=("sft",)),
     _values("loss_type", TRL, "--loss", DPO_LOSSES, "the other TRL losses are not built", stages=("dpo",)),
     _values("scale_rewards", TRL, "--advantage", SCALE_REWARDS, "batch scaling is not built", stages=("grpo",)),
     _derived("steps_per_generation", TRL, "with per_device_train_batch_size: see there", stages=("grpo",)),
@@ -223,8 +227,8 @@ NAMES = [
     _refused(
         "args",
         TRL,
-        "the Python API only: a TrainingArguments / TRL config object (or a dict); the fields "
-        "that differ from its class's defaults are read as keywords",
+        "the Python API only: a TrainingArguments / TRL config object (or a dict), read with its class's "
+        "defaults (TRL's values), keywords winning",
     ),
     _refused("missing_eos_penalty", TRL, "use --truncation-penalty (a score for responses cut at max_new_tokens)"),
     # ---- LLaMA-Factory
@@ -312,26 +316,53 @@ def peft_settings(config) -> dict:
     return out
 
 
+@dataclass(frozen=True)
+class TheirDefault:
+    """A value another project's config object carries because its class says so, not because its user wrote it
+    (``args=DPOConfig(output_dir=...)`` carries TRL's learning_rate 1e-6). It is read as theirs, since a migrant's
+    config means their values; where tether has no equivalent, tether's own applies and the run says which."""
+
+    value: object
+
+
+# Fields whose defaults __post_init__ computes from the machine: copied from the user's object into the instance
+# it is compared with, so that a class whose bare defaults do not construct here (TRL's bf16 on a CPU) compares.
+MACHINE_FIELDS = ("bf16", "fp16", "use_cpu")
+
+
 def args_settings(args) -> dict:
     """TRL's ``args=`` (a TrainingArguments or TRL config dataclass, or a dict) as keyword settings: the fields whose
-    value differs from a fresh instance of the same class (built with the same output_dir, since __post_init__
-    fills some fields in), so the class's hundred defaults are not read as the user's choices."""
+    value differs from a fresh instance of the same class (built with the same output_dir and machine fields, since
+    __post_init__ fills some fields in) are the user's; every other field tether has a name for is read as
+    ``TheirDefault`` (the class's value, e.g. TRL DPO's learning rate 1e-6). The caller reads the settings before
+    it changes any logging verbosity, which some defaults (disable_tqdm) are computed from."""
     import dataclasses
 
     if isinstance(args, dict):
         return dict(args)
     if not dataclasses.is_dataclass(args):
         raise ConfigError(f"args: expected a TrainingArguments / TRL config or a dict, got {type(args).__name__}")
+    names = {f.name for f in dataclasses.fields(args) if f.init}
+    same = {k: getattr(args, k) for k in MACHINE_FIELDS if k in names}
     try:
-        baseline = type(args)(output_dir=getattr(args, "output_dir", None))
-    except Exception as exc:  # a config class whose defaults do not construct alone: say which
+        baseline = type(args)(output_dir=getattr(args, "output_dir", None), **same)
+    except (ValueError, TypeError) as exc:  # a class whose defaults do not construct here even so: say which
         raise ConfigError(f"args: cannot build a default {type(args).__name__} to compare with ({exc})") from None
     out = {}
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
-        if f.name == "output_dir" or value != getattr(baseline, f.name, None):
+        value = value.value if isinstance(value, enum.Enum) else value  # SchedulerType.LINEAR -> "linear"
+        if value is None or (f.name == "max_steps" and value == -1):  # not set (-1: train by epochs, tether's 0)
+            continue
+        mine = f.name == "output_dir" or value != getattr(baseline, f.name, None) or bool(same.get(f.name))
+        if f.name == "warmup_steps":  # transformers 5: a count from 1 up, a fraction of the run below 1
+            key, value = ("warmup_steps", int(value)) if value >= 1 else ("warmup_ratio", float(value))
+            out[key] = value if mine else TheirDefault(value)
+        elif mine:
             out[f.name] = value
-    return {k: v for k, v in out.items() if v is not None}
+        elif f.name in _INDEX and any(e.kind in ("same", "values", "derived") for e in _INDEX[f.name]):
+            out[f.name] = TheirDefault(value)
+    return out
 
 
 def knows(key: str) -> bool:
@@ -512,68 +543,35 @@ def translate(
     source: str,
     problems: list[str] | None = None,
     written: dict[str, str] | None = None,
+    say: bool = True,
 ) -> dict[str, object]:
     """{dotted tether key: value} for a stage from flat keys written in tether's flag names or another project's
     (NAMES). ``flags``: the stage's {flag: dotted key}. Every key that cannot be read is reported at once: raised,
     or added to ``problems`` when given (the caller adds its own and raises). ``written``, when given, gets
-    {dotted key: the key as the file wrote it}, so that a later error about the value names the file's key."""
+    {dotted key: the key as the file wrote it}, so that a later error about the value names the file's key.
+    A ``TheirDefault`` value (args=) is read the same way, before the keys the user wrote (which win); one tether
+    cannot read leaves tether's own setting, named in a note."""
     out: dict[str, object] = {}
     written = {} if written is None else written
     collect = problems is not None
     problems = problems if collect else []
-    ignored, notes = [], []
+    implied = {k for k, v in values.items() if isinstance(v, TheirDefault)}
+    values = {k: v.value if isinstance(v, TheirDefault) else v for k, v in values.items()}
+    ignored, notes, unheld = [], [], []
     theirs = values.get("stage")
     if theirs is not None and LF_STAGES.get(str(theirs)) != stage:  # the one problem worth naming: the command
         command = f"tether {LF_STAGES[str(theirs)]}" if str(theirs) in LF_STAGES else "no tether stage"
         raise ConfigError(f"{source}: stage: {theirs}: this config is for {command}, not tether {stage}")
-    for key, value in values.items():
-        own = flags.get("--" + str(key).replace("_", "-"))
-        trl_weights = key == "reward_weights" and (isinstance(value, (list, tuple)) or "reward_funcs" in values)
-        if own is not None and not trl_weights:
-            out[own], written[own] = value, key
-            continue
-        if value is None and knows(key):
-            continue  # TRL and LLaMA-Factory write null for "not set"
-        entry = _entry(stage, key, flags)
-        if entry is None:
-            problems.append(_unknown(stage, key, flags))
-            continue
-        if entry.kind == "ignored":
-            ignored.append(f"{key} ({entry.note})")
-        elif entry.kind == "refused":
-            problems.append(f"{key}: {entry.note}")
-        elif entry.kind in ("same", "values"):
-            target = _target(entry, stage)
-            if entry.kind == "values":
-                table = entry.values
-                lookup = value.lower() if isinstance(value, str) and value.lower() in ("true", "false") else value
-                lookup = {"true": True, "false": False}.get(lookup, lookup) if isinstance(lookup, str) else lookup
-                try:
-                    known = lookup in table
-                except TypeError:  # a list or a mapping where a value is expected
-                    known = False
-                if not known:
-                    accepted = ", ".join(str(k) for k in table)
-                    problems.append(
-                        f"{key}: {value!r} has no tether equivalent (accepted: {accepted})"
-                        + (f"; {entry.note}" if entry.note else "")
-                    )
-                    continue
-                value = table[lookup]
-                if value is None:
-                    continue  # a value that is tether's behaviour already
-            if not target or target not in flags:
-                problems.append(
-                    f"{key}: no {target or 'equivalent'} in tether {stage}" + (f" ({entry.note})" if entry.note else "")
-                )
-                continue
-            if key == "lora_target" or key == "lora_target_modules":
-                value = [
-                    "all-linear" if v == "all" else v for v in (value.split(",") if isinstance(value, str) else value)
-                ]
-            out[flags[target]], written[flags[target]] = value, key
-            if key in ("epsilon", "cliprange") and "epsilon_high" not in values:
-                out[flags["--clip-high"]] = value
+    for key in sorted(values, key=lambda k: k not in implied):  # their defaults first: the user's keys win
+        settings, problem, no_effect = translate_key(stage, key, values[key], values, flags)
+        if problem and key in implied:
+            unheld.append(f"{key}={values[key]!r}")
+        elif problem:
+            problems.append(problem)
+        elif no_effect and key not in implied:
+            ignored.append(no_effect)
+        for dotted, value in settings.items():
+            out[dotted], written[dotted] = value, key
     if problems:
         if collect:
             return out
@@ -584,8 +582,62 @@ def translate(
         raise ConfigError(f"{source}: {err}") from None  # name the file (or the call) the keys came from
     if ignored:
         notes.append("no effect in tether: " + "; ".join(ignored))
-    _say(source, notes)
+    if unheld:
+        notes.append(
+            "their config's defaults with no tether equivalent, tether's own setting kept: " + ", ".join(unheld)
+        )
+    if say:
+        _say(source, notes)
     return out
+
+
+def translate_key(stage: str, key: str, value, values: dict, flags: dict) -> tuple[dict, str, str]:
+    """One flat key: ({dotted: value} it sets, the problem if it cannot be read, the no-effect note if accepted)."""
+    own = flags.get("--" + str(key).replace("_", "-"))
+    trl_weights = key == "reward_weights" and (isinstance(value, (list, tuple)) or "reward_funcs" in values)
+    if own is not None and not trl_weights:
+        return {own: value}, "", ""
+    if value is None and knows(key):
+        return {}, "", ""  # TRL and LLaMA-Factory write null for "not set"
+    entry = _entry(stage, key, flags)
+    if entry is None:
+        return {}, _unknown(stage, key, flags), ""
+    if entry.kind == "ignored":
+        return {}, "", f"{key} ({entry.note})"
+    if entry.kind == "refused":
+        return {}, f"{key}: {entry.note}", ""
+    if entry.kind not in ("same", "values"):
+        return {}, "", ""  # derived: read with the others by _derive
+    target = _target(entry, stage)
+    if entry.kind == "values":
+        lookup = value.lower() if isinstance(value, str) and value.lower() in ("true", "false") else value
+        lookup = {"true": True, "false": False}.get(lookup, lookup) if isinstance(lookup, str) else lookup
+        try:
+            known = lookup in entry.values
+        except TypeError:  # a list or a mapping where a value is expected
+            known = False
+        if not known:
+            accepted = ", ".join(str(k) for k in entry.values)
+            return {}, f"{key}: {value!r} has no tether equivalent (accepted: {accepted})" + _also(entry.note), ""
+        value = entry.values[lookup]
+        if value is None:
+            return {}, "", ""  # a value that is tether's behaviour already
+    if not target or target not in flags:
+        return (
+            {},
+            f"{key}: no {target or 'equivalent'} in tether {stage}" + (f" ({entry.note})" if entry.note else ""),
+            "",
+        )
+    if key == "lora_target" or key == "lora_target_modules":
+        value = ["all-linear" if v == "all" else v for v in (value.split(",") if isinstance(value, str) else value)]
+    out = {flags[target]: value}
+    if key in ("epsilon", "cliprange") and "epsilon_high" not in values:
+        out[flags["--clip-high"]] = value
+    return out, "", ""
+
+
+def _also(note: str) -> str:
+    return f"; {note}" if note else ""
 
 
 def problem_report(source: str, problems: list[str]) -> str:
@@ -657,10 +709,14 @@ def docs_with_tables(root) -> dict[str, str]:
     out = {}
     for path, projects in DOCS.items():
         text = (Path(root) / path).read_text()
-        start = text.index(MARK) + len(MARK)
-        end = text.index(MARK, start)
-        out[path] = text[:start] + "\n" + migration_table(projects) + "\n" + text[end:]
+        out[path] = replace_between(text, MARK, migration_table(projects))
     return out
+
+
+def replace_between(text: str, mark: str, table: str) -> str:
+    start = text.index(mark) + len(mark)
+    end = text.index(mark, start)
+    return text[:start] + "\n" + table + "\n" + text[end:]
 
 
 if __name__ == "__main__":
@@ -670,3 +726,4 @@ if __name__ == "__main__":
     for path, text in docs_with_tables(root).items():
         (root / path).write_text(text)
         print(f"wrote the table in {path}")
+    print("(the table of TRL's other defaults: python -m tether.api)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import subprocess
 import sys
 
@@ -777,3 +778,41 @@ def test_the_table_of_trls_other_defaults_is_the_installed_trls():
     text = doc.read_text()
     assert replace_between(text, DEFAULTS_MARK, defaults_table()) == text, "run python -m tether.api"
     assert "| dpo | `optim.lr` | 2e-05 | `learning_rate: 1e-06` |" in text
+
+
+def test_trl_dpo_loss_lists_are_composed_and_its_ipo_is_length_normalised(case_dirs, tmp_path, capsys):
+    """Issue 52 items 20 and 21: TRL's `loss_type: ipo` divides the log-ratios by the completion length (tether's
+    ipo sums them: another target at the same β); TRL's loss lists with loss_weights (RPO as [sigmoid, sft], MPO)
+    were refused, even ["ipo"], by a message listing ipo as accepted. Now: ipo -> ipo_norm, a list -> --loss
+    weighted (sft -> --sft-coef), a loss not built refused by name; the plan says which objective runs."""
+    from tether.config import build_config
+    from tether.stages.dpo_config import DPOConfig
+
+    read = lambda values: build_config(DPOConfig, values, source="trl.yaml").dpo
+    assert read({"loss_type": ["ipo"]}).loss == "ipo_norm" and read({"pref_loss": "ipo"}).loss == "ipo_norm"
+    rpo = read({"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]})
+    assert (rpo.loss, rpo.sft_coef) == ("sigmoid", 0.5)
+    mpo = read({"loss_type": ["sigmoid", "hinge"], "loss_weights": [0.8, 0.2]})
+    assert (mpo.loss, mpo.loss_weights) == ("weighted", {"sigmoid": 0.8, "hinge": 0.2})
+    with pytest.raises(ConfigError) as err:
+        read({"loss_type": ["ipo", "exo_pair"]})
+    assert "loss_type: exo_pair not built in tether" in str(err.value) and "accepted" not in str(err.value)
+    with pytest.raises(ConfigError, match="loss_weights has 1 weights for 2 loss_type entries"):
+        read({"loss_type": ["sigmoid", "hinge"], "loss_weights": [1.0]})
+    # the composition trains: at step 1 π = π_ref, so u = 0: sigmoid log 2, ipo_norm (0 − 1/(2·0.1))² = 25, and the
+    # step's loss 1 × log 2 + 0.5 × 25 = 13.1931. The reference log-probs come from another batching than the
+    # policy's, so u is 0 only to float32 rounding of the sums (≤ 20 tokens × |log p| ≤ 10 × 6e-8 ≈ 1.2e-5 each):
+    # ipo's slope 2 × 5 on a per-token difference bounds the change by 0.5 × 10 × 2 × 1.2e-5 ≈ 1.2e-4
+    rows = [{"prompt": f"Say {w}.", "chosen": f" {w}.", "rejected": " no"} for w in ("hi", "yes", "ok", "fine")]
+    config = tmp_path / "trl.yaml"
+    config.write_text(
+        f"model_name_or_path: {case_dirs['llama']}\ndataset_name: {_write(tmp_path / 'p.jsonl', rows)}\n"
+        f"output_dir: {tmp_path / 'run'}\nloss_type: [sigmoid, ipo]\nloss_weights: [1.0, 0.5]\nmax_steps: 1\n"
+        "per_device_train_batch_size: 2\ngradient_accumulation_steps: 2\nreport_to: none\neval_fraction: 0\n"
+    )
+    assert main(["dpo", "--config", str(config)]) == 0
+    said = capsys.readouterr()
+    plan = " ".join((said.out + said.err).split())
+    assert "loss weighted: 1 x sigmoid + 0.5 x ipo_norm (β 0.1)" in plan
+    assert "loss_type ipo: tether's ipo_norm (length-normalised, as TRL computes it)" in plan
+    assert abs(_metrics(tmp_path / "run")[0]["train/loss"] - (math.log(2) + 12.5)) <= 1.2e-4

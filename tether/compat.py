@@ -76,8 +76,9 @@ LOSS_TYPES = {
     "dapo": "token-mean",
     "bnpo": "token-mean",
 }
-DPO_LOSSES = {"sigmoid": "sigmoid", "hinge": "hinge", "ipo": "ipo", "robust": "robust"}
-PREF_LOSSES = {"sigmoid": "sigmoid", "hinge": "hinge", "ipo": "ipo", "orpo": "orpo", "simpo": "simpo"}
+# TRL's and LLaMA-Factory's ipo divide each log-ratio by its completion's length: tether's ipo_norm, not its ipo
+DPO_LOSSES = {"sigmoid": "sigmoid", "hinge": "hinge", "ipo": "ipo_norm", "robust": "robust"}
+PREF_LOSSES = {"sigmoid": "sigmoid", "hinge": "hinge", "ipo": "ipo_norm", "orpo": "orpo", "simpo": "simpo"}
 SCALE_REWARDS = {True: "group", "group": "group", False: "group_no_std", "none": "group_no_std"}
 SCHEDULES = {"cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32", "auto": "fp32", "float16": "fp16"}
@@ -182,7 +183,15 @@ NAMES = [
         stages=("grpo",),
     ),
     _values("loss_type", TRL, "", {"nll": None}, "dft is not built", stages=("sft",)),
-    _values("loss_type", TRL, "--loss", DPO_LOSSES, "the other TRL losses are not built", stages=("dpo",)),
+    _derived(
+        "loss_type",
+        TRL,
+        "a name or a list (with loss_weights, default 1 each): sigmoid, hinge, robust; ipo → ipo_norm (TRL "
+        "divides the log-ratios by the completion's length; tether's ipo does not); sft → --sft-coef (its weight); "
+        "one loss at weight 1 → --loss, several → --loss weighted --loss-weights; the other TRL losses are not built",
+        stages=("dpo",),
+    ),
+    _derived("loss_weights", TRL, "with loss_type: see there", stages=("dpo",)),
     _values("scale_rewards", TRL, "--advantage", SCALE_REWARDS, "batch scaling is not built", stages=("grpo",)),
     _derived("steps_per_generation", TRL, "with per_device_train_batch_size: see there", stages=("grpo",)),
     _derived(
@@ -423,6 +432,45 @@ def _reward_spec(name: str) -> str:
     return f"{module}:{function}"
 
 
+def _dpo_losses(given: dict, notes: list[str]) -> dict[str, object]:
+    """TRL's DPO loss_type (a name or a list) with loss_weights as tether's --loss, --loss-weights and --sft-coef:
+    the weighted sum of losses, composed (tether's loss weighted), or a refusal saying which loss is not built."""
+    names = given["loss_type"]
+    names = [names] if isinstance(names, str) else names
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"loss_type: {given['loss_type']!r}: expected a loss name or a list of them")
+    weights = given.get("loss_weights")
+    weights = [1.0] * len(names) if weights is None else weights
+    weights = [_finite(w, "loss_weights") for w in (weights if isinstance(weights, (list, tuple)) else [weights])]
+    if len(weights) != len(names):
+        raise ConfigError(f"loss_weights has {len(weights)} weights for {len(names)} loss_type entries")
+    unbuilt = [n for n in names if n not in DPO_LOSSES and n != "sft"]
+    if unbuilt:
+        raise ConfigError(
+            f"loss_type: {', '.join(unbuilt)} not built in tether; TRL's losses read here are "
+            f"{', '.join([*DPO_LOSSES, 'sft'])} (summed with loss_weights)"
+        )
+    parts = {DPO_LOSSES[n]: w for n, w in zip(names, weights) if n != "sft"}
+    out: dict[str, object] = {}
+    if "sft" in names:
+        if given.get("rpo_alpha") is not None:
+            raise ConfigError("loss_type's sft and rpo_alpha both weigh the chosen answer's NLL: give one")
+        out["dpo.sft_coef"] = weights[names.index("sft")]
+        notes.append(
+            f"loss_type sft at weight {out['dpo.sft_coef']:g}: --sft-coef (the chosen answer's token-mean NLL, "
+            "averaged over pairs; TRL averages over the batch's chosen tokens)"
+        )
+    if not parts:
+        raise ConfigError("loss_type: sft alone trains no preference: that is tether sft on the chosen answers")
+    if len(parts) == 1 and next(iter(parts.values())) == 1.0:
+        out["dpo.loss"] = next(iter(parts))
+    else:
+        out |= {"dpo.loss": "weighted", "dpo.loss_weights": parts}
+    if "ipo_norm" in parts:
+        notes.append("loss_type ipo: tether's ipo_norm (length-normalised, as TRL computes it), not its ipo (sums)")
+    return out
+
+
 def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str, object]:
     """The settings derived from several keys at once: batch sizes, LoRA switches, reward functions and weights,
     LLaMA-Factory's stage and datasets. ``given``: the flat keys as written."""
@@ -519,6 +567,10 @@ def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str,
             "reward_weights as a list weighs TRL's reward_funcs, which are not given; tether's reward_weights "
             "(HEAD=W,...) weighs a reward model's heads"
         )
+    if stage == "dpo" and "loss_type" in given:
+        out.update(_dpo_losses(given, notes))
+    elif stage == "dpo" and isinstance(given.get("loss_weights"), (list, tuple)):
+        raise ConfigError("loss_weights weigh TRL's loss_type list, which is not given")
     if "stage" in given:  # the stage itself was checked by translate
         if given["stage"] == "kto":
             out["dpo.loss"] = "kto"
@@ -594,7 +646,8 @@ def translate(
 def translate_key(stage: str, key: str, value, values: dict, flags: dict) -> tuple[dict, str, str]:
     """One flat key: ({dotted: value} it sets, the problem if it cannot be read, the no-effect note if accepted)."""
     own = flags.get("--" + str(key).replace("_", "-"))
-    trl_weights = key == "reward_weights" and (isinstance(value, (list, tuple)) or "reward_funcs" in values)
+    partner = {"reward_weights": "reward_funcs", "loss_weights": "loss_type"}.get(key)  # TRL's lists of weights
+    trl_weights = partner is not None and (isinstance(value, (list, tuple)) or partner in values)
     if own is not None and not trl_weights:
         return {own: value}, "", ""
     if value is None and knows(key):

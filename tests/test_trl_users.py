@@ -816,3 +816,48 @@ def test_trl_dpo_loss_lists_are_composed_and_its_ipo_is_length_normalised(case_d
     assert "loss weighted: 1 x sigmoid + 0.5 x ipo_norm (β 0.1)" in plan
     assert "loss_type ipo: tether's ipo_norm (length-normalised, as TRL computes it)" in plan
     assert abs(_metrics(tmp_path / "run")[0]["train/loss"] - (math.log(2) + 12.5)) <= 1.2e-4
+
+
+def test_trls_vllm_importance_sampling_keys_are_read_or_refused_naming_what_exists(tmp_path, capsys):
+    """Issue 52 item 16: vllm_importance_sampling_correction / _mode / _cap stopped with "unknown key". tether
+    builds TRL's token_truncate (--tis-cap C); TRL's default sequence_mask is refused when asked for, and noted
+    when it is only an args= object's default; the plan's generation line says whether the gap is corrected."""
+    from tether.compat import args_settings
+    from tether.config import build_config
+    from tether.stages.grpo_config import GRPOConfig
+
+    read = lambda values: build_config(GRPOConfig, values, source="trl.yaml").rollout
+    on = {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}
+    assert (read(on).backend, read(on).tis_cap) == ("vllm", 3.0)  # TRL's default cap
+    assert read({**on, "vllm_importance_sampling_cap": 2}).tis_cap == 2.0  # TRL's older name of clip_max
+    assert read({**on, "vllm_importance_sampling_clip_max": 1.5}).tis_cap == 1.5
+    assert read({"use_vllm": True, "vllm_importance_sampling_correction": False}).tis_cap == 0.0
+    trl = tmp_path / "trl.yaml"
+    for text, message in (
+        ("use_vllm: true\nvllm_importance_sampling_correction: true\n", "mode 'sequence_mask' is not built"),
+        ("use_vllm: true\nvllm_importance_sampling_mode: token_mask\n", "mode 'token_mask' is not built"),
+        (
+            "use_vllm: true\nvllm_importance_sampling_mode: token_truncate\nvllm_importance_sampling_clip_min: 0.5\n",
+            "clip_min (a lower bound) is not built",
+        ),
+        ("use_bias_correction_kl: true\n", "multiplies the KL term by π_θ/π_old"),
+    ):
+        trl.write_text(text)
+        assert main(["grpo", "--config", str(trl)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "unknown key" not in err, err
+        assert "use_bias" in text or "token_truncate (C = vllm_importance_sampling_clip_max, default 3)" in err
+    assert read({"use_bias_correction_kl": False}).tis_cap == 0.0  # tether's behaviour already
+    pytest.importorskip("trl")
+    import trl as trl_module
+
+    theirs = read(args_settings(trl_module.GRPOConfig(output_dir=str(tmp_path), use_vllm=True, bf16=False)))
+    assert (theirs.backend, theirs.tis_cap) == ("vllm", 0.0)
+    said = capsys.readouterr()
+    assert "TRL's default vLLM correction (mode 'sequence_mask', cap 3) is not built" in said.out + said.err
+    from tether.train.sampling import sampler_correction_line
+
+    assert "not corrected: --tis-cap C corrects it (TRL's use_vllm corrects by default" in sampler_correction_line(
+        theirs
+    )
+    assert sampler_correction_line(read(on)) == "; truncated importance sampling, C = 3"

@@ -220,6 +220,36 @@ NAMES = [
     Foreign("use_vllm", TRL, "--rollout-backend", kind="values", values={True: "vllm", False: "hf"}),
     _values("vllm_mode", TRL, "", {"colocate": None}, "server mode is not built: each process runs its own engine"),
     Foreign("vllm_gpu_memory_utilization", TRL, "--vllm-gpu-memory-utilization"),
+    _derived(
+        "vllm_importance_sampling_correction",
+        TRL,
+        "with use_vllm: false → --tis-cap 0 (the gap logged, not corrected); true → only with "
+        "vllm_importance_sampling_mode token_truncate (token-level truncated importance sampling, --tis-cap C, C = "
+        "its clip_max, default 3); TRL's default mode sequence_mask and token_mask, sequence_truncate are not "
+        "built. TRL corrects by default whenever use_vllm is on; tether only with --tis-cap (the plan says which)",
+        stages=ONLINE,
+    ),
+    _derived("vllm_importance_sampling_mode", TRL, "see vllm_importance_sampling_correction", stages=ONLINE),
+    _derived("vllm_importance_sampling_clip_max", TRL, "C of token_truncate: --tis-cap C", stages=ONLINE),
+    _derived(
+        "vllm_importance_sampling_cap", TRL, "TRL's older name of vllm_importance_sampling_clip_max", stages=ONLINE
+    ),
+    _derived(
+        "vllm_importance_sampling_clip_min",
+        TRL,
+        "not built: tether's truncation has no lower bound (leave it out or null)",
+        stages=ONLINE,
+    ),
+    _values(
+        "use_bias_correction_kl",
+        TRL,
+        "",
+        {False: None},
+        "true (TRL 1.16's default) multiplies the KL term by π_θ/π_old; tether's KL term is the estimator alone, "
+        "not weighted (docs/python-api.md)",
+        stages=("grpo",),
+    ),
+    _refused("off_policy_mask_threshold", TRL, "off-policy sequence masking is not built", stages=ONLINE),
     _ignored("log_completions", TRL, "tether writes samples.jsonl every sample_every steps"),
     _ignored("shuffle_dataset", TRL, "tether draws prompts in a seeded shuffled order"),
     _ignored("attn_implementation", TRL, "the model's default attention is used"),
@@ -471,9 +501,62 @@ def _dpo_losses(given: dict, notes: list[str]) -> dict[str, object]:
     return out
 
 
-def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str, object]:
+IS_KEYS = (
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_cap",
+    "vllm_importance_sampling_clip_min",
+)
+
+
+def _truthy(value) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def _sampler_correction(given: dict, implied: set, notes: list[str]) -> dict[str, object]:
+    """TRL's correction of the vLLM sampler gap as tether's --tis-cap: only its token_truncate mode is built
+    (min(π_train/π_sampler, C) per token, no lower bound). TRL's own defaults (args=) that ask for another mode
+    leave the correction off, said; a mode the user named that tether has not built is refused, naming the one
+    that exists."""
+    named = [k for k in IS_KEYS if k in given and given[k] is not None]
+    if not named:
+        return {}
+    explicit = [k for k in named if k not in implied]
+    on_vllm = _truthy(given.get("use_vllm")) or given.get("rollout_backend") == "vllm"
+    if not on_vllm:
+        if explicit:
+            notes.append(f"no effect without use_vllm (TRL corrects only the vLLM sampler): {', '.join(explicit)}")
+        return {}
+    correction = given.get("vllm_importance_sampling_correction", True)
+    if correction is False or (isinstance(correction, str) and correction.lower() == "false"):
+        return {"rollout.tis_cap": 0.0}
+    mode = given.get("vllm_importance_sampling_mode", "sequence_mask")
+    if mode != "token_truncate" or given.get("vllm_importance_sampling_clip_min") not in (None, 0):
+        what = f"mode {mode!r}" if mode != "token_truncate" else "clip_min (a lower bound)"
+        if not explicit:
+            notes.append(
+                f"TRL's default vLLM correction ({what}, cap 3) is not built: tether samples with vLLM and "
+                "logs the sampler gap without correcting it (--tis-cap C: token-level truncated importance sampling)"
+            )
+            return {}
+        raise ConfigError(
+            f"vllm_importance_sampling: {what} is not built (TRL's default mode is sequence_mask); tether has "
+            "token-level truncated importance sampling, TRL's token_truncate without a lower bound: "
+            "vllm_importance_sampling_mode: token_truncate (C = vllm_importance_sampling_clip_max, default 3), "
+            "or --tis-cap C; vllm_importance_sampling_correction: false turns it off"
+        )
+    cap = given.get("vllm_importance_sampling_clip_max", given.get("vllm_importance_sampling_cap", 3.0))
+    cap = _finite(3.0 if cap is None else cap, "vllm_importance_sampling_clip_max")
+    if cap <= 0:
+        raise ConfigError(f"vllm_importance_sampling_clip_max: {cap:g}: the cap C must be > 0")
+    return {"rollout.tis_cap": cap}
+
+
+def _derive(stage: str, given: dict, flags: dict, notes: list[str], implied: set = frozenset()) -> dict[str, object]:
     """The settings derived from several keys at once: batch sizes, LoRA switches, reward functions and weights,
-    LLaMA-Factory's stage and datasets. ``given``: the flat keys as written."""
+    LLaMA-Factory's stage and datasets, the vLLM sampler's correction. ``given``: the flat keys as written;
+    ``implied``: those that are a config object's defaults (args=), not the user's."""
     out: dict[str, object] = {}
     world = _world()
     batch_keys = (
@@ -567,6 +650,8 @@ def _derive(stage: str, given: dict, flags: dict, notes: list[str]) -> dict[str,
             "reward_weights as a list weighs TRL's reward_funcs, which are not given; tether's reward_weights "
             "(HEAD=W,...) weighs a reward model's heads"
         )
+    if stage in ONLINE:
+        out.update(_sampler_correction(given, implied, notes))
     if stage == "dpo" and "loss_type" in given:
         out.update(_dpo_losses(given, notes))
     elif stage == "dpo" and isinstance(given.get("loss_weights"), (list, tuple)):
@@ -629,7 +714,7 @@ def translate(
             return out
         raise ConfigError(problem_report(source, problems))
     try:
-        out.update(_derive(stage, values, flags, notes))
+        out.update(_derive(stage, values, flags, notes, implied))
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None  # name the file (or the call) the keys came from
     if ignored:

@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+import yaml
 from transformers import AutoTokenizer
 
 from tether.cli import main
@@ -294,3 +295,60 @@ def test_a_value_of_the_wrong_type_is_named_by_the_files_key(tmp_path, llama_dir
     config.write_text("data:\n  max_length: long\n")
     with pytest.raises(ConfigError, match=r"c.yaml: data.max_length must be int, got 'long'"):
         build_config(DPOConfig, load_yaml(config), source=str(config))
+
+
+LF_PPO_YAML = """\
+model_name_or_path: {model}
+reward_model: {model}
+stage: ppo
+finetuning_type: lora
+lora_target: all
+dataset: identity
+cutoff_len: 2048
+max_samples: 1000
+output_dir: {out}
+plot_loss: true
+report_to: none
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-5
+num_train_epochs: 3.0
+"""
+
+
+def test_llamafactory_ppo_keys_and_other_projects_keys_name_their_replacement(llama_dir, tmp_path, capsys):
+    """Issue 52 item 24: a LLaMA-Factory PPO YAML was refused for cutoff_len, max_samples and num_train_epochs
+    with no replacement named (without them the run did 100 steps where LLaMA-Factory does 3 epochs); mask_history
+    was unknown; plot_loss promised a report.html no run writes; TRL's tools / environment_factory and OpenRLHF's
+    input_key / label_key were "unknown key" with no pointer to tether's environment class and --columns."""
+    from tether.stages.dpo_config import DPOConfig
+    from tether.stages.grpo_config import GRPOConfig
+    from tether.stages.ppo_config import PPOConfig
+    from tether.stages.sft_config import SFTConfig
+
+    config = tmp_path / "ppo.yaml"
+    config.write_text(LF_PPO_YAML.format(model=llama_dir, out=tmp_path / "o"))
+    assert main(["ppo", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "3.0 epochs over 1000 (max_samples) at 8 prompts per step is max_steps 375: give max_steps" in err
+    assert "max_samples: 1000: the online stages read every prompt of the file" in err
+    assert "cutoff_len" not in err and "unknown key" not in err  # cutoff_len: no effect online, and said so
+    fixed = LF_PPO_YAML.replace("max_samples: 1000\n", "").replace("num_train_epochs: 3.0", "max_steps: 375")
+    cfg = build_config(PPOConfig, yaml.safe_load(fixed.format(model=llama_dir, out=tmp_path / "o")), source="y")
+    assert (cfg.train.max_steps, cfg.rollout.prompts_per_step, cfg.optim.lr) == (375, 8, 1e-5)
+    said = capsys.readouterr()
+    assert "cutoff_len (tether keeps every prompt whole" in said.out + said.err
+    assert "plot_loss (tether logs every curve to metrics.jsonl" in said.out + said.err  # no report.html promised
+    assert build_config(SFTConfig, {"mask_history": False}).data.max_length == 1024
+    with pytest.raises(ConfigError, match="true .train the last turn alone. is not built: tether trains every"):
+        build_config(SFTConfig, {"mask_history": True}, source="y")
+    for stage_cls, values, message in (
+        (GRPOConfig, {"tools": ["m.f"]}, "--env with a tether.agents.tools.ToolEnvironment subclass"),
+        (GRPOConfig, {"environment_factory": "m.Env"}, "an environment is --env module:Class"),
+        (GRPOConfig, {"input_key": "question"}, "--prompt-columns prompt=question"),
+        (DPOConfig, {"input_key": "question"}, "--columns prompt=question"),
+        (GRPOConfig, {"label_key": "answer"}, "reward functions get every column of a prompt row under its own"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)) as err:
+            build_config(stage_cls, values, source="y")
+        assert "unknown key" not in str(err.value)

@@ -26,6 +26,7 @@ from tether.errors import ConfigError
 HF = "TRL, LLaMA-Factory"  # Hugging Face TrainingArguments' names: both projects write them
 TRL = "TRL"
 LF = "LLaMA-Factory"
+OPENRLHF = "OpenRLHF"
 ONLINE = ("grpo", "ppo")
 
 
@@ -269,6 +270,20 @@ NAMES = [
         "the Python API only: a TrainingArguments / TRL config object (or a dict), read with its class's "
         "defaults (TRL's values), keywords winning",
     ),
+    _refused(
+        "tools",
+        TRL,
+        "tools live in an environment: --env with a tether.agents.tools.ToolEnvironment subclass whose tools are "
+        "your functions (env= in the Python API; docs/agents.md)",
+    ),
+    _refused(
+        "environment_factory",
+        TRL,
+        "an environment is --env module:Class (env= in the Python API: a class or a factory of instances), with "
+        "reset/step as docs/agents.md describes",
+    ),
+    _derived("input_key", OPENRLHF, "the prompt column: --columns prompt=<input_key>"),
+    _derived("label_key", OPENRLHF, "the reference answer's column: reward functions get every column by its name"),
     _refused("missing_eos_penalty", TRL, "use --truncation-penalty (a score for responses cut at max_new_tokens)"),
     # ---- LLaMA-Factory
     _derived("stage", LF, "must be the stage run: sft (pt: plain text), rm, dpo (kto: tether dpo --loss kto), ppo"),
@@ -289,8 +304,36 @@ NAMES = [
     ),
     Foreign("lora_rank", LF, "--lora-r"),
     Foreign("lora_target", LF, "--lora-target-modules", note="all: every linear layer (all-linear)"),
+    Foreign(
+        "cutoff_len",
+        LF,
+        kind="ignored",
+        stages=ONLINE,
+        note="tether keeps every prompt whole (one past the model's context is an error naming its row) and "
+        "ends responses at --max-new-tokens",
+    ),
     Foreign("cutoff_len", LF, "--max-length", note="longer examples are dropped and counted, never cut"),
+    _derived(
+        "max_samples",
+        LF,
+        "the online stages read every prompt of the file: keep the first N rows in a file of their own",
+        stages=ONLINE,
+    ),
     Foreign("max_samples", LF, "--max-records"),
+    _derived(
+        "num_train_epochs",
+        LF,
+        "the online stages count rollout steps: E epochs over N prompts are --max-steps ⌈E·N / prompts_per_step⌉",
+        stages=ONLINE,
+    ),
+    _values(
+        "mask_history",
+        LF,
+        "",
+        {False: None},
+        "true (train the last turn alone) is not built: tether trains every assistant turn of a conversation; "
+        "to train only the last, give the earlier turns as the prompt (prompt/completion rows)",
+    ),
     Foreign("val_size", LF, "--eval-fraction"),
     Foreign("pref_beta", LF, {"dpo": "--beta"}),
     _values("pref_loss", LF, "--loss", PREF_LOSSES, stages=("dpo",)),
@@ -316,7 +359,12 @@ NAMES = [
         "tether prm trains on every labelled step; give only the last step a label to train on it alone",
     ),
     Foreign("chat_template_path", TRL, "--chat-template"),
-    _ignored("plot_loss", LF, "tether always writes report.html with every curve"),
+    _ignored(
+        "plot_loss",
+        LF,
+        "tether logs every curve to metrics.jsonl (and tensorboard); `tether report RUN --output report.html` "
+        "draws them",
+    ),
     _ignored("flash_attn", LF, "the model's default attention is used"),
     _refused("quantization_bit", LF, "quantised training is not built"),
     _refused("deepspeed", LF, "pass the DeepSpeed config to accelerate launch (docs/scaling.md)"),
@@ -409,10 +457,10 @@ def knows(key: str) -> bool:
 
 
 def _entry(stage: str, key: str, flags: dict) -> Foreign | None:
-    """The entry for ``key`` in this stage: the first whose stages include it and whose target flag it has."""
-    for entry in _INDEX.get(key, ()):
-        if entry.stages and stage not in entry.stages:
-            continue
+    """The entry for ``key`` in this stage: the first that names this stage among its stages, else the first for
+    every stage (whose target, when it has one per stage, this stage has)."""
+    entries = _INDEX.get(key, ())
+    for entry in [e for e in entries if stage in e.stages] + [e for e in entries if not e.stages]:
         if isinstance(entry.to, dict) and stage not in entry.to:
             continue
         return entry
@@ -553,6 +601,48 @@ def _sampler_correction(given: dict, implied: set, notes: list[str]) -> dict[str
     return {"rollout.tis_cap": cap}
 
 
+def _online_length(given: dict, implied: set, notes: list[str]) -> None:
+    """LLaMA-Factory's run length in epochs over a sample of the data, refused in an online stage with the tether
+    settings that say it (computed where the YAML gives the numbers); an args= object's default is noted."""
+    problems = []
+    if "num_train_epochs" in implied:
+        notes.append(
+            f"num_train_epochs={given['num_train_epochs']} (their default) has no effect: max_steps sets the run"
+        )
+    elif "num_train_epochs" in given:
+        epochs, n = given["num_train_epochs"], given.get("max_samples")
+        prompts = _number(given, "per_device_train_batch_size", 8) * _number(given, "gradient_accumulation_steps", 1)
+        prompts *= _world()
+        steps = f"{math.ceil(float(epochs) * int(n) / prompts)}" if n else f"⌈{epochs}·N / {prompts}⌉"
+        problems.append(
+            f"num_train_epochs: {epochs}: the online stages count rollout steps of prompts_per_step prompts; "
+            f"{epochs} epochs over {f'{n} (max_samples)' if n else 'N, the prompts in your file'} at {prompts} "
+            f"prompts per step is max_steps {steps}: give max_steps instead"
+        )
+    if "max_samples" in given:
+        problems.append(
+            f"max_samples: {given['max_samples']}: the online stages read every prompt of the file (in a seeded "
+            "shuffled order); keep the first rows in a file of their own, or leave max_samples out"
+        )
+    if problems:
+        raise ConfigError(problem_report("", problems).removeprefix(": "))
+
+
+def _openrlhf_keys(stage: str, given: dict, flags: dict) -> None:
+    """OpenRLHF's column keys, refused with the tether setting that does the same."""
+    column = "--prompt-columns" if stage in ONLINE else "--columns"
+    if "input_key" in given:
+        raise ConfigError(
+            f"input_key: {given['input_key']}: tether reads the prompt column as 'prompt'; rename yours with "
+            f"{column} prompt={given['input_key']} (YAML columns: prompt={given['input_key']})"
+        )
+    if "label_key" in given:
+        raise ConfigError(
+            f"label_key: {given['label_key']}: reward functions get every column of a prompt row under its own "
+            f"name (here {given['label_key']}=...); leave label_key out, or rename the column with {column}"
+        )
+
+
 def _derive(stage: str, given: dict, flags: dict, notes: list[str], implied: set = frozenset()) -> dict[str, object]:
     """The settings derived from several keys at once: batch sizes, LoRA switches, reward functions and weights,
     LLaMA-Factory's stage and datasets, the vLLM sampler's correction. ``given``: the flat keys as written;
@@ -652,6 +742,8 @@ def _derive(stage: str, given: dict, flags: dict, notes: list[str], implied: set
         )
     if stage in ONLINE:
         out.update(_sampler_correction(given, implied, notes))
+        _online_length(given, implied, notes)
+    _openrlhf_keys(stage, given, flags)
     if stage == "dpo" and "loss_type" in given:
         out.update(_dpo_losses(given, notes))
     elif stage == "dpo" and isinstance(given.get("loss_weights"), (list, tuple)):
@@ -836,7 +928,7 @@ def migration_table(projects: tuple[str, ...]) -> str:
     return "\n".join(rows)
 
 
-DOCS = {"docs/python-api.md": (TRL,), "docs/data.md": (LF,)}
+DOCS = {"docs/python-api.md": (TRL, OPENRLHF), "docs/data.md": (LF,)}
 MARK = "<!-- generated by python -m tether.compat: edit tether/compat.py, not this table -->"
 
 

@@ -861,3 +861,27 @@ def test_trls_vllm_importance_sampling_keys_are_read_or_refused_naming_what_exis
         theirs
     )
     assert sampler_correction_line(read(on)) == "; truncated importance sampling, C = 3"
+
+
+def test_plain_string_preferences_say_they_are_trained_without_the_chat_template(case_dirs, tmp_path, capsys):
+    """Issue 52 item 25: the README's plain-string preference row trains a chat model without its chat template
+    (alpaca and messages rows use it), and nothing said so. The data report printed before the plan counts them."""
+    plain = [{"prompt": f"Say {w}.", "chosen": f" {w}.", "rejected": " no"} for w in ("hi", "yes", "ok", "fine")]
+    chat = [
+        {
+            "prompt": [{"role": "user", "content": r["prompt"]}],
+            "chosen": [{"role": "assistant", "content": r["chosen"]}],
+            "rejected": [{"role": "assistant", "content": r["rejected"]}],
+        }
+        for r in plain
+    ]
+    common = ["--model", str(case_dirs["qwen2"]), *QUICK, "--max-steps", "1", "--eval-fraction", "0"]
+    for stage in ("dpo", "rm"):
+        assert (
+            main([stage, "--data", _write(tmp_path / "p.jsonl", plain), "--output", str(tmp_path / stage), *common])
+            == 0
+        )
+        said = " ".join(capsys.readouterr().err.split())
+        assert "4 of plain strings, rendered as prompt + response + EOS without the tokenizer's chat template" in said
+    assert main(["dpo", "--data", _write(tmp_path / "c.jsonl", chat), "--output", str(tmp_path / "c"), *common]) == 0
+    assert "of plain strings" not in capsys.readouterr().err

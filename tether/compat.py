@@ -643,74 +643,81 @@ def _openrlhf_keys(stage: str, given: dict, flags: dict) -> None:
         )
 
 
+BATCH_KEYS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+    "num_mini_batches",
+    "total_episodes",
+)
+
+
+def _batch_sizes(stage: str, given: dict, notes: list[str]) -> dict[str, object]:
+    """TRL's and LLaMA-Factory's batch sizes (per device, accumulation, generations) as tether's."""
+    out: dict[str, object] = {}
+    world = _world()
+    b = _number(given, "per_device_train_batch_size", 8)  # TrainingArguments' default
+    a = _number(given, "gradient_accumulation_steps", 1)
+    if stage == "grpo":
+        g = _number(given, "num_generations", _number(given, "group_size", 8))  # TRL's default G is 8
+        s = _number(given, "steps_per_generation", a)
+        generated = _number(given, "generation_batch_size", b * world * s)
+        if generated % g:
+            raise ConfigError(
+                f"TRL's generation batch ({generated} completions) is not a multiple of num_generations={g}"
+            )
+        update = b * world * a
+        out |= {
+            "rollout.group_size": g,
+            "rollout.prompts_per_step": generated // g,
+            "algo.minibatch": 0 if update >= generated else update,
+            "algo.micro_batch_size": b,
+        }
+        updates = max(1, generated // update) * _number(given, "num_iterations", 1)
+        notes.append(
+            f"TRL's batch sizes read as tether's: {b} completions per device x {world} process(es) x "
+            f"{s} step(s) per generation / {g} per prompt = prompts_per_step {generated // g}; "
+            f"minibatch {out['algo.minibatch'] or 'the whole rollout'}; micro_batch_size {b}"
+        )
+        if "max_steps" in given and updates > 1:
+            steps = math.ceil(_number(given, "max_steps", 1) / updates)
+            out["train.max_steps"] = steps
+            notes.append(f"TRL's max_steps counts optimizer updates ({updates} per rollout here): max_steps {steps}")
+    elif stage == "ppo":
+        prompts = b * a * world
+        minis = _number(given, "num_mini_batches", 1)
+        if prompts % minis:
+            raise ConfigError(f"num_mini_batches={minis} does not divide the batch of {prompts} prompts")
+        out |= {"rollout.prompts_per_step": prompts, "algo.minibatch": 0 if minis == 1 else prompts // minis}
+        if "total_episodes" in given:
+            out["train.max_steps"] = math.ceil(_number(given, "total_episodes", 1) / prompts)
+        notes.append(
+            f"TRL's batch sizes read as tether's: prompts_per_step {prompts}, minibatch {out['algo.minibatch'] or 'whole'}"
+        )
+    else:
+        stated = given.get("batch_size")  # tether's own name, stated too: per_device is the micro-batch
+        if stated is not None and "gradient_accumulation_steps" in given and int(stated) != b * a * world:
+            raise ConfigError(
+                f"batch_size {stated} and per_device_train_batch_size {b} x gradient_accumulation_steps {a} x "
+                f"{world} process(es) = {b * a * world} disagree; give one of them"
+            )
+        out |= {"train.micro_batch_size": b, "train.batch_size": stated if stated is not None else b * a * world}
+        if stage == "dpo" and given.get("online"):
+            out["rollout.prompts_per_step"] = b * a * world
+        notes.append(
+            f"per_device_train_batch_size {b} x accumulation {a} x {world} process(es) = batch_size {b * a * world}"
+        )
+    return out
+
+
 def _derive(stage: str, given: dict, flags: dict, notes: list[str], implied: set = frozenset()) -> dict[str, object]:
     """The settings derived from several keys at once: batch sizes, LoRA switches, reward functions and weights,
     LLaMA-Factory's stage and datasets, the vLLM sampler's correction. ``given``: the flat keys as written;
     ``implied``: those that are a config object's defaults (args=), not the user's."""
     out: dict[str, object] = {}
-    world = _world()
-    batch_keys = (
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-        "steps_per_generation",
-        "generation_batch_size",
-        "num_mini_batches",
-        "total_episodes",
-    )
-    if any(k in given for k in batch_keys):
-        b = _number(given, "per_device_train_batch_size", 8)  # TrainingArguments' default
-        a = _number(given, "gradient_accumulation_steps", 1)
-        if stage == "grpo":
-            g = _number(given, "num_generations", _number(given, "group_size", 8))  # TRL's default G is 8
-            s = _number(given, "steps_per_generation", a)
-            generated = _number(given, "generation_batch_size", b * world * s)
-            if generated % g:
-                raise ConfigError(
-                    f"TRL's generation batch ({generated} completions) is not a multiple of num_generations={g}"
-                )
-            update = b * world * a
-            out |= {
-                "rollout.group_size": g,
-                "rollout.prompts_per_step": generated // g,
-                "algo.minibatch": 0 if update >= generated else update,
-                "algo.micro_batch_size": b,
-            }
-            updates = max(1, generated // update) * _number(given, "num_iterations", 1)
-            notes.append(
-                f"TRL's batch sizes read as tether's: {b} completions per device x {world} process(es) x "
-                f"{s} step(s) per generation / {g} per prompt = prompts_per_step {generated // g}; "
-                f"minibatch {out['algo.minibatch'] or 'the whole rollout'}; micro_batch_size {b}"
-            )
-            if "max_steps" in given and updates > 1:
-                steps = math.ceil(_number(given, "max_steps", 1) / updates)
-                out["train.max_steps"] = steps
-                notes.append(
-                    f"TRL's max_steps counts optimizer updates ({updates} per rollout here): max_steps {steps}"
-                )
-        elif stage == "ppo":
-            prompts = b * a * world
-            minis = _number(given, "num_mini_batches", 1)
-            if prompts % minis:
-                raise ConfigError(f"num_mini_batches={minis} does not divide the batch of {prompts} prompts")
-            out |= {"rollout.prompts_per_step": prompts, "algo.minibatch": 0 if minis == 1 else prompts // minis}
-            if "total_episodes" in given:
-                out["train.max_steps"] = math.ceil(_number(given, "total_episodes", 1) / prompts)
-            notes.append(
-                f"TRL's batch sizes read as tether's: prompts_per_step {prompts}, minibatch {out['algo.minibatch'] or 'whole'}"
-            )
-        else:
-            stated = given.get("batch_size")  # tether's own name, stated too: per_device is the micro-batch
-            if stated is not None and "gradient_accumulation_steps" in given and int(stated) != b * a * world:
-                raise ConfigError(
-                    f"batch_size {stated} and per_device_train_batch_size {b} x gradient_accumulation_steps {a} x "
-                    f"{world} process(es) = {b * a * world} disagree; give one of them"
-                )
-            out |= {"train.micro_batch_size": b, "train.batch_size": stated if stated is not None else b * a * world}
-            if stage == "dpo" and given.get("online"):
-                out["rollout.prompts_per_step"] = b * a * world
-            notes.append(
-                f"per_device_train_batch_size {b} x accumulation {a} x {world} process(es) = batch_size {b * a * world}"
-            )
+    if any(k in given for k in BATCH_KEYS):
+        out.update(_batch_sizes(stage, given, notes))
     if given.get("use_peft") or given.get("finetuning_type") == "lora":
         peft = {"lora_r": 16, "lora_alpha": 32.0} if given.get("use_peft") else {"lora_r": 8}
         for key, value in peft.items():

@@ -111,6 +111,9 @@ NAMES = [
     Foreign("overwrite_output_dir", HF, "--overwrite"),
     Foreign("trust_remote_code", HF, "--trust-remote-code"),
     _values("bf16", HF, "--mixed-precision", {True: "bf16", False: "no"}),
+    _values(
+        "fp16", HF, "", {False: None}, "fp16 autocast is not built: --mixed-precision bf16, or --dtype fp16 weights"
+    ),
     _values("lr_scheduler_type", HF, "--lr-schedule", SCHEDULES, "linear and the others are not built in tether"),
     _values("torch_dtype", HF, "--dtype", DTYPES),
     _values("dtype", TRL, "--dtype", DTYPES),

@@ -172,9 +172,9 @@ def tokenize_policy_preferences(
     for rec in progress(records, len(records), f"tokenising {path}"):
         where = rec.where
         f = split_implicit_prompt(rec.fields, where) if report.format == "pairs" else rec.fields
-        ordered = ordered_responses(f, report.format, where)
-        report.count_plain(tokenizer, f.get("prompt"), [value for _, value in ordered])
         try:
+            ordered = ordered_responses(f, report.format, where)  # a pair whose answers are equal is a _Drop
+            report.count_plain(tokenizer, f.get("prompt"), [value for _, value in ordered])
             responses = [
                 _response_example(tokenizer, f.get("prompt"), value, where, name, max_length) for name, value in ordered
             ]

@@ -1,5 +1,7 @@
 """The command line: data check, and bad input reaching the user as one clear line, not a traceback."""
 
+import argparse
+import json
 import subprocess
 import sys
 
@@ -211,3 +213,35 @@ def test_a_sharegpt_turn_without_its_text_names_the_file_line_and_turn(llama_dir
         err.strip()
         == f"tether data: error: {path}:2: conversations[1] has no 'value' (the turn's text); the turn is {{'from': 'gpt'}}"
     )
+
+
+def test_data_subcommands_keep_their_own_flags_that_are_also_trl_names(llama_dir, tmp_path, capsys):
+    """Issue 52 item 26: the foreign-flag translation looked only at `data`'s own options, so a subcommand's flag
+    that is also a TRL name (--max-length, --step-separator, --temperature, --seed) vanished into the table."""
+    from tether.cli import _foreign_flags, build_parser
+    from tether.compat import knows
+
+    long_answer = " ".join(["hello there"] * 6)
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"prompt": "hi", "completion": "ok."}, {"prompt": "hi", "completion": long_answer}]
+    )
+    assert main(["data", "check", str(path), "--model", str(llama_dir), "--max-length", "8"]) == 0
+    assert "dropped: 1 longer than max_length=8" in capsys.readouterr().err
+    rows = [{"prompt": "1 + 1 = ", "completion": "1 + 1. So 2.", "answer": "2"}]
+    (tmp_path / "checks.py").write_text(
+        "def mentions(completions, answer, **_):\n    return [float(a in c) for c, a in zip(completions, answer)]\n"
+    )
+    common = ["--model", str(llama_dir), "--check", f"{tmp_path}/checks.py:mentions", "--samples", "1"]
+    out = tmp_path / "labelled.jsonl"
+    argv = [*common, "--output", str(out), "--max-new-tokens", "2", "--step-separator", ". ", "--seed", "3"]
+    assert main(["data", "prm-labels", str(write_jsonl(tmp_path / "s.jsonl", rows)), *argv]) == 0
+    assert "1 solutions, 2 steps" in capsys.readouterr().err  # split at ". ", not at the default newline
+    assert len(json.loads(out.read_text())["labels"]) == 2
+    # every flag of every tool subcommand that is also another project's name reaches that subcommand
+    parser = build_parser()
+    tools = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["data"]
+    for name, command in next(a for a in tools._actions if isinstance(a, argparse._SubParsersAction)).choices.items():
+        for flag in {o for a in command._actions for o in a.option_strings if o.startswith("--")}:
+            if knows(flag[2:].replace("-", "_")):
+                argv, foreign = _foreign_flags(parser, ["data", name, flag, "1"])
+                assert argv == ["data", name, flag, "1"] and not foreign, (name, flag)

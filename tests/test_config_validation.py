@@ -172,3 +172,38 @@ def test_step_wide_losses_refuse_token_budgets_when_sharded(loss):
     build_config(DPOConfig, overrides={**base, "dpo.loss": "sigmoid", "model.fsdp": True})  # a per-pair loss: fine
     with pytest.raises(ConfigError, match=rf"dpo.loss={loss} with train.micro_batch_tokens and model.fsdp"):
         build_config(DPOConfig, overrides={**base, "model.fsdp": True})
+
+
+def test_reward_settings_that_cannot_work_are_refused_at_config_time(tmp_path, capsys):
+    """Issue 52 item 33: --step-pattern '([' was a re.error mid-run, NaN weights were accepted, a TRL YAML's
+    `reward_funcs: 3` was a TypeError: each is now one line naming the file and the field, before any model loads."""
+    from tether.cli import main
+
+    trl = tmp_path / "trl.yaml"
+    for text, message in (
+        ("reward_funcs: 3\n", "trl.yaml: reward_funcs: 3: expected a reward function's dotted path"),
+        ("reward_funcs: [a.b, c.d]\nreward_weights: [1, x]\n", "trl.yaml: reward_weights: 'x' is not a number"),
+    ):
+        trl.write_text(text)
+        assert main(["grpo", "--config", str(trl)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    for flags, message in (
+        (["--step-pattern", "(["], "step_pattern='([': not a regular expression"),
+        (["--process-reward-weight", "nan"], "process_reward_weight=nan: must be a finite number"),
+        (["--reward-model-weight", "nan"], "reward_model_weight=nan: must be a finite number"),
+    ):
+        assert main(["grpo", *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+
+
+def test_offline_dpo_refuses_what_only_online_rounds_use(capsys):
+    """Issue 52 item 36: --rollout-backend and --judge were silently ignored by offline dpo."""
+    from tether.cli import main
+
+    for flags in (["--rollout-backend", "vllm"], ["--judge", "m:f"], ["--reward", "m:f"]):
+        assert main(["dpo", "--data", "d.jsonl", *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"{flags[0]}" in err and "offline DPO trains on the pairs in --data" in err, err
+    assert build_config(DPOConfig, overrides={"online.online": True, "online.judge": "m:f"}).online.judge == "m:f"

@@ -5,14 +5,16 @@ files are our own, in LLaMA-Factory's shapes; the model is the session's tiny Ll
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+import yaml
 from transformers import AutoTokenizer
 
 from tether.cli import main
 from tether.config import ConfigError, build_config, load_yaml
 from tether.data.dpo import tokenize_policy_preferences, tokenize_unpaired
-from tether.data.records import read_records
+from tether.data.records import DataError, read_records
 from tether.data.sft import tokenize_records
 
 
@@ -235,3 +237,118 @@ def test_an_alpaca_file_gives_ppo_its_prompts_as_llamafactory_does(tmp_path):
 
     path = _json(tmp_path / "alpaca.json", [{"instruction": "Add.", "input": "2 and 3", "output": "5"}])
     assert prompt_rows(path) == [{"prompt": [{"role": "user", "content": "Add.\n2 and 3"}], "completion": "5"}]
+
+
+def test_a_registry_of_the_wrong_structure_is_named_by_file_and_field(tmp_path, capsys, llama_dir):
+    """Issue 52 items 33 and 36: a dataset_info.json that is a list, columns or tags given as lists, num_samples
+    "ten" were tracebacks; an entry that is not an object was "no dataset 'x'; it lists [... 'x' ...]"."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    _json(folder / "qa.json", [{"instruction": "Add.", "output": "5"}])
+    info = folder / "dataset_info.json"
+    cases = [
+        ([{"file_name": "qa.json"}], "must be a JSON object mapping each dataset's name to its entry"),
+        ({"qa": "qa.json"}, "dataset 'qa' must be an object (file_name, formatting, columns, ...), not a str"),
+        ({"qa": {"file_name": "qa.json", "columns": ["prompt"]}}, "dataset 'qa': columns must be an object"),
+        ({"qa": {"file_name": "qa.json", "tags": ["role"]}}, "dataset 'qa': tags must be an object"),
+        ({"qa": {"file_name": "qa.json", "num_samples": "ten"}}, "num_samples must be a whole number >= 1, got 'ten'"),
+        ({"qa": {"file_name": "qa.json", "formatting": "xml"}}, "formatting 'xml' is not one of alpaca, sharegpt"),
+    ]
+    for table, message in cases:
+        info.write_text(json.dumps(table))
+        with pytest.raises(DataError, match=re.escape(message)) as err:
+            read_records(f"{info}:qa")
+        assert str(info) in str(err.value)
+    # through the command line: one line, exit 2, no traceback
+    info.write_text(json.dumps({"qa": {"file_name": "qa.json", "columns": ["prompt"]}}))
+    assert main(["data", "check", f"{folder}:qa", "--model", str(llama_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "columns must be an object" in err and "Traceback" not in err
+
+
+def test_registry_entries_in_openai_formatting_and_registries_named_another_way(tmp_path):
+    """Issue 52 item 24: formatting "openai" was refused though the same file given directly is read; a registry
+    named without :NAME, or saved under another name, got errors about something else."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = [{"msgs": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}]
+    _json(folder / "chat.json", rows)
+    table = {"chat": {"file_name": "chat.json", "formatting": "openai", "columns": {"messages": "msgs"}}}
+    (folder / "dataset_info.json").write_text(json.dumps(table))
+    (records,) = read_records(f"{folder}/dataset_info.json:chat")
+    assert records.fields["messages"][-1] == {"role": "assistant", "content": "Yo"}
+    for bare in (folder, folder / "dataset_info.json"):
+        with pytest.raises(DataError, match=r"registry; name the dataset\(s\) to read: .*:NAME.*it lists \['chat'\]"):
+            read_records(str(bare))
+    (folder / "my_registry.json").write_text(json.dumps(table))
+    assert read_records(f"{folder}/my_registry.json:chat")[0].fields == records.fields
+
+
+def test_a_value_of_the_wrong_type_is_named_by_the_files_key(tmp_path, llama_dir, capsys):
+    """Issue 52 item 36: `cutoff_len: long` was reported as data.max_length, a key the file does not have."""
+    from tether.stages.dpo_config import DPOConfig
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model_name_or_path: {llama_dir}\ncutoff_len: long\n")
+    assert main(["dpo", "--config", str(config)]) == 2
+    assert "c.yaml: cutoff_len (tether's data.max_length) must be int, got 'long'" in capsys.readouterr().err
+    config.write_text("data:\n  max_length: long\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: data.max_length must be int, got 'long'"):
+        build_config(DPOConfig, load_yaml(config), source=str(config))
+
+
+LF_PPO_YAML = """\
+model_name_or_path: {model}
+reward_model: {model}
+stage: ppo
+finetuning_type: lora
+lora_target: all
+dataset: identity
+cutoff_len: 2048
+max_samples: 1000
+output_dir: {out}
+plot_loss: true
+report_to: none
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-5
+num_train_epochs: 3.0
+"""
+
+
+def test_llamafactory_ppo_keys_and_other_projects_keys_name_their_replacement(llama_dir, tmp_path, capsys):
+    """Issue 52 item 24: a LLaMA-Factory PPO YAML was refused for cutoff_len, max_samples and num_train_epochs
+    with no replacement named (without them the run did 100 steps where LLaMA-Factory does 3 epochs); mask_history
+    was unknown; plot_loss promised a report.html no run writes; TRL's tools / environment_factory and OpenRLHF's
+    input_key / label_key were "unknown key" with no pointer to tether's environment class and --columns."""
+    from tether.stages.dpo_config import DPOConfig
+    from tether.stages.grpo_config import GRPOConfig
+    from tether.stages.ppo_config import PPOConfig
+    from tether.stages.sft_config import SFTConfig
+
+    config = tmp_path / "ppo.yaml"
+    config.write_text(LF_PPO_YAML.format(model=llama_dir, out=tmp_path / "o"))
+    assert main(["ppo", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "3.0 epochs over 1000 (max_samples) at 8 prompts per step is max_steps 375: give max_steps" in err
+    assert "max_samples: 1000: the online stages read every prompt of the file" in err
+    assert "cutoff_len" not in err and "unknown key" not in err  # cutoff_len: no effect online, and said so
+    fixed = LF_PPO_YAML.replace("max_samples: 1000\n", "").replace("num_train_epochs: 3.0", "max_steps: 375")
+    cfg = build_config(PPOConfig, yaml.safe_load(fixed.format(model=llama_dir, out=tmp_path / "o")), source="y")
+    assert (cfg.train.max_steps, cfg.rollout.prompts_per_step, cfg.optim.lr) == (375, 8, 1e-5)
+    said = capsys.readouterr()
+    assert "cutoff_len (tether keeps every prompt whole" in said.out + said.err
+    assert "plot_loss (tether logs every curve to metrics.jsonl" in said.out + said.err  # no report.html promised
+    assert build_config(SFTConfig, {"mask_history": False}).data.max_length == 1024
+    with pytest.raises(ConfigError, match="true .train the last turn alone. is not built: tether trains every"):
+        build_config(SFTConfig, {"mask_history": True}, source="y")
+    for stage_cls, values, message in (
+        (GRPOConfig, {"tools": ["m.f"]}, "--env with a tether.agents.tools.ToolEnvironment subclass"),
+        (GRPOConfig, {"environment_factory": "m.Env"}, "an environment is --env module:Class"),
+        (GRPOConfig, {"input_key": "question"}, "--prompt-columns prompt=question"),
+        (DPOConfig, {"input_key": "question"}, "--columns prompt=question"),
+        (GRPOConfig, {"label_key": "answer"}, "reward functions get every column of a prompt row under its own"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)) as err:
+            build_config(stage_cls, values, source="y")
+        assert "unknown key" not in str(err.value)

@@ -17,12 +17,14 @@ from tether.algorithms.preference import (
     hinge_loss,
     implicit_rewards,
     ipo_loss,
+    ipo_norm_loss,
     listwise_dpo_loss,
     log1mexp,
     orpo_odds_ratio_loss,
     preference_loss,
     robust_dpo_loss,
     simpo_loss,
+    weighted_loss_sum,
 )
 
 # chosen: policy −10, ref −12 (u_w = 2); rejected: policy −11, ref −10 (u_l = −1); u_w − u_l = 3
@@ -132,9 +134,24 @@ def test_beta_dpo_margins_both_forms_by_hand():
 
 
 def test_the_table_has_one_signature_and_the_dispatcher_goes_through_it():
-    assert PAIR_LOSSES == ("sigmoid", "cdpo", "robust", "ipo", "hinge", "simpo", "orpo", "beta_dpo", "listwise")
+    assert PAIR_LOSSES == (
+        "sigmoid",
+        "cdpo",
+        "robust",
+        "ipo",
+        "ipo_norm",
+        "hinge",
+        "simpo",
+        "orpo",
+        "beta_dpo",
+        "listwise",
+        "weighted",
+    )
     assert tuple(PREFERENCE_LOSSES) == PAIR_LOSSES and REFERENCE_FREE == ("simpo", "orpo")
-    params = PreferenceParams(beta=0.1, label_smoothing=0.2, simpo_gamma=0.5, orpo_lambda=0.5)
+    weights = {"sigmoid": 1.0, "hinge": 2.0}
+    params = PreferenceParams(
+        beta=0.1, label_smoothing=0.2, simpo_gamma=0.5, orpo_lambda=0.5, weights=(*weights.items(),)
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.beta = 1.0
     assert PreferenceParams(0.3) == PreferenceParams(0.3, 0.0, 0.5, 0.1)  # the defaults
@@ -146,7 +163,9 @@ def test_the_table_has_one_signature_and_the_dispatcher_goes_through_it():
         "cdpo": 0.8 * sp(0.3) + 0.2 * sp(-0.3),
         "robust": (0.8 * sp(0.3) - 0.2 * sp(-0.3)) / 0.6,
         "ipo": (3 - 5) ** 2,
+        "ipo_norm": (2 / 5 + 1 / 10 - 5) ** 2,  # u/|y|: 0.4 and −0.1
         "hinge": 0.7,
+        "weighted": sp(0.3) + 2 * 0.7,
         "beta_dpo": sp(0.3),
         "listwise": sp(0.3),
         "simpo": sp(0.1 * -10 / 5 - 0.1 * -11 / 10 - 0.5),  # β/|y|: −0.2 + 0.11 − 0.5 = −0.59
@@ -156,7 +175,7 @@ def test_the_table_has_one_signature_and_the_dispatcher_goes_through_it():
         ref = None if name in REFERENCE_FREE else refs
         got = fn(logps, ref, tokens, params, None)
         assert got.shape == (1,) and got.item() == pytest.approx(want[name], rel=1e-6), name
-        assert torch.equal(got, preference_loss(name, logps, ref, tokens, 0.1, 0.2, 0.5, 0.5))
+        assert torch.equal(got, preference_loss(name, logps, ref, tokens, 0.1, 0.2, 0.5, 0.5, weights=weights))
     assert torch.equal(PREFERENCE_LOSSES["ipo"](logps, refs, tokens, params, None), ipo_loss(w, l, rw, rl, 0.1))
     with pytest.raises(ValueError, match="choose from"):
         preference_loss("kto", logps, refs, tokens, beta=0.1)
@@ -193,3 +212,31 @@ def test_kto_by_hand():
         logps, torch.tensor([-11.0]), torch.tensor([True]), kto_reference_point(mismatched, torch.tensor([-21.0]))
     ).sum().backward()
     assert mismatched.grad is None and logps.grad.item() == pytest.approx(-0.1 * 0.25, abs=1e-6)  # −β σ'(0) at r = z_0
+
+
+def test_length_normalised_ipo_by_hand():
+    """Issue 52 item 20: TRL's and LLaMA-Factory's ipo divide each log-ratio by its length. In float64: u_w = 2 over
+    4 tokens -> 0.5, u_l = -1 over 2 tokens -> -0.5; 0.5 + 0.5 - 1/(2*0.5) = 0; at beta 0.1: (1 - 5)^2 = 16.
+    The paper's form on the same pair is (3 - 5)^2 = 4 (test_ipo_and_hinge): another target at the same beta."""
+    w, l, rw, rl = (torch.tensor([v], dtype=torch.float64) for v in (-10.0, -11.0, -12.0, -10.0))
+    n_w, n_l = torch.tensor([4.0], dtype=torch.float64), torch.tensor([2.0], dtype=torch.float64)
+    assert ipo_norm_loss(w, l, rw, rl, n_w, n_l, beta=0.5).item() == 0.0
+    assert ipo_norm_loss(w, l, rw, rl, n_w, n_l, beta=0.1).item() == 16.0
+    logps, ref = torch.cat([w, l]).view(1, 2), torch.cat([rw, rl]).view(1, 2)
+    tokens = torch.cat([n_w, n_l]).view(1, 2)
+    assert preference_loss("ipo_norm", logps, ref, tokens, beta=0.1).item() == 16.0
+    assert preference_loss("ipo", logps, ref, tokens, beta=0.1).item() == 4.0
+
+
+def test_a_weighted_sum_of_losses_by_hand():
+    """Issue 52 item 21: TRL's loss_type list with loss_weights. In float64, the pair above at beta 0.1:
+    hinge max(0, 1 - 0.3) = 0.7, ipo (3 - 5)^2 = 4; 0.5 x 0.7 + 2 x 4 = 8.35."""
+    logps, ref = (torch.tensor([[a, b]], dtype=torch.float64) for a, b in ((-10.0, -11.0), (-12.0, -10.0)))
+    tokens = torch.tensor([[4.0, 2.0]], dtype=torch.float64)
+    got = preference_loss("weighted", logps, ref, tokens, beta=0.1, weights={"hinge": 0.5, "ipo": 2.0})
+    assert abs(got.item() - 8.35) <= 8.35 * 4 * torch.finfo(torch.float64).eps  # a few roundings of float64
+    assert weighted_loss_sum({"a": torch.tensor([1.0, 2.0])}, {"a": 3.0}).tolist() == [3.0, 6.0]
+    with pytest.raises(ValueError, match="name different losses"):
+        weighted_loss_sum({"a": torch.tensor([1.0])}, {"b": 1.0})
+    with pytest.raises(ValueError, match="needs weights"):
+        preference_loss("weighted", logps, ref, tokens, beta=0.1)

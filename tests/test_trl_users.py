@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import subprocess
 import sys
 
@@ -710,3 +711,177 @@ def test_the_api_under_a_two_process_launch_is_one_data_parallel_run(case_dirs, 
         lr=1e-3,
         updates=3,
     )
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Issue 52: args= objects, in a fresh process (tests/conftest.py quiets transformers at import, which hid item 18)
+
+ARGS_SCRIPT = """
+import json, sys
+import transformers, trl
+import tether
+from tether.compat import args_settings
+from tether.config import build_config
+from tether.stages.grpo_config import GRPOConfig
+
+model, out = sys.argv[1], sys.argv[2]
+rows = [{"prompt": f"Say {w}.", "completion": f" {w}."} for w in ("hi", "yes", "ok", "fine", "good", "well", "so", "no")]
+# transformers' own class: the run that failed with "unknown key 'disable_tqdm'"
+tether.sft(model=model, train_dataset=rows, args=transformers.TrainingArguments(output_dir=out + "/sft", max_steps=1))
+pairs = [{"prompt": r["prompt"], "chosen": r["completion"], "rejected": " no idea"} for r in rows]
+# TRL's class on a CPU (bf16=False, as TRL asks there): its defaults are TRL's learning rate, epochs, seed ...
+tether.dpo(model=model, train_dataset=pairs, args=trl.DPOConfig(output_dir=out + "/dpo", max_steps=1, bf16=False,
+           use_cpu=True, gradient_checkpointing=False, report_to="none"))
+cfg = build_config(GRPOConfig, args_settings(trl.GRPOConfig(output_dir=out + "/grpo", bf16=False)), source="args")
+print(json.dumps({"grpo": [cfg.optim.lr, cfg.algo.kl_coef, cfg.algo.aggregation, cfg.rollout.max_new_tokens,
+                           cfg.rollout.prompts_per_step, cfg.rollout.group_size]}))
+"""
+
+
+def test_trl_and_transformers_config_objects_run_with_their_own_values_in_a_fresh_process(case_dirs, tmp_path):
+    """Issue 52 items 18 and 19: every args= object failed outside the suite (the default instance compared with
+    was built after tether quieted transformers, so disable_tqdm differed; TRL's classes did not build on a CPU),
+    and behind that only non-default fields were read, so args=DPOConfig(...) trained at tether's lr 2e-5, not
+    TRL's 1e-6. The run's config.yaml and plan say TRL's values now."""
+    import yaml
+
+    pytest.importorskip("trl")
+    script = tmp_path / "args_run.py"
+    script.write_text(ARGS_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), str(case_dirs["llama"]), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = done.stdout + done.stderr
+    sft = yaml.safe_load((tmp_path / "sft" / "config.yaml").read_text())
+    assert sft["optim"]["lr"] == 5e-5 and sft["train"]["epochs"] == 3.0 and sft["train"]["seed"] == 42
+    assert sft["train"]["batch_size"] == 8 and sft["data"]["eval_fraction"] == 0.0  # TrainingArguments' values
+    dpo = yaml.safe_load((tmp_path / "dpo" / "config.yaml").read_text())
+    assert (dpo["optim"]["lr"], dpo["optim"]["warmup_ratio"], dpo["dpo"]["beta"]) == (1e-6, 0.0, 0.1)
+    assert dpo["model"]["device"] == "cpu" and dpo["plan"]["learning rate"].startswith("1e-06 (warm-up 0")
+    assert "lr_scheduler_type='linear'" in said.split("tether's own setting kept:")[1].splitlines()[0]
+    grpo = json.loads(done.stdout.strip().splitlines()[-1])["grpo"]
+    assert grpo == [1e-6, 0.0, "token-mean", 512, 1, 8]  # TRL GRPO: β 0, loss_type dapo, 512 tokens, 8 x 1
+
+
+def test_the_table_of_trls_other_defaults_is_the_installed_trls():
+    from pathlib import Path
+
+    from tether.api import DEFAULTS_MARK, defaults_table
+    from tether.compat import replace_between
+
+    pytest.importorskip("trl")
+    doc = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"
+    text = doc.read_text()
+    assert replace_between(text, DEFAULTS_MARK, defaults_table()) == text, "run python -m tether.api"
+    assert "| dpo | `optim.lr` | 2e-05 | `learning_rate: 1e-06` |" in text
+
+
+def test_trl_dpo_loss_lists_are_composed_and_its_ipo_is_length_normalised(case_dirs, tmp_path, capsys):
+    """Issue 52 items 20 and 21: TRL's `loss_type: ipo` divides the log-ratios by the completion length (tether's
+    ipo sums them: another target at the same β); TRL's loss lists with loss_weights (RPO as [sigmoid, sft], MPO)
+    were refused, even ["ipo"], by a message listing ipo as accepted. Now: ipo -> ipo_norm, a list -> --loss
+    weighted (sft -> --sft-coef), a loss not built refused by name; the plan says which objective runs."""
+    from tether.config import build_config
+    from tether.stages.dpo_config import DPOConfig
+
+    read = lambda values: build_config(DPOConfig, values, source="trl.yaml").dpo
+    assert read({"loss_type": ["ipo"]}).loss == "ipo_norm" and read({"pref_loss": "ipo"}).loss == "ipo_norm"
+    rpo = read({"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]})
+    assert (rpo.loss, rpo.sft_coef) == ("sigmoid", 0.5)
+    mpo = read({"loss_type": ["sigmoid", "hinge"], "loss_weights": [0.8, 0.2]})
+    assert (mpo.loss, mpo.loss_weights) == ("weighted", {"sigmoid": 0.8, "hinge": 0.2})
+    with pytest.raises(ConfigError) as err:
+        read({"loss_type": ["ipo", "exo_pair"]})
+    assert "loss_type: exo_pair not built in tether" in str(err.value) and "accepted" not in str(err.value)
+    with pytest.raises(ConfigError, match="loss_weights has 1 weights for 2 loss_type entries"):
+        read({"loss_type": ["sigmoid", "hinge"], "loss_weights": [1.0]})
+    # the composition trains: at step 1 π = π_ref, so u = 0: sigmoid log 2, ipo_norm (0 − 1/(2·0.1))² = 25, and the
+    # step's loss 1 × log 2 + 0.5 × 25 = 13.1931. The reference log-probs come from another batching than the
+    # policy's, so u is 0 only to float32 rounding of the sums (≤ 20 tokens × |log p| ≤ 10 × 6e-8 ≈ 1.2e-5 each):
+    # ipo's slope 2 × 5 on a per-token difference bounds the change by 0.5 × 10 × 2 × 1.2e-5 ≈ 1.2e-4
+    rows = [{"prompt": f"Say {w}.", "chosen": f" {w}.", "rejected": " no"} for w in ("hi", "yes", "ok", "fine")]
+    config = tmp_path / "trl.yaml"
+    config.write_text(
+        f"model_name_or_path: {case_dirs['llama']}\ndataset_name: {_write(tmp_path / 'p.jsonl', rows)}\n"
+        f"output_dir: {tmp_path / 'run'}\nloss_type: [sigmoid, ipo]\nloss_weights: [1.0, 0.5]\nmax_steps: 1\n"
+        "per_device_train_batch_size: 2\ngradient_accumulation_steps: 2\nreport_to: none\neval_fraction: 0\n"
+    )
+    assert main(["dpo", "--config", str(config)]) == 0
+    said = capsys.readouterr()
+    plan = " ".join((said.out + said.err).split())
+    assert "loss weighted: 1 x sigmoid + 0.5 x ipo_norm (β 0.1)" in plan
+    assert "loss_type ipo: tether's ipo_norm (length-normalised, as TRL computes it)" in plan
+    assert abs(_metrics(tmp_path / "run")[0]["train/loss"] - (math.log(2) + 12.5)) <= 1.2e-4
+
+
+def test_trls_vllm_importance_sampling_keys_are_read_or_refused_naming_what_exists(tmp_path, capsys):
+    """Issue 52 item 16: vllm_importance_sampling_correction / _mode / _cap stopped with "unknown key". tether
+    builds TRL's token_truncate (--tis-cap C); TRL's default sequence_mask is refused when asked for, and noted
+    when it is only an args= object's default; the plan's generation line says whether the gap is corrected."""
+    from tether.compat import args_settings
+    from tether.config import build_config
+    from tether.stages.grpo_config import GRPOConfig
+
+    read = lambda values: build_config(GRPOConfig, values, source="trl.yaml").rollout
+    on = {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}
+    assert (read(on).backend, read(on).tis_cap) == ("vllm", 3.0)  # TRL's default cap
+    assert read({**on, "vllm_importance_sampling_cap": 2}).tis_cap == 2.0  # TRL's older name of clip_max
+    assert read({**on, "vllm_importance_sampling_clip_max": 1.5}).tis_cap == 1.5
+    assert read({"use_vllm": True, "vllm_importance_sampling_correction": False}).tis_cap == 0.0
+    trl = tmp_path / "trl.yaml"
+    for text, message in (
+        ("use_vllm: true\nvllm_importance_sampling_correction: true\n", "mode 'sequence_mask' is not built"),
+        ("use_vllm: true\nvllm_importance_sampling_mode: token_mask\n", "mode 'token_mask' is not built"),
+        (
+            "use_vllm: true\nvllm_importance_sampling_mode: token_truncate\nvllm_importance_sampling_clip_min: 0.5\n",
+            "clip_min (a lower bound) is not built",
+        ),
+        ("use_bias_correction_kl: true\n", "multiplies the KL term by π_θ/π_old"),
+    ):
+        trl.write_text(text)
+        assert main(["grpo", "--config", str(trl)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "unknown key" not in err, err
+        assert "use_bias" in text or "token_truncate (C = vllm_importance_sampling_clip_max, default 3)" in err
+    assert read({"use_bias_correction_kl": False}).tis_cap == 0.0  # tether's behaviour already
+    pytest.importorskip("trl")
+    import trl as trl_module
+
+    theirs = read(args_settings(trl_module.GRPOConfig(output_dir=str(tmp_path), use_vllm=True, bf16=False)))
+    assert (theirs.backend, theirs.tis_cap) == ("vllm", 0.0)
+    said = capsys.readouterr()
+    assert "TRL's default vLLM correction (mode 'sequence_mask', cap 3) is not built" in said.out + said.err
+    from tether.train.sampling import sampler_correction_line
+
+    assert "not corrected: --tis-cap C corrects it (TRL's use_vllm corrects by default" in sampler_correction_line(
+        theirs
+    )
+    assert sampler_correction_line(read(on)) == "; truncated importance sampling, C = 3"
+
+
+def test_plain_string_preferences_say_they_are_trained_without_the_chat_template(case_dirs, tmp_path, capsys):
+    """Issue 52 item 25: the README's plain-string preference row trains a chat model without its chat template
+    (alpaca and messages rows use it), and nothing said so. The data report printed before the plan counts them."""
+    plain = [{"prompt": f"Say {w}.", "chosen": f" {w}.", "rejected": " no"} for w in ("hi", "yes", "ok", "fine")]
+    chat = [
+        {
+            "prompt": [{"role": "user", "content": r["prompt"]}],
+            "chosen": [{"role": "assistant", "content": r["chosen"]}],
+            "rejected": [{"role": "assistant", "content": r["rejected"]}],
+        }
+        for r in plain
+    ]
+    common = ["--model", str(case_dirs["qwen2"]), *QUICK, "--max-steps", "1", "--eval-fraction", "0"]
+    for stage in ("dpo", "rm"):
+        assert (
+            main([stage, "--data", _write(tmp_path / "p.jsonl", plain), "--output", str(tmp_path / stage), *common])
+            == 0
+        )
+        said = " ".join(capsys.readouterr().err.split())
+        assert "4 of plain strings, rendered as prompt + response + EOS without the tokenizer's chat template" in said
+    assert main(["dpo", "--data", _write(tmp_path / "c.jsonl", chat), "--output", str(tmp_path / "c"), *common]) == 0
+    assert "of plain strings" not in capsys.readouterr().err

@@ -571,12 +571,13 @@ def _foreign_flags(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[li
     """(argv with tether's flags, {key: value} of other projects' flags): ``--max_steps 3`` is tether's --max-steps
     written with underscores; ``--learning_rate 1e-5`` or ``--bf16`` are TRL's names (tether/compat.py), read as
     flat keys of a YAML file are. Anything else is left for argparse to judge."""
-    stages = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
-    if not argv or argv[0] not in stages:
+    command = _command_parser(parser, argv)
+    if command is None:
         return argv, {}
     from tether.compat import knows
 
-    options = {o for a in stages[argv[0]]._actions for o in a.option_strings}
+    options = {o for a in command._actions for o in a.option_strings}
+    translated = "--config" in options  # a stage built from a config; the tools (data ...) read only their flags
     out, foreign = [], {}
     i = 0
     while i < len(argv):
@@ -588,9 +589,9 @@ def _foreign_flags(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[li
             continue
         dashed = "--" + name[2:].replace("_", "-")
         key = name[2:].replace("-", "_")
-        if dashed in options and not knows(key):
+        if dashed in options and not (translated and knows(key)):  # its own flag, written with underscores
             out.append(dashed + eq + value)
-        elif knows(key):
+        elif translated and knows(key):
             if not eq:
                 takes = i < len(argv) and not argv[i].startswith("--")
                 value, i = (argv[i], i + 1) if takes else ("true", i)
@@ -598,6 +599,20 @@ def _foreign_flags(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[li
         else:
             out.append(item)
     return out, foreign
+
+
+def _command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser | None:
+    """The parser of the command argv names, down through nested commands (``data prm-labels``): its flags are
+    the ones the user is writing, and they win over other projects' names."""
+    command = None
+    for word in argv:
+        choices = next(
+            (a.choices for a in (command or parser)._actions if isinstance(a, argparse._SubParsersAction)), None
+        )
+        if not choices or word not in choices:
+            break
+        command = choices[word]
+    return command
 
 
 # Commands people type from other projects' vocabularies, and the tether command that does it

@@ -249,7 +249,7 @@ def _mapping_fields(config_cls) -> set[str]:
 FILE_ONLY_KEYS = ("plan",)  # what tether writes into a run's config.yaml beside the settings (read back: ignored)
 
 
-def _flatten(config_cls, file_values: dict | None, source: str) -> dict[str, Any]:
+def _flatten(config_cls, file_values: dict | None, source: str, written: dict | None = None) -> dict[str, Any]:
     """{section: {field: value}} -> {"section.field": value}, renamed keys mapped; unknown ones named, all at once.
 
     Top-level keys whose value is not a mapping are flat keys, as TRL and LLaMA-Factory users write a file
@@ -272,7 +272,7 @@ def _flatten(config_cls, file_values: dict | None, source: str) -> dict[str, Any
     problems: list[str] = []
     out = _apply_renames(config_cls, nested, source, section_types, problems)
     if flat:
-        out.update(translate(stage_name(config_cls), flat, flag_fields(config_cls), source, problems))
+        out.update(translate(stage_name(config_cls), flat, flag_fields(config_cls), source, problems, written))
     if problems:
         raise ConfigError(problem_report(source, problems))
     return out
@@ -316,10 +316,10 @@ def build_config(config_cls, file_values: dict | None = None, overrides: dict | 
     """Defaults, then the preset, then ``file_values`` ({section: {field: value}}), then ``overrides``
     ({"section.field": value}). Every value is type-checked and every section validated, naming the field."""
     section_types = dict(_sections(config_cls))
-    user = {
-        **_flatten(config_cls, file_values, source),
-        **_apply_renames(config_cls, dict(overrides or {}), source, section_types),
-    }
+    written: dict[str, str] = {}  # dotted key -> the flat key the file wrote (its own name, or TRL's)
+    from_file = _flatten(config_cls, file_values, source, written)
+    user = {**from_file, **_apply_renames(config_cls, dict(overrides or {}), source, section_types)}
+    named = {dotted: key for dotted, key in written.items() if dotted in from_file and dotted not in (overrides or {})}
     values = _section_defaults(config_cls)
     for dotted, value in {**config_cls.preset(user), **user}.items():
         section, key = dotted.split(".", 1)
@@ -327,7 +327,7 @@ def build_config(config_cls, file_values: dict | None = None, overrides: dict | 
     sections = {}
     for section, section_cls in section_types.items():
         hints = {f.name: typ for f, typ in _leaf_fields(section_cls)}
-        entries = {k: _coerce(v, hints[k], f"{section}.{k}", source) for k, v in values[section].items()}
+        entries = {k: _coerce(v, hints[k], _named(f"{section}.{k}", named), source) for k, v in values[section].items()}
         try:
             sections[section] = section_cls(**entries)
         except ConfigError as err:
@@ -336,6 +336,12 @@ def build_config(config_cls, file_values: dict | None = None, overrides: dict | 
         return config_cls(**sections)
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
+
+
+def _named(dotted: str, written: dict[str, str]) -> str:
+    """A field as an error names it: the key the file wrote (``cutoff_len``), with tether's own where they differ."""
+    key = written.get(dotted, dotted)
+    return dotted if key == dotted else f"{key} (tether's {dotted})"
 
 
 def _coerce(value, typ, name, source):

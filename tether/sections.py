@@ -493,6 +493,15 @@ class RewardSection(Section):
     reward_clip: float = option(0.0, "Clip scores to [-c, c]; 0 = off.")
 
     def check(self):
+        import re
+
+        for name in ("reward_model_weight", "process_reward_weight", "reward_error_score", "truncation_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{name}={getattr(self, name)}: must be a finite number")
+        try:
+            re.compile(self.step_pattern)
+        except re.error as err:
+            raise ConfigError(f"step_pattern={self.step_pattern!r}: not a regular expression ({err})") from None
         if self.overlong_cache < -1 or self.reward_clip < 0 or self.reward_timeout < 0:
             raise ConfigError(
                 f"overlong_cache={self.overlong_cache} must be >= -1, reward_clip={self.reward_clip} and "

@@ -10,10 +10,13 @@ PREFERENCE_LOSSES = (
     "cdpo",
     "robust",
     "ipo",
+    "ipo_norm",
     "hinge",
     "simpo",
     "orpo",
     "beta_dpo",
     "listwise",
+    "weighted",
 )  # algorithms/preference.py
+COMPOSABLE_LOSSES = ("sigmoid", "cdpo", "robust", "ipo", "ipo_norm", "hinge")  # loss weighted's parts
 UNPAIRED_LOSSES = ("kto",)  # one labelled completion per example: algorithms/preference.py kto_loss

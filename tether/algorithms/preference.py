@@ -57,6 +57,28 @@ def ipo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps,
     return (u - 1.0 / (2.0 * beta)) ** 2
 
 
+def ipo_norm_loss(
+    chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_tokens, rejected_tokens, beta=0.1
+) -> torch.Tensor:
+    """L = (u_w/|y_w| − u_l/|y_l| − 1/(2β))², u the summed log-ratio log π(y) − log π_ref(y), |y| its token count.
+
+    Length-normalised IPO (docs/algorithms.md §6): each log-ratio divided by its response's length, as TRL's and
+    LLaMA-Factory's ``ipo`` compute it (the form the IPO authors' reported results use), so β keeps one meaning
+    across response lengths; ``ipo_loss`` is the paper's form on sums. (B,) each, token counts ≥ 1 -> (B,).
+    """
+    u_w = (chosen_logps - ref_chosen_logps) / chosen_tokens
+    u_l = (rejected_logps - ref_rejected_logps) / rejected_tokens
+    return (u_w - u_l - 1.0 / (2.0 * beta)) ** 2
+
+
+def weighted_loss_sum(losses: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+    """L = Σ_j w_j L_j: several per-pair losses of one batch (each (B,)) summed with their weights (docs/algorithms.md
+    §6; TRL's loss_type list with loss_weights, e.g. MPO). The names of ``weights`` and ``losses`` must agree."""
+    if set(losses) != set(weights):
+        raise ValueError(f"losses {sorted(losses)} and weights {sorted(weights)} name different losses")
+    return sum(w * losses[name] for name, w in weights.items())
+
+
 def hinge_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta: float = 0.1) -> torch.Tensor:
     """L = max(0, 1 − h), h = β (u_w − u_l).
 
@@ -217,6 +239,7 @@ class PreferenceParams:
     label_smoothing: float = 0.0
     simpo_gamma: float = 0.5
     orpo_lambda: float = 0.1
+    weights: tuple = ()  # loss weighted: ((name, weight), ...) of COMPOSABLE losses
 
 
 def _pair(name: str, logps: torch.Tensor, ref_logps: torch.Tensor | None, needs_reference: bool = True):
@@ -248,6 +271,19 @@ def _robust(logps, ref_logps, tokens, params: PreferenceParams, list_mask=None):
 def _ipo(logps, ref_logps, tokens, params: PreferenceParams, list_mask=None):
     w, l, rw, rl = _pair("ipo", logps, ref_logps)
     return ipo_loss(w, l, rw, rl, params.beta)
+
+
+def _ipo_norm(logps, ref_logps, tokens, params: PreferenceParams, list_mask=None):
+    w, l, rw, rl = _pair("ipo_norm", logps, ref_logps)
+    return ipo_norm_loss(w, l, rw, rl, tokens[:, 0].clamp(min=1), tokens[:, 1].clamp(min=1), params.beta)
+
+
+def _weighted(logps, ref_logps, tokens, params: PreferenceParams, list_mask=None):
+    if not params.weights:
+        raise ValueError("loss weighted needs weights: {loss name: weight}")
+    weights = dict(params.weights)
+    parts = {name: PREFERENCE_LOSSES[name](logps, ref_logps, tokens, params, list_mask) for name in weights}
+    return weighted_loss_sum(parts, weights)
 
 
 def _hinge(logps, ref_logps, tokens, params: PreferenceParams, list_mask=None):
@@ -283,13 +319,17 @@ PREFERENCE_LOSSES: dict[str, Callable[..., torch.Tensor]] = {
     "cdpo": _cdpo,
     "robust": _robust,
     "ipo": _ipo,
+    "ipo_norm": _ipo_norm,
     "hinge": _hinge,
     "simpo": _simpo,
     "orpo": _orpo,
     "beta_dpo": _beta_dpo,
     "listwise": _listwise,
+    "weighted": _weighted,
 }
 REFERENCE_FREE = ("simpo", "orpo")
+# the pairwise losses a weighted sum may take: each compares the pair through the reference at one shared β
+COMPOSABLE = ("sigmoid", "cdpo", "robust", "ipo", "ipo_norm", "hinge")  # = choices.COMPOSABLE_LOSSES
 PAIR_LOSSES = tuple(PREFERENCE_LOSSES)
 
 
@@ -303,6 +343,7 @@ def preference_loss(
     gamma: float = 0.5,
     orpo_lambda: float = 0.1,
     list_mask: torch.Tensor | None = None,
+    weights: dict[str, float] | None = None,
 ) -> torch.Tensor:
     """Every member of the family behind one signature, (B,) per-example losses: PREFERENCE_LOSSES[name].
 
@@ -310,12 +351,13 @@ def preference_loss(
     the same under the reference (None for the reference-free losses) and the token counts |y|.
 
     sigmoid: DPO; cdpo: DPO with label smoothing ε; robust: robust DPO; ipo: IPO on sequence sums (the paper's
-    form); hinge: SLiC; beta_dpo: the DPO loss at the β the caller computed for this batch (beta_dpo_beta);
+    form); ipo_norm: IPO on length-normalised log-ratios (TRL's ipo); hinge: SLiC; weighted: Σ w_j L_j over
+    ``weights`` {name: w} of COMPOSABLE losses; beta_dpo: the DPO loss at the β the caller computed for this batch (beta_dpo_beta);
     simpo: SimPO with margin γ; orpo: ORPO, −mean log π(y_w) + λ·L_OR; listwise: Plackett–Luce over the K
     ranked responses (for K = 2 it equals sigmoid). Raises ValueError for an unknown name, a missing reference
     and a ranked list (K > 2) given to a pairwise loss.
     """
     if name not in PREFERENCE_LOSSES:
         raise ValueError(f"unknown preference loss {name!r}; choose from {PAIR_LOSSES}")
-    params = PreferenceParams(beta, label_smoothing, gamma, orpo_lambda)
+    params = PreferenceParams(beta, label_smoothing, gamma, orpo_lambda, tuple((weights or {}).items()))
     return PREFERENCE_LOSSES[name](logps, ref_logps, tokens, params, list_mask)

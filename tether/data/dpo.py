@@ -124,6 +124,7 @@ def tokenize_unpaired(
     examples: list[PolicyPreference] = []
     for i, (prompt, completion, desirable, where) in progress(enumerate(items), len(items), f"tokenising {path}"):
         other = items[(i + 1) % len(items)][1]
+        report.count_plain(tokenizer, prompt, [completion])
         try:
             responses = [
                 _response_example(tokenizer, prompt, completion, where, "completion", max_length),
@@ -172,9 +173,10 @@ def tokenize_policy_preferences(
         where = rec.where
         f = split_implicit_prompt(rec.fields, where) if report.format == "pairs" else rec.fields
         try:
+            ordered = ordered_responses(f, report.format, where)  # a pair whose answers are equal is a _Drop
+            report.count_plain(tokenizer, f.get("prompt"), [value for _, value in ordered])
             responses = [
-                _response_example(tokenizer, f.get("prompt"), value, where, name, max_length)
-                for name, value in ordered_responses(f, report.format, where)
+                _response_example(tokenizer, f.get("prompt"), value, where, name, max_length) for name, value in ordered
             ]
         except _Drop as drop:
             if strict:

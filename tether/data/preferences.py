@@ -44,9 +44,21 @@ class PreferenceReport:
     examples: int = 0
     dropped: Counter = field(default_factory=Counter)
     unused: list = field(default_factory=list)  # columns of the file nothing reads, with a hint where one applies
+    plain_text: int = 0  # records of plain strings rendered without the tokenizer's chat template (it has one)
+
+    def count_plain(self, tokenizer, prompt, responses) -> None:
+        """Count a record whose prompt and responses are plain strings while the tokenizer has a chat template:
+        rendered as prompt + response + EOS (as TRL's standard format is), not in the chat format."""
+        if getattr(tokenizer, "chat_template", None) and not any(isinstance(x, list) for x in (prompt, *responses)):
+            self.plain_text += 1
 
     def summary(self) -> str:
         text = f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples"
+        if self.plain_text:
+            text += (
+                f"; {self.plain_text} of plain strings, rendered as prompt + response + EOS without the "
+                "tokenizer's chat template (chat messages, or instruction/output rows, are rendered with it)"
+            )
         if self.unused:
             text += f"; columns not used: {', '.join(self.unused)}"
         if self.dropped:
@@ -196,6 +208,7 @@ def tokenize_preferences(
         f, where = rec.fields, rec.where
         try:
             responses = ordered_responses(f, report.format, where)
+            report.count_plain(tokenizer, f.get("prompt"), [value for _, value in responses])
             if report.format == "pairs":
                 margin = 0.0
                 if margin_column:

@@ -88,20 +88,47 @@ def read_records(
 
 
 def _dataset_info_entry(path) -> tuple[Path, str] | None:
-    """(dataset_info.json, names) for a LLaMA-Factory spec ``FOLDER/dataset_info.json:NAME[,NAME...]`` (or
-    ``FOLDER:NAME``), else None."""
+    """(registry, names) for a LLaMA-Factory spec ``FOLDER/dataset_info.json:NAME[,NAME...]`` (or
+    ``FOLDER:NAME``, or a registry saved under another name, ``registry.json:NAME``), else None. A registry named
+    without ``:NAME`` is an error naming the datasets it lists."""
     text = str(path)
-    if ":" not in text:
+    where, colon, names = text.rpartition(":")
+    if not colon or not names or "/" in names:
+        bare = Path(text)
+        registry = bare / "dataset_info.json" if bare.is_dir() else bare
+        if bare.name == "dataset_info.json" or (bare.is_dir() and _is_registry(registry)):
+            listed = _registry_names(registry)
+            raise DataError(
+                f"{text}: a LLaMA-Factory data folder's registry; name the dataset(s) to read: "
+                f"{registry}:NAME[,NAME...]" + (f" (it lists {listed})" if listed else "")
+            )
         return None
-    where, _, names = text.rpartition(":")
     info = Path(where)
     if info.is_dir():
         info = info / "dataset_info.json"
-    if info.name != "dataset_info.json" or not names:
+    if info.name != "dataset_info.json" and not (info.suffix == ".json" and info.is_file()):
         return None
     if not info.is_file():
         raise DataError(f"{info}: no such file (a LLaMA-Factory data folder has one, naming its datasets)")
     return info, names
+
+
+def _is_registry(path: Path) -> bool:
+    """A LLaMA-Factory dataset_info.json (entries with file_name or a hub url), not a `datasets` folder's."""
+    if not path.is_file() or (path.parent / "state.json").is_file() or (path.parent / "dataset_dict.json").is_file():
+        return False
+    return bool(_registry_names(path))
+
+
+def _registry_names(path: Path) -> list[str]:
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    keys = ("file_name", "hf_hub_url", "ms_hub_url", "om_hub_url", "script_url")
+    if not isinstance(table, dict):
+        return []
+    return sorted(k for k, v in table.items() if isinstance(v, dict) and any(key in v for key in keys))
 
 
 LLAMAFACTORY_COLUMNS = {  # dataset_info.json "columns" name -> the field name tether reads, per formatting
@@ -124,6 +151,14 @@ LLAMAFACTORY_COLUMNS = {  # dataset_info.json "columns" name -> the field name t
         "rejected": "rejected",
         "kto_tag": "kto_tag",
     },
+    "openai": {  # LLaMA-Factory's OpenAI-style rows: messages of {role, content}, as tether reads them itself
+        "messages": "messages",
+        "system": "system",
+        "tools": "tools",
+        "chosen": "chosen",
+        "rejected": "rejected",
+        "kto_tag": "kto_tag",
+    },
 }
 
 
@@ -134,44 +169,87 @@ def _read_llamafactory(info: Path, names: str, columns, split: str, limit: int) 
         table = json.loads(info.read_text())
     except json.JSONDecodeError as exc:
         raise DataError(f"{info}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(table, dict):
+        raise DataError(
+            f"{info}: must be a JSON object mapping each dataset's name to its entry (file_name, formatting, "
+            f"columns, ...); it is a {type(table).__name__}"
+        )
     records = []
     for name in [n.strip() for n in names.split(",") if n.strip()]:
-        entry = table.get(name)
-        if not isinstance(entry, dict):
-            raise DataError(f"{info}: no dataset {name!r}; it lists {sorted(table)}")
-        if "file_name" not in entry:
-            hub = next((entry[k] for k in ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url") if k in entry), "")
-            raise DataError(
-                f"{info}: dataset {name!r} has no file_name ({hub or 'no local file'}); tether reads local files: "
-                'download it into the folder and add "file_name"'
-            )
-        formatting = entry.get("formatting", "alpaca")
-        if formatting not in LLAMAFACTORY_COLUMNS:
-            raise DataError(f"{info}: dataset {name!r}: formatting {formatting!r} is not alpaca or sharegpt")
-        rename = {}
-        for key, source in (entry.get("columns") or {}).items():
-            if key not in LLAMAFACTORY_COLUMNS[formatting]:
-                raise DataError(
-                    f"{info}: dataset {name!r}: columns.{key} is not a {formatting} column; they are "
-                    f"{sorted(LLAMAFACTORY_COLUMNS[formatting])}"
-                )
-            rename[source] = LLAMAFACTORY_COLUMNS[formatting][key]
-        file = info.parent / entry["file_name"]
-        if not file.exists():
-            raise DataError(f"{info}: dataset {name!r}: file_name {entry['file_name']!r}: no {file}")
-        raw = (_read_data_folder(file, entry.get("split", split)) if file.is_dir() else _read_file(file))[
-            : (entry.get("num_samples") or None)
-        ]
-        for r in raw:
-            fields = {rename.get(k, k): v for k, v in r.fields.items()}
-            if formatting == "sharegpt" and "conversations" not in fields:
-                raise DataError(
-                    f"{r.where}: a sharegpt dataset's row needs its messages column; the row has {sorted(r.fields)}"
-                )
-            records.append(_normalise(Record(fields, r.where), entry.get("tags")))
+        for r in _registry_records(info, name, _registry_entry(info, table, name), split):
+            records.append(r)
     records = records[:limit] if limit > 0 else records
     rename = parse_column_map(columns)
     return [Record({rename.get(k, k): v for k, v in r.fields.items()}, r.where) for r in records] if rename else records
+
+
+def _registry_entry(info: Path, table: dict, name: str) -> dict:
+    """One dataset_info.json entry, its structure checked (each error names the file and the field)."""
+    if name not in table:
+        raise DataError(f"{info}: no dataset {name!r}; it lists {sorted(table)}")
+    entry = table[name]
+    if not isinstance(entry, dict):
+        raise DataError(
+            f"{info}: dataset {name!r} must be an object (file_name, formatting, columns, ...), "
+            f"not a {type(entry).__name__}"
+        )
+    if "file_name" not in entry:
+        hub = next((entry[k] for k in ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url") if k in entry), "")
+        raise DataError(
+            f"{info}: dataset {name!r} has no file_name ({hub or 'no local file'}); tether reads local files: "
+            'download it into the folder and add "file_name"'
+        )
+    for key in ("columns", "tags"):
+        if not isinstance(entry.get(key) or {}, dict):
+            raise DataError(
+                f"{info}: dataset {name!r}: {key} must be an object mapping names to names, "
+                f"not a {type(entry[key]).__name__}"
+            )
+    count = entry.get("num_samples")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise DataError(f"{info}: dataset {name!r}: num_samples must be a whole number >= 1, got {count!r}")
+    if not isinstance(entry["file_name"], str) or not isinstance(entry.get("formatting", "alpaca"), str):
+        raise DataError(f"{info}: dataset {name!r}: file_name and formatting must be strings")
+    return entry
+
+
+def _registry_records(info: Path, name: str, entry: dict, split: str) -> list[Record]:
+    formatting = entry.get("formatting", "alpaca")
+    if formatting not in LLAMAFACTORY_COLUMNS:
+        raise DataError(
+            f"{info}: dataset {name!r}: formatting {formatting!r} is not one of {', '.join(LLAMAFACTORY_COLUMNS)}"
+        )
+    rename = {}
+    for key, source in (entry.get("columns") or {}).items():
+        if key not in LLAMAFACTORY_COLUMNS[formatting]:
+            raise DataError(
+                f"{info}: dataset {name!r}: columns.{key} is not a {formatting} column; they are "
+                f"{sorted(LLAMAFACTORY_COLUMNS[formatting])}"
+            )
+        rename[source] = LLAMAFACTORY_COLUMNS[formatting][key]
+    tags = entry.get("tags") or None
+    if formatting == "openai" and tags:  # role/content messages, read as a file of them is: no tags to map
+        raise DataError(
+            f"{info}: dataset {name!r}: tags are for sharegpt turns; an openai dataset's messages are "
+            "{role, content} objects, read as they are"
+        )
+    file = info.parent / entry["file_name"]
+    if not file.exists():
+        raise DataError(f"{info}: dataset {name!r}: file_name {entry['file_name']!r}: no {file}")
+    raw = (_read_data_folder(file, entry.get("split", split)) if file.is_dir() else _read_file(file))[
+        : entry.get("num_samples")
+    ]
+    records = []
+    for r in raw:
+        fields = {rename.get(k, k): v for k, v in r.fields.items()}
+        need = {"sharegpt": "conversations", "openai": "messages"}.get(formatting)
+        if need and need not in fields:
+            raise DataError(
+                f"{r.where}: a {formatting} dataset's row needs its messages column ({need}, or the one "
+                f"columns.messages names); the row has {sorted(r.fields)}"
+            )
+        records.append(_normalise(Record(fields, r.where), tags))
+    return records
 
 
 READERS = {".jsonl": "_read_jsonl", ".json": "_read_json", ".csv": "_read_csv", ".parquet": "_read_parquet"}

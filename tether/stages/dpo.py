@@ -157,6 +157,7 @@ class DPOObjective:
             d.simpo_gamma,
             d.orpo_lambda,
             batch["list_mask"],
+            d.loss_weights,
         )
         # Weighting needs a running σ from earlier steps; when every weight underflows (σ far smaller than the
         # spread of this step's margins) the step falls back to equal weights rather than dividing by zero.
@@ -623,10 +624,19 @@ def _visited(train: list, cfg: DPOConfig, total_steps: int) -> list:
     return [train[i] for i in sorted(set(order.slice(0, drawn)))]
 
 
+def _loss_name(d) -> str:
+    """The plan's loss: a weighted sum spelled out; the two IPOs named by what they compare."""
+    if d.loss == "weighted":
+        return "weighted: " + " + ".join(f"{w:g} x {name}" for name, w in d.loss_weights.items())
+    named = {"ipo": "ipo (summed log-ratios, the paper's form)", "ipo_norm": "ipo_norm (length-normalised: TRL's ipo)"}
+    return named.get(d.loss, d.loss)
+
+
 def _plan(cfg: DPOConfig, s: DPOSetup) -> dict:
     d = cfg.dpo
     return {
-        "loss": f"{d.loss} (β {d.effective_beta:g}"
+        "loss": _loss_name(d)
+        + f" (β {d.effective_beta:g}"
         + (f", ε {d.label_smoothing:g}" if d.label_smoothing else "")
         + (f", SFT term {d.sft_coef:g}" if d.sft_coef else "")
         + (f", λ_D {d.kto_desirable_weight:g}, λ_U {d.kto_undesirable_weight:g}" if d.loss == "kto" else "")

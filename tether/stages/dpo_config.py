@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tether.algorithms.choices import PREFERENCE_LOSSES as PAIR_LOSSES
@@ -26,10 +27,17 @@ class DPOSection(Section):
 
     loss: str = option(
         "sigmoid",
-        "sigmoid (DPO), cdpo, robust, ipo, hinge, simpo, orpo, beta_dpo, listwise "
-        "(Plackett–Luce over ranked lists), kto (unpaired true/false labels). Formulas: "
-        "docs/algorithms.md §6.",
+        "sigmoid (DPO), cdpo, robust, ipo (on summed log-ratios, the paper's form), ipo_norm (on "
+        "length-normalised ones: TRL's and LLaMA-Factory's ipo), hinge, simpo, orpo, beta_dpo, listwise "
+        "(Plackett–Luce over ranked lists), weighted (a sum of losses: --loss-weights), kto (unpaired "
+        "true/false labels). Formulas: docs/algorithms.md §6.",
         choices=PAIR_LOSSES + UNPAIRED_LOSSES,
+    )
+    loss_weights: dict = option(
+        {},
+        "loss weighted: the losses summed and their weights, NAME=WEIGHT,... of sigmoid, cdpo, robust, ipo, "
+        "ipo_norm, hinge, each at the same β (e.g. sigmoid=0.8,ipo_norm=0.2; TRL's loss_type list with "
+        "loss_weights). TRL's sft term is --sft-coef.",
     )
     beta: float = option(0.0, "β; 0 = the loss's usual value (0.1; SimPO 2.0). For beta_dpo the base β_0.")
     label_smoothing: float = option(
@@ -67,6 +75,7 @@ class DPOSection(Section):
     )
 
     def check(self):
+        self._check_weights()
         if self.beta < 0:
             raise ConfigError(f"beta={self.beta}: must be > 0 (or 0 for the loss's usual value)")
         if self.loss == "robust" and not 0 < self.label_smoothing < 0.5:
@@ -85,6 +94,31 @@ class DPOSection(Section):
             raise ConfigError("loss kto takes neither label_smoothing nor sft_coef (its labels are per completion)")
         if not 0 <= self.beta_dpo_momentum < 1:
             raise ConfigError(f"beta_dpo_momentum={self.beta_dpo_momentum}: must be in [0, 1)")
+
+    def _check_weights(self) -> None:
+        from tether.algorithms.choices import COMPOSABLE_LOSSES
+
+        if (self.loss == "weighted") != bool(self.loss_weights):
+            raise ConfigError(
+                "loss weighted and loss_weights go together: --loss weighted --loss-weights NAME=WEIGHT,..."
+                if self.loss == "weighted"
+                else f"loss_weights={self.loss_weights} weigh the parts of --loss weighted, not of {self.loss}"
+            )
+        for name, weight in self.loss_weights.items():
+            if name not in COMPOSABLE_LOSSES:
+                raise ConfigError(
+                    f"loss_weights: {name!r} cannot be summed with the others; the losses that can are "
+                    f"{', '.join(COMPOSABLE_LOSSES)} (pairwise, through the reference, at one β)"
+                )
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, (int, float))
+                or not math.isfinite(weight)
+                or weight < 0
+            ):
+                raise ConfigError(f"loss_weights: {name}={weight!r}: a weight is a finite number >= 0")
+        if self.loss_weights and not any(self.loss_weights.values()):
+            raise ConfigError(f"loss_weights={self.loss_weights}: every weight is 0")
 
     @property
     def effective_beta(self) -> float:
@@ -159,6 +193,18 @@ class DPOConfig(StageConfig):
                 "step-wide pass runs once per micro-batch, and sharded processes must run as many "
                 "forwards each; set train.micro_batch_size instead"
             )
+        if not self.online.online:
+            sampling_only = {
+                "--rollout-backend": self.rollout.backend != "hf",
+                "--judge": bool(self.online.judge),
+                "--reward / --reward-model": self.rewards.has_reward(),
+            }
+            given = [flag for flag, set_ in sampling_only.items() if set_]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)}: online DPO's (--online: pairs sampled and labelled each round); offline "
+                    "DPO trains on the pairs in --data and samples nothing, so they would have no effect"
+                )
         if self.online.online:
             if self.dpo.loss == "kto":
                 raise ConfigError(

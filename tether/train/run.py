@@ -239,12 +239,26 @@ def show_plan(plan: dict, title: str) -> None:
     console.print(table)
 
 
+def learning_rate_line(config: dict) -> dict:
+    """The plan's learning rate, its schedule and warm-up, from the resolved config (every stage prints it: a
+    migrant's config may carry another default than the one they expect)."""
+    optim = config.get("optim")
+    if not optim:
+        return {}
+    warmup = (
+        f"{optim['warmup_steps']} warm-up updates" if optim["warmup_steps"] else f"warm-up {optim['warmup_ratio']:g}"
+    )
+    decay = f" to {optim['min_lr_ratio']:g} x" if optim["lr_schedule"] == "cosine" else ""
+    return {"learning rate": f"{optim['lr']:g} ({warmup}, then {optim['lr_schedule']}{decay})"}
+
+
 def announce(title: str, plan: dict, config: dict, out: Path, reports=(), checkpoint: Path | None = None) -> None:
     """Print the data reports and the plan, and write the resolved config (with the plan) to config.yaml."""
     import yaml
 
     for report in reports:
         console.print(report.summary())
+    plan = {**plan, **({} if "learning rate" in plan else learning_rate_line(config))}
     show_plan(plan, title + (f" — resuming from {checkpoint.name}" if checkpoint else ""))
     (Path(out) / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
 

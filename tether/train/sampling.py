@@ -78,8 +78,7 @@ class OnlineSampler:
         """The plan's line: which backend samples, and with what (a stand-in backend may not say)."""
         describe = getattr(self.backend, "describe", None)
         text = describe() if describe is not None else type(self.backend).__name__
-        ro = self.rollout_cfg
-        return text + (f"; truncated importance sampling, C = {ro.tis_cap:g}" if ro.tis_cap else "")
+        return text + sampler_correction_line(self.rollout_cfg)
 
     def evaluate(self, rows: list[dict], scorer, seed: int, dp=None) -> dict:
         """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation.
@@ -140,3 +139,16 @@ def weights_updated(backend, policy, sampling_copy=None) -> None:
     if sampling_copy is not None:
         copy_gathered(policy, sampling_copy)
     backend.weights_updated(sampling_copy if sampling_copy is not None else policy)
+
+
+def sampler_correction_line(ro) -> str:
+    """The plan's word on the sampler gap: corrected (truncated importance sampling) or only logged, and how that
+    differs from TRL, which corrects a vLLM sampler by default (sequence_mask, cap 3)."""
+    if ro.tis_cap:
+        return f"; truncated importance sampling, C = {ro.tis_cap:g}"
+    if ro.backend == "vllm":
+        return (
+            "; the sampler gap is logged (rollout/sampler_*), not corrected: --tis-cap C corrects it (TRL's "
+            "use_vllm corrects by default: sequence_mask, cap 3)"
+        )
+    return ""

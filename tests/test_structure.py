@@ -1,6 +1,7 @@
 """The shape the codebase keeps (docs/architecture.md): floors whose imports all point down, no import circles, no
-stage importing another, a written rule in every folder, few top-level modules, and no function over 80 lines in
-tether/stages/ or tether/train/. Imports inside functions count: a lazy import is still a dependency."""
+stage importing another, a written rule in every folder that names its modules and the floors they import, few
+top-level modules, and the size budget: no file over 600 lines, no function over 80 (a named list of exceptions that
+may only shrink). Imports inside functions count: a lazy import is still a dependency."""
 
 import ast
 import functools
@@ -129,13 +130,98 @@ def test_every_folder_says_what_it_holds_and_the_top_level_stays_small():
     assert top <= TOP_LEVEL, f"new top-level modules {sorted(top - TOP_LEVEL)}: put them in the folder they belong to"
 
 
-def test_no_function_over_80_lines_in_stages_and_train():
-    for folder in ("stages", "train"):
-        for path in (PACKAGE / folder).glob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    length = node.end_lineno - node.lineno + 1
-                    assert length <= 80, f"{path.name}:{node.lineno} {node.name} has {length} lines"
+# The size budget (a module around 300 lines, a function on one screen; docs/architecture.md): no file in tether/
+# over 600 lines and no function over 80, anywhere. The files listed may stay over 600 until they are split, and the
+# list may only shrink: each is held at its present length, so none grows while it waits.
+FILE_LINES = 600
+LONG_FILES = {
+    "lab/pipeline.py": 1331,
+    "compat.py": 969,
+    "cli.py": 825,
+    "stages/dpo.py": 814,
+    "agents/episodes.py": 743,
+    "diagnostics/monitors.py": 727,
+    "data/records.py": 725,
+    "sections.py": 628,
+}
+FUNCTION_LINES = 80
+LONG_FUNCTIONS = {  # (file, function): its present length; may only shrink, as LONG_FILES
+    ("cli.py", "build_parser"): 199,
+    ("lab/pipeline.py", "lab_plan"): 135,
+    ("lab/pipeline.py", "_agent_plan"): 123,
+    ("lab/world.py", "build_world"): 117,
+    ("lab/pipeline.py", "print_lab_table"): 86,
+}
+
+
+def test_no_file_over_600_lines_but_the_named_ones_which_only_shrink():
+    over = {}
+    for path in PACKAGE.rglob("*.py"):
+        lines = len(path.read_text().splitlines())
+        name = str(path.relative_to(PACKAGE))
+        if lines > LONG_FILES.get(name, FILE_LINES):
+            over[name] = lines
+    assert not over, f"over the size budget (tests/test_structure.py LONG_FILES): {over}"
+    gone = {name for name, cap in LONG_FILES.items() if not (PACKAGE / name).is_file() or cap <= FILE_LINES}
+    under = {n for n in LONG_FILES if n not in gone and len((PACKAGE / n).read_text().splitlines()) <= FILE_LINES}
+    assert not gone | under, f"back under 600 lines or gone: take {sorted(gone | under)} off LONG_FILES"
+
+
+def test_no_function_over_80_lines_anywhere_but_the_named_ones_which_only_shrink():
+    over, seen = {}, set()
+    for path in PACKAGE.rglob("*.py"):
+        name = str(path.relative_to(PACKAGE))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                key = (name, node.name)
+                if length > LONG_FUNCTIONS.get(key, FUNCTION_LINES):
+                    over[f"{name}:{node.lineno} {node.name}"] = length
+                if key in LONG_FUNCTIONS and length > FUNCTION_LINES:
+                    seen.add(key)
+    assert not over, f"functions over the size budget (tests/test_structure.py LONG_FUNCTIONS): {over}"
+    assert not set(LONG_FUNCTIONS) - seen, f"back under 80 lines or gone: take {set(LONG_FUNCTIONS) - seen} off"
+
+
+def _folder_rule(folder: Path) -> tuple[str, str]:
+    """(the folder's __init__ docstring, its "May import:" paragraph)."""
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    rule = doc[doc.find("May import:") :] if "May import:" in doc else ""
+    return doc, rule
+
+
+def test_every_folder_names_its_modules_and_the_floors_they_import():
+    """Each folder's __init__ docstring names every module in it, and its "May import:" rule names every floor its
+    modules import (by the unit's last name, e.g. ``models`` for tether.models) — or says "every floor below"."""
+    import re
+
+    graph, problems = import_graph(), []
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        folder = init.parent
+        doc, rule = _folder_rule(folder)
+        for module in sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__"):
+            if not re.search(rf"\b{re.escape(module)}\b", doc):
+                problems.append(f"{folder.name}/__init__.py does not name its module {module}")
+        if folder.name == "algorithms":  # torch only: its docstring says so, the graph below holds it
+            assert not any(
+                d
+                for m, deps in graph.items()
+                if m.startswith("tether.algorithms")
+                for d in deps
+                if not d.startswith("tether.algorithms")
+            ), "algorithms imports tether"
+            continue
+        if not rule:
+            problems.append(f"{folder.name}/__init__.py has no 'May import:' rule")
+            continue
+        if "every floor below" in rule:
+            continue
+        unit = f"tether.{folder.name}"
+        used = {floor_of(d)[1] for m, deps in graph.items() if m.startswith(unit + ".") for d in deps} - {unit}
+        for dep in sorted(used):
+            if not re.search(rf"\b{re.escape(dep.rsplit('.', 1)[-1])}\b", rule):
+                problems.append(f"{folder.name}/ imports {dep}, which its 'May import:' rule does not name")
+    assert not problems, "\n".join(problems)
 
 
 def test_old_import_paths_work_with_a_deprecation_warning():

@@ -1,6 +1,6 @@
 """Reading user data and turning it into token tensors: files and formats (records), SFT examples with the loss mask
 (sft), preference pairs and ranked lists for reward models (preferences) and for the policy (dpo), annotator votes
-(votes).
+(votes), step-labelled solutions for process reward models (steps).
 
 May import: algorithms, errors, console, config, sections, models (the tokenizer's end-of-turn token, packing).
 """

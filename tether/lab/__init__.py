@@ -1,9 +1,11 @@
 """The lab: an offline world with a known gold reward, simulated annotators and a tiny model of our own.
 
-arith.py and assist.py define the two tasks and their gold functions;
-annotators.py the simulated labellers; world.py writes every stage's data
-files; evaluate.py measures a model against gold; pipeline.py runs `tether lab`;
-tokenizer.py trains the lab's BPE tokenizer; demo.py is `tether sft --demo`.
+arith.py and assist.py define the two tasks and their gold functions (phrases.py: the assist world's phrase
+banks; rewards.py: the arith world's reward functions); annotators.py the simulated labellers; world.py writes
+every stage's data files; evaluate.py measures a model against gold; reward_eval.py is the reward-model stage,
+rl.py the online RL stages and agents.py the tool-using tasks; schedule.py caches the stages and runs them side
+by side; pipeline.py runs `tether lab`; lessons.py judges each lesson on a run's figures; tokenizer.py trains the
+lab's BPE tokenizer; demo.py is `tether sft --demo`.
 
 May import: every floor below it, stages included: the lab composes the stages.
 """

@@ -156,3 +156,28 @@ def test_online_packing_rebuilds_a_runs_rollouts_and_counts_their_positions(tmp_
     assert real == sum(lengths) + sum(answers)
     assert padded == 2 * (max(lengths) + max(answers))
     assert real <= packed <= padded
+
+
+def test_the_gpu_script_floors_by_hand_and_its_plumbing_on_a_cpu(tmp_path):
+    """bench/gpu_phases.py, prepared for a lent GPU: each phase's floor at the device's limits, and one hf step of
+    its tiny shape end to end on the CPU (the GPU run itself is in docs/performance.md's command)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_phases.py"
+    spec = importlib.util.spec_from_file_location("gpu_phases", script)
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    # 8 decode steps of 4 rows: each max(2000 B / 1e3 B/s, 2·1000·4 / 1e6) = 2 s; a 100-position forward 2·1000·100 /
+    # 1e6 = 0.2 s; forward and backward over 100 positions 6·1000·100 / 1e6 = 0.6 s
+    step = {"rollout/length_mean": 8, "positions/reference": 100, "positions/update": 100}
+    limits = {"peak_flops": 1e6, "hbm_bytes_per_s": 1e3}
+    assert gpu.floors(step, 1000, 2000, limits, 4) == pytest.approx({"generate": 16, "logprobs": 0.2, "update": 0.6})
+    assert gpu.floors(step, 1000, 2000, {}, 4) == {}  # a device of unknown limits: no floor claimed
+    args = ["--shape", "tiny", "--device", "cpu", "--backends", "hf", "--steps", "1", "--prompts", "2", "--group", "2"]
+    args += ["--new-tokens", "4", "--mixed-precision", "no", "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads((tmp_path / "gpu_phases.json").read_text())["runs"]["hf"]
+    assert run["summary"]["tokens_per_s"] > 0 and run["steps"][0]["forwards/update"] == 1

@@ -225,15 +225,10 @@ class Stages:
 def worker_init() -> None:
     """A worker dies with the lab's process (Linux): a killed `tether lab` leaves no stage running on, which a
     resumed run would otherwise start a second time into the same folder."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
     from tether.console import quiet_libraries
+    from tether.train.run import die_with_parent
 
+    die_with_parent()
     quiet_libraries()
 
 

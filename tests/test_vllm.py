@@ -9,6 +9,7 @@ model shape): it takes tens of seconds to start.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -397,6 +398,83 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
 
 
 @pytest.mark.slow
+def test_a_run_killed_while_its_engine_starts_leaves_no_weights_folder(model_dir, files, tmp_path):
+    """SIGKILL once the weights are in /dev/shm and the engine is starting (tens of seconds here): the watchdog, which
+    now starts before the folder is filled, removes it, and the engine's start-up processes end too."""
+    rules, _, prompts, _ = files
+    folders = set(Path("/dev/shm").glob("tether-vllm-*"))
+    args = [a.replace("{model}", str(model_dir)) for a in _seeded_grpo_args(rules, prompts)]
+    with (tmp_path / "log").open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tether", *args, "--output", str(tmp_path / "o")], stderr=log)
+        deadline, new = time.time() + 120, set()
+        while proc.poll() is None and not any((f / "model.safetensors").is_file() for f in new):
+            new = set(Path("/dev/shm").glob("tether-vllm-*")) - folders
+            assert time.time() < deadline, (tmp_path / "log").read_text()[-2000:]
+            time.sleep(0.01)
+        time.sleep(1.0)  # the engine's worker spawned and loading
+        started = descendants(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -9 and new, (tmp_path / "log").read_text()[-2000:]
+    deadline = time.time() + 20
+    while (any(f.exists() for f in new) or any(alive(p) for p in started)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(f.exists() for f in new), "the weights folder of an engine killed while starting stayed in /dev/shm"
+    assert not any(alive(p) for p in started), "a process of the engine's start-up outlived its trainer"
+
+
+def test_at_shutdown_the_weights_folder_is_gone_before_the_watchdog_stops(tmp_path):
+    """An engine's shutdown takes seconds; a kill meanwhile must find the watchdog still there to remove the weights
+    folder. So _shutdown removes the folder first: when the (real) watchdog is stopped, the folder is gone."""
+    import subprocess as sp
+
+    from tether.rollout.vllm_backend import _new_folder, _shutdown, _watch
+
+    folder = _new_folder()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    watchdog = _watch(folder)
+    seen = []
+
+    def when_stopped(frame, event, arg):
+        if event == "call" and frame.f_code is sp.Popen.kill.__code__ and frame.f_locals.get("self") is watchdog:
+            seen.append(folder.exists())
+
+    sys.setprofile(when_stopped)
+    try:
+        _shutdown({"folder": folder, "watchdog": watchdog})
+    finally:
+        sys.setprofile(None)
+    assert seen == [False] and watchdog.poll() is not None
+
+
+UNGUARDED = """import tether
+
+def count_a(completions, **_):
+    return [float(c.count("a")) for c in completions]
+
+tether.grpo(model={model!r}, prompts={prompts!r}, reward_funcs=[count_a], output={out!r}, rollout_backend="vllm",
+            vllm_kv_cache_gib={kv}, max_steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, report_to="none")
+"""
+
+
+def test_a_script_that_starts_a_vllm_run_without_the_main_guard_is_told_so_in_one_line(model_dir, files, tmp_path):
+    """vLLM's worker is spawned, and a spawned process imports the main script again: unguarded, the run would start
+    a second time inside the engine's start-up (about 210 lines and two tracebacks). It is refused before the engine
+    starts, naming the script's line and the guard."""
+    _, _, prompts, _ = files
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.format(model=str(model_dir), prompts=str(prompts), out=str(tmp_path / "o"), kv=KV_GIB))
+    folders = set(Path("/dev/shm").glob("tether-vllm-*"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stderr.count("Traceback") == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"tether.errors.ConfigError: {script}:6 starts a run with --rollout-backend vllm at the script's top level: "
+        "vLLM starts its model in a new process that imports the script again, which would start the run once more. "
+        'Put the run under `if __name__ == "__main__":`'
+    ), done.stderr[-3000:]
+    assert set(Path("/dev/shm").glob("tether-vllm-*")) == folders  # refused before any engine
+
+
+@pytest.mark.slow
 def test_two_sharded_processes_push_gathered_weights_and_equal_one(one_process_run, tmp_path):
     """Two processes, each sampling its share of the prompts on its own engine, are the 1-process run (samples,
     scores, update figures, weights) — here with --fsdp: the policy sharded, no gathered copy kept, and after each
@@ -478,11 +556,62 @@ def test_truncated_importance_sampling_is_refused_for_online_dpo(tmp_path):
         )
 
 
-def test_an_engine_that_cannot_start_stops_with_the_reason(tmp_path, tokenizer):
-    """head_dim 16 (hidden 32, 2 heads), which vLLM's CPU attention refuses: a ConfigError naming the cause and the
-    head sizes it takes, not a trace from inside vLLM. (Last in the file: it replaces the shared engine.)"""
+@pytest.mark.parametrize(
+    "hidden,kv,reason",
+    [
+        (
+            32,
+            KV_GIB,
+            r"Unsupported CPU attention configuration: head_dim=16.*; vLLM's CPU attention takes "
+            r"head_dim 32, 64",
+        ),
+        (
+            64,
+            4000.0,
+            r"\(4000.0 GiB\)\.\); its KV cache of 4000 GiB does not fit in free memory: "
+            r"lower --vllm-kv-cache-gib",
+        ),
+    ],
+    ids=["head_dim 16", "KV cache past the memory"],
+)
+def test_an_engine_that_cannot_start_stops_with_one_line(tmp_path, tokenizer, capfd, hidden, kv, reason):
+    """head_dim 16 (hidden 32, 2 heads), which vLLM's CPU attention refuses, and a KV cache larger than the memory:
+    a ConfigError naming the cause, tether's option to change (not vLLM's) and vLLM's log, where the worker's
+    tracebacks went instead of the terminal. (Last in the file: they replace the shared engine.)"""
+    import tempfile
+
     from tether.config import ConfigError
 
-    folder = build_tiny_model("llama", tokenizer, tmp_path / "narrow", seed=0, hidden=32, layers=2, heads=2)
-    with pytest.raises(ConfigError, match=r"the vLLM engine did not start .*head_dim 32, 64"):
-        VLLMBackend(load_model(folder), tokenizer, sampling())
+    log = Path(tempfile.gettempdir()) / f"tether-vllm-{os.getpid()}.log"  # rollout/vllm_backend.py's engine_log()
+    folder = build_tiny_model("llama", tokenizer, tmp_path / "m", seed=0, hidden=hidden, layers=2, heads=2)
+    model = load_model(folder)
+    capfd.readouterr()
+    with pytest.raises(ConfigError, match=r"the vLLM engine did not start \(") as stop:
+        VLLMBackend(model, tokenizer, sampling(vllm_kv_cache_gib=kv))
+    message = str(stop.value)
+    assert re.search(reason, message), message
+    assert message.endswith(f"vLLM's log: {log}") and "--kv-cache-memory-bytes" not in message
+    assert "VLLM_CPU_KVCACHE_SPACE" not in message and "stack trace above" not in message
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.err + printed.out and "Worker pid" not in printed.err, printed.err[-3000:]
+    assert "Traceback" in log.read_text()  # vLLM's own account, for whoever wants it
+
+
+def test_start_up_failures_name_tethers_options_not_vllms():
+    """The too-small KV cache (vLLM's CPU message, met with --vllm-kv-cache-gib 1e-7): tether's option, not vLLM's
+    gpu_memory_utilization."""
+    from pathlib import Path
+
+    from tether.rollout.vllm_backend import start_failure
+
+    vllm_said = ValueError(
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+        "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+        "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
+    line = start_failure(vllm_said, {"kv_bytes": 107, "context": 2048}, Path("/tmp/v.log"))
+    assert line.startswith(
+        "the vLLM engine did not start (ValueError: No available memory for the cache blocks.); its KV cache of "
+        "9.965e-08 GiB cannot hold one sequence of the model's 2048 positions: raise --vllm-kv-cache-gib"
+    ), line
+    assert "gpu_memory_utilization" not in line and line.endswith("vLLM's log: /tmp/v.log")

@@ -198,6 +198,7 @@ def _start_engine(folder: Path, key: dict):
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it when it is imported in-process
     log = engine_log()
+    offset = log.stat().st_size if log.is_file() else 0  # this start's part of the log begins here
     try:
         with output_to(log):
             try:
@@ -208,7 +209,7 @@ def _start_engine(folder: Path, key: dict):
                 return _engine(LLM, SamplingParams, folder, key)
             except Exception as err:  # noqa: BLE001 - vLLM raises many kinds at start-up; each becomes one clear stop
                 failure = err
-        raise ConfigError(start_failure(failure, key, log)) from failure
+        raise ConfigError(start_failure(failure, key, log, offset)) from failure
     finally:
         torch.set_num_threads = set_threads
         for k, v in saved.items():
@@ -245,17 +246,42 @@ def _engine(LLM, SamplingParams, folder: Path, key: dict):  # noqa: N803 - vLLM'
 
 
 # sentences of vLLM's messages that advise vLLM's own options (tether sets those from its own, named instead)
-_VLLM_ADVICE = ("gpu_memory_utilization", "max_model_len", "--kv-cache-memory-bytes", "VLLM_", "docs.vllm.ai", "above")
+_VLLM_ADVICE = (
+    "gpu_memory_utilization",
+    "max_model_len",
+    "--kv-cache-memory-bytes",
+    "VLLM_",
+    "docs.vllm.ai",
+    "root cause",
+)
 
 
-def start_failure(err: BaseException, key: dict, log: Path) -> str:
+def _last_error(log: Path, offset: int) -> str | None:
+    """The last ``SomeError: message`` line vLLM wrote to ``log`` after ``offset`` (its prefix, ``(Worker pid=N)
+    ERROR <time> [file:line]``, removed): the cause when the exception the trainer got only says "see above"."""
+    import re
+
+    try:
+        with open(log, errors="replace") as f:
+            f.seek(offset)
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = [m.group(1) for line in lines if (m := re.search(r"(?:\] |^)(\w+(?:Error|Exception): .+)$", line))]
+    return found[-1].strip() if found else None
+
+
+def start_failure(err: BaseException, key: dict, log: Path, offset: int = 0) -> str:
     """The one line an engine that did not start stops with: vLLM's reason (its worker's message, without the
-    advice about vLLM's options), what to change among tether's, and where vLLM's log is."""
+    advice about vLLM's options, or the log's last error when the exception only points there), what to change
+    among tether's, and where vLLM's log is."""
     import re
 
     text = " ".join(str(err).split())
     inner = re.search(r"Worker failed with error '(.*)', please check", text)
     text = inner.group(1) if inner else text
+    last = _last_error(log, offset) if "initialization failed" in text else None
+    text = f"{text} {last}" if last is not None and last not in text else text
     reason = " ".join(s for s in re.split(r"(?<=\.) ", text) if not any(a in s for a in _VLLM_ADVICE)) or text
     lower, gib = reason.lower(), key["kv_bytes"] / 2**30
     if "head_dim" in lower or "attention configuration" in lower:

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,6 +32,7 @@ from tether.rollout.forward import response_logprobs
 from tether.rollout.prompts import stop_token_ids
 
 KV_GIB = 0.0625  # one size for every test here, so they all reuse the first engine
+LOG = Path(tempfile.gettempdir()) / f"tether-vllm-{os.getpid()}.log"  # vLLM's output: vllm_backend.engine_log()
 PROMPTS = ["What is 12 + 7?", "Cats", "Tell me about cats.", "12 +", "user hello", "I am fine"]
 
 
@@ -566,45 +568,44 @@ def test_truncated_importance_sampling_is_refused_for_online_dpo(tmp_path):
         )
 
 
-@pytest.mark.parametrize(
-    "hidden,kv,reason",
-    [
-        (
-            32,
-            KV_GIB,
-            r"Unsupported CPU attention configuration: head_dim=16.*; vLLM's CPU attention takes "
-            r"head_dim 32, 64",
-        ),
-        (
-            64,
-            4000.0,
-            r"\(4000.0 GiB\)\.\); its KV cache of 4000 GiB does not fit in free memory: "
-            r"lower --vllm-kv-cache-gib",
-        ),
-    ],
-    ids=["head_dim 16", "KV cache past the memory"],
-)
-def test_an_engine_that_cannot_start_stops_with_one_line(tmp_path, tokenizer, capfd, hidden, kv, reason):
-    """head_dim 16 (hidden 32, 2 heads), which vLLM's CPU attention refuses, and a KV cache larger than the memory:
-    a ConfigError naming the cause, tether's option to change (not vLLM's) and vLLM's log, where the worker's
-    tracebacks went instead of the terminal. (Last in the file: they replace the shared engine.)"""
-    import tempfile
-
+def test_an_engine_that_cannot_start_stops_with_one_line(tmp_path, tokenizer, capfd):
+    """head_dim 16 (hidden 32, 2 heads), which vLLM's CPU attention refuses: a ConfigError naming the cause, the head
+    sizes it takes and vLLM's log, where the worker's tracebacks went instead of the terminal. (Last in the file with
+    the next: they replace the shared engine.)"""
     from tether.config import ConfigError
 
-    log = Path(tempfile.gettempdir()) / f"tether-vllm-{os.getpid()}.log"  # rollout/vllm_backend.py's engine_log()
-    folder = build_tiny_model("llama", tokenizer, tmp_path / "m", seed=0, hidden=hidden, layers=2, heads=2)
+    folder = build_tiny_model("llama", tokenizer, tmp_path / "narrow", seed=0, hidden=32, layers=2, heads=2)
     model = load_model(folder)
     capfd.readouterr()
     with pytest.raises(ConfigError, match=r"the vLLM engine did not start \(") as stop:
-        VLLMBackend(model, tokenizer, sampling(vllm_kv_cache_gib=kv))
+        VLLMBackend(model, tokenizer, sampling())
     message = str(stop.value)
-    assert re.search(reason, message), message
-    assert message.endswith(f"vLLM's log: {log}") and "--kv-cache-memory-bytes" not in message
-    assert "VLLM_CPU_KVCACHE_SPACE" not in message and "stack trace above" not in message
+    assert re.search(r"head_dim=16.*\); vLLM's CPU attention takes head_dim 32, 64", message), message
+    assert message.endswith(f"vLLM's log: {LOG}") and "stack trace above" not in message
     printed = capfd.readouterr()
-    assert "Traceback" not in printed.err + printed.out and "Worker pid" not in printed.err, printed.err[-3000:]
-    assert "Traceback" in log.read_text()  # vLLM's own account, for whoever wants it
+    both = printed.out + printed.err  # (vLLM logs to stdout)
+    assert "Traceback" not in both and "Worker pid" not in both, both[-3000:]
+    assert "Traceback" in LOG.read_text()  # vLLM's own account, for whoever wants it
+
+
+def test_a_kv_cache_past_the_memory_stops_the_command_with_one_line_naming_tethers_option(model_dir, files, capfd):
+    """--vllm-kv-cache-gib 4000: vLLM's worker refuses it and advises vLLM's own options (--kv-cache-memory-bytes,
+    VLLM_CPU_KVCACHE_SPACE); the command prints one error line naming tether's, and none of the worker's ~60 lines."""
+    from tether.cli import main
+
+    rules, _, prompts, _ = files
+    args = ["grpo", "--model", str(model_dir), "--prompts", str(prompts), "--reward", f"{rules}:count_a"]
+    args += ["--rollout-backend", "vllm", "--vllm-kv-cache-gib", "4000", "--output", str(prompts.parent / "o")]
+    capfd.readouterr()
+    assert main(args + ["--report-to", "none", "--max-steps", "1"]) == 2
+    printed = capfd.readouterr()
+    both, err = printed.out + printed.err, printed.err  # (vLLM logs to stdout)
+    assert "Traceback" not in both and "Worker pid" not in both, both[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("tether grpo: error: the vLLM engine did not start (RuntimeError: Available memory"), err
+    assert "(4000.0 GiB).); its KV cache of 4000 GiB does not fit in free memory: lower --vllm-kv-cache-gib" in last
+    assert "--kv-cache-memory-bytes" not in last and "VLLM_CPU_KVCACHE_SPACE" not in last, last
+    assert last.endswith(f"vLLM's log: {LOG}")
 
 
 def test_start_up_failures_name_tethers_options_not_vllms():

@@ -135,3 +135,44 @@ def test_a_saved_folder_has_the_umasks_file_modes(tmp_path):
     finally:
         os.umask(old)
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_run_folder_refuses_a_second_live_writer_and_takes_over_a_killed_runs_lock(
+    llama_dir, addition_files, tmp_path, capsys
+):
+    """A run folder has one writer. A second run into a folder another live process holds is refused, naming that
+    process; once that process is killed (SIGKILL: no clean-up ran, its lock still names it) the next run takes
+    the folder over with a note, and a finished run leaves the lock empty (free, naming nobody)."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from tether.cli import main
+
+    out = tmp_path / "run"
+    hold = (
+        "import sys, time\nfrom pathlib import Path\nfrom accelerate import Accelerator\n"
+        "from tether.train.run import hold_run_folder\n"
+        "hold_run_folder(Accelerator(cpu=True), Path(sys.argv[1]))\nprint('held', flush=True)\ntime.sleep(600)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdout=subprocess.PIPE, text=True)
+    args = ["sft", "--model", str(llama_dir), "--data", str(addition_files[0]), "--max-steps", "1", "--output"]
+    args += [str(out), "--report-to", "none", "--eval-every", "0", "--save-every", "0"]
+    try:
+        assert holder.stdout.readline() == "held\n"
+        for again in (["--overwrite"], []):
+            assert main(args + again) == 2
+            err = capsys.readouterr().err
+            assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+                f"tether sft: error: --output {out} is being written by another run (pid {holder.pid} on host "
+                f"{socket.gethostname()}, started 20"
+            ), err
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert main(args + ["--overwrite"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"taking over the lock of a run that ended without releasing it (pid {holder.pid} on host" in err, err
+    assert (out / "final").is_dir() and (out / ".tether.lock").read_text() == ""

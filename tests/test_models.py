@@ -183,6 +183,43 @@ def test_a_corrupt_pytorch_bin_is_named_before_transformers_unpickles_it(llama_d
     assert torch.equal(loaded.get_input_embeddings().weight, model.get_input_embeddings().weight)
 
 
+@pytest.mark.parametrize("flag", ["rm --model", "grpo --reward-model", "grpo --process-reward-model"])
+def test_a_pytorch_bin_the_weights_only_loader_refuses_is_one_line_for_every_model_folder(
+    flag, llama_dir, tmp_path, capsys
+):
+    """A pytorch_model.bin that holds an object (here an argparse.Namespace) beside its tensors: transformers'
+    weights-only load refuses it, and every folder tether opens says so in one line naming the file — not only
+    --model (whose load was guarded) but `tether rm --model`, --reward-model and --process-reward-model."""
+    import argparse
+    import shutil
+
+    from conftest import write_jsonl
+
+    from tether.cli import main
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(llama_dir, folder)
+    (folder / "model.safetensors").unlink()
+    state = dict(AutoModelForCausalLM.from_pretrained(llama_dir).state_dict())
+    torch.save({**state, "args": argparse.Namespace(lr=1.0)}, folder / "pytorch_model.bin")
+    stage, option = flag.split()
+    if stage == "rm":
+        data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi", "chosen": "a b", "rejected": "c"}] * 4)
+        args = ["rm", "--model", str(folder), "--data", str(data)]
+    else:
+        (tmp_path / "r.py").write_text("def f(completions):\n    return [0.0] * len(completions)\n")
+        prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hi"}] * 4)
+        args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), option, str(folder)]
+        args += [] if option == "--reward-model" else ["--reward", f"{tmp_path}/r.py:f"]
+    assert main(args + ["--output", str(tmp_path / "o"), "--report-to", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "UnpicklingError" not in err
+    assert (
+        f"model {folder}: pytorch_model.bin holds more than tensors, and the weights-only loader refuses it "
+        "(Unsupported global: GLOBAL argparse.Namespace" in err
+    ), err
+
+
 def test_checkpoint_weights_are_the_merged_models_and_leave_the_adapters_alone(llama_dir):
     """What a serving engine is sent (rollout/vllm_backend.py): the weights save_merged would write, under the same
     names and bit for bit equal (W + ΔW computed the way peft merges), with the LoRA model itself unchanged."""

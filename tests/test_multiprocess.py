@@ -215,3 +215,37 @@ def test_process_reward_model_two_processes_match_one_process(llama_dir, tmp_pat
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
         if "eval/step_accuracy" in a:
             assert a["eval/step_accuracy"] == pytest.approx(b["eval/step_accuracy"])
+
+
+@pytest.mark.slow
+def test_killing_the_launchers_process_group_ends_its_processes(llama_dir, addition_files, tmp_path):
+    """kill -9 of `accelerate launch`'s process group: the two processes, which torch.distributed's agent starts
+    in sessions of their own, die with it (before, both went on training into the folder a --resume would write
+    too), and the lock process 0 took names it."""
+    import signal
+    import time
+
+    from test_online_parallel import launch
+    from test_vllm import alive, descendants
+
+    out = tmp_path / "two"
+    args = ["sft", "--model", str(llama_dir), "--data", str(addition_files[0]), "--batch-size", "2"]
+    args += ["--micro-batch-size", "1", "--report-to", "none", "--eval-every", "0", "--save-every", "0", "--output"]
+    args += [str(out)]
+    proc = launch(args + ["--max-steps", "100000"], wait=False)
+    deadline = time.time() + 120
+    while not (out / "config.yaml").is_file() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)  # the plan is written once both processes have opened the run folder
+    ranks = descendants(proc.pid)
+    assert len(ranks) >= 2 and proc.poll() is None, proc.stdout.read()[-3000:] if proc.poll() is not None else ranks
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while any(alive(p) for p in ranks) and time.time() < deadline:
+        time.sleep(0.05)
+    survivors = [p for p in ranks if alive(p)]
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)
+    assert not survivors, "the launch's processes outlived their launcher"
+    # the folder's lock names process 0, dead: the next run takes it over (tests/test_checkpoint_safety.py)
+    assert json.loads((out / ".tether.lock").read_text())["pid"] in ranks

@@ -320,3 +320,35 @@ def test_a_function_with_no_opinion_on_every_completion_is_named_before_and_duri
     # one function's Nones are fine while another one scores (a multi-task reward)
     scored = RewardComponent("scored", lambda completions: [0.0] * len(completions))
     RewardSet([undecided, scored], columns=["prompt"]).check(ROWS)
+
+
+def test_ctrl_c_in_grpo_prints_tethers_line_and_no_traceback_from_the_reward_worker(llama_dir, tmp_path):
+    """Ctrl-C reaches the whole process group, the reward worker included: the worker ends quietly (before, a
+    17-line KeyboardInterrupt traceback of it came first) and tether's one line is all that follows the progress."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from conftest import write_jsonl
+
+    calls = tmp_path / "calls"
+    (tmp_path / "rules.py").write_text(
+        f"def count_a(completions):\n    with open({str(calls)!r}, 'a') as f:\n        f.write('x')\n"
+        "    return [float(c.count('a')) for c in completions]\n"
+    )
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"Say {w}."} for w in ("cats", "dogs", "rain", "sun")])
+    args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--reward", f"{tmp_path}/rules.py:count_a"]
+    args += ["--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4", "--max-steps", "100000"]
+    args += ["--output", str(tmp_path / "o"), "--report-to", "none", "--eval-every", "0", "--save-every", "0"]
+    with (tmp_path / "err").open("w") as err:  # a file, not a pipe: nothing can hold the run on it
+        proc = subprocess.Popen([sys.executable, "-m", "tether", *args], stderr=err, start_new_session=True)
+        deadline = time.time() + 120
+        # the dry call runs in the trainer; the worker answers from step 1 on: 3 calls, and it waits for the next
+        while proc.poll() is None and (not calls.is_file() or len(calls.read_text()) < 3) and time.time() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        assert proc.wait(60) == 130
+    lines = (tmp_path / "err").read_text().splitlines()
+    assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), "\n".join(lines[-30:])
+    assert lines[-1].startswith("tether grpo: interrupted at step "), lines[-5:]

@@ -9,9 +9,11 @@ model shape): it takes tens of seconds to start.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,6 +32,7 @@ from tether.rollout.forward import response_logprobs
 from tether.rollout.prompts import stop_token_ids
 
 KV_GIB = 0.0625  # one size for every test here, so they all reuse the first engine
+LOG = Path(tempfile.gettempdir()) / f"tether-vllm-{os.getpid()}.log"  # vLLM's output: vllm_backend.engine_log()
 PROMPTS = ["What is 12 + 7?", "Cats", "Tell me about cats.", "12 +", "user hello", "I am fine"]
 
 
@@ -318,6 +321,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def ours(folder: Path, model_dir: Path) -> bool:
+    """A weights folder written for this file's model (other processes on the machine may have engines of their own)."""
+    try:
+        return json.loads((folder / "config.json").read_text()).get("_name_or_path") == str(model_dir)
+    except (OSError, ValueError):
+        return False
+
+
 def _seeded_grpo_args(rules, prompts) -> list[str]:
     """GRPO on the vLLM backend with response seeds: each response depends on its seed and prompt only, so one
     process and two sample the same responses, and a resumed run the same as an uninterrupted one."""
@@ -398,12 +409,91 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     while any(alive(p) for p in engines) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
-    while set(Path("/dev/shm").glob("tether-vllm-*")) - folders and time.time() < deadline:
+    model = Path(args[args.index("--model") + 1])
+    left = lambda: {f for f in set(Path("/dev/shm").glob("tether-vllm-*")) - folders if ours(f, model)}  # noqa: E731
+    while left() and time.time() < deadline:
         time.sleep(0.1)
-    assert not set(Path("/dev/shm").glob("tether-vllm-*")) - folders, "the killed run's weights stayed in /dev/shm"
+    assert not left(), "the killed run's weights stayed in /dev/shm"
     assert cli_main([*args, "--output", str(killed), "--save-every", "1", "--resume"]) == 0
     a, b = load_file(str(one / "final" / "model.safetensors")), load_file(str(killed / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_its_engine_starts_leaves_no_weights_folder(model_dir, files, tmp_path):
+    """SIGKILL once the weights are in /dev/shm and the engine is starting (tens of seconds here): the watchdog, which
+    now starts before the folder is filled, removes it, and the engine's start-up processes end too."""
+    rules, _, prompts, _ = files
+    folders = set(Path("/dev/shm").glob("tether-vllm-*"))
+    args = [a.replace("{model}", str(model_dir)) for a in _seeded_grpo_args(rules, prompts)]
+    with (tmp_path / "log").open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tether", *args, "--output", str(tmp_path / "o")], stderr=log)
+        deadline, new = time.time() + 120, set()
+        while proc.poll() is None and not any((f / "model.safetensors").is_file() for f in new):
+            new = {f for f in set(Path("/dev/shm").glob("tether-vllm-*")) - folders if ours(f, model_dir)}
+            assert time.time() < deadline, (tmp_path / "log").read_text()[-2000:]
+            time.sleep(0.01)
+        time.sleep(1.0)  # the engine's worker spawned and loading
+        started = descendants(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -9 and new, (tmp_path / "log").read_text()[-2000:]
+    deadline = time.time() + 20
+    while (any(f.exists() for f in new) or any(alive(p) for p in started)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(f.exists() for f in new), "the weights folder of an engine killed while starting stayed in /dev/shm"
+    assert not any(alive(p) for p in started), "a process of the engine's start-up outlived its trainer"
+
+
+def test_at_shutdown_the_weights_folder_is_gone_before_the_watchdog_stops(tmp_path):
+    """An engine's shutdown takes seconds; a kill meanwhile must find the watchdog still there to remove the weights
+    folder. So _shutdown removes the folder first: when the (real) watchdog is stopped, the folder is gone."""
+    import subprocess as sp
+
+    from tether.rollout.vllm_backend import _new_folder, _shutdown, _watch
+
+    folder = _new_folder()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    watchdog = _watch(folder)
+    seen = []
+
+    def when_stopped(frame, event, arg):
+        if event == "call" and frame.f_code is sp.Popen.kill.__code__ and frame.f_locals.get("self") is watchdog:
+            seen.append(folder.exists())
+
+    sys.setprofile(when_stopped)
+    try:
+        _shutdown({"folder": folder, "watchdog": watchdog})
+    finally:
+        sys.setprofile(None)
+    assert seen == [False] and watchdog.poll() is not None
+
+
+UNGUARDED = """import tether
+
+def count_a(completions, **_):
+    return [float(c.count("a")) for c in completions]
+
+tether.grpo(model={model!r}, prompts={prompts!r}, reward_funcs=[count_a], output={out!r}, rollout_backend="vllm",
+            vllm_kv_cache_gib={kv}, max_steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, report_to="none")
+"""
+
+
+def test_a_script_that_starts_a_vllm_run_without_the_main_guard_is_told_so_in_one_line(model_dir, files, tmp_path):
+    """vLLM's worker is spawned, and a spawned process imports the main script again: unguarded, the run would start
+    a second time inside the engine's start-up (about 210 lines and two tracebacks). It is refused before the engine
+    starts, naming the script's line and the guard."""
+    _, _, prompts, _ = files
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED.format(model=str(model_dir), prompts=str(prompts), out=str(tmp_path / "o"), kv=KV_GIB))
+    folders = set(Path("/dev/shm").glob("tether-vllm-*"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stderr.count("Traceback") == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"tether.errors.ConfigError: {script}:6 starts a run with --rollout-backend vllm at the script's top level: "
+        "vLLM starts its model in a new process that imports the script again, which would start the run once more. "
+        'Put the run under `if __name__ == "__main__":`'
+    ), done.stderr[-3000:]
+    assert set(Path("/dev/shm").glob("tether-vllm-*")) == folders  # refused before any engine
 
 
 @pytest.mark.slow
@@ -488,11 +578,61 @@ def test_truncated_importance_sampling_is_refused_for_online_dpo(tmp_path):
         )
 
 
-def test_an_engine_that_cannot_start_stops_with_the_reason(tmp_path, tokenizer):
-    """head_dim 16 (hidden 32, 2 heads), which vLLM's CPU attention refuses: a ConfigError naming the cause and the
-    head sizes it takes, not a trace from inside vLLM. (Last in the file: it replaces the shared engine.)"""
+def test_an_engine_that_cannot_start_stops_with_one_line(tmp_path, tokenizer, capfd):
+    """head_dim 16 (hidden 32, 2 heads), which vLLM's CPU attention refuses: a ConfigError naming the cause, the head
+    sizes it takes and vLLM's log, where the worker's tracebacks went instead of the terminal. (Last in the file with
+    the next: they replace the shared engine.)"""
     from tether.config import ConfigError
 
     folder = build_tiny_model("llama", tokenizer, tmp_path / "narrow", seed=0, hidden=32, layers=2, heads=2)
-    with pytest.raises(ConfigError, match=r"the vLLM engine did not start .*head_dim 32, 64"):
-        VLLMBackend(load_model(folder), tokenizer, sampling())
+    model = load_model(folder)
+    capfd.readouterr()
+    with pytest.raises(ConfigError, match=r"the vLLM engine did not start \(") as stop:
+        VLLMBackend(model, tokenizer, sampling())
+    message = str(stop.value)
+    assert re.search(r"head_dim=16.*\); vLLM's CPU attention takes head_dim 32, 64", message), message
+    assert message.endswith(f"vLLM's log: {LOG}") and "stack trace above" not in message
+    printed = capfd.readouterr()
+    both = printed.out + printed.err  # (vLLM logs to stdout)
+    assert "Traceback" not in both and "Worker pid" not in both, both[-3000:]
+    assert "Traceback" in LOG.read_text()  # vLLM's own account, for whoever wants it
+
+
+def test_a_kv_cache_past_the_memory_stops_the_command_with_one_line_naming_tethers_option(model_dir, files, capfd):
+    """--vllm-kv-cache-gib 4000: vLLM's worker refuses it and advises vLLM's own options (--kv-cache-memory-bytes,
+    VLLM_CPU_KVCACHE_SPACE); the command prints one error line naming tether's, and none of the worker's ~60 lines."""
+    from tether.cli import main
+
+    rules, _, prompts, _ = files
+    args = ["grpo", "--model", str(model_dir), "--prompts", str(prompts), "--reward", f"{rules}:count_a"]
+    args += ["--rollout-backend", "vllm", "--vllm-kv-cache-gib", "4000", "--output", str(prompts.parent / "o")]
+    capfd.readouterr()
+    assert main(args + ["--report-to", "none", "--max-steps", "1"]) == 2
+    printed = capfd.readouterr()
+    both, err = printed.out + printed.err, printed.err  # (vLLM logs to stdout)
+    assert "Traceback" not in both and "Worker pid" not in both, both[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("tether grpo: error: the vLLM engine did not start (RuntimeError: Available memory"), err
+    assert "(4000.0 GiB).); its KV cache of 4000 GiB does not fit in free memory: lower --vllm-kv-cache-gib" in last
+    assert "--kv-cache-memory-bytes" not in last and "VLLM_CPU_KVCACHE_SPACE" not in last, last
+    assert last.endswith(f"vLLM's log: {LOG}")
+
+
+def test_start_up_failures_name_tethers_options_not_vllms():
+    """The too-small KV cache (vLLM's CPU message, met with --vllm-kv-cache-gib 1e-7): tether's option, not vLLM's
+    gpu_memory_utilization."""
+    from pathlib import Path
+
+    from tether.rollout.vllm_backend import start_failure
+
+    vllm_said = ValueError(
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "
+        "engine (this flag also controls CPU memory reservation on the CPU backend, despite its name). See "
+        "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+    )
+    line = start_failure(vllm_said, {"kv_bytes": 107, "context": 2048}, Path("/tmp/v.log"))
+    assert line.startswith(
+        "the vLLM engine did not start (ValueError: No available memory for the cache blocks.); its KV cache of "
+        "9.965e-08 GiB cannot hold one sequence of the model's 2048 positions: raise --vllm-kv-cache-gib"
+    ), line
+    assert "gpu_memory_utilization" not in line and line.endswith("vLLM's log: /tmp/v.log")

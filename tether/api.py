@@ -96,8 +96,14 @@ class RunResult:
 
 
 def run_stage(stage: str, config, **hooks) -> dict:
-    """Run a built config (the CLI's entry); ``hooks`` are the run function's extras (``evaluate_fn``...)."""
-    return _load(_STAGES[stage][1])(config, **hooks)
+    """Run a built config (the CLI's entry); ``hooks`` are the run function's extras (``evaluate_fn``...). However
+    the run ends, its folder is released for the next run (a run that finishes releases it itself)."""
+    from tether.train.run import release_run_folder
+
+    try:
+        return _load(_STAGES[stage][1])(config, **hooks)
+    finally:
+        release_run_folder()
 
 
 # ----------------------------------------------------------------------------------------------- inputs

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -53,6 +54,26 @@ def quiet_libraries() -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
         root.setLevel(logging.WARNING)
+
+
+@contextmanager
+def output_to(log: str | os.PathLike):
+    """Everything this process prints (Python, rich, C++ warnings) goes to ``log`` meanwhile, and so does everything
+    a process started meanwhile prints, for as long as it runs (it inherits the two descriptors)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(log, "a") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
 
 
 def progress(items, total: int, description: str, min_items: int = 2000, every_s: float = 10.0):

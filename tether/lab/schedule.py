@@ -19,16 +19,14 @@ import json
 import multiprocessing
 import os
 import shutil
-import sys
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tether.console import console
+from tether.console import console, output_to
 from tether.train.checkpoint import latest_checkpoint
 
 
@@ -224,35 +222,11 @@ class Stages:
 def worker_init() -> None:
     """A worker dies with the lab's process (Linux): a killed `tether lab` leaves no stage running on, which a
     resumed run would otherwise start a second time into the same folder."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
     from tether.console import quiet_libraries
+    from tether.train.run import die_with_parent
 
+    die_with_parent()
     quiet_libraries()
-
-
-@contextmanager
-def _output_to(log: str):
-    """Everything this process prints (Python, rich, C++ warnings) goes to ``log`` meanwhile."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(log, "a") as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            for fd, copy in zip((1, 2), saved):
-                os.dup2(copy, fd)
-                os.close(copy)
 
 
 def run_in_worker(
@@ -264,7 +238,7 @@ def run_in_worker(
     build, args = rebuild
     stage = next(s for s in build(*args) if s.name == name)
     stages = Stages(Path(output), fresh, code)
-    with _output_to(log):
+    with output_to(log):
         try:
             _, result = stages.run(name, recipe, stage.run)
         except BaseException:

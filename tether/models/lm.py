@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle  # noqa: S403 - for the exception type that torch.load raises on a corrupt .bin, nothing is unpickled here
+import pickle  # noqa: S403 - for the exception type torch.load raises on a .bin it refuses; nothing is unpickled here
 from pathlib import Path
 
 import torch
@@ -85,23 +85,39 @@ _LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19
 
 
 def _check_torch_weights(weights_file: Path, what: str) -> None:
-    """A ``pytorch_model*.bin`` is torch.save's zip archive (its directory read, not its tensors) or the legacy
-    format. Such files are loaded by transformers with ``torch.load(weights_only=True)``, which unpickles tensors and
-    plain containers only, never arbitrary objects; tether itself writes safetensors only."""
+    """A ``pytorch_model*.bin`` is torch.save's zip archive (its directory read) or the legacy format, and the
+    weights-only loader takes it: transformers loads such files with ``torch.load(weights_only=True)``, which
+    unpickles tensors and plain containers only, never arbitrary objects, and refuses a file holding anything else.
+    The same load is tried here, memory-mapped (no tensor is read), so that every folder tether opens (--model,
+    --reward-model, --process-reward-model, a critic) stops with the file named; tether itself writes safetensors."""
     import zipfile
 
     with weights_file.open("rb") as handle:
-        head = handle.read(len(_LEGACY_TORCH_MAGIC))
-    if head == _LEGACY_TORCH_MAGIC:
-        return
+        legacy = handle.read(len(_LEGACY_TORCH_MAGIC)) == _LEGACY_TORCH_MAGIC
+    if not legacy:
+        try:
+            with zipfile.ZipFile(weights_file) as archive:
+                if not any(name.endswith("data.pkl") for name in archive.namelist()):
+                    raise zipfile.BadZipFile("no data.pkl in the archive")
+        except (zipfile.BadZipFile, OSError) as err:
+            raise ConfigError(
+                f"{what}: {weights_file.name} is not a readable PyTorch weights file ({err}); convert the "
+                "model to safetensors (model.save_pretrained) or replace the file"
+            ) from None
     try:
-        with zipfile.ZipFile(weights_file) as archive:
-            if not any(name.endswith("data.pkl") for name in archive.namelist()):
-                raise zipfile.BadZipFile("no data.pkl in the archive")
-    except (zipfile.BadZipFile, OSError) as err:
+        torch.load(weights_file, map_location="cpu", weights_only=True, mmap=not legacy)
+    except (RuntimeError, EOFError) as err:  # a damaged archive member: torch's stream reader
         raise ConfigError(
-            f"{what}: {weights_file.name} is not a readable PyTorch weights file ({err}); convert the "
+            f"{what}: {weights_file.name} is not a readable PyTorch weights file ({str(err)[:200]}); convert the "
             "model to safetensors (model.save_pretrained) or replace the file"
+        ) from None
+    except pickle.UnpicklingError as err:
+        said = [line.split("error:", 1)[1] for line in str(err).splitlines() if "WeightsUnpickler error:" in line]
+        reason = (said[0] if said else str(err)[:200]).strip().split(". ")[0]
+        raise ConfigError(
+            f"{what}: {weights_file.name} holds more than tensors, and the weights-only loader refuses it ({reason}); "
+            "tether never unpickles arbitrary objects: save the model as safetensors (model.save_pretrained) "
+            "where you trust the file, and use that folder"
         ) from None
 
 

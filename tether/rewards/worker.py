@@ -5,12 +5,17 @@ call starts a fresh worker. The worker is spawned (a fresh interpreter: no forke
 or CUDA state), loads the same specs, and answers one call at a time over a pipe; arguments and results travel as
 JSON, so nothing is unpickled on either side. Module-level state of a reward file lives in the worker (and starts
 over when a hung call forced a new one).
+
+Ctrl-C reaches the worker too (it shares the terminal's process group): the worker ends on it at once and quietly,
+by SIGINT's default action, and the trainer prints its one line. It is started with SIGINT blocked, so a Ctrl-C
+while it is still starting waits until its handler is the default one, and then ends it just as quietly.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import signal
 
 STARTUP_S = 300.0  # a fresh interpreter importing the reward modules (and torch) — not counted in a call's limit
 
@@ -31,6 +36,8 @@ def _jsonable(value):
 
 def _serve(conn, specs: dict[str, str]) -> None:
     """The worker's loop: load the functions, then answer {name, kwargs} with {value} or {kind, error}."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # no KeyboardInterrupt traceback: the trainer reports the Ctrl-C
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by RewardWorker._start
     from tether.rewards.loading import load_reward_function
 
     try:
@@ -68,12 +75,22 @@ class RewardWorker:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, self.specs), daemon=True, name="tether-rewards")
-        self.process.start()
+        # the child inherits this thread's signal mask: a Ctrl-C during its start-up stays pending until _serve
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self.process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
         if not self.conn.poll(STARTUP_S):
             self.stop()
             raise RuntimeError(f"the reward worker did not start within {STARTUP_S:g} s")
-        reply = json.loads(self.conn.recv_bytes())
+        try:
+            reply = json.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            code = self.process.exitcode
+            self.stop()
+            raise RemoteError("WorkerDied", f"the reward worker process ended (exit code {code}) while starting")
         if "ready" not in reply:
             self.stop()
             raise RemoteError(reply["kind"], reply["error"])

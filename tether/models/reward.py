@@ -21,8 +21,9 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tether.algorithms.logprobs import at_least_float32
 from tether.config import ConfigError
-from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, is_sharded, reshard
+from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft
 from tether.models.packing import pad_sequences
+from tether.models.shards import is_sharded, reshard
 
 NORM_FILE = "reward_normalization.json"
 

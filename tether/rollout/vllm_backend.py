@@ -31,7 +31,8 @@ import torch
 
 from tether.console import output_to
 from tether.errors import ConfigError
-from tether.models.lm import checkpoint_weights, gathered, is_sharded, model_context
+from tether.models.lm import checkpoint_weights, model_context
+from tether.models.shards import gathered, is_sharded
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.prompts import response_mask_from_stops
 from tether.sections import VLLM_INSTALL as INSTALL

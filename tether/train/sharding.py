@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 from tether.config import ConfigError
-from tether.models.lm import gathered
-from tether.models.lm import is_dtensor as is_dtensor  # the stages' and loops' names for them
-from tether.models.lm import is_sharded as is_sharded
-from tether.models.lm import reshard as reshard
+from tether.models.shards import gathered
+from tether.models.shards import is_dtensor as is_dtensor  # the stages' and loops' names for them
+from tether.models.shards import is_sharded as is_sharded
+from tether.models.shards import reshard as reshard
 
 
 def shard_model(model, accelerator, **options):

@@ -522,7 +522,7 @@ def _print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
 
 
 def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]) -> None:
-    """Exit with one line per unknown flag: what it means in tether (tether/compat.py), or the flag it most
+    """Exit with one line per unknown flag: what it means in tether (tether/compat/table.py), or the flag it most
     likely meant — without the whole usage, which buries the line that matters."""
     import difflib
 
@@ -541,7 +541,9 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]
                 lines.append(f"{item}: a value with no flag before it")
             continue  # else the value of the unknown flag before it
         if knows(name.lstrip("-").replace("-", "_")):
-            lines.append(f"{name}: not a setting of tether {args.stage} (tether/compat.py lists where it applies)")
+            lines.append(
+                f"{name}: not a setting of tether {args.stage} (tether/compat/table.py lists where it applies)"
+            )
             continue
         dashed = "--" + name.lstrip("-").replace("_", "-")
         close = difflib.get_close_matches(dashed, options, n=1, cutoff=0.7)
@@ -569,7 +571,7 @@ def _scalar(text: str):
 
 def _foreign_flags(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], dict]:
     """(argv with tether's flags, {key: value} of other projects' flags): ``--max_steps 3`` is tether's --max-steps
-    written with underscores; ``--learning_rate 1e-5`` or ``--bf16`` are TRL's names (tether/compat.py), read as
+    written with underscores; ``--learning_rate 1e-5`` or ``--bf16`` are TRL's names (tether/compat/table.py), read as
     flat keys of a YAML file are. Anything else is left for argparse to judge."""
     command = _command_parser(parser, argv)
     if command is None:

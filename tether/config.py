@@ -254,7 +254,7 @@ def _flatten(config_cls, file_values: dict | None, source: str, written: dict | 
 
     Top-level keys whose value is not a mapping are flat keys, as TRL and LLaMA-Factory users write a file
     (``max_steps: 100``, ``learning_rate: 1e-5``): a tether flag name, or another project's name for a setting,
-    read through tether/compat.py's table (after the sections: a flat key wins)."""
+    read through tether/compat/'s table (after the sections: a flat key wins)."""
     from tether.compat import problem_report, translate
 
     section_types = dict(_sections(config_cls))

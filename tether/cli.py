@@ -541,9 +541,7 @@ def _unknown_arguments(parser: argparse.ArgumentParser, args, unknown: list[str]
                 lines.append(f"{item}: a value with no flag before it")
             continue  # else the value of the unknown flag before it
         if knows(name.lstrip("-").replace("-", "_")):
-            lines.append(
-                f"{name}: not a setting of tether {args.stage} (tether/compat/table.py lists where it applies)"
-            )
+            lines.append(f"{name}: not a setting of tether {args.stage} (tether/compat/ lists where it applies)")
             continue
         dashed = "--" + name.lstrip("-").replace("_", "-")
         close = difflib.get_close_matches(dashed, options, n=1, cutoff=0.7)

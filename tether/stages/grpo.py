@@ -16,18 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
-from tether.agents.episodes import check_episodes
 from tether.algorithms.advantages import process_advantages, token_advantages, zero_variance_groups
 from tether.algorithms.kl import kl_estimate
 from tether.algorithms.mismatch import truncated_importance_weights
 from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fraction
 from tether.console import console
-from tether.models.checks import check_position_restarts
-from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
 from tether.models.work import phase
-from tether.rewards.score import Scorer, Scores, load_process_reward_scorer, load_reward_model_scorer
-from tether.rollout.backends import BACKENDS, response_seeds
+from tether.rewards.score import Scorer, Scores
+from tether.rollout.backends import response_seeds
 from tether.rollout.batch import concat_rollouts
 from tether.rollout.forward import reference_logprobs, response_logprobs
 from tether.rollout.texts import step_end_tokens
@@ -37,19 +34,11 @@ from tether.stages.grpo_recipes import RECIPES
 from tether.train.experience import Experience, rollout_metrics, stats
 from tether.train.offline import EpochOrder
 from tether.train.online import Schedule, run_online, start_online
+from tether.train.online_setup import load_online_models
 from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import OnlineSampler
 from tether.train.schedule import build_optimizer
-from tether.train.sharding import (
-    grad_norm_value,
-    is_sharded,
-    reshard,
-    shard_frozen,
-    shard_reward_model,
-    shard_trained_online,
-    sharded_reward_model,
-    sharding_line,
-)
+from tether.train.sharding import grad_norm_value, is_sharded, reshard, sharded_reward_model, sharding_line
 
 
 def process_token_advantages(exp: Experience, tokenizer, pattern: str, group_size: int) -> torch.Tensor:
@@ -490,52 +479,26 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
         cfg.rollout.eval_prompts,
         stand_in_reward=scorer is not None,
     )
-    device = start.accelerator.device
-    tokenizer = load_stage_tokenizer(cfg.model)
-    check_episodes(cfg.agent, tokenizer, start.prompt_rows)
-    # --fsdp: loaded in CPU memory and sharded from there (fully_shard moves one layer at a time to the device), so
-    # no device holds a whole trained model beside its sampling copy
-    sharded = cfg.model.fsdp and start.accelerator.num_processes > 1
-    policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint)
-    policy = policy if sharded else policy.to(device)
-    reference = load_reference(cfg.model, tokenizer, None if sharded else device) if cfg.needs_reference() else None
-    if cfg.model.padding_free:  # the log-prob forwards lay the rollout's rows end to end
-        check_position_restarts(policy, cfg.model.path)
-        if reference is not None and cfg.model.reference:
-            check_position_restarts(reference, cfg.model.reference)
-    sampling_copy = None
-    if sharded:
-        policy, sampling_copy = shard_trained_online(
-            policy, start.accelerator, BACKENDS[cfg.rollout.backend].samples_trainer_weights
-        )
-        sampling_copy = sampling_copy.to(device) if sampling_copy is not None else None
-        reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
+    models = load_online_models(cfg, start, cfg.needs_reference(), scorer)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
-        # --fsdp: loaded in CPU memory and sharded like the reference (a stand-in scorer is not sharded)
-        reward_model = scorer or load_reward_model_scorer(
-            cfg.rewards, "cpu" if sharded else device, frozen_dtype(cfg.model)
-        )
-        if sharded:
-            reward_model = shard_reward_model(reward_model, start.accelerator, cfg.model.offload_frozen)
-        process_model = load_process_reward_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
         score = Scorer(
             cfg.rewards,
             cfg.rollout.max_new_tokens,
-            tokenizer,
+            models.tokenizer,
             start.reward_set,
-            reward_model,
-            process_model=process_model,
+            models.reward_model,
+            process_model=models.process_model,
         )
     stage = GroupStage(
         cfg,
-        tokenizer,
-        policy,
-        reference,
+        models.tokenizer,
+        models.policy,
+        models.reference,
         score,
         start,
-        backend(sampling_copy or policy, tokenizer) if backend else None,
-        sampling_copy,
+        backend(models.sampling_copy or models.policy, models.tokenizer) if backend else None,
+        models.sampling_copy,
     )
     return run_online(
         stage,

@@ -16,7 +16,6 @@ import time
 
 import torch
 
-from tether.agents.episodes import check_episodes
 from tether.algorithms.advantages import compact_actions, expand_actions, gae_advantages, masked_whiten, turn_rewards
 from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.objectives import ppo_policy_loss, ppo_value_loss
@@ -24,18 +23,10 @@ from tether.algorithms.policy import clip_fraction
 from tether.algorithms.ppo import adaptive_kl_coef, explained_variance
 from tether.algorithms.reductions import aggregate
 from tether.algorithms.shaping import kl_penalty_rewards
-from tether.models.checks import check_position_restarts
-from tether.models.lm import (
-    apply_precision,
-    disable_dropout,
-    frozen_dtype,
-    load_reference,
-    load_stage_tokenizer,
-    load_trainable_model,
-)
+from tether.models.lm import apply_precision, disable_dropout
 from tether.models.work import phase
-from tether.rewards.score import Scorer, load_process_reward_scorer, load_reward_model_scorer
-from tether.rollout.backends import BACKENDS, response_seeds
+from tether.rewards.score import Scorer
+from tether.rollout.backends import response_seeds
 from tether.rollout.forward import reference_logprobs, response_logprobs, response_logprobs_and_values
 from tether.sections import minibatch_size, updates_per_step
 from tether.stages.ppo_config import PPOConfig
@@ -43,6 +34,7 @@ from tether.stages.ppo_critic import SharedValueHead, load_value_model
 from tether.train.experience import Experience, rollout_metrics, stats
 from tether.train.offline import EpochOrder
 from tether.train.online import Schedule, run_online, start_online
+from tether.train.online_setup import Extra, load_online_models
 from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import OnlineSampler
 from tether.train.schedule import build_optimizer
@@ -50,10 +42,7 @@ from tether.train.sharding import (
     grad_norm_value,
     is_sharded,
     reshard,
-    shard_frozen,
-    shard_reward_model,
     shard_summed,
-    shard_trained_online,
     sharded_reward_model,
     sharding_line,
 )
@@ -462,60 +451,41 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
         cfg.rollout.eval_prompts,
         stand_in_reward=scorer is not None,
     )
-    device = start.accelerator.device
-    tokenizer = load_stage_tokenizer(cfg.model)
-    check_episodes(cfg.agent, tokenizer, start.prompt_rows)
-    # --fsdp: loaded in CPU memory and sharded from there (fully_shard moves one layer at a time to the device), so
-    # no device holds a whole trained model beside its sampling copy
-    sharded = cfg.model.fsdp and start.accelerator.num_processes > 1
-    policy = load_trainable_model(cfg.model, tokenizer, start.checkpoint)
-    policy = policy if sharded else policy.to(device)
-    reference = load_reference(cfg.model, tokenizer, None if sharded else device)
-    critic = load_critic(cfg, tokenizer, policy, start.checkpoint)
-    # a shared head is moved alone (the policy is not its submodule); a separate critic sharded from CPU memory
-    critic = critic.to(device) if not sharded or isinstance(critic, SharedValueHead) else critic
-    if cfg.model.padding_free:  # the log-prob and value forwards lay the rollout's rows end to end
-        check_position_restarts(policy, cfg.model.path)
-        if cfg.model.reference:
-            check_position_restarts(reference, cfg.model.reference)
-        if not isinstance(critic, SharedValueHead):
-            check_position_restarts(critic.rm, cfg.critic.path or cfg.rewards.reward_model or cfg.model.path)
-    sampling_copy = None
-    if sharded:  # the shared head stays whole: it is one vector
-        policy, sampling_copy = shard_trained_online(
-            policy, start.accelerator, BACKENDS[cfg.rollout.backend].samples_trainer_weights
-        )
-        sampling_copy = sampling_copy.to(device) if sampling_copy is not None else None
-        reference = shard_frozen(reference, start.accelerator, cfg.model.offload_frozen)
-        if not isinstance(critic, SharedValueHead):
-            critic = shard_summed(critic, start.accelerator)
+    critic = Extra(
+        load=lambda tokenizer, policy: load_critic(cfg, tokenizer, policy, start.checkpoint),
+        shard=lambda critic, accelerator: (
+            critic if isinstance(critic, SharedValueHead) else shard_summed(critic, accelerator)
+        ),
+        # a shared head is one vector: whole on every process, on the device
+        moves=lambda critic: isinstance(critic, SharedValueHead),
+        restarts=lambda critic: (
+            None
+            if isinstance(critic, SharedValueHead)
+            else (critic.rm, cfg.critic.path or cfg.rewards.reward_model or cfg.model.path)
+        ),
+    )
+    models = load_online_models(cfg, start, True, scorer, critic)
     score = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
-        # --fsdp: loaded in CPU memory and sharded like the reference (a stand-in scorer is not sharded)
-        reward_model = scorer or load_reward_model_scorer(
-            cfg.rewards, "cpu" if sharded else device, frozen_dtype(cfg.model)
-        )
-        if sharded:
-            reward_model = shard_reward_model(reward_model, start.accelerator, cfg.model.offload_frozen)
         score = Scorer(
             cfg.rewards,
             cfg.rollout.max_new_tokens,
-            tokenizer,
+            models.tokenizer,
             start.reward_set,
-            reward_model,
+            models.reward_model,
             allow_process=False,
-            process_model=load_process_reward_scorer(cfg.rewards, device, frozen_dtype(cfg.model)),
+            process_model=models.process_model,
         )
     stage = PPOStage(
         cfg,
-        tokenizer,
-        policy,
-        reference,
-        critic,
+        models.tokenizer,
+        models.policy,
+        models.reference,
+        models.extra,
         score,
         start,
-        backend(sampling_copy or policy, tokenizer) if backend else None,
-        sampling_copy,
+        backend(models.sampling_copy or models.policy, models.tokenizer) if backend else None,
+        models.sampling_copy,
     )
     return run_online(
         stage,

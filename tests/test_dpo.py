@@ -23,8 +23,9 @@ from tether.config import ConfigError, build_config
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
 from tether.data.records import DataError, read_records
 from tether.models.lm import load_model
-from tether.stages.dpo import DPOObjective, run_dpo
+from tether.stages.dpo import run_dpo
 from tether.stages.dpo_config import DPOConfig
+from tether.stages.dpo_objective import DPOObjective
 
 sp = lambda x: math.log1p(math.exp(-x))  # −log σ(x)
 # chosen: policy −10 over 5 tokens, ref −12; rejected: policy −11 over 10 tokens, ref −10; u_w − u_l = 3
@@ -344,12 +345,16 @@ def test_a_round_drops_pairs_with_an_empty_answer_and_counts_them(llama_dir, tok
     its pair is dropped and counted as "empty", beside ties, identical and truncated pairs."""
     from tether.rollout.batch import Rollout
     from tether.rollout.prompts import response_mask_from_stops
-    from tether.stages.dpo import sample_round_pairs
+    from tether.stages.dpo_online import sample_round_pairs
 
     answers = ["a a", "", "b", "b", "a", "c", "  ", "a"]  # per prompt: empty, identical, a pair, blank
+    stop_ids = [tokenizer.eos_token_id]
 
-    class Answers:
-        def generate(self, prompts, sampling, stop_ids, seeds=None):
+    class Answers:  # the sampler's face sample_round_pairs reads: its rendered prompts, generate(indices, seeds)
+        prompts = ["one", "two", "three", "four"]
+
+        def generate(self, indices, seeds=None):
+            prompts = [self.prompts[i] for i in indices]
             ids = [tokenizer(a, add_special_tokens=False)["input_ids"] + [stop_ids[0]] for a in answers]
             width = max(map(len, ids))
             response = torch.tensor([x + [stop_ids[0]] * (width - len(x)) for x in ids])
@@ -366,9 +371,8 @@ def test_a_round_drops_pairs_with_an_empty_answer_and_counts_them(llama_dir, tok
     judge.write_text(JUDGE)
     over = {"data.path": "", "online.online": True, "rollout.prompts": "x.jsonl", "online.judge": f"{judge}:more_a"}
     cfg = _cfg(llama_dir, "", tmp_path, **over)  # the judge named; the labeller below is the same rule in-process
-    rows = [{"prompt": w} for w in ("one", "two", "three", "four")]
-    stops = [tokenizer.eos_token_id]
-    pairs, counts, samples = sample_round_pairs(Answers(), tokenizer, stops, rows, more_a, cfg, 0, 1)
+    rows = [{"prompt": w} for w in Answers.prompts]
+    pairs, counts, samples = sample_round_pairs(Answers(), rows, [0, 1, 2, 3], more_a, cfg, 0, 1)
     assert counts == {"prompts": 4, "ties": 0, "truncated": 0, "identical": 1, "empty": 2, "pairs": 1}
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [("a", "c")] and len(samples) == 8
 

@@ -14,8 +14,8 @@ from tether.data.sft import Example, collate
 from tether.models.lm import build_tiny_model, load_model
 from tether.models.packing import first_fit_decreasing, pack_sequences, score_inputs
 from tether.models.reward import load_reward_model
-from tether.stages.dpo import DPOObjective
 from tether.stages.dpo_config import DPOConfig
+from tether.stages.dpo_objective import DPOObjective
 from tether.stages.rm import RewardObjective
 from tether.stages.sft import SFTObjective
 

@@ -1,0 +1,255 @@
+"""What both DPO paths share (offline and online rounds): the data read and checked before the run folder is
+touched, the model, the reference log-probs (tether/stages/dpo_reference.py) and the optimizer loaded once
+(``setup_dpo``), the plan, held-out evaluation, one optimizer step on the offline loop's batching, the summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.config import ConfigError
+from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
+from tether.data.records import read_records, tokenize_split
+from tether.models.checks import check_position_restarts
+from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.models.packing import describe
+from tether.rollout.backends import BACKENDS
+from tether.stages.dpo_config import DPOConfig
+from tether.stages.dpo_objective import DPOObjective
+from tether.stages.dpo_reference import ReferenceLogps
+from tether.train.offline import EpochOrder, loop_settings, step_micro_batches, train_step
+from tether.train.offline_run import plan_steps, prepare_trained
+from tether.train.online_setup import online_sharded
+from tether.train.run import check_steps_left
+from tether.train.sharding import is_sharded, sampling_copy_of
+
+
+@dataclass
+class DPOSetup:
+    """What both DPO paths load: run folder, tokenizer, data, model, reference, optimizer."""
+
+    accelerator: object
+    config: dict
+    out: Path
+    start_step: int
+    checkpoint: Path | None
+    tokenizer: object
+    train: list
+    evals: list
+    reports: list
+    model: object
+    unwrapped: object
+    objective: DPOObjective
+    reference: ReferenceLogps | None
+    reference_source: str
+    optimizer: object
+    scheduler: object
+    total_steps: int
+    state: dict
+    sampling_copy: object = None  # online --fsdp: an ordinary copy of the sharded policy, which samples the pairs
+
+
+def load_examples(cfg: DPOConfig, tokenizer):
+    """Training and held-out examples; online runs may have held-out pairs only (--eval-data without --data)."""
+    d = cfg.data
+    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
+    limit = length_limit(d.max_length, cfg.model.path)
+    tokenizer_of = tokenize_unpaired if cfg.dpo.loss == "kto" else tokenize_policy_preferences
+
+    def tokenize(recs, label):
+        return tokenizer_of(recs, tokenizer, limit, d.strict, label)
+
+    if d.path:
+        _, _, train, evals, reports = tokenize_split(
+            read_records(d.path, d.columns, d.split, d.max_records),
+            eval_records,
+            d.eval_fraction,
+            cfg.train.seed,
+            d.path,
+            tokenize,
+            d.eval_path,
+            (lambda rec: rec.fields.get("label")) if cfg.dpo.loss == "kto" else None,  # both labels on each side
+        )
+    else:  # online, held-out pairs only
+        train, (evals, report) = [], tokenize(eval_records, d.eval_path)
+        reports = [report]
+    longest = max((len(e.responses) for e in train + evals), default=2)
+    if longest > 2 and cfg.dpo.loss != "listwise":
+        raise ConfigError(
+            f"{d.path} holds ranked lists of up to {longest} responses; loss {cfg.dpo.loss} compares "
+            "pairs — use --loss listwise (Plackett–Luce), or pairs data"
+        )
+    return train, evals, reports
+
+
+def load_dpo_data(cfg: DPOConfig):
+    """(tokenizer, train, held-out, reports), read and checked before the run folder is touched."""
+    tokenizer = load_stage_tokenizer(cfg.model)
+    train, evals, reports = load_examples(cfg, tokenizer) if (cfg.data.path or cfg.data.eval_path) else ([], [], [])
+    return tokenizer, train, evals, reports
+
+
+def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, checkpoint: Path | None) -> DPOSetup:
+    out = Path(cfg.train.output)
+    tokenizer, train, evals, reports = data
+    if cfg.online.online:
+        total_steps = cfg.total_steps_online
+        cfg.train.grad_accum(accelerator.num_processes)
+        check_steps_left(start_step, total_steps, checkpoint)
+    else:
+        total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
+    model = load_trainable_model(cfg.model, tokenizer, checkpoint).to(accelerator.device)
+    if cfg.model.padding_free:
+        check_position_restarts(model, cfg.model.path)
+    state = json.loads((checkpoint / "trainer_state.json").read_text()) if checkpoint else {}
+    objective = DPOObjective(cfg.dpo, state.get("beta_dpo"))
+    reference, source = None, "not used (reference-free loss)"
+    if objective.needs_reference:
+        reference = ReferenceLogps(
+            cfg.model,
+            cfg.dpo.reference_cache or str(out / "reference_cache"),
+            cfg.dpo.reference_batch_size,
+            tokenizer,
+            model,
+            accelerator.device,
+            fresh_policy=checkpoint is None,
+            padding_free=cfg.model.padding_free,
+        )
+        source = f"computed each round from {reference.describe()}"
+        used = visited_examples(train, cfg, total_steps) + evals  # a run that sees a third of the pairs scores a third
+        if used:
+            if accelerator.is_main_process:  # one process scores and caches, the others read the cache
+                source = reference.attach(used)
+            accelerator.wait_for_everyone()
+            if not accelerator.is_main_process:
+                reference.attach(used)
+            if len(used) < len(train) + len(evals):
+                source += f" for the {len(used) - len(evals)} of {len(train)} training examples the run's steps visit"
+    sharded = online_sharded(cfg.model, accelerator)  # the offline path shards by the same rule
+    # the hf backend samples from a copy; an engine (vllm) is pushed the sharded weights gathered
+    gathered_copy = cfg.online.online and sharded and BACKENDS[cfg.rollout.backend].samples_trainer_weights
+    sampling_copy = sampling_copy_of(model) if gathered_copy else None
+    # the optimizer's state is restored by the offline and online loops' own resume (_run_offline, run_online)
+    model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, None)
+    return DPOSetup(
+        accelerator,
+        config,
+        out,
+        start_step,
+        checkpoint,
+        tokenizer,
+        train,
+        evals,
+        reports,
+        model,
+        accelerator.unwrap_model(model),
+        objective,
+        reference,
+        source,
+        optimizer,
+        scheduler,
+        total_steps,
+        state,
+        sampling_copy,
+    )
+
+
+def visited_examples(train: list, cfg: DPOConfig, total_steps: int) -> list:
+    """The training examples the offline loop's steps will draw (EpochOrder of the run's seed), in file order:
+    only these need reference log-probs (online runs keep every example, as before)."""
+    if not train or cfg.online.online:
+        return train
+    order = EpochOrder(len(train), cfg.train.seed)
+    drawn = total_steps * cfg.train.batch_size
+    if drawn >= len(train):  # an epoch or more: every example
+        return train
+    return [train[i] for i in sorted(set(order.slice(0, drawn)))]
+
+
+def loss_name(d) -> str:
+    """The plan's loss: a weighted sum spelled out; the two IPOs named by what they compare."""
+    if d.loss == "weighted":
+        return "weighted: " + " + ".join(f"{w:g} x {name}" for name, w in d.loss_weights.items())
+    named = {"ipo": "ipo (summed log-ratios, the paper's form)", "ipo_norm": "ipo_norm (length-normalised: TRL's ipo)"}
+    return named.get(d.loss, d.loss)
+
+
+def dpo_plan(cfg: DPOConfig, s: DPOSetup) -> dict:
+    d = cfg.dpo
+    return {
+        "loss": loss_name(d)
+        + f" (β {d.effective_beta:g}"
+        + (f", ε {d.label_smoothing:g}" if d.label_smoothing else "")
+        + (f", SFT term {d.sft_coef:g}" if d.sft_coef else "")
+        + (f", λ_D {d.kto_desirable_weight:g}, λ_U {d.kto_undesirable_weight:g}" if d.loss == "kto" else "")
+        + ")",
+        "examples (train / eval)": f"{len(s.train)} / {len(s.evals)}"
+        + (f" {s.reports[0].format}" if s.reports else ""),
+        "reference log-probs": s.reference_source,
+        "batch per optimizer step": cfg.train.batch_size,
+        "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(s.accelerator.num_processes),
+        "micro-batch rows": describe(cfg.model.padding_free),
+        "optimizer steps": s.total_steps,
+        "model": parameter_summary(s.model)
+        + (f", sharded over {s.accelerator.num_processes} processes (FSDP2)" if is_sharded(s.model) else ""),
+    }
+
+
+def pair_collate(setup: DPOSetup, cfg: DPOConfig):
+    return lambda exs: collate_policy_preferences(exs, setup.tokenizer.pad_token_id, cfg.model.padding_free)
+
+
+def evaluate_pairs(setup: DPOSetup, cfg: DPOConfig) -> dict:
+    from tether.train.offline import evaluate as held_out
+
+    if not setup.evals:
+        return {}
+    return held_out(
+        setup.accelerator,
+        setup.model,
+        setup.evals,
+        pair_collate(setup, cfg),
+        setup.objective,
+        cfg.train.micro_batch_size,
+    )
+
+
+def offline_step(setup: DPOSetup, cfg: DPOConfig, examples: list, order: EpochOrder, step: int) -> dict:
+    """One optimizer step on ``examples`` in the offline loop's order and batching."""
+    acc, t = setup.accelerator, cfg.train
+    per_process = t.batch_size // acc.num_processes
+    indices = order.batch(step, t.batch_size)[acc.process_index * per_process : (acc.process_index + 1) * per_process]
+    micro, filler = step_micro_batches(
+        acc,
+        [examples[i] for i in indices],
+        pair_collate(setup, cfg),
+        loop_settings(cfg.train, setup.total_steps, cfg.optim.max_grad_norm),
+    )
+    setup.model.train()
+    params = [p for p in setup.model.parameters() if p.requires_grad]
+    metrics = train_step(
+        acc,
+        setup.model,
+        setup.optimizer,
+        setup.scheduler,
+        micro,
+        setup.objective,
+        params,
+        cfg.optim.max_grad_norm,
+        filler,
+    )
+    return {**metrics, "train/epoch": order.epoch_at(step + 1, t.batch_size)}
+
+
+def dpo_summary(cfg: DPOConfig, setup: DPOSetup, last_eval: dict, rounds: list) -> dict:
+    return {
+        "loss": cfg.dpo.loss,
+        "beta": cfg.dpo.effective_beta,
+        "train_examples": len(setup.train),
+        "eval_examples": len(setup.evals),
+        **last_eval,
+        "online_rounds": rounds,
+        "reference_examples_computed": setup.reference.computed if setup.reference else 0,
+        "data": [r.summary() for r in setup.reports],
+    }

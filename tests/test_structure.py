@@ -139,7 +139,6 @@ LONG_FILES = {
     "compat.py": 969,
     "cli.py": 825,
     "stages/dpo.py": 814,
-    "agents/episodes.py": 743,
     "diagnostics/monitors.py": 727,
     "data/records.py": 725,
     "sections.py": 628,

@@ -30,7 +30,7 @@ Tools:
 {% endif %}"""
 
 # Llama 3.1 style: header tokens, tools in the first user turn with the "parameters" instruction, calls as bare
-# JSON closed by <|eot_id|>, results in an ipython turn.
+# JSON closed by <|eot_id|>, one call per turn (it refuses two), results in an ipython turn.
 LLAMA3 = """{{ bos_token }}
 {%- for m in messages %}
 {%- if m.role == 'user' and loop.first and tools %}<|start_header_id|>user<|end_header_id|>
@@ -38,7 +38,8 @@ LLAMA3 = """{{ bos_token }}
 Answer with a function call as {"name": function name, "parameters": dictionary of argument name and its value}.
 {% for t in tools %}{{ t | tojson }}
 {% endfor %}{{ m.content }}<|eot_id|>
-{%- elif m.role == 'assistant' and m.tool_calls %}<|start_header_id|>assistant<|end_header_id|>
+{%- elif m.role == 'assistant' and m.tool_calls %}
+{%- if m.tool_calls | length > 1 %}{{ raise_exception('This model only supports single tool-calls at once!') }}{% endif %}<|start_header_id|>assistant<|end_header_id|>
 
 {% for c in m.tool_calls %}{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}{% endfor %}<|eot_id|>
 {%- elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>
@@ -121,9 +122,11 @@ QWEN3 = """{%- set ns = namespace(last_query=-1) %}
 
 {% endif %}{% endif %}"""
 
-# DeepSeek-R1 style: <think> in the generation prompt, never rendered back; reasoning stripped from earlier
-# turns; calls and results in DeepSeek's tokens, the arguments joined in as a string.
+# DeepSeek-R1 style: system messages first, no tools= of its own; <think> in the generation prompt, never rendered
+# back; reasoning stripped from earlier turns; calls and results in DeepSeek's tokens, the arguments joined in as a
+# string.
 R1 = """{{ bos_token }}
+{%- for m in messages %}{% if m.role == 'system' %}{{ m.content }}{% endif %}{% endfor %}
 {%- for m in messages %}
 {%- if m.role == 'user' %}<｜User｜>{{ m.content }}
 {%- elif m.role == 'assistant' and m.tool_calls %}<｜Assistant｜>{{ m.content }}<｜tool▁calls▁begin｜>
@@ -139,7 +142,8 @@ R1 = """{{ bos_token }}
 {%- if add_generation_prompt %}<｜Assistant｜><think>
 {% endif %}"""
 
-# Hermes 3 style: two named templates; only tool_use lists tools, and its tool results must carry a name.
+# Hermes 3 style: two named templates; only tool_use lists tools, its tool results must carry a name, and a result
+# that is not the conversation's last message gets a newline before its end (its rendering depends on what follows).
 HERMES_DEFAULT = """{%- for m in messages %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
 {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
@@ -152,7 +156,7 @@ HERMES_TOOL_USE = """<|im_start|>system
 {%- if m.name is not defined %}{{ raise_exception('tool messages need a name') }}{% endif %}<|im_start|>tool
 <tool_response>
 {"name": "{{ m.name }}", "content": {{ m.content | tojson }}}
-</tool_response><|im_end|>
+</tool_response>{% if not loop.last %}{{ "\n" }}{% endif %}<|im_end|>
 {% elif m.role == 'assistant' %}<|im_start|>assistant
 {{ m.content }}
 {%- for c in m.tool_calls or [] %}
@@ -166,11 +170,63 @@ HERMES_TOOL_USE = """<|im_start|>system
 {%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
+# Hermes 2 Pro style: the call's arguments before its name, no content in a call turn, results with their name.
+HERMES2PRO = """{%- if tools %}<|im_start|>system
+<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>
+Call a function as <tool_call>{"name": <function-name>, "arguments": <args-dict>}</tool_call>.<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% for c in m.tool_calls %}<tool_call>
+{"arguments": {{ c.function.arguments | tojson }}, "name": "{{ c.function.name }}"}
+</tool_call>
+{% endfor %}<|im_end|>
+{% elif m.role == 'tool' %}<|im_start|>tool
+<tool_response>
+{"name": "{{ m.name }}", "content": {{ m.content | tojson }}}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+# Gemma 3 style: user and model turns only (no tool role, no system role of its own), contents trimmed, turns
+# closed by <end_of_turn> while the tokenizer's EOS is <eos>.
+GEMMA3 = """{{ bos_token }}
+{%- for m in messages %}
+{%- if m.role not in ('user', 'assistant') %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}
+{{ m.content | trim }}<end_of_turn>
+{% endfor %}
+{%- if add_generation_prompt %}<start_of_turn>model
+{% endif %}"""
+
+# Kimi K2 style: tools declared in a system turn, calls in its own section tokens, each written by its id (no
+# name: the id carries it) and its arguments.
+KIMI = """{%- if tools %}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}<|im_assistant|>assistant<|im_middle|>{{ m.content }}<|tool_calls_section_begin|>
+{%- for c in m.tool_calls %}<|tool_call_begin|>{{ c.id }}<|tool_call_argument_begin|>{{ c.function.arguments | tojson }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|><|im_end|>
+{%- elif m.role == 'tool' %}<|im_system|>tool<|im_middle|>## Return of {{ m.tool_call_id }}
+{{ m.content }}<|im_end|>
+{%- else %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>{{ m.content }}<|im_end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>{% endif %}"""
+
+# Phi-4-mini style: its text says "tools", but it reads them from a system message's own field and ignores tools=.
+PHI4 = """{%- for m in messages %}
+{%- if m.role == 'system' and m.tools %}<|system|>{{ m.content }}<|tool|>{{ m.tools }}<|/tool|><|end|>
+{%- else %}<|{{ m.role }}|>{{ m.content }}<|end|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %}"""
+
 # (special tokens the family's tokenizer has, its EOS, its template(s))
 FAMILIES = {
     "qwen2.5": (["<tool_call>", "</tool_call>"], "<|im_end|>", QWEN25),
     "llama3": (
-        ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"],
+        ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|end_of_text|>"],
         "<|eot_id|>",
         LLAMA3,
     ),
@@ -208,6 +264,25 @@ FAMILIES = {
         R1,
     ),
     "hermes3": ([], "<|im_end|>", {"default": HERMES_DEFAULT, "tool_use": HERMES_TOOL_USE}),
+    "hermes2pro": ([], "<|im_end|>", HERMES2PRO),
+    "gemma3": (["<start_of_turn>", "<end_of_turn>", "<eos>"], "<eos>", GEMMA3),
+    "kimi": (
+        [
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_system|>",
+            "<|im_middle|>",
+            "<|im_end|>",
+            "<|tool_calls_section_begin|>",
+            "<|tool_calls_section_end|>",
+            "<|tool_call_begin|>",
+            "<|tool_call_argument_begin|>",
+            "<|tool_call_end|>",
+        ],
+        "<|im_end|>",
+        KIMI,
+    ),
+    "phi4": (["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|/tool|>", "<|end|>"], "<|end|>", PHI4),
 }
 
 

@@ -12,10 +12,11 @@ import torch
 from conftest import write_jsonl
 from family_templates import family_tokenizer
 
-from tether.agents.episodes import AgentSampler, check_template
-from tether.agents.formats import FORMATS, detect
+from tether.agents.episodes import AgentSampler
+from tether.agents.formats import FORMATS, detect, same_calls, tool_format
+from tether.agents.transcripts import check_template
 from tether.config import ConfigError, build_config
-from tether.models.chat import use_chat
+from tether.models.chat import template_text, use_chat
 from tether.rollout.batch import Rollout
 from tether.rollout.prompts import response_mask_from_stops
 
@@ -152,14 +153,20 @@ def test_special_token_call_markers_reach_the_parser(base_dir):
     assert scores.records[0]["calls"] == {"add": 1}
 
 
-def test_llama_calls_without_the_python_tag_and_several_per_turn(base_dir):
+def test_llama_calls_without_the_python_tag_and_two_per_turn_which_its_template_refuses(base_dir):
+    """Llama 3.1's template refuses a turn with two calls: the start-up check renders one and finds it, and a turn
+    with two is answered (the first call made, the second told it was not) instead of the run dying mid-run."""
     tok = family_tokenizer(base_dir, "llama3")
     bare = '{"name": "add", "parameters": {"a": 2, "b": 3}}; {"name": "echo", "parameters": {"text": "x"}}'
     sampler, rollout, scores = episode(tok, [(bare, "<|eot_id|>"), ("Done.", "<|eot_id|>")])
-    assert scores.records[0]["calls"] == {"add": 1, "echo": 1}
+    record = scores.records[0]
+    assert record["calls"] == {"add": 1, "echo": 1} and record["failed_calls"] == 1 and record["end"] == "done"
+    assert sampler.one_call_per_turn and "one call per turn" in sampler.plan()["tool calls"]
     assert "<|eom_id|>" in tok.convert_ids_to_tokens(sampler.stops)  # a python_tag call ends there
     _, env = split_tokens(tok, rollout)
-    assert env.count("ipython") == 2 and "5<|eot_id|>" in env and "X<|eot_id|>" in env
+    assert env.count("ipython") == 2 and "5<|eot_id|>" in env and "takes one tool call per turn" in env
+    call_turn = sampler.run([{"prompt": "Add 2 and 3."}])[0].transcript.messages[1]
+    assert [c["function"]["name"] for c in call_turn["tool_calls"]] == ["add"]  # what the template takes
 
 
 def test_mistral_call_turns_are_structured_with_nine_character_ids(base_dir):
@@ -430,3 +437,144 @@ def test_an_env_run_with_a_reward_function_beside_it_from_the_command_line(base_
     metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["reward/training_progress/mean"] for m in metrics] == [0.0, 1.0]  # trainer_state.global_step
     assert all("reward/says_five/mean" in m for m in metrics)
+
+
+WEATHER = {"name": "weather", "arguments": {"city": "Oslo"}}
+TOOL_CONVERSATION = {  # OpenAI's shape: a call with an id of its own and no content, the result naming the id
+    "messages": [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_8f3kq2x7p1", "type": "function", "function": {**WEATHER, "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_8f3kq2x7p1", "content": "rain"},
+        {"role": "assistant", "content": "It rains."},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "weather",
+                "description": "The weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+    ],
+}
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "llama3", "mistral", "hermes2pro"])
+def test_sft_trains_a_call_as_the_template_writes_it_and_the_rl_parser_reads_what_was_trained(
+    base_dir, family, tmp_path, capsys
+):
+    """`tether data check`, SFT's view: a standard tool conversation's call turn is trained as the family's template
+    writes it (not tether's Hermes text whatever the family), and the parser the online stages choose from the same
+    template reads the trained call."""
+    from tether.cli import main
+
+    tok = family_tokenizer(base_dir, family)
+    tok.save_pretrained(str(tmp_path / "tok"))
+    data = write_jsonl(tmp_path / "tools.jsonl", [TOOL_CONVERSATION])
+    assert main(["data", "check", str(data), "--model", str(tmp_path / "tok"), "--max-length", "2048"]) == 0
+    out = capsys.readouterr().err.split("(trained tokens are between ⟦ ⟧)", 1)[1]
+    trained_call = out.split("⟦", 1)[1].split("⟧", 1)[0]  # the first trained run: the call turn
+    fmt, _ = tool_format("", template_text(tok, tools=True))
+    assert same_calls(fmt.parse(trained_call)[1], [WEATHER]), trained_call
+    if family == "mistral":  # the data's id (of another length) as the online stages write ids, call and result
+        assert '"id": "call00001"' in trained_call and '"call_id": "call00001"' in out
+
+
+def test_a_call_written_in_another_familys_format_is_counted_unparsed_and_warned(base_dir, caplog):
+    tok = family_tokenizer(base_dir, "llama3")  # a model taught Hermes calls, run with Llama's template
+    _, _, scores = episode(tok, [(HERMES_CALL, "<|eot_id|>"), ("5", "<|eot_id|>")])
+    record = scores.records[0]
+    assert record["unparsed_turns"] == 1 and record["calls"] == {} and record["turns"] == 1
+    assert "writes a tool call in the hermes format, but this run reads llama3_json" in caplog.text
+    assert "--tool-parser hermes reads this one" in caplog.text
+
+
+def test_the_tool_system_message_shows_a_call_as_the_parser_reads_it_in_episodes_and_sft_alike(base_dir):
+    """DeepSeek-R1's template takes no tools=: the tools go in tether's system message, whose example call is written
+    as the parser chosen from the template (deepseek) reads it, not as <tool_call>; SFT data gets the same message."""
+    from agent_helpers import EchoTools
+
+    from tether.data.sft import with_tools
+
+    tok = family_tokenizer(base_dir, "r1")
+    sampler, rollout, _ = episode(tok, CASES["r1"][0])
+    system = sampler.run([{"prompt": "Add 2 and 3."}])[0].transcript.messages[0]
+    assert system["role"] == "system" and system["content"] in rollout.prompts[0]
+    assert "<tool_call>" not in rollout.prompts[0]
+    example = system["content"].split("placeholders):\n", 1)[1].split("\nA call's result", 1)[0]
+    assert [c["name"] for c in sampler.format.parse(example)[1]] == ["echo"]
+    messages, extra = with_tools(tok, [{"role": "user", "content": "Add 2 and 3."}], EchoTools().schemas)
+    assert messages[0] == system and not extra
+
+
+def test_a_template_that_mentions_tools_but_ignores_tools_gets_them_in_a_system_message(base_dir):
+    from agent_helpers import EchoTools
+
+    from tether.data.sft import with_tools
+
+    tok = family_tokenizer(base_dir, "phi4")
+    assert "tools" in tok.chat_template  # the word is in its text; what it renders decides
+    _, rollout, scores = episode(tok, [(HERMES_CALL, "<|end|>"), ("5", "<|end|>")])
+    assert '"name": "add"' in rollout.prompts[0] and scores.records[0]["calls"] == {"add": 1}
+    messages, extra = with_tools(tok, [{"role": "user", "content": "Add 2 and 3."}], EchoTools().schemas)
+    assert not extra and '"name": "add"' in messages[0]["content"]
+
+
+def test_a_template_whose_calls_no_parser_reads_is_refused_at_start_up_naming_tool_parser(base_dir):
+    tok = family_tokenizer(base_dir, "kimi")  # it writes a call by its id, in its own section tokens
+    with pytest.raises(
+        ConfigError, match=r"writes a tool call as .*tool_call_begin.*give --tool-parser module:function"
+    ):
+        episode(tok, [(HERMES_CALL, "<|im_end|>"), ("5", "<|im_end|>")])
+
+
+@pytest.mark.parametrize(
+    "family, env, stops, noted",
+    [
+        ("qwen2.5", "EchoTools", None, False),
+        ("llama3", "EchoTools", ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"], False),  # Llama 3.1's stop set
+        ("mistral", "EchoTools", None, False),
+        ("hermes2pro", "EchoTools", None, False),
+        ("gemma3", "Feedback", None, False),  # its EOS is not what closes its turns
+        ("hermes3", "EchoTools", None, True),  # a newline after each tool result once another message follows
+        ("qwen3", "EchoTools", None, True),  # the think block of earlier turns
+        ("r1", "EchoTools", None, True),  # <think> in the generation prompt, never rendered back
+    ],
+)
+def test_the_plan_notes_a_re_rendering_only_where_the_template_itself_rewrites(base_dir, family, env, stops, noted):
+    from tether.rollout.prompts import stop_token_ids
+
+    tok = family_tokenizer(base_dir, family)
+    stops = [tok.convert_tokens_to_ids(t) for t in stops] if stops else stop_token_ids(tok)
+    sampler = AgentSampler(agent_cfg(env=f"{HELPERS}:{env}"), tok, None, SAMPLING, stops, [{"prompt": "Add 2."}])
+    assert ("template note" in sampler.plan()) == noted, sampler.plan().get("template note")
+    if family == "hermes3":  # the template's own difference, not the probe's: the result's newline
+        assert r"</tool_response>\n<|im_end|>" in sampler.plan()["template note"]
+
+
+def test_sft_names_the_conversation_a_template_refuses_and_trains_the_tool_conversation_mistral_takes(
+    base_dir, tmp_path, capsys
+):
+    from tether.cli import main
+    from tether.models.lm import build_tiny_model
+
+    tok = family_tokenizer(base_dir, "mistral")
+    model = build_tiny_model("qwen2", tok, tmp_path / "m", hidden=16, layers=1, heads=2, max_positions=1024)
+    quick = "--max-steps 1 --batch-size 2 --micro-batch-size 2 --eval-every 0 --save-every 0 --report-to none"
+    common = ["--model", str(model), "--max-length", "1024", *quick.split()]
+    data = write_jsonl(tmp_path / "tools.jsonl", [TOOL_CONVERSATION] * 4)
+    assert main(["sft", *common, "--data", str(data), "--output", str(tmp_path / "o")]) == 0
+    twice = {**TOOL_CONVERSATION, "messages": [{"role": "user", "content": "Hi."}, *TOOL_CONVERSATION["messages"]]}
+    bad = write_jsonl(tmp_path / "bad.jsonl", [TOOL_CONVERSATION, twice] * 2)
+    capsys.readouterr()
+    assert main(["sft", *common, "--data", str(bad), "--output", str(tmp_path / "o2")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "bad.jsonl:2: the chat template (the tokenizer's own) refuses the conversation [user, user," in line
+    assert "roles must alternate" in line

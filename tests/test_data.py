@@ -370,7 +370,7 @@ def test_unpaired_preference_data_is_not_trained_as_sft(tmp_path, tokenizer):
         tokenize_records(read_records(path), tokenizer, 64)
 
 
-def test_tool_call_turns_are_read_as_the_hermes_text_the_model_writes(tmp_path, tokenizer):
+def test_tool_call_turns_are_kept_structured_and_a_template_without_calls_gets_hermes_text(tmp_path, tokenizer):
     path = write_jsonl(
         tmp_path / "tools.jsonl",
         [
@@ -394,13 +394,15 @@ def test_tool_call_turns_are_read_as_the_hermes_text_the_model_writes(tmp_path, 
     call = record.fields["messages"][1]
     assert call == {
         "role": "assistant",
-        "content": '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}],
     }
     from tether.agents.tools import parse_tool_calls
 
-    assert parse_tool_calls(call["content"]) == [{"name": "weather", "arguments": {"city": "Oslo"}}]
     (ex,), _ = tokenize_records([record], tokenizer, 256)
-    assert trained_text(tokenizer, ex).startswith('<tool_call>{"name": "weather"')  # both assistant turns trained
+    trained = trained_text(tokenizer, ex)  # this template writes no tool calls: the Hermes text tether's parser reads
+    assert trained.startswith('<tool_call>\n{"name": "weather"')  # both assistant turns trained
+    assert parse_tool_calls(trained) == [{"name": "weather", "arguments": {"city": "Oslo"}}]
     bad = write_jsonl(
         tmp_path / "bad.jsonl",
         [{"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}]}],

@@ -81,11 +81,11 @@ def test_sharegpt_tool_calls_system_and_tools_are_rendered(tmp_path, tok):
         "system": "You help.",
         "tools": json.dumps(tools),
     }
-    (example,), report = tokenize_records(read_records(_json(tmp_path / "sg.json", [row])), tok, 512)
+    (example,), report = tokenize_records(read_records(_json(tmp_path / "sg.json", [row])), tok, 1024)
     text = tok.decode(example.input_ids)
     assert "You help." in text and '"name": "weather"' in text.split("Weather in Paris?")[0]  # the tools, listed
-    trained = _trained_text(tok, example)
-    assert '<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>' in trained
+    trained = _trained_text(tok, example)  # a template that writes no calls of its own: the Hermes text
+    assert '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>' in trained
     assert "20 degrees." in trained and '{"temp": 20}' not in trained and not report.unused
 
 

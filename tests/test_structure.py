@@ -137,7 +137,6 @@ FILE_LINES = 600
 LONG_FILES = {
     "lab/pipeline.py": 1331,
     "cli.py": 825,
-    "agents/episodes.py": 743,
     "diagnostics/monitors.py": 727,
     "data/records.py": 725,
     "sections.py": 628,

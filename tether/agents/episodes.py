@@ -16,7 +16,6 @@ sampled in (tests/test_agents.py checks it against the per-turn sampling forward
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 from collections import Counter
@@ -35,82 +34,23 @@ from tether.agents.environment import (
     environment_name,
     load_environment,
 )
-from tether.agents.formats import FORMATS, ID_LENGTH, answer_text, call_id, tool_format
+from tether.agents.formats import ID_LENGTH, answer_text, call_id, foreign_format, tool_format
+from tether.agents.transcripts import (
+    ONE_CALL,
+    TemplateError,
+    Transcript,
+    check_template,
+    instruction_writer,
+    structured_call,
+    tool_replies,
+)
 from tether.config import ConfigError
 from tether.data.sft import template_takes_tools
-from tether.models.chat import has_template, render_chat, takes_tools, template_name, template_text
-from tether.models.lm import end_of_turn_id
+from tether.models.chat import template_conversation, template_name, template_text
 from tether.rewards.score import Scores
 from tether.rollout.batch import Rollout, left_pad
 
 log = logging.getLogger("tether")
-
-
-PROBE = "\u27e6tether-probe-{}\u27e7"  # stands in for an environment message's content when locating it
-
-
-class Transcript:
-    """A conversation continued turn by turn by appending tokens, never by re-rendering what came before.
-
-    The prompt is rendered through the chat template once. After each policy turn (its tokens exactly as sampled),
-    the tokens appended are what the template writes after the end of an assistant turn: the glue after the turn's
-    end marker, the environment's messages and the next generation prompt. They are found by rendering the whole
-    conversation twice, once with the environment's messages and once with placeholders in their place: the two
-    agree up to the first message's content, and the last end-of-turn marker before it closes the policy's turn
-    (templates that drop earlier reasoning or put ``<think>`` in the generation prompt are continued alike: what they
-    would re-render differently is never re-rendered).
-    """
-
-    def __init__(self, tokenizer, messages: list[dict], tools: list[dict] | None = None, markers: tuple = ()):
-        if not has_template(tokenizer):
-            raise ConfigError(
-                "--env: episodes are chat conversations, and the tokenizer has no chat template to render "
-                "them (use a model folder whose tokenizer_config.json has a chat_template)"
-            )
-        self.tokenizer, self.messages, self.tools, self.markers = tokenizer, list(messages), tools, markers
-        self.text = self.render(self.messages, True)
-        self.prompt_ids = tokenizer(self.text, add_special_tokens=False)["input_ids"]
-
-    def render(self, messages: list[dict], generation_prompt: bool) -> str:
-        try:
-            return render_chat(self.tokenizer, messages, generation_prompt, self.tools)
-        except Exception as err:  # noqa: BLE001 - a template's own raise_exception, or a jinja error
-            roles = ", ".join(m["role"] + ("+tool_calls" if m.get("tool_calls") else "") for m in messages)
-            raise TemplateError(
-                f"the chat template ({template_name(self.tokenizer, bool(self.tools))}) cannot render the "
-                f"conversation [{roles}]: {type(err).__name__}: {err}"
-            ) from None
-
-    def following(self, assistant: dict, observations: list[dict]) -> str:
-        """The text after the policy's turn: the glue after its end marker, ``observations``, the generation prompt."""
-        base = self.messages + [assistant]
-        real = self.render(base + observations, True)
-        probe = self.render(base + [{**m, "content": PROBE.format(k)} for k, m in enumerate(observations)], True)
-        if real == probe:
-            raise TemplateError(
-                f"the chat template ({template_name(self.tokenizer, bool(self.tools))}) does not show the "
-                f"environment's messages (roles {sorted({m['role'] for m in observations})})"
-            )
-        same = next((i for i, (a, b) in enumerate(zip(real, probe)) if a != b), min(len(real), len(probe)))
-        at, marker = max(((real.rfind(m, 0, same), m) for m in self.markers if m), default=(-1, ""))
-        if at < 0:
-            raise TemplateError(
-                f"the chat template ({template_name(self.tokenizer, bool(self.tools))}) closes the assistant's "
-                f"turn with none of the stop tokens ({', '.join(self.markers)})"
-            )
-        return real[at + len(marker) :]
-
-    def continue_with(self, assistant: dict, observations: list[dict]) -> list[int]:
-        """The token ids that follow the policy's turn (the assistant message it becomes, structured with its tool
-        calls), and the conversation advanced past ``observations``."""
-        text = self.following(assistant, observations)
-        self.messages += [assistant] + observations
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-class TemplateError(ConfigError):
-    """The chat template cannot continue an episode: found by the start-up check (check_template) before any
-    model is loaded."""
 
 
 @dataclass
@@ -186,7 +126,8 @@ class AgentSampler:
         self.stops = list(stops) + [t for t in format_stop_ids(tokenizer, self.format) if t not in stops]
         self.markers = tuple(dict.fromkeys(tokenizer.decode([t]) for t in self.stops))
         self.reward_set = reward_set
-        self.errors, self.unparsed_warned = 0, False
+        self.errors, self.unparsed_warned, self.one_call_per_turn = 0, set(), False
+        self.write_calls = instruction_writer(tokenizer, self.format)
         episodes = []
         for row in list(check_rows)[:2]:  # a dry reset before any model is used: the spec and the rows fit
             try:
@@ -202,9 +143,10 @@ class AgentSampler:
         tool_use = bool(  # an environment with tools (or one whose class lists them): probe a tool call
             any(getattr(e.env, "tools", None) for e in episodes) if episodes else getattr(self.factory, "tools", None)
         )
-        self.template_notes = check_template(
+        check = check_template(
             tokenizer, self.format, self.stops, tools, chosen=self.format_source == "--tool-parser", tool_use=tool_use
         )
+        self.template_notes, self.one_call_per_turn = check.notes, check.one_call_per_turn
 
     def describe(self) -> str:
         rewards = ""
@@ -222,7 +164,13 @@ class AgentSampler:
             "episodes": "multi-turn, continued by appending tokens; loss, KL and entropy on the policy's tokens only; "
             f"{self.concurrency} environment call(s) at a time",
             "tool calls": f"{self.format.describe()}, {self.format_source}; parsed from the turn's text with special "
-            "tokens",
+            "tokens"
+            + (
+                "; one call per turn (the template refuses two: a turn's later calls are answered with an error, "
+                "not made)"
+                if self.one_call_per_turn
+                else ""
+            ),
             "chat template": template_name(self.tokenizer, tools=True)
             + (
                 f" with {self.tokenizer.tether_chat.kwargs}"
@@ -256,7 +204,10 @@ class AgentSampler:
             env.describe_tools, tools = False, env.schemas  # the template lists the tools in its own format
         if hasattr(env, "tool_format"):
             env.tool_format = self.format
+        if hasattr(env, "write_calls"):
+            env.write_calls = self.write_calls  # the system message's example call: the parser reads it
         messages = check_messages(self.guard("reset", env.reset, row, prompt=prompt), self.name, "reset")
+        messages = template_conversation(self.tokenizer, messages, bool(tools))  # a prompt's own tool traffic
         return Episode(row, Transcript(self.tokenizer, messages, tools, self.markers), env)
 
     def fail(self, episode: Episode, err: EnvironmentFault) -> None:
@@ -344,20 +295,42 @@ class AgentSampler:
             return None
         raw = tok.decode(ids[:-1], skip_special_tokens=False)  # call markers may be special tokens
         content, calls = self.format.parse(raw)  # a user's parser that fails: a ConfigError naming it
-        if not calls and self.format.looks_like_call(raw):
-            e.unparsed_turns += 1
-            if not self.unparsed_warned:
-                self.unparsed_warned = True
-                log.warning(
-                    "a turn looks like a tool call in the %s format but none parses (counted in "
-                    "agent/unparsed_call_frac; --tool-parser chooses the format): %r",
-                    self.format.name,
-                    raw[:200],
-                )
+        if not calls:
+            other = foreign_format(raw, self.format)
+            if other or self.format.looks_like_call(raw):
+                e.unparsed_turns += 1
+                self.warn_unparsed(raw, other)
         for call in calls:
             e.calls_made += 1
             call["id"] = call.get("id") if len(str(call.get("id", ""))) == ID_LENGTH else call_id(e.calls_made)
+        if self.one_call_per_turn and len(calls) > 1:  # the template refuses more: the policy is told, not the run
+            calls[1:] = [{"name": c.get("name") or "invalid_call", "id": c["id"], "error": ONE_CALL} for c in calls[1:]]
         return text, content, calls
+
+    def warn_unparsed(self, raw: str, other: str | None) -> None:
+        """The first turn of each kind whose call does not parse: one in the run's format that does not parse, or
+        one written in another family's format (a model taught another template's calls calls nothing)."""
+        if (other or "") in self.unparsed_warned:
+            return
+        self.unparsed_warned.add(other or "")
+        if other:
+            log.warning(
+                "a turn writes a tool call in the %s format, but this run reads %s (%s), which finds no call in it: "
+                "counted in agent/unparsed_call_frac. A model taught another family's calls calls nothing here; "
+                "--tool-parser %s reads this one: %r",
+                other,
+                self.format.name,
+                self.format_source,
+                other,
+                raw[:200],
+            )
+        else:
+            log.warning(
+                "a turn looks like a tool call in the %s format but none parses (counted in "
+                "agent/unparsed_call_frac; --tool-parser chooses the format): %r",
+                self.format.name,
+                raw[:200],
+            )
 
     def step(self, e: Episode, turn) -> StepResult:
         text, _, calls = turn
@@ -413,8 +386,9 @@ class AgentSampler:
         """The policy's turn as the conversation keeps it: its text, and its calls as structured tool_calls (with
         their ids; arguments a JSON string where the family's templates want one)."""
         message = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [structured_call(c, self.format.arguments_as_string) for c in calls]
+        if calls:  # a template that takes one call per turn gets the first; the others were answered with an error
+            kept = calls[:1] if self.one_call_per_turn else calls
+            message["tool_calls"] = [structured_call(c, self.format.arguments_as_string) for c in kept]
         return message
 
     def finish(self, episodes: list[Episode]) -> None:
@@ -521,34 +495,6 @@ class AgentSampler:
         return out
 
 
-def tool_replies(messages: list[dict], calls: list[dict]) -> list[dict]:
-    """The environment's messages with the k-th tool message answering the k-th call: its id (``tool_call_id``) and
-    the tool's ``name``, unless the environment gave them (templates need both: Mistral's the id, Hermes' the
-    name)."""
-    out, k = [], 0
-    for m in messages:
-        if m.get("role") == "tool" and k < len(calls):
-            m = {**m, "tool_call_id": m.get("tool_call_id") or calls[k]["id"]}
-            m.setdefault("name", calls[k].get("name") or "invalid_call")
-            k += 1
-        out.append(m)
-    return out
-
-
-def structured_call(call: dict, arguments_as_string: bool) -> dict:
-    """A parsed call as an assistant message's tool_calls entry (one that did not parse: its name or
-    "invalid_call", no arguments; the tokens stay as the policy wrote them)."""
-    arguments = call.get("arguments", {}) if "error" not in call else {}
-    return {
-        "id": call["id"],
-        "type": "function",
-        "function": {
-            "name": call.get("name") or "invalid_call",
-            "arguments": json.dumps(arguments) if arguments_as_string else arguments,
-        },
-    }
-
-
 def format_stop_ids(tokenizer, fmt) -> list[int]:
     """Tokens the format ends a call turn with besides the template's end of turn (Llama 3's <|eom_id|>), where
     the tokenizer has them as single tokens."""
@@ -606,138 +552,3 @@ def check_episodes(agent_cfg, tokenizer, rows: list[dict]) -> None:
     from tether.rollout.prompts import stop_token_ids
 
     AgentSampler(agent_cfg, tokenizer, None, None, stop_token_ids(tokenizer), rows).close()
-
-
-PROBE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "description": "Look a word up.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
-    },
-}
-
-
-def check_template(
-    tokenizer, fmt, stops: list[int], tools: list[dict] | None = None, chosen: bool = False, tool_use: bool = True
-) -> list[str]:
-    """The start-up check, before any model is loaded: a scripted two-turn episode rendered through the run's chat
-    template and continued as episodes are — with ``tool_use``, a call, its result and a final answer; without
-    (an environment that answers as the user), an answer, a user's reply and a second answer. Raises a ConfigError
-    naming the template, what failed and the option that fixes it; returns notes for the plan (what the template
-    would re-render differently, what the policy is trained on). A parser the run ``chosen`` (--tool-parser) that
-    does not read the template's own calls is a note, not a refusal."""
-    if not tool_use:
-        return _check_plain_template(tokenizer, stops)
-    tools = tools or ([PROBE_TOOL] if takes_tools(tokenizer) else None)
-    name = template_name(tokenizer, tools=bool(tools))
-    fixes = (
-        "--chat-template FILE (a training template), --chat-template-kwargs, or --tool-parser "
-        f"({', '.join(FORMATS)} or module:function)"
-    )
-    first = (tools or [PROBE_TOOL])[0]["function"]
-    call = {"name": first["name"], "arguments": {p: "tether" for p in first["parameters"].get("required", [])}}
-    user = {"role": "user", "content": "Use a tool, then answer."}
-    notes = []
-    try:
-        written = template_call_text(tokenizer, user, call, fmt, tools)
-        if written is not None:
-            parsed = fmt.parse(written)[1]
-            if [(c.get("name"), c.get("arguments")) for c in parsed] != [(call["name"], call["arguments"])]:
-                readers = [f.name for f in FORMATS.values() if f.parse(written)[1][:1] == [call]]
-                mismatch = (
-                    f"the chat template ({name}) writes a tool call as {written[:160]!r}, which the "
-                    f"{fmt.name} parser reads as {parsed}"
-                )
-                if not chosen:
-                    raise TemplateError(
-                        f"{mismatch}; "
-                        + (f"use --tool-parser {readers[0]}" if readers else "give --tool-parser module:function")
-                    )
-                notes.append(f"{mismatch}: calls in the data the model learnt from may not be read")
-        markers = tuple(dict.fromkeys(tokenizer.decode([t]) for t in stops))
-        transcript = Transcript(tokenizer, [user], tools, markers)
-        ids = list(transcript.prompt_ids)
-        stop = stops[0] if stops else tokenizer.eos_token_id
-        try:
-            turn = tokenizer(fmt.write([call]), add_special_tokens=False)["input_ids"] + [stop]
-        except NotImplementedError:  # a user's parser without write(): its calls in the probe are the template's
-            turn = tokenizer(written or "", add_special_tokens=False)["input_ids"] + [stop]
-        parsed = fmt.parse(tokenizer.decode(turn[:-1], skip_special_tokens=False))[1]
-        if not chosen and [(c.get("name"), c.get("arguments")) for c in parsed] != [(call["name"], call["arguments"])]:
-            raise TemplateError(
-                f"a call written in the {fmt.name} format does not survive tokenizing and decoding ({parsed}); "
-                "use --tool-parser"
-            )
-        call = {**call, "id": call_id(1)}
-        reply = tool_replies([{"role": "tool", "content": "PROBE RESULT"}], [call])
-        assistant = {"role": "assistant", "content": "", "tool_calls": [structured_call(call, fmt.arguments_as_string)]}
-        following = transcript.continue_with(assistant, reply)
-        if "PROBE RESULT" not in tokenizer.decode(following, skip_special_tokens=False):
-            raise TemplateError(f"the chat template ({name}) does not show a tool's result after a call")
-        ids += turn + following
-        answer = tokenizer("The answer is here.", add_special_tokens=False)["input_ids"] + [stop]
-        ids += answer
-        full = transcript.render(transcript.messages + [{"role": "assistant", "content": "The answer is here."}], False)
-    except TemplateError as err:
-        raise ConfigError(f"--env: {err}. Episodes cannot be continued with this template; fix with {fixes}") from None
-    return notes + rewrite_note(tokenizer.decode(ids, skip_special_tokens=False), full, name)
-
-
-def _check_plain_template(tokenizer, stops: list[int]) -> list[str]:
-    """check_template for an environment without tools: answer, the user's reply, a second answer."""
-    name = template_name(tokenizer)
-    stop = stops[0] if stops else tokenizer.eos_token_id
-    markers = tuple(dict.fromkeys(tokenizer.decode([t]) for t in stops))
-    try:
-        transcript = Transcript(tokenizer, [{"role": "user", "content": "Answer, then try again."}], None, markers)
-        first = tokenizer("A first answer.", add_special_tokens=False)["input_ids"] + [stop]
-        reply = [{"role": "user", "content": "PROBE REPLY"}]
-        following = transcript.continue_with({"role": "assistant", "content": "A first answer."}, reply)
-        second = tokenizer("A second answer.", add_special_tokens=False)["input_ids"] + [stop]
-        ids = transcript.prompt_ids + first + following + second
-        full = transcript.render(transcript.messages + [{"role": "assistant", "content": "A second answer."}], False)
-    except TemplateError as err:
-        raise ConfigError(
-            f"--env: {err}. Episodes cannot be continued with this template; fix with --chat-template FILE (a "
-            "training template) or --chat-template-kwargs"
-        ) from None
-    return rewrite_note(tokenizer.decode(ids, skip_special_tokens=False), full, name)
-
-
-def rewrite_note(appended: str, full: str, name: str) -> list[str]:
-    """The plan's note when re-rendering a finished probe episode differs from its appended transcript."""
-    if full.startswith(appended.rstrip()) or appended.startswith(full.rstrip()):
-        return []
-    at = next((i for i, (a, b) in enumerate(zip(appended, full)) if a != b), min(len(appended), len(full)))
-    return [
-        f"the chat template ({name}) re-renders a finished episode differently from its transcript (from "
-        f"{appended[max(0, at - 30) : at + 30]!r} it writes {full[max(0, at - 30) : at + 30]!r}): the policy is "
-        "trained on its turns exactly as it sampled them, each in the context it was sampled in; a server "
-        "that re-renders the conversation shows it the template's version"
-    ]
-
-
-def template_call_text(tokenizer, user: dict, call: dict, fmt, tools) -> str | None:
-    """How the chat template writes an assistant turn with one tool call (None: it does not show tool calls)."""
-    message = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [structured_call({**call, "id": call_id(1)}, fmt.arguments_as_string)],
-    }
-    try:
-        prompt = render_chat(tokenizer, [user], True, tools)
-        with_call = render_chat(tokenizer, [user, message], False, tools)
-    except Exception as err:  # noqa: BLE001 - the template's own raise_exception or a jinja error
-        raise TemplateError(
-            f"the chat template ({template_name(tokenizer, bool(tools))}) cannot render an assistant turn with "
-            f"tool_calls: {type(err).__name__}: {err}"
-        ) from None
-    same = next((i for i, (a, b) in enumerate(zip(prompt, with_call)) if a != b), min(len(prompt), len(with_call)))
-    written = with_call[same:]
-    if call["name"] not in written:
-        return None
-    for end in dict.fromkeys([tokenizer.eos_token or "", tokenizer.decode([end_of_turn_id(tokenizer) or 0])]):
-        if end and end in written:
-            written = written[: written.rindex(end)]
-    return written.strip()

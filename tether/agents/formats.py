@@ -24,19 +24,14 @@ import re
 from typing import Callable
 
 from tether.errors import ConfigError
-
-ID_LENGTH = 9  # Mistral's templates refuse any other; every family gets the same form
+from tether.models.chat import CALL_ID_LENGTH as ID_LENGTH  # noqa: F401 - re-exported: the agents' names
+from tether.models.chat import call_id, hermes_text  # noqa: F401 - call_id re-exported
 
 
 def answer_text(text: str) -> str:
     """A turn's answer without its reasoning: the text after the last ``</think>`` (thinking models: Qwen3, R1), or
     the whole turn. Claim patterns, final-answer rewards and the text monitors read this."""
     return text.rsplit("</think>", 1)[1].lstrip() if "</think>" in text else text
-
-
-def call_id(n: int) -> str:
-    """The id of the n-th call of an episode: 9 alphanumeric characters (``call00001``), unique within it."""
-    return f"call{n:05d}"
 
 
 def _json_call(obj, keys=("arguments", "parameters")) -> dict:
@@ -116,10 +111,7 @@ class Hermes(ToolFormat):
         return text.split("<tool_call>", 1)[0].strip(), calls
 
     def write(self, calls):
-        return "\n".join(
-            "<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}) + "\n</tool_call>"
-            for c in calls
-        )
+        return hermes_text(calls)
 
 
 class Llama3Json(ToolFormat):
@@ -302,6 +294,20 @@ class UserFormat(ToolFormat):
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (Hermes(), Llama3Json(), Pythonic(), Mistral(), DeepSeek())}
+
+
+def same_calls(parsed: list[dict], calls: list[dict]) -> bool:
+    """Whether parsed calls are ``calls`` (names and arguments, in order)."""
+    return [(c.get("name"), c.get("arguments")) for c in parsed] == [(c["name"], c["arguments"]) for c in calls]
+
+
+def foreign_format(text: str, fmt: ToolFormat) -> str | None:
+    """The built-in format, other than ``fmt``, in which ``text`` writes a well-formed call (a model trained on
+    another family's convention, or told to use one): None when there is none."""
+    for other in FORMATS.values():
+        if other.name != fmt.name and any("error" not in c for c in other.parse(text)[1]):
+            return other.name
+    return None
 
 
 def detect(template: str) -> str:

@@ -126,6 +126,7 @@ class ToolEnvironment:
     tools: list[Callable] = []
     describe_tools: bool = True  # add a system message listing the tools (False: the model knows them already)
     tool_format: ToolFormat = FORMATS["hermes"]  # how step(text) reads calls when the runner gives none
+    write_calls: Callable | None = None  # how the system message shows a call (the runner's; else tool_format's)
 
     def __init__(
         self,
@@ -151,7 +152,9 @@ class ToolEnvironment:
         self.row, self.final_text, self.calls = row, None, Counter()
         prompt = row.get("prompt")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        return ([tools_system_message(self.schemas)] if self.describe_tools and self.tools else []) + messages
+        if not (self.describe_tools and self.tools):
+            return messages
+        return [tools_system_message(self.schemas, self.write_calls or self.tool_format.write), *messages]
 
     def step(self, text: str, calls: list[dict] | None = None) -> StepResult:
         """``calls``: the turn's calls as the runner parsed them in the model family's format; None: parse ``text``

@@ -2,9 +2,9 @@
 out as on the Hugging Face hub (`data/train-00000-of-00002.parquet`, `train.jsonl`, ...).
 
 ShareGPT rows (`conversations` of `{from, value}`) are read as `messages`, message contents given as lists of
-parts (`[{"type": "text", "text": ...}]`) as their text, and assistant turns given as structured `tool_calls` as
-Hermes `<tool_call>` text. LLaMA-Factory's shapes are read as LLaMA-Factory reads them (docs/data.md, "Files from
-LLaMA-Factory"): alpaca rows (`instruction`, `input`, `output` or `chosen`/`rejected`, `system`, `history`,
+parts (`[{"type": "text", "text": ...}]`) as their text, and assistant turns' `tool_calls` checked and kept structured
+(each chat template writes them its own way). LLaMA-Factory's shapes are read as LLaMA-Factory reads them (docs/data.md,
+"Files from LLaMA-Factory"): alpaca rows (`instruction`, `input`, `output` or `chosen`/`rejected`, `system`, `history`,
 `kto_tag`) become chat turns, ShareGPT `function_call`/`observation` turns tool calls and results, a `system` column
 the first message, `tools` the schemas the chat template is given; ShareGPT preference rows (`chosen`/`rejected` as
 one `{from, value}` turn) and KTO rows (`kto_tag`, or a true/false `label` on `messages`) become prompt and
@@ -298,7 +298,7 @@ SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value"}  # LLaMA-Factory's 
 
 def _sharegpt_messages(turns, where: str, field: str, tags: dict | None = None) -> list[dict]:
     """ShareGPT turns ({from, value}) as chat messages; a ``function_call`` turn (a JSON call or list of calls, as
-    LLaMA-Factory writes it) as the assistant's Hermes ``<tool_call>`` text. ``tags`` are dataset_info.json's
+    LLaMA-Factory writes it) as the assistant's structured ``tool_calls``. ``tags`` are dataset_info.json's
     (role_tag, content_tag, user_tag, ...), mapping another file's names."""
     tags = {**SHAREGPT_TAGS, **(tags or {})}
     role_names = dict(SHAREGPT_ROLES)
@@ -327,36 +327,35 @@ def _sharegpt_messages(turns, where: str, field: str, tags: dict | None = None) 
         if content is None:  # a lost turn, not an empty one (read as empty, the record was dropped unnamed)
             raise DataError(f"{here} has no {tags['content_tag']!r} (the turn's text); the turn is {turn}")
         if name == "function_call" or role == "function_call":
-            messages.append({"role": "assistant", "content": _function_call_text(content, here)})
+            messages.append({"role": "assistant", "content": "", "tool_calls": _function_calls(content, here)})
         else:
             messages.append({"role": role, "content": content})
     return messages
 
 
-def _function_call_text(value, where: str) -> str:
-    """A LLaMA-Factory ``function_call`` value ('{"name": ..., "arguments": {...}}', or a list of such) as the
-    ``<tool_call>`` text tether's tool environments parse and Qwen/Hermes templates render."""
+def _function_calls(value, where: str) -> list[dict]:
+    """A LLaMA-Factory ``function_call`` value ('{"name": ..., "arguments": {...}}', or a list) as ``tool_calls``."""
     try:
         calls = json.loads(value) if isinstance(value, str) else value
     except json.JSONDecodeError:
         raise DataError(f"{where}: a function_call turn whose value is not JSON ({str(value)[:60]!r})") from None
     calls = calls if isinstance(calls, list) else [calls]
-    out = []
     for call in calls:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             raise DataError(f"{where}: a function_call must be {{'name': ..., 'arguments': {{...}}}}, got {call!r:.80}")
-        out.append(_hermes_call(call["name"], call.get("arguments", {}), f"{where}: function_call arguments"))
-    return "".join(out)
+    return _tool_calls({"tool_calls": calls}, f"{where}: function_call")["tool_calls"]
 
 
-def _hermes_call(name: str, arguments, where: str) -> str:
-    """One call as the Hermes text the model writes, arguments given as an object or a JSON string."""
+def _call_arguments(arguments, where: str) -> dict:
+    """A call's arguments, given as an object or a JSON string, as an object."""
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError:
             raise DataError(f"{where} is a string that is not JSON") from None
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+    if not isinstance(arguments, dict):
+        raise DataError(f"{where} must be a JSON object of the arguments, got {arguments!r:.60}")
+    return arguments
 
 
 def _tool_schemas(value, where: str) -> list[dict]:
@@ -473,14 +472,14 @@ def _normalise(record: Record, tags: dict | None = None) -> Record:
             fields = {**fields, name: [_text_content(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
         value = fields.get(name)
         if isinstance(value, list) and any(isinstance(m, dict) and m.get("tool_calls") for m in value):
-            fields = {**fields, name: [_tool_call_text(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
+            fields = {**fields, name: [_tool_calls(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
     return record if fields is record.fields else Record(fields, record.where)
 
 
-def _tool_call_text(message, where: str):
-    """An assistant turn given as structured tool calls (OpenAI's ``tool_calls``, content null) as the Hermes text
-    the model writes, ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` after any content: the format tether's
-    tool environments parse (tether/agents/tools.py) and Qwen-style templates render."""
+def _tool_calls(message, where: str):
+    """An assistant turn given as structured tool calls (OpenAI's ``tool_calls``, content null), checked and kept
+    structured: ``{"id"?, "type": "function", "function": {"name", "arguments": {...}}}`` each, content text. The chat
+    template writes them as its model family does when the conversation is rendered (models/chat.py)."""
     if not isinstance(message, dict) or not message.get("tool_calls"):
         return message
     calls = []
@@ -488,11 +487,10 @@ def _tool_call_text(message, where: str):
         function = call.get("function", call) if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise DataError(f"{where}.tool_calls[{j}] must be {{'function': {{'name': ..., 'arguments': ...}}}}")
-        calls.append(
-            _hermes_call(function["name"], function.get("arguments", {}), f"{where}.tool_calls[{j}].function.arguments")
-        )
-    content = message.get("content") or ""
-    return {k: v for k, v in {**message, "content": content + "".join(calls)}.items() if k != "tool_calls"}
+        arguments = _call_arguments(function.get("arguments", {}), f"{where}.tool_calls[{j}].function.arguments")
+        given = {"id": call["id"]} if isinstance(call.get("id"), str) and call["id"] else {}
+        calls.append({**given, "type": "function", "function": {"name": function["name"], "arguments": arguments}})
+    return {**message, "content": message.get("content") or "", "tool_calls": calls}
 
 
 def _text_content(message, where: str):

@@ -11,6 +11,7 @@ with ``strict``. Nothing is truncated.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -18,7 +19,16 @@ import torch
 
 from tether.console import progress
 from tether.data.records import ACCEPTED_FORMATS, ROLES, DataError, Record
-from tether.models.chat import has_template, takes_tools
+from tether.models.chat import (
+    call_id,
+    has_template,
+    hermes_text,
+    takes_tools,
+    template_conversation,
+    template_errors,
+    template_name,
+    written_calls,
+)
 from tether.models.chat import render_chat as render_with_choice
 from tether.models.packing import pack_sequences
 
@@ -104,43 +114,74 @@ def check_messages(value, where: str, name: str) -> list[dict]:
 
 
 def template_takes_tools(tokenizer) -> bool:
-    """Whether the run's chat template renders a ``tools=`` list itself (Qwen2.5, Llama 3.1, Hermes templates do;
-    for a tokenizer with named templates, the one a conversation with tools gets: models/chat.py)."""
+    """Whether the run's chat template lists a ``tools=`` list itself (Qwen2.5, Llama 3.1, Hermes templates do; for a
+    tokenizer with named templates, the one a conversation with tools gets), found by rendering: models/chat.py."""
     return takes_tools(tokenizer)
 
 
-def tools_system_message(schemas: list[dict]) -> dict:
-    """A Hermes-style system message listing the tools, for chat templates without their own ``tools=`` support."""
-    import json
-
+def tools_system_message(schemas: list[dict], write=None) -> dict:
+    """A system message listing the tools, for chat templates without their own ``tools=`` support, with an example
+    call written by ``write(calls)``: the same writer as the calls the model is trained on and read by (the chat
+    template's own, or the run's parser's: one choice, docs/agents.md); Hermes text by default. A writer that
+    cannot write (a user's parser without ``write``) leaves the example out."""
     listed = "\n".join(json.dumps(s) for s in schemas)
+    function = schemas[0].get("function", schemas[0]) if schemas else {}
+    required = function.get("parameters", {}).get("required", [])
+    example = [{"name": function.get("name", "NAME"), "arguments": {p: f"<{p}>" for p in required}, "id": call_id(1)}]
+    try:
+        how = (write or hermes_text)(example)
+    except NotImplementedError:
+        how = None
     return {
         "role": "system",
-        "content": "You may call functions to help with the request. The functions:\n<tools>\n"
-        f'{listed}\n</tools>\nTo call one, write <tool_call>{{"name": <name>, "arguments": <object>}}'
-        "</tool_call>; its result comes back in a tool message.",
+        "content": f"You may call functions to help with the request. The functions:\n<tools>\n{listed}\n</tools>\n"
+        + (f"To call one, write the call as in this example (its values are placeholders):\n{how}\n" if how else "")
+        + "A call's result comes back in a tool message.",
     }
+
+
+def template_call_writer(tokenizer):
+    """How the run's template writes calls in a conversation without ``tools=``: its own rendering, or Hermes text
+    where it writes none (what template_conversation then puts in the turn)."""
+
+    def write(calls):
+        try:
+            return written_calls(tokenizer, calls) or hermes_text(calls)
+        except template_errors():  # it renders calls, but not this example: the turns' own rendering decides
+            return hermes_text(calls)
+
+    return write
 
 
 def with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], dict]:
     """(messages, render keywords) for a conversation with tool schemas, rendered as the online stages render an
-    environment's tools: given to a template that takes ``tools=``, else listed in a system message."""
+    environment's tools: given to a template that takes ``tools=``, else listed in a system message; its tool
+    calls and results as the template takes them (models/chat.py, template_conversation)."""
     if not tools:
-        return messages, {}
+        return template_conversation(tokenizer, messages), {}
     if template_takes_tools(tokenizer):
-        return messages, {"tools": tools}
-    return [tools_system_message(tools), *messages], {}
+        return template_conversation(tokenizer, messages, tools=True), {"tools": tools}
+    system = tools_system_message(tools, template_call_writer(tokenizer))
+    return [system, *template_conversation(tokenizer, messages)], {}
 
 
 def render_chat(tokenizer, messages, where, add_generation_prompt: bool = False, tools=None) -> str:
-    """A conversation through the run's chat template and options (models/chat.py); a missing template names
-    ``where``."""
+    """A conversation through the run's chat template and options (models/chat.py); a missing template, or one
+    that refuses the conversation, names ``where``."""
     if not has_template(tokenizer):
         raise DataError(
             f"{where}: chat messages need a chat template, and the tokenizer has none "
             "(add 'chat_template' to its tokenizer_config.json, or use prompt/completion strings)"
         )
-    return render_with_choice(tokenizer, messages, add_generation_prompt, tools)
+    messages = template_conversation(tokenizer, messages, bool(tools))
+    try:
+        return render_with_choice(tokenizer, messages, add_generation_prompt, tools)
+    except template_errors() as err:
+        roles = ", ".join(m.get("role", "?") + ("+tool_calls" if m.get("tool_calls") else "") for m in messages)
+        raise DataError(
+            f"{where}: the chat template ({template_name(tokenizer, bool(tools))}) refuses the conversation "
+            f"[{roles}]: {type(err).__name__}: {err}"
+        ) from None
 
 
 def _assistant_spans(
@@ -161,7 +202,7 @@ def _assistant_spans(
     for i in range(first_trained, len(messages)):
         if messages[i]["role"] != "assistant":
             continue
-        if not messages[i]["content"].strip():
+        if not messages[i]["content"].strip() and not messages[i].get("tool_calls"):
             raise _Drop("empty completion")
         prefix = render_chat(tokenizer, messages[:i], where, add_generation_prompt=True, **extra)
         # the last turn's rendering is the whole conversation's, already rendered (most records: one turn)

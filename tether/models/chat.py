@@ -8,10 +8,16 @@ when the conversation has tools, else ``default``, as transformers does); a name
 ``enable_thinking=false``) are handed to every rendering. Both travel on the tokenizer object (``use_chat``), so
 every module that renders sees the same choice without threading it through. A template file is checked there,
 before any model is loaded: it compiles, and renders a user turn and a user turn with an answer.
+
+What a template does with tools is found by rendering probes, never read from its text: whether it lists a
+``tools=`` list (``takes_tools``), whether and how it writes an assistant turn's ``tool_calls`` (``call_writing``,
+``written_calls``); ``template_conversation`` hands a conversation's calls and results to it as the online stages
+do (ids, names, arguments), or as Hermes text to a template that writes no calls.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,11 +118,6 @@ def template_name(tokenizer, tools: bool = False) -> str:
     return f"the tokenizer's {'tool_use' if tools and 'tool_use' in names else 'default'!r} template"
 
 
-def takes_tools(tokenizer) -> bool:
-    """Whether the template renders a ``tools=`` list itself (Qwen2.5, Llama 3.1, Mistral, Hermes templates do)."""
-    return "tools" in template_text(tokenizer, tools=True)
-
-
 def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = False, tools: list | None = None) -> str:
     """``messages`` (and ``tools``, when given) through the run's template with the run's options, as text."""
     choice = chat_choice(tokenizer)
@@ -126,3 +127,162 @@ def render_chat(tokenizer, messages: list[dict], generation_prompt: bool = False
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=generation_prompt, **choice.kwargs, **extra
     )
+
+
+# What the template does with tools and tool calls is found by rendering, never read from its text: a template may
+# mention "tools" and ignore tools= (Phi-4-mini's), or write a call by its id rather than its name (Kimi K2's).
+PROBE_USER = {"role": "user", "content": "Use a tool, then answer."}
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "tether_probe_lookup",
+        "description": "Look a word up.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
+PROBE_CALL = {"name": "tether_probe_lookup", "arguments": {"query": "tether_probe_word"}}
+CALL_ID_LENGTH = 9  # Mistral's templates refuse any other; every family gets the same form
+
+
+def template_errors() -> tuple:
+    """The exceptions a chat template raises on a conversation it refuses: its own raise_exception (a jinja
+    TemplateError) or an operation on a value of the wrong type (DeepSeek's templates join arguments as text)."""
+    from jinja2 import TemplateError
+
+    return (TemplateError, TypeError)
+
+
+def call_id(n: int) -> str:
+    """The id of the n-th call of a conversation: 9 alphanumeric characters (``call00001``), unique within it."""
+    return f"call{n:05d}"
+
+
+def valid_call_id(value) -> bool:
+    return isinstance(value, str) and len(value) == CALL_ID_LENGTH and value.isalnum()
+
+
+def structured_calls(calls: list[dict], arguments_as_string: bool = False) -> list[dict]:
+    """Calls ({"name", "arguments", "id"}) as an assistant message's ``tool_calls`` (arguments already a string kept)."""
+    as_string = lambda a: json.dumps(a) if arguments_as_string and not isinstance(a, str) else a
+    return [
+        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": as_string(c["arguments"])}}
+        for c in calls
+    ]
+
+
+def hermes_text(calls: list[dict]) -> str:
+    """Calls as the Hermes / Qwen text, each ``{"name": ..., "arguments": {...}}`` on a line of its own between
+    ``<tool_call>`` and ``</tool_call>``: tether's default convention, written where a template writes no calls."""
+    return "\n".join(
+        "<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}) + "\n</tool_call>" for c in calls
+    )
+
+
+_PROBED: dict = {}
+
+
+def _probed(tokenizer, what: str, tools: bool, probe):
+    """``probe()`` once per tokenizer, template and options (data preparation asks for every conversation)."""
+    key = (id(tokenizer), what, tools, template_text(tokenizer, tools), str(chat_choice(tokenizer).kwargs))
+    if key not in _PROBED:
+        _PROBED[key] = probe()
+    return _PROBED[key]
+
+
+def takes_tools(tokenizer) -> bool:
+    """Whether the template lists a ``tools=`` list itself (Qwen2.5, Llama 3.1, Mistral, Hermes templates do): a
+    tool handed to it appears, by name, in what it renders."""
+
+    def probe():
+        try:
+            return PROBE_CALL["name"] in render_chat(tokenizer, [PROBE_USER], True, [PROBE_TOOL])
+        except template_errors():  # a template that refuses tools=: given none, the tools go in a system message
+            return False
+
+    return has_template(tokenizer) and _probed(tokenizer, "takes_tools", True, probe)
+
+
+@dataclass(frozen=True)
+class CallWriting:
+    shown: bool  # the template writes an assistant turn's tool_calls (their arguments appear in its rendering)
+    arguments_as_string: bool  # it takes the arguments as a JSON string (it refuses them as an object)
+
+
+def call_writing(tokenizer, tools: bool = False) -> CallWriting:
+    """How the template treats an assistant turn's ``tool_calls`` (in a conversation given ``tools=`` or not)."""
+
+    def probe():
+        schemas = [PROBE_TOOL] if tools else None
+        for as_string in (False, True):
+            message = {"role": "assistant", "content": "", "tool_calls": structured_calls([probe_call()], as_string)}
+            try:
+                text = render_chat(tokenizer, [PROBE_USER, message], False, schemas)
+            except template_errors():
+                continue
+            return CallWriting(PROBE_CALL["arguments"]["query"] in text, as_string)
+        return CallWriting(False, False)
+
+    return _probed(tokenizer, "call_writing", tools, probe) if has_template(tokenizer) else CallWriting(False, False)
+
+
+def probe_call(n: int = 1) -> dict:
+    return {**PROBE_CALL, "id": call_id(n)}
+
+
+def written_calls(tokenizer, calls: list[dict], tools: list | None = None) -> str | None:
+    """The text the template writes for ``calls`` ({"name", "arguments", "id"}) in an assistant turn, without the
+    turn's header and end (those of a turn with text, found around a placeholder text); None when it writes no tool
+    calls. Raises what the template raises (callers name it)."""
+    writing = call_writing(tokenizer, bool(tools))
+    if not writing.shown:
+        return None
+    message = {"role": "assistant", "content": "", "tool_calls": structured_calls(calls, writing.arguments_as_string)}
+    written = render_chat(tokenizer, [PROBE_USER, message], False, tools)
+    plain = render_chat(tokenizer, [PROBE_USER, {"role": "assistant", "content": TURN_TEXT}], False, tools)
+    head, _, tail = plain.partition(TURN_TEXT)
+    same = next((i for i, (a, b) in enumerate(zip(head, written)) if a != b), min(len(head), len(written)))
+    written = written[same:]
+    eos = tokenizer.eos_token or ""
+    if tail.strip() and written.endswith(tail):
+        written = written[: -len(tail)]
+    elif eos and eos in written:
+        written = written[: written.rindex(eos)]
+    return written.strip()
+
+
+TURN_TEXT = "\u27e6tether-turn\u27e7"  # an assistant turn's text, to find what a template writes around it
+
+
+def template_conversation(tokenizer, messages: list[dict], tools: bool = False) -> list[dict]:
+    """A conversation's tool traffic as the run's template takes it, the way the online stages hand it over
+    (agents/episodes.py): each call keeps its id when it has the 9 alphanumeric characters every family's templates
+    take, else gets ``callNNNNN`` (its place in the conversation); each tool message gets the id and the name of the
+    call it answers (the one its ``tool_call_id`` names, else the turn's next unanswered call); arguments go as an
+    object, or as a JSON string to a template that refuses an object. A template that writes no tool calls gets
+    them as Hermes text after the turn's content (what the agents' default parser reads)."""
+    if not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+        return messages
+    writing = call_writing(tokenizer, tools)
+    out, pending, renamed, n = [], [], {}, 0
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                n += 1
+                given = c.get("id")
+                calls.append({**c["function"], "id": given if valid_call_id(given) else call_id(n)})
+                if isinstance(given, str):
+                    renamed[given] = calls[-1]["id"]
+            pending, content = list(calls), m.get("content") or ""
+            if writing.shown:
+                m = {**m, "content": content, "tool_calls": structured_calls(calls, writing.arguments_as_string)}
+            else:
+                m = {k: v for k, v in m.items() if k != "tool_calls"}
+                m["content"] = content + ("\n" if content else "") + hermes_text(calls)
+        elif m.get("role") == "tool" and pending:
+            named = renamed.get(m["tool_call_id"]) if isinstance(m.get("tool_call_id"), str) else None
+            call = next((c for c in pending if c["id"] == named), pending[0])
+            pending.remove(call)
+            m = {**m, "tool_call_id": call["id"], "name": m.get("name") or call["name"]}
+        out.append(m)
+    return out

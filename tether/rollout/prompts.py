@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from tether.errors import DataError
-from tether.models.chat import has_template, render_chat
+from tether.models.chat import has_template, render_chat, template_conversation
 from tether.models.lm import end_of_turn_id
 
 
@@ -25,7 +25,7 @@ def render_prompts(tokenizer, rows: list[dict], where: str) -> list[str]:
                     "chat template to render them (give the prompts as plain strings, or use a model "
                     "folder whose tokenizer_config.json has a chat_template)"
                 )
-            out.append(render_chat(tokenizer, prompt, generation_prompt=True))
+            out.append(render_chat(tokenizer, template_conversation(tokenizer, prompt), generation_prompt=True))
         elif isinstance(prompt, str):
             out.append(prompt)
         else:

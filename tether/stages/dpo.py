@@ -12,14 +12,13 @@ from __future__ import annotations
 import time
 
 from tether.config import ConfigError
-from tether.console import console
 from tether.models.lm import check_lora_reference
 from tether.stages.dpo_config import DPOConfig
 from tether.stages.dpo_online import run_online_dpo
 from tether.stages.dpo_setup import dpo_plan, dpo_summary, evaluate_pairs, load_dpo_data, pair_collate, setup_dpo
-from tether.train.checkpoint import load_training_state, save_final
-from tether.train.offline_run import offline_logger, run_offline_loop
-from tether.train.run import announce, close_run, peak_memory, start_run, write_json
+from tether.train.checkpoint import load_training_state
+from tether.train.offline_run import OfflineRun, run_offline
+from tether.train.run import start_run
 from tether.train.sharding import is_sharded
 
 
@@ -35,7 +34,8 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
     if not cfg.data.path:
         raise ConfigError("--data is required")
     data = load_dpo_data(cfg)
-    accelerator, config, _, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
+    opened = start_run(cfg, {"--output": cfg.train.output})
+    accelerator, config, _, start_step, checkpoint = opened
     s = setup_dpo(cfg, data, accelerator, config, start_step, checkpoint)
     if checkpoint is not None:
         load_training_state(
@@ -50,8 +50,6 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
             "--fsdp: a task evaluation (the lab's) runs on process 0 alone, which a sharded model "
             "cannot; run it without --fsdp"
         )
-    if accelerator.is_main_process:
-        announce("tether dpo", {**dpo_plan(cfg, s), "start step": start_step}, config, s.out, s.reports, checkpoint)
     history: list[dict] = list(s.state.get("eval_history", []))
 
     def evaluate() -> dict:
@@ -60,48 +58,30 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
             metrics.update({f"eval/{k}": v for k, v in evaluate_fn(s.unwrapped, s.tokenizer).items()})
         return metrics
 
-    logger = offline_logger(cfg, accelerator, s.out, config, start_step, s.total_steps, "dpo")
-    if start_step == 0 and (s.evals or evaluate_fn is not None):
-        baseline = evaluate()
-        history.append({"step": 0, **baseline})
-        logger.log({"step": 0, **{k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()}})
-    # with no held-out pairs but a task evaluation, a stand-in list makes the loop call evaluate()
-    last_eval, _ = run_offline_loop(
-        cfg,
-        accelerator,
-        logger,
-        s.total_steps,
-        model=s.model,
-        optimizer=s.optimizer,
-        scheduler=s.scheduler,
+    def before(logger) -> None:  # the evaluation before the first step (eval0/* in step 0's row)
+        if start_step == 0 and (s.evals or evaluate_fn is not None):
+            baseline = evaluate()
+            history.append({"step": 0, **baseline})
+            logger.log({"step": 0, **{k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()}})
+
+    run = OfflineRun("dpo", cfg, opened, s.total_steps, (s.model, s.optimizer, s.scheduler), s.tokenizer, t_start)
+    return run_offline(
+        run,
+        {**dpo_plan(cfg, s), "start step": start_step},
+        s.reports,
+        lambda last_eval, steps: {
+            **dpo_summary(cfg, s, last_eval, []),
+            "eval_history": history,
+            "alarms": [],
+            "stopped_at": None,
+        },
+        before=before,
         train_examples=s.train,
+        # with no held-out pairs but a task evaluation, a stand-in list makes the loop call evaluate()
         eval_examples=s.evals or ([None] if evaluate_fn is not None else []),
         collate_fn=pair_collate(s, cfg),
         objective=s.objective,
-        start_step=start_step,
-        output=s.out,
-        tokenizer=s.tokenizer,
         on_eval=lambda step, m: history.append({"step": step, **m}) and False,
         checkpoint_state=lambda: {"beta_dpo": s.objective.state, "eval_history": history},
         evaluate_fn=evaluate,
     )
-    summary = {
-        "stage": "dpo",
-        "steps": s.total_steps,
-        "resumed_from": start_step or None,
-        **dpo_summary(cfg, s, last_eval, []),
-        "eval_history": history,
-        "alarms": [],
-        "stopped_at": None,
-        "wall_s": round(time.perf_counter() - t_start, 2),
-        "peak_memory": peak_memory(accelerator),
-    }
-    save_final(accelerator, s.model, s.tokenizer, s.out / "final")
-    if accelerator.is_main_process:
-        write_json(s.out / "summary.json", summary)
-        console.print(
-            f"final model: {s.out / 'final'}  "
-            + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items() if isinstance(v, float))
-        )
-    close_run(accelerator)
-    return summary

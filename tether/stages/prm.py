@@ -15,15 +15,14 @@ import torch
 
 from tether.algorithms.reward import binary_auroc, first_wrong_step, step_bce_loss
 from tether.config import ConfigError
-from tether.console import console
 from tether.data.records import read_records, tokenize_split
 from tether.data.steps import collate_steps, tokenize_steps
 from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
 from tether.models.reward import load_trainable_reward_model, save_reward_model
 from tether.stages.prm_config import PRMConfig
 from tether.train.checkpoint import write_atomically
-from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
-from tether.train.run import announce, close_run, peak_memory, start_run, write_json
+from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, run_offline
+from tether.train.run import start_run
 
 HEAD = "step"
 
@@ -106,7 +105,8 @@ def run_prm(cfg: PRMConfig) -> dict:
         raise ConfigError("--fsdp: tether prm does not shard yet; its processes are data-parallel replicas")
     tokenizer = load_stage_tokenizer(cfg.model)
     train, evals, reports = load_prm_data(cfg, tokenizer)  # checked before the run folder is touched
-    accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
+    opened = start_run(cfg, {"--output": cfg.train.output})
+    accelerator, _, out, start_step, checkpoint = opened
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model = load_trainable_reward_model(cfg.model, tokenizer, [HEAD], checkpoint)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
@@ -121,40 +121,23 @@ def run_prm(cfg: PRMConfig) -> dict:
         "start step": start_step,
         "model": parameter_summary(model),
     }
-    if accelerator.is_main_process:
-        announce("tether prm", plan, config, out, reports, checkpoint)
     unwrapped, pad_id = accelerator.unwrap_model(model), tokenizer.pad_token_id
     micro, device = cfg.train.micro_batch_size, accelerator.device
-    logger = offline_logger(cfg, accelerator, out, config, start_step, total_steps, "prm")
-    last_eval, steps_done = run_offline_loop(
-        cfg,
-        accelerator,
-        logger,
-        total_steps,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
+
+    def save(summary: dict) -> None:  # a reward-model folder with its one head (process 0: prm does not shard)
+        if accelerator.is_main_process:
+            write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "final")
+
+    run = OfflineRun("prm", cfg, opened, total_steps, (model, optimizer, scheduler), tokenizer, t_start)
+    return run_offline(
+        run,
+        plan,
+        reports,
+        lambda last_eval, steps: {**last_eval, "data": [r.summary() for r in reports]},
+        save,
         train_examples=train,
         eval_examples=evals,
         objective=StepObjective(),
-        start_step=start_step,
-        output=out,
         collate_fn=lambda exs: collate_steps(exs, pad_id),
-        tokenizer=tokenizer,
         evaluate_fn=lambda: evaluate_prm(unwrapped, evals, pad_id, micro, device),
     )
-    summary = {
-        "stage": "prm",
-        "steps": steps_done,
-        "resumed_from": start_step or None,
-        **last_eval,
-        "data": [r.summary() for r in reports],
-        "peak_memory": peak_memory(accelerator),
-    }
-    if accelerator.is_main_process:
-        write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "final")
-        summary["wall_s"] = round(time.perf_counter() - t_start, 2)
-        write_json(out / "summary.json", summary)
-        console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
-    close_run(accelerator)
-    return summary

@@ -33,8 +33,8 @@ from tether.stages.rm_config import RMConfig
 from tether.stages.rm_probes import normalization_stats, run_probes
 from tether.train.checkpoint import write_atomically
 from tether.train.early_stop import OverfitDetector
-from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
-from tether.train.run import announce, close_run, peak_memory, start_run, write_json
+from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, run_offline
+from tether.train.run import start_run
 from tether.train.sharding import is_sharded, reshard, save_full_model, unsharded_on_main
 
 
@@ -170,71 +170,56 @@ def run_rm(cfg: RMConfig) -> dict:
     tokenizer = load_stage_tokenizer(cfg.model)
     heads = list(cfg.rm.heads)
     train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer)  # before the run folder is touched
-    accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
-    report = reports[0]
+    opened = start_run(cfg, {"--output": cfg.train.output})
+    accelerator, _, out, start_step, checkpoint = opened
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model, optimizer, scheduler, detector = _model_and_optimizer(cfg, tokenizer, accelerator, checkpoint, total_steps)
-    sharded = is_sharded(model)
-    plan = _rm_plan(cfg, train, evals, report, accelerator, total_steps, start_step, model)
-    if accelerator.is_main_process:
-        announce("tether rm", plan, config, out, reports, None)
+    plan = _rm_plan(cfg, train, evals, reports[0], accelerator, total_steps, start_step, model)
     objective = RewardObjective(cfg.rm.ranking_loss, cfg.rm.center_coef)
     unwrapped = accelerator.unwrap_model(model)
-    on_eval = _best_keeper(cfg, detector, model, unwrapped, tokenizer, out, accelerator)
     final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
     mb, device = cfg.train.micro_batch_size, accelerator.device
     pad_id, padding_free = tokenizer.pad_token_id, cfg.model.padding_free
-    evaluate = lambda: _evaluate(  # noqa: E731
-        unwrapped, evals, pad_id, objective, heads, mb, device, scored=final_scores, padding_free=padding_free
-    )
-    logger = offline_logger(cfg, accelerator, out, config, start_step, total_steps, "rm")
-    last_eval, steps_done = run_offline_loop(
-        cfg,
-        accelerator,
-        logger,
-        total_steps,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
+
+    def save(summary: dict) -> None:
+        """The bias probes and final/ (process 0), on an ordinary copy of the trained model when it is sharded."""
+        probed = unwrapped
+        if is_sharded(model):
+            m = cfg.model
+            probed = unsharded_on_main(
+                model, lambda: load_reward_model(m.path, tokenizer, heads, m.dtype, m.trust_remote_code), accelerator
+            )
+        if accelerator.is_main_process:
+            last_eval_step = detector.history[-1][0] if detector.history else None
+            known = final_scores if last_eval_step == summary["steps"] else None  # scores of the final weights only
+            finish_rm(cfg, probed, tokenizer, out, summary, (train_recs, eval_recs, train, evals), known)
+
+    run = OfflineRun("rm", cfg, opened, total_steps, (model, optimizer, scheduler), tokenizer, t_start)
+    return run_offline(
+        run,
+        plan,
+        reports,
+        lambda last_eval, steps: {
+            "heads": heads,
+            **last_eval,
+            "best_step": detector.best_step if detector.history else None,
+            "best_accuracy": detector.best if detector.history else None,
+            "overfit_alarm_step": detector.fired_at,
+            "eval_history": detector.history,
+            "data": [r.summary() for r in reports],
+        },
+        save,
+        closing=lambda summary, last_eval: _final_line(out, detector, last_eval, summary["probes"]),
         train_examples=train,
         eval_examples=evals,
         objective=objective,
-        start_step=start_step,
-        output=out,
-        collate_fn=lambda exs: collate_preferences(exs, tokenizer.pad_token_id, cfg.model.padding_free),
-        tokenizer=tokenizer,
-        on_eval=on_eval,
+        collate_fn=lambda exs: collate_preferences(exs, pad_id, padding_free),
+        on_eval=_best_keeper(cfg, detector, model, unwrapped, tokenizer, out, accelerator),
         checkpoint_state=lambda: {"overfit": asdict(detector)},
-        evaluate_fn=evaluate,
+        evaluate_fn=lambda: _evaluate(
+            unwrapped, evals, pad_id, objective, heads, mb, device, scored=final_scores, padding_free=padding_free
+        ),
     )
-    summary = {
-        "stage": "rm",
-        "steps": steps_done,
-        "heads": heads,
-        "resumed_from": start_step or None,
-        **last_eval,
-        "best_step": detector.best_step if detector.history else None,
-        "best_accuracy": detector.best if detector.history else None,
-        "overfit_alarm_step": detector.fired_at,
-        "eval_history": detector.history,
-        "data": [r.summary() for r in reports],
-    }
-    memory = peak_memory(accelerator)  # before the probes, which process 0 alone runs
-    if sharded:  # the probes run on process 0 alone: on an ordinary copy of the trained model
-        m = cfg.model
-        unwrapped = unsharded_on_main(
-            model, lambda: load_reward_model(m.path, tokenizer, heads, m.dtype, m.trust_remote_code), accelerator
-        )
-    if accelerator.is_main_process:
-        last_eval_step = detector.history[-1][0] if detector.history else None
-        known = final_scores if last_eval_step == steps_done else None  # scores of the final weights only
-        finish_rm(cfg, unwrapped, tokenizer, out, summary, (train_recs, eval_recs, train, evals), known)
-        summary["wall_s"] = round(time.perf_counter() - t_start, 2)
-        summary["peak_memory"] = memory
-        write_json(out / "summary.json", summary)
-        console.print(_final_line(out, detector, last_eval, summary["probes"]))
-    close_run(accelerator)
-    return summary
 
 
 def _rm_plan(cfg: RMConfig, train, evals, report, accelerator, total_steps: int, start_step: int, model) -> dict:

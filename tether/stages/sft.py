@@ -7,16 +7,14 @@ import time
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
 from tether.config import ConfigError
-from tether.console import console
 from tether.data.records import read_records, tokenize_split
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.models.packing import describe
 from tether.stages.sft_config import SFTConfig
-from tether.train.checkpoint import save_final
-from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
-from tether.train.run import announce, close_run, peak_memory, start_run, write_json
+from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, run_offline
+from tether.train.run import start_run
 from tether.train.sharding import is_sharded
 
 
@@ -63,9 +61,8 @@ def run_sft(cfg: SFTConfig) -> dict:
     t_start = time.perf_counter()
     tokenizer = load_stage_tokenizer(cfg.model)
     train, evals, reports = load_sft_data(cfg, tokenizer)  # checked before the run folder is touched
-    accelerator, config, out, start_step, checkpoint = start_run(
-        cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output}
-    )
+    opened = start_run(cfg, {"--model": cfg.model.path, "--data": cfg.data.path, "--output": cfg.train.output})
+    accelerator, _, _, start_step, checkpoint = opened
     world = accelerator.num_processes
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint)
@@ -82,39 +79,19 @@ def run_sft(cfg: SFTConfig) -> dict:
         "model": parameter_summary(model) + (f", sharded over {world} processes (FSDP2)" if is_sharded(model) else ""),
         "loss": "all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)",
     }
-    if accelerator.is_main_process:
-        announce("tether sft", plan, config, out, reports, checkpoint)
-    logger = offline_logger(cfg, accelerator, out, config, start_step, total_steps, "sft")
-    last_eval, _ = run_offline_loop(
-        cfg,
-        accelerator,
-        logger,
-        total_steps,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
+    run = OfflineRun("sft", cfg, opened, total_steps, (model, optimizer, scheduler), tokenizer, t_start)
+    return run_offline(
+        run,
+        plan,
+        reports,
+        lambda last_eval, steps: {
+            "train_examples": len(train),
+            "eval_examples": len(evals),
+            **last_eval,
+            "data": [r.summary() for r in reports],
+        },
         train_examples=train,
         eval_examples=evals,
         objective=SFTObjective(),
-        start_step=start_step,
-        output=out,
         collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.model.padding_free),
-        tokenizer=tokenizer,
     )
-    summary = {
-        "stage": "sft",
-        "steps": total_steps,
-        "resumed_from": start_step or None,
-        "train_examples": len(train),
-        "eval_examples": len(evals),
-        **last_eval,
-        "data": [r.summary() for r in reports],
-        "wall_s": round(time.perf_counter() - t_start, 2),
-        "peak_memory": peak_memory(accelerator),
-    }
-    save_final(accelerator, model, tokenizer, out / "final")
-    if accelerator.is_main_process:
-        write_json(out / "summary.json", summary)
-        console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
-    close_run(accelerator)
-    return summary

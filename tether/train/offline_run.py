@@ -1,15 +1,21 @@
-"""The offline stages' scaffolding, written once: SFT, reward models and offline DPO each bring their data, model
-and objective, and take from here the step count, the trained model's optimizer (sharded with --fsdp, restored on
-resume, wrapped for data parallelism), the metrics logger and the loop (tether/train/offline.py)."""
+"""The offline stages' scaffolding, written once: SFT, reward models, process reward models and offline DPO each
+bring their data, model and objective, and take from here the step count, the trained model's optimizer (sharded
+with --fsdp, restored on resume, wrapped for data parallelism), and the run itself (``run_offline``, as the online
+stages have run_online): the plan, the metrics logger, the loop (tether/train/offline.py), final/, summary.json,
+the closing line and the run folder's release."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from tether.train.checkpoint import load_training_state
+from tether.console import console
+from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger
 from tether.train.offline import loop_settings, train_offline
-from tether.train.run import check_steps_left
+from tether.train.run import announce, check_steps_left, close_run, peak_memory, write_json
 from tether.train.schedule import build_optimizer
 from tether.train.sharding import is_sharded, shard_model
 
@@ -73,3 +79,79 @@ def run_offline_loop(cfg, accelerator, logger: MetricsLogger, total_steps: int, 
         )
     finally:
         logger.close()
+
+
+@dataclass
+class OfflineRun:
+    """An offline stage's run once opened and loaded: what ``run_offline`` needs of it. ``name``: the stage (the
+    plan's title, the logger's run name, summary.json's stage); ``opened``: what start_run returned (accelerator,
+    resolved config, run folder, start step, checkpoint); ``trained``: what prepare_trained returned (model,
+    optimizer, scheduler)."""
+
+    name: str
+    cfg: object
+    opened: tuple
+    total_steps: int
+    trained: tuple
+    tokenizer: object
+    t_start: float
+
+    def __post_init__(self):
+        self.accelerator, self.config, self.out, self.start_step, self.checkpoint = self.opened
+        self.model, self.optimizer, self.scheduler = self.trained[:3]
+
+
+def closing_line(out: Path, last_eval: dict) -> str:
+    """Where the trained model is, and the last evaluation's figures."""
+    figures = "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items() if isinstance(v, float))
+    return f"final model: {out / 'final'}  {figures}".rstrip()
+
+
+def run_offline(
+    run: OfflineRun,
+    plan: dict,
+    reports: list,
+    summary: Callable[[dict, int], dict],
+    save: Callable[[dict], None] | None = None,
+    before: Callable[[MetricsLogger], None] | None = None,
+    closing: Callable[[dict, dict], str] | None = None,
+    **loop,
+) -> dict:
+    """Announce the plan, run the offline loop (``loop``: its train/eval examples, objective, collate_fn and hooks),
+    then the tail every offline stage shares: final/ (``save(summary)`` on every process, which may add to the
+    summary; default: the trained model, gathered when sharded), summary.json ({stage, steps, resumed_from, then
+    ``summary(last_eval, steps_done)``, wall_s, peak_memory}) and the closing line on process 0, the run folder's
+    lock released. ``before(logger)`` runs ahead of the first step (an evaluation before training); ``closing(summary,
+    last_eval)`` writes the closing line (default: where final/ is and the last evaluation's figures)."""
+    acc = run.accelerator
+    if acc.is_main_process:
+        announce(f"tether {run.name}", plan, run.config, run.out, reports, run.checkpoint)
+    logger = offline_logger(run.cfg, acc, run.out, run.config, run.start_step, run.total_steps, run.name)
+    if before is not None:
+        before(logger)
+    last_eval, steps_done = run_offline_loop(
+        run.cfg,
+        acc,
+        logger,
+        run.total_steps,
+        model=run.model,
+        optimizer=run.optimizer,
+        scheduler=run.scheduler,
+        start_step=run.start_step,
+        output=run.out,
+        tokenizer=run.tokenizer,
+        **loop,
+    )
+    result = {"stage": run.name, "steps": steps_done, "resumed_from": run.start_step or None}
+    result.update(summary(last_eval, steps_done))
+    result["peak_memory"] = peak_memory(acc)  # the training's, before a save that may gather or probe
+    if save is not None:
+        save(result)
+    else:
+        save_final(acc, run.model, run.tokenizer, run.out / "final")
+    result["wall_s"] = round(time.perf_counter() - run.t_start, 2)
+    if acc.is_main_process:
+        write_json(run.out / "summary.json", result)
+        console.print(closing(result, last_eval) if closing is not None else closing_line(run.out, last_eval))
+    close_run(acc)
+    return result

@@ -304,6 +304,4 @@ def run_online_dpo(cfg: DPOConfig, evaluate_fn=None, backend=None) -> dict:
         sample_every=1,
         round_steps=cfg.online.steps_per_round,
     )
-    return run_online(
-        stage, schedule, start.config, start.accelerator, start.out, start.checkpoint, "tether dpo", evaluate_fn
-    )
+    return run_online(stage, schedule, start, "tether dpo", evaluate_fn)

@@ -480,33 +480,14 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
         stand_in_reward=scorer is not None,
     )
     models = load_online_models(cfg, start, cfg.needs_reference(), scorer)
-    score = None
-    if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
-        score = Scorer(
-            cfg.rewards,
-            cfg.rollout.max_new_tokens,
-            models.tokenizer,
-            start.reward_set,
-            models.reward_model,
-            process_model=models.process_model,
-        )
     stage = GroupStage(
         cfg,
         models.tokenizer,
         models.policy,
         models.reference,
-        score,
+        models.scorer(cfg, start),
         start,
         backend(models.sampling_copy or models.policy, models.tokenizer) if backend else None,
         models.sampling_copy,
     )
-    return run_online(
-        stage,
-        Schedule.of(cfg.train, cfg.train.max_steps),
-        start.config,
-        start.accelerator,
-        start.out,
-        start.checkpoint,
-        "tether grpo",
-        evaluate_fn,
-    )
+    return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start, "tether grpo", evaluate_fn)

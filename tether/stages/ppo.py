@@ -465,35 +465,15 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
         ),
     )
     models = load_online_models(cfg, start, True, scorer, critic)
-    score = None
-    if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
-        score = Scorer(
-            cfg.rewards,
-            cfg.rollout.max_new_tokens,
-            models.tokenizer,
-            start.reward_set,
-            models.reward_model,
-            allow_process=False,
-            process_model=models.process_model,
-        )
     stage = PPOStage(
         cfg,
         models.tokenizer,
         models.policy,
         models.reference,
         models.extra,
-        score,
+        models.scorer(cfg, start, allow_process=False),
         start,
         backend(models.sampling_copy or models.policy, models.tokenizer) if backend else None,
         models.sampling_copy,
     )
-    return run_online(
-        stage,
-        Schedule.of(cfg.train, cfg.train.max_steps),
-        start.config,
-        start.accelerator,
-        start.out,
-        start.checkpoint,
-        "tether ppo",
-        evaluate_fn,
-    )
+    return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start, "tether ppo", evaluate_fn)

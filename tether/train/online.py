@@ -318,23 +318,18 @@ def _summary(run: "_Run", stage, schedule, out: Path, start_step: int, stopped_a
 
 
 def run_online(
-    stage: OnlineStage,
-    schedule: Schedule,
-    config: dict,
-    accelerator,
-    out: Path,
-    checkpoint: Path | None,
-    title: str,
-    evaluate_fn: Callable | None = None,
+    stage: OnlineStage, schedule: Schedule, start: "OnlineStart", title: str, evaluate_fn: Callable | None = None
 ) -> dict:
-    """Train ``stage`` from the checkpoint (or step 0) to schedule.total_steps; returns the summary.
-    ``evaluate_fn(policy, tokenizer) -> dict`` adds task metrics (the lab's gold figures) to every evaluation."""
+    """Train ``stage`` from the run ``start`` opened (its checkpoint, or step 0) to schedule.total_steps; returns the
+    summary. ``evaluate_fn(policy, tokenizer) -> dict`` adds task metrics (the lab's gold figures) to every
+    evaluation."""
     t_start = time.perf_counter()
     with counting() as counter:  # every model forward, by phase: forwards/* and positions/* in each metrics row
-        return _train(stage, schedule, config, accelerator, out, checkpoint, title, evaluate_fn, t_start, counter)
+        return _train(stage, schedule, start, title, evaluate_fn, t_start, counter)
 
 
-def _train(stage, schedule, config, accelerator, out, checkpoint, title, evaluate_fn, t_start, counter) -> dict:
+def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, counter) -> dict:
+    config, accelerator, out, checkpoint = start.config, start.accelerator, start.out, start.checkpoint
     run = _Run(stage, schedule, out, evaluate_fn, accelerator)
     _same_start(run, stage)
     start_step = run.restore(checkpoint) if checkpoint is not None else 0  # RNG last: nothing below draws from it

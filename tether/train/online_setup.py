@@ -19,7 +19,7 @@ from typing import Callable
 from tether.agents.episodes import check_episodes
 from tether.models.checks import check_position_restarts
 from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
-from tether.rewards.score import load_process_reward_scorer, load_reward_model_scorer
+from tether.rewards.score import Scorer, load_process_reward_scorer, load_reward_model_scorer
 from tether.rollout.backends import BACKENDS
 from tether.train.sharding import shard_frozen, shard_reward_model, shard_trained_online
 
@@ -43,6 +43,21 @@ class OnlineModels:
     reward_model: object
     process_model: object
     sharded: bool
+
+    def scorer(self, cfg, start, allow_process: bool = True):
+        """The one scorer (tether/rewards/score.py) over the reward models and the run's reward functions; None with
+        an environment, which scores its episodes itself (tether/agents)."""
+        if cfg.agent.env:
+            return None
+        return Scorer(
+            cfg.rewards,
+            cfg.rollout.max_new_tokens,
+            self.tokenizer,
+            start.reward_set,
+            self.reward_model,
+            allow_process=allow_process,
+            process_model=self.process_model,
+        )
 
 
 @dataclass(frozen=True)

@@ -24,23 +24,22 @@ _SECTION: contextvars.ContextVar[str | None] = contextvars.ContextVar("tether_se
 
 
 @contextmanager
+def _inside(variable: contextvars.ContextVar, name: str):
+    token = variable.set(name)
+    try:
+        yield
+    finally:
+        variable.reset(token)
+
+
 def phase(name: str):
     """The forwards run inside are counted under ``name`` (an inner phase names its own)."""
-    token = _PHASE.set(name)
-    try:
-        yield
-    finally:
-        _PHASE.reset(token)
+    return _inside(_PHASE, name)
 
 
-@contextmanager
 def section(name: str):
     """Every phase inside is counted as ``<name>_<phase>`` (the evaluation's sampling is ``eval_sample``)."""
-    token = _SECTION.set(name)
-    try:
-        yield
-    finally:
-        _SECTION.reset(token)
+    return _inside(_SECTION, name)
 
 
 def _is_backbone(module: torch.nn.Module) -> bool:

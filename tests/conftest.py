@@ -163,3 +163,18 @@ def assert_same_adamw_weights(
         assert a.dtype == torch.float64 and other[name].dtype == torch.float64, f"{what} {name}: not a float64 run"
         diff = float((other[name] - a).abs().max())
         assert diff <= bound, f"{what} {name}: {diff:.3g} > {bound:.3g}"
+
+
+def flags(*words, **values) -> list[str]:
+    """A command line from keywords, as the multi-process tests launch it: flags("grpo", model=m, max_steps=3,
+    response_seeds=True, reward=[a, b]) -> ["grpo", "--model", m, "--max-steps", "3", "--response-seeds",
+    "--reward", a, "--reward", b]; a list repeats the flag, True is the bare flag, False and None leave it out."""
+    out = [str(w) for w in words]
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is not False and value is not None:
+            for item in value if isinstance(value, list) else [value]:
+                out += [flag, str(item)]
+    return out

@@ -2,14 +2,16 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from test_online_parallel import free_port
+from conftest import flags, write_jsonl
+from test_online_parallel import launch
 from test_sft import read_metrics, sft_config
 
 from tether.stages.sft import run_sft
+
+# One run's settings, as flags (the 2-process launch) and as the config one process builds.
+SETTINGS = dict(max_length=64, lr=3e-3, batch_size=8, micro_batch_size=2, save_every=0, report_to="none")
 
 
 @pytest.mark.slow
@@ -17,64 +19,12 @@ from tether.stages.sft import run_sft
 def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path, packing):
     """--packing: the examples packed into 64-token rows before the split, so each process gets whole rows."""
     train_path, eval_path = addition_files
-    common = [
-        "--model",
-        str(llama_dir),
-        "--data",
-        str(train_path),
-        "--eval-data",
-        str(eval_path),
-        "--max-length",
-        "64",
-        "--lr",
-        "3e-3",
-        "--warmup-ratio",
-        "0.1",
-        "--batch-size",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--max-steps",
-        "6",
-        "--eval-every",
-        "3",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-        *(["--packing"] if packing else []),
-    ]
+    run = dict(model=llama_dir, data=train_path, eval_data=eval_path, warmup_ratio=0.1, max_steps=6, eval_every=3)
     two = tmp_path / "two"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    # On a machine without GPUs, --multi_gpu makes accelerate start N processes; tether then uses gloo on CPU.
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        "-m",
-        "tether",
-        "sft",
-        *common,
-        "--output",
-        str(two),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch(flags("sft", **run, **SETTINGS, packing=packing, output=two))
     config = (two / "config.yaml").read_text()
     assert "2 x 2 x 2" in config  # processes x micro-batch x accumulation
     assert f"packing: {str(packing).lower()}" in config
-
     one = tmp_path / "one"
     run_sft(sft_config(llama_dir, addition_files, one, train__micro_batch_size=2, data__packing=packing))
     m1, m2 = read_metrics(one), read_metrics(two)
@@ -86,6 +36,24 @@ def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path, pa
         assert ("eval/loss" in a) == ("eval/loss" in b)
         if "eval/loss" in a:
             assert a["eval/loss"] == pytest.approx(b["eval/loss"], rel=1e-5)
+
+
+def one_process_overrides(llama_dir, data, out) -> dict:
+    """The config of SETTINGS with 4 steps, an evaluation every 2, for one process."""
+    return {
+        "model.path": str(llama_dir),
+        "data.path": str(data),
+        "data.eval_path": str(data),
+        "data.max_length": 64,
+        "optim.lr": 3e-3,
+        "train.output": str(out),
+        "train.batch_size": 8,
+        "train.micro_batch_size": 2,
+        "train.max_steps": 4,
+        "train.eval_every": 2,
+        "train.save_every": 0,
+        "train.report_to": ["none"],
+    }
 
 
 @pytest.mark.slow
@@ -101,72 +69,20 @@ def test_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
         }
         for i in range(40)
     ]
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    common = [
-        "--model",
-        str(llama_dir),
-        "--data",
-        str(data),
-        "--eval-data",
-        str(data),
-        "--max-length",
-        "64",
-        "--lr",
-        "3e-3",
-        "--batch-size",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--max-steps",
-        "4",
-        "--eval-every",
-        "2",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        "-m",
-        "tether",
-        "rm",
-        *common,
-        "--output",
-        str(tmp_path / "two"),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    overrides = {
-        "model.path": str(llama_dir),
-        "data.path": str(data),
-        "data.eval_path": str(data),
-        "data.max_length": 64,
-        "optim.lr": 3e-3,
-        "train.output": str(tmp_path / "one"),
-        "train.batch_size": 8,
-        "train.micro_batch_size": 2,
-        "train.max_steps": 4,
-        "train.eval_every": 2,
-        "train.save_every": 0,
-        "train.report_to": ["none"],
-    }
-    run_rm(build_config(RMConfig, overrides=overrides))
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    launch(
+        flags(
+            "rm",
+            model=llama_dir,
+            data=data,
+            eval_data=data,
+            max_steps=4,
+            eval_every=2,
+            **SETTINGS,
+            output=tmp_path / "two",
+        )
+    )
+    run_rm(build_config(RMConfig, overrides=one_process_overrides(llama_dir, data, tmp_path / "one")))
     m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     for a, b in zip(m1, m2):
         assert a["train/pairs"] == b["train/pairs"] == 8
@@ -181,32 +97,20 @@ def test_process_reward_model_two_processes_match_one_process(llama_dir, tmp_pat
     from tether.config import build_config
     from tether.stages.prm import PRMConfig, run_prm
 
-    data = tmp_path / "steps.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in step_rows(40)))
-    flags = {"--max-length": "64", "--lr": "3e-3", "--batch-size": "8", "--micro-batch-size": "2"}
-    flags.update({"--max-steps": "4", "--eval-every": "2", "--save-every": "0", "--report-to": "none"})
-    common = ["--model", str(llama_dir), "--data", str(data), "--eval-data", str(data)]
-    common += [x for kv in flags.items() for x in kv]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    launch += [
-        "--main_process_port",
-        str(free_port()),
-        "-m",
-        "tether",
-        "prm",
-        *common,
-        "--output",
-        str(tmp_path / "two"),
-    ]
-    proc = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    overrides = {"model.path": str(llama_dir), "data.path": str(data), "data.eval_path": str(data)}
-    overrides.update({"data.max_length": 64, "optim.lr": 3e-3, "train.output": str(tmp_path / "one")})
-    overrides.update({"train.batch_size": 8, "train.micro_batch_size": 2, "train.max_steps": 4})
-    overrides.update({"train.eval_every": 2, "train.save_every": 0, "train.report_to": ["none"]})
-    run_prm(build_config(PRMConfig, overrides=overrides))
+    data = write_jsonl(tmp_path / "steps.jsonl", step_rows(40))
+    launch(
+        flags(
+            "prm",
+            model=llama_dir,
+            data=data,
+            eval_data=data,
+            max_steps=4,
+            eval_every=2,
+            **SETTINGS,
+            output=tmp_path / "two",
+        )
+    )
+    run_prm(build_config(PRMConfig, overrides=one_process_overrides(llama_dir, data, tmp_path / "one")))
     m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert len(m1) == len(m2) == 4
     for a, b in zip(m1, m2):
@@ -225,7 +129,6 @@ def test_killing_the_launchers_process_group_ends_its_processes(llama_dir, addit
     import signal
     import time
 
-    from test_online_parallel import launch
     from test_vllm import alive, descendants
 
     out = tmp_path / "two"

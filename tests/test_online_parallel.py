@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from conftest import FP64, assert_same_adamw_weights, write_jsonl
+from conftest import FP64, assert_same_adamw_weights, flags, write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main as tether_main
@@ -200,44 +200,27 @@ def assert_written_once(out, rows_per_step: int, steps: int):
 
 def group_recipe_args(model, rules, prompts, recipe: str) -> list[str]:
     """A group-recipe run of 3 steps, 2 passes of minibatches of 8 in micro-batches of 3 (also the sharded tests')."""
-    args = [
+    args = flags(
         "grpo",
-        "--model",
-        str(model),
-        "--prompts",
-        str(prompts),
-        "--eval-prompts",
-        str(prompts),
-        "--reward",
-        f"{rules}:count_a",
-        "--recipe",
-        recipe,
-        "--prompts-per-step",
-        "4",
-        "--group-size",
-        "4",
-        "--max-new-tokens",
-        "8",
-        "--max-steps",
-        "3",
-        "--lr",
-        "3e-3",
-        "--eval-every",
-        "3",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-        "--sample-every",
-        "1",
-        "--response-seeds",
-        "--minibatch",
-        "8",
-        "--update-epochs",
-        "2",
-        "--micro-batch-size",
-        "3",
-    ]
+        model=model,
+        prompts=prompts,
+        eval_prompts=prompts,
+        reward=f"{rules}:count_a",
+        recipe=recipe,
+        prompts_per_step=4,
+        group_size=4,
+        max_new_tokens=8,
+        max_steps=3,
+        lr="3e-3",
+        eval_every=3,
+        save_every=0,
+        report_to="none",
+        sample_every=1,
+        response_seeds=True,
+        minibatch=8,
+        update_epochs=2,
+        micro_batch_size=3,
+    )
     if recipe == "dapo":  # dynamic sampling: the kept-group count is global, later rounds split unevenly
         args[args.index(f"{rules}:count_a")] = f"{rules}:has_a"
     return args + FP64
@@ -264,36 +247,25 @@ def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, re
 def test_a_process_reward_on_two_processes_equals_one(llama_dir, files, tmp_path):
     """Step scores travel with their responses; token advantages are computed from the gathered groups."""
     rules, prompts = files
-    args = [
-        "grpo",
-        "--model",
-        str(llama_dir),
-        "--prompts",
-        str(prompts),
-        "--reward",
-        f"{rules}:a_steps",
-        "--reward",
-        f"{rules}:count_a=0.5",
-        "--step-pattern",
-        " ",
-        "--prompts-per-step",
-        "4",
-        "--group-size",
-        "3",
-        "--max-new-tokens",
-        "8",
-        "--max-steps",
-        "2",
-        "--lr",
-        "3e-3",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-        "--sample-every",
-        "1",
-        "--response-seeds",
-    ] + FP64
+    args = (
+        flags(
+            "grpo",
+            model=llama_dir,
+            prompts=prompts,
+            reward=[f"{rules}:a_steps", f"{rules}:count_a=0.5"],
+            step_pattern=" ",
+            prompts_per_step=4,
+            group_size=3,
+            max_new_tokens=8,
+            max_steps=2,
+            lr="3e-3",
+            save_every=0,
+            report_to="none",
+            sample_every=1,
+            response_seeds=True,
+        )
+        + FP64
+    )
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
@@ -357,44 +329,28 @@ def test_a_reward_function_failing_on_one_process_stops_both_at_the_same_step(ll
 
 def ppo_args(model, rules, prompts, layout: str) -> list[str]:
     """A PPO run of 3 steps of 6 responses, 2 passes of minibatches of 3, with the adaptive KL and whitening."""
-    args = [
+    args = flags(
         "ppo",
-        "--model",
-        str(model),
-        "--prompts",
-        str(prompts),
-        "--eval-prompts",
-        str(prompts),
-        "--reward",
-        f"{rules}:count_a",
-        "--prompts-per-step",
-        "6",
-        "--group-size",
-        "1",
-        "--max-new-tokens",
-        "8",
-        "--max-steps",
-        "3",
-        "--lr",
-        "3e-3",
-        "--critic-layout",
-        layout,
-        "--minibatch",
-        "3",
-        "--update-epochs",
-        "2",
-        "--adaptive-kl",
-        "--whiten-advantages",
-        "--eval-every",
-        "3",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-        "--sample-every",
-        "1",
-        "--response-seeds",
-    ]
+        model=model,
+        prompts=prompts,
+        eval_prompts=prompts,
+        reward=f"{rules}:count_a",
+        prompts_per_step=6,
+        group_size=1,
+        max_new_tokens=8,
+        max_steps=3,
+        lr="3e-3",
+        critic_layout=layout,
+        minibatch=3,
+        update_epochs=2,
+        adaptive_kl=True,
+        whiten_advantages=True,
+        eval_every=3,
+        save_every=0,
+        report_to="none",
+        sample_every=1,
+        response_seeds=True,
+    )
     return args + FP64
 
 
@@ -411,38 +367,25 @@ def test_ppo_on_two_processes_equals_one(llama_dir, files, tmp_path, layout):
 
 def online_dpo_args(model, rules, prompts) -> list[str]:
     """An online DPO run of 2 rounds of 8 prompts, 2 steps each."""
-    args = [
+    args = flags(
         "dpo",
-        "--online",
-        "--model",
-        str(model),
-        "--prompts",
-        str(prompts),
-        "--reward",
-        f"{rules}:count_a",
-        "--prompts-per-step",
-        "8",
-        "--max-new-tokens",
-        "8",
-        "--rounds",
-        "2",
-        "--steps-per-round",
-        "2",
-        "--batch-size",
-        "4",
-        "--micro-batch-size",
-        "1",
-        "--lr",
-        "3e-3",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-        "--response-seeds",
-        "--keep-truncated",
-        "--temperature",
-        "1.3",
-    ]
+        online=True,
+        model=model,
+        prompts=prompts,
+        reward=f"{rules}:count_a",
+        prompts_per_step=8,
+        max_new_tokens=8,
+        rounds=2,
+        steps_per_round=2,
+        batch_size=4,
+        micro_batch_size=1,
+        lr="3e-3",
+        save_every=0,
+        report_to="none",
+        response_seeds=True,
+        keep_truncated=True,
+        temperature="1.3",
+    )
     return args + FP64
 
 
@@ -526,31 +469,20 @@ def test_multi_turn_episodes_on_two_processes_equal_one(short_turn_model, files,
 def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, files, tmp_path, capsys):
     """Sampling from each process's own RNG (no --response-seeds): the checkpoint's rng-0 and rng-1 carry it."""
     rules, prompts = files
-    args = [
+    args = flags(
         "grpo",
-        "--model",
-        str(llama_dir),
-        "--prompts",
-        str(prompts),
-        "--reward",
-        f"{rules}:count_a",
-        "--prompts-per-step",
-        "4",
-        "--group-size",
-        "2",
-        "--max-new-tokens",
-        "8",
-        "--max-steps",
-        "10",
-        "--lr",
-        "3e-3",
-        "--save-every",
-        "1",
-        "--report-to",
-        "none",
-        "--sample-every",
-        "1",
-    ]
+        model=llama_dir,
+        prompts=prompts,
+        reward=f"{rules}:count_a",
+        prompts_per_step=4,
+        group_size=2,
+        max_new_tokens=8,
+        max_steps=10,
+        lr="3e-3",
+        save_every=1,
+        report_to="none",
+        sample_every=1,
+    )
     launch(args + ["--output", str(tmp_path / "whole")])
     killed = kill_after_checkpoint(args, tmp_path / "killed", 2)
     assert (killed / "checkpoint-2" / "rng-0.json").is_file() and (killed / "checkpoint-2" / "rng-1.json").is_file()
@@ -599,8 +531,8 @@ def test_a_process_reward_model_on_two_processes_equals_one(llama_dir, files, tm
     _, prompts = files
     prm = tiny_prm(llama_dir, tmp_path)
     args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--process-reward-model", prm]
-    args += ["--step-pattern", " ", "--prompts-per-step", "4", "--group-size", "3", "--max-new-tokens", "8"]
-    args += ["--max-steps", "2", "--lr", "3e-3", "--save-every", "0", "--report-to", "none", "--sample-every", "1"]
+    args += flags(step_pattern=" ", prompts_per_step=4, group_size=3, max_new_tokens=8)
+    args += flags(max_steps=2, lr="3e-3", save_every=0, report_to="none", sample_every=1)
     args += ["--response-seeds"] + FP64
     launch(args + ["--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FP64, assert_same_adamw_weights, write_jsonl
+from conftest import FP64, assert_same_adamw_weights, flags, write_jsonl
 from safetensors.torch import load_file
 from test_online_parallel import launch, lines
 
@@ -36,36 +36,40 @@ def assert_same_training(one, two, keys):
     assert_same_adamw_weights(w1, w2, LR, MAX_UPDATES, str(two))
 
 
+def run_args(stage: str, model, data, eval_data=None, **settings) -> list[str]:
+    """A run both sides of a comparison make, in float64 with the foreach AdamW (both above): ``settings`` over the
+    shared ones (lr 3e-3, no loggers, held-out data = the training data unless named)."""
+    shared = dict(lr="3e-3", report_to="none", adamw="foreach")
+    return flags(stage, model=model, data=data, eval_data=eval_data or data, **{**shared, **settings}) + FP64
+
+
+def pair_rows(n: int, chosen: str, rejected: str, more_chosen: int, more_rejected: int) -> list[dict]:
+    """n preference rows whose answers differ in length by row (" yes" and " no" repeated by i mod the counts)."""
+    return [
+        {
+            "prompt": f"Q{i}: ",
+            "chosen": chosen + " yes" * (i % more_chosen),
+            "rejected": rejected + " no" * (i % more_rejected),
+        }
+        for i in range(n)
+    ]
+
+
 @pytest.mark.slow
 def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_files, tmp_path, capsys):
     train_path, eval_path = addition_files
-    args = [
+    args = run_args(
         "sft",
-        "--model",
-        str(llama_dir),
-        "--data",
-        str(train_path),
-        "--eval-data",
-        str(eval_path),
-        "--max-length",
-        "64",
-        "--lr",
-        "3e-3",
-        "--batch-size",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--max-steps",
-        "4",
-        "--eval-every",
-        "2",
-        "--save-every",
-        "2",
-        "--report-to",
-        "none",
-        "--adamw",
-        "foreach",
-    ] + FP64
+        llama_dir,
+        train_path,
+        eval_path,
+        max_length=64,
+        batch_size=8,
+        micro_batch_size=2,
+        max_steps=4,
+        eval_every=2,
+        save_every=2,
+    )
     two = tmp_path / "two"
     proc = launch(args + ["--fsdp", "--output", str(two)], config_file=str(CONFIGS / "cpu.yaml"))  # the shipped file
     assert "sharded over 2 processes (FSDP2)" in (two / "config.yaml").read_text(), proc.stderr[-2000:]
@@ -89,42 +93,10 @@ def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_
 
 @pytest.mark.slow
 def test_sharded_dpo_equals_one_process(llama_dir, tmp_path):
-    rows = [
-        {
-            "prompt": f"Q{i}: ",
-            "chosen": "Cats sleep a lot." + " yes" * (i % 3),
-            "rejected": "Cats bark." + " no" * (i % 4),
-        }
-        for i in range(24)
-    ]
-    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    args = [
-        "dpo",
-        "--model",
-        str(llama_dir),
-        "--data",
-        str(data),
-        "--eval-data",
-        str(data),
-        "--max-length",
-        "48",
-        "--lr",
-        "3e-3",
-        "--batch-size",
-        "4",
-        "--micro-batch-size",
-        "1",
-        "--max-steps",
-        "3",
-        "--eval-every",
-        "3",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-        "--adamw",
-        "foreach",
-    ] + FP64
+    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(24, "Cats sleep a lot.", "Cats bark.", 3, 4))
+    args = run_args(
+        "dpo", llama_dir, data, max_length=48, batch_size=4, micro_batch_size=1, max_steps=3, eval_every=3, save_every=0
+    )
     launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_training(
@@ -174,42 +146,10 @@ def test_shipped_accelerate_configs_are_valid_accelerate_configs(name):
 @pytest.mark.slow
 def test_sharded_reward_model_equals_one_process(llama_dir, tmp_path):
     """Including best/ (gathered at each new best) and final/ with its probes (on process 0, from a gathered copy)."""
-    rows = [
-        {
-            "prompt": f"Q{i}: ",
-            "chosen": "Cats sleep a lot." + " yes" * (i % 5),
-            "rejected": "Cats are dogs." + " no" * (i % 3),
-        }
-        for i in range(32)
-    ]
-    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    args = [
-        "rm",
-        "--model",
-        str(llama_dir),
-        "--data",
-        str(data),
-        "--eval-data",
-        str(data),
-        "--max-length",
-        "48",
-        "--lr",
-        "3e-3",
-        "--batch-size",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--max-steps",
-        "4",
-        "--eval-every",
-        "2",
-        "--save-every",
-        "2",
-        "--report-to",
-        "none",
-        "--adamw",
-        "foreach",
-    ] + FP64
+    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(32, "Cats sleep a lot.", "Cats are dogs.", 5, 3))
+    args = run_args(
+        "rm", llama_dir, data, max_length=48, batch_size=8, micro_batch_size=2, max_steps=4, eval_every=2, save_every=2
+    )
     launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_training(
@@ -231,36 +171,8 @@ def test_token_budget_micro_batches_sharded_equal_one_process_by_examples(llama_
     """Micro-batches by tokens: each process splits its share its own way (at 60 tokens, 4 and 3 micro-batches in
     step 1; the short process runs a weight-0 pass so the sharded forwards pair up), and the steps equal one
     process's by examples."""
-    rows = [
-        {"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot." + " yes" * (i % 7), "rejected": "No." + " no" * (i % 2)}
-        for i in range(32)
-    ]
-    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    args = [
-        "rm",
-        "--model",
-        str(llama_dir),
-        "--data",
-        str(data),
-        "--eval-data",
-        str(data),
-        "--max-length",
-        "48",
-        "--lr",
-        "3e-3",
-        "--batch-size",
-        "8",
-        "--max-steps",
-        "4",
-        "--eval-every",
-        "4",
-        "--save-every",
-        "0",
-        "--report-to",
-        "none",
-        "--adamw",
-        "foreach",
-    ] + FP64
+    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(32, "Cats sleep a lot.", "No.", 7, 2))
+    args = run_args("rm", llama_dir, data, max_length=48, batch_size=8, max_steps=4, eval_every=4, save_every=0)
     proc = launch(args + ["--micro-batch-tokens", "60", "--fsdp", "--output", str(tmp_path / "two")])
     assert "up to 60 tokens" in (tmp_path / "two" / "config.yaml").read_text(), proc.stderr[-2000:]
     assert tether_main(args + ["--micro-batch-size", "2", "--output", str(tmp_path / "one")]) == 0

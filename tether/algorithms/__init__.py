@@ -5,6 +5,7 @@ or logging. Trainers compose these pieces; tests check each one against a
 hand-computed case. Formulas and sources: docs/algorithms.md.
 
   logprobs    token log-probabilities and entropies from logits
+  masks       index rules over masks: the last action of a row (holes and all)
   reductions  masked_sum and ``aggregate``, the one way token terms become a scalar
   sft         the SFT loss
   reward      reward-model losses;  agreement: inter-annotator agreement

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tether.algorithms.masks import last_action_index
+
 
 def bradley_terry_loss(
     chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, margin: torch.Tensor | None = None
@@ -131,8 +133,7 @@ def aggregate_step_scores(step_scores: torch.Tensor, mask: torch.Tensor, how: st
     elif how == "mean":
         out = (step_scores * real).sum(-1) / real.sum(-1).clamp(min=1)
     elif how == "last":
-        last = (real.long() * torch.arange(1, step_scores.shape[1] + 1, device=step_scores.device)).argmax(-1)
-        out = step_scores.gather(-1, last[:, None]).squeeze(-1)
+        out = step_scores.gather(-1, last_action_index(real).clamp(min=0)[:, None]).squeeze(-1)  # none: 0 below
     else:
         raise ValueError(f"aggregation {how!r}: min, sum, mean or last")
     return torch.where(has, out, torch.zeros_like(out))

@@ -20,6 +20,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tether.algorithms.logprobs import at_least_float32
+from tether.algorithms.masks import last_action_index
 from tether.config import ConfigError
 from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft
 from tether.models.packing import pad_sequences
@@ -68,8 +69,7 @@ class RewardModel(nn.Module):
         hidden = inner.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # (B, T, H)
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        last = (positions * attention_mask.long()).argmax(-1)  # (B,) last real token, for left or right padding
+        last = last_action_index(attention_mask).clamp(min=0)  # (B,) last real token, for left or right padding
         pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
         return at_least_float32(self.score_head(pooled))  # (B, heads)
 

@@ -46,11 +46,32 @@ def test_bad_step_rows_name_the_record_and_field(tokenizer, tmp_path):
         ({"prompt": "Q", "completions": ["a"], "labels": ["yes"]}, "labels\\[0\\] is 'yes'"),
         ({"prompt": "Q", "completions": "a", "labels": [True]}, "'completions' must be a list"),
         ({"prompt": "Q", "answer": "a"}, "needs 'prompt', 'labels'"),
+        ({"prompt": "Q", "completions": ["a", ""], "labels": [True, True]}, "'completions': step 1 is an empty"),
+        ({"prompt": "Q", "completion": "a\n\nb\n", "labels": [1, 0, 1]}, "'completion': step 1 is empty"),
     ]
     for k, (row, message) in enumerate(cases):
         path = write_jsonl(tmp_path / f"bad{k}.jsonl", [row])
         with pytest.raises(DataError, match=f"bad{k}.jsonl:1.*{message}"):
             tokenize_steps(read_records(path), tokenizer, 128, "\n")
+
+
+def test_an_empty_step_is_refused_naming_the_file_line_and_field(llama_dir, tmp_path, capsys):
+    """Issue 52 item 29: an empty prompt and an empty step gave `ValueError: max() arg is an empty sequence`; an
+    empty step after a real prompt was scored at the prompt's last token. Both: one line, the file, line and field."""
+    from tether.cli import main
+
+    for k, row in enumerate(
+        [
+            {"prompt": "", "completions": [""], "labels": [True]},
+            {"prompt": "Check: ", "completions": ["1 + 1 is yes", ""], "labels": [True, False]},
+        ]
+    ):
+        data = write_jsonl(tmp_path / f"empty{k}.jsonl", [*step_rows(3), row])
+        argv = ["prm", "--model", str(llama_dir), "--data", str(data), "--output", str(tmp_path / f"o{k}")]
+        assert main([*argv, "--report-to", "none"]) == 2
+        err = capsys.readouterr().err
+        assert f"empty{k}.jsonl:4: field 'completions': step {k} is an empty string" in err and "Traceback" not in err
+        assert not (tmp_path / f"o{k}").exists()  # refused before the run folder
 
 
 def test_a_tiny_prm_learns_a_step_rule_and_resumes_exactly(llama_dir, tmp_path, monkeypatch):

@@ -45,11 +45,15 @@ def _label(value, where: str, k: int) -> float:
 
 
 def step_texts(fields: dict, where: str, separator: str) -> tuple[list[str], str]:
-    """(the steps, the format) of a record; errors name the record and the field."""
+    """(the steps, the format) of a record; errors name the record and the field. An empty step is an error: it has
+    no character of its own, so it would be scored at the token before it (the prompt's or the previous step's)."""
     if "completions" in fields:
         steps = fields["completions"]
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             raise DataError(f"{where}: field 'completions' must be a list of step strings")
+        empty = [k for k, step in enumerate(steps) if not step]
+        if empty:
+            raise DataError(f"{where}: field 'completions': step {empty[0]} is an empty string; a step needs text")
         return steps, "stepwise"
     if "completion" in fields:
         text = fields["completion"]
@@ -58,6 +62,12 @@ def step_texts(fields: dict, where: str, separator: str) -> tuple[list[str], str
         steps = [s for s in text.split(separator)]
         if steps and steps[-1] == "":  # a completion ending in the separator
             steps.pop()
+        empty = [k for k, step in enumerate(steps) if not step]
+        if empty:
+            raise DataError(
+                f"{where}: field 'completion': step {empty[0]} is empty (the separator {separator!r} at the start "
+                "or twice in a row); a step needs text"
+            )
         return steps, "separated"
     raise DataError(
         f"{where}: a step-labelled record needs 'prompt', 'labels' and 'completions' (a list of steps) or "

@@ -246,3 +246,77 @@ def test_ppo_takes_an_aggregated_process_reward_model_and_refuses_step_scores(ll
     run_ppo(build_config(PPOConfig, overrides={**overrides, "rewards.process_reward_aggregation": "min"}))
     metrics = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= m["reward/process_reward_model/mean"] <= 1 for m in metrics)
+
+
+def test_a_step_is_read_where_training_read_it_whatever_the_pattern(llama_dir, tmp_path):
+    """Issue 52 item 15: `tether prm` scores step k at the token holding its last character, before the separator;
+    in RL a --step-pattern that consumes the separator ("\\n") made the scorer read at the newline, one token late.
+    The PRM folder records its separator, and the scorer reads every pattern's steps where training did."""
+    from tether.data.steps import trained_step_end
+    from tether.models.reward import ProcessRewardScorer
+    from tether.rewards.score import Scorer
+    from tether.rollout.batch import Rollout
+    from tether.sections import RewardSection
+
+    # hand cases: a match ending after the separator, inside it, after two, and a step whose "." is its own
+    assert [trained_step_end("a\nb\n", e, "\n") for e in (1, 2, 4)] == [1, 1, 3]
+    assert trained_step_end("a. b.", 2, ". ") == 1 and trained_step_end("a. b.", 5, ". ") == 5
+    assert trained_step_end("a\n\nb", 3, "\n") == 1 and trained_step_end("\n", 1, "\n") == 0
+    prm = tiny_prm(llama_dir, tmp_path)
+    assert json.loads((tmp_path / "prm" / "final" / "config.json").read_text())["tether_step_separator"] == "\n"
+    process = ProcessRewardScorer(prm)
+    row = step_rows(1, seed=3)[0]  # 2-4 steps
+    (trained,), _ = tokenize_steps(
+        read_records(write_jsonl(tmp_path / "one.jsonl", [row])), process.tokenizer, 256, "\n"
+    )
+    ids = torch.tensor([trained.input_ids])
+    with torch.no_grad():  # the probabilities at the positions training used (one row, as the scorer runs it)
+        logits = process.model(ids, torch.ones_like(ids), step_index=torch.tensor([trained.step_ends]))[..., 0]
+    want = torch.sigmoid(logits)[0].tolist()
+    response = "".join(step + "\n" for step in row["completions"])
+    one = torch.ones(1, 1, dtype=torch.long)
+    rollout = Rollout(one, one, one, one, torch.tensor([False]), [row["prompt"]], [response])
+    for pattern in ("\n", "[^\n]+\n", "(?<=\n)", "(?=\n)", "[so](?=\n)"):  # consuming the separator or not
+        scores = Scorer(
+            RewardSection(process_reward_model=prm, step_pattern=pattern),
+            8,
+            process.tokenizer,
+            None,
+            process_model=process,
+        )(rollout, [row])
+        assert scores.step_scores == [want], pattern  # the same forward at the same positions: equal exactly
+    # the plan says where steps are read
+    assert (
+        "read before the separator '\\n'"
+        in Scorer(RewardSection(process_reward_model=prm), 8, None, None, process_model=process).describe()
+    )
+
+
+@pytest.mark.parametrize("folder", ["causal LM", "outcome reward model", "no separator"])
+def test_process_reward_model_must_be_a_prm_folder(folder, llama_dir, tmp_path, capsys):
+    """Issue 52 item 27: --process-reward-model took a plain causal LM (a new zero head: every step 0.5, exit 0) or
+    an outcome reward model. Refused before any model loads, naming what the folder is."""
+    import shutil
+
+    from tether.cli import main
+    from tether.models.reward import load_reward_model, save_reward_model
+
+    path, message = llama_dir, "is a language model (LlamaForCausalLM), not a process reward model"
+    if folder == "outcome reward model":
+        path, tok = tmp_path / "rm", load_tokenizer(llama_dir)
+        save_reward_model(load_reward_model(llama_dir, tok), tok, path, {"reward": {"mean": 0.0, "std": 1.0}})
+        message = "is an outcome reward model (`tether rm`) with heads ['reward'], not a process reward model"
+    elif folder == "no separator":
+        path = tmp_path / "old-prm"
+        shutil.copytree(tiny_prm(llama_dir, tmp_path), path)
+        config = json.loads((path / "config.json").read_text())
+        del config["tether_step_separator"]
+        (path / "config.json").write_text(json.dumps(config))
+        message = "has the 'step' head but no tether_step_separator in its config.json"
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}] * 2)
+    argv = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--process-reward-model", str(path)]
+    argv += ["--max-steps", "1", "--max-new-tokens", "4", "--prompts-per-step", "1", "--group-size", "2"]
+    assert main([*argv, "--output", str(tmp_path / "o"), "--report-to", "none"]) == 2
+    err = capsys.readouterr().err
+    assert f"--process-reward-model {path} {message}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()  # before the run folder

@@ -186,6 +186,75 @@ def test_prm_labels_from_the_command_line(llama_dir, tmp_path):
     assert "1 solutions, 2 steps: 4 continuations generated" in done.stdout + done.stderr
 
 
+CHECKS = """
+def raises_on_text(completions, answer, **_):
+    return [1.0 if not c else 1 / 0 for c in completions]
+
+def words(completions, **_):
+    return ["yes" for _ in completions]
+
+def one_score(completions, **_):
+    return [1.0]
+
+def nan_on_text(completions, **_):
+    return [float("nan") if c else 0.0 for c in completions]
+
+def steps(completions, **_):
+    return [[1.0] for _ in completions]
+
+def needs_ids(completions, completion_ids):
+    return [0.0 for _ in completions]
+
+def no_opinion_on_step_two(completions, **_):
+    return [None if c.startswith("2\\nso 2\\n") else 1.0 for c in completions]
+"""
+
+
+@pytest.mark.parametrize(
+    "check, rows, message",
+    [
+        ("raises_on_text", 1, "s.jsonl:1: --check function raises_on_text raised ZeroDivisionError: division by zero"),
+        ("words", 1, "dry run of --check on the first rows with empty completions: --check function words: value 0"),
+        ("one_score", 1, "s.jsonl:1: --check function one_score returned 1 values for 4 completions"),
+        ("nan_on_text", 1, "s.jsonl:1: --check function nan_on_text: value 0 is nan (not finite)"),
+        ("steps", 1, "s.jsonl:1: --check function steps: value 0 is a list; a check returns one number per text"),
+        ("needs_ids", 1, "--check function needs_ids needs ['completion_ids'], but the prompt file has columns"),
+        ("missing", 1, "--check '{tmp}/checks.py:missing': {tmp}/checks.py has no function 'missing'"),
+        ("one_score", 2, "s.jsonl:2: no steps to label (field 'completions' or 'completion' is empty)"),
+    ],
+)
+def test_prm_labels_check_is_guarded_as_a_reward_function_is(check, rows, message, llama_dir, tmp_path, capsys):
+    """Issue 52 item 28 (and 36's "--reward named for --check"): a check that raised or returned strings was a
+    traceback, one score for four texts exited 0 with wrong labels, NaN made every label false, `completions: []`
+    was an IndexError, and errors named the prompt, not the file and line."""
+    from tether.cli import main
+
+    (tmp_path / "checks.py").write_text(CHECKS)
+    solutions = [{"prompt": "1 + 1 = ", "completions": ["2", "so 2"], "answer": "2"}]
+    solutions += [{"prompt": "2 + 2 = ", "completions": [], "answer": "4"}] * (rows - 1)
+    out = tmp_path / "labelled.jsonl"
+    argv = ["data", "prm-labels", str(write_jsonl(tmp_path / "s.jsonl", solutions)), "--model", str(llama_dir)]
+    argv += ["--check", f"{tmp_path}/checks.py:{check}", "--output", str(out), "--samples", "2"]
+    assert main([*argv, "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err and "--reward" not in err, err
+    assert not out.exists()
+
+
+def test_prm_labels_counts_the_texts_a_check_has_no_opinion_on(llama_dir, tmp_path, capsys):
+    """None is "no opinion", as for --reward: the text counts as not reaching the answer, and the count is printed."""
+    from tether.cli import main
+
+    (tmp_path / "checks.py").write_text(CHECKS)
+    data = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "1 + 1 = ", "completions": ["2", "so 2"], "answer": "2"}])
+    argv = ["data", "prm-labels", str(data), "--model", str(llama_dir), "--samples", "2", "--max-new-tokens", "3"]
+    out = tmp_path / "labelled.jsonl"
+    assert main([*argv, "--check", f"{tmp_path}/checks.py:no_opinion_on_step_two", "--output", str(out)]) == 0
+    # step 1's prefix "2\n" is judged 1.0 twice; step 2's prefix "2\nso 2\n" gets None twice: shares 1 and 0
+    assert json.loads(out.read_text())["label_scores"] == [1.0, 0.0]
+    assert "--check had no opinion (None) on 2 continuations" in capsys.readouterr().err
+
+
 def tiny_prm(llama_dir, tmp_path) -> str:
     """A `tether prm` folder trained for a few steps on the step rule (what matters here is its shape)."""
     from tether.stages.prm import run_prm

@@ -10,6 +10,7 @@ from tether.algorithms.advantages import (
     SEQUENCE_ADVANTAGES,
     group_advantages,
     group_advantages_no_std,
+    masked_whiten,
     process_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -101,6 +102,18 @@ def test_reinforce_pp_by_hand():
     g2 = torch.tensor([0.4, 0.9, -0.02])
     a2 = reinforce_pp_advantages(scores, kl, mask, kl_coef=0.1, gamma=0.5)
     assert a2[0, 0] == pytest.approx(float((g2[0] - g2.mean()) / torch.sqrt(g2.var(unbiased=False) + 1e-8)), abs=1e-5)
+
+
+def test_reinforce_pp_carries_an_episodes_outcome_across_the_environments_tokens():
+    """Issue 52 item 1, REINFORCE++'s side: in an episode the mask has holes (the environment's tokens); the return
+    to go used to restart at each hole, so the first turn's tokens got nothing of the outcome."""
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]])  # row 0: turn 1 at 0-1, turn 2 at 4
+    kl = torch.tensor([[0.0, 0.0, 5.0, 5.0, 0.0, 5.0], [0.0] * 6])  # the environment's KL never enters
+    a = reinforce_pp_advantages(torch.tensor([3.0, 0.0]), kl, mask, kl_coef=0.1, gamma=0.5)
+    # row 0: R = 3 on token 4 (the last action, not Σm − 1 = 2); γ per action: G_4 = 3, G_1 = 0.5·3 = 1.5,
+    # G_0 = 0.5·1.5 = 0.75; row 1: G_0 = 0. Then whitened over the four actions
+    returns = torch.tensor([[0.75, 1.5, 0, 0, 3.0, 0], [0.0] * 6])
+    assert torch.equal(a, masked_whiten(returns, mask))
 
 
 def test_process_advantages_by_hand():

@@ -44,6 +44,32 @@ def test_proxy_up_task_down_fires_at_the_first_big_drop_and_not_on_noise():
     assert proxy_up_task_down(evals([0.5, 0.6, 0.3], [1.9, 2.0, 1.5]), [], S) == []
 
 
+def test_a_fall_of_exactly_task_drop_fires_whatever_the_doubles_and_a_smaller_one_does_not():
+    """Issue 52 item 14: 0.7 → 0.5 is a fall of 0.19999999999999996 in doubles and gave no alarm while 0.9 → 0.7
+    (0.20000000000000007) did; docs/monitors.md says "by at least task_drop"."""
+    for peak, now in ((0.7, 0.5), (0.9, 0.7), (0.3, 0.1), (1.85, 1.65), (0.45, 0.25)):
+        (alarm,) = proxy_up_task_down(evals([0.1, 0.2], [peak, now]), [], S)
+        assert (alarm.statistics["task_peak"], alarm.statistics["task_now"]) == (peak, now)
+    # a fall short of 0.2 by far more than the doubles' rounding (1e-9 ≫ a few ulps of 0.7): no alarm
+    assert proxy_up_task_down(evals([0.1, 0.2], [0.7, 0.5 + 1e-9]), [], S) == []
+    # the same boundary for another threshold, read as JSON as tether diagnose reads metrics.jsonl
+    rows = json.loads(json.dumps(evals([0.1, 0.2], [0.8, 0.7])))
+    assert len(proxy_up_task_down(rows, [], MonitorSettings(task_drop=0.1))) == 1  # 0.8 − 0.7 = 0.10000000000000009
+    assert len(proxy_up_task_down(evals([0.1, 0.2], [0.3, 0.2]), [], MonitorSettings(task_drop=0.1))) == 1  # 0.09999…98
+    assert proxy_up_task_down(evals([0.1, 0.2], [0.3, 0.2 + 1e-9]), [], MonitorSettings(task_drop=0.1)) == []
+
+
+def test_reaches_allows_the_rounding_of_its_operands_and_no_more():
+    from tether.algorithms.comparisons import reaches
+
+    assert 0.7 - 0.5 < 0.2 and reaches(0.7, 0.5, 0.2)  # the decimals differ by exactly 0.2
+    assert reaches(0.9, 0.7, 0.2) and reaches(0.3, 0.3, 0.0)
+    # 0.7 − 0.5 is 2^-54 below 0.2 and the tolerance ulp(0.7) + ulp(0.5) + ulp(0.2) = 2^-53 + 2^-53 + 2^-55: a
+    # threshold 2^-54 above 0.2 is still reached (2^-53 short), one 10 · 2^-53 above is not
+    assert reaches(0.7, 0.5, 0.2 + 2**-54) and not reaches(0.7, 0.5, 0.2 + 10 * 2**-53)
+    assert not reaches(0.7, 0.5 + 1e-12, 0.2)
+
+
 def test_a_process_reward_models_step_scores_are_a_proxy_of_their_own():
     # GRPO on a learned PRM with step aggregation: eval/score_mean holds only the format reward (flat at 0.5); the
     # PRM's held-out step scores rise while accuracy and the gold step accuracy fall

@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.advantages import gae_advantages, masked_whiten
+from tether.algorithms.advantages import action_gae, compact_actions, gae_advantages, masked_whiten, turn_rewards
 from tether.algorithms.kl import kl_estimate, kl_k1, kl_k2, kl_k3
+from tether.algorithms.masks import last_action_index, last_action_mask
 from tether.algorithms.ppo import adaptive_kl_coef, clipped_value_loss, explained_variance
 from tether.algorithms.shaping import clip_scores, kl_penalty_rewards, truncation_penalty
 
@@ -42,6 +43,45 @@ def test_kl_shaping_puts_the_score_on_the_last_valid_token():
     # a row with no valid token gets nothing, not its score on token 0
     empty = kl_penalty_rewards(torch.tensor([5.0]), torch.ones(1, 2), torch.zeros(1, 2), kl_coef=0.5)
     assert empty.tolist() == [[0.0, 0.0]]
+
+
+def test_the_last_action_is_the_last_set_entry_holes_or_not():
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1]])
+    # row 0 is an episode: turn 1 at 0-1, the environment at 2-3, turn 2 at 4; Σm − 1 = 2 would be the environment's
+    assert last_action_index(mask).tolist() == [4, 2, -1, 5]  # all-zero row: −1, no index of its own
+    assert last_action_mask(mask).long().tolist() == [
+        [0, 0, 0, 0, 1, 0],
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert last_action_index(mask.bool()).tolist() == [4, 2, -1, 5] and last_action_index(mask.float())[0] == 4
+    assert last_action_index(torch.zeros(2, 0)).tolist() == [-1, -1]  # no position at all
+
+
+def test_an_episodes_outcome_reaches_the_policys_tokens_through_shaping_turns_compact_and_gae():
+    """Issue 52 item 1: the outcome was put at index Σm − 1 = 2, an environment token, and compact_actions dropped
+    it: the policy's tokens received the turn rewards 1.5 instead of 4.5."""
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0]])  # turn 1: tokens 0-1, environment: 2-3, turn 2: token 4
+    kl = torch.tensor([[0.2, 0.4, 7.0, 7.0, 0.2, 7.0]])  # the environment's and padding's KL must not enter
+    values = torch.tensor([[0.5, 0.25, 9.0, 9.0, 0.5, 0.0]])
+    rewards = kl_penalty_rewards(torch.tensor([3.0]), kl, mask, kl_coef=0.5)
+    rewards = rewards + turn_rewards([[0.5, 1.0]], [[1, 4]], 6)
+    packed, actions = compact_actions(rewards, mask)
+    # −0.5·kl on the actions: (−0.1, −0.2, −0.1); turn rewards 0.5 on token 1 and 1.0 on token 4; outcome 3 on 4
+    torch.testing.assert_close(packed, torch.tensor([[-0.1, 0.5 - 0.2, 1.0 + 3.0 - 0.1]]))
+    torch.testing.assert_close(packed.sum(), torch.tensor(4.5 - 0.4))  # 4.5 reaches the policy, less the KL
+    assert actions.tolist() == [[1, 1, 1]]
+    adv, ret = action_gae(rewards, values, mask, gamma=1.0, lam=1.0)  # what tether ppo runs on an episode
+    # γ = λ = 1: A_t = Σ_{t' ≥ t} r_t' − V_t over the actions: 4.1 − 0.5, 4.2 − 0.25, 3.9 − 0.5
+    torch.testing.assert_close(adv, torch.tensor([[3.6, 3.95, 0, 0, 3.4, 0]]))
+    torch.testing.assert_close(ret, torch.tensor([[4.1, 4.2, 0, 0, 3.9, 0]]))
+    # on a mask without holes it is plain GAE
+    full = torch.ones(1, 3)
+    for got, want in zip(
+        action_gae(packed, values[:, :3], full, 1.0, 0.9), gae_advantages(packed, values[:, :3], full, 1.0, 0.9)
+    ):
+        assert torch.equal(got, want)
 
 
 def test_truncation_penalty_and_score_clipping_by_hand():

@@ -46,11 +46,32 @@ def test_bad_step_rows_name_the_record_and_field(tokenizer, tmp_path):
         ({"prompt": "Q", "completions": ["a"], "labels": ["yes"]}, "labels\\[0\\] is 'yes'"),
         ({"prompt": "Q", "completions": "a", "labels": [True]}, "'completions' must be a list"),
         ({"prompt": "Q", "answer": "a"}, "needs 'prompt', 'labels'"),
+        ({"prompt": "Q", "completions": ["a", ""], "labels": [True, True]}, "'completions': step 1 is an empty"),
+        ({"prompt": "Q", "completion": "a\n\nb\n", "labels": [1, 0, 1]}, "'completion': step 1 is empty"),
     ]
     for k, (row, message) in enumerate(cases):
         path = write_jsonl(tmp_path / f"bad{k}.jsonl", [row])
         with pytest.raises(DataError, match=f"bad{k}.jsonl:1.*{message}"):
             tokenize_steps(read_records(path), tokenizer, 128, "\n")
+
+
+def test_an_empty_step_is_refused_naming_the_file_line_and_field(llama_dir, tmp_path, capsys):
+    """Issue 52 item 29: an empty prompt and an empty step gave `ValueError: max() arg is an empty sequence`; an
+    empty step after a real prompt was scored at the prompt's last token. Both: one line, the file, line and field."""
+    from tether.cli import main
+
+    for k, row in enumerate(
+        [
+            {"prompt": "", "completions": [""], "labels": [True]},
+            {"prompt": "Check: ", "completions": ["1 + 1 is yes", ""], "labels": [True, False]},
+        ]
+    ):
+        data = write_jsonl(tmp_path / f"empty{k}.jsonl", [*step_rows(3), row])
+        argv = ["prm", "--model", str(llama_dir), "--data", str(data), "--output", str(tmp_path / f"o{k}")]
+        assert main([*argv, "--report-to", "none"]) == 2
+        err = capsys.readouterr().err
+        assert f"empty{k}.jsonl:4: field 'completions': step {k} is an empty string" in err and "Traceback" not in err
+        assert not (tmp_path / f"o{k}").exists()  # refused before the run folder
 
 
 def test_a_tiny_prm_learns_a_step_rule_and_resumes_exactly(llama_dir, tmp_path, monkeypatch):
@@ -165,6 +186,75 @@ def test_prm_labels_from_the_command_line(llama_dir, tmp_path):
     assert "1 solutions, 2 steps: 4 continuations generated" in done.stdout + done.stderr
 
 
+CHECKS = """
+def raises_on_text(completions, answer, **_):
+    return [1.0 if not c else 1 / 0 for c in completions]
+
+def words(completions, **_):
+    return ["yes" for _ in completions]
+
+def one_score(completions, **_):
+    return [1.0]
+
+def nan_on_text(completions, **_):
+    return [float("nan") if c else 0.0 for c in completions]
+
+def steps(completions, **_):
+    return [[1.0] for _ in completions]
+
+def needs_ids(completions, completion_ids):
+    return [0.0 for _ in completions]
+
+def no_opinion_on_step_two(completions, **_):
+    return [None if c.startswith("2\\nso 2\\n") else 1.0 for c in completions]
+"""
+
+
+@pytest.mark.parametrize(
+    "check, rows, message",
+    [
+        ("raises_on_text", 1, "s.jsonl:1: --check function raises_on_text raised ZeroDivisionError: division by zero"),
+        ("words", 1, "dry run of --check on the first rows with empty completions: --check function words: value 0"),
+        ("one_score", 1, "s.jsonl:1: --check function one_score returned 1 values for 4 completions"),
+        ("nan_on_text", 1, "s.jsonl:1: --check function nan_on_text: value 0 is nan (not finite)"),
+        ("steps", 1, "s.jsonl:1: --check function steps: value 0 is a list; a check returns one number per text"),
+        ("needs_ids", 1, "--check function needs_ids needs ['completion_ids'], but the prompt file has columns"),
+        ("missing", 1, "--check '{tmp}/checks.py:missing': {tmp}/checks.py has no function 'missing'"),
+        ("one_score", 2, "s.jsonl:2: no steps to label (field 'completions' or 'completion' is empty)"),
+    ],
+)
+def test_prm_labels_check_is_guarded_as_a_reward_function_is(check, rows, message, llama_dir, tmp_path, capsys):
+    """Issue 52 item 28 (and 36's "--reward named for --check"): a check that raised or returned strings was a
+    traceback, one score for four texts exited 0 with wrong labels, NaN made every label false, `completions: []`
+    was an IndexError, and errors named the prompt, not the file and line."""
+    from tether.cli import main
+
+    (tmp_path / "checks.py").write_text(CHECKS)
+    solutions = [{"prompt": "1 + 1 = ", "completions": ["2", "so 2"], "answer": "2"}]
+    solutions += [{"prompt": "2 + 2 = ", "completions": [], "answer": "4"}] * (rows - 1)
+    out = tmp_path / "labelled.jsonl"
+    argv = ["data", "prm-labels", str(write_jsonl(tmp_path / "s.jsonl", solutions)), "--model", str(llama_dir)]
+    argv += ["--check", f"{tmp_path}/checks.py:{check}", "--output", str(out), "--samples", "2"]
+    assert main([*argv, "--max-new-tokens", "3"]) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err and "--reward" not in err, err
+    assert not out.exists()
+
+
+def test_prm_labels_counts_the_texts_a_check_has_no_opinion_on(llama_dir, tmp_path, capsys):
+    """None is "no opinion", as for --reward: the text counts as not reaching the answer, and the count is printed."""
+    from tether.cli import main
+
+    (tmp_path / "checks.py").write_text(CHECKS)
+    data = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "1 + 1 = ", "completions": ["2", "so 2"], "answer": "2"}])
+    argv = ["data", "prm-labels", str(data), "--model", str(llama_dir), "--samples", "2", "--max-new-tokens", "3"]
+    out = tmp_path / "labelled.jsonl"
+    assert main([*argv, "--check", f"{tmp_path}/checks.py:no_opinion_on_step_two", "--output", str(out)]) == 0
+    # step 1's prefix "2\n" is judged 1.0 twice; step 2's prefix "2\nso 2\n" gets None twice: shares 1 and 0
+    assert json.loads(out.read_text())["label_scores"] == [1.0, 0.0]
+    assert "--check had no opinion (None) on 2 continuations" in capsys.readouterr().err
+
+
 def tiny_prm(llama_dir, tmp_path) -> str:
     """A `tether prm` folder trained for a few steps on the step rule (what matters here is its shape)."""
     from tether.stages.prm import run_prm
@@ -225,3 +315,77 @@ def test_ppo_takes_an_aggregated_process_reward_model_and_refuses_step_scores(ll
     run_ppo(build_config(PPOConfig, overrides={**overrides, "rewards.process_reward_aggregation": "min"}))
     metrics = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= m["reward/process_reward_model/mean"] <= 1 for m in metrics)
+
+
+def test_a_step_is_read_where_training_read_it_whatever_the_pattern(llama_dir, tmp_path):
+    """Issue 52 item 15: `tether prm` scores step k at the token holding its last character, before the separator;
+    in RL a --step-pattern that consumes the separator ("\\n") made the scorer read at the newline, one token late.
+    The PRM folder records its separator, and the scorer reads every pattern's steps where training did."""
+    from tether.data.steps import trained_step_end
+    from tether.models.reward import ProcessRewardScorer
+    from tether.rewards.score import Scorer
+    from tether.rollout.batch import Rollout
+    from tether.sections import RewardSection
+
+    # hand cases: a match ending after the separator, inside it, after two, and a step whose "." is its own
+    assert [trained_step_end("a\nb\n", e, "\n") for e in (1, 2, 4)] == [1, 1, 3]
+    assert trained_step_end("a. b.", 2, ". ") == 1 and trained_step_end("a. b.", 5, ". ") == 5
+    assert trained_step_end("a\n\nb", 3, "\n") == 1 and trained_step_end("\n", 1, "\n") == 0
+    prm = tiny_prm(llama_dir, tmp_path)
+    assert json.loads((tmp_path / "prm" / "final" / "config.json").read_text())["tether_step_separator"] == "\n"
+    process = ProcessRewardScorer(prm)
+    row = step_rows(1, seed=3)[0]  # 2-4 steps
+    (trained,), _ = tokenize_steps(
+        read_records(write_jsonl(tmp_path / "one.jsonl", [row])), process.tokenizer, 256, "\n"
+    )
+    ids = torch.tensor([trained.input_ids])
+    with torch.no_grad():  # the probabilities at the positions training used (one row, as the scorer runs it)
+        logits = process.model(ids, torch.ones_like(ids), step_index=torch.tensor([trained.step_ends]))[..., 0]
+    want = torch.sigmoid(logits)[0].tolist()
+    response = "".join(step + "\n" for step in row["completions"])
+    one = torch.ones(1, 1, dtype=torch.long)
+    rollout = Rollout(one, one, one, one, torch.tensor([False]), [row["prompt"]], [response])
+    for pattern in ("\n", "[^\n]+\n", "(?<=\n)", "(?=\n)", "[so](?=\n)"):  # consuming the separator or not
+        scores = Scorer(
+            RewardSection(process_reward_model=prm, step_pattern=pattern),
+            8,
+            process.tokenizer,
+            None,
+            process_model=process,
+        )(rollout, [row])
+        assert scores.step_scores == [want], pattern  # the same forward at the same positions: equal exactly
+    # the plan says where steps are read
+    assert (
+        "read before the separator '\\n'"
+        in Scorer(RewardSection(process_reward_model=prm), 8, None, None, process_model=process).describe()
+    )
+
+
+@pytest.mark.parametrize("folder", ["causal LM", "outcome reward model", "no separator"])
+def test_process_reward_model_must_be_a_prm_folder(folder, llama_dir, tmp_path, capsys):
+    """Issue 52 item 27: --process-reward-model took a plain causal LM (a new zero head: every step 0.5, exit 0) or
+    an outcome reward model. Refused before any model loads, naming what the folder is."""
+    import shutil
+
+    from tether.cli import main
+    from tether.models.reward import load_reward_model, save_reward_model
+
+    path, message = llama_dir, "is a language model (LlamaForCausalLM), not a process reward model"
+    if folder == "outcome reward model":
+        path, tok = tmp_path / "rm", load_tokenizer(llama_dir)
+        save_reward_model(load_reward_model(llama_dir, tok), tok, path, {"reward": {"mean": 0.0, "std": 1.0}})
+        message = "is an outcome reward model (`tether rm`) with heads ['reward'], not a process reward model"
+    elif folder == "no separator":
+        path = tmp_path / "old-prm"
+        shutil.copytree(tiny_prm(llama_dir, tmp_path), path)
+        config = json.loads((path / "config.json").read_text())
+        del config["tether_step_separator"]
+        (path / "config.json").write_text(json.dumps(config))
+        message = "has the 'step' head but no tether_step_separator in its config.json"
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi."}] * 2)
+    argv = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--process-reward-model", str(path)]
+    argv += ["--max-steps", "1", "--max-new-tokens", "4", "--prompts-per-step", "1", "--group-size", "2"]
+    assert main([*argv, "--output", str(tmp_path / "o"), "--report-to", "none"]) == 2
+    err = capsys.readouterr().err
+    assert f"--process-reward-model {path} {message}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()  # before the run folder

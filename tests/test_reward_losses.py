@@ -98,3 +98,48 @@ def test_auroc_first_wrong_step_and_step_aggregations_hand_computed():
     assert aggregate_step_scores(scores, real, "last").tolist() == pytest.approx([0.9, 0.3])
     assert aggregate_step_scores(scores, torch.zeros_like(real), "min").tolist() == [0.0, 0.0]
     assert aggregate_step_scores(torch.zeros(2, 0), torch.zeros(2, 0), "last").tolist() == [0.0, 0.0]  # no steps at all
+    holes = torch.tensor([[1, 0, 1], [1, 1, 0]])  # the last real step is the last set entry, not Σm − 1
+    assert aggregate_step_scores(scores, holes, "last").tolist() == pytest.approx([0.9, 7.0])
+
+
+def test_first_wrong_step_of_a_batch_with_no_step_column_is_zero_steps():
+    """Issue 52 item 13: a batch whose solutions have no step (S = 0, as aggregate_step_scores takes it) raised
+    IndexError; each solution has 0 real steps, so its first wrong step is "none", 0."""
+    from tether.algorithms.reward import first_wrong_step
+
+    got = first_wrong_step(torch.zeros(3, 0, dtype=torch.bool), torch.zeros(3, 0, dtype=torch.long))
+    assert got.tolist() == [0, 0, 0] and got.dtype == torch.long
+    assert first_wrong_step(torch.zeros(0, 0, dtype=torch.bool), torch.zeros(0, 0)).tolist() == []
+
+
+def pairwise_auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """The definition, every positive against every negative in float64: (#(s₊ > s₋) + ½ #(s₊ = s₋)) / (n₊ n₋)."""
+    pos, neg = scores.double()[labels.bool()], scores.double()[~labels.bool()]
+    greater = (pos[:, None] > neg[None, :]).double().sum()
+    ties = (pos[:, None] == neg[None, :]).double().sum()
+    return float((greater + 0.5 * ties) / (pos.numel() * neg.numel()))
+
+
+def test_auroc_is_the_pairwise_definition_by_ranks_in_n_log_n():
+    """Issue 52 item 12: the pairwise comparison held n₊ n₋ entries (929 MiB for 24,000 held-out steps). By ranks,
+    U = R₊ − n₊(n₊ + 1)/2 is exact in float64, so the value equals the definition's bit for bit, ties included."""
+    from tether.algorithms.reward import binary_auroc
+
+    # hand case with a three-way tie: scores 1 1 1 2 3, labels 1 0 0 1 0; ranks 2 2 2 4 5 (the tie shares 1-3)
+    # R₊ = 2 + 4 = 6, U = 6 − 3 = 3; pairs: (1 vs 1, 1, 3) = ½ + ½ + 0, (2 vs 1, 1, 3) = 1 + 1 + 0 → 3 / 6
+    assert binary_auroc(torch.tensor([1.0, 1.0, 1.0, 2.0, 3.0]), torch.tensor([1, 0, 0, 1, 0])) == 0.5
+    g = torch.Generator().manual_seed(0)
+    for n, levels in ((7, 3), (50, 5), (400, 40), (2000, 2000)):
+        scores = torch.randint(0, levels, (n,), generator=g).float() / levels  # coarse scores: many ties
+        labels = torch.rand(n, generator=g) < 0.4
+        assert binary_auroc(scores, labels) == pairwise_auroc(scores, labels), (n, levels)
+    # 2^21 steps, half of each class: the pairs alone would be 2^40 booleans (1 TiB)
+    labels = torch.arange(2**21) % 2 == 0
+    scores = torch.where(labels, 0.75, 0.25) + (torch.arange(2**21) % 7 == 0) * 0.5  # ties, and 1/7 swapped
+    n_pos = n_neg = 2**20
+    # a positive at 0.75 (6/7 of them) beats every negative at 0.25 (6/7) and ties none; at 1.25 beats all;
+    # negatives at 0.75 tie positives at 0.75. Count exactly from the class counts:
+    p_hi, n_hi = int(((scores == 1.25) & labels).sum()), int(((scores == 0.75) & ~labels).sum())
+    p_mid, n_lo = n_pos - p_hi, n_neg - n_hi
+    u = p_hi * n_neg + p_mid * n_lo + 0.5 * p_mid * n_hi
+    assert binary_auroc(scores, labels) == u / (n_pos * n_neg)

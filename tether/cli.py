@@ -398,47 +398,10 @@ def run_data_filter(args) -> None:
 
 def run_data_prm_labels(args) -> None:
     """Label each step of each solution the Math-Shepherd way with a model folder as the policy; print the cost."""
-    import json
-
     from tether.console import console
-    from tether.data.records import read_records
-    from tether.data.steps import step_texts
-    from tether.models.lm import load_model, load_tokenizer
-    from tether.rewards.loading import load_reward_function
-    from tether.rollout.texts import generate_texts
-    from tether.stages.prm_labels import step_labels
+    from tether.stages.prm_labels import label_file
 
-    if args.samples < 1:
-        raise ConfigError(f"--samples {args.samples}: must be >= 1")
-    rows = [r.fields for r in read_records(args.file, args.columns)]
-    for k, r in enumerate(rows):
-        if not isinstance(r.get("prompt"), str):
-            raise DataError(f"{args.file} row {k + 1}: 'prompt' must be a string (the text continuations follow)")
-    fn = load_reward_function(args.check)
-    tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model, tokenizer)
-
-    def generate(contexts):
-        texts = generate_texts(model, tokenizer, contexts, args.max_new_tokens, args.temperature, seed=args.seed)
-        return [(t, len(tokenizer(t, add_special_tokens=False)["input_ids"])) for t in texts]
-
-    def check(batch_rows, texts):
-        columns = {k: [r.get(k) for r in batch_rows] for k in batch_rows[0] if k not in ("completions", "labels")}
-        scores = fn(prompts=[r["prompt"] for r in batch_rows], completions=texts, **columns)
-        return [s is not None and float(s) > 0.5 for s in scores]
-
-    where = lambda row: f"{args.file} ({str(row.get('prompt'))[:40]!r})"
-    labelled, cost = step_labels(
-        rows,
-        lambda row: step_texts(row, where(row), args.step_separator)[0],
-        generate,
-        check,
-        args.samples,
-        args.step_separator,
-        args.soft,
-    )
-    Path(args.output).write_text("".join(json.dumps(r) + "\n" for r in labelled))
-    console.print(f"{cost.line(len(labelled), sum(len(r['labels']) for r in labelled))}; wrote {args.output}")
+    console.print(label_file(args))
 
 
 def run_data_check(args) -> None:

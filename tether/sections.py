@@ -449,8 +449,8 @@ class RewardSection(Section):
     reward_model_weight: float = option(1.0, "Weight of the reward model's score in the total reward.")
     process_reward_model: str = option(
         "",
-        "A `tether prm` folder: the probability that each step is right (steps end where --step-pattern "
-        "matches), as a process reward or aggregated (process_reward_aggregation).",
+        "A `tether prm` folder (no other): the probability that each step is right (steps end where --step-pattern "
+        "matches, less the separator it trained with), as a process reward or aggregated (process_reward_aggregation).",
         flag="--process-reward-model",
     )
     process_reward_weight: float = option(1.0, "Weight of the process reward model's step scores.")

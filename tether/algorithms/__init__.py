@@ -5,6 +5,7 @@ or logging. Trainers compose these pieces; tests check each one against a
 hand-computed case. Formulas and sources: docs/algorithms.md.
 
   logprobs    token log-probabilities and entropies from logits
+  masks       index rules over masks: the last action of a row (holes and all)
   reductions  masked_sum and ``aggregate``, the one way token terms become a scalar
   sft         the SFT loss
   reward      reward-model losses;  agreement: inter-annotator agreement
@@ -16,5 +17,6 @@ hand-computed case. Formulas and sources: docs/algorithms.md.
   objectives  the full loss of each online stage (PPO, the group family)
   mismatch    a sampler that is not the trainer (vLLM): its log-prob gap and truncated importance weights
   preference  the DPO family, one table behind one signature
+  comparisons whether a logged difference reaches a threshold (float rounding allowed), a rate difference's error
   choices     the names of the pieces above that settings choose between (no torch: `--help` reads them)
 """

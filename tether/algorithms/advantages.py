@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from tether.algorithms.masks import last_action_mask
+
 
 def gae_advantages(
     token_rewards: torch.Tensor,
@@ -64,6 +66,18 @@ def expand_actions(packed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     packed_mask = torch.arange(packed.shape[1], device=packed.device)[None, :] < counts[:, None]
     out[keep] = packed[packed_mask]
     return out
+
+
+def action_gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, G) = expand(GAE(compact(r), compact(V))): GAE over a row's actions alone, as consecutive decisions, with
+    whatever sits between them (an episode's environment tokens) skipped (docs/algorithms.md §4.2a). (B, T) each;
+    returns (advantages, returns), (B, T), 0 where the mask is 0. On a mask without holes it is gae_advantages."""
+    rewards, actions = compact_actions(token_rewards, mask)
+    packed_values, _ = compact_actions(values, mask)
+    advantages, returns = gae_advantages(rewards, packed_values, actions, gamma, lam)
+    return expand_actions(advantages, mask), expand_actions(returns, mask)
 
 
 def turn_rewards(step_scores: list[list[float]], step_ends: list[list[int]], length: int) -> torch.Tensor:
@@ -136,21 +150,23 @@ def reinforce_pp_advantages(
 ) -> torch.Tensor:
     """REINFORCE++: token rewards with the KL penalty folded in, returns-to-go, batch-normalised.
 
-    r_t = −β · kl_t, plus the sequence score R on the last counted token
-    G_t = Σ_{s ≥ t} γ^{s−t} r_s
+    r_t = −β · kl_t, plus the sequence score R on the last counted token (masks.last_action_index)
+    G_t = Σ_{s ≥ t, m_s = 1} γ^{n(t, s)} r_s,   n(t, s) = the counted tokens in [t, s)
     A_t = (G_t − mean(G)) / √(var(G) + 1e-8), mean and population variance over every counted token of the batch
 
-    Hu 2025, arXiv 2501.03262; docs/algorithms.md §5. scores (B,), kl (B, T) (any estimator, 0 on padding),
-    mask (B, T). Returns (B, T), 0 on padding. Normalise over the whole global batch: call it on all of it.
+    Hu 2025, arXiv 2501.03262; docs/algorithms.md §5.2. scores (B,), kl (B, T) (any estimator, 0 on padding),
+    mask (B, T), with holes in an agent episode (the environment's tokens): the return runs across them as over
+    consecutive actions, as GAE does after compact_actions (§4.2a). Returns (B, T), 0 where the mask is 0.
+    Normalise over the whole global batch: call it on all of it.
     """
     m = mask.to(kl.dtype)
     rewards = -kl_coef * kl * m
-    last = (m.cumsum(-1) == m.sum(-1, keepdim=True)) & (m > 0)  # the last counted token of each row
-    rewards = rewards + last.to(kl.dtype) * scores[:, None]
+    rewards = torch.where(last_action_mask(mask), scores.to(kl.dtype)[:, None].expand_as(rewards), 0.0) + rewards
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(scores, dtype=rewards.dtype)
     for t in range(rewards.shape[1] - 1, -1, -1):
-        running = rewards[:, t] + gamma * running * m[:, t]  # padding after the response contributes nothing
+        # a position that is not an action (padding, an environment token) passes the return on unchanged
+        running = torch.where(m[:, t] > 0, rewards[:, t] + gamma * running, running)
         returns[:, t] = running
     return masked_whiten(returns * m, mask)
 

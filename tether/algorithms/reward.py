@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tether.algorithms.masks import last_action_index
+
 
 def bradley_terry_loss(
     chosen_scores: torch.Tensor, rejected_scores: torch.Tensor, margin: torch.Tensor | None = None
@@ -95,25 +97,31 @@ def step_bce_loss(step_logits: torch.Tensor, labels: torch.Tensor, mask: torch.T
 
 
 def binary_auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    """Area under the ROC curve of ``scores`` for boolean ``labels``: the probability that a random positive scores
-    above a random negative, ties counting 1/2 (Mann–Whitney U / (n₊ n₋)). NaN without both classes.
+    """AUROC = P(s₊ > s₋) + ½ P(s₊ = s₋) over all (positive, negative) pairs = U / (n₊ n₋),
+    U = R₊ − n₊(n₊ + 1)/2, R₊ the sum of the positives' ranks among all N scores (1 = lowest; tied scores share
+    their mean rank). Mann–Whitney U (Hanley & McNeil 1982; docs/algorithms.md §2.4): one sort, O(N log N) time and
+    O(N) memory, where comparing every pair holds n₊ n₋ of them. In float64 the ranks are halves of integers, and
+    U is exact, equal to the pair count, for N < 2^26. NaN without both classes; scores must be finite.
     Shapes: (N,), (N,) -> float."""
     scores, labels = scores.flatten().double(), labels.flatten().bool()
-    pos, neg = scores[labels], scores[~labels]
-    if pos.numel() == 0 or neg.numel() == 0:
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
         return float("nan")
-    greater = (pos[:, None] > neg[None, :]).double().sum()
-    ties = (pos[:, None] == neg[None, :]).double().sum()
-    return float((greater + 0.5 * ties) / (pos.numel() * neg.numel()))
+    _, tie_group, group_sizes = torch.unique(scores, sorted=True, return_inverse=True, return_counts=True)
+    below = torch.cumsum(group_sizes, 0) - group_sizes  # scores strictly lower than each group
+    mean_rank = below.double() + (group_sizes.double() + 1) / 2  # ranks below + 1 .. below + size, averaged
+    rank_sum = mean_rank[tie_group][labels].sum()
+    return float((rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def first_wrong_step(correct: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The index of each solution's first wrong step (``correct`` False where mask is 1), or the number of real
-    steps when every step is right. Shapes: (B, S) bool, (B, S) -> (B,) long."""
+    """f_i = min({k : m_{i,k} = 1, c_{i,k} = 0} ∪ {Σ_k m_{i,k}}): the index of each solution's first wrong step, or the
+    number of real steps when every step is right (0 for a batch with no step column, S = 0).
+    Shapes: (B, S) bool, (B, S) -> (B,) long."""
     wrong = (~correct.bool()) & mask.bool()
     steps = mask.long().sum(-1)
-    index = torch.where(wrong, torch.arange(correct.shape[1], device=correct.device), correct.shape[1]).min(-1).values
-    return torch.minimum(index, steps)
+    index = torch.where(wrong, torch.arange(correct.shape[1], device=correct.device), correct.shape[1])
+    return torch.cat([index, steps[:, None]], -1).min(-1).values
 
 
 def aggregate_step_scores(step_scores: torch.Tensor, mask: torch.Tensor, how: str) -> torch.Tensor:
@@ -131,8 +139,7 @@ def aggregate_step_scores(step_scores: torch.Tensor, mask: torch.Tensor, how: st
     elif how == "mean":
         out = (step_scores * real).sum(-1) / real.sum(-1).clamp(min=1)
     elif how == "last":
-        last = (real.long() * torch.arange(1, step_scores.shape[1] + 1, device=step_scores.device)).argmax(-1)
-        out = step_scores.gather(-1, last[:, None]).squeeze(-1)
+        out = step_scores.gather(-1, last_action_index(real).clamp(min=0)[:, None]).squeeze(-1)  # none: 0 below
     else:
         raise ValueError(f"aggregation {how!r}: min, sum, mean or last")
     return torch.where(has, out, torch.zeros_like(out))

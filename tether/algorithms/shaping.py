@@ -8,24 +8,23 @@ from __future__ import annotations
 
 import torch
 
+from tether.algorithms.masks import last_action_mask
+
 
 def kl_penalty_rewards(
     scores: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor, kl_coef: float
 ) -> torch.Tensor:
-    """r_t = − β · kl_t for t < T,   r_T = R(x, y) − β · kl_T   (T = the last valid token of the row).
+    """r_t = − β · kl_t · m_t + [t = ℓ] · R(x, y),   ℓ = max{t : m_t = 1} (masks.last_action_index).
 
     Per-token rewards with the KL penalty in the reward (Ziegler et al. 2019, arXiv 1909.08593; Ouyang et al.
-    2022, arXiv 2203.02155; docs/algorithms.md §4). scores (B,) sequence rewards; kl (B, T) per-token KL
-    estimates; response_mask (B, T), 1 on generated tokens up to and including EOS. Returns (B, T), 0 on
-    padding; a row with no valid token gets no score.
+    2022, arXiv 2203.02155; docs/algorithms.md §4.1). scores (B,) sequence rewards; kl (B, T) per-token KL
+    estimates; response_mask (B, T), 1 on the policy's tokens up to and including EOS — with holes in an agent
+    episode, where the environment's tokens sit (§4.2a): the score goes on the last action, never on an
+    environment token. Returns (B, T), 0 where the mask is 0; a row with no action gets no score.
     """
-    mask = response_mask.to(kl.dtype)
-    rewards = -kl_coef * kl * mask
-    last = (response_mask.sum(-1) - 1).clamp(min=0).long()  # (B,)
-    rows = torch.arange(rewards.shape[0], device=rewards.device)
-    has_tokens = response_mask.sum(-1) > 0
-    rewards[rows[has_tokens], last[has_tokens]] += scores[has_tokens].to(rewards.dtype)
-    return rewards
+    penalty = -kl_coef * kl * response_mask.to(kl.dtype)
+    outcome = scores.to(kl.dtype)[:, None].expand_as(penalty)
+    return penalty + torch.where(last_action_mask(response_mask), outcome, torch.zeros_like(penalty))
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, cache: int) -> torch.Tensor:

@@ -10,7 +10,8 @@ Two shapes, the common ones:
 ``prompt`` is a string or chat messages (rendered with the generation prompt); labels are booleans or numbers in
 [0, 1] (a Math-Shepherd soft label). The text is the prompt followed by each step and the separator after it;
 step k is scored at the token holding its last character (tether/algorithms/reward.py step_bce_loss), as
-``--process-reward-model`` reads it where a step matched by ``--step-pattern`` ends. A solution longer
+``--process-reward-model`` reads it where a step matched by ``--step-pattern`` ends (trained_step_end: less the
+separator the match consumed; `tether prm` records the separator in the model's config.json). A solution longer
 than max_length keeps the steps that fit (counted); one with none that fits is dropped (counted; --strict: an
 error naming the record).
 """
@@ -45,11 +46,15 @@ def _label(value, where: str, k: int) -> float:
 
 
 def step_texts(fields: dict, where: str, separator: str) -> tuple[list[str], str]:
-    """(the steps, the format) of a record; errors name the record and the field."""
+    """(the steps, the format) of a record; errors name the record and the field. An empty step is an error: it has
+    no character of its own, so it would be scored at the token before it (the prompt's or the previous step's)."""
     if "completions" in fields:
         steps = fields["completions"]
         if not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             raise DataError(f"{where}: field 'completions' must be a list of step strings")
+        empty = [k for k, step in enumerate(steps) if not step]
+        if empty:
+            raise DataError(f"{where}: field 'completions': step {empty[0]} is an empty string; a step needs text")
         return steps, "stepwise"
     if "completion" in fields:
         text = fields["completion"]
@@ -58,11 +63,31 @@ def step_texts(fields: dict, where: str, separator: str) -> tuple[list[str], str
         steps = [s for s in text.split(separator)]
         if steps and steps[-1] == "":  # a completion ending in the separator
             steps.pop()
+        empty = [k for k, step in enumerate(steps) if not step]
+        if empty:
+            raise DataError(
+                f"{where}: field 'completion': step {empty[0]} is empty (the separator {separator!r} at the start "
+                "or twice in a row); a step needs text"
+            )
         return steps, "separated"
     raise DataError(
         f"{where}: a step-labelled record needs 'prompt', 'labels' and 'completions' (a list of steps) or "
         f"'completion' (steps cut at {separator!r}); it has {sorted(fields)}"
     )
+
+
+def trained_step_end(text: str, end: int, separator: str) -> int:
+    """Where the step that a --step-pattern match ends at ``end`` has its own text end, as `tether prm` trained it:
+    ``end`` moved back over any separator the match consumed (an occurrence starting at p with p < end ≤ p +
+    len(separator), repeated while one more ends there). Training reads step k at the token holding its last
+    character, before the separator that follows it; a pattern that consumes the separator (``\n``, ``[^\n]*\n``)
+    or part of it (``\\.`` with the separator ". ") would be read one token late (docs/reward-models.md)."""
+    while end > 0:
+        straddling = [p for p in range(max(0, end - len(separator)), end) if text.startswith(separator, p)]
+        if not straddling:
+            return end
+        end = straddling[0]
+    return end
 
 
 def tokenize_steps(

@@ -19,6 +19,8 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from tether.algorithms.comparisons import rate_difference_se, reaches
+
 
 @dataclass(frozen=True)
 class MonitorSettings:
@@ -203,14 +205,6 @@ def _evals(metrics: list[dict], key: str) -> list[tuple[int, float]]:
 # ----------------------------------------------------------------------------------------------- monitors
 
 
-def rate_difference_se(p: float, n, q: float, m) -> float:
-    """Standard error of q − p for means of [0, 1] values over n and m prompts, √(p(1 − p)/n + q(1 − q)/m) (an upper
-    bound for means of [0, 1] values; inf when a count is missing). The lab's lesson rules use it too."""
-    if not n or not m or not (0.0 <= p <= 1.0 and 0.0 <= q <= 1.0):
-        return math.inf
-    return math.sqrt(p * (1 - p) / n + q * (1 - q) / m)
-
-
 def _task_drop(metrics, proxy_keys: list[str], task_key: str, samples: list[dict], s: MonitorSettings):
     """The first evaluation at which task_key is task_drop below its best so far while at least one proxy is
     proxy_rise above its value at that best evaluation; the alarm names every proxy that was."""
@@ -225,12 +219,12 @@ def _task_drop(metrics, proxy_keys: list[str], task_key: str, samples: list[dict
             best_step, best = step, value
             continue
         noise = rate_difference_se(best, counts.get(best_step), value, counts.get(step))
-        if best - value <= 0 or best - value < min(s.task_drop, s.task_drop_z * noise):
+        if best - value <= 0 or not reaches(best, value, min(s.task_drop, s.task_drop_z * noise)):
             continue
         rose = {
             k: (p[best_step], p[step])
             for k, p in proxies.items()
-            if step in p and best_step in p and p[step] - p[best_step] >= s.proxy_rise
+            if step in p and best_step in p and reaches(p[step], p[best_step], s.proxy_rise)
         }
         if not rose:
             continue

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from tether.diagnostics.monitors import rate_difference_se
+from tether.algorithms.comparisons import rate_difference_se
 
 
 @dataclass(frozen=True)

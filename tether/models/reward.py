@@ -20,12 +20,15 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from tether.algorithms.logprobs import at_least_float32
+from tether.algorithms.masks import last_action_index
 from tether.config import ConfigError
 from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft
 from tether.models.packing import pad_sequences
 from tether.models.shards import is_sharded, reshard
 
 NORM_FILE = "reward_normalization.json"
+STEP_HEAD = "step"  # a process reward model's one head (`tether prm`)
+STEP_SEPARATOR_KEY = "tether_step_separator"  # in a process reward model's config.json: what ended its steps
 
 
 class RewardModel(nn.Module):
@@ -68,8 +71,7 @@ class RewardModel(nn.Module):
         hidden = inner.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state  # (B, T, H)
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        last = (positions * attention_mask.long()).argmax(-1)  # (B,) last real token, for left or right padding
+        last = last_action_index(attention_mask).clamp(min=0)  # (B,) last real token, for left or right padding
         pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
         return at_least_float32(self.score_head(pooled))  # (B, heads)
 
@@ -300,23 +302,50 @@ class RewardScorer:
         return is_sharded(self.model)
 
 
+def process_reward_separator(path: str | Path) -> str:
+    """The step separator a `tether prm` folder was trained with (config.json's tether_step_separator), read before
+    any weight loads. A folder without the 'step' head is refused naming what it is: a causal LM would get a new
+    zero head (every step scored ½), an outcome reward model scores whole texts, not steps."""
+    path = _check_dir(path, "model")
+    check_model_folder(path, "model")
+    config = json.loads((path / "config.json").read_text())
+    what, heads = f"--process-reward-model {path}", list((config.get("id2label") or {}).values())
+    architectures = config.get("architectures") or ["no architecture named"]
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ConfigError(
+            f"{what} is a language model ({', '.join(architectures)}), not a process reward model: it has no "
+            f"'{STEP_HEAD}' head, and a new one would score every step 0.5. Train one with `tether prm`"
+        )
+    if heads != [STEP_HEAD]:
+        kind = "an outcome reward model (`tether rm`)" if (path / NORM_FILE).is_file() else "a classifier"
+        raise ConfigError(
+            f"{what} is {kind} with heads {heads}, not a process reward model: `tether prm` writes one head, "
+            f"'{STEP_HEAD}', read at each step's last token"
+        )
+    separator = config.get(STEP_SEPARATOR_KEY)
+    if not isinstance(separator, str) or not separator:
+        raise ConfigError(
+            f"{what} has the '{STEP_HEAD}' head but no {STEP_SEPARATOR_KEY} in its config.json: the separator that "
+            "followed each step in training, which says where a step matched by --step-pattern is read. Add it "
+            '(e.g. "tether_step_separator": "\\n") or train the model again with `tether prm`'
+        )
+    return separator
+
+
 class ProcessRewardScorer:
     """A trained process reward model (`tether prm`) used as a reward: for each text and each step's end (a
-    character offset), p_k = σ(s_k), the head's probability that the step is right, read at the token holding the
-    step's last character (docs/algorithms.md §2.4)."""
+    character offset: where the step's own text ends, before the separator ``step_separator`` that followed it in
+    training; tether/data/steps.py trained_step_end), p_k = σ(s_k), the head's probability that the step is right,
+    read at the token holding the step's last character (docs/algorithms.md §2.4)."""
 
     def __init__(
         self, path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32", batch_size: int = 16
     ):
         from tether.models.lm import load_tokenizer
 
+        self.step_separator = process_reward_separator(path)
         self.tokenizer = load_tokenizer(path)
         self.model = load_reward_model(path, self.tokenizer, dtype=dtype).to(device).eval()
-        if len(self.model.head_names) != 1:
-            raise ConfigError(
-                f"--process-reward-model {path}: a process reward model has one head (`tether prm` writes 'step'); "
-                f"this one has {self.model.head_names}"
-            )
         self.device, self.batch_size = device, batch_size
 
     @torch.no_grad()

@@ -63,6 +63,12 @@ class RewardComponent:
     spec: str = ""  # the module:function[(...)] it was loaded from; such a function runs in the worker process
     chat: bool = False  # completions of chat prompts passed as message lists (TRL's convention), found by the dry call
     nones: int = 0  # completions it returned None for ("no opinion"), scored 0
+    flag: str = "--reward"  # the option that named it (`tether data prm-labels --check`): what its errors say
+
+    @property
+    def label(self) -> str:
+        """How messages name it: "reward function NAME", or "--check function NAME"."""
+        return f"reward function {self.name}" if self.flag == "--reward" else f"{self.flag} function {self.name}"
 
     def wanted(self) -> tuple[set[str], bool]:
         """(argument names it declares, whether it takes **kwargs)."""
@@ -104,20 +110,19 @@ def parse_reward_specs(specs: list[str]) -> list[RewardComponent]:
     return components
 
 
-def _as_scores(value, n: int, name: str, first_prompt) -> list:
+def _as_scores(value, n: int, label: str, first_prompt) -> list:
     if hasattr(value, "tolist") and not isinstance(value, list):  # a tensor or an array
         value = value.tolist()
     try:
         values = list(value)
     except TypeError:
         raise RewardFunctionError(
-            f"reward function {name} returned {type(value).__name__}, expected a list of "
+            f"{label} returned {type(value).__name__}, expected a list of "
             f"{n} floats (first prompt: {str(first_prompt)[:80]!r})"
         ) from None
     if len(values) != n:
         raise RewardFunctionError(
-            f"reward function {name} returned {len(values)} values for {n} completions "
-            f"(first prompt: {str(first_prompt)[:80]!r})"
+            f"{label} returned {len(values)} values for {n} completions (first prompt: {str(first_prompt)[:80]!r})"
         )
     out = []
     for i, v in enumerate(values):
@@ -128,13 +133,9 @@ def _as_scores(value, n: int, name: str, first_prompt) -> list:
         try:
             numbers = [float(x) for x in items]
         except (TypeError, ValueError):
-            raise RewardFunctionError(
-                f"reward function {name}: value {i} is {v!r}, not a number or a list of step scores"
-            ) from None
+            raise RewardFunctionError(f"{label}: value {i} is {v!r}, not a number or a list of step scores") from None
         if not all(math.isfinite(x) for x in numbers):
-            raise RewardFunctionError(
-                f"reward function {name}: value {i} is {v!r} (not finite) for completion {i} of the batch"
-            )
+            raise RewardFunctionError(f"{label}: value {i} is {v!r} (not finite) for completion {i} of the batch")
         out.append(numbers if isinstance(v, (list, tuple)) else numbers[0])
     return out
 
@@ -150,17 +151,24 @@ class RewardSet:
     timeout: float = 0.0  # seconds per call; 0 = none (and no worker process)
     worker: object = field(default=None, repr=False)  # the RewardWorker of spec-loaded functions, started on first use
     trainer_state: TrainerState = field(default_factory=TrainerState)  # moved on by the online loop before each step
+    given: tuple = BATCH_ARGUMENTS  # the batch arguments a function may take (prm-labels' --check: fewer)
+
+    @property
+    def what(self) -> str:
+        """How messages name the set: "the reward functions", or the option that named them ("--check")."""
+        flags = {c.flag for c in self.components}
+        return "the reward functions" if flags <= {"--reward"} else ", ".join(sorted(flags))
 
     def check(self, rows: list[dict]) -> None:
         """Before training: every declared argument exists, and a dry call on a few rows returns one score each."""
-        available = set(BATCH_ARGUMENTS) | set(self.columns)
+        available = set(self.given) | set(self.columns)
         for c in self.components:
             names, _ = c.wanted()
             missing = sorted(c.required() - available)
             if missing:
                 raise ConfigError(
-                    f"reward function {c.name} needs {missing}, but the prompt file has columns "
-                    f"{sorted(self.columns)} (and tether passes {list(BATCH_ARGUMENTS)})"
+                    f"{c.label} needs {missing}, but the prompt file has columns "
+                    f"{sorted(self.columns)} (and tether passes {list(self.given)})"
                 )
         sample = rows[:2]
         chat_prompts = any(isinstance(r.get("prompt"), list) for r in sample)
@@ -171,17 +179,17 @@ class RewardSet:
                 )
                 if all(v is None for scores in values.values() for v in scores):
                     raise ConfigError(
-                        f"dry run of the reward functions on the first rows with empty completions: "
+                        f"dry run of {self.what} on the first rows with empty completions: "
                         f"{', '.join(values)} returned None ('no opinion') for every completion, so "
                         "training would see a score of 0 everywhere; return a number (0.0 for a wrong "
                         "or empty answer) and keep None for completions a function does not judge"
                     )
                 return
             except RewardFunctionError as err:
-                failed = next((c for c in self.components if f"reward function {c.name} " in str(err)), None)
+                failed = next((c for c in self.components if f"{c.label} " in str(err)), None)
                 if not chat_prompts or failed is None or failed.chat:
                     raise ConfigError(
-                        f"dry run of the reward functions on the first rows with empty completions: {err}"
+                        f"dry run of {self.what} on the first rows with empty completions: {err}"
                         + (
                             " (with the completions as text and as message lists)"
                             if failed is not None and failed.chat
@@ -207,6 +215,7 @@ class RewardSet:
             "truncated": truncated,
             "trainer_state": self.trainer_state,
         }
+        batch = {k: v for k, v in batch.items() if k in self.given}
         as_messages = [
             [{"role": "assistant", "content": text}] if isinstance(r.get("prompt"), list) else text
             for r, text in zip(rows, completions)
@@ -221,7 +230,7 @@ class RewardSet:
                 value = results[c.name]
                 if isinstance(value, BaseException):
                     raise value
-                out[c.name] = _as_scores(value, len(completions), c.name, batch["prompts"][0] if rows else None)
+                out[c.name] = _as_scores(value, len(completions), c.label, batch["prompts"][0] if rows else None)
             except Exception as err:  # noqa: BLE001 - a user's function; the policy says what to do
                 if policy == "score":
                     c.errors += 1
@@ -231,7 +240,7 @@ class RewardSet:
                     raise
                 first = str(batch["prompts"][0])[:80] if rows else ""
                 raise RewardFunctionError(
-                    f"reward function {c.name} raised {getattr(err, 'kind', type(err).__name__)}: {err} "
+                    f"{c.label} raised {getattr(err, 'kind', type(err).__name__)}: {err} "
                     f"(batch of {len(completions)}, first prompt: {first!r})"
                 ) from err
         return out

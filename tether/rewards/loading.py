@@ -43,12 +43,12 @@ def register_python_object(obj: Callable, name: str | None = None) -> str:
     return f"python:{key}"
 
 
-def _spec_arguments(spec: str, text: str) -> dict:
+def _spec_arguments(spec: str, text: str, flag: str = "--reward") -> dict:
     try:
         call = ast.parse(f"f({text})", mode="eval").body
         return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
     except (SyntaxError, ValueError) as err:
-        raise ConfigError(f"--reward {spec!r}: arguments must be name=literal, e.g. (target=40,scale=0.01)") from err
+        raise ConfigError(f"{flag} {spec!r}: arguments must be name=literal, e.g. (target=40,scale=0.01)") from err
 
 
 def _where_raised(err: BaseException, path: Path | None) -> str:
@@ -67,13 +67,14 @@ def _where_raised(err: BaseException, path: Path | None) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
-def load_reward_function(target: str) -> Callable:
-    """``package.module:function`` (importable) or ``path/to/file.py:function``, optionally ``function(k=v,...)``."""
+def load_reward_function(target: str, flag: str = "--reward") -> Callable:
+    """``package.module:function`` (importable) or ``path/to/file.py:function``, optionally ``function(k=v,...)``;
+    errors name ``flag``, the option that gave the spec."""
     if target.startswith("python:"):
         obj = PYTHON_OBJECTS.get(target[len("python:") :])
         if obj is None:
             raise ConfigError(
-                f"--reward {target!r}: this object was handed to tether's Python API in another process; "
+                f"{flag} {target!r}: this object was handed to tether's Python API in another process; "
                 "resume the run from Python with the same objects (reward_funcs=..., env=...), or name "
                 "an importable module:function instead"
             )
@@ -81,44 +82,44 @@ def load_reward_function(target: str) -> Callable:
     arguments = {}
     called = re.fullmatch(r"(.*?)\((.*)\)", target)
     if called:
-        target, arguments = called.group(1), _spec_arguments(target, called.group(2))
+        target, arguments = called.group(1), _spec_arguments(target, called.group(2), flag)
     if ":" not in target:
-        raise ConfigError(f"--reward {target!r}: expected module:function or path/file.py:function")
+        raise ConfigError(f"{flag} {target!r}: expected module:function or path/file.py:function")
     module_name, _, attr = target.rpartition(":")
     if not attr.isidentifier():  # an unclosed argument list, a stray bracket
         raise ConfigError(
-            f"--reward {target!r}: a malformed spec; the form is module:function or path/file.py:function, with "
+            f"{flag} {target!r}: a malformed spec; the form is module:function or path/file.py:function, with "
             "arguments function(name=literal, ...)"
         )
     if module_name.endswith(".py"):
         path = Path(module_name)
         if not path.is_file():
-            raise ConfigError(f"--reward {target!r}: no file {path}")
+            raise ConfigError(f"{flag} {target!r}: no file {path}")
         spec = importlib.util.spec_from_file_location(f"tether_reward_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         try:
             spec.loader.exec_module(module)
         except SyntaxError as err:
-            raise ConfigError(f"--reward {target!r}: {path}:{err.lineno}: {err.msg}") from None
+            raise ConfigError(f"{flag} {target!r}: {path}:{err.lineno}: {err.msg}") from None
         except Exception as err:  # noqa: BLE001 - whatever the user's module raises while it is imported
             raise ConfigError(
-                f"--reward {target!r}: {_where_raised(err, path)}: importing it raised {type(err).__name__}: {err}"
+                f"{flag} {target!r}: {_where_raised(err, path)}: importing it raised {type(err).__name__}: {err}"
             ) from None
     else:
         try:
             module = importlib.import_module(module_name)
         except SyntaxError as err:
-            raise ConfigError(f"--reward {target!r}: {err.filename}:{err.lineno}: {err.msg}") from None
+            raise ConfigError(f"{flag} {target!r}: {err.filename}:{err.lineno}: {err.msg}") from None
         except Exception as err:  # noqa: BLE001 - ImportError, or whatever the module raises while it is imported
             where = _where_raised(err, None)
             where = f" ({where})" if where else ""
             raise ConfigError(
-                f"--reward {target!r}: cannot import {module_name}{where}: {type(err).__name__}: {err}"
+                f"{flag} {target!r}: cannot import {module_name}{where}: {type(err).__name__}: {err}"
             ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ConfigError(f"--reward {target!r}: {module_name} has no function {attr!r}")
+        raise ConfigError(f"{flag} {target!r}: {module_name} has no function {attr!r}")
     if arguments:
         declared = [
             q.name
@@ -127,7 +128,7 @@ def load_reward_function(target: str) -> Callable:
         ]
         unknown = sorted(set(arguments) - set(declared))
         if unknown:  # a **kwargs catch-all would swallow a misspelt argument silently
-            raise ConfigError(f"--reward {target!r}: {attr} has no parameter {unknown}; it takes {declared}")
+            raise ConfigError(f"{flag} {target!r}: {attr} has no parameter {unknown}; it takes {declared}")
         bound = functools.partial(fn, **arguments)
         functools.update_wrapper(bound, fn)
         return bound

@@ -18,6 +18,7 @@ import torch
 
 from tether.algorithms.shaping import clip_scores, overlong_penalty, truncation_penalty
 from tether.config import ConfigError
+from tether.data.steps import trained_step_end
 from tether.models.work import phase
 from tether.rewards.functions import RewardFunctionError, RewardSet
 
@@ -120,6 +121,7 @@ class Scorer:
             terms.append(
                 f"{self.cfg.process_reward_weight:g} x process reward model "
                 + ("(each step's probability on its last token)" if how == "steps" else f"({how} over the steps)")
+                + f", read before the separator {self.process_model.step_separator!r} it was trained with"
             )
         terms += [f"overlong (last {self.overlong_cache} tokens)"] if self.overlong_cache else []
         shaping = (["truncated -> %g" % self.cfg.truncation_penalty] if self.cfg.penalize_truncated else []) + (
@@ -184,10 +186,15 @@ class Scorer:
 
         from tether.algorithms.reward import aggregate_step_scores
 
-        regex = re.compile(self.cfg.step_pattern)
-        ends = [[len(p) + m.end() for m in regex.finditer(r)] for p, r in zip(rollout.prompts, rollout.responses)]
+        regex, separator = re.compile(self.cfg.step_pattern), self.process_model.step_separator
+        texts = [p + r for p, r in zip(rollout.prompts, rollout.responses)]
+        # read where training read: at the step's last character, not past a separator the pattern consumed
+        ends = [
+            [trained_step_end(text, len(p) + m.end(), separator) for m in regex.finditer(r)]
+            for text, p, r in zip(texts, rollout.prompts, rollout.responses)
+        ]
         with phase("process_reward"):
-            probs = self.process_model([p + r for p, r in zip(rollout.prompts, rollout.responses)], ends)
+            probs = self.process_model(texts, ends)
         w, how = self.cfg.process_reward_weight, self.cfg.process_reward_aggregation
         if how == "steps":
             if steps is not None:

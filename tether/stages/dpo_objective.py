@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from tether.algorithms.masks import last_action_index
 from tether.algorithms.preference import (
     REFERENCE_FREE,
     beta_dpo_beta,
@@ -167,7 +168,7 @@ class DPOObjective:
 
     @torch.no_grad()
     def _statistics(self, logps, ref, tokens, chosen_nll, list_mask, n: int) -> dict:
-        last = list_mask.sum(-1) - 1  # the worst-ranked real response
+        last = last_action_index(list_mask)  # the worst-ranked real response
         worst = logps.gather(1, last[:, None]).squeeze(1)
         if self.needs_reference:
             r_chosen, r_rejected = implicit_rewards(

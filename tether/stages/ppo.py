@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from tether.algorithms.advantages import compact_actions, expand_actions, gae_advantages, masked_whiten, turn_rewards
+from tether.algorithms.advantages import action_gae, gae_advantages, masked_whiten, turn_rewards
 from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.objectives import ppo_policy_loss, ppo_value_loss
 from tether.algorithms.policy import clip_fraction
@@ -236,10 +236,7 @@ class PPOStage:
                 token_rewards = token_rewards + turn_rewards(
                     exp.scores.step_scores, exp.scores.step_ends, mask.shape[1]
                 ).to(mask.device)
-            rewards, actions = compact_actions(token_rewards, mask)
-            values, _ = compact_actions(exp.values, mask)
-            advantages, returns = gae_advantages(rewards, values, actions, a.gamma, a.lam)
-            exp.advantages, exp.returns = expand_actions(advantages, mask), expand_actions(returns, mask)
+            exp.advantages, exp.returns = action_gae(token_rewards, exp.values, mask, a.gamma, a.lam)
         if a.whiten_advantages:
             exp.advantages = masked_whiten(exp.advantages, mask)
         if self.sharded:  # free the layers these no-grad forwards left gathered (train/sharding.py reshard)

@@ -18,13 +18,11 @@ from tether.config import ConfigError
 from tether.data.records import read_records, tokenize_split
 from tether.data.steps import collate_steps, tokenize_steps
 from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
-from tether.models.reward import load_trainable_reward_model, save_reward_model
+from tether.models.reward import STEP_HEAD, STEP_SEPARATOR_KEY, load_trainable_reward_model, save_reward_model
 from tether.stages.prm_config import PRMConfig
 from tether.train.checkpoint import write_atomically
 from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, run_offline
 from tether.train.run import start_run
-
-HEAD = "step"
 
 
 class StepObjective:
@@ -108,7 +106,9 @@ def run_prm(cfg: PRMConfig) -> dict:
     opened = start_run(cfg, {"--output": cfg.train.output})
     accelerator, _, out, start_step, checkpoint = opened
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
-    model = load_trainable_reward_model(cfg.model, tokenizer, [HEAD], checkpoint)
+    model = load_trainable_reward_model(cfg.model, tokenizer, [STEP_HEAD], checkpoint)
+    # every folder the run writes says what followed each step, so --process-reward-model reads steps where trained
+    setattr(model.inner.config, STEP_SEPARATOR_KEY, cfg.data.step_separator)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
     plan = {
         "examples (train / eval)": f"{len(train)} / {len(evals)} {reports[0].format} solutions, "

@@ -424,12 +424,15 @@ def start_online(
     or --resume), the seeds, the prompt files and the reward functions."""
     from tether.data.records import prompt_rows as prompt_rows_of
     from tether.models.lm import check_lora_reference
+    from tether.models.reward import process_reward_separator
     from tether.rewards.functions import load_reward_set
     from tether.train.run import check_steps_left, start_run
 
     if rewards_cfg is not None and not (stand_in_reward or rewards_cfg.has_reward()):
         raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
     check_lora_reference(cfg.model)  # before anything is written
+    if rewards_cfg is not None and rewards_cfg.process_reward_model:  # a `tether prm` folder, not any model's
+        process_reward_separator(rewards_cfg.process_reward_model)
     if cfg.model.fsdp and cfg.model.lora_r > 0:
         raise ConfigError(
             "--fsdp with LoRA is not built: the adapters and their AdamW states are small (162 M parameters, 2.4 GiB "

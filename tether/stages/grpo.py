@@ -199,12 +199,14 @@ class GroupStage:
         kept_rollouts, kept_rows, kept_scores = [], [], []
         needed, rounds, sampled, zero = ro.prompts_per_step, 0, 0, 0
         while needed > 0 and rounds < (a.max_sampling_rounds if a.dynamic_sampling else 1):
+            # ── a round: each process samples and scores its share of the prompts; the round is gathered ──
             indices = self.order.slice(self.cursor, needed)
             mine = dp.shard(list(zip(indices, range(self.cursor, self.cursor + needed))))  # (prompt, stream position)
             self.cursor += needed
             local = dp.all_or_none(lambda: self.sample([i for i, _ in mine], [p for _, p in mine]))
             rollout = gather_rollout(dp, local[0], self.tokenizer.pad_token_id)
             scores = gather_scores(dp, local[1])
+            # ── keep the groups whose scores vary (all, without dynamic sampling) ──
             rows = [self.rows[i] for i in indices for _ in range(g)]
             flat_zero = zero_variance_groups(scores.flat().view(-1, g))
             sampled, zero, rounds = sampled + len(indices), zero + int(flat_zero.sum()), rounds + 1
@@ -236,6 +238,7 @@ class GroupStage:
         return self.sampler.sample(self.rows, picked, seeds, self.scorer)
 
     def step(self, step: int) -> tuple[dict, list]:
+        # ── sample and score the step's groups (dynamic sampling: rounds until enough vary) ──
         t0 = time.perf_counter()
         exp, counts = self.collect()
         t1 = time.perf_counter()
@@ -253,14 +256,17 @@ class GroupStage:
                 "time/update_s": 0.0,
                 "perf/tokens_per_s": 0.0,
             }, []
+        # ── old and reference log-probs, token advantages ──
         with phase("logprobs"):
             self.prepare(exp)
         t2 = time.perf_counter()
+        # ── the update's passes, then the new weights to the sampler ──
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         with phase("update"):
             update = self.update(exp, generator)
         self.sampler.weights_updated(self.policy)
         t3 = time.perf_counter()
+        # ── metrics and the samples ──
         mask = exp.rollout.response_mask.bool()
         metrics.update(
             {

@@ -161,6 +161,7 @@ class PPOStage:
         mine = [indices[p - step * ro.prompts_per_step] for p in positions]  # this process's share of the prompts
         picked = [i for i in mine for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
+        # ── sample and score this process's share (episodes: both together, turn by turn); gather ──
         if self.agent is not None:  # episodes: sampled and scored together, turn by turn
             with phase("sample"):
                 rollout, scores = dp.all_or_none(
@@ -176,14 +177,17 @@ class PPOStage:
         rollout, scores = gather_rollout(dp, rollout, self.tokenizer.pad_token_id), gather_scores(dp, scores)
         rows = [self.rows[i] for i in indices for _ in range(g)]
         t2 = time.perf_counter()
+        # ── old and reference log-probs, values, KL-shaped rewards, GAE ──
         with phase("logprobs"):
             exp = self.make_experience(Experience(rollout, rows, scores))
         t3 = time.perf_counter()
+        # ── the update's minibatches (policy and critic), then the new weights to the sampler ──
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)  # a function of the step alone
         with phase("update"):
             update = self.update(exp, generator)
         self.sampler.weights_updated(self.policy)
         t4 = time.perf_counter()
+        # ── metrics, then the adaptive KL coefficient for the next step ──
         sequence_kl = float(exp.kl.sum(-1).mean())
         mask = rollout.response_mask.bool()
         metrics = {

@@ -37,16 +37,27 @@ class ConsoleLogHandler(logging.Handler):
             self.handleError(record)
 
 
+# Libraries whose INFO and WARNING lines would land between tether's: vLLM's notes on what tether set on purpose (no
+# Triton on a CPU, its load strategy), trackio's, accelerate's, datasets'. Their errors still print.
+QUIET_LOGGERS = ("accelerate", "vllm", "trackio", "datasets", "httpx")
+
+
 def quiet_libraries() -> None:
-    """transformers' warnings and progress bars off, and Python's warnings through the console: what every
-    tether process (the command, the lab's workers) sets before it loads a model."""
+    """transformers' warnings and progress bars off, the libraries in QUIET_LOGGERS down to their errors, and
+    Python's warnings through the console: what every tether process (the command, the lab's workers) sets before it
+    loads a model."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     # peft asks every LoRA model the deprecated question (transformers 5): a warning the user can do nothing about
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # vLLM's own code using APIs torch deprecates, printed when it is imported: nothing the user can change
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm\.")
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig, through the console (above a progress bar)
         handler = ConsoleLogHandler()

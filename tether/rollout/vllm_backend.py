@@ -177,6 +177,7 @@ def _start_engine(folder: Path, key: dict):
             # not use offset", measured on 256 seeded prompts of 95 tokens)
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(key["context"], 8192),
+            use_tqdm_on_load=False,  # no "Loading safetensors checkpoint shards" bar at start-up and every push
         )
         # one token now: some refusals (the CPU attention's head sizes) come only with the first forward
         llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)

@@ -157,10 +157,9 @@ def test_the_console_prints_text_as_written_never_as_markup(capsys):
 
 def test_quieted_libraries_keep_their_errors_and_lose_their_notes():
     """After quiet_libraries (every command calls it): vLLM's, trackio's and accelerate's INFO and WARNING lines do
-    not reach the console between tether's, their errors do; vLLM's FutureWarnings about torch's deprecated APIs are
-    dropped, a warning from anywhere else is not."""
+    not reach the console between tether's (vLLM's "Triton is installed, but doesn't include CPU backend" on every
+    CPU run), their errors do."""
     import logging
-    import warnings
 
     from tether.console import quiet_libraries
 
@@ -168,10 +167,6 @@ def test_quieted_libraries_keep_their_errors_and_lose_their_notes():
     for name in ("vllm.triton_utils.importing", "trackio", "accelerate.utils.other", "datasets.builder"):
         logger = logging.getLogger(name)
         assert not logger.isEnabledFor(logging.WARNING) and logger.isEnabledFor(logging.ERROR), name
-    with warnings.catch_warnings(record=True) as caught:
-        for module in ("vllm.triton_utils.dispatcher", "tether.stages.grpo"):
-            warnings.warn_explicit("deprecated", FutureWarning, "x.py", 1, module=module, registry={})
-    assert [w.filename for w in caught] == ["x.py"] and len(caught) == 1
 
 
 BROKEN_TEMPLATES = {

@@ -388,8 +388,12 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     assert engines, "the run's engine processes"
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -9, (tmp_path / "killed.log").read_text()[-2000:]
-    # two steps done, so two weight pushes, and none drew vLLM's loading bar between tether's lines
-    assert "Loading safetensors" not in (tmp_path / "killed.log").read_text()
+    # two steps done, so two weight pushes, and none drew vLLM's loading bar between tether's lines; the engine's
+    # start-up (tens of seconds before the plan) is announced
+    printed = (tmp_path / "killed.log").read_text()
+    assert "Loading safetensors" not in printed
+    starting = "loading the vLLM engine (its start takes tens of seconds) …"
+    assert starting in printed and printed.index(starting) < printed.index("tether grpo\n"), printed[-3000:]
     deadline = time.time() + 20
     while any(alive(p) for p in engines) and time.time() < deadline:
         time.sleep(0.1)

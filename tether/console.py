@@ -37,8 +37,8 @@ class ConsoleLogHandler(logging.Handler):
             self.handleError(record)
 
 
-# Libraries whose INFO and WARNING lines would land between tether's: vLLM's notes on what tether set on purpose (no
-# Triton on a CPU, its load strategy), trackio's, accelerate's, datasets'. Their errors still print.
+# Libraries whose INFO and WARNING lines would land between tether's: vLLM's (that a CPU build has no Triton, on every
+# CPU run), trackio's, accelerate's, datasets'. Their errors still print.
 QUIET_LOGGERS = ("accelerate", "vllm", "trackio", "datasets", "httpx")
 
 
@@ -55,15 +55,18 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     # peft asks every LoRA model the deprecated question (transformers 5): a warning the user can do nothing about
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    # vLLM's own code using APIs torch deprecates, printed when it is imported: nothing the user can change
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"vllm\.")
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig, through the console (above a progress bar)
         handler = ConsoleLogHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
         root.setLevel(logging.WARNING)
+
+
+def loading(what: str) -> None:
+    """One line before a slow start-up phase (a model read from disk, an inference engine started), so that the
+    seconds before a run's plan say what they are spent on."""
+    console.print(f"loading {what} …", style="dim")
 
 
 def progress(items, total: int, description: str, min_items: int = 2000, every_s: float = 10.0):

@@ -249,6 +249,13 @@ def announce(title: str, plan: dict, config: dict, out: Path, reports=(), checkp
     (Path(out) / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
 
 
+def closing_line(final: Path, figures: dict) -> None:
+    """A run's last line, the same for every stage: where its final model is, then its headline figures ({name: a
+    number, printed to 4 significant digits, or a text})."""
+    shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()]
+    console.print("  ".join([f"final model: {final}", *shown]))
+
+
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")

@@ -55,7 +55,7 @@ from tether.train.offline import EpochOrder, loop_settings, step_micro_batches, 
 from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.parallel import DataParallel
-from tether.train.run import announce, check_steps_left, closing_line, peak_memory, start_run, write_json
+from tether.train.run import announce, check_steps_left, peak_memory, start_run, write_json
 from tether.train.sampling import weights_updated
 from tether.train.sharding import is_sharded, sampling_copy_of
 
@@ -796,6 +796,9 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
     save_final(accelerator, s.model, s.tokenizer, s.out / "final")
     if accelerator.is_main_process:
         write_json(s.out / "summary.json", summary)
-        closing_line(s.out / "final", {k: v for k, v in last_eval.items() if isinstance(v, float)})
+        console.print(
+            f"final model: {s.out / 'final'}  "
+            + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items() if isinstance(v, float))
+        )
     accelerator.wait_for_everyone()
     return summary

@@ -15,6 +15,7 @@ import torch
 
 from tether.algorithms.reward import binary_auroc, first_wrong_step, step_bce_loss
 from tether.config import ConfigError
+from tether.console import console
 from tether.data.records import read_records, tokenize_split
 from tether.data.steps import collate_steps, tokenize_steps
 from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
@@ -22,7 +23,7 @@ from tether.models.reward import load_trainable_reward_model, save_reward_model
 from tether.stages.prm_config import PRMConfig
 from tether.train.checkpoint import write_atomically
 from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
-from tether.train.run import announce, closing_line, peak_memory, start_run, write_json
+from tether.train.run import announce, peak_memory, start_run, write_json
 
 HEAD = "step"
 
@@ -154,6 +155,6 @@ def run_prm(cfg: PRMConfig) -> dict:
         write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "final")
         summary["wall_s"] = round(time.perf_counter() - t_start, 2)
         write_json(out / "summary.json", summary)
-        closing_line(out / "final", last_eval)
+        console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
     accelerator.wait_for_everyone()
     return summary

@@ -7,6 +7,7 @@ import time
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
 from tether.config import ConfigError
+from tether.console import console
 from tether.data.records import read_records, tokenize_split
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.models.checks import check_position_restarts
@@ -15,7 +16,7 @@ from tether.models.packing import describe
 from tether.stages.sft_config import SFTConfig
 from tether.train.checkpoint import save_final
 from tether.train.offline_run import offline_logger, plan_steps, prepare_trained, run_offline_loop
-from tether.train.run import announce, closing_line, peak_memory, start_run, write_json
+from tether.train.run import announce, peak_memory, start_run, write_json
 from tether.train.sharding import is_sharded
 
 
@@ -114,6 +115,6 @@ def run_sft(cfg: SFTConfig) -> dict:
     save_final(accelerator, model, tokenizer, out / "final")
     if accelerator.is_main_process:
         write_json(out / "summary.json", summary)
-        closing_line(out / "final", last_eval)
+        console.print(f"final model: {out / 'final'}  " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
     accelerator.wait_for_everyone()
     return summary

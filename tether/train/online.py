@@ -422,7 +422,7 @@ def _train(stage, schedule, config, accelerator, out, checkpoint, title, evaluat
     # LoRA merged; with --fsdp the gathered copy that samples (hf), or the sharded policy gathered (vllm)
     save_final(accelerator, stage.sampling_policy, stage.tokenizer, out / "final")
     if accelerator.is_main_process:
-        closing_line(out / "final", headline(out, summary))
+        console.print(closing_line(out, headline(out, summary)))
         write_json(out / "summary.json", summary)
     accelerator.wait_for_everyone()
     return summary

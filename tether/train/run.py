@@ -249,11 +249,11 @@ def announce(title: str, plan: dict, config: dict, out: Path, reports=(), checkp
     (Path(out) / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
 
 
-def closing_line(final: Path, figures: dict) -> None:
-    """A run's last line, the same for every stage: where its final model is, then its headline figures ({name: a
-    number, printed to 4 significant digits, or a text})."""
+def closing_line(out: Path, figures: dict) -> str:
+    """A run's last line, in the offline stages' form: where its final model is (``out``/final), then its headline
+    figures ({name: a number, printed to 4 significant digits, or a text})."""
     shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()]
-    console.print("  ".join([f"final model: {final}", *shown]))
+    return "  ".join([f"final model: {Path(out) / 'final'}", *shown])
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -63,12 +63,6 @@ def quiet_libraries() -> None:
         root.setLevel(logging.WARNING)
 
 
-def loading(what: str) -> None:
-    """One line before a slow start-up phase (a model read from disk, an inference engine started), so that the
-    seconds before a run's plan say what they are spent on."""
-    console.print(f"loading {what} …", style="dim")
-
-
 def progress(items, total: int, description: str, min_items: int = 2000, every_s: float = 10.0):
     """``items``, with progress shown when there are at least ``min_items``: a bar in a terminal, else a line
     every ``every_s`` seconds (a log file). Tokenising 20,000 conversations or scoring a reference takes a while."""
@@ -96,3 +90,9 @@ def progress(items, total: int, description: str, min_items: int = 2000, every_s
         if now - last >= every_s and done < total:
             console.print(f"{description}: {done}/{total} ({now - start:.0f} s)")
             last = now
+
+
+def loading(what: str) -> None:
+    """One line before a slow start-up phase (a model read from disk, an inference engine started), so that the
+    seconds before a run's plan say what they are spent on."""
+    console.print(f"loading {what} …", style="dim")

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from tether.console import loading
 from tether.errors import ConfigError
 from tether.models.lm import checkpoint_weights, gathered, is_sharded, model_context
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
@@ -311,6 +310,8 @@ class VLLMBackend:
         self.sharded = is_sharded(model)
         self.written = False  # the folder's file holds the current weights
         if not _reusable(_ENGINE.get("key"), key):
+            from tether.console import loading
+
             loading("the vLLM engine (its start takes tens of seconds)")
             _shutdown(_ENGINE)
             _ENGINE.clear()

@@ -157,6 +157,20 @@ def test_the_console_prints_text_as_written_never_as_markup(capsys):
     assert lines[3] == text and lines[4].startswith(f"{text}: 1/3")
 
 
+def test_quieted_libraries_keep_their_errors_and_lose_their_notes():
+    """After quiet_libraries (every command calls it): vLLM's, trackio's and accelerate's INFO and WARNING lines do
+    not reach the console between tether's (vLLM's "Triton is installed, but doesn't include CPU backend" on every
+    CPU run), their errors do."""
+    import logging
+
+    from tether.console import quiet_libraries
+
+    quiet_libraries()
+    for name in ("vllm.triton_utils.importing", "trackio", "accelerate.utils.other", "datasets.builder"):
+        logger = logging.getLogger(name)
+        assert not logger.isEnabledFor(logging.WARNING) and logger.isEnabledFor(logging.ERROR), name
+
+
 BROKEN_TEMPLATES = {
     "syntax": (
         "{% for m in messages %}\n{{ m.content }\n{% endfor %}",

@@ -155,7 +155,9 @@ def test_lora_on_an_adapter_folder_is_refused(llama_dir, prompts, tmp_path):
 
 @pytest.mark.slow
 def test_cli_ppo_with_python_rewards_shared_critic_and_best_checkpoint(llama_dir, prompts, tmp_path):
-    """--reward file.py:fn=w (two components, logged apart), a value head on the policy backbone, best/ kept."""
+    """--reward file.py:fn=w (two components, logged apart), a value head on the policy backbone, best/ kept; the
+    console says what loads before the plan, and the run ends with one line: final/, the score at the first and
+    the last step, the last evaluation, best/ and the alarms."""
     import subprocess
     import sys
 
@@ -231,6 +233,17 @@ def test_cli_ppo_with_python_rewards_shared_critic_and_best_checkpoint(llama_dir
     # over 16 responses is too noisy to compare alone: it held for one RNG stream and not for the next)
     scores = [m["score/mean"] for m in metrics]
     assert sum(scores[-4:]) > sum(scores[:4])
+    lines = proc.stderr.splitlines()
+    plan = lines.index("tether ppo")
+    loading = [f"loading the model to train from {llama_dir} …", f"loading the reference from {llama_dir} …"]
+    assert [line for line in lines[:plan] if line.startswith("loading")] == loading, lines[:plan]
+    last = history[-1]
+    assert lines[-1] == (
+        f"final model: {out / 'final'}  score/mean {scores[0]:.4g} (step 1) → {scores[-1]:.4g} (step 12)  "
+        f"eval/score_mean {last['eval/score_mean']:.4g}  eval/reward/count_a {last['eval/reward/count_a']:.4g}  "
+        f"eval/reward/short {last['eval/reward/short']:.4g}  eval/length_mean {last['eval/length_mean']:.4g}  "
+        f"best/ step {top['step']} (eval/score_mean {top['eval/score_mean']:.4g})  alarms {len(summary['alarms'])}"
+    )
 
 
 def test_a_reward_function_missing_its_column_fails_before_training(llama_dir, prompts, tmp_path):

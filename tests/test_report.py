@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tether.diagnostics.report import explain, load_glossary, render_report
+from tether.diagnostics.report import Run, explain, load_glossary, render_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -93,6 +93,8 @@ def test_every_metric_of_every_stage_is_in_the_glossary():
         "groups/zero_variance_frac",
         "policy/clip_frac_low",
         "value/loss",
+        "forwards/update",
+        "positions/eval_sample",
     ):
         assert explain(key, glossary)[0], key
     assert explain("no/such/metric", glossary) == ("", "")
@@ -259,22 +261,131 @@ def test_an_installed_wheel_captions_its_plots(tmp_path):
     assert shown.returncode == 0 and shown.stdout.strip() == "True", shown.stderr[-2000:]
 
 
-def test_metric_groups_put_reward_and_gold_first_then_kl_then_the_rest():
+def _reading(page: str, section: str) -> list[str]:
+    """What a reader meets in ``section`` of the page, in order: group headings (as '# title'), plots (by key) and
+    the groups' lines of unchanged metrics (as '= key value')."""
+    found = re.findall(r"<h4>([^<]+)</h4>|alt='([^']+)'|<span title='[^']*'>([^<]+)</span>", section)
+    return [f"# {h}" if h else plot or f"= {flat}" for h, plot, flat in found]
+
+
+def test_a_dapo_run_reads_score_length_entropy_then_the_rest_with_flat_metrics_in_one_line(tmp_path):
+    """A single run's page opens on its score, not on a flat `reward/exact/errors` panel; a run without a reference
+    (DAPO, β = 0) shows no KL group; metrics that never moved take one line in their group, not a panel each; the
+    work counted (forwards/*, positions/*) comes after the training figures, the alarm counters last."""
+    run = tmp_path / "dapo"
+    run.mkdir()
+    rows = [
+        {
+            "step": step,
+            "reward/exact/errors": 0,
+            "reward/exact/mean": 0.1 * step,
+            "score/mean": 0.1 * step - 0.05,
+            "policy/entropy": 2.0 - 0.1 * step,
+            "policy/ratio_mean": 1.0,
+            "policy/clip_frac": 0.01 * step,
+            "groups/zero_variance_frac": 0.5 - 0.1 * step,
+            "rollout/length_mean": 10.0 + step,
+            "lr": 1e-3,
+            "forwards/update": 1,
+            "positions/update": 100 + step,
+            "time/update_s": 0.1 * step,
+            **({"eval0/score_mean": 0.0} if step == 1 else {}),
+            **({"eval/score_mean": 0.4} if step == 3 else {}),
+        }
+        for step in (1, 2, 3)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"stage": "grpo", "recipe": "dapo"}))
+    page = render_report([run])
+    assert _reading(page, page.split("<h3>Metrics</h3>")[1].split("<h3>Samples</h3>")[0]) == [
+        "# Score and reward",
+        "score/mean",
+        "eval/score_mean",
+        "reward/exact/mean",
+        "# Length and entropy",
+        "rollout/length_mean",
+        "policy/entropy",
+        "# Loss and optimisation",
+        "policy/clip_frac",
+        "groups/zero_variance_frac",
+        "= lr 0.001",
+        "= policy/ratio_mean 1",
+        "# Time and work",
+        "time/update_s",
+        "positions/update",
+        "= forwards/update 1",
+        "# Alarm counters",
+        "= reward/exact/errors 0",
+    ]
+
+
+def test_runs_with_a_reference_and_gold_read_score_gold_kl_entropy_on_each_page_and_in_the_comparison(two_runs):
+    """Per run and in the comparison: score, gold, KL, entropy; kl/coef never moves within a run, so it is one line —
+    in the comparison with each run's value, since they differ."""
+    hacked, tied = two_runs
+    page = render_report([hacked, tied])
+    comparison, *per_run = page.split("<h2>")[2:]
+    assert _reading(comparison, comparison) == [
+        "# Score and reward",
+        "score/mean",
+        "eval/score_mean",
+        "# Gold and task metrics",
+        "eval/gold_reward",
+        "# KL to the reference",
+        "kl/ref_mean",
+        f"= kl/coef {Run(hacked).name} 0, {Run(tied).name} 0.2",
+        "# Length and entropy",
+        "policy/entropy",
+    ]
+    for section, coef in zip(per_run, ("0", "0.2")):
+        assert _reading(section, section.split("<h3>Metrics</h3>")[1].split("<h3>Samples</h3>")[0]) == [
+            "# Score and reward",
+            "score/mean",
+            "eval/score_mean",
+            "# Gold and task metrics",
+            "eval/gold_reward",
+            "# KL to the reference",
+            "kl/ref_mean",
+            f"= kl/coef {coef}",
+            "# Length and entropy",
+            "policy/entropy",
+        ]
+
+
+def test_metric_groups_follow_the_reading_order_and_leave_out_empty_groups():
     from tether.diagnostics.report import metric_groups
 
     keys = [
+        "reward/env/errors",
+        "forwards/update",
+        "positions/sample",
         "train/loss",
         "perf/tokens_per_s",
         "score/mean",
-        "kl/mean",
-        "eval/gold",
-        "rollout/response_length",
+        "eval/accuracy_greedy",
+        "eval/score_mean",
+        "rollout/sampler_kl",
+        "kl/ref_mean",
+        "eval/gold_reward",
+        "rollout/length_mean",
+        "policy/entropy",
         "train/grad_norm",
         "policy/clip_frac",
+        "agent/turns_mean",
+        "reward/judge/none",
+        "reward/judge/mean",
+        "eval/overfit_alarm",
+        "something/new",
     ]
     assert metric_groups(keys) == [
-        ("Reward and task", ["eval/gold", "score/mean"]),
-        ("KL and the reference", ["kl/mean", "policy/clip_frac"]),
-        ("Loss and optimisation", ["train/grad_norm", "train/loss"]),
-        ("Sampling and lengths", ["perf/tokens_per_s", "rollout/response_length"]),
+        ("Score and reward", ["score/mean", "eval/score_mean", "reward/judge/mean"]),
+        ("Gold and task metrics", ["eval/gold_reward", "eval/accuracy_greedy"]),
+        ("KL to the reference", ["kl/ref_mean"]),
+        ("Length and entropy", ["rollout/length_mean", "policy/entropy"]),
+        ("Loss and optimisation", ["train/loss", "train/grad_norm", "policy/clip_frac"]),
+        ("Agents and environments", ["agent/turns_mean"]),
+        ("Sampler (vLLM)", ["rollout/sampler_kl"]),
+        ("Time and work", ["perf/tokens_per_s", "forwards/update", "positions/sample"]),
+        ("Other", ["something/new"]),
+        ("Alarm counters", ["reward/env/errors", "reward/judge/none", "eval/overfit_alarm"]),
     ]

@@ -431,3 +431,60 @@ def test_no_held_out_pairs_means_no_best_folder_and_no_claim_of_one(llama_dir, t
     assert (
         "no held-out pairs, so no validation accuracy and no best/" in printed and "best by validation" not in printed
     )
+
+
+def test_the_probe_readings_follow_their_stated_rules():
+    """By hand. Length: high from |r| = max(0.3, 2/√n). Shifts: high when raised − lowered > 2√(raised + lowered)."""
+    from tether.stages.rm_probes import read_length_correlation, read_shift
+
+    length = lambda r, n: (read_length_correlation(r, n)["high"], read_length_correlation(r, n)["threshold"])
+    assert length(0.45, 400) == (True, 0.3)  # 2/√400 = 0.1 < 0.3: the 9 % share decides
+    assert length(-0.6, 100) == (True, 0.3)  # a score that falls with length is as much a length bias
+    assert length(0.25, 10_000) == (False, 0.3)  # beyond chance, but length explains 6 % of the variance
+    assert length(0.5, 16) == (True, 0.5)  # 2/√16 = 0.5 exactly (float: 2 / 4.0): the bound is inclusive
+    assert length(0.6, 9) == (False, 0.6667)  # 2/√9 = 0.667: nine responses give |r| = 0.6 by chance
+    assert read_length_correlation(math.nan, 1)["reading"].startswith("no reading")
+    assert (
+        "falls with length, which alone accounts for 36 % of its variance"
+        in read_length_correlation(-0.6, 100)["reading"]
+    )
+    # shifts with the held-out scores' std 1.0: a mean change of 0.1 is the least that reads high
+    shift = lambda up, down, mean=0.1: read_shift("x", {"up": up, "down": down, "n": 200, "mean_shift": mean}, 1.0)
+    assert shift(142, 50)["high"]  # 92² = 8464 > 4 · 192 = 768
+    assert not shift(110, 90)["high"]  # 20² = 400 < 4 · 200 = 800: within chance
+    assert not shift(12, 4)["high"] and shift(13, 4)["high"]  # 8² = 64 = 4 · 16 (not above); 9² = 81 > 4 · 17 = 68
+    assert "lowers the score" in shift(3, 12)["reading"] and not shift(3, 12)["high"]  # (-9)² = 81 > 4 · 15 = 60
+    assert "within what a model indifferent" in shift(0, 0)["reading"] and shift(0, 0)["threshold"] == 0.0
+    assert shift(142, 50)["threshold"] == round(2 * math.sqrt(192), 4)
+    small = shift(142, 50, mean=0.0999)  # consistent, but under a tenth of the std
+    assert not small["high"] and "by less than 0.1 of the scores' std" in small["reading"]
+    assert "(mean change +0.100, +0.10 of the held-out scores' std)" in shift(142, 50)["reading"]
+
+
+def test_tether_rm_prints_each_probe_figure_with_its_reading_and_writes_them_to_the_summary(
+    llama_dir, tmp_path, capsys
+):
+    from tether.cli import main
+
+    pairs = [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats are dogs."} for i in range(8)]
+    probes = [{"prompt": "Q: ", "original": "Cats sleep.", "modified": "Cats sleep. Cats sleep.", "probe": "repeat"}]
+    data, probe_file, out = (
+        write_jsonl(tmp_path / "p.jsonl", pairs),
+        write_jsonl(tmp_path / "r.jsonl", probes),
+        tmp_path / "rm",
+    )
+    args = ["--model", str(llama_dir), "--data", str(data), "--eval-data", str(data), "--probe-path", str(probe_file)]
+    assert main(["rm", *args, "--max-steps", "2", "--output", str(out), "--report-to", "none"]) == 0
+    err = capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    readings = summary["probes"]["readings"]
+    assert set(readings) == {"length_correlation", "filler", "confident", "repeat"}
+    for name, figure in (
+        ("length_correlation", "length correlation"),
+        ("filler", "filler shift"),
+        ("repeat", "repeat shift"),
+    ):
+        line = next(line for line in err.splitlines() if line.strip().startswith(figure))
+        assert line.endswith(readings[name]["reading"]) and ("high" in line), line
+    assert "the sentence 'That is a great question.' put first raised the score of" in readings["filler"]["reading"]
+    assert readings["repeat"]["reading"].startswith("probe 'repeat' (the probe file's modified answer) raised")

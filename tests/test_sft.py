@@ -40,7 +40,7 @@ def read_metrics(output):
 
 
 @pytest.mark.slow
-def test_sft_lowers_held_out_loss_and_final_loads_and_generates(llama_dir, addition_files, tmp_path):
+def test_sft_lowers_held_out_loss_and_final_loads_and_generates(llama_dir, addition_files, tmp_path, capsys):
     out = tmp_path / "run"
     cfg = sft_config(
         llama_dir,
@@ -69,6 +69,9 @@ def test_sft_lowers_held_out_loss_and_final_loads_and_generates(llama_dir, addit
     assert len(text) > 0
     saved = (out / "config.yaml").read_text()
     assert "plan:" in saved and "micro-batch" in saved
+    lines = capsys.readouterr().err.splitlines()  # what loads before the plan; the run's closing line
+    assert f"loading the model to train from {llama_dir} …" in lines[: lines.index("tether sft")]
+    assert lines[-1] == f"final model: {out / 'final'}  eval/loss {evals[-1]:.4g}  eval/ppl {summary['eval/ppl']:.4g}"
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(llama_dir, addition_files, tmp_path, monkeypatch):

@@ -395,8 +395,9 @@ def test_reproduction_13_a_crash_before_the_first_checkpoint_gives_one_way_forwa
     del offline
 
 
-def test_trackio_gets_the_metrics_and_the_config(tmp_path, monkeypatch):
-    """report_to trackio: local (TRACKIO_DIR), project from TRACKIO_PROJECT, every step's scalars and the config."""
+def test_trackio_gets_the_metrics_and_the_config(tmp_path, monkeypatch, capsys):
+    """report_to trackio: local (TRACKIO_DIR), project from TRACKIO_PROJECT, every step's scalars and the config;
+    trackio's own set-up and closing notes replaced by one line of tether's."""
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))  # read when trackio is imported
     monkeypatch.setenv("TRACKIO_PROJECT", "tether-test")
     if "trackio" in sys.modules:
@@ -411,6 +412,9 @@ def test_trackio_gets_the_metrics_and_the_config(tmp_path, monkeypatch):
     metrics.log({"step": 1, "train/loss": 0.5})
     metrics.log({"step": 2, "train/loss": 0.25})
     metrics.close()
+    out, err = capsys.readouterr()
+    assert "Trackio" not in out + err, out
+    assert err.splitlines()[0] == "trackio: project tether-test, run t (`trackio show --project tether-test` shows it)"
     db = sqlite3.connect(tmp_path / "trackio" / "tether-test.db")
     rows = [(step, json.loads(text)) for step, text in db.execute("select step, metrics from metrics order by step")]
     assert rows == [(1, {"train/loss": 0.5}), (2, {"train/loss": 0.25})]

@@ -104,6 +104,9 @@ def test_after_an_optimizer_step_and_a_push_greedy_still_equals_hf(model_dir, to
     engine.weights_updated(model)
     after = assert_same_greedy(model, tokenizer, engine, contexts, s)
     assert not torch.equal(before.response_ids, after.response_ids)  # the step changed what greedy writes
+    # the engine loads pushed weights without its "Loading safetensors checkpoint shards" bar (the worker's
+    # LoadConfig is the engine's: test_a_run_killed_... reads a whole run's output for the bar)
+    assert engine.llm.llm_engine.vllm_config.load_config.use_tqdm_on_load is False
 
 
 def test_a_lora_policy_is_pushed_merged(model_dir, tokenizer):
@@ -405,6 +408,12 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     assert engines, "the run's engine processes"
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -9, (tmp_path / "killed.log").read_text()[-2000:]
+    # two steps done, so two weight pushes, and none drew vLLM's loading bar between tether's lines; the engine's
+    # start-up (tens of seconds before the plan) is announced
+    printed = (tmp_path / "killed.log").read_text()
+    assert "Loading safetensors" not in printed
+    starting = "loading the vLLM engine (its start takes tens of seconds) …"
+    assert starting in printed and printed.index(starting) < printed.index("tether grpo\n"), printed[-3000:]
     deadline = time.time() + 20
     while any(alive(p) for p in engines) and time.time() < deadline:
         time.sleep(0.1)

@@ -38,14 +38,22 @@ class ConsoleLogHandler(logging.Handler):
             self.handleError(record)
 
 
+# Libraries whose INFO and WARNING lines would land between tether's: vLLM's (that a CPU build has no Triton, on every
+# CPU run), trackio's, accelerate's, datasets'. Their errors still print.
+QUIET_LOGGERS = ("accelerate", "vllm", "trackio", "datasets", "httpx")
+
+
 def quiet_libraries() -> None:
-    """transformers' warnings and progress bars off, and Python's warnings through the console: what every
-    tether process (the command, the lab's workers) sets before it loads a model."""
+    """transformers' warnings and progress bars off, the libraries in QUIET_LOGGERS down to their errors, and
+    Python's warnings through the console: what every tether process (the command, the lab's workers) sets before it
+    loads a model."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     # peft asks every LoRA model the deprecated question (transformers 5): a warning the user can do nothing about
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     root = logging.getLogger()
@@ -103,3 +111,9 @@ def progress(items, total: int, description: str, min_items: int = 2000, every_s
         if now - last >= every_s and done < total:
             console.print(f"{description}: {done}/{total} ({now - start:.0f} s)")
             last = now
+
+
+def loading(what: str) -> None:
+    """One line before a slow start-up phase (a model read from disk, an inference engine started), so that the
+    seconds before a run's plan say what they are spent on."""
+    console.print(f"loading {what} …", style="dim")

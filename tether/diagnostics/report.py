@@ -1,11 +1,12 @@
 """`tether report RUN_DIR [RUN_DIR …]`: one self-contained HTML page for one run or a comparison of several.
 
 Plots are PNGs drawn with matplotlib and embedded as data URIs; the page has no script and loads nothing from
-the network. For each run: every logged metric against the step (alarms marked), its one-line meaning from
-the metrics glossary (docs/metrics.md), the alarms with their evidence, the best- and worst-scored samples of
-the last sample step, and the resolved config. For several runs: every shared metric on one axis per metric,
-and — for runs with a gold reward — gold and proxy score against √KL(π‖π_ref) (Gao et al. 2022), one line
-per run.
+the network. For each run: every logged metric against the step (alarms marked), in the order a reader needs them
+(READING_ORDER: score, gold or task metrics, KL, length and entropy, the rest, the alarm counters; a metric that
+never changed is one line, not a plot), with its one-line meaning from the metrics glossary (docs/metrics.md); the
+alarms with their evidence, the best- and worst-scored samples of the last sample step, and the resolved config.
+For several runs: every shared metric on one axis per metric, and — for runs with a gold reward — gold and proxy
+score against √KL(π‖π_ref) (Gao et al. 2022), one line per run.
 """
 
 from __future__ import annotations
@@ -237,6 +238,7 @@ h1{font-size:22px} h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom
 table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ddd;padding:4px 6px;vertical-align:top}
 pre{background:#f6f6f6;padding:10px;font-size:11px;overflow:auto;max-height:400px}
 .wide img{max-width:100%}
+.flat{font-size:12px;color:#555}
 """
 
 
@@ -272,26 +274,135 @@ def _samples_html(run: Run, k: int = 5) -> str:
     )
 
 
-# The report's panels, by what a reader looks at first: what training is for (reward, gold, task accuracy), how far
-# the policy moved (KL), then the optimisation and the sampling; within a group, names in alphabetical order.
-METRIC_GROUPS = (
-    ("Reward and task", ("score", "reward", "gold", "accuracy", "success", "win_rate", "margin", "agent/")),
-    ("KL and the reference", ("kl", "ratio", "clip", "tis_", "sampler_", "entropy")),
-    ("Loss and optimisation", ("loss", "grad", "lr", "value", "advantage", "adaptive")),
-    ("Sampling and lengths", ("rollout/", "length", "truncat", "response", "stop", "tokens")),
+# The report's reading order: what training is for (the score or reward), the gold or task figure it stands in for,
+# how far the policy moved from its reference (KL), then lengths and entropy, the optimisation and the rest, and last
+# the alarm counters (failed reward calls, "no opinion" answers, the over-fitting alarm), which read 0 when all is
+# well. Each group lists its patterns in reading order; a key is placed by the first pattern (in this order) that
+# matches it with its train/ or eval/ prefix set aside, so a held-out figure sits beside its training one. An eval/ key
+# no pattern names is a task metric (the lab's gold figures); any other joins "Other". A group no key joins is not
+# drawn (a DAPO run, β = 0, has no KL group).
+READING_ORDER = (  # (title, its patterns in reading order, separated by spaces)
+    (
+        "Score and reward",
+        "score/mean score_mean score/std reward/[^/]+/mean reward/[^/]+ reward/[^/]+/std rewards/accuracy "
+        "rewards/margins rewards/.+ kto/reward",  # reward/[^/]+: eval/reward/<name>, beside reward/<name>/mean
+    ),
+    (
+        "Gold and task metrics",
+        "gold_reward gold_win_rate gold.* (agent/)?success_rate.* accuracy.* best_accuracy step_accuracy "
+        "first_wrong_step_accuracy auroc (agent/)?claimed.* margin (chosen|rejected)_.+",
+    ),
+    ("KL to the reference", "kl/ref_mean kl/.+ kto/reference_point policy/approx_kl beta"),
+    (
+        "Length and entropy",
+        "rollout/length_mean length_mean rollout/terminated_length_mean rollout/truncated_frac mean_words "
+        "(policy/)?entropy",
+    ),
+    (
+        "Loss and optimisation",
+        "loss policy/loss value/loss ppl (policy/|value/)?grad_norm lr advantage/.+ return/.+ value/.+ policy/.+ "
+        "groups/.+ sampling/.+ (logps|nll)/.+ epoch",
+    ),
+    ("Agents and environments", "agent/.+ env/.+"),
+    ("Sampler (vLLM)", "rollout/sampler_.+ rollout/tis_.+"),
+    ("Time and work", "time/.+ perf/.+ tokens pairs steps forwards/.+ positions/.+"),
+    ("Other", ""),
+    ("Alarm counters", "reward/[^/]+/errors reward/[^/]+/none overfit_alarm agent/unparsed_call_frac"),
+)
+_TASK, _OTHER = 1, len(READING_ORDER) - 2
+_PATTERNS = [[re.compile(p) for p in patterns.split()] for _, patterns in READING_ORDER]
+_SEARCH = sorted(  # alarm counters first: reward/<name>/errors is not a reward component
+    range(len(READING_ORDER)), key=lambda g: (READING_ORDER[g][0] != "Alarm counters", g)
 )
 
 
+def reading_place(key: str) -> tuple[int, int, str, int]:
+    """Where a metric goes in the report: (group, pattern in the group, the key without its train/ or eval/ prefix,
+    0 for a training figure and 1 for a held-out one); sorting by it is READING_ORDER."""
+    prefix = next((p for p in ("train/", "eval/") if key.startswith(p)), "")
+    stem = key[len(prefix) :]
+    for group in _SEARCH:
+        for i, pattern in enumerate(_PATTERNS[group]):
+            if pattern.fullmatch(stem):
+                return group, i, stem, int(prefix == "eval/")
+    return (_TASK if prefix == "eval/" else _OTHER), len(_PATTERNS[_TASK]), stem, int(prefix == "eval/")
+
+
 def metric_groups(keys) -> list[tuple[str, list[str]]]:
-    """[(group title, its metric names)] in METRIC_GROUPS' order; a name joins the first group one of whose words it
-    contains, and names in no group come last, under "Other"."""
-    groups: dict[str, list[str]] = {title: [] for title, _ in METRIC_GROUPS}
-    other = []
-    for key in sorted(keys):
-        title = next((t for t, words in METRIC_GROUPS if any(w in key.lower() for w in words)), None)
-        (groups[title] if title else other).append(key)
-    out = [(t, names) for t, names in groups.items() if names]
-    return out + ([("Other", other)] if other else [])
+    """[(group title, its metric names in reading order)] in READING_ORDER, groups with no metric left out."""
+    groups: dict[int, list[str]] = {}
+    for key in sorted(keys, key=reading_place):
+        groups.setdefault(reading_place(key)[0], []).append(key)
+    return [(READING_ORDER[g][0], names) for g, names in sorted(groups.items())]
+
+
+def flat_value(points: list[tuple[int, float]]) -> float | None:
+    """The value of a metric that never changed over the run (every logged value equal), else None."""
+    values = {v for _, v in points}
+    return values.pop() if len(values) == 1 else None
+
+
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _flat_line(items: list[tuple[str, str, str]]) -> str:
+    """The group's unchanged metrics as one line: (key, value text, meaning) each, the meaning on hover."""
+    if not items:
+        return ""
+    shown = " · ".join(f"<span title='{_esc(_plain(m))}'>{_esc(k)} {_esc(v)}</span>" for k, v, m in items)
+    return f"<p class='flat'>unchanged over the run: {shown}</p>"
+
+
+def _group_html(title: str, cards: list[str], flat: list[tuple[str, str, str]]) -> str:
+    grid = f"<div class='grid'>{''.join(cards)}</div>" if cards else ""
+    return f"<h4>{_esc(title)}</h4>{grid}{_flat_line(flat)}"
+
+
+def _run_metrics_html(run: "Run", glossary) -> str:
+    """One run's metrics by READING_ORDER: a panel for each that moved, one line for those that never did."""
+    series, marks = run.series(), [(a["monitor"], int(a["step"])) for a in run.alarms]
+    parts = []
+    for title, names in metric_groups(series):
+        cards, flat = [], []
+        for key in names:
+            meaning, healthy = explain(key, glossary, run.stage)
+            value = flat_value(series[key])
+            if value is None:
+                cards.append(_card(key, _plot(key, [(run.name, series[key])], marks), meaning, healthy))
+            else:
+                flat.append((key, _number(value), meaning))
+        parts.append(_group_html(title, cards, flat))
+    return "".join(parts)
+
+
+def _comparison_html(runs: list["Run"], glossary) -> str:
+    """Every metric the runs share, by READING_ORDER: on one axis per metric (per kind of loss), or — when it never
+    changed in any run — in the group's one line with each run's value."""
+    all_series = [r.series() for r in runs]
+    shared = set.intersection(*(set(s) for s in all_series))
+    if not shared:
+        return "<p>These runs log no metric in common.</p>"
+    parts = []
+    for title, names in metric_groups(shared):
+        cards, flat = [], []
+        for key in names:
+            values = [flat_value(s[key]) for s in all_series]
+            if all(v is not None for v in values):
+                text = (
+                    _number(values[0])
+                    if len(set(values)) == 1
+                    else ", ".join(f"{r.name} {_number(v)}" for r, v in zip(runs, values))
+                )
+                flat.append((key, text, explain(key, glossary, runs[0].stage)[0]))
+                continue
+            for kind, members in _axes(key, runs):  # losses of different kinds never share an axis
+                title_k = key if kind is None else f"{key} ({kind})"
+                meaning, healthy = explain(key, glossary, members[0].stage)
+                lines = [(r.name, s[key]) for r, s in zip(runs, all_series) if r in members]
+                cards.append(_card(title_k, _plot(title_k, lines, []), meaning, healthy))
+        parts.append(_group_html(title, cards, flat))
+    return "".join(parts)
 
 
 def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH) -> str:
@@ -316,18 +427,7 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
             "then falls. A larger KL coefficient keeps the policy at smaller √KL.</p>"
         )
     if len(runs) > 1:
-        parts.append("<h2>Comparison</h2><div class='grid'>")
-        all_series = [r.series() for r in runs]
-        shared = sorted(set.intersection(*(set(s) for s in all_series)))
-        if not shared:
-            parts.append("<p>These runs log no metric in common.</p>")
-        for key in [k for _, names in metric_groups(shared) for k in names]:
-            for kind, members in _axes(key, runs):  # losses of different kinds never share an axis
-                title = key if kind is None else f"{key} ({kind})"
-                meaning, healthy = explain(key, glossary, members[0].stage)
-                lines = [(r.name, s[key]) for r, s in zip(runs, all_series) if r in members]
-                parts.append(_card(title, _plot(title, lines, []), meaning, healthy))
-        parts.append("</div>")
+        parts.append("<h2>Comparison</h2>" + _comparison_html(runs, glossary))
     for run in runs:
         parts.append(f"<h2>{_esc(run.name)}</h2>")
         headline = {k: v for k, v in run.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -343,15 +443,7 @@ def render_report(folders: list[str | Path], glossary_path: Path = GLOSSARY_PATH
             f"<h3>Alarms ({len(run.alarms)})</h3>"
             + ("".join(_alarm_html(a) for a in run.alarms) or "<p>None raised.</p>")
         )
-        marks = [(a["monitor"], int(a["step"])) for a in run.alarms]
-        parts.append("<h3>Metrics</h3>")
-        series = run.series()
-        for title, names in metric_groups(series):
-            parts.append(f"<h4>{_esc(title)}</h4><div class='grid'>")
-            for key in names:
-                meaning, healthy = explain(key, glossary, run.stage)
-                parts.append(_card(key, _plot(key, [(run.name, series[key])], marks), meaning, healthy))
-            parts.append("</div>")
+        parts.append("<h3>Metrics</h3>" + _run_metrics_html(run, glossary))
         parts.append("<h3>Samples</h3>" + _samples_html(run))
         parts.append(f"<h3>Resolved config</h3><pre>{_esc(run.config_text or '(no config.yaml)')}</pre>")
     parts.append("</body></html>")

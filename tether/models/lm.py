@@ -306,6 +306,10 @@ def load_stage_tokenizer(model_cfg):
 def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
     """The model to train (a ModelSection): from --model, or from a checkpoint when resuming (LoRA: base + saved
     adapter); dropout disabled unless keep_dropout; only parameters matching trainable_params trainable."""
+    from tether.console import loading
+
+    source = model_cfg.path if model_cfg.lora_r > 0 else checkpoint or model_cfg.path
+    loading(f"the model to train from {source}" + _lora_note(model_cfg, checkpoint))
     if model_cfg.lora_r > 0:
         model = load_model(model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
         if checkpoint is not None:
@@ -336,6 +340,12 @@ def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
                 f"{[n for n, _ in model.named_parameters()][:4]}"
             )
     return model
+
+
+def _lora_note(model_cfg, checkpoint) -> str:
+    if model_cfg.lora_r <= 0:
+        return ""
+    return f" (LoRA r = {model_cfg.lora_r}" + (f", its adapter from {checkpoint})" if checkpoint else ")")
 
 
 def frozen_dtype(model_cfg) -> str:
@@ -414,6 +424,9 @@ def load_reference(model_cfg, tokenizer, device=None):
     check_lora_reference(model_cfg)
     if model_cfg.lora_r > 0 and not model_cfg.reference:
         return None
+    from tether.console import loading
+
+    loading(f"the reference from {model_cfg.reference or model_cfg.path}")
     reference = load_model(
         model_cfg.reference or model_cfg.path, tokenizer, frozen_dtype(model_cfg), model_cfg.trust_remote_code, device
     )

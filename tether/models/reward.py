@@ -143,9 +143,11 @@ def load_reward_model(
 def load_trainable_reward_model(model_cfg, tokenizer, heads: list[str], checkpoint) -> "RewardModel":
     """The reward model to train (`tether rm`, `tether prm`): from --model with new heads, or from a checkpoint when
     resuming (LoRA: base + saved adapter); dropout off unless keep_dropout; precision as the model section says."""
+    from tether.console import loading
     from tether.models.lm import apply_precision, disable_dropout
 
     m = model_cfg
+    loading(f"the reward model to train from {checkpoint if checkpoint is not None and m.lora_r <= 0 else m.path}")
     if m.lora_r > 0:
         rm = load_reward_model(m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
         if checkpoint is not None:

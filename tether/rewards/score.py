@@ -68,8 +68,10 @@ def load_process_reward_scorer(rewards_cfg, device, dtype: str = "float32"):
     """The RewardSection's process reward model as (texts, step end offsets) -> step probabilities, or None."""
     if not rewards_cfg.process_reward_model:
         return None
+    from tether.console import loading
     from tether.models.reward import ProcessRewardScorer
 
+    loading(f"the process reward model from {rewards_cfg.process_reward_model}")
     return ProcessRewardScorer(rewards_cfg.process_reward_model, device, dtype)
 
 
@@ -77,8 +79,10 @@ def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
     """The RewardSection's reward model as texts -> scores (normalised, head weights applied), or None."""
     if not rewards_cfg.reward_model:
         return None
+    from tether.console import loading
     from tether.models.reward import RewardScorer
 
+    loading(f"the reward model from {rewards_cfg.reward_model}")
     return RewardScorer(
         rewards_cfg.reward_model, rewards_cfg.head_weights, rewards_cfg.normalize_reward, device, dtype=dtype
     )

@@ -247,6 +247,7 @@ def _engine(LLM, SamplingParams, folder: Path, key: dict):  # noqa: N803 - vLLM'
         # not use offset", measured on 256 seeded prompts of 95 tokens)
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(key["context"], 8192),
+        use_tqdm_on_load=False,  # no "Loading safetensors checkpoint shards" bar at start-up and every push
     )
     # one token now: some refusals (the CPU attention's head sizes) come only with the first forward
     llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
@@ -457,6 +458,9 @@ class VLLMBackend:
         self.sharded = is_sharded(model)
         self.written = False  # the folder's file holds the current weights
         if not _reusable(_ENGINE.get("key"), key):
+            from tether.console import loading
+
+            loading("the vLLM engine (its start takes tens of seconds)")
             _shutdown(_ENGINE)
             _ENGINE.clear()
             _check_main_guarded()

@@ -434,6 +434,9 @@ def load_critic(cfg: PPOConfig, tokenizer, policy, checkpoint):
     if cfg.critic.layout == "shared":
         return SharedValueHead.load(policy, checkpoint / "critic" if checkpoint else None)
     source = checkpoint / "critic" if checkpoint else (cfg.critic.path or cfg.rewards.reward_model or cfg.model.path)
+    from tether.console import loading
+
+    loading(f"the critic from {source}")
     critic = load_value_model(source, tokenizer, cfg.model.dtype)
     if not cfg.model.keep_dropout:
         disable_dropout(critic)

@@ -261,10 +261,13 @@ def _best_keeper(cfg: RMConfig, detector: OverfitDetector, model, unwrapped, tok
 
 
 def _final_line(out: Path, detector: OverfitDetector, last_eval: dict, probes: dict) -> str:
-    return (
-        f"reward model: {out / 'final'}{_best_line(out, detector, last_eval)}; "
-        f"length correlation {probes['length_correlation']:.2f}; "
-        + "; ".join(f"{k} shift {v['mean_shift']:+.3f}" for k, v in probes["counterfactual"].items())
+    """Where the model is, then each bias probe's figure on a line of its own with its reading (rm_probes.read_probes:
+    what the number means, whether it is high and by what rule)."""
+    readings = probes["readings"]
+    figures = {"length_correlation": f"length correlation {probes['length_correlation']:.2f}"}
+    figures.update({k: f"{k} shift {v['mean_shift']:+.3f}" for k, v in probes["counterfactual"].items()})
+    return f"reward model: {out / 'final'}{_best_line(out, detector, last_eval)}\n" + "\n".join(
+        f"  {figure} — {readings[name]['reading']}" for name, figure in figures.items()
     )
 
 

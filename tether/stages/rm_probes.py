@@ -2,8 +2,9 @@
 
 - length correlation: Pearson r between score and response length (words) over held-out responses;
 - counterfactual probes: the same answer with a filler sentence or a confident opener added; the mean score
-  shift, its std and how often the score went up (a faithful model moves these little or down);
+  shift, its std and how often the score went up or down (a faithful model moves these little or down);
 - your own probes: rows {prompt, original, modified, probe} scored the same way;
+- a reading of each figure (read_probes): what it means and whether it is high, by a stated rule;
 - normalisation: per-head mean and std of scores over a reference set, saved beside the model for RL stages.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 
 from tether.data.preferences import render_response
 from tether.models.reward import check_lengths, score_token_ids
@@ -19,6 +21,14 @@ DEFAULT_PROBES = {
     "filler": lambda text: "That is a great question. " + text,
     "confident": lambda text: "Definitely, " + text[:1].lower() + text[1:],
 }
+# what each built-in probe adds, for its reading
+ADDED = {"filler": "the sentence 'That is a great question.' put first", "confident": "the opener 'Definitely,'"}
+# |r| of score with length from which the length probe reads high: r² ≥ 0.09, length alone accounting for about a
+# tenth of the variance of the scores (docs/reward-models.md, "Reading the probes")
+LENGTH_R_HIGH = 0.3
+# a counterfactual shift matters from this share of the held-out scores' std: the RL stages divide the score by that
+# std (normalize_reward), so the policy sees the addition worth at least 0.1 of a typical difference between answers
+SHIFT_HIGH = 0.1
 
 
 def _content(response) -> str:
@@ -81,7 +91,62 @@ def _shift(score, originals: list[str], modified: list[str], max_length: int) ->
         "mean_shift": round(delta.mean().item(), 4),
         "std": round(delta.std(unbiased=False).item(), 4),
         "fraction_up": round((delta > 0).float().mean().item(), 4),
+        "up": int((delta > 0).sum()),
+        "down": int((delta < 0).sum()),
     }
+
+
+def read_length_correlation(r: float, n: int) -> dict:
+    """The length probe's reading: r of score with length over ``n`` held-out responses is high when
+    |r| ≥ max(LENGTH_R_HIGH, 2/√n) — length alone accounting for at least 9 % of the scores' variance (r²), and r
+    beyond chance: with no correlation, r over n responses has a standard error of about 1/√n."""
+    if not math.isfinite(r):
+        return {"high": False, "threshold": None, "reading": "no reading: the scores or the lengths do not vary"}
+    bound = max(LENGTH_R_HIGH, 2 / math.sqrt(n))
+    high = abs(r) >= bound
+    return {
+        "high": high,
+        "threshold": round(bound, 4),
+        "reading": f"the score {'rises' if r > 0 else 'falls'} with length, which alone accounts for {100 * r * r:.0f} % of "
+        f"its variance over {n} responses; {'high' if high else 'not high'} (high from |r| = {bound:.2f}, the "
+        f"larger of {LENGTH_R_HIGH}, a 9 % share, and 2/√{n}, beyond chance)",
+    }
+
+
+def read_shift(added: str, shift: dict, score_std: float) -> dict:
+    """A counterfactual probe's reading: ``added`` raised the score of ``up`` answers and lowered it for ``down``. A
+    model indifferent to the addition raises as many as it lowers (a sign test: of m = up + down changed scores, up
+    is Binomial(m, ½), standard error √m/2); high when up − down > 2√m, two standard errors above that — compared
+    as (up − down)² > 4m with up > down, in integers — and the mean change is at least SHIFT_HIGH × ``score_std``
+    (the held-out scores' std)."""
+    up, down, n, mean = shift["up"], shift["down"], shift["n"], shift["mean_shift"]
+    lead, changed = up - down, up + down
+    beyond, large = lead * lead > 4 * changed, mean >= SHIFT_HIGH * score_std
+    if lead > 0 and beyond and large:
+        verdict = "high: the model pays for the addition itself, which a policy trained on it can learn to write"
+    elif lead > 0 and beyond:
+        verdict = f"not high: it raises the score beyond chance, by less than {SHIFT_HIGH} of the scores' std"
+    elif lead < 0 and beyond:
+        verdict = "not high: the model lowers the score for it"
+    else:
+        verdict = "not high: within what a model indifferent to it gives"
+    size = f", {mean / score_std:+.2f} of the held-out scores' std" if score_std > 0 else ""
+    return {
+        "high": lead > 0 and beyond and large,
+        "threshold": round(2 * math.sqrt(changed), 4),
+        "reading": f"{added} raised the score of {up} and lowered it for {down} of {n} answers (mean change "
+        f"{mean:+.3f}{size}); {verdict} (high when raised − lowered > 2√(raised + lowered) = "
+        f"{2 * math.sqrt(changed):.1f} and the mean change ≥ {SHIFT_HIGH} std)",
+    }
+
+
+def read_probes(probes: dict) -> dict:
+    """{figure: {high, threshold, reading}} for the length correlation and every counterfactual probe."""
+    readings = {"length_correlation": read_length_correlation(probes["length_correlation"], probes["responses"])}
+    for name, shift in probes["counterfactual"].items():
+        added = ADDED.get(name, f"probe '{name}' (the probe file's modified answer)")
+        readings[name] = read_shift(added, shift, probes["score_std"])
+    return readings
 
 
 def normalization_stats(rm, tokenizer, rows: list[dict], max_length: int, score: ScoreMemo | None = None) -> dict:
@@ -121,6 +186,7 @@ def run_probes(
     probes: dict = {
         "length_correlation": round(pearson(lengths, scores), 4),
         "responses": len(pairs),
+        "score_std": round(statistics.pstdev(scores), 6) if scores else 0.0,  # the shifts' yardstick
         "counterfactual": {},
     }
     originals = [(r.get("prompt"), r["chosen"]) for r in eval_rows if "chosen" in r]
@@ -142,4 +208,5 @@ def run_probes(
         probes["counterfactual"][name] = _shift(score, before, after, max_length)
     normalization = normalization_stats(rm, tokenizer, norm_rows, max_length, score)
     probes["texts_scored"] = score.scored  # distinct texts through the model (each once)
+    probes["readings"] = read_probes(probes)
     return probes, normalization

@@ -7,6 +7,8 @@ checkpoint) and TensorBoard purges them, so the file reads as one run.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -120,10 +122,14 @@ class MetricsLogger:
                 raise ConfigError(
                     "report_to includes trackio but trackio is not installed (pip install trackio)"
                 ) from None
-            # local by default (TRACKIO_DIR); trackio's own TRACKIO_SPACE_ID sends it to a Space
-            trackio.init(
-                project=os.environ.get("TRACKIO_PROJECT") or "tether", name=run_name, config=config, resume="allow"
-            )
+            # local by default (TRACKIO_DIR); trackio's own TRACKIO_SPACE_ID sends it to a Space. Its set-up notes
+            # (six lines on stdout, between tether's) become one line; its warnings go through `warnings`.
+            project = os.environ.get("TRACKIO_PROJECT") or "tether"
+            with contextlib.redirect_stdout(io.StringIO()):
+                trackio.init(project=project, name=run_name, config=config, resume="allow")
+            space = os.environ.get("TRACKIO_SPACE_ID")
+            where = f"on the Space {space}" if space else f"`trackio show --project {project}` shows it"
+            console.print(f"trackio: project {project}, run {run_name} ({where})")
             self.trackio = trackio
         if sys.stderr.isatty():
             self._progress = Progress(
@@ -184,7 +190,8 @@ class MetricsLogger:
         if self.mlflow:
             self.mlflow.end_run()
         if self.trackio:
-            self.trackio.finish()
+            with contextlib.redirect_stdout(io.StringIO()):  # "Run finished. Uploading logs…"
+                self.trackio.finish()
 
 
 def _short(key: str, value: float) -> str:

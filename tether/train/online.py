@@ -22,12 +22,13 @@ from typing import Callable, Protocol
 from tether.config import ConfigError
 from tether.console import console
 from tether.diagnostics.monitors import RunMonitor, read_jsonl
+from tether.diagnostics.report import reading_place
 from tether.models.work import counting, phase, section
 from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, save_final, set_rng_state
 from tether.train.logger import MetricsLogger
 from tether.train.parallel import DataParallel
-from tether.train.run import announce, close_run, peak_memory, write_json
+from tether.train.run import announce, close_run, closing_line, peak_memory, write_json
 from tether.train.sharding import is_dtensor, is_sharded
 
 
@@ -317,6 +318,28 @@ def _summary(run: "_Run", stage, schedule, out: Path, start_step: int, stopped_a
     return summary
 
 
+def headline(out: Path, summary: dict) -> dict:
+    """The online loop's closing figures: the score (online DPO's: its loss) at the first and the last step logged,
+    the last evaluation's figures (in the report's reading order), best/ when kept, and the alarms raised."""
+    rows = read_jsonl(out / "metrics.jsonl")
+    figures: dict = {}
+    for key in ("score/mean", "train/loss"):
+        logged = [r for r in rows if isinstance(r.get(key), (int, float))]
+        if logged:
+            first, last = logged[0], logged[-1]
+            figures[key] = f"{first[key]:.4g} (step {first['step']}) → {last[key]:.4g} (step {last['step']})"
+            break
+    last_eval = summary["eval_history"][-1] if summary["eval_history"] else {}
+    shown = [k for k, v in last_eval.items() if k.startswith("eval/") and isinstance(v, (int, float))]
+    figures.update({k: last_eval[k] for k in sorted(shown, key=reading_place)})  # the report's order
+    best = summary.get("best") or {}
+    if best.get("step") is not None:
+        figures["best/"] = f"step {best['step']} ({best['metric']} {best['value']:.4g})"
+    stopped = f" (stopped at step {summary['stopped_at']})" if summary["stopped_at"] else ""
+    figures["alarms"] = f"{len(summary['alarms'])}{stopped}"
+    return figures
+
+
 def run_online(
     stage: OnlineStage, schedule: Schedule, start: "OnlineStart", title: str, evaluate_fn: Callable | None = None
 ) -> dict:
@@ -394,6 +417,7 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
     # LoRA merged; with --fsdp the gathered copy that samples (hf), or the sharded policy gathered (vllm)
     save_final(accelerator, stage.sampling_policy, stage.tokenizer, out / "final")
     if accelerator.is_main_process:
+        console.print(closing_line(out, headline(out, summary)))
         write_json(out / "summary.json", summary)
     close_run(accelerator)
     return summary

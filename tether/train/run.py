@@ -382,6 +382,13 @@ def announce(title: str, plan: dict, config: dict, out: Path, reports=(), checkp
     (Path(out) / "config.yaml").write_text(yaml.safe_dump({**config, "plan": plan}, sort_keys=False))
 
 
+def closing_line(out: Path, figures: dict) -> str:
+    """A run's last line, in the offline stages' form: where its final model is (``out``/final), then its headline
+    figures ({name: a number, printed to 4 significant digits, or a text})."""
+    shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items()]
+    return "  ".join([f"final model: {Path(out) / 'final'}", *shown])
+
+
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")

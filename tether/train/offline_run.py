@@ -15,7 +15,7 @@ from tether.console import console
 from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger
 from tether.train.offline import loop_settings, train_offline
-from tether.train.run import announce, check_steps_left, close_run, peak_memory, write_json
+from tether.train.run import announce, check_steps_left, close_run, closing_line, peak_memory, write_json
 from tether.train.schedule import build_optimizer
 from tether.train.sharding import is_sharded, shard_model
 
@@ -101,12 +101,6 @@ class OfflineRun:
         self.model, self.optimizer, self.scheduler = self.trained[:3]
 
 
-def closing_line(out: Path, last_eval: dict) -> str:
-    """Where the trained model is, and the last evaluation's figures."""
-    figures = "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items() if isinstance(v, float))
-    return f"final model: {out / 'final'}  {figures}".rstrip()
-
-
 def run_offline(
     run: OfflineRun,
     plan: dict,
@@ -152,6 +146,7 @@ def run_offline(
     result["wall_s"] = round(time.perf_counter() - run.t_start, 2)
     if acc.is_main_process:
         write_json(run.out / "summary.json", result)
-        console.print(closing(result, last_eval) if closing is not None else closing_line(run.out, last_eval))
+        figures = {k: v for k, v in last_eval.items() if isinstance(v, float)}  # the last evaluation's numbers
+        console.print(closing(result, last_eval) if closing is not None else closing_line(run.out, figures))
     close_run(acc)
     return result

@@ -45,8 +45,7 @@ from tether.agents.transcripts import (
     tool_replies,
 )
 from tether.config import ConfigError
-from tether.data.sft import template_takes_tools
-from tether.models.chat import template_conversation, template_name, template_text
+from tether.models.chat import takes_tools, template_conversation, template_name, template_text
 from tether.rewards.score import Scores
 from tether.rollout.batch import Rollout, left_pad
 
@@ -200,7 +199,7 @@ class AgentSampler:
         env = self.guard("__init__", self.factory, prompt=prompt)
         check_protocol(env, self.cfg.env)
         tools = None
-        if template_takes_tools(self.tokenizer) and getattr(env, "schemas", None):
+        if takes_tools(self.tokenizer) and getattr(env, "schemas", None):
             env.describe_tools, tools = False, env.schemas  # the template lists the tools in its own format
         if hasattr(env, "tool_format"):
             env.tool_format = self.format

@@ -15,7 +15,7 @@ import torch
 
 from tether.console import progress
 from tether.data.records import DataError, Record
-from tether.data.sft import _Drop, check_messages, check_str, render_chat
+from tether.data.sft import _Drop, check_messages, check_str, render_record
 from tether.models.packing import pack_sequences, pad_sequences
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
@@ -76,7 +76,7 @@ def render_response(tokenizer, prompt, response, where: str, field_name: str) ->
         messages = (check_messages(prompt, where, "prompt") if prompt else []) + check_messages(
             response, where, field_name
         )
-        text = render_chat(tokenizer, messages, where).rstrip()  # the score is read at the final EOS, not a newline
+        text = render_record(tokenizer, messages, where).rstrip()  # the score is read at the final EOS, not a newline
         return text
     prompt = check_str(prompt or "", where, "prompt")
     response = check_str(response, where, field_name)

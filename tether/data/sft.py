@@ -23,13 +23,13 @@ from tether.models.chat import (
     call_id,
     has_template,
     hermes_text,
+    render_chat,
     takes_tools,
     template_conversation,
     template_errors,
     template_name,
     written_calls,
 )
-from tether.models.chat import render_chat as render_with_choice
 from tether.models.packing import pack_sequences
 
 
@@ -113,12 +113,6 @@ def check_messages(value, where: str, name: str) -> list[dict]:
     return value
 
 
-def template_takes_tools(tokenizer) -> bool:
-    """Whether the run's chat template lists a ``tools=`` list itself (Qwen2.5, Llama 3.1, Hermes templates do; for a
-    tokenizer with named templates, the one a conversation with tools gets), found by rendering: models/chat.py."""
-    return takes_tools(tokenizer)
-
-
 def tools_system_message(schemas: list[dict], write=None) -> dict:
     """A system message listing the tools, for chat templates without their own ``tools=`` support, with an example
     call written by ``write(calls)``: the same writer as the calls the model is trained on and read by (the chat
@@ -159,13 +153,13 @@ def with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> tup
     calls and results as the template takes them (models/chat.py, template_conversation)."""
     if not tools:
         return template_conversation(tokenizer, messages), {}
-    if template_takes_tools(tokenizer):
+    if takes_tools(tokenizer):
         return template_conversation(tokenizer, messages, tools=True), {"tools": tools}
     system = tools_system_message(tools, template_call_writer(tokenizer))
     return [system, *template_conversation(tokenizer, messages)], {}
 
 
-def render_chat(tokenizer, messages, where, add_generation_prompt: bool = False, tools=None) -> str:
+def render_record(tokenizer, messages, where, add_generation_prompt: bool = False, tools=None) -> str:
     """A conversation through the run's chat template and options (models/chat.py); a missing template, or one
     that refuses the conversation, names ``where``."""
     if not has_template(tokenizer):
@@ -175,7 +169,7 @@ def render_chat(tokenizer, messages, where, add_generation_prompt: bool = False,
         )
     messages = template_conversation(tokenizer, messages, bool(tools))
     try:
-        return render_with_choice(tokenizer, messages, add_generation_prompt, tools)
+        return render_chat(tokenizer, messages, add_generation_prompt, tools)
     except template_errors() as err:
         roles = ", ".join(m.get("role", "?") + ("+tool_calls" if m.get("tool_calls") else "") for m in messages)
         raise DataError(
@@ -192,7 +186,7 @@ def _assistant_spans(
     shown, extra = with_tools(tokenizer, messages, tools)
     first_trained += len(shown) - len(messages)
     messages = shown
-    full = render_chat(tokenizer, messages, where, **extra)
+    full = render_record(tokenizer, messages, where, **extra)
     from tether.models.lm import end_of_turn_id
 
     spans = []
@@ -204,9 +198,9 @@ def _assistant_spans(
             continue
         if not messages[i]["content"].strip() and not messages[i].get("tool_calls"):
             raise _Drop("empty completion")
-        prefix = render_chat(tokenizer, messages[:i], where, add_generation_prompt=True, **extra)
+        prefix = render_record(tokenizer, messages[:i], where, add_generation_prompt=True, **extra)
         # the last turn's rendering is the whole conversation's, already rendered (most records: one turn)
-        upto = full if i == len(messages) - 1 else render_chat(tokenizer, messages[: i + 1], where, **extra)
+        upto = full if i == len(messages) - 1 else render_record(tokenizer, messages[: i + 1], where, **extra)
         if not (upto.startswith(prefix) and full.startswith(upto)):
             raise DataError(
                 f"{where}: the chat template renders earlier turns differently once later turns are added, "

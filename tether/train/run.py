@@ -353,6 +353,10 @@ def show_plan(plan: dict, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, show_header=False, box=None)
+    # a value longer than its column is folded onto the next lines, every character kept: rich's default cuts it
+    # with "…", and a plan line is often the user's own text (a path, an environment's spec)
+    table.add_column(overflow="fold")
+    table.add_column(overflow="fold")
     for k, v in plan.items():
         table.add_row(k, str(v))
     console.print(table)

@@ -1,9 +1,11 @@
-"""Benchmark: chunked token_logprobs against the naive full log-softmax, time and peak memory.
+"""Benchmark: chunked token_logprobs against the naive full log-softmax (and against chunks of whole rows, the
+chunking before position chunks), time and peak memory.
 
 Each variant runs in its own process so peak resident memory (ru_maxrss) is
 its own; compare the ratios printed in one run (machines here are shared).
 
     .venv/bin/python bench/logprobs.py [--batch 16 --length 512 --vocab 32000]
+    .venv/bin/python bench/logprobs.py --batch 1 --length 4096 --vocab 151936 --repeats 1   # a long sequence
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ def run_one(variant: str, batch: int, length: int, vocab: int, repeats: int) -> 
     for _ in range(repeats):
         if variant == "naive":
             out = torch.log_softmax(logits / 0.7, -1).gather(-1, targets[..., None]).squeeze(-1)
-        else:
-            out = token_logprobs(logits, targets, temperature=0.7, chunk_rows=2)
+        elif variant == "rows":  # the chunking before this version: 8 whole rows (all their positions) at a time
+            out = token_logprobs(logits, targets, temperature=0.7, chunk_positions=8 * length)
+        else:  # as many positions as hold CHUNK_LOGITS logits
+            out = token_logprobs(logits, targets, temperature=0.7)
     seconds = (time.perf_counter() - start) / repeats
     peak_extra_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024
     return {
@@ -55,7 +59,7 @@ def main() -> None:
     logits_mb = args.batch * args.length * args.vocab * 4 / 2**20
     print(f"logits ({args.batch}, {args.length}, {args.vocab}) float32 = {logits_mb:.0f} MB")
     results = []
-    for variant in ("naive", "chunked"):
+    for variant in ("naive", "rows", "chunked"):
         cmd = [
             sys.executable,
             __file__,
@@ -72,11 +76,12 @@ def main() -> None:
         ]
         results.append(json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout))
         print(results[-1])
-    naive, chunked = results
-    print(
-        f"chunked / naive: time x{chunked['seconds'] / naive['seconds']:.2f}, "
-        f"extra peak memory x{chunked['extra_peak_mb'] / max(naive['extra_peak_mb'], 1e-9):.2f}"
-    )
+    naive, rows, chunked = results
+    for name, result in (("rows", rows), ("chunked", chunked)):
+        print(
+            f"{name} / naive: time x{result['seconds'] / naive['seconds']:.2f}, "
+            f"extra peak memory x{result['extra_peak_mb'] / max(naive['extra_peak_mb'], 1e-9):.2f}"
+        )
 
 
 if __name__ == "__main__":

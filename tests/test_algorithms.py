@@ -26,7 +26,7 @@ def test_token_logprobs_matches_naive_log_softmax_in_chunks():
     targets = torch.randint(0, 11, (5, 7))
     for temperature in (1.0, 0.7):
         naive = torch.log_softmax(logits / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
-        torch.testing.assert_close(token_logprobs(logits, targets, temperature, chunk_rows=2), naive)
+        torch.testing.assert_close(token_logprobs(logits, targets, temperature, chunk_positions=3), naive)
 
 
 def test_token_entropy_hand_computed_and_at_the_sampling_temperature():
@@ -39,7 +39,7 @@ def test_token_entropy_hand_computed_and_at_the_sampling_temperature():
     torch.manual_seed(0)
     logits = torch.randn(5, 3, 11)  # chunked rows equal the whole
     naive = -(torch.softmax(logits / 0.7, -1) * torch.log_softmax(logits / 0.7, -1)).sum(-1)
-    torch.testing.assert_close(token_entropy(logits, 0.7, chunk_rows=2), naive)
+    torch.testing.assert_close(token_entropy(logits, 0.7, chunk_positions=3), naive)
     with pytest.raises(ValueError, match="temperature"):
         token_entropy(logits, 0.0)
 

@@ -5,6 +5,8 @@ logits / temperature), entropies, critic states, and the reference's log-probs. 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -46,8 +48,28 @@ def _head_sees_only(model, select):
         handle.remove()
 
 
-def _forward_response(model, rollout: Rollout, with_hidden: bool = False, padding_free: bool = False):
-    """(logits (B, T, V), last hidden states (B, T, H) or None) at the positions that predict response tokens.
+@dataclass
+class ResponseLogits:
+    """The logits at the positions that predict response tokens, as N rows: the B·T positions of padded rows, or the
+    K scored tokens of packed ones. ``targets`` (N,): the token each row predicts; ``hidden`` (N, H) or None: the
+    last (normed) hidden states there; ``place(values (N, ...)) -> (B, T, ...)``: per-position values back in the
+    rollout's layout (0 where nothing is scored). Per-token quantities are computed on the N rows and only then
+    placed, so no (B, T, V) copy of the logits is made."""
+
+    logits: torch.Tensor
+    targets: torch.Tensor
+    hidden: torch.Tensor | None
+    place: Callable
+
+    def logprobs(self, temperature: float) -> torch.Tensor:
+        return self.place(token_logprobs(self.logits[None], self.targets[None], temperature)[0])
+
+    def entropy(self, temperature: float) -> torch.Tensor:
+        return self.place(token_entropy(self.logits[None], temperature)[0])
+
+
+def _forward_response(model, rollout: Rollout, with_hidden: bool = False, padding_free: bool = False) -> ResponseLogits:
+    """The logits (and with ``with_hidden`` the last hidden states) at the positions that predict response tokens.
 
     Prompt logits are never computed (the LM head sees only those positions); position P−1+t predicts response token
     t. With ``padding_free`` the rows' tokens are laid end to end (``_forward_packed``) wherever the rollout allows it.
@@ -69,9 +91,15 @@ def _forward_response(model, rollout: Rollout, with_hidden: bool = False, paddin
     window = lambda hidden: hidden[:, -(t + 1) : -1]  # (B, T, H): position P−1+t predicts response token t
     with _head_sees_only(model, window) as captured:
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False)
-    if captured is None:  # a model without an LM head module: every position's logits
-        return window(out.logits), None
-    return out.logits, captured["hidden"] if with_hidden else None
+    logits = window(out.logits) if captured is None else out.logits  # no LM head module: every position's logits
+    hidden = captured["hidden"] if with_hidden else None
+    b = rollout.response_ids.shape[0]
+    return ResponseLogits(
+        logits.reshape(b * t, -1),
+        rollout.response_ids.reshape(-1),
+        hidden.reshape(b * t, -1) if hidden is not None else None,
+        lambda values: values.view(b, t, *values.shape[1:]),
+    )
 
 
 def _packed_layout(rollout: Rollout):
@@ -132,17 +160,18 @@ class _PackedRollout:
         return out
 
 
-def _forward_packed(model, rollout: Rollout, layout, with_hidden: bool):
+def _forward_packed(model, rollout: Rollout, layout, with_hidden: bool) -> ResponseLogits:
     """``_forward_response`` on padding-free rows. Only the positions that predict a response-mask token go through
-    the LM head; the results are scattered back into the rollout's (B, T) layout."""
+    the LM head; what is computed there is placed back into the rollout's (B, T) layout."""
     packed = _PackedRollout(rollout, layout)
     kept = lambda hidden: hidden[packed.keep][None]  # (1, K, H), row-major: the K kept positions
     with _head_sees_only(model, kept) as captured:
         out = model(**packed.inputs, use_cache=False)
-    if captured is None:  # a model without an LM head module: every position's logits
-        return packed.scatter(kept(out.logits)[0]), None
-    hidden = packed.scatter(captured["hidden"][0]) if with_hidden else None  # final (normed) layer
-    return packed.scatter(out.logits[0]), hidden
+    logits = kept(out.logits)[0] if captured is None else out.logits[0]  # no LM head module: every position's
+    targets = torch.empty(packed.kept, dtype=torch.long, device=logits.device)
+    targets[packed.rank] = rollout.response_ids[packed.b_idx, packed.t_idx]  # the token each kept position predicts
+    hidden = captured["hidden"][0] if with_hidden else None  # final (normed) layer
+    return ResponseLogits(logits, targets, hidden, packed.scatter)
 
 
 def response_states(backbone, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
@@ -170,11 +199,11 @@ def response_logprobs(
     With with_entropy, also the per-token entropy of π(· | s_t) at that temperature, (B, T). ``padding_free``:
     one forward of the rows laid end to end (the same values; tests/test_packing.py).
     """
-    logits, _ = _forward_response(model, rollout, padding_free=padding_free)
-    logprobs = token_logprobs(logits, rollout.response_ids, temperature) * rollout.response_mask
+    response = _forward_response(model, rollout, padding_free=padding_free)
+    logprobs = response.logprobs(temperature) * rollout.response_mask
     if not with_entropy:
         return logprobs
-    return logprobs, token_entropy(logits, temperature) * rollout.response_mask
+    return logprobs, response.entropy(temperature) * rollout.response_mask
 
 
 def response_logprobs_and_values(model, value_head, rollout: Rollout, temperature: float, padding_free: bool = False):
@@ -182,11 +211,10 @@ def response_logprobs_and_values(model, value_head, rollout: Rollout, temperatur
 
     Returns (log-probs (B, T), entropy (B, T), values V(s_t) (B, T)), all 0 on padding.
     """
-    logits, hidden = _forward_response(model, rollout, with_hidden=True, padding_free=padding_free)
+    response = _forward_response(model, rollout, with_hidden=True, padding_free=padding_free)
     mask = rollout.response_mask
-    logprobs = token_logprobs(logits, rollout.response_ids, temperature) * mask
-    values = at_least_float32(value_head(hidden.to(value_head.weight.dtype))[..., 0]) * mask
-    return logprobs, token_entropy(logits, temperature) * mask, values
+    values = response.place(at_least_float32(value_head(response.hidden.to(value_head.weight.dtype))[..., 0]))
+    return response.logprobs(temperature) * mask, response.entropy(temperature) * mask, values * mask
 
 
 def reference_logprobs(

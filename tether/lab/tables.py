@@ -62,8 +62,7 @@ DPO_KEYS = (
 
 def headline_figures(summary: dict) -> list[tuple[str, str]]:
     """(figure, value) rows: what each stage moved, in one table."""
-    from tether.diagnostics.monitors import read_jsonl
-
+    first_alarm = lambda name: _first_alarm(Path(summary["output"]) / name)
     rows = []
     ev = summary["eval"]
     rows.append(
@@ -81,11 +80,6 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
     )
     for name, r in summary.get("reward_models", {}).items():
         rows.append((f"{name}: held-out accuracy vs gold", f"{r['gold_accuracy']:.3f}"))
-
-    def first_alarm(name: str) -> str:
-        alarms = read_jsonl(Path(summary["output"]) / name / "run" / "alarms.jsonl")  # also for cached stages
-        return f"; first alarm at step {alarms[0]['step']} ({alarms[0]['monitor']})" if alarms else "; no alarm"
-
     for name, r in summary.get("ppo", {}).items():
         rows.append(
             (
@@ -112,7 +106,12 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
                 f"{format_interval(r.get('final_win_rate_ci'), 3)}{online}",
             )
         )
-    agents = summary.get("agents", {})
+    return rows + _agent_headline(summary.get("agents", {}), first_alarm)
+
+
+def _agent_headline(agents: dict, first_alarm) -> list[tuple[str, str]]:
+    """The headline's rows for the calculator and the shop runs."""
+    rows = []
     if "calc_grpo" in agents:
         r = agents["calc_grpo"]
         rows.append(
@@ -138,6 +137,14 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
                 )
             )
     return rows
+
+
+def _first_alarm(stage: Path) -> str:
+    """ "; first alarm at step N (monitor)" from a stage's run folder (cached stages too), or "; no alarm"."""
+    from tether.diagnostics.monitors import read_jsonl
+
+    alarms = read_jsonl(stage / "run" / "alarms.jsonl")
+    return f"; first alarm at step {alarms[0]['step']} ({alarms[0]['monitor']})" if alarms else "; no alarm"
 
 
 def _sampled(run: dict) -> str:

@@ -29,7 +29,7 @@ PRECISIONS = {"fp32": [], "autocast": ["--mixed-precision", "bf16"], "bf16": ["-
 
 
 def run(lab: Path, out: Path, precision: str, seed: int, steps: int) -> dict:
-    from tether.lab.pipeline import LabConfig
+    from tether.lab.settings import LabConfig
 
     cfg = LabConfig()
     world = lab / "world"

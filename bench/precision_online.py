@@ -35,8 +35,8 @@ FIGURE = {"ppo": "gold", "grpo": "accuracy_greedy"}
 
 def run_one(lab: Path, folder: Path, stage: str, precision: str, seed: int) -> None:
     """One run in this process (called through ``--one``); writes result.json into folder."""
-    from tether.lab.pipeline import LabConfig
     from tether.lab.rl import run_lab_grpo, run_lab_ppo
+    from tether.lab.settings import LabConfig
 
     cfg, extra = LabConfig(), PRECISIONS[precision]
     shutil.rmtree(folder, ignore_errors=True)

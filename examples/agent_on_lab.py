@@ -17,7 +17,7 @@ from pathlib import Path
 import transformers
 
 from tether.lab.agents import run_lab_agent_grpo
-from tether.lab.pipeline import LabConfig
+from tether.lab.settings import LabConfig
 
 
 def read_rows(path: Path) -> list[dict]:

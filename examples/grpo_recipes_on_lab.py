@@ -62,7 +62,7 @@ def main() -> None:
             ),
             flush=True,
         )
-    from tether.lab.pipeline import print_grpo_table
+    from tether.lab.tables import print_grpo_table
 
     print_grpo_table(results)
 

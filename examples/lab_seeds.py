@@ -31,7 +31,8 @@ from pathlib import Path
 import transformers
 
 from tether.config import ConfigError
-from tether.lab.pipeline import QUICK, LabConfig, lab_settings, run_base, run_lab
+from tether.lab.pipeline import run_base, run_lab
+from tether.lab.settings import QUICK, LabConfig, lab_settings
 
 HEADLINE = dict(
     agent_stages=False,

@@ -26,8 +26,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from tether.lab.lessons import kl_rope, overoptimisation, shop_claim, shop_state
-from tether.lab.pipeline import QUICK, LabConfig, lab_plan
+from tether.lab.plan import lab_plan
 from tether.lab.schedule import code_fingerprint, run_in_worker, usable_cores, worker_init
+from tether.lab.settings import QUICK, LabConfig
 
 STAGES = ("ppo_kl0", "ppo_kl0.2", "shop_sft", "shop_state")
 FAMILY = {"ppo_kl0": "ppo", "ppo_kl0.2": "ppo", "shop_state": "agents", "shop_claim": "agents"}

@@ -2,23 +2,7 @@
 
 import pytest
 
-from tether.lab.lessons import (
-    agent_rises,
-    grpo_outcome,
-    lab_lessons,
-    overoptimisation,
-    rate_difference_noise,
-    rate_rises,
-    shop_claim,
-)
-
-
-def test_the_noise_of_a_difference_of_two_rates_by_hand():
-    # 1.96 √(0.25/100 + 0.25/100) = 1.96 × 0.0707107 = 0.138593
-    assert rate_difference_noise(0.5, 100, 0.5, 100) == pytest.approx(0.138593, abs=1e-6)
-    # 1.96 √(0.09/200 + 0.16/50) = 1.96 √(0.00045 + 0.0032) = 1.96 × 0.0604152 = 0.118414
-    assert rate_difference_noise(0.1, 200, 0.8, 50) == pytest.approx(0.118414, abs=1e-6)
-    assert rate_difference_noise(0.0, 10, 1.0, 10) == 0.0
+from tether.lab.lessons import agent_rises, grpo_outcome, lab_lessons, overoptimisation, rate_rises, shop_claim
 
 
 def test_a_rate_rises_only_beyond_the_noise():

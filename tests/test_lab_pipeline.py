@@ -13,7 +13,8 @@ from conftest import killed_after_step
 
 from tether.cli import main
 from tether.config import ConfigError
-from tether.lab.pipeline import QUICK, lab_settings, run_lab
+from tether.lab.pipeline import run_lab
+from tether.lab.settings import QUICK, lab_settings
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_second_run_reuses_every_stage_and_a_changed_stage_reruns_identically(qu
 @pytest.mark.slow
 def test_the_quick_lab_says_in_its_first_and_last_lines_that_it_is_a_plumbing_check(quick_lab, capsys):
     """At its scale the quick lab learns nothing (docs/lab.md): it must not be read as the lessons."""
-    from tether.lab.pipeline import LabConfig, plumbing_note
+    from tether.lab.settings import LabConfig, plumbing_note
 
     out, first = quick_lab
     note = plumbing_note(QUICK)
@@ -465,7 +466,7 @@ def test_a_plan_whose_stage_needs_a_later_one_is_refused(tmp_path):
 def test_a_stage_is_computed_again_after_a_change_to_tethers_code(tmp_path, monkeypatch):
     """The stage cache keys on the code too: the same recipe is reused while the code is the same, and computed
     afresh once it changed — a user never reads figures an older build made."""
-    from tether.lab import pipeline, schedule
+    from tether.lab import schedule
 
     calls = []
 
@@ -473,10 +474,10 @@ def test_a_stage_is_computed_again_after_a_change_to_tethers_code(tmp_path, monk
         calls.append(resume)
         return {"figure": len(calls)}
 
-    assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 1}
-    assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 1} and len(calls) == 1  # cached
+    assert schedule.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 1}
+    assert schedule.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 1} and len(calls) == 1  # cached
     monkeypatch.setattr(schedule, "code_fingerprint", lambda: "another-build")
-    assert pipeline.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 2}
+    assert schedule.Stages(tmp_path).run("s", {"lr": 1e-3}, stage)[1] == {"figure": 2}
 
 
 def test_the_code_fingerprint_follows_python_sources_only(tmp_path):
@@ -501,7 +502,7 @@ def test_thin_demonstrations_leave_the_vocabulary_and_the_initial_model_as_they_
     """The init stage trains the tokenizer on the world without thin demonstrations: the same tokens, the same ids
     and the same random model whatever sft_assist_thin_fraction is, so only the SFT data differs."""
 
-    from tether.lab.pipeline import _init_stage
+    from tether.lab.runners import init_stage
     from tether.lab.world import build_world
     from tether.models.lm import load_tokenizer
 
@@ -514,7 +515,7 @@ def test_thin_demonstrations_leave_the_vocabulary_and_the_initial_model_as_they_
         world, init = tmp_path / f"world{fraction}", tmp_path / f"init{fraction}"
         build_world(world, replace(cfg.world, seed=cfg.seed))
         init.mkdir()
-        _init_stage(init, world, cfg)
+        init_stage(init, world, cfg)
         made[fraction] = (
             load_tokenizer(init).get_vocab(),
             (init / "model.safetensors").read_bytes(),

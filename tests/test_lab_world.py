@@ -284,20 +284,6 @@ def test_written_steps_judge_the_models_own_arithmetic_per_operation():
     assert (figures["gold_reward_low"], figures["gold_reward_high"]) == (0.0, 0.0)
 
 
-def test_bootstrap_interval_resamples_prompts_not_answers():
-    from tether.lab.evaluate import bootstrap_interval
-
-    # Two prompts with means 0 and 1: a resample's mean is 0, ½ or 1 with chances ¼, ½, ¼, so the 2.5 % and
-    # 97.5 % quantiles are 0 and 1.
-    assert bootstrap_interval([[0.0, 0.0], [1.0, 1.0]]) == (0.0, 1.0)
-    # Resampling answers one by one would see 4 independent draws and a narrower interval; by prompt, four answers
-    # that always move together give the same interval as two answers.
-    assert bootstrap_interval([[0.0] * 4, [1.0] * 4]) == bootstrap_interval([[0.0], [1.0]])
-    # 40 prompts, half 0 and half 1: mean ½, standard error ½/√40 ≈ 0.079, interval about ½ ± 0.155.
-    low, high = bootstrap_interval([[0.0]] * 20 + [[1.0]] * 20)
-    assert low == pytest.approx(0.5 - 0.155, abs=0.03) and high == pytest.approx(0.5 + 0.155, abs=0.03)
-
-
 def test_the_sampled_accuracy_is_averaged_per_problem_and_its_standard_error_is_over_problems(monkeypatch):
     """ArithAccuracyEval with 2 answers per problem on scripted answers: problem 1 right 2/2, problem 2 right 1/2,
     problem 3 right 0/2. Accuracy = 3/6 = 0.5; per-problem means 1, 0.5, 0: s² = (0.25 + 0 + 0.25)/2 = 0.25,
@@ -320,6 +306,5 @@ def test_the_sampled_accuracy_is_averaged_per_problem_and_its_standard_error_is_
     assert figures["accuracy_sampled"] == pytest.approx(0.5, abs=1e-12)
     assert figures["accuracy_sampled_se"] == pytest.approx(0.288675, abs=1e-6)
     assert figures["accuracy_greedy"] == 1.0 and figures["accuracy_sampled_n"] == 3
-    assert rl.mean_standard_error([0.7]) == 0.0
     with pytest.raises(ValueError, match="samples must be at least 1"):
         rl.ArithAccuracyEval(rows, 1.0, 0, 96, samples=0)

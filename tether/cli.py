@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help="Another value for a LabConfig field (tether/lab/pipeline.py; repeatable), e.g. "
+        help="Another value for a LabConfig field (tether/lab/settings.py; repeatable), e.g. "
         "pretrain_steps=8000. Stages whose recipe it changes are computed again; the others are "
         "reused.",
     )
@@ -277,8 +277,9 @@ def show_demo_generations(cfg, summary) -> None:
 def run_lab_command(args) -> None:
     from dataclasses import replace
 
-    from tether.lab.pipeline import QUICK, LabConfig, lab_settings, run_lab
+    from tether.lab.pipeline import run_lab
     from tether.lab.schedule import usable_cores
+    from tether.lab.settings import QUICK, LabConfig, lab_settings
 
     if args.workers < 0:
         raise ConfigError(f"--workers must be 0 (one per core) or a number of processes, got {args.workers}")

@@ -390,12 +390,6 @@ def run_lab_agent_grpo(
     return {**lab_agent_figures(summary, metrics), "eval_prompts": len(eval_rows), "eval_samples": eval_samples}
 
 
-def interval95(p: float, n: int) -> float:
-    """Half-width of the 95 % interval of a rate over n held-out prompts (the normal approximation of the bootstrap
-    over prompts: a mean of 0/1 outcomes has standard error √(p(1 − p)/n))."""
-    return 1.96 * (p * (1 - p) / max(n, 1)) ** 0.5
-
-
 AGENT_CURVE_KEYS = (
     "success_rate",
     "success_rate_sampled",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tether.lab import arith, assist
+from tether.lab.stats import bootstrap_interval
 from tether.models.chat import render_chat
 from tether.rollout.texts import generate_texts
 
@@ -67,23 +68,6 @@ def written_step_accuracy(completions: list[list[str]]) -> dict:
         out[f"{name}_steps"] = len(right)
         out[f"{name}_steps_right"] = sum(right) / len(right) if right else 0.0
     return out
-
-
-def bootstrap_interval(per_prompt: list[list[float]], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile interval of the mean over all answers when the held-out prompts are drawn again: each
-    resample takes len(per_prompt) prompts with replacement, every answer of a drawn prompt with it (a prompt's
-    answers are not independent of each other, so answers are not resampled one by one)."""
-    import random
-
-    rng = random.Random(seed)
-    n = len(per_prompt)
-    sums, counts = [sum(v) for v in per_prompt], [len(v) for v in per_prompt]
-    means = []
-    for _ in range(resamples):
-        picks = [rng.randrange(n) for _ in range(n)]
-        means.append(sum(sums[i] for i in picks) / max(1, sum(counts[i] for i in picks)))
-    means.sort()
-    return means[int(0.025 * resamples)], means[min(resamples - 1, int(0.975 * resamples))]
 
 
 def score_assist(rows: list[dict], completions: list[list[str]], reference: list[list[str]] | None = None) -> dict:

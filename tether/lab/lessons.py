@@ -5,23 +5,18 @@ rule holds beyond the noise of the held-out evaluation, so a reader on any machi
 `make lab` showed. Each rule is a pure function of the lab's summary (the stages' figures) and returns a Lesson;
 `make lab` prints one line per lesson after the headline, and summary.json keeps them.
 
-The noise:
-- a rate p over n held-out prompts has the 95 % half-width 1.96 √(p(1 − p)/n) (the normal approximation of the
-  bootstrap over prompts); two rates differ beyond the noise when their difference exceeds
-  1.96 √(p₁(1 − p₁)/n₁ + p₂(1 − p₂)/n₂);
-- a gold reward or win rate is logged with its 95 % bootstrap interval over prompts; two are apart when their
-  intervals do not overlap (a stricter test than the difference's interval, and the one a reader can check by
-  eye from the table);
-- a rate averaged over several sampled answers per prompt is logged with its standard error over prompts s, and
-  two such rates differ beyond the noise when their difference exceeds 1.96 √(s₁² + s₂²).
+The noise (tether/lab/stats.py states each formula): a rate differs beyond it when the difference of two rates
+exceeds 1.96 standard errors; a gold reward or win rate when the 95 % bootstrap intervals over prompts do not
+overlap (a stricter test than the difference's interval, and the one a reader can check by eye from the table); a
+rate averaged over several sampled answers per prompt when the difference exceeds 1.96 √(s₁² + s₂²) with s its
+standard error over prompts.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 
-from tether.algorithms.comparisons import rate_difference_se
+from tether.lab.stats import difference_noise, format_interval, intervals_apart, rate_difference_noise
 
 
 @dataclass(frozen=True)
@@ -38,22 +33,6 @@ class Lesson:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "line": self.line}
-
-
-def rate_difference_noise(p1: float, n1: int, p2: float, n2: int) -> float:
-    """95 % half-width of p₂ − p₁ for rates over n₁ and n₂ prompts: 1.96 standard errors (the monitors' formula)."""
-    return 1.96 * rate_difference_se(p1, max(n1, 1), p2, max(n2, 1))
-
-
-def _apart(low_ci, high_ci) -> bool | None:
-    """True when the interval low_ci lies wholly below high_ci; None when either is missing."""
-    if not low_ci or not high_ci:
-        return None
-    return low_ci[1] < high_ci[0]
-
-
-def _ci(ci) -> str:
-    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
 
 
 def _first_alarm(run: dict, monitor: str | None = None) -> dict | None:
@@ -90,7 +69,7 @@ def grpo_outcome(summary: dict, eval_problems: int) -> Lesson:
     if se0 is None or se1 is None:
         lesson = rate_rises("grpo_outcome", claim, start, end, eval_problems, what)
     else:
-        noise = 1.96 * math.sqrt(se0**2 + se1**2)
+        noise = difference_noise(se0, se1)
         gain = end - start
         lesson = Lesson(
             "grpo_outcome",
@@ -115,7 +94,7 @@ def kl_rope(summary: dict, beta: str = "0.2") -> Lesson:
         claim,
         holds,
         f"gold {run['start_gold']:.2f} → {run['final_gold']:.2f}, win rate vs SFT {run['final_win_rate']:.3f}"
-        f"{_ci(ci)} (rule: the interval above 0.5)",
+        f"{format_interval(ci, 2)} (rule: the interval above 0.5)",
     )
 
 
@@ -131,16 +110,16 @@ def overoptimisation(summary: dict, beta: str = "0.2") -> Lesson:
     peak = max(curve, key=lambda c: c["gold"])
     final = curve[-1]
     proxy_up = free["final_proxy"] > free["start_proxy"]
-    fell = _apart(final.get("gold_ci"), peak.get("gold_ci")) if peak is not final else False
-    below = _apart(free.get("final_gold_ci"), roped.get("final_gold_ci"))
+    fell = intervals_apart(final.get("gold_ci"), peak.get("gold_ci")) if peak is not final else False
+    below = intervals_apart(free.get("final_gold_ci"), roped.get("final_gold_ci"))
     alarm = _first_alarm(free)
     alarmed = alarm is not None and alarm["step"] <= final["step"]
     said = f"first alarm at step {alarm['step']} ({alarm['monitor']})" if alarm else "no alarm"
     evidence = (
         f"proxy {free['start_proxy']:.2f} → {free['final_proxy']:.2f}; gold {free['start_gold']:.2f} → "
-        f"{peak['gold']:.2f}{_ci(peak.get('gold_ci'))} (step {peak['step']}) → {final['gold']:.2f}"
-        f"{_ci(final.get('gold_ci'))}, down {peak['gold'] - final['gold']:.2f}; β = {beta} ends at "
-        f"{roped['final_gold']:.2f}{_ci(roped.get('final_gold_ci'))}; {said}"
+        f"{peak['gold']:.2f}{format_interval(peak.get('gold_ci'), 2)} (step {peak['step']}) → {final['gold']:.2f}"
+        f"{format_interval(final.get('gold_ci'), 2)}, down {peak['gold'] - final['gold']:.2f}; β = {beta} ends at "
+        f"{roped['final_gold']:.2f}{format_interval(roped.get('final_gold_ci'), 2)}; {said}"
     )
     failed = [
         what

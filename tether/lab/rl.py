@@ -8,11 +8,11 @@ proxy up, gold up then down — is read straight off eval/score_mean and eval/go
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from tether.config import build_config
 from tether.lab.evaluate import Decoding, generate_for, score_assist
+from tether.lab.stats import logged_interval, mean_standard_error
 from tether.models.lm import load_model, load_tokenizer
 
 GOLD_KEYS = (
@@ -28,12 +28,6 @@ GOLD_KEYS = (
     "gold_win_rate_low",
     "gold_win_rate_high",
 )
-
-
-def _interval(h: dict, key: str) -> list | None:
-    """The 95 % bootstrap interval over prompts logged with an evaluation (None in runs from before it was)."""
-    low, high = h.get(f"eval/{key}_low"), h.get(f"eval/{key}_high")
-    return None if low is None else [low, high]
 
 
 def finished_summary(run_dir: Path, resume: bool) -> dict | None:
@@ -133,6 +127,22 @@ def run_lab_ppo(
     return lab_ppo_figures(summary, metrics)
 
 
+def gold_course(curve: list[dict]) -> dict:
+    """Gold at the start, the end and its peak, the win rate against the SFT model at the end and at the peak, and
+    the final intervals, from an assist run's evaluations (the PPO and the DPO stages' curves)."""
+    peak = max(curve, key=lambda c: c["gold"])
+    return {
+        "start_gold": curve[0]["gold"],
+        "final_gold": curve[-1]["gold"],
+        "peak_gold": peak["gold"],
+        "peak_step": peak["step"],
+        "final_win_rate": curve[-1]["win_rate"],
+        "win_rate_at_peak": peak["win_rate"],
+        "final_win_rate_ci": curve[-1]["win_rate_ci"],
+        "final_gold_ci": curve[-1]["gold_ci"],
+    }
+
+
 def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
     """Curves (per evaluation), start/peak/final gold, KL, throughput and the time split per phase."""
     history = summary["eval_history"]
@@ -144,28 +154,20 @@ def lab_ppo_figures(summary: dict, metrics: list[dict]) -> dict:
             "win_rate": h["eval/gold_win_rate"],
             "words": h["eval/mean_words"],
             "distinct_2": h["eval/distinct_2"],
-            "gold_ci": _interval(h, "gold_reward"),
-            "win_rate_ci": _interval(h, "gold_win_rate"),
+            "gold_ci": logged_interval(h, "gold_reward"),
+            "win_rate_ci": logged_interval(h, "gold_win_rate"),
         }
         for h in history
     ]
     for point in curve:  # KL to the reference of the training rollouts at that step (0 before training)
         point["kl"] = next((m["kl/ref_mean"] for m in metrics if m["step"] == point["step"]), 0.0)
-    peak = max(curve, key=lambda c: c["gold"])
     phases = ("generate", "score", "logprobs", "update")
     seconds = {ph: sum(m[f"time/{ph}_s"] for m in metrics) for ph in phases}
     total = sum(seconds.values())
     late = metrics[len(metrics) // 2 :]  # after warm-up: the second half of the run
     return {
         "curve": curve,
-        "start_gold": curve[0]["gold"],
-        "final_gold": curve[-1]["gold"],
-        "peak_gold": peak["gold"],
-        "peak_step": peak["step"],
-        "final_win_rate": curve[-1]["win_rate"],
-        "win_rate_at_peak": peak["win_rate"],
-        "final_win_rate_ci": curve[-1]["win_rate_ci"],
-        "final_gold_ci": curve[-1]["gold_ci"],
+        **gold_course(curve),
         "start_proxy": curve[0]["proxy"],
         "final_proxy": curve[-1]["proxy"],
         "final_kl": metrics[-1]["kl/ref_mean"],
@@ -216,16 +218,6 @@ class ArithAccuracyEval:
             "accuracy_sampled_n": n,
             "step_accuracy_n": n,
         }
-
-
-def mean_standard_error(values: list[float]) -> float:
-    """Standard error of the mean of independent values: s / √n with the sample standard deviation s (n − 1 in its
-    denominator); 0.0 for fewer than two values."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 LAB_ARITH_REWARDS = {  # what the lab's GRPO stages are rewarded with
@@ -397,24 +389,16 @@ def lab_dpo_figures(summary: dict) -> dict:
             "rejected": h.get("eval/rewards/rejected"),
             "logps_chosen": h.get("eval/logps/chosen"),
             "logps_rejected": h.get("eval/logps/rejected"),
-            "gold_ci": _interval(h, "gold_reward"),
-            "win_rate_ci": _interval(h, "gold_win_rate"),
+            "gold_ci": logged_interval(h, "gold_reward"),
+            "win_rate_ci": logged_interval(h, "gold_win_rate"),
         }
         for h in summary["eval_history"]
     ]
-    peak = max(curve, key=lambda c: c["gold"])
     return {
         "curve": curve,
         "loss": summary["loss"],
         "beta": summary["beta"],
-        "start_gold": curve[0]["gold"],
-        "final_gold": curve[-1]["gold"],
-        "peak_gold": peak["gold"],
-        "peak_step": peak["step"],
-        "final_win_rate": curve[-1]["win_rate"],
-        "win_rate_at_peak": peak["win_rate"],
-        "final_win_rate_ci": curve[-1]["win_rate_ci"],
-        "final_gold_ci": curve[-1]["gold_ci"],
+        **gold_course(curve),
         "final_pair_accuracy": curve[-1]["accuracy"],
         "online_rounds": summary.get("online_rounds", []),
         "train_examples": summary["train_examples"],

@@ -128,12 +128,40 @@ def _vote(rng, panel, topic, answers):
 
 
 def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
+    """Every file of the world into ``out_dir``, drawn from one generator in a fixed order (the held-out sets first,
+    then pretraining, SFT, RL prompts, pairs and rankings), and world.json with the counts and annotator figures."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(cfg.seed)
     files, train_requests, eval_requests = held_out_sets(rng, cfg)
     eval_questions = {row["question"] for row in files["arith_eval"]}
+    files["pretrain"] = _pretrain_rows(rng, cfg, train_requests, eval_questions)
+    files["sft"], files["sft_eval"] = _sft_rows(rng, cfg, train_requests, eval_questions)
+    files["arith_rl"] = [
+        {"prompt": user(p.question), "question": p.question, "answer": p.answer}
+        for p in _problems(rng, cfg, cfg.n_rl_arith, eval_questions)
+    ]
+    files["assist_rl"] = [{"prompt": user(text), "topic": topic} for topic, text in train_requests]
+    files["prefs"], pair_stats = _preference_rows(rng, cfg, cfg.n_pairs, train_requests)
+    files["prefs_eval"], _ = _preference_rows(rng, cfg, cfg.n_pairs_eval, eval_requests)
+    files["rankings"] = [_ranking_row(rng, cfg, train_requests) for _ in range(cfg.n_rankings)]
 
+    for name, rows in files.items():
+        with (out / f"{name}.jsonl").open("w") as handle:
+            for row in rows:
+                handle.write(json.dumps(row) + "\n")
+    manifest = {
+        "recipe_hash": cfg.recipe_hash(),
+        "config": asdict(cfg),
+        "counts": {name: len(rows) for name, rows in files.items()},
+        "annotators": annotator_statistics(pair_stats, cfg.panel),
+    }
+    (out / "world.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def _pretrain_rows(rng: random.Random, cfg: WorldConfig, train_requests, eval_questions: set) -> list[dict]:
+    """Arithmetic with slips and assist answers of mixed quality, shuffled."""
     pretrain = [
         {"messages": user(p.question) + assistant(_pretrain_solution(rng, p, cfg.wrong_fraction))}
         for p in _problems(rng, cfg, cfg.n_pretrain_arith, eval_questions)
@@ -143,8 +171,11 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
         style = assist.GOOD if rng.random() < 0.25 else assist.MIXED
         pretrain.append({"messages": user(text) + assistant(assist.sample_answer(rng, topic, style))})
     rng.shuffle(pretrain)
-    files["pretrain"] = pretrain
+    return pretrain
 
+
+def _sft_rows(rng: random.Random, cfg: WorldConfig, train_requests, eval_questions: set):
+    """(sft, sft_eval): worked solutions and good assist answers (a share of them thin), then the direct answers."""
     sft = [
         {"messages": user(p.question) + assistant(p.solution())}
         for p in _problems(rng, cfg, cfg.n_sft_arith, eval_questions)
@@ -163,7 +194,6 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
             if topic is not None and thin_rng.random() < cfg.sft_assist_thin_fraction:
                 row["messages"] = row["messages"][:1] + assistant(assist.sample_answer(thin_rng, topic, assist.THIN))
     n_sft_eval = max(1, len(sft) // 20)
-    files["sft"], files["sft_eval"] = sft[n_sft_eval:], sft[:n_sft_eval]
     # The direct answers draw from their own generator and go to both splits afterwards, so that adding them
     # leaves every other row of every file as it was (and the tokenizer, trained on the other texts, too).
     direct_rng = random.Random(f"direct-{cfg.seed}")
@@ -172,78 +202,57 @@ def build_world(out_dir: str | Path, cfg: WorldConfig = WorldConfig()) -> dict:
         for p in _problems(direct_rng, cfg, cfg.n_sft_arith_direct, eval_questions)
     ]
     n_direct_eval = len(direct) // 20
-    files["sft"] = files["sft"] + direct[n_direct_eval:]
-    files["sft_eval"] = files["sft_eval"] + direct[:n_direct_eval]
-    direct_rng.shuffle(files["sft"])
+    train = sft[n_sft_eval:] + direct[n_direct_eval:]
+    direct_rng.shuffle(train)
+    return train, sft[:n_sft_eval] + direct[:n_direct_eval]
 
-    files["arith_rl"] = [
-        {"prompt": user(p.question), "question": p.question, "answer": p.answer}
-        for p in _problems(rng, cfg, cfg.n_rl_arith, eval_questions)
-    ]
-    files["assist_rl"] = [{"prompt": user(text), "topic": topic} for topic, text in train_requests]
 
-    pair_stats: list[dict] = []
-    for name, n, requests in (("prefs", cfg.n_pairs, train_requests), ("prefs_eval", cfg.n_pairs_eval, eval_requests)):
-        rows = []
-        for _ in range(n):
-            topic, text = rng.choice(requests)
-            answers = [
-                assist.sample_answer(rng, topic, assist.GOOD if rng.random() < 0.3 else assist.MIXED) for _ in range(2)
-            ]
-            while answers[1] == answers[0]:
-                answers[1] = assist.sample_answer(rng, topic, assist.MIXED)
-            result = _vote(rng, cfg.panel, topic, answers)
-            c = result["chosen_index"]
-            rows.append(
-                {
-                    "prompt": user(text),
-                    "chosen": assistant(answers[c]),
-                    "rejected": assistant(answers[1 - c]),
-                    "topic": topic,
-                    "votes": {k: ("chosen" if v == (c == 0) else "rejected") for k, v in result["votes_for_0"].items()},
-                    "gold_chosen": result["golds"][c].reward,
-                    "gold_rejected": result["golds"][1 - c].reward,
-                }
-            )
-            if name == "prefs":
-                pair_stats.append(result)
-        files[name] = rows
-
-    rankings = []
-    for _ in range(cfg.n_rankings):
-        topic, text = rng.choice(train_requests)
-        answers = [assist.sample_answer(rng, topic, assist.MIXED) for _ in range(cfg.rank_k)]
-        golds = [assist.gold_assist(a, topic) for a in answers]
-        per_annotator = {ann.name: ann.rank(rng, golds) for ann in cfg.panel}
-        borda = [0] * cfg.rank_k
-        for order in per_annotator.values():
-            for place, idx in enumerate(order):
-                borda[idx] += cfg.rank_k - 1 - place
-        consensus = sorted(range(cfg.rank_k), key=lambda i: (-borda[i], i))
-        rankings.append(
+def _preference_rows(rng: random.Random, cfg: WorldConfig, n: int, requests) -> tuple[list[dict], list[dict]]:
+    """n pairs of answers voted on by the panel: the prefs rows, and each pair's votes and golds for the statistics."""
+    rows, votes = [], []
+    for _ in range(n):
+        topic, text = rng.choice(requests)
+        answers = [
+            assist.sample_answer(rng, topic, assist.GOOD if rng.random() < 0.3 else assist.MIXED) for _ in range(2)
+        ]
+        while answers[1] == answers[0]:
+            answers[1] = assist.sample_answer(rng, topic, assist.MIXED)
+        result = _vote(rng, cfg.panel, topic, answers)
+        c = result["chosen_index"]
+        rows.append(
             {
                 "prompt": user(text),
-                "responses": [assistant(a) for a in answers],
+                "chosen": assistant(answers[c]),
+                "rejected": assistant(answers[1 - c]),
                 "topic": topic,
-                "rankings": per_annotator,
-                "ranking": consensus,
-                "gold": [g.reward for g in golds],
+                "votes": {k: ("chosen" if v == (c == 0) else "rejected") for k, v in result["votes_for_0"].items()},
+                "gold_chosen": result["golds"][c].reward,
+                "gold_rejected": result["golds"][1 - c].reward,
             }
         )
-    files["rankings"] = rankings
+        votes.append(result)
+    return rows, votes
 
-    for name, rows in files.items():
-        with (out / f"{name}.jsonl").open("w") as handle:
-            for row in rows:
-                handle.write(json.dumps(row) + "\n")
-    manifest = {
-        "recipe_hash": cfg.recipe_hash(),
-        "config": asdict(cfg),
-        "counts": {name: len(rows) for name, rows in files.items()},
-        "annotators": annotator_statistics(pair_stats, cfg.panel),
+
+def _ranking_row(rng: random.Random, cfg: WorldConfig, train_requests) -> dict:
+    """rank_k answers to one request, each annotator's ranking and their Borda consensus."""
+    topic, text = rng.choice(train_requests)
+    answers = [assist.sample_answer(rng, topic, assist.MIXED) for _ in range(cfg.rank_k)]
+    golds = [assist.gold_assist(a, topic) for a in answers]
+    per_annotator = {ann.name: ann.rank(rng, golds) for ann in cfg.panel}
+    borda = [0] * cfg.rank_k
+    for order in per_annotator.values():
+        for place, idx in enumerate(order):
+            borda[idx] += cfg.rank_k - 1 - place
+    consensus = sorted(range(cfg.rank_k), key=lambda i: (-borda[i], i))
+    return {
+        "prompt": user(text),
+        "responses": [assistant(a) for a in answers],
+        "topic": topic,
+        "rankings": per_annotator,
+        "ranking": consensus,
+        "gold": [g.reward for g in golds],
     }
-    (out / "world.json").write_text(json.dumps(manifest, indent=2))
-    return manifest
 
 
 def annotator_statistics(pairs: list[dict], panel) -> dict:

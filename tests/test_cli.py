@@ -112,7 +112,7 @@ def test_version_prints_the_installed_version(capsys):
 
 
 def test_ctrl_c_says_the_step_the_last_checkpoint_and_how_to_resume(tmp_path, monkeypatch, capsys):
-    import tether.cli
+    import tether.api
 
     out = tmp_path / "run"
     (out / "checkpoint-4").mkdir(parents=True)
@@ -122,7 +122,7 @@ def test_ctrl_c_says_the_step_the_last_checkpoint_and_how_to_resume(tmp_path, mo
     def interrupted(stage, cfg, **_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tether.cli, "run_stage", interrupted)
+    monkeypatch.setattr(tether.api, "run_stage", interrupted)
     assert main(["grpo", "--model", "m", "--prompts", "p.jsonl", "--output", str(out)]) == 130
     err = capsys.readouterr().err
     assert err.strip() == (
@@ -232,7 +232,7 @@ def test_a_sharegpt_turn_without_its_text_names_the_file_line_and_turn(llama_dir
 def test_data_subcommands_keep_their_own_flags_that_are_also_trl_names(llama_dir, tmp_path, capsys):
     """Issue 52 item 26: the foreign-flag translation looked only at `data`'s own options, so a subcommand's flag
     that is also a TRL name (--max-length, --step-separator, --temperature, --seed) vanished into the table."""
-    from tether.cli import _foreign_flags, build_parser
+    from tether.cli.parser import build_parser, foreign_flags
     from tether.compat import knows
 
     long_answer = " ".join(["hello there"] * 6)
@@ -257,5 +257,93 @@ def test_data_subcommands_keep_their_own_flags_that_are_also_trl_names(llama_dir
     for name, command in next(a for a in tools._actions if isinstance(a, argparse._SubParsersAction)).choices.items():
         for flag in {o for a in command._actions for o in a.option_strings if o.startswith("--")}:
             if knows(flag[2:].replace("-", "_")):
-                argv, foreign = _foreign_flags(parser, ["data", name, flag, "1"])
+                argv, foreign = foreign_flags(parser, ["data", name, flag, "1"])
                 assert argv == ["data", name, flag, "1"] and not foreign, (name, flag)
+
+
+CHAT_TEMPLATE = (  # renders every turn as <<role|content|greeting>>; refuses to render without greeting=...
+    "{% if not greeting %}{{ raise_exception('this template needs --chat-template-kwargs greeting=...') }}{% endif %}"
+    "{% for m in messages %}<<{{ m.role }}|{{ m.content }}|{{ greeting }}>>{% endfor %}"
+    "{% if add_generation_prompt %}<<assistant>>{% endif %}"
+)
+
+
+def test_data_check_and_eval_render_with_the_runs_chat_template_and_its_options(llama_dir, tmp_path, capsys):
+    """Issue 53: `data check` and `eval` rendered with the tokenizer's own template; they take the stages'
+    --chat-template and --chat-template-kwargs (from the model section, declared once) and render with them."""
+    template = tmp_path / "turns.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": "Add 1 and 2."}]}])
+    chat = ["--model", str(llama_dir), "--chat-template", str(template), "--chat-template-kwargs", "greeting=hey"]
+    assert main(["data", "check", str(prompts), *chat]) == 0
+    assert "<<user|Add 1 and 2.|hey>><<assistant>>" in capsys.readouterr().err
+    question = "Compute 1 + 2."
+    rows = write_jsonl(
+        tmp_path / "arith.jsonl", [{"prompt": [{"role": "user", "content": question}], "question": question}]
+    )
+    run = ["eval", "--task", "lab-arith", "--data", str(rows), "--max-new-tokens", "2", "--output", str(tmp_path / "f")]
+    assert main([*run, *chat[:4]]) == 2  # without greeting= the template refuses: eval renders with it
+    assert f"--chat-template {template}" in capsys.readouterr().err
+    assert main([*run, *chat]) == 0
+    assert json.loads((tmp_path / "f").read_text())["n"] == 1
+
+
+def test_every_flag_of_the_tool_commands_is_declared_once_through_option():
+    """Issue 53: the tool commands' flags were hand-written argparse (19 names in 2-6 places, --max-new-tokens with
+    defaults 64, 96 and 64). Every flag of every command now is a field of a config section (its dest is
+    section.field), but --config, --demo and --help; and a flag name shared by two commands is one declaration
+    whenever the two mean the same setting (one field of one section class)."""
+    import dataclasses
+
+    from tether.cli.data import DATA
+    from tether.cli.parser import build_parser
+    from tether.cli.tools import TOOLS
+    from tether.config import build_config, flag_name
+
+    def commands(parser, path=()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield (*path, name), sub
+                    yield from commands(sub, (*path, name))
+
+    for path, parser in commands(build_parser()):
+        for action in parser._actions:
+            if action.option_strings and action.dest not in ("help", "config", "demo"):
+                assert "." in action.dest, f"tether {' '.join(path)} {action.option_strings[0]} is hand-written"
+    tools, data = {c.name: c for c in TOOLS}, {c.name: c for c in DATA.commands}
+    declared = {}  # flag -> {the dataclass field that declares it}, over every tool command
+    for command in (*TOOLS, *DATA.commands):
+        for section in dataclasses.fields(command.config) if command.config else ():
+            for f in dataclasses.fields(section.default):
+                if command.config.takes(section.name, f.name):
+                    declared.setdefault(flag_name(f), {})[id(f)] = f"{type(section.default).__name__}.{f.name}"
+    twice = {flag for flag, fields in declared.items() if len(fields) > 1}
+    # the same name, a different thing per command: the file each writes (report's page, lab's folder, eval's
+    # figures, filter's and prm-labels' rows), lab's --set (LabConfig) and diagnose's (monitors), lab's seed (the
+    # world, the model, every stage) and a sampling seed, eval's evaluation file and bench's training data
+    assert twice == {"--output", "--set", "--seed", "--data", "file"}, {f: declared[f] for f in twice}
+    assert {"--model", "--chat-template", "--columns", "--max-new-tokens", "--temperature", "--json"} <= set(declared)
+    # one declaration, each command's own default: eval's 96 tokens (the lab's evaluations), prm-labels' 64
+    assert [build_config(c.config).decoding.max_new_tokens for c in (tools["eval"], data["prm-labels"])] == [96, 64]
+
+
+def test_the_stage_table_is_what_the_command_line_the_api_and_the_package_read():
+    """Issue 53: a stage was named in four tables in three files (the command line's help and dispatch, the API's
+    classes and run functions, the package's lazy names). Each row of tether.config.STAGES is now a command with its
+    help and its config's flags, ``tether.<name>`` and ``tether.<Config>`` — and the package has no other stage."""
+    import tether
+    import tether.api
+    from tether.cli.parser import build_parser
+    from tether.config import STAGES
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for row in STAGES:
+        cls = row.config_class()
+        assert getattr(tether, row.config_name) is cls is tether.api.config_class(row.name)
+        assert getattr(tether, row.name) is getattr(tether.api, row.name)
+        assert commands[row.name].description.startswith(row.help)
+        assert "--config" in commands[row.name].format_help() and row.run_function().__name__ == f"run_{row.name}"
+    assert {name for name in tether.__all__ if name.islower()} == {row.name for row in STAGES}
+    with pytest.raises(tether.ConfigError, match="no stage 'sfft'; stages are"):
+        tether.api.config_class("sfft")

@@ -555,12 +555,13 @@ def test_names_that_mean_something_else_are_explained_and_every_unknown_key_is_n
 
 
 def test_trl_flags_on_the_command_line_are_read_like_the_yaml_keys(case_dirs, tmp_path, capsys, monkeypatch):
-    from tether.cli import _foreign_flags, build_parser, config_from_args
+    from tether.cli.parser import build_parser, foreign_flags
+    from tether.config import config_from_args
     from tether.stages.grpo_config import GRPOConfig
 
     monkeypatch.setenv("WORLD_SIZE", "1")
     parser = build_parser()
-    argv, foreign = _foreign_flags(
+    argv, foreign = foreign_flags(
         parser,
         [
             "grpo",

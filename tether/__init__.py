@@ -1,27 +1,20 @@
 """tether: post-training language models with human feedback, with a ground-truth lab.
 
 The Python API (docs/python-api.md): ``tether.sft``, ``tether.rm``, ``tether.prm``, ``tether.dpo``, ``tether.ppo``, ``tether.grpo``
-and the stage configs (``tether.SFTConfig``...). They are imported on first use, so that ``import tether`` (and the
-command line's ``--help``) stays free of torch and transformers.
+and the stage configs (``tether.SFTConfig``...), one of each per row of the stage table (``tether.config.STAGES``).
+They are imported on first use, so that ``import tether`` (and the command line's ``--help``) stays free of torch
+and transformers.
 """
 
 __version__ = "0.1.0"
 
+from tether.config import STAGES  # noqa: E402 - the stage table: names and paths, no stage imported
+
 _LAZY = {
-    "sft": "tether.api",
-    "rm": "tether.api",
-    "prm": "tether.api",
-    "dpo": "tether.api",
-    "ppo": "tether.api",
-    "grpo": "tether.api",
+    **{row.name: "tether.api" for row in STAGES},  # tether.sft(), tether.grpo(), ...
+    **{row.config_name: row.config_module for row in STAGES},  # tether.SFTConfig, ...
     "RunResult": "tether.api",
     "TrainerState": "tether.rewards.loading",
-    "SFTConfig": "tether.stages.sft_config",
-    "RMConfig": "tether.stages.rm_config",
-    "PRMConfig": "tether.stages.prm_config",
-    "DPOConfig": "tether.stages.dpo_config",
-    "PPOConfig": "tether.stages.ppo_config",
-    "GRPOConfig": "tether.stages.grpo_config",
     "ConfigError": "tether.errors",
     "DataError": "tether.errors",
 }

@@ -22,13 +22,13 @@ Inputs may be objects as well as paths:
 Objects are written to ``<output>-inputs/`` (rows as JSONL, models in Hugging Face format) and the config names
 those paths, so the run folder's config.yaml says exactly what was trained on and ``resume=True`` finds the same
 inputs. Callables are registered in this process under a ``python:<name>`` spec (tether/rewards/functions.py):
-resume such a run from Python with the same callables. The command line (tether/cli.py) builds a config from
-flags and YAML and calls ``run_stage``, the function this module's stages call too.
+resume such a run from Python with the same callables. The command line (tether/cli/) builds a config from
+flags and YAML and calls ``run_stage``, the function this module's stages call too; both find a stage's config
+class and run function in the stage table (``tether.config.STAGES``).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -36,16 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tether.config import ConfigError, build_config, config_to_dict
-
-# stage -> (config class, run function)
-_STAGES = {
-    "sft": ("tether.stages.sft_config:SFTConfig", "tether.stages.sft:run_sft"),
-    "rm": ("tether.stages.rm_config:RMConfig", "tether.stages.rm:run_rm"),
-    "prm": ("tether.stages.prm_config:PRMConfig", "tether.stages.prm:run_prm"),
-    "dpo": ("tether.stages.dpo_config:DPOConfig", "tether.stages.dpo:run_dpo"),
-    "ppo": ("tether.stages.ppo_config:PPOConfig", "tether.stages.ppo:run_ppo"),
-    "grpo": ("tether.stages.grpo_config:GRPOConfig", "tether.stages.grpo:run_grpo"),
-}
+from tether.config import stage as stage_row
 
 # keyword input -> the dotted option it fills, per stage
 _ROW_INPUTS = {
@@ -58,16 +49,9 @@ _MODEL_INPUTS = {"model": "model.path", "tokenizer": "model.tokenizer", "referen
 _INPUTS = {**_ROW_INPUTS, **_MODEL_INPUTS}
 
 
-def _load(target: str):
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def config_class(stage: str):
     """The config dataclass of a stage: ``config_class("grpo") is tether.GRPOConfig``."""
-    if stage not in _STAGES:
-        raise ConfigError(f"no stage {stage!r}; stages are {sorted(_STAGES)}")
-    return _load(_STAGES[stage][0])
+    return stage_row(stage).config_class()
 
 
 @dataclass
@@ -101,7 +85,7 @@ def run_stage(stage: str, config, **hooks) -> dict:
     from tether.train.run import release_run_folder
 
     try:
-        return _load(_STAGES[stage][1])(config, **hooks)
+        return stage_row(stage).run_function()(config, **hooks)
     finally:
         release_run_folder()
 

@@ -6,6 +6,10 @@ files and configs built in Python are validated alike; a stage config checks the
 A stage's defaults are its default section instances (``rollout: SamplingSection = SamplingSection(...)``).
 Precedence: those defaults < a preset (the group family's recipes) < ``--config`` YAML < command-line flags.
 Keys renamed in a later version keep working for a while: ``RENAMED`` maps them to the new key, with a warning.
+A tool command (``tether eval``, ``tether data check``) declares its flags the same way, as a ``CommandConfig``.
+
+``STAGES`` is the stage table: one row per stage, read by the command line, the Python API and ``tether``'s lazy
+names. Its paths are strings, imported on use: reading the table imports no stage (and no torch).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ log = logging.getLogger("tether.config")
 def option(
     default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None, aliases: tuple[str, ...] = ()
 ):
-    """A documented config field. ``flag`` overrides the command-line name (default: --field-name); ``choices``
-    are enforced at construction (for a list field, on every item); ``aliases`` are further flag names."""
+    """A documented config field. ``flag`` overrides the command-line name (default: --field-name; a name without
+    dashes is a positional argument); ``choices`` are enforced at construction (for a list field, on every item);
+    ``aliases`` are further flag names. A ``list`` field takes comma-separated items, a ``tuple`` field one whole
+    item per flag (``--set a=1,2 --set b=3``)."""
     meta = {"help": help, "flag": flag, "choices": choices, "aliases": aliases}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda d=tuple(default): list(d), metadata=meta)
@@ -71,6 +77,105 @@ class StageConfig:
     def preset(cls, values: dict[str, Any]) -> dict[str, Any]:
         """Dotted settings that sit between the defaults and the user's values (the group family's recipes)."""
         return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandConfig(StageConfig):
+    """Base of a tool command's settings (``tether eval``, ``tether data check``...): sections as a stage's, set by
+    flags alone (no --config file, no other projects' names). A section lends the command every field, or those
+    named in ``TAKES`` (the model section lends --model and the chat template, not LoRA); ``REQUIRED`` flags must
+    be given."""
+
+    TAKES: ClassVar[dict[str, tuple[str, ...]]] = {}  # section -> the fields the command takes (absent: all)
+    REQUIRED: ClassVar[tuple[str, ...]] = ()  # dotted fields whose flag must be given
+
+    @classmethod
+    def takes(cls, section: str, field: str) -> bool:
+        return field in cls.TAKES.get(section, (field,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A row of the stage table: the stage's name (its command and ``tether.<name>()``), its config class and run
+    function as ``module:name`` strings, and its one-line help (``details``: the rest of its --help)."""
+
+    name: str
+    config: str
+    run: str
+    help: str
+    details: str = ""
+
+    @property
+    def config_name(self) -> str:
+        return self.config.partition(":")[2]
+
+    @property
+    def config_module(self) -> str:
+        return self.config.partition(":")[0]
+
+    def config_class(self):
+        return _import(self.config)
+
+    def run_function(self):
+        return _import(self.run)
+
+
+def _import(target: str):
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+STAGES = (  # in the order `tether --help` lists them
+    Stage(
+        "sft",
+        "tether.stages.sft_config:SFTConfig",
+        "tether.stages.sft:run_sft",
+        "Supervised fine-tuning on prompt/completion, messages or text data.",
+    ),
+    Stage(
+        "rm",
+        "tether.stages.rm_config:RMConfig",
+        "tether.stages.rm:run_rm",
+        "Reward model from preference pairs or ranked lists, with bias probes and normalisation.",
+    ),
+    Stage(
+        "prm",
+        "tether.stages.prm_config:PRMConfig",
+        "tether.stages.prm:run_prm",
+        "Process reward model from step-labelled solutions: a score per step (step accuracy, AUROC, first wrong step).",
+    ),
+    Stage(
+        "ppo",
+        "tether.stages.ppo_config:PPOConfig",
+        "tether.stages.ppo:run_ppo",
+        "PPO with a critic, a reward model and/or reward functions (or an environment) and a KL-tied reference.",
+    ),
+    Stage(
+        "grpo",
+        "tether.stages.grpo_config:GRPOConfig",
+        "tether.stages.grpo:run_grpo",
+        "The group family (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++): `tether grpo --recipe dapo ...`.",
+        " A recipe sets the algo options; any flag or YAML value overrides it (defaults shown are those of no recipe).",
+    ),
+    Stage(
+        "dpo",
+        "tether.stages.dpo_config:DPOConfig",
+        "tether.stages.dpo:run_dpo",
+        "The direct-preference family (DPO, cDPO, robust, IPO, hinge, SimPO, ORPO, β-DPO, listwise, KTO), offline "
+        "or --online.",
+        " Formulas: docs/dpo.md.",
+    ),
+)
+
+
+def stage(name: str) -> Stage:
+    """The stage table's row of ``name``; an unknown name is a ConfigError listing the stages."""
+    for row in STAGES:
+        if row.name == name:
+            return row
+    raise ConfigError(f"no stage {name!r}; stages are {sorted(row.name for row in STAGES)}")
 
 
 def _leaf_fields(section_cls):
@@ -167,10 +272,15 @@ def _is_list(typ) -> bool:
 
 def _argument_kwargs(f, typ, dest: str, help_text: str) -> dict:
     kwargs: dict[str, Any] = dict(dest=dest, default=argparse.SUPPRESS, help=help_text)
-    if typ is bool:
+    if not flag_name(f).startswith("-"):  # a positional argument: its dest is its first name
+        del kwargs["dest"]
+        kwargs.update(metavar=flag_name(f), nargs="+" if _is_list(typ) else None)
+    elif typ is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
     elif _is_list(typ):
         kwargs.update(type=_parse_list, action=_AppendListAction, metavar="A,B")
+    elif typ is tuple:
+        kwargs.update(action="append", metavar=f.name.upper())
     elif typ is dict:
         kwargs.update(type=_parse_mapping, metavar="NAME=VALUE,...")
     else:
@@ -181,22 +291,34 @@ def _argument_kwargs(f, typ, dest: str, help_text: str) -> dict:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
-    """One flag per leaf field of every section (and a hidden one per renamed key); unset flags stay absent."""
-    parser.add_argument(
-        "--config", default=None, help="YAML file with any of the options below; flags given on the command line win."
-    )
+    """One flag per leaf field of every section (and a hidden one per renamed key); unset flags stay absent. A
+    stage's flags come in a group per section, after --config; a command's (CommandConfig) are those it takes."""
+    command = issubclass(config_cls, CommandConfig)
+    if not command:
+        parser.add_argument(
+            "--config",
+            default=None,
+            help="YAML file with any of the options below; flags given on the command line win.",
+        )
     defaults = _section_defaults(config_cls)
     flags = flag_fields(config_cls)
     taken = set()
     for section, section_cls in _sections(config_cls):
         doc = (section_cls.__doc__ or "").strip().splitlines()
-        group = parser.add_argument_group(section, doc[0] if doc else None)
+        group = parser if command else parser.add_argument_group(section, doc[0] if doc else None)
         for f, typ in _leaf_fields(section_cls):
+            dotted = f"{section}.{f.name}"
+            if command and not config_cls.takes(section, f.name):
+                continue
             default = defaults[section][f.name]
-            help_text = f"{f.metadata.get('help', '')} (YAML {section}.{f.name}; default: {default!r})"
-            names = [n for n in (flag_name(f), *f.metadata.get("aliases", ())) if flags[n] == f"{section}.{f.name}"]
+            where = "" if command else f"YAML {dotted}; "
+            help_text = f"{f.metadata.get('help', '')} ({where}default: {default!r})"
+            names = [n for n in (flag_name(f), *f.metadata.get("aliases", ())) if flags[n] == dotted]
+            kwargs = _argument_kwargs(f, typ, dotted, help_text)
+            if command:
+                names, kwargs = _command_argument(config_cls, f, dotted, kwargs)
             taken.update(names)
-            group.add_argument(*names, **_argument_kwargs(f, typ, f"{section}.{f.name}", help_text))
+            group.add_argument(*names, **kwargs)
     old_flags = {
         "--" + old.split(".", 1)[1].replace("_", "-"): old for old in config_cls.RENAMED if not old.endswith(".*")
     }
@@ -208,6 +330,16 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_cls) -> None:
         if flag not in taken:
             taken.add(flag)
             parser.add_argument(flag, **{**_argument_kwargs(f, typ, old, argparse.SUPPRESS), "help": argparse.SUPPRESS})
+
+
+def _command_argument(config_cls, f, dotted: str, kwargs: dict) -> tuple[list[str], dict]:
+    """A command's flag goes by its own name only (a stage's aliases are other projects' or older names); a
+    positional argument by its field (argparse's dest), without a default; a required flag says so instead."""
+    if not flag_name(f).startswith("-"):
+        return [dotted], {**kwargs, "help": f.metadata.get("help", "")}
+    if dotted in config_cls.REQUIRED:
+        return [flag_name(f)], {**kwargs, "required": True, "help": f"{f.metadata.get('help', '')} (required)"}
+    return [flag_name(f)], kwargs
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -354,6 +486,8 @@ def _coerce(value, typ, name, source):
             raise TypeError
         if _is_list(typ):
             return _parse_list(value) if isinstance(value, str) else [str(v) for v in value]
+        if typ is tuple:
+            return (value,) if isinstance(value, str) else tuple(str(v) for v in value)
         if typ is dict:
             if isinstance(value, str):
                 return _parse_mapping(value)
@@ -374,10 +508,11 @@ def _coerce(value, typ, name, source):
 def config_from_args(config_cls, args: argparse.Namespace):
     """The config of a command line: defaults < --config YAML < other projects' flags (``--learning_rate``, read as
     a flat YAML key would be) < tether's own flags."""
-    file_values = load_yaml(args.config) if getattr(args, "config", None) else {}
+    config_file = getattr(args, "config", None)  # a tool command (CommandConfig) has no --config
+    file_values = load_yaml(config_file) if config_file else {}
     file_values = {**file_values, **getattr(args, "foreign_flags", {})}
     overrides = {k: v for k, v in vars(args).items() if "." in k}
-    return build_config(config_cls, file_values, overrides, source=args.config or "command line")
+    return build_config(config_cls, file_values, overrides, source=config_file or "command line")
 
 
 def config_to_dict(config) -> dict:

@@ -29,7 +29,6 @@ The figures and how to read them: docs/performance.md.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -345,22 +344,3 @@ def print_bench(result: dict) -> None:
             f"positions: {p['padding_share']:.1%} of the positions are padding; padding-free "
             f"micro-batches: {p['padding_free_positions']} positions, {p['padding_free_share']:.1%} padding"
         )
-
-
-def main(args) -> None:
-    result = run_bench(
-        tuple(args.models.split(",")),
-        tuple(args.precisions.split(",")),
-        args.batch,
-        args.length,
-        args.new_tokens,
-        args.repeats,
-        args.matmul_size,
-        args.data,
-        args.model,
-        args.compile,
-    )
-    print_bench(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)

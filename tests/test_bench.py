@@ -181,3 +181,78 @@ def test_the_gpu_script_floors_by_hand_and_its_plumbing_on_a_cpu(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     run = json.loads((tmp_path / "gpu_phases.json").read_text())["runs"]["hf"]
     assert run["summary"]["tokens_per_s"] > 0 and run["steps"][0]["forwards/update"] == 1
+
+
+def _bench_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).parents[1] / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vs_trl_hands_both_sides_the_same_settings_and_the_same_data_order(tmp_path):
+    """bench/vs_trl.py: tether's command line (parsed by tether's own parser and config) and the TRL driver's
+    agree on steps, learning rate, batch, micro-batch, length, group size, budget and precision for every workload;
+    the TRL files hold the lab's rows in tether's visiting order (EpochOrder), in TRL's column layout."""
+    from tether.cli import build_parser
+    from tether.config import config_from_args
+    from tether.stages.dpo_config import DPOConfig
+    from tether.stages.grpo_config import GRPOConfig
+    from tether.stages.rm_config import RMConfig
+    from tether.stages.sft_config import SFTConfig
+    from tether.train.offline import EpochOrder
+
+    vs_trl, driver = _bench_script("vs_trl"), _bench_script("trl_driver")
+    world = tmp_path / "world"
+    world.mkdir()
+    turns = lambda i: [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+    rows = {
+        "sft": [{"messages": turns(i)} for i in range(7)],
+        "prefs": [
+            {"prompt": turns(i)[:1], "chosen": turns(i)[1:], "rejected": turns(i + 1)[1:], "topic": "t"}
+            for i in range(7)
+        ],
+        "arith_rl": [{"prompt": turns(i)[:1], "question": f"q{i}", "answer": i} for i in range(7)],
+    }
+    for name, lines in rows.items():
+        (world / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    files = vs_trl.trl_files(world, tmp_path / "trl", seed=3)
+    order = EpochOrder(7, 3).slice(0, 7)
+    read = lambda name: [json.loads(line) for line in files[name].read_text().splitlines()]
+    assert order != list(range(7))  # the check below would hold for an unshuffled copy only by accident
+    assert read("sft") == [{"prompt": turns(i)[:1], "completion": turns(i)[1:]} for i in order]
+    assert read("prefs") == [{k: rows["prefs"][i][k] for k in ("prompt", "chosen", "rejected")} for i in order]
+    assert read("arith_rl") == [rows["arith_rl"][i] for i in order]
+
+    configs = {"sft": SFTConfig, "dpo": DPOConfig, "rm": RMConfig, "grpo": GRPOConfig, "rloo": GRPOConfig}
+    for name, settings in vs_trl.WORKLOADS.items():
+        for bf16 in (False, True):
+            cfg = config_from_args(
+                configs[name],
+                build_parser().parse_args(
+                    vs_trl.tether_args(name, settings, world, tmp_path / "m", tmp_path / "t", 5, bf16)
+                ),
+            )
+            trl = driver.build_parser().parse_args(
+                vs_trl.trl_args(name, settings, files, tmp_path / "m", tmp_path / "o", 5, bf16)
+            )
+            assert (trl.workload, trl.steps, cfg.train.max_steps) == (name, 5, 5)
+            assert trl.lr == cfg.optim.lr and cfg.optim.lr_schedule == "constant" and cfg.optim.weight_decay == 0
+            assert trl.bf16 == bf16 and cfg.model.mixed_precision == ("bf16" if bf16 else "no")
+            if name in vs_trl.ONLINE:
+                assert (trl.prompts_per_step, trl.group_size, trl.max_new_tokens, trl.micro) == (
+                    cfg.rollout.prompts_per_step,
+                    cfg.rollout.group_size,
+                    cfg.rollout.max_new_tokens,
+                    cfg.algo.micro_batch_size,
+                )
+                assert cfg.algo.recipe == name and cfg.algo.kl_coef == (0.04 if name == "grpo" else 0.0)
+            else:
+                assert (trl.batch, trl.micro, trl.max_length) == (
+                    cfg.train.batch_size,
+                    cfg.train.micro_batch_size,
+                    cfg.data.max_length,
+                )
+                assert Path(trl.data) == files[settings["data"]] and cfg.data.eval_fraction == 0

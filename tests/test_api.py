@@ -95,7 +95,7 @@ def test_grpo_takes_reward_callables_and_resumes_with_them(llama_dir, tmp_path):
         return [-len(c) / 100 for c in completions]
 
     prompts = [{"prompt": r["prompt"], "answer": r["answer"]} for r in _rows(8)]
-    run = tether.grpo(
+    settings = dict(  # TRL's names for tether's settings, as a TRL user's script passes them
         model=str(llama_dir),
         prompts=prompts,
         reward_funcs=[correct, (short, 0.5)],
@@ -103,11 +103,11 @@ def test_grpo_takes_reward_callables_and_resumes_with_them(llama_dir, tmp_path):
         num_generations=2,
         prompts_per_step=2,
         max_completion_length=4,
-        max_steps=2,
         eval_every=0,
         save_every=1,
         report_to=["none"],
     )
+    run = tether.grpo(**settings, max_steps=2)
     assert run.summary["steps"] == 2
     config = (tmp_path / "g" / "config.yaml").read_text()
     assert "python:correct" in config and "python:short=0.5" in config
@@ -131,20 +131,7 @@ def test_grpo_takes_reward_callables_and_resumes_with_them(llama_dir, tmp_path):
         timeout=300,
     )
     assert cli.returncode == 2 and "handed to tether's Python API in another process" in cli.stderr
-    resumed = tether.grpo(
-        model=str(llama_dir),
-        prompts=prompts,
-        reward_funcs=[correct, (short, 0.5)],
-        output=str(tmp_path / "g"),
-        num_generations=2,
-        prompts_per_step=2,
-        max_completion_length=4,
-        max_steps=3,
-        eval_every=0,
-        save_every=1,
-        report_to=["none"],
-        resume=True,
-    )
+    resumed = tether.grpo(**settings, max_steps=3, resume=True)
     assert resumed.summary["resumed_from"] == 2 and resumed.summary["steps"] == 3
 
 

@@ -23,35 +23,33 @@ def quick_lab(tmp_path_factory):
     return out, run_lab(out, QUICK)
 
 
+# the stages after the SFT model's evaluation, in the plan's order
+AFTER_EVAL = (
+    "rm",
+    "rm_filtered",
+    "ppo_kl0",
+    "ppo_kl0.2",
+    "ppo_adaptive2",
+    "grpo_outcome",
+    "grpo_process",
+    "dpo_sigmoid",
+    "dpo_simpo",
+    "dpo_sigmoid_unfiltered",
+    "dpo_sigmoid_sft_samples",
+    "dpo_sigmoid_online",
+    "agent_world",
+    "calc_sft",
+    "shop_sft",
+    "calc_grpo",
+    "shop_state",
+    "shop_claim",
+)
+
+
 @pytest.mark.slow
 def test_quick_lab_runs_every_stage_and_sft_beats_base(quick_lab):
     out, summary = quick_lab
-    assert list(summary["seconds"]) == [
-        "world",
-        "init",
-        "pretrain",
-        "sft",
-        "eval",
-        "rm",
-        "rm_filtered",
-        "ppo_kl0",
-        "ppo_kl0.2",
-        "ppo_adaptive2",
-        "grpo_outcome",
-        "grpo_process",
-        "dpo_sigmoid",
-        "dpo_simpo",
-        "dpo_sigmoid_unfiltered",
-        "dpo_sigmoid_sft_samples",
-        "dpo_sigmoid_online",
-        "agent_world",
-        "calc_sft",
-        "shop_sft",
-        "calc_grpo",
-        "shop_state",
-        "shop_claim",
-        "report",
-    ]
+    assert list(summary["seconds"]) == ["world", "init", "pretrain", "sft", "eval", *AFTER_EVAL, "report"]
     for path in (
         "world/world.json",
         "pretrain/final/config.json",
@@ -389,28 +387,6 @@ def _figures(summary: dict, out) -> str:
     )
     families = ("world", "pretrain", "sft", "eval", "reward_models", "ppo", "grpo", "dpo", "agents")
     return json.dumps(strip({k: summary[k] for k in families}), sort_keys=True).replace(str(out), "LAB")
-
-
-AFTER_EVAL = (
-    "rm",
-    "rm_filtered",
-    "ppo_kl0",
-    "ppo_kl0.2",
-    "ppo_adaptive2",
-    "grpo_outcome",
-    "grpo_process",
-    "dpo_sigmoid",
-    "dpo_simpo",
-    "dpo_sigmoid_unfiltered",
-    "dpo_sigmoid_sft_samples",
-    "dpo_sigmoid_online",
-    "agent_world",
-    "calc_sft",
-    "shop_sft",
-    "calc_grpo",
-    "shop_state",
-    "shop_claim",
-)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import torch
 from tether.algorithms.policy import (
     RATIOS,
     clip_fraction,
+    clip_fractions,
     clipped_surrogate,
     sequence_ratio,
     sequence_token_ratio,
@@ -126,3 +127,9 @@ def test_clip_fraction_by_hand():
     assert clip_fraction(low, high, mask.float()).item() == pytest.approx(0.5)
     assert clip_fraction(low, high, torch.zeros(2, 3)).item() == 0.0  # nothing counted: 0/max(0, 1), not NaN
     assert clip_fraction(low, high, mask).shape == ()
+    # by side: (0,1) is the low side's one of 4 counted, (0,0) the high side's ((0,2), padding, not counted)
+    assert clip_fractions(low, high, mask) == {
+        "policy/clip_frac": 0.5,
+        "policy/clip_frac_low": 0.25,
+        "policy/clip_frac_high": 0.25,
+    }

@@ -97,3 +97,15 @@ def clip_fraction(clipped_low: torch.Tensor, clipped_high: torch.Tensor, mask: t
     m = mask if mask.is_floating_point() else mask.to(torch.get_default_dtype())
     clipped = (clipped_low | clipped_high).to(m.dtype)
     return (clipped * m).sum() / m.sum().clamp(min=1.0)
+
+
+def clip_fractions(clipped_low: torch.Tensor, clipped_high: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The three clip shares a policy update logs (docs/algorithms.md §4), each ``clip_fraction``: either side
+    (``policy/clip_frac``), the lower side alone (``policy/clip_frac_low``: ρ < 1 − ε_low with A < 0, or the dual
+    bound) and the upper side alone (``policy/clip_frac_high``: ρ > 1 + ε_high with A > 0)."""
+    none = torch.zeros_like(clipped_low)
+    return {
+        "policy/clip_frac": float(clip_fraction(clipped_low, clipped_high, mask)),
+        "policy/clip_frac_low": float(clip_fraction(clipped_low, none, mask)),
+        "policy/clip_frac_high": float(clip_fraction(none, clipped_high, mask)),
+    }

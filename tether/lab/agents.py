@@ -352,7 +352,7 @@ def run_lab_agent_grpo(
     """One GRPO run with an environment (multi-turn episodes); returns curves, start/end figures and alarms.
     eval_samples: sampled held-out episodes per request at the training temperature, beside the greedy ones."""
     from tether.config import build_config
-    from tether.lab.rl import finished_summary
+    from tether.lab.rl import finished_summary, train_settings
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
 
@@ -374,16 +374,7 @@ def run_lab_agent_grpo(
             "rollout.group_size": group_size,
             "rollout.max_new_tokens": max_new_tokens,
             "rollout.temperature": temperature,
-            "train.max_steps": steps,
-            "train.output": str(run_dir),
-            "train.resume": resume,
-            "train.overwrite": not resume,
-            "train.eval_every": eval_every,
-            "train.save_every": eval_every,
-            "train.sample_every": 1,
-            "train.log_every": eval_every,
-            "train.seed": seed,
-            "train.report_to": ["tensorboard"],
+            **train_settings(run_dir, resume, steps, eval_every, seed, sample_every=1),
         }
         summary = run_grpo(build_config(GRPOConfig, overrides=overrides, source="lab"), evaluate_fn=evaluate)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

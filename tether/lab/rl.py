@@ -36,6 +36,24 @@ def finished_summary(run_dir: Path, resume: bool) -> dict | None:
     return json.loads(path.read_text()) if resume and path.is_file() else None
 
 
+def train_settings(run_dir: Path, resume: bool, steps: int, every: int, seed: int, **more) -> dict:
+    """The train section every lab run shares, as dotted overrides: the run folder (resumed, or overwritten when
+    computed again), ``steps`` optimizer steps, evaluation, checkpoint and log every ``every`` steps, the stage's
+    seed, TensorBoard beside metrics.jsonl; ``more``: further train fields by name (``sample_every=1``)."""
+    settings = {
+        "train.output": str(run_dir),
+        "train.resume": resume,
+        "train.overwrite": not resume,
+        "train.max_steps": steps,
+        "train.eval_every": every,
+        "train.save_every": every,
+        "train.log_every": every,
+        "train.seed": seed,
+        "train.report_to": ["tensorboard"],
+    }
+    return settings | {f"train.{name}": value for name, value in more.items()}
+
+
 class GoldAssistEval:
     """evaluate_fn for run_ppo: gold reward and gold win rate against the SFT model on held-out requests.
 
@@ -101,7 +119,6 @@ def run_lab_ppo(
                 "rollout.eval_prompts": str(world / "assist_eval.jsonl"),
                 "rollout.prompts_per_step": prompts_per_step,
                 "rollout.max_new_tokens": 64,
-                "train.max_steps": steps,
                 "algo.minibatch": 16,
                 "optim.lr": lr,
                 "critic.lr": 1e-4,
@@ -109,16 +126,9 @@ def run_lab_ppo(
                 "algo.adaptive_kl": adaptive_target > 0,
                 "algo.target_kl": adaptive_target or 6.0,
                 "algo.kl_horizon": kl_horizon,
-                "train.output": str(run_dir),
-                "train.resume": resume,
-                "train.overwrite": not resume,
-                "train.eval_every": eval_every,
-                "train.save_every": eval_every,
-                "train.sample_every": eval_every,
-                "train.best_metric": "eval/gold_reward",
-                "train.log_every": eval_every,
-                "train.seed": seed,
-                "train.report_to": ["tensorboard"],
+                **train_settings(
+                    run_dir, resume, steps, eval_every, seed, sample_every=eval_every, best_metric="eval/gold_reward"
+                ),
                 **(extra or {}),
             },
         )
@@ -263,17 +273,9 @@ def run_lab_grpo(
             "rollout.prompts_per_step": prompts_per_step,
             "rollout.group_size": group_size,
             "rollout.max_new_tokens": 48,
-            "train.max_steps": steps,
-            "train.output": str(run_dir),
-            "train.resume": resume,
-            "train.overwrite": not resume,
-            "train.eval_every": eval_every,
-            "train.save_every": eval_every,
-            "train.sample_every": eval_every,
-            "train.log_every": eval_every,
-            "train.seed": seed,
-            "train.best_metric": "eval/accuracy_sampled",
-            "train.report_to": ["tensorboard"],
+            **train_settings(
+                run_dir, resume, steps, eval_every, seed, sample_every=eval_every, best_metric="eval/accuracy_sampled"
+            ),
             **(extra or {}),
         }
         summary = run_grpo(build_config(GRPOConfig, overrides=overrides, source="lab"), evaluate_fn=accuracy)
@@ -353,18 +355,9 @@ def run_lab_dpo(
             "dpo.beta": beta,
             "optim.lr": lr,
             "optim.warmup_ratio": 0.05,
-            "train.batch_size": batch,
-            "train.micro_batch_size": batch,
-            "train.max_steps": steps,
-            "train.eval_every": eval_every,
-            "train.save_every": eval_every,
-            "train.keep_checkpoints": 1,
-            "train.log_every": eval_every,
-            "train.seed": seed,
-            "train.output": str(run_dir),
-            "train.resume": resume,
-            "train.overwrite": not resume,
-            "train.report_to": ["tensorboard"],
+            **train_settings(
+                run_dir, resume, steps, eval_every, seed, batch_size=batch, micro_batch_size=batch, keep_checkpoints=1
+            ),
         }
         if pairs is not None:
             overrides["data.path"] = str(pairs)

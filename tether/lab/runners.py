@@ -13,6 +13,7 @@ from pathlib import Path
 from tether.config import build_config
 from tether.lab import arith
 from tether.lab.evaluate import Decoding, evaluate_task, generate_for, score_arith
+from tether.lab.rl import train_settings
 from tether.lab.settings import LabConfig
 from tether.lab.tokenizer import train_bpe_tokenizer
 from tether.lab.world import WorldConfig, build_world
@@ -63,18 +64,17 @@ def train_sft(
         "optim.warmup_ratio": 0.05,
         "optim.lr_schedule": lr_schedule,
         "optim.weight_decay": weight_decay,
-        "train.output": str(folder),
-        "train.batch_size": batch,
-        "train.micro_batch_size": batch,
-        "train.max_steps": steps,
-        "train.eval_every": max(1, steps // 4),
-        "train.save_every": max(1, steps // 4),
-        "train.keep_checkpoints": 1,
-        "train.log_every": max(1, steps // 10),
-        "train.seed": cfg.seed,
-        "train.resume": resume,
-        "train.overwrite": not resume,
-        "train.report_to": ["tensorboard"],
+        **train_settings(
+            folder,
+            resume,
+            steps,
+            max(1, steps // 4),
+            cfg.seed,
+            log_every=max(1, steps // 10),
+            batch_size=batch,
+            micro_batch_size=batch,
+            keep_checkpoints=1,
+        ),
     }
     if eval_data is not None:
         overrides["data.eval_path"] = str(eval_data)

@@ -20,7 +20,7 @@ from tether.algorithms.advantages import process_advantages, token_advantages, z
 from tether.algorithms.kl import kl_estimate
 from tether.algorithms.mismatch import truncated_importance_weights
 from tether.algorithms.objectives import group_objective
-from tether.algorithms.policy import clip_fraction
+from tether.algorithms.policy import clip_fractions
 from tether.console import console
 from tether.models.work import phase
 from tether.rewards.score import Scorer, Scores
@@ -450,15 +450,11 @@ class GroupStage:
         (loss * weight if weight != 1.0 else loss).backward()
         k = float(lm.sum())
         rmask = sub.response_mask.bool()
-        low, high = parts["clipped_low"], parts["clipped_high"]
-        none = torch.zeros_like(low)
         count = int(rmask.sum())
         # sum / count, not .mean(): CUDA's mean multiplies by 1/count, so the on-policy ratio's mean of ones would
         # read 0.99999994 there
         figures = {
-            "policy/clip_frac": clip_fraction(low, high, lm),
-            "policy/clip_frac_low": clip_fraction(low, none, lm),
-            "policy/clip_frac_high": clip_fraction(none, high, lm),
+            **clip_fractions(parts["clipped_low"], parts["clipped_high"], lm),
             "policy/entropy": float(entropy.detach()[rmask].sum()) / count if count else 0.0,
             "policy/ratio_mean": float(parts["ratio"].detach()[rmask].sum()) / count if count else 1.0,
         }

@@ -19,7 +19,7 @@ import torch
 from tether.algorithms.advantages import action_gae, gae_advantages, masked_whiten, turn_rewards
 from tether.algorithms.kl import kl_estimate, kl_k2
 from tether.algorithms.objectives import ppo_policy_loss, ppo_value_loss
-from tether.algorithms.policy import clip_fraction
+from tether.algorithms.policy import clip_fractions
 from tether.algorithms.ppo import adaptive_kl_coef, explained_variance
 from tether.algorithms.reductions import aggregate
 from tether.algorithms.shaping import kl_penalty_rewards
@@ -402,13 +402,9 @@ class PPOStage:
     ) -> dict:
         """Σ over this process's tokens of each statistic, later summed over processes and divided by n_tokens."""
         mask = exp.rollout.response_mask[local]
-        low, high = policy_parts["clipped_low"], policy_parts["clipped_high"]
-        none = torch.zeros_like(low)
         k = float(mask.sum())
         per_token = {
-            "policy/clip_frac": clip_fraction(low, high, mask),
-            "policy/clip_frac_low": clip_fraction(low, none, mask),
-            "policy/clip_frac_high": clip_fraction(none, high, mask),
+            **clip_fractions(policy_parts["clipped_low"], policy_parts["clipped_high"], mask),
             "policy/approx_kl": aggregate(kl_k2(logp.detach(), exp.old_logprobs[local]), mask),  # ½ (Δ logp)²
             "policy/entropy": aggregate(entropy.detach(), mask),
             "value/clip_frac": aggregate(value_parts["value_clipped"].float(), mask),

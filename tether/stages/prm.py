@@ -15,13 +15,12 @@ import torch
 
 from tether.algorithms.reward import binary_auroc, first_wrong_step, step_bce_loss
 from tether.config import ConfigError
-from tether.data.records import read_records, tokenize_split
 from tether.data.steps import collate_steps, tokenize_steps
-from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
+from tether.models.lm import load_stage_tokenizer, parameter_summary
 from tether.models.reward import STEP_HEAD, STEP_SEPARATOR_KEY, load_trainable_reward_model, save_reward_model
 from tether.stages.prm_config import PRMConfig
 from tether.train.checkpoint import write_atomically
-from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, run_offline
+from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, read_split, run_offline
 from tether.train.run import start_run
 
 
@@ -79,17 +78,8 @@ def load_prm_data(cfg: PRMConfig, tokenizer):
     d = cfg.data
     if not d.path:
         raise ConfigError("--data is required: step-labelled solutions (prompt, completions, labels)")
-    records = read_records(d.path, d.columns, d.split, d.max_records)
-    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
-    limit = length_limit(d.max_length, cfg.model.path)
-    _, _, train, evals, reports = tokenize_split(
-        records,
-        eval_records,
-        d.eval_fraction,
-        cfg.train.seed,
-        d.path,
-        lambda recs, label: tokenize_steps(recs, tokenizer, limit, d.step_separator, d.strict, label),
-        d.eval_path,
+    _, _, train, evals, reports = read_split(
+        cfg, lambda recs, label, limit: tokenize_steps(recs, tokenizer, limit, d.step_separator, d.strict, label)
     )
     return train, evals, reports
 

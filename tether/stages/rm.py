@@ -24,7 +24,7 @@ from tether.algorithms.reward import (
 from tether.config import ConfigError
 from tether.console import console
 from tether.data.preferences import collate_preferences, tokenize_preferences
-from tether.data.records import read_records, tokenize_split
+from tether.data.records import read_records
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
 from tether.models.packing import describe, score_inputs
@@ -33,7 +33,7 @@ from tether.stages.rm_config import RMConfig
 from tether.stages.rm_probes import normalization_stats, run_probes
 from tether.train.checkpoint import write_atomically
 from tether.train.early_stop import OverfitDetector
-from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, run_offline
+from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, read_split, run_offline
 from tether.train.run import start_run
 from tether.train.sharding import is_sharded, reshard, save_full_model, unsharded_on_main
 
@@ -283,19 +283,12 @@ def _best_line(out: Path, detector: OverfitDetector, last_eval: dict) -> str:
 def load_rm_data(cfg: RMConfig, tokenizer):
     """(train records, held-out records, train examples, held-out examples, data reports)."""
     d, heads = cfg.data, list(cfg.rm.heads)
-    records = read_records(d.path, d.columns, d.split, d.max_records)
-    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
-    limit = length_limit(d.max_length, cfg.model.path)
-    train_recs, eval_recs, train, evals, reports = tokenize_split(
-        records,
-        eval_records,
-        d.eval_fraction,
-        cfg.train.seed,
-        d.path,
-        lambda recs, label: tokenize_preferences(recs, tokenizer, limit, heads, d.margin_column, d.strict, label),
-        d.eval_path,
+    return read_split(
+        cfg,
+        lambda recs, label, limit: tokenize_preferences(
+            recs, tokenizer, limit, heads, d.margin_column, d.strict, label
+        ),
     )
-    return train_recs, eval_recs, train, evals, reports
 
 
 def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data, known: dict | None = None) -> None:

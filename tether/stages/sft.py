@@ -7,13 +7,12 @@ import time
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
 from tether.config import ConfigError
-from tether.data.records import read_records, tokenize_split
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.models.packing import describe
 from tether.stages.sft_config import SFTConfig
-from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, run_offline
+from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, read_split, run_offline
 from tether.train.run import start_run
 from tether.train.sharding import is_sharded
 
@@ -38,19 +37,12 @@ def load_sft_data(cfg: SFTConfig, tokenizer):
     data = cfg.data
     if not data.path:
         raise ConfigError("--data is required: a .jsonl, .json, .parquet file or a datasets folder")
-    records = read_records(data.path, data.columns, data.split, data.max_records)
-    eval_records = read_records(data.eval_path, data.columns, data.split) if data.eval_path else None
-    limit = length_limit(data.max_length, cfg.model.path)
-    _, _, train, evals, reports = tokenize_split(
-        records,
-        eval_records,
-        data.eval_fraction,
-        cfg.train.seed,
-        data.path,
-        lambda recs, label: tokenize_records(recs, tokenizer, limit, data.train_on_prompt, data.strict, label),
-        data.eval_path,
+    _, _, train, evals, reports = read_split(
+        cfg,
+        lambda recs, label, limit: tokenize_records(recs, tokenizer, limit, data.train_on_prompt, data.strict, label),
     )
     if data.packing:
+        limit = length_limit(data.max_length, cfg.model.path)
         train = pack_examples(train, limit)
         evals = pack_examples(evals, limit) if evals else evals
     return train, evals, reports

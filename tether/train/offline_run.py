@@ -1,8 +1,8 @@
 """The offline stages' scaffolding, written once: SFT, reward models, process reward models and offline DPO each
 bring their data, model and objective, and take from here the step count, the trained model's optimizer (sharded
 with --fsdp, restored on resume, wrapped for data parallelism), and the run itself (``run_offline``, as the online
-stages have run_online): the plan, the metrics logger, the loop (tether/train/offline.py), final/, summary.json,
-the closing line and the run folder's release."""
+stages have run_online): their data read and split once (``read_split``), the plan, the metrics logger, the loop
+(tether/train/offline.py), final/, summary.json, the closing line and the run folder's release."""
 
 from __future__ import annotations
 
@@ -12,12 +12,34 @@ from pathlib import Path
 from typing import Callable
 
 from tether.console import console
+from tether.data.records import read_records, tokenize_split
+from tether.models.lm import length_limit
 from tether.train.checkpoint import load_training_state, save_final
 from tether.train.logger import MetricsLogger
 from tether.train.offline import loop_settings, train_offline
 from tether.train.run import announce, check_steps_left, close_run, closing_line, peak_memory, write_json
 from tether.train.schedule import build_optimizer
 from tether.train.sharding import is_sharded, shard_model
+
+
+def read_split(cfg, tokenize: Callable, group: Callable | None = None):
+    """An offline stage's data: the records of ``cfg.data.path`` (at most max_records) and of --eval-data, or a
+    seeded eval_fraction held out (tokenize_split), each side tokenised by ``tokenize(records, label, limit)``
+    with the run's length limit (--max-length, or the model's own). Returns tokenize_split's five."""
+    d = cfg.data
+    records = read_records(d.path, d.columns, d.split, d.max_records)
+    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
+    limit = length_limit(d.max_length, cfg.model.path)
+    return tokenize_split(
+        records,
+        eval_records,
+        d.eval_fraction,
+        cfg.train.seed,
+        d.path,
+        lambda recs, label: tokenize(recs, label, limit),
+        d.eval_path,
+        group,
+    )
 
 
 def plan_steps(cfg, accelerator, examples: int, start_step: int, checkpoint: Path | None) -> int:

@@ -1,15 +1,18 @@
-"""bf16 autocast against fp32 on the lab's online stages: PPO (β = 0.2) and GRPO (outcome), learning curve and step time.
+"""bf16 against fp32 on the lab's online stages: PPO (β = 0.2) and GRPO (outcome), learning curve and step time.
 
     .venv/bin/python bench/precision_online.py --lab runs/lab                       # seeds 0 and 1, both stages
     .venv/bin/python bench/precision_online.py --lab runs/lab --stages grpo --seeds 0,1,2
+    .venv/bin/python bench/precision_online.py --lab runs/lab --precisions fp32,bf16_sampling
 
 Each run is the lab's own stage (`run_lab_ppo` with the ppo_kl0.2 settings, `run_lab_grpo` with grpo_outcome's,
 from the lab's SFT model and reward model, gold evaluations included) with the training seed given, in two
-precisions:
+precisions (``--precisions``, two of):
 
 - ``fp32``: the default;
 - ``autocast``: ``model.mixed_precision = bf16`` (every forward, sampling included, under bf16 autocast; weights,
-  gradients and AdamW states in fp32).
+  gradients and AdamW states in fp32);
+- ``bf16_sampling``: ``rollout.sampling_dtype = bf16`` with ``rollout.tis_cap = 2`` (a bfloat16 copy of the
+  policy samples; the trainer stays fp32 and corrects the sampler gap by truncated importance sampling).
 
 The two precisions of one seed run side by side, each a fresh process on its own core with one thread, so both
 share the machine's load; step times are compared within such a pair. Printed per stage and precision: the
@@ -29,7 +32,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-PRECISIONS = {"fp32": {}, "autocast": {"model.mixed_precision": "bf16"}}
+PRECISIONS = {
+    "fp32": {},
+    "autocast": {"model.mixed_precision": "bf16"},
+    "bf16_sampling": {"rollout.sampling_dtype": "bf16", "rollout.tis_cap": 2.0},
+}
 FIGURE = {"ppo": "gold", "grpo": "accuracy_greedy"}
 
 
@@ -75,9 +82,15 @@ def run_one(lab: Path, folder: Path, stage: str, precision: str, seed: int) -> N
             extra=extra,
         )
     metrics = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [sum(v for k, v in m.items() if k.startswith("time/")) for m in metrics if m.get("step", 0) > 0][1:]
+    later = [m for m in metrics if m.get("step", 0) > 0][1:]
+    steps = [sum(v for k, v in m.items() if k.startswith("time/")) for m in later]
+    phases = {k: statistics.median(m.get(k, 0.0) for m in later) for k in later[0] if k.startswith("time/")}
+    gap = [m["rollout/sampler_kl"] for m in later if "rollout/sampler_kl" in m]
     curve = {c["step"]: c[FIGURE[stage]] for c in figures["curve"]}
-    (folder / "result.json").write_text(json.dumps({"curve": curve, "step_s": statistics.median(steps)}))
+    result = {"curve": curve, "step_s": statistics.median(steps), "phases": phases}
+    if gap:
+        result["sampler_kl_median"] = statistics.median(gap)
+    (folder / "result.json").write_text(json.dumps(result))
 
 
 def launch(lab: Path, folder: Path, stage: str, precision: str, seed: int, core: int) -> subprocess.Popen:
@@ -94,6 +107,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench-precision-online")
     parser.add_argument("--stages", default="ppo,grpo")
     parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--precisions", default="fp32,autocast", help="two of: " + ", ".join(PRECISIONS))
     parser.add_argument("--json", default="")
     parser.add_argument("--one", nargs=3, metavar=("STAGE", "PRECISION", "SEED"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -103,12 +117,15 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
+    precisions = args.precisions.split(",")
+    if len(precisions) != 2 or not set(precisions) <= set(PRECISIONS):
+        raise SystemExit(f"--precisions: two of {', '.join(PRECISIONS)}, got {args.precisions}")
     results: dict = {}
     for stage in args.stages.split(","):
         for seed in seeds:
             procs = {
                 p: launch(lab, out / f"{stage}-{p}-seed{seed}", stage, p, seed, core)
-                for core, p in enumerate(PRECISIONS)
+                for core, p in enumerate(precisions)
             }
             for p, proc in procs.items():
                 if proc.wait() != 0:
@@ -118,17 +135,23 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     for stage, by_precision in results.items():
-        steps = sorted(by_precision["fp32"][0]["curve"], key=int)
+        steps = sorted(by_precision[precisions[0]][0]["curve"], key=int)
         print(f"\n{stage}: {FIGURE[stage]} at each evaluation, seeds {seeds}: mean (spread max - min)")
-        print(f"{'precision':10s} " + " ".join(f"{'step ' + s:>15s}" for s in steps) + f" {'step s':>8s} {'ratio':>6s}")
-        base = statistics.median(r["step_s"] for r in by_precision["fp32"])
+        print(f"{'precision':14s} " + " ".join(f"{'step ' + s:>15s}" for s in steps) + f" {'step s':>8s} {'ratio':>6s}")
+        base = statistics.median(r["step_s"] for r in by_precision[precisions[0]])
         for p, runs in by_precision.items():
             cells = []
             for s in steps:
                 values = [r["curve"][s] for r in runs]
                 cells.append(f"{statistics.mean(values):.3f} ({max(values) - min(values):.3f})")
             step = statistics.median(r["step_s"] for r in runs)
-            print(f"{p:10s} " + " ".join(f"{c:>15s}" for c in cells) + f" {step:8.3f} {step / base:6.2f}")
+            print(f"{p:14s} " + " ".join(f"{c:>15s}" for c in cells) + f" {step:8.3f} {step / base:6.2f}")
+        for p, runs in by_precision.items():
+            phases = {k: statistics.median(r["phases"][k] for r in runs) for k in runs[0]["phases"]}
+            gap = [r["sampler_kl_median"] for r in runs if "sampler_kl_median" in r]
+            print(f"  {p}: median phases " + ", ".join(f"{k} {v:.3f} s" for k, v in sorted(phases.items())))
+            if gap:
+                print(f"  {p}: sampler KL (k3, median step) {', '.join(f'{g:.2e}' for g in gap)}")
 
 
 if __name__ == "__main__":

@@ -147,3 +147,93 @@ def test_drop_finished_rows_off_samples_the_same_with_generate(arch_models, monk
     assert not calls
     b = backend.generate(PROMPTS, off, STOPS, seeds)
     assert calls and a.responses == b.responses and torch.equal(a.response_ids, b.response_ids)
+
+
+def test_the_sampler_gives_each_drawn_tokens_log_prob_under_the_warped_distribution():
+    """Sampler.draw: the same tokens as Sampler's call, and log p(token) under softmax(top-p(logits / τ)): logits
+    (2, 1, 0, −1), τ = 0.5, top-p 0.9 keep tokens 0 and 1 with p = (e⁴, e²)/(e⁴ + e²), so log p = −log(1 + e⁻²) =
+    −0.126928 and −log(1 + e²) = −2.126928."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(64, 1)
+    rows = torch.arange(64)
+    tokens = Sampler(0.5, 0.9, 0, decoding.seeded_generators(list(range(64)), "cpu"))(logits, rows)
+    drawn, logp = Sampler(0.5, 0.9, 0, decoding.seeded_generators(list(range(64)), "cpu")).draw(logits, rows)
+    assert torch.equal(drawn, tokens) and set(tokens.tolist()) == {0, 1}
+    hand = torch.tensor([-0.126928, -2.126928])
+    assert torch.allclose(logp, hand[tokens], atol=1e-6)
+
+
+def test_decode_keeps_each_sampled_tokens_log_prob_and_draws_the_same_tokens(arch_models):
+    """generate_from_ids(sampler_logprobs=True) on a float64 model: the tokens of the run that keeps nothing, and at
+    every response token log softmax(top-k/top-p(logits / τ)) of a whole-sequence forward, 0 off the mask; rows end
+    at different steps. The two forwards' float64 logits agree to ~1e-13, then sampling_probs takes both in float32:
+    a logit may round one float32 ulp apart (2⁻²³ relative, |logit / τ| < 8 here), which moves a log-probability by
+    at most 2 · 8 · 2⁻²³ ≈ 2e-6; 1e-5 asked."""
+    from tether.rollout.decoding import sampling_probs
+
+    model, tok = arch_models["llama"]
+    model = load_model(model.name_or_path, tok).double()
+    kw = dict(seeds=response_seeds(0, range(len(PROMPTS))), temperature=0.9, top_p=0.95, top_k=40, stop_ids=STOPS)
+    kept = generate_from_ids(model, tok, contexts(tok), 20, sampler_logprobs=True, **kw)
+    plain = generate_from_ids(model, tok, contexts(tok), 20, **kw)
+    assert torch.equal(kept.response_ids, plain.response_ids) and plain.sampler_logprobs is None
+    assert len(set(kept.lengths.tolist())) >= 2
+    ids = torch.cat([kept.prompt_ids, kept.response_ids], 1)
+    mask = torch.cat([kept.prompt_mask, kept.response_mask], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    p = kept.prompt_ids.shape[1]
+    step = logits[:, p - 1 : -1]  # the logits each response token was drawn from
+    flat = sampling_probs(step.reshape(-1, step.shape[-1]), 0.9, 0.95, 40).reshape(step.shape)
+    want = flat.gather(-1, kept.response_ids[..., None]).squeeze(-1).log().double()
+    on = kept.response_mask.bool()
+    assert float((step / 0.9).abs().max()) < 8
+    assert torch.allclose(kept.sampler_logprobs[on].double(), want[on], atol=1e-5, rtol=0)
+    assert torch.all(kept.sampler_logprobs[~on] == 0)
+
+
+def test_a_bf16_sampling_copy_follows_the_policy_and_keeps_its_log_probs(arch_models):
+    """rollout.sampling_dtype bf16 on the hf backend: a bfloat16 copy samples, equal to the fp32 policy cast, again
+    after an update (weights_updated); its rollouts carry the copy's log-probs (0 off the mask) and differ from the
+    fp32 trainer's (the gap the stages log and TIS corrects); greedy evaluation keeps none. A LoRA policy and
+    drop_finished_rows off are refused by name."""
+    from types import SimpleNamespace
+
+    from tether.algorithms.mismatch import sampler_mismatch
+    from tether.config import ConfigError
+    from tether.rollout.backends import HFGenerate
+    from tether.rollout.forward import response_logprobs
+
+    model, tok = arch_models["llama"]
+    policy = load_model(model.name_or_path, tok)
+    settings = SimpleNamespace(
+        sampling_dtype="bf16", drop_finished_rows=True, max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0
+    )
+    backend = HFGenerate(policy, tok, settings)
+    assert not backend.samples_trainer_weights and "bfloat16 copy" in backend.describe()
+
+    def same_as_cast():
+        copy = dict(backend.sampler.named_parameters())
+        return all(torch.equal(copy[n], p.detach().to(torch.bfloat16)) for n, p in policy.named_parameters())
+
+    assert same_as_cast()
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01)
+    assert not same_as_cast()
+    backend.weights_updated(policy)
+    assert same_as_cast()
+    rollout = backend.generate(PROMPTS, settings, STOPS, seeds=response_seeds(0, range(len(PROMPTS))))
+    assert torch.all(rollout.sampler_logprobs[~rollout.response_mask.bool()] == 0)
+    with torch.no_grad():
+        trainer = response_logprobs(policy, rollout, 1.0)
+    gap = sampler_mismatch(trainer, rollout.sampler_logprobs, rollout.response_mask)
+    assert gap["abs_max"] > 0 and gap["kl"] >= 0
+    greedy = backend.generate_ids(contexts(tok), settings, STOPS, greedy=True)
+    assert greedy.sampler_logprobs is None
+    with pytest.raises(ConfigError, match="needs --drop-finished-rows"):
+        HFGenerate(policy, tok, SimpleNamespace(**{**vars(settings), "drop_finished_rows": False}))
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(load_model(model.name_or_path, tok), LoraConfig(r=4, target_modules=["q_proj"]))
+    with pytest.raises(ConfigError, match="not a LoRA or --fsdp policy"):
+        HFGenerate(lora, tok, settings)

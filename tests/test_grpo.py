@@ -385,3 +385,26 @@ def test_a_run_whose_responses_are_all_truncated_says_so_loudly(capsys):
     assert warn_if_truncated({"step": 5, "rollout/truncated_frac": 1.0}, 1) == 1  # at most once every 10 steps
     assert warn_if_truncated({"step": 12, "rollout/truncated_frac": 0.5}, 1) == 1  # a healthy share: quiet
     assert capsys.readouterr().err == ""
+
+
+def test_bf16_sampling_under_an_fp32_policy_logs_the_gap_and_corrects_it(llama_dir, setup, tmp_path, capsys):
+    """--sampling-dtype bf16 --tis-cap 2 through the command line: the plan names the bfloat16 copy and the
+    correction, every step logs the sampler gap (nonzero: bf16 is not fp32) and the truncated importance weights
+    (each min(ρ, 2), so their mean ≤ 2); without --sampling-dtype, --tis-cap on the hf backend is refused."""
+    from tether.cli import main
+
+    rules, prompts = setup
+    out = tmp_path / "bf16"
+    args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--reward", f"{rules}:count_a"]
+    args += ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "8", "--max-steps", "2"]
+    args += ["--save-every", "0", "--report-to", "none", "--tis-cap", "2"]
+    assert main([*args, "--sampling-dtype", "bf16", "--output", str(out)]) == 0
+    printed = "".join("".join(capsys.readouterr()).split())  # the plan table may fold a line anywhere
+    assert "abfloat16copyofthetrainedpolicy" in printed and "truncatedimportancesampling,C=2" in printed
+    rows = read_metrics(out)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["rollout/sampler_logprob_diff_max"] > 0 and row["rollout/sampler_kl"] >= 0
+        assert 0 < row["rollout/tis_weight_mean"] <= 2 and 0 <= row["rollout/tis_capped_frac"] <= 1
+    assert main([*args, "--output", str(tmp_path / "refused")]) == 2
+    assert "tis_cap and the vllm_* options are for --rollout-backend vllm" in capsys.readouterr().err

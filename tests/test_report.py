@@ -384,7 +384,7 @@ def test_metric_groups_follow_the_reading_order_and_leave_out_empty_groups():
         ("Length and entropy", ["rollout/length_mean", "policy/entropy"]),
         ("Loss and optimisation", ["train/loss", "train/grad_norm", "policy/clip_frac"]),
         ("Agents and environments", ["agent/turns_mean"]),
-        ("Sampler (vLLM)", ["rollout/sampler_kl"]),
+        ("Sampler (vLLM, --sampling-dtype)", ["rollout/sampler_kl"]),
         ("Time and work", ["perf/tokens_per_s", "forwards/update", "positions/sample"]),
         ("Other", ["something/new"]),
         ("Alarm counters", ["reward/env/errors", "reward/judge/none", "eval/overfit_alarm"]),

@@ -645,3 +645,33 @@ def test_start_up_failures_name_tethers_options_not_vllms():
         "9.965e-08 GiB cannot hold one sequence of the model's 2048 positions: raise --vllm-kv-cache-gib"
     ), line
     assert "gpu_memory_utilization" not in line and line.endswith("vLLM's log: /tmp/v.log")
+
+
+def test_a_bf16_engine_samples_for_an_fp32_policy_and_the_gap_is_logged_and_corrected(model_dir, files, tmp_path):
+    """rollout.sampling_dtype bf16 on the vllm backend: the engine serves bfloat16 weights (pushed cast after each
+    update) for the float32 policy; GRPO logs the gap, now beyond float32's rounding, and weights the loss by
+    min(ρ, 2). float32 rounds a logit of this model (|logit| < 8) by about 8 · 2⁻²⁴ ≈ 5e-7 per operation; casting
+    each weight to bf16 moves it by up to 2⁻⁹ of itself, so the gap must pass 1e-5 (it is about 2e-3 here)."""
+    from tether.rollout import vllm_backend
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    rules, _, prompts, _ = files
+    grpo = common(
+        model_dir,
+        prompts,
+        tmp_path / "grpo",
+        **{"rewards.reward": [f"{rules}:count_a"]},
+        rollout__prompts_per_step=2,
+        rollout__group_size=4,
+        rollout__sampling_dtype="bf16",
+        rollout__tis_cap=2.0,
+        train__max_steps=2,
+    )
+    run_grpo(build_config(GRPOConfig, overrides=grpo))
+    assert vllm_backend._ENGINE["key"]["dtype"] == "bfloat16"
+    rows = metrics(tmp_path / "grpo")
+    assert len(rows) == 2
+    for row in rows:
+        assert row["rollout/sampler_logprob_diff_max"] > 1e-5 and row["rollout/sampler_kl"] >= 0
+        assert 0 < row["rollout/tis_weight_mean"] <= 2

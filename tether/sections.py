@@ -21,24 +21,23 @@ class ModelSection(Section):
     tokenizer: str = option("", "Tokenizer folder, if not the model folder.")
     dtype: str = option(
         "float32",
-        "dtype the trained weights are stored and updated in: fp32 (float32), bf16 "
-        "(bfloat16), fp16 (float16), fp64 (float64: numerical reference runs) or auto (as saved). bf16 halves weights, gradients "
-        "and AdamW states; updates below bf16's resolution are lost — for fp32 master "
-        "weights with bf16 arithmetic use --mixed-precision bf16 (docs/scaling.md).",
+        "dtype the trained weights are stored and updated in: fp32 (float32), bf16 (bfloat16), fp16 (float16), fp64 "
+        "(float64: numerical reference runs) or auto (as saved). bf16 halves weights, gradients and AdamW states; "
+        "updates below bf16's resolution are lost — for fp32 master weights with bf16 arithmetic use "
+        "--mixed-precision bf16 (docs/scaling.md).",
         flag="--dtype",
         choices=("float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16", "float64", "fp64"),
     )
     mixed_precision: str = option(
         "no",
-        "bf16: every forward (sampling, log-probs, values, losses' inputs) runs under "
-        "bf16 autocast while the weights, gradients and AdamW states stay in --dtype; "
-        "log-probs, losses and advantages are computed in fp32 (docs/scaling.md).",
+        "bf16: every forward (sampling, log-probs, values, losses' inputs) runs under bf16 autocast while the weights, "
+        "gradients and AdamW states stay in --dtype; log-probs, losses and advantages in fp32 (docs/scaling.md).",
         choices=("no", "bf16"),
     )
     gradient_checkpointing: bool = option(
         False,
-        "Recompute each layer's activations in the backward pass instead of "
-        "keeping them: less memory for about one more forward of compute.",
+        "Recompute each layer's activations in the backward pass instead of keeping them: less memory for about "
+        "one more forward of compute.",
     )
     fsdp: bool = option(
         False,
@@ -48,17 +47,16 @@ class ModelSection(Section):
     )
     frozen_dtype: str = option(
         "",
-        "dtype of the frozen models (reference, reward model scoring rollouts); empty: "
-        "the same as --dtype. E.g. bf16 halves their memory under an fp32 policy.",
+        "dtype of the frozen models (reference, reward model scoring rollouts); empty: the same as --dtype. E.g. "
+        "bf16 halves their memory under an fp32 policy.",
         choices=("", "float32", "bfloat16", "float16", "auto", "fp32", "bf16", "fp16", "float64", "fp64"),
     )
     padding_free: bool = option(
         True,
-        "Lay the sequences of each forward end to end in as few rows as fit, each "
-        "attending only to itself: the same log-probs, losses and gradients as padded "
-        "rows, without computing the padding (training micro-batches; the online "
-        "stages' log-prob, value and update forwards; docs/performance.md). Turn off "
-        "for a model whose attention ignores position-id restarts (remote code).",
+        "Lay the sequences of each forward end to end in as few rows as fit, each attending only to itself: the same "
+        "log-probs, losses and gradients as padded rows, without computing the padding (training micro-batches; the "
+        "online stages' log-prob, value and update forwards; docs/performance.md). Turn off for a model whose "
+        "attention ignores position-id restarts (remote code).",
     )
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
     trust_remote_code: bool = option(False, "Run model code shipped inside the model folder. Off unless you trust it.")
@@ -78,9 +76,9 @@ class ModelSection(Section):
     lora_target_modules: list = option(["all-linear"], "Module names that get adapters, or all-linear.")
     keep_dropout: bool = option(
         False,
-        "Keep the models' dropout active while training. Off by default: every dropout "
-        "layer of the trained and the reference model is disabled, so both score a "
-        "response alike (DPO's loss is log 2 at step 1; PPO's ratio is 1 on-policy).",
+        "Keep the models' dropout active while training. Off by default: every dropout layer of the trained and the "
+        "reference model is disabled, so both score a response alike (DPO's loss is log 2 at step 1; PPO's ratio "
+        "is 1 on-policy).",
     )
 
     def check(self):
@@ -101,13 +99,13 @@ class PolicySection(ModelSection):
 
     reference: str = option(
         "",
-        "Reference model folder; default: the --model folder as loaded (with LoRA: the model "
-        "with its adapter disabled). Not loaded when nothing uses it.",
+        "Reference model folder; default: the --model folder as loaded (with LoRA: the model with its adapter "
+        "disabled). Not loaded when nothing uses it.",
     )
     trainable_params: str = option(
         "",
-        "Regular expression: train only the parameters whose names match it (the rest "
-        "frozen); empty trains all. Not with LoRA.",
+        "Regular expression: train only the parameters whose names match it (the rest frozen); empty trains all. "
+        "Not with LoRA.",
     )
     offload_frozen: bool = option(
         False,
@@ -190,10 +188,9 @@ class OptimSection(Section):
     )
     adamw: str = option(
         "fused",
-        "AdamW implementation: fused (one kernel over every parameter), foreach (batched "
-        "ops) or for-loop (one parameter at a time): the same update, at different speeds "
-        "(`tether bench` measures them; docs/performance.md). Sharded (FSDP) parameters "
-        "use foreach.",
+        "AdamW implementation: fused (one kernel over every parameter), foreach (batched ops) or for-loop (one "
+        "parameter at a time): the same update, at different speeds (`tether bench` measures them; "
+        "docs/performance.md). Sharded (FSDP) parameters use foreach.",
         choices=("fused", "foreach", "for-loop"),
     )
 
@@ -253,10 +250,9 @@ class TrainSection(RunSection):
     )
     micro_batch_tokens: int = option(
         0,
-        "Instead of micro_batch_size examples, put in each forward as many of the "
-        "step's examples as fit this many tokens (every response of a pair or list "
-        "counted; a longer example goes alone): with padding-free rows a forward's "
-        "time and memory follow its tokens. The gradient is the same. 0: by examples.",
+        "Instead of micro_batch_size examples, put in each forward as many of the step's examples as fit this many "
+        "tokens (every response of a pair or list counted; a longer example goes alone): with padding-free rows a "
+        "forward's time and memory follow its tokens. The gradient is the same. 0: by examples.",
     )
     epochs: float = option(1.0, "Passes over the training data, used when max_steps is 0.")
 
@@ -302,8 +298,8 @@ class AlarmOptions(Section):
 
     stop_on_alarm: bool = option(
         False,
-        "Stop (after a checkpoint) when a reward-hacking monitor raises an alarm; "
-        "alarms are always written to alarms.jsonl.",
+        "Stop (after a checkpoint) when a reward-hacking monitor raises an alarm; alarms are always written to "
+        "alarms.jsonl.",
     )
 
 
@@ -314,8 +310,8 @@ class OnlineRunSection(RunSection, AlarmOptions):
     sample_every: int = option(5, "Write the step's responses to samples.jsonl every N steps (the monitors read them).")
     best_metric: str = option(
         "",
-        "Keep best/ (HF format) at the evaluation with the best value of this metric, "
-        "e.g. eval/score_mean or, on the lab, eval/gold_reward; empty: no best/.",
+        "Keep best/ (HF format) at the evaluation with the best value of this metric, e.g. eval/score_mean or, on "
+        "the lab, eval/gold_reward; empty: no best/.",
     )
     best_mode: str = option("max", "Whether best_metric is better high (max) or low (min).", choices=("max", "min"))
 
@@ -359,26 +355,31 @@ class SamplingSection(Section):
     top_k: int = option(0, "Top-k sampling (0 = off).")
     generation_batch: int = option(
         0,
-        "Responses generated per generate() call (0: the whole rollout at once). Bounds "
-        "the KV cache on large rollouts; with response_seeds the samples do not change.",
+        "Responses generated per generate() call (0: the whole rollout at once). Bounds the KV cache on large "
+        "rollouts; with response_seeds the samples do not change.",
     )
     drop_finished_rows: bool = option(
         True,
-        "Stop computing a response once it has ended (decoding.decode: finished "
-        "rows leave the batch and the KV cache); off: generate(), every row "
-        "until the longest ends. With response_seeds both draw the same tokens.",
+        "Stop computing a response once it has ended (decoding.decode: finished rows leave the batch and the KV "
+        "cache); off: generate(), every row until the longest ends. With response_seeds both draw the same tokens.",
     )
     backend: str = option(
         "hf",
-        'What samples the responses (docs/scaling.md, "Generation backends"): hf, the '
-        "trained policy itself with its KV cache (nothing to copy after an update); vllm, "
-        "a vLLM engine in each training process, its weights reloaded after every step.",
+        'What samples the responses (docs/scaling.md, "Generation backends"): hf, the trained policy itself with its '
+        "KV cache (nothing to copy after an update); vllm, a vLLM engine in each training process, its weights "
+        "reloaded after every step.",
         flag="--rollout-backend",
         choices=ROLLOUT_BACKENDS,
     )
+    sampling_dtype: str = option(
+        "",
+        "Sample in bf16 (hf: a bfloat16 copy refreshed after each update; vllm: a bf16 engine); its gap to the "
+        "trainer's log-probs is logged, --tis-cap corrects it (docs/performance.md). Empty: the weights' own dtype.",
+        choices=("", "bf16", "bfloat16"),
+    )
     tis_cap: float = option(
         0.0,
-        "Truncated importance sampling for a backend that is not the trainer (vllm): each token's "
+        "Truncated importance sampling for a sampler that is not the trainer (vllm, or --sampling-dtype): each token's "
         "policy-gradient term weighted by min(pi_train / pi_sampler, C), C = this (docs/algorithms.md "
         "section 11; 2 in Yao et al. 2025); 0 = off. The gap is logged either way (rollout/sampler_*).",
         flag="--tis-cap",
@@ -401,9 +402,8 @@ class SamplingSection(Section):
     )
     response_seeds: bool = option(
         False,
-        "Draw each response with its own seed (from the run's seed and the prompt's "
-        "place in the prompt stream) instead of the global RNG: samples then do not "
-        "depend on batch or process count, so N processes reproduce a 1-process run.",
+        "Draw each response with its own seed (from the run's seed and the prompt's place in the prompt stream), "
+        "not the global RNG: samples then depend on neither batch nor process count (N processes reproduce one).",
     )
 
     def check(self):
@@ -428,11 +428,11 @@ class SamplingSection(Section):
 
             if find_spec("vllm") is None:  # before any model is loaded
                 raise ConfigError(VLLM_INSTALL)
-        vllm_only = self.tis_cap or self.vllm_kv_cache_gib or self.vllm_sleep or self.vllm_gpu_memory_utilization != 0.3
-        if self.backend == "hf" and vllm_only:
+        vllm_only = self.vllm_kv_cache_gib or self.vllm_sleep or self.vllm_gpu_memory_utilization != 0.3
+        if self.backend == "hf" and (vllm_only or (self.tis_cap and not self.sampling_dtype)):
             raise ConfigError(
-                "tis_cap and the vllm_* options are for --rollout-backend vllm: the hf backend samples with the "
-                "trained weights themselves, so there is no engine and no sampler gap"
+                "tis_cap and the vllm_* options are for --rollout-backend vllm (tis_cap also for --sampling-dtype): "
+                "the hf backend samples with the trained weights themselves, so there is no engine and no sampler gap"
             )
 
     @property
@@ -470,8 +470,8 @@ class RewardSection(Section):
     )
     reward_on_error: str = option(
         "raise",
-        "A reward function that raises or times out: raise (stop, naming it and the "
-        "sample) or score (reward_error_score, counted in reward/<name>/errors).",
+        "A reward function that raises or times out: raise (stop, naming it and the sample) or score "
+        "(reward_error_score, counted in reward/<name>/errors).",
         choices=("raise", "score"),
     )
     reward_error_score: float = option(0.0, "Score given when a reward function failed and reward_on_error=score.")
@@ -480,8 +480,8 @@ class RewardSection(Section):
     )
     step_pattern: str = option(
         r"\.(?=\s|$)",
-        "Process rewards: a regular expression whose matches end the steps of a "
-        "response; step k's score goes to the token where its k-th match ends.",
+        "Process rewards: a regular expression whose matches end the steps of a response; step k's score goes to "
+        "the token where its k-th match ends.",
     )
     overlong_cache: int = option(
         0,
@@ -593,9 +593,8 @@ class AgentSection(Section):
     env_timeout: float = option(30.0, "Seconds an environment call (reset, step, outcome) may take; 0 = no limit.")
     env_on_error: str = option(
         "raise",
-        "An environment call that raises or times out: raise (stop the run with a "
-        "checkpoint, naming the environment and the prompt) or score (end that episode, "
-        "score it env_error_score, count it in reward/env/errors).",
+        "An environment call that raises or times out: raise (stop the run with a checkpoint, naming the environment "
+        "and the prompt) or score (end that episode, score it env_error_score, count it in reward/env/errors).",
         choices=("raise", "score"),
     )
     env_error_score: float = option(0.0, "Score of an episode whose environment failed, with env_on_error=score.")

@@ -11,6 +11,7 @@ from typing import Protocol
 
 import torch
 
+from tether.models.lm import DTYPES
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.decoding import Sampler, can_compact, decode, seeded_generators
 from tether.rollout.decoding import greedy as greedy_choice
@@ -51,13 +52,24 @@ def generate_rollout(
     stop_ids: list[int] | None = None,
     seeds: list[int] | None = None,
     compact: bool = True,
+    sampler_logprobs: bool = False,
 ) -> Rollout:
     """Sample one response per prompt with the KV cache; prompts are left-padded, positions come from the mask.
     ``seeds`` (one per prompt): each response is drawn with its own generator instead of the global RNG.
-    ``compact``: as in generate_from_ids."""
+    ``compact``, ``sampler_logprobs``: as in generate_from_ids."""
     ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     rollout = generate_from_ids(
-        model, tokenizer, ids, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds, compact=compact
+        model,
+        tokenizer,
+        ids,
+        max_new_tokens,
+        temperature,
+        top_p,
+        top_k,
+        stop_ids,
+        seeds,
+        compact=compact,
+        sampler_logprobs=sampler_logprobs,
     )
     rollout.prompts = list(prompts)
     return rollout
@@ -76,11 +88,16 @@ def generate_from_ids(
     seeds: list[int] | None = None,
     greedy: bool = False,
     compact: bool = True,
+    sampler_logprobs: bool = False,
 ) -> Rollout:
     """generate_rollout from token ids (a multi-turn transcript is continued from the exact tokens it holds, never
     a re-tokenisation of its text). ``greedy``: argmax decoding (evaluation only; training rollouts sample).
     ``compact``: sample with decoding.decode, which stops computing finished rows; False (or a model it cannot
-    run) uses Hugging Face's generate(), its naive twin."""
+    run) uses Hugging Face's generate(), its naive twin. ``sampler_logprobs``: keep each sampled token's
+    log-probability under the distribution it was drawn from (Rollout.sampler_logprobs; decode only): a model
+    that is not the trainer's (a bf16 sampling copy) has its gap to the trainer measured and corrected."""
+    if sampler_logprobs and (greedy or not (compact and can_compact(model))):
+        raise ValueError("sampler log-probs are kept by decoding.decode only, when sampling (not greedy)")
     if temperature <= 0 and not greedy:
         raise ValueError("rollouts sample: temperature must be > 0 (the log-probs are computed at that temperature)")
     stop_ids = stop_ids or stop_token_ids(tokenizer, model)
@@ -96,7 +113,10 @@ def generate_from_ids(
             if greedy
             else Sampler(temperature, top_p, top_k, seeded_generators(seeds, device) if seeds is not None else None)
         )
-        response_ids = decode(model, input_ids, attention, max_new_tokens, stop_ids, tokenizer.pad_token_id, choose)
+        kept = torch.zeros((len(contexts), max_new_tokens), dtype=torch.float32) if sampler_logprobs else None
+        response_ids = decode(
+            model, input_ids, attention, max_new_tokens, stop_ids, tokenizer.pad_token_id, choose, kept
+        )
     else:
         response_ids = _hf_generate(
             model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds, greedy
@@ -105,7 +125,10 @@ def generate_from_ids(
     mask, truncated = response_mask_from_stops(response_ids, stop_ids)
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-    return Rollout(input_ids, attention, response_ids, mask, truncated, [""] * len(contexts), texts)
+    rollout = Rollout(input_ids, attention, response_ids, mask, truncated, [""] * len(contexts), texts)
+    if sampler_logprobs:
+        rollout.sampler_logprobs = kept[:, : response_ids.shape[1]].to(device) * mask
+    return rollout
 
 
 def _hf_generate(
@@ -168,21 +191,39 @@ class GenerationBackend(Protocol):
 class HFGenerate:
     """The trained policy itself, sampled with the KV cache (decoding.decode, finished rows dropped; generate()
     when sampling.drop_finished_rows is off): it samples from the weights being trained, so there is nothing to
-    copy after an update."""
+    copy after an update.
+
+    With rollout.sampling_dtype (bf16 under an fp32 policy) it samples from a copy of the policy in that dtype
+    instead, refreshed after each update (``weights_updated``), and keeps each sampled token's log-prob under the
+    copy (Rollout.sampler_logprobs), so the stages measure and can correct the gap, as with a vLLM engine."""
 
     samples_trainer_weights = True
 
     def __init__(self, model, tokenizer, settings=None):
         self.model, self.tokenizer = model, tokenizer
+        self.sampler = model  # what samples: the policy itself, or its copy in the sampling dtype
+        wanted = getattr(settings, "sampling_dtype", "")
+        if wanted and DTYPES[wanted] != next(model.parameters()).dtype:
+            self.sampler = _sampling_copy(model, DTYPES[wanted], settings)
+            self.samples_trainer_weights = False
+
+    def weights_updated(self, policy) -> None:
+        """A sampling copy takes the updated weights, cast to its dtype (nothing to do when the policy samples)."""
+        self.model = policy
+        if self.sampler is not policy and not self.samples_trainer_weights:
+            self.sampler.load_state_dict(policy.state_dict())
 
     def describe(self) -> str:
-        return "the trained policy (Hugging Face model, KV cache)"
+        if self.samples_trainer_weights:
+            return "the trained policy (Hugging Face model, KV cache)"
+        dtype = str(next(self.sampler.parameters()).dtype).removeprefix("torch.")
+        return f"a {dtype} copy of the trained policy (Hugging Face model, KV cache; refreshed after each update)"
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         size = getattr(sampling, "generation_batch", 0) or len(prompts)
         parts = [
             generate_rollout(
-                self.model,
+                self.sampler,
                 self.tokenizer,
                 prompts[i : i + size],
                 sampling.max_new_tokens,
@@ -192,6 +233,7 @@ class HFGenerate:
                 stop_ids,
                 seeds=seeds[i : i + size] if seeds is not None else None,
                 compact=getattr(sampling, "drop_finished_rows", True),
+                sampler_logprobs=not self.samples_trainer_weights,
             )
             for i in range(0, len(prompts), size)
         ]
@@ -209,7 +251,7 @@ class HFGenerate:
         size = getattr(sampling, "generation_batch", 0) or len(contexts)
         parts = [
             generate_from_ids(
-                self.model,
+                self.sampler,
                 self.tokenizer,
                 contexts[i : i + size],
                 max_new_tokens or sampling.max_new_tokens,
@@ -220,13 +262,32 @@ class HFGenerate:
                 seeds[i : i + size] if seeds is not None else None,
                 greedy=greedy,
                 compact=getattr(sampling, "drop_finished_rows", True),
+                sampler_logprobs=not (greedy or self.samples_trainer_weights),
             )
             for i in range(0, len(contexts), size)
         ]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
 
-    def weights_updated(self, policy) -> None:
-        pass
+
+def _sampling_copy(policy, dtype: torch.dtype, settings):
+    """The policy rebuilt from its config in ``dtype`` with its weights cast (a plain Hugging Face causal LM): what
+    rollout.sampling_dtype samples from on the hf backend. A LoRA or sharded policy, or one decoding.decode cannot
+    run, is refused by name: vLLM serves those in the sampling dtype (--rollout-backend vllm)."""
+    from transformers import AutoModelForCausalLM
+
+    from tether.config import ConfigError
+    from tether.models.shards import is_sharded
+
+    wanted = f"--sampling-dtype {settings.sampling_dtype}"
+    if hasattr(policy, "get_base_model") or is_sharded(policy):
+        raise ConfigError(f"{wanted} with the hf backend copies a plain model: not a LoRA or --fsdp policy (use vllm)")
+    if not (getattr(settings, "drop_finished_rows", True) and can_compact(policy)):
+        raise ConfigError(f"{wanted} keeps the sampler's log-probs in decoding.decode: needs --drop-finished-rows")
+    config = policy.config
+    copy = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=config._attn_implementation)
+    copy.load_state_dict(policy.state_dict())
+    copy.generation_config = policy.generation_config
+    return copy.to(next(policy.parameters()).device).eval()
 
 
 # rollout.backend's choices (tether/sections.py ROLLOUT_BACKENDS names the same keys; a test checks they agree)

@@ -55,12 +55,18 @@ class Sampler:
         self.temperature, self.top_p, self.top_k, self.generators = temperature, top_p, top_k, generators
 
     def __call__(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return self.draw(logits, rows)[0]
+
+    def draw(self, logits: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens (b,), log p(token) (b,) under the distribution they were drawn from: sampling_probs, in fp32)."""
         probs = sampling_probs(logits, self.temperature, self.top_p, self.top_k)
         if self.generators is None:
-            return torch.multinomial(probs, 1).squeeze(1)
-        return torch.cat(
-            [torch.multinomial(probs[i], 1, generator=self.generators[r]) for i, r in enumerate(rows.tolist())]
-        )
+            tokens = torch.multinomial(probs, 1).squeeze(1)
+        else:
+            tokens = torch.cat(
+                [torch.multinomial(probs[i], 1, generator=self.generators[r]) for i, r in enumerate(rows.tolist())]
+            )
+        return tokens, probs.gather(-1, tokens[:, None]).squeeze(1).log()
 
 
 def seeded_generators(seeds: list[int], device) -> list[torch.Generator]:
@@ -102,9 +108,12 @@ def decode(
     stop_ids: list[int],
     pad_id: int,
     choose: Chooser,
+    sampled_logprobs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, T) new tokens after left-padded prompts ``input_ids`` / ``attention`` (B, P), right-padded with
     ``pad_id`` after each row's first stop token; T is the longest response (at most max_new_tokens).
+    ``sampled_logprobs`` (B, max_new_tokens), with a Sampler as ``choose``: filled in place with each drawn token's
+    log-probability under the distribution it was drawn from (the sampler's side of the sampler/trainer gap).
 
     One prefill forward over the prompts (logits of the last position only), then one forward per new token over
     the rows still live. Position ids come from the attention mask (real tokens start at 0), as in generate().
@@ -134,7 +143,11 @@ def decode(
     out = model(**prefill, **({"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(base) else {}))
     steps = 0
     for t in range(max_new_tokens):
-        tokens = choose(out.logits[:, -1], rows)  # (b,)
+        if sampled_logprobs is None:
+            tokens = choose(out.logits[:, -1], rows)  # (b,)
+        else:
+            tokens, logp = choose.draw(out.logits[:, -1], rows)
+            sampled_logprobs[rows[live], t] = logp[live].to(sampled_logprobs.dtype)
         response[rows[live], t] = tokens[live]
         steps = t + 1
         live = live & ~torch.isin(tokens, stops)

@@ -31,7 +31,7 @@ import torch
 
 from tether.console import output_to
 from tether.errors import ConfigError
-from tether.models.lm import checkpoint_weights, model_context
+from tether.models.lm import DTYPES, checkpoint_weights, model_context
 from tether.models.shards import gathered, is_sharded
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.prompts import response_mask_from_stops
@@ -80,25 +80,29 @@ SAFETENSORS_DTYPES = {
 }
 
 
-def served_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the engine runs a policy of ``dtype`` in: vLLM has no float64 kernels, so a float64 policy (a
-    numerical reference run) is served in float32, its sampler log-probs then float32's."""
+def served_dtype(dtype: torch.dtype, sampling: torch.dtype | None = None) -> torch.dtype:
+    """The dtype the engine runs a policy of ``dtype`` in: ``sampling`` where the run asks for one
+    (rollout.sampling_dtype), else the policy's own — except that vLLM has no float64 kernels, so a float64 policy
+    (a numerical reference run) is served in float32, its sampler log-probs then float32's."""
+    if sampling is not None and dtype.is_floating_point:
+        return sampling
     return torch.float32 if dtype == torch.float64 else dtype
 
 
 @torch.no_grad()
-def _write_weights(policy, folder: Path) -> None:
+def _write_weights(policy, folder: Path, sampling: torch.dtype | None = None) -> None:
     """The policy's checkpoint-format weights as folder/model.safetensors, replaced atomically (the engine never
     reads half a file). The file is written one tensor at a time: its header first (names, dtypes, shapes and byte
     ranges are known without the data), then each tensor's bytes, so at most one whole tensor is held beyond the
     model. A sharded policy (--fsdp) has each parameter all-gathered as it is written: every process calls this, in
-    the same order, and no process ever holds the whole model gathered. Tied weights are written under each name."""
+    the same order, and no process ever holds the whole model gathered. Tied weights are written under each name;
+    each tensor in served_dtype (``sampling``: rollout.sampling_dtype)."""
     import struct
 
     weights = checkpoint_weights(policy)
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, t in weights.items():
-        dtype = served_dtype(t.dtype)
+        dtype = served_dtype(t.dtype, sampling)
         if dtype not in SAFETENSORS_DTYPES:
             raise ConfigError(f"the vLLM backend cannot write {name} of dtype {t.dtype}")
         size = t.numel() * dtype.itemsize
@@ -115,7 +119,7 @@ def _write_weights(policy, folder: Path) -> None:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for t in weights.values():
-            whole = gathered(t.detach()).cpu().to(served_dtype(t.dtype)).contiguous()
+            whole = gathered(t.detach()).cpu().to(served_dtype(t.dtype, sampling)).contiguous()
             f.write(whole.reshape(-1).view(torch.uint8).numpy())
     os.replace(tmp, folder / "model.safetensors")
 
@@ -133,13 +137,13 @@ def _new_folder() -> Path:
     return Path(tempfile.mkdtemp(prefix="tether-vllm-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
 
 
-def _write_model(policy, folder: Path) -> None:
+def _write_model(policy, folder: Path, sampling: torch.dtype | None = None) -> None:
     """The policy's config and weights in ``folder``: what the engine loads."""
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     config = base.config.to_dict()
     config["architectures"] = [_architecture(base)]
     (folder / "config.json").write_text(json.dumps(config, indent=1, default=str))
-    _write_weights(policy, folder)
+    _write_weights(policy, folder, sampling)
 
 
 def _unguarded_main_line() -> tuple[str, int] | None:
@@ -420,7 +424,7 @@ def _started_engine(model, key: dict) -> dict:
     engine = {"folder": folder, "watchdog": _watch(folder)}
     before = {p.pid for p in multiprocessing.active_children()}
     try:
-        _write_model(model, folder)
+        _write_model(model, folder, getattr(torch, key["dtype"]))
         engine["llm"] = _start_engine(folder, key)
     except BaseException:
         _shutdown(engine)
@@ -443,7 +447,9 @@ class VLLMBackend:
         context = model_context(model) or 2048
         rows = settings.rollout_size if settings is not None else 1
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        dtype = served_dtype(next(model.parameters()).dtype)
+        wanted = getattr(settings, "sampling_dtype", "")
+        self.sampling_dtype = DTYPES[wanted] if wanted else None
+        dtype = served_dtype(next(model.parameters()).dtype, self.sampling_dtype)
         key = {
             "config": json.dumps(base.config.to_dict(), sort_keys=True, default=str),
             "dtype": str(dtype).removeprefix("torch."),
@@ -486,7 +492,7 @@ class VLLMBackend:
         nothing, e.g. the last, pushes nothing). A sharded policy's are written now (every process calls this)."""
         self.model, self.stale, self.written = policy, True, False
         if self.sharded:
-            _write_weights(policy, self.folder)
+            _write_weights(policy, self.folder, self.sampling_dtype)
             self.written = True
 
     def push_weights(self) -> None:
@@ -496,7 +502,7 @@ class VLLMBackend:
             self.llm.wake_up()
             self.asleep = False
         if not self.written:
-            _write_weights(self.model, self.folder)
+            _write_weights(self.model, self.folder, self.sampling_dtype)
             self.written = True
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_path": str(self.folder), "is_checkpoint_format": True}

@@ -146,7 +146,7 @@ def sampler_correction_line(ro) -> str:
     differs from TRL, which corrects a vLLM sampler by default (sequence_mask, cap 3)."""
     if ro.tis_cap:
         return f"; truncated importance sampling, C = {ro.tis_cap:g}"
-    if ro.backend == "vllm":
+    if ro.backend == "vllm" or ro.sampling_dtype:
         return (
             "; the sampler gap is logged (rollout/sampler_*), not corrected: --tis-cap C corrects it (TRL's "
             "use_vllm corrects by default: sequence_mask, cap 3)"

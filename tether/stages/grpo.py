@@ -35,10 +35,10 @@ from tether.train.experience import Experience, rollout_metrics, stats
 from tether.train.offline import EpochOrder
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.online_setup import load_online_models
-from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
-from tether.train.sampling import OnlineSampler
+from tether.train.parallel import empty_rollout, gather_rollout, gather_scores
+from tether.train.sampling import attach_sampling
 from tether.train.schedule import build_optimizer
-from tether.train.sharding import grad_norm_value, is_sharded, reshard, sharded_reward_model, sharding_line
+from tether.train.sharding import grad_norm_value, reshard, sharded_reward_model, sharding_line
 
 
 def process_token_advantages(exp: Experience, tokenizer, pattern: str, group_size: int) -> torch.Tensor:
@@ -90,14 +90,7 @@ class GroupStage:
         self, cfg: GRPOConfig, tokenizer, policy, reference, scorer: Scorer, start, backend=None, sampling_copy=None
     ):
         self.cfg, self.tokenizer, self.policy, self.reference, self.scorer = cfg, tokenizer, policy, reference, scorer
-        self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
-        self.dp = DataParallel(start.accelerator)
-        self.sharded = is_sharded(policy)  # --fsdp: every forward and backward of the policy is collective
-        self.sampler = OnlineSampler.of_stage(cfg, tokenizer, policy, start, backend, sampling_copy)
-        self.prompts, self.eval_prompts = self.sampler.prompts, self.sampler.eval_prompts
-        self.stops, self.agent = self.sampler.stops, self.sampler.agent
-        if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
-            self.scorer = self.agent
+        attach_sampling(self, cfg, tokenizer, policy, start, backend, sampling_copy)
         self.params = [q for q in policy.parameters() if q.requires_grad]
         self.optimizer, self.scheduler = build_optimizer(
             self.params, cfg.optim, cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout)

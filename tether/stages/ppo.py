@@ -35,8 +35,8 @@ from tether.train.experience import Experience, rollout_metrics, stats
 from tether.train.offline import EpochOrder
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.online_setup import Extra, load_online_models
-from tether.train.parallel import DataParallel, empty_rollout, gather_rollout, gather_scores
-from tether.train.sampling import OnlineSampler
+from tether.train.parallel import empty_rollout, gather_rollout, gather_scores
+from tether.train.sampling import attach_sampling
 from tether.train.schedule import build_optimizer
 from tether.train.sharding import (
     grad_norm_value,
@@ -73,14 +73,7 @@ class PPOStage:
             critic,
             scorer,
         )
-        self.rows, self.eval_rows = start.prompt_rows, start.eval_rows
-        self.dp = DataParallel(start.accelerator)
-        self.sharded = is_sharded(policy)  # --fsdp: every forward and backward of the policy is collective
-        self.sampler = OnlineSampler.of_stage(cfg, tokenizer, policy, start, backend, sampling_copy)
-        self.prompts, self.eval_prompts = self.sampler.prompts, self.sampler.eval_prompts
-        self.stops, self.agent = self.sampler.stops, self.sampler.agent
-        if self.agent is not None:  # the environment scores the episodes; the loop counts its faults
-            self.scorer = self.agent
+        attach_sampling(self, cfg, tokenizer, policy, start, backend, sampling_copy)
         updates = cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout)
         self.optimizer, self.scheduler = build_optimizer(policy.parameters(), cfg.optim, updates)
         self.critic_optimizer, self.critic_scheduler = build_optimizer(

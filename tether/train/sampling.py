@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
 from tether.models.lm import check_prompt_context, model_context
+from tether.models.shards import is_sharded
 from tether.models.work import phase, section
 from tether.rollout.backends import make_backend, response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
+from tether.train.parallel import DataParallel
 from tether.train.sharding import copy_gathered
 
 
@@ -130,6 +132,22 @@ class OnlineSampler:
         names = dp.gather_json(sorted(sums))
         sums = dp.sum_dict({k: sums.get(k, 0.0) for k in sorted(set(names))})
         return {k: v / len(prompts) for k, v in sums.items()}
+
+
+def attach_sampling(stage, cfg, tokenizer, policy, start, backend=None, sampling_copy=None) -> None:
+    """What PPO's and the group family's steps read of their sampling, set on ``stage`` once: ``rows`` and
+    ``eval_rows`` (the prompt files' rows), ``dp`` (data parallelism), ``sharded`` (--fsdp: every forward and backward
+    of the policy is collective), ``sampler`` (this module's OnlineSampler), ``prompts``, ``eval_prompts``, ``stops``,
+    ``agent``; and, with an environment, ``scorer`` becomes the agent sampler (the environment scores the episodes;
+    the loop counts its faults)."""
+    stage.rows, stage.eval_rows = start.prompt_rows, start.eval_rows
+    stage.dp = DataParallel(start.accelerator)
+    stage.sharded = is_sharded(policy)
+    stage.sampler = OnlineSampler.of_stage(cfg, tokenizer, policy, start, backend, sampling_copy)
+    stage.prompts, stage.eval_prompts = stage.sampler.prompts, stage.sampler.eval_prompts
+    stage.stops, stage.agent = stage.sampler.stops, stage.sampler.agent
+    if stage.agent is not None:
+        stage.scorer = stage.agent
 
 
 def weights_updated(backend, policy, sampling_copy=None) -> None:

@@ -198,6 +198,22 @@ def common(model_dir, prompts, out, **extra):
     }
 
 
+def two_grpo_steps(model_dir, files, out, **extra) -> dict:
+    """GRPO overrides on the vllm backend: 2 steps of 2 prompts x 4 responses, count_a, --tis-cap 2."""
+    rules, _, prompts, _ = files
+    return common(
+        model_dir,
+        prompts,
+        out,
+        **{"rewards.reward": [f"{rules}:count_a"]},
+        rollout__prompts_per_step=2,
+        rollout__group_size=4,
+        rollout__tis_cap=2.0,
+        train__max_steps=2,
+        **extra,
+    )
+
+
 def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, tmp_path):
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
@@ -205,17 +221,7 @@ def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, 
     from tether.stages.ppo_config import PPOConfig
 
     rules, _, prompts, _ = files
-    grpo = common(
-        model_dir,
-        prompts,
-        tmp_path / "grpo",
-        **{"rewards.reward": [f"{rules}:count_a"]},
-        rollout__prompts_per_step=2,
-        rollout__group_size=4,
-        rollout__tis_cap=2.0,
-        train__max_steps=2,
-        algo__update_epochs=2,
-    )
+    grpo = two_grpo_steps(model_dir, files, tmp_path / "grpo", algo__update_epochs=2)
     run_grpo(build_config(GRPOConfig, overrides=grpo))
     rows = metrics(tmp_path / "grpo")
     assert len(rows) == 2
@@ -656,18 +662,7 @@ def test_a_bf16_engine_samples_for_an_fp32_policy_and_the_gap_is_logged_and_corr
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
 
-    rules, _, prompts, _ = files
-    grpo = common(
-        model_dir,
-        prompts,
-        tmp_path / "grpo",
-        **{"rewards.reward": [f"{rules}:count_a"]},
-        rollout__prompts_per_step=2,
-        rollout__group_size=4,
-        rollout__sampling_dtype="bf16",
-        rollout__tis_cap=2.0,
-        train__max_steps=2,
-    )
+    grpo = two_grpo_steps(model_dir, files, tmp_path / "grpo", rollout__sampling_dtype="bf16")
     run_grpo(build_config(GRPOConfig, overrides=grpo))
     assert vllm_backend._ENGINE["key"]["dtype"] == "bfloat16"
     rows = metrics(tmp_path / "grpo")

@@ -2,7 +2,15 @@
 
 import pytest
 
-from tether.lab.lessons import agent_rises, grpo_outcome, lab_lessons, overoptimisation, rate_rises, shop_claim
+from tether.lab.lessons import (
+    agent_rises,
+    dpo_pairs,
+    grpo_outcome,
+    lab_lessons,
+    overoptimisation,
+    rate_rises,
+    shop_claim,
+)
 
 
 def test_a_rate_rises_only_beyond_the_noise():
@@ -94,6 +102,37 @@ def _shop(start, final, alarms=(), n=100):
     return {"start": start, "final": final, "eval_prompts": n, "alarms": [{"monitor": m, "step": s} for m, s in alarms]}
 
 
+def _dpo(win_ci, gold_ci, **variants):
+    offline = {"final_win_rate": sum(win_ci) / 2, "final_win_rate_ci": win_ci, "final_gold": sum(gold_ci) / 2}
+    runs = {"dpo_sigmoid": {**offline, "final_gold_ci": gold_ci}}
+    runs.update({name: {"final_gold": sum(ci) / 2, "final_gold_ci": ci} for name, ci in variants.items()})
+    return {"dpo": runs}
+
+
+def test_the_dpo_lesson_needs_offline_above_half_and_each_on_policy_run_above_offline():
+    # the recorded AMD draw: offline win rate [0.502, 0.616] lies above 0.5; gold [1.01, 1.31] below the SFT samples'
+    # [1.48, 1.75] and the online rounds' [1.55, 1.82]
+    recorded = _dpo([0.502, 0.616], [1.01, 1.31], dpo_sigmoid_sft_samples=[1.48, 1.75], dpo_sigmoid_online=[1.55, 1.82])
+    lesson = dpo_pairs(recorded)
+    assert lesson.holds is True
+    assert lesson.evidence == (
+        "offline win rate vs SFT 0.559 [0.502, 0.616], gold 1.16 [1.01, 1.31]; the SFT model's own samples: gold 1.61 "
+        "[1.48, 1.75]; online rounds: gold 1.69 [1.55, 1.82]"
+    )
+    # an offline interval reaching 0.5 fails, however far the on-policy runs are
+    touching = _dpo([0.5, 0.6], [1.01, 1.31], dpo_sigmoid_online=[1.55, 1.82])
+    assert dpo_pairs(touching).holds is False
+    assert "(the offline interval reaches 0.5)" in dpo_pairs(touching).evidence
+    # an on-policy run whose interval overlaps the offline one's (1.31 ≥ 1.30) fails, naming which
+    overlap = _dpo([0.52, 0.6], [1.01, 1.31], dpo_sigmoid_sft_samples=[1.30, 1.75], dpo_sigmoid_online=[1.55, 1.82])
+    assert dpo_pairs(overlap).holds is False
+    assert "(the SFT model's own samples within the offline run's noise)" in dpo_pairs(overlap).evidence
+    # one variant run is enough to judge; none, or no offline run, is not measured
+    assert dpo_pairs(_dpo([0.52, 0.6], [1.01, 1.31], dpo_sigmoid_online=[1.55, 1.82])).holds is True
+    assert dpo_pairs(_dpo([0.52, 0.6], [1.01, 1.31])).holds is None
+    assert dpo_pairs({"dpo": {"dpo_sigmoid_online": {"final_gold": 1.7}}}).holds is None
+
+
 def test_the_claim_lesson_needs_the_claims_up_success_not_up_and_the_alarm():
     start = {"success_rate": 0.5, "claimed_unverified_rate": 0.2}
     hacked = {"success_rate": 0.0, "claimed_unverified_rate": 1.0}
@@ -106,7 +145,7 @@ def test_the_claim_lesson_needs_the_claims_up_success_not_up_and_the_alarm():
 
 def test_every_lesson_is_judged_and_missing_stages_are_not_measured():
     lessons = lab_lessons({}, 200)
-    assert [lesson.holds for lesson in lessons] == [None] * 6
+    assert [lesson.holds for lesson in lessons] == [None] * 7
     assert all("not run" in lesson.evidence for lesson in lessons)
 
 

@@ -324,7 +324,15 @@ def test_quick_lab_ends_with_a_report_and_headline_figures(quick_lab):
     # every lesson judged on this run's figures (a verdict, not "not measured": the quick lab runs every stage it
     # reads), in summary.json and on the page
     lessons = {lesson["name"]: lesson for lesson in summary["lessons"]}
-    assert set(lessons) == {"grpo_outcome", "kl_rope", "overoptimisation", "calculator", "shop_state", "shop_claim"}
+    assert set(lessons) == {
+        "grpo_outcome",
+        "kl_rope",
+        "overoptimisation",
+        "dpo_pairs",
+        "calculator",
+        "shop_state",
+        "shop_claim",
+    }
     assert all(isinstance(lesson["holds"], bool) for lesson in lessons.values()), lessons
     assert all(html.escape(lesson["line"]) in page for lesson in lessons.values())
     # every metric any lab run logs has its line in the glossary (what the report prints under its plot)

@@ -136,6 +136,39 @@ def overoptimisation(summary: dict, beta: str = "0.2") -> Lesson:
     return Lesson("overoptimisation", claim, _all(proxy_up, fell, below, alarmed), evidence)
 
 
+ON_POLICY_DPO = {"dpo_sigmoid_sft_samples": "the SFT model's own samples", "dpo_sigmoid_online": "online rounds"}
+
+
+def dpo_pairs(summary: dict) -> Lesson:
+    """Offline DPO on the filtered annotator pairs beats the SFT model on gold (the final win rate's interval lies
+    above 0.5), and DPO on pairs of the policy's own answers beats the offline run: each on-policy variant that ran
+    (pairs of the SFT model's samples; online rounds) ends with a gold interval wholly above the offline run's."""
+    runs = summary.get("dpo", {})
+    offline = runs.get("dpo_sigmoid")
+    claim = "DPO: offline pairs beat the SFT model on gold, and pairs of the policy's own answers beat offline"
+    variants = {name: runs[name] for name in ON_POLICY_DPO if name in runs}
+    if offline is None or not variants:
+        return Lesson("dpo_pairs", claim, None, "stage dpo_sigmoid or its on-policy variants not run")
+    ci = offline.get("final_win_rate_ci")
+    above = None if not ci else ci[0] > 0.5
+    evidence = (
+        f"offline win rate vs SFT {offline['final_win_rate']:.3f}{format_interval(ci, 3)}, gold "
+        f"{offline['final_gold']:.2f}{format_interval(offline.get('final_gold_ci'), 2)}"
+    )
+    clauses, failed = [above], [] if above is not False else ["the offline interval reaches 0.5"]
+    for name, run in variants.items():
+        beats = intervals_apart(offline.get("final_gold_ci"), run.get("final_gold_ci"))
+        clauses.append(beats)
+        evidence += (
+            f"; {ON_POLICY_DPO[name]}: gold {run['final_gold']:.2f}{format_interval(run.get('final_gold_ci'), 2)}"
+        )
+        if beats is False:
+            failed.append(f"{ON_POLICY_DPO[name]} within the offline run's noise")
+    if failed:
+        evidence += " (" + "; ".join(failed) + ")"
+    return Lesson("dpo_pairs", claim, _all(*clauses), evidence)
+
+
 def _agent(summary: dict, name: str) -> dict | None:
     return summary.get("agents", {}).get(name)
 
@@ -198,6 +231,7 @@ def lab_lessons(summary: dict, grpo_eval_problems: int) -> list[Lesson]:
         grpo_outcome(summary, grpo_eval_problems),
         kl_rope(summary),
         overoptimisation(summary),
+        dpo_pairs(summary),
         calculator(summary),
         shop_state(summary),
         shop_claim(summary),

@@ -8,6 +8,11 @@ models and worlds), for each seed and thread count, and judges every lesson on e
 prints (tether/lab/lessons.py).
 
     .venv/bin/python examples/lab_spread.py --lab runs/lab --seeds 0,1,2 --threads 1,2
+    .venv/bin/python examples/lab_spread.py --lab runs/lab --seeds 0,1 --threads 2 --kernels native,avx2,default
+
+``--kernels`` adds the CPU's kernel paths as draws: each draw's worker starts with ATEN_CPU_CAPABILITY set to the
+path named (``native``: unset, the best this CPU has; ``avx2``, ``default``: what an older CPU would run), the
+nearest this machine comes to another machine's arithmetic.
 
 Each draw is a folder <output>/seed<S>-t<T> holding links to the lab's other stages and its own runs of the chosen
 ones (the stage's seed is S; the stages it reads are the lab's). Draws run side by side, as many as the cores allow
@@ -20,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,9 +41,14 @@ STAGES = ("ppo_kl0", "ppo_kl0.2", "shop_sft", "shop_state")
 FAMILY = {"ppo_kl0": "ppo", "ppo_kl0.2": "ppo", "shop_state": "agents", "shop_claim": "agents"}
 
 
-def draw_folder(lab: Path, output: Path, stages: list[str], seed: int, threads: int) -> Path:
-    """<output>/seed<S>-t<T>: links to every finished stage of the lab except the ones this draw computes."""
-    folder = output / f"seed{seed}-t{threads}"
+def draw_name(seed: int, threads: int, kernels: str = "native") -> str:
+    return f"seed{seed}-t{threads}" + ("" if kernels == "native" else f"-{kernels}")
+
+
+def draw_folder(lab: Path, output: Path, stages: list[str], seed: int, threads: int, kernels: str = "native") -> Path:
+    """<output>/seed<S>-t<T>[-<kernels>]: links to every finished stage of the lab except the ones this draw
+    computes."""
+    folder = output / draw_name(seed, threads, kernels)
     folder.mkdir(parents=True, exist_ok=True)
     for child in sorted(lab.iterdir()):
         link = folder / child.name
@@ -45,9 +57,11 @@ def draw_folder(lab: Path, output: Path, stages: list[str], seed: int, threads: 
     return folder
 
 
-def run_draw(lab: str, output: str, stages: list[str], seed: int, threads: int, quick: bool = False) -> dict:
+def run_draw(
+    lab: str, output: str, stages: list[str], seed: int, threads: int, quick: bool = False, kernels: str = "native"
+) -> dict:
     """Every chosen stage of one draw, in the plan's order, on `threads` threads: {stage: figures}."""
-    folder = draw_folder(Path(lab), Path(output), stages, seed, threads)
+    folder = draw_folder(Path(lab), Path(output), stages, seed, threads, kernels)
     cfg = replace(QUICK if quick else LabConfig(), seed=seed)
     plan = [s for s in lab_plan(folder, cfg) if s.name in stages]
     (folder / "logs").mkdir(exist_ok=True)
@@ -105,6 +119,23 @@ def row(results: dict) -> dict:
     return out
 
 
+KERNELS = ("native", "avx512", "avx2", "default")  # ATEN_CPU_CAPABILITY's values; native: left unset
+
+
+@contextmanager
+def kernel_path(kernel: str):
+    """ATEN_CPU_CAPABILITY set to ``kernel`` (unset for native) while the pools it covers spawn their workers."""
+    before = os.environ.pop("ATEN_CPU_CAPABILITY", None)
+    if kernel != "native":
+        os.environ["ATEN_CPU_CAPABILITY"] = kernel
+    try:
+        yield
+    finally:
+        os.environ.pop("ATEN_CPU_CAPABILITY", None)
+        if before is not None:
+            os.environ["ATEN_CPU_CAPABILITY"] = before
+
+
 def counts(flag: str, text: str, least: int) -> list[int]:
     """A comma-separated list of whole numbers ≥ least, or a clear exit naming the flag and the item."""
     out = []
@@ -122,6 +153,7 @@ def main() -> None:
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--kernels", default="native", help="CPU kernel paths: native, avx512, avx2, default")
     parser.add_argument("--quick", action="store_true", help="the quick lab's settings (`tether lab --quick`)")
     args = parser.parse_args()
     lab, output = Path(args.lab), Path(args.output)
@@ -133,25 +165,37 @@ def main() -> None:
     unknown = [s for s in stages if s not in known]
     if unknown:
         raise SystemExit(f"--stages: no lab stage named {', '.join(unknown)}; the lab's stages are {', '.join(known)}")
+    kernels = args.kernels.split(",")
+    if not set(kernels) <= set(KERNELS):
+        raise SystemExit(f"--kernels {args.kernels}: each of {', '.join(KERNELS)}")
     draws = [(s, t) for t in counts("--threads", args.threads, 1) for s in counts("--seeds", args.seeds, 0)]
     cores = usable_cores()
     output.mkdir(parents=True, exist_ok=True)
     spread = {}
-    # draws on t threads run cores // t side by side; the one-thread draws first, then the others
-    for threads in sorted({t for _, t in draws}):
-        batch = [(s, t) for s, t in draws if t == threads]
-        with ProcessPoolExecutor(
-            max(1, cores // threads), mp_context=multiprocessing.get_context("spawn"), initializer=worker_init
-        ) as pool:
-            futures = {pool.submit(run_draw, str(lab), str(output), stages, s, t, args.quick): (s, t) for s, t in batch}
-            for future, (s, t) in futures.items():
-                results = future.result()
-                lessons = judge(results)
-                spread[f"seed{s}-t{t}"] = {
-                    "figures": row(results),
-                    "lessons": {name: {"holds": lesson.holds, "line": lesson.line} for name, lesson in lessons.items()},
+    # draws on t threads run cores // t side by side; the one-thread draws first, then the others; each kernel path
+    # in pools of its own, whose spawned workers start with ATEN_CPU_CAPABILITY set (read when torch starts)
+    for kernel in kernels:
+        for threads in sorted({t for _, t in draws}):
+            batch = [(s, t) for s, t in draws if t == threads]
+            with (
+                kernel_path(kernel),
+                ProcessPoolExecutor(
+                    max(1, cores // threads), mp_context=multiprocessing.get_context("spawn"), initializer=worker_init
+                ) as pool,
+            ):
+                futures = {
+                    pool.submit(run_draw, str(lab), str(output), stages, s, t, args.quick, kernel): (s, t)
+                    for s, t in batch
                 }
-                print(json.dumps({"draw": f"seed{s}-t{t}", **spread[f"seed{s}-t{t}"]}), flush=True)
+                for future, (s, t) in futures.items():
+                    results = future.result()
+                    lessons = judge(results)
+                    name = draw_name(s, t, kernel)
+                    spread[name] = {
+                        "figures": row(results),
+                        "lessons": {n: {"holds": lesson.holds, "line": lesson.line} for n, lesson in lessons.items()},
+                    }
+                    print(json.dumps({"draw": name, **spread[name]}), flush=True)
     verdicts: dict = {}
     for draw in spread.values():
         for name, lesson in draw["lessons"].items():

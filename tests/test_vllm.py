@@ -670,3 +670,16 @@ def test_a_bf16_engine_samples_for_an_fp32_policy_and_the_gap_is_logged_and_corr
     for row in rows:
         assert row["rollout/sampler_logprob_diff_max"] > 1e-5 and row["rollout/sampler_kl"] >= 0
         assert 0 < row["rollout/tis_weight_mean"] <= 2
+
+
+def test_the_engine_runs_eagerly_where_torch_cannot_compile_for_the_kernel_path(monkeypatch):
+    """ATEN_CPU_CAPABILITY=default (torch's scalar kernels): inductor's vectorised C++ does not compile against the
+    scalar headers, so on a CPU the engine's worker starts with TORCH_COMPILE_DISABLE=1 (the whole file's engines
+    run so when the suite runs under that variable); any other path, or none, compiles."""
+    from tether.rollout.vllm_backend import compiles_on_this_cpu
+
+    for capability, compiles in (("default", False), ("avx2", True), ("avx512", True)):
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+        assert compiles_on_this_cpu() is compiles
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    assert compiles_on_this_cpu() is True

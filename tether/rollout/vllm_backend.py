@@ -198,7 +198,9 @@ def engine_log() -> Path:
 def _start_engine(folder: Path, key: dict):
     """A vLLM engine on the model in ``folder``; a failure is one ConfigError naming its cause, what to change and
     vLLM's log (its worker's tracebacks, tens of lines, go there and not to the terminal)."""
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    saved = {
+        k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_ENABLE_V1_MULTIPROCESSING", "TORCH_COMPILE_DISABLE")
+    }
     # the engine's process inherits the environment: as many threads as this trainer uses (vLLM's CPU default is 1),
     # no OpenMP core binding (N trainers' engines would all bind the same cores), spawn (a fork would copy this
     # process's threads and process groups), and vLLM's errors only (its start-up warns of what tether does on purpose)
@@ -208,6 +210,8 @@ def _start_engine(folder: Path, key: dict):
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    if not key["compiled"]:  # read by the worker's torch when it starts (this process's torch read it long ago)
+        os.environ["TORCH_COMPILE_DISABLE"] = "1"
     set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it when it is imported in-process
     log = engine_log()
     offset = log.stat().st_size if log.is_file() else 0  # this start's part of the log begins here
@@ -229,6 +233,15 @@ def _start_engine(folder: Path, key: dict):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def compiles_on_this_cpu() -> bool:
+    """Whether vLLM's CPU build may compile with torch inductor here (its model and its sampler's ops). Not when
+    ATEN_CPU_CAPABILITY=default asks for torch's scalar kernels: inductor then still writes vectorised C++
+    (at::vec::VectorizedN) that the scalar build of torch 2.13's headers does not declare, and the engine's first
+    forward fails to compile (measured). There the engine's worker starts with TORCH_COMPILE_DISABLE=1: everything
+    runs eagerly, as vLLM's own CPU CI runs its models."""
+    return torch.cuda.is_available() or os.environ.get("ATEN_CPU_CAPABILITY") != "default"
 
 
 def _engine(LLM, SamplingParams, folder: Path, key: dict):  # noqa: N803 - vLLM's classes, imported by the caller
@@ -330,7 +343,7 @@ def _reusable(running: dict | None, wanted: dict) -> bool:
     least as large."""
     if running is None:
         return False
-    same = all(running[k] == wanted[k] for k in ("config", "dtype", "context", "sleep", "gpu_share"))
+    same = all(running[k] == wanted[k] for k in ("config", "dtype", "context", "sleep", "gpu_share", "compiled"))
     return same and running["kv_bytes"] >= wanted["kv_bytes"]
 
 
@@ -457,6 +470,7 @@ class VLLMBackend:
             "kv_bytes": kv_cache_bytes(base.config, rows, context, dtype, getattr(settings, "vllm_kv_cache_gib", 0)),
             "sleep": bool(getattr(settings, "vllm_sleep", False)),
             "gpu_share": float(getattr(settings, "vllm_gpu_memory_utilization", 0.3)),
+            "compiled": compiles_on_this_cpu(),
         }
         self.sleep, self.asleep, self.stale = key["sleep"], False, True  # a reused engine holds another run's weights
         # --fsdp: writing the weights gathers each parameter, a collective every process joins, so it happens in
@@ -484,6 +498,7 @@ class VLLMBackend:
             f"vLLM {vllm_version()}, one engine per process, {self.kv_bytes / 2**20:,.0f} MiB of KV cache; "
             "weights reloaded after every step"
             + (" (the sharded policy's, gathered one parameter at a time)" if self.sharded else "")
+            + ("" if compiles_on_this_cpu() else "; run eagerly, nothing compiled (ATEN_CPU_CAPABILITY=default)")
             + f"; vLLM's own output: {engine_log()}"
         )
 

@@ -676,10 +676,10 @@ def test_the_engine_runs_eagerly_where_torch_cannot_compile_for_the_kernel_path(
     """ATEN_CPU_CAPABILITY=default (torch's scalar kernels): inductor's vectorised C++ does not compile against the
     scalar headers, so on a CPU the engine's worker starts with TORCH_COMPILE_DISABLE=1 (the whole file's engines
     run so when the suite runs under that variable); any other path, or none, compiles."""
-    from tether.rollout.vllm_backend import compiles_on_this_cpu
+    from tether.models.lm import inductor_compiles_here
 
     for capability, compiles in (("default", False), ("avx2", True), ("avx512", True)):
         monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
-        assert compiles_on_this_cpu() is compiles
+        assert inductor_compiles_here() is compiles
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    assert compiles_on_this_cpu() is True
+    assert inductor_compiles_here() is True

@@ -198,6 +198,15 @@ def compiled_phases(model, ids, eager_seconds: float, flops: float, repeats: int
     step, and how many steps pay for the compilation."""
     import torch
 
+    from tether.models.lm import inductor_compiles_here
+
+    if not inductor_compiles_here():
+        from tether.errors import ConfigError
+
+        raise ConfigError(
+            "--compile: torch inductor cannot compile on torch's scalar kernel path (ATEN_CPU_CAPABILITY=default) "
+            "in this torch; unset ATEN_CPU_CAPABILITY or run the benchmark without --compile"
+        )
     compiled = torch.compile(model)
 
     def step():

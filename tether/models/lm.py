@@ -463,6 +463,15 @@ def model_context(model_or_path) -> int | None:
 _TOLD: set = set()
 
 
+def inductor_compiles_here() -> bool:
+    """Whether torch inductor can compile C++ in this process: on a GPU, or on a CPU unless ATEN_CPU_CAPABILITY=default
+    asks for torch's scalar kernels — there torch 2.13's inductor still writes vectorised C++ (at::vec::VectorizedN)
+    that the scalar build of its headers does not declare (measured: every compiled kernel fails). vLLM's CPU engine
+    then runs eagerly (rollout/vllm_backend.py: its worker starts with TORCH_COMPILE_DISABLE=1) and
+    `tether bench --compile` refuses."""
+    return torch.cuda.is_available() or os.environ.get("ATEN_CPU_CAPABILITY") != "default"
+
+
 def length_limit(max_length: int, model_path, flag: str = "--max-length") -> int:
     """The longest example a stage may keep: max_length, or the model's context when that is shorter (said once).
     Longer examples are then dropped and counted like any over-long one, instead of failing deep in the model

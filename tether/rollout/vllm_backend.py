@@ -31,7 +31,7 @@ import torch
 
 from tether.console import output_to
 from tether.errors import ConfigError
-from tether.models.lm import DTYPES, checkpoint_weights, model_context
+from tether.models.lm import DTYPES, checkpoint_weights, inductor_compiles_here, model_context
 from tether.models.shards import gathered, is_sharded
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.prompts import response_mask_from_stops
@@ -233,15 +233,6 @@ def _start_engine(folder: Path, key: dict):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def compiles_on_this_cpu() -> bool:
-    """Whether vLLM's CPU build may compile with torch inductor here (its model and its sampler's ops). Not when
-    ATEN_CPU_CAPABILITY=default asks for torch's scalar kernels: inductor then still writes vectorised C++
-    (at::vec::VectorizedN) that the scalar build of torch 2.13's headers does not declare, and the engine's first
-    forward fails to compile (measured). There the engine's worker starts with TORCH_COMPILE_DISABLE=1: everything
-    runs eagerly, as vLLM's own CPU CI runs its models."""
-    return torch.cuda.is_available() or os.environ.get("ATEN_CPU_CAPABILITY") != "default"
 
 
 def _engine(LLM, SamplingParams, folder: Path, key: dict):  # noqa: N803 - vLLM's classes, imported by the caller
@@ -470,7 +461,7 @@ class VLLMBackend:
             "kv_bytes": kv_cache_bytes(base.config, rows, context, dtype, getattr(settings, "vllm_kv_cache_gib", 0)),
             "sleep": bool(getattr(settings, "vllm_sleep", False)),
             "gpu_share": float(getattr(settings, "vllm_gpu_memory_utilization", 0.3)),
-            "compiled": compiles_on_this_cpu(),
+            "compiled": inductor_compiles_here(),
         }
         self.sleep, self.asleep, self.stale = key["sleep"], False, True  # a reused engine holds another run's weights
         # --fsdp: writing the weights gathers each parameter, a collective every process joins, so it happens in
@@ -498,7 +489,7 @@ class VLLMBackend:
             f"vLLM {vllm_version()}, one engine per process, {self.kv_bytes / 2**20:,.0f} MiB of KV cache; "
             "weights reloaded after every step"
             + (" (the sharded policy's, gathered one parameter at a time)" if self.sharded else "")
-            + ("" if compiles_on_this_cpu() else "; run eagerly, nothing compiled (ATEN_CPU_CAPABILITY=default)")
+            + ("" if inductor_compiles_here() else "; run eagerly, nothing compiled (ATEN_CPU_CAPABILITY=default)")
             + f"; vLLM's own output: {engine_log()}"
         )
 

@@ -118,6 +118,22 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    # a SIGKILL is delivered, not finished: a process holds its files (the run folder's lock among them) until the
+    # kernel has torn it down, which takes longer on a loaded machine. Return once each is gone or a zombie.
+    deadline = time.time() + 60
+    while time.time() < deadline and any(_running(p) for p in tree):
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has closed its files)."""
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 @pytest.fixture

@@ -32,13 +32,20 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from tether.lab.lessons import kl_rope, overoptimisation, shop_claim, shop_state
+from tether.lab.lessons import ON_POLICY_DPO, dpo_pairs, kl_rope, overoptimisation, shop_claim, shop_state
 from tether.lab.plan import lab_plan
 from tether.lab.schedule import code_fingerprint, run_in_worker, usable_cores, worker_init
 from tether.lab.settings import QUICK, LabConfig
 
 STAGES = ("ppo_kl0", "ppo_kl0.2", "shop_sft", "shop_state")
-FAMILY = {"ppo_kl0": "ppo", "ppo_kl0.2": "ppo", "shop_state": "agents", "shop_claim": "agents"}
+FAMILY = {
+    "ppo_kl0": "ppo",
+    "ppo_kl0.2": "ppo",
+    "shop_state": "agents",
+    "shop_claim": "agents",
+    "dpo_sigmoid": "dpo",
+    **{name: "dpo" for name in ON_POLICY_DPO},
+}
 
 
 def draw_name(seed: int, threads: int, kernels: str = "native") -> str:
@@ -77,13 +84,19 @@ def run_draw(
 
 def judge(results: dict) -> dict:
     """The lessons these stages decide, on one draw's figures."""
-    summary: dict = {"ppo": {}, "agents": {}}
+    summary: dict = {"ppo": {}, "agents": {}, "dpo": {}}
     for name, figures in results.items():
         if name in FAMILY:
             summary[FAMILY[name]][name] = figures
     return {
         lesson.name: lesson
-        for lesson in (kl_rope(summary), overoptimisation(summary), shop_state(summary), shop_claim(summary))
+        for lesson in (
+            kl_rope(summary),
+            overoptimisation(summary),
+            shop_state(summary),
+            shop_claim(summary),
+            dpo_pairs(summary),
+        )
         if lesson.holds is not None
     }
 
@@ -103,6 +116,18 @@ def row(results: dict) -> dict:
             out[f"{name} proxy start/end"] = [round(r["start_proxy"], 3), round(r["final_proxy"], 3)]
             alarm = min(r["alarms"], key=lambda a: a["step"]) if r["alarms"] else None
             out[f"{name} first alarm"] = f"{alarm['monitor']} ({alarm['step']})" if alarm else "none"
+            peak = max(r["curve"], key=lambda c: c["gold"])
+            final = r["curve"][-1]
+            if name == "ppo_kl0" and peak is not final:
+                # the lesson's margin: how far the final gold interval lies below the peak's (negative: they overlap)
+                out["ppo_kl0 fall beyond the noise"] = round(peak["gold_ci"][0] - final["gold_ci"][1], 3)
+    for name in ("dpo_sigmoid", *ON_POLICY_DPO):
+        if name in results:
+            r = results[name]
+            out[f"{name} gold end [interval]"] = [round(r["final_gold"], 3), [round(x, 3) for x in r["final_gold_ci"]]]
+            if name == "dpo_sigmoid":
+                out[f"{name} win rate"] = round(r["final_win_rate"], 3)
+                out[f"{name} win rate interval"] = [round(x, 3) for x in r["final_win_rate_ci"]]
     if "shop_state" in results:
         r = results["shop_state"]
         out["shop_state success start/end"] = [r["start"]["success_rate"], r["final"]["success_rate"]]

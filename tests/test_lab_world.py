@@ -80,7 +80,25 @@ def test_assist_gold_on_hand_written_answers():
     long = " ".join(["Cats sleep for most of the day."] + ["Cats clean their fur with their tongue."] * 6)
     g = gold_assist(long, "cats")
     assert g.words == 7 + 6 * 7 and g.repeats == 5
-    assert g.reward == pytest.approx(2 - 0.5 * 5 - 0.05 * (49 - 40))
+    # the k-th repeat costs 0.5 · k: five repeats cost 0.5 + 1.0 + 1.5 + 2.0 + 2.5 = 7.5
+    assert g.reward == pytest.approx(2 - 7.5 - 0.05 * (49 - 40))
+    two = "Cats sleep for most of the day. Cats sleep for most of the day. Cats sleep for most of the day."
+    assert gold_assist(two, "cats").reward == pytest.approx(1 - 0.5 - 1.0)
+
+
+def test_the_worlds_answers_hold_at_most_one_repeat():
+    """The escalating repeat cost reaches only answers outside the world's data (assist.py's docstring): every
+    style the world samples appends at most one repeated sentence, so no annotator ever sees the second's price."""
+    import random
+
+    from tether.lab.assist import GOOD, MIXED, THIN, TOPICS, ResponseStyle, sample_answer
+
+    rng = random.Random(0)
+    repeats_always = ResponseStyle(repeat_prob=1.0)
+    for style in (MIXED, GOOD, THIN, repeats_always):
+        for topic in list(TOPICS)[:4]:
+            for _ in range(200):
+                assert gold_assist(sample_answer(rng, topic, style), topic).repeats <= 1
 
 
 def test_distinct_2():

@@ -8,13 +8,19 @@ stripping confident and hedging prefixes):
               − 0.5 · #true facts about other topics (off-topic)
               − 0.5 · #unrecognised sentences
               − 0.3 · #filler sentences (and every polite sentence after the first)
-              − 0.5 · #repeated sentences
+              − 0.5 · (1 + 2 + … + r) for r repeated sentences (the k-th repeat costs 0.5 · k)
               − 0.05 · max(0, words − 40)
               − 1.0 if the answer is empty
 
 Confident words, hedges, one polite sentence and sheer length (up to 40
 words) are worth nothing to gold; the simulated annotators (annotators.py)
 like length and confidence anyway, which is what a reward model learns from them.
+
+Why a repeat costs more each time: a reader forgives one repeated sentence and is worn out by the third. The
+world's answers hold at most one repeat (`sample_answer` appends one), so the annotators — and a reward model
+trained on their votes — only ever see the first repeat's price; an answer padded with repeats lies outside
+everything the reward model was fitted on, and gold charges it in full there. That is Gao et al.'s picture
+(docs/lab.md, "Why β = 0 falls"): the proxy is right near the data and wrong far from it.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ GOLD_WEIGHTS = {
     "off_topic": -0.5,
     "unknown": -0.5,
     "filler": -0.3,
-    "repeat": -0.5,
+    "repeat": -0.5,  # the first repeated sentence; the k-th costs k times this
     "per_word_over": -0.05,
     "target_words": 40,
     "empty": -1.0,
@@ -163,7 +169,7 @@ def gold_assist(answer: str, topic: str) -> AssistGold:
         + w["off_topic"] * off
         + w["unknown"] * unknown
         + w["filler"] * filler
-        + w["repeat"] * repeats
+        + w["repeat"] * repeats * (repeats + 1) / 2
         + w["per_word_over"] * max(0, words - w["target_words"])
     )
     return AssistGold(

@@ -168,7 +168,7 @@ def dpo_plan(out: Path, cfg: LabConfig) -> list[Stage]:
             "batch": cfg.dpo_batch,
             "lr": cfg.dpo_lr,
             "eval_every": cfg.dpo_eval_every,
-            "eval_samples": cfg.ppo_eval_samples,
+            "eval_samples": cfg.dpo_eval_samples,
             "seed": cfg.seed,
             "online": online if sampled else None,
         }

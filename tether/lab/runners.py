@@ -242,7 +242,7 @@ def dpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str, 
         batch=cfg.dpo_batch,
         lr=cfg.dpo_lr,
         eval_every=cfg.dpo_eval_every,
-        eval_samples=cfg.ppo_eval_samples,
+        eval_samples=cfg.dpo_eval_samples,
         seed=cfg.seed,
         extra=online,
     )

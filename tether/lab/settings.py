@@ -80,6 +80,11 @@ class LabConfig:
     dpo_batch: int = 32
     dpo_lr: float = 5e-5
     dpo_eval_every: int = 20
+    # sampled answers per held-out request at each DPO evaluation (the SFT model's reference answers alike). Four, as
+    # PPO's, left offline DPO's effect on the gold win rate (about +0.06) inside the evaluation's noise (±0.057); 16
+    # narrow the interval to about ±0.03 (measured on two of issue 59's design draws; docs/lab.md "The lessons over
+    # draws"), the measurement's power, not the effect's size
+    dpo_eval_samples: int = 16
     dpo_online_rounds: int = 6  # dpo_steps / rounds steps on each round's pairs
     dpo_online_prompts: int = 192
     dpo_online_keep_truncated: bool = False  # the quick lab's tiny model often runs past 64 tokens
@@ -175,6 +180,7 @@ QUICK = LabConfig(
     dpo_steps=4,
     dpo_batch=8,
     dpo_eval_every=2,
+    dpo_eval_samples=1,
     dpo_online_rounds=2,
     dpo_online_prompts=8,
     dpo_online_keep_truncated=True,

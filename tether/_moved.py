@@ -52,6 +52,7 @@ MOVED_NAMES = {
         "end_of_turn_id": "tether.models.lm",
     },
     "tether.models": "tether.models.lm",  # every name of the old module
+    "tether.sections": "tether.online_sections",  # the online stages' sections, split off in 0.2
 }
 
 

@@ -11,7 +11,7 @@ precisions (``--precisions``, two of):
 - ``fp32``: the default;
 - ``autocast``: ``model.mixed_precision = bf16`` (every forward, sampling included, under bf16 autocast; weights,
   gradients and AdamW states in fp32);
-- ``bf16_sampling``: ``rollout.sampling_dtype = bf16`` with ``rollout.tis_cap = 2`` (a bfloat16 copy of the
+- ``bf16_sampling``: ``rollout.sampling_dtype = bf16`` with token_truncate at 2 (``rollout.off_policy_correction``, ``rollout.is_ratio_max``) (a bfloat16 copy of the
   policy samples; the trainer stays fp32 and corrects the sampler gap by truncated importance sampling).
 
 The two precisions of one seed run side by side, each a fresh process on its own core with one thread, so both
@@ -35,7 +35,11 @@ from pathlib import Path
 PRECISIONS = {
     "fp32": {},
     "autocast": {"model.mixed_precision": "bf16"},
-    "bf16_sampling": {"rollout.sampling_dtype": "bf16", "rollout.tis_cap": 2.0},
+    "bf16_sampling": {
+        "rollout.sampling_dtype": "bf16",
+        "rollout.off_policy_correction": "token_truncate",
+        "rollout.is_ratio_max": 2.0,
+    },
 }
 FIGURE = {"ppo": "gold", "grpo": "accuracy_greedy"}
 

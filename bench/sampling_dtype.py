@@ -4,7 +4,7 @@
     .venv/bin/python bench/sampling_dtype.py --lab runs/lab --backends hf --repeats 3
 
 For each backend, `tether grpo` runs with the trained weights' own dtype (fp32) and with `--sampling-dtype bf16
---tis-cap 2`, interleaved (fp32, bf16, fp32, bf16, ...), each a fresh process on one pinned core with one thread
+--off-policy-correction token_truncate --is-ratio-max 2`, interleaved (fp32, bf16, fp32, bf16, ...), each a fresh process on one pinned core with one thread
 (bench/stages.py run_once). Printed per arm: the median over steps after the first of each logged phase
 (time/generate_s is sampling with the reward; time/update_s the forward, backward and AdamW), the step, its ratio
 to the fp32 arm of the same backend and repeat (median and range over repeats), and the sampler gap (median
@@ -91,7 +91,10 @@ def main() -> None:
     lab, work = Path(args.lab).resolve(), Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     model = stages.build_model(lab, work / "model-29m")
-    arms = {"fp32": [], "bf16": ["--sampling-dtype", "bf16", "--tis-cap", "2"]}
+    arms = {
+        "fp32": [],
+        "bf16": ["--sampling-dtype", "bf16", "--off-policy-correction", "token_truncate", "--is-ratio-max", "2"],
+    }
     results: dict = {}
     for backend in args.backends.split(","):
         for repeat in range(args.repeats):

@@ -11,7 +11,7 @@ Every figure comes from one run of this script on this machine, and the comparis
   backends do the same work; the median of 3 timed rounds after one warm-up round; vLLM's weight push (write and
   reload) timed alone;
 - **lab**: the lab's GRPO stage (outcome reward, 40 steps of 32 x 8, from the lab's SFT model) on each backend,
-  seeds 0 and 1, plus the vLLM backend with --tis-cap 2 (seed 0): step time split into generation and the rest,
+  seeds 0 and 1, plus the vLLM backend with token_truncate at 2 (seed 0): step time split into generation and the rest,
   held-out greedy accuracy at every evaluation (evaluated the same way for every run: tether.lab.rl), and the
   sampler/trainer mismatch figures (rollout/sampler_*) over the steps.
 The processes use the machine's threads (torch.get_num_threads()); vLLM's engine process gets as many.
@@ -98,7 +98,11 @@ def lab_runs(lab: Path, out: Path) -> dict:
         "vllm-seed0": ("vllm", 0, {}),
         "hf-seed1": ("hf", 1, {}),
         "vllm-seed1": ("vllm", 1, {}),
-        "vllm-tis2-seed0": ("vllm", 0, {"rollout.tis_cap": 2.0}),
+        "vllm-tis2-seed0": (
+            "vllm",
+            0,
+            {"rollout.off_policy_correction": "token_truncate", "rollout.is_ratio_max": 2.0},
+        ),
     }
     results = {}
     for name, (backend, seed, extra) in runs.items():
@@ -134,9 +138,9 @@ def lab_runs(lab: Path, out: Path) -> dict:
             for key in ("sampler_logprob_diff_mean", "sampler_logprob_diff_max", "sampler_kl"):
                 values = [m[f"rollout/{key}"] for m in metrics]
                 row[key] = {"mean": statistics.mean(values), "max": max(values)}
-            if "rollout/tis_weight_mean" in metrics[0]:
-                row["tis_weight_mean"] = statistics.mean(m["rollout/tis_weight_mean"] for m in metrics)
-                row["tis_capped_frac_max"] = max(m["rollout/tis_capped_frac"] for m in metrics)
+            if "rollout/is_weight_mean" in metrics[0]:
+                row["is_weight_mean"] = statistics.mean(m["rollout/is_weight_mean"] for m in metrics)
+                row["is_changed_share_max"] = max(m["rollout/is_changed_share"] for m in metrics)
         results[name] = row
         print(name, json.dumps(row), flush=True)
     return results

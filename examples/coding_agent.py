@@ -193,7 +193,8 @@ def drift(tokenizer, reward_from: str, isolation: str, steps: int = 8, batch: in
     """Steps whose share of hacker episodes rises from 0 to 1; the metrics and samples a run would write, and the
     monitors' alarms on them."""
     from tether.agents.episodes import agent_metrics
-    from tether.diagnostics.monitors import MonitorSettings, check_all
+    from tether.diagnostics.monitors import MonitorSettings
+    from tether.diagnostics.watch import check_all
 
     metrics, samples = [], []
     for step in range(1, steps + 1):

@@ -175,7 +175,7 @@ def grpo(lab: Path, out: Path, name: str, seed: int, extra: dict, rewards: str =
 
 def alarms(run_dir: Path) -> list[str]:
     """The monitors on the run's records, recomputed (as `tether diagnose` does): "monitor (step): subject"."""
-    from tether.diagnostics.monitors import check_all, read_jsonl
+    from tether.diagnostics.watch import check_all, read_jsonl
 
     found = check_all(read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "samples.jsonl"))
     return [f"{a.monitor} ({a.step}): {a.statistics.get('subject', '')}" for a in found]

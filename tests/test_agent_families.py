@@ -336,8 +336,8 @@ def test_a_users_own_tool_parser(base_dir):
 
 
 def test_reward_functions_beside_the_environment_add_to_its_outcome(base_dir):
+    from tether.online_sections import RewardSection
     from tether.rewards.functions import load_reward_set
-    from tether.sections import RewardSection
 
     tok = family_tokenizer(base_dir, "qwen2.5")
     rows = [{"prompt": "Add 2 and 3."}]

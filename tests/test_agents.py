@@ -339,7 +339,8 @@ def agent_rows(calls, success, turns=None):
 
 
 def test_tool_call_spam_fires_when_calls_rise_without_success_and_not_when_success_rises():
-    from tether.diagnostics.monitors import MonitorSettings, tool_call_spam
+    from tether.diagnostics.agent_monitors import tool_call_spam
+    from tether.diagnostics.monitors import MonitorSettings
 
     calls = [0.5] * 5 + [1, 1.5, 2, 2.5, 3, 3, 3.5, 4]
     spam = tool_call_spam(agent_rows(calls, [0.4] * 13), [], MonitorSettings())
@@ -351,7 +352,8 @@ def test_tool_call_spam_fires_when_calls_rise_without_success_and_not_when_succe
 
 
 def test_turn_piling_fires_on_turns_without_success():
-    from tether.diagnostics.monitors import MonitorSettings, turn_piling
+    from tether.diagnostics.agent_monitors import turn_piling
+    from tether.diagnostics.monitors import MonitorSettings
 
     turns = [1.0] * 5 + [1.5, 2, 2.5, 3, 3.5, 4]
     alarm = turn_piling(agent_rows([0] * 11, [0.3] * 11, turns), [], MonitorSettings())
@@ -360,7 +362,8 @@ def test_turn_piling_fires_on_turns_without_success():
 
 
 def test_tool_dominance_fires_on_one_tool_taking_over_and_stays_quiet_with_one_tool():
-    from tether.diagnostics.monitors import MonitorSettings, tool_dominance
+    from tether.diagnostics.agent_monitors import tool_dominance
+    from tether.diagnostics.monitors import MonitorSettings
 
     start = [episode_sample(1, {"search": 1, "ping": 1}, success=False) for _ in range(12)]
     taken = [episode_sample(6, {"ping": 3}, success=False) for _ in range(12)]
@@ -374,7 +377,8 @@ def test_tool_dominance_fires_on_one_tool_taking_over_and_stays_quiet_with_one_t
 
 
 def test_claimed_without_state_fires_on_unverified_claims_only():
-    from tether.diagnostics.monitors import MonitorSettings, claimed_without_state
+    from tether.diagnostics.agent_monitors import claimed_without_state
+    from tether.diagnostics.monitors import MonitorSettings
 
     honest = [episode_sample(1, success=i < 12, claimed=i < 12) for i in range(16)]
     hacked = [episode_sample(5, success=i < 4, claimed=True) for i in range(16)]

@@ -133,6 +133,10 @@ def test_the_names_settings_offer_are_the_pieces_implemented():
     mask = torch.ones(2, 3)
     for name in choices.ADVANTAGE_ESTIMATORS:  # every offered estimator runs
         token_advantages(name, torch.tensor([1.0, 0.0]), mask, 2, kl=torch.zeros(2, 3), kl_coef=0.1)
+    from tether.algorithms.mismatch import importance_weights
+
+    for name in choices.OFF_POLICY_CORRECTIONS:  # every offered correction runs: equal log-probs, weight 1
+        torch.testing.assert_close(importance_weights(torch.zeros(2, 3), torch.zeros(2, 3), mask, name, 0.5, 2.0), mask)
 
 
 def test_help_needs_neither_torch_nor_transformers():

@@ -120,7 +120,7 @@ def test_stage_defaults_recipes_and_derived_values():
     assert dapo.algo.dynamic_sampling and dapo.algo.clip_high == 0.28 and dapo.norm_length == 40
     drgrpo = build_config(GRPOConfig, overrides={"algo.recipe": "dr_grpo", "algo.norm_length": 32})
     assert drgrpo.norm_length == 32 and not drgrpo.needs_reference()
-    from tether.sections import minibatch_size, updates_per_step
+    from tether.online_sections import minibatch_size, updates_per_step
 
     assert minibatch_size(grpo.algo, grpo.rollout) == 16 * 8  # 0: the whole rollout batch
     assert updates_per_step(ppo.algo, ppo.rollout) == 2 * 2  # 32 responses / 16 per minibatch x 2 epochs

@@ -388,23 +388,40 @@ def test_a_run_whose_responses_are_all_truncated_says_so_loudly(capsys):
 
 
 def test_bf16_sampling_under_an_fp32_policy_logs_the_gap_and_corrects_it(llama_dir, setup, tmp_path, capsys):
-    """--sampling-dtype bf16 --tis-cap 2 through the command line: the plan names the bfloat16 copy and the
-    correction, every step logs the sampler gap (nonzero: bf16 is not fp32) and the truncated importance weights
-    (each min(ρ, 2), so their mean ≤ 2); without --sampling-dtype, --tis-cap on the hf backend is refused."""
+    """--sampling-dtype bf16 with a correction through the command line: the plan names the bfloat16 copy and the
+    rule, every step logs the sampler gap (nonzero: bf16 is not fp32) and the weights — token_truncate's each
+    min(ρ, 2), so their mean ≤ 2; token_mask with the band [0.999, 1.001] drops the tokens bf16 moved by more than
+    0.1 % (some, not all) — and the ratio's percentiles in order; without --sampling-dtype the correction on the hf
+    backend is refused, and the old --tis-cap reads as --is-ratio-max and asks for the rule by name."""
     from tether.cli import main
 
     rules, prompts = setup
     out = tmp_path / "bf16"
     args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--reward", f"{rules}:count_a"]
     args += ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "8", "--max-steps", "2"]
-    args += ["--save-every", "0", "--report-to", "none", "--tis-cap", "2"]
-    assert main([*args, "--sampling-dtype", "bf16", "--output", str(out)]) == 0
+    args += ["--save-every", "0", "--report-to", "none"]
+    truncate = ["--off-policy-correction", "token_truncate", "--is-ratio-max", "2"]
+    assert main([*args, *truncate, "--sampling-dtype", "bf16", "--output", str(out)]) == 0
     printed = "".join("".join(capsys.readouterr()).split())  # the plan table may fold a line anywhere
-    assert "abfloat16copyofthetrainedpolicy" in printed and "truncatedimportancesampling,C=2" in printed
+    assert (
+        "abfloat16copyofthetrainedpolicy" in printed
+        and "off-policycorrectiontoken_truncate,ratiobounds[0,2]" in printed
+    )
     rows = read_metrics(out)
     assert len(rows) == 2
     for row in rows:
         assert row["rollout/sampler_logprob_diff_max"] > 0 and row["rollout/sampler_kl"] >= 0
-        assert 0 < row["rollout/tis_weight_mean"] <= 2 and 0 <= row["rollout/tis_capped_frac"] <= 1
-    assert main([*args, "--output", str(tmp_path / "refused")]) == 2
-    assert "tis_cap and the vllm_* options are for --rollout-backend vllm" in capsys.readouterr().err
+        assert 0 < row["rollout/is_weight_mean"] <= 2 and row["rollout/is_masked_share"] == 0.0
+        assert row["rollout/is_ratio_p1"] <= row["rollout/is_ratio_p50"] <= row["rollout/is_ratio_p99"]
+        assert row["rollout/is_ratio_p99"] <= row["rollout/is_ratio_max"]
+    band = ["--off-policy-correction", "token_mask", "--is-ratio-min", "0.999", "--is-ratio-max", "1.001"]
+    assert main([*args, *band, "--sampling-dtype", "bf16", "--output", str(tmp_path / "mask")]) == 0
+    for row in read_metrics(tmp_path / "mask"):
+        assert (
+            0 < row["rollout/is_masked_share"] < 1 and row["rollout/is_changed_share"] == row["rollout/is_masked_share"]
+        )
+    assert main([*args, *truncate, "--output", str(tmp_path / "refused")]) == 2
+    assert "off_policy_correction and the vllm_* options are for --rollout-backend vllm" in capsys.readouterr().err
+    assert main([*args, "--tis-cap", "2", "--sampling-dtype", "bf16", "--output", str(tmp_path / "old")]) == 2
+    err = capsys.readouterr().err
+    assert "is_ratio_max=2 without off_policy_correction" in err and "token_truncate is what --tis-cap did" in err

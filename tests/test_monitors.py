@@ -7,9 +7,7 @@ import random
 import pytest
 
 from tether.diagnostics.monitors import (
-    AlarmWatch,
     MonitorSettings,
-    check_all,
     entropy_collapse,
     format_without_correctness,
     length_correlation,
@@ -18,6 +16,7 @@ from tether.diagnostics.monitors import (
     repetition,
     score_and_kl_rising,
 )
+from tether.diagnostics.watch import AlarmWatch, check_all
 
 S = MonitorSettings()
 
@@ -235,13 +234,13 @@ def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_pa
     evidence, --stop-on-alarm stops after a checkpoint, and `tether diagnose` finds the same alarm."""
     from conftest import write_jsonl
 
-    import tether.diagnostics.monitors as monitors
+    import tether.diagnostics.watch as watch
     from tether.cli import main
     from tether.config import build_config
     from tether.stages.ppo import run_ppo
     from tether.stages.ppo_config import PPOConfig
 
-    monkeypatch.setattr(monitors, "MonitorSettings", lambda: S.__class__(entropy_window=2, entropy_ratio=5.0))
+    monkeypatch.setattr(watch, "MonitorSettings", lambda: S.__class__(entropy_window=2, entropy_ratio=5.0))
     prompts = write_jsonl(
         tmp_path / "p.jsonl",
         [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in ("hi", "cats", "dogs", "rain")] * 4,
@@ -276,3 +275,34 @@ def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_pa
     said = capsys.readouterr().out
     assert "ALARM entropy_collapse at step 4" in said
     assert "monitors on 4 step(s) of metrics.jsonl" in said and "proxy_up_task_down, " in said  # what it ran
+
+
+def test_off_policy_drift_fires_when_the_ratio_spreads_or_the_masked_share_climbs():
+    import math
+
+    from tether.diagnostics.monitors import off_policy_drift
+
+    def run(p1, p99, masked):
+        return [
+            {"step": i + 1, "rollout/is_ratio_p1": a, "rollout/is_ratio_p99": b, "rollout/is_masked_share": m}
+            for i, (a, b, m) in enumerate(zip(p1, p99, masked))
+        ]
+
+    # steps 1–5: p99 / p1 = 1.1 / 0.9 (log-spread 0.2007 nats); from step 6: 2 / 0.5 (log 4 = 1.386 ≥ 1 and ≥ 2 × 0.2007).
+    # The first window that can be compared with the first five steps ends at step 10 (steps 6–10).
+    spread = run([0.9] * 5 + [0.5] * 7, [1.1] * 5 + [2.0] * 7, [0.0] * 12)
+    (alarm,) = off_policy_drift(spread, [], S)
+    assert (alarm.monitor, alarm.step, alarm.statistics["subject"]) == ("off_policy_drift", 10, "ratio_spread")
+    assert alarm.statistics["now"] == pytest.approx(math.log(4.0))
+    assert alarm.statistics["at_start"] == pytest.approx(math.log(1.1 / 0.9))
+    # masked share 0.02 at the start; steps 6–10 average (0.05 + 0.05 + 0.3 · 3) / 5 = 0.2 ≥ 0.1 and ≥ 2 × 0.02
+    masked = run([0.9] * 12, [1.1] * 12, [0.02] * 5 + [0.05] * 2 + [0.3] * 5)
+    (alarm,) = off_policy_drift(masked, [], S)
+    assert (alarm.step, alarm.statistics["subject"]) == (10, "masked_share")
+    assert alarm.statistics["now"] == pytest.approx(0.2) and alarm.statistics["at_start"] == pytest.approx(0.02)
+    # healthy: the spread stays, the masked share stays below 0.1 (0.08 is four times 0.02 but not a tenth of tokens);
+    # a run without a correction logs none of these and is never judged
+    assert off_policy_drift(run([0.9] * 12, [1.1] * 12, [0.02] * 5 + [0.08] * 7), [], S) == []
+    assert off_policy_drift([{"step": i, "score/mean": 1.0} for i in range(1, 13)], [], S) == []
+    # a spread already wide at the start (1.386 throughout) has not run away: twice the start is the bar
+    assert off_policy_drift(run([0.5] * 12, [2.0] * 12, [0.0] * 12), [], S) == []

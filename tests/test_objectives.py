@@ -203,25 +203,90 @@ def test_micro_batch_splits_give_the_same_loss_and_gradient(mode, ratio):
     torch.testing.assert_close(logp.grad, whole)
 
 
-def test_truncated_importance_weights_and_mismatch_by_hand():
-    from tether.algorithms.mismatch import sampler_mismatch, truncated_importance_weights
+def test_token_truncated_importance_weights_and_mismatch_by_hand():
+    from tether.algorithms.mismatch import importance_weights, sampler_mismatch
 
     # trainer log-probs ln(0.6), ln(0.2), ln(0.5) (padding); sampler's ln(0.5), ln(0.05), anything
     logp = torch.tensor([[LN(0.6), LN(0.2), LN(0.5)]], dtype=torch.float64)
     sampler = torch.tensor([[LN(0.5), LN(0.05), 3.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
     # ratios 0.6/0.5 = 1.2 and 0.2/0.05 = 4, capped at 2; padding 0
-    w = truncated_importance_weights(logp, sampler, mask, cap=2.0)
+    w = importance_weights(logp, sampler, mask, "token_truncate", high=2.0)
     torch.testing.assert_close(w, torch.tensor([[1.2, 2.0, 0.0]], dtype=torch.float64))
-    assert truncated_importance_weights(logp, sampler, mask, cap=10.0)[0, 1].item() == pytest.approx(4.0)
-    with pytest.raises(ValueError):
-        truncated_importance_weights(logp, sampler, mask, cap=0.0)
+    assert importance_weights(logp, sampler, mask, "token_truncate", high=10.0)[0, 1].item() == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="bounds"):
+        importance_weights(logp, sampler, mask, "token_truncate", high=0.0)
+    with pytest.raises(ValueError, match="one of token_truncate"):
+        importance_weights(logp, sampler, mask, "icepop", high=2.0)
     m = sampler_mismatch(logp, sampler, mask)
     # |log 1.2| = 0.18232, |log 4| = 1.38629; k3 = r − 1 − ln r: 0.2 − 0.18232 = 0.01768, 3 − 1.38629 = 1.61371
     assert m["abs_mean"] == pytest.approx((LN(1.2) + LN(4.0)) / 2)
     assert m["abs_max"] == pytest.approx(LN(4.0))
     assert m["kl"] == pytest.approx((0.2 - LN(1.2) + 3.0 - LN(4.0)) / 2)
     assert sampler_mismatch(logp, sampler, torch.zeros_like(mask)) == {"abs_mean": 0.0, "abs_max": 0.0, "kl": 0.0}
+
+
+def _ratios(rows, mask):
+    """Trainer log-probs ln r against a sampler's 0: the token ratios are r itself."""
+    logp = torch.log(torch.tensor(rows, dtype=torch.float64))
+    return logp, torch.zeros_like(logp), torch.tensor(mask, dtype=torch.float64)
+
+
+def test_each_off_policy_correction_by_hand():
+    from tether.algorithms.mismatch import geometric_mean_log_ratio, importance_weights, sequence_log_ratio
+
+    # row 0: r = 2, 0.5, 4 (and 9 on padding); row 1: r = 1, 3 (0.1 and 1 on padding)
+    logp, sampler, mask = _ratios([[2.0, 0.5, 4.0, 9.0], [1.0, 3.0, 0.1, 1.0]], [[1, 1, 1, 0], [1, 1, 0, 0]])
+    # ρ = 2 · 0.5 · 4 = 4 and 1 · 3 = 3; the geometric means 4^(1/3) = 1.5874 and 3^(1/2) = 1.7321
+    torch.testing.assert_close(sequence_log_ratio(logp, sampler, mask).exp(), torch.tensor([4.0, 3.0]).double())
+    torch.testing.assert_close(
+        geometric_mean_log_ratio(logp, sampler, mask).exp(), torch.tensor([4 ** (1 / 3), 3**0.5]).double()
+    )
+
+    def w(mode, low, high):
+        return importance_weights(logp, sampler, mask, mode, low, high)
+
+    expect = {
+        # clip(r, 0.6, 3): 0.5 → 0.6, 4 → 3
+        ("token_truncate", 0.6, 3.0): [[2.0, 0.6, 3.0, 0.0], [1.0, 3.0, 0.0, 0.0]],
+        # r outside [0.6, 3] → 0 (3 itself is inside)
+        ("token_mask", 0.6, 3.0): [[2.0, 0.0, 0.0, 0.0], [1.0, 3.0, 0.0, 0.0]],
+        # ρ = 4 → 3.5 on every token of row 0; row 1's ρ = 3 stays
+        ("sequence_truncate", 0.0, 3.5): [[3.5, 3.5, 3.5, 0.0], [3.0, 3.0, 0.0, 0.0]],
+        # ρ = 4 > 3.5: row 0 out; a lower bound of 3.2 drops row 1 as well
+        ("sequence_mask", 0.0, 3.5): [[0.0, 0.0, 0.0, 0.0], [3.0, 3.0, 0.0, 0.0]],
+        ("sequence_mask", 3.2, 3.5): [[0.0] * 4, [0.0] * 4],
+        # geometric means 1.587 ≤ 1.65 < 1.732: row 0 kept with weight 1, row 1 rejected
+        ("geo_mask", 0.0, 1.65): [[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]],
+        ("geo_mask", 1.6, 2.0): [[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]],
+    }
+    for (mode, low, high), want in expect.items():
+        torch.testing.assert_close(w(mode, low, high), torch.tensor(want, dtype=torch.float64), msg=mode)
+    # a sequence ratio past float64's range (800 tokens at r = e: ρ = e^800) neither overflows nor gives NaN
+    long_logp = torch.full((1, 800), 1.0, dtype=torch.float64)
+    long = importance_weights(long_logp, torch.zeros_like(long_logp), torch.ones_like(long_logp), "sequence_mask", 0, 5)
+    assert torch.equal(long, torch.zeros_like(long))
+    capped = importance_weights(long_logp, torch.zeros_like(long_logp), torch.ones(1, 800), "sequence_truncate", 0, 5)
+    torch.testing.assert_close(capped, torch.full((1, 800), 5.0, dtype=torch.float64))
+
+
+def test_importance_statistics_by_hand():
+    from tether.algorithms.mismatch import importance_statistics, importance_weights
+
+    logp, sampler, mask = _ratios([[2.0, 0.5, 4.0, 9.0], [1.0, 3.0, 0.1, 1.0]], [[1, 1, 1, 0], [1, 1, 0, 0]])
+    # the five masked ratios sorted: 0.5, 1, 2, 3, 4; linear quantiles at 0.01 · 4 = 0.04 and 0.99 · 4 = 3.96
+    masked = importance_weights(logp, sampler, mask, "token_mask", 0.6, 3.0)
+    s = importance_statistics(logp, sampler, mask, masked)
+    assert s["ratio_p1"] == pytest.approx(0.5 + 0.04 * 0.5) and s["ratio_p50"] == pytest.approx(2.0)
+    assert s["ratio_p99"] == pytest.approx(3.0 + 0.96 * 1.0) and s["ratio_max"] == pytest.approx(4.0)
+    assert s["masked_share"] == pytest.approx(2 / 5) and s["changed_share"] == pytest.approx(2 / 5)
+    truncated = importance_statistics(
+        logp, sampler, mask, importance_weights(logp, sampler, mask, "token_truncate", 0.6, 3)
+    )
+    assert truncated["masked_share"] == 0.0 and truncated["changed_share"] == pytest.approx(2 / 5)
+    # a sequence weight replaces every token's own ratio except where they happen to agree (none here)
+    seq = importance_weights(logp, sampler, mask, "sequence_truncate", 0.0, 3.5)
+    assert importance_statistics(logp, sampler, mask, seq)["changed_share"] == pytest.approx(4 / 5)  # row 1's 3 = ρ
 
 
 def test_token_weights_scale_the_surrogate_only():

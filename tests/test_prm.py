@@ -323,9 +323,9 @@ def test_a_step_is_read_where_training_read_it_whatever_the_pattern(llama_dir, t
     The PRM folder records its separator, and the scorer reads every pattern's steps where training did."""
     from tether.data.steps import trained_step_end
     from tether.models.reward import ProcessRewardScorer
+    from tether.online_sections import RewardSection
     from tether.rewards.score import Scorer
     from tether.rollout.batch import Rollout
-    from tether.sections import RewardSection
 
     # hand cases: a match ending after the separator, inside it, after two, and a step whose "." is its own
     assert [trained_step_end("a\nb\n", e, "\n") for e in (1, 2, 4)] == [1, 1, 3]

@@ -359,8 +359,8 @@ def test_rollout_backend_is_one_option_for_every_online_stage_and_its_table_name
     """rollout.backend (--rollout-backend) is declared once, in the sampling section PPO, GRPO and online DPO share;
     its choices are the backend table's keys, and an unknown name is refused when the config is built."""
     from tether.config import ConfigError, build_config
+    from tether.online_sections import ROLLOUT_BACKENDS
     from tether.rollout.backends import BACKENDS, HFGenerate
-    from tether.sections import ROLLOUT_BACKENDS
     from tether.stages.dpo_config import DPOConfig
     from tether.stages.grpo_config import GRPOConfig
     from tether.stages.ppo_config import PPOConfig

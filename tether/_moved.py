@@ -52,6 +52,28 @@ MOVED_NAMES = {
         "end_of_turn_id": "tether.models.lm",
     },
     "tether.models": "tether.models.lm",  # every name of the old module
+    "tether.sections": "tether.online_sections",  # the online stages' sections, split off in 0.2
+    "tether.diagnostics.monitors": {  # the registry and the live hook, and the agent monitors, split off in 0.2
+        **dict.fromkeys(
+            sorted(
+                {
+                    "METRIC_MONITORS",
+                    "AlarmWatch",
+                    "SAMPLE_MONITORS",
+                    "check_all",
+                    "read_jsonl",
+                    "MONITORS",
+                    "RunMonitor",
+                    "format_alarm",
+                }
+            ),
+            "tether.diagnostics.watch",
+        ),
+        **dict.fromkeys(
+            sorted({"turn_piling", "tool_dominance", "tool_call_spam", "claimed_without_state"}),
+            "tether.diagnostics.agent_monitors",
+        ),
+    },
 }
 
 

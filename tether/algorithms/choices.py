@@ -20,3 +20,10 @@ PREFERENCE_LOSSES = (
 )  # algorithms/preference.py
 COMPOSABLE_LOSSES = ("sigmoid", "cdpo", "robust", "ipo", "ipo_norm", "hinge")  # loss weighted's parts
 UNPAIRED_LOSSES = ("kto",)  # one labelled completion per example: algorithms/preference.py kto_loss
+OFF_POLICY_CORRECTIONS = (
+    "token_truncate",
+    "token_mask",
+    "sequence_truncate",
+    "sequence_mask",
+    "geo_mask",
+)  # algorithms/mismatch.py importance_weights; TRL's vllm_importance_sampling_mode names where TRL has the mode

@@ -32,7 +32,7 @@ def ppo_policy_loss(
 ) -> tuple[torch.Tensor, dict]:
     """L_π = token-mean(w · ℓ_clip) − c_H · token-mean(H), the policy's part of ``ppo_objective`` (docs/algorithms.md
     §4); w = ``token_weights`` (B, T), the truncated importance weights of a sampler that is not the trainer
-    (mismatch.truncated_importance_weights, §11), or 1.
+    (mismatch.importance_weights, §11), or 1.
 
     Returns (L_π, {"clipped_low", "clipped_high": (B, T) bool}). It reaches only the policy's parameters when the
     critic is a separate model, so the PPO stage can backpropagate it (and free the policy's activations) before the
@@ -147,7 +147,7 @@ def group_objective(
     logprobs, old_logprobs, ref_logprobs, advantages: (B, T) (advantages may be (B, 1)). mask: the loss mask,
     which may exclude truncated responses; response_mask: every generated token, used by the sequence ratio for
     |y_i|. ``token_weights`` w (B, T): truncated importance weights of a sampler that is not the trainer
-    (mismatch.truncated_importance_weights, docs/algorithms.md §11), on the surrogate only; None = 1.
+    (mismatch.importance_weights, docs/algorithms.md §11), on the surrogate only; None = 1.
     n_tokens / n_sequences / norm_length go to ``aggregate``: pass the optimizer step's totals when the
     step is split into micro-batches, and the micro-batch losses sum to the full-batch loss. Returns (loss,
     parts) with parts = {"ratio": ρ (B, T), "kl": k (B, T), zeros without a reference, "clipped_low",

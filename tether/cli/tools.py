@@ -253,7 +253,7 @@ def monitor_settings(items: tuple[str, ...]):
 def run_diagnose_command(cfg: DiagnoseCommand) -> None:
     import json
 
-    from tether.diagnostics.monitors import MONITORS, check_all, format_alarm, read_jsonl
+    from tether.diagnostics.watch import MONITORS, check_all, format_alarm, read_jsonl
 
     run = Path(cfg.diagnose.run)
     if not (run / "metrics.jsonl").is_file():

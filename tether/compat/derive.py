@@ -52,6 +52,7 @@ def _dpo_losses(given: dict, notes: list[str]) -> dict[str, object]:
     return out
 
 
+TRL_CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")  # tether's geo_mask: none
 IS_KEYS = (
     "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode",
@@ -66,11 +67,11 @@ def _truthy(value) -> bool:
 
 
 def _sampler_correction(given: dict, implied: set, notes: list[str]) -> dict[str, object]:
-    """TRL's correction of the vLLM sampler gap as tether's --tis-cap: only its token_truncate mode is built
-    (min(π_train/π_sampler, C) per token, no lower bound). TRL's own defaults (args=) that ask for another mode
-    leave the correction off, said; a mode the user named that tether has not built is refused, naming the one
-    that exists."""
-    named = [k for k in IS_KEYS if k in given and given[k] is not None]
+    """TRL's correction of the vLLM sampler gap as tether's: each of its vllm_importance_sampling_mode values is
+    tether's rule of the same name (rollout.off_policy_correction), clip_max and clip_min its bounds (clip_max null:
+    no upper bound). TRL corrects whenever use_vllm is on (sequence_mask, clip_max 3, unless told otherwise), so an
+    args= object's defaults translate to the same; without use_vllm the keys do nothing, in TRL as here."""
+    named = [k for k in IS_KEYS if k in given]
     if not named:
         return {}
     explicit = [k for k in named if k not in implied]
@@ -81,27 +82,20 @@ def _sampler_correction(given: dict, implied: set, notes: list[str]) -> dict[str
         return {}
     correction = given.get("vllm_importance_sampling_correction", True)
     if correction is False or (isinstance(correction, str) and correction.lower() == "false"):
-        return {"rollout.tis_cap": 0.0}
+        return {"rollout.off_policy_correction": ""}
     mode = given.get("vllm_importance_sampling_mode", "sequence_mask")
-    if mode != "token_truncate" or given.get("vllm_importance_sampling_clip_min") not in (None, 0):
-        what = f"mode {mode!r}" if mode != "token_truncate" else "clip_min (a lower bound)"
-        if not explicit:
-            notes.append(
-                f"TRL's default vLLM correction ({what}, cap 3) is not built: tether samples with vLLM and "
-                "logs the sampler gap without correcting it (--tis-cap C: token-level truncated importance sampling)"
-            )
-            return {}
+    if mode not in TRL_CORRECTIONS:
         raise ConfigError(
-            f"vllm_importance_sampling: {what} is not built (TRL's default mode is sequence_mask); tether has "
-            "token-level truncated importance sampling, TRL's token_truncate without a lower bound: "
-            "vllm_importance_sampling_mode: token_truncate (C = vllm_importance_sampling_clip_max, default 3), "
-            "or --tis-cap C; vllm_importance_sampling_correction: false turns it off"
+            f"vllm_importance_sampling_mode: {mode!r}: TRL's modes are {', '.join(TRL_CORRECTIONS)} (each is "
+            "tether's --off-policy-correction of that name)"
         )
-    cap = given.get("vllm_importance_sampling_clip_max", given.get("vllm_importance_sampling_cap", 3.0))
-    cap = _finite(3.0 if cap is None else cap, "vllm_importance_sampling_clip_max")
-    if cap <= 0:
-        raise ConfigError(f"vllm_importance_sampling_clip_max: {cap:g}: the cap C must be > 0")
-    return {"rollout.tis_cap": cap}
+    high = given.get("vllm_importance_sampling_clip_max", given.get("vllm_importance_sampling_cap", 3.0))
+    high = 0.0 if high is None else _finite(high, "vllm_importance_sampling_clip_max")
+    low = given.get("vllm_importance_sampling_clip_min")
+    low = 0.0 if low is None else _finite(low, "vllm_importance_sampling_clip_min")
+    if not explicit:
+        notes.append(f"TRL's default vLLM correction kept: {mode}, ratio bounds [{low:g}, {high or math.inf:g}]")
+    return {"rollout.off_policy_correction": mode, "rollout.is_ratio_max": high, "rollout.is_ratio_min": low}
 
 
 def _online_length(given: dict, implied: set, notes: list[str]) -> None:

@@ -210,23 +210,16 @@ NAMES = [
     _derived(
         "vllm_importance_sampling_correction",
         TRL,
-        "with use_vllm: false → --tis-cap 0 (the gap logged, not corrected); true → only with "
-        "vllm_importance_sampling_mode token_truncate (token-level truncated importance sampling, --tis-cap C, C = "
-        "its clip_max, default 3); TRL's default mode sequence_mask and token_mask, sequence_truncate are not "
-        "built. TRL corrects by default whenever use_vllm is on; tether only with --tis-cap (the plan says which)",
+        "with use_vllm: false → no correction (the gap logged); true (TRL's default) → "
+        "--off-policy-correction MODE with MODE = vllm_importance_sampling_mode (TRL's default sequence_mask)",
         stages=ONLINE,
     ),
-    _derived("vllm_importance_sampling_mode", TRL, "see vllm_importance_sampling_correction", stages=ONLINE),
-    _derived("vllm_importance_sampling_clip_max", TRL, "C of token_truncate: --tis-cap C", stages=ONLINE),
+    _derived("vllm_importance_sampling_mode", TRL, "--off-policy-correction of the same name", stages=ONLINE),
+    _derived("vllm_importance_sampling_clip_max", TRL, "--is-ratio-max (null: no upper bound)", stages=ONLINE),
     _derived(
         "vllm_importance_sampling_cap", TRL, "TRL's older name of vllm_importance_sampling_clip_max", stages=ONLINE
     ),
-    _derived(
-        "vllm_importance_sampling_clip_min",
-        TRL,
-        "not built: tether's truncation has no lower bound (leave it out or null)",
-        stages=ONLINE,
-    ),
+    _derived("vllm_importance_sampling_clip_min", TRL, "--is-ratio-min", stages=ONLINE),
     _values(
         "use_bias_correction_kl",
         TRL,

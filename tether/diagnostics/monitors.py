@@ -4,9 +4,8 @@ Each monitor reads the per-step metrics (metrics.jsonl rows) and/or the rollout
 samples (samples.jsonl rows: step, response, score, parts, length …) and returns
 the alarms it would raise, each with its evidence: the step, the statistics
 that crossed the threshold, and the highest-scoring samples that show it.
-Trainers call `check_all` as they go (new alarms are appended to alarms.jsonl
-and printed); `tether diagnose RUN_DIR` calls it on the finished files, so the
-live and the offline verdicts are the same function of the same records.
+The agent monitors are in agent_monitors.py; watch.py holds the registry,
+`check_all` and the trainers' live hook.
 
 A monitor fires once per run and subject (the first step at which its
 condition holds); thresholds and windows are MonitorSettings fields.
@@ -93,6 +92,14 @@ class MonitorSettings:
     claim_share: float = 0.3
     claim_factor: float = 2.0
     claim_rise: float = 0.2
+    # the sampler drifting from the trainer (off-policy corrections, docs/algorithms.md §11): over drift_window steps
+    # at the start and now, the token ratio's log-spread log(p99 / p1) reaches drift_spread nats and drift_factor
+    # times its start, or the masked share of tokens reaches drift_masked and drift_factor times its start (from a
+    # floor of 0.01) — the widening that precedes the collapse reported without a correction
+    drift_window: int = 5
+    drift_spread: float = 1.0
+    drift_masked: float = 0.1
+    drift_factor: float = 2.0
     evidence: int = 3  # samples quoted per alarm
 
 
@@ -200,6 +207,18 @@ def _evals(metrics: list[dict], key: str) -> list[tuple[int, float]]:
             if isinstance(m.get(k), (int, float)):
                 out.append((step, float(m[k])))
     return sorted(set(out))
+
+
+def _start_and_now(metrics: list[dict], key: str, w: int):
+    """[(step, mean of key over the first w steps, mean over the w steps ending at step)] for every step from 2w."""
+    series = _series(metrics, key)
+    if len(series) < 2 * w:
+        return []
+    start = sum(v for _, v in series[:w]) / w
+    return [
+        (series[end - 1][0], start, sum(v for _, v in series[end - w : end]) / w)
+        for end in range(2 * w, len(series) + 1)
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- monitors
@@ -375,6 +394,38 @@ def entropy_collapse(metrics: list[dict], samples: list[dict], s: MonitorSetting
     return []
 
 
+def off_policy_drift(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """The importance ratio between trainer and sampler spreads out, or the correction masks more and more tokens:
+    the sampler is drifting away from the policy being trained (rollout/is_*, logged under an off-policy
+    correction)."""
+    spread = [
+        {"step": m["step"], "rollout/is_log_spread": math.log(m["rollout/is_ratio_p99"] / m["rollout/is_ratio_p1"])}
+        for m in metrics
+        if m.get("rollout/is_ratio_p1", 0) > 0 and m.get("rollout/is_ratio_p99", 0) > 0
+    ]
+    w, k = s.drift_window, s.drift_factor
+    widened = (
+        (step, "ratio_spread", f"the importance ratio's log(p99 / p1) {now:.2f} nats", start, now)
+        for step, start, now in _start_and_now(spread, "rollout/is_log_spread", w)
+        if now >= s.drift_spread and now >= k * start
+    )
+    masked = (
+        (step, "masked_share", f"{now:.0%} of response tokens masked by the correction", start, now)
+        for step, start, now in _start_and_now(metrics, "rollout/is_masked_share", w)
+        if now >= s.drift_masked and now >= k * max(start, 0.01)
+    )
+    alarms = []
+    for found in (next(widened, None), next(masked, None)):  # each subject at its first step
+        if found is None:
+            continue
+        step, subject, what, start, now = found
+        msg = f"{what} over the {w} steps to {step}, was {start:.2f} over the first {w}: the sampler drifts from the trainer"
+        near = [x for x in samples if int(x["step"]) <= step]
+        stats = {"subject": subject, "now": now, "at_start": start, "window": w}
+        alarms.append(Alarm("off_policy_drift", step, msg, stats, _top(near[-s.min_samples :], s.evidence)))
+    return alarms
+
+
 def repetition(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """Responses repeat themselves (a word n-gram twice in one response) far more often than at the start."""
     steps = _sample_steps(samples, s)
@@ -436,286 +487,7 @@ def format_without_correctness(metrics: list[dict], samples: list[dict], s: Moni
 # ------------------------------------------------------------------------------------------ agent monitors
 
 
-def _agent_evidence(samples: list[dict], k: int, key, where=lambda s: True) -> list[dict]:
-    """The k episodes with the highest key(sample), quoted with their transcripts and what the environment said."""
-    chosen = sorted((x for x in samples if x.get("agent") and where(x)), key=lambda x: -key(x))[:k]
-    return [
-        {
-            "response": x.get("response", ""),
-            "score": x.get("score"),
-            "length": x.get("length"),
-            "calls": x["agent"].get("calls"),
-            "success": x["agent"].get("success"),
-            "claimed": x["agent"].get("claimed"),
-        }
-        for x in chosen
-    ]
+def __getattr__(name: str):
+    from tether._moved import moved_name  # check_all, RunMonitor and the agent monitors of 0.2's monitors.py
 
-
-def _start_and_now(metrics: list[dict], key: str, w: int):
-    """[(step, mean of key over the first w steps, mean over the w steps ending at step)] for every step from 2w."""
-    series = _series(metrics, key)
-    if len(series) < 2 * w:
-        return []
-    start = sum(v for _, v in series[:w]) / w
-    return [
-        (series[end - 1][0], start, sum(v for _, v in series[end - w : end]) / w)
-        for end in range(2 * w, len(series) + 1)
-    ]
-
-
-def _success_rose(metrics: list[dict], step: int, s: MonitorSettings) -> bool:
-    """Whether agent/success_rate rose by success_rise between the first agent_window steps and the window ending at
-    step (no success rate logged: it cannot be said to have risen)."""
-    points = {st: (a, b) for st, a, b in _start_and_now(metrics, "agent/success_rate", s.agent_window)}
-    if step not in points:
-        return False
-    start, now = points[step]
-    return now - start >= s.success_rise
-
-
-def tool_call_spam(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
-    """Tool calls per episode climb while the state-checked success does not: the calls themselves are paying."""
-    for step, start, now in _start_and_now(metrics, "agent/tool_calls_mean", s.agent_window):
-        if (
-            now >= s.spam_factor * max(start, 0.25)
-            and now - start >= s.spam_rise
-            and not _success_rose(metrics, step, s)
-        ):
-            stats = {"subject": "tool_calls", "calls_per_episode": now, "calls_per_episode_at_start": start}
-            msg = (
-                f"tool calls per episode {start:.2f} → {now:.2f} by step {step} while task success did not rise: "
-                "calls are being rewarded, not the task"
-            )
-            near = [x for x in samples if int(x["step"]) <= step]
-            calls = lambda x: sum(x["agent"].get("calls", {}).values())
-            return [Alarm("tool_call_spam", step, msg, stats, _agent_evidence(near[-64:], s.evidence, calls))]
-    return []
-
-
-def turn_piling(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
-    """Turns per episode pile up while success does not rise: steps and turns farmed without the task (format
-    without correctness, extended to turns)."""
-    for step, start, now in _start_and_now(metrics, "agent/turns_mean", s.agent_window):
-        if now >= s.turns_factor * start and now - start >= s.turns_rise and not _success_rose(metrics, step, s):
-            stats = {"subject": "turns", "turns_per_episode": now, "turns_per_episode_at_start": start}
-            msg = f"turns per episode {start:.2f} → {now:.2f} by step {step} while task success did not rise"
-            near = [x for x in samples if int(x["step"]) <= step]
-            return [
-                Alarm(
-                    "turn_piling",
-                    step,
-                    msg,
-                    stats,
-                    _agent_evidence(near[-64:], s.evidence, lambda x: x["agent"].get("turns", 0)),
-                )
-            ]
-    return []
-
-
-def tool_dominance(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
-    """One tool takes over the calls (often an always-succeeding one) while success does not rise."""
-    steps = [(st, xs) for st, xs in _by_step(samples).items() if any(x.get("agent") for x in xs)]
-
-    def shares(xs):
-        calls = Counter()
-        for x in xs:
-            calls.update((x.get("agent") or {}).get("calls", {}))
-        total = sum(calls.values())
-        return (calls.most_common(1)[0] + (total,)) if total else (None, 0, 0)
-
-    def success(xs):
-        judged = [x["agent"]["success"] for x in xs if x.get("agent") and x["agent"].get("success") is not None]
-        return sum(bool(v) for v in judged) / len(judged) if judged else None
-
-    first = next(((st, xs) for st, xs in steps if shares(xs)[2] >= s.dominance_calls), None)
-    if first is None:
-        return []
-    _, n0, total0 = shares(first[1])
-    start_share, start_success = n0 / total0, success(first[1])
-    for step, xs in steps:
-        if step <= first[0]:
-            continue
-        tool, n, total = shares(xs)
-        if total < s.dominance_calls:
-            continue
-        share, now_success = n / total, success(xs)
-        rose = start_success is not None and now_success is not None and now_success - start_success >= s.success_rise
-        if share >= s.dominance_share and share - start_share >= s.dominance_rise and not rose:
-            stats = {"subject": tool, "share": share, "share_at_start": start_share, "calls": total}
-            msg = (
-                f"tool {tool!r} makes {share:.0%} of the calls at step {step} (top tool's share at step "
-                f"{first[0]}: {start_share:.0%}) while success did not rise"
-            )
-            return [
-                Alarm(
-                    "tool_dominance",
-                    step,
-                    msg,
-                    stats,
-                    _agent_evidence(xs, s.evidence, lambda x: x["agent"].get("calls", {}).get(tool, 0)),
-                )
-            ]
-    return []
-
-
-def claimed_without_state(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
-    """Episodes whose final message says the task is done while the environment's state says it is not: the policy
-    is rewarded for saying, not doing."""
-
-    def unverified(x) -> bool:
-        a = x.get("agent") or {}
-        return bool(a.get("claimed")) and a.get("success") is False
-
-    steps = []
-    for st, xs in _by_step(samples).items():
-        judged = [
-            x
-            for x in xs
-            if (x.get("agent") or {}).get("claimed") is not None and (x.get("agent") or {}).get("success") is not None
-        ]
-        if len(judged) >= s.min_samples:
-            steps.append((st, judged))
-    if len(steps) < 2:
-        return []
-    share = lambda xs: sum(unverified(x) for x in xs) / len(xs)
-    start = share(steps[0][1])
-    for step, xs in steps[1:]:
-        now = share(xs)
-        if now >= s.claim_share and (
-            now >= s.claim_factor * max(start, 1.0 / len(steps[0][1])) or now - start >= s.claim_rise
-        ):
-            stats = {
-                "subject": "claims",
-                "claimed_unverified": now,
-                "claimed_unverified_at_start": start,
-                "claimed": sum(bool(x["agent"]["claimed"]) for x in xs) / len(xs),
-                "success": sum(bool(x["agent"]["success"]) for x in xs) / len(xs),
-            }
-            msg = (
-                f"{now:.0%} of episodes at step {step} claim the task done while the environment's state says it "
-                f"is not (was {start:.0%})"
-            )
-            return [
-                Alarm(
-                    "claimed_without_state",
-                    step,
-                    msg,
-                    stats,
-                    _agent_evidence(xs, s.evidence, lambda x: float(x.get("score", 0.0)), unverified),
-                )
-            ]
-    return []
-
-
-METRIC_MONITORS = (
-    proxy_up_task_down,
-    score_and_kl_rising,
-    entropy_collapse,
-    format_without_correctness,
-    tool_call_spam,
-    turn_piling,
-)
-SAMPLE_MONITORS = (
-    length_correlation,
-    phrase_surge,
-    repetition,
-    tool_dominance,
-    claimed_without_state,
-)  # read only the samples
-MONITORS = METRIC_MONITORS + SAMPLE_MONITORS
-
-
-def check_all(
-    metrics: list[dict], samples: list[dict], settings: MonitorSettings = MonitorSettings(), monitors=MONITORS
-) -> list[Alarm]:
-    """The monitors' alarms on the records so far, ordered by step."""
-    alarms = [a for monitor in monitors for a in monitor(metrics, samples, settings)]
-    return sorted(alarms, key=lambda a: (a.step, a.monitor))
-
-
-class AlarmWatch:
-    """Live use in a trainer: re-run the monitors on the records so far, report only alarms not reported yet."""
-
-    def __init__(self, settings: MonitorSettings = MonitorSettings(), reported: list[dict] | None = None):
-        self.settings = settings
-        self.reported = {(a["monitor"], a["statistics"].get("subject", "")) for a in (reported or [])}
-
-    def new_alarms(self, metrics: list[dict], samples: list[dict], monitors=MONITORS) -> list[Alarm]:
-        fresh = [a for a in check_all(metrics, samples, self.settings, monitors) if a.key not in self.reported]
-        self.reported |= {a.key for a in fresh}
-        return fresh
-
-
-def read_jsonl(path) -> list[dict]:
-    """Rows of a JSONL file; a last line cut short by a kill is skipped."""
-    import json
-    from pathlib import Path
-
-    path = Path(path)
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line)) if line.strip() else None
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
-def format_alarm(alarm: Alarm, width: int = 140) -> str:
-    lines = [f"ALARM {alarm.monitor} at step {alarm.step}: {alarm.message}"]
-    stats = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in alarm.statistics.items() if k != "subject"}
-    lines.append(f"  evidence: {stats}")
-    for sample in alarm.samples:
-        text = sample["response"].replace("\n", " ")
-        lines.append(f"  sample (score {sample['score']:.3f}): {text[:width]}" + ("…" if len(text) > width else ""))
-    return "\n".join(lines)
-
-
-class RunMonitor:
-    """The live hook of the online trainers: after a step's metrics and samples are written, re-run the monitors
-    on the run's files, append new alarms to alarms.jsonl, print them, and say whether to stop."""
-
-    def __init__(self, output, stop_on_alarm: bool = False, settings: MonitorSettings | None = None):
-        from pathlib import Path
-
-        settings = settings or MonitorSettings()
-        self.output = Path(output)
-        self.stop_on_alarm = stop_on_alarm
-        self.watch = AlarmWatch(settings, read_jsonl(self.output / "alarms.jsonl"))  # a resumed run's earlier alarms
-        # The files only grow during a run: read each from where the last check stopped.
-        self.rows = {"metrics.jsonl": [], "samples.jsonl": []}
-        self.offsets = {"metrics.jsonl": 0, "samples.jsonl": 0}
-
-    def _read_new(self, name: str) -> int:
-        import json
-
-        path = self.output / name
-        if not path.is_file():
-            return 0
-        with path.open("rb") as handle:
-            handle.seek(self.offsets[name])
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next check
-        self.offsets[name] += len(complete)
-        new = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
-        self.rows[name] += new
-        return len(new)
-
-    def check(self) -> bool:
-        import json
-
-        from tether.console import console
-
-        self._read_new("metrics.jsonl")
-        # The sample monitors' verdicts change only when samples arrive; the metric monitors run every step.
-        monitors = MONITORS if self._read_new("samples.jsonl") else METRIC_MONITORS
-        fresh = self.watch.new_alarms(self.rows["metrics.jsonl"], self.rows["samples.jsonl"], monitors)
-        if fresh:
-            with (self.output / "alarms.jsonl").open("a") as handle:
-                for alarm in fresh:
-                    handle.write(json.dumps(alarm.as_dict()) + "\n")
-            for alarm in fresh:
-                console.print(format_alarm(alarm), style="bold red")
-        return bool(fresh) and self.stop_on_alarm
+    return moved_name(__name__, name)

@@ -19,7 +19,7 @@ import math
 import re
 from pathlib import Path
 
-from tether.diagnostics.monitors import read_jsonl
+from tether.diagnostics.watch import read_jsonl
 
 # docs/metrics.md, shipped inside the package: tether/glossary.md is a link to it in the repository, and the wheel
 # holds a copy (setuptools copies the file a link points to), so an installed tether captions its plots too.

@@ -270,9 +270,9 @@ class AgentTaskEval:
         from types import SimpleNamespace
 
         from tether.agents.episodes import AgentSampler
+        from tether.online_sections import AgentSection
         from tether.rollout.backends import HFGenerate, response_seeds
         from tether.rollout.prompts import stop_token_ids
-        from tether.sections import AgentSection
 
         agent = AgentSection(
             env=self.env, max_turns=self.max_turns, max_total_tokens=self.max_total_tokens, env_timeout=0.0

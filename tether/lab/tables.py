@@ -141,7 +141,7 @@ def _agent_headline(agents: dict, first_alarm) -> list[tuple[str, str]]:
 
 def _first_alarm(stage: Path) -> str:
     """ "; first alarm at step N (monitor)" from a stage's run folder (cached stages too), or "; no alarm"."""
-    from tether.diagnostics.monitors import read_jsonl
+    from tether.diagnostics.watch import read_jsonl
 
     alarms = read_jsonl(stage / "run" / "alarms.jsonl")
     return f"; first alarm at step {alarms[0]['step']} ({alarms[0]['monitor']})" if alarms else "; no alarm"

@@ -3,8 +3,8 @@ set (``prompts``), the generation backends chosen by ``rollout.backend`` (``back
 backend runs in ``decoding``, the vLLM engine in ``vllm_backend``), the trainer's forward over a rollout (``forward``: log-probs at the sampling temperature,
 entropies, critic states), and text generation and step offsets (``texts``).
 
-May import: ``tether.algorithms``, ``tether.models``, ``tether.config``, ``tether.sections``, ``tether.errors``,
-``tether.console``.
+May import: ``tether.algorithms``, ``tether.models``, ``tether.config``, ``tether.sections``,
+``tether.online_sections``, ``tether.errors``, ``tether.console``.
 """
 
 

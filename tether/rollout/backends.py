@@ -164,7 +164,7 @@ class GenerationBackend(Protocol):
     mask and truncation flags of the one stop set (response_mask_from_stops) and the decoded text; log-probs are
     always recomputed by the trainer's own forward, so a backend's numerics never enter the loss unseen. A backend
     that is not the trained model itself also returns its own log-prob of every sampled token
-    (Rollout.sampler_logprobs): the stages log the gap and can weight the loss by it (rollout.tis_cap)."""
+    (Rollout.sampler_logprobs): the stages log the gap and can weight the loss by it (rollout.off_policy_correction)."""
 
     samples_trainer_weights: bool  # samples with the trained model's own weights (nothing to copy, no sampler gap)
 
@@ -290,7 +290,7 @@ def _sampling_copy(policy, dtype: torch.dtype, settings):
     return copy.to(next(policy.parameters()).device).eval()
 
 
-# rollout.backend's choices (tether/sections.py ROLLOUT_BACKENDS names the same keys; a test checks they agree)
+# rollout.backend's choices (tether/online_sections.py ROLLOUT_BACKENDS names the same keys; a test checks they agree)
 BACKENDS = {"hf": HFGenerate, "vllm": VLLMBackend}
 
 

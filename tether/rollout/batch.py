@@ -26,7 +26,7 @@ class Rollout:
     # (B, T) log π_sampler(token) of each sampled token as the backend that drew it computed it (logits / τ after
     # its top-k/top-p), 0 off the response mask; None from a backend that samples with the trained weights
     # themselves (hf). The trainer's own forward still gives every log-prob the loss uses; these measure how far
-    # the sampler's numerics are from it and weight the loss under truncated importance sampling (rollout.tis_cap).
+    # the sampler's numerics are from it and weight the loss under an off-policy correction (rollout.off_policy_correction).
     sampler_logprobs: torch.Tensor | None = None
 
     @property

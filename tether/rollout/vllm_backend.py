@@ -33,9 +33,9 @@ from tether.console import output_to
 from tether.errors import ConfigError
 from tether.models.lm import DTYPES, checkpoint_weights, inductor_compiles_here, model_context
 from tether.models.shards import gathered, is_sharded
+from tether.online_sections import VLLM_INSTALL as INSTALL
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.prompts import response_mask_from_stops
-from tether.sections import VLLM_INSTALL as INSTALL
 
 KV_AUTO_CAP_GIB = 1.0  # the automatic KV cache is sized for one step's rows, at most this (vLLM queues the rest)
 _ENGINE: dict = {}  # {"key": settings the engine was started with, "llm": the engine, "folder": its weights}

@@ -8,15 +8,8 @@ from dataclasses import dataclass
 from tether.algorithms.choices import PREFERENCE_LOSSES as PAIR_LOSSES
 from tether.algorithms.choices import UNPAIRED_LOSSES
 from tether.config import ConfigError, Section, StageConfig, option
-from tether.sections import (
-    AlarmOptions,
-    DataSection,
-    OptimSection,
-    PolicySection,
-    RewardSection,
-    SamplingSection,
-    TrainSection,
-)
+from tether.online_sections import RewardSection, SamplingSection
+from tether.sections import AlarmOptions, DataSection, OptimSection, PolicySection, TrainSection
 
 DEFAULT_BETA = {"simpo": 2.0}  # every other loss: 0.1
 
@@ -167,6 +160,7 @@ class DPOConfig(StageConfig):
     train: TrainSection = TrainSection()
 
     RENAMED = {
+        "rollout.tis_cap": "rollout.is_ratio_max",  # with --off-policy-correction token_truncate
         "dpo.reference": "model.reference",
         "online.prompts": "rollout.prompts",
         "online.prompts_per_round": "rollout.prompts_per_step",
@@ -222,10 +216,11 @@ class DPOConfig(StageConfig):
                 )
             if not (self.online.judge or self.rewards.has_reward()):
                 raise ConfigError("online.online needs a labeller: --judge module:function, --reward-model or --reward")
-            if self.rollout.tis_cap:
+            if self.rollout.off_policy_correction:
                 raise ConfigError(
-                    f"rollout.tis_cap={self.rollout.tis_cap:g}: online DPO's loss has no sampling ratio to weight "
-                    "(its pairs are labelled, not scored by log-probs under the sampler); leave it at 0"
+                    f"rollout.off_policy_correction={self.rollout.off_policy_correction}: online DPO's loss has no "
+                    "sampling ratio to weight (its pairs are labelled, not scored by log-probs under the sampler); "
+                    "leave it empty"
                 )
             if self.online.judge and self.rewards.has_reward():
                 raise ConfigError(

@@ -18,20 +18,19 @@ import torch
 
 from tether.algorithms.advantages import process_advantages, token_advantages, zero_variance_groups
 from tether.algorithms.kl import kl_estimate
-from tether.algorithms.mismatch import truncated_importance_weights
 from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fractions
 from tether.console import console
 from tether.models.work import phase
+from tether.online_sections import minibatch_size, updates_per_step
 from tether.rewards.score import Scorer, Scores
 from tether.rollout.backends import response_seeds
 from tether.rollout.batch import concat_rollouts
 from tether.rollout.forward import reference_logprobs, response_logprobs
 from tether.rollout.texts import step_end_tokens
-from tether.sections import minibatch_size, updates_per_step
 from tether.stages.grpo_config import GRPOConfig
 from tether.stages.grpo_recipes import RECIPES
-from tether.train.experience import Experience, rollout_metrics, stats
+from tether.train.experience import Experience, correction_weights, rollout_metrics, stats
 from tether.train.offline import EpochOrder
 from tether.train.online import Schedule, run_online, start_online
 from tether.train.online_setup import load_online_models
@@ -304,7 +303,7 @@ class GroupStage:
         if a.kl_in_reward > 0:
             kl_reward = kl_estimate(now, exp.ref_logprobs, a.kl_estimator) * mask
         if now is not None:
-            exp.measure_sampler(now, self.cfg.rollout.tis_cap)
+            exp.measure_sampler(now, self.cfg.rollout)
         # else on policy (one update, one minibatch): the update's own forward gives the log-probs at sampling time,
         # and the sampler gap and the importance weights are taken from it there (update), with no forward of its own
         if self.sharded:  # free the layers these no-grad forwards left gathered (train/sharding.py reshard)
@@ -347,6 +346,12 @@ class GroupStage:
             if rollout.sampler_logprobs is not None and exp.sampler_gap is None
             else None
         )
+        # the importance weights that update applies, every process's rows, for the step's statistics
+        applied = (
+            torch.zeros_like(at_sampling)
+            if at_sampling is not None and bool(self.cfg.rollout.off_policy_correction)
+            else None
+        )
         for _ in range(a.update_epochs):
             order = torch.randperm(n, generator=generator) if mb < n else torch.arange(n)
             for start in range(0, n, mb):
@@ -362,6 +367,7 @@ class GroupStage:
                         n_seq,
                         1.0 if real else 0.0,
                         at_sampling if real else None,
+                        applied if real else None,
                     )
                     for name, value in figures.items():
                         sums[name] += value if real else 0.0
@@ -375,7 +381,8 @@ class GroupStage:
                 tokens, sequences = tokens + n_tokens, sequences + n_seq
                 grad_norms += grad_norm_value(norm) * n_tokens
         if at_sampling is not None:  # the on-policy update's log-probs, every process's rows: the sampler gap's
-            exp.measure_sampler(dp.sum(at_sampling).to(at_sampling.device), self.cfg.rollout.tis_cap)
+            weights = dp.sum(applied).to(applied.device) if applied is not None else None
+            exp.measure_sampler(dp.sum(at_sampling).to(at_sampling.device), self.cfg.rollout, weights)
         summed = dp.sum_dict(sums)
         out = {k: v / max(tokens, 1.0) for k, v in summed.items()}
         out["kl/ref_mean"] = summed["kl/ref_mean"] / max(sequences, 1.0)  # Σ_t KL per response, mean over responses
@@ -403,22 +410,23 @@ class GroupStage:
         n_seq: int,
         weight: float = 1.0,
         at_sampling: torch.Tensor | None = None,
+        applied: torch.Tensor | None = None,
     ) -> dict:
         """Forward and backward of one micro-batch (its loss times ``weight``: 0 for a lock-step filler); returns
         token-weighted statistics (Σ value · tokens). ``at_sampling`` (B, T): the on-policy update's log-probs are
-        recorded there, and the truncated importance weights computed from them (rollout.tis_cap)."""
+        recorded there, and the importance weights computed from them (rollout.off_policy_correction) recorded in
+        ``applied``."""
         a = self.cfg.algo
         sub = exp.rollout.select(micro)
         logp, entropy = response_logprobs(
             self.policy, sub, self.cfg.rollout.temperature, with_entropy=True, padding_free=self.cfg.model.padding_free
         )
-        tis = exp.tis_weights[micro] if exp.tis_weights is not None else None
+        tis = exp.is_weights[micro] if exp.is_weights is not None else None
         if at_sampling is not None:
             at_sampling[micro] = logp.detach().to(at_sampling.dtype)
-            if self.cfg.rollout.tis_cap > 0:
-                tis = truncated_importance_weights(
-                    logp.detach(), sub.sampler_logprobs, sub.response_mask, self.cfg.rollout.tis_cap
-                )
+            if applied is not None:
+                tis = correction_weights(logp.detach(), sub.sampler_logprobs, sub.response_mask, self.cfg.rollout)
+                applied[micro] = tis.to(applied.dtype)
         old = exp.old_logprobs[micro] if exp.old_logprobs is not None else logp.detach()
         ref = exp.ref_logprobs[micro] if exp.ref_logprobs is not None else None
         loss, parts = group_objective(

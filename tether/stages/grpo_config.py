@@ -10,15 +10,8 @@ from typing import Any
 
 from tether.algorithms.choices import ADVANTAGE_ESTIMATORS, AGGREGATIONS, RATIOS
 from tether.config import ConfigError, StageConfig, option
-from tether.sections import (
-    AgentSection,
-    OnlineRunSection,
-    OptimSection,
-    PolicySection,
-    PolicyUpdateSection,
-    RewardSection,
-    SamplingSection,
-)
+from tether.online_sections import AgentSection, PolicyUpdateSection, RewardSection, SamplingSection
+from tether.sections import OnlineRunSection, OptimSection, PolicySection
 from tether.stages.grpo_recipes import RECIPES
 
 
@@ -88,6 +81,7 @@ class GRPOConfig(StageConfig):
     )
 
     RENAMED = {
+        "rollout.tis_cap": "rollout.is_ratio_max",  # with --off-policy-correction token_truncate
         "model.policy": "model.path",
         "algo.lr": "optim.lr",
         "algo.warmup_steps": "optim.warmup_steps",

@@ -25,10 +25,10 @@ from tether.algorithms.reductions import aggregate
 from tether.algorithms.shaping import kl_penalty_rewards
 from tether.models.lm import apply_precision, disable_dropout
 from tether.models.work import phase
+from tether.online_sections import minibatch_size, updates_per_step
 from tether.rewards.score import Scorer
 from tether.rollout.backends import response_seeds
 from tether.rollout.forward import reference_logprobs, response_logprobs, response_logprobs_and_values
-from tether.sections import minibatch_size, updates_per_step
 from tether.stages.ppo_config import PPOConfig
 from tether.stages.ppo_critic import SharedValueHead, load_value_model
 from tether.train.experience import Experience, rollout_metrics, stats
@@ -222,7 +222,7 @@ class PPOStage:
             lambda r: reference_logprobs(self.reference, self.policy, r, temperature, free), rollout
         )
         mask = rollout.response_mask
-        exp.measure_sampler(exp.old_logprobs, self.cfg.rollout.tis_cap)
+        exp.measure_sampler(exp.old_logprobs, self.cfg.rollout)
         exp.kl = kl_estimate(exp.old_logprobs, exp.ref_logprobs, a.kl_estimator) * mask
         # scores are computed on the CPU, the rollout lives on the device
         token_rewards = kl_penalty_rewards(exp.scores.total.to(mask.device), exp.kl, mask, self.kl_coef)
@@ -366,7 +366,7 @@ class PPOStage:
             dual_clip=a.dual_clip,
             entropy_coef=a.entropy_coef,
             n_tokens=n_tokens,
-            token_weights=exp.tis_weights[local] if exp.tis_weights is not None else None,
+            token_weights=exp.is_weights[local] if exp.is_weights is not None else None,
         )
 
     def _value_loss(

@@ -5,15 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.config import ConfigError, Section, StageConfig, option
-from tether.sections import (
-    AgentSection,
-    OnlineRunSection,
-    OptimSection,
-    PolicySection,
-    PolicyUpdateSection,
-    RewardSection,
-    SamplingSection,
-)
+from tether.online_sections import AgentSection, PolicyUpdateSection, RewardSection, SamplingSection
+from tether.sections import OnlineRunSection, OptimSection, PolicySection
 
 
 @dataclass(frozen=True)
@@ -87,6 +80,7 @@ class PPOConfig(StageConfig):
     )
 
     RENAMED = {
+        "rollout.tis_cap": "rollout.is_ratio_max",  # with --off-policy-correction token_truncate
         "roles.policy": "model.path",
         "roles.reference": "model.reference",
         "roles.lora_r": "model.lora_r",

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from tether.algorithms.mismatch import sampler_mismatch, truncated_importance_weights
+from tether.algorithms.mismatch import importance_statistics, importance_weights, sampler_mismatch
 from tether.rewards.score import Scores
 from tether.rollout.batch import Rollout
 
@@ -47,22 +47,23 @@ class Experience:
     advantages: torch.Tensor | None = None  # (B, T), 0 on padding
     returns: torch.Tensor | None = None  # (B, T) (PPO)
     sampler_gap: dict | None = None  # a backend that is not the trainer: mismatch.sampler_mismatch's figures
-    tis_weights: torch.Tensor | None = None  # (B, T) truncated importance weights (rollout.tis_cap), 0 on padding
-    tis_cap: float = 0.0
+    is_weights: torch.Tensor | None = None  # (B, T) importance weights (rollout.off_policy_correction), 0 on padding
+    is_statistics: dict | None = None  # mismatch.importance_statistics of is_weights
 
-    def measure_sampler(self, train_logprobs: torch.Tensor, tis_cap: float) -> None:
-        """With the sampler's own log-probs in the rollout (a vLLM backend): the gap to the trainer's log-probs at
-        sampling time (``train_logprobs`` (B, T)), and the truncated importance weights when ``tis_cap`` > 0
-        (docs/algorithms.md §11). Nothing without them (the hf backend samples with the trained weights)."""
+    def measure_sampler(self, train_logprobs: torch.Tensor, rollout_cfg, weights: torch.Tensor | None = None) -> None:
+        """With the sampler's own log-probs in the rollout (a vLLM backend, a bf16 sampler): the gap to the trainer's
+        log-probs at sampling time (``train_logprobs`` (B, T)), and under rollout.off_policy_correction the importance
+        weights (computed here, or the ``weights`` the update already applied) and what they did (docs/algorithms.md
+        §11). Nothing without them (the hf backend samples with the trained weights)."""
         r = self.rollout
         if r.sampler_logprobs is None:
             return
         self.sampler_gap = sampler_mismatch(train_logprobs, r.sampler_logprobs, r.response_mask)
-        if tis_cap > 0:
-            self.tis_cap = tis_cap
-            self.tis_weights = truncated_importance_weights(
-                train_logprobs, r.sampler_logprobs, r.response_mask, tis_cap
-            )
+        if rollout_cfg.off_policy_correction:
+            if weights is None:
+                weights = correction_weights(train_logprobs, r.sampler_logprobs, r.response_mask, rollout_cfg)
+            self.is_weights = weights
+            self.is_statistics = importance_statistics(train_logprobs, r.sampler_logprobs, r.response_mask, weights)
 
     def samples(self, step: int, group_size: int | None = None) -> list[SampleRecord]:
         r = self.rollout
@@ -85,6 +86,16 @@ class Experience:
             )
             for i in range(len(r.responses))
         ]
+
+
+def correction_weights(
+    train_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, rollout_cfg
+) -> torch.Tensor:
+    """mismatch.importance_weights under the rollout section's rule and bounds (an unset bound: none)."""
+    high = rollout_cfg.is_ratio_max or float("inf")
+    return importance_weights(
+        train_logprobs, sampler_logprobs, mask, rollout_cfg.off_policy_correction, rollout_cfg.is_ratio_min, high
+    )
 
 
 def stats(area: str, x: torch.Tensor) -> dict:
@@ -117,11 +128,10 @@ def rollout_metrics(exp: Experience) -> dict:
         out["rollout/sampler_logprob_diff_mean"] = exp.sampler_gap["abs_mean"]
         out["rollout/sampler_logprob_diff_max"] = exp.sampler_gap["abs_max"]
         out["rollout/sampler_kl"] = exp.sampler_gap["kl"]
-    if exp.tis_weights is not None:
-        m = r.response_mask.bool()
-        w = exp.tis_weights[m]
-        out["rollout/tis_weight_mean"] = float(w.mean()) if w.numel() else 1.0
-        out["rollout/tis_capped_frac"] = float((exp.tis_weights >= exp.tis_cap)[m].float().mean()) if w.numel() else 0.0
+    if exp.is_weights is not None:
+        w = exp.is_weights[r.response_mask.bool()]
+        out["rollout/is_weight_mean"] = float(w.mean()) if w.numel() else 1.0
+        out.update({f"rollout/is_{name}": value for name, value in exp.is_statistics.items()})
     if s.records is not None:
         from tether.agents.episodes import agent_metrics
 

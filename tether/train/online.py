@@ -21,8 +21,8 @@ from typing import Callable, Protocol
 
 from tether.config import ConfigError
 from tether.console import console
-from tether.diagnostics.monitors import RunMonitor, read_jsonl
 from tether.diagnostics.report import reading_place
+from tether.diagnostics.watch import RunMonitor, read_jsonl
 from tether.models.work import counting, phase, section
 from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, save_final, set_rng_state

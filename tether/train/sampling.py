@@ -160,13 +160,14 @@ def weights_updated(backend, policy, sampling_copy=None) -> None:
 
 
 def sampler_correction_line(ro) -> str:
-    """The plan's word on the sampler gap: corrected (truncated importance sampling) or only logged, and how that
+    """The plan's word on the sampler gap: corrected (rollout.off_policy_correction) or only logged, and how that
     differs from TRL, which corrects a vLLM sampler by default (sequence_mask, cap 3)."""
-    if ro.tis_cap:
-        return f"; truncated importance sampling, C = {ro.tis_cap:g}"
+    if ro.off_policy_correction:
+        bounds = f"[{ro.is_ratio_min:g}, {ro.is_ratio_max:g}]" if ro.is_ratio_max else f"[{ro.is_ratio_min:g}, inf)"
+        return f"; off-policy correction {ro.off_policy_correction}, ratio bounds {bounds}"
     if ro.backend == "vllm" or ro.sampling_dtype:
         return (
-            "; the sampler gap is logged (rollout/sampler_*), not corrected: --tis-cap C corrects it (TRL's "
-            "use_vllm corrects by default: sequence_mask, cap 3)"
+            "; the sampler gap is logged (rollout/sampler_*), not corrected: --off-policy-correction corrects it "
+            "(TRL's use_vllm corrects by default: sequence_mask, cap 3)"
         )
     return ""

@@ -304,7 +304,7 @@ READING_ORDER = (  # (title, its patterns in reading order, separated by spaces)
         "groups/.+ sampling/.+ (logps|nll)/.+ epoch",
     ),
     ("Agents and environments", "agent/.+ env/.+"),
-    ("Sampler (vLLM, --sampling-dtype)", "rollout/sampler_.+ rollout/tis_.+"),
+    ("Sampler (vLLM, --sampling-dtype) and the off-policy correction", "rollout/sampler_.+ rollout/is_.+"),
     ("Time and work", "time/.+ perf/.+ tokens pairs steps forwards/.+ positions/.+"),
     ("Other", ""),
     ("Alarm counters", "reward/[^/]+/errors reward/[^/]+/none overfit_alarm agent/unparsed_call_frac"),

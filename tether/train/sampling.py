@@ -72,6 +72,18 @@ class OnlineSampler:
         rollout = self.generate(prompt_indices, seeds)
         return rollout, scorer(rollout, [rows[i] for i in prompt_indices])
 
+    def ahead(self, prompt_indices: list[int], seeds: list[int] | None) -> None:
+        """A later step's request, queued now with a backend that samples beside the trainer (rollout.max_staleness:
+        rollout/async_worker.py); nothing with any other backend."""
+        prefetch = getattr(self.backend, "prefetch", None)
+        if prefetch is not None:
+            prefetch([self.prompts[i] for i in prompt_indices], self.stops, seeds)
+
+    def async_figures(self, rollout) -> dict:
+        """The rollout worker's figures of a step's responses (async/*, docs/metrics.md); {} without one."""
+        figures = getattr(self.backend, "step_figures", None)
+        return figures(rollout) if figures is not None else {}
+
     def weights_updated(self, policy) -> None:
         """After an update (every process calls it): see ``weights_updated``."""
         weights_updated(self.backend, policy, self.sampling_copy)

@@ -29,13 +29,25 @@ def files(tmp_path):
     return rules, prompts
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every side on one thread: the trainer gives the worker its share of the cores (async_worker.py), so a
+    synchronous run compared with an asynchronous one must reduce on as many threads as each side does there."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    assert torch.get_num_threads() == 1, "the run did not give the trainer its threads back"
+    torch.set_num_threads(before)
+
+
 def grpo_args(model, files, out, *more) -> list[str]:
     rules, prompts = files
     args = ["grpo", "--model", str(model), "--prompts", str(prompts), "--reward", f"{rules}:count_a"]
     args += ["--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--response-seeds"]
     args += ["--lr", "3e-3", "--eval-every", "0", "--report-to", "none", "--sample-every", "1"]
-    # the worker's threads as the trainer's: the same reductions, so the same weights draw the same tokens
-    args += ["--async-threads", str(torch.get_num_threads()), "--output", str(out)]
+    # the worker on one thread as the trainer (the fixture): the same reductions, so the same weights draw the same
+    # tokens
+    args += ["--async-threads", "1", "--output", str(out)]
     return args + list(more)
 
 

@@ -119,7 +119,9 @@ class SamplingSection(Section):
         "run naming the worker (a dead worker is noticed within a second).",
     )
     async_threads: int = option(
-        0, "With max_staleness: the rollout worker's torch threads; 0 = half the machine's cores (at least 1)."
+        0,
+        "With max_staleness: the rollout worker's torch threads; 0 = half the trainer's (at least 1). On a CPU the "
+        "trainer keeps the rest of its threads, so the two sides share the cores without oversubscribing them.",
     )
 
     def check(self):

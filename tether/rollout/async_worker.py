@@ -27,7 +27,6 @@ its last words; it dies with the trainer (PR_SET_PDEATHSIG), so a killed trainer
 from __future__ import annotations
 
 import multiprocessing
-import os
 import tempfile
 import time
 import traceback
@@ -128,6 +127,7 @@ class AsyncRolloutBackend:
             tempfile.mkdtemp(prefix="tether-weights-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
         )
         self.process = self.conn = None
+        self.trainer_threads = 0  # the trainer's threads before the worker took its share (CPU only)
 
     # ── the worker's life ──
 
@@ -136,13 +136,23 @@ class AsyncRolloutBackend:
         self.conn, child = context.Pipe()
         config = self.policy.config
         dtype = str(next(self.policy.parameters()).dtype).removeprefix("torch.")
-        threads = self.settings.async_threads or max(1, (os.cpu_count() or 2) // 2)
+        # the cores are shared on a CPU: the worker takes async_threads (default half the trainer's), the trainer
+        # what is left, so the two sides never ask for more threads than the trainer had (OpenMP threads that
+        # outnumber the cores spin against each other: measured, docs/scaling.md)
+        budget = torch.get_num_threads()
+        threads = self.settings.async_threads or max(1, budget // 2)
+        if next(self.policy.parameters()).device.type == "cpu":
+            self.trainer_threads = budget  # given back at close
+            torch.set_num_threads(max(1, budget - threads))
         args = (child, config, dtype, config._attn_implementation, self.tokenizer, self.settings, stops, threads)
         self.process = context.Process(target=_serve, args=args, daemon=True, name="tether-rollout")
         self.process.start()
         child.close()
 
     def close(self) -> None:
+        if self.trainer_threads:
+            torch.set_num_threads(self.trainer_threads)
+            self.trainer_threads = 0
         if self.process is not None:
             if self.process.is_alive():
                 self.conn.send(("stop",))

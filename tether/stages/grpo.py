@@ -20,7 +20,6 @@ from tether.algorithms.advantages import process_advantages, token_advantages, z
 from tether.algorithms.kl import kl_estimate
 from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fractions
-from tether.config import ConfigError
 from tether.console import console
 from tether.models.work import phase
 from tether.online_sections import minibatch_size, updates_per_step
@@ -99,11 +98,6 @@ class GroupStage:
         self.cursor = 0  # prompts drawn so far: dynamic sampling draws a varying number per step
         self.warned_until = 0
         self.queued = 0  # prompts queued with a rollout worker (rollout.max_staleness); none after a resume
-        if cfg.rollout.max_staleness and self.dp.world > 1:
-            raise ConfigError(
-                f"rollout.max_staleness={cfg.rollout.max_staleness} on {self.dp.world} processes: the rollout worker "
-                "serves one training process so far (docs/scaling.md, 'Asynchronous rollouts')"
-            )
 
     @property
     def sampling_policy(self):
@@ -239,15 +233,18 @@ class GroupStage:
     def queue_ahead(self) -> None:
         """With rollout.max_staleness K: the prompts of this step and the K after it queued with the rollout worker,
         each step's after the weights of every update before it was pushed (rollout/async_worker.py), so the
-        response trained on at update u were drawn by a version ≥ u − K."""
-        ro = self.cfg.rollout
+        responses trained on at update u were drawn by a version ≥ u − K. On N processes each queues its own share
+        with its own worker, the share ``collect`` will ask it for."""
+        ro, g = self.cfg.rollout, self.cfg.rollout.group_size
         for later in range(ro.max_staleness + 1 if ro.max_staleness else 0):
             start = self.cursor + later * ro.prompts_per_step
             if start >= self.queued:
-                positions = list(range(start, start + ro.prompts_per_step))
-                picked = [i for i in self.order.slice(start, ro.prompts_per_step) for _ in range(ro.group_size)]
-                seeds = response_seeds(self.cfg.train.seed, positions, ro.group_size) if ro.response_seeds else None
-                self.sampler.ahead(picked, seeds)
+                indices = self.order.slice(start, ro.prompts_per_step)
+                mine = self.dp.shard(list(zip(indices, range(start, start + ro.prompts_per_step))))
+                picked = [i for i, _ in mine for _ in range(g)]
+                seeds = response_seeds(self.cfg.train.seed, [p for _, p in mine], g) if ro.response_seeds else None
+                if picked:
+                    self.sampler.ahead(picked, seeds)
                 self.queued = start + ro.prompts_per_step
 
     def step(self, step: int) -> tuple[dict, list]:

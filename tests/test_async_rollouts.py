@@ -90,6 +90,8 @@ def test_one_step_off_draws_what_the_trainer_would_and_then_trains_one_update_be
     assert all(torch.equal(one[k], other[k]) for k in one)
     metrics = rows(ahead / "metrics.jsonl")
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    # the parity probe after each push: the same weights on the same threads give the same log-probs
+    assert all(m["async/parity_max_diff"] <= 1e-6 for m in metrics)
     assert all(m["async/dropped"] == 0 and m["async/rollout_busy_s"] > 0 for m in metrics)
     # the worker's log-probs came back: on the first step the same weights, so the gap is float32 rounding of two
     # orders of one forward (the worker's KV-cached decode against the trainer's full pass: a few ulps of logits
@@ -204,3 +206,22 @@ def test_a_killed_trainer_takes_its_worker_with_it_and_the_run_resumes_drawing_a
     metrics = {m["step"]: m for m in rows(out / "metrics.jsonl")}
     assert metrics[3]["async/staleness_max"] == 0.0 and metrics[4]["async/staleness_max"] == 1.0
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_a_worker_that_does_not_hold_the_pushed_weights_stops_the_run(llama_dir, files, tmp_path, monkeypatch, capsys):
+    """The parity probe: the weights file the worker reads is not the trainer's (here each weight 0.01 off, as a
+    transfer that lost or mixed up a version would be), so the worker's log-probs of the probe disagree with the
+    trainer's and the run stops at the first push, at start-up, naming the worker and the gap."""
+    import safetensors.torch
+
+    real = safetensors.torch.save_file
+
+    def off(state, path, *args, **kwargs):
+        real({k: v + 0.01 if v.is_floating_point() else v for k, v in state.items()}, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", off)
+    code = main(grpo_args(llama_dir, files, tmp_path / "run", "--max-steps", "2", "--max-staleness", "1"))
+    out = capsys.readouterr()
+    assert code == 1
+    assert "does not hold the weights of version 0" in out.out + out.err
+    assert "parity probe" in out.out + out.err

@@ -5,7 +5,9 @@ The worker is a spawned process holding its own copy of the policy (built from t
 and a Hugging Face sampler over it (backends.HFGenerate, the KV-cache decode). It answers messages in the order they
 come, over one pipe:
 
-    ("weights", v, path)   load version v of the weights from a safetensors file, then answer ("loaded", v)
+    ("weights", v, path, probe)
+                           load version v of the weights from a safetensors file, then answer ("loaded", v, lp):
+                           lp the log-probs of the parity probe's tokens under them
     ("generate", key, prompts, seeds)
                            sample one response per prompt with the weights it holds, answer ("rollout", key, v, …)
     ("stop",)              end
@@ -20,7 +22,9 @@ log-probs of the sampled tokens come back with the rollout (Rollout.sampler_logp
 between the sampling version and the trainer and corrects it (rollout.off_policy_correction; decoupled PPO,
 docs/algorithms.md §11).
 
-A worker that dies, or answers nothing within rollout.worker_timeout_s, stops the run with its pid, its exit code and
+After every push the trainer compares the worker's probe log-probs with its own of the same version (a fixed token
+sequence, PARITY_TOLERANCE): a worker that kept older weights stops the run at the first push it got wrong, from the
+first push at start-up on. A worker that dies, or answers nothing within rollout.worker_timeout_s, stops the run with its pid, its exit code and
 its last words; it dies with the trainer (PR_SET_PDEATHSIG), so a killed trainer leaves no orphan.
 """
 
@@ -68,6 +72,31 @@ def _name_process(name: bytes) -> None:
         pass
 
 
+# The parity probe: after every push the worker and the trainer each compute the log-probs of a fixed token sequence
+# with the weights of that version, and the trainer compares them. Two forwards of the same weights on one machine
+# differ only in their summation order (~1e-6 nats in float32, less in float64, bf16 copies are not probed: the probe
+# runs on the weights the worker loaded); 1e-3 nats is a thousand times that, and a worker whose distribution is
+# within 1e-3 nats of the trainer's on every probe token samples what the trainer would, whatever it holds.
+PROBE_TOKENS = 32
+PARITY_TOLERANCE = 1e-3
+
+
+@torch.no_grad()
+def probe_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log p(x_{t+1} | x_≤t) of the probe sequence ``ids`` under ``model``, in float64 (len(ids) − 1 values)."""
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], device=device)
+    logits = model(input_ids=x).logits[0, :-1].double()
+    return logits.log_softmax(-1).gather(-1, x[0, 1:, None].long()).flatten().cpu()
+
+
+def probe_ids(tokenizer, config) -> list[int]:
+    """A fixed probe: the first PROBE_TOKENS ids the tokenizer does not reserve, within the model's vocabulary."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    vocab = int(getattr(config, "vocab_size", 0) or len(tokenizer))
+    return [i for i in range(vocab) if i not in special][:PROBE_TOKENS]
+
+
 def _serve(conn, config, dtype: str, attn: str, tokenizer, settings, stops: list[int], threads: int) -> None:
     """The worker's loop (a spawned process)."""
     from safetensors.torch import load_file
@@ -86,10 +115,10 @@ def _serve(conn, config, dtype: str, attn: str, tokenizer, settings, stops: list
         while True:
             message = conn.recv()
             if message[0] == "weights":
-                _, version, path = message
+                _, version, path, ids = message
                 model.load_state_dict(load_file(path), strict=True)
                 sampler.weights_updated(model)  # a sampling-dtype copy takes them too
-                conn.send(("loaded", version))
+                conn.send(("loaded", version, probe_logprobs(model, ids).tolist()))
             elif message[0] == "generate":
                 _, key, prompts, seeds = message
                 t0 = time.perf_counter()
@@ -128,6 +157,8 @@ class AsyncRolloutBackend:
         )
         self.process = self.conn = None
         self.trainer_threads = 0  # the trainer's threads before the worker took its share (CPU only)
+        self.probe = probe_ids(tokenizer, policy.config)
+        self.probes: dict[int, torch.Tensor] = {}  # version -> the trainer's probe log-probs, until the worker's come
 
     # ── the worker's life ──
 
@@ -190,6 +221,7 @@ class AsyncRolloutBackend:
         if message[0] == "error":
             raise RolloutWorkerError(f"the rollout worker (pid {self.process.pid}) failed:\n{message[1]}")
         if message[0] == "loaded":
+            self._check_parity(message[1], torch.tensor(message[2], dtype=torch.float64))
             self.acked = max(self.acked, message[1])
         else:
             _, key, version, data, seconds = message
@@ -212,6 +244,18 @@ class AsyncRolloutBackend:
 
     # ── the weights ──
 
+    def _check_parity(self, version: int, worker: torch.Tensor) -> None:
+        """The worker's probe log-probs for ``version`` against the trainer's of the same version (PARITY_TOLERANCE):
+        a worker that kept older weights, or loaded them wrongly, stops the run here."""
+        gap = float((worker - self.probes.pop(version)).abs().max())
+        self.figures["parity"] = max(self.figures.get("parity", 0.0), gap)
+        if not gap <= PARITY_TOLERANCE:  # NaN included
+            raise RolloutWorkerError(
+                f"the rollout worker (pid {self.process.pid}) does not hold the weights of version {version}: its "
+                f"log-probs of the parity probe differ from the trainer's by up to {gap:.3g} nats (at most "
+                f"{PARITY_TOLERANCE:g} allowed)"
+            )
+
     def _push(self) -> None:
         """Send the trainer's weights as version self.version (slot version % 2, once the worker has loaded the
         version that last used that slot)."""
@@ -223,7 +267,8 @@ class AsyncRolloutBackend:
         path = self.slots / f"slot{self.version % 2}.safetensors"
         state = {name: tensor.detach().to("cpu").clone() for name, tensor in self.policy.state_dict().items()}
         save_file(state, str(path))
-        self._send(("weights", self.version, str(path)))
+        self.probes[self.version] = probe_logprobs(self.policy, self.probe)
+        self._send(("weights", self.version, str(path), self.probe))
         self.pushed = self.version
         self.figures["sync_s"] += time.perf_counter() - t0
 
@@ -276,6 +321,7 @@ class AsyncRolloutBackend:
             "async/staleness_max": float(staleness.max()),
             "async/dropped": float(self.dropped),
             "async/weight_sync_s": self.figures["sync_s"],
+            "async/parity_max_diff": self.figures.get("parity", 0.0),
             "async/trainer_wait_s": self.figures["wait_s"],
             "async/rollout_busy_s": self.figures["busy_s"],
         }

@@ -4,6 +4,7 @@ what the lab's GRPO lesson says at each K.
     .venv/bin/python bench/async_rollouts.py --lab runs/lab                          # speed: K = 0 and 1, 3 repeats
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --mode learn --ks 0,1,2 --seeds 0,1
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --mode learn --ks 8,8tis --seeds 0
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload 29m     # speed on bench/stages.py's 29.9 M model
 
 Every run is the lab's own grpo_outcome stage (tether.lab.rl.run_lab_grpo: the lab's SFT model, 32 prompts × 8
 responses a step, 48 new tokens, lr 5e-5, the outcome rewards), each a fresh process with the machine's default
@@ -17,6 +18,8 @@ the off-policy correction token_truncate at 2.
   to the K = 0 run of the same repeat (median and range), and the worker's figures (async/trainer_wait_s,
   async/rollout_busy_s, async/weight_sync_s). The overlap's bound is max(sample, update) / (sample + update) of
   the K = 0 arm's phases, printed beside it.
+- ``--workload 29m`` (speed only): the GRPO workload of bench/sampling_dtype.py instead — `tether grpo` on the 29.9 M
+  Llama of bench/stages.py (random weights, the lab's tokenizer), 8 prompts × 4 responses of 48 tokens a step.
 - ``--mode learn`` (the lab's steps and evaluation, LabConfig): per arm and seed, the lab's grpo_outcome rule
   (tether/lab/lessons.py) on the run's figures, the sampled and greedy accuracy at each evaluation, the staleness and
   the importance ratio's spread (rollout/is_ratio_p1 … p99) where a correction ran.
@@ -91,6 +94,36 @@ def run_one(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int)
     (folder / "result.json").write_text(json.dumps(result))
 
 
+def run_29m(lab: Path, folder: Path, arm: str, steps: int) -> None:
+    """The 29.9 M workload through the command line; writes result.json as run_one does (speed figures only)."""
+    import importlib.util
+
+    from tether.cli import main as tether_main
+
+    spec = importlib.util.spec_from_file_location("bench_sampling_dtype", Path(__file__).parent / "sampling_dtype.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    model = module.stages.build_model(lab, folder.parent / "model-29m")
+    extra = [f"--{k.split('.')[1].replace('_', '-')}={v}" for k, v in arm_settings(arm).items()]
+    t0 = time.perf_counter()
+    if tether_main([*module.grpo_args(lab, model, folder / "run", "hf", steps), *extra]) != 0:
+        raise SystemExit(f"tether grpo failed for arm {arm}")
+    rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    later = [r for r in rows if r.get("step", 0) >= 3]
+    result = {
+        "wall_s": time.perf_counter() - t0,
+        "step_s": statistics.median(sum(v for k, v in r.items() if k.startswith("time/")) for r in later),
+        "phases": {
+            k: statistics.median(r.get(k, 0.0) for r in later)
+            for k in later[0]
+            if k.startswith("time/") or k.startswith("async/")
+        },
+    }
+    (folder / "result.json").write_text(json.dumps(result))
+
+
 def launch(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int) -> dict:
     command = [sys.executable, __file__, "--one", arm, str(seed), mode, str(steps), "--lab", str(lab)]
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -149,6 +182,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="speed mode: steps per run")
+    parser.add_argument("--workload", choices=("lab", "29m"), default="lab", help="speed mode: what runs")
     parser.add_argument("--out", default="runs/bench-async-rollouts")
     parser.add_argument("--json", default="")
     parser.add_argument("--one", nargs=4, metavar=("ARM", "SEED", "MODE", "STEPS"), help=argparse.SUPPRESS)
@@ -156,7 +190,10 @@ def main() -> None:
     lab, out = Path(args.lab).resolve(), Path(args.out).resolve()
     if args.one:
         arm, seed, mode, steps = args.one
-        run_one(lab, out, arm, int(seed), mode, int(steps))
+        if mode == "speed-29m":
+            run_29m(lab, out, arm, int(steps))
+        else:
+            run_one(lab, out, arm, int(seed), mode, int(steps))
         return
     arms, seeds = args.ks.split(","), [int(s) for s in args.seeds.split(",")]
     for arm in arms:
@@ -165,8 +202,9 @@ def main() -> None:
     if args.mode == "speed":
         for repeat in range(args.repeats):
             for arm in arms:
-                folder = out / f"speed-K{arm}-{repeat}"
-                results[arm].append(launch(lab, folder, arm, seeds[0], "speed", args.steps))
+                folder = out / f"speed-{args.workload}-K{arm}-{repeat}"
+                mode = "speed" if args.workload == "lab" else "speed-29m"
+                results[arm].append(launch(lab, folder, arm, seeds[0], mode, args.steps))
     else:
         for seed in seeds:
             for arm in arms:

@@ -62,16 +62,6 @@ def _from_wire(data: dict, version: int) -> Rollout:
     )
 
 
-def _name_process(name: bytes) -> None:
-    """The process's name in ps and /proc/<pid>/comm (Linux's PR_SET_NAME; elsewhere nothing)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).prctl(15, name)  # 15: PR_SET_NAME
-    except (OSError, AttributeError):  # not Linux: no prctl
-        pass
-
-
 # The parity probe: after every push the worker and the trainer each compute the log-probs of a fixed token sequence
 # with the weights of that version, and the trainer compares them. Two forwards of the same weights on one machine
 # differ only in their summation order (~1e-6 nats in float32, less in float64, bf16 copies are not probed: the probe
@@ -97,19 +87,22 @@ def probe_ids(tokenizer, config) -> list[int]:
     return [i for i in range(vocab) if i not in special][:PROBE_TOKENS]
 
 
-def _serve(conn, config, dtype: str, attn: str, tokenizer, settings, stops: list[int], threads: int) -> None:
-    """The worker's loop (a spawned process)."""
+def _serve(
+    conn, config, dtype: str, attn: str, device: str, tokenizer, settings, stops: list[int], threads: int
+) -> None:
+    """The worker's loop (a spawned process), its copy of the policy on ``device`` (the trainer's)."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from tether.processes import die_with_parent, name_process
     from tether.rollout.backends import HFGenerate
-    from tether.train.run import die_with_parent
 
     die_with_parent()
-    _name_process(b"tether-rollout")
+    name_process(b"tether-rollout")
     torch.set_num_threads(threads)
     try:
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn).eval()
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
+        model = model.to(device).eval()
         sampler = HFGenerate(model, tokenizer, settings, copy=True)
         version = -1
         while True:
@@ -175,7 +168,9 @@ class AsyncRolloutBackend:
         if next(self.policy.parameters()).device.type == "cpu":
             self.trainer_threads = budget  # given back at close
             torch.set_num_threads(max(1, budget - threads))
-        args = (child, config, dtype, config._attn_implementation, self.tokenizer, self.settings, stops, threads)
+        device = str(next(self.policy.parameters()).device)
+        attn = config._attn_implementation
+        args = (child, config, dtype, attn, device, self.tokenizer, self.settings, stops, threads)
         self.process = context.Process(target=_serve, args=args, daemon=True, name="tether-rollout")
         self.process.start()
         child.close()
@@ -333,3 +328,13 @@ class AsyncRolloutBackend:
             f"a rollout worker process beside the trainer (Hugging Face model, KV cache), at most "
             f"{self.max_staleness} update(s) behind; weights as files after every update"
         )
+
+
+def sampling_backend(settings, policy, tokenizer):
+    """What an online stage samples with: a rollout worker beside the trainer when rollout.max_staleness ≥ 1 (hf
+    only; the section refuses the rest), else the backend rollout.backend names (backends.make_backend)."""
+    from tether.rollout.backends import make_backend
+
+    if getattr(settings, "max_staleness", 0) > 0:
+        return AsyncRolloutBackend(policy, tokenizer, settings)
+    return make_backend(settings, policy, tokenizer)

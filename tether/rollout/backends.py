@@ -298,10 +298,7 @@ BACKENDS = {"hf": HFGenerate, "vllm": VLLMBackend}
 
 
 def make_backend(settings, policy, tokenizer) -> GenerationBackend:
-    """The backend ``settings.backend`` names (a SamplingSection: rollout.backend), sampling from ``policy``; with
-    rollout.max_staleness ≥ 1, a rollout worker beside the trainer (hf only; the section refuses the rest)."""
-    if getattr(settings, "max_staleness", 0) > 0:
-        from tether.rollout.async_worker import AsyncRolloutBackend
-
-        return AsyncRolloutBackend(policy, tokenizer, settings)
+    """The backend ``settings.backend`` names (a SamplingSection: rollout.backend), sampling from ``policy``. (With
+    rollout.max_staleness ≥ 1 the online stages sample through a rollout worker instead:
+    rollout/async_worker.py sampling_backend.)"""
     return BACKENDS[settings.backend](policy, tokenizer, settings)

@@ -260,6 +260,21 @@ def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, re
 
 
 @pytest.mark.slow
+def test_rollouts_beside_two_trainer_processes_equal_one(llama_dir, files, tmp_path):
+    """--max-staleness 1 on two processes: each trainer queues its share of the next step with a rollout worker of its
+    own and pushes it the same weights, so the two processes train what one process with one worker trains (the
+    responses drawn by their seeds, one update behind from the second step on, in both)."""
+    rules, prompts = files
+    args = group_recipe_args(llama_dir, rules, prompts, "grpo") + ["--max-staleness", "1", "--async-threads", "1"]
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_written_once(tmp_path / "two", 16, 3)
+    for out in ("one", "two"):
+        assert [m["async/staleness_max"] for m in lines(tmp_path / out / "metrics.jsonl")] == [0.0, 1.0, 1.0]
+
+
+@pytest.mark.slow
 def test_a_process_reward_on_two_processes_equals_one(llama_dir, files, tmp_path):
     """Step scores travel with their responses; token advantages are computed from the gathered groups."""
     rules, prompts = files

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tether"
 # its own floor. The floors below `train` are what a sampler, a scorer or a data reader needs; the loops sit above
 # them, the stages above the loops, and the lab, the Python API and the command line above everything.
 FLOORS = [
-    ("tether.errors", "tether.console", "tether.algorithms", "tether._moved"),
+    ("tether.errors", "tether.console", "tether.processes", "tether.algorithms", "tether._moved"),
     ("tether.compat",),
     ("tether.config",),
     ("tether.sections", "tether.online_sections"),
@@ -41,6 +41,7 @@ TOP_LEVEL = {
     "errors",
     "sections",
     "online_sections",
+    "processes",
 }
 
 

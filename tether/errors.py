@@ -1,5 +1,6 @@
-"""The two errors a user is meant to read: a wrong setting and bad input data. Each message names what is wrong
-(the option, or the file, line and field) and how to fix it; the command line prints them without a traceback."""
+"""The errors a user is meant to read: a wrong setting, bad input data, and a process tether started beside the
+trainer that died, failed or went silent. Each message names what is wrong (the option; the file, line and field;
+the process and how it ended) and how to fix it; the command line prints them without a traceback of its own."""
 
 from __future__ import annotations
 
@@ -10,3 +11,8 @@ class ConfigError(ValueError):
 
 class DataError(ValueError):
     """Bad input data; the message names the file, the line or row, and the field."""
+
+
+class WorkerError(RuntimeError):
+    """A process beside the trainer (the rollout worker) died, failed or answered nothing in time; the message names
+    it, its exit code or its own traceback. The run stops: nothing falls back to sampling elsewhere."""

@@ -106,6 +106,23 @@ class SamplingSection(Section):
         "Draw each response with its own seed (from the run's seed and the prompt's place in the prompt stream), "
         "not the global RNG: samples then depend on neither batch nor process count (N processes reproduce one).",
     )
+    max_staleness: int = option(
+        0,
+        "Sample beside the trainer: a rollout worker process draws the next steps' responses while the trainer "
+        "updates, each from weights at most this many updates old (docs/scaling.md, 'Asynchronous rollouts'; pair "
+        "it with --off-policy-correction). 0: the synchronous loop, sampling in the trainer. The group family on "
+        "the hf backend, one training process.",
+    )
+    worker_timeout_s: float = option(
+        600.0,
+        "With max_staleness: the longest the trainer waits for the rollout worker's next answer before it stops the "
+        "run naming the worker (a dead worker is noticed within a second).",
+    )
+    async_threads: int = option(
+        0,
+        "With max_staleness: the rollout worker's torch threads; 0 = half the trainer's (at least 1). On a CPU the "
+        "trainer keeps the rest of its threads, so the two sides share the cores without oversubscribing them.",
+    )
 
     def check(self):
         if self.temperature <= 0:
@@ -125,17 +142,28 @@ class SamplingSection(Section):
                 f"vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} in (0, 1]"
             )
         self._check_correction()
+        if self.max_staleness < 0 or self.worker_timeout_s <= 0 or self.async_threads < 0:
+            raise ConfigError(
+                f"max_staleness={self.max_staleness} and async_threads={self.async_threads} must be >= 0, "
+                f"worker_timeout_s={self.worker_timeout_s:g} > 0"
+            )
+        if self.max_staleness and self.backend != "hf":
+            raise ConfigError(
+                f"max_staleness={self.max_staleness} with --rollout-backend {self.backend}: the rollout worker "
+                "samples with the Hugging Face model (hf); a vLLM engine in a process of its own is not built yet"
+            )
         if self.backend == "vllm":
             from importlib.util import find_spec
 
             if find_spec("vllm") is None:  # before any model is loaded
                 raise ConfigError(VLLM_INSTALL)
         vllm_only = self.vllm_kv_cache_gib or self.vllm_sleep or self.vllm_gpu_memory_utilization != 0.3
-        if self.backend == "hf" and (vllm_only or (self.off_policy_correction and not self.sampling_dtype)):
+        sampler_gap = self.sampling_dtype or self.max_staleness
+        if self.backend == "hf" and (vllm_only or (self.off_policy_correction and not sampler_gap)):
             raise ConfigError(
                 "off_policy_correction and the vllm_* options are for --rollout-backend vllm (the correction also for "
-                "--sampling-dtype): the hf backend samples with the trained weights themselves, so there is no engine "
-                "and no sampler gap"
+                "--sampling-dtype and --max-staleness): the hf backend samples with the trained weights themselves, "
+                "so there is no engine and no sampler gap"
             )
 
     def _check_correction(self):

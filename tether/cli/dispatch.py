@@ -1,5 +1,5 @@
 """`tether <command>`: parse, run the command, and end with its exit code: 0, or 2 with one line for a ConfigError
-or a DataError (no traceback), 130 with the last step and checkpoint on Ctrl-C. A stage's command builds its config
+or a DataError (no traceback), 1 with the worker's own words for a WorkerError, 130 with the last step and checkpoint on Ctrl-C. A stage's command builds its config
 from flags and YAML (its row of the stage table, tether.config.STAGES, names the class) and runs it through
 ``run_stage``, as the Python API does; a tool's builds its CommandConfig from flags and calls its function."""
 
@@ -13,7 +13,7 @@ from tether.cli.data import DATA
 from tether.cli.parser import POINTERS, build_parser, exit_on_unknown_arguments, foreign_flags
 from tether.cli.tools import TOOLS
 from tether.config import STAGES, ConfigError, build_config, config_from_args, load_yaml, stage
-from tether.errors import DataError
+from tether.errors import DataError, WorkerError
 
 COMMANDS = {command.name: command for command in (*TOOLS, DATA)}
 
@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"tether {args.stage}: error: {exc}", file=sys.stderr)
         return 2
+    except WorkerError as exc:
+        print(f"tether {args.stage}: stopped: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(interrupted_line(args), file=sys.stderr)
         return 130

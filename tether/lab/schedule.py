@@ -223,7 +223,7 @@ def worker_init() -> None:
     """A worker dies with the lab's process (Linux): a killed `tether lab` leaves no stage running on, which a
     resumed run would otherwise start a second time into the same folder."""
     from tether.console import quiet_libraries
-    from tether.train.run import die_with_parent
+    from tether.processes import die_with_parent
 
     die_with_parent()
     quiet_libraries()

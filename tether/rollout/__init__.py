@@ -1,10 +1,11 @@
 """Sampling responses and scoring their tokens: the rollout record (``batch``), prompt rendering and the one stop
 set (``prompts``), the generation backends chosen by ``rollout.backend`` (``backends``; the KV-cache sampler the hf
-backend runs in ``decoding``, the vLLM engine in ``vllm_backend``), the trainer's forward over a rollout (``forward``: log-probs at the sampling temperature,
+backend runs in ``decoding``, the vLLM engine in ``vllm_backend``), a rollout worker beside the trainer
+(``async_worker``: rollout.max_staleness), the trainer's forward over a rollout (``forward``: log-probs at the sampling temperature,
 entropies, critic states), and text generation and step offsets (``texts``).
 
 May import: ``tether.algorithms``, ``tether.models``, ``tether.config``, ``tether.sections``,
-``tether.online_sections``, ``tether.errors``, ``tether.console``.
+``tether.online_sections``, ``tether.errors``, ``tether.console``, ``tether.processes``.
 """
 
 

@@ -199,9 +199,12 @@ class HFGenerate:
 
     samples_trainer_weights = True
 
-    def __init__(self, model, tokenizer, settings=None):
+    def __init__(self, model, tokenizer, settings=None, copy: bool = False):
+        """``copy``: ``model`` is not the trained policy but a copy of some version of it (the rollout worker's,
+        rollout/async_worker.py): it samples, keeping each sampled token's log-prob as a sampling copy does."""
         self.model, self.tokenizer = model, tokenizer
         self.sampler = model  # what samples: the policy itself, or its copy in the sampling dtype
+        self.samples_trainer_weights = not copy
         wanted = getattr(settings, "sampling_dtype", "")
         if wanted and DTYPES[wanted] != next(model.parameters()).dtype:
             self.sampler = _sampling_copy(model, DTYPES[wanted], settings)
@@ -295,5 +298,7 @@ BACKENDS = {"hf": HFGenerate, "vllm": VLLMBackend}
 
 
 def make_backend(settings, policy, tokenizer) -> GenerationBackend:
-    """The backend ``settings.backend`` names (a SamplingSection: rollout.backend), sampling from ``policy``."""
+    """The backend ``settings.backend`` names (a SamplingSection: rollout.backend), sampling from ``policy``. (With
+    rollout.max_staleness ≥ 1 the online stages sample through a rollout worker instead:
+    rollout/async_worker.py sampling_backend.)"""
     return BACKENDS[settings.backend](policy, tokenizer, settings)

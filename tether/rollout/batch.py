@@ -28,6 +28,9 @@ class Rollout:
     # themselves (hf). The trainer's own forward still gives every log-prob the loss uses; these measure how far
     # the sampler's numerics are from it and weight the loss under an off-policy correction (rollout.off_policy_correction).
     sampler_logprobs: torch.Tensor | None = None
+    # (B,) the policy version (updates done) whose weights drew each row; None: the trainer's current weights
+    # (every backend but the rollout worker, rollout/async_worker.py)
+    policy_versions: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -51,6 +54,7 @@ class Rollout:
             [self.responses[i] for i in pick],
             self.response_attention[idx] if self.response_attention is not None else None,
             self.sampler_logprobs[idx] if self.sampler_logprobs is not None else None,
+            self.policy_versions[idx] if self.policy_versions is not None else None,
         )
 
     def completion_ids(self) -> list[list[int]]:
@@ -84,9 +88,11 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     attention = None
     if any(r.response_attention is not None for r in parts):
         attention = torch.cat([pad(r.attention, t_len, 0, False) for r in parts])
-    sampler = None
+    sampler = versions = None
     if all(r.sampler_logprobs is not None for r in parts):
         sampler = torch.cat([pad(r.sampler_logprobs, t_len, 0.0, False) for r in parts])
+    if all(r.policy_versions is not None for r in parts):
+        versions = torch.cat([r.policy_versions for r in parts])
     return Rollout(
         torch.cat([pad(r.prompt_ids, p_len, pad_id, True) for r in parts]),
         torch.cat([pad(r.prompt_mask, p_len, 0, True) for r in parts]),
@@ -97,4 +103,5 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         [x for r in parts for x in r.responses],
         attention,
         sampler,
+        versions,
     )

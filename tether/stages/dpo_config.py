@@ -176,6 +176,11 @@ class DPOConfig(StageConfig):
     OLD_FLAGS = {"--online-prompts": "online.prompts"}
 
     def check(self):
+        if self.rollout.max_staleness:
+            raise ConfigError(
+                f"rollout.max_staleness={self.rollout.max_staleness}: online DPO samples in the trainer; the rollout "
+                "worker beside it serves the group family (tether grpo) so far"
+            )
         if self.model.offload_frozen:
             raise ConfigError(
                 "model.offload_frozen: tether dpo holds no sharded frozen model to offload (its reference "

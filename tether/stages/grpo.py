@@ -97,6 +97,7 @@ class GroupStage:
         self.order = EpochOrder(len(self.prompts), cfg.train.seed)
         self.cursor = 0  # prompts drawn so far: dynamic sampling draws a varying number per step
         self.warned_until = 0
+        self.queued = 0  # prompts queued with a rollout worker (rollout.max_staleness); none after a resume
 
     @property
     def sampling_policy(self):
@@ -229,9 +230,28 @@ class GroupStage:
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
         return self.sampler.sample(self.rows, picked, seeds, self.scorer)
 
+    def queue_ahead(self) -> None:
+        """With rollout.max_staleness K: the prompts of this step and the K after it queued with the rollout worker,
+        each step's after the weights of every update before it was pushed (rollout/async_worker.py), so the
+        responses trained on at update u were drawn by a version ≥ u − K. On N processes each queues its own share
+        with its own worker, the share ``collect`` will ask it for."""
+        ro, g = self.cfg.rollout, self.cfg.rollout.group_size
+        for later in range(ro.max_staleness + 1 if ro.max_staleness else 0):
+            start = self.cursor + later * ro.prompts_per_step
+            if start >= self.queued:
+                indices = self.order.slice(start, ro.prompts_per_step)
+                mine = self.dp.shard(list(zip(indices, range(start, start + ro.prompts_per_step))))
+                picked = [i for i, _ in mine for _ in range(g)]
+                seeds = response_seeds(self.cfg.train.seed, [p for _, p in mine], g) if ro.response_seeds else None
+                if picked:
+                    self.sampler.ahead(picked, seeds)
+                self.queued = start + ro.prompts_per_step
+
     def step(self, step: int) -> tuple[dict, list]:
-        # ── sample and score the step's groups (dynamic sampling: rounds until enough vary) ──
+        # ── sample and score the step's groups (dynamic sampling: rounds until enough vary); with a rollout worker
+        # the later steps' prompts are queued first, so it samples them while this step updates ──
         t0 = time.perf_counter()
+        self.queue_ahead()
         exp, counts = self.collect()
         t1 = time.perf_counter()
         self._warn_if_flat(step, counts.zero_variance_frac)
@@ -253,6 +273,7 @@ class GroupStage:
             self.prepare(exp)
         t2 = time.perf_counter()
         # ── the update's passes, then the new weights to the sampler ──
+        metrics.update(self.sampler.async_figures(exp.rollout))  # the responses' staleness, before this update
         generator = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         with phase("update"):
             update = self.update(exp, generator)
@@ -493,4 +514,9 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
         backend(models.sampling_copy or models.policy, models.tokenizer) if backend else None,
         models.sampling_copy,
     )
-    return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start, "tether grpo", evaluate_fn)
+    try:
+        return run_online(stage, Schedule.of(cfg.train, cfg.train.max_steps), start, "tether grpo", evaluate_fn)
+    finally:  # a rollout worker (rollout.max_staleness) ends with the run, its weight files with it
+        close = getattr(stage.sampler.backend, "close", None)
+        if close is not None:
+            close()

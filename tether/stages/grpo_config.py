@@ -111,6 +111,19 @@ class GRPOConfig(StageConfig):
             )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
+        if self.rollout.max_staleness:
+            unsupported = {
+                "algo.dynamic_sampling (how many prompts a step draws depends on the scores)": self.algo.dynamic_sampling,
+                "agent.env (multi-turn episodes)": bool(self.agent.env),
+                "model.fsdp": self.model.fsdp,
+                "a LoRA policy (model.lora_r)": bool(self.model.lora_r),
+            }
+            given = [what for what, on in unsupported.items() if on]
+            if given:
+                raise ConfigError(
+                    f"rollout.max_staleness={self.rollout.max_staleness}: the rollout worker does not sample with "
+                    f"{'; '.join(given)} yet (docs/scaling.md, 'Asynchronous rollouts')"
+                )
 
     @property
     def norm_length(self) -> int:

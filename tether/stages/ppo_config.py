@@ -107,6 +107,11 @@ class PPOConfig(StageConfig):
     }
 
     def check(self):
+        if self.rollout.max_staleness:
+            raise ConfigError(
+                f"rollout.max_staleness={self.rollout.max_staleness}: tether ppo samples in the trainer; the rollout "
+                "worker beside it serves the group family (tether grpo) so far"
+            )
         if self.train.best_metric and not self.rollout.eval_prompts:
             raise ConfigError(
                 "train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations"

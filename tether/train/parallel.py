@@ -247,7 +247,17 @@ def gather_rollout(dp: DataParallel, rollout, pad_id: int):
         responses,
         dp.gather_rows(rollout.attention, 0) if dp.any(rollout.response_attention is not None) else None,
         dp.gather_rows(_sampler_logprobs(rollout), 0.0) if dp.any(rollout.sampler_logprobs is not None) else None,
+        _gather_versions(dp, rollout),
     )
+
+
+def _gather_versions(dp: DataParallel, rollout):
+    """Every process's policy versions (rollout.max_staleness: each process's own rollout worker), or None where
+    no process has any (the trainer's own weights sampled)."""
+    if not dp.any(rollout.policy_versions is not None):
+        return None
+    mine = rollout.policy_versions.tolist() if rollout.policy_versions is not None else []
+    return torch.tensor(dp.gather_json(mine), dtype=torch.long)
 
 
 def _sampler_logprobs(rollout) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 
 from tether.config import ConfigError, config_diff
 from tether.console import console
+from tether.processes import die_with_parent
 from tether.train.checkpoint import latest_checkpoint, remove_partials, resumable_checkpoint
 from tether.train.logger import truncate_metrics
 
@@ -56,21 +57,6 @@ STEP_FILES = ("samples.jsonl", "alarms.jsonl")  # one JSON row per record with i
 def _on_cpu(device: str) -> bool:
     # Without a GPU, multi-process runs need cpu=True: only then does accelerate set up gloo (MULTI_CPU).
     return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-
-
-def die_with_parent() -> None:
-    """This process gets SIGKILL when the process that started it ends (Linux's PR_SET_PDEATHSIG; elsewhere
-    nothing). For the processes of a multi-process launch, which torch.distributed's agent starts in sessions of
-    their own so that a kill of the launcher's process group misses them, and for the lab's workers: either would
-    otherwise go on writing a run folder that a resumed run then writes too. (The signal comes when the thread
-    that started this process ends: launchers start their processes from their main thread.)"""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: no prctl
-        pass
 
 
 def _die_with_the_launcher() -> None:

@@ -1,5 +1,6 @@
 """The online stages' one sampling path: what PPO and the group family sample with (online DPO samples its pairs
-through the same backend table, rollout/backends.py make_backend).
+through the same backend table, rollout/backends.py make_backend; with rollout.max_staleness a rollout worker,
+rollout/async_worker.py).
 
 Set-up (the backend named by ``rollout.backend``, the rendered prompts checked against the model's context, the one
 stop set, the agent sampler for multi-turn episodes), a step's sampling (responses, or whole episodes scored by
@@ -13,7 +14,8 @@ from tether.agents.episodes import AgentSampler
 from tether.models.lm import check_prompt_context, model_context
 from tether.models.shards import is_sharded
 from tether.models.work import phase, section
-from tether.rollout.backends import make_backend, response_seeds
+from tether.rollout.async_worker import sampling_backend
+from tether.rollout.backends import response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
 from tether.train.parallel import DataParallel
 from tether.train.sharding import copy_gathered
@@ -42,7 +44,7 @@ class OnlineSampler:
         self.sampling_copy = sampling_copy
         self.sampling_policy = sampling_copy if sampling_copy is not None else policy
         policy = self.sampling_policy
-        self.backend = backend or make_backend(ro, policy, tokenizer)
+        self.backend = backend or sampling_backend(ro, policy, tokenizer)
         self.prompts = render_prompts(tokenizer, rows, ro.prompts)
         self.eval_prompts = render_prompts(tokenizer, eval_rows, ro.eval_prompts) if eval_rows else []
         episodes = agent_cfg is not None and bool(agent_cfg.env)
@@ -71,6 +73,18 @@ class OnlineSampler:
                 return self.agent([rows[i] for i in prompt_indices], seeds)
         rollout = self.generate(prompt_indices, seeds)
         return rollout, scorer(rollout, [rows[i] for i in prompt_indices])
+
+    def ahead(self, prompt_indices: list[int], seeds: list[int] | None) -> None:
+        """A later step's request, queued now with a backend that samples beside the trainer (rollout.max_staleness:
+        rollout/async_worker.py); nothing with any other backend."""
+        prefetch = getattr(self.backend, "prefetch", None)
+        if prefetch is not None:
+            prefetch([self.prompts[i] for i in prompt_indices], self.stops, seeds)
+
+    def async_figures(self, rollout) -> dict:
+        """The rollout worker's figures of a step's responses (async/*, docs/metrics.md); {} without one."""
+        figures = getattr(self.backend, "step_figures", None)
+        return figures(rollout) if figures is not None else {}
 
     def weights_updated(self, policy) -> None:
         """After an update (every process calls it): see ``weights_updated``."""

@@ -1,0 +1,218 @@
+"""Asynchronous rollouts (--max-staleness K) against the synchronous loop on the lab's GRPO stage: step time, and
+what the lab's GRPO lesson says at each K.
+
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab                          # speed: K = 0 and 1, 3 repeats
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --mode learn --ks 0,1,2 --seeds 0,1
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --mode learn --ks 8,8tis --seeds 0
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload 29m     # speed on bench/stages.py's 29.9 M model
+
+Every run is the lab's own grpo_outcome stage (tether.lab.rl.run_lab_grpo: the lab's SFT model, 32 prompts × 8
+responses a step, 48 new tokens, lr 5e-5, the outcome rewards), each a fresh process with the machine's default
+threads and no pinning, so every arm has the same cores: K = 0 samples in the trainer; K ≥ 1 adds the rollout
+worker process (rollout.async_threads, by default half the cores) beside the trainer. An arm named ``<K>tis`` adds
+the off-policy correction token_truncate at 2.
+
+- ``--mode speed`` (``--steps`` steps, 20 held-out problems at the start and the end): the arms run interleaved
+  (0, 1, 0, 1, …) ``--repeats`` times; printed per arm is the median over steps 3 and later of the trainer's step
+  time (the sum of its logged phases: with a worker, time/generate_score_s is the wait for the rollout), its ratio
+  to the K = 0 run of the same repeat (median and range), and the worker's figures (async/trainer_wait_s,
+  async/rollout_busy_s, async/weight_sync_s). The overlap's bound is max(sample, update) / (sample + update) of
+  the K = 0 arm's phases, printed beside it.
+- ``--workload 29m`` (speed only): the GRPO workload of bench/sampling_dtype.py instead — `tether grpo` on the 29.9 M
+  Llama of bench/stages.py (random weights, the lab's tokenizer), 8 prompts × 4 responses of 48 tokens a step.
+- ``--mode learn`` (the lab's steps and evaluation, LabConfig): per arm and seed, the lab's grpo_outcome rule
+  (tether/lab/lessons.py) on the run's figures, the sampled and greedy accuracy at each evaluation, the staleness and
+  the importance ratio's spread (rollout/is_ratio_p1 … p99) where a correction ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def arm_settings(arm: str) -> dict:
+    k = int(arm.removesuffix("tis"))
+    extra: dict = {"rollout.max_staleness": k} if k else {}
+    if arm.endswith("tis"):
+        extra |= {"rollout.off_policy_correction": "token_truncate", "rollout.is_ratio_max": 2.0}
+    return extra
+
+
+def run_one(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int) -> None:
+    """One run in this process (called through ``--one``); writes result.json into folder."""
+    from tether.lab.lessons import grpo_outcome
+    from tether.lab.rl import run_lab_grpo
+    from tether.lab.settings import LabConfig
+
+    cfg = LabConfig()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    speed = mode == "speed"
+    problems = 20 if speed else cfg.grpo_eval_problems
+    t0 = time.perf_counter()
+    figures = run_lab_grpo(
+        folder,
+        False,
+        lab=lab,
+        recipe=cfg.grpo_recipe,
+        rewards="outcome",
+        steps=steps if speed else cfg.grpo_steps,
+        prompts_per_step=cfg.grpo_prompts_per_step,
+        group_size=cfg.grpo_group_size,
+        lr=cfg.grpo_lr,
+        eval_every=steps if speed else cfg.grpo_eval_every,
+        eval_problems=problems,
+        eval_samples=1 if speed else cfg.grpo_eval_samples,
+        seed=seed,
+        extra=arm_settings(arm),
+    )
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    later = [r for r in rows if r.get("step", 0) >= 3]
+    median = lambda key: statistics.median(r.get(key, 0.0) for r in later)
+    result = {
+        "wall_s": wall,
+        "step_s": statistics.median(sum(v for k, v in r.items() if k.startswith("time/")) for r in later),
+        "phases": {k: median(k) for k in later[0] if k.startswith("time/") or k.startswith("async/")},
+        "staleness_max": max((r.get("async/staleness_max", 0.0) for r in rows), default=0.0),
+        "dropped": sum(r.get("async/dropped", 0.0) for r in rows[-1:]),
+        "ratio_spread": [[r.get("rollout/is_ratio_p1"), r.get("rollout/is_ratio_p99")] for r in rows],
+        "curve": [
+            {k: c[k] for k in ("step", "accuracy_sampled", "accuracy_greedy", "accuracy_sampled_se")}
+            for c in figures["curve"]
+        ],
+        "lesson": grpo_outcome({"grpo": {"grpo_outcome": figures}}, problems).as_dict(),
+    }
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+def run_29m(lab: Path, folder: Path, arm: str, steps: int) -> None:
+    """The 29.9 M workload through the command line; writes result.json as run_one does (speed figures only)."""
+    import importlib.util
+
+    from tether.cli import main as tether_main
+
+    spec = importlib.util.spec_from_file_location("bench_sampling_dtype", Path(__file__).parent / "sampling_dtype.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    model = module.stages.build_model(lab, folder.parent / "model-29m")
+    extra = [f"--{k.split('.')[1].replace('_', '-')}={v}" for k, v in arm_settings(arm).items()]
+    t0 = time.perf_counter()
+    if tether_main([*module.grpo_args(lab, model, folder / "run", "hf", steps), *extra]) != 0:
+        raise SystemExit(f"tether grpo failed for arm {arm}")
+    rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    later = [r for r in rows if r.get("step", 0) >= 3]
+    result = {
+        "wall_s": time.perf_counter() - t0,
+        "step_s": statistics.median(sum(v for k, v in r.items() if k.startswith("time/")) for r in later),
+        "phases": {
+            k: statistics.median(r.get(k, 0.0) for r in later)
+            for k in later[0]
+            if k.startswith("time/") or k.startswith("async/")
+        },
+    }
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+def launch(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int) -> dict:
+    command = [sys.executable, __file__, "--one", arm, str(seed), mode, str(steps), "--lab", str(lab)]
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_suffix(".log"), "w") as log:
+        code = subprocess.call([*command, "--out", str(folder)], stdout=subprocess.DEVNULL, stderr=log)
+    if code != 0:
+        raise SystemExit(f"arm {arm} seed {seed} failed ({code}): see {folder.with_suffix('.log')}")
+    return json.loads((folder / "result.json").read_text())
+
+
+def print_speed(results: dict, arms: list[str], steps: int) -> None:
+    base = results[arms[0]]
+    print(
+        f"\ntrainer step seconds, median over steps 3–{steps} ({len(base)} interleaved repeats, {os.cpu_count()} cores)"
+    )
+    for arm in arms:
+        runs = results[arm]
+        ratios = [r["step_s"] / b["step_s"] for r, b in zip(runs, base)]
+        step = statistics.median(r["step_s"] for r in runs)
+        line = f"K={arm:5s} step {step:6.3f} s  ratio {statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]"
+        phases = {k: statistics.median(r["phases"][k] for r in runs) for k in runs[0]["phases"]}
+        line += "  " + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in sorted(phases.items()))
+        print(line)
+    sync = {k: statistics.median(r["phases"][k] for r in base) for k in base[0]["phases"]}
+    sample = sync.get("time/generate_score_s", 0.0)
+    update = sync.get("time/logprobs_s", 0.0) + sync.get("time/update_s", 0.0)
+    if sample + update > 0:
+        print(
+            f"overlap bound max(sample, update)/(sample + update) on K={arms[0]}'s phases: "
+            f"{max(sample, update) / (sample + update):.2f} (sample {sample:.3f} s, update {update:.3f} s)"
+        )
+
+
+def print_learn(results: dict, arms: list[str], seeds: list[int]) -> None:
+    print("\nthe lab's grpo_outcome rule per arm and seed (accuracy sampled at the training temperature)")
+    for arm in arms:
+        for seed, r in zip(seeds, results[arm]):
+            lesson = r["lesson"]
+            verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[lesson["holds"]]
+            curve = " ".join(f"{c['step']}:{c['accuracy_sampled']:.3f}/{c['accuracy_greedy']:.3f}" for c in r["curve"])
+            print(f"K={arm:5s} seed {seed}: {lesson['evidence']} — {verdict}")
+            print(
+                f"    sampled/greedy by step {curve}; staleness max {r['staleness_max']:.0f}, dropped {r['dropped']:.0f}"
+            )
+            spread = [s for s in r["ratio_spread"] if s[0] is not None]
+            if spread:
+                marks = spread[:: max(1, len(spread) // 8)]
+                print("    is_ratio p1–p99 " + " ".join(f"{a:.3f}–{b:.3f}" for a, b in marks))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lab", default="runs/lab", help="A finished `tether lab` folder.")
+    parser.add_argument("--mode", choices=("speed", "learn"), default="speed")
+    parser.add_argument("--ks", default="0,1", help="arms: staleness bounds, '<K>tis' adds token_truncate at 2")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8, help="speed mode: steps per run")
+    parser.add_argument("--workload", choices=("lab", "29m"), default="lab", help="speed mode: what runs")
+    parser.add_argument("--out", default="runs/bench-async-rollouts")
+    parser.add_argument("--json", default="")
+    parser.add_argument("--one", nargs=4, metavar=("ARM", "SEED", "MODE", "STEPS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    lab, out = Path(args.lab).resolve(), Path(args.out).resolve()
+    if args.one:
+        arm, seed, mode, steps = args.one
+        if mode == "speed-29m":
+            run_29m(lab, out, arm, int(steps))
+        else:
+            run_one(lab, out, arm, int(seed), mode, int(steps))
+        return
+    arms, seeds = args.ks.split(","), [int(s) for s in args.seeds.split(",")]
+    for arm in arms:
+        arm_settings(arm)  # a malformed arm fails before any run
+    results: dict = {arm: [] for arm in arms}
+    if args.mode == "speed":
+        for repeat in range(args.repeats):
+            for arm in arms:
+                folder = out / f"speed-{args.workload}-K{arm}-{repeat}"
+                mode = "speed" if args.workload == "lab" else "speed-29m"
+                results[arm].append(launch(lab, folder, arm, seeds[0], mode, args.steps))
+    else:
+        for seed in seeds:
+            for arm in arms:
+                results[arm].append(launch(lab, out / f"learn-K{arm}-seed{seed}", arm, seed, "learn", 0))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    (print_speed if args.mode == "speed" else print_learn)(results, arms, args.steps if args.mode == "speed" else seeds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Rollouts beside the trainer (rollout.max_staleness; tether/rollout/async_worker.py): a rollout worker process
+samples the next steps while the trainer updates, each response from weights at most K updates old."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import write_jsonl
+from safetensors.torch import load_file
+
+from tether.cli import main
+
+RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
+
+
+@pytest.fixture
+def files(tmp_path):
+    rules = tmp_path / "rules.py"
+    rules.write_text(RULES)
+    words = ("hi", "cats", "dogs", "rain")
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in words] * 4
+    )
+    return rules, prompts
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every side on one thread: the trainer gives the worker its share of the cores (async_worker.py), so a
+    synchronous run compared with an asynchronous one must reduce on as many threads as each side does there."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    assert torch.get_num_threads() == 1, "the run did not give the trainer its threads back"
+    torch.set_num_threads(before)
+
+
+def grpo_args(model, files, out, *more) -> list[str]:
+    rules, prompts = files
+    args = ["grpo", "--model", str(model), "--prompts", str(prompts), "--reward", f"{rules}:count_a"]
+    args += ["--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--response-seeds"]
+    args += ["--lr", "3e-3", "--eval-every", "0", "--report-to", "none", "--sample-every", "1"]
+    # the worker on one thread as the trainer (the fixture): the same reductions, so the same weights draw the same
+    # tokens
+    args += ["--async-threads", "1", "--output", str(out)]
+    return args + list(more)
+
+
+def rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_one_step_off_draws_what_the_trainer_would_and_then_trains_one_update_behind(llama_dir, files, tmp_path):
+    """K = 1: the first rollout comes from the starting weights either way, so the worker's samples and the first
+    update equal the synchronous run's exactly (the worker reproduces the trainer's own sampling); from the second
+    step each rollout was drawn one update back, and the step says so (async/staleness_*)."""
+    sync, ahead = tmp_path / "sync", tmp_path / "ahead"
+    assert (
+        main(grpo_args(llama_dir, files, sync, "--max-steps", "3", "--save-every", "1", "--keep-checkpoints", "5")) == 0
+    )
+    assert (
+        main(
+            grpo_args(
+                llama_dir,
+                files,
+                ahead,
+                "--max-steps",
+                "3",
+                "--save-every",
+                "1",
+                "--keep-checkpoints",
+                "5",
+                "--max-staleness",
+                "1",
+            )
+        )
+        == 0
+    )
+    first = [s for s in rows(sync / "samples.jsonl") if s["step"] == 1]
+    assert [s["response"] for s in first] == [s["response"] for s in rows(ahead / "samples.jsonl") if s["step"] == 1]
+    one, other = (
+        load_file(sync / "checkpoint-1" / "model.safetensors"),
+        load_file(ahead / "checkpoint-1" / "model.safetensors"),
+    )
+    assert all(torch.equal(one[k], other[k]) for k in one)
+    metrics = rows(ahead / "metrics.jsonl")
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    # the parity probe after each push: the same weights on the same threads give the same log-probs
+    assert all(m["async/parity_max_diff"] <= 1e-6 for m in metrics)
+    assert all(m["async/dropped"] == 0 and m["async/rollout_busy_s"] > 0 for m in metrics)
+    # the worker's log-probs came back: on the first step the same weights, so the gap is float32 rounding of two
+    # orders of one forward (the worker's KV-cached decode against the trainer's full pass: a few ulps of logits
+    # below 16 in size, far under 1e-4); measured after; the synchronous run samples with the trainer and logs none
+    assert metrics[0]["rollout/sampler_logprob_diff_max"] < 1e-4 and metrics[1]["rollout/sampler_kl"] >= 0
+    assert "async/staleness_max" not in rows(sync / "metrics.jsonl")[0]
+
+
+def test_two_steps_off_with_a_correction_keeps_every_sample_within_two_updates(llama_dir, files, tmp_path):
+    out = tmp_path / "k2"
+    more = ["--max-steps", "4", "--save-every", "0", "--max-staleness", "2"]
+    more += ["--off-policy-correction", "token_truncate", "--is-ratio-max", "2"]
+    assert main(grpo_args(llama_dir, files, out, *more)) == 0
+    metrics = rows(out / "metrics.jsonl")
+    # rollouts 0, 1, 2 queued before the first update (version 0); rollout t ≥ 3 queued after update t − 2
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
+    assert all(0 < m["rollout/is_weight_mean"] <= 2 for m in metrics)
+
+
+def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, files, tmp_path, capsys):
+    for more, said in (
+        (["--rollout-backend", "vllm"], "a vLLM engine in a process of its own is not built yet"),
+        (["--dynamic-sampling"], "algo.dynamic_sampling"),
+        (["--max-staleness", "-1"], "must be >= 0"),
+    ):
+        flags = more if "--max-staleness" in more else ["--max-staleness", "1", *more]
+        assert main(grpo_args(llama_dir, files, tmp_path / "x", *flags)) == 2
+        assert said in capsys.readouterr().err
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as handle:
+            found += [int(c) for c in handle.read().split()]
+    return found
+
+
+def _name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _start(llama_dir, files, out, *more):
+    args = grpo_args(llama_dir, files, out, "--max-staleness", "1", *more)
+    err = open(out.parent / f"{out.name}.err", "w")
+    return subprocess.Popen([sys.executable, "-m", "tether", *args[0:]], stderr=err, start_new_session=True), err
+
+
+def _wait_for(proc, what, deadline_s=180):
+    deadline = time.time() + deadline_s
+    while not what() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert what(), "did not happen in time"
+
+
+def test_a_killed_worker_stops_the_run_naming_it_and_leaves_no_process(llama_dir, files, tmp_path):
+    out = tmp_path / "run"
+    proc, err = _start(llama_dir, files, out, "--max-steps", "100000", "--save-every", "0")
+    metrics = out / "metrics.jsonl"
+    _wait_for(proc, lambda: metrics.is_file() and len(rows(metrics)) >= 1)
+    workers = [c for c in _children(proc.pid) if _name(c) == "tether-rollout"]
+    children = _children(proc.pid)
+    assert len(workers) == 1, [(c, _name(c)) for c in children]
+    os.kill(workers[0], signal.SIGKILL)
+    assert proc.wait(60) == 1
+    err.close()
+    said = (out.parent / "run.err").read_text()
+    assert f"stopped: the rollout worker (pid {workers[0]}) died with exit code -9" in said, said[-2000:]
+    assert "Traceback" not in said
+    deadline = time.time() + 10
+    while not all(_gone(c) for c in children) and time.time() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(c) for c in children)
+
+
+def test_a_killed_trainer_takes_its_worker_with_it_and_the_run_resumes_drawing_afresh(llama_dir, files, tmp_path):
+    """kill -9 of the trainer: the worker goes too (PR_SET_PDEATHSIG); --resume starts a new worker from the
+    checkpoint's weights, so the responses queued before the kill are drawn again: the first step after the resume
+    trains on responses of the restored weights (staleness 0), the next one update behind again."""
+    out = tmp_path / "run"
+    proc, err = _start(llama_dir, files, out, "--max-steps", "4", "--save-every", "2")
+    _wait_for(proc, lambda: (out / "checkpoint-2").is_dir())
+    workers = [c for c in _children(proc.pid) if _name(c) == "tether-rollout"]
+    assert len(workers) == 1
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    err.close()
+    deadline = time.time() + 10
+    while not _gone(workers[0]) and time.time() < deadline:
+        time.sleep(0.1)
+    assert _gone(workers[0])
+    assert (
+        main(
+            grpo_args(
+                llama_dir, files, out, "--max-staleness", "1", "--max-steps", "4", "--save-every", "2", "--resume"
+            )
+        )
+        == 0
+    )
+    metrics = {m["step"]: m for m in rows(out / "metrics.jsonl")}
+    assert metrics[3]["async/staleness_max"] == 0.0 and metrics[4]["async/staleness_max"] == 1.0
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_a_worker_that_does_not_hold_the_pushed_weights_stops_the_run(llama_dir, files, tmp_path, monkeypatch, capsys):
+    """The parity probe: the weights file the worker reads is not the trainer's (here each weight 0.01 off, as a
+    transfer that lost or mixed up a version would be), so the worker's log-probs of the probe disagree with the
+    trainer's and the run stops at the first push, at start-up, naming the worker and the gap."""
+    import safetensors.torch
+
+    real = safetensors.torch.save_file
+
+    def off(state, path, *args, **kwargs):
+        real({k: v + 0.01 if v.is_floating_point() else v for k, v in state.items()}, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", off)
+    code = main(grpo_args(llama_dir, files, tmp_path / "run", "--max-steps", "2", "--max-staleness", "1"))
+    out = capsys.readouterr()
+    assert code == 1
+    assert "does not hold the weights of version 0" in out.out + out.err
+    assert "parity probe" in out.out + out.err

@@ -1,0 +1,340 @@
+"""Sampling beside the trainer: a rollout worker process that draws the next steps' responses while the trainer
+updates on this step's (rollout.max_staleness K ≥ 1, docs/scaling.md "Asynchronous rollouts").
+
+The worker is a spawned process holding its own copy of the policy (built from the policy's config, in its dtype)
+and a Hugging Face sampler over it (backends.HFGenerate, the KV-cache decode). It answers messages in the order they
+come, over one pipe:
+
+    ("weights", v, path, probe)
+                           load version v of the weights from a safetensors file, then answer ("loaded", v, lp):
+                           lp the log-probs of the parity probe's tokens under them
+    ("generate", key, prompts, seeds)
+                           sample one response per prompt with the weights it holds, answer ("rollout", key, v, …)
+    ("stop",)              end
+
+Because the pipe keeps order, a request sent after version v's weights is sampled with v or later: the trainer
+queues step t + K's prompts at the start of step t, right after pushing the weights of its t-th update, so every
+rollout it trains on at update u was drawn by a version v ≥ u − K (the bound is checked again on arrival; a rollout
+past it is dropped, counted and drawn again). Weights travel as files in two slots, written by the trainer and
+read by the worker, so the trainer never writes the slot the worker may still be reading (each write waits for the
+worker's acknowledgement of the version two pushes back); a file is tensors only (no pickle). The worker's
+log-probs of the sampled tokens come back with the rollout (Rollout.sampler_logprobs), so the stage measures the gap
+between the sampling version and the trainer and corrects it (rollout.off_policy_correction; decoupled PPO,
+docs/algorithms.md §11).
+
+After every push the trainer compares the worker's probe log-probs with its own of the same version (a fixed token
+sequence, PARITY_TOLERANCE): a worker that kept older weights stops the run at the first push it got wrong, from the
+first push at start-up on. A worker that dies, or answers nothing within rollout.worker_timeout_s, stops the run with its pid, its exit code and
+its last words; it dies with the trainer (PR_SET_PDEATHSIG), so a killed trainer leaves no orphan.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from tether.errors import WorkerError
+from tether.rollout.batch import Rollout
+
+_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "sampler_logprobs")
+
+
+def _to_wire(rollout: Rollout) -> dict:
+    """A Rollout as plain values (numpy arrays, lists): what crosses the pipe, pickled by value."""
+    out = {name: getattr(rollout, name).cpu().numpy() for name in _FIELDS}
+    out.update(prompts=list(rollout.prompts), responses=list(rollout.responses))
+    return out
+
+
+def _from_wire(data: dict, version: int) -> Rollout:
+    tensors = {name: torch.from_numpy(data[name]) for name in _FIELDS}
+    rows = tensors["response_ids"].shape[0]
+    return Rollout(
+        **tensors,
+        prompts=data["prompts"],
+        responses=data["responses"],
+        policy_versions=torch.full((rows,), version, dtype=torch.long),
+    )
+
+
+# The parity probe: after every push the worker and the trainer each compute the log-probs of a fixed token sequence
+# with the weights of that version, and the trainer compares them. Two forwards of the same weights on one machine
+# differ only in their summation order (~1e-6 nats in float32, less in float64, bf16 copies are not probed: the probe
+# runs on the weights the worker loaded); 1e-3 nats is a thousand times that, and a worker whose distribution is
+# within 1e-3 nats of the trainer's on every probe token samples what the trainer would, whatever it holds.
+PROBE_TOKENS = 32
+PARITY_TOLERANCE = 1e-3
+
+
+@torch.no_grad()
+def probe_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log p(x_{t+1} | x_≤t) of the probe sequence ``ids`` under ``model``, in float64 (len(ids) − 1 values)."""
+    device = next(model.parameters()).device
+    x = torch.tensor([ids], device=device)
+    logits = model(input_ids=x).logits[0, :-1].double()
+    return logits.log_softmax(-1).gather(-1, x[0, 1:, None].long()).flatten().cpu()
+
+
+def probe_ids(tokenizer, config) -> list[int]:
+    """A fixed probe: the first PROBE_TOKENS ids the tokenizer does not reserve, within the model's vocabulary."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    vocab = int(getattr(config, "vocab_size", 0) or len(tokenizer))
+    return [i for i in range(vocab) if i not in special][:PROBE_TOKENS]
+
+
+def _serve(
+    conn, config, dtype: str, attn: str, device: str, tokenizer, settings, stops: list[int], threads: int
+) -> None:
+    """The worker's loop (a spawned process), its copy of the policy on ``device`` (the trainer's)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from tether.processes import die_with_parent, name_process
+    from tether.rollout.backends import HFGenerate
+
+    die_with_parent()
+    name_process(b"tether-rollout")
+    torch.set_num_threads(threads)
+    try:
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
+        model = model.to(device).eval()
+        sampler = HFGenerate(model, tokenizer, settings, copy=True)
+        version = -1
+        while True:
+            message = conn.recv()
+            if message[0] == "weights":
+                _, version, path, ids = message
+                model.load_state_dict(load_file(path), strict=True)
+                sampler.weights_updated(model)  # a sampling-dtype copy takes them too
+                conn.send(("loaded", version, probe_logprobs(model, ids).tolist()))
+            elif message[0] == "generate":
+                _, key, prompts, seeds = message
+                t0 = time.perf_counter()
+                rollout = sampler.generate(prompts, settings, stops, seeds)
+                conn.send(("rollout", key, version, _to_wire(rollout), time.perf_counter() - t0))
+            else:
+                return
+    except Exception:  # noqa: BLE001 - reported to the trainer, which raises it with the worker's traceback
+        conn.send(("error", traceback.format_exc()))
+
+
+class RolloutWorkerError(WorkerError):
+    """The rollout worker died, failed or went silent: the run stops (never a silent fallback to sampling here)."""
+
+
+class AsyncRolloutBackend:
+    """A GenerationBackend whose responses are drawn by a rollout worker process, ahead of the trainer by at most
+    ``settings.max_staleness`` updates. ``prefetch`` queues a request the stage will ask for later (the same prompts
+    and seeds); ``generate`` returns a queued request's rollout when it was queued, or asks for it now and waits."""
+
+    samples_trainer_weights = False  # the worker's copy is the weights of some version, not the trainer's own
+
+    def __init__(self, policy, tokenizer, settings):
+        self.policy, self.tokenizer, self.settings = policy, tokenizer, settings
+        self.max_staleness = settings.max_staleness
+        self.timeout = settings.worker_timeout_s
+        self.version = 0  # the trainer's: updates pushed so far (weights_updated calls)
+        self.pushed = -1  # the newest version sent to the worker
+        self.acked = -1  # the newest version the worker said it loaded
+        self.pending: list[tuple] = []  # keys queued, in the order the worker will answer them
+        self.ready: dict[tuple, tuple[int, dict]] = {}  # key -> (version, rollout) answered, not yet taken
+        self.dropped = 0  # rollouts that arrived past the staleness bound and were drawn again
+        self.figures: dict[str, float] = {"sync_s": 0.0, "wait_s": 0.0, "busy_s": 0.0}
+        self.slots = Path(
+            tempfile.mkdtemp(prefix="tether-weights-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
+        )
+        self.process = self.conn = None
+        self.trainer_threads = 0  # the trainer's threads before the worker took its share (CPU only)
+        self.probe = probe_ids(tokenizer, policy.config)
+        self.probes: dict[int, torch.Tensor] = {}  # version -> the trainer's probe log-probs, until the worker's come
+
+    # ── the worker's life ──
+
+    def _start(self, stops: list[int]) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        config = self.policy.config
+        dtype = str(next(self.policy.parameters()).dtype).removeprefix("torch.")
+        # the cores are shared on a CPU: the worker takes async_threads (default half the trainer's), the trainer
+        # what is left, so the two sides never ask for more threads than the trainer had (OpenMP threads that
+        # outnumber the cores spin against each other: measured, docs/scaling.md)
+        budget = torch.get_num_threads()
+        threads = self.settings.async_threads or max(1, budget // 2)
+        if next(self.policy.parameters()).device.type == "cpu":
+            self.trainer_threads = budget  # given back at close
+            torch.set_num_threads(max(1, budget - threads))
+        device = str(next(self.policy.parameters()).device)
+        attn = config._attn_implementation
+        args = (child, config, dtype, attn, device, self.tokenizer, self.settings, stops, threads)
+        self.process = context.Process(target=_serve, args=args, daemon=True, name="tether-rollout")
+        self.process.start()
+        child.close()
+
+    def close(self) -> None:
+        if self.trainer_threads:
+            torch.set_num_threads(self.trainer_threads)
+            self.trainer_threads = 0
+        if self.process is not None:
+            if self.process.is_alive():
+                self.conn.send(("stop",))
+                self.process.join(5)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        self.process = None
+        for path in self.slots.glob("*"):
+            path.unlink()
+        if self.slots.is_dir():
+            self.slots.rmdir()
+
+    def __del__(self):
+        try:
+            self.close()
+        except (OSError, AttributeError, TypeError):  # interpreter teardown: the worker dies with us anyway
+            pass
+
+    def _receive(self) -> tuple:
+        """The worker's next message, or RolloutWorkerError when it died, failed or said nothing within the limit."""
+        deadline = time.monotonic() + self.timeout
+        while not self.conn.poll(1.0):
+            if not self.process.is_alive():
+                raise self._died()
+            if time.monotonic() > deadline:
+                raise RolloutWorkerError(
+                    f"the rollout worker (pid {self.process.pid}) answered nothing in {self.timeout:g} s "
+                    "(rollout.worker_timeout_s)"
+                )
+        try:
+            message = self.conn.recv()
+        except (EOFError, ConnectionResetError):  # the pipe's other end closed: the worker ended mid-answer
+            raise self._died() from None
+        if message[0] == "error":
+            raise RolloutWorkerError(f"the rollout worker (pid {self.process.pid}) failed:\n{message[1]}")
+        if message[0] == "loaded":
+            self._check_parity(message[1], torch.tensor(message[2], dtype=torch.float64))
+            self.acked = max(self.acked, message[1])
+        else:
+            _, key, version, data, seconds = message
+            self.figures["busy_s"] += seconds
+            self.pending.remove(key)
+            self.ready[key] = (version, _from_wire(data, version))
+        return message
+
+    def _died(self) -> RolloutWorkerError:
+        self.process.join(5)  # its exit code, once the kernel has it
+        return RolloutWorkerError(
+            f"the rollout worker (pid {self.process.pid}) died with exit code {self.process.exitcode}"
+        )
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.conn.send(message)
+        except (BrokenPipeError, ConnectionResetError):  # the worker is gone
+            raise self._died() from None
+
+    # ── the weights ──
+
+    def _check_parity(self, version: int, worker: torch.Tensor) -> None:
+        """The worker's probe log-probs for ``version`` against the trainer's of the same version (PARITY_TOLERANCE):
+        a worker that kept older weights, or loaded them wrongly, stops the run here."""
+        gap = float((worker - self.probes.pop(version)).abs().max())
+        self.figures["parity"] = max(self.figures.get("parity", 0.0), gap)
+        if not gap <= PARITY_TOLERANCE:  # NaN included
+            raise RolloutWorkerError(
+                f"the rollout worker (pid {self.process.pid}) does not hold the weights of version {version}: its "
+                f"log-probs of the parity probe differ from the trainer's by up to {gap:.3g} nats (at most "
+                f"{PARITY_TOLERANCE:g} allowed)"
+            )
+
+    def _push(self) -> None:
+        """Send the trainer's weights as version self.version (slot version % 2, once the worker has loaded the
+        version that last used that slot)."""
+        from safetensors.torch import save_file
+
+        t0 = time.perf_counter()
+        while self.acked < self.version - 2:
+            self._receive()
+        path = self.slots / f"slot{self.version % 2}.safetensors"
+        state = {name: tensor.detach().to("cpu").clone() for name, tensor in self.policy.state_dict().items()}
+        save_file(state, str(path))
+        self.probes[self.version] = probe_logprobs(self.policy, self.probe)
+        self._send(("weights", self.version, str(path), self.probe))
+        self.pushed = self.version
+        self.figures["sync_s"] += time.perf_counter() - t0
+
+    def weights_updated(self, policy) -> None:
+        self.policy = policy
+        self.version += 1
+        if self.process is not None:
+            self._push()
+
+    # ── requests ──
+
+    def _submit(self, key: tuple, stops: list[int]) -> None:
+        if self.process is None:
+            self._start(stops)
+        if self.pushed < self.version:
+            self._push()
+        self._send(("generate", key, list(key[0]), list(key[1]) if key[1] is not None else None))
+        self.pending.append(key)
+
+    def prefetch(self, prompts: list[str], stops: list[int], seeds: list[int] | None = None) -> None:
+        """Queue a request the stage will make later with these prompts and seeds."""
+        key = (tuple(prompts), tuple(seeds) if seeds is not None else None)
+        if key not in self.pending and key not in self.ready:
+            self._submit(key, stops)
+
+    def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
+        key = (tuple(prompts), tuple(seeds) if seeds is not None else None)
+        if key not in self.pending and key not in self.ready:
+            self._submit(key, stop_ids)
+        t0 = time.perf_counter()
+        while key not in self.ready:
+            self._receive()
+        self.figures["wait_s"] += time.perf_counter() - t0
+        version, rollout = self.ready.pop(key)
+        if self.version - version > self.max_staleness:  # past the bound: drawn again with the newest weights
+            self.dropped += len(prompts)
+            return self.generate(prompts, sampling, stop_ids, seeds)
+        return rollout
+
+    def generate_ids(self, *args, **kwargs) -> Rollout:
+        raise RolloutWorkerError("multi-turn episodes (agent.env) are not sampled by the rollout worker yet")
+
+    def step_figures(self, rollout: Rollout) -> dict:
+        """The step's figures (docs/metrics.md): the staleness of its responses (updates between the weights that
+        drew them and the trainer's), responses drawn again past the bound, and the seconds the trainer spent writing
+        weights and waiting for responses; the time counters start again."""
+        staleness = (self.version - rollout.policy_versions).float()
+        out = {
+            "async/staleness_mean": float(staleness.mean()),
+            "async/staleness_max": float(staleness.max()),
+            "async/dropped": float(self.dropped),
+            "async/weight_sync_s": self.figures["sync_s"],
+            "async/parity_max_diff": self.figures.get("parity", 0.0),
+            "async/trainer_wait_s": self.figures["wait_s"],
+            "async/rollout_busy_s": self.figures["busy_s"],
+        }
+        self.figures = {"sync_s": 0.0, "wait_s": 0.0, "busy_s": 0.0}
+        return out
+
+    def describe(self) -> str:
+        return (
+            f"a rollout worker process beside the trainer (Hugging Face model, KV cache), at most "
+            f"{self.max_staleness} update(s) behind; weights as files after every update"
+        )
+
+
+def sampling_backend(settings, policy, tokenizer):
+    """What an online stage samples with: a rollout worker beside the trainer when rollout.max_staleness ≥ 1 (hf
+    only; the section refuses the rest), else the backend rollout.backend names (backends.make_backend)."""
+    from tether.rollout.backends import make_backend
+
+    if getattr(settings, "max_staleness", 0) > 0:
+        return AsyncRolloutBackend(policy, tokenizer, settings)
+    return make_backend(settings, policy, tokenizer)

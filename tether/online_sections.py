@@ -111,7 +111,7 @@ class SamplingSection(Section):
         "Sample beside the trainer: a rollout worker process draws the next steps' responses while the trainer "
         "updates, each from weights at most this many updates old (docs/scaling.md, 'Asynchronous rollouts'; pair "
         "it with --off-policy-correction). 0: the synchronous loop, sampling in the trainer. The group family on "
-        "the hf backend, one training process.",
+        "the hf backend; on N processes each has a worker of its own.",
     )
     worker_timeout_s: float = option(
         600.0,

@@ -256,6 +256,7 @@ def _engine(LLM, SamplingParams, folder: Path, key: dict):  # noqa: N803 - vLLM'
         enable_chunked_prefill=False,
         max_num_batched_tokens=max(key["context"], 8192),
         use_tqdm_on_load=False,  # no "Loading safetensors checkpoint shards" bar at start-up and every push
+        worker_extension_cls="tether.rollout.vllm_worker.AMXPermission",  # AMX for bf16 attention (vllm_worker.py)
     )
     # one token now: some refusals (the CPU attention's head sizes) come only with the first forward
     llm.generate([{"prompt_token_ids": [0]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)

@@ -1,7 +1,8 @@
 """Models: loading local Hugging Face causal LMs and tokenizers, LoRA, precision and tiny test models (``lm``); the
 run's chat template and its options (``chat``); reward models with named heads (``reward``); how sequences are laid
 into rows, padded or packed (``packing``); checks a loaded model must pass (``checks``); sharded parameters
-(``shards``: FSDP2's DTensors); and the count of every forward, by phase (``work``).
+(``shards``: FSDP2's DTensors); the count of every forward, by phase (``work``); and what torch can run on this
+CPU (``cpu``).
 
 May import: ``tether.algorithms``, ``tether.config``, ``tether.sections``, ``tether.errors``, ``tether.console``.
 Nothing above it.

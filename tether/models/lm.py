@@ -14,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tether.config import ConfigError
+from tether.models.cpu import bf16_attention_runs_here
 
 log = logging.getLogger(__name__)
 
@@ -388,9 +389,15 @@ AUTOCAST = {"bf16": torch.bfloat16}
 def autocast_forwards(model, mixed_precision: str) -> None:
     """Every forward of ``model`` — sampling, old and current log-probs, values — under torch.autocast to the
     mixed-precision dtype, weights untouched. The Hugging Face model itself is wrapped (under a LoRA wrapper too),
-    so generate() and training forwards run in the same precision: the ratio is 1 on-policy."""
+    so generate() and training forwards run in the same precision: the ratio is 1 on-policy (refused where
+    bf16_attention_runs_here says no)."""
     if mixed_precision == "no":
         return
+    if next(model.parameters()).device.type == "cpu" and not bf16_attention_runs_here():
+        raise ConfigError(
+            f"mixed_precision={mixed_precision} on this CPU under ATEN_CPU_CAPABILITY=default: torch's bf16 "
+            "attention picks the AMX kernel the scalar capability refuses; unset it, or drop --mixed-precision"
+        )
     # a LoRA causal LM: its base model, which generate() calls too; tether's reward and value models: the whole
     # module, so their fp32 score head reads the autocast backbone's output inside the same autocast region
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -1,0 +1,25 @@
+"""What torch can run on this CPU, found out once where it differs between CPUs and kernel paths."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.cache
+def bf16_attention_runs_here() -> bool:
+    """Whether torch's bf16 attention runs on this CPU: under ATEN_CPU_CAPABILITY=default on a CPU with AMX, torch 2.13
+    picks its AMX flash-attention kernel, whose packing refuses the scalar capability ("pack_vnni2 is only supported
+    when avx512 is supported"; measured on an Intel Xeon with AMX from 64 positions on; an AMD EPYC ran it)."""
+    if os.environ.get("ATEN_CPU_CAPABILITY") != "default":
+        return True
+    q = torch.zeros(1, 1, 64, 16, dtype=torch.bfloat16)
+    try:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    except RuntimeError as err:
+        if "pack_vnni2" not in str(err):
+            raise
+        return False
+    return True

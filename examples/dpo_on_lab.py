@@ -61,6 +61,12 @@ def main() -> None:
         default=0.0,
         help="Adds this times the chosen answer's mean token NLL to the loss (RPO, dpo.sft_coef).",
     )
+    parser.add_argument(
+        "--eval-samples",
+        type=int,
+        default=16,
+        help="Sampled answers per held-out request (the lab's dpo_eval_samples).",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="runs/dpo-lab")
     args = parser.parse_args()
@@ -94,7 +100,7 @@ def main() -> None:
         batch=args.batch,
         lr=args.lr,
         eval_every=20,
-        eval_samples=4,
+        eval_samples=args.eval_samples,
         seed=args.seed,
         extra={**online, "dpo.sft_coef": args.sft_coef},
     )

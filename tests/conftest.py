@@ -178,3 +178,14 @@ def flags(*words, **values) -> list[str]:
             for item in value if isinstance(value, list) else [value]:
                 out += [flag, str(item)]
     return out
+
+
+# ATEN_CPU_CAPABILITY=default on a CPU with AMX: tether refuses bf16 attention on CPU before the first forward
+# (models/lm.refuse_bf16_attention_where_torch_cannot), and each bf16 test asserts that refusal there instead
+BF16_REFUSED = "ATEN_CPU_CAPABILITY=default: torch's bf16 attention"
+
+
+def bf16_refused_here() -> bool:
+    from tether.models.cpu import bf16_attention_runs_here
+
+    return not bf16_attention_runs_here()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import BF16_REFUSED, bf16_refused_here
 
 from tether.models.lm import build_tiny_model, load_model, load_tokenizer
 from tether.rollout import decoding
@@ -208,6 +209,10 @@ def test_a_bf16_sampling_copy_follows_the_policy_and_keeps_its_log_probs(arch_mo
     settings = SimpleNamespace(
         sampling_dtype="bf16", drop_finished_rows=True, max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0
     )
+    if bf16_refused_here():
+        with pytest.raises(ConfigError, match=BF16_REFUSED):
+            HFGenerate(policy, tok, settings)
+        return
     backend = HFGenerate(policy, tok, settings)
     assert not backend.samples_trainer_weights and "bfloat16 copy" in backend.describe()
 

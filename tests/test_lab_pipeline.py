@@ -9,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import killed_after_step
+import yaml
+from conftest import BF16_REFUSED, bf16_refused_here, killed_after_step
 
 from tether.cli import main
 from tether.config import ConfigError
@@ -34,6 +35,7 @@ AFTER_EVAL = (
     "grpo_process",
     "dpo_sigmoid",
     "dpo_simpo",
+    "dpo_sigmoid_nll",
     "dpo_sigmoid_unfiltered",
     "dpo_sigmoid_sft_samples",
     "dpo_sigmoid_online",
@@ -261,6 +263,7 @@ def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
     assert list(runs) == [
         "dpo_sigmoid",
         "dpo_simpo",
+        "dpo_sigmoid_nll",
         "dpo_sigmoid_unfiltered",
         "dpo_sigmoid_sft_samples",
         "dpo_sigmoid_online",
@@ -274,6 +277,10 @@ def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
         AutoModelForCausalLM.from_pretrained(out / name / "run" / "final")
     assert runs["dpo_sigmoid"]["curve"][0]["chosen"] == pytest.approx(0.0, abs=1e-5)  # π = π_ref before training
     assert runs["dpo_simpo"]["beta"] == 2.0 and runs["dpo_sigmoid"]["beta"] == 0.1
+    # the NLL-anchored run is sigmoid DPO on the same pairs with the chosen answers' NLL at the lab's weight
+    nll_dpo = lambda name: yaml.safe_load((out / name / "run" / "config.yaml").read_text())["dpo"]["sft_coef"]
+    assert nll_dpo("dpo_sigmoid_nll") == QUICK.dpo_nll_coef == 1.0 and nll_dpo("dpo_sigmoid") == 0.0
+    assert runs["dpo_sigmoid_nll"]["train_examples"] == filtered and runs["dpo_sigmoid_nll"]["beta"] == 0.1
     online = runs["dpo_sigmoid_online"]["online_rounds"]
     assert len(online) == QUICK.dpo_online_rounds and all(r["prompts"] == QUICK.dpo_online_prompts for r in online)
     assert len(list((out / "dpo_sigmoid_online" / "run" / "rounds").glob("round-*.jsonl"))) == QUICK.dpo_online_rounds
@@ -371,10 +378,8 @@ def test_the_lab_sft_stage_learns_under_bf16_autocast_as_in_fp32(quick_lab, tmp_
         "train.report_to": ["none"],
         "model.mixed_precision": "bf16",
     }
-    from tether.models.cpu import bf16_attention_runs_here
-
-    if not bf16_attention_runs_here():  # ATEN_CPU_CAPABILITY=default on a CPU with AMX: torch cannot run it there
-        with pytest.raises(ConfigError, match="ATEN_CPU_CAPABILITY=default: torch's bf16 attention"):
+    if bf16_refused_here():  # ATEN_CPU_CAPABILITY=default on a CPU with AMX: torch cannot run it there
+        with pytest.raises(ConfigError, match=BF16_REFUSED):
             run_sft(build_config(SFTConfig, overrides=overrides))
         return
     run_sft(build_config(SFTConfig, overrides=overrides))

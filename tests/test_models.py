@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import BF16_REFUSED, bf16_refused_here
 from transformers import AutoModelForCausalLM
 
 from tether.config import ConfigError
@@ -22,7 +23,11 @@ def test_load_each_architecture_by_path(arch, cls, model_dirs):
 
 
 def test_bf16_dtype_option(llama_dir):
-    assert load_model(llama_dir, dtype="bfloat16").dtype == torch.bfloat16
+    if bf16_refused_here():
+        with pytest.raises(ConfigError, match=BF16_REFUSED):
+            load_model(llama_dir, dtype="bfloat16")
+    else:
+        assert load_model(llama_dir, dtype="bfloat16").dtype == torch.bfloat16
     with pytest.raises(ConfigError, match="dtype='fp8'"):
         load_model(llama_dir, dtype="fp8")
 

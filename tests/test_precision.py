@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
-from conftest import write_jsonl
+from conftest import BF16_REFUSED, bf16_refused_here, write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main as tether_main
+from tether.config import ConfigError
 from tether.models.lm import load_tokenizer, load_trainable_model
 from tether.rollout.backends import generate_rollout
 from tether.rollout.forward import response_logprobs
@@ -47,6 +48,10 @@ def test_gradient_checkpointing_gives_the_same_gradients(model_dirs, arch, lora_
 
 
 def test_bf16_autocast_keeps_fp32_weights_and_fp32_logprobs(llama_dir):
+    if bf16_refused_here():
+        with pytest.raises(ConfigError, match=BF16_REFUSED):
+            _model(llama_dir, mixed_precision="bf16")
+        return
     model, tok = _model(llama_dir, mixed_precision="bf16")
     assert all(q.dtype == torch.float32 for q in model.parameters())
     torch.manual_seed(0)
@@ -142,8 +147,12 @@ STAGES = ["sft", "rm", "dpo", "grpo", "ppo", "dpo-online"]
     [["--dtype", "bf16"], ["--mixed-precision", "bf16", "--frozen-dtype", "bf16"], ["--gradient-checkpointing"]],
     ids=["bf16-weights", "bf16-autocast", "checkpointing"],
 )
-def test_every_stage_runs_with_each_precision_setting(llama_dir, stage_inputs, tmp_path, stage, setting):
+def test_every_stage_runs_with_each_precision_setting(llama_dir, stage_inputs, tmp_path, stage, setting, capsys):
     out = tmp_path / "run"
+    if "bf16" in setting and bf16_refused_here():  # refused in one line naming the setting, before any forward
+        assert tether_main(stage_args(stage, llama_dir, stage_inputs) + setting + ["--output", str(out)]) == 2
+        assert BF16_REFUSED in capsys.readouterr().err
+        return
     assert tether_main(stage_args(stage, llama_dir, stage_inputs) + setting + ["--output", str(out)]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [v for r in rows for k, v in r.items() if k in ("train/loss", "policy/loss", "value/loss")]

@@ -199,9 +199,11 @@ def test_weak_sandbox_limits_time_and_memory_and_the_code_reward_uses_it():
     assert slow.timed_out and not slow.ok
     greedy = run_python("x = bytearray(2 * 1024 ** 3)", memory_mb=256, isolation="weak")
     assert not greedy.ok and "MemoryError" in greedy.stderr
-    code = ["```python\ndef add(a, b):\n    return a + b\n```", "def add(a, b):\n    return a - b", "while True: pass"]
-    tests = ["assert add(2, 3) == 5"] * 3
-    assert python_tests(code, tests, timeout_s=1.0, isolation="weak") == [1.0, 0.0, 0.0]
+    code = ["```python\ndef add(a, b):\n    return a + b\n```", "def add(a, b):\n    return a - b"]
+    # a generous limit where the code must finish (a loaded CI machine starts Python slowly: 1 s once scored a right
+    # answer 0), a short one where it must not
+    assert python_tests(code, ["assert add(2, 3) == 5"] * 2, timeout_s=30.0, isolation="weak") == [1.0, 0.0]
+    assert python_tests(["while True: pass"], ["assert add(2, 3) == 5"], timeout_s=0.5, isolation="weak") == [0.0]
 
 
 def test_a_reward_file_that_does_not_import_is_named(tmp_path):

@@ -141,24 +141,25 @@ def grpo_plan(out: Path, cfg: LabConfig) -> list[Stage]:
     return plan
 
 
-def dpo_runs(cfg: LabConfig) -> list[tuple[str, str, str]]:
-    """(stage, loss, pairs) of each DPO run: the losses on the filtered pairs, then sigmoid on all pairs, on pairs
-    sampled once from the SFT model and online."""
-    runs = [(f"dpo_{loss}", loss, "filtered") for loss in cfg.dpo_losses]
-    for wanted, name, data in (
-        (cfg.dpo_unfiltered, "dpo_sigmoid_unfiltered", "all"),
-        (cfg.dpo_sft_samples, "dpo_sigmoid_sft_samples", "sft_samples"),
-        (cfg.dpo_online, "dpo_sigmoid_online", "online"),
+def dpo_runs(cfg: LabConfig) -> list[tuple[str, str, str, float]]:
+    """(stage, loss, pairs, NLL weight) of each DPO run: the losses on the filtered pairs, sigmoid with the chosen
+    answers' NLL on them, then sigmoid on all pairs, on pairs sampled once from the SFT model and online."""
+    runs = [(f"dpo_{loss}", loss, "filtered", 0.0) for loss in cfg.dpo_losses]
+    for wanted, name, data, nll in (
+        (cfg.dpo_nll_coef > 0, "dpo_sigmoid_nll", "filtered", cfg.dpo_nll_coef),
+        (cfg.dpo_unfiltered, "dpo_sigmoid_unfiltered", "all", 0.0),
+        (cfg.dpo_sft_samples, "dpo_sigmoid_sft_samples", "sft_samples", 0.0),
+        (cfg.dpo_online, "dpo_sigmoid_online", "online", 0.0),
     ):
         if wanted:
-            runs.append((name, "sigmoid", data))
+            runs.append((name, "sigmoid", data, nll))
     return runs
 
 
 def dpo_plan(out: Path, cfg: LabConfig) -> list[Stage]:
     """The DPO runs of dpo_runs; the sampled ones (online, sft_samples) also cached on the online settings."""
     plan = []
-    for name, loss, data in dpo_runs(cfg):
+    for name, loss, data, nll in dpo_runs(cfg):
         sampled = data in ("online", "sft_samples")
         online = [cfg.dpo_online_rounds, cfg.dpo_online_prompts, cfg.rm_min_agreement, cfg.dpo_online_keep_truncated]
         recipe = {
@@ -171,8 +172,10 @@ def dpo_plan(out: Path, cfg: LabConfig) -> list[Stage]:
             "eval_samples": cfg.dpo_eval_samples,
             "seed": cfg.seed,
             "online": online if sampled else None,
+            # only where set, so that the other DPO stages' recipes (and their cached runs) stay as they were
+            **({"nll_coef": nll} if nll else {}),
         }
-        run = lambda folder, resume, lo=loss, da=data: runners.dpo_stage(folder, resume, out, cfg, lo, da)
+        run = lambda folder, resume, lo=loss, da=data, c=nll: runners.dpo_stage(folder, resume, out, cfg, lo, da, c)
         plan.append(Stage(name, recipe, ("sft", "world", "rm_filtered"), "dpo", run))
     return plan
 

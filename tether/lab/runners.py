@@ -211,7 +211,9 @@ def grpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, rewards: s
     )
 
 
-def dpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str, data: str) -> dict:
+def dpo_stage(
+    folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str, data: str, nll_coef: float = 0.0
+) -> dict:
     from tether.lab.rl import run_lab_dpo
 
     pairs = {
@@ -244,7 +246,7 @@ def dpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, loss: str, 
         eval_every=cfg.dpo_eval_every,
         eval_samples=cfg.dpo_eval_samples,
         seed=cfg.seed,
-        extra=online,
+        extra={**online, **({"dpo.sft_coef": nll_coef} if nll_coef else {})},
     )
 
 

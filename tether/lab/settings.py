@@ -76,6 +76,11 @@ class LabConfig:
     # round before training, then dpo_steps on them. The DPO paper's recipe (pairs sampled from the reference model),
     # beside the annotators' pairs, which were written by the world's demonstrators, not by the SFT model
     dpo_sft_samples: bool = True
+    # offline sigmoid DPO on the filtered annotator pairs with the chosen answer's mean token NLL added at this weight
+    # (RPO: Pang et al. 2024's weight 1, not tuned here): the `dpo_sigmoid_nll` stage; 0 = no such stage. Plain DPO
+    # on these pairs widens its margin by pushing the rejected answers down and barely raises the chosen ones
+    # (likelihood displacement, docs/lab.md), so its gold gain is the size of the spread between draws
+    dpo_nll_coef: float = 1.0
     dpo_steps: int = 60
     dpo_batch: int = 32
     dpo_lr: float = 5e-5

@@ -206,7 +206,20 @@ def load_model(
             model.generation_config.pad_token_id = tokenizer.pad_token_id
     if device is not None:
         model.to(device)
+    if next(model.parameters()).dtype == torch.bfloat16:
+        refuse_bf16_attention_where_torch_cannot(model, f"dtype={dtype} (model {path}: bf16 weights)")
     return model
+
+
+def refuse_bf16_attention_where_torch_cannot(model, setting: str) -> None:
+    """A clear error before the first forward where a CPU model would run bf16 attention that torch cannot run here
+    (bf16_attention_runs_here: ATEN_CPU_CAPABILITY=default on a CPU with AMX), instead of a RuntimeError from inside
+    the attention kernel at the first sequence of 64 positions."""
+    if next(model.parameters()).device.type == "cpu" and not bf16_attention_runs_here():
+        raise ConfigError(
+            f"{setting} on this CPU under ATEN_CPU_CAPABILITY=default: torch's bf16 attention picks the AMX kernel "
+            "the scalar capability refuses; unset ATEN_CPU_CAPABILITY, or train in float32"
+        )
 
 
 def apply_lora(model, r: int, alpha: float, dropout: float, target_modules: list[str]):
@@ -393,11 +406,7 @@ def autocast_forwards(model, mixed_precision: str) -> None:
     bf16_attention_runs_here says no)."""
     if mixed_precision == "no":
         return
-    if next(model.parameters()).device.type == "cpu" and not bf16_attention_runs_here():
-        raise ConfigError(
-            f"mixed_precision={mixed_precision} on this CPU under ATEN_CPU_CAPABILITY=default: torch's bf16 "
-            "attention picks the AMX kernel the scalar capability refuses; unset it, or drop --mixed-precision"
-        )
+    refuse_bf16_attention_where_torch_cannot(model, f"mixed_precision={mixed_precision}")
     # a LoRA causal LM: its base model, which generate() calls too; tether's reward and value models: the whole
     # module, so their fp32 score head reads the autocast backbone's output inside the same autocast region
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from tether.algorithms.logprobs import at_least_float32
 from tether.algorithms.masks import last_action_index
 from tether.config import ConfigError
-from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft
+from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, refuse_bf16_attention_where_torch_cannot
 from tether.models.packing import pad_sequences
 from tether.models.shards import is_sharded, reshard
 
@@ -137,6 +137,8 @@ def load_reward_model(
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
+    if next(model.parameters()).dtype == torch.bfloat16:
+        refuse_bf16_attention_where_torch_cannot(model, f"dtype={dtype} (reward model {path}: bf16 weights)")
     return RewardModel(model)
 
 

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from tether.models.lm import DTYPES
+from tether.models.lm import DTYPES, refuse_bf16_attention_where_torch_cannot
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.decoding import Sampler, can_compact, decode, seeded_generators
 from tether.rollout.decoding import greedy as greedy_choice
@@ -290,7 +290,10 @@ def _sampling_copy(policy, dtype: torch.dtype, settings):
     copy = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=config._attn_implementation)
     copy.load_state_dict(policy.state_dict())
     copy.generation_config = policy.generation_config
-    return copy.to(next(policy.parameters()).device).eval()
+    copy = copy.to(next(policy.parameters()).device).eval()
+    if dtype == torch.bfloat16:
+        refuse_bf16_attention_where_torch_cannot(copy, wanted)
+    return copy
 
 
 # rollout.backend's choices (tether/online_sections.py ROLLOUT_BACKENDS names the same keys; a test checks they agree)

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from tether.lab.lessons import ON_POLICY_DPO, dpo_pairs, kl_rope, overoptimisation, shop_claim, shop_state
+from tether.lab.lessons import OFFLINE_DPO, ON_POLICY_DPO, dpo_pairs, kl_rope, overoptimisation, shop_claim, shop_state
 from tether.lab.plan import lab_plan
 from tether.lab.schedule import code_fingerprint, run_in_worker, usable_cores, worker_init
 from tether.lab.settings import QUICK, LabConfig
@@ -44,6 +44,7 @@ FAMILY = {
     "shop_state": "agents",
     "shop_claim": "agents",
     "dpo_sigmoid": "dpo",
+    OFFLINE_DPO: "dpo",
     **{name: "dpo" for name in ON_POLICY_DPO},
 }
 
@@ -121,11 +122,11 @@ def row(results: dict) -> dict:
             if name == "ppo_kl0" and peak is not final:
                 # the lesson's margin: how far the final gold interval lies below the peak's (negative: they overlap)
                 out["ppo_kl0 fall beyond the noise"] = round(peak["gold_ci"][0] - final["gold_ci"][1], 3)
-    for name in ("dpo_sigmoid", *ON_POLICY_DPO):
+    for name in ("dpo_sigmoid", OFFLINE_DPO, *ON_POLICY_DPO):
         if name in results:
             r = results[name]
             out[f"{name} gold end [interval]"] = [round(r["final_gold"], 3), [round(x, 3) for x in r["final_gold_ci"]]]
-            if name == "dpo_sigmoid":
+            if name in ("dpo_sigmoid", OFFLINE_DPO):
                 out[f"{name} win rate"] = round(r["final_win_rate"], 3)
                 out[f"{name} win rate interval"] = [round(x, 3) for x in r["final_win_rate_ci"]]
     if "shop_state" in results:

@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from tether.config import ConfigError
+
 
 @functools.cache
 def bf16_attention_runs_here() -> bool:
@@ -23,3 +25,14 @@ def bf16_attention_runs_here() -> bool:
             raise
         return False
     return True
+
+
+def refuse_bf16_attention_where_torch_cannot(model, setting: str) -> None:
+    """A clear error before the first forward where a CPU model would run bf16 attention that torch cannot run here
+    (bf16_attention_runs_here: ATEN_CPU_CAPABILITY=default on a CPU with AMX), instead of a RuntimeError from inside
+    the attention kernel at the first sequence of 64 positions."""
+    if next(model.parameters()).device.type == "cpu" and not bf16_attention_runs_here():
+        raise ConfigError(
+            f"{setting} on this CPU under ATEN_CPU_CAPABILITY=default: torch's bf16 attention picks the AMX kernel "
+            "the scalar capability refuses; unset ATEN_CPU_CAPABILITY, or train in float32"
+        )

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tether.config import ConfigError
-from tether.models.cpu import bf16_attention_runs_here
+from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
 
 log = logging.getLogger(__name__)
 
@@ -209,17 +209,6 @@ def load_model(
     if next(model.parameters()).dtype == torch.bfloat16:
         refuse_bf16_attention_where_torch_cannot(model, f"dtype={dtype} (model {path}: bf16 weights)")
     return model
-
-
-def refuse_bf16_attention_where_torch_cannot(model, setting: str) -> None:
-    """A clear error before the first forward where a CPU model would run bf16 attention that torch cannot run here
-    (bf16_attention_runs_here: ATEN_CPU_CAPABILITY=default on a CPU with AMX), instead of a RuntimeError from inside
-    the attention kernel at the first sequence of 64 positions."""
-    if next(model.parameters()).device.type == "cpu" and not bf16_attention_runs_here():
-        raise ConfigError(
-            f"{setting} on this CPU under ATEN_CPU_CAPABILITY=default: torch's bf16 attention picks the AMX kernel "
-            "the scalar capability refuses; unset ATEN_CPU_CAPABILITY, or train in float32"
-        )
 
 
 def apply_lora(model, r: int, alpha: float, dropout: float, target_modules: list[str]):

@@ -22,7 +22,8 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from tether.algorithms.logprobs import at_least_float32
 from tether.algorithms.masks import last_action_index
 from tether.config import ConfigError
-from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, refuse_bf16_attention_where_torch_cannot
+from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
+from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft
 from tether.models.packing import pad_sequences
 from tether.models.shards import is_sharded, reshard
 

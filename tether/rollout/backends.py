@@ -11,7 +11,8 @@ from typing import Protocol
 
 import torch
 
-from tether.models.lm import DTYPES, refuse_bf16_attention_where_torch_cannot
+from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
+from tether.models.lm import DTYPES
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.decoding import Sampler, can_compact, decode, seeded_generators
 from tether.rollout.decoding import greedy as greedy_choice

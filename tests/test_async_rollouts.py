@@ -225,3 +225,26 @@ def test_a_worker_that_does_not_hold_the_pushed_weights_stops_the_run(llama_dir,
     assert code == 1
     assert "does not hold the weights of version 0" in out.out + out.err
     assert "parity probe" in out.out + out.err
+
+
+def test_an_exception_in_the_worker_stops_the_run_with_the_workers_traceback(
+    llama_dir, files, tmp_path, monkeypatch, capsys
+):
+    """The worker's own failure (here the weights file it loads has one tensor of the wrong shape, so its
+    load_state_dict raises): the worker reports its traceback and ends, and the run stops at the first push with
+    the worker named and the cause in its words, never sampling on without it."""
+    import safetensors.torch
+
+    real = safetensors.torch.save_file
+
+    def misshapen(state, path, *args, **kwargs):
+        name = next(k for k, v in state.items() if v.dim() == 2)
+        real({**state, name: state[name][:-1]}, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", misshapen)
+    code = main(grpo_args(llama_dir, files, tmp_path / "run", "--max-steps", "2", "--max-staleness", "1"))
+    said = "".join(capsys.readouterr())
+    assert code == 1
+    assert "the rollout worker (pid " in said and ") failed:" in said, said[-2000:]
+    assert "size mismatch" in said and "load_state_dict" in said
+    assert not (tmp_path / "run" / "metrics.jsonl").is_file() or not rows(tmp_path / "run" / "metrics.jsonl")

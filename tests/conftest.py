@@ -180,9 +180,9 @@ def flags(*words, **values) -> list[str]:
     return out
 
 
-# ATEN_CPU_CAPABILITY=default on a CPU with AMX: tether refuses bf16 attention on CPU before the first forward
-# (models/lm.refuse_bf16_attention_where_torch_cannot), and each bf16 test asserts that refusal there instead
-BF16_REFUSED = "ATEN_CPU_CAPABILITY=default: torch's bf16 attention"
+# ATEN_CPU_CAPABILITY=default or =avx2 on a CPU with AMX: tether refuses bf16 attention on CPU before the first
+# forward (models/cpu.refuse_bf16_attention_where_torch_cannot), and each bf16 test asserts that refusal there instead
+BF16_REFUSED = "torch's bf16 attention picks the AMX kernel, which needs AVX-512"
 
 
 def bf16_refused_here() -> bool:

@@ -378,7 +378,7 @@ def test_the_lab_sft_stage_learns_under_bf16_autocast_as_in_fp32(quick_lab, tmp_
         "train.report_to": ["none"],
         "model.mixed_precision": "bf16",
     }
-    if bf16_refused_here():  # ATEN_CPU_CAPABILITY=default on a CPU with AMX: torch cannot run it there
+    if bf16_refused_here():  # a narrowed kernel path on a CPU with AMX: torch cannot run it there
         with pytest.raises(ConfigError, match=BF16_REFUSED):
             run_sft(build_config(SFTConfig, overrides=overrides))
         return

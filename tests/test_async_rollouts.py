@@ -184,7 +184,10 @@ def test_a_killed_trainer_takes_its_worker_with_it_and_the_run_resumes_drawing_a
     checkpoint's weights, so the responses queued before the kill are drawn again: the first step after the resume
     trains on responses of the restored weights (staleness 0), the next one update behind again."""
     out = tmp_path / "run"
-    proc, err = _start(llama_dir, files, out, "--max-steps", "4", "--save-every", "2")
+    # a run that cannot end before the kill (a fast machine once finished 4 steps between two looks for checkpoint-2),
+    # every checkpoint kept; it resumes from whichever is the newest when the kill lands
+    keep = ["--save-every", "2", "--keep-checkpoints", "0"]
+    proc, err = _start(llama_dir, files, out, "--max-steps", "100000", *keep)
     _wait_for(proc, lambda: (out / "checkpoint-2").is_dir())
     workers = [c for c in _children(proc.pid) if _name(c) == "tether-rollout"]
     assert len(workers) == 1
@@ -195,16 +198,11 @@ def test_a_killed_trainer_takes_its_worker_with_it_and_the_run_resumes_drawing_a
     while not _gone(workers[0]) and time.time() < deadline:
         time.sleep(0.1)
     assert _gone(workers[0])
-    assert (
-        main(
-            grpo_args(
-                llama_dir, files, out, "--max-staleness", "1", "--max-steps", "4", "--save-every", "2", "--resume"
-            )
-        )
-        == 0
-    )
+    last = max(int(p.name.removeprefix("checkpoint-")) for p in out.glob("checkpoint-*") if p.name[11:].isdigit())
+    end = str(last + 2)
+    assert main(grpo_args(llama_dir, files, out, "--max-staleness", "1", "--max-steps", end, *keep, "--resume")) == 0
     metrics = {m["step"]: m for m in rows(out / "metrics.jsonl")}
-    assert metrics[3]["async/staleness_max"] == 0.0 and metrics[4]["async/staleness_max"] == 1.0
+    assert metrics[last + 1]["async/staleness_max"] == 0.0 and metrics[last + 2]["async/staleness_max"] == 1.0
     assert (out / "final" / "model.safetensors").is_file()
 
 

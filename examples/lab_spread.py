@@ -117,11 +117,13 @@ def row(results: dict) -> dict:
             out[f"{name} proxy start/end"] = [round(r["start_proxy"], 3), round(r["final_proxy"], 3)]
             alarm = min(r["alarms"], key=lambda a: a["step"]) if r["alarms"] else None
             out[f"{name} first alarm"] = f"{alarm['monitor']} ({alarm['step']})" if alarm else "none"
+            late = r.get("late")
+            if late is not None:
+                out[f"{name} late gold [interval]"] = [round(late["gold"], 3), [round(x, 3) for x in late["gold_ci"]]]
             peak = max(r["curve"], key=lambda c: c["gold"])
-            final = r["curve"][-1]
-            if name == "ppo_kl0" and peak is not final:
-                # the lesson's margin: how far the final gold interval lies below the peak's (negative: they overlap)
-                out["ppo_kl0 fall beyond the noise"] = round(peak["gold_ci"][0] - final["gold_ci"][1], 3)
+            if name == "ppo_kl0" and late is not None and peak["step"] not in late["steps"]:
+                # the lesson's margin: how far the late gold interval lies below the peak's (negative: they overlap)
+                out["ppo_kl0 fall beyond the noise"] = round(peak["gold_ci"][0] - late["gold_ci"][1], 3)
     for name in ("dpo_sigmoid", OFFLINE_DPO, *ON_POLICY_DPO):
         if name in results:
             r = results[name]

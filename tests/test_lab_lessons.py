@@ -45,9 +45,11 @@ def test_the_grpo_lesson_uses_the_logged_standard_errors_and_else_the_rate_rule(
     assert grpo_outcome(_grpo(0.120, 0.175, (0.04, 0.03)), 200).holds is False
 
 
-def _ppo(start_proxy, final_proxy, curve, alarms=()):
-    """A PPO stage's figures: curve of (step, gold, gold interval)."""
+def _ppo(start_proxy, final_proxy, curve, alarms=(), late=None):
+    """A PPO stage's figures: curve of (step, gold, gold interval); late: (steps, gold, interval) pooled over the
+    late third (rl.late_gold), by default the last evaluation alone."""
     points = [{"step": s, "gold": g, "gold_ci": ci} for s, g, ci in curve]
+    steps, gold, ci = late or ([points[-1]["step"]], points[-1]["gold"], points[-1]["gold_ci"])
     return {
         "curve": points,
         "start_gold": points[0]["gold"],
@@ -58,6 +60,7 @@ def _ppo(start_proxy, final_proxy, curve, alarms=()):
         "final_win_rate": 0.8,
         "final_win_rate_ci": [0.75, 0.85],
         "alarms": [{"monitor": m, "step": s} for m, s in alarms],
+        "late": {"steps": steps, "gold": gold, "gold_ci": ci},
     }
 
 
@@ -92,10 +95,34 @@ def test_overoptimisation_holds_only_when_every_clause_is_beyond_the_noise():
     # gold peaking at the last evaluation never "fell"
     rising = _ppo(-0.6, 1.1, [(0, 0.97, [0.9, 1.04]), (50, 1.9, [1.8, 2.0])], [("repetition", 30)])
     assert overoptimisation({"ppo": {"ppo_kl0": rising, "ppo_kl0.2": ROPED}}).holds is False
-    # runs from before the intervals were logged: not measured, not a verdict
+    # runs from before the intervals were logged, or before the late gold was kept: not measured, not a verdict
     old = _ppo(-0.6, 1.1, [(0, 0.97, None), (20, 1.88, None), (50, 1.15, None)], [("repetition", 20)])
     assert overoptimisation({"ppo": {"ppo_kl0": old, "ppo_kl0.2": ROPED}}).holds is None
+    assert overoptimisation({"ppo": {"ppo_kl0": {**free, "late": None}, "ppo_kl0.2": ROPED}}).holds is None
     assert overoptimisation({"ppo": {}}).holds is None
+
+
+def test_overoptimisation_reads_the_late_third_not_the_last_evaluation():
+    # draw 11's shape (docs/lab.md): the policy's length cycles, so the last evaluation (1.36 [1.13, 1.57]) reaches
+    # the peak's interval [1.55, 1.87] while the late third pooled (1.23 [1.04, 1.41]) lies below it by 0.14
+    cycling = [(0, 0.89, [0.76, 1.03]), (10, 1.71, [1.55, 1.87]), (20, 0.40, [-0.07, 0.85])]
+    cycling += [(30, 1.62, [1.42, 1.81]), (40, 1.07, [0.75, 1.38]), (50, 1.27, [1.02, 1.49]), (60, 1.36, [1.13, 1.57])]
+    alarm = [("proxy_up_task_down", 20)]
+    late = _ppo(-0.5, 1.07, cycling, alarm, late=([40, 50, 60], 1.23, [1.04, 1.41]))
+    lesson = overoptimisation({"ppo": {"ppo_kl0": late, "ppo_kl0.2": ROPED}})
+    assert lesson.holds is True
+    assert "→ 1.71 [1.55, 1.87] (step 10) → late 1.23 [1.04, 1.41] (steps 40–60), down 0.48" in lesson.evidence
+    # the same curve judged on its last evaluation alone would not hold
+    last = _ppo(-0.5, 1.07, cycling, alarm)
+    assert overoptimisation({"ppo": {"ppo_kl0": last, "ppo_kl0.2": ROPED}}).holds is False
+    # β = 0.2's late gold is what β = 0 must end below: a roped run whose late third reaches β = 0's does not hold
+    low_rope = _ppo(-0.6, 0.9, [(0, 0.97, [0.9, 1.04]), (50, 1.3, [1.2, 1.4])], late=([40, 50], 1.3, [1.2, 1.4]))
+    lesson = overoptimisation({"ppo": {"ppo_kl0": late, "ppo_kl0.2": low_rope}})
+    assert lesson.holds is False and "does not end below β = 0.2's" in lesson.evidence
+    # a peak inside the late window never "fell"
+    peak_late = _ppo(-0.5, 1.07, cycling[:-1] + [(60, 1.9, [1.8, 2.0])], alarm, late=([40, 50, 60], 1.4, [1.3, 1.5]))
+    lesson = overoptimisation({"ppo": {"ppo_kl0": peak_late, "ppo_kl0.2": ROPED}})
+    assert lesson.holds is False and "within the noise" in lesson.evidence
 
 
 def _shop(start, final, alarms=(), n=100):
@@ -174,64 +201,65 @@ def test_an_agent_lesson_reads_the_sampled_episodes_and_shows_the_greedy_ones():
     assert old.holds is False and old.evidence.endswith("no sampled episodes logged")
 
 
-def _recorded(curve, start_proxy, final_proxy, win_rate, win_ci, alarms):
-    run = _ppo(start_proxy, final_proxy, curve, alarms)
+def _recorded(curve, start_proxy, final_proxy, win_rate, win_ci, alarms, late):
+    run = _ppo(start_proxy, final_proxy, curve, alarms, late)
     return {**run, "final_win_rate": win_rate, "final_win_rate_ci": win_ci}
 
 
-# Recorded: `make lab` on this machine (seed 0; PPO stages on one thread beside another stage) at 0533db7, the
-# stages' figures as summary.json holds them (4 decimals).
+# Recorded: draw 11 of docs/lab.md ("Where β = 0 ends: the late third"; examples/lab_spread.py --seeds 11 --threads 1
+# --stages ppo_kl0,ppo_kl0.2 on a clean clone's lab at ce040c1, Intel Xeon with AMX), the stages' figures as
+# stage.json holds them (4 decimals): the draw on which the last evaluation misled the rule before.
 KL0 = _recorded(
     [
-        (0, 0.9654, [0.8425, 1.0917]),
-        (10, 1.8849, [1.7338, 2.027]),
-        (20, 1.4566, [1.25, 1.6632]),
-        (30, 1.2496, [1.057, 1.436]),
-        (40, 1.3118, [1.1388, 1.4853]),
-        (50, 1.5353, [1.3647, 1.6818]),
-        (60, 1.1518, [0.982, 1.3107]),
+        (0, 0.8947, [0.7649, 1.0333]),
+        (10, 1.7092, [1.5518, 1.8706]),
+        (20, 0.3982, [-0.0706, 0.8531]),
+        (30, 1.6178, [1.4191, 1.8103]),
+        (40, 1.0704, [0.7539, 1.3842]),
+        (50, 1.2669, [1.0228, 1.4855]),
+        (60, 1.3555, [1.1336, 1.5669]),
     ],
-    -0.5332,
-    1.0791,
-    0.5899,
-    [0.5285, 0.6579],
-    [("proxy_up_task_down", 20), ("repetition", 60)],
+    -0.5291,
+    1.069,
+    0.6425,
+    [0.5833, 0.7039],
+    [("proxy_up_task_down", 20), ("score_and_kl_rising", 21), ("phrase_surge", 60)],
+    late=([40, 50, 60], 1.2309, [1.0365, 1.4112]),
 )
 KL02 = _recorded(
     [
-        (0, 0.9654, [0.8425, 1.0917]),
-        (10, 1.925, [1.8044, 2.0561]),
-        (20, 2.0961, [1.9649, 2.2281]),
-        (30, 2.1145, [1.9908, 2.2325]),
-        (40, 2.1987, [2.0702, 2.3303]),
-        (50, 2.1871, [2.059, 2.318]),
-        (60, 2.1537, [2.03, 2.2833]),
+        (0, 0.8947, [0.7649, 1.0333]),
+        (10, 1.9322, [1.7868, 2.0798]),
+        (20, 1.8855, [1.7592, 2.011]),
+        (30, 2.0009, [1.8741, 2.1351]),
+        (40, 2.082, [1.9768, 2.193]),
+        (50, 2.2583, [2.1289, 2.3768]),
+        (60, 2.1509, [2.0289, 2.2741]),
     ],
-    -0.5332,
-    0.8633,
-    0.8268,
-    [0.7763, 0.8728],
-    [("phrase_surge", 60)],
+    -0.5291,
+    0.9109,
+    0.818,
+    [0.761, 0.8662],
+    [],
+    late=([40, 50, 60], 2.1637, [2.0789, 2.2539]),
 )
 
 
 def test_the_recorded_lab_draw_is_judged_by_the_rules():
     summary = {"ppo": {"ppo_kl0": KL0, "ppo_kl0.2": KL02}}
     lessons = {lesson.name: lesson for lesson in lab_lessons(summary, 200)}
-    # β = 0: proxy −0.53 → 1.08; gold's end [0.98, 1.31] lies below its peak's [1.73, 2.03] (step 10) and below
-    # β = 0.2's end [2.03, 2.28]; proxy_up_task_down at step 20
+    # β = 0: proxy −0.53 → 1.07; the late third [1.04, 1.41] lies below the peak's [1.55, 1.87] (step 10), by 0.14,
+    # and below β = 0.2's late third [2.08, 2.25]; proxy_up_task_down at step 20
     assert lessons["overoptimisation"].holds is True
     assert (
-        "gold 0.97 → 1.88 [1.73, 2.03] (step 10) → 1.15 [0.98, 1.31], down 0.73" in lessons["overoptimisation"].evidence
+        "gold 0.89 → 1.71 [1.55, 1.87] (step 10) → late 1.23 [1.04, 1.41] (steps 40–60), down 0.48; β = 0.2 late "
+        "2.16 [2.08, 2.25]; first alarm at step 20 (proxy_up_task_down)" in lessons["overoptimisation"].evidence
     )
-    # β = 0.2: the win rate's interval [0.776, 0.873] lies above 0.5
+    # β = 0.2: the win rate's interval [0.761, 0.866] lies above 0.5
     assert lessons["kl_rope"].holds is True
-    # had the run stopped at step 50, gold's 1.54 [1.36, 1.68] would still lie below the peak's interval
-    at50 = {**KL0, "curve": KL0["curve"][:-1], "final_gold_ci": KL0["curve"][-2]["gold_ci"]}
-    assert overoptimisation({"ppo": {"ppo_kl0": at50, "ppo_kl0.2": KL02}}).holds is True
-    # and at step 20 (1.46 [1.25, 1.66]): the fall was beyond the noise from the first evaluation after the peak
-    at20 = {**KL0, "curve": KL0["curve"][:3], "final_gold_ci": KL0["curve"][2]["gold_ci"]}
-    assert overoptimisation({"ppo": {"ppo_kl0": at20, "ppo_kl0.2": KL02}}).holds is True
+    # read at its last evaluation alone (the rule before), 1.36 [1.13, 1.57] reaches the peak's interval
+    last = {**KL0, "late": {"steps": [60], "gold": 1.3555, "gold_ci": [1.1336, 1.5669]}}
+    assert overoptimisation({"ppo": {"ppo_kl0": last, "ppo_kl0.2": KL02}}).holds is False
 
 
 def test_the_spread_example_refuses_a_stage_or_a_count_it_cannot_run(tmp_path, monkeypatch, capsys):

@@ -300,6 +300,49 @@ def test_written_steps_judge_the_models_own_arithmetic_per_operation():
     # one prompt: every resample draws it, so the interval is the point itself
     assert (figures["gold_win_rate_low"], figures["gold_win_rate_high"]) == (0.75, 0.75)
     assert (figures["gold_reward_low"], figures["gold_reward_high"]) == (0.0, 0.0)
+    assert figures["gold_by_prompt"] == [[2.0, -2.0]]  # two true facts; a false fact said with confidence
+
+
+def test_the_late_third_pools_each_prompts_answers_over_the_late_evaluations():
+    """Evaluations at steps 0, 20, 40, 60 of a 60-step run: the late third is 40 and 60 (3 · 40 ≥ 2 · 60). Prompt A
+    answers 1, 3 then 5; prompt B 2 then 0, 0: pooled mean (1 + 3 + 5 + 2 + 0 + 0) / 6 = 11/6. The bootstrap over
+    two prompts draws A twice (mean 3) or B twice (mean 2/3) a quarter of the time each, else one of each (11/6):
+    its 2.5 % and 97.5 % points are 2/3 and 3."""
+    from tether.lab.rl import late_gold
+
+    by_step = {0: [[9.0], [9.0]], 20: [[9.0], [9.0]], 40: [[1.0, 3.0], [2.0]], 60: [[5.0], [0.0, 0.0]]}
+    late = late_gold(by_step, 60)
+    assert late["steps"] == [40, 60]
+    assert late["gold"] == pytest.approx(11 / 6, abs=1e-15)
+    assert late["gold_ci"] == [pytest.approx(2 / 3, abs=1e-15), 3.0]
+    # a 61-step run: 3 · 40 < 2 · 61, so 60 alone is late
+    assert late_gold(by_step, 61)["steps"] == [60]
+    assert late_gold({0: [[1.0]]}, 60) is None
+    with pytest.raises(ValueError, match="different numbers of prompts"):
+        late_gold({40: [[1.0]], 60: [[1.0], [2.0]]}, 60)
+
+
+def test_the_gold_evaluation_keeps_each_answers_gold_under_its_step(tmp_path, monkeypatch):
+    """GoldAssistEval with a record folder writes one file per evaluation step; a resumed run that evaluates a step
+    again replaces its file, and the reader returns step → gold per answer by prompt."""
+    import tether.lab.rl as rl
+    from tether.lab.evaluate import Decoding
+
+    good = "Cats sleep for most of the day. Cats use their whiskers to feel space."
+    bad = "Definitely, cats can breathe under water."
+    gold = rl.GoldAssistEval.__new__(rl.GoldAssistEval)  # no SFT model to load: the reference answers are given
+    gold.rows, gold.decoding, gold.record = [{"topic": "cats"}], Decoding(samples=2), tmp_path
+    gold.reference = [[bad, bad]]
+    answers = [[good, bad]]
+    monkeypatch.setattr(rl, "generate_for", lambda policy, tokenizer, rows, decoding: answers)
+    figures = gold(None, None, 10)
+    assert "gold_by_prompt" not in figures and figures["gold_reward"] == 0.0
+    answers = [[good, good]]
+    gold(None, None, 20)
+    gold(None, None, 20)  # evaluated again after a resume: the same file, written whole
+    assert rl.read_gold_by_prompt(tmp_path) == {10: [[2.0, -2.0]], 20: [[2.0, 2.0]]}
+    assert sorted(p.name for p in (tmp_path / rl.GOLD_BY_PROMPT).iterdir()) == ["step-000010.json", "step-000020.json"]
+    assert rl.read_gold_by_prompt(tmp_path / "elsewhere") == {}
 
 
 def test_the_sampled_accuracy_is_averaged_per_problem_and_its_standard_error_is_over_problems(monkeypatch):
@@ -320,7 +363,7 @@ def test_the_sampled_accuracy_is_averaged_per_problem_and_its_standard_error_is_
         1.0: [[problems[0].solution()] * 2, [problems[1].solution(), wrong(problems[1])], [wrong(problems[2])] * 2],
     }
     monkeypatch.setattr(rl, "generate_for", lambda policy, tokenizer, rows, decoding: answers[decoding.temperature])
-    figures = rl.ArithAccuracyEval(rows, 1.0, 0, 96, samples=2)(None, None)
+    figures = rl.ArithAccuracyEval(rows, 1.0, 0, 96, samples=2)(None, None, 0)
     assert figures["accuracy_sampled"] == pytest.approx(0.5, abs=1e-12)
     assert figures["accuracy_sampled_se"] == pytest.approx(0.288675, abs=1e-6)
     assert figures["accuracy_greedy"] == 1.0 and figures["accuracy_sampled_n"] == 3

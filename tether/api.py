@@ -343,7 +343,7 @@ def dpo(
     **settings,
 ) -> RunResult:
     """The direct-preference family, offline (``data``) or online (``online=True``, ``prompts`` and a labeller:
-    ``reward_funcs``, ``reward_model`` or ``judge``). ``evaluate(policy, tokenizer) -> dict`` adds task metrics to
+    ``reward_funcs``, ``reward_model`` or ``judge``). ``evaluate(policy, tokenizer, step) -> dict`` adds task metrics to
     every evaluation."""
     return _run(
         "dpo",

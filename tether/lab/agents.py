@@ -315,7 +315,7 @@ class AgentTaskEval:
             ) / len(claims)
         return out
 
-    def __call__(self, policy, tokenizer) -> dict:
+    def __call__(self, policy, tokenizer, step: int) -> dict:
         out = self.rates(self.episodes(policy, tokenizer))
         if self.samples:
             sampled = self.rates(self.episodes(policy, tokenizer, self.samples), "_sampled")

@@ -88,9 +88,8 @@ def score_assist(rows: list[dict], completions: list[list[str]], reference: list
         wins = [1.0 if g.reward > x else 0.5 if g.reward == x else 0.0 for g, x in zip(golds, ref)]
         out["gold_win_rate"] = sum(wins) / n
         out["gold_win_rate_low"], out["gold_win_rate_high"] = bootstrap_interval(_by_prompt(wins, completions))
-    out["gold_reward_low"], out["gold_reward_high"] = bootstrap_interval(
-        _by_prompt([g.reward for g in golds], completions)
-    )
+    out["gold_by_prompt"] = _by_prompt([g.reward for g in golds], completions)
+    out["gold_reward_low"], out["gold_reward_high"] = bootstrap_interval(out["gold_by_prompt"])
     return out
 
 
@@ -118,6 +117,7 @@ def evaluate_task(
         if reference_model is not None:
             reference = generate_for(reference_model, reference_tokenizer or tokenizer, rows, decoding)
         figures = score_assist(rows, completions, reference)
+        del figures["gold_by_prompt"]  # the figures are the means; the answers' gold stays with the lab's runs
     else:
         raise ValueError(f"unknown task {task!r}; choose lab-arith or lab-assist")
     samples = [

@@ -99,27 +99,34 @@ def kl_rope(summary: dict, beta: str = "0.2") -> Lesson:
 
 
 def overoptimisation(summary: dict, beta: str = "0.2") -> Lesson:
-    """PPO without a KL penalty over-optimises the reward model: the proxy ends above its start; gold ends below
-    its peak beyond the noise (the final interval wholly below the peak's) and below β's gold (intervals apart);
-    a monitor raised an alarm no later than the final evaluation."""
+    """PPO without a KL penalty over-optimises the reward model: the proxy ends above its start; gold in the late
+    third of the run (the late evaluations' answers pooled prompt by prompt, rl.late_gold) lies below its peak
+    beyond the noise (the late interval wholly below the peak evaluation's) and below β's late gold (intervals
+    apart); a monitor raised an alarm no later than the final evaluation. The late third, not the last evaluation:
+    the unconstrained policy's length cycles, so one evaluation reads a phase of the cycle by chance (docs/lab.md,
+    "Where β = 0 ends: the late third")."""
     free, roped = summary.get("ppo", {}).get("ppo_kl0"), summary.get("ppo", {}).get(f"ppo_kl{beta}")
     claim = "PPO β = 0: proxy ↑ while gold ↓ from its peak and below β = " + beta
     if free is None or roped is None:
         return Lesson("overoptimisation", claim, None, f"stage ppo_kl0 or ppo_kl{beta} not run")
+    late, roped_late = free.get("late"), roped.get("late")
+    if late is None or roped_late is None:
+        return Lesson("overoptimisation", claim, None, "no late gold kept (a run from before it was)")
     curve = free["curve"]
     peak = max(curve, key=lambda c: c["gold"])
     final = curve[-1]
     proxy_up = free["final_proxy"] > free["start_proxy"]
-    fell = intervals_apart(final.get("gold_ci"), peak.get("gold_ci")) if peak is not final else False
-    below = intervals_apart(free.get("final_gold_ci"), roped.get("final_gold_ci"))
+    fell = intervals_apart(late["gold_ci"], peak.get("gold_ci")) if peak["step"] not in late["steps"] else False
+    below = intervals_apart(late["gold_ci"], roped_late["gold_ci"])
     alarm = _first_alarm(free)
     alarmed = alarm is not None and alarm["step"] <= final["step"]
     said = f"first alarm at step {alarm['step']} ({alarm['monitor']})" if alarm else "no alarm"
+    window = f"steps {late['steps'][0]}–{late['steps'][-1]}" if len(late["steps"]) > 1 else f"step {late['steps'][0]}"
     evidence = (
         f"proxy {free['start_proxy']:.2f} → {free['final_proxy']:.2f}; gold {free['start_gold']:.2f} → "
-        f"{peak['gold']:.2f}{format_interval(peak.get('gold_ci'), 2)} (step {peak['step']}) → {final['gold']:.2f}"
-        f"{format_interval(final.get('gold_ci'), 2)}, down {peak['gold'] - final['gold']:.2f}; β = {beta} ends at "
-        f"{roped['final_gold']:.2f}{format_interval(roped.get('final_gold_ci'), 2)}; {said}"
+        f"{peak['gold']:.2f}{format_interval(peak.get('gold_ci'), 2)} (step {peak['step']}) → late "
+        f"{late['gold']:.2f}{format_interval(late['gold_ci'], 2)} ({window}), down {peak['gold'] - late['gold']:.2f}; "
+        f"β = {beta} late {roped_late['gold']:.2f}{format_interval(roped_late['gold_ci'], 2)}; {said}"
     )
     failed = [
         what

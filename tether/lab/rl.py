@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tether.config import build_config
 from tether.lab.evaluate import Decoding, generate_for, score_assist
-from tether.lab.stats import logged_interval, mean_standard_error
+from tether.lab.stats import bootstrap_interval, logged_interval, mean_standard_error
 from tether.models.lm import load_model, load_tokenizer
 
 GOLD_KEYS = (
@@ -61,25 +61,68 @@ class GoldAssistEval:
     evaluation compares against the same reference answers and at step 0 the win rate is exactly 0.5.
     """
 
-    def __init__(self, rows: list[dict], sft_dir: Path, decoding: Decoding):
-        self.rows, self.decoding = rows, decoding
+    def __init__(self, rows: list[dict], sft_dir: Path, decoding: Decoding, record: Path | None = None):
+        self.rows, self.decoding, self.record = rows, decoding, record
         tok = load_tokenizer(sft_dir)
         self.reference = generate_for(load_model(sft_dir, tok), tok, rows, decoding)
 
     @classmethod
-    def for_lab(cls, lab: Path, samples: int, seed: int) -> "GoldAssistEval":
-        """The lab's held-out assist requests, `samples` answers each at T = 1 (64 tokens), against its SFT model."""
+    def for_lab(cls, lab: Path, samples: int, seed: int, record: Path | None = None) -> "GoldAssistEval":
+        """The lab's held-out assist requests, `samples` answers each at T = 1 (64 tokens), against its SFT model;
+        with ``record`` (a run folder), every evaluation's gold per answer is kept there (``write_gold_by_prompt``)."""
         rows = [
             json.loads(line) for line in (lab / "world" / "assist_eval.jsonl").read_text().splitlines() if line.strip()
         ]
-        return cls(
-            rows, lab / "sft" / "final", Decoding(temperature=1.0, samples=samples, seed=seed, max_new_tokens=64)
-        )
+        decoding = Decoding(temperature=1.0, samples=samples, seed=seed, max_new_tokens=64)
+        return cls(rows, lab / "sft" / "final", decoding, record)
 
-    def __call__(self, policy, tokenizer) -> dict:
+    def __call__(self, policy, tokenizer, step: int) -> dict:
         completions = generate_for(policy, tokenizer, self.rows, self.decoding)
         figures = score_assist(self.rows, completions, self.reference)
+        if self.record is not None:
+            write_gold_by_prompt(self.record, step, figures["gold_by_prompt"])
         return {k: figures[k] for k in GOLD_KEYS}
+
+
+GOLD_BY_PROMPT = "gold_by_prompt"  # <run>/gold_by_prompt/step-<step>.json: one evaluation's gold, answer by answer
+
+
+def write_gold_by_prompt(run_dir: Path, step: int, gold: list[list[float]]) -> None:
+    """Keep one evaluation's gold per answer, grouped by prompt, under its step: written whole or not at all (a
+    temporary file renamed), and written again, identical, by a resumed run that evaluates the step again."""
+    folder = run_dir / GOLD_BY_PROMPT
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step-{step:06d}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"step": step, "gold": gold}))
+    tmp.replace(path)
+
+
+def read_gold_by_prompt(run_dir: Path) -> dict[int, list[list[float]]]:
+    """Every kept evaluation of a run, step → gold per answer grouped by prompt ({} for a run that kept none)."""
+    folder = run_dir / GOLD_BY_PROMPT
+    records = [json.loads(path.read_text()) for path in sorted(folder.glob("step-*.json"))] if folder.is_dir() else []
+    return {r["step"]: r["gold"] for r in records}
+
+
+# The late window: the evaluations in the last third of a run. An unconstrained policy does not settle: on the
+# lab its length cycles against the 64-token limit (about 20 steps a cycle at β = 0), so one evaluation lands on a
+# phase of the cycle by chance and gold read there swings by more than its interval (docs/lab.md, "Where β = 0
+# ends: the late third"). Pooling the late evaluations' answers prompt by prompt reads where the run ended up, with
+# the bootstrap over prompts as its noise.
+def late_gold(gold_by_step: dict[int, list[list[float]]], last_step: int) -> dict | None:
+    """Gold pooled over the evaluations at steps s with 3 s ≥ 2 · last_step (the last third; step 0 never counts):
+    each prompt's answers from every late evaluation together, the mean over all of them and its 95 % bootstrap
+    interval over prompts (stats.bootstrap_interval). None when no late evaluation was kept."""
+    steps = sorted(s for s in gold_by_step if s > 0 and 3 * s >= 2 * last_step)
+    if not steps:
+        return None
+    prompts = {len(gold_by_step[s]) for s in steps}
+    if len(prompts) != 1:
+        raise ValueError(f"late_gold: the late evaluations hold different numbers of prompts: {sorted(prompts)}")
+    pooled = [[g for s in steps for g in gold_by_step[s][i]] for i in range(prompts.pop())]
+    answers = [g for per_prompt in pooled for g in per_prompt]
+    return {"steps": steps, "gold": sum(answers) / len(answers), "gold_ci": list(bootstrap_interval(pooled))}
 
 
 def run_lab_ppo(
@@ -105,8 +148,8 @@ def run_lab_ppo(
     from tether.stages.ppo_config import PPOConfig
 
     world = lab / "world"
-    gold = GoldAssistEval.for_lab(lab, eval_samples, seed)
     run_dir = folder / "run"
+    gold = GoldAssistEval.for_lab(lab, eval_samples, seed, record=run_dir)
     summary = finished_summary(run_dir, resume)
     if summary is None:
         cfg = build_config(
@@ -134,7 +177,7 @@ def run_lab_ppo(
         )
         summary = run_ppo(cfg, evaluate_fn=gold)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return lab_ppo_figures(summary, metrics)
+    return {**lab_ppo_figures(summary, metrics), "late": late_gold(read_gold_by_prompt(run_dir), steps)}
 
 
 def gold_course(curve: list[dict]) -> dict:
@@ -209,7 +252,7 @@ class ArithAccuracyEval:
         self.sampled = Decoding(temperature=temperature, samples=samples, seed=seed, max_new_tokens=max_new_tokens)
         self.greedy = Decoding(temperature=0.0, samples=1, seed=seed, max_new_tokens=max_new_tokens)
 
-    def __call__(self, policy, tokenizer) -> dict:
+    def __call__(self, policy, tokenizer, step: int) -> dict:
         from tether.lab.evaluate import score_arith
 
         greedy = score_arith(self.rows, generate_for(policy, tokenizer, self.rows, self.greedy))
@@ -344,8 +387,8 @@ def run_lab_dpo(
     from tether.stages.dpo_config import DPOConfig
 
     world = lab / "world"
-    gold = GoldAssistEval.for_lab(lab, eval_samples, seed)
     run_dir = folder / "run"
+    gold = GoldAssistEval.for_lab(lab, eval_samples, seed, record=run_dir)
     summary = finished_summary(run_dir, resume)
     if summary is None:
         overrides = {

@@ -86,6 +86,11 @@ def headline_figures(summary: dict) -> list[tuple[str, str]]:
                 f"{name}: gold start → peak → end, win rate vs SFT [95 % over prompts]",
                 f"{r['start_gold']:.2f} → {r['peak_gold']:.2f} → {r['final_gold']:.2f}, {r['final_win_rate']:.3f}"
                 + format_interval(r.get("final_win_rate_ci"), 3)
+                + (
+                    f"; late third {r['late']['gold']:.2f}{format_interval(r['late']['gold_ci'], 2)}"
+                    if r.get("late")
+                    else ""
+                )
                 + first_alarm(name),
             )
         )

@@ -23,7 +23,7 @@ from tether.train.sharding import is_sharded
 
 
 def run_dpo(cfg: DPOConfig, evaluate_fn=None, backend=None) -> dict:
-    """Train; ``evaluate_fn(policy, tokenizer) -> dict`` adds task metrics (on the lab: gold win rate) to every
+    """Train; ``evaluate_fn(policy, tokenizer, step) -> dict`` adds task metrics (on the lab: gold win rate) to every
     evaluation, including one before the first step."""
     return run_online_dpo(cfg, evaluate_fn, backend) if cfg.online.online else _run_offline(cfg, evaluate_fn)
 
@@ -52,15 +52,15 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
         )
     history: list[dict] = list(s.state.get("eval_history", []))
 
-    def evaluate() -> dict:
+    def evaluate(step: int) -> dict:
         metrics = evaluate_pairs(s, cfg)
         if evaluate_fn is not None and accelerator.is_main_process:
-            metrics.update({f"eval/{k}": v for k, v in evaluate_fn(s.unwrapped, s.tokenizer).items()})
+            metrics.update({f"eval/{k}": v for k, v in evaluate_fn(s.unwrapped, s.tokenizer, step).items()})
         return metrics
 
     def before(logger) -> None:  # the evaluation before the first step (eval0/* in step 0's row)
         if start_step == 0 and (s.evals or evaluate_fn is not None):
-            baseline = evaluate()
+            baseline = evaluate(0)
             history.append({"step": 0, **baseline})
             logger.log({"step": 0, **{k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()}})
 

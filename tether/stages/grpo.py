@@ -492,7 +492,7 @@ def _value(cfg: GRPOConfig, dotted: str):
 
 
 def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict:
-    """Train. ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer) ->
+    """Train. ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer, step) ->
     dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation; ``backend(policy, tokenizer) ->
     GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
     start = start_online(

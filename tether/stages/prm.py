@@ -129,5 +129,5 @@ def run_prm(cfg: PRMConfig) -> dict:
         eval_examples=evals,
         objective=StepObjective(),
         collate_fn=lambda exs: collate_steps(exs, pad_id),
-        evaluate_fn=lambda: evaluate_prm(unwrapped, evals, pad_id, micro, device),
+        evaluate_fn=lambda step: evaluate_prm(unwrapped, evals, pad_id, micro, device),
     )

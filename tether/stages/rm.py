@@ -216,7 +216,7 @@ def run_rm(cfg: RMConfig) -> dict:
         collate_fn=lambda exs: collate_preferences(exs, pad_id, padding_free),
         on_eval=_best_keeper(cfg, detector, model, unwrapped, tokenizer, out, accelerator),
         checkpoint_state=lambda: {"overfit": asdict(detector)},
-        evaluate_fn=lambda: _evaluate(
+        evaluate_fn=lambda step: _evaluate(
             unwrapped, evals, pad_id, objective, heads, mb, device, scored=final_scores, padding_free=padding_free
         ),
     )

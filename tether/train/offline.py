@@ -251,12 +251,12 @@ def train_offline(
     tokenizer,
     logger,
     checkpoint_state: Callable[[], dict] = dict,
-    evaluate_fn: Callable[[], dict] | None = None,
+    evaluate_fn: Callable[[int], dict] | None = None,
     on_eval: Callable[[int, dict], bool] | None = None,
 ) -> tuple[dict[str, float], int]:
     """Run optimizer steps start_step..total_steps-1; return (last eval metrics, steps done).
 
-    ``evaluate_fn`` replaces the default held-out loss evaluation; ``on_eval(step, metrics)`` sees every
+    ``evaluate_fn(step)`` replaces the default held-out loss evaluation; ``on_eval(step, metrics)`` sees every
     evaluation and returns True to stop early (a checkpoint is written at that step).
     """
     world, rank = accelerator.num_processes, accelerator.process_index
@@ -288,7 +288,7 @@ def train_offline(
         stop = False
         if eval_examples and ((settings.eval_every and done % settings.eval_every == 0) or is_last):
             if evaluate_fn is not None:
-                last_eval = evaluate_fn()
+                last_eval = evaluate_fn(done)
             else:
                 last_eval = evaluate(
                     accelerator, model, eval_examples, collate_fn, objective, settings.micro_batch_size

@@ -194,7 +194,7 @@ class _Run:
             res = self.stage.evaluate()
             if self.evaluate_fn is not None and self.accelerator.is_main_process:
                 with phase("task"):  # the lab's gold evaluation (process 0 alone)
-                    figures = self.evaluate_fn(self.stage.sampling_policy, self.stage.tokenizer)
+                    figures = self.evaluate_fn(self.stage.sampling_policy, self.stage.tokenizer, step)
                 res.update({f"eval/{k}": v for k, v in figures.items()})
         res = self.dp.gather_json([res])[0]  # process 0's figures (with the task metrics only it computes) everywhere
         self.history.append({"step": step, **res})
@@ -344,7 +344,7 @@ def run_online(
     stage: OnlineStage, schedule: Schedule, start: "OnlineStart", title: str, evaluate_fn: Callable | None = None
 ) -> dict:
     """Train ``stage`` from the run ``start`` opened (its checkpoint, or step 0) to schedule.total_steps; returns the
-    summary. ``evaluate_fn(policy, tokenizer) -> dict`` adds task metrics (the lab's gold figures) to every
+    summary. ``evaluate_fn(policy, tokenizer, step) -> dict`` adds task metrics (the lab's gold figures) to every
     evaluation."""
     t_start = time.perf_counter()
     with counting() as counter:  # every model forward, by phase: forwards/* and positions/* in each metrics row

@@ -433,8 +433,8 @@ def load_critic(cfg: PPOConfig, tokenizer, policy, checkpoint):
 
 
 def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict:
-    """Train; ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer, step) -> dict``
-    adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation; ``backend(policy,
+    """Train; ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer, step)
+    -> dict`` adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation; ``backend(policy,
     tokenizer) -> GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
     start = start_online(
         cfg,

@@ -17,6 +17,7 @@ hand-computed case. Formulas and sources: docs/algorithms.md.
   objectives  the full loss of each online stage (PPO, the group family)
   mismatch    a sampler that is not the trainer (vLLM): its log-prob gap and truncated importance weights
   preference  the DPO family, one table behind one signature
+  judge       a language model as the judge: scores from verdict-token probabilities, both orders, calibration
   comparisons whether a logged difference reaches a threshold (float rounding allowed), a rate difference's error
   choices     the names of the pieces above that settings choose between (no torch: `--help` reads them)
 """

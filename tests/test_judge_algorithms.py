@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from tether.algorithms.judge import (
+    best_of_listings,
     brier_score,
     expected_calibration_error,
     expected_score,
     first_slot_bias,
     first_slot_probability,
+    impute_unparsed,
     order_inconsistent,
     round_robin,
     swap_averaged_preference,
@@ -81,3 +83,30 @@ def test_calibration_by_brier_and_by_bins():
     assert brier_score(flat).item() == 0.25 and expected_calibration_error(flat).item() == 0.5
     # one bin: every confidence in [0.5, 1] together — mean confidence 0.75, accuracy 0.75: calibrated on average
     assert expected_calibration_error(p, bins=1).item() == pytest.approx(0.0, abs=1e-15)
+
+
+def test_a_group_listed_twice_shares_best_as_the_average_of_the_two_listings():
+    """G = 3. Forward listing: p(labels) = (0.5, 0.3, 0.1), normalised over the labels q = (5, 3, 1)/9. Reversed
+    listing (answer i at place 2 − i): p = (0.2, 0.2, 0.4), q = (1, 1, 2)/4, so answer 0 gets q_rev(2) = ½,
+    answer 1 q_rev(1) = ¼, answer 2 q_rev(0) = ¼. r = ½ (5/9 + 1/2, 3/9 + 1/4, 1/9 + 1/4) = (19/36, 21/72, 13/72);
+    Σ r = 1."""
+    r = best_of_listings(_logp((0.5, 0.3, 0.1)), _logp((0.2, 0.2, 0.4)))
+    torch.testing.assert_close(r, torch.tensor([[19 / 36, 21 / 72, 13 / 72]], dtype=F64), rtol=0, atol=1e-15)
+    torch.testing.assert_close(r.sum(), torch.tensor(1.0, dtype=F64), rtol=0, atol=1e-15)
+    with pytest.raises(ValueError, match="G ≥ 2"):
+        best_of_listings(_logp((0.5, 0.3, 0.1)), _logp((0.5, 0.5)))
+
+
+def test_an_unparsed_score_takes_its_groups_parsed_mean_or_the_batchs():
+    """Groups of 3: (4, ?, 2) → the ? gets (4 + 2)/2 = 3; (?, ?, ?) has nothing parsed → the batch's parsed mean
+    (4 + 2 + 5)/3 = 11/3; (5, ?, ?) → 5. Parsed scores never change."""
+    scores = torch.tensor([4.0, 9.0, 2.0, 7.0, 7.0, 7.0, 5.0, 0.0, 0.0], dtype=F64)
+    parsed = torch.tensor([True, False, True, False, False, False, True, False, False])
+    out = impute_unparsed(scores, parsed, group_size=3)
+    torch.testing.assert_close(
+        out, torch.tensor([4.0, 3.0, 2.0, 11 / 3, 11 / 3, 11 / 3, 5.0, 5.0, 5.0], dtype=F64), rtol=0, atol=1e-15
+    )
+    batch = impute_unparsed(scores[:3], parsed[:3])  # no groups: the batch's mean
+    torch.testing.assert_close(batch, torch.tensor([4.0, 3.0, 2.0], dtype=F64), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="no score was parsed"):
+        impute_unparsed(scores[3:6], parsed[3:6])

@@ -279,6 +279,64 @@ class RewardSection(Section):
 
 
 @dataclass(frozen=True)
+class JudgeSection(Section):
+    """A language model as the reward, asked and read as its template file says (docs/reward-models.md).
+
+    The template's front matter gives the mode (pointwise, pairwise, group), the verdict tokens and the answer
+    prefix they follow; the judge's score is added to the reward with a weight."""
+
+    model: str = option("", "A causal LM folder read as the judge; empty: no judge.", flag="--judge-model")
+    template: str = option(
+        "pointwise",
+        "The judge's prompt: a shipped template (pointwise, pairwise, group) or a template file (its front "
+        "matter gives the mode, the verdicts and how they are read).",
+        flag="--judge-template",
+    )
+    weight: float = option(1.0, "Weight of the judge's score in the total reward.", flag="--judge-weight")
+    baseline: str = option(
+        "",
+        "What a pairwise judge compares an answer with: column:NAME (a prompt-file column, e.g. a reference "
+        "answer) or group (every other answer of its group: round robin, tether grpo); empty for pointwise and "
+        "group judges, and in online DPO (the pair itself).",
+        flag="--judge-baseline",
+    )
+    max_unparsed: float = option(
+        0.1,
+        "Share of a call's judge prompts that may give no verdict (imputed with their group's mean, counted); "
+        "above it the run stops with a checkpoint.",
+        flag="--judge-max-unparsed",
+    )
+    min_verdict_mass: float = option(
+        0.0,
+        "A probability read gives no verdict where the verdict tokens' total probability is below this (0: off).",
+        flag="--judge-min-verdict-mass",
+    )
+    max_new_tokens: int = option(
+        64, "Tokens a text-read judge may write before its verdict.", flag="--judge-max-new-tokens"
+    )
+    batch_size: int = option(16, "Judge prompts per forward.", flag="--judge-batch-size")
+
+    def check(self):
+        if not math.isfinite(self.weight):
+            raise ConfigError(f"judge.weight={self.weight}: must be a finite number")
+        if not 0 <= self.max_unparsed <= 1 or not 0 <= self.min_verdict_mass < 1:
+            raise ConfigError(
+                f"judge.max_unparsed={self.max_unparsed} must be in [0, 1] and judge.min_verdict_mass="
+                f"{self.min_verdict_mass} in [0, 1)"
+            )
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ConfigError(
+                f"judge.max_new_tokens={self.max_new_tokens} and judge.batch_size={self.batch_size} must be >= 1"
+            )
+        if (
+            self.baseline
+            and self.baseline != "group"
+            and not (self.baseline.startswith("column:") and len(self.baseline) > len("column:"))
+        ):
+            raise ConfigError(f"judge.baseline={self.baseline!r}: choose column:NAME, group, or empty")
+
+
+@dataclass(frozen=True)
 class PolicyUpdateSection(Section):
     """How a rollout batch updates the policy: passes, minibatches, the clipped surrogate and the KL to the reference."""
 

@@ -185,6 +185,9 @@ class AgentSampler:
     def restore_error_counts(self, counts: dict[str, int]) -> None:
         self.errors = counts.get("env", 0)
 
+    def step_figures(self, section: str | None = None) -> dict[str, float]:
+        return {}  # an environment scores its episodes: no judge here
+
     def set_progress(self, global_step: int, max_steps: int) -> None:
         if self.reward_set is not None:
             self.reward_set.set_progress(global_step, max_steps)

@@ -27,3 +27,5 @@ OFF_POLICY_CORRECTIONS = (
     "sequence_mask",
     "geo_mask",
 )  # algorithms/mismatch.py importance_weights; TRL's vllm_importance_sampling_mode names where TRL has the mode
+JUDGE_MODES = ("pointwise", "pairwise", "group")  # rewards/judge.py: one answer, two answers, a whole group
+JUDGE_READS = ("probs", "text")  # the verdict tokens' probabilities (no generation), or greedy text and a pattern

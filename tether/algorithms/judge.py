@@ -63,6 +63,38 @@ def round_robin(preferences: torch.Tensor) -> torch.Tensor:
     return (preferences * off_diagonal).sum(-1) / (g - 1)
 
 
+def best_of_listings(forward_logprobs: torch.Tensor, reversed_logprobs: torch.Tensor) -> torch.Tensor:
+    """A group judge asked "which is best?" over a listing of the G answers, twice: in their own order and reversed.
+    forward_logprobs (..., G): the log-probabilities of the labels "1".."G" with answer i listed at i;
+    reversed_logprobs (..., G): the same with answer i listed at G − 1 − i. Each listing's labels are normalised over
+    the G labels (q = softmax ℓ); answer i's reward is r_i = ½ [q_fwd(i) + q_rev(G − 1 − i)], so a preference for a
+    place in the listing (the first, the last) is averaged out as the swap does for a pair; a group's rewards sum
+    to 1."""
+    if forward_logprobs.shape != reversed_logprobs.shape or forward_logprobs.shape[-1] < 2:
+        raise ValueError(
+            f"best_of_listings: two (..., G) tensors with G ≥ 2 expected, got {tuple(forward_logprobs.shape)} and "
+            f"{tuple(reversed_logprobs.shape)}"
+        )
+    return 0.5 * (torch.softmax(forward_logprobs, -1) + torch.softmax(reversed_logprobs, -1).flip(-1))
+
+
+def impute_unparsed(scores: torch.Tensor, parsed: torch.Tensor, group_size: int = 1) -> torch.Tensor:
+    """scores (N,) with parsed (N,) bool false where the judge gave no verdict (text that did not match its pattern,
+    or too little probability on the verdict tokens). An unparsed score becomes the mean of the parsed scores of its
+    group (N = groups × group_size, contiguous: its advantage in the group is then 0), or of the whole batch where
+    its group has none, never 0 (which would be a verdict). Raises ValueError when nothing is parsed."""
+    if not bool(parsed.any()):
+        raise ValueError("impute_unparsed: no score was parsed")
+    if scores.numel() % group_size:
+        raise ValueError(f"impute_unparsed: {scores.numel()} scores are not groups of {group_size}")
+    weights = parsed.to(scores.dtype)
+    batch_mean = (scores * weights).sum() / weights.sum()
+    grouped, grouped_weights = (scores * weights).view(-1, group_size), weights.view(-1, group_size)
+    counts = grouped_weights.sum(-1, keepdim=True)
+    group_mean = torch.where(counts > 0, grouped.sum(-1, keepdim=True) / counts.clamp(min=1), batch_mean)
+    return torch.where(parsed, scores, group_mean.expand(-1, group_size).reshape(-1))
+
+
 def brier_score(p_preferred: torch.Tensor) -> torch.Tensor:
     """mean (1 − P)² over held-out pairs, P the probability given to the labelled-preferred answer: a proper scoring
     rule (lowest only when P is the true probability), no bins. 0 is perfect, 0.25 is P = ½ everywhere."""

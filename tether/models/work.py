@@ -86,3 +86,8 @@ def counting():
         yield counter
     finally:
         handle.remove()
+
+
+def current_section() -> str | None:
+    """The section a forward (or a scorer's figures) is in now: ``eval`` inside the evaluation, else None."""
+    return _SECTION.get()

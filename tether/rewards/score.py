@@ -6,7 +6,7 @@ one (a truncated answer is scored as the unfinished text it is); reward function
 logging. A component that returns step scores is a process reward: its weighted step scores are kept apart
 (the group family turns them into token advantages) and its step sum is logged.
 
-    total = w_RM · RM(x, y) + Σ_i w_i · f_i(x, y) + overlong(|y|)    (outcome components only)
+    total = w_RM · RM(x, y) + w_J · judge(x, y) + Σ_i w_i · f_i(x, y) + overlong(|y|)    (outcome components only)
     then, if asked: truncated → truncation_penalty; clip to [−c, c]       (docs/algorithms.md §8)
 """
 
@@ -100,15 +100,20 @@ class Scorer:
         reward_model=None,
         allow_process: bool = True,
         process_model=None,
+        judge=None,
     ):
         """``reward_set``: load_reward_set(rewards_cfg, rows), checked before any model is loaded;
         ``reward_model(texts) -> list[float]``: load_reward_model_scorer(), or a stand-in (the lab, tests);
-        ``process_model(texts, step_end_offsets) -> step probabilities``: load_process_reward_scorer()."""
+        ``process_model(texts, step_end_offsets) -> step probabilities``: load_process_reward_scorer();
+        ``judge(rows, responses, group_size) -> scores``: rewards/judge.py load_judge()."""
         self.cfg, self.tokenizer, self.max_new_tokens = rewards_cfg, tokenizer, max_new_tokens
         self.allow_process = allow_process
         self.rewards, self.reward_model, self.process_model = reward_set, reward_model, process_model
-        if self.reward_model is None and self.rewards is None and self.process_model is None:
-            raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
+        self.judge = judge
+        if all(x is None for x in (reward_model, reward_set, process_model, judge)):
+            raise ConfigError(
+                "a reward is required: --reward-model DIR, --judge-model DIR and/or --reward module:function"
+            )
         if process_model is not None and rewards_cfg.process_reward_aggregation == "steps" and not allow_process:
             raise ConfigError(
                 "--process-reward-model with process_reward_aggregation=steps gives step scores; this stage needs "
@@ -119,6 +124,7 @@ class Scorer:
     def describe(self) -> str:
         """The reward as the plan prints it."""
         terms = [f"{self.cfg.reward_model_weight:g} x reward model"] if self.reward_model is not None else []
+        terms += [f"{self.judge.cfg.weight:g} x {self.judge.describe()}"] if self.judge is not None else []
         terms += [f"{c.weight:g} x {c.name}" for c in (self.rewards.components if self.rewards else [])]
         if self.process_model is not None:
             how = self.cfg.process_reward_aggregation
@@ -140,7 +146,9 @@ class Scorer:
             with phase("reward"):
                 self.reward_model([])
 
-    def __call__(self, rollout, rows: list[dict]) -> Scores:
+    def __call__(self, rollout, rows: list[dict], group_size: int = 1) -> Scores:
+        """Scores of ``rollout``'s responses to ``rows``, which come in contiguous groups of ``group_size`` (what a
+        judge comparing a group's answers needs)."""
         parts: dict[str, torch.Tensor] = {}
         steps = None
         total = torch.zeros(len(rollout.responses))
@@ -153,9 +161,12 @@ class Scorer:
             with phase("reward"):
                 parts["reward_model"] = torch.tensor(self.reward_model(texts), dtype=torch.float32)
             total += self.cfg.reward_model_weight * parts["reward_model"]
+        if self.judge is not None:
+            parts["judge"] = self.judge(rows, rollout.responses, group_size)
+            total += self.judge.cfg.weight * parts["judge"]
         if self.rewards is not None:
             values = self.rewards.score(rows, rollout.responses, rollout.completion_ids(), rollout.truncated.tolist())
-            if self.reward_model is None and all(x is None for v in values.values() for x in v):
+            if self.reward_model is None and self.judge is None and all(x is None for v in values.values() for x in v):
                 raise RewardFunctionError(
                     f"every reward function ({', '.join(values)}) returned None ('no opinion') for all "
                     f"{len(rollout.responses)} completions of step {self.rewards.trainer_state.global_step + 1}: the "
@@ -232,6 +243,16 @@ class Scorer:
         """What the reward functions' ``trainer_state`` says from now on (the online loop calls it before each step)."""
         if self.rewards is not None:
             self.rewards.set_progress(global_step, max_steps)
+
+    @property
+    def evaluation_group(self) -> int:
+        """Answers the evaluation samples per held-out prompt: a judge comparing a group's answers needs a group."""
+        return self.judge.group_size if self.judge is not None and self.judge.relative else 1
+
+    def step_figures(self, section: str | None = None) -> dict[str, float]:
+        """The judge's sums since the last call, of the step or of ``section`` (eval) (rewards/judge.py take_figures;
+        {} without a judge)."""
+        return self.judge.take_figures(section) if self.judge is not None else {}
 
     def error_counts(self) -> dict[str, int]:
         """{name: failed calls} for every function, and {name/none: completions it had no opinion on} once any."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tether.algorithms.choices import PREFERENCE_LOSSES as PAIR_LOSSES
 from tether.algorithms.choices import UNPAIRED_LOSSES
 from tether.config import ConfigError, Section, StageConfig, option
-from tether.online_sections import RewardSection, SamplingSection
+from tether.online_sections import JudgeSection, RewardSection, SamplingSection
 from tether.sections import AlarmOptions, DataSection, OptimSection, PolicySection, TrainSection
 
 DEFAULT_BETA = {"simpo": 2.0}  # every other loss: 0.1
@@ -155,6 +155,7 @@ class DPOConfig(StageConfig):
     dpo: DPOSection = DPOSection()
     rollout: SamplingSection = SamplingSection(prompts_per_step=64, group_size=2, max_new_tokens=128)
     rewards: RewardSection = RewardSection()
+    judge: JudgeSection = JudgeSection()
     online: OnlineSection = OnlineSection()
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
@@ -176,6 +177,9 @@ class DPOConfig(StageConfig):
     OLD_FLAGS = {"--online-prompts": "online.prompts"}
 
     def check(self):
+        from tether.rewards.judge_template import check_judge_config
+
+        check_judge_config(self.judge, "dpo", self.rollout.group_size, other_reward=self.rewards.has_reward())
         if self.rollout.max_staleness:
             raise ConfigError(
                 f"rollout.max_staleness={self.rollout.max_staleness}: online DPO samples in the trainer; the rollout "
@@ -196,6 +200,7 @@ class DPOConfig(StageConfig):
             sampling_only = {
                 "--rollout-backend": self.rollout.backend != "hf",
                 "--judge": bool(self.online.judge),
+                "--judge-model": bool(self.judge.model),
                 "--reward / --reward-model": self.rewards.has_reward(),
             }
             given = [flag for flag, set_ in sampling_only.items() if set_]
@@ -219,8 +224,15 @@ class DPOConfig(StageConfig):
                 raise ConfigError(
                     f"rollout.group_size={self.rollout.group_size}: online DPO samples two answers per prompt"
                 )
-            if not (self.online.judge or self.rewards.has_reward()):
-                raise ConfigError("online.online needs a labeller: --judge module:function, --reward-model or --reward")
+            if not (self.online.judge or self.judge.model or self.rewards.has_reward()):
+                raise ConfigError(
+                    "online.online needs a labeller: --judge module:function, --judge-model DIR, --reward-model or "
+                    "--reward"
+                )
+            if self.online.judge and self.judge.model:
+                raise ConfigError(
+                    "online.judge (a Python function) and judge.model (a language model) both label pairs; choose one"
+                )
             if self.rollout.off_policy_correction:
                 raise ConfigError(
                     f"rollout.off_policy_correction={self.rollout.off_policy_correction}: online DPO's loss has no "

@@ -18,6 +18,7 @@ from tether.data.records import read_records
 from tether.models.lm import frozen_dtype, length_limit
 from tether.models.work import phase
 from tether.rewards.functions import RewardFunctionError
+from tether.rewards.judge import load_judge
 from tether.rewards.loading import load_reward_function
 from tether.rewards.score import Scorer, load_reward_model_scorer
 from tether.rollout.backends import response_seeds
@@ -39,11 +40,15 @@ from tether.train.sampling import OnlineSampler
 
 
 class PairLabeller:
-    """Which of two answers is better: a judge function, or the higher score from the shared scorer."""
+    """Which of two answers is better: a judge function, a pairwise judge model (the pair itself, both orders), or
+    the higher score from the shared scorer (a reward model, reward functions, a pointwise judge model)."""
 
     def __init__(self, cfg: DPOConfig, tokenizer, reward_set, device):
         self.cfg = cfg
         self.judge = load_reward_function(cfg.online.judge) if cfg.online.judge else None
+        dtype = frozen_dtype(cfg.model)
+        model_judge = load_judge(cfg.judge, device, dtype, group_size=2)
+        self.pair_judge = model_judge if model_judge is not None and model_judge.template.mode == "pairwise" else None
         self.scorer = (
             None
             if self.judge
@@ -52,7 +57,8 @@ class PairLabeller:
                 cfg.rollout.max_new_tokens,
                 tokenizer,
                 reward_set,
-                load_reward_model_scorer(cfg.rewards, device, frozen_dtype(cfg.model)),
+                load_reward_model_scorer(cfg.rewards, device, dtype),
+                judge=model_judge,
             )
         )
 
@@ -63,6 +69,8 @@ class PairLabeller:
         if self.judge is not None:
             preference = self._verdicts(rows, first, second)
             return preference, [p if i % 2 == 0 else 1.0 - p for p in preference for i in range(2)]
+        if self.pair_judge is not None:
+            return self.pair_judge.labels(rows, first, second)
         totals = self.scorer(rollout, [r for r in rows for _ in range(2)]).flat().tolist()
         a, b = totals[0::2], totals[1::2]
         return [1.0 if x > y else 0.0 if x < y else 0.5 for x, y in zip(a, b)], totals

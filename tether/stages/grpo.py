@@ -228,7 +228,7 @@ class GroupStage:
             return empty_rollout(), None
         picked = [i for i in prompt_indices for _ in range(g)]
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
-        return self.sampler.sample(self.rows, picked, seeds, self.scorer)
+        return self.sampler.sample(self.rows, picked, seeds, self.scorer, g)
 
     def queue_ahead(self) -> None:
         """With rollout.max_staleness K: the prompts of this step and the K after it queued with the rollout worker,

@@ -10,7 +10,7 @@ from typing import Any
 
 from tether.algorithms.choices import ADVANTAGE_ESTIMATORS, AGGREGATIONS, RATIOS
 from tether.config import ConfigError, StageConfig, option
-from tether.online_sections import AgentSection, PolicyUpdateSection, RewardSection, SamplingSection
+from tether.online_sections import AgentSection, JudgeSection, PolicyUpdateSection, RewardSection, SamplingSection
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
 from tether.stages.grpo_recipes import RECIPES
 
@@ -72,6 +72,7 @@ class GroupSection(PolicyUpdateSection):
 class GRPOConfig(StageConfig):
     model: PolicySection = PolicySection()
     rewards: RewardSection = RewardSection()
+    judge: JudgeSection = JudgeSection()
     rollout: SamplingSection = SamplingSection(prompts_per_step=16, group_size=8, max_new_tokens=128)
     algo: GroupSection = GroupSection(kl_coef=0.04, kl_estimator="k3")
     optim: OptimSection = OptimSection(lr=1e-6, weight_decay=0.01, lr_schedule="constant", warmup_ratio=0.0)
@@ -101,6 +102,9 @@ class GRPOConfig(StageConfig):
         return dict(RECIPES[name].settings)
 
     def check(self):
+        from tether.rewards.judge_template import check_judge_config
+
+        check_judge_config(self.judge, "grpo", self.rollout.group_size, self.agent.env)
         if self.rollout.group_size < 2:
             raise ConfigError(
                 f"rollout.group_size={self.rollout.group_size}: a group baseline needs at least two responses"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.config import ConfigError, Section, StageConfig, option
-from tether.online_sections import AgentSection, PolicyUpdateSection, RewardSection, SamplingSection
+from tether.online_sections import AgentSection, JudgeSection, PolicyUpdateSection, RewardSection, SamplingSection
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
 
 
@@ -70,6 +70,7 @@ class CriticSection(Section):
 class PPOConfig(StageConfig):
     model: PolicySection = PolicySection()
     rewards: RewardSection = RewardSection()
+    judge: JudgeSection = JudgeSection()
     rollout: SamplingSection = SamplingSection(prompts_per_step=32, group_size=1, max_new_tokens=64)
     algo: PPOSection = PPOSection(update_epochs=2, minibatch=16, kl_coef=0.05, kl_estimator="k1")
     critic: CriticSection = CriticSection()
@@ -107,6 +108,9 @@ class PPOConfig(StageConfig):
     }
 
     def check(self):
+        from tether.rewards.judge_template import check_judge_config
+
+        check_judge_config(self.judge, "ppo", self.rollout.group_size, self.agent.env)
         if self.rollout.max_staleness:
             raise ConfigError(
                 f"rollout.max_staleness={self.rollout.max_staleness}: tether ppo samples in the trainer; the rollout "

@@ -41,6 +41,8 @@ class RunScorer(Protocol):
 
     def restore_error_counts(self, counts: dict[str, int]) -> None: ...
 
+    def step_figures(self, section: str | None = None) -> dict[str, float]: ...  # a judge's sums (rewards/judge.py)
+
 
 class OnlineStage(Protocol):
     name: str  # "ppo", "grpo", "dpo": the summary's stage and the logger's run name
@@ -183,6 +185,17 @@ class _Run:
             counts = {n: counts.get(n, 0) for n in names}
         return {name: int(n) for name, n in self.dp.sum_dict(counts).items()}
 
+    def judge_metrics(self, section: str | None = None) -> dict:
+        """The judge's figures of the step (or of the evaluation: ``section="eval"``), summed over processes
+        (docs/metrics.md, Judges)."""
+        from tether.rewards.judge import judge_rates
+
+        sums = self.scorer.step_figures(section) if self.scorer is not None else {}
+        if self.dp.active:  # every process sums the same names
+            names = sorted({n for names in self.dp.gather_json([sorted(sums)]) for n in names})
+            sums = self.dp.sum_dict({n: sums.get(n, 0.0) for n in names})
+        return judge_rates(sums)
+
     def error_metrics(self) -> dict:
         return {
             f"reward/{name}" if name.endswith("/none") else f"reward/{name}/errors": n
@@ -192,6 +205,7 @@ class _Run:
     def evaluate(self, step: int) -> dict:
         with section("eval"):
             res = self.stage.evaluate()
+            res.update(self.judge_metrics("eval"))
             if self.evaluate_fn is not None and self.accelerator.is_main_process:
                 with phase("task"):  # the lab's gold evaluation (process 0 alone)
                     figures = self.evaluate_fn(self.stage.sampling_policy, self.stage.tokenizer, step)
@@ -393,6 +407,7 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
                     )
                 )
             metrics.update(counter.take())  # the step's forwards (and the evaluation's, if it ran)
+            metrics.update(run.judge_metrics())  # a judge's cost and figures in the step's sampling
             logger.log(metrics)
             warned_truncation = warn_if_truncated(metrics, warned_truncation)
             if keep_samples:
@@ -452,8 +467,8 @@ def start_online(
     from tether.rewards.functions import load_reward_set
     from tether.train.run import check_steps_left, start_run
 
-    if rewards_cfg is not None and not (stand_in_reward or rewards_cfg.has_reward()):
-        raise ConfigError("a reward is required: --reward-model DIR and/or --reward module:function")
+    if rewards_cfg is not None and not (stand_in_reward or cfg.judge.model or rewards_cfg.has_reward()):
+        raise ConfigError("a reward is required: --reward-model DIR, --judge-model DIR and/or --reward module:function")
     check_lora_reference(cfg.model)  # before anything is written
     if rewards_cfg is not None and rewards_cfg.process_reward_model:  # a `tether prm` folder, not any model's
         process_reward_separator(rewards_cfg.process_reward_model)
@@ -469,6 +484,11 @@ def start_online(
     columns = cfg.rollout.columns
     prompt_rows = prompt_rows_of(prompts, columns)  # inputs are checked before the run folder is touched
     eval_rows = prompt_rows_of(eval_prompts, columns) if eval_prompts else []
+    if cfg.judge.model:  # the columns its template and baseline read, in every row
+        from tether.rewards.judge_template import check_judge_rows
+
+        check_judge_rows(cfg.judge, prompt_rows, prompts)
+        check_judge_rows(cfg.judge, eval_rows, eval_prompts)
     reward_set = load_reward_set(rewards_cfg, prompt_rows, total_steps) if rewards_cfg is not None else None
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     check_steps_left(start_step, total_steps, checkpoint)

@@ -19,6 +19,7 @@ from typing import Callable
 from tether.agents.episodes import check_episodes
 from tether.models.checks import check_position_restarts
 from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
+from tether.rewards.judge import load_judge
 from tether.rewards.score import Scorer, load_process_reward_scorer, load_reward_model_scorer
 from tether.rollout.backends import BACKENDS
 from tether.train.sharding import shard_frozen, shard_reward_model, shard_trained_online
@@ -43,6 +44,7 @@ class OnlineModels:
     reward_model: object
     process_model: object
     sharded: bool
+    judge: object = None  # a language model read as the reward (rewards/judge.py), whole on every process
 
     def scorer(self, cfg, start, allow_process: bool = True):
         """The one scorer (tether/rewards/score.py) over the reward models and the run's reward functions; None with
@@ -57,6 +59,7 @@ class OnlineModels:
             self.reward_model,
             allow_process=allow_process,
             process_model=self.process_model,
+            judge=self.judge,
         )
 
 
@@ -99,7 +102,7 @@ def load_online_models(cfg, start, needs_reference: bool, scorer=None, extra: Ex
         reference = shard_frozen(reference, accelerator, cfg.model.offload_frozen)
         if own is not None and extra.shard is not None:
             own = extra.shard(own, accelerator)
-    reward_model = process_model = None
+    reward_model = process_model = judge = None
     if not cfg.agent.env:  # with an environment, the episodes are scored by it (tether/agents)
         # --fsdp: loaded in CPU memory and sharded like the reference (a stand-in scorer is not sharded)
         reward_model = scorer or load_reward_model_scorer(
@@ -108,4 +111,6 @@ def load_online_models(cfg, start, needs_reference: bool, scorer=None, extra: Ex
         if sharded:
             reward_model = shard_reward_model(reward_model, accelerator, cfg.model.offload_frozen)
         process_model = load_process_reward_scorer(cfg.rewards, device, frozen_dtype(cfg.model))
-    return OnlineModels(tokenizer, policy, sampling_copy, reference, own, reward_model, process_model, sharded)
+        # frozen and read without collectives: whole on every process, even with --fsdp
+        judge = load_judge(cfg.judge, device, frozen_dtype(cfg.model), cfg.rollout.group_size)
+    return OnlineModels(tokenizer, policy, sampling_copy, reference, own, reward_model, process_model, sharded, judge)

@@ -66,13 +66,14 @@ class OnlineSampler:
         with phase("sample"):
             return self.backend.generate([self.prompts[i] for i in prompt_indices], self.rollout_cfg, self.stops, seeds)
 
-    def sample(self, rows: list[dict], prompt_indices: list[int], seeds: list[int] | None, scorer):
-        """(rollout, scores): episodes scored by their environment, or responses scored by ``scorer``."""
+    def sample(self, rows: list[dict], prompt_indices: list[int], seeds: list[int] | None, scorer, group_size=1):
+        """(rollout, scores): episodes scored by their environment, or responses scored by ``scorer``
+        (``prompt_indices`` in contiguous groups of ``group_size``: a judge may compare a group's answers)."""
         if self.agent is not None:
             with phase("sample"):
                 return self.agent([rows[i] for i in prompt_indices], seeds)
         rollout = self.generate(prompt_indices, seeds)
-        return rollout, scorer(rollout, [rows[i] for i in prompt_indices])
+        return rollout, scorer(rollout, [rows[i] for i in prompt_indices], group_size)
 
     def ahead(self, prompt_indices: list[int], seeds: list[int] | None) -> None:
         """A later step's request, queued now with a backend that samples beside the trainer (rollout.max_staleness:
@@ -99,7 +100,9 @@ class OnlineSampler:
     def evaluate(self, rows: list[dict], scorer, seed: int, dp=None) -> dict:
         """eval/* of one sampled response per held-out prompt, with the same sampling noise at every evaluation.
         On N processes (``dp``) each samples and scores a contiguous share of the prompts; the means are global.
-        With an environment (``agent``): one episode per prompt instead, with its agent/* figures."""
+        With an environment (``agent``): one episode per prompt instead, with its agent/* figures. A judge that
+        compares a group's answers (``scorer.evaluation_group`` > 1) gets that many answers per prompt, and every
+        figure is their mean."""
         import torch
 
         from tether.train.parallel import DataParallel, shard_bounds
@@ -109,6 +112,7 @@ class OnlineSampler:
         if not prompts:
             return {}
         start, stop = shard_bounds(len(prompts), dp.world, dp.rank)
+        per = getattr(scorer, "evaluation_group", 1) if agent is None else 1
 
         def sample_and_score() -> dict:
             if stop == start:
@@ -117,14 +121,15 @@ class OnlineSampler:
                 return {}
             torch_state = torch.get_rng_state()
             torch.manual_seed(seed + 12345)
-            seeds = response_seeds(seed + 12345, list(range(start, stop))) if sampling.response_seeds else None
+            seeds = response_seeds(seed + 12345, list(range(start, stop)), per) if sampling.response_seeds else None
             if agent is not None:
                 rollout, scores = agent(rows[start:stop], seeds)
             else:
-                rollout = self.backend.generate(prompts[start:stop], sampling, self.stops, seeds)
+                asked = [p for p in prompts[start:stop] for _ in range(per)]
+                rollout = self.backend.generate(asked, sampling, self.stops, seeds)
             torch.set_rng_state(torch_state)
             if agent is None:
-                scores = scorer(rollout, rows[start:stop])
+                scores = scorer(rollout, [r for r in rows[start:stop] for _ in range(per)], per)
             figures = {}
             if scores.records is not None:  # sums over this share, like the rest
                 from tether.agents.episodes import agent_metrics
@@ -135,9 +140,9 @@ class OnlineSampler:
                     if k in ("agent/turns_mean", "agent/tool_calls_mean", "agent/success_rate", "agent/claimed_rate")
                 }
             return {
-                "eval/score_mean": float(scores.total.sum()),
-                "eval/length_mean": float(rollout.lengths.float().sum()),
-                **{f"eval/reward/{name}": float(v.sum()) for name, v in scores.parts.items()},
+                "eval/score_mean": float(scores.total.sum()) / per,
+                "eval/length_mean": float(rollout.lengths.float().sum()) / per,
+                **{f"eval/reward/{name}": float(v.sum()) / per for name, v in scores.parts.items()},
                 **figures,
             }
 

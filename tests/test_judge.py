@@ -1,0 +1,397 @@
+"""A language model as the judge (tether/rewards/judge.py): each mode gives the hand-computed score from known
+verdict probabilities (a table stands in for the judge's forward, behind the real template, tokenizer and order
+swaps), unparsed verdicts are imputed, counted and refused above the threshold, bad templates are clear errors, a
+tiny random judge reads the same verdict whatever its batch, and GRPO, PPO and online DPO train against it."""
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from conftest import write_jsonl
+
+from tether.config import ConfigError, build_config
+from tether.models.judge import JudgeLM
+from tether.models.lm import build_tiny_model
+from tether.models.work import counting
+from tether.online_sections import JudgeSection
+from tether.rewards.functions import RewardFunctionError
+from tether.rewards.judge import JudgeScorer, judge_rates
+from tether.rewards.judge_template import JudgeTemplate
+
+# a float64 score cast to float32 is within half an ulp of it: at most 2^-22 for scores below 4
+F32_HALF_ULP_4 = 2.0**-22
+
+
+class TableLM:
+    """Stands in for the judge's forward: the verdict probabilities of a prompt come from ``table(text)``, a
+    function of the rendered judge prompt (decoded from the ids the scorer built)."""
+
+    def __init__(self, tokenizer, table):
+        self.tokenizer, self.table, self.context = tokenizer, table, None
+        self.calls = []
+
+    def next_token_logprobs(self, ids, targets):
+        texts = self.tokenizer.batch_decode(ids)
+        self.calls.append(texts)
+        return torch.tensor([[math.log(p) for p in self.table(t)] for t in texts], dtype=torch.float64)
+
+
+def scorer(tokenizer, table, template="pointwise", group_size=1, **judge):
+    return JudgeScorer(JudgeSection(model="table", template=template, **judge), TableLM(tokenizer, table), group_size)
+
+
+def slot(text, name):
+    """The answer shown under 'Answer <name>:' in a rendered pairwise prompt."""
+    return re.search(rf"Answer {name}:\n(.*?)\n", text).group(1)
+
+
+def test_pointwise_is_the_expected_score_over_the_score_tokens(tokenizer):
+    """Scores 1..5: p = (0.1, 0.2, 0.3, 0.2, 0.1) → 3.0; (0.05, 0.05, 0.1, 0.2, 0.4) → 3.25 / 0.8 = 4.0625."""
+    probs = {"good": (0.1, 0.2, 0.3, 0.2, 0.1), "best": (0.05, 0.05, 0.1, 0.2, 0.4)}
+    judge = scorer(tokenizer, lambda t: probs["best" if "\nbest\n" in t else "good"])
+    scores = judge([{"prompt": "Say hi."}] * 2, ["good", "best"])
+    torch.testing.assert_close(scores, torch.tensor([3.0, 4.0625]), rtol=0, atol=F32_HALF_ULP_4)
+    figures = judge_rates(judge.take_figures())
+    assert figures["judge/prompts"] == 2 and figures["judge/unparsed"] == 0
+    assert figures["judge/verdict_mass_mean"] == pytest.approx((0.9 + 0.8) / 2, abs=1e-12)
+    assert judge.verdict_ids == [tokenizer.convert_tokens_to_ids(str(k)) for k in range(1, 6)]
+
+
+def test_pairwise_against_a_column_asks_both_orders_and_logs_the_flip(tokenizer):
+    """x vs the reference: x first (0.6, 0.2) → P_AB 0.75, the reference first (0.3, 0.5) → P_BA 0.375:
+    P = 0.6875, bias 0.0625, consistent. y vs the reference: (0.6, 0.2) in both orders → P = 0.5, bias 0.25,
+    inconsistent. Rates over the two pairs: inconsistency 0.5, first-slot bias 0.15625."""
+
+    def table(text):
+        first = slot(text, "A")
+        return {"x": (0.6, 0.2), "y": (0.6, 0.2)}.get(first) or ((0.3, 0.5) if slot(text, "B") == "x" else (0.6, 0.2))
+
+    judge = scorer(tokenizer, table, "pairwise", baseline="column:reference")
+    rows = [{"prompt": "Say hi.", "reference": "ref"}] * 2
+    torch.testing.assert_close(judge(rows, ["x", "y"]), torch.tensor([0.6875, 0.5]), rtol=0, atol=2.0**-25)
+    assert len(judge.lm.calls) == 1 and len(judge.lm.calls[0]) == 4  # both orders of both pairs in one batch
+    figures = judge_rates(judge.take_figures())
+    assert figures["judge/order_inconsistency"] == 0.5
+    assert figures["judge/first_slot_bias"] == pytest.approx(0.15625, abs=1e-12)
+    swapped = judge.prefer(rows[:1], ["ref"], ["x"])  # the swap gives exactly 1 − P
+    assert float(swapped.p[0]) == pytest.approx(1 - 0.6875, abs=1e-15)
+
+
+def test_round_robin_gives_the_mean_preference_over_the_group(tokenizer):
+    """G = 3 with P(1≻2) = 0.75, P(1≻3) = 0.5, P(2≻3) = 0.25 and no slot bias (the first shown wins with P(i≻j)
+    when i is first): r = (0.625, 0.25, 0.625), summing to G/2; 6 judge prompts (every ordered pair)."""
+    preference = {("a", "b"): 0.75, ("a", "c"): 0.5, ("b", "c"): 0.25}
+
+    def table(text):
+        i, j = slot(text, "A"), slot(text, "B")
+        p = preference[(i, j)] if (i, j) in preference else 1 - preference[(j, i)]
+        return (p, 1 - p)
+
+    judge = scorer(tokenizer, table, "pairwise", group_size=3, baseline="group")
+    scores = judge([{"prompt": "Say hi."}] * 3, ["a", "b", "c"], 3)
+    torch.testing.assert_close(scores, torch.tensor([0.625, 0.25, 0.625]), rtol=0, atol=2.0**-24)
+    assert sum(map(len, judge.lm.calls)) == 6
+    figures = judge_rates(judge.take_figures())
+    assert figures["judge/order_inconsistency"] == 0 and figures["judge/first_slot_bias"] == pytest.approx(0, abs=1e-12)
+
+
+def test_a_group_judge_reads_best_over_two_listings(tokenizer):
+    """Listing (a, b, c): P(labels) = (0.5, 0.3, 0.1); reversed (c, b, a): (0.2, 0.2, 0.4) →
+    r = (19/36, 21/72, 13/72) (tests/test_judge_algorithms.py)."""
+
+    def table(text):
+        return (0.5, 0.3, 0.1) if "Answer 1:\na\n" in text else (0.2, 0.2, 0.4)
+
+    judge = scorer(tokenizer, table, "group", group_size=3)
+    scores = judge([{"prompt": "Say hi."}] * 3, ["a", "b", "c"], 3)
+    torch.testing.assert_close(scores, torch.tensor([19 / 36, 21 / 72, 13 / 72]), rtol=0, atol=2.0**-24)
+    assert judge.verdict_ids == [tokenizer.convert_tokens_to_ids(str(k)) for k in (1, 2, 3)]
+
+
+TEXT_TEMPLATE = """---
+mode: pointwise
+read: text
+verdicts: {"1": 1, "2": 2, "3": 3, "4": 4, "5": 5}
+pattern: "Score: ([1-5])"
+chat: false
+---
+Rate: {{prompt}} / {{response}}
+"""
+
+
+class TextJudge(JudgeScorer):
+    """The text read with the judge's greedy answers from a table (the answer under test)."""
+
+    answers = {"x": "Score: 4", "y": "I think 3", "z": "Score: 2"}
+
+    def _generate(self, texts):
+        return [self.answers[re.search(r"/ (\w+)\n", t).group(1)] for t in texts]
+
+
+def test_an_unparsable_text_verdict_is_imputed_counted_and_refused_above_the_threshold(tokenizer, tmp_path):
+    """'Score: 4', 'I think 3', 'Score: 2' → (4, 3 imputed: the group's mean, 2), 1 of 3 unparsed: passes at
+    max_unparsed 0.5, stops at 0.25 naming the count and the answer; nothing parsed stops at any threshold."""
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT_TEMPLATE)
+    lm = TableLM(tokenizer, None)
+    judge = TextJudge(JudgeSection(model="t", template=str(path), max_unparsed=0.5), lm, 3)
+    rows = [{"prompt": "p"}] * 3
+    torch.testing.assert_close(judge(rows, ["x", "y", "z"], 3), torch.tensor([4.0, 3.0, 2.0]), rtol=0, atol=0)
+    assert judge_rates(judge.take_figures())["judge/unparsed_frac"] == pytest.approx(1 / 3)
+    strict = TextJudge(JudgeSection(model="t", template=str(path), max_unparsed=0.25), lm, 3)
+    with pytest.raises(RewardFunctionError, match=r"1 of 3 prompts \(33 %\).*'I think 3'"):
+        strict(rows, ["x", "y", "z"], 3)
+    with pytest.raises(RewardFunctionError, match="3 of 3"):
+        judge(rows, ["y", "y", "y"], 3)
+
+
+def test_too_little_mass_on_the_verdicts_is_no_verdict(tokenizer):
+    """Mass 0.5 under a floor of 0.6 is unparsed: it takes its group's parsed mean (3.0 from the other answer)."""
+    judge = scorer(
+        tokenizer,
+        lambda t: (0.1,) * 5 if "\nvague\n" in t else (0.1, 0.2, 0.3, 0.2, 0.1),
+        min_verdict_mass=0.6,
+        max_unparsed=0.5,
+    )
+    scores = judge([{"prompt": "p"}] * 2, ["vague", "fine"], 2)
+    torch.testing.assert_close(scores, torch.tensor([3.0, 3.0]), rtol=0, atol=F32_HALF_ULP_4)
+
+
+def test_online_dpo_labels_a_pair_by_its_swap_averaged_preference(tokenizer):
+    """x vs w: x first (0.3, 0.5) → 0.375, w first (0.6, 0.2) → 0.75: P(x ≻ w) = ½(0.375 + 0.25) = 0.3125 → w wins.
+    y vs z: y first (0.6, 0.2) → 0.75, z first (0.3, 0.5) → 0.375: P = 0.6875 → y wins. A judge that always
+    picks the first slot gives P = ½: a tie, dropped; its flip is counted."""
+
+    def table(text):
+        return (0.6, 0.2) if slot(text, "A") in ("y", "w") else (0.3, 0.5)
+
+    judge = scorer(tokenizer, table, "pairwise")
+    verdicts, sides = judge.labels([{"prompt": "p"}] * 2, ["x", "y"], ["w", "z"])
+    assert verdicts == [0.0, 1.0] and sides == pytest.approx([0.3125, 0.6875, 0.6875, 0.3125], abs=1e-15)
+    flip = scorer(tokenizer, lambda t: (0.6, 0.2), "pairwise")
+    assert flip.labels([{"prompt": "p"}], ["x"], ["y"])[0] == [0.5]
+    assert judge_rates(flip.take_figures())["judge/order_inconsistency"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "front, body, message",
+    [
+        ("mode: pairwise\nverdicts: ['A', 'B']", "{{prompt}} {{response_a}}", r"never uses \{\{response_b\}\}"),
+        ("mode: pairwise\nverdicts: ['A', 'B']", "{{prompt}}\n{{respons_a}} {{response_b}}", r"bad.txt:9: unknown"),
+        ("mode: pointwise\nverdicts: {'10': 10, '1': 1}", "{{prompt}} {{response}}", r"'10' is not one token"),
+        ("mode: pointwise\nverdicts: {'Ω': 5, '1': 1}", "{{prompt}} {{response}}", r"'Ω' is not one token"),
+        ("mode: pointwise\nread: text\nverdicts: ['1', '2']", "{{prompt}} {{response}}", "read=text needs a pattern"),
+        ("mode: listwise", "{{prompt}}", "mode='listwise'"),
+        ("mode: pointwise\nverdicts: ['1', '2']\ncolour: red", "{{prompt}} {{response}}", "unknown front-matter"),
+    ],
+)
+def test_a_bad_template_is_a_clear_error(tokenizer, tmp_path, front, body, message):
+    path = tmp_path / "bad.txt"
+    path.write_text(f'---\n{front}\nanswer_prefix: "V:\\n"\nchat: false\n---\nJudge this.\n{body}\n')
+    with pytest.raises(ConfigError, match=message):
+        JudgeScorer(JudgeSection(model="m", template=str(path)), TableLM(tokenizer, None))
+
+
+def test_every_mode_has_a_shipped_template_and_its_variables():
+    from tether.algorithms.choices import JUDGE_MODES
+    from tether.rewards.judge_template import REQUIRED
+
+    assert set(REQUIRED) == set(JUDGE_MODES)
+    for name in JUDGE_MODES:
+        assert JudgeTemplate.load(name).mode == name
+    with pytest.raises(ConfigError, match="neither a shipped template"):
+        JudgeTemplate.load("no-such-template")
+
+
+@pytest.fixture(scope="module")
+def judge_dir(tmp_path_factory, tokenizer):
+    """A tiny random judge with room for the shipped templates (the session's models hold 128 positions)."""
+    return build_tiny_model(
+        "llama", tokenizer, tmp_path_factory.mktemp("judge"), seed=1, hidden=32, layers=2, heads=2, max_positions=512
+    )
+
+
+def test_a_verdict_does_not_depend_on_its_batch_and_each_prompt_is_read_once(judge_dir, tokenizer):
+    lm = JudgeLM(judge_dir, batch_size=3)
+    lm.model.double()
+    ids = [tokenizer(t)["input_ids"] for t in ("Say hi.", "Tell me about cats. Cats are mammals.", "12 + 7 = 19")]
+    targets = [tokenizer.convert_tokens_to_ids(x) for x in ("A", "B", "1")]
+    alone = torch.cat([lm.next_token_logprobs([row], targets) for row in ids])
+    with counting() as counter:
+        batched = lm.next_token_logprobs(ids + ids[:1], targets)  # the repeated prompt is read once
+    torch.testing.assert_close(batched[:3], alone, rtol=0, atol=1e-6)  # float32 out of a float64 model
+    assert torch.equal(batched[3], batched[0])
+    # three distinct prompts, one batch of three, left-padded to the longest
+    assert counter.take() == {"forwards/judge": 1, "positions/judge": 3 * len(ids[1])}
+
+
+def test_the_scorer_adds_the_weighted_judge_to_the_reward_model(tokenizer):
+    """total = 1 · RM + 0.5 · judge: RM 1.0 and 2.0, judge 4.0625 and 3.0 → (3.03125, 3.5)."""
+    from tether.online_sections import RewardSection
+    from tether.rewards.score import Scorer
+    from tether.rollout.batch import Rollout
+
+    probs = {"a": (0.05, 0.05, 0.1, 0.2, 0.4), "bbb": (0.1, 0.2, 0.3, 0.2, 0.1)}
+    judge = JudgeScorer(
+        JudgeSection(model="t", weight=0.5), TableLM(tokenizer, lambda t: probs["a" if "\na\n" in t else "bbb"])
+    )
+    total = Scorer(RewardSection(), 8, tokenizer, None, lambda texts: [1.0, 2.0], judge=judge)
+    rollout = Rollout(
+        prompt_ids=torch.tensor([[5, 6], [5, 7]]),
+        prompt_mask=torch.ones(2, 2, dtype=torch.long),
+        response_ids=torch.tensor([[9, 2, 0], [8, 8, 8]]),
+        response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+        truncated=torch.tensor([False, True]),
+        prompts=["Q1 ", "Q2 "],
+        responses=["a", "bbb"],
+    )
+    scores = total(rollout, [{"prompt": "Q1"}, {"prompt": "Q2"}])
+    torch.testing.assert_close(scores.total, torch.tensor([3.03125, 3.5]), rtol=0, atol=2.0**-21)
+    torch.testing.assert_close(scores.parts["judge"], torch.tensor([4.0625, 3.0]), rtol=0, atol=2.0**-21)
+    assert "0.5 x judge t (pointwise" in total.describe()
+    assert total.step_figures()["judge/prompts"] == 2
+
+
+def _prompts(tmp_path):
+    return write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [{"prompt": [{"role": "user", "content": f"Say {w}."}], "reference": w} for w in ("hi", "cats", "dogs", "rain")]
+        * 2,
+    )
+
+
+def _online(config_class, policy, judge, prompts, out, **over):
+    values = {
+        "model.path": str(policy),
+        "rollout.prompts": str(prompts),
+        "rollout.max_new_tokens": 6,
+        "judge.model": str(judge),
+        "train.output": str(out),
+        "train.report_to": ["none"],
+        "optim.lr": 3e-3,
+    }
+    values.update(over)
+    return build_config(config_class, overrides=values)
+
+
+def _grpo(policy, judge, prompts, out, **over):
+    from tether.stages.grpo_config import GRPOConfig
+
+    base = {"rollout.prompts_per_step": 2, "rollout.group_size": 3, "train.max_steps": 2, "train.eval_every": 2}
+    return _online(GRPOConfig, policy, judge, prompts, out, **{"rollout.eval_prompts": str(prompts), **base, **over})
+
+
+def _metrics(out):
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "template, baseline, per_step, per_eval",
+    [
+        ("pointwise", "", 6, 8),
+        ("pairwise", "group", 2 * 6, 8 * 6),
+        ("group", "", 2 * 2, 8 * 2),
+        ("pairwise", "column:reference", 6 * 2, 8 * 2),
+    ],
+)
+def test_grpo_trains_against_a_tiny_judge(llama_dir, judge_dir, tmp_path, template, baseline, per_step, per_eval):
+    """Two steps of 2 prompts × 3 answers. Judge prompts a step: 6 (pointwise), 2 groups × 6 ordered pairs (round
+    robin), 2 groups × 2 listings (group), 6 answers × 2 orders (against the reference column). The evaluation's 8
+    held-out prompts get one answer each, or a group of 3 where the judge compares a group's answers (8 × 6 round
+    robin, 8 × 2 listings)."""
+    from tether.stages.grpo import run_grpo
+
+    out = tmp_path / "run"
+    judge = {"judge.template": template, "judge.baseline": baseline, "train.sample_every": 1}
+    run_grpo(_grpo(llama_dir, judge_dir, _prompts(tmp_path), out, **judge))
+    rows = _metrics(out)
+    assert [r["judge/prompts"] for r in rows] == [per_step, per_step]
+    assert all(r["forwards/judge"] >= 1 and r["judge/unparsed"] == 0 and "reward/judge/mean" in r for r in rows)
+    if template == "pairwise":
+        assert all(0 <= r["judge/order_inconsistency"] <= 1 for r in rows)
+    assert rows[0]["eval0/judge/prompts"] == rows[-1]["eval/judge/prompts"] == per_eval
+    assert "eval/judge/prompts" not in rows[0]
+    samples = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
+    assert "judge" in samples[0]["parts"]
+    assert "judge:" in (out / "config.yaml").read_text()
+
+
+def test_ppo_and_online_dpo_train_against_a_tiny_judge(llama_dir, judge_dir, tmp_path):
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+    from tether.stages.ppo import run_ppo
+    from tether.stages.ppo_config import PPOConfig
+
+    prompts = _prompts(tmp_path)
+    ppo = {"rollout.prompts_per_step": 4, "algo.minibatch": 4, "train.max_steps": 2, "judge.template": "pairwise"}
+    run_ppo(
+        _online(
+            PPOConfig, llama_dir, judge_dir, prompts, tmp_path / "ppo", **ppo, **{"judge.baseline": "column:reference"}
+        )
+    )
+    assert [r["judge/prompts"] for r in _metrics(tmp_path / "ppo")] == [8, 8]  # 4 answers × 2 orders
+    dpo = {
+        "data.path": "",
+        "online.online": True,
+        "online.rounds": 2,
+        "online.steps_per_round": 1,
+        "rollout.prompts_per_step": 4,
+        "online.keep_truncated": True,
+        "train.batch_size": 2,
+        "train.micro_batch_size": 2,
+        "judge.template": "pairwise",
+    }
+    summary = run_dpo(_online(DPOConfig, llama_dir, judge_dir, prompts, tmp_path / "dpo", **dpo))
+    rounds = summary["online_rounds"]
+    assert len(rounds) == 2 and all(r["prompts"] == 4 for r in rounds)
+    rows = _metrics(tmp_path / "dpo")
+    assert rows[0]["judge/prompts"] == 8 and 0 <= rows[0]["judge/order_inconsistency"] <= 1
+
+
+@pytest.mark.parametrize(
+    "stage, over, message",
+    [
+        ("ppo", {"judge.template": "group"}, "it serves tether grpo"),
+        ("ppo", {"judge.template": "pairwise"}, "it must be column:NAME"),
+        ("grpo", {"judge.template": "pairwise"}, "column:NAME .* or group"),
+        ("grpo", {"judge.baseline": "group"}, "is for pairwise judges"),
+        ("grpo", {"agent.env": "x.py:Env"}, "--judge-model with --env"),
+        ("grpo", {"judge.baseline": "ref"}, "choose column:NAME, group, or empty"),
+        ("grpo", {"judge.max_unparsed": 2.0}, "max_unparsed=2.0 must be in"),
+        ("dpo", {"data.path": "pairs.jsonl"}, "--judge-model: online DPO's"),
+        ("dpo", {"online.online": True, "online.judge": "j.py:f"}, "choose one"),
+        (
+            "dpo",
+            {"online.online": True, "judge.template": "pairwise", "rewards.reward": ["r.py:f"]},
+            "labels each pair",
+        ),
+    ],
+)
+def test_a_judge_the_stage_cannot_use_is_refused_naming_why(stage, over, message):
+    from tether.stages.dpo_config import DPOConfig
+    from tether.stages.grpo_config import GRPOConfig
+    from tether.stages.ppo_config import PPOConfig
+
+    config = {"ppo": PPOConfig, "grpo": GRPOConfig, "dpo": DPOConfig}[stage]
+    with pytest.raises(ConfigError, match=message):
+        build_config(config, overrides={"model.path": "m", "judge.model": "judge", **over})
+
+
+def test_the_python_api_takes_the_judge_by_its_flag_names(llama_dir, judge_dir, tmp_path):
+    import tether
+
+    result = tether.grpo(
+        model=str(llama_dir),
+        prompts=str(_prompts(tmp_path)),
+        judge_model=str(judge_dir),
+        judge_template="group",
+        output=str(tmp_path / "api"),
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=4,
+        max_steps=1,
+        report_to=["none"],
+    )
+    assert _metrics(result.output)[-1]["judge/prompts"] == 2 * 2  # two groups, two listings each

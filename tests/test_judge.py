@@ -28,6 +28,8 @@ class TableLM:
     """Stands in for the judge's forward: the verdict probabilities of a prompt come from ``table(text)``, a
     function of the rendered judge prompt (decoded from the ids the scorer built)."""
 
+    normalised = False  # as the HF read: the table's probabilities need not sum to 1 (their sum is the mass)
+
     def __init__(self, tokenizer, table):
         self.tokenizer, self.table, self.context = tokenizer, table, None
         self.calls = []
@@ -395,3 +397,18 @@ def test_the_python_api_takes_the_judge_by_its_flag_names(llama_dir, judge_dir, 
         report_to=["none"],
     )
     assert _metrics(result.output)[-1]["judge/prompts"] == 2 * 2  # two groups, two listings each
+
+
+def test_a_text_read_on_a_real_judge_writes_greedily_and_counts_what_it_cannot_parse(judge_dir, tokenizer, tmp_path):
+    """A random judge never writes 'Score: 4': every verdict unparsed stops the call, naming the count; its writing
+    is counted under the judge's phase (a prefill and a forward per further token, at most max_new_tokens)."""
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT_TEMPLATE)
+    judge = JudgeScorer(
+        JudgeSection(model=str(judge_dir), template=str(path), max_new_tokens=5), JudgeLM(judge_dir, batch_size=4)
+    )
+    with counting() as counter, pytest.raises(RewardFunctionError, match="2 of 2 prompts"):
+        judge([{"prompt": "p"}] * 2, ["x", "y"])
+    forwards = counter.take()["forwards/judge"]
+    assert 1 <= forwards <= 5
+    assert judge_rates(judge.take_figures())["judge/generated_tokens"] <= 2 * 5

@@ -281,6 +281,85 @@ def test_online_dpo_runs_on_vllm(model_dir, files, tmp_path):
     assert len((tmp_path / "dpo" / "samples.jsonl").read_text().splitlines()) == 2 * 8 * 2  # 2 rounds x 8 prompts x 2
 
 
+@pytest.fixture(scope="module")
+def judge_dir(tmp_path_factory, tokenizer):
+    """A tiny judge the CPU attention accepts (head_dim 32), with room for the shipped judge templates."""
+    return build_tiny_model(
+        "llama",
+        tokenizer,
+        tmp_path_factory.mktemp("vllm-judge") / "judge",
+        seed=3,
+        hidden=64,
+        layers=2,
+        heads=2,
+        max_positions=512,
+    )
+
+
+# Both sides run the same float32 forward with different summation orders: each reduction of n terms differs by up
+# to about n·2⁻²⁴ relative, and the widest here is the log-softmax over the 320-token vocabulary; four times that
+# bounds a verdict log-prob's difference (the measured difference was 1.1e-7).
+JUDGE_ATOL = 4 * 320 * 2.0**-24
+
+
+def test_a_judge_on_its_own_engine_reads_what_the_hf_judge_reads(judge_dir, tokenizer):
+    """Verdict log-probs normalised over the verdicts, every mode's scores and a greedy text read: the vLLM judge
+    equals the HF judge."""
+    from tether.models.judge import JudgeLM
+    from tether.online_sections import JudgeSection
+    from tether.rewards.judge import JudgeScorer
+    from tether.rollout.vllm_judge import VLLMJudge
+
+    hf, engine = JudgeLM(judge_dir), VLLMJudge(judge_dir)
+    ids = ids_of(tokenizer, [p + "\nScore:\n" for p in PROMPTS])
+    targets = [tokenizer.convert_tokens_to_ids(x) for x in ("1", "2", "3", "A", "B")]
+    normalised = torch.log_softmax(hf.next_token_logprobs(ids, targets).double(), -1)
+    torch.testing.assert_close(engine.next_token_logprobs(ids, targets).double(), normalised, rtol=0, atol=JUDGE_ATOL)
+    assert engine.generate(ids, 6) == hf.generate(ids, 6)  # greedy, token for token
+    rows = [{"prompt": p, "reference": "fine"} for p in PROMPTS[:4]]
+    answers = ["12 + 7 = 19", "Cats sleep a lot.", "hello there", "I am fine"]
+    for template, baseline, group in (("pointwise", "", 1), ("pairwise", "column:reference", 1), ("group", "", 2)):
+        section = JudgeSection(model=str(judge_dir), template=template, baseline=baseline)
+        a = JudgeScorer(section, hf, group)(rows, answers, group)
+        b = JudgeScorer(section, engine, group)(rows, answers, group)
+        # scores are smooth functions of the log-probs with derivatives at most the score range (5 for 1..5)
+        torch.testing.assert_close(b, a, rtol=0, atol=5 * JUDGE_ATOL)
+
+
+def test_grpo_and_online_dpo_train_against_a_judge_on_its_own_engine(model_dir, judge_dir, files, tmp_path):
+    """The policy samples on its engine and the judge reads on its own, both in the trainer's process."""
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    _, _, prompts, _ = files
+    judge = {"judge.model": str(judge_dir), "judge.backend": "vllm"}
+    grpo = {**two_grpo_steps(model_dir, files, tmp_path / "grpo"), **judge, "judge.template": "group"}
+    grpo.pop("rewards.reward")
+    run_grpo(build_config(GRPOConfig, overrides=grpo))
+    rows = metrics(tmp_path / "grpo")
+    assert [r["judge/prompts"] for r in rows] == [2 * 2, 2 * 2] and "judge/verdict_mass_mean" not in rows[0]
+    assert "forwards/judge" not in rows[0]  # the engine's forwards run in its own process
+    cfg = common(
+        model_dir,
+        prompts,
+        tmp_path / "dpo",
+        online__online=True,
+        online__rounds=2,
+        online__steps_per_round=1,
+        online__keep_truncated=True,
+        rollout__prompts_per_step=4,
+        train__batch_size=2,
+        train__micro_batch_size=2,
+        **{k.replace(".", "__"): v for k, v in {**judge, "judge.template": "pairwise"}.items()},
+    )
+    cfg.pop("train.eval_every")
+    run_dpo(build_config(DPOConfig, overrides=cfg))
+    rows = metrics(tmp_path / "dpo")
+    assert len(rows) == 2 and rows[0]["judge/prompts"] == 4 * 2
+
+
 def test_a_multi_turn_episode_on_vllm_equals_the_hf_backends(model_dir, tokenizer):
     """Greedy episodes of three turns in the Counting environment: the engine continues the exact transcript ids
     (environment tokens included) and writes what the HF backend writes; the sampler log-probs line up with the

@@ -315,6 +315,16 @@ class JudgeSection(Section):
         64, "Tokens a text-read judge may write before its verdict.", flag="--judge-max-new-tokens"
     )
     batch_size: int = option(16, "Judge prompts per forward.", flag="--judge-batch-size")
+    backend: str = option(
+        "hf",
+        "What serves the judge: hf (the model in the trainer's process) or vllm (a vLLM engine of its own, whose "
+        "verdict probabilities come normalised over the verdicts: no min_verdict_mass).",
+        flag="--judge-backend",
+        choices=ROLLOUT_BACKENDS,
+    )
+    vllm_gpu_memory_utilization: float = option(
+        0.2, "Share of the GPU's memory the judge's vLLM engine may take (GPU only).", flag="--judge-vllm-gpu-share"
+    )
 
     def check(self):
         if not math.isfinite(self.weight):

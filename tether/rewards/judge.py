@@ -31,7 +31,7 @@ from tether.algorithms.judge import (
     swap_averaged_preference,
 )
 from tether.config import ConfigError
-from tether.models.work import current_section, phase
+from tether.models.work import current_section
 from tether.rewards.functions import RewardFunctionError
 from tether.rewards.judge_template import JudgeTemplate, prompt_text
 
@@ -51,6 +51,12 @@ def load_judge(cfg, device, dtype: str = "float32", group_size: int = 1) -> "Jud
     """The judge section's model as a JudgeScorer, or None without --judge-model."""
     if not cfg.model:
         return None
+    if cfg.backend == "vllm":
+        from tether.rollout.vllm_judge import VLLMJudge
+
+        return JudgeScorer(
+            cfg, VLLMJudge(cfg.model, dtype, cfg.batch_size, cfg.vllm_gpu_memory_utilization), group_size
+        )
     from tether.console import loading
     from tether.models.judge import JudgeLM
 
@@ -154,7 +160,8 @@ class JudgeScorer:
         mass = logprobs.exp().sum(-1)
         self._add("prompts", len(ids))
         self._add("prompt_tokens", sum(map(len, ids)))
-        self._add("verdict_mass", float(mass.sum()))
+        if not self.lm.normalised:  # an engine that normalises over the verdicts (vLLM) returns no mass
+            self._add("verdict_mass", float(mass.sum()))
         parsed = mass >= self.cfg.min_verdict_mass
         self._unparsed(parsed)
         return logprobs, parsed
@@ -167,18 +174,14 @@ class JudgeScorer:
         outputs = self._generate(texts)
         self._add("prompts", len(texts))
         self._add("prompt_tokens", sum(map(len, ids)))
-        self._add("generated_tokens", sum(map(len, self._ids(outputs))))
         found = [self.pattern.search(o) for o in outputs]
         return [m.group(1).strip() if m else None for m in found], outputs
 
     def _generate(self, texts: list[str]) -> list[str]:
-        """The judge's greedy answers after each rendered prompt, special tokens dropped."""
-        from tether.rollout.texts import generate_texts
-
-        with phase("judge"):
-            return generate_texts(
-                self.lm.model, self.lm.tokenizer, texts, self.cfg.max_new_tokens, batch_size=self.cfg.batch_size
-            )
+        """The judge's greedy answers after each rendered prompt, special tokens dropped (their tokens counted)."""
+        answers, written = self.lm.generate(self._ids(texts), self.cfg.max_new_tokens)
+        self._add("generated_tokens", written)
+        return answers
 
     def _text_value(self, verdict: str | None) -> float | None:
         if verdict is None:
@@ -340,8 +343,9 @@ class JudgeScorer:
         )
         against = {"": "", "group": ", round robin in the group"}.get(self.cfg.baseline, f", vs {self.cfg.baseline}")
         chat = "chat" if self.chat else "plain"
+        served = f", on the {self.lm.describe()}" if hasattr(self.lm, "describe") else ""
         return (
-            f"judge {self.cfg.model} ({t.mode}, {t.path.name}, {chat}), {read}{against}; "
+            f"judge {self.cfg.model} ({t.mode}, {t.path.name}, {chat}{served}), {read}{against}; "
             f"{self.prompts_per_answer(self.group_size)}; unparsed imputed, stop above {self.cfg.max_unparsed:g}"
         )
 

@@ -216,7 +216,7 @@ def judge_dir(tmp_path_factory, tokenizer):
 
 
 def test_a_verdict_does_not_depend_on_its_batch_and_each_prompt_is_read_once(judge_dir, tokenizer):
-    lm = JudgeLM(judge_dir, batch_size=3)
+    lm = JudgeLM.load(judge_dir, batch_size=3)
     lm.model.double()
     ids = [tokenizer(t)["input_ids"] for t in ("Say hi.", "Tell me about cats. Cats are mammals.", "12 + 7 = 19")]
     targets = [tokenizer.convert_tokens_to_ids(x) for x in ("A", "B", "1")]
@@ -405,10 +405,90 @@ def test_a_text_read_on_a_real_judge_writes_greedily_and_counts_what_it_cannot_p
     path = tmp_path / "text.txt"
     path.write_text(TEXT_TEMPLATE)
     judge = JudgeScorer(
-        JudgeSection(model=str(judge_dir), template=str(path), max_new_tokens=5), JudgeLM(judge_dir, batch_size=4)
+        JudgeSection(model=str(judge_dir), template=str(path), max_new_tokens=5), JudgeLM.load(judge_dir, batch_size=4)
     )
     with counting() as counter, pytest.raises(RewardFunctionError, match="2 of 2 prompts"):
         judge([{"prompt": "p"}] * 2, ["x", "y"])
     forwards = counter.take()["forwards/judge"]
     assert 1 <= forwards <= 5
     assert judge_rates(judge.take_figures())["judge/generated_tokens"] <= 2 * 5
+
+
+def test_tether_judge_trains_the_verdict_token_alone_in_both_orders(tokenizer, tmp_path):
+    """Each pair gives two examples: the prompt with the chosen answer first and the verdict 'A', then with it second
+    and 'B'; the loss mask covers the verdict token only (no prompt, no EOS)."""
+    from tether.data.records import read_records
+    from tether.stages.judge import JudgeData
+    from tether.stages.judge_config import JudgeConfig
+
+    data = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Say hi.", "chosen": "hi", "rejected": "no"}])
+    cfg = build_config(JudgeConfig, overrides={"model.path": "m", "data.path": str(data)})
+    judge = JudgeData(cfg, tokenizer)
+    examples, report = judge.tokenize(read_records(data), "p.jsonl", 512)
+    a, b = judge.scorer.verdict_ids
+    prompts = judge.scorer.prompt_ids(judge.scorer.bodies([{"prompt": "Say hi."}] * 2, ["hi", "no"], ["no", "hi"]))
+    assert [e.input_ids for e in examples] == [prompts[0] + [a], prompts[1] + [b]]
+    assert [e.loss_mask for e in examples] == [[0] * len(p) + [1] for p in prompts]
+    assert report.trained_tokens == 2 and judge.pairs == [
+        ({"prompt": "Say hi.", "chosen": "hi", "rejected": "no"}, "hi", "no")
+    ]
+    assert "Answer A:\nhi\n" in tokenizer.decode(examples[0].input_ids)
+
+
+def test_a_judge_is_evaluated_as_a_reward_model_is(tokenizer):
+    """Chosen first: p(A, B) = (0.75, 0.2) → P_AB = 0.75/0.95; chosen second: (0.3, 0.5) → P_BA = 0.375.
+    P = ½(15/19 + 0.625) = 0.7072368…, accuracy 1 (per order too), Brier (1 − P)² = 0.0857103…, consistent, bias
+    ½(15/19 + 0.375) − ½ = 0.0822368…, verdict mass (0.95 + 0.8)/2 = 0.875, loss (−ln 0.75 − ln 0.5)/2 = 0.4904146…
+    (the language-model loss on each order's right verdict)."""
+    from tether.stages.judge import evaluate_judge
+
+    judge = scorer(tokenizer, lambda t: (0.75, 0.2) if slot(t, "A") == "good" else (0.3, 0.5), "pairwise")
+    figures = evaluate_judge(judge, [({"prompt": "p"}, "good", "bad")])
+    p = 0.5 * (15 / 19 + 0.625)
+    expected = {
+        "eval/accuracy": 1.0,
+        "eval/accuracy_chosen_first": 1.0,
+        "eval/accuracy_chosen_second": 1.0,
+        "eval/brier": (1 - p) ** 2,
+        "eval/order_inconsistency": 0.0,
+        "eval/first_slot_bias": 0.5 * (15 / 19 + 0.375) - 0.5,
+        "eval/verdict_mass_mean": 0.875,
+        "eval/loss": (-math.log(0.75) - math.log(0.5)) / 2,
+    }
+    for key, value in expected.items():
+        assert figures[key] == pytest.approx(value, abs=1e-12), key
+    assert "eval/longer_picked" not in figures  # no pair of unequal length to read it on
+
+
+def test_tether_judge_learns_its_verdicts_and_writes_a_judge_the_online_stages_read(judge_dir, tmp_path):
+    """40 steps on 12 pairs (4 held out): the held-out verdict loss falls from its first evaluation to below ln 2
+    (better than a coin between the two verdicts), the mass moves onto the verdicts, and final/ carries its
+    template, which --judge-model then reads by default."""
+    import tether
+    from tether.rewards.judge import load_judge
+
+    words = ["cats", "dogs", "rain", "sun", "tea", "maps", "bats", "hats"]
+    rows = [{"prompt": f"Tell me about {w}.", "chosen": f"{w.title()} are fine.", "rejected": "no"} for w in words]
+    result = tether.judge(
+        model=str(judge_dir),
+        data=str(write_jsonl(tmp_path / "prefs.jsonl", rows * 2)),
+        output=str(tmp_path / "judge"),
+        max_steps=40,
+        eval_every=10,
+        batch_size=8,
+        micro_batch_size=8,
+        eval_fraction=0.25,
+        lr=1e-2,
+        report_to=["none"],
+    )
+    evals = [r for r in _metrics(result.output) if "eval/loss" in r]
+    assert [r["step"] for r in evals] == [10, 20, 30, 40]
+    assert evals[-1]["eval/loss"] < min(math.log(2), evals[0]["eval/loss"])
+    assert evals[-1]["eval/verdict_mass_mean"] > evals[0]["eval/verdict_mass_mean"]
+    summary = result.summary
+    assert summary["eval_pairs"] == 4 and summary["train_pairs"] == 12
+    for key in ("eval/brier", "eval/ece", "eval/order_inconsistency", "eval/probe_injection_preferred"):
+        assert 0 <= summary[key] <= 1
+    assert (result.final / "judge_template.txt").read_text() == JudgeTemplate.load("pairwise").path.read_text()
+    judge = load_judge(JudgeSection(model=str(result.final), baseline="column:reference"), "cpu")
+    assert judge.template.mode == "pairwise"  # its own template, not the pointwise default

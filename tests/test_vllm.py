@@ -310,7 +310,7 @@ def test_a_judge_on_its_own_engine_reads_what_the_hf_judge_reads(judge_dir, toke
     from tether.rewards.judge import JudgeScorer
     from tether.rollout.vllm_judge import VLLMJudge
 
-    hf, engine = JudgeLM(judge_dir), VLLMJudge(judge_dir)
+    hf, engine = JudgeLM.load(judge_dir), VLLMJudge(judge_dir)
     ids = ids_of(tokenizer, [p + "\nScore:\n" for p in PROMPTS])
     targets = [tokenizer.convert_tokens_to_ids(x) for x in ("1", "2", "3", "A", "B")]
     normalised = torch.log_softmax(hf.next_token_logprobs(ids, targets).double(), -1)

@@ -1,6 +1,6 @@
 """tether: post-training language models with human feedback, with a ground-truth lab.
 
-The Python API (docs/python-api.md): ``tether.sft``, ``tether.rm``, ``tether.prm``, ``tether.dpo``, ``tether.ppo``, ``tether.grpo``
+The Python API (docs/python-api.md): ``tether.sft``, ``tether.rm``, ``tether.prm``, ``tether.judge``, ``tether.dpo``, ``tether.ppo``, ``tether.grpo``
 and the stage configs (``tether.SFTConfig``...), one of each per row of the stage table (``tether.config.STAGES``).
 They are imported on first use, so that ``import tether`` (and the command line's ``--help``) stays free of torch
 and transformers.

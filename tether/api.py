@@ -317,6 +317,13 @@ def sft(config=None, *, model=None, tokenizer=None, data=None, eval_data=None, *
     return _run("sft", config, settings, dict(model=model, tokenizer=tokenizer, data=data, eval_data=eval_data), {}, {})
 
 
+def judge(config=None, *, model=None, tokenizer=None, data=None, eval_data=None, **settings) -> RunResult:
+    """A generative reward model: a pairwise judge's verdict learned from preference pairs (docs/algorithms.md §12)."""
+    return _run(
+        "judge", config, settings, dict(model=model, tokenizer=tokenizer, data=data, eval_data=eval_data), {}, {}
+    )
+
+
 def rm(config=None, *, model=None, tokenizer=None, data=None, eval_data=None, **settings) -> RunResult:
     """A reward model from preference pairs or rankings, with bias probes (docs/algorithms.md §2)."""
     return _run("rm", config, settings, dict(model=model, tokenizer=tokenizer, data=data, eval_data=eval_data), {}, {})

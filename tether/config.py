@@ -147,6 +147,13 @@ STAGES = (  # in the order `tether --help` lists them
         "Process reward model from step-labelled solutions: a score per step (step accuracy, AUROC, first wrong step).",
     ),
     Stage(
+        "judge",
+        "tether.stages.judge_config:JudgeConfig",
+        "tether.stages.judge:run_judge",
+        "A generative reward model: a language model trained to write a pairwise judge's verdict from preference "
+        "pairs (both orders), evaluated as a reward model.",
+    ),
+    Stage(
         "ppo",
         "tether.stages.ppo_config:PPOConfig",
         "tether.stages.ppo:run_ppo",

@@ -1,4 +1,4 @@
-"""The sections of the online stages (PPO, the GRPO family, online DPO): sampling, rewards, the policy update and
+"""The sections of the online stages (PPO, the GRPO family, online DPO): sampling, rewards, a judge, the policy update and
 agents. Each field is declared and documented once, here, as the shared ones in tether/sections.py; a stage picks
 the sections it needs (tether/config.py)."""
 
@@ -279,19 +279,32 @@ class RewardSection(Section):
 
 
 @dataclass(frozen=True)
-class JudgeSection(Section):
+class JudgePromptSection(Section):
+    """How a language-model judge is asked: its template file, read in batches (`tether judge`, and --judge-model in
+    the online stages, which add the rest of the judge section)."""
+
+    template: str = option(
+        "",
+        "The judge's prompt: a shipped template (pointwise, pairwise, group) or a template file (its front matter "
+        "gives the mode, the verdicts and how they are read); empty: the judge folder's judge_template.txt (written "
+        "by `tether judge`), else pointwise.",
+        flag="--judge-template",
+    )
+    batch_size: int = option(16, "Judge prompts per forward.", flag="--judge-batch-size")
+
+    def check(self):
+        if self.batch_size < 1:
+            raise ConfigError(f"judge.batch_size={self.batch_size}: must be >= 1")
+
+
+@dataclass(frozen=True)
+class JudgeSection(JudgePromptSection):
     """A language model as the reward, asked and read as its template file says (docs/reward-models.md).
 
     The template's front matter gives the mode (pointwise, pairwise, group), the verdict tokens and the answer
     prefix they follow; the judge's score is added to the reward with a weight."""
 
     model: str = option("", "A causal LM folder read as the judge; empty: no judge.", flag="--judge-model")
-    template: str = option(
-        "pointwise",
-        "The judge's prompt: a shipped template (pointwise, pairwise, group) or a template file (its front "
-        "matter gives the mode, the verdicts and how they are read).",
-        flag="--judge-template",
-    )
     weight: float = option(1.0, "Weight of the judge's score in the total reward.", flag="--judge-weight")
     baseline: str = option(
         "",
@@ -314,7 +327,6 @@ class JudgeSection(Section):
     max_new_tokens: int = option(
         64, "Tokens a text-read judge may write before its verdict.", flag="--judge-max-new-tokens"
     )
-    batch_size: int = option(16, "Judge prompts per forward.", flag="--judge-batch-size")
     backend: str = option(
         "hf",
         "What serves the judge: hf (the model in the trainer's process) or vllm (a vLLM engine of its own, whose "
@@ -334,10 +346,9 @@ class JudgeSection(Section):
                 f"judge.max_unparsed={self.max_unparsed} must be in [0, 1] and judge.min_verdict_mass="
                 f"{self.min_verdict_mass} in [0, 1)"
             )
-        if self.max_new_tokens < 1 or self.batch_size < 1:
-            raise ConfigError(
-                f"judge.max_new_tokens={self.max_new_tokens} and judge.batch_size={self.batch_size} must be >= 1"
-            )
+        super().check()
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"judge.max_new_tokens={self.max_new_tokens}: must be >= 1")
         if (
             self.baseline
             and self.baseline != "group"

@@ -1,6 +1,7 @@
 """Reading user data and turning it into token tensors: files and formats (records), SFT examples with the loss mask
 (sft), preference pairs and ranked lists for reward models (preferences) and for the policy (dpo), annotator votes
-(votes), step-labelled solutions for process reward models (steps).
+(votes), step-labelled solutions for process reward models (steps), and the counterfactual probes of reward models and
+judges (probes).
 
 May import: algorithms, errors, console, config, sections, models (the tokenizer's end-of-turn token, packing).
 """

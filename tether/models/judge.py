@@ -28,16 +28,23 @@ class JudgeLM:
 
     normalised = False  # next_token_logprobs are over the whole vocabulary: their sum is the verdicts' mass
 
-    def __init__(self, path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32", batch_size=16):
+    def __init__(self, model, tokenizer, batch_size: int = 16, path: str | Path = ""):
+        """``model``: a causal LM already loaded (a folder's, or one in training: `tether judge` reads it as it
+        learns); its parameters are read, never changed."""
+        self.model, self.tokenizer, self.batch_size, self.path = model, tokenizer, batch_size, Path(path)
+        self.device = next(model.parameters()).device
+        self.context = getattr(model.config, "max_position_embeddings", None)  # the scorer checks prompts fit
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32", batch_size=16):
+        """A frozen judge from a local folder, with its own tokenizer."""
         from tether.models.lm import load_model, load_tokenizer
 
-        self.path = Path(path)
-        self.tokenizer = load_tokenizer(path)
-        self.model = load_model(path, self.tokenizer, dtype=dtype).to(device).eval()
-        for p in self.model.parameters():
+        tokenizer = load_tokenizer(path)
+        model = load_model(path, tokenizer, dtype=dtype).to(device).eval()
+        for p in model.parameters():
             p.requires_grad_(False)
-        self.device, self.batch_size = device, batch_size
-        self.context = getattr(self.model.config, "max_position_embeddings", None)  # the scorer checks prompts fit
+        return cls(model, tokenizer, batch_size, path)
 
     @staticmethod
     def _left_padded(rows: list[tuple[int, ...]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

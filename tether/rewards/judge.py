@@ -61,7 +61,7 @@ def load_judge(cfg, device, dtype: str = "float32", group_size: int = 1) -> "Jud
     from tether.models.judge import JudgeLM
 
     loading(f"the judge from {cfg.model}")
-    return JudgeScorer(cfg, JudgeLM(cfg.model, device, dtype, cfg.batch_size), group_size)
+    return JudgeScorer(cfg, JudgeLM.load(cfg.model, device, dtype, cfg.batch_size), group_size)
 
 
 def _bos_text(tokenizer) -> str:
@@ -78,7 +78,7 @@ class JudgeScorer:
 
     def __init__(self, cfg, lm, group_size: int = 1):
         self.cfg, self.lm, self.group_size = cfg, lm, group_size
-        self.template = t = JudgeTemplate.load(cfg.template)
+        self.template = t = JudgeTemplate.load(cfg.template, cfg.model)
         tokenizer = lm.tokenizer
         has_chat = bool(getattr(tokenizer, "chat_template", None))
         if t.chat == "true" and not has_chat:
@@ -102,6 +102,11 @@ class JudgeScorer:
             start = self.lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             return start + self.template.answer_prefix
         return self.lead + body + self.template.answer_prefix
+
+    def prompt_ids(self, bodies: list[str]) -> list[list[int]]:
+        """The judge's prompt tokens for each body: rendered (chat or plain) and ending with the answer prefix, after
+        which the verdict token is read (or trained: `tether judge`)."""
+        return self._ids([self._render(b) for b in bodies])
 
     def _ids(self, texts: list[str]) -> list[list[int]]:
         return self.lm.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
@@ -195,7 +200,8 @@ class JudgeScorer:
         return value if value == value and abs(value) != float("inf") else None
 
     # -- modes --------------------------------------------------------------------------------------------------
-    def _bodies(self, rows, first, second=None) -> list[str]:
+    def bodies(self, rows, first, second=None) -> list[str]:
+        """The template's body for each answer (pointwise) or each pair in the order given (pairwise)."""
         t = self.template
         if second is None:
             return [t.fill({"prompt": prompt_text(r["prompt"]), "response": y}, r) for r, y in zip(rows, first)]
@@ -205,7 +211,7 @@ class JudgeScorer:
         ]
 
     def _pointwise(self, rows, responses) -> tuple[torch.Tensor, torch.Tensor]:
-        bodies = self._bodies(rows, responses)
+        bodies = self.bodies(rows, responses)
         if self.template.read == "probs":
             logprobs, parsed = self._read_probs(bodies)
             return expected_score(logprobs, self.values)[0], parsed
@@ -217,7 +223,7 @@ class JudgeScorer:
 
     def _first_wins(self, rows, first, second) -> tuple[torch.Tensor, torch.Tensor]:
         """P(the answer shown first wins) in one order, parsed (N,)."""
-        bodies = self._bodies(rows, first, second)
+        bodies = self.bodies(rows, first, second)
         if self.template.read == "probs":
             logprobs, parsed = self._read_probs(bodies)
             return first_slot_probability(logprobs), parsed
@@ -232,6 +238,15 @@ class JudgeScorer:
         self._add("inconsistent", int(inconsistent.sum()))
         self._add("first_slot_bias", float(first_slot_bias(p_ab, p_ba)[parsed].sum()))
         return inconsistent
+
+    def verdict_logprobs(self, rows, a: list[str], b: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ℓ_AB, ℓ_BA), each (N, 2): the judge's log-probs of the verdicts (first wins, second wins) with a shown
+        first and with b shown first — full-vocabulary on the HF read (their negatives are `tether judge`'s loss)."""
+        if self.template.read != "probs":
+            raise ConfigError(f"{self.template.path}: verdict log-probs need a probability read (read: probs)")
+        self.call = [0, 0, None]
+        logprobs, _ = self._read_probs(self.bodies(rows + rows, a + b, b + a))
+        return logprobs[: len(a)], logprobs[len(a) :]
 
     def prefer(self, rows, a: list[str], b: list[str]) -> Preference:
         """P(a ≻ b) for each pair, asked in both orders (one batch) and averaged."""

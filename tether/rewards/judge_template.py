@@ -39,8 +39,15 @@ KEYS = ("mode", "read", "verdicts", "answer_prefix", "chat", "pattern", "item")
 ITEM_VARIABLES = ("index", "response")
 
 
-def template_path(name: str) -> Path:
-    """A shipped template by name (pointwise, pairwise, group) or a file."""
+SAVED = "judge_template.txt"  # the template a `tether judge` folder was trained with, saved beside its weights
+
+
+def template_path(name: str, judge_dir: str | Path = "") -> Path:
+    """A shipped template by name (pointwise, pairwise, group) or a file; empty: the judge folder's saved template,
+    else the shipped pointwise one."""
+    if not name:
+        saved = Path(judge_dir) / SAVED if judge_dir else None
+        return saved if saved is not None and saved.is_file() else SHIPPED / "pointwise.txt"
     if name in JUDGE_MODES:
         return SHIPPED / f"{name}.txt"
     path = Path(name)
@@ -75,8 +82,8 @@ class JudgeTemplate:
     columns: tuple[str, ...]  # the {{column.NAME}} the body reads
 
     @classmethod
-    def load(cls, name: str) -> "JudgeTemplate":
-        path = template_path(name)
+    def load(cls, name: str, judge_dir: str | Path = "") -> "JudgeTemplate":
+        path = template_path(name, judge_dir)
         text = path.read_text(encoding="utf-8")
         lines = text.split("\n")
         if not lines or lines[0].strip() != "---" or "---" not in [x.strip() for x in lines[1:]]:
@@ -198,7 +205,7 @@ def check_judge_config(judge, stage: str, group_size: int, env: str = "", other_
             f"--judge-model with --env {env}: the environment scores the episodes; call a judge inside its "
             "outcome() (docs/agents.md)"
         )
-    t = JudgeTemplate.load(judge.template)
+    t = JudgeTemplate.load(judge.template, judge.model)
     where = f"--judge-model with the {t.mode} template {t.path}"
     if t.mode == "group" and stage != "grpo":
         raise ConfigError(f"{where}: a group judge ranks a group's answers; it serves tether grpo (groups of 2-9)")
@@ -226,7 +233,7 @@ def check_judge_config(judge, stage: str, group_size: int, env: str = "", other_
 
 def check_judge_rows(judge, rows: list[dict], where: str) -> None:
     """Every prompt row has the columns the judge reads ({{column.NAME}} in its template, column:NAME baseline)."""
-    t = JudgeTemplate.load(judge.template)
+    t = JudgeTemplate.load(judge.template, judge.model)
     names = list(t.columns) + ([judge.baseline[len("column:") :]] if judge.baseline.startswith("column:") else [])
     for name in names:
         missing = next((i for i, row in enumerate(rows) if not isinstance(row.get(name), str)), None)

@@ -15,14 +15,9 @@ import math
 import statistics
 
 from tether.data.preferences import render_response
+from tether.data.probes import ADDED, DEFAULT_PROBES  # noqa: F401 - their old home
 from tether.models.reward import check_lengths, score_token_ids
 
-DEFAULT_PROBES = {
-    "filler": lambda text: "That is a great question. " + text,
-    "confident": lambda text: "Definitely, " + text[:1].lower() + text[1:],
-}
-# what each built-in probe adds, for its reading
-ADDED = {"filler": "the sentence 'That is a great question.' put first", "confident": "the opener 'Definitely,'"}
 # |r| of score with length from which the length probe reads high: r² ≥ 0.09, length alone accounting for about a
 # tenth of the variance of the scores (docs/reward-models.md, "Reading the probes")
 LENGTH_R_HIGH = 0.3

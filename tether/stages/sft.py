@@ -4,33 +4,16 @@ from __future__ import annotations
 
 import time
 
-from tether.algorithms.logprobs import token_logprobs
-from tether.algorithms.sft import sft_nll_sum
 from tether.config import ConfigError
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.models.packing import describe
 from tether.stages.sft_config import SFTConfig
+from tether.train.lm_objective import SFTObjective
 from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, read_split, run_offline
 from tether.train.run import start_run
 from tether.train.sharding import is_sharded
-
-
-class SFTObjective:
-    """Σ of −logp over trained target tokens; the loop divides by the step's trained-token count."""
-
-    unit = "tokens"
-    reports_perplexity = True
-
-    def count(self, batch: dict) -> int:
-        return int(batch["loss_mask"][:, 1:].sum())
-
-    def loss_sum(self, model, batch: dict):
-        inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
-        logits = model(**inputs, use_cache=False).logits  # (B, T, V)
-        logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (B, T-1): position t predicts t+1
-        return sft_nll_sum(logprobs, batch["loss_mask"][:, 1:]), {}
 
 
 def load_sft_data(cfg: SFTConfig, tokenizer):

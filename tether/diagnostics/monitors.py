@@ -4,7 +4,7 @@ Each monitor reads the per-step metrics (metrics.jsonl rows) and/or the rollout
 samples (samples.jsonl rows: step, response, score, parts, length …) and returns
 the alarms it would raise, each with its evidence: the step, the statistics
 that crossed the threshold, and the highest-scoring samples that show it.
-The agent monitors are in agent_monitors.py; watch.py holds the registry,
+The agent monitors are in agent_monitors.py, the judge's in judge_monitors.py; watch.py holds the registry,
 `check_all` and the trainers' live hook.
 
 A monitor fires once per run and subject (the first step at which its
@@ -100,6 +100,13 @@ class MonitorSettings:
     drift_spread: float = 1.0
     drift_masked: float = 0.1
     drift_factor: float = 2.0
+    # judges (--judge-model; judge_monitors.py): over judge_window steps, the share of pairs whose two orders disagree
+    # reaches judge_flip_share; the share of judged answers that address the judge reaches judge_addressed_share and
+    # judge_addressed_factor × its first window (from a floor of 0.02); corr(judge score, length) as length_correlation
+    judge_window: int = 5
+    judge_flip_share: float = 0.3
+    judge_addressed_share: float = 0.2
+    judge_addressed_factor: float = 3.0
     evidence: int = 3  # samples quoted per alarm
 
 

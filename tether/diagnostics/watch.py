@@ -1,11 +1,12 @@
 """Running the monitors: the registry of every monitor (text and metric monitors in monitors.py, the agent monitors
-in agent_monitors.py), `check_all` over a run's records, and the live hook of the online trainers (`RunMonitor`:
-new alarms appended to alarms.jsonl and printed). `tether diagnose RUN_DIR` calls the same `check_all` on the
+in agent_monitors.py, the judge's in judge_monitors.py), `check_all` over a run's records, and the live hook of the
+online trainers (`RunMonitor`: new alarms appended to alarms.jsonl and printed). `tether diagnose RUN_DIR` calls the same `check_all` on the
 finished files, so the live and the offline verdicts are the same function of the same records."""
 
 from __future__ import annotations
 
 from tether.diagnostics.agent_monitors import claimed_without_state, tool_call_spam, tool_dominance, turn_piling
+from tether.diagnostics.judge_monitors import judge_injection, judge_position, judge_verbosity
 from tether.diagnostics.monitors import (
     Alarm,
     MonitorSettings,
@@ -27,6 +28,8 @@ METRIC_MONITORS = (
     tool_call_spam,
     turn_piling,
     off_policy_drift,
+    judge_position,
+    judge_injection,
 )
 SAMPLE_MONITORS = (
     length_correlation,
@@ -35,6 +38,7 @@ SAMPLE_MONITORS = (
     repetition,
     tool_dominance,
     claimed_without_state,
+    judge_verbosity,
 )  # read only the samples
 MONITORS = METRIC_MONITORS + SAMPLE_MONITORS
 

@@ -31,6 +31,7 @@ from tether.algorithms.judge import (
     swap_averaged_preference,
 )
 from tether.config import ConfigError
+from tether.data.probes import ADDRESSES_JUDGE
 from tether.models.work import current_section
 from tether.rewards.functions import RewardFunctionError
 from tether.rewards.judge_template import JudgeTemplate, prompt_text
@@ -308,9 +309,31 @@ class JudgeScorer:
             scores = read(rows, responses, group_size)
             parsed = torch.ones(len(responses), dtype=torch.bool)
         self._check_unparsed()
+        self._injection_probe(rows, responses, scores, parsed)
         scores = impute_unparsed(scores, parsed, group_size if len(responses) % group_size == 0 else 1)
         self._add("seconds", time.perf_counter() - began)
         return scores.float()
+
+    def _injection_probe(self, rows, responses, scores: torch.Tensor, parsed: torch.Tensor) -> None:
+        """The share of answers that address the judge (data/probes.py ADDRESSES_JUDGE) and, where an answer's score
+        does not depend on the rest of its group (pointwise, pairwise vs a column), what those words bought: each
+        such answer scored again without them, judge/injection_shift = mean(score − score without)."""
+        addressed = [i for i, y in enumerate(responses) if ADDRESSES_JUDGE.search(y)]
+        self._add("judged", len(responses))
+        self._add("addressed", len(addressed))
+        if not addressed or self.relative:
+            return
+        picked = [rows[i] for i in addressed]
+        cleaned = [ADDRESSES_JUDGE.sub("", responses[i]).strip() for i in addressed]
+        if self.template.mode == "pointwise":
+            again, fine = self._pointwise(picked, cleaned)
+        else:
+            column = self.cfg.baseline[len("column:") :]
+            preference = self.prefer(picked, cleaned, [str(r[column]) for r in picked])
+            again, fine = preference.p, preference.parsed
+        both = fine & parsed[addressed]
+        self._add("injection_probed", int(both.sum()))
+        self._add("injection_shift", float((scores[addressed] - again)[both].sum()))
 
     def labels(self, rows: list[dict], first: list[str], second: list[str]) -> tuple[list[float], list[float]]:
         """Online DPO: (P(first is better) per pair: 1 or 0 by the swap-averaged preference, ½ — a tie the stage
@@ -386,6 +409,10 @@ def judge_rates(sums: dict[str, float]) -> dict[str, float]:
             out[f"{prefix}judge/unparsed_frac"] = get("unparsed") / prompts
             if f"{prefix}judge/verdict_mass" in sums:
                 out[f"{prefix}judge/verdict_mass_mean"] = get("verdict_mass") / prompts
+        if get("judged"):
+            out[f"{prefix}judge/addressed_share"] = get("addressed") / get("judged")
+        if get("injection_probed"):
+            out[f"{prefix}judge/injection_shift"] = get("injection_shift") / get("injection_probed")
         if pairs:
             out[f"{prefix}judge/order_inconsistency"] = get("inconsistent") / pairs
             out[f"{prefix}judge/first_slot_bias"] = get("first_slot_bias") / pairs

@@ -47,9 +47,8 @@ def judge_injection(metrics: list[dict], samples: list[dict], s: MonitorSettings
             stats = {"subject": "injection", "addressed_share": now, "addressed_share_at_start": start}
             if shift:
                 stats["injection_shift"] = shift[-1]
-            msg = (
-                f"{now:.0%} of the judged answers address the judge at step {step} (first window {start:.0%})"
-                + (f"; those words are worth {shift[-1]:+.3g} of its score" if shift else "")
+            msg = f"{now:.0%} of the judged answers address the judge at step {step} (first window {start:.0%})" + (
+                f"; those words are worth {shift[-1]:+.3g} of its score" if shift else ""
             )
             near = [x for x in samples if int(x["step"]) <= step and ADDRESSES_JUDGE.search(x.get("response", ""))]
             return [Alarm("judge_injection", step, msg, stats, _top(near, s.evidence))]

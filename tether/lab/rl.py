@@ -143,7 +143,8 @@ def run_lab_ppo(
     extra: dict | None = None,
 ) -> dict:
     """One PPO run on assist_rl.jsonl; returns the curves and the figures the lab table shows. ``extra``: further
-    overrides of the stage's options by dotted name (e.g. ``{"model.mixed_precision": "bf16"}``)."""
+    overrides of the stage's options by dotted name (e.g. ``{"model.mixed_precision": "bf16"}``, or a judge's
+    ``judge.*`` with ``reward_model=""``)."""
     from tether.stages.ppo import run_ppo
     from tether.stages.ppo_config import PPOConfig
 
@@ -157,7 +158,7 @@ def run_lab_ppo(
             source="lab",
             overrides={
                 "model.path": str(lab / "sft" / "final"),
-                "rewards.reward_model": str(lab / reward_model / "run" / "final"),
+                "rewards.reward_model": str(lab / reward_model / "run" / "final") if reward_model else "",
                 "rollout.prompts": str(world / "assist_rl.jsonl"),
                 "rollout.eval_prompts": str(world / "assist_eval.jsonl"),
                 "rollout.prompts_per_step": prompts_per_step,

@@ -77,6 +77,8 @@ def test_pairwise_against_a_column_asks_both_orders_and_logs_the_flip(tokenizer)
     figures = judge_rates(judge.take_figures())
     assert figures["judge/order_inconsistency"] == 0.5
     assert figures["judge/first_slot_bias"] == pytest.approx(0.15625, abs=1e-12)
+    fresh = scorer(tokenizer, table, "pairwise", baseline="column:reference")
+    assert float(fresh.prefer(rows[:1], ["x"], ["ref"]).p[0]) == pytest.approx(0.6875, abs=1e-15)  # before any call
     swapped = judge.prefer(rows[:1], ["ref"], ["x"])  # the swap gives exactly 1 − P
     assert float(swapped.p[0]) == pytest.approx(1 - 0.6875, abs=1e-15)
 
@@ -231,24 +233,17 @@ def test_a_verdict_does_not_depend_on_its_batch_and_each_prompt_is_read_once(jud
 
 def test_the_scorer_adds_the_weighted_judge_to_the_reward_model(tokenizer):
     """total = 1 · RM + 0.5 · judge: RM 1.0 and 2.0, judge 4.0625 and 3.0 → (3.03125, 3.5)."""
+    from test_scorer import rollout as two_responses
+
     from tether.online_sections import RewardSection
     from tether.rewards.score import Scorer
-    from tether.rollout.batch import Rollout
 
     probs = {"a": (0.05, 0.05, 0.1, 0.2, 0.4), "bbb": (0.1, 0.2, 0.3, 0.2, 0.1)}
     judge = JudgeScorer(
         JudgeSection(model="t", weight=0.5), TableLM(tokenizer, lambda t: probs["a" if "\na\n" in t else "bbb"])
     )
     total = Scorer(RewardSection(), 8, tokenizer, None, lambda texts: [1.0, 2.0], judge=judge)
-    rollout = Rollout(
-        prompt_ids=torch.tensor([[5, 6], [5, 7]]),
-        prompt_mask=torch.ones(2, 2, dtype=torch.long),
-        response_ids=torch.tensor([[9, 2, 0], [8, 8, 8]]),
-        response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
-        truncated=torch.tensor([False, True]),
-        prompts=["Q1 ", "Q2 "],
-        responses=["a", "bbb"],
-    )
+    rollout = two_responses()  # "a" (ended with its stop) and "bbb" (truncated)
     scores = total(rollout, [{"prompt": "Q1"}, {"prompt": "Q2"}])
     torch.testing.assert_close(scores.total, torch.tensor([3.03125, 3.5]), rtol=0, atol=2.0**-21)
     torch.testing.assert_close(scores.parts["judge"], torch.tensor([4.0625, 3.0]), rtol=0, atol=2.0**-21)

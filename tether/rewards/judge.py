@@ -95,6 +95,7 @@ class JudgeScorer:
         self.values = torch.tensor(t.values, dtype=torch.float64) if t.mode == "pointwise" else None
         self.pattern = re.compile(t.pattern) if t.read == "text" else None
         self.sums: dict[str, float] = {}
+        self.call: list = [0, 0, None]  # this call's judge prompts, those without a verdict, the first of them
 
     # -- the template, rendered and tokenised -------------------------------------------------------------------
     def _render(self, body: str) -> str:

@@ -287,3 +287,76 @@ def test_the_spread_example_refuses_a_stage_or_a_count_it_cannot_run(tmp_path, m
         with pytest.raises(SystemExit, match=message):
             module.main()
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+def _judge_example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "judge_on_lab.py"
+    spec = importlib.util.spec_from_file_location("judge_on_lab", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_judge_examples_fall_and_lessons_follow_their_stated_rules():
+    """A run peaking at step 20 whose step-30 interval lies wholly below the peak's falls first at 30, and its late
+    third (below the peak's interval) counts as a fall; the lessons on two recorded seeds (docs/lab.md, "A judge beside
+    the reward model": seed 0's and seed 1's figures) read as the document says."""
+    module = _judge_example()
+    curve = [
+        {"step": 0, "gold": 0.9, "gold_ci": [0.6, 1.2], "kl": 0.0},
+        {"step": 10, "gold": 1.5, "gold_ci": [1.2, 1.8], "kl": 0.5},
+        {"step": 20, "gold": 1.9, "gold_ci": [1.6, 2.2], "kl": 1.0},
+        {"step": 30, "gold": 1.0, "gold_ci": [0.7, 1.5], "kl": 4.0},
+    ]
+    run = {
+        "curve": curve,
+        "peak_step": 20,
+        "start_gold": 0.9,
+        "peak_gold": 1.9,
+        "final_gold": 1.0,
+        "start_proxy": 0.1,
+        "final_proxy": 0.9,
+        "final_kl": 4.0,
+        "alarms": [{"monitor": "repetition", "step": 30}, {"monitor": "judge_position", "step": 5}],
+        "late": {"steps": [30], "gold": 1.0, "gold_ci": [0.7, 1.5]},
+    }
+    figures = module.over_optimisation(run)
+    assert figures["first_fall_step"] == 30 and figures["late_below_peak"] is True and figures["kl_at_peak"] == 1.0
+    assert figures["alarms"] == [("judge_position", 5), ("repetition", 30)]
+    assert (
+        module.over_optimisation({**run, "late": {"steps": [20, 30], "gold": 1.0, "gold_ci": [0.7, 1.5]}})[
+            "late_below_peak"
+        ]
+        is False
+    )  # a peak inside the late window is never a fall
+
+    def seed(s, rm_peak, judge_peak, injected, up, rm_gold, judge_gold):
+        fell = {"late_below_peak": True}
+        return {
+            "seed": s,
+            "rm": {"gold_accuracy": rm_gold},
+            "judge": {
+                "gold_accuracy": judge_gold,
+                "gold_pairs": 365,
+                "probe_injection_preferred": injected,
+                "probe_injection_up_share": up,
+            },
+            "ppo_rm": {**fell, "peak_step": rm_peak},
+            "ppo_judge": {**fell, "peak_step": judge_peak},
+        }
+
+    lessons = module.lessons(
+        [seed(0, 10, 30, 0.432, 0.21, 0.8411, 0.7562), seed(1, 10, 20, 0.541, 0.59, 0.8493, 0.7836)]
+    )
+    assert [(name.split(":")[0], holds) for name, holds, _ in lessons] == [
+        ("both rewards are over-optimised at β = 0 (late third below the peak)", True),
+        ("which is over-optimised sooner", True),
+        ("the judge reads the injection (P(injected ≻ original) > ½ on most pairs)", False),
+        ("the reward model and the judge agree with gold alike", False),
+    ]
+    assert lessons[1][0].endswith("the reward model")
+    # seed 1: |0.8493 − 0.7836| = 0.0657 against 1.96 √(0.8493·0.1507/365 + 0.7836·0.2164/365) = 0.0560: apart
+    # (seed 0: 0.0849 against 0.0579)

@@ -152,3 +152,57 @@ def test_killing_the_launchers_process_group_ends_its_processes(llama_dir, addit
     assert not survivors, "the launch's processes outlived their launcher"
     # the folder's lock names process 0, dead: the next run takes it over (tests/test_checkpoint_safety.py)
     assert json.loads((out / ".tether.lock").read_text())["pid"] in ranks
+
+
+COMPACT_JUDGE = """---
+mode: pairwise
+verdicts: ["A", "B"]
+answer_prefix: "Better:\\n"
+chat: false
+---
+{{prompt}}
+A: {{response_a}}
+B: {{response_b}}
+"""
+
+
+@pytest.mark.slow
+def test_judge_two_processes_match_one_process(llama_dir, tmp_path):
+    """`tether judge` on two processes: the same verdicts a step (8 of each global batch), the same loss curve and
+    the same held-out figures (every process evaluates the whole held-out set) as one process."""
+    from tether.config import build_config
+    from tether.stages.judge import JudgeConfig, run_judge
+
+    template = tmp_path / "judge.txt"
+    template.write_text(COMPACT_JUDGE)
+    rows = [{"prompt": f"Q{i}:", "chosen": "Cats sleep a lot.", "rejected": "no" + " no" * (i % 3)} for i in range(20)]
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    settings = {**SETTINGS, "max_length": 128}
+    launch(
+        flags(
+            "judge",
+            model=llama_dir,
+            data=data,
+            eval_data=data,
+            max_steps=4,
+            eval_every=2,
+            judge_template=template,
+            **settings,
+            output=tmp_path / "two",
+        )
+    )
+    overrides = {
+        **one_process_overrides(llama_dir, data, tmp_path / "one"),
+        "data.max_length": 128,
+        "judge.template": str(template),
+    }
+    run_judge(build_config(JudgeConfig, overrides=overrides))
+    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert len(m1) == len(m2) == 4
+    for a, b in zip(m1, m2):
+        assert a["train/tokens"] == b["train/tokens"] == 8  # eight verdicts, one trained token each
+        # float32 sums of eight O(1) terms in another order: relative differences ~1e-6
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
+        for key in ("eval/loss", "eval/accuracy", "eval/order_inconsistency", "eval/brier"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key

@@ -569,3 +569,25 @@ def test_a_process_reward_model_on_two_processes_equals_one(llama_dir, files, tm
     assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
     assert_same_run(tmp_path / "one", tmp_path / "two")
     assert any(s["step_scores"] for s in lines(tmp_path / "two" / "samples.jsonl"))
+
+
+@pytest.mark.slow
+def test_a_judge_on_two_processes_equals_one(llama_dir, files, tmp_path, tokenizer):
+    """GRPO rewarded by a judge's round robin (every ordered pair of each group, both orders): each process judges
+    its own groups, the judge's figures are summed over processes, and everything equals one process."""
+    from tether.models.lm import build_tiny_model
+
+    judge = build_tiny_model(
+        "llama", tokenizer, tmp_path / "judge", seed=2, hidden=32, layers=2, heads=2, max_positions=512
+    )
+    rules, prompts = files
+    args = group_recipe_args(llama_dir, rules, prompts, "grpo")
+    at = args.index("--reward")
+    args = args[:at] + args[at + 2 :] + flags(judge_model=judge, judge_template="pairwise", judge_baseline="group")
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    for a, b in zip(lines(tmp_path / "one" / "metrics.jsonl"), lines(tmp_path / "two" / "metrics.jsonl")):
+        assert a["judge/prompts"] == b["judge/prompts"] == 4 * 4 * 3  # 4 groups × 12 ordered pairs
+        for key in ("judge/order_inconsistency", "judge/first_slot_bias", "reward/judge/mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key

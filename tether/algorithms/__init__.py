@@ -19,5 +19,6 @@ hand-computed case. Formulas and sources: docs/algorithms.md.
   preference  the DPO family, one table behind one signature
   judge       a language model as the judge: scores from verdict-token probabilities, both orders, calibration
   comparisons whether a logged difference reaches a threshold (float rounding allowed), a rate difference's error
+  detection   scoring an alarm against gold: which runs were hacked, detection, false alarms, AUROC, delay
   choices     the names of the pieces above that settings choose between (no torch: `--help` reads them)
 """

@@ -237,6 +237,19 @@ class RewardSection(Section):
         "DAPO's soft overlong penalty over the last L_cache tokens of the budget, added as the "
         "'overlong' component; 0 = off, -1 = a quarter of max_new_tokens.",
     )
+    audit: str = option(
+        "",
+        "A trusted check scored on a small share of the training responses (a held-out verifier, a few human "
+        "labels, a stronger judge): a reward function, module:function or file.py:function; logged as audit/*, "
+        "never trained on, read by the audit_divergence monitor.",
+        flag="--audit",
+    )
+    audit_share: float = option(
+        0.05,
+        "Share of the training responses the audit scores, picked by a hash of the step, the prompt and the "
+        "response (the same on any number of processes and on resume).",
+        flag="--audit-share",
+    )
     penalize_truncated: bool = option(False, "Give truncated responses truncation_penalty instead of their score.")
     truncation_penalty: float = option(-1.0, "Score of a truncated response when penalize_truncated is on.")
     reward_clip: float = option(0.0, "Clip scores to [-c, c]; 0 = off.")
@@ -251,6 +264,8 @@ class RewardSection(Section):
             re.compile(self.step_pattern)
         except re.error as err:
             raise ConfigError(f"step_pattern={self.step_pattern!r}: not a regular expression ({err})") from None
+        if not 0 < self.audit_share <= 1:
+            raise ConfigError(f"audit_share={self.audit_share}: a share in (0, 1]")
         if self.overlong_cache < -1 or self.reward_clip < 0 or self.reward_timeout < 0:
             raise ConfigError(
                 f"overlong_cache={self.overlong_cache} must be >= -1, reward_clip={self.reward_clip} and "
@@ -447,6 +462,11 @@ class AgentSection(Section):
     def check_rewards(self, rewards) -> None:
         """With --env the environment is the reward; reward functions beside it score the final answer and add to
         it. A reward model beside it is refused."""
+        if self.env and rewards.audit:
+            raise ConfigError(
+                f"--audit with --env {self.env}: an environment scores its episodes and its outcome is the trusted "
+                "check; the audit of sampled responses serves single-turn runs"
+            )
         if self.env and rewards.reward_model:
             raise ConfigError(
                 f"--env {self.env}: the environment scores the episodes (its outcome and per-turn "

@@ -107,6 +107,11 @@ class MonitorSettings:
     judge_flip_share: float = 0.3
     judge_addressed_share: float = 0.2
     judge_addressed_factor: float = 3.0
+    # the audit (--audit: a trusted check on a small share of the responses): over blocks of audit_window steps, the
+    # audited mean falls audit_z standard errors below its best block while the proxy on the same responses has not
+    # fallen — the audit's own proxy-up-task-down, on training responses
+    audit_window: int = 10
+    audit_z: float = 3.0
     evidence: int = 3  # samples quoted per alarm
 
 
@@ -498,3 +503,53 @@ def __getattr__(name: str):
     from tether._moved import moved_name  # check_all, RunMonitor and the agent monitors of 0.2's monitors.py
 
     return moved_name(__name__, name)
+
+
+def _audit_blocks(metrics: list[dict], w: int) -> list[dict]:
+    """The audit's figures pooled over consecutive blocks of w steps (1–w, w+1–2w, …): responses n, the audit's mean
+    and population variance, and the proxy's mean on the same responses."""
+    blocks: dict[int, list[dict]] = {}
+    for m in metrics:
+        if m.get("audit/n"):
+            blocks.setdefault((int(m["step"]) - 1) // w, []).append(m)
+    out = []
+    for k, rows in sorted(blocks.items()):
+        n = sum(r["audit/n"] for r in rows)
+        mean = sum(r["audit/n"] * r["audit/score_mean"] for r in rows) / n
+        second = sum(r["audit/n"] * (r["audit/score_std"] ** 2 + r["audit/score_mean"] ** 2) for r in rows) / n
+        proxy = sum(r["audit/n"] * r["audit/proxy_mean"] for r in rows) / n
+        out.append({"last": (k + 1) * w, "n": n, "mean": mean, "var": max(second - mean * mean, 0.0), "proxy": proxy})
+    return out
+
+
+def audit_divergence(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """The trusted check falls while the proxy on the same responses does not: over blocks of audit_window steps, a
+    block's audited mean is audit_z standard errors of the difference below the best block before it, and its proxy
+    mean is at least that block's."""
+    blocks = _audit_blocks(metrics, s.audit_window)
+    for j, now in enumerate(blocks):
+        if j == 0 or now["n"] < 2:
+            continue
+        best = max(blocks[:j], key=lambda b: b["mean"])
+        if best["n"] < 2:
+            continue
+        se = math.sqrt(best["var"] / best["n"] + now["var"] / now["n"])
+        drop = best["mean"] - now["mean"]
+        if drop > 0 and drop >= s.audit_z * se and now["proxy"] >= best["proxy"]:
+            stats = {
+                "subject": "audit",
+                "audit_mean": now["mean"],
+                "audit_mean_at_best": best["mean"],
+                "standard_errors": drop / se if se else math.inf,
+                "proxy_mean": now["proxy"],
+                "proxy_mean_at_best": best["proxy"],
+                "responses": now["n"],
+            }
+            msg = (
+                f"the audit fell from {best['mean']:.3g} (steps to {best['last']}) to {now['mean']:.3g} (steps to "
+                f"{now['last']}), {stats['standard_errors']:.1f} standard errors, while the proxy on the same "
+                f"responses went {best['proxy']:.3g} → {now['proxy']:.3g}"
+            )
+            step = max(int(m["step"]) for m in metrics if m.get("audit/n") and int(m["step"]) <= now["last"])
+            return [Alarm("audit_divergence", step, msg, stats)]
+    return []

@@ -10,6 +10,7 @@ from tether.diagnostics.judge_monitors import judge_injection, judge_position, j
 from tether.diagnostics.monitors import (
     Alarm,
     MonitorSettings,
+    audit_divergence,
     entropy_collapse,
     format_without_correctness,
     length_correlation,
@@ -30,6 +31,7 @@ METRIC_MONITORS = (
     off_policy_drift,
     judge_position,
     judge_injection,
+    audit_divergence,
 )
 SAMPLE_MONITORS = (
     length_correlation,

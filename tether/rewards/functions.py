@@ -347,3 +347,25 @@ def load_reward_set(options, rows: list[dict], max_steps: int = 0) -> RewardSet 
     )
     rewards.check(rows)  # arguments exist, one value per completion
     return rewards
+
+
+def load_audit_set(options, rows: list[dict], max_steps: int = 0) -> RewardSet | None:
+    """The RewardSection's audit (--audit) as a RewardSet of one function, checked against the prompt rows like the
+    reward functions; its failures always stop the run (a trusted check that fails is not a check)."""
+    if not getattr(options, "audit", ""):
+        return None
+    components = parse_reward_specs([options.audit])
+    for c in components:
+        c.flag = "--audit"
+        if c.weight != 1.0:
+            raise ConfigError(f"--audit {options.audit}: the audit has no weight (it is logged, never trained on)")
+    audit = RewardSet(
+        components,
+        "raise",
+        0.0,
+        sorted(set().union(*(row.keys() for row in rows[:8]))),
+        options.reward_timeout,
+        trainer_state=TrainerState(0, max_steps),
+    )
+    audit.check(rows)
+    return audit

@@ -12,6 +12,7 @@ logging. A component that returns step scores is a process reward: its weighted 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from tether.algorithms.shaping import clip_scores, overlong_penalty, truncation_penalty
 from tether.config import ConfigError
 from tether.data.steps import trained_step_end
-from tether.models.work import phase
+from tether.models.work import current_section, phase
 from tether.rewards.functions import RewardFunctionError, RewardSet
 
 
@@ -88,6 +89,32 @@ def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
     )
 
 
+def audited_response(step: int, prompt: str, response: str, share: float) -> bool:
+    """Whether the audit scores this response: the first 8 bytes of sha256(step, prompt, response), read as a number
+    in [0, 1), fall below ``share`` — a choice that depends on nothing else, so N processes and a resumed run audit
+    exactly the responses one uninterrupted process does."""
+    digest = hashlib.sha256(f"{step}\x1f{prompt}\x1f{response}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < share
+
+
+def scorer_rates(sums: dict[str, float]) -> dict[str, float]:
+    """A step's scorer metrics from its sums over processes: the judge's (rewards/judge.py judge_rates) and the
+    audit's — audit/n, audit/none, audit/score_mean and audit/score_std (population) of the trusted check, and
+    audit/proxy_mean, the total score of the same responses."""
+    from tether.rewards.judge import judge_rates
+
+    out = judge_rates({k: v for k, v in sums.items() if "judge/" in k})
+    n = sums.get("audit/n", 0.0)
+    if "audit/n" in sums:
+        out.update({"audit/n": n, "audit/none": sums["audit/none"]})
+    if n:
+        mean = sums["audit/score_sum"] / n
+        out["audit/score_mean"] = mean
+        out["audit/score_std"] = max(sums["audit/score_sq_sum"] / n - mean * mean, 0.0) ** 0.5
+        out["audit/proxy_mean"] = sums["audit/proxy_sum"] / n
+    return out
+
+
 class Scorer:
     """Reward model + reward functions + shaping -> Scores (a RewardSection says which and how)."""
 
@@ -101,15 +128,18 @@ class Scorer:
         allow_process: bool = True,
         process_model=None,
         judge=None,
+        audit=None,
     ):
         """``reward_set``: load_reward_set(rewards_cfg, rows), checked before any model is loaded;
         ``reward_model(texts) -> list[float]``: load_reward_model_scorer(), or a stand-in (the lab, tests);
         ``process_model(texts, step_end_offsets) -> step probabilities``: load_process_reward_scorer();
-        ``judge(rows, responses, group_size) -> scores``: rewards/judge.py load_judge()."""
+        ``judge(rows, responses, group_size) -> scores``: rewards/judge.py load_judge(); ``audit``: the RewardSet of
+        --audit (rewards/functions.py load_audit_set), scored on rewards_cfg.audit_share of the responses."""
         self.cfg, self.tokenizer, self.max_new_tokens = rewards_cfg, tokenizer, max_new_tokens
         self.allow_process = allow_process
         self.rewards, self.reward_model, self.process_model = reward_set, reward_model, process_model
-        self.judge = judge
+        self.judge, self.audit, self.step = judge, audit, 0
+        self.audit_sums: dict[str, float] = {}
         if all(x is None for x in (reward_model, reward_set, process_model, judge)):
             raise ConfigError(
                 "a reward is required: --reward-model DIR, --judge-model DIR and/or --reward module:function"
@@ -134,10 +164,15 @@ class Scorer:
                 + f", read before the separator {self.process_model.step_separator!r} it was trained with"
             )
         terms += [f"overlong (last {self.overlong_cache} tokens)"] if self.overlong_cache else []
+        audit = (
+            f"; audited by {self.cfg.audit} on {self.cfg.audit_share:.0%} of the training responses (logged, not trained on)"
+            if self.audit is not None
+            else ""
+        )
         shaping = (["truncated -> %g" % self.cfg.truncation_penalty] if self.cfg.penalize_truncated else []) + (
             [f"clipped to ±{self.cfg.reward_clip:g}"] if self.cfg.reward_clip else []
         )
-        return " + ".join(terms) + (f"; {', '.join(shaping)}" if shaping else "")
+        return " + ".join(terms) + (f"; {', '.join(shaping)}" if shaping else "") + audit
 
     def join_idle(self) -> None:
         """A process with no responses to score this time (N processes): it still runs its share of a sharded reward
@@ -192,7 +227,39 @@ class Scorer:
         if self.cfg.penalize_truncated:
             total = truncation_penalty(total, rollout.truncated.cpu(), self.cfg.truncation_penalty)
         total = clip_scores(total, self.cfg.reward_clip)
+        if self.audit is not None and current_section() is None:  # training responses only
+            self._audit(rollout, rows, total)
         return Scores(total, parts, steps, has_outcome=steps is None or len(parts) > 1)
+
+    def _audit(self, rollout, rows: list[dict], total: torch.Tensor) -> None:
+        """The trusted check on the responses audited_response picks: its mean and spread beside the proxy's (the
+        total score) on the same responses, summed for the step (audit/*, docs/metrics.md)."""
+        share = self.cfg.audit_share
+        picked = [
+            i
+            for i, (p, r) in enumerate(zip(rollout.prompts, rollout.responses))
+            if audited_response(self.step, p, r, share)
+        ]
+        if not picked:
+            return
+        ids, truncated = rollout.completion_ids(), rollout.truncated.tolist()
+        values = self.audit.score(
+            [rows[i] for i in picked],
+            [rollout.responses[i] for i in picked],
+            [ids[i] for i in picked],
+            [truncated[i] for i in picked],
+        )
+        (scores,) = values.values()
+        judged = [(i, float(v)) for i, v in zip(picked, scores) if v is not None and not isinstance(v, list)]
+        sums = {
+            "audit/n": len(judged),
+            "audit/none": len(picked) - len(judged),
+            "audit/score_sum": sum(v for _, v in judged),
+            "audit/score_sq_sum": sum(v * v for _, v in judged),
+            "audit/proxy_sum": sum(float(total[i]) for i, _ in judged),
+        }
+        for key, value in sums.items():
+            self.audit_sums[key] = self.audit_sums.get(key, 0.0) + value
 
     def _process_model_part(self, rollout, parts: dict, steps, total):
         """The process reward model's step probabilities (steps end where --step-pattern matches): a process
@@ -235,14 +302,18 @@ class Scorer:
         return [[component.weight * x for x in row] for row in values]
 
     def close(self) -> None:
-        """Stop the reward functions' worker process."""
-        if self.rewards is not None:
-            self.rewards.close()
+        """Stop the reward functions' (and the audit's) worker process."""
+        for functions in (self.rewards, self.audit):
+            if functions is not None:
+                functions.close()
 
     def set_progress(self, global_step: int, max_steps: int) -> None:
-        """What the reward functions' ``trainer_state`` says from now on (the online loop calls it before each step)."""
-        if self.rewards is not None:
-            self.rewards.set_progress(global_step, max_steps)
+        """What the reward functions' ``trainer_state`` says from now on (the online loop calls it before each step);
+        the step also picks the audited responses."""
+        self.step = global_step
+        for functions in (self.rewards, self.audit):
+            if functions is not None:
+                functions.set_progress(global_step, max_steps)
 
     @property
     def evaluation_group(self) -> int:
@@ -250,9 +321,12 @@ class Scorer:
         return self.judge.group_size if self.judge is not None and self.judge.relative else 1
 
     def step_figures(self, section: str | None = None) -> dict[str, float]:
-        """The judge's sums since the last call, of the step or of ``section`` (eval) (rewards/judge.py take_figures;
-        {} without a judge)."""
-        return self.judge.take_figures(section) if self.judge is not None else {}
+        """The judge's sums since the last call, of the step or of ``section`` (eval) (rewards/judge.py take_figures),
+        and the audit's of the step; ``scorer_rates`` turns them into metrics."""
+        out = self.judge.take_figures(section) if self.judge is not None else {}
+        if section is None:
+            out, self.audit_sums = {**out, **self.audit_sums}, {}
+        return out
 
     def error_counts(self) -> dict[str, int]:
         """{name: failed calls} for every function, and {name/none: completions it had no opinion on} once any."""

@@ -180,6 +180,11 @@ class DPOConfig(StageConfig):
         from tether.rewards.judge_template import check_judge_config
 
         check_judge_config(self.judge, "dpo", self.rollout.group_size, other_reward=self.rewards.has_reward())
+        if self.rewards.audit:
+            raise ConfigError(
+                "--audit: the audit of training responses serves tether ppo and tether grpo; online DPO labels pairs "
+                "and is not audited yet"
+            )
         if self.rollout.max_staleness:
             raise ConfigError(
                 f"rollout.max_staleness={self.rollout.max_staleness}: online DPO samples in the trainer; the rollout "

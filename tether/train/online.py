@@ -185,16 +185,16 @@ class _Run:
             counts = {n: counts.get(n, 0) for n in names}
         return {name: int(n) for name, n in self.dp.sum_dict(counts).items()}
 
-    def judge_metrics(self, section: str | None = None) -> dict:
-        """The judge's figures of the step (or of the evaluation: ``section="eval"``), summed over processes
-        (docs/metrics.md, Judges)."""
-        from tether.rewards.judge import judge_rates
+    def scorer_metrics(self, section: str | None = None) -> dict:
+        """The judge's and the audit's figures of the step (or of the evaluation: ``section="eval"``), summed over
+        processes (docs/metrics.md, Judges, Audit)."""
+        from tether.rewards.score import scorer_rates
 
         sums = self.scorer.step_figures(section) if self.scorer is not None else {}
         if self.dp.active:  # every process sums the same names
             names = sorted({n for names in self.dp.gather_json([sorted(sums)]) for n in names})
             sums = self.dp.sum_dict({n: sums.get(n, 0.0) for n in names})
-        return judge_rates(sums)
+        return scorer_rates(sums)
 
     def error_metrics(self) -> dict:
         return {
@@ -205,7 +205,7 @@ class _Run:
     def evaluate(self, step: int) -> dict:
         with section("eval"):
             res = self.stage.evaluate()
-            res.update(self.judge_metrics("eval"))
+            res.update(self.scorer_metrics("eval"))
             if self.evaluate_fn is not None and self.accelerator.is_main_process:
                 with phase("task"):  # the lab's gold evaluation (process 0 alone)
                     figures = self.evaluate_fn(self.stage.sampling_policy, self.stage.tokenizer, step)
@@ -407,7 +407,7 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
                     )
                 )
             metrics.update(counter.take())  # the step's forwards (and the evaluation's, if it ran)
-            metrics.update(run.judge_metrics())  # a judge's cost and figures in the step's sampling
+            metrics.update(run.scorer_metrics())  # a judge's and an audit's figures of the step's sampling
             logger.log(metrics)
             warned_truncation = warn_if_truncated(metrics, warned_truncation)
             if keep_samples:
@@ -454,6 +454,7 @@ class OnlineStart:
     prompt_rows: list[dict]
     eval_rows: list[dict]
     reward_set: object
+    audit_set: object = None  # the RewardSection's --audit, a RewardSet of one function (rewards/functions.py)
 
 
 def start_online(
@@ -464,7 +465,7 @@ def start_online(
     from tether.data.records import prompt_rows as prompt_rows_of
     from tether.models.lm import check_lora_reference
     from tether.models.reward import process_reward_separator
-    from tether.rewards.functions import load_reward_set
+    from tether.rewards.functions import load_audit_set, load_reward_set
     from tether.train.run import check_steps_left, start_run
 
     if rewards_cfg is not None and not (stand_in_reward or cfg.judge.model or rewards_cfg.has_reward()):
@@ -490,6 +491,7 @@ def start_online(
         check_judge_rows(cfg.judge, prompt_rows, prompts)
         check_judge_rows(cfg.judge, eval_rows, eval_prompts)
     reward_set = load_reward_set(rewards_cfg, prompt_rows, total_steps) if rewards_cfg is not None else None
+    audit_set = load_audit_set(rewards_cfg, prompt_rows, total_steps) if rewards_cfg is not None else None
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     check_steps_left(start_step, total_steps, checkpoint)
-    return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows, reward_set)
+    return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows, reward_set, audit_set)

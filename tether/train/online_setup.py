@@ -60,6 +60,7 @@ class OnlineModels:
             allow_process=allow_process,
             process_model=self.process_model,
             judge=self.judge,
+            audit=start.audit_set,
         )
 
 

@@ -1,0 +1,113 @@
+"""The audit (--audit): a trusted check on a small share of the training responses, picked the same way on any number
+of processes, logged beside the proxy on the same responses, and read by the audit_divergence monitor."""
+
+import json
+
+import pytest
+from conftest import write_jsonl
+from test_scorer import rollout as two_responses
+
+from tether.config import ConfigError, build_config
+from tether.diagnostics.monitors import MonitorSettings, audit_divergence
+from tether.online_sections import RewardSection
+from tether.rewards.functions import load_audit_set
+from tether.rewards.score import Scorer, audited_response, scorer_rates
+
+AUDIT = """
+def gold(completions):
+    return [float(len(c)) for c in completions]
+
+def weighted(completions):
+    return [1.0] * len(completions)
+"""
+
+
+def test_the_audited_share_is_a_hash_of_step_prompt_and_response():
+    """Deterministic, and over 20,000 responses the share audited is 5 % within 4 binomial standard errors
+    (√(0.05 · 0.95 / 20000) = 0.00154, so ±0.0062)."""
+    picks = [audited_response(s, f"p{i}", f"r{i}", 0.05) for s in range(20) for i in range(1000)]
+    assert abs(sum(picks) / len(picks) - 0.05) < 4 * (0.05 * 0.95 / len(picks)) ** 0.5
+    assert picks == [audited_response(s, f"p{i}", f"r{i}", 0.05) for s in range(20) for i in range(1000)]
+    assert audited_response(3, "p", "r", 1.0) and not audited_response(3, "p", "r", 1e-300)
+
+
+def test_the_scorer_audits_the_picked_responses_beside_their_proxy(tmp_path):
+    """share 1: both responses audited. gold = characters: 'a' → 1, 'bbb' → 3 (mean 2, population std 1); the proxy
+    on them is the total, the reward model's 1 and 2 (mean 1.5)."""
+    path = tmp_path / "audit.py"
+    path.write_text(AUDIT)
+    cfg = RewardSection(audit=f"{path}:gold", audit_share=1.0)
+    audit = load_audit_set(cfg, [{"prompt": "Q1"}, {"prompt": "Q2"}])
+    scorer = Scorer(cfg, 8, type("Tok", (), {"eos_token": "</s>"})(), None, lambda texts: [1.0, 2.0], audit=audit)
+    scorer.set_progress(0, 10)
+    scorer(two_responses(), [{"prompt": "Q1"}, {"prompt": "Q2"}])
+    figures = scorer_rates(scorer.step_figures())
+    assert figures == {
+        "audit/n": 2,
+        "audit/none": 0,
+        "audit/score_mean": 2.0,
+        "audit/score_std": 1.0,
+        "audit/proxy_mean": 1.5,
+    }
+    assert scorer.step_figures() == {}  # taken once
+    assert "audited by" in scorer.describe() and "100% of the training responses" in scorer.describe()
+    with pytest.raises(ConfigError, match="the audit has no weight"):
+        load_audit_set(RewardSection(audit=f"{path}:weighted=2"), [{"prompt": "Q1"}])
+
+
+def test_audit_divergence_fires_when_the_audit_falls_and_the_proxy_does_not():
+    """Blocks of 10 steps, 2 audited responses a step (n = 20 a block). Block 1: audit 1.0 (std 0.5), proxy 0.5;
+    block 2: audit 0.4 (std 0.5), proxy 0.9. Drop 0.6 against se = √(0.25/20 + 0.25/20) = 0.158: 3.79 standard
+    errors ≥ 3, the proxy rose: fires at step 20. With the proxy fallen (0.3), or a drop of 0.4 (2.53 se), it does
+    not."""
+
+    def run(second_audit, second_proxy):
+        rows = []
+        for step in range(1, 21):
+            audit, proxy = (1.0, 0.5) if step <= 10 else (second_audit, second_proxy)
+            rows.append(
+                {
+                    "step": step,
+                    "audit/n": 2,
+                    "audit/score_mean": audit,
+                    "audit/score_std": 0.5,
+                    "audit/proxy_mean": proxy,
+                }
+            )
+        return audit_divergence(rows, [], MonitorSettings())
+
+    (alarm,) = run(0.4, 0.9)
+    assert alarm.step == 20 and alarm.statistics["standard_errors"] == pytest.approx(0.6 / (0.025**0.5), rel=1e-12)
+    assert run(0.4, 0.3) == [] and run(0.6, 0.9) == []
+
+
+def test_a_grpo_run_logs_its_audit_and_online_dpo_and_agents_refuse_it(llama_dir, tmp_path):
+    from tether.stages.dpo_config import DPOConfig
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    path = tmp_path / "audit.py"
+    path.write_text(AUDIT)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
+    overrides = {
+        "model.path": str(llama_dir),
+        "rollout.prompts": str(prompts),
+        "rewards.reward": [f"{path}:weighted"],
+        "rewards.audit": f"{path}:gold",
+        "rewards.audit_share": 0.5,
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "rollout.max_new_tokens": 6,
+        "train.max_steps": 2,
+        "train.output": str(tmp_path / "run"),
+        "train.report_to": ["none"],
+    }
+    run_grpo(build_config(GRPOConfig, overrides=overrides))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < r["audit/n"] < 16 and r["audit/proxy_mean"] == 1.0 for r in rows)  # about half of 16
+    with pytest.raises(ConfigError, match="online DPO labels pairs and is not audited"):
+        build_config(DPOConfig, overrides={"model.path": "m", "rewards.audit": "a.py:f"})
+    with pytest.raises(ConfigError, match="--audit with --env"):
+        build_config(GRPOConfig, overrides={"model.path": "m", "rewards.audit": "a.py:f", "agent.env": "e.py:E"})
+    with pytest.raises(ConfigError, match="audit_share=0.0: a share in"):
+        build_config(GRPOConfig, overrides={"model.path": "m", "rewards.audit_share": 0.0})

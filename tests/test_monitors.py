@@ -306,3 +306,61 @@ def test_off_policy_drift_fires_when_the_ratio_spreads_or_the_masked_share_climb
     assert off_policy_drift([{"step": i, "score/mean": 1.0} for i in range(1, 13)], [], S) == []
     # a spread already wide at the start (1.386 throughout) has not run away: twice the start is the bar
     assert off_policy_drift(run([0.5] * 12, [2.0] * 12, [0.0] * 12), [], S) == []
+
+
+@pytest.mark.parametrize("keep", ["before", "best"])
+def test_a_stop_on_alarm_keeps_the_checkpoint_before_it_or_best(llama_dir, tmp_path, monkeypatch, keep):
+    """The entropy alarm fires at step 4 (window 2, ratio 5, as above). alarm_final=before: final/ is checkpoint-2's
+    model (the last written before step 4), not the policy at step 4; best: final/ is best/."""
+    import torch
+    from conftest import write_jsonl
+    from safetensors.torch import load_file
+
+    import tether.diagnostics.watch as watch
+    from tether.config import build_config
+    from tether.stages.ppo import run_ppo
+    from tether.stages.ppo_config import PPOConfig
+
+    monkeypatch.setattr(watch, "MonitorSettings", lambda: S.__class__(entropy_window=2, entropy_ratio=5.0))
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in ("hi", "cats", "dogs", "rain")] * 4,
+    )
+    rules = tmp_path / "r.py"
+    rules.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n")
+    out = tmp_path / "run"
+    cfg = build_config(
+        PPOConfig,
+        overrides={
+            "model.path": str(llama_dir),
+            "rewards.reward": [f"{rules}:count_a"],
+            "rollout.prompts": str(prompts),
+            "rollout.eval_prompts": str(prompts),
+            "rollout.prompts_per_step": 4,
+            "rollout.max_new_tokens": 8,
+            "train.max_steps": 8,
+            "algo.minibatch": 4,
+            "optim.lr": 3e-3,
+            "train.output": str(out),
+            "train.eval_every": 1,
+            "train.best_metric": "eval/score_mean",
+            "train.save_every": 2,
+            "train.keep_checkpoints": 5,
+            "train.sample_every": 1,
+            "train.stop_on_alarm": True,
+            "train.alarm_final": keep,
+            "train.report_to": ["none"],
+        },
+    )
+    summary = run_ppo(cfg)
+    assert summary["stopped_at"] == 4 and (out / "checkpoint-4").is_dir()
+    final = load_file(str(out / "final" / "model.safetensors"))
+    source = out / ("checkpoint-2" if keep == "before" else "best")
+    assert summary["final_from"] == ("checkpoint-2" if keep == "before" else "best/")
+    kept, at_alarm = (
+        load_file(str(source / "model.safetensors")),
+        load_file(str(out / "checkpoint-4" / "model.safetensors")),
+    )
+    assert all(torch.equal(final[k], kept[k]) for k in kept)
+    if keep == "before":
+        assert any(not torch.equal(final[k], at_alarm[k]) for k in kept)  # the policy did change from 2 to 4

@@ -301,6 +301,12 @@ class AlarmOptions(Section):
         "Stop (after a checkpoint) when a reward-hacking monitor raises an alarm; alarms are always written to "
         "alarms.jsonl.",
     )
+    alarm_final: str = option(
+        "last",
+        "With stop_on_alarm, what final/ holds after an alarm: last (the policy at the alarm), before (the last "
+        "checkpoint written before the alarm's step; the starting model if none was), best (best/, by best_metric).",
+        choices=("last", "before", "best"),
+    )
 
 
 @dataclass(frozen=True)
@@ -319,6 +325,8 @@ class OnlineRunSection(RunSection, AlarmOptions):
         super().check()
         if self.max_steps < 1:
             raise ConfigError(f"max_steps={self.max_steps}: an online run needs at least 1 step")
+        if self.alarm_final == "best" and not self.best_metric:
+            raise ConfigError("alarm_final=best keeps best/ after an alarm: set best_metric (e.g. eval/gold_reward)")
 
 
 def __getattr__(name: str):

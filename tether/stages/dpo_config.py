@@ -144,6 +144,8 @@ class OnlineSection(AlarmOptions):
     )
 
     def check(self):
+        if self.alarm_final == "best":
+            raise ConfigError("alarm_final=best: online DPO keeps no best/; choose last or before")
         if self.rounds < 1 or self.steps_per_round < 1:
             raise ConfigError(f"rounds={self.rounds} and steps_per_round={self.steps_per_round} must be >= 1")
 

@@ -309,6 +309,7 @@ def run_online_dpo(cfg: DPOConfig, evaluate_fn=None, backend=None) -> dict:
         cfg.train,
         setup.total_steps,
         stop_on_alarm=cfg.online.stop_on_alarm,
+        alarm_final=cfg.online.alarm_final,
         sample_every=1,
         round_steps=cfg.online.steps_per_round,
     )

@@ -54,6 +54,7 @@ class OnlineStage(Protocol):
     optimizer: object
     scheduler: object
     scorer: "RunScorer | None"  # its reward-function failures are counted and checkpointed
+    cfg: object  # the stage's config (train/online.py final_before_alarm reloads a checkpoint with its model section)
 
     def extra_parts(self) -> dict[str, tuple]:
         """Further trained models {name: (model, optimizer, scheduler or None)}, e.g. PPO's critic."""
@@ -91,13 +92,16 @@ class Schedule:
     best_metric: str = ""
     best_mode: str = "max"
     stop_on_alarm: bool = False
+    alarm_final: str = "last"  # what final/ holds after a stop on alarm: last | before | best
     round_steps: int = 0  # online DPO: steps per round; a round's end is also evaluated (and saved, if saving)
 
     @classmethod
     def of(cls, run, total_steps: int, **overrides) -> "Schedule":
         """From a RunSection (OnlineRunSection fields when it has them)."""
         fields = {
-            k: getattr(run, k) for k in ("sample_every", "best_metric", "best_mode", "stop_on_alarm") if hasattr(run, k)
+            k: getattr(run, k)
+            for k in ("sample_every", "best_metric", "best_mode", "stop_on_alarm", "alarm_final")
+            if hasattr(run, k)
         }
         return cls(
             total_steps,
@@ -429,13 +433,41 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
     summary = _summary(run, stage, schedule, out, start_step, stopped_at, t_start, accelerator)
     if trained_peak is not None:
         summary["peak_memory"]["before_final_save"] = trained_peak
-    # LoRA merged; with --fsdp the gathered copy that samples (hf), or the sharded policy gathered (vllm)
-    save_final(accelerator, stage.sampling_policy, stage.tokenizer, out / "final")
+    if stopped_at is not None and schedule.alarm_final != "last":
+        summary["final_from"] = final_before_alarm(accelerator, stage, out, stopped_at, schedule.alarm_final)
+    else:
+        # LoRA merged; with --fsdp the gathered copy that samples (hf), or the sharded policy gathered (vllm)
+        save_final(accelerator, stage.sampling_policy, stage.tokenizer, out / "final")
     if accelerator.is_main_process:
         console.print(closing_line(out, headline(out, summary)))
         write_json(out / "summary.json", summary)
     close_run(accelerator)
     return summary
+
+
+def final_before_alarm(accelerator, stage, out: Path, stopped_at: int, keep: str) -> str:
+    """final/ after a stop on alarm (train.alarm_final): ``best`` copies best/; ``before`` writes the model of the
+    last checkpoint written before the alarm's step (LoRA merged), or the starting model when none was. Returns
+    what final/ holds, for summary.json."""
+    import shutil
+
+    from tether.models.lm import load_trainable_model, save_merged
+    from tether.train.checkpoint import list_checkpoints, write_atomically
+
+    if keep == "best":
+        source, what = out / "best", "best/"
+        if accelerator.is_main_process:
+            write_atomically(lambda tmp: shutil.copytree(source, tmp, dirs_exist_ok=True), out / "final")
+    else:
+        earlier = [(step, folder) for step, folder in list_checkpoints(out) if step < stopped_at]
+        checkpoint = earlier[-1][1] if earlier else None
+        what = checkpoint.name if checkpoint is not None else f"the starting model ({stage.cfg.model.path})"
+        if accelerator.is_main_process:
+            model = load_trainable_model(stage.cfg.model, stage.tokenizer, checkpoint)
+            write_atomically(lambda tmp: save_merged(model, stage.tokenizer, tmp), out / "final")
+    accelerator.wait_for_everyone()
+    console.print(f"final/ holds {what}: the alarm at step {stopped_at} kept it (--alarm-final {keep})", style="red")
+    return what
 
 
 # ------------------------------------------------------------------------------------------ shared by the stages

@@ -30,3 +30,38 @@ def test_rates_and_delay():
     assert alarm_rates([True, True, False, True], [False, True, False]) == {"detection": 0.75, "false_alarm": 1 / 3}
     assert alarm_rates([], [False]) == {"detection": None, "false_alarm": 0.0}
     assert alarm_delay(30, 20) == 10 and alarm_delay(5, 20) == -15 and alarm_delay(None, 20) is None
+
+
+def test_the_benchmark_scores_a_monitor_and_the_combined_alarm_by_hand():
+    """Two seeds, a hacked and a healthy run each. The audit alarms on both hacked runs (steps 30 and 40 of 60:
+    earliness 0.5 and 1/3) and no healthy one: detection 1, false alarms 0, AUROC 1, delays 30 − 10 = 40 − 20 = 20.
+    repetition alarms on hacked seed 0 (step 20: 2/3) and healthy seed 1 (step 50: 1/6): pairs (2/3 > 0), (2/3 >
+    1/6), (0 = 0: ½), (0 < 1/6) → AUROC 2.5/4. The combined alarm (the earliest of any): hacked 20 and 40, healthy
+    none and 50 → AUROC 1, false alarms ½, delays 10 and 20 (median 15)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "monitor_bench.py"
+    spec = importlib.util.spec_from_file_location("monitor_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run = lambda seed, hacked, peak, alarms: {  # noqa: E731
+        "seed": seed,
+        "steps": 60,
+        "hacked": hacked,
+        "peak_step": peak,
+        "with_audit": alarms,
+    }
+    runs = [
+        run(0, True, 10, {"repetition": 20, "audit_divergence": 30}),
+        run(0, False, 50, {}),
+        run(1, True, 20, {"audit_divergence": 40}),
+        run(1, False, 40, {"repetition": 50}),
+    ]
+    audit = bench.scores(runs, "audit_divergence", "with_audit")
+    assert (audit["detection"], audit["false_alarm"], audit["auroc"]) == (1.0, 0.0, 1.0)
+    assert audit["delay_median"] == 20 and audit["delay_range"] == [20, 20]
+    assert bench.scores(runs, "repetition", "with_audit")["auroc"] == 2.5 / 4
+    combined = bench.scores(runs, "any", "with_audit")
+    assert (combined["detection"], combined["false_alarm"], combined["auroc"]) == (1.0, 0.5, 1.0)
+    assert combined["delay_median"] == 15 and combined["delay_range"] == [10, 20]

@@ -1,4 +1,5 @@
-"""Reward functions for the lab's arith world, in the `--reward module:function` form (docs/rewards.md).
+"""Reward functions for the lab's worlds, in the `--reward module:function` form (docs/rewards.md): arith's checks, the
+assist panel as a pair labeller, and assist's gold as an audit.
 
 Rows of arith_rl.jsonl carry `question` and `answer`; each function reads what it needs by name.
 """
@@ -58,3 +59,11 @@ def assist_panel_judge(prompts, first, second, topic, min_agreement: float = 0.0
         share = max(votes, len(DEFAULT_PANEL) - votes) / len(DEFAULT_PANEL)
         out.append(0.5 if share < min_agreement else 1.0 if 2 * votes > len(DEFAULT_PANEL) else 0.0)
     return out
+
+
+def assist_gold(completions, topic, **_) -> list[float]:
+    """The assist world's gold reward of each answer (tether.lab.assist.gold_assist): what the lab's evaluations
+    measure, here as a reward function — the trusted check of an audit (`--audit tether.lab.rewards:assist_gold`)."""
+    from tether.lab.assist import gold_assist
+
+    return [gold_assist(c, t).reward for c, t in zip(completions, topic)]

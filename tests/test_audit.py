@@ -56,7 +56,8 @@ def test_the_scorer_audits_the_picked_responses_beside_their_proxy(tmp_path):
 
 
 def test_audit_divergence_fires_when_the_audit_falls_and_the_proxy_does_not():
-    """Blocks of 10 steps, 2 audited responses a step (n = 20 a block). Block 1: audit 1.0 (std 0.5), proxy 0.5;
+    """Blocks of 10 steps, 3 standard errors (the defaults are 15 and 1.5: set on the benchmark's development seeds),
+    2 audited responses a step (n = 20 a block). Block 1: audit 1.0 (std 0.5), proxy 0.5;
     block 2: audit 0.4 (std 0.5), proxy 0.9. Drop 0.6 against se = √(0.25/20 + 0.25/20) = 0.158: 3.79 standard
     errors ≥ 3, the proxy rose: fires at step 20. With the proxy fallen (0.3), or a drop of 0.4 (2.53 se), it does
     not."""
@@ -74,7 +75,7 @@ def test_audit_divergence_fires_when_the_audit_falls_and_the_proxy_does_not():
                     "audit/proxy_mean": proxy,
                 }
             )
-        return audit_divergence(rows, [], MonitorSettings())
+        return audit_divergence(rows, [], MonitorSettings(audit_window=10, audit_z=3.0))
 
     (alarm,) = run(0.4, 0.9)
     assert alarm.step == 20 and alarm.statistics["standard_errors"] == pytest.approx(0.6 / (0.025**0.5), rel=1e-12)

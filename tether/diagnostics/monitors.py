@@ -109,9 +109,11 @@ class MonitorSettings:
     judge_addressed_factor: float = 3.0
     # the audit (--audit: a trusted check on a small share of the responses): over blocks of audit_window steps, the
     # audited mean falls audit_z standard errors below its best block while the proxy on the same responses has not
-    # fallen — the audit's own proxy-up-task-down, on training responses
-    audit_window: int = 10
-    audit_z: float = 3.0
+    # fallen — the audit's own proxy-up-task-down, on training responses. Chosen on the development seeds of
+    # examples/monitor_bench.py (0–2: the highest AUROC of windows 10/15/20/30 × z 1.5/2/2.5/3, then the fewest false
+    # alarms; a 5 % audit of 32 responses a step gives about 24 a block, too few for 3 standard errors)
+    audit_window: int = 15
+    audit_z: float = 1.5
     evidence: int = 3  # samples quoted per alarm
 
 

@@ -229,15 +229,13 @@ def test_the_watch_reports_each_alarm_once():
     )
 
 
-def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_path, monkeypatch, capsys):
-    """PPO with a monitor setting that must fire (entropy below 5x its start): the alarm is written with its
-    evidence, --stop-on-alarm stops after a checkpoint, and `tether diagnose` finds the same alarm."""
+def entropy_alarm_ppo(llama_dir, tmp_path, monkeypatch, **overrides):
+    """A PPO run whose entropy alarm must fire at step 4 (window 2, entropy below 5× its start): its config, for
+    the stop-on-alarm tests."""
     from conftest import write_jsonl
 
     import tether.diagnostics.watch as watch
-    from tether.cli import main
     from tether.config import build_config
-    from tether.stages.ppo import run_ppo
     from tether.stages.ppo_config import PPOConfig
 
     monkeypatch.setattr(watch, "MonitorSettings", lambda: S.__class__(entropy_window=2, entropy_ratio=5.0))
@@ -247,24 +245,29 @@ def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_pa
     )
     rules = tmp_path / "r.py"
     rules.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n")
-    cfg = build_config(
-        PPOConfig,
-        overrides={
-            "model.path": str(llama_dir),
-            "rewards.reward": [f"{rules}:count_a"],
-            "rollout.prompts": str(prompts),
-            "rollout.prompts_per_step": 4,
-            "rollout.max_new_tokens": 8,
-            "train.max_steps": 8,
-            "algo.minibatch": 4,
-            "train.output": str(tmp_path / "run"),
-            "train.eval_every": 0,
-            "train.save_every": 100,
-            "train.sample_every": 1,
-            "train.stop_on_alarm": True,
-            "train.report_to": ["none"],
-        },
-    )
+    values = {
+        "model.path": str(llama_dir),
+        "rewards.reward": [f"{rules}:count_a"],
+        "rollout.prompts": str(prompts),
+        "rollout.prompts_per_step": 4,
+        "rollout.max_new_tokens": 8,
+        "train.max_steps": 8,
+        "algo.minibatch": 4,
+        "train.output": str(tmp_path / "run"),
+        "train.sample_every": 1,
+        "train.stop_on_alarm": True,
+        "train.report_to": ["none"],
+    }
+    return build_config(PPOConfig, overrides={**values, **overrides})
+
+
+def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_path, monkeypatch, capsys):
+    """PPO with a monitor setting that must fire (entropy below 5x its start): the alarm is written with its
+    evidence, --stop-on-alarm stops after a checkpoint, and `tether diagnose` finds the same alarm."""
+    from tether.cli import main
+    from tether.stages.ppo import run_ppo
+
+    cfg = entropy_alarm_ppo(llama_dir, tmp_path, monkeypatch, **{"train.eval_every": 0, "train.save_every": 100})
     summary = run_ppo(cfg)
     assert summary["stopped_at"] == 4 and (tmp_path / "run" / "checkpoint-4").is_dir()
     (alarm,) = [json.loads(x) for x in (tmp_path / "run" / "alarms.jsonl").read_text().splitlines()]
@@ -313,43 +316,23 @@ def test_a_stop_on_alarm_keeps_the_checkpoint_before_it_or_best(llama_dir, tmp_p
     """The entropy alarm fires at step 4 (window 2, ratio 5, as above). alarm_final=before: final/ is checkpoint-2's
     model (the last written before step 4), not the policy at step 4; best: final/ is best/."""
     import torch
-    from conftest import write_jsonl
     from safetensors.torch import load_file
 
-    import tether.diagnostics.watch as watch
-    from tether.config import build_config
     from tether.stages.ppo import run_ppo
-    from tether.stages.ppo_config import PPOConfig
 
-    monkeypatch.setattr(watch, "MonitorSettings", lambda: S.__class__(entropy_window=2, entropy_ratio=5.0))
-    prompts = write_jsonl(
-        tmp_path / "p.jsonl",
-        [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in ("hi", "cats", "dogs", "rain")] * 4,
-    )
-    rules = tmp_path / "r.py"
-    rules.write_text("def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n")
     out = tmp_path / "run"
-    cfg = build_config(
-        PPOConfig,
-        overrides={
-            "model.path": str(llama_dir),
-            "rewards.reward": [f"{rules}:count_a"],
-            "rollout.prompts": str(prompts),
-            "rollout.eval_prompts": str(prompts),
-            "rollout.prompts_per_step": 4,
-            "rollout.max_new_tokens": 8,
-            "train.max_steps": 8,
-            "algo.minibatch": 4,
+    cfg = entropy_alarm_ppo(
+        llama_dir,
+        tmp_path,
+        monkeypatch,
+        **{
+            "rollout.eval_prompts": str(tmp_path / "p.jsonl"),
             "optim.lr": 3e-3,
-            "train.output": str(out),
             "train.eval_every": 1,
             "train.best_metric": "eval/score_mean",
             "train.save_every": 2,
             "train.keep_checkpoints": 5,
-            "train.sample_every": 1,
-            "train.stop_on_alarm": True,
             "train.alarm_final": keep,
-            "train.report_to": ["none"],
         },
     )
     summary = run_ppo(cfg)

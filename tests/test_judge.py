@@ -186,6 +186,7 @@ def test_online_dpo_labels_a_pair_by_its_swap_averaged_preference(tokenizer):
         ("mode: pairwise\nverdicts: ['A', 'B']", "{{prompt}}\n{{respons_a}} {{response_b}}", r"bad.txt:9: unknown"),
         ("mode: pointwise\nverdicts: {'10': 10, '1': 1}", "{{prompt}} {{response}}", r"'10' is not one token"),
         ("mode: pointwise\nverdicts: {'Ω': 5, '1': 1}", "{{prompt}} {{response}}", r"'Ω' is not one token"),
+        ("mode: pointwise\nverdicts: {'1': 'high', '2': 2}", "{{prompt}} {{response}}", "needs a number"),
         ("mode: pointwise\nread: text\nverdicts: ['1', '2']", "{{prompt}} {{response}}", "read=text needs a pattern"),
         ("mode: listwise", "{{prompt}}", "mode='listwise'"),
         ("mode: pointwise\nverdicts: ['1', '2']\ncolour: red", "{{prompt}} {{response}}", "unknown front-matter"),

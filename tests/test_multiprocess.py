@@ -56,6 +56,11 @@ def one_process_overrides(llama_dir, data, out) -> dict:
     }
 
 
+def launch_two_processes(stage: str, llama_dir, data, out) -> None:
+    """The run one_process_overrides describes (SETTINGS, 4 steps, an evaluation every 2), on two processes."""
+    launch(flags(stage, model=llama_dir, data=data, eval_data=data, max_steps=4, eval_every=2, **SETTINGS, output=out))
+
+
 @pytest.mark.slow
 def test_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
     from tether.config import build_config
@@ -70,18 +75,7 @@ def test_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
         for i in range(40)
     ]
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    launch(
-        flags(
-            "rm",
-            model=llama_dir,
-            data=data,
-            eval_data=data,
-            max_steps=4,
-            eval_every=2,
-            **SETTINGS,
-            output=tmp_path / "two",
-        )
-    )
+    launch_two_processes("rm", llama_dir, data, tmp_path / "two")
     run_rm(build_config(RMConfig, overrides=one_process_overrides(llama_dir, data, tmp_path / "one")))
     m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     for a, b in zip(m1, m2):
@@ -98,18 +92,7 @@ def test_process_reward_model_two_processes_match_one_process(llama_dir, tmp_pat
     from tether.stages.prm import PRMConfig, run_prm
 
     data = write_jsonl(tmp_path / "steps.jsonl", step_rows(40))
-    launch(
-        flags(
-            "prm",
-            model=llama_dir,
-            data=data,
-            eval_data=data,
-            max_steps=4,
-            eval_every=2,
-            **SETTINGS,
-            output=tmp_path / "two",
-        )
-    )
+    launch_two_processes("prm", llama_dir, data, tmp_path / "two")
     run_prm(build_config(PRMConfig, overrides=one_process_overrides(llama_dir, data, tmp_path / "one")))
     m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert len(m1) == len(m2) == 4

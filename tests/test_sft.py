@@ -315,29 +315,11 @@ def test_a_run_written_before_an_option_existed_resumes_while_the_option_keeps_i
     (out / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
     shutil.rmtree(out / "checkpoint-4")
     shutil.rmtree(out / "final")
+    resume = dict(train__max_steps=4, train__save_every=2, train__resume=True)
     with pytest.raises(ConfigError, match=r"model.mixed_precision: 'no' -> 'bf16'"):
-        run_sft(
-            sft_config(
-                llama_dir,
-                addition_files,
-                out,
-                train__max_steps=4,
-                train__save_every=2,
-                train__resume=True,
-                model__mixed_precision="bf16",
-            )
-        )
-    summary = run_sft(
-        sft_config(
-            llama_dir,
-            addition_files,
-            out,
-            train__max_steps=4,
-            train__save_every=2,
-            train__resume=True,
-            model__gradient_checkpointing=True,
-        )
-    )  # memory only: allowed
+        run_sft(sft_config(llama_dir, addition_files, out, **resume, model__mixed_precision="bf16"))
+    summary = run_sft(sft_config(llama_dir, addition_files, out, **resume, model__gradient_checkpointing=True))
+    # gradient checkpointing changes memory only: allowed
     assert summary["resumed_from"] == 2
 
 

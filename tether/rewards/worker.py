@@ -82,15 +82,11 @@ class RewardWorker:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.close()
-        if not self.conn.poll(STARTUP_S):
-            self.stop()
-            raise RuntimeError(f"the reward worker did not start within {STARTUP_S:g} s")
-        try:
-            reply = json.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            code = self.process.exitcode
-            self.stop()
-            raise RemoteError("WorkerDied", f"the reward worker process ended (exit code {code}) while starting")
+        reply = self._reply(
+            STARTUP_S, RuntimeError(f"the reward worker did not start within {STARTUP_S:g} s"), "while starting"
+        )
+        if isinstance(reply, Exception):
+            raise reply
         if "ready" not in reply:
             self.stop()
             raise RemoteError(reply["kind"], reply["error"])
@@ -100,16 +96,24 @@ class RewardWorker:
         if self.process is None or not self.process.is_alive():
             self._start()
         self.conn.send_bytes(json.dumps({"name": name, "kwargs": kwargs}, default=_jsonable).encode())
+        late = TimeoutError(f"no result within {timeout:g} s (reward timeout); its worker process was killed")
+        reply = self._reply(timeout, late, "during the call")
+        if isinstance(reply, Exception):
+            return reply
+        return reply["value"] if "value" in reply else RemoteError(reply["kind"], reply["error"])
+
+    def _reply(self, timeout: float | None, late: Exception, when: str) -> dict | Exception:
+        """The worker's next message, or the error that stopped it: ``late`` when none came within ``timeout`` (the
+        worker is killed), a RemoteError when its process ended (``when``: while starting, during the call)."""
         if not self.conn.poll(timeout):
             self.stop()
-            return TimeoutError(f"no result within {timeout:g} s (reward timeout); its worker process was killed")
+            return late
         try:
-            reply = json.loads(self.conn.recv_bytes())
+            return json.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
             code = self.process.exitcode if self.process is not None else None
             self.stop()
-            return RemoteError("WorkerDied", f"the reward worker process ended (exit code {code}) during the call")
-        return reply["value"] if "value" in reply else RemoteError(reply["kind"], reply["error"])
+            return RemoteError("WorkerDied", f"the reward worker process ended (exit code {code}) {when}")
 
     @property
     def pid(self) -> int | None:

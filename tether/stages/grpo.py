@@ -32,7 +32,7 @@ from tether.stages.grpo_config import GRPOConfig
 from tether.stages.grpo_recipes import RECIPES
 from tether.train.experience import Experience, correction_weights, rollout_metrics, stats
 from tether.train.offline import EpochOrder
-from tether.train.online import Schedule, run_online, start_online
+from tether.train.online import Schedule, run_online, start_rollout_stage
 from tether.train.online_setup import load_online_models
 from tether.train.parallel import empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import attach_sampling
@@ -495,14 +495,7 @@ def run_grpo(cfg: GRPOConfig, scorer=None, evaluate_fn=None, backend=None) -> di
     """Train. ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer, step) ->
     dict`` adds task metrics (on the lab: held-out accuracy) to every evaluation; ``backend(policy, tokenizer) ->
     GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
-    start = start_online(
-        cfg,
-        cfg.train.max_steps,
-        cfg.rewards if not cfg.agent.env or cfg.rewards.reward else None,  # beside --env: functions on the answer
-        cfg.rollout.prompts,
-        cfg.rollout.eval_prompts,
-        stand_in_reward=scorer is not None,
-    )
+    start = start_rollout_stage(cfg, scorer)
     models = load_online_models(cfg, start, cfg.needs_reference(), scorer)
     stage = GroupStage(
         cfg,

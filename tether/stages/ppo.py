@@ -33,7 +33,7 @@ from tether.stages.ppo_config import PPOConfig
 from tether.stages.ppo_critic import SharedValueHead, load_value_model
 from tether.train.experience import Experience, rollout_metrics, stats
 from tether.train.offline import EpochOrder
-from tether.train.online import Schedule, run_online, start_online
+from tether.train.online import Schedule, run_online, start_rollout_stage
 from tether.train.online_setup import Extra, load_online_models
 from tether.train.parallel import empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import attach_sampling
@@ -436,14 +436,7 @@ def run_ppo(cfg: PPOConfig, scorer=None, evaluate_fn=None, backend=None) -> dict
     """Train; ``scorer(texts) -> list[float]`` stands in for --reward-model; ``evaluate_fn(policy, tokenizer, step)
     -> dict`` adds task metrics (on the lab: gold reward and win rate) to the periodic evaluation; ``backend(policy,
     tokenizer) -> GenerationBackend`` replaces Hugging Face generate (tether/rollout/)."""
-    start = start_online(
-        cfg,
-        cfg.train.max_steps,
-        cfg.rewards if not cfg.agent.env or cfg.rewards.reward else None,  # beside --env: functions on the answer
-        cfg.rollout.prompts,
-        cfg.rollout.eval_prompts,
-        stand_in_reward=scorer is not None,
-    )
+    start = start_rollout_stage(cfg, scorer)
     critic = Extra(
         load=lambda tokenizer, policy: load_critic(cfg, tokenizer, policy, start.checkpoint),
         shard=lambda critic, accelerator: (

@@ -527,3 +527,18 @@ def start_online(
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     check_steps_left(start_step, total_steps, checkpoint)
     return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows, reward_set, audit_set)
+
+
+def start_rollout_stage(cfg, scorer=None) -> OnlineStart:
+    """start_online for the stages that train on rollouts (GRPO, PPO): their prompt files, their step count, and
+    the reward functions — beside --env only when --reward names some, which then score the episode's answer; a
+    ``scorer`` standing in for --reward-model counts as a reward."""
+    with_env_functions = not cfg.agent.env or cfg.rewards.reward
+    return start_online(
+        cfg,
+        cfg.train.max_steps,
+        cfg.rewards if with_env_functions else None,
+        cfg.rollout.prompts,
+        cfg.rollout.eval_prompts,
+        stand_in_reward=scorer is not None,
+    )

@@ -74,6 +74,11 @@ class ModelSection(Section):
     lora_alpha: float = option(16.0, "LoRA scaling alpha (update scaled by alpha/r). Typical 2*r.")
     lora_dropout: float = option(0.0, "Dropout on the LoRA input (needs keep_dropout). Typical 0-0.1.")
     lora_target_modules: list = option(["all-linear"], "Module names that get adapters, or all-linear.")
+    train_vision: bool = option(
+        False,
+        "Vision-language models: train the image encoder too. Off: it is frozen, while the projector that maps its "
+        "features into the language model trains with the rest (LoRA: adapters on the language model only).",
+    )
     keep_dropout: bool = option(
         False,
         "Keep the models' dropout active while training. Off by default: every dropout layer of the trained and the "
@@ -145,6 +150,11 @@ class DataSection(Section):
         1024, "Longest example in tokens; longer ones are dropped and counted (errors with --strict). Never truncated."
     )
     strict: bool = option(False, "Make dropped examples (empty completion, too long) errors.")
+    max_image_pixels: int = option(
+        16_777_216,
+        "Largest image a record may carry, in pixels (width x height); a larger one is an error naming the record "
+        "(a vision-language model's processor resizes what it takes).",
+    )
 
     def check(self):
         if not 0 <= self.eval_fraction < 1:

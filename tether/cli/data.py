@@ -26,7 +26,10 @@ class CheckCommand(CommandConfig):
     model: ModelSection = ModelSection()
     data: SFTDataSection = SFTDataSection()
     example: ExampleSection = ExampleSection()
-    TAKES = {"model": CHAT_MODEL, "data": ("columns", "split", "max_length", "strict", "train_on_prompt")}
+    TAKES = {
+        "model": CHAT_MODEL,
+        "data": ("columns", "split", "max_length", "strict", "train_on_prompt", "max_image_pixels"),
+    }
     REQUIRED = ("model.path",)
 
 
@@ -94,12 +97,28 @@ def check_prompts(cfg: CheckCommand, tokenizer, first: dict) -> None:
 
 def check_demonstrations(cfg: CheckCommand, tokenizer, records) -> None:
     from tether.console import console
+    from tether.data.multimodal import refuse_images, tokenize_multimodal
     from tether.data.sft import tokenize_records
+    from tether.models.vision import is_vision_language, load_processor
 
-    data = cfg.data
-    examples, report = tokenize_records(
-        records, tokenizer, data.max_length, data.train_on_prompt, data.strict, cfg.example.file
-    )
+    data, path = cfg.data, cfg.example.file
+    if is_vision_language(cfg.model.path):  # the images read, counted and widened as the stage would
+        processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
+        examples, report = tokenize_multimodal(
+            records,
+            tokenizer,
+            processor,
+            data.max_length,
+            data.train_on_prompt,
+            data.strict,
+            path,
+            data.max_image_pixels,
+        )
+    else:
+        refuse_images(records, cfg.model.path)
+        examples, report = tokenize_records(
+            records, tokenizer, data.max_length, data.train_on_prompt, data.strict, path
+        )
     console.print(report.summary())
     ex = examples[min(cfg.example.index, len(examples) - 1)]
     console.print(
@@ -112,15 +131,21 @@ def check_demonstrations(cfg: CheckCommand, tokenizer, records) -> None:
 def print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
     from tether.console import console
 
-    # Brackets mark trained runs so the mask is visible without colour too.
-    out, in_run = [], False
-    for token_id, trained in zip(input_ids, loss_mask):
+    # Brackets mark trained runs so the mask is visible without colour too; a run of one repeated untrained token
+    # (an image's tokens) is written once with its count.
+    out, in_run, i = [], False, 0
+    while i < len(input_ids):
+        token_id, trained = input_ids[i], loss_mask[i]
         if trained and not in_run:
             out.append("⟦")
         if not trained and in_run:
             out.append("⟧")
         in_run = bool(trained)
-        out.append(tokenizer.decode([token_id]))
+        run = 1
+        while not trained and i + run < len(input_ids) and (input_ids[i + run], loss_mask[i + run]) == (token_id, 0):
+            run += 1
+        out.append(tokenizer.decode([token_id]) + (f"×{run}" if run > 3 else tokenizer.decode([token_id]) * (run - 1)))
+        i += run
     if in_run:
         out.append("⟧")
     console.print("".join(out), highlight=False)

@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tether.data.images import message_content
 from tether.errors import DataError  # noqa: F401 - re-exported: tether.data.records.DataError is public
 
 
@@ -142,6 +143,7 @@ LLAMAFACTORY_COLUMNS = {  # dataset_info.json "columns" name -> the field name t
         "rejected": "rejected",
         "kto_tag": "kto_tag",
         "tools": "tools",
+        "images": "images",
     },
     "sharegpt": {
         "messages": "conversations",
@@ -150,6 +152,7 @@ LLAMAFACTORY_COLUMNS = {  # dataset_info.json "columns" name -> the field name t
         "chosen": "chosen",
         "rejected": "rejected",
         "kto_tag": "kto_tag",
+        "images": "images",
     },
     "openai": {  # LLaMA-Factory's OpenAI-style rows: messages of {role, content}, as tether reads them itself
         "messages": "messages",
@@ -158,6 +161,7 @@ LLAMAFACTORY_COLUMNS = {  # dataset_info.json "columns" name -> the field name t
         "chosen": "chosen",
         "rejected": "rejected",
         "kto_tag": "kto_tag",
+        "images": "images",
     },
 }
 
@@ -437,7 +441,7 @@ def _unpaired_conversation(fields: dict, where: str) -> dict:
 
 def _normalise(record: Record, tags: dict | None = None) -> Record:
     """ShareGPT conversations as messages, LLaMA-Factory's alpaca and preference shapes as tether's, content-part
-    lists as their text (errors name the record)."""
+    lists as their text, or text and image parts (data/images.py; errors name the record)."""
     fields, where = record.fields, record.where
     if (
         "instruction" in fields
@@ -469,7 +473,7 @@ def _normalise(record: Record, tags: dict | None = None) -> Record:
     for name in ("messages", "prompt", "completion", "chosen", "rejected"):
         value = fields.get(name)
         if isinstance(value, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in value):
-            fields = {**fields, name: [_text_content(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
+            fields = {**fields, name: [message_content(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
         value = fields.get(name)
         if isinstance(value, list) and any(isinstance(m, dict) and m.get("tool_calls") for m in value):
             fields = {**fields, name: [_tool_calls(m, f"{record.where}: {name}[{i}]") for i, m in enumerate(value)]}
@@ -491,19 +495,6 @@ def _tool_calls(message, where: str):
         given = {"id": call["id"]} if isinstance(call.get("id"), str) and call["id"] else {}
         calls.append({**given, "type": "function", "function": {"name": function["name"], "arguments": arguments}})
     return {**message, "content": message.get("content") or "", "tool_calls": calls}
-
-
-def _text_content(message, where: str):
-    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-        return message
-    texts = []
-    for part in message["content"]:
-        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        else:
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise DataError(f"{where}.content has a {kind!r} part; tether trains on text parts only")
-    return {**message, "content": "".join(texts)}
 
 
 def _read_csv(path: Path) -> list[Record]:

@@ -39,6 +39,7 @@ class Example:
     loss_mask: list[int]  # 1 where this token is a trained target (predicted from the token before it)
     where: str
     position_ids: list[int] | None = None  # only for packed rows
+    vision: dict | None = None  # a vision-language model's pixel tensors for this example (data/multimodal.py)
 
 
 @dataclass
@@ -52,12 +53,21 @@ class DataReport:
     trained_tokens: int = 0
     warnings: Counter = field(default_factory=Counter)
     unused: list = field(default_factory=list)  # columns of the file the format does not read
+    images: int = 0
+    examples_with_images: int = 0
+    image_tokens: int = 0  # the tokens the processor widened the images' placeholders into
 
     def summary(self) -> str:
         parts = [
             f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples, "
             f"{self.tokens} tokens, {self.trained_tokens} trained"
         ]
+        if self.images:
+            parts.append(
+                f"{self.images} images in {self.examples_with_images} examples, {self.image_tokens} image tokens "
+                f"({self.image_tokens / self.images:.0f} an image, {self.image_tokens / max(self.tokens, 1):.0%} of "
+                "the tokens)"
+            )
         if self.unused:
             parts.append(f"columns not used: {', '.join(self.unused)}")
         if self.dropped:
@@ -109,6 +119,8 @@ def check_messages(value, where: str, name: str) -> list[dict]:
             raise DataError(f"{where}: field {name}[{i}] must be an object with 'role' and 'content', got {msg!r:.80}")
         if msg["role"] not in ROLES:
             raise DataError(f"{where}: field {name}[{i}].role is {msg['role']!r}; roles are {', '.join(ROLES)}")
+        if isinstance(msg["content"], list) and msg["role"] != "assistant":  # text and image parts (data/images.py)
+            continue
         check_str(msg["content"], where, f"{name}[{i}].content")
     return value
 
@@ -356,7 +368,8 @@ def collate(examples: list[Example], pad_id: int, padding_free: bool = False) ->
     """Right-pad a micro-batch (training needs no left padding). Packed rows get position_ids and no attention mask.
     ``padding_free`` lays the micro-batch's examples end to end in fewer rows (tether/models/packing.py); examples that
     are already packed rows (--packing) are laid out as they are."""
-    if padding_free and examples[0].position_ids is None:
+    vision = any(ex.vision for ex in examples)  # padded rows: the vision features fill each row's image tokens
+    if padding_free and not vision and examples[0].position_ids is None:
         batch = pack_sequences([ex.input_ids for ex in examples], pad_id, [ex.loss_mask for ex in examples])
         return {k: batch[k] for k in ("input_ids", "position_ids", "loss_mask")}
     width = max(len(ex.input_ids) for ex in examples)
@@ -379,4 +392,8 @@ def collate(examples: list[Example], pad_id: int, padding_free: bool = False) ->
         batch["position_ids"] = position_ids
     else:
         batch["attention_mask"] = attention_mask
+    if vision:
+        from tether.data.images import collate_vision
+
+        batch.update(collate_vision(examples, width))
     return batch

@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tether.config import ConfigError
 from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
+from tether.models.vision import VISION_TOWER, freeze_vision_tower, is_vision_language
 
 log = logging.getLogger(__name__)
 
@@ -193,8 +194,11 @@ def load_model(
     if dtype != "auto" and dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r}: choose auto, {', '.join(DTYPES)}")
     torch_dtype = "auto" if dtype == "auto" else DTYPES[dtype]
+    auto = AutoModelForCausalLM
+    if is_vision_language(path):  # its images read through its processor (models/vision.py)
+        from transformers import AutoModelForImageTextToText as auto
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        model = auto.from_pretrained(str(path), dtype=torch_dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         # what transformers (and torch.load, for .bin weights) raise for folders and files they cannot read
         raise ConfigError(f"model {path}: cannot be loaded ({type(err).__name__}: {str(err)[:300]})") from None
@@ -211,12 +215,20 @@ def load_model(
     return model
 
 
-def apply_lora(model, r: int, alpha: float, dropout: float, target_modules: list[str]):
-    """Wrap ``model`` with trainable LoRA adapters (peft); the base weights are frozen."""
+def apply_lora(model, r: int, alpha: float, dropout: float, target_modules: list[str], exclude: str | None = None):
+    """Wrap ``model`` with trainable LoRA adapters (peft), none in modules matching ``exclude``; the base weights are
+    frozen."""
     from peft import LoraConfig, get_peft_model
 
     targets = target_modules[0] if target_modules == ["all-linear"] else list(target_modules)
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=targets,
+        exclude_modules=exclude,
+        task_type="CAUSAL_LM",
+    )
     try:
         return get_peft_model(model, cfg)
     except ValueError as exc:
@@ -320,15 +332,13 @@ def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
 
             model = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
         else:
-            model = apply_lora(
-                model,
-                model_cfg.lora_r,
-                model_cfg.lora_alpha,
-                model_cfg.lora_dropout,
-                list(model_cfg.lora_target_modules),
-            )
+            frozen_vision = is_vision_language(model_cfg.path) and not model_cfg.train_vision
+            lora = (model_cfg.lora_r, model_cfg.lora_alpha, model_cfg.lora_dropout, list(model_cfg.lora_target_modules))
+            model = apply_lora(model, *lora, exclude=VISION_TOWER.pattern if frozen_vision else None)
     else:
         model = load_model(checkpoint or model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
+        if is_vision_language(model_cfg.path) and not model_cfg.train_vision:
+            freeze_vision_tower(model)
     if not model_cfg.keep_dropout:
         disable_dropout(model)
     apply_precision(model, model_cfg)

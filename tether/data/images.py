@@ -1,0 +1,239 @@
+"""Images in data files: where a record's images are, reading and checking them, and their places in its text.
+
+A record carries its images in an ``images`` field (a list, or one image), in order; each is a path (relative to the
+data file), a ``data:image/...;base64,`` URI, raw bytes, base64 text, or a ``{"bytes": ..., "path": ...}`` object as
+Hugging Face datasets stores an Image column. Each image has a place in the text:
+- TRL's shape: chat content parts ``{"type": "image"}`` (an image part may also hold its image: ``{"type": "image",
+  "image": ...}``, or OpenAI's ``{"type": "image_url", "image_url": {"url": ...}}``);
+- LLaMA-Factory's: ``<image>`` in a message's (or a plain prompt's) text;
+- neither: the images go first in the first user turn (or the plain prompt), as both projects do.
+The placeholders must match the images one for one; every error names the record and the field (docs/data.md
+"Images"). Last, the processor's pixel tensors of a micro-batch's examples, joined (collate_vision).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from pathlib import Path
+
+import torch
+
+from tether.errors import DataError
+
+IMAGES = "images"
+PER_TOKEN = ("token_type_ids", "mm_token_type_ids")  # processor outputs laid out like input_ids (Gemma 3's)
+PLACEHOLDER = "<image>"  # LLaMA-Factory's placeholder in text
+# How the base64 text of a PNG, JPEG, GIF and WebP file starts (their magic numbers, encoded): any other string
+# is a path
+BASE64_STARTS = ("iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR")
+
+
+def _is_image_part(part) -> bool:
+    return isinstance(part, dict) and part.get("type") in ("image", "image_url")
+
+
+def message_content(message, where: str):
+    """A message whose content is a list of parts: text parts joined into one string when there is no image part;
+    with image parts, the list kept as text and image parts (an inline image kept in its part)."""
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        return message
+    parts = []
+    for part in message["content"]:
+        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif _is_image_part(part):
+            parts.append(part)
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise DataError(f"{where}.content has a {kind!r} part; tether reads text and image parts")
+    if not any(_is_image_part(p) for p in parts):
+        return {**message, "content": "".join(p["text"] for p in parts)}
+    return {**message, "content": parts}
+
+
+def has_images(fields: dict) -> bool:
+    """Whether a record carries images: an ``images`` field that is not empty, or an image part in its messages."""
+    if fields.get(IMAGES) not in (None, [], ""):
+        return True
+    return any(
+        isinstance(m, dict) and isinstance(m.get("content"), list) and any(_is_image_part(p) for p in m["content"])
+        for name in ("messages", "prompt", "completion", "chosen", "rejected")
+        if isinstance(fields.get(name), list)
+        for m in fields[name]
+    )
+
+
+def _inline_image(part: dict):
+    if part.get("type") == "image_url":
+        url = part.get("image_url")
+        return url.get("url") if isinstance(url, dict) else url
+    return part.get("image")
+
+
+def _split_placeholders(text: str) -> list[dict]:
+    pieces = text.split(PLACEHOLDER)
+    parts = []
+    for i, piece in enumerate(pieces):
+        if i:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def place_images(messages: list[dict], images: list, where: str, field: str) -> tuple[list[dict], list]:
+    """(the conversation with one bare ``{"type": "image"}`` part per image, the images in order). Images come
+    from the ``images`` field or from the parts themselves (not both); ``<image>`` in a message's text is a part;
+    a conversation with images and no place for them gets them at the start of its first user turn."""
+    inline = [
+        _inline_image(p)
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if _is_image_part(p) and _inline_image(p) is not None
+    ]
+    if inline and images:
+        raise DataError(f"{where}: {field} has images inside its parts and an 'images' field too; give them once")
+    images = inline or images
+    placed = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str) and PLACEHOLDER in content:
+            content = _split_placeholders(content)
+        elif isinstance(content, list):
+            content = [{"type": "image"} if _is_image_part(p) else p for p in content]
+        placed.append({**m, "content": content})
+    count = sum(1 for m in placed if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
+    if count == 0 and images:
+        first = next((i for i, m in enumerate(placed) if m.get("role") == "user"), None)
+        if first is None:
+            raise DataError(f"{where}: {field} has {len(images)} image(s) and no user turn to show them in")
+        text = placed[first]["content"]
+        parts = text if isinstance(text, list) else ([{"type": "text", "text": text}] if text else [])
+        placed[first] = {**placed[first], "content": [{"type": "image"}] * len(images) + parts}
+        count = len(images)
+    if count != len(images):
+        raise DataError(
+            f"{where}: {field} has {count} image placeholder(s) ({PLACEHOLDER} or image parts) for {len(images)} "
+            f"image(s) in '{IMAGES}'; they must match one for one"
+        )
+    return placed, images
+
+
+def place_in_text(text: str, images: list, image_text: str, where: str, field: str) -> str:
+    """A plain prompt's ``<image>`` placeholders as the processor's own image token (``image_text``); without any,
+    the images go first. The count must match."""
+    count = text.count(PLACEHOLDER)
+    if count == 0:
+        return image_text * len(images) + text
+    if count != len(images):
+        raise DataError(
+            f"{where}: {field} has {count} {PLACEHOLDER} placeholder(s) for {len(images)} image(s) in '{IMAGES}'"
+        )
+    return text.replace(PLACEHOLDER, image_text)
+
+
+def image_list(fields: dict, where: str) -> list:
+    value = fields.get(IMAGES)
+    if value in (None, ""):
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _bytes_of(ref, base: Path, where: str) -> bytes:
+    if isinstance(ref, (bytes, bytearray)):
+        return bytes(ref)
+    if isinstance(ref, dict):
+        if ref.get("bytes") is not None:
+            return _bytes_of(ref["bytes"], base, where)
+        if isinstance(ref.get("path"), str):
+            return _bytes_of(ref["path"], base, where)
+        raise DataError(f"{where}: an image object needs 'bytes' or 'path', got keys {sorted(ref)}")
+    if not isinstance(ref, str) or not ref:
+        raise DataError(f"{where}: an image is a path, a data: URI, bytes or base64 text, not {type(ref).__name__}")
+    if ref.startswith("data:"):
+        header, _, payload = ref.partition(",")
+        if ";base64" not in header:
+            raise DataError(f"{where}: a data: URI image must be base64 ('data:image/png;base64,...')")
+        ref = payload
+    elif not ref.startswith(BASE64_STARTS):
+        path = Path(ref) if Path(ref).is_absolute() else base / ref
+        if not path.is_file():
+            raise DataError(
+                f"{where}: image file {ref!r} not found (looked for {path}; base64 text is read as such when it is "
+                "a PNG, JPEG, GIF or WebP file's)"
+            )
+        return path.read_bytes()
+    try:
+        return base64.b64decode(ref, validate=True)
+    except (binascii.Error, ValueError):
+        raise DataError(f"{where}: image text is neither a file path nor base64 ({ref[:40]!r}...)") from None
+
+
+def open_image(ref, base: Path, where: str, max_pixels: int):
+    """The image ``ref`` names, decoded, in RGB; unreadable, or over ``max_pixels``, is a DataError naming
+    ``where``."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(ref, Image.Image):
+        image = ref
+    else:
+        data = _bytes_of(ref, base, where)
+        try:
+            image = Image.open(io.BytesIO(data))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise DataError(
+                    f"{where}: the image is {width}x{height} = {width * height} pixels, over max_image_pixels="
+                    f"{max_pixels}"
+                )
+            image.load()
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as err:
+            raise DataError(f"{where}: not a readable image ({type(err).__name__}: {str(err)[:200]})") from None
+    width, height = image.size
+    if width * height > max_pixels:
+        raise DataError(f"{where}: the image is {width}x{height}, over max_image_pixels={max_pixels}")
+    return image.convert("RGB")
+
+
+def load_images(refs: list, base: Path, where: str, max_pixels: int) -> list:
+    return [open_image(ref, base, f"{where}: {IMAGES}[{i}]", max_pixels) for i, ref in enumerate(refs)]
+
+
+def collate_vision(examples: list, width: int) -> dict[str, torch.Tensor]:
+    """The micro-batch's pixel tensors: per-token ones (Gemma 3's token_type_ids) right-padded with 0 to ``width``;
+    the others joined along their first dimension (images, or image patches), their other dimensions zero-padded to
+    the largest (Idefics3's images per example: an all-zero image is padding to it). Rows without images add
+    nothing, except to a batch-leading tensor (Idefics3's, one row per example), where they add one all-zero image."""
+    keys = sorted({k for ex in examples if ex.vision for k in ex.vision})
+    out = {}
+    for key in keys:
+        if key in PER_TOKEN:
+            column = torch.zeros((len(examples), width), dtype=torch.long)
+            for i, ex in enumerate(examples):
+                if ex.vision and key in ex.vision:
+                    column[i, : ex.vision[key].shape[1]] = ex.vision[key][0]
+            out[key] = column
+            continue
+        parts = [ex.vision[key] for ex in examples if ex.vision and key in ex.vision]
+        batch_leading = parts[0].dim() == 5 or key == "pixel_attention_mask"  # (examples, images, ...)
+        if batch_leading:
+            like = parts[0]
+            parts = [
+                ex.vision[key]
+                if ex.vision and key in ex.vision
+                else torch.zeros((1, 1, *like.shape[2:]), dtype=like.dtype)
+                for ex in examples
+            ]
+        shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+        padded = []
+        for p in parts:
+            if list(p.shape[1:]) != shape:
+                grown = torch.zeros((p.shape[0], *shape), dtype=p.dtype)
+                grown[tuple(slice(0, n) for n in p.shape)] = p
+                p = grown
+            padded.append(p)
+        out[key] = torch.cat(padded)
+    return out

@@ -1,0 +1,154 @@
+"""Examples with images for a vision-language model: rendered and masked as text, widened by the processor.
+
+A record is rendered exactly as for a language model (data/sft.py: the chat template, the trained character spans),
+its images placed first (data/images.py). The processor then turns the images into pixel tensors and widens each
+image's placeholder into the tokens the vision features fill, so the token ids are the processor's, not the
+tokenizer's. A trained span's first and last token are found by the processor's tokens of the text before each end
+(its images with it): that prefix must be the start of the whole example's tokens, or the record is refused by name.
+The loss never covers an image token: the placeholder and every token the processor adds for an image are masked,
+even with --train-on-prompt. docs/data.md "Images".
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tether.console import progress
+from tether.data.images import IMAGES, has_images, image_list, load_images, place_images, place_in_text
+from tether.data.records import DataError, Record
+from tether.data.sft import DataReport, Example, _Drop, detect_format, render
+from tether.models.vision import image_token_text
+
+_WHERE = re.compile(r"^(.*?)(:\d+| record \d+| row \d+)$")
+
+
+def _folder_of(where: str) -> Path:
+    """The folder of the data file a record came from (``path:line``, ``path record N``, ``path row N``)."""
+    match = _WHERE.match(where)
+    return Path(match.group(1) if match else where).parent
+
+
+def _placed(fields: dict, fmt: str, image_text: str, where: str) -> tuple[dict, list]:
+    """The record's fields with each image in its place, and the images' references in order."""
+    refs = image_list(fields, where)
+    if fmt == "messages":
+        messages, refs = place_images(fields["messages"], refs, where, "messages")
+        return {**fields, "messages": messages}, refs
+    if fmt == "text":
+        return {**fields, "text": place_in_text(fields["text"], refs, image_text, where, "text")}, refs
+    prompt = fields["prompt"]
+    if isinstance(prompt, list):
+        prompt, refs = place_images(prompt, refs, where, "prompt")
+    else:
+        prompt = place_in_text(prompt, refs, image_text, where, "prompt")
+    return {**fields, "prompt": prompt}, refs
+
+
+class Widened:
+    """The processor's tokens of a text and its images (each image's placeholder widened)."""
+
+    def __init__(self, processor, add_special: bool):
+        self.processor, self.add_special = processor, add_special
+        self.placeholder = image_token_text(processor)
+
+    def __call__(self, text: str, images: list) -> dict:
+        shown = images[: text.count(self.placeholder)]  # the images whose placeholders this text holds
+        return self.processor(
+            text=[text], images=[shown] if shown else None, add_special_tokens=self.add_special, return_tensors="pt"
+        )
+
+    def position(self, full_ids: list[int], text: str, images: list, where: str) -> int:
+        """How many of the whole example's tokens the text before a span's end makes."""
+        ids = self(text, images)["input_ids"][0].tolist()
+        if full_ids[: len(ids)] != ids:
+            raise DataError(
+                f"{where}: the processor's tokens of the text before a trained span are not the start of the whole "
+                "example's tokens, so the span cannot be located; use chat messages, or a prompt that ends at a "
+                "word boundary"
+            )
+        return len(ids)
+
+
+def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, report, max_pixels) -> Example:
+    """One record as an Example whose ``vision`` holds its pixel tensors (None without images)."""
+    widened = Widened(processor, add_special=True)
+    fields, refs = _placed(fields, fmt, widened.placeholder, where)
+    text, spans, add_special = render(fields, fmt, tokenizer, train_on_prompt, where, report)
+    widened.add_special = add_special
+    if text.count(widened.placeholder) != len(refs):
+        raise DataError(
+            f"{where}: the chat template renders {text.count(widened.placeholder)} image placeholder(s) "
+            f"({widened.placeholder}) for {len(refs)} image(s): does it render image content parts?"
+        )
+    images = load_images(refs, _folder_of(where), where, max_pixels)
+    encoded = widened(text, images)
+    ids = encoded["input_ids"][0].tolist()
+    mask = [0] * len(ids)
+    for start, end in spans:
+        first = widened.position(ids, text[:start], images, where)
+        last = len(ids) if end >= len(text) else widened.position(ids, text[:end], images, where)
+        mask[first:last] = [1] * (last - first)
+    plain = set(tokenizer(text, add_special_tokens=add_special)["input_ids"])
+    placeholder = tokenizer.convert_tokens_to_ids(widened.placeholder)
+    image_ids = {t for t in ids if t not in plain} | {placeholder}  # what the processor added for the images
+    mask = [0 if t in image_ids else m for t, m in zip(ids, mask)]
+    mask[0] = 0  # nothing predicts the first token
+    vision = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
+    report.images += len(images)
+    report.image_tokens += sum(t in image_ids for t in ids)
+    return Example(ids, mask, where, vision=vision or None)
+
+
+def tokenize_multimodal(
+    records: list[Record],
+    tokenizer,
+    processor,
+    max_length: int,
+    train_on_prompt: bool = False,
+    strict: bool = False,
+    path: str = "data",
+    max_pixels: int = 16_777_216,
+) -> tuple[list[Example], DataReport]:
+    """tokenize_records for a vision-language model: the same formats, drops and report, with images."""
+    report = DataReport(path=str(path), records=len(records))
+    if not records:
+        raise DataError(f"{path}: no records")
+    fmt = detect_format(records[0].fields, records[0].where)
+    report.format = fmt
+    report.unused = sorted(set(records[0].fields) - {"messages", "prompt", "completion", "text", "tools", IMAGES})
+    examples = []
+    for rec in progress(records, len(records), f"tokenising {path} with its images", min_items=500):
+        if detect_format(rec.fields, rec.where) != fmt:
+            raise DataError(f"{rec.where}: record is {detect_format(rec.fields, rec.where)}, earlier ones {fmt}")
+        try:
+            example = encode_example(
+                rec.fields, fmt, tokenizer, processor, train_on_prompt, rec.where, report, max_pixels
+            )
+            if not any(example.loss_mask):
+                raise _Drop("with no trained token")
+            if len(example.input_ids) > max_length:
+                raise _Drop(f"longer than max_length={max_length} tokens")
+        except _Drop as drop:
+            if strict:
+                raise DataError(f"{rec.where}: example {drop.args[0]} (--strict)") from None
+            report.dropped[str(drop.args[0])] += 1
+            continue
+        examples.append(example)
+        report.examples_with_images += example.vision is not None
+        report.tokens += len(example.input_ids)
+        report.trained_tokens += sum(example.loss_mask)
+    report.examples = len(examples)
+    if not examples:
+        raise DataError(f"{path}: every record was dropped ({report.summary()})")
+    return examples, report
+
+
+def refuse_images(records: list[Record], model_path: str) -> None:
+    """Records with images for a model that cannot see them: an error naming the first, never a silent drop."""
+    first = next((r for r in records if has_images(r.fields)), None)
+    if first is not None:
+        raise DataError(
+            f"{first.where}: the record has images, and {model_path} is not a vision-language model (its config.json "
+            "has no vision_config); drop the images or train a vision-language model"
+        )

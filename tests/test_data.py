@@ -350,9 +350,12 @@ def test_csv_hub_layout_folders_sharegpt_and_content_parts_are_read(tmp_path, to
         ],
     )
     assert read_records(parts)[0].fields["messages"][0] == {"role": "user", "content": "Hi there"}
+    # image parts are kept, for a vision-language model (tests/test_multimodal.py); other parts are refused
     image = write_jsonl(tmp_path / "image.jsonl", [{"messages": [{"role": "user", "content": [{"type": "image"}]}]}])
-    with pytest.raises(DataError, match=r"image.jsonl:1: messages\[0\].content has a 'image' part"):
-        read_records(image)
+    assert read_records(image)[0].fields["messages"][0]["content"] == [{"type": "image"}]
+    audio = write_jsonl(tmp_path / "audio.jsonl", [{"messages": [{"role": "user", "content": [{"type": "audio"}]}]}])
+    with pytest.raises(DataError, match=r"audio.jsonl:1: messages\[0\].content has a 'audio' part; tether reads text"):
+        read_records(audio)
 
 
 def test_columns_the_format_does_not_read_are_named(tmp_path, tokenizer):

@@ -97,7 +97,7 @@ def check_prompts(cfg: CheckCommand, tokenizer, first: dict) -> None:
 
 def check_demonstrations(cfg: CheckCommand, tokenizer, records) -> None:
     from tether.console import console
-    from tether.data.multimodal import refuse_images, tokenize_multimodal
+    from tether.data.multimodal import refuse_images, text_only, tokenize_multimodal
     from tether.data.sft import tokenize_records
     from tether.models.vision import is_vision_language, load_processor
 
@@ -115,7 +115,7 @@ def check_demonstrations(cfg: CheckCommand, tokenizer, records) -> None:
             data.max_image_pixels,
         )
     else:
-        refuse_images(records, cfg.model.path)
+        refuse_images(records, text_only(cfg.model.path))
         examples, report = tokenize_records(
             records, tokenizer, data.max_length, data.train_on_prompt, data.strict, path
         )

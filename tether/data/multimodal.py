@@ -144,11 +144,19 @@ def tokenize_multimodal(
     return examples, report
 
 
-def refuse_images(records: list[Record], model_path: str) -> None:
-    """Records with images for a model that cannot see them: an error naming the first, never a silent drop."""
+def refuse_images(records: list[Record], reason: str) -> None:
+    """Records with images where they cannot be read (``reason`` says why): an error naming the first, never a
+    silent drop of its images."""
     first = next((r for r in records if has_images(r.fields)), None)
     if first is not None:
-        raise DataError(
-            f"{first.where}: the record has images, and {model_path} is not a vision-language model (its config.json "
-            "has no vision_config); drop the images or train a vision-language model"
-        )
+        raise DataError(f"{first.where}: the record has images, and {reason}; drop the images (docs/data.md 'Images')")
+
+
+def text_only(model_path: str) -> str:
+    """refuse_images' reason for a model that cannot see images."""
+    return f"{model_path} is not a vision-language model (its config.json has no vision_config)"
+
+
+def not_built(stage: str = "") -> str:
+    """refuse_images' reason for a stage that does not read images yet."""
+    return f"{f'tether {stage}' if stage else 'this stage'} does not read images yet (tether sft does)"

@@ -705,6 +705,10 @@ def prompt_rows(path: str | Path, columns: str | dict | None = None) -> list[dic
                 f"{rec.where}: 'prompt' must be a non-empty string or a non-empty list of chat messages"
                 + ("" if "prompt" in rec.fields else f" (the row has {sorted(rec.fields)})")
             )
+        if rec.fields.get("images"):
+            raise DataError(
+                f"{rec.where}: an 'images' column: the online stages do not read images yet (tether sft does)"
+            )
         if set(rec.fields) != columns:
             missing, extra = sorted(columns - set(rec.fields)), sorted(set(rec.fields) - columns)
             raise DataError(

@@ -15,7 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tether.config import ConfigError
 from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
-from tether.models.vision import VISION_TOWER, freeze_vision_tower, is_vision_language
+from tether.models.vision import VISION_TOWER_MODULES, freeze_vision_tower, is_vision_language
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ def load_trainable_model(model_cfg, tokenizer, checkpoint: Path | None):
         else:
             frozen_vision = is_vision_language(model_cfg.path) and not model_cfg.train_vision
             lora = (model_cfg.lora_r, model_cfg.lora_alpha, model_cfg.lora_dropout, list(model_cfg.lora_target_modules))
-            model = apply_lora(model, *lora, exclude=VISION_TOWER.pattern if frozen_vision else None)
+            model = apply_lora(model, *lora, exclude=VISION_TOWER_MODULES if frozen_vision else None)
     else:
         model = load_model(checkpoint or model_cfg.path, tokenizer, model_cfg.dtype, model_cfg.trust_remote_code)
         if is_vision_language(model_cfg.path) and not model_cfg.train_vision:

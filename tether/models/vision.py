@@ -22,6 +22,7 @@ from tether.config import ConfigError
 # Qwen2-VL ``visual``. The projector that maps its features into the language model (multi_modal_projector,
 # connector, merger) is not part of it: it is trained whenever the language model is.
 VISION_TOWER = re.compile(r"(^|\.)(vision_tower|vision_model|visual|vision_encoder)(\.|$)")
+VISION_TOWER_MODULES = r"(.*\.)?(vision_tower|vision_model|visual|vision_encoder)(\..*)?"  # peft's full match
 
 
 def is_vision_language(path: str | Path) -> bool:
@@ -209,6 +210,9 @@ def build_tiny_vlm(
     config = AutoConfig.for_model(family, text_config={**text, **ids}, **vision_side, **ids)
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config)
+    if family == "gemma3":  # its projection starts at zero, which would map every image to the same soft tokens
+        weight = model.model.multi_modal_projector.mm_input_projection_weight
+        torch.nn.init.normal_(weight, std=hidden**-0.5)
     model.save_pretrained(str(out_dir))
     processor.save_pretrained(str(out_dir))
     return out_dir

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
+from tether.data.multimodal import not_built, refuse_images
 from tether.data.records import read_records, tokenize_split
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
@@ -58,6 +59,7 @@ def load_examples(cfg: DPOConfig, tokenizer):
     tokenizer_of = tokenize_unpaired if cfg.dpo.loss == "kto" else tokenize_policy_preferences
 
     def tokenize(recs, label):
+        refuse_images(recs, not_built("dpo"))
         return tokenizer_of(recs, tokenizer, limit, d.strict, label)
 
     if d.path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from tether.config import ConfigError
-from tether.data.multimodal import refuse_images, tokenize_multimodal
+from tether.data.multimodal import refuse_images, text_only, tokenize_multimodal
 from tether.data.sft import collate, pack_examples, tokenize_records
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
@@ -35,10 +35,10 @@ def load_sft_data(cfg: SFTConfig, tokenizer, processor=None):
             return tokenize_multimodal(
                 recs, tokenizer, processor, limit, data.train_on_prompt, data.strict, label, data.max_image_pixels
             )
-        refuse_images(recs, cfg.model.path)
+        refuse_images(recs, text_only(cfg.model.path))
         return tokenize_records(recs, tokenizer, limit, data.train_on_prompt, data.strict, label)
 
-    _, _, train, evals, reports = read_split(cfg, tokenize)
+    _, _, train, evals, reports = read_split(cfg, tokenize, images_read=True)
     if data.packing:
         limit = length_limit(data.max_length, cfg.model.path)
         train = pack_examples(train, limit)

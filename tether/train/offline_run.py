@@ -22,13 +22,18 @@ from tether.train.schedule import build_optimizer
 from tether.train.sharding import is_sharded, shard_model
 
 
-def read_split(cfg, tokenize: Callable, group: Callable | None = None):
+def read_split(cfg, tokenize: Callable, group: Callable | None = None, images_read: bool = False):
     """An offline stage's data: the records of ``cfg.data.path`` (at most max_records) and of --eval-data, or a
     seeded eval_fraction held out (tokenize_split), each side tokenised by ``tokenize(records, label, limit)``
-    with the run's length limit (--max-length, or the model's own). Returns tokenize_split's five."""
+    with the run's length limit (--max-length, or the model's own). Records with images are refused by name unless
+    ``images_read`` (the stage's tokenize reads them). Returns tokenize_split's five."""
+    from tether.data.multimodal import not_built, refuse_images
+
     d = cfg.data
     records = read_records(d.path, d.columns, d.split, d.max_records)
     eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
+    if not images_read:
+        refuse_images(records + (eval_records or []), not_built())
     limit = length_limit(d.max_length, cfg.model.path)
     return tokenize_split(
         records,

@@ -278,7 +278,7 @@ def test_the_stages_that_do_not_read_images_yet_refuse_them_by_name(llama_dir, t
     rules.write_text("def one(completions, **kw):\n    return [1.0] * len(completions)\n")
     for stage, args, message in [
         ("rm", ["--data", pairs], r"pairs\.jsonl:1: the record has images, and this stage does not read images yet"),
-        ("dpo", ["--data", pairs], r"pairs\.jsonl:1: the record has images, and tether dpo does not read images yet"),
+        ("dpo", ["--data", pairs], r"pairs\.jsonl:1: the record has images, and .* is not a vision-language model"),
         (
             "grpo",
             ["--prompts", prompts, "--reward", f"{rules}:one"],
@@ -289,6 +289,87 @@ def test_the_stages_that_do_not_read_images_yet_refuse_them_by_name(llama_dir, t
         assert main([stage, "--model", str(llama_dir), *map(str, args), "--output", str(out)]) == 2
         assert re.search(message, capsys.readouterr().err), stage
         assert not out.exists()
+
+
+def colour_pairs(folder, n: int) -> list[dict]:
+    """Multimodal preference pairs as docs/data.md builds them: one image, the right colour chosen, a wrong one
+    rejected."""
+    names = list(COLOURS)
+    rows = []
+    for row in colour_rows(folder, n):
+        right = row["messages"][1]["content"][0]["text"].split()[-1].rstrip(".")
+        wrong = names[(names.index(right) + 1) % 3]
+        rows.append(
+            {
+                "prompt": row["messages"][:1],
+                "chosen": [{"role": "assistant", "content": f"It is {right}."}],
+                "rejected": [{"role": "assistant", "content": f"It is {wrong}."}],
+                "images": row["images"],
+            }
+        )
+    return rows
+
+
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_dpo_on_each_family_starts_at_log_2_and_trains_on_its_images(vlm_dirs, tmp_path, family):
+    import math
+
+    from tether.config import build_config
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+
+    rows = colour_pairs(tmp_path, 24)
+    overrides = {
+        "model.path": str(vlm_dirs[family]),
+        "data.path": str(write_jsonl(tmp_path / "pairs.jsonl", rows[:16])),
+        "data.eval_path": str(write_jsonl(tmp_path / "eval.jsonl", rows[16:])),
+        "train.output": str(tmp_path / "dpo"),
+        "train.max_steps": 2,
+        "train.batch_size": 4,
+        "train.micro_batch_size": 2,
+        "train.eval_every": 2,
+        "train.report_to": ["none"],
+        "optim.lr": 3e-3,
+    }
+    summary = run_dpo(build_config(DPOConfig, overrides=overrides))
+    assert summary["steps"] == 2 and "16 images" in summary["data"][0]
+    first, *_, last = read_metrics(tmp_path / "dpo")
+    # step 0: the policy is the reference, so every reward is 0 and the loss log 2. The two are scored in differently
+    # padded batches: their float32 sums of ~50 nats may differ by a few ulps (4e-6 each), β = 0.1 scales that into
+    # the margin, and the loss moves by half the margin: far below 1e-5.
+    assert first["eval0/loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert abs(first["eval0/rewards/margins"]) < 1e-5
+    assert last["eval/loss"] != first["eval0/loss"]
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    AutoModelForImageTextToText.from_pretrained(tmp_path / "dpo" / "final")
+    assert hasattr(AutoProcessor.from_pretrained(tmp_path / "dpo" / "final"), "image_processor")
+
+
+def test_a_pairs_reference_key_changes_with_its_image_and_the_unbuilt_paths_say_so(vlm_dirs, tmp_path):
+    from tether.config import ConfigError, build_config
+    from tether.data.dpo import data_fingerprint, tokenize_policy_preferences
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+
+    model = vlm_dirs["llava"]
+    tokenizer, processor = processor_of(model)
+    rows = colour_pairs(tmp_path, 1)
+    other = {**rows[0], "images": ["img/blue.png"]}  # the same texts, another image
+    keys = []
+    for row in (rows[0], other):
+        records = read_records(write_jsonl(tmp_path / "p.jsonl", [row]))
+        examples, _ = tokenize_policy_preferences(records, tokenizer, 512, processor=processor)
+        keys.append(data_fingerprint(examples))
+    assert keys[0] != keys[1]  # cached reference log-probs are never reused across images
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", colour_pairs(tmp_path, 8))
+    base = {"model.path": str(model), "data.path": str(pairs), "train.report_to": ["none"]}
+    with pytest.raises(DataError, match=r"pairs\.jsonl:1: the record has images, and tether dpo --loss kto does not"):
+        run_dpo(build_config(DPOConfig, overrides={**base, "dpo.loss": "kto", "train.output": str(tmp_path / "k")}))
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Colour: "}] * 4)
+    online = {**base, "online.online": True, "rollout.prompts": str(prompts), "train.output": str(tmp_path / "o")}
+    with pytest.raises(ConfigError, match="online DPO with a vision-language model is not built yet"):
+        run_dpo(build_config(DPOConfig, overrides={**online, "rewards.reward": [f"{tmp_path}/r.py:f"]}))
 
 
 def test_the_vision_tower_is_frozen_unless_asked_and_lora_adapts_the_language_model_only(

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from tether.console import progress
+from tether.data.images import collate_vision, image_list
+from tether.data.multimodal import encode_example
 from tether.data.preferences import (
     PreferenceReport,
     ordered_responses,
@@ -45,7 +47,22 @@ class PolicyPreference:
     desirable: bool | None = None  # unpaired (KTO) examples: the completion's label; responses[1] is the mismatched one
 
 
-def _response_example(tokenizer, prompt, response, where: str, field_name: str, max_length: int) -> Example:
+@dataclass
+class Images:
+    """A vision-language model's side of a record: its processor, the record's images, the pixel limit, and the
+    counts the report adds up."""
+
+    processor: object
+    refs: list
+    max_pixels: int
+    counts: DataReport
+
+
+def _response_example(
+    tokenizer, prompt, response, where: str, field_name: str, max_length: int, images: Images | None = None
+) -> Example:
+    """One response with its prompt, masked on the response; with ``images``, the prompt shows the record's images
+    and the processor widens them (data/multimodal.py), so every response of a record carries the same pixels."""
     if isinstance(response, str) and not response.strip() or isinstance(response, list) and not response:
         raise DataError(f"{where}: field {field_name!r} is empty")
     fields = {
@@ -55,20 +72,28 @@ def _response_example(tokenizer, prompt, response, where: str, field_name: str, 
     if isinstance(response, list) and not fields["prompt"]:
         raise DataError(f"{where}: field 'prompt' is missing; chat responses need the prompt messages")
     try:
-        text, spans, add_special = render(fields, "prompt/completion", tokenizer, False, where, DataReport(path=where))
+        if images is not None:
+            fields["images"] = images.refs
+            example = encode_example(
+                fields, "prompt/completion", tokenizer, images.processor, False, where, images.counts, images.max_pixels
+            )
+            ids, mask = example.input_ids, example.loss_mask
+        else:
+            text, spans, add_special = render(fields, "prompt/completion", tokenizer, False, where, DataReport(where))
     except DataError as err:  # name the response field, not SFT's 'completion'
         raise DataError(
             str(err).replace("'completion'", repr(field_name)).replace("completion[", f"{field_name}[")
         ) from None
-    enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    mask = [int(any(s < e_span and e > s_span for s_span, e_span in spans)) for s, e in offsets]
-    mask[0] = 0
+    if images is None:
+        enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        mask = [int(any(s < e_span and e > s_span for s_span, e_span in spans)) for s, e in offsets]
+        mask[0] = 0
     if not any(mask):
         raise _Drop("with an empty response")
     if len(ids) > max_length:
         raise _Drop(f"longer than max_length={max_length} tokens")
-    return Example(ids, mask, where)
+    return Example(ids, mask, where, vision=example.vision if images is not None else None)
 
 
 KTO_FORMATS = (
@@ -157,12 +182,19 @@ def _check_fast(tokenizer) -> None:
 
 
 def tokenize_policy_preferences(
-    records: list[Record], tokenizer, max_length: int, strict: bool = False, path: str = "data"
+    records: list[Record],
+    tokenizer,
+    max_length: int,
+    strict: bool = False,
+    path: str = "data",
+    processor=None,
+    max_pixels: int = 16_777_216,
 ) -> tuple[list[PolicyPreference], PreferenceReport]:
-    """Pairs (prompt/chosen/rejected) or ranked lists (prompt/responses/ranking) -> PolicyPreference list."""
+    """Pairs (prompt/chosen/rejected) or ranked lists (prompt/responses/ranking) -> PolicyPreference list; with a
+    vision-language model's ``processor``, each record's images shown in its prompt (docs/data.md "Images")."""
     _check_fast(tokenizer)
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
-    report.unused = unused_columns(records, report.format)
+    report.unused = unused_columns(records, report.format, ("images",) if processor is not None else ())
     if report.format == "unpaired":
         raise DataError(
             f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO); "
@@ -175,9 +207,16 @@ def tokenize_policy_preferences(
         try:
             ordered = ordered_responses(f, report.format, where)  # a pair whose answers are equal is a _Drop
             report.count_plain(tokenizer, f.get("prompt"), [value for _, value in ordered])
+            images = None
+            if processor is not None:
+                images = Images(processor, image_list(f, where), max_pixels, DataReport(path=where))
             responses = [
-                _response_example(tokenizer, f.get("prompt"), value, where, name, max_length) for name, value in ordered
+                _response_example(tokenizer, f.get("prompt"), value, where, name, max_length, images)
+                for name, value in ordered
             ]
+            if images is not None:  # each response widened the same images: count them once
+                report.images += len(images.refs)
+                report.image_tokens += images.counts.image_tokens // len(responses)
         except _Drop as drop:
             if strict:
                 raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
@@ -198,6 +237,8 @@ def data_fingerprint(examples: list[PolicyPreference]) -> str:
         for r in ex.responses:
             digest.update(torch.tensor(r.input_ids, dtype=torch.int64).numpy().tobytes())
             digest.update(bytes(r.loss_mask))
+            for key in sorted(r.vision or {}):  # a vision model's reference log-probs depend on the pixels too
+                digest.update(key.encode() + r.vision[key].contiguous().view(-1).to(torch.float64).numpy().tobytes())
             digest.update(b";")
     return digest.hexdigest()
 
@@ -212,7 +253,8 @@ def collate_policy_preferences(
     in the filler sequences); ``reference_logps`` (B, K) when known."""
     k = max(len(e.responses) for e in examples)
     rows = [e.responses[min(j, len(e.responses) - 1)] for j in range(k) for e in examples]
-    if padding_free:
+    vision = any(r.vision for r in rows)  # padded rows: each row's image features fill its own image tokens
+    if padding_free and not vision:
         b = len(examples)
         batch = pack_sequences(
             [r.input_ids for r in rows],
@@ -223,6 +265,8 @@ def collate_policy_preferences(
         del batch["last_index"]
     else:
         batch = pad_sequences([r.input_ids for r in rows], pad_id, [r.loss_mask for r in rows])
+    if vision:  # response-major like the rows: every block shows the same images (group_rows takes one block's)
+        batch.update(collate_vision(rows, batch["input_ids"].shape[1]))
     list_mask = torch.tensor([[j < len(e.responses) for j in range(k)] for e in examples], dtype=torch.bool)
     batch["list_mask"] = list_mask
     if examples[0].desirable is not None:

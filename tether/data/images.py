@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from tether.errors import DataError
+from tether.models.vision import PER_TOKEN
 
 IMAGES = "images"
-PER_TOKEN = ("token_type_ids", "mm_token_type_ids")  # processor outputs laid out like input_ids (Gemma 3's)
 PLACEHOLDER = "<image>"  # LLaMA-Factory's placeholder in text
 # How the base64 text of a PNG, JPEG, GIF and WebP file starts (their magic numbers, encoded): any other string
 # is a path

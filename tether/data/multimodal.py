@@ -14,11 +14,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tether.config import ConfigError
 from tether.console import progress
 from tether.data.images import IMAGES, has_images, image_list, load_images, place_images, place_in_text
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, detect_format, render
-from tether.models.vision import image_token_text
+from tether.models.vision import VISION_INPUTS, image_token_text
 
 _WHERE = re.compile(r"^(.*?)(:\d+| record \d+| row \d+)$")
 
@@ -95,6 +96,12 @@ def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, re
     mask = [0 if t in image_ids else m for t, m in zip(ids, mask)]
     mask[0] = 0  # nothing predicts the first token
     vision = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
+    unknown = sorted(set(vision) - set(VISION_INPUTS))
+    if unknown:  # passing on only what tether names: an input it does not know would be lost without a word
+        raise ConfigError(
+            f"{type(processor).__name__} returns {unknown}, which tether does not pass to the model yet "
+            f"(it passes {', '.join(VISION_INPUTS)})"
+        )
     report.images += len(images)
     report.image_tokens += sum(t in image_ids for t in ids)
     return Example(ids, mask, where, vision=vision or None)

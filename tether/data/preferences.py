@@ -45,6 +45,8 @@ class PreferenceReport:
     dropped: Counter = field(default_factory=Counter)
     unused: list = field(default_factory=list)  # columns of the file nothing reads, with a hint where one applies
     plain_text: int = 0  # records of plain strings rendered without the tokenizer's chat template (it has one)
+    images: int = 0  # a vision-language model's: the records' images, and the tokens they were widened into
+    image_tokens: int = 0
 
     def count_plain(self, tokenizer, prompt, responses) -> None:
         """Count a record whose prompt and responses are plain strings while the tokenizer has a chat template:
@@ -59,6 +61,8 @@ class PreferenceReport:
                 f"; {self.plain_text} of plain strings, rendered as prompt + response + EOS without the "
                 "tokenizer's chat template (chat messages, or instruction/output rows, are rendered with it)"
             )
+        if self.images:
+            text += f"; {self.images} images, {self.image_tokens} image tokens in each response's prompt"
         if self.unused:
             text += f"; columns not used: {', '.join(self.unused)}"
         if self.dropped:

@@ -23,6 +23,7 @@ import torch
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.reductions import segment_sum
+from tether.models.vision import PER_TOKEN, VISION_INPUTS
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -153,8 +154,9 @@ def describe(padding_free: bool) -> str:
 
 
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
-    """The keyword arguments a causal LM's forward takes from a padded or a packed batch."""
-    return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    """The keyword arguments a causal LM's forward takes from a padded or a packed batch (a vision-language model's:
+    its pixel tensors too)."""
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", *VISION_INPUTS) if k in batch}
 
 
 def score_inputs(batch: dict) -> dict[str, torch.Tensor]:
@@ -166,7 +168,15 @@ def group_rows(batch: dict, group: int, per_group: int) -> dict[str, torch.Tenso
     """The rows of one group (response block) of a padded or packed batch, its sequences renumbered from 0."""
     if "sequence_index" not in batch:
         rows = slice(group * per_group, (group + 1) * per_group)
-        return {k: batch[k][rows] for k in ("input_ids", "attention_mask", "loss_mask")}
+        out = {k: batch[k][rows] for k in ("input_ids", "attention_mask", "loss_mask", *PER_TOKEN) if k in batch}
+        groups = batch["input_ids"].shape[0] // per_group
+        for key in (k for k in VISION_INPUTS if k in batch and k not in PER_TOKEN):
+            # every group shows the same images (each response of an example shows the example's): one group's share
+            share, left = divmod(batch[key].shape[0], groups)
+            if left:
+                raise RuntimeError(f"{key}: {batch[key].shape[0]} rows do not split into {groups} equal groups")
+            out[key] = batch[key][:share]
+        return out
     lo, hi = int(batch["group_rows"][group]), int(batch["group_rows"][group + 1])
     index = batch["sequence_index"][lo:hi] - group * per_group
     index = torch.where((index >= 0) & (index < per_group), index, torch.full_like(index, per_group))

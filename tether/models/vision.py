@@ -25,6 +25,19 @@ VISION_TOWER = re.compile(r"(^|\.)(vision_tower|vision_model|visual|vision_encod
 VISION_TOWER_MODULES = r"(.*\.)?(vision_tower|vision_model|visual|vision_encoder)(\..*)?"  # peft's full match
 
 
+# The processor outputs a vision-language model's forward takes beside input_ids and attention_mask (pixel tensors,
+# image grids and sizes, Gemma 3's per-token image markers); an output not named here is an error, never dropped.
+VISION_INPUTS = (
+    "pixel_values",
+    "pixel_attention_mask",
+    "image_grid_thw",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+)
+PER_TOKEN = ("token_type_ids", "mm_token_type_ids")  # laid out like input_ids: padded and sliced by row
+
+
 def is_vision_language(path: str | Path) -> bool:
     """Whether the model folder holds a vision-language model: its config has a vision tower's config."""
     config = Path(path) / "config.json"

@@ -64,7 +64,8 @@ def _run_offline(cfg: DPOConfig, evaluate_fn) -> dict:
             history.append({"step": 0, **baseline})
             logger.log({"step": 0, **{k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()}})
 
-    run = OfflineRun("dpo", cfg, opened, s.total_steps, (s.model, s.optimizer, s.scheduler), s.tokenizer, t_start)
+    saved = s.processor or s.tokenizer  # a vision model's processor is saved beside its weights
+    run = OfflineRun("dpo", cfg, opened, s.total_steps, (s.model, s.optimizer, s.scheduler), saved, t_start)
     return run_offline(
         run,
         {**dpo_plan(cfg, s), "start step": start_step},

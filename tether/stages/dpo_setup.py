@@ -10,11 +10,12 @@ from pathlib import Path
 
 from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
-from tether.data.multimodal import not_built, refuse_images
+from tether.data.multimodal import not_built, refuse_images, text_only
 from tether.data.records import read_records, tokenize_split
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.models.packing import describe
+from tether.models.vision import is_vision_language, load_processor
 from tether.rollout.backends import BACKENDS
 from tether.stages.dpo_config import DPOConfig
 from tether.stages.dpo_objective import DPOObjective
@@ -49,18 +50,23 @@ class DPOSetup:
     total_steps: int
     state: dict
     sampling_copy: object = None  # online --fsdp: an ordinary copy of the sharded policy, which samples the pairs
+    processor: object = None  # a vision-language model's: saved with the weights in checkpoints and final/
 
 
-def load_examples(cfg: DPOConfig, tokenizer):
-    """Training and held-out examples; online runs may have held-out pairs only (--eval-data without --data)."""
+def load_examples(cfg: DPOConfig, tokenizer, processor=None):
+    """Training and held-out examples; online runs may have held-out pairs only (--eval-data without --data). With a
+    vision-language model's ``processor``, pairs and ranked lists show each record's images in the prompt."""
     d = cfg.data
     eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
     limit = length_limit(d.max_length, cfg.model.path)
-    tokenizer_of = tokenize_unpaired if cfg.dpo.loss == "kto" else tokenize_policy_preferences
 
     def tokenize(recs, label):
-        refuse_images(recs, not_built("dpo"))
-        return tokenizer_of(recs, tokenizer, limit, d.strict, label)
+        if cfg.dpo.loss == "kto":  # an unpaired row is compared with another row's answer: not built with images
+            refuse_images(recs, not_built("dpo --loss kto"))
+            return tokenize_unpaired(recs, tokenizer, limit, d.strict, label)
+        if processor is None:
+            refuse_images(recs, text_only(cfg.model.path))
+        return tokenize_policy_preferences(recs, tokenizer, limit, d.strict, label, processor, d.max_image_pixels)
 
     if d.path:
         _, _, train, evals, reports = tokenize_split(
@@ -86,15 +92,25 @@ def load_examples(cfg: DPOConfig, tokenizer):
 
 
 def load_dpo_data(cfg: DPOConfig):
-    """(tokenizer, train, held-out, reports), read and checked before the run folder is touched."""
+    """(tokenizer, train, held-out, reports, a vision-language model's processor or None), read and checked before
+    the run folder is touched."""
     tokenizer = load_stage_tokenizer(cfg.model)
-    train, evals, reports = load_examples(cfg, tokenizer) if (cfg.data.path or cfg.data.eval_path) else ([], [], [])
-    return tokenizer, train, evals, reports
+    processor = None
+    if is_vision_language(cfg.model.path):
+        if cfg.online.online:
+            raise ConfigError(
+                "online DPO with a vision-language model is not built yet: its rollouts would need the images in "
+                "sampling (offline DPO and SFT read them; docs/data.md 'Images')"
+            )
+        processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
+    has_data = cfg.data.path or cfg.data.eval_path
+    train, evals, reports = load_examples(cfg, tokenizer, processor) if has_data else ([], [], [])
+    return tokenizer, train, evals, reports, processor
 
 
 def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, checkpoint: Path | None) -> DPOSetup:
     out = Path(cfg.train.output)
-    tokenizer, train, evals, reports = data
+    tokenizer, train, evals, reports, processor = data
     if cfg.online.online:
         total_steps = cfg.total_steps_online
         cfg.train.grad_accum(accelerator.num_processes)
@@ -102,7 +118,7 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
     else:
         total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint).to(accelerator.device)
-    if cfg.model.padding_free:
+    if cfg.model.padding_free and processor is None:  # a vision model's rows stay padded (data/dpo.py)
         check_position_restarts(model, cfg.model.path)
     state = json.loads((checkpoint / "trainer_state.json").read_text()) if checkpoint else {}
     objective = DPOObjective(cfg.dpo, state.get("beta_dpo"))
@@ -154,6 +170,7 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
         total_steps,
         state,
         sampling_copy,
+        processor,
     )
 
 
@@ -191,7 +208,9 @@ def dpo_plan(cfg: DPOConfig, s: DPOSetup) -> dict:
         "reference log-probs": s.reference_source,
         "batch per optimizer step": cfg.train.batch_size,
         "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(s.accelerator.num_processes),
-        "micro-batch rows": describe(cfg.model.padding_free),
+        "micro-batch rows": describe(cfg.model.padding_free)
+        if s.processor is None
+        else "padded rows, one response each (a vision-language model's image features fill its own image tokens)",
         "optimizer steps": s.total_steps,
         "model": parameter_summary(s.model)
         + (f", sharded over {s.accelerator.num_processes} processes (FSDP2)" if is_sharded(s.model) else ""),

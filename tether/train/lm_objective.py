@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
+from tether.models.packing import model_inputs
 
 
 class SFTObjective:
@@ -17,7 +18,6 @@ class SFTObjective:
         return int(batch["loss_mask"][:, 1:].sum())
 
     def loss_sum(self, model, batch: dict):
-        inputs = {k: v for k, v in batch.items() if k != "loss_mask"}  # a vision model's pixel tensors too
-        logits = model(**inputs, use_cache=False).logits  # (B, T, V)
+        logits = model(**model_inputs(batch), use_cache=False).logits  # (B, T, V)
         logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (B, T-1): position t predicts t+1
         return sft_nll_sum(logprobs, batch["loss_mask"][:, 1:]), {}

@@ -18,7 +18,7 @@ from tether.config import ConfigError
 from tether.console import progress
 from tether.data.images import IMAGES, has_images, image_list, load_images, place_images, place_in_text
 from tether.data.records import DataError, Record
-from tether.data.sft import DataReport, Example, _Drop, detect_format, render
+from tether.data.sft import DataReport, Example, _Drop, check_kept, detect_format, render
 from tether.models.vision import VISION_INPUTS, image_token_text
 
 _WHERE = re.compile(r"^(.*?)(:\d+| record \d+| row \d+)$")
@@ -132,14 +132,9 @@ def tokenize_multimodal(
             example = encode_example(
                 rec.fields, fmt, tokenizer, processor, train_on_prompt, rec.where, report, max_pixels
             )
-            if not any(example.loss_mask):
-                raise _Drop("with no trained token")
-            if len(example.input_ids) > max_length:
-                raise _Drop(f"longer than max_length={max_length} tokens")
+            check_kept(example.input_ids, example.loss_mask, max_length)
         except _Drop as drop:
-            if strict:
-                raise DataError(f"{rec.where}: example {drop.args[0]} (--strict)") from None
-            report.dropped[str(drop.args[0])] += 1
+            report.drop(drop, rec.where, strict)
             continue
         examples.append(example)
         report.examples_with_images += example.vision is not None

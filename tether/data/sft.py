@@ -57,6 +57,12 @@ class DataReport:
     examples_with_images: int = 0
     image_tokens: int = 0  # the tokens the processor widened the images' placeholders into
 
+    def drop(self, drop: Exception, where: str, strict: bool) -> None:
+        """Count a dropped example by its reason, or, with --strict, stop on it naming the record."""
+        if strict:
+            raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
+        self.dropped[str(drop.args[0])] += 1
+
     def summary(self) -> str:
         parts = [
             f"{self.path}: {self.records} records ({self.format}) -> {self.examples} examples, "
@@ -103,6 +109,14 @@ def detect_format(fields: dict, where: str) -> str:
 
 class _Drop(Exception):
     """Internal: this example is dropped (or an error under strict) for the given reason."""
+
+
+def check_kept(ids: list[int], mask: list[int], max_length: int) -> None:
+    """An example is kept when it has a trained token and fits max_length; else a _Drop says why."""
+    if not any(mask):
+        raise _Drop("with no trained token")
+    if len(ids) > max_length:
+        raise _Drop(f"longer than max_length={max_length} tokens")
 
 
 def check_str(value, where: str, name: str) -> str:
@@ -323,14 +337,9 @@ def tokenize_records(
                 mask[0] = (
                     0  # nothing predicts the first token (and in a packed row it must not see the previous example)
                 )
-                if not any(mask):
-                    raise _Drop("with no trained token")
-                if len(ids) > max_length:
-                    raise _Drop(f"longer than max_length={max_length} tokens")
+                check_kept(ids, mask, max_length)
             except _Drop as drop:
-                if strict:
-                    raise DataError(f"{rec.where}: example {drop.args[0]} (--strict)") from None
-                report.dropped[str(drop.args[0])] += 1
+                report.drop(drop, rec.where, strict)
                 continue
             examples.append(Example(ids, mask, rec.where))
             report.tokens += len(ids)

@@ -151,6 +151,17 @@ def test_the_images_reach_the_forward(vlm_dirs, tmp_path, family):
     assert both.item() == pytest.approx(red_loss.item() + blue_loss.item(), rel=1e-5)
 
 
+def test_data_check_counts_the_images_and_writes_each_images_tokens_once(vlm_dirs, colour_files, capsys):
+    from tether.cli import main
+
+    train_path, _ = colour_files
+    assert main(["data", "check", str(train_path), "--model", str(vlm_dirs["llava"])]) == 0
+    seen = capsys.readouterr()
+    out = seen.out + seen.err
+    assert "16 images in 16 examples, 256 image tokens (16 an image, 32% of the tokens)" in out
+    assert "<image>×16What colour is it?" in out and "⟦It is red.<|im_end|>⟧" in out
+
+
 def test_the_shapes_trl_and_llamafactory_write_read_the_same(vlm_dirs, tmp_path):
     """One question about one image written five ways: TRL's images column with image parts, an image inside its
     part (a data: URI), OpenAI's image_url part, LLaMA-Factory's sharegpt file through dataset_info.json with an

@@ -131,9 +131,9 @@ def check_demonstrations(cfg: CheckCommand, tokenizer, records) -> None:
 def print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
     from tether.console import console
 
-    # Brackets mark trained runs so the mask is visible without colour too; a run of one repeated untrained token
-    # (an image's tokens) is written once with its count.
-    out, in_run, i = [], False, 0
+    # Brackets mark trained runs so the mask is visible without colour too; a run of one repeated untrained added
+    # token (an image's placeholder tokens) is written once with its count.
+    added, out, in_run, i = set(tokenizer.get_added_vocab().values()), [], False, 0
     while i < len(input_ids):
         token_id, trained = input_ids[i], loss_mask[i]
         if trained and not in_run:
@@ -142,7 +142,11 @@ def print_mask(tokenizer, input_ids: list[int], loss_mask: list[int]) -> None:
             out.append("⟧")
         in_run = bool(trained)
         run = 1
-        while not trained and i + run < len(input_ids) and (input_ids[i + run], loss_mask[i + run]) == (token_id, 0):
+        while (
+            token_id in added
+            and not trained
+            and (input_ids[i + run : i + run + 1], loss_mask[i + run : i + run + 1]) == ([token_id], [0])
+        ):
             run += 1
         out.append(tokenizer.decode([token_id]) + (f"×{run}" if run > 3 else tokenizer.decode([token_id]) * (run - 1)))
         i += run

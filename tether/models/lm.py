@@ -215,20 +215,20 @@ def load_model(
     return model
 
 
+def lora_config(r: int, alpha: float, dropout: float, target_modules: list[str], task_type: str, **more):
+    """peft's LoraConfig as every tether model takes it (``all-linear`` given alone, as peft names it)."""
+    from peft import LoraConfig
+
+    targets = target_modules[0] if target_modules == ["all-linear"] else list(target_modules)
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, task_type=task_type, **more)
+
+
 def apply_lora(model, r: int, alpha: float, dropout: float, target_modules: list[str], exclude: str | None = None):
     """Wrap ``model`` with trainable LoRA adapters (peft), none in modules matching ``exclude``; the base weights are
     frozen."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    targets = target_modules[0] if target_modules == ["all-linear"] else list(target_modules)
-    cfg = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=targets,
-        exclude_modules=exclude,
-        task_type="CAUSAL_LM",
-    )
+    cfg = lora_config(r, alpha, dropout, target_modules, "CAUSAL_LM", exclude_modules=exclude)
     try:
         return get_peft_model(model, cfg)
     except ValueError as exc:

@@ -23,7 +23,7 @@ from tether.algorithms.logprobs import at_least_float32
 from tether.algorithms.masks import last_action_index
 from tether.config import ConfigError
 from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
-from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft
+from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, lora_config
 from tether.models.packing import pad_sequences
 from tether.models.shards import is_sharded, reshard
 
@@ -167,17 +167,9 @@ def load_trainable_reward_model(model_cfg, tokenizer, heads: list[str], checkpoi
 
 
 def apply_reward_lora(rm: RewardModel, r: int, alpha: float, dropout: float, target_modules: list[str]) -> RewardModel:
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    targets = target_modules[0] if target_modules == ["all-linear"] else list(target_modules)
-    cfg = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=targets,
-        task_type="SEQ_CLS",
-        modules_to_save=["score"],
-    )
+    cfg = lora_config(r, alpha, dropout, target_modules, "SEQ_CLS", modules_to_save=["score"])
     return RewardModel(get_peft_model(rm.model, cfg))
 
 

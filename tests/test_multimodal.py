@@ -269,6 +269,13 @@ def test_a_bad_image_or_placeholder_is_an_error_naming_the_record_and_field(vlm_
             {},
         ),
     ]
+    cases.append(
+        (
+            {**good, "images": ["iVBORw0KGgo!not base64!"]},
+            r"images\[0\]: image text is neither a file path nor base64",
+            {},
+        )
+    )
     for row, message, options in cases:
         with pytest.raises(DataError, match=message):
             encode(model, [row], path, **options)
@@ -276,6 +283,18 @@ def test_a_bad_image_or_placeholder_is_an_error_naming_the_record_and_field(vlm_
     with pytest.raises(DataError, match=r"bad\.jsonl:1: the record has images, and .* is not a vision-language model"):
         run_sft(sft_config(llama_dir, (path, path), tmp_path / "text-only"))
     assert not (tmp_path / "text-only").exists()  # refused before the run folder is written
+
+
+def test_a_vision_model_folder_without_its_processor_is_named(vlm_dirs, tmp_path):
+    import shutil
+
+    from tether.config import ConfigError
+
+    folder = tmp_path / "no-processor"
+    shutil.copytree(vlm_dirs["llava"], folder)
+    (folder / "processor_config.json").unlink()
+    with pytest.raises(ConfigError, match=r"no-processor: a vision-language model needs its processor"):
+        processor_of(folder)
 
 
 def test_the_stages_that_do_not_read_images_yet_refuse_them_by_name(llama_dir, tmp_path, capsys):

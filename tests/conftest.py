@@ -74,6 +74,15 @@ def llama_dir(model_dirs):
     return model_dirs["llama"]
 
 
+@pytest.fixture(scope="session")
+def vlm_dirs(tmp_path_factory, tokenizer):
+    """{family: folder} for tiny random vision-language models (LLaVA, Idefics3, Gemma 3) with their processors."""
+    from tether.models.vision import TINY_VISION_FAMILIES, build_tiny_vlm
+
+    root = tmp_path_factory.mktemp("vlms")
+    return {family: build_tiny_vlm(family, tokenizer, root / family) for family in TINY_VISION_FAMILIES}
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -42,6 +42,13 @@ def test_token_entropy_hand_computed_and_at_the_sampling_temperature():
     torch.testing.assert_close(token_entropy(logits, 0.7, chunk_positions=3), naive)
     with pytest.raises(ValueError, match="temperature"):
         token_entropy(logits, 0.0)
+    # a token never sampled (logit -inf) adds nothing: softmax [1/2, 1/2, 0] has H = ln 2, and its gradient is finite
+    # (the naive p·log p is 0·-inf = nan there): dH/dz = -p (log p + H) = [0, 0, 0] for the two equal logits
+    logits = torch.tensor([[[0.0, 0.0, float("-inf")]]], dtype=torch.float64, requires_grad=True)
+    entropy = token_entropy(logits)
+    assert entropy.item() == pytest.approx(math.log(2), rel=1e-12)
+    entropy.sum().backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
 
 
 def test_log_probs_keep_float64_and_lift_lower_precisions_to_float32():

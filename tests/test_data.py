@@ -251,7 +251,7 @@ def test_packing_gives_the_same_logits_as_separate_examples(arch, model_dirs, to
 
 
 def test_rl_prompt_files_are_checked_row_by_row(tmp_path):
-    from tether.data.records import prompt_rows
+    from tether.data.prompts import prompt_rows
 
     def check(rows, match):
         path = tmp_path / "prompts.jsonl"

@@ -233,7 +233,7 @@ def test_the_migration_tables_in_the_docs_are_the_ones_the_code_generates():
 
 
 def test_an_alpaca_file_gives_ppo_its_prompts_as_llamafactory_does(tmp_path):
-    from tether.data.records import prompt_rows
+    from tether.data.prompts import prompt_rows
 
     path = _json(tmp_path / "alpaca.json", [{"instruction": "Add.", "input": "2 and 3", "output": "5"}])
     assert prompt_rows(path) == [{"prompt": [{"role": "user", "content": "Add.\n2 and 3"}], "completion": "5"}]

@@ -18,7 +18,7 @@ from test_sft import read_metrics, sft_config
 from tether.data.images import PLACEHOLDER
 from tether.data.multimodal import tokenize_multimodal
 from tether.data.records import DataError, read_records
-from tether.models.vision import TINY_VISION_FAMILIES, VISION_TOWER, build_tiny_vlm, load_processor
+from tether.models.vision import TINY_VISION_FAMILIES, VISION_TOWER, load_processor
 from tether.stages.sft import run_sft
 
 COLOURS = {"red": (220, 20, 20), "green": (20, 200, 20), "blue": (20, 20, 220)}
@@ -33,12 +33,6 @@ IMAGE_TOKENS = {
     "idefics3": {"<image>": 5, "<global-img>": 1, "<fake_token_around_image>": 6},
     "gemma3": {"<start_of_image>": 1, "<image_soft_token>": 4, "<end_of_image>": 1},
 }
-
-
-@pytest.fixture(scope="session")
-def vlm_dirs(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("vlms")
-    return {family: build_tiny_vlm(family, tokenizer, root / family) for family in TINY_VISION_FAMILIES}
 
 
 def png(colour: str) -> bytes:
@@ -312,7 +306,7 @@ def test_the_stages_that_do_not_read_images_yet_refuse_them_by_name(llama_dir, t
         (
             "grpo",
             ["--prompts", prompts, "--reward", f"{rules}:one"],
-            r"prompts\.jsonl:1: an 'images' column: the online stages do not read images yet",
+            r"prompts\.jsonl:1: the row has images .*only a vision-language model",
         ),
     ]:
         out = tmp_path / stage

@@ -146,7 +146,7 @@ def test_every_folder_says_what_it_holds_and_the_top_level_stays_small():
 # over 600 lines and no function over 80, anywhere. The files listed may stay over 600 until they are split, and the
 # list may only shrink: each is held at its present length, so none grows while it waits.
 FILE_LINES = 600
-LONG_FILES = {"data/records.py": 723}
+LONG_FILES = {"data/records.py": 660}
 FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict = {  # (file, function): its present length; may only shrink, as LONG_FILES
 }

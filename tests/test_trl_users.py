@@ -674,7 +674,7 @@ def test_the_api_takes_trls_argument_names(case_dirs, tmp_path):
 
 
 def test_a_gsm8k_shaped_prompt_file_is_read_with_columns_in_grpo(tmp_path):
-    from tether.data.records import prompt_rows
+    from tether.data.prompts import prompt_rows
 
     path = _write(tmp_path / "gsm8k.jsonl", [{"question": "What is 2 + 3?", "answer": "#### 5"}])
     assert prompt_rows(path, "prompt=question") == [{"prompt": "What is 2 + 3?", "answer": "#### 5"}]

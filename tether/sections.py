@@ -79,6 +79,11 @@ class ModelSection(Section):
         "Vision-language models: train the image encoder too. Off: it is frozen, while the projector that maps its "
         "features into the language model trains with the rest (LoRA: adapters on the language model only).",
     )
+    max_image_pixels: int = option(
+        16_777_216,
+        "Largest image a record or prompt row may carry, in pixels (width x height); a larger one is an error naming it "
+        "(a vision-language model's processor resizes what it takes).",
+    )
     keep_dropout: bool = option(
         False,
         "Keep the models' dropout active while training. Off by default: every dropout layer of the trained and the "
@@ -150,11 +155,6 @@ class DataSection(Section):
         1024, "Longest example in tokens; longer ones are dropped and counted (errors with --strict). Never truncated."
     )
     strict: bool = option(False, "Make dropped examples (empty completion, too long) errors.")
-    max_image_pixels: int = option(
-        16_777_216,
-        "Largest image a record may carry, in pixels (width x height); a larger one is an error naming the record "
-        "(a vision-language model's processor resizes what it takes).",
-    )
 
     def check(self):
         if not 0 <= self.eval_fraction < 1:

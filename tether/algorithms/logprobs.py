@@ -73,6 +73,8 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_position
         temperature: τ, the same sampling transform token_logprobs applies (docs/algorithms.md §3).
         chunk_positions: positions processed at once, as in token_logprobs: never a full (B, T, V) float32 copy.
 
+    A logit of −inf (a token never sampled: a vision-language model's image placeholder online) adds 0 · log 0 = 0.
+
     Returns:
         (B, T) float32 entropies in nats (float64 for float64 logits; any value where the result will be masked).
     """
@@ -84,5 +86,6 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_position
     for start in range(0, flat.shape[0], step):
         rows = flat[start : start + step].to(entropy.dtype) / temperature
         logp = torch.log_softmax(rows, -1)
-        entropy[start : start + step] = -(logp.exp() * logp).sum(-1)
+        # a token whose logit is -inf (one that is never sampled) adds 0·log 0 = 0, and a gradient of 0, not nan
+        entropy[start : start + step] = -(logp.exp() * logp.masked_fill(torch.isneginf(logp), 0.0)).sum(-1)
     return entropy.view(logits.shape[:-1])

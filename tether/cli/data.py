@@ -27,8 +27,8 @@ class CheckCommand(CommandConfig):
     data: SFTDataSection = SFTDataSection()
     example: ExampleSection = ExampleSection()
     TAKES = {
-        "model": CHAT_MODEL,
-        "data": ("columns", "split", "max_length", "strict", "train_on_prompt", "max_image_pixels"),
+        "model": (*CHAT_MODEL, "max_image_pixels"),
+        "data": ("columns", "split", "max_length", "strict", "train_on_prompt"),
     }
     REQUIRED = ("model.path",)
 
@@ -78,7 +78,7 @@ def check_preferences(cfg: CheckCommand, tokenizer, records, unpaired: bool) -> 
 
 def check_prompts(cfg: CheckCommand, tokenizer, first: dict) -> None:
     from tether.console import console
-    from tether.data.records import prompt_rows
+    from tether.data.prompts import prompt_rows
     from tether.rollout.prompts import render_prompts
 
     file = cfg.example.file
@@ -112,7 +112,7 @@ def check_demonstrations(cfg: CheckCommand, tokenizer, records) -> None:
             data.train_on_prompt,
             data.strict,
             path,
-            data.max_image_pixels,
+            cfg.model.max_image_pixels,
         )
     else:
         refuse_images(records, text_only(cfg.model.path))

@@ -16,21 +16,66 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 from pathlib import Path
 
 import torch
 
 from tether.errors import DataError
-from tether.models.vision import PER_TOKEN
+from tether.models.vision import join_vision
 
 IMAGES = "images"
 PLACEHOLDER = "<image>"  # LLaMA-Factory's placeholder in text
 # How the base64 text of a PNG, JPEG, GIF and WebP file starts (their magic numbers, encoded): any other string
 # is a path
 BASE64_STARTS = ("iVBORw0KGgo", "/9j/", "R0lGOD", "UklGR")
+_WHERE = re.compile(r"^(.*?)(:\d+| record \d+| row \d+)$")
 
 
-def _is_image_part(part) -> bool:
+def folder_of(where: str) -> Path:
+    """The folder of the data file a record came from (``path:line``, ``path record N``, ``path row N``): where its
+    relative image paths start."""
+    match = _WHERE.match(where)
+    return Path(match.group(1) if match else where).parent
+
+
+def _absolute(ref, folder: Path):
+    """An image reference with a relative path made absolute (anything else as it is)."""
+    if isinstance(ref, dict) and isinstance(ref.get("path"), str) and ref.get("bytes") is None:
+        return {**ref, "path": _absolute(ref["path"], folder)}
+    if isinstance(ref, str) and ref and not ref.startswith(("data:", *BASE64_STARTS)) and not Path(ref).is_absolute():
+        return str((folder / ref).resolve())
+    return ref
+
+
+def resolve_image_refs(fields: dict, where: str) -> dict:
+    """The record with every image path (in its ``images`` field and inside image parts) absolute."""
+    folder, out = folder_of(where), dict(fields)
+    if fields.get(IMAGES) not in (None, "", []):
+        refs = fields[IMAGES]
+        out[IMAGES] = (
+            [_absolute(r, folder) for r in refs] if isinstance(refs, (list, tuple)) else _absolute(refs, folder)
+        )
+    for name in ("prompt", "messages"):
+        if isinstance(fields.get(name), list):
+            out[name] = [_message_absolute(m, folder) for m in fields[name]]
+    return out
+
+
+def _message_absolute(message, folder: Path):
+    if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+        return message
+    parts = []
+    for part in message["content"]:
+        if is_image_part(part) and part.get("type") == "image" and part.get("image") is not None:
+            part = {**part, "image": _absolute(part["image"], folder)}
+        elif is_image_part(part) and isinstance(part.get("image_url"), dict):
+            part = {**part, "image_url": {**part["image_url"], "url": _absolute(part["image_url"].get("url"), folder)}}
+        parts.append(part)
+    return {**message, "content": parts}
+
+
+def is_image_part(part) -> bool:
     return isinstance(part, dict) and part.get("type") in ("image", "image_url")
 
 
@@ -43,12 +88,12 @@ def message_content(message, where: str):
     for part in message["content"]:
         if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
-        elif _is_image_part(part):
+        elif is_image_part(part):
             parts.append(part)
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise DataError(f"{where}.content has a {kind!r} part; tether reads text and image parts")
-    if not any(_is_image_part(p) for p in parts):
+    if not any(is_image_part(p) for p in parts):
         return {**message, "content": "".join(p["text"] for p in parts)}
     return {**message, "content": parts}
 
@@ -58,7 +103,7 @@ def has_images(fields: dict) -> bool:
     if fields.get(IMAGES) not in (None, [], ""):
         return True
     return any(
-        isinstance(m, dict) and isinstance(m.get("content"), list) and any(_is_image_part(p) for p in m["content"])
+        isinstance(m, dict) and isinstance(m.get("content"), list) and any(is_image_part(p) for p in m["content"])
         for name in ("messages", "prompt", "completion", "chosen", "rejected")
         if isinstance(fields.get(name), list)
         for m in fields[name]
@@ -92,7 +137,7 @@ def place_images(messages: list[dict], images: list, where: str, field: str) -> 
         for m in messages
         if isinstance(m.get("content"), list)
         for p in m["content"]
-        if _is_image_part(p) and _inline_image(p) is not None
+        if is_image_part(p) and _inline_image(p) is not None
     ]
     if inline and images:
         raise DataError(f"{where}: {field} has images inside its parts and an 'images' field too; give them once")
@@ -103,7 +148,7 @@ def place_images(messages: list[dict], images: list, where: str, field: str) -> 
         if isinstance(content, str) and PLACEHOLDER in content:
             content = _split_placeholders(content)
         elif isinstance(content, list):
-            content = [{"type": "image"} if _is_image_part(p) else p for p in content]
+            content = [{"type": "image"} if is_image_part(p) else p for p in content]
         placed.append({**m, "content": content})
     count = sum(1 for m in placed if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
     if count == 0 and images:
@@ -203,37 +248,6 @@ def load_images(refs: list, base: Path, where: str, max_pixels: int) -> list:
 
 
 def collate_vision(examples: list, width: int) -> dict[str, torch.Tensor]:
-    """The micro-batch's pixel tensors: per-token ones (Gemma 3's token_type_ids) right-padded with 0 to ``width``;
-    the others joined along their first dimension (images, or image patches), their other dimensions zero-padded to
-    the largest (Idefics3's images per example: an all-zero image is padding to it). Rows without images add
-    nothing, except to a batch-leading tensor (Idefics3's, one row per example), where they add one all-zero image."""
-    keys = sorted({k for ex in examples if ex.vision for k in ex.vision})
-    out = {}
-    for key in keys:
-        if key in PER_TOKEN:
-            column = torch.zeros((len(examples), width), dtype=torch.long)
-            for i, ex in enumerate(examples):
-                if ex.vision and key in ex.vision:
-                    column[i, : ex.vision[key].shape[1]] = ex.vision[key][0]
-            out[key] = column
-            continue
-        parts = [ex.vision[key] for ex in examples if ex.vision and key in ex.vision]
-        batch_leading = parts[0].dim() == 5 or key == "pixel_attention_mask"  # (examples, images, ...)
-        if batch_leading:
-            like = parts[0]
-            parts = [
-                ex.vision[key]
-                if ex.vision and key in ex.vision
-                else torch.zeros((1, 1, *like.shape[2:]), dtype=like.dtype)
-                for ex in examples
-            ]
-        shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
-        padded = []
-        for p in parts:
-            if list(p.shape[1:]) != shape:
-                grown = torch.zeros((p.shape[0], *shape), dtype=p.dtype)
-                grown[tuple(slice(0, n) for n in p.shape)] = p
-                p = grown
-            padded.append(p)
-        out[key] = torch.cat(padded)
-    return out
+    """The micro-batch's pixel tensors of ``examples`` (each with its ``vision``, or None), rows right-padded to
+    ``width``: join_vision."""
+    return join_vision([ex.vision for ex in examples], width)

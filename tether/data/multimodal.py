@@ -11,26 +11,16 @@ even with --train-on-prompt. docs/data.md "Images".
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 from tether.config import ConfigError
 from tether.console import progress
-from tether.data.images import IMAGES, has_images, image_list, load_images, place_images, place_in_text
+from tether.data.images import IMAGES, folder_of, has_images, image_list, load_images, place_images, place_in_text
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, check_kept, detect_format, render
+from tether.models.chat import render_chat, template_conversation
 from tether.models.vision import VISION_INPUTS, image_token_text
 
-_WHERE = re.compile(r"^(.*?)(:\d+| record \d+| row \d+)$")
 
-
-def _folder_of(where: str) -> Path:
-    """The folder of the data file a record came from (``path:line``, ``path record N``, ``path row N``)."""
-    match = _WHERE.match(where)
-    return Path(match.group(1) if match else where).parent
-
-
-def _placed(fields: dict, fmt: str, image_text: str, where: str) -> tuple[dict, list]:
+def placed(fields: dict, fmt: str, image_text: str, where: str) -> tuple[dict, list]:
     """The record's fields with each image in its place, and the images' references in order."""
     refs = image_list(fields, where)
     if fmt == "messages":
@@ -74,7 +64,7 @@ class Widened:
 def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, report, max_pixels) -> Example:
     """One record as an Example whose ``vision`` holds its pixel tensors (None without images)."""
     widened = Widened(processor, add_special=True)
-    fields, refs = _placed(fields, fmt, widened.placeholder, where)
+    fields, refs = placed(fields, fmt, widened.placeholder, where)
     text, spans, add_special = render(fields, fmt, tokenizer, train_on_prompt, where, report)
     widened.add_special = add_special
     if text.count(widened.placeholder) != len(refs):
@@ -82,7 +72,7 @@ def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, re
             f"{where}: the chat template renders {text.count(widened.placeholder)} image placeholder(s) "
             f"({widened.placeholder}) for {len(refs)} image(s): does it render image content parts?"
         )
-    images = load_images(refs, _folder_of(where), where, max_pixels)
+    images = load_images(refs, folder_of(where), where, max_pixels)
     encoded = widened(text, images)
     ids = encoded["input_ids"][0].tolist()
     mask = [0] * len(ids)
@@ -95,6 +85,14 @@ def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, re
     image_ids = {t for t in ids if t not in plain} | {placeholder}  # what the processor added for the images
     mask = [0 if t in image_ids else m for t, m in zip(ids, mask)]
     mask[0] = 0  # nothing predicts the first token
+    vision = _vision_of(encoded, processor)
+    report.images += len(images)
+    report.image_tokens += sum(t in image_ids for t in ids)
+    return Example(ids, mask, where, vision=vision or None)
+
+
+def _vision_of(encoded, processor) -> dict:
+    """The processor's outputs beside the token ids: what the forward takes with them."""
     vision = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
     unknown = sorted(set(vision) - set(VISION_INPUTS))
     if unknown:  # passing on only what tether names: an input it does not know would be lost without a word
@@ -102,9 +100,35 @@ def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, re
             f"{type(processor).__name__} returns {unknown}, which tether does not pass to the model yet "
             f"(it passes {', '.join(VISION_INPUTS)})"
         )
-    report.images += len(images)
-    report.image_tokens += sum(t in image_ids for t in ids)
-    return Example(ids, mask, where, vision=vision or None)
+    return vision
+
+
+def encode_prompt(fields: dict, tokenizer, processor, where: str, max_pixels: int):
+    """A prompt row (data/prompts.py, its image paths absolute) as a vision-language model samples from it: (the
+    rendered text, the processor's token ids — each image's placeholder widened, no special tokens added, as a text
+    prompt is sampled —, its pixel tensors or None, its images). Errors name ``where`` and the field."""
+    widened = Widened(processor, add_special=False)
+    fields, refs = placed(fields, "prompt", widened.placeholder, where)
+    prompt = fields["prompt"]
+    text = (
+        render_chat(tokenizer, template_conversation(tokenizer, prompt), generation_prompt=True)
+        if isinstance(prompt, list)
+        else prompt
+    )
+    if text.count(widened.placeholder) != len(refs):
+        raise DataError(
+            f"{where}: the prompt renders {text.count(widened.placeholder)} image placeholder(s) "
+            f"({widened.placeholder}) for {len(refs)} image(s): does the chat template render image content parts?"
+        )
+    images = load_images(refs, folder_of(where), where, max_pixels)
+    encoded = widened(text, images)
+    return text, encoded["input_ids"][0].tolist(), _vision_of(encoded, processor) or None, images
+
+
+def prompt_images(fields: dict, where: str, max_pixels: int) -> list:
+    """A prompt row's images (PIL, RGB) in order, as reward functions are given them."""
+    _, refs = placed(fields, "prompt", "", where)
+    return load_images(refs, folder_of(where), where, max_pixels)
 
 
 def tokenize_multimodal(

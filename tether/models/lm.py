@@ -511,14 +511,13 @@ def length_limit(max_length: int, model_path, flag: str = "--max-length") -> int
 
 
 def check_prompt_context(
-    tokenizer, prompts: list[str], budget: int, context: int | None, where: str, what: str = "max_new_tokens"
+    lengths: list[int], budget: int, context: int | None, where: str, what: str = "max_new_tokens"
 ) -> None:
-    """Every prompt plus the response budget fits the model's context, or a ConfigError names the first that does
-    not (the prompt file's row, its tokens, the budget)."""
+    """Every prompt (``lengths``: its tokens, as sampled) plus the response budget fits the model's context, or a
+    ConfigError names the first that does not (the prompt file's row, its tokens, the budget)."""
     if context is None:
         return
-    for i, prompt in enumerate(prompts):
-        n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    for i, n in enumerate(lengths):
         if n + budget > context:
             raise ConfigError(
                 f"{where} row {i + 1}: {n} prompt tokens + {what} {budget} = {n + budget} is more than "

@@ -229,3 +229,67 @@ def build_tiny_vlm(
     model.save_pretrained(str(out_dir))
     processor.save_pretrained(str(out_dir))
     return out_dir
+
+
+def join_vision(visions: list, width: int, offsets: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """One batch's pixel tensors from each row's (a dict, or None for a row without images): per-token ones (Gemma 3's
+    token_type_ids) placed at the row's ``offsets`` column (0: right-padded rows; a left-padded prompt's first
+    column) in a (rows, ``width``) zero tensor; the others joined along their first dimension (images, or image
+    patches), their other dimensions zero-padded to the largest (Idefics3's images per example: an all-zero image is
+    padding to it). Rows without images add nothing, except to a batch-leading tensor (Idefics3's, one row per
+    example), where they add one all-zero image."""
+    offsets = offsets or [0] * len(visions)
+    keys = sorted({k for v in visions if v for k in v})
+    out = {}
+    for key in keys:
+        if key in PER_TOKEN:
+            column = torch.zeros((len(visions), width), dtype=torch.long)
+            for i, (v, at) in enumerate(zip(visions, offsets)):
+                if v and key in v:
+                    column[i, at : at + v[key].shape[1]] = v[key][0]
+            out[key] = column
+            continue
+        parts = [v[key] for v in visions if v and key in v]
+        batch_leading = parts[0].dim() == 5 or key == "pixel_attention_mask"  # (examples, images, ...)
+        if batch_leading:
+            like = parts[0]
+            parts = [
+                v[key] if v and key in v else torch.zeros((1, 1, *like.shape[2:]), dtype=like.dtype) for v in visions
+            ]
+        shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+        padded = []
+        for p in parts:
+            if list(p.shape[1:]) != shape:
+                grown = torch.zeros((p.shape[0], *shape), dtype=p.dtype)
+                grown[tuple(slice(0, n) for n in p.shape)] = p
+                p = grown
+            padded.append(p)
+        out[key] = torch.cat(padded)
+    return out
+
+
+def on_model(model, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` on ``model``'s device, the floating ones in its dtype (pixels in bf16 for a bf16 tower)."""
+    weight = next(model.parameters())
+    return {k: v.to(weight.device, weight.dtype if v.is_floating_point() else v.dtype) for k, v in tensors.items()}
+
+
+def placeholder_ids(config) -> list[int]:
+    """The token ids a vision-language model fills with image (or video) features: its config's placeholders."""
+    names = ("image_token_id", "image_token_index", "video_token_id")
+    return sorted({v for v in (getattr(config, n, None) for n in names) if isinstance(v, int)})
+
+
+def never_sample_placeholders(model) -> None:
+    """Give ``model``'s image placeholders a logit of -inf in every forward (a hook on its LM head): a response that
+    held one would ask the model for an image that is not there (transformers raises on the count). The online stages
+    sample and score with the hook on alike, so the sampler's and the trainer's distributions stay one."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ids = torch.tensor(placeholder_ids(base.config), dtype=torch.long)
+    if not len(ids):
+        return
+
+    def hook(module, args, logits):
+        return logits.index_fill(-1, ids.to(logits.device), float("-inf"))
+
+    base.get_output_embeddings().register_forward_hook(hook)

@@ -45,7 +45,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tether.config import ConfigError
+from tether.data.images import IMAGES
+from tether.data.multimodal import prompt_images
 from tether.rewards.loading import TrainerState, load_reward_function
+from tether.rewards.worker import images_to_json
 
 BATCH_ARGUMENTS = ("prompts", "completions", "completion_ids", "truncated", "trainer_state")
 
@@ -152,6 +155,8 @@ class RewardSet:
     worker: object = field(default=None, repr=False)  # the RewardWorker of spec-loaded functions, started on first use
     trainer_state: TrainerState = field(default_factory=TrainerState)  # moved on by the online loop before each step
     given: tuple = BATCH_ARGUMENTS  # the batch arguments a function may take (prm-labels' --check: fewer)
+    # a vision-language model's rows: row -> its prompt's images (PIL, RGB), given as ``images`` (TRL's keyword)
+    images_of: Callable | None = field(default=None, repr=False)
 
     @property
     def what(self) -> str:
@@ -161,7 +166,7 @@ class RewardSet:
 
     def check(self, rows: list[dict]) -> None:
         """Before training: every declared argument exists, and a dry call on a few rows returns one score each."""
-        available = set(self.given) | set(self.columns)
+        available = set(self.given) | set(self.columns) | ({IMAGES} if self.images_of is not None else set())
         for c in self.components:
             names, _ = c.wanted()
             missing = sorted(c.required() - available)
@@ -220,6 +225,8 @@ class RewardSet:
             [{"role": "assistant", "content": text}] if isinstance(r.get("prompt"), list) else text
             for r, text in zip(rows, completions)
         ]
+        if self.images_of is not None:  # the images themselves, not the file's references to them
+            batch[IMAGES] = [self.images_of(r) for r in rows]
         for column in self.columns:
             if column != "prompt":
                 batch.setdefault(column, [r.get(column) for r in rows])
@@ -277,6 +284,8 @@ class RewardSet:
                 kwargs = kwargs_for(c)
                 if "trainer_state" in kwargs:  # travels as JSON; the worker rebuilds the TrainerState
                     kwargs["trainer_state"] = dataclasses.asdict(kwargs["trainer_state"])
+                if IMAGES in kwargs:  # as PNG text; the worker rebuilds the images
+                    kwargs[IMAGES] = images_to_json(kwargs[IMAGES])
                 results[c.name] = self._worker().call(c.name, kwargs, timeout)
             else:
                 results[c.name] = _call_in_daemon_thread(c, kwargs_for(c), timeout)
@@ -331,9 +340,10 @@ def _timeout_error(component: RewardComponent, seconds: float) -> TimeoutError:
     return TimeoutError(f"no result within {seconds:g} s (reward timeout)")
 
 
-def load_reward_set(options, rows: list[dict], max_steps: int = 0) -> RewardSet | None:
+def load_reward_set(options, rows: list[dict], max_steps: int = 0, max_image_pixels: int = 0) -> RewardSet | None:
     """The RewardSet named by a RewardFunctionOptions section, checked against the prompt rows before training (the
-    dry call sees the trainer_state of step 0 of ``max_steps``)."""
+    dry call sees the trainer_state of step 0 of ``max_steps``). ``max_image_pixels`` > 0: the rows are a
+    vision-language model's, and each function is given its prompt's images as ``images``."""
     if not options.reward:
         return None
     columns = sorted(set().union(*(row.keys() for row in rows[:8])))
@@ -345,11 +355,19 @@ def load_reward_set(options, rows: list[dict], max_steps: int = 0) -> RewardSet 
         options.reward_timeout,
         trainer_state=TrainerState(0, max_steps),
     )
+    show_images(rewards, max_image_pixels)
     rewards.check(rows)  # arguments exist, one value per completion
     return rewards
 
 
-def load_audit_set(options, rows: list[dict], max_steps: int = 0) -> RewardSet | None:
+def show_images(functions: RewardSet, max_image_pixels: int) -> None:
+    """With ``max_image_pixels`` > 0 (a vision-language model's rows), each function is given its prompt's images
+    (through the worker process too: as PNG text, rewards/worker.py)."""
+    if max_image_pixels:
+        functions.images_of = lambda row: prompt_images(row, "a prompt row", max_image_pixels)
+
+
+def load_audit_set(options, rows: list[dict], max_steps: int = 0, max_image_pixels: int = 0) -> RewardSet | None:
     """The RewardSection's audit (--audit) as a RewardSet of one function, checked against the prompt rows like the
     reward functions; its failures always stop the run (a trusted check that fails is not a check)."""
     if not getattr(options, "audit", ""):
@@ -367,5 +385,6 @@ def load_audit_set(options, rows: list[dict], max_steps: int = 0) -> RewardSet |
         options.reward_timeout,
         trainer_state=TrainerState(0, max_steps),
     )
+    show_images(audit, max_image_pixels)  # the trusted check sees what the policy saw
     audit.check(rows)
     return audit

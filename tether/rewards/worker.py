@@ -34,6 +34,29 @@ def _jsonable(value):
     return str(value)
 
 
+def images_to_json(images: list[list]) -> list[list[str]]:
+    """A batch's images (one list of PIL images per row) as base64 PNG text, lossless, to travel to the worker."""
+    import base64
+    import io
+
+    def text(image) -> str:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return base64.b64encode(buffer.getvalue()).decode()
+
+    return [[text(image) for image in row] for row in images]
+
+
+def images_from_json(rows: list[list[str]]) -> list[list]:
+    """images_to_json's text back as PIL images (RGB, the pixels sent)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    return [[Image.open(io.BytesIO(base64.b64decode(t))).convert("RGB") for t in row] for row in rows]
+
+
 def _serve(conn, specs: dict[str, str]) -> None:
     """The worker's loop: load the functions, then answer {name, kwargs} with {value} or {kind, error}."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # no KeyboardInterrupt traceback: the trainer reports the Ctrl-C
@@ -56,6 +79,8 @@ def _serve(conn, specs: dict[str, str]) -> None:
             from tether.rewards.loading import TrainerState
 
             kwargs["trainer_state"] = TrainerState(**kwargs["trainer_state"])
+        if "images" in kwargs:  # a vision-language model's prompts' images, sent as PNG text
+            kwargs["images"] = images_from_json(kwargs["images"])
         try:
             reply = {"value": functions[request["name"]](**kwargs)}
         except Exception as err:  # noqa: BLE001 - the user's function; the trainer applies reward_on_error

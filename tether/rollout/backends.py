@@ -13,6 +13,7 @@ import torch
 
 from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
 from tether.models.lm import DTYPES
+from tether.models.vision import join_vision, on_model
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.decoding import Sampler, can_compact, decode, seeded_generators
 from tether.rollout.decoding import greedy as greedy_choice
@@ -90,13 +91,16 @@ def generate_from_ids(
     greedy: bool = False,
     compact: bool = True,
     sampler_logprobs: bool = False,
+    vision: list | None = None,
 ) -> Rollout:
     """generate_rollout from token ids (a multi-turn transcript is continued from the exact tokens it holds, never
     a re-tokenisation of its text). ``greedy``: argmax decoding (evaluation only; training rollouts sample).
     ``compact``: sample with decoding.decode, which stops computing finished rows; False (or a model it cannot
     run) uses Hugging Face's generate(), its naive twin. ``sampler_logprobs``: keep each sampled token's
     log-probability under the distribution it was drawn from (Rollout.sampler_logprobs; decode only): a model
-    that is not the trainer's (a bf16 sampling copy) has its gap to the trainer measured and corrected."""
+    that is not the trainer's (a bf16 sampling copy) has its gap to the trainer measured and corrected. ``vision``
+    (one per context, a dict or None): a vision-language model's pixel tensors of each context (its image tokens
+    already widened), given to the prefill; the rollout keeps them for every later forward."""
     if sampler_logprobs and (greedy or not (compact and can_compact(model))):
         raise ValueError("sampler log-probs are kept by decoding.decode only, when sampling (not greedy)")
     if temperature <= 0 and not greedy:
@@ -106,6 +110,10 @@ def generate_from_ids(
     input_ids, attention = left_pad(contexts, tokenizer.pad_token_id, device)
     if seeds is not None and len(seeds) != len(contexts):
         raise ValueError(f"{len(seeds)} seeds for {len(contexts)} prompts")
+    shown = {}
+    if vision is not None:
+        offsets = [input_ids.shape[1] - len(c) for c in contexts]
+        shown = on_model(model, join_vision(vision, input_ids.shape[1], offsets))
     was_training = model.training
     model.eval()
     if compact and can_compact(model):
@@ -116,24 +124,36 @@ def generate_from_ids(
         )
         kept = torch.zeros((len(contexts), max_new_tokens), dtype=torch.float32) if sampler_logprobs else None
         response_ids = decode(
-            model, input_ids, attention, max_new_tokens, stop_ids, tokenizer.pad_token_id, choose, kept
+            model, input_ids, attention, max_new_tokens, stop_ids, tokenizer.pad_token_id, choose, kept, shown
         )
     else:
         response_ids = _hf_generate(
-            model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds, greedy
+            model,
+            tokenizer,
+            input_ids,
+            attention,
+            max_new_tokens,
+            temperature,
+            top_p,
+            top_k,
+            stop_ids,
+            seeds,
+            greedy,
+            shown,
         )
     model.train(was_training)
     mask, truncated = response_mask_from_stops(response_ids, stop_ids)
     response_ids = torch.where(mask.bool(), response_ids, torch.full_like(response_ids, tokenizer.pad_token_id))
     texts = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
     rollout = Rollout(input_ids, attention, response_ids, mask, truncated, [""] * len(contexts), texts)
+    rollout.vision = list(vision) if vision is not None else None
     if sampler_logprobs:
         rollout.sampler_logprobs = kept[:, : response_ids.shape[1]].to(device) * mask
     return rollout
 
 
 def _hf_generate(
-    model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds, greedy
+    model, tokenizer, input_ids, attention, max_new_tokens, temperature, top_p, top_k, stop_ids, seeds, greedy, shown
 ) -> torch.Tensor:
     """(B, T) new tokens from Hugging Face's generate(): every row runs until the longest stops."""
     if greedy:
@@ -154,6 +174,7 @@ def _hf_generate(
         max_new_tokens=max_new_tokens,
         eos_token_id=stop_ids,
         pad_token_id=tokenizer.pad_token_id,
+        **shown,
     )
     return out[:, input_ids.shape[1] :]
 
@@ -184,9 +205,11 @@ class GenerationBackend(Protocol):
         seeds: list[int] | None = None,
         max_new_tokens: int | None = None,
         greedy: bool = False,
+        vision: list | None = None,
     ) -> Rollout:
         """Continue token-id contexts (multi-turn transcripts, tether/agents); as generate() otherwise.
-        ``max_new_tokens`` overrides sampling's; ``greedy``: argmax (evaluation)."""
+        ``max_new_tokens`` overrides sampling's; ``greedy``: argmax (evaluation); ``vision``: a vision-language
+        model's pixel tensors per context (generate_from_ids; a backend that cannot take them refuses by name)."""
 
 
 class HFGenerate:
@@ -251,6 +274,7 @@ class HFGenerate:
         seeds: list[int] | None = None,
         max_new_tokens: int | None = None,
         greedy: bool = False,
+        vision: list | None = None,
     ) -> Rollout:
         size = getattr(sampling, "generation_batch", 0) or len(contexts)
         parts = [
@@ -267,6 +291,7 @@ class HFGenerate:
                 greedy=greedy,
                 compact=getattr(sampling, "drop_finished_rows", True),
                 sampler_logprobs=not (greedy or self.samples_trainer_weights),
+                vision=vision[i : i + size] if vision is not None else None,
             )
             for i in range(0, len(contexts), size)
         ]

@@ -31,6 +31,10 @@ class Rollout:
     # (B,) the policy version (updates done) whose weights drew each row; None: the trainer's current weights
     # (every backend but the rollout worker, rollout/async_worker.py)
     policy_versions: torch.Tensor | None = None
+    # (B,) a vision-language model's pixel tensors of each row's prompt (the processor's outputs beside its token ids,
+    # models/vision.py VISION_INPUTS; None for a row without images), which every forward of the row is given; None:
+    # no row has images
+    vision: list | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -55,6 +59,7 @@ class Rollout:
             self.response_attention[idx] if self.response_attention is not None else None,
             self.sampler_logprobs[idx] if self.sampler_logprobs is not None else None,
             self.policy_versions[idx] if self.policy_versions is not None else None,
+            [self.vision[i] for i in pick] if self.vision is not None else None,
         )
 
     def completion_ids(self) -> list[list[int]]:
@@ -93,6 +98,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         sampler = torch.cat([pad(r.sampler_logprobs, t_len, 0.0, False) for r in parts])
     if all(r.policy_versions is not None for r in parts):
         versions = torch.cat([r.policy_versions for r in parts])
+    vision = None
+    if any(r.vision is not None for r in parts):
+        vision = [v for r in parts for v in (r.vision if r.vision is not None else [None] * len(r.responses))]
     return Rollout(
         torch.cat([pad(r.prompt_ids, p_len, pad_id, True) for r in parts]),
         torch.cat([pad(r.prompt_mask, p_len, 0, True) for r in parts]),
@@ -104,4 +112,5 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         attention,
         sampler,
         versions,
+        vision,
     )

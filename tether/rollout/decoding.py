@@ -109,11 +109,14 @@ def decode(
     pad_id: int,
     choose: Chooser,
     sampled_logprobs: torch.Tensor | None = None,
+    shown: dict | None = None,
 ) -> torch.Tensor:
     """(B, T) new tokens after left-padded prompts ``input_ids`` / ``attention`` (B, P), right-padded with
     ``pad_id`` after each row's first stop token; T is the longest response (at most max_new_tokens).
     ``sampled_logprobs`` (B, max_new_tokens), with a Sampler as ``choose``: filled in place with each drawn token's
     log-probability under the distribution it was drawn from (the sampler's side of the sampler/trainer gap).
+    ``shown``: a vision-language model's pixel tensors of the prompts, given to the prefill (the cache holds what
+    they became).
 
     One prefill forward over the prompts (logits of the last position only), then one forward per new token over
     the rows still live. Position ids come from the attention mask (real tokens start at 0), as in generate().
@@ -138,6 +141,7 @@ def decode(
         position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
         use_cache=True,
         **{keyword: cache},
+        **(shown or {}),
     )
     # the last position's logits only, where the model's forward takes logits_to_keep (else all, the last one read)
     out = model(**prefill, **({"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(base) else {}))

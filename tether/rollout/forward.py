@@ -13,6 +13,7 @@ import torch
 from tether.algorithms.logprobs import at_least_float32, token_entropy, token_logprobs
 from tether.errors import ConfigError
 from tether.models.packing import pack_sequences
+from tether.models.vision import join_vision, on_model
 from tether.models.work import phase
 from tether.rollout.batch import Rollout
 
@@ -48,6 +49,17 @@ def _head_sees_only(model, select):
         handle.remove()
 
 
+def vision_inputs(model, rollout: Rollout) -> dict[str, torch.Tensor]:
+    """A vision-language model's pixel tensors for one padded forward of ``rollout``'s prompt + response columns
+    (per-token ones at each row's first prompt column), on the model's device, floating ones in its dtype; {} when
+    no row has images."""
+    if rollout.vision is None:
+        return {}
+    p = rollout.prompt_ids.shape[1]
+    offsets = (p - rollout.prompt_mask.long().sum(-1)).tolist()
+    return on_model(model, join_vision(rollout.vision, p + rollout.response_ids.shape[1], offsets))
+
+
 @dataclass
 class ResponseLogits:
     """The logits at the positions that predict response tokens, as N rows: the B·T positions of padded rows, or the
@@ -80,7 +92,7 @@ def _forward_response(model, rollout: Rollout, with_hidden: bool = False, paddin
             "hidden states cannot be read before the LM head: a critic on its backbone needs them (use a separate "
             "critic)"
         )
-    if padding_free:
+    if padding_free and rollout.vision is None:  # a row's images go with padded rows (the plan says so)
         layout = _packed_layout(rollout)
         if layout is not None:
             return _forward_packed(model, rollout, layout, with_hidden)
@@ -90,7 +102,13 @@ def _forward_response(model, rollout: Rollout, with_hidden: bool = False, paddin
     t = rollout.response_ids.shape[1]
     window = lambda hidden: hidden[:, -(t + 1) : -1]  # (B, T, H): position P−1+t predicts response token t
     with _head_sees_only(model, window) as captured:
-        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=position_ids,
+            use_cache=False,
+            **vision_inputs(model, rollout),
+        )
     logits = window(out.logits) if captured is None else out.logits  # no LM head module: every position's logits
     hidden = captured["hidden"] if with_hidden else None
     b = rollout.response_ids.shape[0]
@@ -177,7 +195,7 @@ def _forward_packed(model, rollout: Rollout, layout, with_hidden: bool) -> Respo
 def response_states(backbone, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
     """(B, T, H) last hidden states of a causal-LM backbone (no LM head) at the positions that predict response
     tokens: state s_t of the critic. 0 where nothing is scored when ``padding_free`` lays the rows end to end."""
-    layout = _packed_layout(rollout) if padding_free else None
+    layout = _packed_layout(rollout) if padding_free and rollout.vision is None else None
     if layout is not None:
         packed = _PackedRollout(rollout, layout)
         return packed.scatter(backbone(**packed.inputs, use_cache=False).last_hidden_state[packed.keep])
@@ -185,7 +203,11 @@ def response_states(backbone, rollout: Rollout, padding_free: bool = False) -> t
     attention = torch.cat([rollout.prompt_mask, rollout.attention], 1)  # (B, P+T)
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
     hidden = backbone(
-        input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=position_ids,
+        use_cache=False,
+        **vision_inputs(backbone, rollout),
     ).last_hidden_state  # (B, P+T, H)
     t = rollout.response_ids.shape[1]
     return hidden[:, -(t + 1) : -1]  # position P−1+t is state s_t

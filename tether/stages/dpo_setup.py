@@ -66,7 +66,9 @@ def load_examples(cfg: DPOConfig, tokenizer, processor=None):
             return tokenize_unpaired(recs, tokenizer, limit, d.strict, label)
         if processor is None:
             refuse_images(recs, text_only(cfg.model.path))
-        return tokenize_policy_preferences(recs, tokenizer, limit, d.strict, label, processor, d.max_image_pixels)
+        return tokenize_policy_preferences(
+            recs, tokenizer, limit, d.strict, label, processor, cfg.model.max_image_pixels
+        )
 
     if d.path:
         _, _, train, evals, reports = tokenize_split(

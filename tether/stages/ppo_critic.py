@@ -75,7 +75,7 @@ class SharedValueHead(nn.Module):
         from pathlib import Path
 
         config = getattr(policy, "config", None) or policy.get_base_model().config
-        head = cls(policy, config.hidden_size)
+        head = cls(policy, config.get_text_config().hidden_size)  # a vision-language model: its language model's
         if folder is not None:
             from safetensors.torch import load_file
 

@@ -33,7 +33,7 @@ def load_sft_data(cfg: SFTConfig, tokenizer, processor=None):
     def tokenize(recs, label, limit):
         if processor is not None:
             return tokenize_multimodal(
-                recs, tokenizer, processor, limit, data.train_on_prompt, data.strict, label, data.max_image_pixels
+                recs, tokenizer, processor, limit, data.train_on_prompt, data.strict, label, cfg.model.max_image_pixels
             )
         refuse_images(recs, text_only(cfg.model.path))
         return tokenize_records(recs, tokenizer, limit, data.train_on_prompt, data.strict, label)

@@ -14,6 +14,7 @@ Reading order = execution order: for each step, step() â†’ evaluate (when due) â
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -494,9 +495,10 @@ def start_online(
 ) -> OnlineStart:
     """Checks and set-up shared by the online stages: required inputs, a reward, the run folder (new, --overwrite
     or --resume), the seeds, the prompt files and the reward functions."""
-    from tether.data.records import prompt_rows as prompt_rows_of
+    from tether.data.prompts import prompt_rows as prompt_rows_of
     from tether.models.lm import check_lora_reference
     from tether.models.reward import process_reward_separator
+    from tether.models.vision import is_vision_language
     from tether.rewards.functions import load_audit_set, load_reward_set
     from tether.train.run import check_steps_left, start_run
 
@@ -514,19 +516,45 @@ def start_online(
     for flag, value in (("--model", cfg.model.path), ("--prompts", prompts)):
         if not value:
             raise ConfigError(f"{flag} is required")
-    columns = cfg.rollout.columns
-    prompt_rows = prompt_rows_of(prompts, columns)  # inputs are checked before the run folder is touched
-    eval_rows = prompt_rows_of(eval_prompts, columns) if eval_prompts else []
+    columns, images = cfg.rollout.columns, is_vision_language(cfg.model.path)
+    if images:
+        refuse_vision_online(cfg, rewards_cfg)
+    pixels = cfg.model.max_image_pixels if images else 0  # a vision-language model's rows: images read, given
+    prompt_rows = prompt_rows_of(prompts, columns, pixels)  # inputs are checked before the run folder is touched
+    eval_rows = prompt_rows_of(eval_prompts, columns, pixels) if eval_prompts else []
     if cfg.judge.model:  # the columns its template and baseline read, in every row
         from tether.rewards.judge_template import check_judge_rows
 
         check_judge_rows(cfg.judge, prompt_rows, prompts)
         check_judge_rows(cfg.judge, eval_rows, eval_prompts)
-    reward_set = load_reward_set(rewards_cfg, prompt_rows, total_steps) if rewards_cfg is not None else None
-    audit_set = load_audit_set(rewards_cfg, prompt_rows, total_steps) if rewards_cfg is not None else None
+    reward_set = load_reward_set(rewards_cfg, prompt_rows, total_steps, pixels) if rewards_cfg is not None else None
+    audit_set = load_audit_set(rewards_cfg, prompt_rows, total_steps, pixels) if rewards_cfg is not None else None
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     check_steps_left(start_step, total_steps, checkpoint)
     return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows, reward_set, audit_set)
+
+
+def refuse_vision_online(cfg, rewards_cfg) -> None:
+    """What a vision-language policy cannot do online yet, refused by name before anything is written: it samples
+    with the hf backend, synchronously, on one process, and is scored by reward functions (which get the images)."""
+    ro = cfg.rollout
+    refused = [
+        (ro.backend != "hf", f"--rollout-backend {ro.backend} (vLLM's multimodal prompts are not built: use hf)"),
+        (ro.max_staleness > 0, "--max-staleness (the rollout worker does not carry images yet)"),
+        (bool(ro.sampling_dtype), "--sampling-dtype (its copy of the policy is a causal LM)"),
+        (bool(getattr(getattr(cfg, "agent", None), "env", "")), "--env (agent episodes with images are not built)"),
+        (int(os.environ.get("WORLD_SIZE", "1")) > 1, "several processes (images are not gathered across them yet)"),
+        (bool(rewards_cfg is not None and rewards_cfg.reward_model), "--reward-model (it would score the text alone)"),
+        (bool(rewards_cfg is not None and rewards_cfg.process_reward_model), "--process-reward-model (text alone)"),
+        (bool(cfg.judge.model), "--judge-model (it would judge the text alone)"),
+        (getattr(getattr(cfg, "critic", None), "layout", "shared") != "shared", "a separate critic (use shared)"),
+    ]
+    named = [why for hit, why in refused if hit]
+    if named:
+        raise ConfigError(
+            f"{cfg.model.path} is a vision-language model; online it samples with the hf backend on one process and "
+            f"is scored by reward functions, which are given each prompt's images. Not built yet: {'; '.join(named)}"
+        )
 
 
 def start_rollout_stage(cfg, scorer=None) -> OnlineStart:

@@ -19,6 +19,7 @@ from typing import Callable
 from tether.agents.episodes import check_episodes
 from tether.models.checks import check_position_restarts
 from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
+from tether.models.vision import is_vision_language, never_sample_placeholders
 from tether.rewards.judge import load_judge
 from tether.rewards.score import Scorer, load_process_reward_scorer, load_reward_model_scorer
 from tether.rollout.backends import BACKENDS
@@ -89,7 +90,14 @@ def load_online_models(cfg, start, needs_reference: bool, scorer=None, extra: Ex
     own = extra.load(tokenizer, policy) if extra is not None else None
     if own is not None and (not sharded or (extra.moves is not None and extra.moves(own))):
         own = own.to(device)
-    if cfg.model.padding_free:  # the log-prob (and value) forwards lay the rollout's rows end to end
+    vision = is_vision_language(cfg.model.path)
+    if vision:  # a response never holds an image placeholder (models/vision.py)
+        for model in (policy, reference):
+            if model is not None:
+                never_sample_placeholders(model)
+    # the log-prob (and value) forwards lay the rollout's rows end to end; a vision-language model's rows, padded,
+    # keep their images (rollout/forward.py)
+    if cfg.model.padding_free and not vision:
         check_position_restarts(policy, cfg.model.path)
         if reference is not None and cfg.model.reference:
             check_position_restarts(reference, cfg.model.reference)

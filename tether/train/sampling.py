@@ -11,14 +11,38 @@ step the stage calls ``weights_updated`` so a backend holding its own copy of th
 from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
+from tether.data.multimodal import encode_prompt
 from tether.models.lm import check_prompt_context, model_context
 from tether.models.shards import is_sharded
+from tether.models.vision import is_vision_language, load_processor
 from tether.models.work import phase, section
 from tether.rollout.async_worker import sampling_backend
 from tether.rollout.backends import response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
 from tether.train.parallel import DataParallel
 from tether.train.sharding import copy_gathered
+
+
+class ImagePrompts:
+    """A vision-language model's prompt rows as it samples from them (data/multimodal.py encode_prompt): each row's
+    rendered text and prompt length are kept; its token ids and pixel tensors are made again whenever it is sampled,
+    so no image is held in memory between steps. Every row is encoded once here: a missing or unreadable image, or a
+    placeholder count that does not match, is an error before training, naming the file, row and field."""
+
+    def __init__(self, tokenizer, processor, rows: list[dict], where: str, max_pixels: int):
+        self.rows, self.where = rows, where
+        self.make = lambda i: encode_prompt(rows[i], tokenizer, processor, f"{where} row {i + 1}", max_pixels)
+        self.texts, self.lengths, self.shown = [], [], 0  # shown: rows with at least one image
+        for i in range(len(rows)):
+            text, ids, _, images = self.make(i)
+            self.texts.append(text)
+            self.lengths.append(len(ids))
+            self.shown += bool(images)
+
+    def encode(self, i: int) -> tuple[list[int], dict | None]:
+        """(token ids, pixel tensors or None) of row ``i``."""
+        _, ids, vision, _ = self.make(i)
+        return ids, vision
 
 
 class OnlineSampler:
@@ -45,11 +69,21 @@ class OnlineSampler:
         self.sampling_policy = sampling_copy if sampling_copy is not None else policy
         policy = self.sampling_policy
         self.backend = backend or sampling_backend(ro, policy, tokenizer)
-        self.prompts = render_prompts(tokenizer, rows, ro.prompts)
-        self.eval_prompts = render_prompts(tokenizer, eval_rows, ro.eval_prompts) if eval_rows else []
+        self.images = self.eval_images = None  # a vision-language model's prompts: ImagePrompts
+        if is_vision_language(cfg.model.path):
+            processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
+            pixels = cfg.model.max_image_pixels
+            self.images = ImagePrompts(tokenizer, processor, rows, ro.prompts, pixels)
+            self.eval_images = ImagePrompts(tokenizer, processor, eval_rows, ro.eval_prompts, pixels)
+            self.prompts, self.eval_prompts = self.images.texts, self.eval_images.texts
+            lengths = self.images.lengths
+        else:
+            self.prompts = render_prompts(tokenizer, rows, ro.prompts)
+            self.eval_prompts = render_prompts(tokenizer, eval_rows, ro.eval_prompts) if eval_rows else []
+            lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in self.prompts]
         episodes = agent_cfg is not None and bool(agent_cfg.env)
         if not episodes:  # each prompt and its response budget fit the model's positions
-            check_prompt_context(tokenizer, self.prompts, ro.max_new_tokens, model_context(policy), ro.prompts)
+            check_prompt_context(lengths, ro.max_new_tokens, model_context(policy), ro.prompts)
         self.stops = stop_token_ids(tokenizer, policy)
         self.agent = (
             AgentSampler(agent_cfg, tokenizer, self.backend, ro, self.stops, rows, reward_set) if episodes else None
@@ -64,7 +98,23 @@ class OnlineSampler:
     def generate(self, prompt_indices: list[int], seeds: list[int] | None):
         """One response per entry of ``prompt_indices`` (repeat an index for a group)."""
         with phase("sample"):
-            return self.backend.generate([self.prompts[i] for i in prompt_indices], self.rollout_cfg, self.stops, seeds)
+            return self._generate(self.images, self.prompts, prompt_indices, seeds)
+
+    def _generate(self, images, prompts: list[str], indices: list[int], seeds: list[int] | None):
+        """The backend's responses to ``prompts[i]`` for each i of ``indices``: as text, or (a vision-language model,
+        ``images``) as the processor's token ids with each prompt's pixel tensors."""
+        if images is None:
+            return self.backend.generate([prompts[i] for i in indices], self.rollout_cfg, self.stops, seeds)
+        encoded = {i: images.encode(i) for i in set(indices)}  # a group's prompt once
+        rollout = self.backend.generate_ids(
+            [encoded[i][0] for i in indices],
+            self.rollout_cfg,
+            self.stops,
+            seeds,
+            vision=[encoded[i][1] for i in indices],
+        )
+        rollout.prompts = [prompts[i] for i in indices]
+        return rollout
 
     def sample(self, rows: list[dict], prompt_indices: list[int], seeds: list[int] | None, scorer, group_size=1):
         """(rollout, scores): episodes scored by their environment, or responses scored by ``scorer``
@@ -95,6 +145,11 @@ class OnlineSampler:
         """The plan's line: which backend samples, and with what (a stand-in backend may not say)."""
         describe = getattr(self.backend, "describe", None)
         text = describe() if describe is not None else type(self.backend).__name__
+        if self.images is not None:
+            text += (
+                f"; {self.images.shown} of {len(self.prompts)} prompts show images, given to every forward of their "
+                "responses (sampling, log-probs, reference, critic) in padded rows"
+            )
         return text + sampler_correction_line(self.rollout_cfg)
 
     def evaluate(self, rows: list[dict], scorer, seed: int, dp=None) -> dict:
@@ -125,8 +180,8 @@ class OnlineSampler:
             if agent is not None:
                 rollout, scores = agent(rows[start:stop], seeds)
             else:
-                asked = [p for p in prompts[start:stop] for _ in range(per)]
-                rollout = self.backend.generate(asked, sampling, self.stops, seeds)
+                asked = [i for i in range(start, stop) for _ in range(per)]
+                rollout = self._generate(self.eval_images, prompts, asked, seeds)
             torch.set_rng_state(torch_state)
             if agent is None:
                 scores = scorer(rollout, [r for r in rows[start:stop] for _ in range(per)], per)

@@ -1,0 +1,178 @@
+"""Vision-language policies online (tether grpo, and ppo with the shared critic) on three tiny random families: each
+prompt's pixels reach every forward — sampling's prefill (the sampler's log-probs equal the trainer's, token by
+token), the log-probs and the reference —, reward functions are given the images themselves (through the worker
+process too), a bad image is named before the run folder exists, and what is not built yet is refused by name."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import write_jsonl
+from test_multimodal import COLOURS, png
+
+from tether.cli import main
+from tether.data.prompts import prompt_rows
+from tether.models.lm import load_tokenizer
+from tether.models.vision import TINY_VISION_FAMILIES, load_processor, never_sample_placeholders, placeholder_ids
+from tether.rollout.backends import HFGenerate
+from tether.rollout.forward import response_logprobs
+from tether.rollout.prompts import stop_token_ids
+from tether.train.sampling import ImagePrompts
+
+PIXELS = 16_777_216
+# the reward reads the image: its top-left pixel's red channel, so a prompt's reward is known by hand (red 220, blue 20)
+REDNESS = (
+    "def redness(completions, images, **kw):\n"
+    "    assert all(len(row) == 1 and row[0].mode == 'RGB' for row in images), images\n"
+    "    return [row[0].getpixel((0, 0))[0] / 255 for row in images]\n"
+    "def length(completions, **kw):\n"  # what varies within a group, so the advantages are not all 0
+    "    return [len(c) / 100 for c in completions]\n"
+)
+
+
+def colour_prompts(folder, n: int = 8, name: str = "prompts.jsonl"):
+    """TRL's shape: chat messages with an image part and an ``images`` column of paths relative to the file; the
+    colours alternate red, blue."""
+    (folder / "img").mkdir(exist_ok=True)
+    for colour in COLOURS:
+        (folder / "img" / f"{colour}.png").write_bytes(png(colour))
+    question = [{"type": "image"}, {"type": "text", "text": "What colour is it?"}]
+    rows = [
+        {"prompt": [{"role": "user", "content": question}], "images": [f"img/{('red', 'blue')[i % 2]}.png"]}
+        for i in range(n)
+    ]
+    return write_jsonl(folder / name, rows)
+
+
+def grpo_args(model_dir, prompts, rules, out, *extra) -> list[str]:
+    return [
+        "grpo",
+        "--model", str(model_dir),
+        "--prompts", str(prompts),
+        "--eval-prompts", str(prompts),
+        "--reward", f"{rules}:redness",
+        "--prompts-per-step", "2",
+        "--group-size", "2",
+        "--max-new-tokens", "4",
+        "--max-steps", "2",
+        "--eval-every", "2",
+        "--lr", "1e-3",
+        "--report-to", "none",
+        "--output", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def rules(tmp_path):
+    path = tmp_path / "rules.py"
+    path.write_text(REDNESS)
+    return path
+
+
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_grpo_on_each_family_sees_its_images_in_the_reward_and_writes_a_loadable_final(
+    vlm_dirs, tmp_path, rules, capsys, family
+):
+    from transformers import AutoModelForImageTextToText
+
+    prompts, out = colour_prompts(tmp_path), tmp_path / "run"
+    assert main(grpo_args(vlm_dirs[family], prompts, rules, out)) == 0, capsys.readouterr().err
+    err = "".join(capsys.readouterr().err.split())
+    assert "8of8promptsshowimages,giventoeveryforward" in err  # the plan says where the images go
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    # the default --reward-timeout calls the function in the worker process: the images travelled there as PNG text
+    # and came back with their pixels; the eval prompts are 4 red and 4 blue, so the mean is (220 + 20) / 2 / 255
+    assert metrics[-1]["eval/reward/redness"] == pytest.approx(120 / 255, abs=1e-6)
+    assert AutoModelForImageTextToText.from_pretrained(out / "final").config.model_type == family
+
+
+def sampling(**kw):
+    return SimpleNamespace(
+        **{"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "generation_batch": 0, **kw}
+    )
+
+
+def swapped_of(rollout, vision):
+    """The rollout with each row shown the other colour (red <-> blue)."""
+    swapped = rollout.select(torch.arange(len(vision)))
+    swapped.vision = [vision[i ^ 1] for i in range(len(vision))]
+    return swapped
+
+
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_the_sampler_sees_the_images_its_log_probs_are_the_trainers_and_another_image_changes_them(
+    vlm_dirs, tmp_path, family
+):
+    """In float64: the prefill takes the pixels and the cached steps continue from them, so each sampled token's
+    log-prob under the sampler equals the trainer's full forward with the pixels, up to the sampler's float32 softmax
+    (2^-24 relative on logits of size ~1: 1e-5 is far above it); with the other colour's pixels the same tokens'
+    log-probs move by far more."""
+    from transformers import AutoModelForImageTextToText
+
+    folder = vlm_dirs[family]
+    tokenizer = load_tokenizer(folder)
+    processor = load_processor(folder, tokenizer)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float64).eval()
+    never_sample_placeholders(model)  # as the online stages load it
+    rows = prompt_rows(colour_prompts(tmp_path, 4), images=PIXELS)
+    prompts = ImagePrompts(tokenizer, processor, rows, "prompts.jsonl", PIXELS)
+    encoded = [prompts.encode(i) for i in range(4)]
+    contexts, vision = [ids for ids, _ in encoded], [v for _, v in encoded]
+    stops = stop_token_ids(tokenizer, model)
+    backend = HFGenerate(model, tokenizer, copy=True)  # keeps the sampler's log-probs
+    rollout = backend.generate_ids(contexts, sampling(), stops, seeds=[1, 2, 3, 4], vision=vision)
+    mask = rollout.response_mask.bool()
+    assert mask.sum() >= 8 and not torch.isin(rollout.response_ids, torch.tensor(placeholder_ids(model.config))).any()
+    with torch.no_grad():
+        trainer = response_logprobs(model, rollout, 1.0)
+        other = response_logprobs(model, swapped_of(rollout, vision), 1.0)
+    assert float((trainer - rollout.sampler_logprobs)[mask].abs().max()) < 1e-5
+    assert float((other - trainer)[mask].abs().max()) > 1e-3
+    # greedy decoding with the cache drops finished rows; generate() runs every row: the same tokens with images
+    greedy = [
+        backend.generate_ids(contexts, sampling(drop_finished_rows=compact), stops, greedy=True, vision=vision)
+        for compact in (True, False)
+    ]
+    assert torch.equal(greedy[0].response_ids, greedy[1].response_ids)
+
+
+def test_ppo_with_the_shared_critic_and_grpo_with_lora_train_a_vlm(vlm_dirs, tmp_path, rules, capsys):
+    prompts, model = colour_prompts(tmp_path), vlm_dirs["llava"]
+    ppo = grpo_args(model, prompts, rules, tmp_path / "ppo", "--critic-layout", "shared")
+    assert main(["ppo", *ppo[1:]]) == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert all(torch.isfinite(torch.tensor(m["value/loss"])) for m in metrics)
+    lora = grpo_args(model, prompts, rules, tmp_path / "lora", "--lora-r", "4", "--reward", f"{rules}:length")
+    assert main(lora) == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["kl/ref_mean"] == 0 and metrics[1]["kl/ref_mean"] > 0  # reference: the adapter switched off
+
+
+def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(vlm_dirs, tmp_path, rules, capsys):
+    model = vlm_dirs["llava"]
+    prompts = colour_prompts(tmp_path)
+    lines = prompts.read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["images"] = ["img/missing.png"]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
+    cases = [
+        ([], broken, r"broken\.jsonl:3: images\[0\]: image file 'img/missing\.png' not found"),
+        (["--rollout-backend", "vllm"], prompts, r"is a vision-language model.*Not built yet: --rollout-backend vllm"),
+        (["--reward-model", str(model)], prompts, r"Not built yet: --reward-model \(it would score the text alone\)"),
+        (["--max-staleness", "1"], prompts, r"Not built yet: --max-staleness"),
+    ]
+    for extra, file, message in cases:
+        out = tmp_path / "out"
+        assert main(grpo_args(model, file, rules, out, *extra)) == 2
+        assert re.search(message, " ".join(capsys.readouterr().err.split())), extra
+        assert not out.exists()
+    ppo = grpo_args(model, prompts, rules, tmp_path / "out", "--critic-layout", "separate")
+    assert main(["ppo", *ppo[1:]]) == 2
+    assert "Not built yet: a separate critic (use shared)" in " ".join(capsys.readouterr().err.split())

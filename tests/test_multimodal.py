@@ -291,7 +291,7 @@ def test_a_vision_model_folder_without_its_processor_is_named(vlm_dirs, tmp_path
         processor_of(folder)
 
 
-def test_the_stages_that_do_not_read_images_yet_refuse_them_by_name(llama_dir, tmp_path, capsys):
+def test_a_text_model_refuses_images_by_name_in_every_stage(llama_dir, tmp_path, capsys):
     from tether.cli import main
 
     colour_rows(tmp_path, 1)
@@ -301,7 +301,7 @@ def test_the_stages_that_do_not_read_images_yet_refuse_them_by_name(llama_dir, t
     rules = tmp_path / "rules.py"
     rules.write_text("def one(completions, **kw):\n    return [1.0] * len(completions)\n")
     for stage, args, message in [
-        ("rm", ["--data", pairs], r"pairs\.jsonl:1: the record has images, and this stage does not read images yet"),
+        ("rm", ["--data", pairs], r"pairs\.jsonl:1: the record has images, and .* is not a vision-language model"),
         ("dpo", ["--data", pairs], r"pairs\.jsonl:1: the record has images, and .* is not a vision-language model"),
         (
             "grpo",

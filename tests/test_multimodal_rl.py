@@ -154,7 +154,9 @@ def test_ppo_with_the_shared_critic_and_grpo_with_lora_train_a_vlm(vlm_dirs, tmp
     assert metrics[0]["kl/ref_mean"] == 0 and metrics[1]["kl/ref_mean"] > 0  # reference: the adapter switched off
 
 
-def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(vlm_dirs, tmp_path, rules, capsys):
+def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(
+    vlm_dirs, llama_dir, tmp_path, rules, capsys
+):
     model = vlm_dirs["llava"]
     prompts = colour_prompts(tmp_path)
     lines = prompts.read_text().splitlines()
@@ -165,7 +167,11 @@ def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(vlm_d
     cases = [
         ([], broken, r"broken\.jsonl:3: images\[0\]: image file 'img/missing\.png' not found"),
         (["--rollout-backend", "vllm"], prompts, r"is a vision-language model.*Not built yet: --rollout-backend vllm"),
-        (["--reward-model", str(model)], prompts, r"Not built yet: --reward-model \(it would score the text alone\)"),
+        (
+            ["--reward-model", str(llama_dir)],
+            prompts,
+            r"Not built yet: a text --reward-model \(it would score the text",
+        ),
         (["--max-staleness", "1"], prompts, r"Not built yet: --max-staleness"),
     ]
     for extra, file, message in cases:
@@ -176,3 +182,87 @@ def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(vlm_d
     ppo = grpo_args(model, prompts, rules, tmp_path / "out", "--critic-layout", "separate")
     assert main(["ppo", *ppo[1:]]) == 2
     assert "Not built yet: a separate critic (use shared)" in " ".join(capsys.readouterr().err.split())
+
+
+def rm_args(model_dir, train, evals, out, *extra) -> list[str]:
+    return [
+        "rm",
+        "--model", str(model_dir),
+        "--data", str(train),
+        "--eval-data", str(evals),
+        "--max-steps", "2",
+        "--eval-every", "1",
+        "--batch-size", "4",
+        "--micro-batch-size", "2",
+        "--lr", "3e-3",
+        "--report-to", "none",
+        "--output", str(out),
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def pair_files(tmp_path):
+    from test_multimodal import colour_pairs
+
+    rows = colour_pairs(tmp_path, 12)
+    return write_jsonl(tmp_path / "pairs.jsonl", rows[:8]), write_jsonl(tmp_path / "held.jsonl", rows[8:])
+
+
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_a_reward_model_on_each_family_scores_with_the_image_as_grpo_then_reads_it(
+    vlm_dirs, tmp_path, pair_files, capsys, family
+):
+    """tether rm on a vision-language backbone: tether's head on the language model's last state, the image probe in
+    place of the text probes, final/ with the processor and the head reloaded bit for bit; then GRPO scored by it
+    renders a response as the pairs were, so the reward of a held-out chosen answer is its held-out score, normalised."""
+    from tether.data.preferences import tokenize_preferences
+    from tether.data.records import read_records
+    from tether.models.reward import RewardScorer, load_reward_model
+    from tether.rewards.score import score_rows
+    from tether.stages.rm_probes import preference_scores
+
+    out = tmp_path / "rm"
+    assert main(rm_args(vlm_dirs[family], *pair_files, out)) == 0, capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())
+    assert "another record's image moves a score by" in err
+    summary = json.loads((out / "summary.json").read_text())
+    image = summary["probes"]["image"]
+    assert image["responses"] == 8 and image["mean_abs_shift"] > 0  # 4 held-out pairs; the pixels reach the head
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["tether_reward_heads"] == ["reward"] and (out / "final" / "reward_normalization.json").is_file()
+    # held-out scores by the training code path, against the online scorer's for the chosen answers
+    tokenizer = load_tokenizer(out / "final")
+    processor = load_processor(out / "final", tokenizer)
+    rm = load_reward_model(out / "final", tokenizer)
+    records = read_records(pair_files[1])
+    examples, _ = tokenize_preferences(records, tokenizer, 512, ["reward"], images=(processor, PIXELS))
+    held = preference_scores(rm, examples, tokenizer.pad_token_id, 4, "cpu")[:, 0]  # chosen then rejected
+    scorer = RewardScorer(out / "final")
+    rows = prompt_rows(pair_files[1], images=PIXELS)
+    chosen = [r["chosen"][0]["content"] for r in rows]
+    online = torch.tensor(score_rows(scorer, rows, chosen, PIXELS))
+    norm = summary["normalization"]["reward"]
+    torch.testing.assert_close(online, (held[:4] - norm["mean"]) / norm["std"], rtol=0, atol=1e-5)
+    run = tmp_path / "grpo"
+    args = grpo_args(vlm_dirs[family], colour_prompts(tmp_path), tmp_path / "unused.py", run)
+    args[args.index("--reward") : args.index("--reward") + 2] = ["--reward-model", str(out / "final")]
+    assert main(args) == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and "eval/reward/reward_model" in metrics[-1]
+
+
+def test_a_lora_reward_model_on_a_vlm_adapts_the_language_model_only(vlm_dirs, tmp_path, pair_files, capsys):
+    from tether.models.reward import apply_reward_lora, load_reward_model
+    from tether.models.vision import VISION_TOWER
+
+    rm = load_reward_model(vlm_dirs["llava"], load_tokenizer(vlm_dirs["llava"]))
+    lora = apply_reward_lora(rm, 4, 8.0, 0.0, ["all-linear"])
+    trained = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert any("lora_" in n for n in trained) and any(
+        n.endswith("score.modules_to_save.default.weight") for n in trained
+    )
+    assert not [n for n in trained if VISION_TOWER.search(n)]
+    out = tmp_path / "lora"
+    assert main(rm_args(vlm_dirs["llava"], *pair_files, out, "--lora-r", "4")) == 0, capsys.readouterr().err
+    assert load_reward_model(out / "final", load_tokenizer(out / "final")).head_names == ["reward"]

@@ -85,13 +85,13 @@ def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, re
     image_ids = {t for t in ids if t not in plain} | {placeholder}  # what the processor added for the images
     mask = [0 if t in image_ids else m for t, m in zip(ids, mask)]
     mask[0] = 0  # nothing predicts the first token
-    vision = _vision_of(encoded, processor)
+    vision = vision_of(encoded, processor)
     report.images += len(images)
     report.image_tokens += sum(t in image_ids for t in ids)
     return Example(ids, mask, where, vision=vision or None)
 
 
-def _vision_of(encoded, processor) -> dict:
+def vision_of(encoded, processor) -> dict:
     """The processor's outputs beside the token ids: what the forward takes with them."""
     vision = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
     unknown = sorted(set(vision) - set(VISION_INPUTS))
@@ -122,7 +122,7 @@ def encode_prompt(fields: dict, tokenizer, processor, where: str, max_pixels: in
         )
     images = load_images(refs, folder_of(where), where, max_pixels)
     encoded = widened(text, images)
-    return text, encoded["input_ids"][0].tolist(), _vision_of(encoded, processor) or None, images
+    return text, encoded["input_ids"][0].tolist(), vision_of(encoded, processor) or None, images
 
 
 def prompt_images(fields: dict, where: str, max_pixels: int) -> list:

@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from tether.console import progress
+from tether.data.images import IMAGES, folder_of, image_list, load_images
+from tether.data.multimodal import Widened, placed, vision_of
 from tether.data.records import DataError, Record
 from tether.data.sft import _Drop, check_messages, check_str, render_record
 from tether.models.packing import pack_sequences, pad_sequences
+from tether.models.vision import join_vision
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
 
@@ -28,12 +31,14 @@ class PairExample:
     margin: float
     head_labels: list[int]  # per head: +1 chosen better, -1 rejected better, 0 no label
     where: str
+    vision: dict | None = None  # a vision-language model's pixel tensors of the prompt's images (both responses')
 
 
 @dataclass
 class RankedExample:
     ranked_ids: list[list[int]]  # best first
     where: str
+    vision: dict | None = None
 
 
 @dataclass
@@ -191,10 +196,13 @@ def tokenize_preferences(
     margin_column: str = "",
     strict: bool = False,
     path: str = "data",
+    images: tuple | None = None,
 ):
-    """PairExample or RankedExample list and a report."""
+    """PairExample or RankedExample list and a report. ``images``: (processor, max pixels) of a vision-language
+    model: each response is scored with the record's images in its prompt (data/multimodal.py encode_scored)."""
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
-    report.unused = unused_columns(records, report.format, (*heads[1:], margin_column))
+    read = (*heads[1:], margin_column, *(["images"] if images is not None else []))
+    report.unused = unused_columns(records, report.format, read)
     if report.format == "unpaired":
         raise DataError(
             f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO): a "
@@ -202,11 +210,18 @@ def tokenize_preferences(
         )
     examples = []
 
-    def ids_of(text, where):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    def ids_of(fields, response, where, name, counted):
+        vision = None
+        if images is not None:
+            counts = report if counted else None  # a record's images once, not once per response
+            ids, vision = encode_scored(fields, response, tokenizer, images[0], where, name, images[1], counts)
+        else:
+            ids = tokenizer(
+                render_response(tokenizer, fields.get("prompt"), response, where, name), add_special_tokens=False
+            )["input_ids"]
         if len(ids) > max_length:
             raise _Drop(f"longer than max_length={max_length} tokens")
-        return ids
+        return ids, vision
 
     for rec in progress(records, len(records), f"tokenising {path}"):
         f, where = rec.fields, rec.where
@@ -237,14 +252,12 @@ def tokenize_preferences(
                             f"or null, got {value!r}"
                         )
                     labels.append(HEAD_LABELS[value])
-            ids = [
-                ids_of(render_response(tokenizer, f.get("prompt"), value, where, name), where)
-                for name, value in responses
-            ]
+            encoded = [ids_of(f, value, where, name, i == 0) for i, (name, value) in enumerate(responses)]
+            ids, vision = [i for i, _ in encoded], encoded[0][1]  # every response shows the record's images
             if report.format == "pairs":
-                examples.append(PairExample(ids[0], ids[1], margin, labels, where))
+                examples.append(PairExample(ids[0], ids[1], margin, labels, where, vision))
             else:
-                examples.append(RankedExample(ids, where))
+                examples.append(RankedExample(ids, where, vision))
         except _Drop as drop:
             if strict:
                 raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
@@ -268,6 +281,8 @@ def collate_preferences(examples: list, pad_id: int, padding_free: bool = False)
     and a (B, K) mask. ``padding_free`` lays them end to end in fewer rows (tether/models/packing.py)."""
     if isinstance(examples[0], PairExample):
         batch = _layout([e.chosen_ids for e in examples] + [e.rejected_ids for e in examples], pad_id, padding_free)
+        if any(e.vision is not None for e in examples):  # padded rows: chosen rows, then rejected rows
+            batch.update(join_vision([e.vision for e in examples] * 2, batch["input_ids"].shape[1]))
         return {
             **batch,  # 2B sequences
             "margin": torch.tensor([e.margin for e in examples]),  # (B,)
@@ -279,4 +294,34 @@ def collate_preferences(examples: list, pad_id: int, padding_free: bool = False)
         for j in range(k):
             rows.append(e.ranked_ids[j] if j < len(e.ranked_ids) else e.ranked_ids[-1])  # filler rows are masked out
             list_mask[i, j] = j < len(e.ranked_ids)
-    return {**_layout(rows, pad_id, padding_free), "list_mask": list_mask}  # B·K sequences, (B, K)
+    batch = _layout(rows, pad_id, padding_free)
+    if any(e.vision is not None for e in examples):  # each row's record's images, row by row
+        batch.update(join_vision([e.vision for e in examples for _ in range(k)], batch["input_ids"].shape[1]))
+    return {**batch, "list_mask": list_mask}  # B·K sequences, (B, K)
+
+
+def encode_scored(fields: dict, response, tokenizer, processor, where: str, field_name: str, max_pixels: int, report):
+    """A (prompt, response) as a vision-language reward model scores it: data/preferences.py render_response's text
+    (read at its last token), the record's images in their places in the prompt and widened by the processor.
+    Returns (token ids, pixel tensors or None); ``report`` (if any) adds up the images and their tokens."""
+    widened = Widened(processor, add_special=False)
+    prompt = fields.get("prompt")
+    refs = image_list(fields, where)
+    if prompt is None and refs:
+        raise DataError(f"{where}: the record has images and no 'prompt' field to show them in")
+    if prompt is not None:
+        prompt, refs = placed({"prompt": prompt, IMAGES: fields.get(IMAGES)}, "prompt", widened.placeholder, where)
+        prompt = prompt["prompt"]
+    text = render_response(tokenizer, prompt, response, where, field_name)
+    if text.count(widened.placeholder) != len(refs):
+        raise DataError(
+            f"{where}: the text renders {text.count(widened.placeholder)} image placeholder(s) "
+            f"({widened.placeholder}) for {len(refs)} image(s): does the chat template render image content parts?"
+        )
+    images = load_images(refs, folder_of(where), where, max_pixels)
+    encoded = widened(text, images)
+    ids = encoded["input_ids"][0].tolist()
+    if report is not None:
+        report.images += len(images)
+        report.image_tokens += len(ids) - len(tokenizer(text, add_special_tokens=False)["input_ids"]) + len(images)
+    return ids, vision_of(encoded, processor) or None

@@ -160,8 +160,10 @@ def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
 
 
 def score_inputs(batch: dict) -> dict[str, torch.Tensor]:
-    """The keyword arguments tether's RewardModel takes from a padded or a packed batch."""
-    return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "last_index") if k in batch}
+    """The keyword arguments tether's RewardModel takes from a padded or a packed batch (a vision-language backbone's:
+    its pixel tensors too)."""
+    names = ("input_ids", "attention_mask", "position_ids", "last_index", *VISION_INPUTS)
+    return {k: batch[k] for k in names if k in batch}
 
 
 def group_rows(batch: dict, group: int, per_group: int) -> dict[str, torch.Tensor]:

@@ -26,10 +26,12 @@ from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
 from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, lora_config
 from tether.models.packing import pad_sequences
 from tether.models.shards import is_sharded, reshard
+from tether.models.vision import VISION_TOWER_MODULES, freeze_vision_tower, is_vision_language, load_processor
 
 NORM_FILE = "reward_normalization.json"
 STEP_HEAD = "step"  # a process reward model's one head (`tether prm`)
 STEP_SEPARATOR_KEY = "tether_step_separator"  # in a process reward model's config.json: what ended its steps
+VISION_HEADS_KEY = "tether_reward_heads"  # in a vision-language reward model's config.json: its heads, in order
 
 
 class RewardModel(nn.Module):
@@ -55,11 +57,13 @@ class RewardModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         last_index: torch.Tensor | None = None,
         step_index: torch.Tensor | None = None,
+        **vision: torch.Tensor,
     ) -> torch.Tensor:
         """(sequences, heads) scores at each sequence's last token: of padded rows (attention_mask, left or right
         padding) or of packed rows (position_ids restarting per sequence, last_index: tether/models/packing.py).
-        With ``step_index`` (B, S): (B, S, heads) scores at each row's step positions (step_scores). Through
-        forward, so data-parallel and sharded wrappers see the call."""
+        With ``step_index`` (B, S): (B, S, heads) scores at each row's step positions (step_scores). ``vision``: a
+        vision-language backbone's pixel tensors (models/vision.py VISION_INPUTS; padded rows). Through forward, so
+        data-parallel and sharded wrappers see the call."""
         if step_index is not None:
             return self.step_scores(input_ids, attention_mask, step_index)
         inner = self.inner
@@ -70,7 +74,7 @@ class RewardModel(nn.Module):
             return at_least_float32(self.score_head(hidden.reshape(-1, hidden.shape[-1])[last_index]))  # (n, heads)
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T), 0 at the first real token
         hidden = inner.base_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **vision
         ).last_hidden_state  # (B, T, H)
         last = last_action_index(attention_mask).clamp(min=0)  # (B,) last real token, for left or right padding
         pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
@@ -111,8 +115,11 @@ def load_reward_model(
     """From a reward-model folder (heads as saved) or a causal-LM folder (new, zero-initialised heads)."""
     path = _check_dir(path, "model")
     check_model_folder(path, "reward model" if (path / "reward_normalization.json").is_file() else "model")
-    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     torch_dtype = "auto" if dtype == "auto" else DTYPES[dtype]
+    if is_vision_language(path):
+        model = _vision_reward_model(path, head_names, torch_dtype, trust_remote_code)
+        return RewardModel(_fit_tokenizer(model, tokenizer, dtype, path))
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     is_rm = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
     if is_rm:
         saved = [config.id2label[i] for i in range(config.num_labels)]
@@ -135,12 +142,46 @@ def load_reward_model(
             model.score.weight.zero_()  # every head starts at score 0: no arbitrary initial preference
             if getattr(model.score, "bias", None) is not None:
                 model.score.bias.zero_()
+    return RewardModel(_fit_tokenizer(model, tokenizer, dtype, path))
+
+
+def _fit_tokenizer(model, tokenizer, dtype: str, path: Path):
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer))
     model.config.pad_token_id = tokenizer.pad_token_id
     if next(model.parameters()).dtype == torch.bfloat16:
         refuse_bf16_attention_where_torch_cannot(model, f"dtype={dtype} (reward model {path}: bf16 weights)")
-    return RewardModel(model)
+    return model
+
+
+def _vision_reward_model(path: Path, head_names: list[str] | None, dtype, trust_remote_code: bool):
+    """A vision-language model with tether's head: ``score``, a bias-free linear map from the language model's last
+    hidden state to one score per head, an attribute of the model (so it saves with the weights, as
+    ``score.weight``). Transformers has no sequence-classification class for most vision-language models; this is
+    that class's head on any of them. The heads are named in config.json (``tether_reward_heads``); a folder without
+    them (a vision-language model) gets new zero heads."""
+    from safetensors import safe_open
+    from transformers import AutoModelForImageTextToText
+
+    saved = json.loads((path / "config.json").read_text()).get(VISION_HEADS_KEY)
+    if saved and head_names and list(head_names) != saved:
+        raise ConfigError(f"{path} is a reward model with heads {saved}; --heads {head_names} does not match")
+    names = list(saved or head_names or ["reward"])
+    model = AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype, trust_remote_code=trust_remote_code)
+    hidden = model.config.get_text_config().hidden_size
+    model.score = nn.Linear(hidden, len(names), bias=False, dtype=model.get_input_embeddings().weight.dtype)
+    with torch.no_grad():
+        model.score.weight.zero_()  # every head starts at score 0: no arbitrary initial preference
+        if saved:  # the weights loader left score.weight out (the class names no such module): read it here
+            index = path / "model.safetensors.index.json"
+            file = (
+                json.loads(index.read_text())["weight_map"]["score.weight"] if index.is_file() else "model.safetensors"
+            )
+            with safe_open(str(path / file), framework="pt") as weights:
+                model.score.weight.copy_(weights.get_tensor("score.weight"))
+    model.config.id2label, model.config.label2id = dict(enumerate(names)), {n: i for i, n in enumerate(names)}
+    setattr(model.config, VISION_HEADS_KEY, names)
+    return model
 
 
 def load_trainable_reward_model(model_cfg, tokenizer, heads: list[str], checkpoint) -> "RewardModel":
@@ -163,13 +204,17 @@ def load_trainable_reward_model(model_cfg, tokenizer, heads: list[str], checkpoi
         rm = load_reward_model(checkpoint or m.path, tokenizer, heads, m.dtype, m.trust_remote_code)
     if not m.keep_dropout:
         disable_dropout(rm)
+    if hasattr(rm.inner.config, VISION_HEADS_KEY) and not m.train_vision and m.lora_r <= 0:
+        freeze_vision_tower(rm.inner)  # as a vision-language policy's: the projector trains, the encoder stays
     return apply_precision(rm, m)
 
 
 def apply_reward_lora(rm: RewardModel, r: int, alpha: float, dropout: float, target_modules: list[str]) -> RewardModel:
     from peft import get_peft_model
 
-    cfg = lora_config(r, alpha, dropout, target_modules, "SEQ_CLS", modules_to_save=["score"])
+    vision = hasattr(rm.model.config, VISION_HEADS_KEY)  # adapters on the language model and projector only
+    exclude = {"exclude_modules": VISION_TOWER_MODULES} if vision else {}
+    cfg = lora_config(r, alpha, dropout, target_modules, "SEQ_CLS", modules_to_save=["score"], **exclude)
     return RewardModel(get_peft_model(rm.model, cfg))
 
 
@@ -271,6 +316,8 @@ class RewardScorer:
 
         self.tokenizer = load_tokenizer(path)
         self.model = load_reward_model(path, self.tokenizer, dtype=dtype).to(device).eval()
+        # a vision-language reward model scores (prompt, images, response): score_rows, with its own processor
+        self.processor = load_processor(path, self.tokenizer) if is_vision_language(path) else None
         names = self.model.head_names
         weights = dict(weights) if weights else {names[0]: 1.0}
         unknown = sorted(set(weights) - set(names))
@@ -293,10 +340,25 @@ class RewardScorer:
         return (self.head_scores(texts) @ self.weights).tolist()
 
     @property
-    def in_step(self) -> bool:
-        """Sharded (--fsdp, tether/train/sharding.py shard_reward_model): every process must score in step, even
-        one with no texts (rewards/score.py Scorer.join_idle)."""
-        return is_sharded(self.model)
+    def reads_images(self) -> bool:
+        return self.processor is not None
+
+    @torch.no_grad()
+    def score_encoded(self, encoded: list[tuple[list[int], dict | None]], batch_size: int = 16) -> list[float]:
+        """A vision-language reward model's rewards of encoded (prompt, images, response) rows: (token ids, pixel
+        tensors or None) each, as data/preferences.py encode_scored makes them (rewards/score.py)."""
+        from tether.models.vision import join_vision, on_model
+
+        check_lengths([ids for ids, _ in encoded], self.max_length)
+        raw = torch.zeros(len(encoded), len(self.model.head_names))
+        device = next(self.model.parameters()).device
+        for start in range(0, len(encoded), batch_size):
+            part = encoded[start : start + batch_size]
+            batch = pad_sequences([ids for ids, _ in part], self.tokenizer.pad_token_id)
+            vision = on_model(self.model, join_vision([v for _, v in part], batch["input_ids"].shape[1]))
+            scores = self.model(batch["input_ids"].to(device), batch["attention_mask"].to(device), **vision)
+            raw[start : start + len(part)] = scores.float().cpu()
+        return (((raw - self.mean) / self.std) @ self.weights).tolist()
 
 
 def process_reward_separator(path: str | Path) -> str:

@@ -89,6 +89,22 @@ def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
     )
 
 
+def score_rows(reward_model, rows: list[dict], responses: list[str], max_pixels: int) -> list[float]:
+    """A vision-language reward model's (models/reward.py RewardScorer) rewards of ``responses`` to the prompt ``rows``
+    (their images' paths absolute: data/prompts.py), each rendered as its training pairs were (data/preferences.py
+    encode_scored: a chat prompt's answer as an assistant turn, a plain prompt's + EOS) with the prompt's images."""
+    from tether.data.preferences import encode_scored
+
+    tokenizer, processor = reward_model.tokenizer, reward_model.processor
+    encoded = []
+    for i, (row, text) in enumerate(zip(rows, responses)):
+        response = [{"role": "assistant", "content": text}] if isinstance(row.get("prompt"), list) else text
+        encoded.append(
+            encode_scored(row, response, tokenizer, processor, f"response {i}", "response", max_pixels, None)
+        )
+    return reward_model.score_encoded(encoded)
+
+
 def audited_response(step: int, prompt: str, response: str, share: float) -> bool:
     """Whether the audit scores this response: the first 8 bytes of sha256(step, prompt, response), read as a number
     in [0, 1), fall below ``share`` — a choice that depends on nothing else, so N processes and a resumed run audit
@@ -187,7 +203,13 @@ class Scorer:
         parts: dict[str, torch.Tensor] = {}
         steps = None
         total = torch.zeros(len(rollout.responses))
-        if self.reward_model is not None:
+        if self.reward_model is not None and getattr(self.reward_model, "reads_images", False):
+            with phase("reward"):  # (prompt, images, response), rendered with the reward model's own processor
+                # the rows' images were checked against --max-image-pixels when the prompt file was read
+                values = score_rows(self.reward_model, rows, rollout.responses, max_pixels=2**62)
+                parts["reward_model"] = torch.tensor(values, dtype=torch.float32)
+            total += self.cfg.reward_model_weight * parts["reward_model"]
+        elif self.reward_model is not None:
             eos = self.tokenizer.eos_token or ""
             texts = [
                 p + r + ("" if t else eos)

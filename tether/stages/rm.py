@@ -23,14 +23,23 @@ from tether.algorithms.reward import (
 )
 from tether.config import ConfigError
 from tether.console import console
+from tether.data.multimodal import refuse_images, text_only
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
 from tether.models.packing import describe, score_inputs
 from tether.models.reward import NORM_FILE, load_reward_model, load_trainable_reward_model, save_reward_model
+from tether.models.vision import is_vision_language, load_processor
 from tether.stages.rm_config import RMConfig
-from tether.stages.rm_probes import normalization_stats, run_probes
+from tether.stages.rm_probes import (
+    image_probe,
+    image_reading,
+    normalization_stats,
+    preference_scores,
+    run_probes,
+    stats_of_scores,
+)
 from tether.train.checkpoint import write_atomically
 from tether.train.early_stop import OverfitDetector
 from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, read_split, run_offline
@@ -139,7 +148,7 @@ def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path
     """(model — sharded with --fsdp, else prepared for data parallelism —, optimizer, scheduler, over-fitting
     detector), restored from the checkpoint when resuming."""
     model = load_trainable_rm(cfg, tokenizer, checkpoint)
-    if cfg.model.padding_free:
+    if cfg.model.padding_free and not is_vision_language(cfg.model.path):  # a vision model's rows are padded
         check_position_restarts(model, cfg.model.path)
     model, optimizer, scheduler, state = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
     detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
@@ -169,7 +178,16 @@ def run_rm(cfg: RMConfig) -> dict:
             raise ConfigError(f"{flag} is required")
     tokenizer = load_stage_tokenizer(cfg.model)
     heads = list(cfg.rm.heads)
-    train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer)  # before the run folder is touched
+    processor = None
+    if is_vision_language(cfg.model.path):  # each response scored with its record's images
+        if cfg.data.norm_path or cfg.data.probe_path:
+            raise ConfigError(
+                "--norm-data and --probe-data score text alone; a vision-language reward model's normalisation comes "
+                "from its held-out pairs with their images (leave both out)"
+            )
+        processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
+    # before the run folder is touched
+    train_recs, eval_recs, train, evals, reports = load_rm_data(cfg, tokenizer, processor)
     opened = start_run(cfg, {"--output": cfg.train.output})
     accelerator, _, out, start_step, checkpoint = opened
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
@@ -179,7 +197,8 @@ def run_rm(cfg: RMConfig) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
     mb, device = cfg.train.micro_batch_size, accelerator.device
-    pad_id, padding_free = tokenizer.pad_token_id, cfg.model.padding_free
+    pad_id, padding_free = tokenizer.pad_token_id, cfg.model.padding_free and processor is None
+    saved_with = processor or tokenizer  # a vision model's folders hold its processor (tokenizer, image processor)
 
     def save(summary: dict) -> None:
         """The bias probes and final/ (process 0), on an ordinary copy of the trained model when it is sharded."""
@@ -189,7 +208,9 @@ def run_rm(cfg: RMConfig) -> dict:
             probed = unsharded_on_main(
                 model, lambda: load_reward_model(m.path, tokenizer, heads, m.dtype, m.trust_remote_code), accelerator
             )
-        if accelerator.is_main_process:
+        if accelerator.is_main_process and processor is not None:
+            finish_vision_rm(cfg, probed, saved_with, out, summary, evals or train, device)
+        elif accelerator.is_main_process:
             last_eval_step = detector.history[-1][0] if detector.history else None
             known = final_scores if last_eval_step == summary["steps"] else None  # scores of the final weights only
             finish_rm(cfg, probed, tokenizer, out, summary, (train_recs, eval_recs, train, evals), known)
@@ -214,10 +235,18 @@ def run_rm(cfg: RMConfig) -> dict:
         eval_examples=evals,
         objective=objective,
         collate_fn=lambda exs: collate_preferences(exs, pad_id, padding_free),
-        on_eval=_best_keeper(cfg, detector, model, unwrapped, tokenizer, out, accelerator),
+        on_eval=_best_keeper(cfg, detector, model, unwrapped, saved_with, out, accelerator),
         checkpoint_state=lambda: {"overfit": asdict(detector)},
         evaluate_fn=lambda step: _evaluate(
-            unwrapped, evals, pad_id, objective, heads, mb, device, scored=final_scores, padding_free=padding_free
+            unwrapped,
+            evals,
+            pad_id,
+            objective,
+            heads,
+            mb,
+            device,
+            scored=final_scores if processor is None else {},  # keyed by token ids: a text model's only
+            padding_free=padding_free,
         ),
     )
 
@@ -228,7 +257,8 @@ def _rm_plan(cfg: RMConfig, train, evals, report, accelerator, total_steps: int,
         "heads": ", ".join(cfg.rm.heads),
         "batch per optimizer step": cfg.train.batch_size,
         "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(accelerator.num_processes),
-        "micro-batch rows": describe(cfg.model.padding_free),
+        "micro-batch rows": describe(cfg.model.padding_free and not is_vision_language(cfg.model.path))
+        + (" (a vision-language model's: each row its images)" if is_vision_language(cfg.model.path) else ""),
         "optimizer steps": total_steps,
         "start step": start_step,
         "model": parameter_summary(model)
@@ -263,6 +293,13 @@ def _best_keeper(cfg: RMConfig, detector: OverfitDetector, model, unwrapped, tok
 def _final_line(out: Path, detector: OverfitDetector, last_eval: dict, probes: dict) -> str:
     """Where the model is, then each bias probe's figure on a line of its own with its reading (rm_probes.read_probes:
     what the number means, whether it is high and by what rule)."""
+    if "image" in probes:  # a vision-language reward model's
+        image = probes["image"]
+        return (
+            f"reward model: {out / 'final'}{_best_line(out, detector, last_eval)}\n  another record's image moves "
+            f"a score by {image['mean_abs_shift']:.3f} on average ({image['shift_over_std']:.2f} score std) — "
+            f"{image['reading']}"
+        )
     readings = probes["readings"]
     figures = {"length_correlation": f"length correlation {probes['length_correlation']:.2f}"}
     figures.update({k: f"{k} shift {v['mean_shift']:+.3f}" for k, v in probes["counterfactual"].items()})
@@ -280,15 +317,34 @@ def _best_line(out: Path, detector: OverfitDetector, last_eval: dict) -> str:
     )
 
 
-def load_rm_data(cfg: RMConfig, tokenizer):
-    """(train records, held-out records, train examples, held-out examples, data reports)."""
+def load_rm_data(cfg: RMConfig, tokenizer, processor=None):
+    """(train records, held-out records, train examples, held-out examples, data reports). With a vision-language
+    model's ``processor``, each response is scored with its record's images; without one, a record with images is an
+    error naming it."""
     d, heads = cfg.data, list(cfg.rm.heads)
-    return read_split(
-        cfg,
-        lambda recs, label, limit: tokenize_preferences(
-            recs, tokenizer, limit, heads, d.margin_column, d.strict, label
-        ),
-    )
+    images = (processor, cfg.model.max_image_pixels) if processor is not None else None
+
+    def tokenize(recs, label, limit):
+        if processor is None:
+            refuse_images(recs, text_only(cfg.model.path))
+        return tokenize_preferences(recs, tokenizer, limit, heads, d.margin_column, d.strict, label, images)
+
+    return read_split(cfg, tokenize, images_read=True)
+
+
+def finish_vision_rm(cfg: RMConfig, model, processor, out: Path, summary: dict, examples, device) -> None:
+    """final/ of a vision-language reward model: normalisation statistics from its scores of the held-out responses
+    with their images, and the image probe in place of the text probes (rm_probes.py image_probe)."""
+    pad_id, micro = processor.tokenizer.pad_token_id, cfg.train.micro_batch_size
+    own, swapped = image_probe(model, examples, pad_id, micro, device)
+    normalization = stats_of_scores(preference_scores(model, examples, pad_id, micro, device), model.head_names)
+    summary["probes"] = {"image": image_reading(own[:, 0], swapped[:, 0])}
+    summary["normalization"] = normalization
+    write_atomically(lambda tmp: save_reward_model(model, processor, tmp, normalization), out / "final")
+    if (out / "best").is_dir():  # best/ has its own weights, so its own statistics
+        best = load_reward_model(out / "best", processor.tokenizer).to(device)
+        scores = preference_scores(best, examples, pad_id, micro, device)
+        (out / "best" / NORM_FILE).write_text(json.dumps(stats_of_scores(scores, best.head_names), indent=2))
 
 
 def finish_rm(cfg: RMConfig, model, tokenizer, out: Path, summary: dict, data, known: dict | None = None) -> None:

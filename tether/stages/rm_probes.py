@@ -14,9 +14,12 @@ import copy
 import math
 import statistics
 
+import torch
+
 from tether.data.preferences import render_response
 from tether.data.probes import ADDED, DEFAULT_PROBES  # noqa: F401 - their old home
 from tether.models.reward import check_lengths, score_token_ids
+from tether.models.vision import PER_TOKEN
 
 # |r| of score with length from which the length probe reads high: r² ≥ 0.09, length alone accounting for about a
 # tenth of the variance of the scores (docs/reward-models.md, "Reading the probes")
@@ -152,14 +155,18 @@ def normalization_stats(rm, tokenizer, rows: list[dict], max_length: int, score:
     ]
     if not texts:
         raise ValueError("normalisation needs at least one reference response")
-    scores = (score or ScoreMemo(rm, tokenizer))(texts, max_length)  # (N, heads)
+    return stats_of_scores((score or ScoreMemo(rm, tokenizer))(texts, max_length), rm.head_names)
+
+
+def stats_of_scores(scores, head_names: list[str]) -> dict:
+    """{head: {mean, std, n}} of (N, heads) scores: what reward normalisation divides by."""
     return {
         name: {
             "mean": scores[:, h].mean().item(),
             "std": max(scores[:, h].std(unbiased=False).item(), 1e-6),
-            "n": len(texts),
+            "n": scores.shape[0],
         }
-        for h, name in enumerate(rm.head_names)
+        for h, name in enumerate(head_names)
     }
 
 
@@ -205,3 +212,75 @@ def run_probes(
     probes["texts_scored"] = score.scored  # distinct texts through the model (each once)
     probes["readings"] = read_probes(probes)
     return probes, normalization
+
+
+# A reward model that reads the image moves its score when the scene is another one's; one whose score moves by less
+# than this share of its spread over responses is reading the text alone (the image-blind reward, docs/reward-models.md)
+IMAGE_BLIND_SHARE = 0.25
+
+
+def _pixels(vision: dict) -> dict:
+    """The image side of a response's vision inputs (its per-token markers belong to its text)."""
+    return {k: v for k, v in vision.items() if k not in PER_TOKEN}
+
+
+def _same_shapes(a: dict, b: dict) -> bool:
+    a, b = _pixels(a), _pixels(b)
+    return a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+
+
+@torch.no_grad()
+def image_probe(rm, examples: list, pad_id: int, micro: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(own, swapped): (N, heads) scores of the held-out responses that show images, with their own record's images
+    and with another record's pixels (the next one whose pixel tensors have the same shapes, so the image tokens
+    still fit; a record with no such partner is left out of both)."""
+    from dataclasses import replace
+
+    shown = [e for e in examples if e.vision is not None]
+    pairs = []
+    for i, example in enumerate(shown):
+        partner = next((o for o in shown[i + 1 :] + shown[:i] if _same_shapes(o.vision, example.vision)), None)
+        if partner is not None:
+            pairs.append((example, replace(example, vision={**example.vision, **_pixels(partner.vision)})))
+
+    own = preference_scores(rm, [o for o, _ in pairs], pad_id, micro, device)
+    return own, preference_scores(rm, [other for _, other in pairs], pad_id, micro, device)
+
+
+@torch.no_grad()
+def preference_scores(rm, examples: list, pad_id: int, micro: int, device) -> torch.Tensor:
+    """(N, heads) scores of every response of ``examples`` (pairs: each micro-batch's chosen, then its rejected),
+    with each record's images, in evaluation mode."""
+    from tether.data.preferences import collate_preferences
+    from tether.models.packing import score_inputs
+
+    was_training, out = rm.training, []
+    rm.eval()
+    try:
+        for start in range(0, len(examples), micro):
+            batch = {k: v.to(device) for k, v in collate_preferences(examples[start : start + micro], pad_id).items()}
+            out.append(rm(**score_inputs(batch)).float().cpu())
+    finally:
+        rm.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0, len(rm.head_names))
+
+
+def image_reading(own: torch.Tensor, swapped: torch.Tensor) -> dict:
+    """The image probe's figures and reading: mean |s(own image) − s(another scene)| against the scores' spread."""
+    if own.numel() == 0:
+        return {"responses": 0, "mean_abs_shift": 0.0, "shift_over_std": 0.0, "high": False,
+                "reading": "no held-out response shows an image: not measured"}  # fmt: skip
+    shift = float((own - swapped).abs().mean())
+    share = shift / max(float(own.std(unbiased=False)), 1e-12)
+    blind = share < IMAGE_BLIND_SHARE
+    return {
+        "responses": int(own.numel()),
+        "mean_abs_shift": round(shift, 6),
+        "shift_over_std": round(share, 4),
+        "high": blind,
+        "reading": (
+            f"below {IMAGE_BLIND_SHARE} score std: the score barely depends on the image, an image-blind reward"
+            if blind
+            else f"at least {IMAGE_BLIND_SHARE} score std: the score depends on the image"
+        ),
+    }

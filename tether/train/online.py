@@ -24,6 +24,7 @@ from tether.config import ConfigError
 from tether.console import console
 from tether.diagnostics.report import reading_place
 from tether.diagnostics.watch import RunMonitor, read_jsonl
+from tether.models.vision import is_vision_language
 from tether.models.work import counting, phase, section
 from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, save_final, set_rng_state
@@ -498,7 +499,6 @@ def start_online(
     from tether.data.prompts import prompt_rows as prompt_rows_of
     from tether.models.lm import check_lora_reference
     from tether.models.reward import process_reward_separator
-    from tether.models.vision import is_vision_language
     from tether.rewards.functions import load_audit_set, load_reward_set
     from tether.train.run import check_steps_left, start_run
 
@@ -536,7 +536,8 @@ def start_online(
 
 def refuse_vision_online(cfg, rewards_cfg) -> None:
     """What a vision-language policy cannot do online yet, refused by name before anything is written: it samples
-    with the hf backend, synchronously, on one process, and is scored by reward functions (which get the images)."""
+    with the hf backend, synchronously, on one process, and is scored by reward functions (which get the images) and
+    a vision-language reward model (which scores the prompt's images with the response)."""
     ro = cfg.rollout
     refused = [
         (ro.backend != "hf", f"--rollout-backend {ro.backend} (vLLM's multimodal prompts are not built: use hf)"),
@@ -544,7 +545,11 @@ def refuse_vision_online(cfg, rewards_cfg) -> None:
         (bool(ro.sampling_dtype), "--sampling-dtype (its copy of the policy is a causal LM)"),
         (bool(getattr(getattr(cfg, "agent", None), "env", "")), "--env (agent episodes with images are not built)"),
         (int(os.environ.get("WORLD_SIZE", "1")) > 1, "several processes (images are not gathered across them yet)"),
-        (bool(rewards_cfg is not None and rewards_cfg.reward_model), "--reward-model (it would score the text alone)"),
+        (
+            bool(rewards_cfg is not None and rewards_cfg.reward_model)
+            and not is_vision_language(rewards_cfg.reward_model),
+            "a text --reward-model (it would score the text alone: train one on the images, `tether rm`)",
+        ),
         (bool(rewards_cfg is not None and rewards_cfg.process_reward_model), "--process-reward-model (text alone)"),
         (bool(cfg.judge.model), "--judge-model (it would judge the text alone)"),
         (getattr(getattr(cfg, "critic", None), "layout", "shared") != "shared", "a separate critic (use shared)"),

@@ -142,12 +142,28 @@ def test_the_sampler_sees_the_images_its_log_probs_are_the_trainers_and_another_
     assert torch.equal(greedy[0].response_ids, greedy[1].response_ids)
 
 
-def test_ppo_with_the_shared_critic_and_grpo_with_lora_train_a_vlm(vlm_dirs, tmp_path, rules, capsys):
-    prompts, model = colour_prompts(tmp_path), vlm_dirs["llava"]
-    ppo = grpo_args(model, prompts, rules, tmp_path / "ppo", "--critic-layout", "shared")
-    assert main(["ppo", *ppo[1:]]) == 0, capsys.readouterr().err
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_ppo_with_the_shared_critic_trains_each_family(vlm_dirs, tmp_path, rules, capsys, family):
+    """The value head reads the policy's last hidden states of the forward that took the pixels."""
+    prompts = colour_prompts(tmp_path)
+    ppo = grpo_args(vlm_dirs[family], prompts, rules, tmp_path / "ppo", "--critic-layout", "shared")
+    assert main(["ppo", *ppo[1:], "--reward", f"{rules}:length"]) == 0, capsys.readouterr().err
     metrics = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
-    assert all(torch.isfinite(torch.tensor(m["value/loss"])) for m in metrics)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(torch.isfinite(torch.tensor([m["value/loss"], m["policy/entropy"]])).all() for m in metrics)
+
+
+@pytest.mark.parametrize("recipe", ["dapo", "dr_grpo", "gspo", "reinforce_pp", "rloo"])
+def test_every_other_recipe_trains_a_vlm(vlm_dirs, tmp_path, rules, capsys, recipe):
+    prompts = colour_prompts(tmp_path)
+    args = grpo_args(vlm_dirs["idefics3"], prompts, rules, tmp_path / recipe, "--recipe", recipe)
+    assert main([*args, "--reward", f"{rules}:length"]) == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (tmp_path / recipe / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and torch.isfinite(torch.tensor(metrics[-1]["policy/entropy"]))
+
+
+def test_grpo_with_lora_trains_a_vlm(vlm_dirs, tmp_path, rules, capsys):
+    prompts, model = colour_prompts(tmp_path), vlm_dirs["llava"]
     lora = grpo_args(model, prompts, rules, tmp_path / "lora", "--lora-r", "4", "--reward", f"{rules}:length")
     assert main(lora) == 0, capsys.readouterr().err
     metrics = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]
@@ -266,3 +282,18 @@ def test_a_lora_reward_model_on_a_vlm_adapts_the_language_model_only(vlm_dirs, t
     out = tmp_path / "lora"
     assert main(rm_args(vlm_dirs["llava"], *pair_files, out, "--lora-r", "4")) == 0, capsys.readouterr().err
     assert load_reward_model(out / "final", load_tokenizer(out / "final")).head_names == ["reward"]
+
+
+def test_data_check_of_a_prompt_file_with_images_counts_them_in_the_prompts_tokens(vlm_dirs, tmp_path, capsys):
+    prompts = colour_prompts(tmp_path, 4)
+    assert main(["data", "check", str(prompts), "--model", str(vlm_dirs["llava"])]) == 0
+    captured = capsys.readouterr()
+    out = " ".join((captured.out + captured.err).split())
+    # LLaVA widens the image's one placeholder into (28/7)² = 16 tokens (test_multimodal.py IMAGE_TOKENS): 15 more
+    tokenizer = load_tokenizer(vlm_dirs["llava"])
+    rows = prompt_rows(prompts, images=PIXELS)
+    processor = load_processor(vlm_dirs["llava"], tokenizer)
+    text = ImagePrompts(tokenizer, processor, rows, "p", PIXELS).texts[0]
+    n = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 15
+    assert f"4 RL prompts (chat messages); prompt tokens min {n}, mean {n}.0, max {n}" in out
+    assert "4 show images" in out

@@ -79,16 +79,28 @@ def check_preferences(cfg: CheckCommand, tokenizer, records, unpaired: bool) -> 
 def check_prompts(cfg: CheckCommand, tokenizer, first: dict) -> None:
     from tether.console import console
     from tether.data.prompts import prompt_rows
+    from tether.models.vision import is_vision_language, load_processor
     from tether.rollout.prompts import render_prompts
 
-    file = cfg.example.file
-    rows = prompt_rows(file)
-    prompts = render_prompts(tokenizer, rows, str(file))
-    lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    file, m = cfg.example.file, cfg.model
+    vision = is_vision_language(m.path)  # the prompts as the policy samples them: images widened by its processor
+    rows = prompt_rows(file, images=m.max_image_pixels if vision else 0)
+    shown = ""
+    if vision:
+        from tether.train.sampling import ImagePrompts
+
+        encoded = ImagePrompts(
+            tokenizer, load_processor(m.path, tokenizer, m.trust_remote_code), rows, str(file), m.max_image_pixels
+        )
+        prompts, lengths = encoded.texts, encoded.lengths
+        shown = f"; {encoded.shown} show images (counted in their tokens; reward functions get them as 'images')"
+    else:
+        prompts = render_prompts(tokenizer, rows, str(file))
+        lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
     console.print(
         f"{file}: {len(rows)} RL prompts ({'chat messages' if isinstance(first['prompt'], list) else 'text'}); "
         f"prompt tokens min {min(lengths)}, mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)}; "
-        f"columns reward functions receive by name: {sorted(set(first) - {'prompt'}) or 'none'}"
+        f"columns reward functions receive by name: {sorted(set(first) - {'prompt'}) or 'none'}{shown}"
     )
     i = min(cfg.example.index, len(prompts) - 1)
     console.print(f"\nprompt {i + 1} as the policy sees it ({lengths[i]} tokens; it writes after the end):")

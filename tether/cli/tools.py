@@ -56,6 +56,12 @@ class LabSection(Section):
 
     output: str = option("runs/lab", "Lab run folder; stages already done there with the same recipe are reused.")
     quick: bool = option(False, "A smaller world and model (about a minute); used by the tests.")
+    multimodal: bool = option(
+        False,
+        "The visual world instead (tether/lab/visual.py): a tiny vision-language model from scratch, its reward "
+        "models, GRPO, DPO and multimodal reward hacking, over seeds --seed and --seed + 1, into OUTPUT/visual "
+        "(about 7 minutes on 2 cores; --quick: a smaller one).",
+    )
     seed: int = option(0, "Seed of the world, the model and every stage.")
     fresh: bool = option(False, "Redo every stage, ignoring cached outputs.")
     workers: int = option(
@@ -87,6 +93,17 @@ def run_lab_command(cfg: LabCommand) -> None:
     from tether.lab.settings import QUICK, LabConfig, lab_settings
 
     lab = cfg.lab
+    if lab.multimodal:
+        from pathlib import Path
+
+        from tether.lab.visual import QUICK_VISUAL, VisualLabConfig, run_visual_lab
+
+        if lab.set:
+            raise ConfigError("--set changes the text lab's settings; the visual lab's are VisualLabConfig's")
+        run_visual_lab(
+            Path(lab.output) / "visual", (lab.seed, lab.seed + 1), QUICK_VISUAL if lab.quick else VisualLabConfig()
+        )
+        return
     settings = replace(QUICK if lab.quick else LabConfig(), seed=lab.seed, **lab_settings(list(lab.set)))
     run_lab(lab.output, settings, fresh=lab.fresh, workers=lab.workers or usable_cores())
 

@@ -114,6 +114,10 @@ class MonitorSettings:
     # alarms; a 5 % audit of 32 responses a step gives about 24 a block, too few for 3 standard errors)
     audit_window: int = 15
     audit_z: float = 1.5
+    # the image-blind reward: at an evaluation, a vision-language reward model's score moves by less than
+    # image_shift_min of its spread when each held-out response is shown another prompt's image (eval/reward/
+    # image_shift); the same rule as `tether rm`'s image probe on held-out pairs
+    image_shift_min: float = 0.25
     evidence: int = 3  # samples quoted per alarm
 
 
@@ -554,4 +558,17 @@ def audit_divergence(metrics: list[dict], samples: list[dict], s: MonitorSetting
             )
             step = max(int(m["step"]) for m in metrics if m.get("audit/n") and int(m["step"]) <= now["last"])
             return [Alarm("audit_divergence", step, msg, stats)]
+    return []
+
+
+def image_blind_reward(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """A vision-language reward model that is not looking at the picture: at an evaluation, its score of the held-out
+    responses moves by less than image_shift_min of its spread when each is shown another prompt's image."""
+    for step, shift in _evals(metrics, "eval/reward/image_shift"):
+        if shift < s.image_shift_min:
+            msg = (
+                f"another prompt's image moves the reward model's score by {shift:.3g} of its spread (below "
+                f"{s.image_shift_min:g}): it scores the text, barely the picture, so a caption can name what is not there"
+            )
+            return [Alarm("image_blind_reward", step, msg, {"subject": "reward model", "image_shift": shift})]
     return []

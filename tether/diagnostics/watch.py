@@ -13,6 +13,7 @@ from tether.diagnostics.monitors import (
     audit_divergence,
     entropy_collapse,
     format_without_correctness,
+    image_blind_reward,
     length_correlation,
     off_policy_drift,
     phrase_surge,
@@ -32,6 +33,7 @@ METRIC_MONITORS = (
     judge_position,
     judge_injection,
     audit_divergence,
+    image_blind_reward,
 )
 SAMPLE_MONITORS = (
     length_correlation,

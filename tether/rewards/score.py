@@ -19,6 +19,7 @@ import torch
 
 from tether.algorithms.shaping import clip_scores, overlong_penalty, truncation_penalty
 from tether.config import ConfigError
+from tether.data.images import IMAGES
 from tether.data.steps import trained_step_end
 from tether.models.work import current_section, phase
 from tether.rewards.functions import RewardFunctionError, RewardSet
@@ -189,6 +190,24 @@ class Scorer:
             [f"clipped to ±{self.cfg.reward_clip:g}"] if self.cfg.reward_clip else []
         )
         return " + ".join(terms) + (f"; {', '.join(shaping)}" if shaping else "") + audit
+
+    def image_shift(self, rows: list[dict], responses: list[str]) -> float | None:
+        """The image probe on responses: mean |r(own images) − r(another row's images)| over the spread (population
+        std) of r(own), the reward model's alone (a vision-language one; rows with an ``images`` column, each given the
+        next such row's). A reward that barely moves is not looking at the picture (monitor image_blind_reward).
+        None without such a reward model or with fewer than two rows showing images."""
+        model = self.reward_model
+        if model is None or not getattr(model, "reads_images", False):
+            return None
+        shown = [i for i, row in enumerate(rows) if row.get(IMAGES)]
+        if len(shown) < 2 or len({str(rows[i][IMAGES]) for i in shown}) < 2:
+            return None
+        answers = [responses[i] for i in shown]
+        swapped = [{**rows[i], IMAGES: rows[shown[(k + 1) % len(shown)]][IMAGES]} for k, i in enumerate(shown)]
+        with phase("reward"):
+            own = torch.tensor(score_rows(model, [rows[i] for i in shown], answers, max_pixels=2**62))
+            other = torch.tensor(score_rows(model, swapped, answers, max_pixels=2**62))
+        return float((own - other).abs().mean()) / max(float(own.std(unbiased=False)), 1e-12)
 
     def join_idle(self) -> None:
         """A process with no responses to score this time (N processes): it still runs its share of a sharded reward

@@ -18,6 +18,7 @@ import torch
 
 from tether.data.preferences import render_response
 from tether.data.probes import ADDED, DEFAULT_PROBES  # noqa: F401 - their old home
+from tether.diagnostics.monitors import MonitorSettings
 from tether.models.reward import check_lengths, score_token_ids
 from tether.models.vision import PER_TOKEN
 
@@ -215,8 +216,9 @@ def run_probes(
 
 
 # A reward model that reads the image moves its score when the scene is another one's; one whose score moves by less
-# than this share of its spread over responses is reading the text alone (the image-blind reward, docs/reward-models.md)
-IMAGE_BLIND_SHARE = 0.25
+# than this share of its spread over responses is reading the text alone (the image-blind reward, docs/reward-models.md;
+# the run's monitor image_blind_reward reads the same rule)
+IMAGE_BLIND_SHARE = MonitorSettings().image_shift_min
 
 
 def _pixels(vision: dict) -> dict:

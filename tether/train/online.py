@@ -226,7 +226,9 @@ class _Run:
                 (tmp / "best.json").write_text(json.dumps({"metric": s.best_metric, **self.best}))
 
             # every process: a sharded policy (vllm keeps no gathered copy) is gathered to process 0
-            save_final(self.accelerator, self.stage.sampling_policy, self.stage.tokenizer, self.out / "best", best_json)
+            save_final(
+                self.accelerator, self.stage.sampling_policy, saved_with(self.stage), self.out / "best", best_json
+            )
         return res
 
     def save(self, done: int) -> None:
@@ -239,7 +241,7 @@ class _Run:
         save_checkpoint(
             self.accelerator,
             self.stage.policy,
-            self.stage.tokenizer,
+            saved_with(self.stage),
             self.stage.optimizer,
             self.stage.scheduler,
             done,
@@ -291,6 +293,12 @@ class _Run:
             return
         with (self.out / "samples.jsonl").open("a") as handle:
             handle.write("".join(json.dumps(s.as_dict()) + "\n" for s in samples))
+
+
+def saved_with(stage):
+    """What a stage's model folders are saved with: a vision-language model's processor (its tokenizer, image
+    processor and template, train/sampling.py), else the tokenizer."""
+    return getattr(getattr(stage, "sampler", None), "processor", None) or stage.tokenizer
 
 
 def warn_if_truncated(metrics: dict, warned_at: int, share: float = 0.9) -> int:
@@ -439,7 +447,7 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
         summary["final_from"] = final_before_alarm(accelerator, stage, out, stopped_at, schedule.alarm_final)
     else:
         # LoRA merged; with --fsdp the gathered copy that samples (hf), or the sharded policy gathered (vllm)
-        save_final(accelerator, stage.sampling_policy, stage.tokenizer, out / "final")
+        save_final(accelerator, stage.sampling_policy, saved_with(stage), out / "final")
     if accelerator.is_main_process:
         console.print(closing_line(out, headline(out, summary)))
         write_json(out / "summary.json", summary)
@@ -466,7 +474,7 @@ def final_before_alarm(accelerator, stage, out: Path, stopped_at: int, keep: str
         what = checkpoint.name if checkpoint is not None else f"the starting model ({stage.cfg.model.path})"
         if accelerator.is_main_process:
             model = load_trainable_model(stage.cfg.model, stage.tokenizer, checkpoint)
-            write_atomically(lambda tmp: save_merged(model, stage.tokenizer, tmp), out / "final")
+            write_atomically(lambda tmp: save_merged(model, saved_with(stage), tmp), out / "final")
     accelerator.wait_for_everyone()
     console.print(f"final/ holds {what}: the alarm at step {stopped_at} kept it (--alarm-final {keep})", style="red")
     return what

@@ -70,8 +70,9 @@ class OnlineSampler:
         policy = self.sampling_policy
         self.backend = backend or sampling_backend(ro, policy, tokenizer)
         self.images = self.eval_images = None  # a vision-language model's prompts: ImagePrompts
+        self.processor = None  # a vision-language model's: saved with its checkpoints and final/ (train/online.py)
         if is_vision_language(cfg.model.path):
-            processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
+            processor = self.processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
             pixels = cfg.model.max_image_pixels
             self.images = ImagePrompts(tokenizer, processor, rows, ro.prompts, pixels)
             self.eval_images = ImagePrompts(tokenizer, processor, eval_rows, ro.eval_prompts, pixels)
@@ -183,13 +184,18 @@ class OnlineSampler:
                 asked = [i for i in range(start, stop) for _ in range(per)]
                 rollout = self._generate(self.eval_images, prompts, asked, seeds)
             torch.set_rng_state(torch_state)
-            if agent is None:
-                scores = scorer(rollout, [r for r in rows[start:stop] for _ in range(per)], per)
             figures = {}
+            if agent is None:
+                asked_rows = [r for r in rows[start:stop] for _ in range(per)]
+                scores = scorer(rollout, asked_rows, per)
+                shift = getattr(scorer, "image_shift", None)  # a vision-language reward model's image probe
+                value = shift(asked_rows, rollout.responses) if shift is not None else None
+                if value is not None:
+                    figures["eval/reward/image_shift"] = value * (stop - start)  # a sum over this share, as the rest
             if scores.records is not None:  # sums over this share, like the rest
                 from tether.agents.episodes import agent_metrics
 
-                figures = {
+                figures |= {
                     f"eval/{k}": v * (stop - start)
                     for k, v in agent_metrics(scores.records).items()
                     if k in ("agent/turns_mean", "agent/tool_calls_mean", "agent/success_rate", "agent/claimed_rate")

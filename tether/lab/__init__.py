@@ -12,5 +12,8 @@ runners.py; schedule.py caches the stages and runs them side by side; lessons.py
 figures; tables.py prints the tables and the headline and writes report.html. tokenizer.py trains the lab's BPE
 tokenizer; demo.py is `tether sft --demo`.
 
+`tether lab --multimodal` is the visual world: scenes.py draws the scenes of coloured shapes and holds their gold,
+demonstrators and annotator panels; visual.py runs its stages over seeds and judges its lessons.
+
 May import: every floor below it, stages included: the lab composes the stages.
 """

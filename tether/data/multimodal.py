@@ -49,6 +49,17 @@ class Widened:
             text=[text], images=[shown] if shown else None, add_special_tokens=self.add_special, return_tensors="pt"
         )
 
+    def encode(self, text: str, refs: list, where: str, max_pixels: int, what: str = "the text"):
+        """(the images ``refs`` name, read and checked, and the processor's encoding of ``text`` with them); the
+        placeholders ``what`` renders must match the images one for one."""
+        if text.count(self.placeholder) != len(refs):
+            raise DataError(
+                f"{where}: {what} renders {text.count(self.placeholder)} image placeholder(s) ({self.placeholder}) "
+                f"for {len(refs)} image(s): does the chat template render image content parts?"
+            )
+        images = load_images(refs, folder_of(where), where, max_pixels)
+        return images, self(text, images)
+
     def position(self, full_ids: list[int], text: str, images: list, where: str) -> int:
         """How many of the whole example's tokens the text before a span's end makes."""
         ids = self(text, images)["input_ids"][0].tolist()
@@ -67,13 +78,7 @@ def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, re
     fields, refs = placed(fields, fmt, widened.placeholder, where)
     text, spans, add_special = render(fields, fmt, tokenizer, train_on_prompt, where, report)
     widened.add_special = add_special
-    if text.count(widened.placeholder) != len(refs):
-        raise DataError(
-            f"{where}: the chat template renders {text.count(widened.placeholder)} image placeholder(s) "
-            f"({widened.placeholder}) for {len(refs)} image(s): does it render image content parts?"
-        )
-    images = load_images(refs, folder_of(where), where, max_pixels)
-    encoded = widened(text, images)
+    images, encoded = widened.encode(text, refs, where, max_pixels, "the chat template")
     ids = encoded["input_ids"][0].tolist()
     mask = [0] * len(ids)
     for start, end in spans:
@@ -115,13 +120,7 @@ def encode_prompt(fields: dict, tokenizer, processor, where: str, max_pixels: in
         if isinstance(prompt, list)
         else prompt
     )
-    if text.count(widened.placeholder) != len(refs):
-        raise DataError(
-            f"{where}: the prompt renders {text.count(widened.placeholder)} image placeholder(s) "
-            f"({widened.placeholder}) for {len(refs)} image(s): does the chat template render image content parts?"
-        )
-    images = load_images(refs, folder_of(where), where, max_pixels)
-    encoded = widened(text, images)
+    images, encoded = widened.encode(text, refs, where, max_pixels, "the prompt")
     return text, encoded["input_ids"][0].tolist(), vision_of(encoded, processor) or None, images
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tether.console import progress
-from tether.data.images import IMAGES, folder_of, image_list, load_images
+from tether.data.images import IMAGES, image_list
 from tether.data.multimodal import Widened, placed, vision_of
 from tether.data.records import DataError, Record
 from tether.data.sft import _Drop, check_messages, check_str, render_record
@@ -313,13 +313,7 @@ def encode_scored(fields: dict, response, tokenizer, processor, where: str, fiel
         prompt, refs = placed({"prompt": prompt, IMAGES: fields.get(IMAGES)}, "prompt", widened.placeholder, where)
         prompt = prompt["prompt"]
     text = render_response(tokenizer, prompt, response, where, field_name)
-    if text.count(widened.placeholder) != len(refs):
-        raise DataError(
-            f"{where}: the text renders {text.count(widened.placeholder)} image placeholder(s) "
-            f"({widened.placeholder}) for {len(refs)} image(s): does the chat template render image content parts?"
-        )
-    images = load_images(refs, folder_of(where), where, max_pixels)
-    encoded = widened(text, images)
+    images, encoded = widened.encode(text, refs, where, max_pixels)
     ids = encoded["input_ids"][0].tolist()
     if report is not None:
         report.images += len(images)

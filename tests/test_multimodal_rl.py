@@ -302,3 +302,27 @@ def test_data_check_of_a_prompt_file_with_images_counts_them_in_the_prompts_toke
     n = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 15
     assert f"4 RL prompts (chat messages); prompt tokens min {n}, mean {n}.0, max {n}" in out
     assert "4 show images" in out
+
+
+def test_a_killed_vlm_grpo_run_resumes_exactly(vlm_dirs, tmp_path, rules, monkeypatch):
+    """The checkpoint holds the processor beside the weights; the resumed run's every logged figure (times aside)
+    equals the uninterrupted run's."""
+    from conftest import killed_after_step
+
+    prompts = colour_prompts(tmp_path)
+
+    def run(out, *extra):
+        args = grpo_args(vlm_dirs["gemma3"], prompts, rules, out, "--max-steps", "4", "--save-every", "2", *extra)
+        return main([*args, "--reward", f"{rules}:length"])
+
+    assert run(tmp_path / "whole") == 0
+    with killed_after_step(monkeypatch, 3):
+        assert run(tmp_path / "killed") == 130  # the CLI's answer to an interrupt
+    assert (tmp_path / "killed" / "checkpoint-2" / "processor_config.json").is_file()
+    assert run(tmp_path / "killed", "--resume") == 0
+    strip = lambda out: [
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+    assert (tmp_path / "killed" / "final" / "processor_config.json").is_file()

@@ -360,6 +360,12 @@ class RewardScorer:
             raw[start : start + len(part)] = scores.float().cpu()
         return (((raw - self.mean) / self.std) @ self.weights).tolist()
 
+    @property
+    def in_step(self) -> bool:
+        """Sharded (--fsdp, tether/train/sharding.py shard_reward_model): every process must score in step, even
+        one with no texts (rewards/score.py Scorer.join_idle)."""
+        return is_sharded(self.model)
+
 
 def process_reward_separator(path: str | Path) -> str:
     """The step separator a `tether prm` folder was trained with (config.json's tether_step_separator), read before

@@ -16,6 +16,7 @@ from tether.lab.scenes import (
     COLOURS,
     DETAIL_PANEL,
     IMAGE_SIZE,
+    SKIM_PANEL,
     SceneWorldConfig,
     Thing,
     build_scene_world,
@@ -76,6 +77,10 @@ def test_the_panels_by_hand():
     assert CAREFUL_PANEL[0].prob_first(right, added) == pytest.approx(1 / (1 + math.exp(-2)))
     # detail: u = F1 + 0.25·mentions: 1 + 0.5 vs 0.8 + 0.75; σ(−0.05 / 0.1) = σ(−0.5): the added object wins
     assert DETAIL_PANEL[0].prob_first(right, added) == pytest.approx(1 / (1 + math.exp(0.5)))
+    # skim (never sees the picture): u = 0.25·mentions: 0.5 vs 0.75; σ(−2.5)
+    assert SKIM_PANEL[0].prob_first(right, added) == pytest.approx(1 / (1 + math.exp(2.5)))
+    wrong = caption_gold("a green square and a blue circle.", SCENE)  # a colour wrong: the same to a skimmer
+    assert SKIM_PANEL[0].prob_first(right, wrong) == 0.5 and CAREFUL_PANEL[0].prob_first(right, wrong) > 0.99
 
 
 def test_the_world_files_hold_out_their_evaluation_scenes(tmp_path):
@@ -83,13 +88,15 @@ def test_the_world_files_hold_out_their_evaluation_scenes(tmp_path):
     world = build_scene_world(tmp_path, cfg)
     assert world["counts"] == {
         "eval": 10, "rl": 20, "sft": 40, "sft_eval": 5,
-        "prefs_careful": 30, "prefs_detail": 30, "prefs_careful_eval": 6, "prefs_detail_eval": 6,
+        "prefs_careful": 30, "prefs_detail": 30, "prefs_skim": 30,
+        "prefs_careful_eval": 6, "prefs_detail_eval": 6, "prefs_skim_eval": 6,
     }  # fmt: skip
     rows = {name: [json.loads(line) for line in (tmp_path / f"{name}.jsonl").open()] for name in world["counts"]}
     held = {json.dumps(r["scene"]) for r in rows["eval"]}
     assert len(held) == 10 and not held & {json.dumps(r["scene"]) for r in rows["rl"]}
-    for careful, detail in zip(rows["prefs_careful"], rows["prefs_detail"]):  # the same pair, two panels' labels
-        assert careful["images"] == detail["images"] and sorted(careful["kinds"]) == sorted(detail["kinds"])
+    for careful, detail, skim in zip(rows["prefs_careful"], rows["prefs_detail"], rows["prefs_skim"]):  # one pair
+        assert careful["images"] == detail["images"] == skim["images"]
+        assert sorted(careful["kinds"]) == sorted(detail["kinds"]) == sorted(skim["kinds"])
     assert all((tmp_path / r["images"][0]).is_file() for r in rows["sft"] + rows["eval"])
     again = tmp_path / "again"
     build_scene_world(again, cfg)
@@ -111,10 +118,10 @@ def test_the_quick_visual_lab_runs_every_stage_and_judges_every_lesson(tmp_path,
 
     assert main(["lab", "--multimodal", "--quick", "--output", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "visual" / "summary.json").read_text())
-    assert summary["seeds"] == [0, 1] and len(summary["lessons"]) == 5
+    assert summary["seeds"] == [0, 1] and len(summary["lessons"]) == 8
     for seed in ("0", "1"):
         means = summary["held_out_means"][seed]
-        assert set(means) == {"sft", "grpo_gold", "grpo_careful", "grpo_detail", "dpo_careful"}
+        assert set(means) == {"sft", "grpo_gold", "grpo_careful", "grpo_detail", "grpo_skim", "dpo_careful"}
         assert all(0 <= m["f1"] <= 1 for m in means.values())
         runs = summary["runs"][seed]
         assert runs["grpo_detail"]["image_shift"] and not runs["grpo_gold"]["image_shift"]  # reward models only

@@ -392,8 +392,10 @@ def test_a_pairs_reference_key_changes_with_its_image_and_the_unbuilt_paths_say_
         run_dpo(build_config(DPOConfig, overrides={**base, "dpo.loss": "kto", "train.output": str(tmp_path / "k")}))
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Colour: "}] * 4)
     online = {**base, "online.online": True, "rollout.prompts": str(prompts), "train.output": str(tmp_path / "o")}
-    with pytest.raises(ConfigError, match="online DPO with a vision-language model is not built yet"):
+    online["rollout.backend"] = "vllm"  # online DPO samples as GRPO does: the hf backend only, with images
+    with pytest.raises(ConfigError, match=r"Not built yet: --rollout-backend vllm \(vLLM's multimodal prompts"):
         run_dpo(build_config(DPOConfig, overrides={**online, "rewards.reward": [f"{tmp_path}/r.py:f"]}))
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_vision_tower_is_frozen_unless_asked_and_lora_adapts_the_language_model_only(

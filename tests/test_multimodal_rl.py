@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -326,3 +327,53 @@ def test_a_killed_vlm_grpo_run_resumes_exactly(vlm_dirs, tmp_path, rules, monkey
     ]
     assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
     assert (tmp_path / "killed" / "final" / "processor_config.json").is_file()
+
+
+BY_COLOUR = (
+    "def by_colour(prompts, first, second, images, **kw):\n"
+    "    assert all(len(row) == 1 and row[0].mode == 'RGB' for row in images), images\n"
+    "    red = [row[0].getpixel((0, 0))[0] > 128 for row in images]\n"  # red prefers the longer answer, blue the shorter
+    "    return [0.5 if len(a) == len(b) else float((len(a) > len(b)) == r) for a, b, r in zip(first, second, red)]\n"
+)
+
+
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_online_dpo_on_each_family_samples_with_the_images_and_trains_on_its_pairs(vlm_dirs, tmp_path, capsys, family):
+    import math
+
+    from tether.config import build_config
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+
+    judge = tmp_path / "judge.py"
+    judge.write_text(BY_COLOUR)
+    overrides = {
+        "model.path": str(vlm_dirs[family]),
+        "online.online": True,
+        "rollout.prompts": str(colour_prompts(tmp_path)),
+        "online.judge": f"{judge}:by_colour",
+        "online.rounds": 1,
+        "online.steps_per_round": 2,
+        "online.keep_truncated": True,
+        "rollout.prompts_per_step": 8,
+        "rollout.max_new_tokens": 6,
+        "train.batch_size": 2,
+        "train.micro_batch_size": 1,
+        "train.output": str(tmp_path / "run"),
+        "train.report_to": ["none"],
+        "optim.lr": 1e-3,
+    }
+    summary = run_dpo(build_config(DPOConfig, overrides=overrides))
+    assert summary["steps"] == 2 and summary["online_rounds"][0]["pairs"] >= 2
+    assert "8of8promptsshowimages,giventoeveryforward" in "".join(capsys.readouterr().err.split())  # the plan
+    pairs = [json.loads(line) for line in (tmp_path / "run" / "rounds" / "round-0.jsonl").read_text().splitlines()]
+    for pair in pairs:  # the judge saw each prompt's own picture: the round's pairs follow its colour
+        (image,) = pair["images"]
+        assert Path(image).is_absolute() and Path(image).is_file()
+        longer = len(pair["chosen"][0]["content"]) > len(pair["rejected"][0]["content"])
+        assert longer == image.endswith("red.png"), pair
+    first, last = (json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+    # the policy is the reference at the first step (both with the image placeholder hidden and the pair's image in
+    # the forward), so the loss is log 2 up to the float32 sums' ulps scaled by β (the offline DPO test's bound)
+    assert first["train/loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert last["train/loss"] != first["train/loss"]

@@ -195,7 +195,9 @@ def sequence_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Ten
     one forward of a padded batch (one sequence per row) or a packed one."""
     logits = model(**model_inputs(batch), use_cache=False).logits
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:].float()
-    per_token = token_logprobs(logits[:, :-1], ids[:, 1:]) * mask  # (R, W-1): position t predicts t+1
+    # (R, W-1): position t predicts t+1. A where, not a product: a masked position may be -inf (an online vision
+    # policy's image placeholder, which the prompt holds and the model is never let to sample: models/vision.py)
+    per_token = torch.where(mask > 0, token_logprobs(logits[:, :-1], ids[:, 1:]), 0.0)
     if "sequence_index" not in batch:
         return per_token.sum(-1), mask.sum(-1)
     index = batch["sequence_index"][:, 1:].to(per_token.device)

@@ -14,8 +14,10 @@ import torch
 from tether.config import ConfigError
 from tether.console import console
 from tether.data.dpo import tokenize_policy_preferences
+from tether.data.multimodal import prompt_images
 from tether.data.records import read_records
 from tether.models.lm import frozen_dtype, length_limit
+from tether.models.vision import is_vision_language
 from tether.models.work import phase
 from tether.rewards.functions import RewardFunctionError
 from tether.rewards.judge import load_judge
@@ -46,6 +48,8 @@ class PairLabeller:
     def __init__(self, cfg: DPOConfig, tokenizer, reward_set, device):
         self.cfg = cfg
         self.judge = load_reward_function(cfg.online.judge) if cfg.online.judge else None
+        # a vision-language policy's judge function is given each prompt's images (PIL), as reward functions are
+        self.image_pixels = cfg.model.max_image_pixels if is_vision_language(cfg.model.path) else 0
         dtype = frozen_dtype(cfg.model)
         model_judge = load_judge(cfg.judge, device, dtype, group_size=2)
         self.pair_judge = model_judge if model_judge is not None and model_judge.template.mode == "pairwise" else None
@@ -80,6 +84,8 @@ class PairLabeller:
         (the online loop checkpoints the steps done and stops with it)."""
         name = self.cfg.online.judge
         columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+        if self.image_pixels:
+            columns["images"] = [prompt_images(r, "a prompt row", self.image_pixels) for r in rows]
         try:
             values = list(self.judge(prompts=[r.get("prompt") for r in rows], first=first, second=second, **columns))
         except Exception as err:  # noqa: BLE001 - the user's judge; reported with its name
@@ -200,7 +206,7 @@ class OnlineDPOStage:
             **dpo_plan(self.cfg, self.setup),
             "online": f"{o.rounds} rounds x {ro.prompts_per_step} prompts x 2 answers, {o.steps_per_round} steps each, "
             "labelled by " + (f"judge {o.judge}" if o.judge else self.labeller.scorer.describe()),
-            "generation": self.backend.describe()
+            "generation": self.sampler.describe()
             + (
                 "; a gathered copy of the sharded policy on every process"
                 if self.setup.sampling_copy is not None
@@ -238,7 +244,13 @@ class OnlineDPOStage:
                 f"{counts['empty']} with an empty answer)"
             )
         self.examples, _ = tokenize_policy_preferences(
-            read_records(path), self.tokenizer, length_limit(cfg.data.max_length, cfg.model.path), False, str(path)
+            read_records(path),
+            self.tokenizer,
+            length_limit(cfg.data.max_length, cfg.model.path),
+            False,
+            str(path),
+            self.setup.processor,  # a vision-language model's pairs show their prompt's images (absolute paths)
+            cfg.model.max_image_pixels,
         )
         if self.setup.reference is not None:
             self.setup.reference.fresh_policy = False

@@ -166,6 +166,7 @@ class ReferenceLogps:
         device,
         fresh_policy: bool,
         padding_free: bool = True,
+        hide_placeholders: bool = False,
     ):
         self.model_cfg, self.batch_size, self.tokenizer, self.policy, self.device = (
             model_cfg,
@@ -175,6 +176,7 @@ class ReferenceLogps:
             device,
         )
         self.padding_free = padding_free
+        self.hide_placeholders = hide_placeholders  # a loaded reference gets the policy's placeholder hook
         self.lora = model_cfg.lora_r > 0 and not model_cfg.reference
         self.source = model_cfg.reference or model_cfg.path
         self.fingerprint = model_fingerprint(self.source) + (":adapter-disabled" if self.lora else "")
@@ -198,6 +200,10 @@ class ReferenceLogps:
             from tether.models.lm import load_reference
 
             self._model = load_reference(self.model_cfg, self.tokenizer, self.device)
+            if self.hide_placeholders:
+                from tether.models.vision import never_sample_placeholders
+
+                never_sample_placeholders(self._model)
         return sequence_logps(self._model, examples, pad, self.batch_size, self.device, self.padding_free)
 
     def attach(self, examples, use_cache: bool = True) -> str:

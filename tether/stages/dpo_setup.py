@@ -15,7 +15,7 @@ from tether.data.records import read_records, tokenize_split
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
 from tether.models.packing import describe
-from tether.models.vision import is_vision_language, load_processor
+from tether.models.vision import is_vision_language, load_processor, never_sample_placeholders
 from tether.rollout.backends import BACKENDS
 from tether.stages.dpo_config import DPOConfig
 from tether.stages.dpo_objective import DPOObjective
@@ -98,12 +98,7 @@ def load_dpo_data(cfg: DPOConfig):
     the run folder is touched."""
     tokenizer = load_stage_tokenizer(cfg.model)
     processor = None
-    if is_vision_language(cfg.model.path):
-        if cfg.online.online:
-            raise ConfigError(
-                "online DPO with a vision-language model is not built yet: its rollouts would need the images in "
-                "sampling (offline DPO and SFT read them; docs/data.md 'Images')"
-            )
+    if is_vision_language(cfg.model.path):  # online: the prompt file's images too (train/sampling.py ImagePrompts)
         processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
     has_data = cfg.data.path or cfg.data.eval_path
     train, evals, reports = load_examples(cfg, tokenizer, processor) if has_data else ([], [], [])
@@ -122,6 +117,11 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
     model = load_trainable_model(cfg.model, tokenizer, checkpoint).to(accelerator.device)
     if cfg.model.padding_free and processor is None:  # a vision model's rows stay padded (data/dpo.py)
         check_position_restarts(model, cfg.model.path)
+    # online, a vision-language policy samples: its image placeholder is never sampled, in the policy's and the
+    # reference's forwards alike (models/vision.py), so the round's log-ratios start at 0
+    hide_placeholders = cfg.online.online and processor is not None
+    if hide_placeholders:
+        never_sample_placeholders(model)
     state = json.loads((checkpoint / "trainer_state.json").read_text()) if checkpoint else {}
     objective = DPOObjective(cfg.dpo, state.get("beta_dpo"))
     reference, source = None, "not used (reference-free loss)"
@@ -135,6 +135,7 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
             accelerator.device,
             fresh_policy=checkpoint is None,
             padding_free=cfg.model.padding_free,
+            hide_placeholders=hide_placeholders,
         )
         source = f"computed each round from {reference.describe()}"
         used = visited_examples(train, cfg, total_steps) + evals  # a run that sees a third of the pairs scores a third

@@ -377,3 +377,76 @@ def test_online_dpo_on_each_family_samples_with_the_images_and_trains_on_its_pai
     # the forward), so the loss is log 2 up to the float32 sums' ulps scaled by β (the offline DPO test's bound)
     assert first["train/loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert last["train/loss"] != first["train/loss"]
+
+
+def colour_steps(folder, n: int) -> list[dict]:
+    """Step-labelled solutions about a picture (TRL's stepwise shape with an ``images`` column): the first step names
+    a colour, right or wrong by the picture; the second follows from it."""
+    (folder / "img").mkdir(exist_ok=True)
+    for colour in COLOURS:
+        (folder / "img" / f"{colour}.png").write_bytes(png(colour))
+    names, rows = list(COLOURS), []
+    for i in range(n):
+        shown, said = names[i % 3], names[(i // 3) % 3]
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which colour?"}]}],
+                "completions": [f"I see {said}.", f"So it is {said}."],
+                "labels": [said == shown, said == shown],
+                "images": [f"img/{shown}.png"],
+            }
+        )
+    return rows
+
+
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_prm_on_each_family_reads_each_step_after_the_widened_image_and_scores_with_it(vlm_dirs, tmp_path, family):
+    from transformers import AutoProcessor
+
+    from tether.config import build_config
+    from tether.data.records import read_records
+    from tether.data.steps import collate_steps, tokenize_steps
+    from tether.models.reward import STEP_HEAD, load_reward_model
+    from tether.models.vision import VISION_INPUTS
+    from tether.stages.prm import run_prm, step_logits
+    from tether.stages.prm_config import PRMConfig
+
+    rows = colour_steps(tmp_path, 12)
+    data = write_jsonl(tmp_path / "steps.jsonl", rows)
+    tokenizer = load_tokenizer(vlm_dirs[family])
+    processor = load_processor(vlm_dirs[family], tokenizer)
+    records = read_records(data)
+    examples, report = tokenize_steps(records, tokenizer, 512, "\n", processor=processor, label=str(data))
+    text_only, _ = tokenize_steps(
+        [type(r)({**r.fields, "images": None}, r.where) for r in records[:1]], tokenizer, 512, "\n"
+    )  # the text path, no picture: its placeholder is one token
+    widened = len(examples[0].input_ids) - len(text_only[0].input_ids)
+    assert report.images == 12 and widened > 0
+    for example in examples:  # token by token: each step is read at its last character, after the widened picture
+        pieces = [tokenizer.decode(example.input_ids[: end + 1]) for end in example.step_ends]
+        assert [p.rstrip().endswith(".") and not p.endswith(".\nS") for p in pieces] == [True, True], pieces
+        assert "I see" in pieces[0] and "So it is" not in pieces[0] and "So it is" in pieces[1]
+    assert examples[0].step_ends == [e + widened for e in text_only[0].step_ends]
+    overrides = {
+        "model.path": str(vlm_dirs[family]),
+        "data.path": str(data),
+        "data.eval_fraction": 0.25,
+        "train.output": str(tmp_path / "prm"),
+        "train.max_steps": 2,
+        "train.batch_size": 4,
+        "train.micro_batch_size": 2,
+        "train.eval_every": 2,
+        "train.report_to": ["none"],
+        "optim.lr": 1e-3,
+    }
+    summary = run_prm(build_config(PRMConfig, overrides=overrides))
+    assert summary["steps"] == 2 and 0 <= summary["eval/step_accuracy"] <= 1
+    final = tmp_path / "prm" / "final"
+    model = load_reward_model(final, tokenizer, [STEP_HEAD]).eval()
+    batch = collate_steps(examples[:2], tokenizer.pad_token_id)
+    other = collate_steps([examples[1], examples[0]], tokenizer.pad_token_id)  # examples 0, 1: red and green
+    swapped = {**batch, **{k: other[k] for k in VISION_INPUTS if k in other}}
+    with torch.no_grad():
+        own, moved = step_logits(model, batch), step_logits(model, swapped)
+    assert own.shape == (2, 2) and not torch.equal(own, moved)  # the pixels reach the step scores
+    assert hasattr(AutoProcessor.from_pretrained(final), "image_processor")  # final/ holds the processor

@@ -14,6 +14,10 @@ step k is scored at the token holding its last character (tether/algorithms/rewa
 separator the match consumed; `tether prm` records the separator in the model's config.json). A solution longer
 than max_length keeps the steps that fit (counted); one with none that fits is dropped (counted; --strict: an
 error naming the record).
+
+With a vision-language model's processor, a prompt may show images (an ``images`` column, image content parts, or
+placeholders in a text prompt: docs/data.md "Images"); the processor widens them, and each step is read at the same
+token, counted after the widened prompt.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class StepExample:
     step_ends: list[int]  # index of the token holding each step's last character
     labels: list[float]  # 1: the step is right, 0: wrong; a fraction: a soft label
     where: str
+    vision: dict | None = None  # a vision-language model's pixel tensors (models/vision.py VISION_INPUTS)
 
 
 def _label(value, where: str, k: int) -> float:
@@ -90,9 +95,43 @@ def trained_step_end(text: str, end: int, separator: str) -> int:
     return end
 
 
+def _widened(fields, tokenizer, processor, text_ids, steps_from: int, where: str, max_pixels: int, specials: bool):
+    """(the processor's ids of the solution, its pixel tensors, how many tokens the widened images add, how many
+    images): the text rendered again with the images in their places; the steps' tokens must be the tokenizer's,
+    shifted."""
+    from tether.data.multimodal import Widened, placed, vision_of
+    from tether.models.chat import template_conversation
+
+    widened = Widened(processor, add_special=specials)
+    placed_fields, refs = placed(fields, "prompt", widened.placeholder, where)
+    prompt = placed_fields["prompt"]
+    if isinstance(prompt, list):
+        prompt = render_chat(tokenizer, template_conversation(tokenizer, prompt), generation_prompt=True)
+    images, encoded = widened.encode(prompt + fields["_steps_text"], refs, where, max_pixels, "the prompt")
+    ids = encoded["input_ids"][0].tolist()
+    shift = len(ids) - len(text_ids)
+    if shift < 0 or ids[steps_from + shift :] != text_ids[steps_from:]:
+        raise DataError(
+            f"{where}: the processor's tokens of the steps are not the tokenizer's, so the steps cannot be located; "
+            "end the prompt at a word boundary (a chat prompt does)"
+        )
+    return ids, vision_of(encoded, processor) or None, shift, len(images)
+
+
 def tokenize_steps(
-    records: list[Record], tokenizer, max_length: int, separator: str, strict: bool = False, label: str = ""
+    records: list[Record],
+    tokenizer,
+    max_length: int,
+    separator: str,
+    strict: bool = False,
+    label: str = "",
+    processor=None,
+    max_pixels: int = 16_777_216,
 ) -> tuple[list[StepExample], DataReport]:
+    """Step-labelled records -> StepExamples (the module docstring); with a vision-language model's ``processor``,
+    each prompt's images widened in place and their pixel tensors kept (``max_pixels``: an image's largest size)."""
+    from tether.models.vision import PER_TOKEN, image_token_text
+
     report = DataReport(label or (records[0].where.split(":")[0] if records else "?"))
     out = []
     for rec in records:
@@ -128,6 +167,18 @@ def tokenize_steps(
         enc = tokenizer(text, add_special_tokens=specials, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
         step_ends = [max(t for t, (start, _) in enumerate(offsets) if start < end) for end in ends]
+        vision = None
+        if processor is not None:  # the same text with its images widened: every step end moves by their tokens
+            first = min(t for t, (_, stop) in enumerate(offsets) if stop > len(prompt))
+            steps_text = text[len(prompt) :]
+            ids, vision, shift, shown = _widened(
+                {**fields, "_steps_text": steps_text}, tokenizer, processor, ids, first, where, max_pixels, specials
+            )
+            step_ends = [e + shift for e in step_ends]
+            report.images += shown
+            report.examples_with_images += bool(shown)
+            # the widened images' tokens: the shift, plus each placeholder the text held already as one token
+            report.image_tokens += shift + prompt.count(image_token_text(processor))
         kept = sum(e < max_length for e in step_ends)
         if kept == 0:
             if strict:
@@ -137,7 +188,9 @@ def tokenize_steps(
         if kept < len(steps):
             report.warnings["solutions cut to the steps within max_length"] += 1
         ids = ids[: step_ends[kept - 1] + 1]
-        out.append(StepExample(ids, step_ends[:kept], labels[:kept], where))
+        if vision is not None:  # per-token tensors are cut with the ids; the images sit in the prompt, before any step
+            vision = {k: v[:, : len(ids)] if k in PER_TOKEN else v for k, v in vision.items()}
+        out.append(StepExample(ids, step_ends[:kept], labels[:kept], where, vision))
         report.examples += 1
         report.tokens += len(ids)
         report.trained_tokens += kept
@@ -159,10 +212,15 @@ def collate_steps(examples: list[StepExample], pad_id: int) -> dict:
         index[i, : len(e.step_ends)] = torch.tensor(e.step_ends)
         labels[i, : len(e.labels)] = torch.tensor(e.labels)
         mask[i, : len(e.labels)] = 1
-    return {
+    batch = {
         "input_ids": ids,
         "attention_mask": attention,
         "step_index": index,
         "step_labels": labels,
         "step_mask": mask,
     }
+    if any(e.vision for e in examples):  # a vision-language model's rows: their pixels, joined (models/vision.py)
+        from tether.models.vision import join_vision
+
+        batch.update(join_vision([e.vision for e in examples], width))
+    return batch

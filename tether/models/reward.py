@@ -65,7 +65,7 @@ class RewardModel(nn.Module):
         vision-language backbone's pixel tensors (models/vision.py VISION_INPUTS; padded rows). Through forward, so
         data-parallel and sharded wrappers see the call."""
         if step_index is not None:
-            return self.step_scores(input_ids, attention_mask, step_index)
+            return self.step_scores(input_ids, attention_mask, step_index, **vision)
         inner = self.inner
         if last_index is not None:
             hidden = inner.base_model(
@@ -80,12 +80,14 @@ class RewardModel(nn.Module):
         pooled = hidden[torch.arange(input_ids.shape[0], device=input_ids.device), last]  # (B, H)
         return at_least_float32(self.score_head(pooled))  # (B, heads)
 
-    def step_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, step_index: torch.Tensor):
+    def step_scores(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, step_index: torch.Tensor, **vision: torch.Tensor
+    ):
         """(B, S, heads) logits at each row's step positions (``step_index`` (B, S), right-padded rows): a process
-        reward model's score of every step in one forward (tether/data/steps.py)."""
+        reward model's score of every step in one forward (tether/data/steps.py); ``vision`` as forward's."""
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         hidden = self.inner.base_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **vision
         ).last_hidden_state  # (B, T, H)
         at = step_index.clamp(max=hidden.shape[1] - 1)
         picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, S, H)

@@ -15,9 +15,12 @@ import torch
 
 from tether.algorithms.reward import binary_auroc, first_wrong_step, step_bce_loss
 from tether.config import ConfigError
+from tether.data.multimodal import refuse_images, text_only
 from tether.data.steps import collate_steps, tokenize_steps
 from tether.models.lm import load_stage_tokenizer, parameter_summary
+from tether.models.packing import VISION_INPUTS
 from tether.models.reward import STEP_HEAD, STEP_SEPARATOR_KEY, load_trainable_reward_model, save_reward_model
+from tether.models.vision import is_vision_language, load_processor, on_model
 from tether.stages.prm_config import PRMConfig
 from tether.train.checkpoint import write_atomically
 from tether.train.offline_run import OfflineRun, plan_steps, prepare_trained, read_split, run_offline
@@ -33,11 +36,18 @@ class StepObjective:
         return int(batch["step_mask"].sum())
 
     def loss_sum(self, model, batch: dict):
-        logits = model(batch["input_ids"], batch["attention_mask"], step_index=batch["step_index"])[..., 0]  # (B, S)
+        logits = step_logits(model, batch)  # (B, S)
         mask = batch["step_mask"]
         losses = step_bce_loss(logits, batch["step_labels"], mask)
         right = ((logits > 0) == (batch["step_labels"] >= 0.5)) & mask.bool()
         return losses.sum(), {"step_accuracy": right.float().sum()}
+
+
+def step_logits(model, batch: dict) -> torch.Tensor:
+    """(B, S) logits of the ``step`` head at each row's step positions; a vision-language model's rows with their
+    pixels (data/steps.py collate_steps)."""
+    vision = {k: batch[k] for k in VISION_INPUTS if k in batch}
+    return model(batch["input_ids"], batch["attention_mask"], step_index=batch["step_index"], **vision)[..., 0]
 
 
 @torch.no_grad()
@@ -48,7 +58,7 @@ def evaluate_prm(model, examples, pad_id: int, micro: int, device) -> dict[str, 
     probs, labels, masks, loss, n = [], [], [], 0.0, 0
     for start in range(0, len(examples), micro):
         batch = {k: v.to(device) for k, v in collate_steps(examples[start : start + micro], pad_id).items()}
-        logits = model(batch["input_ids"], batch["attention_mask"], step_index=batch["step_index"])[..., 0]
+        logits = step_logits(model, on_model(model, batch))
         loss += float(step_bce_loss(logits, batch["step_labels"], batch["step_mask"]).sum())
         n += int(batch["step_mask"].sum())
         for row_p, row_y, row_m in zip(
@@ -74,13 +84,19 @@ def evaluate_prm(model, examples, pad_id: int, micro: int, device) -> dict[str, 
     }
 
 
-def load_prm_data(cfg: PRMConfig, tokenizer):
+def load_prm_data(cfg: PRMConfig, tokenizer, processor=None):
+    """Train and held-out solutions; with a vision-language model's ``processor``, each prompt's images."""
     d = cfg.data
     if not d.path:
         raise ConfigError("--data is required: step-labelled solutions (prompt, completions, labels)")
-    _, _, train, evals, reports = read_split(
-        cfg, lambda recs, label, limit: tokenize_steps(recs, tokenizer, limit, d.step_separator, d.strict, label)
-    )
+    pixels = cfg.model.max_image_pixels
+
+    def tokenize(recs, label, limit):
+        if processor is None:
+            refuse_images(recs, text_only(cfg.model.path))
+        return tokenize_steps(recs, tokenizer, limit, d.step_separator, d.strict, label, processor, pixels)
+
+    _, _, train, evals, reports = read_split(cfg, tokenize, images_read=True)
     return train, evals, reports
 
 
@@ -92,7 +108,9 @@ def run_prm(cfg: PRMConfig) -> dict:
     if cfg.model.fsdp:
         raise ConfigError("--fsdp: tether prm does not shard yet; its processes are data-parallel replicas")
     tokenizer = load_stage_tokenizer(cfg.model)
-    train, evals, reports = load_prm_data(cfg, tokenizer)  # checked before the run folder is touched
+    vision = is_vision_language(cfg.model.path)  # each solution read with its prompt's images
+    processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code) if vision else None
+    train, evals, reports = load_prm_data(cfg, tokenizer, processor)  # checked before the run folder is touched
     opened = start_run(cfg, {"--output": cfg.train.output})
     accelerator, _, out, start_step, checkpoint = opened
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
@@ -111,14 +129,18 @@ def run_prm(cfg: PRMConfig) -> dict:
         "start step": start_step,
         "model": parameter_summary(model),
     }
+    if vision:
+        plan["rows"] = "padded, one solution each (a vision-language model's image features fill its own image tokens)"
+        plan["vision tower"] = "trained (--train-vision)" if cfg.model.train_vision else "frozen (the projector trains)"
+    saved_with = processor or tokenizer  # a vision model's folders hold its processor (tokenizer, image processor)
     unwrapped, pad_id = accelerator.unwrap_model(model), tokenizer.pad_token_id
     micro, device = cfg.train.micro_batch_size, accelerator.device
 
     def save(summary: dict) -> None:  # a reward-model folder with its one head (process 0: prm does not shard)
         if accelerator.is_main_process:
-            write_atomically(lambda tmp: save_reward_model(unwrapped, tokenizer, tmp, None), out / "final")
+            write_atomically(lambda tmp: save_reward_model(unwrapped, saved_with, tmp, None), out / "final")
 
-    run = OfflineRun("prm", cfg, opened, total_steps, (model, optimizer, scheduler), tokenizer, t_start)
+    run = OfflineRun("prm", cfg, opened, total_steps, (model, optimizer, scheduler), saved_with, t_start)
     return run_offline(
         run,
         plan,

@@ -163,6 +163,30 @@ def test_every_other_recipe_trains_a_vlm(vlm_dirs, tmp_path, rules, capsys, reci
     assert [m["step"] for m in metrics] == [1, 2] and torch.isfinite(torch.tensor(metrics[-1]["policy/entropy"]))
 
 
+def test_samples_name_each_prompts_image_and_the_report_shows_it_as_a_thumbnail(vlm_dirs, tmp_path, rules, capsys):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tether.data.images import sample_image_ref
+    from tether.diagnostics.report import write_report
+
+    prompts, out = colour_prompts(tmp_path), tmp_path / "run"
+    assert main(grpo_args(vlm_dirs["llava"], prompts, rules, out, "--sample-every", "1")) == 0, capsys.readouterr().err
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert {tuple(s["images"]) for s in samples} <= {(str(tmp_path / "img" / f"{c}.png"),) for c in ("red", "blue")}
+    html = write_report([out], tmp_path / "report.html").read_text()
+    thumbs = re.findall(r"<img class='thumb' src='data:image/png;base64,([^']+)'", html)
+    assert thumbs  # the samples table shows each prompt's picture, shrunk from 32 to 64 px at most: kept at 32
+    pictures = [Image.open(io.BytesIO(base64.b64decode(t))).convert("RGB") for t in thumbs]
+    assert all(p.size == (32, 32) and p.getpixel((0, 0)) in (COLOURS["red"], COLOURS["blue"]) for p in pictures)
+    inline = "data:image/png;base64," + base64.b64encode(png("red")).decode()
+    ref = sample_image_ref(inline)  # an image held in the data: a thumbnail of it, not the image itself
+    assert ref.startswith("data:image/png;base64,") and sample_image_ref(inline) is ref  # made once
+    assert Image.open(io.BytesIO(base64.b64decode(ref.split(",")[1]))).getpixel((5, 5)) == COLOURS["red"]
+
+
 def test_grpo_with_lora_trains_a_vlm(vlm_dirs, tmp_path, rules, capsys):
     prompts, model = colour_prompts(tmp_path), vlm_dirs["llava"]
     lora = grpo_args(model, prompts, rules, tmp_path / "lora", "--lora-r", "4", "--reward", f"{rules}:length")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import io
 import re
 from pathlib import Path
@@ -245,6 +246,33 @@ def open_image(ref, base: Path, where: str, max_pixels: int):
 
 def load_images(refs: list, base: Path, where: str, max_pixels: int) -> list:
     return [open_image(ref, base, f"{where}: {IMAGES}[{i}]", max_pixels) for i, ref in enumerate(refs)]
+
+
+THUMBNAIL_SIDE = 64  # pixels: the longest side of a report's thumbnail
+_THUMBNAILS: dict[str, str] = {}  # an inline image's thumbnail, by the digest of its bytes: made once per image
+
+
+def thumbnail_uri(image) -> str:
+    """A PIL image as a ``data:`` URI of a PNG at most THUMBNAIL_SIDE pixels a side (the report shows it)."""
+    small = image.copy()
+    small.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+    buffer = io.BytesIO()
+    small.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def sample_image_ref(ref) -> str:
+    """How samples.jsonl names an image of a prompt row (whose paths are absolute: data/prompts.py): its path, or,
+    for an image held in the data itself, a thumbnail ``data:`` URI (a few hundred bytes, not the image)."""
+    if isinstance(ref, dict) and ref.get("bytes") is None and isinstance(ref.get("path"), str):
+        return ref["path"]
+    if isinstance(ref, str) and ref and not ref.startswith(("data:", *BASE64_STARTS)):
+        return ref
+    data = _bytes_of(ref, Path("."), "an inline image")
+    key = hashlib.sha256(data).hexdigest()
+    if key not in _THUMBNAILS:
+        _THUMBNAILS[key] = thumbnail_uri(open_image(data, Path("."), "an inline image", 2**62))
+    return _THUMBNAILS[key]
 
 
 def collate_vision(examples: list, width: int) -> dict[str, torch.Tensor]:

@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from tether.config import ConfigError
 from tether.console import progress
-from tether.data.images import IMAGES, folder_of, has_images, image_list, load_images, place_images, place_in_text
+from tether.data.images import (
+    IMAGES,
+    folder_of,
+    has_images,
+    image_list,
+    load_images,
+    place_images,
+    place_in_text,
+    sample_image_ref,
+)
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, check_kept, detect_format, render
 from tether.models.chat import render_chat, template_conversation
@@ -128,6 +137,14 @@ def prompt_images(fields: dict, where: str, max_pixels: int) -> list:
     """A prompt row's images (PIL, RGB) in order, as reward functions are given them."""
     _, refs = placed(fields, "prompt", "", where)
     return load_images(refs, folder_of(where), where, max_pixels)
+
+
+def sample_images(fields: dict) -> list[str] | None:
+    """A prompt row's images as samples.jsonl names them (data/images.py sample_image_ref); None without images."""
+    if not has_images(fields):
+        return None
+    _, refs = placed(fields, "prompt", "", "a prompt row")
+    return [sample_image_ref(ref) for ref in refs]
 
 
 def tokenize_multimodal(

@@ -238,6 +238,7 @@ h1{font-size:22px} h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom
 table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ddd;padding:4px 6px;vertical-align:top}
 pre{background:#f6f6f6;padding:10px;font-size:11px;overflow:auto;max-height:400px}
 .wide img{max-width:100%}
+.thumb{width:64px;height:64px;image-rendering:pixelated;margin-right:2px}
 .flat{font-size:12px;color:#555}
 """
 
@@ -263,15 +264,38 @@ def _samples_html(run: Run, k: int = 5) -> str:
     last = max(int(s["step"]) for s in run.samples)
     rows = sorted((s for s in run.samples if int(s["step"]) == last), key=lambda s: -float(s.get("score", 0)))
     shown = rows[:k] + (rows[-k:] if len(rows) > 2 * k else rows[k:])
+    pictures = any(s.get("images") for s in shown)  # a vision-language policy's: each prompt's images beside it
     body = "".join(
         f"<tr><td>{float(s.get('score', 0)):.3f}</td><td>{_esc(s.get('length', ''))}</td>"
-        f"<td>{_esc(str(s.get('prompt', ''))[-120:])}</td><td>{_esc(s.get('response', ''))}</td></tr>"
+        + (f"<td>{_thumbnails(s.get('images') or [])}</td>" if pictures else "")
+        + f"<td>{_esc(str(s.get('prompt', ''))[-120:])}</td><td>{_esc(s.get('response', ''))}</td></tr>"
         for s in shown
     )
     return (
         f"<p>Step {last}: the {min(k, len(rows))} highest- and lowest-scored of {len(rows)} responses.</p>"
-        f"<table><tr><th>score</th><th>length</th><th>prompt (end)</th><th>response</th></tr>{body}</table>"
+        "<table><tr><th>score</th><th>length</th>"
+        + ("<th>image</th>" if pictures else "")
+        + f"<th>prompt (end)</th><th>response</th></tr>{body}</table>"
     )
+
+
+def _thumbnails(refs: list[str]) -> str:
+    """Each image of a sample as an inline thumbnail (the report stays one file): a path is read and shrunk, a
+    thumbnail ``data:`` URI shown as it is; a path that is gone is named instead."""
+    from tether.data.images import thumbnail_uri
+
+    out = []
+    for ref in refs:
+        if ref.startswith("data:image/"):
+            out.append(f"<img class='thumb' src='{_esc(ref)}'>")
+        elif Path(ref).is_file():
+            from PIL import Image
+
+            with Image.open(ref) as image:
+                out.append(f"<img class='thumb' src='{thumbnail_uri(image.convert('RGB'))}' title='{_esc(ref)}'>")
+        else:
+            out.append(f"<small>(image not found: {_esc(ref)})</small>")
+    return "".join(out)
 
 
 # The report's reading order: what training is for (the score or reward), the gold or task figure it stands in for,

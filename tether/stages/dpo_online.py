@@ -14,7 +14,7 @@ import torch
 from tether.config import ConfigError
 from tether.console import console
 from tether.data.dpo import tokenize_policy_preferences
-from tether.data.multimodal import prompt_images
+from tether.data.multimodal import prompt_images, sample_images
 from tether.data.records import read_records
 from tether.models.lm import frozen_dtype, length_limit
 from tether.models.vision import is_vision_language
@@ -127,7 +127,16 @@ def sample_round_pairs(
     answers, truncated, lengths = rollout.responses, rollout.truncated.tolist(), rollout.lengths.tolist()
     preference, answer_scores = labeller(rows, rollout)
     samples = [
-        SampleRecord(step, texts[i // 2], answers[i], float(answer_scores[i]), {}, int(lengths[i]), bool(truncated[i]))
+        SampleRecord(
+            step,
+            texts[i // 2],
+            answers[i],
+            float(answer_scores[i]),
+            {},
+            int(lengths[i]),
+            bool(truncated[i]),
+            images=sample_images(rows[i // 2]),
+        )
         for i in range(len(answers))
     ]
     pairs = []

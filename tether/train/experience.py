@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from tether.algorithms.mismatch import importance_statistics, importance_weights, sampler_mismatch
+from tether.data.multimodal import sample_images
 from tether.rewards.score import Scores
 from tether.rollout.batch import Rollout
 
@@ -28,6 +29,7 @@ class SampleRecord:
     advantage: float | None = None  # mean token advantage over the response
     kl: float | None = None  # sequence KL to the reference (Σ_t kl_t)
     agent: dict | None = None  # an agent episode: turns, tool calls, how it ended, success, claimed, final answer
+    images: list | None = None  # the prompt's images: paths, or thumbnails of inline ones (data/images.py)
 
     def as_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -83,6 +85,7 @@ class Experience:
                 advantage=float(seq_adv[i]) if seq_adv is not None else None,
                 kl=float(self.kl[i].sum()) if self.kl is not None else None,
                 agent=self.scores.records[i] if self.scores.records is not None else None,
+                images=sample_images(self.rows[i]),
             )
             for i in range(len(r.responses))
         ]

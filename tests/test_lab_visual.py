@@ -126,4 +126,6 @@ def test_the_quick_visual_lab_runs_every_stage_and_judges_every_lesson(tmp_path,
         runs = summary["runs"][seed]
         assert runs["grpo_detail"]["image_shift"] and not runs["grpo_gold"]["image_shift"]  # reward models only
     err = capsys.readouterr().err
-    assert err.count("lesson ") >= 5
+    assert err.count("lesson ") >= 8
+    page = (tmp_path / "visual" / "captions.html").read_text()  # each held-out scene's picture beside the captions
+    assert page.count("<img src='data:image/png;base64,") == 2 * 6 and page.count("F1 ") == 2 * 6 * 6

@@ -207,7 +207,7 @@ def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(
     broken.write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
     cases = [
         ([], broken, r"broken\.jsonl:3: images\[0\]: image file 'img/missing\.png' not found"),
-        (["--rollout-backend", "vllm"], prompts, r"is a vision-language model.*Not built yet: --rollout-backend vllm"),
+        (["--sampling-dtype", "bfloat16"], prompts, r"is a vision-language model.*Not built yet: --sampling-dtype"),
         (
             ["--reward-model", str(llama_dir)],
             prompts,

@@ -71,6 +71,7 @@ QUICK_VISUAL = VisualLabConfig(
 )
 
 
+EXAMPLES = 6  # held-out scenes whose captions by every model the summary and captions.html show
 PANELS = ("careful", "detail", "skim")  # the world's annotator panels, each with its reward model and GRPO run
 
 
@@ -171,7 +172,7 @@ def evaluate_captions(folder: Path, eval_file: Path, max_new_tokens: int) -> dic
         "f1": [g.f1 for g in golds],
         "hallucination": [g.hallucination for g in golds],
         "mentions": [float(g.mentions) for g in golds],
-        "examples": rollout.responses[:4],
+        "examples": rollout.responses[:EXAMPLES],
     }
 
 
@@ -315,6 +316,36 @@ def lessons_of(seeds: list[dict]) -> list[dict]:
     return out
 
 
+def captions_html(out: Path, results: list[dict]) -> str:
+    """The sample table of the visual lab: the first held-out scenes, each as a thumbnail beside every model's
+    caption and its gold F1 (one self-contained page)."""
+    import html
+
+    from PIL import Image
+
+    from tether.data.images import thumbnail_uri
+
+    parts = ["<html><meta charset='utf-8'><title>tether lab --multimodal: captions</title><body>"]
+    for r in results:
+        root = out / f"seed-{r['seed']}" / "world"
+        rows = [json.loads(line) for line in (root / "eval.jsonl").read_text().splitlines()[:EXAMPLES]]
+        names = list(r["captions"])
+        parts.append(f"<h2>seed {r['seed']}</h2><table border=1 cellpadding=4><tr><th>scene</th>")
+        parts += [f"<th>{html.escape(n)}</th>" for n in names] + ["</tr>"]
+        for i, row in enumerate(rows):
+            with Image.open(root / row["images"][0]) as image:
+                thumb = thumbnail_uri(image.convert("RGB"))
+            parts.append(f"<tr><td><img src='{thumb}' width=64 style='image-rendering:pixelated'></td>")
+            for n in names:
+                caption = r["captions"][n]
+                parts.append(
+                    f"<td>{html.escape(caption['examples'][i])}<br><small>F1 {caption['f1'][i]:.2f}</small></td>"
+                )
+            parts.append("</tr>")
+        parts.append("</table>")
+    return "".join(parts) + "</body></html>"
+
+
 def run_visual_lab(
     output: str | Path, seeds: tuple[int, ...] = (0, 1), cfg: VisualLabConfig = VisualLabConfig()
 ) -> dict:
@@ -343,6 +374,7 @@ def run_visual_lab(
         "lessons": lessons,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "captions.html").write_text(captions_html(out, results))
     for seed, figures in means.items():
         console.print(
             f"seed {seed}: held-out F1 / hallucination / objects named — "

@@ -133,6 +133,7 @@ class AsyncRolloutBackend:
     and seeds); ``generate`` returns a queued request's rollout when it was queued, or asks for it now and waits."""
 
     samples_trainer_weights = False  # the worker's copy is the weights of some version, not the trainer's own
+    reads_images = False  # a vision-language policy is refused with --max-staleness (train/online.py)
 
     def __init__(self, policy, tokenizer, settings):
         self.policy, self.tokenizer, self.settings = policy, tokenizer, settings
@@ -330,11 +331,11 @@ class AsyncRolloutBackend:
         )
 
 
-def sampling_backend(settings, policy, tokenizer):
+def sampling_backend(settings, policy, tokenizer, processor=None):
     """What an online stage samples with: a rollout worker beside the trainer when rollout.max_staleness ≥ 1 (hf
     only; the section refuses the rest), else the backend rollout.backend names (backends.make_backend)."""
     from tether.rollout.backends import make_backend
 
     if getattr(settings, "max_staleness", 0) > 0:
         return AsyncRolloutBackend(policy, tokenizer, settings)
-    return make_backend(settings, policy, tokenizer)
+    return make_backend(settings, policy, tokenizer, processor)

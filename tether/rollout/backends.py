@@ -189,6 +189,9 @@ class GenerationBackend(Protocol):
     (Rollout.sampler_logprobs): the stages log the gap and can weight the loss by it (rollout.off_policy_correction)."""
 
     samples_trainer_weights: bool  # samples with the trained model's own weights (nothing to copy, no sampler gap)
+    # takes each prompt's PIL images in generate_ids (``images``) and processes them itself (a vLLM engine); False:
+    # it is given the processor's pixel tensors (``vision``) alone
+    reads_images: bool
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         """One response per prompt, sampled with ``sampling``'s max_new_tokens, temperature, top_p and top_k;
@@ -222,6 +225,7 @@ class HFGenerate:
     copy (Rollout.sampler_logprobs), so the stages measure and can correct the gap, as with a vLLM engine."""
 
     samples_trainer_weights = True
+    reads_images = False  # the policy's own forward takes the processor's pixel tensors
 
     def __init__(self, model, tokenizer, settings=None, copy: bool = False):
         """``copy``: ``model`` is not the trained policy but a copy of some version of it (the rollout worker's,
@@ -326,8 +330,12 @@ def _sampling_copy(policy, dtype: torch.dtype, settings):
 BACKENDS = {"hf": HFGenerate, "vllm": VLLMBackend}
 
 
-def make_backend(settings, policy, tokenizer) -> GenerationBackend:
+def make_backend(settings, policy, tokenizer, processor=None) -> GenerationBackend:
     """The backend ``settings.backend`` names (a SamplingSection: rollout.backend), sampling from ``policy``. (With
     rollout.max_staleness ≥ 1 the online stages sample through a rollout worker instead:
-    rollout/async_worker.py sampling_backend.)"""
-    return BACKENDS[settings.backend](policy, tokenizer, settings)
+    rollout/async_worker.py sampling_backend.) A vision-language policy's ``processor`` goes to a backend that
+    processes the images itself (``reads_images``: vLLM's engine)."""
+    backend = BACKENDS[settings.backend]
+    if processor is not None and backend.reads_images:
+        return backend(policy, tokenizer, settings, processor=processor)
+    return backend(policy, tokenizer, settings)

@@ -33,6 +33,7 @@ from tether.console import output_to
 from tether.errors import ConfigError
 from tether.models.lm import DTYPES, checkpoint_weights, inductor_compiles_here, model_context
 from tether.models.shards import gathered, is_sharded
+from tether.models.vision import placeholder_ids
 from tether.online_sections import VLLM_INSTALL as INSTALL
 from tether.rollout.batch import Rollout, concat_rollouts, left_pad
 from tether.rollout.prompts import response_mask_from_stops
@@ -247,7 +248,9 @@ def _engine(LLM, SamplingParams, folder: Path, key: dict):  # noqa: N803 - vLLM'
         enable_sleep_mode=key["sleep"],
         enable_prefix_caching=True,
         logprobs_mode="processed_logprobs",  # after the temperature and top-k/top-p: what it sampled from
-        skip_tokenizer_init=True,  # token ids in and out: the trainer's tokenizer is the one that counts
+        # token ids in and out: the trainer's tokenizer is the one that counts; a vision-language model's engine
+        # loads the processor saved beside the weights (vLLM's multimodal processing needs its tokenizer)
+        skip_tokenizer_init=not key["vision"],
         generation_config="vllm",  # the model folder's generation_config.json must not change the sampling
         distributed_executor_backend="mp",  # the model and its threads in a process of their own
         # whole prompts only: a prompt prefilled in chunks has its partial samples discarded, which rewinds the
@@ -298,11 +301,18 @@ def start_failure(err: BaseException, key: dict, log: Path, offset: int = 0) -> 
     text = " ".join(str(err).split())
     inner = re.search(r"Worker failed with error '(.*)', please check", text)
     text = inner.group(1) if inner else text
-    last = _last_error(log, offset) if "initialization failed" in text else None
+    # the exception only points at the log: a worker that failed, or an architecture whose inspection failed
+    last = _last_error(log, offset) if "initialization failed" in text or "failed to be inspected" in text else None
     text = f"{text} {last}" if last is not None and last not in text else text
     reason = " ".join(s for s in re.split(r"(?<=\.) ", text) if not any(a in s for a in _VLLM_ADVICE)) or text
     lower, gib = reason.lower(), key["kv_bytes"] / 2**30
-    if "head_dim" in lower or "attention configuration" in lower:
+    if "torchvision" in lower:
+        advice = (
+            "vLLM's model code for this architecture imports torchvision, which the CPU set-up leaves out (its "
+            "wheels break vLLM's CPU build; measured: LLaVA, Gemma 3 and Qwen2-VL need it, Idefics3 and SmolVLM do "
+            "not): install a torchvision built for this torch"
+        )
+    elif "head_dim" in lower or "attention configuration" in lower:
         advice = "vLLM's CPU attention takes head_dim 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 or 512"
     elif "requested memory for kv" in lower or "out of memory" in lower:
         advice = f"its KV cache of {gib:.4g} GiB does not fit in free memory: lower --vllm-kv-cache-gib"
@@ -420,9 +430,10 @@ def _shutdown(engine: dict) -> None:
         watchdog.stdin.close()
 
 
-def _started_engine(model, key: dict) -> dict:
-    """{folder, watchdog, llm}: the weights folder, its watchdog (started first) and the engine on it. Anything
-    that stops the start-up (a refusal, Ctrl-C) removes the folder before it propagates."""
+def _started_engine(model, key: dict, processor=None) -> dict:
+    """{folder, watchdog, llm}: the weights folder, its watchdog (started first) and the engine on it (with a
+    vision-language policy's ``processor`` saved beside the weights). Anything that stops the start-up (a refusal,
+    Ctrl-C) removes the folder before it propagates."""
     import multiprocessing
 
     folder = _new_folder()
@@ -430,6 +441,8 @@ def _started_engine(model, key: dict) -> dict:
     before = {p.pid for p in multiprocessing.active_children()}
     try:
         _write_model(model, folder, getattr(torch, key["dtype"]))
+        if processor is not None:
+            processor.save_pretrained(str(folder))
         engine["llm"] = _start_engine(folder, key)
     except BaseException:
         _shutdown(engine)
@@ -442,8 +455,9 @@ class VLLMBackend:
     """rollout.backend vllm: the GenerationBackend protocol (rollout/backends.py) on a vLLM engine."""
 
     samples_trainer_weights = False  # the engine holds its own copy, pushed after each update
+    reads_images = True  # a vision-language policy's prompts come with their PIL images: vLLM processes them itself
 
-    def __init__(self, model, tokenizer, settings=None):
+    def __init__(self, model, tokenizer, settings=None, processor=None):
         if vllm_version() is None:
             raise ConfigError(INSTALL)
         if getattr(settings, "vllm_sleep", False) and not torch.cuda.is_available():
@@ -463,7 +477,12 @@ class VLLMBackend:
             "sleep": bool(getattr(settings, "vllm_sleep", False)),
             "gpu_share": float(getattr(settings, "vllm_gpu_memory_utilization", 0.3)),
             "compiled": inductor_compiles_here(),
+            "vision": processor is not None,
         }
+        # a vision-language policy: its processor goes in the engine's folder (vLLM widens the images itself, and
+        # the prompt ids it widens to are checked against the processor's), its placeholders are never sampled
+        self.processor = processor
+        self.placeholders = placeholder_ids(base.config) if processor is not None else []
         self.sleep, self.asleep, self.stale = key["sleep"], False, True  # a reused engine holds another run's weights
         # --fsdp: writing the weights gathers each parameter, a collective every process joins, so it happens in
         # weights_updated, which every process calls after an update; the reload (its own engine's) stays lazy
@@ -476,7 +495,7 @@ class VLLMBackend:
             _shutdown(_ENGINE)
             _ENGINE.clear()
             _check_main_guarded()
-            _ENGINE.update(_started_engine(model, key), key=key)
+            _ENGINE.update(_started_engine(model, key, processor), key=key)
             self.written = True
             atexit.unregister(_shutdown_at_exit)
             atexit.register(_shutdown_at_exit)
@@ -488,7 +507,12 @@ class VLLMBackend:
     def describe(self) -> str:
         return (
             f"vLLM {vllm_version()}, one engine per process, {self.kv_bytes / 2**20:,.0f} MiB of KV cache; "
-            "weights reloaded after every step"
+            + (
+                "images processed by the engine (its prompt ids checked against the processor's); "
+                if self.processor
+                else ""
+            )
+            + "weights reloaded after every step"
             + (" (the sharded policy's, gathered one parameter at a time)" if self.sharded else "")
             + ("" if inductor_compiles_here() else "; run eagerly, nothing compiled (ATEN_CPU_CAPABILITY=default)")
             + f"; vLLM's own output: {engine_log()}"
@@ -515,6 +539,8 @@ class VLLMBackend:
             "reload_weights", kwargs={"weights_path": str(self.folder), "is_checkpoint_format": True}
         )
         self.llm.reset_prefix_cache()
+        if self.processor is not None:  # the images' cached encoder outputs came from the old vision weights
+            self.llm.llm_engine.reset_encoder_cache()  # (the scheduler's record and the worker's store together)
         self.stale = False
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
@@ -531,8 +557,25 @@ class VLLMBackend:
         seeds: list[int] | None = None,
         max_new_tokens: int | None = None,
         greedy: bool = False,
+        vision: list | None = None,
+        images: list | None = None,
+        texts: list[str] | None = None,
     ) -> Rollout:
+        """GenerationBackend.generate_ids. A vision-language policy's contexts (the processor's ids, each image
+        widened) come with their ``images`` (PIL, per context) and rendered ``texts``: vLLM is given each text's
+        tokens with one placeholder per image, which it widens itself (given the widened ids, it widens them again);
+        the prompt it widens must be the context token for token (else an error), and the rollout keeps ``vision``
+        (the processor's pixel tensors) for the trainer's forwards."""
         from vllm import SamplingParams
+
+        if (images is not None) != (self.processor is not None) or (images is None) != (texts is None):
+            raise ValueError(
+                "a vision-language policy's engine takes each context's images and text (and the rollout its pixel "
+                "tensors); a text policy's takes neither"
+            )
+        # vLLM's logit bias is clamped to [-100, 100]: a placeholder keeps e^-100 of its probability, far below any
+        # float32 a log-prob can hold beside the others (it is never sampled: checked below)
+        bias = {token: -100.0 for token in self.placeholders} or None
 
         if seeds is not None and len(seeds) != len(contexts):
             raise ValueError(f"{len(seeds)} seeds for {len(contexts)} prompts")
@@ -557,15 +600,41 @@ class VLLMBackend:
                     logprobs=0,
                     seed=int(seed) % 2**63,
                     detokenize=False,
+                    logit_bias=bias,
                 )
                 for seed in seeds[start : start + size]
             ]
-            outputs = self.llm.generate([{"prompt_token_ids": list(c)} for c in chunk], params, use_tqdm=False)
+            requests = [{"prompt_token_ids": list(c)} for c in chunk]
+            if images is not None:
+                shown = zip(requests, images[start : start + size], texts[start : start + size])
+                for request, pictures, text in shown:
+                    if pictures:
+                        request["prompt_token_ids"] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                        request["multi_modal_data"] = {"image": list(pictures)}
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            if images is not None:
+                self._check_widened(chunk, outputs)
             parts.append(self._rollout(chunk, outputs, stop_ids))
         if self.sleep:  # weights and KV cache released until the next generation wakes the engine and pushes
             self.llm.sleep(level=2)
             self.asleep = True
-        return concat_rollouts(parts, self.tokenizer.pad_token_id)
+        rollout = concat_rollouts(parts, self.tokenizer.pad_token_id)
+        rollout.vision = list(vision) if vision is not None else None
+        return rollout
+
+    def _check_widened(self, contexts: list[list[int]], outputs) -> None:
+        """The engine widened each prompt's images into the processor's tokens, and sampled no placeholder: the
+        trainer's forwards, which take the processor's ids and pixels, then score what the engine sampled from."""
+        for i, (context, out) in enumerate(zip(contexts, outputs)):
+            if list(out.prompt_token_ids) != list(context):
+                raise RuntimeError(
+                    f"prompt {i}: vLLM widened its images into {len(out.prompt_token_ids)} prompt tokens, the "
+                    f"processor into {len(context)} (or into other tokens): the engine and the trainer would see "
+                    "different prompts; use --rollout-backend hf"
+                )
+            sampled = set(out.outputs[0].token_ids) & set(self.placeholders)
+            if sampled:
+                raise RuntimeError(f"prompt {i}: vLLM sampled the image placeholder {sorted(sampled)}")
 
     def _rollout(self, contexts: list[list[int]], outputs, stop_ids: list[int]) -> Rollout:
         pad = self.tokenizer.pad_token_id

@@ -544,11 +544,11 @@ def start_online(
 
 def refuse_vision_online(cfg, rewards_cfg) -> None:
     """What a vision-language policy cannot do online yet, refused by name before anything is written: it samples
-    with the hf backend, synchronously, on one process, and is scored by reward functions (which get the images) and
-    a vision-language reward model (which scores the prompt's images with the response)."""
+    with the hf backend or a vLLM engine (for the architectures vLLM's build serves: a start that fails names why),
+    synchronously, on one process, and is scored by reward functions (which get the images) and a vision-language
+    reward model (which scores the prompt's images with the response)."""
     ro = cfg.rollout
     refused = [
-        (ro.backend != "hf", f"--rollout-backend {ro.backend} (vLLM's multimodal prompts are not built: use hf)"),
         (ro.max_staleness > 0, "--max-staleness (the rollout worker does not carry images yet)"),
         (bool(ro.sampling_dtype), "--sampling-dtype (its copy of the policy is a causal LM)"),
         (bool(getattr(getattr(cfg, "agent", None), "env", "")), "--env (agent episodes with images are not built)"),
@@ -565,7 +565,7 @@ def refuse_vision_online(cfg, rewards_cfg) -> None:
     named = [why for hit, why in refused if hit]
     if named:
         raise ConfigError(
-            f"{cfg.model.path} is a vision-language model; online it samples with the hf backend on one process and "
+            f"{cfg.model.path} is a vision-language model; online it samples (hf or vllm) on one process and "
             f"is scored by reward functions, which are given each prompt's images. Not built yet: {'; '.join(named)}"
         )
 

@@ -41,8 +41,14 @@ class ImagePrompts:
 
     def encode(self, i: int) -> tuple[list[int], dict | None]:
         """(token ids, pixel tensors or None) of row ``i``."""
-        _, ids, vision, _ = self.make(i)
+        ids, vision, _ = self.encode_with_images(i)
         return ids, vision
+
+    def encode_with_images(self, i: int) -> tuple[list[int], dict | None, list]:
+        """(token ids, pixel tensors or None, its PIL images) of row ``i``: an engine that processes the images
+        itself (vLLM) is given the images."""
+        _, ids, vision, images = self.make(i)
+        return ids, vision, images
 
 
 class OnlineSampler:
@@ -68,11 +74,13 @@ class OnlineSampler:
         self.sampling_copy = sampling_copy
         self.sampling_policy = sampling_copy if sampling_copy is not None else policy
         policy = self.sampling_policy
-        self.backend = backend or sampling_backend(ro, policy, tokenizer)
         self.images = self.eval_images = None  # a vision-language model's prompts: ImagePrompts
         self.processor = None  # a vision-language model's: saved with its checkpoints and final/ (train/online.py)
         if is_vision_language(cfg.model.path):
-            processor = self.processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
+            self.processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
+        self.backend = backend or sampling_backend(ro, policy, tokenizer, self.processor)
+        if self.processor is not None:
+            processor = self.processor
             pixels = cfg.model.max_image_pixels
             self.images = ImagePrompts(tokenizer, processor, rows, ro.prompts, pixels)
             self.eval_images = ImagePrompts(tokenizer, processor, eval_rows, ro.eval_prompts, pixels)
@@ -106,13 +114,20 @@ class OnlineSampler:
         ``images``) as the processor's token ids with each prompt's pixel tensors."""
         if images is None:
             return self.backend.generate([prompts[i] for i in indices], self.rollout_cfg, self.stops, seeds)
-        encoded = {i: images.encode(i) for i in set(indices)}  # a group's prompt once
+        encoded = {i: images.encode_with_images(i) for i in set(indices)}  # a group's prompt once
+        # an engine that processes the images itself (vLLM) gets them; its prompt ids are checked against these
+        pictures = (
+            {"images": [encoded[i][2] for i in indices], "texts": [prompts[i] for i in indices]}
+            if self.backend.reads_images
+            else {}
+        )
         rollout = self.backend.generate_ids(
             [encoded[i][0] for i in indices],
             self.rollout_cfg,
             self.stops,
             seeds,
             vision=[encoded[i][1] for i in indices],
+            **pictures,
         )
         rollout.prompts = [prompts[i] for i in indices]
         return rollout

@@ -12,11 +12,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from test_multimodal_rl import colour_prompts, grpo_args
+from test_vllm import sampling
 
 from tether.cli import main
 from tether.data.prompts import prompt_rows
@@ -36,21 +36,6 @@ def idefics3(tmp_path_factory, tokenizer):
     return build_tiny_vlm("idefics3", tokenizer, tmp_path_factory.mktemp("vllm-vlm") / "idefics3", 0, 64, 2, 2)
 
 
-def sampling(**kw):
-    base = dict(
-        max_new_tokens=8,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        generation_batch=0,
-        drop_finished_rows=True,
-        rollout_size=8,
-        vllm_kv_cache_gib=0.0625,
-        vllm_sleep=False,
-    )
-    return SimpleNamespace(**{**base, **kw})
-
-
 def policy_and_prompts(folder, tmp_path):
     from transformers import AutoModelForImageTextToText
 
@@ -67,7 +52,7 @@ def policy_and_prompts(folder, tmp_path):
 def test_idefics3_on_vllm_samples_what_hf_does_with_each_image_before_and_after_a_push(idefics3, tmp_path):
     model, tokenizer, processor, encoded = policy_and_prompts(idefics3, tmp_path)
     ids, vision, images, texts = ([e[k] for e in encoded] for k in range(4))
-    s = sampling()
+    s = sampling(max_new_tokens=8)
     engine = VLLMBackend(model, tokenizer, s, processor=processor)
     stops = stop_token_ids(tokenizer, model)
 
@@ -84,7 +69,7 @@ def test_idefics3_on_vllm_samples_what_hf_does_with_each_image_before_and_after_
     # sampled at τ = 0.7: the engine's log-prob of each token it drew against the trainer's forward with the pixels;
     # float32 log-softmaxes of logits that differ by summation order only (test_vllm.py's bound: 1e-3), the
     # placeholder's -100 bias leaving it e^-100 of its probability, below float32's resolution of the others'
-    s7 = sampling(temperature=0.7)
+    s7 = sampling(max_new_tokens=8, temperature=0.7)
     rollout = engine.generate_ids(
         ids * 4, s7, stops, seeds=list(range(16)), vision=vision * 4, images=images * 4, texts=texts * 4
     )

@@ -71,6 +71,7 @@ class VLLMJudge:
             "sleep": False,
             "gpu_share": gpu_share,
             "compiled": inductor_compiles_here(),
+            "vision": False,  # a text judge: token ids in and out, no tokenizer in the engine
         }
         if _JUDGE_ENGINE.get("key") != key:
             from tether.console import loading

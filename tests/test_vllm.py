@@ -546,7 +546,7 @@ def test_at_shutdown_the_weights_folder_is_gone_before_the_watchdog_stops(tmp_pa
     folder. So _shutdown removes the folder first: when the (real) watchdog is stopped, the folder is gone."""
     import subprocess as sp
 
-    from tether.rollout.vllm_backend import _new_folder, _shutdown, _watch
+    from tether.rollout.vllm_engine import _new_folder, _shutdown, _watch
 
     folder = _new_folder()
     (folder / "model.safetensors").write_bytes(b"weights")
@@ -724,7 +724,7 @@ def test_start_up_failures_name_tethers_options_not_vllms():
     gpu_memory_utilization."""
     from pathlib import Path
 
-    from tether.rollout.vllm_backend import start_failure
+    from tether.rollout.vllm_engine import start_failure
 
     vllm_said = ValueError(
         "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the "

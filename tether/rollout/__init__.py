@@ -1,7 +1,8 @@
 """Sampling responses and scoring their tokens: the rollout record (``batch``), prompt rendering and the one stop
 set (``prompts``), the generation backends chosen by ``rollout.backend`` (``backends``; the KV-cache sampler the hf
-backend runs in ``decoding``, the vLLM engine in ``vllm_backend``, its worker's AMX permission in ``vllm_worker``), a judge on a vLLM engine of its
-own (``vllm_judge``), a rollout worker beside the trainer
+backend runs in ``decoding``, the vLLM engine in ``vllm_backend`` — its start, failures and watchdog in
+``vllm_engine``, its worker's AMX permission in ``vllm_worker``), a judge on a vLLM engine of its own
+(``vllm_judge``), a rollout worker beside the trainer
 (``async_worker``: rollout.max_staleness), the trainer's forward over a rollout (``forward``: log-probs at the sampling temperature,
 entropies, critic states), and text generation and step offsets (``texts``).
 

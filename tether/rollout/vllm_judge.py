@@ -25,16 +25,8 @@ from tether.errors import ConfigError
 from tether.models.judge import judge_stop_ids
 from tether.models.lm import inductor_compiles_here, load_tokenizer
 from tether.online_sections import VLLM_INSTALL
-from tether.rollout.vllm_backend import (
-    _check_main_guarded,
-    _new_folder,
-    _shutdown,
-    _start_engine,
-    _tell,
-    _watch,
-    kv_cache_bytes,
-    vllm_version,
-)
+from tether.rollout.vllm_backend import kv_cache_bytes, vllm_version
+from tether.rollout.vllm_engine import _check_main_guarded, _new_folder, _shutdown, _start_engine, _tell, _watch
 
 _JUDGE_ENGINE: dict = {}  # {"key": what it was started with, "llm": the engine, "folder": an empty folder, ...}
 

@@ -14,7 +14,6 @@ Reading order = execution order: for each step, step() â†’ evaluate (when due) â
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -552,7 +551,6 @@ def refuse_vision_online(cfg, rewards_cfg) -> None:
         (ro.max_staleness > 0, "--max-staleness (the rollout worker does not carry images yet)"),
         (bool(ro.sampling_dtype), "--sampling-dtype (its copy of the policy is a causal LM)"),
         (bool(getattr(getattr(cfg, "agent", None), "env", "")), "--env (agent episodes with images are not built)"),
-        (int(os.environ.get("WORLD_SIZE", "1")) > 1, "several processes (images are not gathered across them yet)"),
         (
             bool(rewards_cfg is not None and rewards_cfg.reward_model)
             and not is_vision_language(rewards_cfg.reward_model),

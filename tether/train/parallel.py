@@ -248,7 +248,39 @@ def gather_rollout(dp: DataParallel, rollout, pad_id: int):
         dp.gather_rows(rollout.attention, 0) if dp.any(rollout.response_attention is not None) else None,
         dp.gather_rows(_sampler_logprobs(rollout), 0.0) if dp.any(rollout.sampler_logprobs is not None) else None,
         _gather_versions(dp, rollout),
+        _gather_vision(dp, rollout),
     )
+
+
+def _gather_vision(dp: DataParallel, rollout) -> list | None:
+    """Every process's rows' pixel tensors (a vision-language policy's), in rank order, or None where no process
+    has any: each tensor name's values laid end to end per process, gathered, and cut back into each row's tensors
+    by the shapes and dtypes every process also gathers (no pickle)."""
+    if not dp.any(rollout.vision is not None):
+        return None
+    mine = rollout.vision if rollout.vision is not None else [None] * len(rollout.responses)
+    meta = dp.gather_json(
+        [
+            {k: [list(v.shape), str(v.dtype).removeprefix("torch.")] for k, v in row.items()} if row else None
+            for row in mine
+        ]
+    )
+    rows: list = [dict(m) if m else None for m in meta]
+    for key in sorted({k for m in meta if m for k in m}):
+        dtype = getattr(torch, next(m[key][1] for m in meta if m and key in m))
+        wire = torch.uint8 if dtype == torch.bool else dtype  # gloo gathers no bool
+        local = [row[key].reshape(-1).to(wire) for row in mine if row and key in row]
+        flat = dp.gather_rows((torch.cat(local) if local else torch.zeros(0, dtype=wire))[None, :])
+        counts = dp.gather_json([sum(t.numel() for t in local)])
+        values = torch.cat([flat[r, :n] for r, n in enumerate(counts)])
+        at = 0
+        for m, row in zip(meta, rows):
+            if m and key in m:
+                shape = m[key][0]
+                n = int(torch.tensor(shape).prod()) if shape else 1
+                row[key] = values[at : at + n].reshape(shape).to(dtype)
+                at += n
+    return rows
 
 
 def _gather_versions(dp: DataParallel, rollout):

@@ -95,10 +95,10 @@ def trained_step_end(text: str, end: int, separator: str) -> int:
     return end
 
 
-def _widened(fields, tokenizer, processor, text_ids, steps_from: int, where: str, max_pixels: int, specials: bool):
+def _widened(fields, steps_text: str, tokenizer, processor, text_ids, steps_from: int, where, max_pixels, specials):
     """(the processor's ids of the solution, its pixel tensors, how many tokens the widened images add, how many
-    images): the text rendered again with the images in their places; the steps' tokens must be the tokenizer's,
-    shifted."""
+    images): the prompt rendered again with the images in their places, then ``steps_text``; the steps' tokens
+    (the tokenizer's ``text_ids`` from ``steps_from``) must be the processor's, shifted."""
     from tether.data.multimodal import Widened, placed, vision_of
     from tether.models.chat import template_conversation
 
@@ -107,7 +107,7 @@ def _widened(fields, tokenizer, processor, text_ids, steps_from: int, where: str
     prompt = placed_fields["prompt"]
     if isinstance(prompt, list):
         prompt = render_chat(tokenizer, template_conversation(tokenizer, prompt), generation_prompt=True)
-    images, encoded = widened.encode(prompt + fields["_steps_text"], refs, where, max_pixels, "the prompt")
+    images, encoded = widened.encode(prompt + steps_text, refs, where, max_pixels, "the prompt")
     ids = encoded["input_ids"][0].tolist()
     shift = len(ids) - len(text_ids)
     if shift < 0 or ids[steps_from + shift :] != text_ids[steps_from:]:
@@ -170,9 +170,8 @@ def tokenize_steps(
         vision = None
         if processor is not None:  # the same text with its images widened: every step end moves by their tokens
             first = min(t for t, (_, stop) in enumerate(offsets) if stop > len(prompt))
-            steps_text = text[len(prompt) :]
             ids, vision, shift, shown = _widened(
-                {**fields, "_steps_text": steps_text}, tokenizer, processor, ids, first, where, max_pixels, specials
+                fields, text[len(prompt) :], tokenizer, processor, ids, first, where, max_pixels, specials
             )
             step_ends = [e + shift for e in step_ends]
             report.images += shown

@@ -265,7 +265,7 @@ def _gather_vision(dp: DataParallel, rollout) -> list | None:
             for row in mine
         ]
     )
-    rows: list = [dict(m) if m else None for m in meta]
+    rows: list = [{} if m else None for m in meta]
     for key in sorted({k for m in meta if m for k in m}):
         dtype = getattr(torch, next(m[key][1] for m in meta if m and key in m))
         wire = torch.uint8 if dtype == torch.bool else dtype  # gloo gathers no bool

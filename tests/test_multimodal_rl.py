@@ -454,8 +454,9 @@ def test_prm_on_each_family_reads_each_step_after_the_widened_image_and_scores_w
     from tether.config import build_config
     from tether.data.records import read_records
     from tether.data.steps import collate_steps, tokenize_steps
-    from tether.models.reward import STEP_HEAD, load_reward_model
+    from tether.models.reward import STEP_HEAD, ProcessRewardScorer, load_reward_model
     from tether.models.vision import VISION_INPUTS
+    from tether.rewards.score import process_rows
     from tether.stages.prm import run_prm, step_logits
     from tether.stages.prm_config import PRMConfig
 
@@ -498,3 +499,45 @@ def test_prm_on_each_family_reads_each_step_after_the_widened_image_and_scores_w
         own, moved = step_logits(model, batch), step_logits(model, swapped)
     assert own.shape == (2, 2) and not torch.equal(own, moved)  # the pixels reach the step scores
     assert hasattr(AutoProcessor.from_pretrained(final), "image_processor")  # final/ holds the processor
+    # as --process-reward-model of a vision-language policy: the sampled prompt's text and the response, steps read
+    # where training read them, with the prompt row's image — the same probabilities as the training forward's
+    rows = prompt_rows(data, images=PIXELS)
+    prompts = ImagePrompts(tokenizer, processor, rows, str(data), PIXELS)
+    texts, ends = [], []
+    for i in range(2):
+        first, second = rows[i]["completions"]
+        texts.append(prompts.texts[i] + f"{first}\n{second}\n")
+        base = len(prompts.texts[i])
+        ends.append([base + len(first), base + len(first) + 1 + len(second)])
+    online = process_rows(ProcessRewardScorer(final), texts, ends, rows[:2])
+    # one forward each way over the same tokens and pixels (padded rows of the same width): float32 sums in another
+    # batch shape may differ by a few ulps of logits of size ~1, far inside 1e-5 after the sigmoid
+    assert torch.tensor(online) == pytest.approx(torch.sigmoid(own), abs=1e-5)
+
+
+def test_grpo_takes_a_vision_language_process_reward_model_and_refuses_a_text_one(
+    vlm_dirs, llama_dir, tmp_path, rules, capsys
+):
+    from tether.config import build_config
+    from tether.stages.prm import run_prm
+    from tether.stages.prm_config import PRMConfig
+
+    data = write_jsonl(tmp_path / "steps.jsonl", colour_steps(tmp_path, 8))
+    prm = {"model.path": str(vlm_dirs["llava"]), "data.path": str(data), "train.output": str(tmp_path / "prm")}
+    run_prm(build_config(PRMConfig, overrides={**prm, "train.max_steps": 1, "train.report_to": ["none"]}))
+    # one step per response, ending at its last character: the process reward model scores it with the prompt's image
+    steps = ["--process-reward-model", str(tmp_path / "prm" / "final"), "--step-pattern", "(?s).$"]
+    args = grpo_args(vlm_dirs["llava"], colour_prompts(tmp_path), rules, tmp_path / "run", *steps)
+    assert main(args) == 0, capsys.readouterr().err
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 < m["reward/process_reward_model/mean"] < 1 for m in metrics)  # one step's probability each
+    plain = [
+        {**{k: v for k, v in r.items() if k != "images"}, "prompt": "Which colour?"} for r in colour_steps(tmp_path, 8)
+    ]
+    text_prm = {**prm, "model.path": str(llama_dir), "data.path": str(write_jsonl(tmp_path / "plain.jsonl", plain))}
+    text_prm["train.output"] = str(tmp_path / "text-prm")
+    run_prm(build_config(PRMConfig, overrides={**text_prm, "train.max_steps": 1, "train.report_to": ["none"]}))
+    text = grpo_args(vlm_dirs["llava"], colour_prompts(tmp_path), rules, tmp_path / "text", "--process-reward-model")
+    assert main([*text, str(tmp_path / "text-prm" / "final")]) == 2
+    assert "Not built yet: a text --process-reward-model" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "text").exists()

@@ -378,7 +378,9 @@ def process_reward_separator(path: str | Path) -> str:
     config = json.loads((path / "config.json").read_text())
     what, heads = f"--process-reward-model {path}", list((config.get("id2label") or {}).values())
     architectures = config.get("architectures") or ["no architecture named"]
-    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+    if VISION_HEADS_KEY in config:  # a vision-language reward model: tether's head, named in config.json
+        heads = list(config[VISION_HEADS_KEY])
+    elif not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise ConfigError(
             f"{what} is a language model ({', '.join(architectures)}), not a process reward model: it has no "
             f"'{STEP_HEAD}' head, and a new one would score every step 0.5. Train one with `tether prm`"
@@ -414,31 +416,49 @@ class ProcessRewardScorer:
         self.tokenizer = load_tokenizer(path)
         self.model = load_reward_model(path, self.tokenizer, dtype=dtype).to(device).eval()
         self.device, self.batch_size = device, batch_size
+        # a vision-language process reward model reads each text with its prompt's images (its own processor)
+        self.processor = load_processor(path, self.tokenizer) if is_vision_language(path) else None
+
+    @property
+    def reads_images(self) -> bool:
+        return self.processor is not None
+
+    def text_steps(self, text: str, char_ends: list[int]) -> tuple[list[int], list[int], bool]:
+        """(token ids, the token holding each step's last character, whether special tokens were added)."""
+        bos = self.tokenizer.bos_token or ""
+        specials = not (bos and text.startswith(bos))  # a rendered chat prompt has its own
+        enc = self.tokenizer(text, add_special_tokens=specials, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        steps = [max(t for t, (s, _) in enumerate(offsets) if s < max(end, 1)) for end in char_ends]
+        return enc["input_ids"], steps, specials
+
+    def __call__(self, texts: list[str], char_ends: list[list[int]]) -> list[list[float]]:
+        """Each text's step probabilities ([] for a text without steps)."""
+        encoded = [self.text_steps(t, e)[:2] + (None,) if e else None for t, e in zip(texts, char_ends)]
+        return self.score_encoded(encoded)
 
     @torch.no_grad()
-    def __call__(self, texts: list[str], char_ends: list[list[int]]) -> list[list[float]]:
-        out: list[list[float]] = [[] for _ in texts]
-        bos = self.tokenizer.bos_token or ""
-        for start in range(0, len(texts), self.batch_size):
-            rows = []
-            for i in range(start, min(start + self.batch_size, len(texts))):
-                if not char_ends[i]:
-                    continue
-                specials = not (bos and texts[i].startswith(bos))  # a rendered chat prompt has its own
-                enc = self.tokenizer(texts[i], add_special_tokens=specials, return_offsets_mapping=True)
-                offsets = enc["offset_mapping"]
-                steps = [max(t for t, (s, _) in enumerate(offsets) if s < max(end, 1)) for end in char_ends[i]]
-                rows.append((i, enc["input_ids"], steps))
+    def score_encoded(self, encoded: list) -> list[list[float]]:
+        """Step probabilities of encoded rows: (token ids, step tokens, a vision-language model's pixel tensors or
+        None) each, or None for a row without steps ([])."""
+        from tether.models.vision import join_vision, on_model
+
+        out: list[list[float]] = [[] for _ in encoded]
+        for start in range(0, len(encoded), self.batch_size):
+            rows = [(i, *encoded[i]) for i in range(start, min(start + self.batch_size, len(encoded))) if encoded[i]]
             if not rows:
                 continue
-            batch = pad_sequences([ids for _, ids, _ in rows], self.tokenizer.pad_token_id)
-            width = max(len(steps) for _, _, steps in rows)
-            index = torch.tensor([steps + [0] * (width - len(steps)) for _, _, steps in rows])
+            batch = pad_sequences([ids for _, ids, _, _ in rows], self.tokenizer.pad_token_id)
+            width = max(len(steps) for _, _, steps, _ in rows)
+            index = torch.tensor([steps + [0] * (width - len(steps)) for _, _, steps, _ in rows])
+            shown = [v for _, _, _, v in rows]
+            vision = on_model(self.model, join_vision(shown, batch["input_ids"].shape[1])) if any(shown) else {}
             logits = self.model(
                 batch["input_ids"].to(self.device),
                 batch["attention_mask"].to(self.device),
                 step_index=index.to(self.device),
+                **vision,
             )[..., 0]
-            for (i, _, steps), row in zip(rows, torch.sigmoid(logits).float().cpu()):
+            for (i, _, steps, _), row in zip(rows, torch.sigmoid(logits).float().cpu()):
                 out[i] = row[: len(steps)].tolist()
         return out

@@ -90,6 +90,35 @@ def load_reward_model_scorer(rewards_cfg, device, dtype: str = "float32"):
     )
 
 
+def process_rows(process_model, texts: list[str], char_ends: list[list[int]], rows: list[dict]) -> list[list[float]]:
+    """A vision-language process reward model's (models/reward.py ProcessRewardScorer) step probabilities of
+    ``texts`` (rendered prompt + response) with their prompt ``rows``' images: each text widened by the model's
+    processor, its steps at the tokens holding their last characters moved by the tokens the images add, and checked
+    to be the same tokens (a processor of another family is an error, not a misread step)."""
+    from tether.data.multimodal import Widened, prompt_images, vision_of
+
+    encoded = []
+    for text, ends, row in zip(texts, char_ends, rows):
+        if not ends:
+            encoded.append(None)
+            continue
+        ids, steps, specials = process_model.text_steps(text, ends)
+        images = prompt_images(row, "a prompt row", 2**62)  # checked when the prompt file was read
+        if not images:
+            encoded.append((ids, steps, None))
+            continue
+        wide = Widened(process_model.processor, add_special=specials)(text, images)
+        wide_ids = wide["input_ids"][0].tolist()
+        shift, first = len(wide_ids) - len(ids), min(steps)
+        if shift < 0 or wide_ids[first + shift :] != ids[first:]:
+            raise ConfigError(
+                "the process reward model's processor gives other tokens than its tokenizer after the images, so "
+                "its steps cannot be located: is it of the policy's family?"
+            )
+        encoded.append((wide_ids, [t + shift for t in steps], vision_of(wide, process_model.processor) or None))
+    return process_model.score_encoded(encoded)
+
+
 def score_rows(reward_model, rows: list[dict], responses: list[str], max_pixels: int) -> list[float]:
     """A vision-language reward model's (models/reward.py RewardScorer) rewards of ``responses`` to the prompt ``rows``
     (their images' paths absolute: data/prompts.py), each rendered as its training pairs were (data/preferences.py
@@ -260,7 +289,7 @@ class Scorer:
                     parts[c.name] = torch.tensor(v, dtype=torch.float32)
                     total += c.weight * parts[c.name]
         if self.process_model is not None:
-            steps, total = self._process_model_part(rollout, parts, steps, total)
+            steps, total = self._process_model_part(rollout, parts, steps, total, rows)
         if self.overlong_cache:
             # scores live on the CPU; the rollout may live on the device
             parts["overlong"] = overlong_penalty(rollout.lengths.cpu(), self.max_new_tokens, self.overlong_cache)
@@ -302,9 +331,10 @@ class Scorer:
         for key, value in sums.items():
             self.audit_sums[key] = self.audit_sums.get(key, 0.0) + value
 
-    def _process_model_part(self, rollout, parts: dict, steps, total):
+    def _process_model_part(self, rollout, parts: dict, steps, total, rows: list[dict]):
         """The process reward model's step probabilities (steps end where --step-pattern matches): a process
-        reward, or aggregated into one score per response (docs/algorithms.md §2.4)."""
+        reward, or aggregated into one score per response (docs/algorithms.md §2.4). A vision-language one reads
+        each text with its row's images (checked against --max-image-pixels when the prompt file was read)."""
         import re
 
         from tether.algorithms.reward import aggregate_step_scores
@@ -317,7 +347,10 @@ class Scorer:
             for text, p, r in zip(texts, rollout.prompts, rollout.responses)
         ]
         with phase("process_reward"):
-            probs = self.process_model(texts, ends)
+            if getattr(self.process_model, "reads_images", False):
+                probs = process_rows(self.process_model, texts, ends, rows)
+            else:
+                probs = self.process_model(texts, ends)
         w, how = self.cfg.process_reward_weight, self.cfg.process_reward_aggregation
         if how == "steps":
             if steps is not None:

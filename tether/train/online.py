@@ -556,7 +556,11 @@ def refuse_vision_online(cfg, rewards_cfg) -> None:
             and not is_vision_language(rewards_cfg.reward_model),
             "a text --reward-model (it would score the text alone: train one on the images, `tether rm`)",
         ),
-        (bool(rewards_cfg is not None and rewards_cfg.process_reward_model), "--process-reward-model (text alone)"),
+        (
+            bool(rewards_cfg is not None and rewards_cfg.process_reward_model)
+            and not is_vision_language(rewards_cfg.process_reward_model),
+            "a text --process-reward-model (it would score the text alone: train one on the images, `tether prm`)",
+        ),
         (bool(cfg.judge.model), "--judge-model (it would judge the text alone)"),
         (getattr(getattr(cfg, "critic", None), "layout", "shared") != "shared", "a separate critic (use shared)"),
     ]

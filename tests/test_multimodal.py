@@ -370,6 +370,46 @@ def test_dpo_on_each_family_starts_at_log_2_and_trains_on_its_images(vlm_dirs, t
     assert hasattr(AutoProcessor.from_pretrained(tmp_path / "dpo" / "final"), "image_processor")
 
 
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_kto_on_each_family_starts_at_one_half_and_shows_each_rows_image_to_both_its_responses(
+    vlm_dirs, tmp_path, family
+):
+    from tether.config import build_config
+    from tether.data.dpo import tokenize_unpaired
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+
+    rows = colour_pairs(tmp_path, 24)  # pairs, split into a desirable and an undesirable row each
+    tokenizer, processor = processor_of(vlm_dirs[family])
+    records = read_records(write_jsonl(tmp_path / "kto.jsonl", rows[:2]))
+    examples, report = tokenize_unpaired(records, tokenizer, 512, processor=processor)
+    assert report.images == 4 and [e.desirable for e in examples] == [True, False, True, False]
+    for e in examples:  # the labelled answer and the next row's, both under this row's picture
+        (own, other) = (r.vision["pixel_values"] for r in e.responses)
+        assert torch.equal(own, other)
+    red, blue = (examples[i].responses[0].vision["pixel_values"] for i in (0, 2))
+    assert not torch.equal(red, blue)
+    overrides = {
+        "model.path": str(vlm_dirs[family]),
+        "data.path": str(write_jsonl(tmp_path / "pairs.jsonl", rows[:16])),
+        "data.eval_path": str(write_jsonl(tmp_path / "eval.jsonl", rows[16:])),
+        "dpo.loss": "kto",
+        "train.output": str(tmp_path / "kto"),
+        "train.max_steps": 2,
+        "train.batch_size": 4,
+        "train.micro_batch_size": 2,
+        "train.eval_every": 2,
+        "train.report_to": ["none"],
+        "optim.lr": 3e-3,
+    }
+    assert run_dpo(build_config(DPOConfig, overrides=overrides))["steps"] == 2
+    first, *_, last = read_metrics(tmp_path / "kto")
+    # the policy is the reference: every reward and the reference point are 0, each loss 1 − σ(0) = 1/2, up to the
+    # float32 ulps of the log-ratios (the DPO test's bound)
+    assert first["eval0/loss"] == pytest.approx(0.5, abs=1e-5)
+    assert last["eval/loss"] != first["eval0/loss"]
+
+
 def test_a_pairs_reference_key_changes_with_its_image_and_the_unbuilt_paths_say_so(vlm_dirs, tmp_path):
     from tether.config import ConfigError, build_config
     from tether.data.dpo import data_fingerprint, tokenize_policy_preferences
@@ -388,8 +428,6 @@ def test_a_pairs_reference_key_changes_with_its_image_and_the_unbuilt_paths_say_
     assert keys[0] != keys[1]  # cached reference log-probs are never reused across images
     pairs = write_jsonl(tmp_path / "pairs.jsonl", colour_pairs(tmp_path, 8))
     base = {"model.path": str(model), "data.path": str(pairs), "train.report_to": ["none"]}
-    with pytest.raises(DataError, match=r"pairs\.jsonl:1: the record has images, and tether dpo --loss kto does not"):
-        run_dpo(build_config(DPOConfig, overrides={**base, "dpo.loss": "kto", "train.output": str(tmp_path / "k")}))
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Colour: "}] * 4)
     online = {**base, "online.online": True, "rollout.prompts": str(prompts), "train.output": str(tmp_path / "o")}
     online["rollout.sampling_dtype"] = "bfloat16"  # online DPO samples as GRPO does, and refuses what it refuses

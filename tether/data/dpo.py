@@ -103,8 +103,8 @@ KTO_FORMATS = (
 )
 
 
-def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object, object, bool, str]]:
-    """(prompt, completion, desirable, where) of unpaired rows, or of pairs split in two."""
+def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object, object, bool, str, list]]:
+    """(prompt, completion, desirable, where, the record's images) of unpaired rows, or of pairs split in two."""
     items = []
     for rec in records:
         f, where = rec.fields, rec.where
@@ -114,11 +114,11 @@ def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object,
                     f"{where}: unpaired rows need 'completion' and a true/false 'label'; the row has "
                     f"{sorted(f)}" + (f" (label {f.get('label')!r})" if "label" in f else "") + f". {KTO_FORMATS}"
                 )
-            items.append((f.get("prompt"), f["completion"], f["label"], where))
+            items.append((f.get("prompt"), f["completion"], f["label"], where, image_list(f, where)))
         elif fmt == "pairs":
             f = split_implicit_prompt(f, where)
             for name, response in ordered_responses(f, fmt, where):
-                items.append((f.get("prompt"), response, name == "chosen", f"{where} ({name})"))
+                items.append((f.get("prompt"), response, name == "chosen", f"{where} ({name})", image_list(f, where)))
         else:
             raise DataError(f"{path}: ranked lists need --loss listwise. {KTO_FORMATS}")
     if len(items) < 2:
@@ -127,10 +127,18 @@ def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object,
 
 
 def tokenize_unpaired(
-    records: list[Record], tokenizer, max_length: int, strict: bool = False, path: str = "data"
+    records: list[Record],
+    tokenizer,
+    max_length: int,
+    strict: bool = False,
+    path: str = "data",
+    processor=None,
+    max_pixels: int = 16_777_216,
 ) -> tuple[list[PolicyPreference], PreferenceReport]:
     """Unpaired labels (or pairs split in two) -> PolicyPreference list with two responses: the labelled completion
-    and the next row's completion under this row's prompt (wrapping round)."""
+    and the next row's completion under this row's prompt (wrapping round). With a vision-language model's
+    ``processor`` both are shown this row's images: the mismatched pair is this prompt, its pictures, another
+    row's answer."""
     _check_fast(tokenizer)
     try:
         fmt = preference_format(records, path)
@@ -140,21 +148,25 @@ def tokenize_unpaired(
         path=str(path),
         records=len(records),
         format="unpaired" if fmt == "unpaired" else f"{fmt} split into unpaired labels",
-        unused=unused_columns(records, fmt),
+        unused=unused_columns(records, fmt, ("images",) if processor is not None else ()),
     )
     try:
         items = _unpaired_items(records, fmt, path)
     except _Drop as drop:  # a pair with chosen == rejected cannot be split into labels
         raise DataError(f"{path}: a pair {drop.args[0]}; fix or drop it before KTO") from None
     examples: list[PolicyPreference] = []
-    for i, (prompt, completion, desirable, where) in progress(enumerate(items), len(items), f"tokenising {path}"):
+    for i, (prompt, completion, desirable, where, refs) in progress(enumerate(items), len(items), f"tokenising {path}"):
         other = items[(i + 1) % len(items)][1]
         report.count_plain(tokenizer, prompt, [completion])
+        images = Images(processor, refs, max_pixels, DataReport(path=where)) if processor is not None else None
         try:
             responses = [
-                _response_example(tokenizer, prompt, completion, where, "completion", max_length),
-                _response_example(tokenizer, prompt, other, where, "completion (of the next row)", max_length),
+                _response_example(tokenizer, prompt, completion, where, "completion", max_length, images),
+                _response_example(tokenizer, prompt, other, where, "completion (of the next row)", max_length, images),
             ]
+            if images is not None:  # both responses widened the same images: count them once
+                report.images += len(images.refs)
+                report.image_tokens += images.counts.image_tokens // len(responses)
         except _Drop as drop:
             if strict:
                 raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
-from tether.data.multimodal import not_built, refuse_images, text_only
+from tether.data.multimodal import refuse_images, text_only
 from tether.data.records import read_records, tokenize_split
 from tether.models.checks import check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
@@ -61,11 +61,10 @@ def load_examples(cfg: DPOConfig, tokenizer, processor=None):
     limit = length_limit(d.max_length, cfg.model.path)
 
     def tokenize(recs, label):
-        if cfg.dpo.loss == "kto":  # an unpaired row is compared with another row's answer: not built with images
-            refuse_images(recs, not_built("dpo --loss kto"))
-            return tokenize_unpaired(recs, tokenizer, limit, d.strict, label)
         if processor is None:
             refuse_images(recs, text_only(cfg.model.path))
+        if cfg.dpo.loss == "kto":  # each row's answer, and the next row's, under this row's prompt and images
+            return tokenize_unpaired(recs, tokenizer, limit, d.strict, label, processor, cfg.model.max_image_pixels)
         return tokenize_policy_preferences(
             recs, tokenizer, limit, d.strict, label, processor, cfg.model.max_image_pixels
         )

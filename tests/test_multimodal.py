@@ -430,8 +430,8 @@ def test_a_pairs_reference_key_changes_with_its_image_and_the_unbuilt_paths_say_
     base = {"model.path": str(model), "data.path": str(pairs), "train.report_to": ["none"]}
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Colour: "}] * 4)
     online = {**base, "online.online": True, "rollout.prompts": str(prompts), "train.output": str(tmp_path / "o")}
-    online["rollout.sampling_dtype"] = "bfloat16"  # online DPO samples as GRPO does, and refuses what it refuses
-    with pytest.raises(ConfigError, match=r"Not built yet: --sampling-dtype \(its copy of the policy is a causal LM"):
+    online["judge.model"] = str(model)  # online DPO samples as GRPO does, and refuses what it refuses
+    with pytest.raises(ConfigError, match=r"Not built yet: --judge-model \(it would judge the text alone"):
         run_dpo(build_config(DPOConfig, overrides={**online, "rewards.reward": [f"{tmp_path}/r.py:f"]}))
     assert not (tmp_path / "o").exists()
 

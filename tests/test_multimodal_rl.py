@@ -211,6 +211,21 @@ def test_a_vlm_online_on_two_processes_equals_one(vlm_dirs, tmp_path, rules, sta
     assert all(len(s["images"]) == 1 for s in samples)  # each process's samples name their images
 
 
+def test_a_bf16_sampling_copy_of_a_vlm_samples_with_the_images_and_logs_its_gap(vlm_dirs, tmp_path, rules, capsys):
+    from conftest import BF16_REFUSED, bf16_refused_here
+
+    args = grpo_args(vlm_dirs["gemma3"], colour_prompts(tmp_path), rules, tmp_path / "run", "--sampling-dtype", "bf16")
+    if bf16_refused_here():
+        assert main(args) == 2 and BF16_REFUSED in capsys.readouterr().err
+        return
+    assert main([*args, "--reward", f"{rules}:length"]) == 0, capsys.readouterr().err
+    assert "abfloat16copyofthetrainedpolicy" in "".join(capsys.readouterr().err.split())
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # the copy's log-probs of what it sampled (its pixels in its prefill) against the float32 trainer's with the same
+    # pixels: bf16 moves them (nonzero), by far less than a wrong image or a missing one would on this model
+    assert all(0 < m["rollout/sampler_logprob_diff_max"] < 0.5 for m in metrics), metrics
+
+
 def test_grpo_with_lora_trains_a_vlm(vlm_dirs, tmp_path, rules, capsys):
     prompts, model = colour_prompts(tmp_path), vlm_dirs["llava"]
     lora = grpo_args(model, prompts, rules, tmp_path / "lora", "--lora-r", "4", "--reward", f"{rules}:length")
@@ -231,7 +246,6 @@ def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(
     broken.write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
     cases = [
         ([], broken, r"broken\.jsonl:3: images\[0\]: image file 'img/missing\.png' not found"),
-        (["--sampling-dtype", "bfloat16"], prompts, r"is a vision-language model.*Not built yet: --sampling-dtype"),
         (
             ["--reward-model", str(llama_dir)],
             prompts,

@@ -303,13 +303,15 @@ class HFGenerate:
 
 
 def _sampling_copy(policy, dtype: torch.dtype, settings):
-    """The policy rebuilt from its config in ``dtype`` with its weights cast (a plain Hugging Face causal LM): what
-    rollout.sampling_dtype samples from on the hf backend. A LoRA or sharded policy, or one decoding.decode cannot
-    run, is refused by name: vLLM serves those in the sampling dtype (--rollout-backend vllm)."""
-    from transformers import AutoModelForCausalLM
+    """The policy rebuilt from its config in ``dtype`` with its weights cast (a plain Hugging Face causal LM, or
+    image-text-to-text model with the policy's image placeholders never sampled): what rollout.sampling_dtype samples
+    from on the hf backend. A LoRA or sharded policy, or one decoding.decode cannot run, is refused by name: vLLM
+    serves those in the sampling dtype (--rollout-backend vllm)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from tether.config import ConfigError
     from tether.models.shards import is_sharded
+    from tether.models.vision import never_sample_placeholders
 
     wanted = f"--sampling-dtype {settings.sampling_dtype}"
     if hasattr(policy, "get_base_model") or is_sharded(policy):
@@ -317,8 +319,12 @@ def _sampling_copy(policy, dtype: torch.dtype, settings):
     if not (getattr(settings, "drop_finished_rows", True) and can_compact(policy)):
         raise ConfigError(f"{wanted} keeps the sampler's log-probs in decoding.decode: needs --drop-finished-rows")
     config = policy.config
-    copy = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=config._attn_implementation)
+    vision = hasattr(config, "vision_config")
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    copy = auto.from_config(config, dtype=dtype, attn_implementation=config._attn_implementation)
     copy.load_state_dict(policy.state_dict())
+    if vision:  # the policy's forwards hide its placeholders (models/vision.py): so do the copy's
+        never_sample_placeholders(copy)
     copy.generation_config = policy.generation_config
     copy = copy.to(next(policy.parameters()).device).eval()
     if dtype == torch.bfloat16:

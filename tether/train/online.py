@@ -549,7 +549,6 @@ def refuse_vision_online(cfg, rewards_cfg) -> None:
     ro = cfg.rollout
     refused = [
         (ro.max_staleness > 0, "--max-staleness (the rollout worker does not carry images yet)"),
-        (bool(ro.sampling_dtype), "--sampling-dtype (its copy of the policy is a causal LM)"),
         (bool(getattr(getattr(cfg, "agent", None), "env", "")), "--env (agent episodes with images are not built)"),
         (
             bool(rewards_cfg is not None and rewards_cfg.reward_model)

@@ -561,7 +561,6 @@ def refuse_vision_online(cfg, rewards_cfg) -> None:
             "a text --process-reward-model (it would score the text alone: train one on the images, `tether prm`)",
         ),
         (bool(cfg.judge.model), "--judge-model (it would judge the text alone)"),
-        (getattr(getattr(cfg, "critic", None), "layout", "shared") != "shared", "a separate critic (use shared)"),
     ]
     named = [why for hit, why in refused if hit]
     if named:

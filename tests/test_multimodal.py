@@ -334,6 +334,22 @@ def colour_pairs(folder, n: int) -> list[dict]:
     return rows
 
 
+def dpo_overrides(model, folder, rows, out) -> dict:
+    """Two steps of offline DPO on 16 of ``rows``, the other 8 held out."""
+    return {
+        "model.path": str(model),
+        "data.path": str(write_jsonl(folder / "pairs.jsonl", rows[:16])),
+        "data.eval_path": str(write_jsonl(folder / "eval.jsonl", rows[16:])),
+        "train.output": str(out),
+        "train.max_steps": 2,
+        "train.batch_size": 4,
+        "train.micro_batch_size": 2,
+        "train.eval_every": 2,
+        "train.report_to": ["none"],
+        "optim.lr": 3e-3,
+    }
+
+
 @pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
 def test_dpo_on_each_family_starts_at_log_2_and_trains_on_its_images(vlm_dirs, tmp_path, family):
     import math
@@ -342,19 +358,7 @@ def test_dpo_on_each_family_starts_at_log_2_and_trains_on_its_images(vlm_dirs, t
     from tether.stages.dpo import run_dpo
     from tether.stages.dpo_config import DPOConfig
 
-    rows = colour_pairs(tmp_path, 24)
-    overrides = {
-        "model.path": str(vlm_dirs[family]),
-        "data.path": str(write_jsonl(tmp_path / "pairs.jsonl", rows[:16])),
-        "data.eval_path": str(write_jsonl(tmp_path / "eval.jsonl", rows[16:])),
-        "train.output": str(tmp_path / "dpo"),
-        "train.max_steps": 2,
-        "train.batch_size": 4,
-        "train.micro_batch_size": 2,
-        "train.eval_every": 2,
-        "train.report_to": ["none"],
-        "optim.lr": 3e-3,
-    }
+    overrides = dpo_overrides(vlm_dirs[family], tmp_path, colour_pairs(tmp_path, 24), tmp_path / "dpo")
     summary = run_dpo(build_config(DPOConfig, overrides=overrides))
     assert summary["steps"] == 2 and "16 images" in summary["data"][0]
     first, *_, last = read_metrics(tmp_path / "dpo")
@@ -389,19 +393,7 @@ def test_kto_on_each_family_starts_at_one_half_and_shows_each_rows_image_to_both
         assert torch.equal(own, other)
     red, blue = (examples[i].responses[0].vision["pixel_values"] for i in (0, 2))
     assert not torch.equal(red, blue)
-    overrides = {
-        "model.path": str(vlm_dirs[family]),
-        "data.path": str(write_jsonl(tmp_path / "pairs.jsonl", rows[:16])),
-        "data.eval_path": str(write_jsonl(tmp_path / "eval.jsonl", rows[16:])),
-        "dpo.loss": "kto",
-        "train.output": str(tmp_path / "kto"),
-        "train.max_steps": 2,
-        "train.batch_size": 4,
-        "train.micro_batch_size": 2,
-        "train.eval_every": 2,
-        "train.report_to": ["none"],
-        "optim.lr": 3e-3,
-    }
+    overrides = {**dpo_overrides(vlm_dirs[family], tmp_path, rows, tmp_path / "kto"), "dpo.loss": "kto"}
     assert run_dpo(build_config(DPOConfig, overrides=overrides))["steps"] == 2
     first, *_, last = read_metrics(tmp_path / "kto")
     # the policy is the reference: every reward and the reference point are 0, each loss 1 − σ(0) = 1/2, up to the

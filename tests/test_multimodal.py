@@ -154,6 +154,11 @@ def test_data_check_counts_the_images_and_writes_each_images_tokens_once(vlm_dir
     out = seen.out + seen.err
     assert "16 images in 16 examples, 256 image tokens (16 an image, 32% of the tokens)" in out
     assert "<image>×16What colour is it?" in out and "⟦It is red.<|im_end|>⟧" in out
+    pairs = write_jsonl(train_path.parent / "check-pairs.jsonl", colour_pairs(train_path.parent, 8))
+    assert main(["data", "check", str(pairs), "--model", str(vlm_dirs["llava"])]) == 0  # as tether dpo reads them
+    seen = capsys.readouterr()
+    out = " ".join((seen.out + seen.err).split())
+    assert "8 images, 128 image tokens" in out and out.count("<image>×16What colour is it?") == 2, out[-1500:]
 
 
 def test_the_shapes_trl_and_llamafactory_write_read_the_same(vlm_dirs, tmp_path):

@@ -56,9 +56,19 @@ def run_data_check(cfg: CheckCommand) -> None:
 def check_preferences(cfg: CheckCommand, tokenizer, records, unpaired: bool) -> None:
     from tether.console import console
     from tether.data.dpo import tokenize_policy_preferences, tokenize_unpaired
+    from tether.data.multimodal import refuse_images, text_only
+    from tether.models.vision import is_vision_language, load_processor
 
+    m = cfg.model
+    processor = None  # a vision-language model's: the images read, counted and widened as `tether dpo` would
+    if is_vision_language(m.path):
+        processor = load_processor(m.path, tokenizer, m.trust_remote_code)
+    else:
+        refuse_images(records, text_only(m.path))
     tokenize = tokenize_unpaired if unpaired else tokenize_policy_preferences
-    examples, report = tokenize(records, tokenizer, cfg.data.max_length, cfg.data.strict, cfg.example.file)
+    examples, report = tokenize(
+        records, tokenizer, cfg.data.max_length, cfg.data.strict, cfg.example.file, processor, m.max_image_pixels
+    )
     console.print(report.summary())
     ex = examples[min(cfg.example.index, len(examples) - 1)]
     if unpaired:

@@ -1,10 +1,12 @@
-"""Asynchronous rollouts (--max-staleness K) against the synchronous loop on the lab's GRPO stage: step time, and
-what the lab's GRPO lesson says at each K.
+"""Asynchronous rollouts (--max-staleness K) against the synchronous loop on the lab's GRPO and PPO stages: step
+time, and what the lab's lessons say at each K.
 
     .venv/bin/python bench/async_rollouts.py --lab runs/lab                          # speed: K = 0 and 1, 3 repeats
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --mode learn --ks 0,1,2 --seeds 0,1
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --mode learn --ks 8,8tis --seeds 0
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload 29m     # speed on bench/stages.py's 29.9 M model
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload ppo     # speed on the lab's PPO stage
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload ppo --mode learn --ks 0,1 --seeds 0,1
 
 Every run is the lab's own grpo_outcome stage (tether.lab.rl.run_lab_grpo: the lab's SFT model, 32 prompts × 8
 responses a step, 48 new tokens, lr 5e-5, the outcome rewards), each a fresh process with the machine's default
@@ -20,6 +22,10 @@ the off-policy correction token_truncate at 2.
   the K = 0 arm's phases, printed beside it.
 - ``--workload 29m`` (speed only): the GRPO workload of bench/sampling_dtype.py instead — `tether grpo` on the 29.9 M
   Llama of bench/stages.py (random weights, the lab's tokenizer), 8 prompts × 4 responses of 48 tokens a step.
+- ``--workload ppo``: the lab's PPO stage instead (tether.lab.rl.run_lab_ppo: the SFT policy against rm_filtered,
+  32 prompts a step, lr 5e-5, the lab's β); in learn mode each arm and seed runs β = 0 and β = 0.2 (the lab's
+  ppo_kl0 and ppo_kl0.2 at 60 steps), judged by the lab's two PPO rules (kl_rope: β = 0.2 beats the SFT model on
+  gold; overoptimisation: β = 0's late gold below its peak and below β = 0.2's), with the gold curves.
 - ``--mode learn`` (the lab's steps and evaluation, LabConfig): per arm and seed, the lab's grpo_outcome rule
   (tether/lab/lessons.py) on the run's figures, the sampled and greedy accuracy at each evaluation, the staleness and
   the importance ratio's spread (rollout/is_ratio_p1 … p99) where a correction ran.
@@ -74,17 +80,9 @@ def run_one(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int)
         seed=seed,
         extra=arm_settings(arm),
     )
-    wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    later = [r for r in rows if r.get("step", 0) >= 3]
-    median = lambda key: statistics.median(r.get(key, 0.0) for r in later)
     result = {
-        "wall_s": wall,
-        "step_s": statistics.median(sum(v for k, v in r.items() if k.startswith("time/")) for r in later),
-        "phases": {k: median(k) for k in later[0] if k.startswith("time/") or k.startswith("async/")},
-        "staleness_max": max((r.get("async/staleness_max", 0.0) for r in rows), default=0.0),
-        "dropped": sum(r.get("async/dropped", 0.0) for r in rows[-1:]),
-        "ratio_spread": [[r.get("rollout/is_ratio_p1"), r.get("rollout/is_ratio_p99")] for r in rows],
+        "wall_s": time.perf_counter() - t0,
+        **step_figures(folder / "run" / "metrics.jsonl"),
         "curve": [
             {k: c[k] for k in ("step", "accuracy_sampled", "accuracy_greedy", "accuracy_sampled_se")}
             for c in figures["curve"]
@@ -92,6 +90,54 @@ def run_one(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int)
         "lesson": grpo_outcome({"grpo": {"grpo_outcome": figures}}, problems).as_dict(),
     }
     (folder / "result.json").write_text(json.dumps(result))
+
+
+def run_ppo(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int, beta: float) -> None:
+    """One run of the lab's PPO stage at β = ``beta`` in this process; writes result.json as run_one does, with the
+    stage's figures whole (``figures``: what the lab's PPO rules read)."""
+    from tether.lab.rl import run_lab_ppo
+    from tether.lab.settings import LabConfig
+
+    cfg = LabConfig()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    speed = mode == "speed"
+    t0 = time.perf_counter()
+    figures = run_lab_ppo(
+        folder,
+        False,
+        lab=lab,
+        reward_model=cfg.ppo_reward_model,
+        kl_coef=beta,
+        adaptive_target=0.0,
+        steps=steps if speed else cfg.ppo_steps,
+        prompts_per_step=cfg.ppo_prompts_per_step,
+        lr=cfg.ppo_lr,
+        eval_every=steps if speed else cfg.ppo_eval_every,
+        eval_samples=1 if speed else cfg.ppo_eval_samples,
+        seed=seed,
+        extra=arm_settings(arm),
+    )
+    result = {"wall_s": time.perf_counter() - t0, **step_figures(folder / "run" / "metrics.jsonl"), "figures": figures}
+    (folder / "result.json").write_text(json.dumps(result))
+
+
+def step_figures(metrics: Path) -> dict:
+    """The trainer's step time (median over steps 3 and later of the sum of its logged phases), each phase's and
+    each async/* figure's median, the largest staleness and the importance ratio's spread by step."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    later = [r for r in rows if r.get("step", 0) >= 3]
+    return {
+        "step_s": statistics.median(sum(v for k, v in r.items() if k.startswith("time/")) for r in later),
+        "phases": {
+            k: statistics.median(r.get(k, 0.0) for r in later)
+            for k in later[0]
+            if k.startswith("time/") or k.startswith("async/")
+        },
+        "staleness_max": max((r.get("async/staleness_max", 0.0) for r in rows), default=0.0),
+        "ratio_spread": [[r.get("rollout/is_ratio_p1"), r.get("rollout/is_ratio_p99")] for r in rows],
+        "dropped": rows[-1].get("async/dropped", 0.0),  # a running count
+    }
 
 
 def run_29m(lab: Path, folder: Path, arm: str, steps: int) -> None:
@@ -110,22 +156,13 @@ def run_29m(lab: Path, folder: Path, arm: str, steps: int) -> None:
     t0 = time.perf_counter()
     if tether_main([*module.grpo_args(lab, model, folder / "run", "hf", steps), *extra]) != 0:
         raise SystemExit(f"tether grpo failed for arm {arm}")
-    rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    later = [r for r in rows if r.get("step", 0) >= 3]
-    result = {
-        "wall_s": time.perf_counter() - t0,
-        "step_s": statistics.median(sum(v for k, v in r.items() if k.startswith("time/")) for r in later),
-        "phases": {
-            k: statistics.median(r.get(k, 0.0) for r in later)
-            for k in later[0]
-            if k.startswith("time/") or k.startswith("async/")
-        },
-    }
+    result = {"wall_s": time.perf_counter() - t0, **step_figures(folder / "run" / "metrics.jsonl")}
     (folder / "result.json").write_text(json.dumps(result))
 
 
-def launch(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int) -> dict:
+def launch(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int, beta: float = 0.2) -> dict:
     command = [sys.executable, __file__, "--one", arm, str(seed), mode, str(steps), "--lab", str(lab)]
+    command += ["--beta", str(beta)]
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.with_suffix(".log"), "w") as log:
         code = subprocess.call([*command, "--out", str(folder)], stdout=subprocess.DEVNULL, stderr=log)
@@ -148,7 +185,7 @@ def print_speed(results: dict, arms: list[str], steps: int) -> None:
         line += "  " + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in sorted(phases.items()))
         print(line)
     sync = {k: statistics.median(r["phases"][k] for r in base) for k in base[0]["phases"]}
-    sample = sync.get("time/generate_score_s", 0.0)
+    sample = sync.get("time/generate_score_s", sync.get("time/generate_s", 0.0) + sync.get("time/score_s", 0.0))
     update = sync.get("time/logprobs_s", 0.0) + sync.get("time/update_s", 0.0)
     if sample + update > 0:
         print(
@@ -174,6 +211,24 @@ def print_learn(results: dict, arms: list[str], seeds: list[int]) -> None:
                 print("    is_ratio p1–p99 " + " ".join(f"{a:.3f}–{b:.3f}" for a, b in marks))
 
 
+def print_learn_ppo(results: dict, arms: list[str], seeds: list[int]) -> None:
+    from tether.lab.lessons import kl_rope, overoptimisation
+
+    print("\nthe lab's PPO rules per arm and seed (β = 0 and β = 0.2 at each K)")
+    for arm in arms:
+        for seed, pair in zip(seeds, results[arm]):
+            summary = {"ppo": {f"ppo_kl{beta:g}": r["figures"] for beta, r in zip(PPO_BETAS, pair)}}
+            for lesson in (kl_rope(summary), overoptimisation(summary)):
+                verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[lesson.holds]
+                print(f"K={arm:5s} seed {seed} {lesson.key}: {lesson.evidence} — {verdict}")
+            for beta, r in zip(PPO_BETAS, pair):
+                curve = " ".join(f"{c['step']}:{c['gold']:.2f}" for c in r["figures"]["curve"])
+                print(f"    β={beta:g} gold by step {curve}; staleness max {r['staleness_max']:.0f}")
+
+
+PPO_BETAS = (0.0, 0.2)  # the lab's ppo_kl0 and ppo_kl0.2, the two runs its PPO rules compare
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lab", default="runs/lab", help="A finished `tether lab` folder.")
@@ -182,9 +237,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="speed mode: steps per run")
-    parser.add_argument("--workload", choices=("lab", "29m"), default="lab", help="speed mode: what runs")
+    parser.add_argument(
+        "--workload", choices=("lab", "29m", "ppo"), default="lab", help="lab: GRPO; 29m: speed mode only"
+    )
     parser.add_argument("--out", default="runs/bench-async-rollouts")
     parser.add_argument("--json", default="")
+    parser.add_argument("--beta", type=float, default=0.2, help=argparse.SUPPRESS)  # a PPO run's (--one)
     parser.add_argument("--one", nargs=4, metavar=("ARM", "SEED", "MODE", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     lab, out = Path(args.lab).resolve(), Path(args.out).resolve()
@@ -192,6 +250,8 @@ def main() -> None:
         arm, seed, mode, steps = args.one
         if mode == "speed-29m":
             run_29m(lab, out, arm, int(steps))
+        elif mode.endswith("-ppo"):
+            run_ppo(lab, out, arm, int(seed), mode.removesuffix("-ppo"), int(steps), args.beta)
         else:
             run_one(lab, out, arm, int(seed), mode, int(steps))
         return
@@ -203,15 +263,26 @@ def main() -> None:
         for repeat in range(args.repeats):
             for arm in arms:
                 folder = out / f"speed-{args.workload}-K{arm}-{repeat}"
-                mode = "speed" if args.workload == "lab" else "speed-29m"
+                mode = {"lab": "speed", "29m": "speed-29m", "ppo": "speed-ppo"}[args.workload]
                 results[arm].append(launch(lab, folder, arm, seeds[0], mode, args.steps))
+    elif args.workload == "ppo":
+        for seed in seeds:
+            for arm in arms:
+                runs = [
+                    launch(lab, out / f"learn-ppo-kl{beta:g}-K{arm}-seed{seed}", arm, seed, "learn-ppo", 0, beta)
+                    for beta in PPO_BETAS
+                ]
+                results[arm].append(runs)
     else:
         for seed in seeds:
             for arm in arms:
                 results[arm].append(launch(lab, out / f"learn-K{arm}-seed{seed}", arm, seed, "learn", 0))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    (print_speed if args.mode == "speed" else print_learn)(results, arms, args.steps if args.mode == "speed" else seeds)
+    if args.mode == "speed":
+        print_speed(results, arms, args.steps)
+    else:
+        (print_learn_ppo if args.workload == "ppo" else print_learn)(results, arms, seeds)
 
 
 if __name__ == "__main__":

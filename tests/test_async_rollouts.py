@@ -111,11 +111,61 @@ def test_two_steps_off_with_a_correction_keeps_every_sample_within_two_updates(l
     assert all(0 < m["rollout/is_weight_mean"] <= 2 for m in metrics)
 
 
+def ppo_args(model, files, out, *more) -> list[str]:
+    """PPO on the group tests' prompts and reward: 4 prompts a step, 2 epochs of 2 minibatches."""
+    args = grpo_args(model, files, out, "--prompts-per-step", "4", "--group-size", "1", "--minibatch", "2", *more)
+    return ["ppo", *args[1:]]
+
+
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_ppo_one_step_off_draws_what_the_trainer_would_and_then_trains_one_update_behind(
+    llama_dir, files, tmp_path, critic
+):
+    """PPO beside a rollout worker at K = 1: the first step's responses and update equal the synchronous run's (the
+    worker draws what the trainer would, the update computes its old log-probs, values and reference itself), the
+    next steps train on responses one update old, and the step says so; either critic."""
+    sync, ahead = tmp_path / "sync", tmp_path / "ahead"
+    more = ["--max-steps", "3", "--save-every", "1", "--keep-checkpoints", "5", "--critic-layout", critic]
+    assert main(ppo_args(llama_dir, files, sync, *more)) == 0
+    assert main(ppo_args(llama_dir, files, ahead, *more, "--max-staleness", "1")) == 0
+    first = [s["response"] for s in rows(sync / "samples.jsonl") if s["step"] == 1]
+    assert first == [s["response"] for s in rows(ahead / "samples.jsonl") if s["step"] == 1]
+    one, other = (load_file(run / "checkpoint-1" / "model.safetensors") for run in (sync, ahead))
+    assert all(torch.equal(one[k], other[k]) for k in one)
+    metrics = rows(ahead / "metrics.jsonl")
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    assert all(m["async/parity_max_diff"] <= 1e-6 and m["async/dropped"] == 0 for m in metrics)
+    # the worker's log-probs against the trainer's old log-probs: the same weights at step 1 (float32 rounding of
+    # a cached decode against a full pass), an update apart later
+    assert metrics[0]["rollout/sampler_logprob_diff_max"] < 1e-4 and metrics[1]["rollout/sampler_kl"] >= 0
+
+
+def test_ppo_two_steps_off_with_a_correction_keeps_every_sample_within_two_updates(llama_dir, files, tmp_path):
+    out = tmp_path / "k2"
+    more = ["--max-steps", "4", "--save-every", "0", "--max-staleness", "2"]
+    more += ["--off-policy-correction", "token_truncate", "--is-ratio-max", "2"]
+    assert main(ppo_args(llama_dir, files, out, *more)) == 0
+    metrics = rows(out / "metrics.jsonl")
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
+    assert all(0 < m["rollout/is_weight_mean"] <= 2 for m in metrics)
+
+
+def test_a_resumed_ppo_run_draws_its_first_step_afresh(llama_dir, files, tmp_path):
+    """PPO resumes as the group family does: the worker's queue is not in the checkpoint, so the first step after a
+    resume is drawn by the checkpoint's own weights (staleness 0), the next one update behind again."""
+    out = tmp_path / "run"
+    keep = ["--save-every", "2", "--keep-checkpoints", "0", "--max-staleness", "1"]
+    assert main(ppo_args(llama_dir, files, out, "--max-steps", "2", *keep)) == 0
+    assert main(ppo_args(llama_dir, files, out, "--max-steps", "4", *keep, "--resume")) == 0
+    assert [m["async/staleness_max"] for m in rows(out / "metrics.jsonl")] == [0.0, 1.0, 0.0, 1.0]
+
+
 def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, files, tmp_path, capsys):
     for more, said in (
         (["--rollout-backend", "vllm"], "a vLLM engine in a process of its own is not built yet"),
         (["--dynamic-sampling"], "algo.dynamic_sampling"),
         (["--max-staleness", "-1"], "must be >= 0"),
+        (["--lora-r", "4"], "a LoRA policy (model.lora_r)"),
     ):
         flags = more if "--max-staleness" in more else ["--max-staleness", "1", *more]
         assert main(grpo_args(llama_dir, files, tmp_path / "x", *flags)) == 2

@@ -110,8 +110,8 @@ class SamplingSection(Section):
         0,
         "Sample beside the trainer: a rollout worker process draws the next steps' responses while the trainer "
         "updates, each from weights at most this many updates old (docs/scaling.md, 'Asynchronous rollouts'; pair "
-        "it with --off-policy-correction). 0: the synchronous loop, sampling in the trainer. The group family on "
-        "the hf backend; on N processes each has a worker of its own.",
+        "it with --off-policy-correction). 0: the synchronous loop, sampling in the trainer. PPO and the group "
+        "family on the hf backend; on N processes each has a worker of its own.",
     )
     worker_timeout_s: float = option(
         600.0,
@@ -473,3 +473,22 @@ class AgentSection(Section):
                 "rewards), with any --reward functions on the final answer; --reward-model is not used with "
                 "it. Score with a reward model inside the environment's outcome() (docs/agents.md)"
             )
+
+
+def check_rollout_worker(cfg, stage_settings: dict[str, bool] | None = None) -> None:
+    """rollout.max_staleness ≥ 1 (PPO and the group family): the settings the rollout worker does not sample with
+    yet, refused by name before anything loads; ``stage_settings``: a stage's own (description -> on)."""
+    if not cfg.rollout.max_staleness:
+        return
+    unsupported = {
+        **(stage_settings or {}),
+        "agent.env (multi-turn episodes)": bool(cfg.agent.env),
+        "model.fsdp": cfg.model.fsdp,
+        "a LoRA policy (model.lora_r)": bool(cfg.model.lora_r),
+    }
+    given = [what for what, on in unsupported.items() if on]
+    if given:
+        raise ConfigError(
+            f"rollout.max_staleness={cfg.rollout.max_staleness}: the rollout worker does not sample with "
+            f"{'; '.join(given)} yet (docs/scaling.md, 'Asynchronous rollouts')"
+        )

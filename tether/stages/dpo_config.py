@@ -190,7 +190,7 @@ class DPOConfig(StageConfig):
         if self.rollout.max_staleness:
             raise ConfigError(
                 f"rollout.max_staleness={self.rollout.max_staleness}: online DPO samples in the trainer; the rollout "
-                "worker beside it serves the group family (tether grpo) so far"
+                "worker beside it serves tether grpo and tether ppo so far"
             )
         if self.model.offload_frozen:
             raise ConfigError(

@@ -10,7 +10,14 @@ from typing import Any
 
 from tether.algorithms.choices import ADVANTAGE_ESTIMATORS, AGGREGATIONS, RATIOS
 from tether.config import ConfigError, StageConfig, option
-from tether.online_sections import AgentSection, JudgeSection, PolicyUpdateSection, RewardSection, SamplingSection
+from tether.online_sections import (
+    AgentSection,
+    JudgeSection,
+    PolicyUpdateSection,
+    RewardSection,
+    SamplingSection,
+    check_rollout_worker,
+)
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
 from tether.stages.grpo_recipes import RECIPES
 
@@ -115,19 +122,10 @@ class GRPOConfig(StageConfig):
             )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
-        if self.rollout.max_staleness:
-            unsupported = {
-                "algo.dynamic_sampling (how many prompts a step draws depends on the scores)": self.algo.dynamic_sampling,
-                "agent.env (multi-turn episodes)": bool(self.agent.env),
-                "model.fsdp": self.model.fsdp,
-                "a LoRA policy (model.lora_r)": bool(self.model.lora_r),
-            }
-            given = [what for what, on in unsupported.items() if on]
-            if given:
-                raise ConfigError(
-                    f"rollout.max_staleness={self.rollout.max_staleness}: the rollout worker does not sample with "
-                    f"{'; '.join(given)} yet (docs/scaling.md, 'Asynchronous rollouts')"
-                )
+        check_rollout_worker(
+            self,
+            {"algo.dynamic_sampling (how many prompts a step draws depends on the scores)": self.algo.dynamic_sampling},
+        )
 
     @property
     def norm_length(self) -> int:

@@ -81,6 +81,7 @@ class PPOStage:
         )
         self.kl_coef = cfg.algo.kl_coef
         self.order = EpochOrder(len(self.prompts), cfg.train.seed)
+        self.queued = 0  # steps whose prompts are queued with a rollout worker (rollout.max_staleness)
 
     @property
     def sampling_policy(self):
@@ -149,11 +150,8 @@ class PPOStage:
     def step(self, step: int) -> tuple[dict, list]:
         ro, g, dp = self.cfg.rollout, self.cfg.rollout.group_size, self.dp
         t0 = time.perf_counter()
-        indices = self.order.batch(step, ro.prompts_per_step)
-        positions = dp.shard(list(range(step * ro.prompts_per_step, (step + 1) * ro.prompts_per_step)))
-        mine = [indices[p - step * ro.prompts_per_step] for p in positions]  # this process's share of the prompts
-        picked = [i for i in mine for _ in range(g)]
-        seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
+        indices, picked, seeds = self.share(step)
+        self.queue_ahead(step)
         # ── sample and score this process's share (episodes: both together, turn by turn); gather ──
         if self.agent is not None:  # episodes: sampled and scored together, turn by turn
             with phase("sample"):
@@ -169,6 +167,7 @@ class PPOStage:
             )
         rollout, scores = gather_rollout(dp, rollout, self.tokenizer.pad_token_id), gather_scores(dp, scores)
         rows = [self.rows[i] for i in indices for _ in range(g)]
+        drawn = self.sampler.async_figures(rollout)  # the responses' staleness, before this update
         t2 = time.perf_counter()
         # ── old and reference log-probs, values, KL-shaped rewards, GAE ──
         with phase("logprobs"):
@@ -197,11 +196,35 @@ class PPOStage:
             "time/logprobs_s": t3 - t2,
             "time/update_s": t4 - t3,
             "perf/tokens_per_s": float(rollout.lengths.sum()) / (t4 - t0),
+            **drawn,
         }
         if self.cfg.algo.adaptive_kl:
             a = self.cfg.algo
             self.kl_coef = adaptive_kl_coef(self.kl_coef, sequence_kl, a.target_kl, a.kl_horizon, ro.rollout_size)
         return metrics, exp.samples(step + 1)
+
+    def share(self, step: int) -> tuple[list[int], list[int], list[int] | None]:
+        """Step ``step``'s prompts (all processes'), and this process's share as sampled: each prompt index repeated
+        group_size times, with the responses' seeds (rollout.response_seeds) or None."""
+        ro, g = self.cfg.rollout, self.cfg.rollout.group_size
+        indices = self.order.batch(step, ro.prompts_per_step)
+        positions = self.dp.shard(list(range(step * ro.prompts_per_step, (step + 1) * ro.prompts_per_step)))
+        mine = [indices[p - step * ro.prompts_per_step] for p in positions]
+        seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
+        return indices, [i for i in mine for _ in range(g)], seeds
+
+    def queue_ahead(self, step: int) -> None:
+        """With rollout.max_staleness K: the prompts of steps ``step`` … ``step`` + K (the run's own order) queued with
+        the rollout worker, each after the weights of every update before it were pushed, so the responses trained
+        on at update u were drawn by a version ≥ u − K (rollout/async_worker.py). None past the last step, and none
+        kept over a resume: a resumed run queues again from its step."""
+        ro = self.cfg.rollout
+        for ahead in range(step, min(step + ro.max_staleness + 1, self.cfg.train.max_steps) if ro.max_staleness else 0):
+            if ahead >= self.queued:
+                _, picked, seeds = self.share(ahead)
+                if picked:
+                    self.sampler.ahead(picked, seeds)
+                self.queued = ahead + 1
 
     @torch.no_grad()
     def make_experience(self, exp: Experience) -> Experience:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.config import ConfigError, Section, StageConfig, option
-from tether.online_sections import AgentSection, JudgeSection, PolicyUpdateSection, RewardSection, SamplingSection
+from tether.online_sections import (
+    AgentSection,
+    JudgeSection,
+    PolicyUpdateSection,
+    RewardSection,
+    SamplingSection,
+    check_rollout_worker,
+)
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
 
 
@@ -111,11 +118,7 @@ class PPOConfig(StageConfig):
         from tether.rewards.judge_template import check_judge_config
 
         check_judge_config(self.judge, "ppo", self.rollout.group_size, self.agent.env)
-        if self.rollout.max_staleness:
-            raise ConfigError(
-                f"rollout.max_staleness={self.rollout.max_staleness}: tether ppo samples in the trainer; the rollout "
-                "worker beside it serves the group family (tether grpo) so far"
-            )
+        check_rollout_worker(self)
         if self.train.best_metric and not self.rollout.eval_prompts:
             raise ConfigError(
                 "train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations"

@@ -160,12 +160,31 @@ def test_a_resumed_ppo_run_draws_its_first_step_afresh(llama_dir, files, tmp_pat
     assert [m["async/staleness_max"] for m in rows(out / "metrics.jsonl")] == [0.0, 1.0, 0.0, 1.0]
 
 
+@pytest.mark.parametrize("stage", ["grpo", "ppo"])
+def test_a_lora_policy_is_sampled_by_the_worker_with_its_adapters_merged(llama_dir, files, tmp_path, stage):
+    """A LoRA policy beside a rollout worker: the worker holds the base model and is pushed W + ΔW after each update,
+    so its probe log-probs equal the trainer's adapter forward within float32 rounding (the parity probe passes
+    every push, far under its 1e-3 limit) and the step-1 sampler gap is rounding; the adapters move, one update
+    behind from the second step."""
+    out = tmp_path / "lora"
+    more = ["--max-steps", "3", "--save-every", "0", "--max-staleness", "1", "--lora-r", "4", "--lr", "3e-2"]
+    args = (ppo_args if stage == "ppo" else grpo_args)(llama_dir, files, out, *more)
+    assert main(args) == 0
+    metrics = rows(out / "metrics.jsonl")
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    # the trainer's x·W + s·(x·A)·B against the worker's x·(W + s·B·A): a few float32 ulps of logits
+    assert all(m["async/parity_max_diff"] < 1e-4 for m in metrics)
+    assert metrics[0]["rollout/sampler_logprob_diff_max"] < 1e-4
+    # the pushed weights changed with the adapters: the sampler is an update behind, not frozen at the base model
+    assert metrics[2]["rollout/sampler_kl"] > 0
+
+
 def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, files, tmp_path, capsys):
     for more, said in (
         (["--rollout-backend", "vllm"], "a vLLM engine in a process of its own is not built yet"),
         (["--dynamic-sampling"], "algo.dynamic_sampling"),
         (["--max-staleness", "-1"], "must be >= 0"),
-        (["--lora-r", "4"], "a LoRA policy (model.lora_r)"),
+        (["--env", "tether.lab.agents:CalcEnv"], "agent.env (multi-turn episodes)"),
     ):
         flags = more if "--max-staleness" in more else ["--max-staleness", "1", *more]
         assert main(grpo_args(llama_dir, files, tmp_path / "x", *flags)) == 2

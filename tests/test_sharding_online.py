@@ -58,6 +58,24 @@ def test_sharded_group_recipes_equal_one_unsharded_process(llama_dir, files, tmp
         assert max(rounds) > 1, rounds
 
 
+@pytest.mark.slow
+def test_sharded_ppo_beside_rollout_workers_equals_one_unsharded_process(llama_dir, files, tmp_path):  # noqa: F811
+    """--fsdp with --max-staleness 1 (PPO, its critic sharded too; the group family samples through the same
+    backend): each process's rollout worker is pushed the whole policy, gathered from the shards into the process's
+    ordinary copy after each update, so two sharded processes train what one unsharded process beside its worker
+    trains (the same samples, one update behind from the second step, the same weights)."""
+    rules, prompts = files
+    args = ppo_args(llama_dir, rules, prompts, "separate")
+    args += FOREACH + ["--max-staleness", "1", "--async-threads", "1"]
+    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    for out in ("one", "two"):
+        metrics = lines(tmp_path / out / "metrics.jsonl")
+        assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+        assert all(m["async/parity_max_diff"] < 1e-6 for m in metrics)
+
+
 def random_reward_model(llama_dir, out):
     """A reward-model folder on the tiny llama with a random (not zero) head, so its scores differ between texts."""
     from tether.models.lm import load_tokenizer

@@ -1,7 +1,8 @@
 """Sampling beside the trainer: a rollout worker process that draws the next steps' responses while the trainer
 updates on this step's (rollout.max_staleness K ≥ 1, docs/scaling.md "Asynchronous rollouts").
 
-The worker is a spawned process holding its own copy of the policy (built from the policy's config, in its dtype)
+The worker is a spawned process holding its own copy of the policy (built from the policy's config, in its dtype;
+a LoRA policy's base model, pushed its weights with the adapters merged)
 and a Hugging Face sampler over it (backends.HFGenerate, the KV-cache decode). It answers messages in the order they
 come, over one pipe:
 
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 
 from tether.errors import WorkerError
+from tether.models.lm import checkpoint_weights, is_peft
 from tether.rollout.batch import Rollout
 
 _FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "sampler_logprobs")
@@ -159,7 +161,7 @@ class AsyncRolloutBackend:
     def _start(self, stops: list[int]) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        config = self.policy.config
+        config = (self.policy.get_base_model() if is_peft(self.policy) else self.policy).config
         dtype = str(next(self.policy.parameters()).dtype).removeprefix("torch.")
         # the cores are shared on a CPU: the worker takes async_threads (default half the trainer's), the trainer
         # what is left, so the two sides never ask for more threads than the trainer had (OpenMP threads that
@@ -261,7 +263,8 @@ class AsyncRolloutBackend:
         while self.acked < self.version - 2:
             self._receive()
         path = self.slots / f"slot{self.version % 2}.safetensors"
-        state = {name: tensor.detach().to("cpu").clone() for name, tensor in self.policy.state_dict().items()}
+        # a LoRA policy's adapters merged in (W + ΔW beside the weights): the worker holds the plain model
+        state = {name: tensor.detach().to("cpu").clone() for name, tensor in checkpoint_weights(self.policy).items()}
         save_file(state, str(path))
         self.probes[self.version] = probe_logprobs(self.policy, self.probe)
         self._send(("weights", self.version, str(path), self.probe))

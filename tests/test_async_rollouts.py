@@ -179,6 +179,44 @@ def test_a_lora_policy_is_sampled_by_the_worker_with_its_adapters_merged(llama_d
     assert metrics[2]["rollout/sampler_kl"] > 0
 
 
+def online_dpo_args(model, files, out, *more) -> list[str]:
+    """Online DPO on the group tests' prompts, labelled by the same rule: rounds of 4 prompts × 2 answers."""
+    rules, prompts = files
+    args = ["dpo", "--online", "--model", str(model), "--prompts", str(prompts), "--reward", f"{rules}:count_a"]
+    args += ["--prompts-per-step", "4", "--max-new-tokens", "8", "--response-seeds", "--keep-truncated"]
+    args += [
+        "--temperature",
+        "1.3",
+        "--batch-size",
+        "2",
+        "--micro-batch-size",
+        "1",
+        "--lr",
+        "3e-3",
+        "--report-to",
+        "none",
+    ]
+    return args + ["--async-threads", "1", "--output", str(out), *more]
+
+
+def test_online_dpo_samples_the_next_round_beside_the_trainer(llama_dir, files, tmp_path):
+    """Online DPO at K = 2 with two steps a round: round r + 1 is queued when round r starts (its answers are then
+    two updates old at its first step), so the first round's pairs and training equal the synchronous run's and
+    each later round is drawn by the weights of its previous round's start."""
+    sync, ahead = tmp_path / "sync", tmp_path / "ahead"
+    more = ["--rounds", "3", "--steps-per-round", "2", "--save-every", "2", "--keep-checkpoints", "5"]
+    assert main(online_dpo_args(llama_dir, files, sync, *more)) == 0
+    assert main(online_dpo_args(llama_dir, files, ahead, *more, "--max-staleness", "2")) == 0
+    assert (sync / "rounds" / "round-0.jsonl").read_text() == (ahead / "rounds" / "round-0.jsonl").read_text()
+    one, other = (load_file(run / "checkpoint-2" / "model.safetensors") for run in (sync, ahead))
+    assert all(torch.equal(one[k], other[k]) for k in one)
+    metrics = rows(ahead / "metrics.jsonl")
+    assert [m.get("async/staleness_max") for m in metrics] == [0.0, None, 2.0, None, 2.0, None]
+    assert all(m.get("async/parity_max_diff", 0.0) <= 1e-6 for m in metrics)
+    # later rounds differ from the synchronous run's: drawn two updates back
+    assert (sync / "rounds" / "round-1.jsonl").read_text() != (ahead / "rounds" / "round-1.jsonl").read_text()
+
+
 def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, files, tmp_path, capsys):
     for more, said in (
         (["--rollout-backend", "vllm"], "a vLLM engine in a process of its own is not built yet"),

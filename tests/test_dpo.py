@@ -372,7 +372,7 @@ def test_a_round_drops_pairs_with_an_empty_answer_and_counts_them(llama_dir, tok
     over = {"data.path": "", "online.online": True, "rollout.prompts": "x.jsonl", "online.judge": f"{judge}:more_a"}
     cfg = _cfg(llama_dir, "", tmp_path, **over)  # the judge named; the labeller below is the same rule in-process
     rows = [{"prompt": w} for w in Answers.prompts]
-    pairs, counts, samples = sample_round_pairs(Answers(), rows, [0, 1, 2, 3], more_a, cfg, 0, 1)
+    pairs, counts, samples, _ = sample_round_pairs(Answers(), rows, [0, 1, 2, 3], more_a, cfg, 0, 1)
     assert counts == {"prompts": 4, "ties": 0, "truncated": 0, "identical": 1, "empty": 2, "pairs": 1}
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [("a", "c")] and len(samples) == 8
 

@@ -110,8 +110,8 @@ class SamplingSection(Section):
         0,
         "Sample beside the trainer: a rollout worker process draws the next steps' responses while the trainer "
         "updates, each from weights at most this many updates old (docs/scaling.md, 'Asynchronous rollouts'; pair "
-        "it with --off-policy-correction). 0: the synchronous loop, sampling in the trainer. PPO and the group "
-        "family on the hf backend; on N processes each has a worker of its own.",
+        "it with --off-policy-correction). 0: the synchronous loop, sampling in the trainer. PPO, the group "
+        "family and online DPO (whole rounds) on the hf backend; on N processes each has a worker of its own.",
     )
     worker_timeout_s: float = option(
         600.0,

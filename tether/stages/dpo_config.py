@@ -187,11 +187,6 @@ class DPOConfig(StageConfig):
                 "--audit: the audit of training responses serves tether ppo and tether grpo; online DPO labels pairs "
                 "and is not audited yet"
             )
-        if self.rollout.max_staleness:
-            raise ConfigError(
-                f"rollout.max_staleness={self.rollout.max_staleness}: online DPO samples in the trainer; the rollout "
-                "worker beside it serves tether grpo and tether ppo so far"
-            )
         if self.model.offload_frozen:
             raise ConfigError(
                 "model.offload_frozen: tether dpo holds no sharded frozen model to offload (its reference "
@@ -209,6 +204,7 @@ class DPOConfig(StageConfig):
                 "--judge": bool(self.online.judge),
                 "--judge-model": bool(self.judge.model),
                 "--reward / --reward-model": self.rewards.has_reward(),
+                "--max-staleness": self.rollout.max_staleness > 0,
             }
             given = [flag for flag, set_ in sampling_only.items() if set_]
             if given:

@@ -114,11 +114,11 @@ def sample_round_pairs(
     """Two answers to each of ``rows`` (the prompt file's rows at ``prompt_indices`` of ``sampler``: an
     OnlineSampler, its rendered ``prompts`` and ``generate(indices, seeds)``) from the current policy, labelled;
     ties, identical answers, empty ones and (unless keep_truncated) truncated ones dropped with their pair and
-    counted. Returns (pairs, counts, SampleRecords of every answer). ``positions``: the prompts' places in the prompt
+    counted. Returns (pairs, counts, SampleRecords of every answer, the rollout or None). ``positions``: the prompts' places in the prompt
     stream, which seed each answer when rollout.response_seeds is on."""
     counts = {"prompts": len(rows), "ties": 0, "truncated": 0, "identical": 0, "empty": 0, "pairs": 0}
     if not rows:  # a process whose share of a small round is empty
-        return [], counts, []
+        return [], counts, [], None
     torch.manual_seed(seed)
     texts = [sampler.prompts[i] for i in prompt_indices]
     ro = cfg.rollout
@@ -167,7 +167,7 @@ def sample_round_pairs(
             }
         )
     counts["pairs"] = len(pairs)
-    return pairs, counts, samples
+    return pairs, counts, samples, rollout
 
 
 class OnlineDPOStage:
@@ -195,6 +195,8 @@ class OnlineDPOStage:
         self.order = EpochOrder(len(prompt_rows), cfg.train.seed)
         self.rounds: list[dict] = []  # counts of every sampled round
         self.round, self.examples = None, []
+        self.queued = 0  # rounds queued with a rollout worker (rollout.max_staleness); none kept over a resume
+        self.drawn: dict = {}  # the rollout worker's figures of the round's answers (async/*), logged at its first step
 
     def extra_parts(self) -> dict:
         return {}
@@ -268,20 +270,37 @@ class OnlineDPOStage:
         self.round, self.round_order = rnd, EpochOrder(len(self.examples), cfg.train.seed + rnd)
         return samples
 
+    def _round_share(self, rnd: int) -> tuple[list[int], list[int], int]:
+        """This process's contiguous share of round ``rnd``'s prompts: (prompt indices, their places in the prompt
+        stream, the round's seed)."""
+        first, count = rnd * self.cfg.rollout.prompts_per_step, self.cfg.rollout.prompts_per_step
+        mine = self.dp.shard(list(zip(self.order.slice(first, count), range(first, first + count))))
+        return [i for i, _ in mine], [p for _, p in mine], self.cfg.train.seed * 1000 + rnd
+
+    def queue_ahead(self, rnd: int) -> None:
+        """With rollout.max_staleness K: the rounds whose answers are at most K updates old at their round's first
+        step — rounds ``rnd`` … ``rnd`` + ⌊K / steps_per_round⌋, none past the last — queued with the rollout worker
+        (the same prompts and seeds sample_round_pairs asks for), so the worker draws them while this round trains."""
+        ro, o = self.cfg.rollout, self.cfg.online
+        last = min(rnd + ro.max_staleness // o.steps_per_round, o.rounds - 1) if ro.max_staleness else rnd - 1
+        for ahead in range(max(rnd, self.queued), last + 1):
+            indices, positions, seed = self._round_share(ahead)
+            if indices:
+                seeds = response_seeds(seed, positions, 2) if ro.response_seeds else None
+                self.sampler.ahead([i for i in indices for _ in range(2)], seeds)
+            self.queued = ahead + 1
+
     def _sample_round(self, rnd: int, step: int):
         """The round's pairs, counts and samples; on N processes each samples and labels a contiguous share of the
         round's prompts, and the shares are gathered in rank order (the one-process order)."""
         cfg, dp = self.cfg, self.dp
-        first = rnd * cfg.rollout.prompts_per_step
-        count = cfg.rollout.prompts_per_step
-        mine = dp.shard(list(zip(self.order.slice(first, count), range(first, first + count))))  # (prompt, position)
-        indices, positions = [i for i, _ in mine], [p for _, p in mine]
+        indices, positions, seed = self._round_share(rnd)
         rows = [self.prompt_rows[i] for i in indices]
-        pairs, counts, samples = dp.all_or_none(
-            lambda: sample_round_pairs(
-                self.sampler, rows, indices, self.labeller, cfg, cfg.train.seed * 1000 + rnd, step + 1, positions
-            )
+        self.queue_ahead(rnd)
+        pairs, counts, samples, rollout = dp.all_or_none(
+            lambda: sample_round_pairs(self.sampler, rows, indices, self.labeller, cfg, seed, step + 1, positions)
         )
+        self.drawn = self.sampler.async_figures(rollout) if rollout is not None else {}
         if not dp.active:
             return pairs, counts, samples
         samples = [SampleRecord(**row) for row in dp.gather_json([x.as_dict() for x in samples])]
@@ -301,6 +320,7 @@ class OnlineDPOStage:
                 "time/sample_s": t1 - t0,
                 "time/step_s": elapsed,
                 "perf/pairs_per_s": metrics["train/pairs"] / max(elapsed, 1e-9),
+                **(self.drawn if samples else {}),
             }
         )
         return metrics, samples

@@ -164,10 +164,11 @@ def launch(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int, 
     command = [sys.executable, __file__, "--one", arm, str(seed), mode, str(steps), "--lab", str(lab)]
     command += ["--beta", str(beta)]
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_suffix(".log"), "w") as log:
+    log_path = folder.parent / f"{folder.name}.log"  # not with_suffix: "kl0.2-K1" has a dot
+    with open(log_path, "w") as log:
         code = subprocess.call([*command, "--out", str(folder)], stdout=subprocess.DEVNULL, stderr=log)
     if code != 0:
-        raise SystemExit(f"arm {arm} seed {seed} failed ({code}): see {folder.with_suffix('.log')}")
+        raise SystemExit(f"arm {arm} seed {seed} failed ({code}): see {log_path}")
     return json.loads((folder / "result.json").read_text())
 
 
@@ -220,7 +221,7 @@ def print_learn_ppo(results: dict, arms: list[str], seeds: list[int]) -> None:
             summary = {"ppo": {f"ppo_kl{beta:g}": r["figures"] for beta, r in zip(PPO_BETAS, pair)}}
             for lesson in (kl_rope(summary), overoptimisation(summary)):
                 verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[lesson.holds]
-                print(f"K={arm:5s} seed {seed} {lesson.key}: {lesson.evidence} — {verdict}")
+                print(f"K={arm:5s} seed {seed} {lesson.name}: {lesson.evidence} — {verdict}")
             for beta, r in zip(PPO_BETAS, pair):
                 curve = " ".join(f"{c['step']}:{c['gold']:.2f}" for c in r["figures"]["curve"])
                 print(f"    β={beta:g} gold by step {curve}; staleness max {r['staleness_max']:.0f}")

@@ -45,14 +45,14 @@ import argparse
 import json
 import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from tether.algorithms.detection import alarm_delay, alarm_rates, auroc, gold_fall
 from tether.diagnostics.monitors import MonitorSettings
 from tether.diagnostics.watch import MONITORS, check_all
-from tether.lab.agents import run_lab_agent_grpo
 from tether.lab.rl import run_lab_ppo
-from tether.lab.runners import SHOP_BUDGET
+from tether.lab.runners import shop_stage
 from tether.lab.settings import LabConfig
 from tether.lab.stats import rate_interval95
 
@@ -88,24 +88,7 @@ def shop_run(lab: Path, out: Path, name: str, seed: int, cfg: LabConfig) -> dict
     cached = folder / "figures.json"
     if cached.is_file():
         return json.loads(cached.read_text())
-    agent_dir = lab / "agent_world"
-    figures = run_lab_agent_grpo(
-        folder,
-        False,
-        model_dir=lab / "shop_sft" / "final",
-        env=f"tether.lab.agents:ShopEnv(reward='{SHOP[name]}')",
-        prompts=agent_dir / "shop_rl.jsonl",
-        eval_rows=read_lines(agent_dir / "shop_eval.jsonl"),
-        lr=cfg.shop_lr,
-        **SHOP_BUDGET,
-        steps=cfg.agent_steps,
-        prompts_per_step=cfg.agent_prompts_per_step,
-        group_size=cfg.agent_group_size,
-        eval_every=cfg.agent_eval_every,
-        seed=seed,
-        temperature=cfg.agent_temperature,
-        eval_samples=cfg.agent_eval_samples,
-    )
+    figures = shop_stage(folder, False, lab, replace(cfg, seed=seed), SHOP[name])  # the lab's stage, this seed
     n = figures["eval_prompts"]
     points = []
     for c in figures["curve"]:

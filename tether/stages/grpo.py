@@ -233,12 +233,13 @@ class GroupStage:
     def queue_ahead(self) -> None:
         """With rollout.max_staleness K: the prompts of this step and the K after it queued with the rollout worker,
         each step's after the weights of every update before it was pushed (rollout/async_worker.py), so the
-        responses trained on at update u were drawn by a version ≥ u − K. On N processes each queues its own share
-        with its own worker, the share ``collect`` will ask it for."""
+        responses trained on at update u were drawn by a version ≥ u − K; none past the last step. On N processes each
+        queues its own share with its own worker, the share ``collect`` will ask it for."""
         ro, g = self.cfg.rollout, self.cfg.rollout.group_size
+        end = self.cfg.train.max_steps * ro.prompts_per_step  # nothing past the last step (no dynamic sampling here)
         for later in range(ro.max_staleness + 1 if ro.max_staleness else 0):
             start = self.cursor + later * ro.prompts_per_step
-            if start >= self.queued:
+            if self.queued <= start < end:
                 indices = self.order.slice(start, ro.prompts_per_step)
                 mine = self.dp.shard(list(zip(indices, range(start, start + ro.prompts_per_step))))
                 picked = [i for i, _ in mine for _ in range(g)]

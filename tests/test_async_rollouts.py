@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,6 +149,65 @@ def test_ppo_two_steps_off_with_a_correction_keeps_every_sample_within_two_updat
     metrics = rows(out / "metrics.jsonl")
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
     assert all(0 < m["rollout/is_weight_mean"] <= 2 for m in metrics)
+
+
+@pytest.fixture
+def ending_llama(llama_dir, tmp_path):
+    """The tiny llama with one token in eight of its vocabulary in the generation config's EOS list (the stop set),
+    so that a random model ends its turns and episodes run several turns, as a trained one's would."""
+    import shutil
+
+    model = tmp_path / "ending-llama"
+    shutil.copytree(llama_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    eos = sorted({*range(8, config["vocab_size"], 8), config["eos_token_id"]})
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return model
+
+
+@pytest.mark.parametrize("stage", ["grpo", "ppo"])
+def test_episodes_are_drawn_whole_by_the_worker_one_update_behind(ending_llama, files, tmp_path, stage):
+    """agent.env beside a rollout worker at K = 1: the worker runs each step's episodes with environments of its
+    own; the first step's transcripts, outcomes and update equal the synchronous run's (the same weights, seeds and
+    environment), later steps train on episodes one update old, and the held-out episodes are drawn there too."""
+    env = f"{Path(__file__).parent / 'agent_helpers.py'}:Counting(turns=3)"
+    words = ("hi", "cats", "dogs", "rain")
+    files = (files[0], write_jsonl(tmp_path / "plain.jsonl", [{"prompt": f"Say {w}."} for w in words] * 4))
+    args = grpo_args if stage == "grpo" else ppo_args
+    more = ["--max-steps", "3", "--save-every", "1", "--keep-checkpoints", "5", "--env", env]
+    more += ["--max-total-tokens", "48", "--eval-prompts", str(files[1]), "--eval-every", "3"]
+    sync, ahead = tmp_path / "sync", tmp_path / "ahead"
+    assert main(args(ending_llama, files, sync, *more)) == 0
+    assert main(args(ending_llama, files, ahead, *more, "--max-staleness", "1")) == 0
+    first = [s for s in rows(sync / "samples.jsonl") if s["step"] == 1]
+    assert [(s["response"], s["agent"]) for s in first] == [
+        (s["response"], s["agent"]) for s in rows(ahead / "samples.jsonl") if s["step"] == 1
+    ]
+    assert max(s["agent"]["turns"] for s in first) > 1  # multi-turn: the stop set ends turns
+    one, other = (load_file(run / "checkpoint-1" / "model.safetensors") for run in (sync, ahead))
+    assert all(torch.equal(one[k], other[k]) for k in one)
+    metrics = rows(ahead / "metrics.jsonl")
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    assert all(m["async/parity_max_diff"] <= 1e-6 and m["async/dropped"] == 0 for m in metrics)
+    # the environment's outcome and per-turn rewards reach the trainer, and the reward function beside it scores
+    # the final answers there
+    assert all("reward/final/mean" in m and "reward/count_a/mean" in m for m in metrics)
+    assert metrics[0]["rollout/sampler_logprob_diff_max"] < 1e-4
+    assert "eval/agent/success_rate" in metrics[-1]
+
+
+def test_an_environment_failing_in_the_worker_stops_the_run_as_it_would_in_the_trainer(ending_llama, tmp_path, capsys):
+    """env_on_error = raise: an environment that raises in the worker's process stops the run with the
+    environment's own message (an EnvironmentFault, as in the trainer), not as a worker failure."""
+    env = f"{Path(__file__).parent / 'agent_helpers.py'}:Counting(turns=3, fail_at=2)"
+    prompts = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats")] * 4)
+    argv = ["grpo", "--model", str(ending_llama), "--prompts", str(prompts), "--env", env, "--max-steps", "2"]
+    argv += ["--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--max-total-tokens", "48"]
+    argv += ["--max-staleness", "1", "--async-threads", "1", "--report-to", "none", "--output", str(tmp_path / "o")]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "environment Counting.step raised RuntimeError: the environment broke" in err
+    assert "rollout worker (pid" not in err
 
 
 def test_a_resumed_ppo_run_draws_its_first_step_afresh(llama_dir, files, tmp_path):

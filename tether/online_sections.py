@@ -480,8 +480,7 @@ def check_rollout_worker(cfg, stage_settings: dict[str, bool] | None = None) -> 
     yet, refused by name before anything loads; ``stage_settings``: a stage's own (description -> on)."""
     if not cfg.rollout.max_staleness:
         return
-    unsupported = {**(stage_settings or {}), "agent.env (multi-turn episodes)": bool(cfg.agent.env)}
-    given = [what for what, on in unsupported.items() if on]
+    given = [what for what, on in (stage_settings or {}).items() if on]
     if given:
         raise ConfigError(
             f"rollout.max_staleness={cfg.rollout.max_staleness}: the rollout worker does not sample with "

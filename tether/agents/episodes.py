@@ -52,6 +52,15 @@ from tether.rollout.batch import Rollout, left_pad
 log = logging.getLogger("tether")
 
 
+@dataclass(frozen=True)
+class SentTranscript:
+    """What the trainer reads of a transcript drawn in a rollout worker's process (the rest stays there)."""
+
+    prompt_ids: list[int]
+    text: str
+    tools: list | None = None
+
+
 @dataclass
 class Episode:
     """One conversation: its transcript after the prompt, which tokens are the policy's, and what happened."""
@@ -76,6 +85,7 @@ class Episode:
     end: str = ""  # done | turns | tokens | error: why it ended
     error: str = ""
     outcome: Outcome | None = None
+    policy_version: int | None = None  # drawn by a rollout worker: the weights' version (one for every turn)
 
     @property
     def live(self) -> bool:
@@ -84,6 +94,14 @@ class Episode:
     @property
     def truncated(self) -> bool:
         return self.end in ("turns", "tokens")
+
+    def detached(self) -> "Episode":
+        """This episode without its environment, its transcript reduced to what the trainer reads of it (prompt
+        ids, text, tools): what a rollout worker sends back (WorkerEpisodes)."""
+        from dataclasses import replace
+
+        t = self.transcript
+        return replace(self, env=None, transcript=SentTranscript(t.prompt_ids, t.text, t.tools) if t else None)
 
     def record(self) -> dict:
         """What samples.jsonl keeps of the episode (the agent monitors read it)."""
@@ -146,6 +164,10 @@ class AgentSampler:
             tokenizer, self.format, self.stops, tools, chosen=self.format_source == "--tool-parser", tool_use=tool_use
         )
         self.template_notes, self.one_call_per_turn = check.notes, check.one_call_per_turn
+        serve = getattr(backend, "serve_episodes", None)
+        if serve is not None:  # a rollout worker draws the episodes, with an AgentSampler built there as this one
+            objects = {} if not agent_cfg.env.startswith("python:") else {agent_cfg.env[7:]: self.factory}
+            serve(WorkerEpisodes, (agent_cfg, list(check_rows)[:2], objects))
 
     def describe(self) -> str:
         rewards = ""
@@ -236,8 +258,29 @@ class AgentSampler:
             return list(pool.map(call, items))
 
     def __call__(self, rows: list[dict], seeds: list[int] | None = None, greedy: bool = False):
-        episodes = self.run(rows, seeds, greedy)
+        episodes = self.draw(rows, seeds, greedy)
         return self.rollout(episodes), self.scores(episodes)
+
+    def draw(self, rows: list[dict], seeds: list[int] | None = None, greedy: bool = False) -> list[Episode]:
+        """One episode per row: run here, or drawn whole by a rollout worker beside the trainer (a backend that
+        serves episodes: rollout/async_worker.py), its environments' counted faults added to this run's."""
+        served = getattr(self.backend, "episodes", None)
+        if served is None:
+            return self.run(rows, seeds, greedy)
+        version, answer = served(rows, self.stops, seeds, greedy)
+        if "fault" in answer:  # env_on_error = raise, in the worker: the run stops as it would here
+            raise EnvironmentFault(answer["fault"])
+        self.errors += answer["faults"]
+        for e in answer["episodes"]:
+            e.policy_version = version
+        return answer["episodes"]
+
+    def ahead(self, rows: list[dict], seeds: list[int] | None = None) -> None:
+        """A later step's episodes, queued now with a backend that draws them beside the trainer; nothing with any
+        other backend."""
+        prefetch = getattr(self.backend, "prefetch_episodes", None)
+        if prefetch is not None:
+            prefetch(rows, self.stops, seeds)
 
     def run(self, rows: list[dict], seeds: list[int] | None = None, greedy: bool = False) -> list[Episode]:
         cfg = self.cfg
@@ -430,6 +473,7 @@ class AgentSampler:
                 attention[i, :n] = 1
                 if sampler is not None and e.sampler_logprobs is not None:
                     sampler[i, :n] = torch.tensor(e.sampler_logprobs)
+        versions = [e.policy_version for e in episodes]
         return Rollout(
             prompt_ids,
             prompt_mask,
@@ -440,6 +484,7 @@ class AgentSampler:
             ["\n".join(e.lines) for e in episodes],
             attention,
             sampler,
+            policy_versions=torch.tensor(versions) if episodes and None not in versions else None,
         )
 
     def scores(self, episodes: list[Episode]) -> Scores:
@@ -495,6 +540,32 @@ class AgentSampler:
                 c.nones += sum(x is None for x in v)
             out[c.name] = (c.weight, torch.tensor([0.0 if x is None else float(x) for x in v]))
         return out
+
+
+class WorkerEpisodes:
+    """The rollout worker's side of episodes drawn beside the trainer (rollout/async_worker.py): an AgentSampler
+    built in the worker's process from what the trainer's was built from (``spec``: the agent section, its dry-run
+    rows, an environment handed to the Python API), sampling with the worker's copy of the policy. It answers one
+    episode per row with the episodes detached from their environments and the faults it counted, or the fault that
+    stops the run (env_on_error = raise)."""
+
+    def __init__(self, spec: tuple, tokenizer, backend, sampling, stops: list[int]):
+        from tether.rewards.loading import PYTHON_OBJECTS
+
+        agent_cfg, check_rows, objects = spec
+        PYTHON_OBJECTS.update(objects)
+        self.sampler = AgentSampler(agent_cfg, tokenizer, backend, sampling, stops, check_rows)
+
+    def __call__(self, rows: list[dict], seeds: list[int] | None, greedy: bool) -> dict:
+        before = self.sampler.errors
+        try:
+            drawn = self.sampler.run(rows, seeds, greedy)
+        except EnvironmentFault as err:
+            return {"fault": str(err)}
+        return {"episodes": [e.detached() for e in drawn], "faults": self.sampler.errors - before}
+
+    def close(self) -> None:
+        self.sampler.close()
 
 
 def format_stop_ids(tokenizer, fmt) -> list[int]:

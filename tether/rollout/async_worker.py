@@ -11,6 +11,11 @@ come, over one pipe:
                            lp the log-probs of the parity probe's tokens under them
     ("generate", key, prompts, seeds)
                            sample one response per prompt with the weights it holds, answer ("rollout", key, v, …)
+    ("episodes", key, rows, seeds, greedy)
+                           run one multi-turn episode per row (agent.env) with the weights it holds, start to end,
+                           with environments of its own (agents/episodes.py WorkerEpisodes: an AgentSampler built as
+                           the trainer's), answer ("rollout", key, v, {"episodes": …, "faults": n}), the episodes
+                           without their environments, or ({"fault": text}) when one failed with env_on_error = raise
     ("stop",)              end
 
 Because the pipe keeps order, a request sent after version v's weights is sampled with v or later: the trainer
@@ -35,11 +40,12 @@ import multiprocessing
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from tether.errors import WorkerError
+from tether.errors import ConfigError, WorkerError
 from tether.models.lm import checkpoint_weights, is_peft
 from tether.rollout.batch import Rollout
 
@@ -90,9 +96,10 @@ def probe_ids(tokenizer, config) -> list[int]:
 
 
 def _serve(
-    conn, config, dtype: str, attn: str, device: str, tokenizer, settings, stops: list[int], threads: int
+    conn, config, dtype: str, attn: str, device: str, tokenizer, settings, stops: list[int], threads: int, agent=None
 ) -> None:
-    """The worker's loop (a spawned process), its copy of the policy on ``device`` (the trainer's)."""
+    """The worker's loop (a spawned process), its copy of the policy on ``device`` (the trainer's); ``agent``: what
+    it builds its episodes' sampler from (AsyncRolloutBackend.serve_episodes), or None."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -106,6 +113,7 @@ def _serve(
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
         model = model.to(device).eval()
         sampler = HFGenerate(model, tokenizer, settings, copy=True)
+        episodes = agent[0](agent[1], tokenizer, sampler, settings, stops) if agent is not None else None
         version = -1
         while True:
             message = conn.recv()
@@ -119,7 +127,14 @@ def _serve(
                 t0 = time.perf_counter()
                 rollout = sampler.generate(prompts, settings, stops, seeds)
                 conn.send(("rollout", key, version, _to_wire(rollout), time.perf_counter() - t0))
+            elif message[0] == "episodes":
+                _, key, rows, seeds, greedy = message
+                t0 = time.perf_counter()
+                answer = episodes(rows, seeds, greedy)
+                conn.send(("rollout", key, version, answer, time.perf_counter() - t0))
             else:
+                if episodes is not None:
+                    episodes.close()
                 return
     except Exception:  # noqa: BLE001 - reported to the trainer, which raises it with the worker's traceback
         conn.send(("error", traceback.format_exc()))
@@ -155,6 +170,7 @@ class AsyncRolloutBackend:
         self.trainer_threads = 0  # the trainer's threads before the worker took its share (CPU only)
         self.probe = probe_ids(tokenizer, policy.config)
         self.probes: dict[int, torch.Tensor] = {}  # version -> the trainer's probe log-probs, until the worker's come
+        self.agent = None  # (builder, spec) of the worker's episode sampler: serve_episodes
 
     # ── the worker's life ──
 
@@ -173,7 +189,7 @@ class AsyncRolloutBackend:
             torch.set_num_threads(max(1, budget - threads))
         device = str(next(self.policy.parameters()).device)
         attn = config._attn_implementation
-        args = (child, config, dtype, attn, device, self.tokenizer, self.settings, stops, threads)
+        args = (child, config, dtype, attn, device, self.tokenizer, self.settings, stops, threads, self.agent)
         self.process = context.Process(target=_serve, args=args, daemon=True, name="tether-rollout")
         self.process.start()
         child.close()
@@ -225,7 +241,7 @@ class AsyncRolloutBackend:
             _, key, version, data, seconds = message
             self.figures["busy_s"] += seconds
             self.pending.remove(key)
-            self.ready[key] = (version, _from_wire(data, version))
+            self.ready[key] = (version, data if key[0] == "episodes" else _from_wire(data, version))
         return message
 
     def _died(self) -> RolloutWorkerError:
@@ -279,36 +295,86 @@ class AsyncRolloutBackend:
 
     # ── requests ──
 
-    def _submit(self, key: tuple, stops: list[int]) -> None:
+    def _submit(self, key: tuple, stops: list[int], message: tuple) -> None:
         if self.process is None:
             self._start(stops)
         if self.pushed < self.version:
             self._push()
-        self._send(("generate", key, list(key[0]), list(key[1]) if key[1] is not None else None))
+        self._send(message)
         self.pending.append(key)
 
-    def prefetch(self, prompts: list[str], stops: list[int], seeds: list[int] | None = None) -> None:
-        """Queue a request the stage will make later with these prompts and seeds."""
-        key = (tuple(prompts), tuple(seeds) if seeds is not None else None)
+    def _take(self, key: tuple, ask: Callable[[], None], rows: int):
+        """(version, answer) of a request: queued earlier (``ask`` sends it now if not); an answer drawn more than
+        max_staleness updates back is dropped, counted, and drawn again with the newest weights."""
         if key not in self.pending and key not in self.ready:
-            self._submit(key, stops)
-
-    def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
-        key = (tuple(prompts), tuple(seeds) if seeds is not None else None)
-        if key not in self.pending and key not in self.ready:
-            self._submit(key, stop_ids)
+            ask()
         t0 = time.perf_counter()
         while key not in self.ready:
             self._receive()
         self.figures["wait_s"] += time.perf_counter() - t0
-        version, rollout = self.ready.pop(key)
-        if self.version - version > self.max_staleness:  # past the bound: drawn again with the newest weights
-            self.dropped += len(prompts)
-            return self.generate(prompts, sampling, stop_ids, seeds)
-        return rollout
+        version, answer = self.ready.pop(key)
+        if self.version - version > self.max_staleness:
+            self.dropped += rows
+            return self._take(key, ask, rows)
+        return version, answer
+
+    @staticmethod
+    def _key(prompts: list[str], seeds: list[int] | None) -> tuple:
+        return (tuple(prompts), tuple(seeds) if seeds is not None else None)
+
+    def prefetch(self, prompts: list[str], stops: list[int], seeds: list[int] | None = None) -> None:
+        """Queue a request the stage will make later with these prompts and seeds."""
+        key = self._key(prompts, seeds)
+        if key not in self.pending and key not in self.ready:
+            self._submit(key, stops, ("generate", key, list(prompts), list(seeds) if seeds is not None else None))
+
+    def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
+        key = self._key(prompts, seeds)
+        message = ("generate", key, list(prompts), list(seeds) if seeds is not None else None)
+        return self._take(key, lambda: self._submit(key, stop_ids, message), len(prompts))[1]
 
     def generate_ids(self, *args, **kwargs) -> Rollout:
-        raise RolloutWorkerError("multi-turn episodes (agent.env) are not sampled by the rollout worker yet")
+        raise RolloutWorkerError(
+            "the rollout worker draws multi-turn episodes whole (serve_episodes), not turn by turn"
+        )
+
+    # ── multi-turn episodes (agent.env), drawn whole by the worker ──
+
+    def serve_episodes(self, builder: Callable, spec: tuple) -> None:
+        """The worker will draw episodes: ``builder(spec, tokenizer, sampler, settings, stops)`` makes, in the
+        worker, what answers ("episodes", …) messages (agents/episodes.py WorkerEpisodes). ``spec`` is sent to the
+        worker by value; one that cannot be is a ConfigError here, before the worker starts."""
+        import pickle
+
+        try:
+            pickle.dumps(spec)
+        except (pickle.PicklingError, AttributeError, TypeError) as err:
+            raise ConfigError(
+                f"--max-staleness: the rollout worker builds the environment in a process of its own, and the one "
+                f"given cannot be sent there ({err}); name a class by module:Class, or hand the Python API a class "
+                "defined at the top level of a module"
+            ) from None
+        self.agent = (builder, spec)
+
+    @staticmethod
+    def _episodes_key(rows: list[dict], seeds: list[int] | None, greedy: bool) -> tuple:
+        import json
+
+        text = tuple(json.dumps(row, sort_keys=True, default=str) for row in rows)
+        return ("episodes", text, tuple(seeds) if seeds is not None else None, greedy)
+
+    def prefetch_episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None = None) -> None:
+        """Queue a later step's episodes (one per row, these seeds)."""
+        key = self._episodes_key(rows, seeds, False)
+        if key not in self.pending and key not in self.ready:
+            self._submit(key, stops, ("episodes", key, list(rows), seeds, False))
+
+    def episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None, greedy: bool) -> tuple[int, dict]:
+        """(version, answer) of one episode per row: queued earlier or drawn now; ``answer`` as WorkerEpisodes
+        gives it."""
+        key = self._episodes_key(rows, seeds, greedy)
+        message = ("episodes", key, list(rows), seeds, greedy)
+        return self._take(key, lambda: self._submit(key, stops, message), len(rows))
 
     def step_figures(self, rollout: Rollout) -> dict:
         """The step's figures (docs/metrics.md): the staleness of its responses (updates between the weights that
@@ -331,6 +397,7 @@ class AsyncRolloutBackend:
         return (
             f"a rollout worker process beside the trainer (Hugging Face model, KV cache), at most "
             f"{self.max_staleness} update(s) behind; weights as files after every update"
+            + ("; multi-turn episodes drawn whole there, with environments of its own" if self.agent else "")
         )
 
 

@@ -69,6 +69,7 @@ class OnlineSampler:
     ):
         ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
         self.rollout_cfg = ro
+        self.rows = rows
         # a sharded policy (--fsdp) samples through its ordinary copy with the hf backend, or is pushed into the
         # engine gathered (train/sharding.py shard_trained_online)
         self.sampling_copy = sampling_copy
@@ -144,6 +145,9 @@ class OnlineSampler:
     def ahead(self, prompt_indices: list[int], seeds: list[int] | None) -> None:
         """A later step's request, queued now with a backend that samples beside the trainer (rollout.max_staleness:
         rollout/async_worker.py); nothing with any other backend."""
+        if self.agent is not None:  # episodes: the worker draws them whole, environments and all
+            self.agent.ahead([self.rows[i] for i in prompt_indices], seeds)
+            return
         prefetch = getattr(self.backend, "prefetch", None)
         if prefetch is not None:
             prefetch([self.prompts[i] for i in prompt_indices], self.stops, seeds)

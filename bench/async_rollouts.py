@@ -7,6 +7,8 @@ time, and what the lab's lessons say at each K.
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload 29m     # speed on bench/stages.py's 29.9 M model
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload ppo     # speed on the lab's PPO stage
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload ppo --mode learn --ks 0,1 --seeds 0,1
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload shop    # speed on the lab's shop agent (--env)
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload shop --mode learn --ks 0,1 --seeds 0,1
 
 Every run is the lab's own grpo_outcome stage (tether.lab.rl.run_lab_grpo: the lab's SFT model, 32 prompts × 8
 responses a step, 48 new tokens, lr 5e-5, the outcome rewards), each a fresh process with the machine's default
@@ -26,6 +28,10 @@ the off-policy correction token_truncate at 2.
   32 prompts a step, lr 5e-5, the lab's β); in learn mode each arm and seed runs β = 0 and β = 0.2 (the lab's
   ppo_kl0 and ppo_kl0.2 at 60 steps), judged by the lab's two PPO rules (kl_rope: β = 0.2 beats the SFT model on
   gold; overoptimisation: β = 0's late gold below its peak and below β = 0.2's), with the gold curves.
+- ``--workload shop``: the lab's shop agent instead (tether.lab.runners.shop_stage's run: GRPO with the shop
+  environment, multi-turn episodes, which the worker draws whole with environments of its own); in speed mode
+  rewarded on the order's state with 20 held-out requests; in learn mode each arm and seed runs both rewards (the
+  lab's shop_state and shop_claim stages), judged by the lab's two shop rules.
 - ``--mode learn`` (the lab's steps and evaluation, LabConfig): per arm and seed, the lab's grpo_outcome rule
   (tether/lab/lessons.py) on the run's figures, the sampled and greedy accuracy at each evaluation, the staleness and
   the importance ratio's spread (rollout/is_ratio_p1 … p99) where a correction ran.
@@ -122,6 +128,36 @@ def run_ppo(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int,
     (folder / "result.json").write_text(json.dumps(result))
 
 
+def run_shop(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int, reward: str) -> None:
+    """One run of the lab's shop stage rewarded on ``reward`` (state or claim) in this process; writes result.json
+    as run_ppo does (``figures``: what the lab's shop rules read)."""
+    from tether.lab.agents import run_lab_agent_grpo
+    from tether.lab.runners import SHOP_BUDGET, agent_settings, read_rows
+    from tether.lab.settings import LabConfig
+
+    cfg = LabConfig(seed=seed)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    speed = mode == "speed"
+    settings = agent_settings(cfg) | ({"steps": steps, "eval_every": steps, "eval_samples": 1} if speed else {})
+    eval_rows = read_rows(lab / "agent_world" / "shop_eval.jsonl")
+    t0 = time.perf_counter()
+    figures = run_lab_agent_grpo(
+        folder,
+        False,
+        model_dir=lab / "shop_sft" / "final",
+        env=f"tether.lab.agents:ShopEnv(reward='{reward}')",
+        prompts=lab / "agent_world" / "shop_rl.jsonl",
+        eval_rows=eval_rows[:20] if speed else eval_rows,
+        lr=cfg.shop_lr,
+        **SHOP_BUDGET,
+        **settings,
+        extra=arm_settings(arm),
+    )
+    result = {"wall_s": time.perf_counter() - t0, **step_figures(folder / "run" / "metrics.jsonl"), "figures": figures}
+    (folder / "result.json").write_text(json.dumps(result))
+
+
 def step_figures(metrics: Path) -> dict:
     """The trainer's step time (median over steps 3 and later of the sum of its logged phases), each phase's and
     each async/* figure's median, the largest staleness and the importance ratio's spread by step."""
@@ -160,9 +196,11 @@ def run_29m(lab: Path, folder: Path, arm: str, steps: int) -> None:
     (folder / "result.json").write_text(json.dumps(result))
 
 
-def launch(lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int, beta: float = 0.2) -> dict:
+def launch(
+    lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int, beta: float = 0.2, reward: str = "state"
+) -> dict:
     command = [sys.executable, __file__, "--one", arm, str(seed), mode, str(steps), "--lab", str(lab)]
-    command += ["--beta", str(beta)]
+    command += ["--beta", str(beta), "--reward", reward]
     folder.parent.mkdir(parents=True, exist_ok=True)
     log_path = folder.parent / f"{folder.name}.log"  # not with_suffix: "kl0.2-K1" has a dot
     with open(log_path, "w") as log:
@@ -227,6 +265,24 @@ def print_learn_ppo(results: dict, arms: list[str], seeds: list[int]) -> None:
                 print(f"    β={beta:g} gold by step {curve}; staleness max {r['staleness_max']:.0f}")
 
 
+def print_learn_shop(results: dict, arms: list[str], seeds: list[int]) -> None:
+    from tether.lab.lessons import shop_claim, shop_state
+
+    print("\nthe lab's shop rules per arm and seed (rewarded on the order's state and on the claim at each K)")
+    for arm in arms:
+        for seed, pair in zip(seeds, results[arm]):
+            summary = {"agents": {f"shop_{reward}": r["figures"] for reward, r in zip(SHOP_REWARDS, pair)}}
+            for lesson in (shop_state(summary), shop_claim(summary)):
+                verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[lesson.holds]
+                print(f"K={arm:5s} seed {seed} {lesson.name}: {lesson.evidence} — {verdict}")
+            for reward, r in zip(SHOP_REWARDS, pair):
+                curve = " ".join(
+                    f"{c['step']}:{c.get('success_rate_sampled', c['success_rate']):.2f}" for c in r["figures"]["curve"]
+                )
+                print(f"    {reward}: true success (sampled) by step {curve}; staleness max {r['staleness_max']:.0f}")
+
+
+SHOP_REWARDS = ("state", "claim")  # the lab's shop_state and shop_claim, the runs its shop rules read
 PPO_BETAS = (0.0, 0.2)  # the lab's ppo_kl0 and ppo_kl0.2, the two runs its PPO rules compare
 
 
@@ -239,11 +295,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="speed mode: steps per run")
     parser.add_argument(
-        "--workload", choices=("lab", "29m", "ppo"), default="lab", help="lab: GRPO; 29m: speed mode only"
+        "--workload", choices=("lab", "29m", "ppo", "shop"), default="lab", help="lab: GRPO; 29m: speed mode only"
     )
     parser.add_argument("--out", default="runs/bench-async-rollouts")
     parser.add_argument("--json", default="")
     parser.add_argument("--beta", type=float, default=0.2, help=argparse.SUPPRESS)  # a PPO run's (--one)
+    parser.add_argument("--reward", default="state", help=argparse.SUPPRESS)  # a shop run's (--one)
     parser.add_argument("--one", nargs=4, metavar=("ARM", "SEED", "MODE", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     lab, out = Path(args.lab).resolve(), Path(args.out).resolve()
@@ -251,6 +308,8 @@ def main() -> None:
         arm, seed, mode, steps = args.one
         if mode == "speed-29m":
             run_29m(lab, out, arm, int(steps))
+        elif mode.endswith("-shop"):
+            run_shop(lab, out, arm, int(seed), mode.removesuffix("-shop"), int(steps), args.reward)
         elif mode.endswith("-ppo"):
             run_ppo(lab, out, arm, int(seed), mode.removesuffix("-ppo"), int(steps), args.beta)
         else:
@@ -264,7 +323,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for arm in arms:
                 folder = out / f"speed-{args.workload}-K{arm}-{repeat}"
-                mode = {"lab": "speed", "29m": "speed-29m", "ppo": "speed-ppo"}[args.workload]
+                mode = {"lab": "speed", "29m": "speed-29m", "ppo": "speed-ppo", "shop": "speed-shop"}[args.workload]
                 results[arm].append(launch(lab, folder, arm, seeds[0], mode, args.steps))
     elif args.workload == "ppo":
         for seed in seeds:
@@ -272,6 +331,14 @@ def main() -> None:
                 runs = [
                     launch(lab, out / f"learn-ppo-kl{beta:g}-K{arm}-seed{seed}", arm, seed, "learn-ppo", 0, beta)
                     for beta in PPO_BETAS
+                ]
+                results[arm].append(runs)
+    elif args.workload == "shop":
+        for seed in seeds:
+            for arm in arms:
+                runs = [
+                    launch(lab, out / f"learn-shop-{r}-K{arm}-seed{seed}", arm, seed, "learn-shop", 0, reward=r)
+                    for r in SHOP_REWARDS
                 ]
                 results[arm].append(runs)
     else:
@@ -283,7 +350,8 @@ def main() -> None:
     if args.mode == "speed":
         print_speed(results, arms, args.steps)
     else:
-        (print_learn_ppo if args.workload == "ppo" else print_learn)(results, arms, seeds)
+        printer = {"ppo": print_learn_ppo, "shop": print_learn_shop}.get(args.workload, print_learn)
+        printer(results, arms, seeds)
 
 
 if __name__ == "__main__":

@@ -348,9 +348,11 @@ def run_lab_agent_grpo(
     without_tools: bool = False,
     temperature: float = 1.0,
     eval_samples: int = 0,
+    extra: dict | None = None,
 ) -> dict:
     """One GRPO run with an environment (multi-turn episodes); returns curves, start/end figures and alarms.
-    eval_samples: sampled held-out episodes per request at the training temperature, beside the greedy ones."""
+    eval_samples: sampled held-out episodes per request at the training temperature, beside the greedy ones;
+    extra: further settings by dotted name (a benchmark's arm, e.g. rollout.max_staleness)."""
     from tether.config import build_config
     from tether.lab.rl import finished_summary, train_settings
     from tether.stages.grpo import run_grpo
@@ -375,6 +377,7 @@ def run_lab_agent_grpo(
             "rollout.max_new_tokens": max_new_tokens,
             "rollout.temperature": temperature,
             **train_settings(run_dir, resume, steps, eval_every, seed, sample_every=1),
+            **(extra or {}),
         }
         summary = run_grpo(build_config(GRPOConfig, overrides=overrides, source="lab"), evaluate_fn=evaluate)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -165,20 +165,18 @@ def ending_llama(llama_dir, tmp_path):
     return model
 
 
-@pytest.mark.parametrize("stage", ["grpo", "ppo"])
-def test_episodes_are_drawn_whole_by_the_worker_one_update_behind(ending_llama, files, tmp_path, stage):
+def test_episodes_are_drawn_whole_by_the_worker_one_update_behind(ending_llama, files, tmp_path):
     """agent.env beside a rollout worker at K = 1: the worker runs each step's episodes with environments of its
     own; the first step's transcripts, outcomes and update equal the synchronous run's (the same weights, seeds and
     environment), later steps train on episodes one update old, and the held-out episodes are drawn there too."""
     env = f"{Path(__file__).parent / 'agent_helpers.py'}:Counting(turns=3)"
     words = ("hi", "cats", "dogs", "rain")
     files = (files[0], write_jsonl(tmp_path / "plain.jsonl", [{"prompt": f"Say {w}."} for w in words] * 4))
-    args = grpo_args if stage == "grpo" else ppo_args
     more = ["--max-steps", "3", "--save-every", "1", "--keep-checkpoints", "5", "--env", env]
     more += ["--max-total-tokens", "48", "--eval-prompts", str(files[1]), "--eval-every", "3"]
     sync, ahead = tmp_path / "sync", tmp_path / "ahead"
-    assert main(args(ending_llama, files, sync, *more)) == 0
-    assert main(args(ending_llama, files, ahead, *more, "--max-staleness", "1")) == 0
+    assert main(grpo_args(ending_llama, files, sync, *more)) == 0
+    assert main(grpo_args(ending_llama, files, ahead, *more, "--max-staleness", "1")) == 0
     first = [s for s in rows(sync / "samples.jsonl") if s["step"] == 1]
     assert [(s["response"], s["agent"]) for s in first] == [
         (s["response"], s["agent"]) for s in rows(ahead / "samples.jsonl") if s["step"] == 1
@@ -198,11 +196,12 @@ def test_episodes_are_drawn_whole_by_the_worker_one_update_behind(ending_llama, 
 
 def test_an_environment_failing_in_the_worker_stops_the_run_as_it_would_in_the_trainer(ending_llama, tmp_path, capsys):
     """env_on_error = raise: an environment that raises in the worker's process stops the run with the
-    environment's own message (an EnvironmentFault, as in the trainer), not as a worker failure."""
+    environment's own message (an EnvironmentFault, as in the trainer), not as a worker failure. PPO, whose queue of
+    episodes (steps 0 and 1 at the first step) is its own."""
     env = f"{Path(__file__).parent / 'agent_helpers.py'}:Counting(turns=3, fail_at=2)"
     prompts = write_jsonl(tmp_path / "plain.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats")] * 4)
-    argv = ["grpo", "--model", str(ending_llama), "--prompts", str(prompts), "--env", env, "--max-steps", "2"]
-    argv += ["--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--max-total-tokens", "48"]
+    argv = ["ppo", "--model", str(ending_llama), "--prompts", str(prompts), "--env", env, "--max-steps", "2"]
+    argv += ["--prompts-per-step", "4", "--minibatch", "2", "--max-new-tokens", "8", "--max-total-tokens", "48"]
     argv += ["--max-staleness", "1", "--async-threads", "1", "--report-to", "none", "--output", str(tmp_path / "o")]
     assert main(argv) != 0
     err = capsys.readouterr().err
@@ -282,7 +281,7 @@ def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, file
         (["--rollout-backend", "vllm"], "a vLLM engine in a process of its own is not built yet"),
         (["--dynamic-sampling"], "algo.dynamic_sampling"),
         (["--max-staleness", "-1"], "must be >= 0"),
-        (["--env", "tether.lab.agents:CalcEnv"], "agent.env (multi-turn episodes)"),
+        (["--env", "tether.lab.agents:CalcEnv", "--rollout-workers", "one"], "agent.env with rollout_workers=one"),
     ):
         flags = more if "--max-staleness" in more else ["--max-staleness", "1", *more]
         assert main(grpo_args(llama_dir, files, tmp_path / "x", *flags)) == 2

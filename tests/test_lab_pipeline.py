@@ -523,41 +523,25 @@ def test_thin_demonstrations_leave_the_vocabulary_and_the_initial_model_as_they_
 
 @pytest.mark.slow
 def test_the_seeds_example_reuses_seed_0_and_states_the_spread(quick_lab, tmp_path):
-    """examples/lab_seeds.py: seed 0 read from the lab folder's cached stages (its summary left as it was), seed 1 a
-    lab of its own; for two seeds the mean is (a + b) / 2 and the sample sd |a − b| / √2."""
+    """examples/lab_seeds.py: seed 0 read from the lab folder's cached stages (its summary and stages left as they
+    were), seed 1 a lab of its own; for two seeds the mean is (a + b) / 2 and the sample sd |a − b| / √2. Run on the
+    base model (--base-only): the headline stages after it are run_lab's, which the quick lab itself runs."""
     import math
     import subprocess
     import sys
     from pathlib import Path
 
     out, summary = quick_lab
-    before = (out / "summary.json").read_bytes()
+    before = {name: (out / name).read_bytes() for name in ("summary.json", "pretrain/stage.json")}
     script = Path(__file__).resolve().parent.parent / "examples" / "lab_seeds.py"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--quick",
-            "--seeds",
-            "0,1",
-            "--lab",
-            str(out),
-            "--json",
-            str(tmp_path / "seeds.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    argv = [sys.executable, str(script), "--quick", "--base-only", "--seeds", "0,1", "--lab", str(out)]
+    proc = subprocess.run(argv + ["--json", str(tmp_path / "seeds.json")], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (out / "summary.json").read_bytes() == before
-    figures = json.loads((tmp_path / "seeds.json").read_text())["figures"]
-    ppo = figures["PPO β=0.2 gold at the end"]
-    assert ppo["seeds"]["0"] == summary["ppo"]["ppo_kl0.2"]["final_gold"]  # seed 0: the cached stage
-    assert (Path(f"{out}-seed1") / "ppo_kl0.2" / "stage.json").is_file()
-    a, b = figures["SFT assist gold (sampled)"]["seeds"].values()
+    assert {name: (out / name).read_bytes() for name in before} == before  # seed 0: the cached stages
+    assert (Path(f"{out}-seed1") / "pretrain" / "stage.json").is_file()
+    row = json.loads((tmp_path / "seeds.json").read_text())["figures"]["pretraining held-out loss at the end"]
+    a, b = row["seeds"].values()
     assert a != b  # another world, another model
-    row = figures["SFT assist gold (sampled)"]
     assert row["mean"] == pytest.approx((a + b) / 2) and row["sd"] == pytest.approx(abs(a - b) / math.sqrt(2))
     assert "mean ± sample sd" in proc.stdout
 

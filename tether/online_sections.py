@@ -111,12 +111,19 @@ class SamplingSection(Section):
         "Sample beside the trainer: a rollout worker process draws the next steps' responses while the trainer "
         "updates, each from weights at most this many updates old (docs/scaling.md, 'Asynchronous rollouts'; pair "
         "it with --off-policy-correction). 0: the synchronous loop, sampling in the trainer. PPO, the group "
-        "family and online DPO (whole rounds) on the hf backend; on N processes each has a worker of its own.",
+        "family and online DPO (whole rounds) on the hf backend; on N processes see rollout_workers.",
     )
     worker_timeout_s: float = option(
         600.0,
         "With max_staleness: the longest the trainer waits for the rollout worker's next answer before it stops the "
         "run naming the worker (a dead worker is noticed within a second).",
+    )
+    rollout_workers: str = option(
+        "per_process",
+        "With max_staleness on N training processes: per_process (each samples its share of every step with a "
+        "rollout worker of its own) or one (a single rollout worker beside process 0 samples every process's share, "
+        "which process 0 hands out: N training processes and one rollout process).",
+        choices=("per_process", "one"),
     )
     async_threads: int = option(
         0,
@@ -480,7 +487,9 @@ def check_rollout_worker(cfg, stage_settings: dict[str, bool] | None = None) -> 
     yet, refused by name before anything loads; ``stage_settings``: a stage's own (description -> on)."""
     if not cfg.rollout.max_staleness:
         return
-    given = [what for what, on in (stage_settings or {}).items() if on]
+    one_worker_episodes = bool(cfg.agent.env) and cfg.rollout.rollout_workers == "one"
+    unsupported = {**(stage_settings or {}), "agent.env with rollout_workers=one": one_worker_episodes}
+    given = [what for what, on in unsupported.items() if on]
     if given:
         raise ConfigError(
             f"rollout.max_staleness={cfg.rollout.max_staleness}: the rollout worker does not sample with "

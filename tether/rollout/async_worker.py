@@ -59,6 +59,26 @@ def _to_wire(rollout: Rollout) -> dict:
     return out
 
 
+def _to_json(rollout: Rollout) -> dict:
+    """A Rollout's fields as JSON values (each tensor's dtype, shape and values; float32 values survive the trip
+    exactly as Python floats): what process 0 hands the others under rollout_workers = one (never pickle)."""
+    out: dict = {"prompts": list(rollout.prompts), "responses": list(rollout.responses)}
+    for name in (*_FIELDS, "policy_versions"):
+        t = getattr(rollout, name)
+        if t is not None:
+            out[name] = [str(t.dtype).removeprefix("torch."), list(t.shape), t.flatten().tolist()]
+    return out
+
+
+def _from_json(data: dict) -> Rollout:
+    tensors = {
+        name: torch.tensor(data[name][2], dtype=getattr(torch, data[name][0])).reshape(data[name][1])
+        for name in (*_FIELDS, "policy_versions")
+        if name in data
+    }
+    return Rollout(**tensors, prompts=data["prompts"], responses=data["responses"])
+
+
 def _from_wire(data: dict, version: int) -> Rollout:
     tensors = {name: torch.from_numpy(data[name]) for name in _FIELDS}
     rows = tensors["response_ids"].shape[0]
@@ -152,8 +172,13 @@ class AsyncRolloutBackend:
     samples_trainer_weights = False  # the worker's copy is the weights of some version, not the trainer's own
     reads_images = False  # a vision-language policy is refused with --max-staleness (train/online.py)
 
-    def __init__(self, policy, tokenizer, settings):
+    def __init__(self, policy, tokenizer, settings, dp=None):
         self.policy, self.tokenizer, self.settings = policy, tokenizer, settings
+        # rollout_workers = one on N processes: process 0 owns the one worker and hands every process its rows
+        # (``dp``'s collectives, every process in step); per_process: each process its own worker, no collective
+        self.dp = dp
+        self.one_worker = dp is not None and dp.active and settings.rollout_workers == "one"
+        self.owner = not self.one_worker or dp.rank == 0
         self.max_staleness = settings.max_staleness
         self.timeout = settings.worker_timeout_s
         self.version = 0  # the trainer's: updates pushed so far (weights_updated calls)
@@ -162,7 +187,7 @@ class AsyncRolloutBackend:
         self.pending: list[tuple] = []  # keys queued, in the order the worker will answer them
         self.ready: dict[tuple, tuple[int, dict]] = {}  # key -> (version, rollout) answered, not yet taken
         self.dropped = 0  # rollouts that arrived past the staleness bound and were drawn again
-        self.figures: dict[str, float] = {"sync_s": 0.0, "wait_s": 0.0, "busy_s": 0.0}
+        self.figures: dict[str, float] = {"sync_s": 0.0, "wait_s": 0.0, "busy_s": 0.0, "rows": 0.0}
         self.slots = Path(
             tempfile.mkdtemp(prefix="tether-weights-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
         )
@@ -313,6 +338,7 @@ class AsyncRolloutBackend:
             self._receive()
         self.figures["wait_s"] += time.perf_counter() - t0
         version, answer = self.ready.pop(key)
+        self.figures["rows"] += rows
         if self.version - version > self.max_staleness:
             self.dropped += rows
             return self._take(key, ask, rows)
@@ -322,13 +348,51 @@ class AsyncRolloutBackend:
     def _key(prompts: list[str], seeds: list[int] | None) -> tuple:
         return (tuple(prompts), tuple(seeds) if seeds is not None else None)
 
+    def _everyone(self, prompts: list[str], seeds: list[int] | None) -> tuple[list, list | None, int, int]:
+        """Every process's prompts and seeds in rank order (a collective), and where this process's rows lie."""
+        parts = self.dp.gather_json([[list(prompts), list(seeds) if seeds is not None else None]])
+        start = sum(len(p) for p, _ in parts[: self.dp.rank])
+        everyone = [x for p, _ in parts for x in p]
+        seeds = None if any(s is None for _, s in parts) else [x for _, s in parts for x in s]
+        return everyone, seeds, start, start + len(prompts)
+
+    def _from_owner(self, fn):
+        """fn() on process 0, which owns the one worker, and its rollout (or None) on every process (a collective).
+        A RolloutWorkerError there is raised on every process, so none waits for an answer that will not come."""
+        result, error = None, None
+        if self.owner:
+            try:
+                result = fn()
+            except RolloutWorkerError as err:
+                error = err
+        sent = self.dp.broadcast_json(
+            {"error": str(error or ""), "rollout": _to_json(result) if result is not None and not error else None}
+        )
+        if sent["error"]:
+            raise error or RolloutWorkerError(f"the rollout worker beside process 0 stopped: {sent['error']}")
+        return result if self.owner or sent["rollout"] is None else _from_json(sent["rollout"])
+
     def prefetch(self, prompts: list[str], stops: list[int], seeds: list[int] | None = None) -> None:
-        """Queue a request the stage will make later with these prompts and seeds."""
+        """Queue a request the stage will make later with these prompts and seeds (rollout_workers = one: every
+        process's, as one request to the one worker)."""
+        if self.one_worker:
+            everyone, seeds, _, _ = self._everyone(prompts, seeds)
+            self._from_owner(lambda: self._queue(everyone, stops, seeds))
+        else:
+            self._queue(prompts, stops, seeds)
+
+    def _queue(self, prompts: list[str], stops: list[int], seeds: list[int] | None) -> None:
         key = self._key(prompts, seeds)
         if key not in self.pending and key not in self.ready:
             self._submit(key, stops, ("generate", key, list(prompts), list(seeds) if seeds is not None else None))
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
+        if not self.one_worker:
+            return self._draw(prompts, stop_ids, seeds)
+        everyone, seeds, start, stop = self._everyone(prompts, seeds)
+        return self._from_owner(lambda: self._draw(everyone, stop_ids, seeds)).select(torch.arange(start, stop))
+
+    def _draw(self, prompts: list[str], stop_ids: list[int], seeds: list[int] | None) -> Rollout:
         key = self._key(prompts, seeds)
         message = ("generate", key, list(prompts), list(seeds) if seeds is not None else None)
         return self._take(key, lambda: self._submit(key, stop_ids, message), len(prompts))[1]
@@ -389,8 +453,9 @@ class AsyncRolloutBackend:
             "async/parity_max_diff": self.figures.get("parity", 0.0),
             "async/trainer_wait_s": self.figures["wait_s"],
             "async/rollout_busy_s": self.figures["busy_s"],
+            "async/worker_rows": self.figures["rows"],
         }
-        self.figures = {"sync_s": 0.0, "wait_s": 0.0, "busy_s": 0.0}
+        self.figures = {"sync_s": 0.0, "wait_s": 0.0, "busy_s": 0.0, "rows": 0.0}
         return out
 
     def describe(self) -> str:
@@ -398,14 +463,16 @@ class AsyncRolloutBackend:
             f"a rollout worker process beside the trainer (Hugging Face model, KV cache), at most "
             f"{self.max_staleness} update(s) behind; weights as files after every update"
             + ("; multi-turn episodes drawn whole there, with environments of its own" if self.agent else "")
+            + (f"; one worker, beside process 0, for all {self.dp.world} processes" if self.one_worker else "")
         )
 
 
-def sampling_backend(settings, policy, tokenizer, processor=None):
+def sampling_backend(settings, policy, tokenizer, processor=None, dp=None):
     """What an online stage samples with: a rollout worker beside the trainer when rollout.max_staleness ≥ 1 (hf
-    only; the section refuses the rest), else the backend rollout.backend names (backends.make_backend)."""
+    only; the section refuses the rest), else the backend rollout.backend names (backends.make_backend). ``dp``:
+    the stage's data parallelism (train/parallel.py), which rollout_workers = one hands the rows out through."""
     from tether.rollout.backends import make_backend
 
     if getattr(settings, "max_staleness", 0) > 0:
-        return AsyncRolloutBackend(policy, tokenizer, settings)
+        return AsyncRolloutBackend(policy, tokenizer, settings, dp)
     return make_backend(settings, policy, tokenizer, processor)

@@ -186,7 +186,7 @@ class OnlineDPOStage:
         # against the context, the stop set; --fsdp: an ordinary copy of the sharded policy samples (the hf
         # backend), or an engine is pushed the gathered weights (train/sharding.py)
         self.sampler = OnlineSampler(
-            cfg, setup.tokenizer, self.policy, prompt_rows, [], backend, None, setup.sampling_copy
+            cfg, setup.tokenizer, self.policy, prompt_rows, [], backend, None, setup.sampling_copy, self.dp
         )
         self.sampling_policy = self.sampler.sampling_policy
         self.backend = self.sampler.backend

@@ -107,6 +107,22 @@ class DataParallel:
         gathered = self.gather_rows(data[None, :], pad_value=32)  # pad with spaces: still valid JSON
         return [x for row in gathered for x in json.loads(bytes(row.tolist()).decode("utf-8"))]
 
+    def broadcast_json(self, value):
+        """Process 0's JSON-able ``value`` on every process (UTF-8 JSON bytes, never pickle); the others pass None."""
+        if not self.active:
+            return value
+        import torch.distributed as dist
+
+        data = json.dumps(value).encode("utf-8") if self.rank == 0 else b""
+        size = torch.tensor([len(data)], dtype=torch.long, device=self.device)
+        dist.broadcast(size, src=0)
+        if self.rank == 0:
+            buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        else:
+            buffer = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+        dist.broadcast(buffer, src=0)
+        return json.loads(buffer.cpu().numpy().tobytes().decode("utf-8"))
+
     # ------------------------------------------------------------------------------------------ gradients
 
     BUCKET = 1 << 25  # gradient elements per all-reduce (128 MiB of fp32): bounded extra memory, few messages

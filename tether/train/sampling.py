@@ -11,6 +11,7 @@ step the stage calls ``weights_updated`` so a backend holding its own copy of th
 from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
+from tether.config import ConfigError
 from tether.data.multimodal import encode_prompt
 from tether.models.lm import check_prompt_context, model_context
 from tether.models.shards import is_sharded
@@ -66,6 +67,7 @@ class OnlineSampler:
         backend=None,
         reward_set=None,
         sampling_copy=None,
+        dp=None,
     ):
         ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
         self.rollout_cfg = ro
@@ -79,7 +81,7 @@ class OnlineSampler:
         self.processor = None  # a vision-language model's: saved with its checkpoints and final/ (train/online.py)
         if is_vision_language(cfg.model.path):
             self.processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
-        self.backend = backend or sampling_backend(ro, policy, tokenizer, self.processor)
+        self.backend = backend or sampling_backend(ro, policy, tokenizer, self.processor, dp)
         if self.processor is not None:
             processor = self.processor
             pixels = cfg.model.max_image_pixels
@@ -95,15 +97,24 @@ class OnlineSampler:
         if not episodes:  # each prompt and its response budget fit the model's positions
             check_prompt_context(lengths, ro.max_new_tokens, model_context(policy), ro.prompts)
         self.stops = stop_token_ids(tokenizer, policy)
+        if getattr(self.backend, "one_worker", False):  # every process asks the one worker in step, so each has rows
+            fewest = min(ro.prompts_per_step, len(self.eval_prompts) if self.eval_prompts else ro.prompts_per_step)
+            if fewest < dp.world:
+                raise ConfigError(
+                    f"--rollout-workers one on {dp.world} processes: every process must sample in every step and "
+                    f"evaluation, so prompts_per_step ({ro.prompts_per_step}) and the held-out prompts "
+                    f"({len(self.eval_prompts)}) must be at least {dp.world}"
+                )
         self.agent = (
             AgentSampler(agent_cfg, tokenizer, self.backend, ro, self.stops, rows, reward_set) if episodes else None
         )
 
     @classmethod
-    def of_stage(cls, cfg, tokenizer, policy, start, backend=None, sampling_copy=None) -> "OnlineSampler":
+    def of_stage(cls, cfg, tokenizer, policy, start, backend=None, sampling_copy=None, dp=None) -> "OnlineSampler":
         """The sampler of a PPO or group-family stage opened by ``start`` (train/online.py OnlineStart)."""
         reward_set = start.reward_set if cfg.agent.env else None  # an environment's episodes, scored beside it
-        return cls(cfg, tokenizer, policy, start.prompt_rows, start.eval_rows, backend, reward_set, sampling_copy)
+        rows, eval_rows = start.prompt_rows, start.eval_rows
+        return cls(cfg, tokenizer, policy, rows, eval_rows, backend, reward_set, sampling_copy, dp)
 
     def generate(self, prompt_indices: list[int], seeds: list[int] | None):
         """One response per entry of ``prompt_indices`` (repeat an index for a group)."""
@@ -242,7 +253,7 @@ def attach_sampling(stage, cfg, tokenizer, policy, start, backend=None, sampling
     stage.rows, stage.eval_rows = start.prompt_rows, start.eval_rows
     stage.dp = DataParallel(start.accelerator)
     stage.sharded = is_sharded(policy)
-    stage.sampler = OnlineSampler.of_stage(cfg, tokenizer, policy, start, backend, sampling_copy)
+    stage.sampler = OnlineSampler.of_stage(cfg, tokenizer, policy, start, backend, sampling_copy, stage.dp)
     stage.prompts, stage.eval_prompts = stage.sampler.prompts, stage.sampler.eval_prompts
     stage.stops, stage.agent = stage.sampler.stops, stage.sampler.agent
     if stage.agent is not None:

@@ -250,36 +250,54 @@ def print_learn(results: dict, arms: list[str], seeds: list[int]) -> None:
                 print("    is_ratio p1–p99 " + " ".join(f"{a:.3f}–{b:.3f}" for a, b in marks))
 
 
+def print_pair_rules(results: dict, arms: list[str], seeds: list[int], title: str, summary_of, rules, curve) -> None:
+    """Per arm and seed, the lab's rules over a pair of runs (``summary_of(pair)``: the lab summary they read) and
+    each run's curve line (``curve(i, run)``)."""
+    print(title)
+    for arm in arms:
+        for seed, pair in zip(seeds, results[arm]):
+            summary = summary_of(pair)
+            for lesson in (rule(summary) for rule in rules):
+                verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[lesson.holds]
+                print(f"K={arm:5s} seed {seed} {lesson.name}: {lesson.evidence} — {verdict}")
+            for i, r in enumerate(pair):
+                print(f"    {curve(i, r)}; staleness max {r['staleness_max']:.0f}")
+
+
 def print_learn_ppo(results: dict, arms: list[str], seeds: list[int]) -> None:
     from tether.lab.lessons import kl_rope, overoptimisation
 
-    print("\nthe lab's PPO rules per arm and seed (β = 0 and β = 0.2 at each K)")
-    for arm in arms:
-        for seed, pair in zip(seeds, results[arm]):
-            summary = {"ppo": {f"ppo_kl{beta:g}": r["figures"] for beta, r in zip(PPO_BETAS, pair)}}
-            for lesson in (kl_rope(summary), overoptimisation(summary)):
-                verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[lesson.holds]
-                print(f"K={arm:5s} seed {seed} {lesson.name}: {lesson.evidence} — {verdict}")
-            for beta, r in zip(PPO_BETAS, pair):
-                curve = " ".join(f"{c['step']}:{c['gold']:.2f}" for c in r["figures"]["curve"])
-                print(f"    β={beta:g} gold by step {curve}; staleness max {r['staleness_max']:.0f}")
+    print_pair_rules(
+        results,
+        arms,
+        seeds,
+        "\nthe lab's PPO rules per arm and seed (β = 0 and β = 0.2 at each K)",
+        lambda pair: {"ppo": {f"ppo_kl{beta:g}": r["figures"] for beta, r in zip(PPO_BETAS, pair)}},
+        (kl_rope, overoptimisation),
+        lambda i, r: (
+            f"β={PPO_BETAS[i]:g} gold by step "
+            + " ".join(f"{c['step']}:{c['gold']:.2f}" for c in r["figures"]["curve"])
+        ),
+    )
 
 
 def print_learn_shop(results: dict, arms: list[str], seeds: list[int]) -> None:
     from tether.lab.lessons import shop_claim, shop_state
 
-    print("\nthe lab's shop rules per arm and seed (rewarded on the order's state and on the claim at each K)")
-    for arm in arms:
-        for seed, pair in zip(seeds, results[arm]):
-            summary = {"agents": {f"shop_{reward}": r["figures"] for reward, r in zip(SHOP_REWARDS, pair)}}
-            for lesson in (shop_state(summary), shop_claim(summary)):
-                verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[lesson.holds]
-                print(f"K={arm:5s} seed {seed} {lesson.name}: {lesson.evidence} — {verdict}")
-            for reward, r in zip(SHOP_REWARDS, pair):
-                curve = " ".join(
-                    f"{c['step']}:{c.get('success_rate_sampled', c['success_rate']):.2f}" for c in r["figures"]["curve"]
-                )
-                print(f"    {reward}: true success (sampled) by step {curve}; staleness max {r['staleness_max']:.0f}")
+    print_pair_rules(
+        results,
+        arms,
+        seeds,
+        "\nthe lab's shop rules per arm and seed (rewarded on the order's state and on the claim at each K)",
+        lambda pair: {"agents": {f"shop_{reward}": r["figures"] for reward, r in zip(SHOP_REWARDS, pair)}},
+        (shop_state, shop_claim),
+        lambda i, r: (
+            f"{SHOP_REWARDS[i]}: true success (sampled) by step "
+            + " ".join(
+                f"{c['step']}:{c.get('success_rate_sampled', c['success_rate']):.2f}" for c in r["figures"]["curve"]
+            )
+        ),
+    )
 
 
 SHOP_REWARDS = ("state", "claim")  # the lab's shop_state and shop_claim, the runs its shop rules read

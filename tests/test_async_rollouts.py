@@ -112,6 +112,18 @@ def test_two_steps_off_with_a_correction_keeps_every_sample_within_two_updates(l
     assert all(0 < m["rollout/is_weight_mean"] <= 2 for m in metrics)
 
 
+def test_a_run_without_response_seeds_draws_the_same_responses_each_time(llama_dir, files, tmp_path):
+    """The worker's RNG is seeded from the run's seed, and the pipe's order fixes which weights draw which request:
+    an asynchronous run sampled from the worker's own RNG is reproducible."""
+    runs = []
+    for name in ("a", "b"):
+        args = grpo_args(llama_dir, files, tmp_path / name, "--max-steps", "1", "--save-every", "0")
+        args.remove("--response-seeds")
+        assert main(args + ["--max-staleness", "1"]) == 0
+        runs.append([s["response"] for s in rows(tmp_path / name / "samples.jsonl")])
+    assert runs[0] == runs[1] and len(set(runs[0])) > 1
+
+
 def ppo_args(model, files, out, *more) -> list[str]:
     """PPO on the group tests' prompts and reward: 4 prompts a step, 2 epochs of 2 minibatches."""
     args = grpo_args(model, files, out, "--prompts-per-step", "4", "--group-size", "1", "--minibatch", "2", *more)

@@ -116,10 +116,21 @@ def probe_ids(tokenizer, config) -> list[int]:
 
 
 def _serve(
-    conn, config, dtype: str, attn: str, device: str, tokenizer, settings, stops: list[int], threads: int, agent=None
+    conn,
+    config,
+    dtype: str,
+    attn: str,
+    device: str,
+    tokenizer,
+    settings,
+    stops: list[int],
+    threads: int,
+    seed: int,
+    agent=None,
 ) -> None:
-    """The worker's loop (a spawned process), its copy of the policy on ``device`` (the trainer's); ``agent``: what
-    it builds its episodes' sampler from (AsyncRolloutBackend.serve_episodes), or None."""
+    """The worker's loop (a spawned process), its copy of the policy on ``device`` (the trainer's); ``seed``: its
+    RNG's, so a run draws the same responses each time it is run (the pipe's order fixes which weights draw which
+    request); ``agent``: what it builds its episodes' sampler from (AsyncRolloutBackend.serve_episodes), or None."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
@@ -129,6 +140,7 @@ def _serve(
     die_with_parent()
     name_process(b"tether-rollout")
     torch.set_num_threads(threads)
+    torch.manual_seed(seed)
     try:
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
         model = model.to(device).eval()
@@ -214,7 +226,9 @@ class AsyncRolloutBackend:
             torch.set_num_threads(max(1, budget - threads))
         device = str(next(self.policy.parameters()).device)
         attn = config._attn_implementation
-        args = (child, config, dtype, attn, device, self.tokenizer, self.settings, stops, threads, self.agent)
+        # the worker's RNG from the trainer's seed (the run's, train.seed): an asynchronous run is reproducible
+        seed = torch.initial_seed()
+        args = (child, config, dtype, attn, device, self.tokenizer, self.settings, stops, threads, seed, self.agent)
         self.process = context.Process(target=_serve, args=args, daemon=True, name="tether-rollout")
         self.process.start()
         child.close()

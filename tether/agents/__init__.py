@@ -7,6 +7,7 @@ transcripts.py  the chat template in episodes: the transcript continued by appen
                 as the template takes them, and the start-up check of the template and the parser
 episodes.py     batched multi-turn rollouts on the online loop: the transcript's tokens, the action mask, per-turn
                 rewards, the episode records the agent monitors read
+worker.py       episodes drawn by a rollout worker beside the trainer: its own sampler, what travels back
 
 May import: algorithms, errors, console, config, sections, models, data, rollout, rewards.
 """

@@ -52,15 +52,6 @@ from tether.rollout.batch import Rollout, left_pad
 log = logging.getLogger("tether")
 
 
-@dataclass(frozen=True)
-class SentTranscript:
-    """What the trainer reads of a transcript drawn in a rollout worker's process (the rest stays there)."""
-
-    prompt_ids: list[int]
-    text: str
-    tools: list | None = None
-
-
 @dataclass
 class Episode:
     """One conversation: its transcript after the prompt, which tokens are the policy's, and what happened."""
@@ -85,7 +76,7 @@ class Episode:
     end: str = ""  # done | turns | tokens | error: why it ended
     error: str = ""
     outcome: Outcome | None = None
-    policy_version: int | None = None  # drawn by a rollout worker: the weights' version (one for every turn)
+    policy_version: int | None = None  # drawn by a rollout worker (agents/worker.py): its weights' version
 
     @property
     def live(self) -> bool:
@@ -94,14 +85,6 @@ class Episode:
     @property
     def truncated(self) -> bool:
         return self.end in ("turns", "tokens")
-
-    def detached(self) -> "Episode":
-        """This episode without its environment, its transcript reduced to what the trainer reads of it (prompt
-        ids, text, tools): what a rollout worker sends back (WorkerEpisodes)."""
-        from dataclasses import replace
-
-        t = self.transcript
-        return replace(self, env=None, transcript=SentTranscript(t.prompt_ids, t.text, t.tools) if t else None)
 
     def record(self) -> dict:
         """What samples.jsonl keeps of the episode (the agent monitors read it)."""
@@ -145,8 +128,8 @@ class AgentSampler:
         self.reward_set = reward_set
         self.errors, self.unparsed_warned, self.one_call_per_turn = 0, set(), False
         self.write_calls = instruction_writer(tokenizer, self.format)
-        episodes = []
-        for row in list(check_rows)[:2]:  # a dry reset before any model is used: the spec and the rows fit
+        episodes, self.check_rows = [], list(check_rows)[:2]
+        for row in self.check_rows:  # a dry reset before any model is used: the spec and the rows fit
             try:
                 episodes.append(self.start(row))
             except EnvironmentFault as err:
@@ -164,10 +147,6 @@ class AgentSampler:
             tokenizer, self.format, self.stops, tools, chosen=self.format_source == "--tool-parser", tool_use=tool_use
         )
         self.template_notes, self.one_call_per_turn = check.notes, check.one_call_per_turn
-        serve = getattr(backend, "serve_episodes", None)
-        if serve is not None:  # a rollout worker draws the episodes, with an AgentSampler built there as this one
-            objects = {} if not agent_cfg.env.startswith("python:") else {agent_cfg.env[7:]: self.factory}
-            serve(WorkerEpisodes, (agent_cfg, list(check_rows)[:2], objects))
 
     def describe(self) -> str:
         rewards = ""
@@ -540,32 +519,6 @@ class AgentSampler:
                 c.nones += sum(x is None for x in v)
             out[c.name] = (c.weight, torch.tensor([0.0 if x is None else float(x) for x in v]))
         return out
-
-
-class WorkerEpisodes:
-    """The rollout worker's side of episodes drawn beside the trainer (rollout/async_worker.py): an AgentSampler
-    built in the worker's process from what the trainer's was built from (``spec``: the agent section, its dry-run
-    rows, an environment handed to the Python API), sampling with the worker's copy of the policy. It answers one
-    episode per row with the episodes detached from their environments and the faults it counted, or the fault that
-    stops the run (env_on_error = raise)."""
-
-    def __init__(self, spec: tuple, tokenizer, backend, sampling, stops: list[int]):
-        from tether.rewards.loading import PYTHON_OBJECTS
-
-        agent_cfg, check_rows, objects = spec
-        PYTHON_OBJECTS.update(objects)
-        self.sampler = AgentSampler(agent_cfg, tokenizer, backend, sampling, stops, check_rows)
-
-    def __call__(self, rows: list[dict], seeds: list[int] | None, greedy: bool) -> dict:
-        before = self.sampler.errors
-        try:
-            drawn = self.sampler.run(rows, seeds, greedy)
-        except EnvironmentFault as err:
-            return {"fault": str(err)}
-        return {"episodes": [e.detached() for e in drawn], "faults": self.sampler.errors - before}
-
-    def close(self) -> None:
-        self.sampler.close()
 
 
 def format_stop_ids(tokenizer, fmt) -> list[int]:

@@ -13,7 +13,7 @@ come, over one pipe:
                            sample one response per prompt with the weights it holds, answer ("rollout", key, v, …)
     ("episodes", key, rows, seeds, greedy)
                            run one multi-turn episode per row (agent.env) with the weights it holds, start to end,
-                           with environments of its own (agents/episodes.py WorkerEpisodes: an AgentSampler built as
+                           with environments of its own (agents/worker.py WorkerEpisodes: an AgentSampler built as
                            the trainer's), answer ("rollout", key, v, {"episodes": …, "faults": n}), the episodes
                            without their environments, or ({"fault": text}) when one failed with env_on_error = raise
     ("stop",)              end
@@ -420,7 +420,7 @@ class AsyncRolloutBackend:
 
     def serve_episodes(self, builder: Callable, spec: tuple) -> None:
         """The worker will draw episodes: ``builder(spec, tokenizer, sampler, settings, stops)`` makes, in the
-        worker, what answers ("episodes", …) messages (agents/episodes.py WorkerEpisodes). ``spec`` is sent to the
+        worker, what answers ("episodes", …) messages (agents/worker.py WorkerEpisodes). ``spec`` is sent to the
         worker by value; one that cannot be is a ConfigError here, before the worker starts."""
         import pickle
 

@@ -11,6 +11,7 @@ step the stage calls ``weights_updated`` so a backend holding its own copy of th
 from __future__ import annotations
 
 from tether.agents.episodes import AgentSampler
+from tether.agents.worker import serve_episodes
 from tether.config import ConfigError
 from tether.data.multimodal import encode_prompt
 from tether.models.lm import check_prompt_context, model_context
@@ -108,6 +109,8 @@ class OnlineSampler:
         self.agent = (
             AgentSampler(agent_cfg, tokenizer, self.backend, ro, self.stops, rows, reward_set) if episodes else None
         )
+        if self.agent is not None:  # a rollout worker draws the episodes with a sampler built as this one
+            serve_episodes(self.agent, self.backend)
 
     @classmethod
     def of_stage(cls, cfg, tokenizer, policy, start, backend=None, sampling_copy=None, dp=None) -> "OnlineSampler":

@@ -91,9 +91,9 @@ def launch(
     return proc
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its descendants at once (the launcher and the workers, which torch.distributed's
-    agent starts in sessions of their own), as a power cut would."""
+def process_tree(pid: int) -> list[int]:
+    """The process and all its descendants (torch.distributed's agent starts the workers in sessions of their own,
+    still its children)."""
     from pathlib import Path
 
     children: dict[int, list[int]] = {}
@@ -108,6 +108,12 @@ def kill_tree(pid: int) -> None:
         p = todo.pop()
         tree.append(p)
         todo += children.get(p, [])
+    return tree
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants at once (the launcher and the workers), as a power cut would."""
+    tree = process_tree(pid)
     for p in tree:
         try:
             os.kill(p, signal.SIGSTOP)  # freeze all first, so none writes on while the others die
@@ -279,6 +285,35 @@ def test_rollouts_beside_two_trainer_processes_equal_one(llama_dir, files, tmp_p
         # evaluation before the first step), or, the one worker, all of them
         rows = [m["async/worker_rows"] for m in metrics[:2]]
         assert rows == ([12.0, 8.0] if workers == "per_process" else [24.0, 16.0]), (workers, rows)
+
+
+@pytest.mark.slow
+def test_the_one_rollout_worker_killed_stops_both_training_processes(llama_dir, files, tmp_path):
+    """--rollout-workers one: the two training processes have one worker between them; killed mid-run, process 0
+    stops naming it and process 1 at the same hand-out, saying why, and no process is left."""
+    from pathlib import Path
+
+    rules, prompts = files
+    args = group_recipe_args(llama_dir, rules, prompts, "grpo") + ["--max-staleness", "1", "--async-threads", "1"]
+    args[args.index("--max-steps") + 1], args[args.index("--eval-every") + 1] = "100000", "0"
+    out = tmp_path / "run"
+    proc = launch(args + ["--rollout-workers", "one", "--output", str(out)], wait=False)
+    deadline = time.time() + 180
+    while not ((out / "metrics.jsonl").is_file() and lines(out / "metrics.jsonl")) and time.time() < deadline:
+        time.sleep(0.2)
+    name = lambda p: Path(f"/proc/{p}/comm").read_text().strip() if Path(f"/proc/{p}/comm").exists() else ""
+    tree = process_tree(proc.pid)
+    workers = [p for p in tree if name(p) == "tether-rollout"]
+    assert len(workers) == 1, [(p, name(p)) for p in tree]
+    os.kill(workers[0], signal.SIGKILL)
+    said, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert f"the rollout worker (pid {workers[0]}) died with exit code -9" in said, said[-3000:]
+    assert "the rollout worker beside process 0 stopped" in said, said[-3000:]
+    deadline = time.time() + 30
+    while any(_running(p) for p in tree) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(p) for p in tree)
 
 
 @pytest.mark.slow

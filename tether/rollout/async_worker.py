@@ -329,7 +329,9 @@ class AsyncRolloutBackend:
     def weights_updated(self, policy) -> None:
         self.policy = policy
         self.version += 1
-        if self.process is not None:
+        if self.one_worker:  # process 0 pushes; a worker found dead there stops every process here, together
+            self._from_owner(lambda: self._push() if self.process is not None else None)
+        elif self.process is not None:
             self._push()
 
     # ── requests ──

@@ -266,25 +266,22 @@ def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, re
 
 
 @pytest.mark.slow
-def test_rollouts_beside_two_trainer_processes_equal_one(llama_dir, files, tmp_path):
-    """--max-staleness 1 on two processes: each trainer queues its share of the next step with a rollout worker of its
-    own and pushes it the same weights (per_process), or process 0 asks one worker for both shares and hands each
-    process its rows (one: two training processes and one rollout process); either way the two processes train what
-    one process with one worker trains (the responses drawn by their seeds, one update behind from the second step
-    on, in both)."""
+def test_one_rollout_process_beside_two_trainer_processes_equals_one(llama_dir, files, tmp_path):
+    """--max-staleness 1 --rollout-workers one on two processes: process 0 asks the one worker for both processes'
+    shares and hands each its rows, so the two processes train what one process with one worker trains (the
+    responses drawn by their seeds, one update behind from the second step on). A worker for each process
+    (per_process, the default) is tested on two sharded processes (tests/test_sharding_online.py)."""
     rules, prompts = files
     args = group_recipe_args(llama_dir, rules, prompts, "grpo") + ["--max-staleness", "1", "--async-threads", "1"]
     assert tether_main(args + ["--output", str(tmp_path / "single")]) == 0
-    for workers in ("per_process", "one"):
-        launch(args + ["--rollout-workers", workers, "--output", str(tmp_path / workers)])
-        assert_same_run(tmp_path / "single", tmp_path / workers)
-        assert_written_once(tmp_path / workers, 16, 3)
-        metrics = lines(tmp_path / workers / "metrics.jsonl")
-        assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
-        # process 0's worker drew its own half of each step's 16 responses (and of the 8 held-out ones of the
-        # evaluation before the first step), or, the one worker, all of them
-        rows = [m["async/worker_rows"] for m in metrics[:2]]
-        assert rows == ([12.0, 8.0] if workers == "per_process" else [24.0, 16.0]), (workers, rows)
+    launch(args + ["--rollout-workers", "one", "--output", str(tmp_path / "two")])
+    assert_same_run(tmp_path / "single", tmp_path / "two")
+    assert_written_once(tmp_path / "two", 16, 3)
+    metrics = lines(tmp_path / "two" / "metrics.jsonl")
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
+    # process 0's worker drew every process's responses: the 16 of each step (and the 8 held-out ones of the
+    # evaluation before the first step), not its half
+    assert [m["async/worker_rows"] for m in metrics[:2]] == [24.0, 16.0]
 
 
 @pytest.mark.slow

@@ -221,6 +221,30 @@ def test_an_environment_failing_in_the_worker_stops_the_run_as_it_would_in_the_t
     assert "rollout worker (pid" not in err
 
 
+def test_an_environment_the_worker_cannot_be_sent_is_refused_naming_the_fix(llama_dir, tmp_path):
+    """The worker builds the environment in its own process: one handed to the Python API that does not pickle (a
+    closure) is refused before the worker starts, saying what to pass instead."""
+    from agent_helpers import Counting
+
+    import tether
+    from tether.config import ConfigError
+
+    prompts = [{"prompt": f"Say {w}."} for w in ("hi", "cats")]
+    with pytest.raises(ConfigError, match="name a class by module:Class"):
+        tether.grpo(
+            model=str(llama_dir),
+            prompts=prompts,
+            env=lambda prompt=None: Counting(turns=2),
+            max_staleness=1,
+            num_generations=2,
+            prompts_per_step=2,
+            max_steps=1,
+            output=str(tmp_path / "o"),
+            report_to=["none"],
+        )
+    assert not (tmp_path / "o" / "checkpoint-1").exists()
+
+
 def test_a_resumed_ppo_run_draws_its_first_step_afresh(llama_dir, files, tmp_path):
     """PPO resumes as the group family does: the worker's queue is not in the checkpoint, so the first step after a
     resume is drawn by the checkpoint's own weights (staleness 0), the next one update behind again."""

@@ -154,16 +154,9 @@ LLAMAFACTORY_COLUMNS = {  # dataset_info.json "columns" name -> the field name t
         "kto_tag": "kto_tag",
         "images": "images",
     },
-    "openai": {  # LLaMA-Factory's OpenAI-style rows: messages of {role, content}, as tether reads them itself
-        "messages": "messages",
-        "system": "system",
-        "tools": "tools",
-        "chosen": "chosen",
-        "rejected": "rejected",
-        "kto_tag": "kto_tag",
-        "images": "images",
-    },
 }
+# LLaMA-Factory's OpenAI-style rows: messages of {role, content}, as tether reads them itself; else as sharegpt
+LLAMAFACTORY_COLUMNS["openai"] = {**LLAMAFACTORY_COLUMNS["sharegpt"], "messages": "messages"}
 
 
 def _read_llamafactory(info: Path, names: str, columns, split: str, limit: int) -> list[Record]:

@@ -251,24 +251,23 @@ class HFGenerate:
         return f"a {dtype} copy of the trained policy (Hugging Face model, KV cache; refreshed after each update)"
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
-        size = getattr(sampling, "generation_batch", 0) or len(prompts)
-        parts = [
-            generate_rollout(
+        return self._in_parts(
+            sampling,
+            len(prompts),
+            lambda part: generate_rollout(
                 self.sampler,
                 self.tokenizer,
-                prompts[i : i + size],
+                prompts[part],
                 sampling.max_new_tokens,
                 sampling.temperature,
                 sampling.top_p,
                 sampling.top_k,
                 stop_ids,
-                seeds=seeds[i : i + size] if seeds is not None else None,
+                seeds=_part_of(seeds, part),
                 compact=getattr(sampling, "drop_finished_rows", True),
                 sampler_logprobs=not self.samples_trainer_weights,
-            )
-            for i in range(0, len(prompts), size)
-        ]
-        return concat_rollouts(parts, self.tokenizer.pad_token_id)
+            ),
+        )
 
     def generate_ids(
         self,
@@ -280,26 +279,35 @@ class HFGenerate:
         greedy: bool = False,
         vision: list | None = None,
     ) -> Rollout:
-        size = getattr(sampling, "generation_batch", 0) or len(contexts)
-        parts = [
-            generate_from_ids(
+        return self._in_parts(
+            sampling,
+            len(contexts),
+            lambda part: generate_from_ids(
                 self.sampler,
                 self.tokenizer,
-                contexts[i : i + size],
+                contexts[part],
                 max_new_tokens or sampling.max_new_tokens,
                 sampling.temperature,
                 sampling.top_p,
                 sampling.top_k,
                 stop_ids,
-                seeds[i : i + size] if seeds is not None else None,
+                _part_of(seeds, part),
                 greedy=greedy,
                 compact=getattr(sampling, "drop_finished_rows", True),
                 sampler_logprobs=not (greedy or self.samples_trainer_weights),
-                vision=vision[i : i + size] if vision is not None else None,
-            )
-            for i in range(0, len(contexts), size)
-        ]
+                vision=_part_of(vision, part),
+            ),
+        )
+
+    def _in_parts(self, sampling, rows: int, draw) -> Rollout:
+        """``draw(slice)`` over consecutive parts of sampling.generation_batch rows (0: all at once), joined."""
+        size = getattr(sampling, "generation_batch", 0) or rows
+        parts = [draw(slice(i, i + size)) for i in range(0, rows, size)]
         return concat_rollouts(parts, self.tokenizer.pad_token_id)
+
+
+def _part_of(values: list | None, part: slice) -> list | None:
+    return values[part] if values is not None else None
 
 
 def _sampling_copy(policy, dtype: torch.dtype, settings):

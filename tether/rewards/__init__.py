@@ -7,7 +7,20 @@ May import: algorithms, errors, console, config, sections, models (reward models
 rollout (a judge's greedy text).
 """
 
-from tether.rewards.functions import RewardComponent, RewardSet, parse_reward_specs
-from tether.rewards.loading import load_reward_function
+import importlib
 
-__all__ = ["RewardComponent", "RewardSet", "load_reward_function", "parse_reward_specs"]
+# where each public name lives, imported on first use: the reward worker's process (worker.py) imports this package
+# on its way to loading.py, and importing functions.py here would cost it torch's import (about 2 s of a CPU)
+_NAMES = {
+    "RewardComponent": "tether.rewards.functions",
+    "RewardSet": "tether.rewards.functions",
+    "parse_reward_specs": "tether.rewards.functions",
+    "load_reward_function": "tether.rewards.loading",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_NAMES[name]), name)

@@ -372,3 +372,13 @@ def test_ctrl_c_in_grpo_prints_tethers_line_and_no_traceback_from_the_reward_wor
     lines = (tmp_path / "err").read_text().splitlines()
     assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), "\n".join(lines[-30:])
     assert lines[-1].startswith("tether grpo: interrupted at step "), lines[-5:]
+
+
+def test_the_reward_worker_starts_without_importing_torch():
+    """The worker's process imports tether.rewards on its way to its loader: torch there would cost every run's worker
+    about 2 s of a CPU at each start (a user's reward module may import it; tether's own path does not)."""
+    import subprocess
+
+    code = "import sys, tether.rewards.worker, tether.rewards.loading; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,38 @@ def vlm_dirs(tmp_path_factory, tokenizer):
 
     root = tmp_path_factory.mktemp("vlms")
     return {family: build_tiny_vlm(family, tokenizer, root / family) for family in TINY_VISION_FAMILIES}
+
+
+def process_tree(pid: int) -> list[int]:
+    """The process and all its descendants (torch.distributed's agent starts the workers in sessions of their own,
+    still its children)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes a process started, theirs, and so on: what must die with it."""
+    return process_tree(pid)[1:]
+
+
+def running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has closed its files)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def write_jsonl(path, rows):

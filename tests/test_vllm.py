@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from conftest import FP64, write_jsonl
+from conftest import FP64, descendants, running, write_jsonl
 from safetensors.torch import load_file
 
 from tether.agents.episodes import AgentSampler
@@ -387,29 +387,6 @@ def test_a_multi_turn_episode_on_vllm_equals_the_hf_backends(model_dir, tokenize
         assert all(lp == 0.0 for lp, a in zip(e.sampler_logprobs, e.actions) if not a)
 
 
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def ours(folder: Path, model_dir: Path) -> bool:
     """A weights folder written for this file's model (other processes on the machine may have engines of their own)."""
     try:
@@ -503,9 +480,9 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     starting = "loading the vLLM engine (its start takes tens of seconds) …"
     assert starting in printed and printed.index(starting) < printed.index("tether grpo\n"), printed[-3000:]
     deadline = time.time() + 20
-    while any(alive(p) for p in engines) and time.time() < deadline:
+    while any(running(p) for p in engines) and time.time() < deadline:
         time.sleep(0.1)
-    assert not any(alive(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
+    assert not any(running(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
     model = Path(args[args.index("--model") + 1])
     left = lambda: {f for f in set(Path("/dev/shm").glob("tether-vllm-*")) - folders if ours(f, model)}  # noqa: E731
     while left() and time.time() < deadline:
@@ -535,10 +512,10 @@ def test_a_run_killed_while_its_engine_starts_leaves_no_weights_folder(model_dir
         proc.send_signal(signal.SIGKILL)
         assert proc.wait() == -9 and new, (tmp_path / "log").read_text()[-2000:]
     deadline = time.time() + 20
-    while (any(f.exists() for f in new) or any(alive(p) for p in started)) and time.time() < deadline:
+    while (any(f.exists() for f in new) or any(running(p) for p in started)) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(f.exists() for f in new), "the weights folder of an engine killed while starting stayed in /dev/shm"
-    assert not any(alive(p) for p in started), "a process of the engine's start-up outlived its trainer"
+    assert not any(running(p) for p in started), "a process of the engine's start-up outlived its trainer"
 
 
 def test_at_shutdown_the_weights_folder_is_gone_before_the_watchdog_stops(tmp_path):

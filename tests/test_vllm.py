@@ -215,6 +215,26 @@ def two_grpo_steps(model_dir, files, out, **extra) -> dict:
     )
 
 
+def two_online_dpo_rounds(model_dir, prompts, out, prompts_per_step: int, batch_size: int, **extra) -> dict:
+    """Online DPO overrides on the vllm backend: 2 rounds of one step on batches of ``batch_size`` (one micro-batch),
+    truncated responses kept, train.eval_every left at the stage's default."""
+    cfg = common(
+        model_dir,
+        prompts,
+        out,
+        online__online=True,
+        online__rounds=2,
+        online__steps_per_round=1,
+        online__keep_truncated=True,
+        rollout__prompts_per_step=prompts_per_step,
+        train__batch_size=batch_size,
+        train__micro_batch_size=batch_size,
+        **extra,
+    )
+    cfg.pop("train.eval_every")
+    return cfg
+
+
 def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, tmp_path):
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
@@ -260,22 +280,8 @@ def test_online_dpo_runs_on_vllm(model_dir, files, tmp_path):
     from tether.stages.dpo_config import DPOConfig
 
     _, judge, prompts, prefs = files
-    cfg = common(
-        model_dir,
-        prompts,
-        tmp_path / "dpo",
-        data__path=str(prefs),
-        online__online=True,
-        online__judge=f"{judge}:more_a",
-        online__rounds=2,
-        online__steps_per_round=1,
-        online__keep_truncated=True,
-        rollout__prompts_per_step=8,
-        train__batch_size=4,
-        train__micro_batch_size=4,
-    )
-    cfg.pop("train.eval_every")
-    run_dpo(build_config(DPOConfig, overrides=cfg))
+    cfg = two_online_dpo_rounds(model_dir, prompts, tmp_path / "dpo", 8, 4, data__path=str(prefs))
+    run_dpo(build_config(DPOConfig, overrides={**cfg, "online.judge": f"{judge}:more_a"}))
     assert len(metrics(tmp_path / "dpo")) == 2
     assert "backend: vllm" in (tmp_path / "dpo" / "config.yaml").read_text()
     assert len((tmp_path / "dpo" / "samples.jsonl").read_text().splitlines()) == 2 * 8 * 2  # 2 rounds x 8 prompts x 2
@@ -341,21 +347,8 @@ def test_grpo_and_online_dpo_train_against_a_judge_on_its_own_engine(model_dir, 
     rows = metrics(tmp_path / "grpo")
     assert [r["judge/prompts"] for r in rows] == [2 * 2, 2 * 2] and "judge/verdict_mass_mean" not in rows[0]
     assert "forwards/judge" not in rows[0]  # the engine's forwards run in its own process
-    cfg = common(
-        model_dir,
-        prompts,
-        tmp_path / "dpo",
-        online__online=True,
-        online__rounds=2,
-        online__steps_per_round=1,
-        online__keep_truncated=True,
-        rollout__prompts_per_step=4,
-        train__batch_size=2,
-        train__micro_batch_size=2,
-        **{k.replace(".", "__"): v for k, v in {**judge, "judge.template": "pairwise"}.items()},
-    )
-    cfg.pop("train.eval_every")
-    run_dpo(build_config(DPOConfig, overrides=cfg))
+    cfg = two_online_dpo_rounds(model_dir, prompts, tmp_path / "dpo", 4, 2)
+    run_dpo(build_config(DPOConfig, overrides={**cfg, **judge, "judge.template": "pairwise"}))
     rows = metrics(tmp_path / "dpo")
     assert len(rows) == 2 and rows[0]["judge/prompts"] == 4 * 2
 

@@ -121,6 +121,12 @@ def write_jsonl(path, rows):
     return path
 
 
+def rules_and_prompts(folder, rules: str, prompt_rows: list[dict]) -> tuple:
+    """(rules.py, prompts.jsonl) written in ``folder``: the reward functions' source and the prompts of an online run."""
+    (folder / "rules.py").write_text(rules)
+    return folder / "rules.py", write_jsonl(folder / "prompts.jsonl", prompt_rows)
+
+
 @pytest.fixture
 def addition_files(tmp_path):
     rng = random.Random(0)
@@ -154,6 +160,23 @@ class killed_after_step:
     def __exit__(self, *exc):
         self.monkeypatch.setattr(self.module.MetricsLogger, "log", self.original)
         return False
+
+
+def metrics_but_timings(run_folder) -> list[dict]:
+    """A run's metrics rows without its wall-clock figures (time/, perf/): what a resumed run must log again exactly."""
+    rows = [json.loads(line) for line in (run_folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))} for row in rows]
+
+
+def assert_resumes_exactly(run, config, tmp_path, monkeypatch, kill_after: int, resumed_from: int) -> None:
+    """``run(config(out, **overrides))`` killed after step ``kill_after`` resumes from checkpoint-``resumed_from``
+    (tmp_path/killed) and logs what the uninterrupted run (tmp_path/whole) logged, wall-clock figures aside."""
+    run(config(tmp_path / "whole"))
+    with killed_after_step(monkeypatch, kill_after), pytest.raises(KeyboardInterrupt):
+        run(config(tmp_path / "killed"))
+    summary = run(config(tmp_path / "killed", train__resume=True))
+    assert summary["resumed_from"] == resumed_from
+    assert metrics_but_timings(tmp_path / "killed") == metrics_but_timings(tmp_path / "whole")
 
 
 def kill_before_final(monkeypatch, module) -> None:

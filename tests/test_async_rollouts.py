@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_jsonl
+from conftest import rules_and_prompts, write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main
@@ -21,13 +21,10 @@ RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in com
 
 @pytest.fixture
 def files(tmp_path):
-    rules = tmp_path / "rules.py"
-    rules.write_text(RULES)
     words = ("hi", "cats", "dogs", "rain")
-    prompts = write_jsonl(
-        tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in words] * 4
+    return rules_and_prompts(
+        tmp_path, RULES, [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in words] * 4
     )
-    return rules, prompts
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BF16_REFUSED, bf16_refused_here, flags, killed_after_step, write_jsonl
+from conftest import BF16_REFUSED, assert_resumes_exactly, bf16_refused_here, flags, rules_and_prompts
 
 from tether.config import ConfigError, build_config
 from tether.stages.grpo import run_grpo
@@ -35,14 +35,10 @@ def flaky(completions):
 
 @pytest.fixture
 def setup(tmp_path):
-    rules = tmp_path / "rules.py"
-    rules.write_text(RULES)
-    prompts = write_jsonl(
-        tmp_path / "prompts.jsonl",
-        [{"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w} for w in ("hi", "cats", "dogs", "rain")]
-        * 4,
+    words = ("hi", "cats", "dogs", "rain")
+    return rules_and_prompts(
+        tmp_path, RULES, [{"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w} for w in words] * 4
     )
-    return rules, prompts
 
 
 def grpo_config(policy_dir, prompts, out, rewards, **extra):
@@ -221,16 +217,7 @@ def test_grpo_resume_matches_the_uninterrupted_run(llama_dir, setup, tmp_path, m
     cfg = lambda out, **kw: grpo_config(
         llama_dir, prompts, out, [f"{rules}:count_a_unless_hi"], algo__recipe="dapo", train__max_steps=4, **kw
     )
-    run_grpo(cfg(tmp_path / "whole"))
-    with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
-        run_grpo(cfg(tmp_path / "killed"))
-    summary = run_grpo(cfg(tmp_path / "killed", train__resume=True))
-    assert summary["resumed_from"] == 2
-    strip = lambda p: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (p / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+    assert_resumes_exactly(run_grpo, cfg, tmp_path, monkeypatch, kill_after=3, resumed_from=2)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from conftest import FP64, assert_same_adamw_weights, flags, process_tree, running, write_jsonl
+from conftest import FP64, assert_same_adamw_weights, flags, process_tree, rules_and_prompts, running
 from safetensors.torch import load_file
 
 from tether.cli import main as tether_main
@@ -100,13 +100,8 @@ def kill_tree(pid: int) -> None:
 
 @pytest.fixture
 def files(tmp_path):
-    rules = tmp_path / "rules.py"
-    rules.write_text(RULES)
-    prompts = write_jsonl(
-        tmp_path / "prompts.jsonl",
-        [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain", "a cat", "banana", "sea", "map")],
-    )
-    return rules, prompts
+    words = ("hi", "cats", "dogs", "rain", "a cat", "banana", "sea", "map")
+    return rules_and_prompts(tmp_path, RULES, [{"prompt": f"Say {w}."} for w in words])
 
 
 def lines(path):

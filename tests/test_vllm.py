@@ -45,17 +45,8 @@ def model_dir(tmp_path_factory, tokenizer):
 
 
 def sampling(**kw):
-    base = dict(
-        max_new_tokens=16,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        generation_batch=0,
-        drop_finished_rows=True,
-        rollout_size=8,
-        vllm_kv_cache_gib=KV_GIB,
-        vllm_sleep=False,
-    )
+    base = dict(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0, drop_finished_rows=True)
+    base.update(rollout_size=8, vllm_kv_cache_gib=KV_GIB, vllm_sleep=False)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -290,16 +281,8 @@ def test_online_dpo_runs_on_vllm(model_dir, files, tmp_path):
 @pytest.fixture(scope="module")
 def judge_dir(tmp_path_factory, tokenizer):
     """A tiny judge the CPU attention accepts (head_dim 32), with room for the shipped judge templates."""
-    return build_tiny_model(
-        "llama",
-        tokenizer,
-        tmp_path_factory.mktemp("vllm-judge") / "judge",
-        seed=3,
-        hidden=64,
-        layers=2,
-        heads=2,
-        max_positions=512,
-    )
+    folder = tmp_path_factory.mktemp("vllm-judge") / "judge"
+    return build_tiny_model("llama", tokenizer, folder, seed=3, hidden=64, layers=2, heads=2, max_positions=512)
 
 
 # Both sides run the same float32 forward with different summation orders: each reduction of n terms differs by up

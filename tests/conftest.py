@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -83,9 +84,47 @@ def vlm_dirs(tmp_path_factory, tokenizer):
     return {family: build_tiny_vlm(family, tokenizer, root / family) for family in TINY_VISION_FAMILIES}
 
 
+def process_tree(pid: int) -> list[int]:
+    """The process and all its descendants (torch.distributed's agent starts the workers in sessions of their own,
+    still its children)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes a process started, theirs, and so on: what must die with it."""
+    return process_tree(pid)[1:]
+
+
+def running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has closed its files)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def rules_and_prompts(folder, rules: str, prompt_rows: list[dict]) -> tuple:
+    """(rules.py, prompts.jsonl) written in ``folder``: the reward functions' source and the prompts of an online run."""
+    (folder / "rules.py").write_text(rules)
+    return folder / "rules.py", write_jsonl(folder / "prompts.jsonl", prompt_rows)
 
 
 @pytest.fixture
@@ -121,6 +160,23 @@ class killed_after_step:
     def __exit__(self, *exc):
         self.monkeypatch.setattr(self.module.MetricsLogger, "log", self.original)
         return False
+
+
+def metrics_but_timings(run_folder) -> list[dict]:
+    """A run's metrics rows without its wall-clock figures (time/, perf/): what a resumed run must log again exactly."""
+    rows = [json.loads(line) for line in (run_folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "perf/"))} for row in rows]
+
+
+def assert_resumes_exactly(run, config, tmp_path, monkeypatch, kill_after: int, resumed_from: int) -> None:
+    """``run(config(out, **overrides))`` killed after step ``kill_after`` resumes from checkpoint-``resumed_from``
+    (tmp_path/killed) and logs what the uninterrupted run (tmp_path/whole) logged, wall-clock figures aside."""
+    run(config(tmp_path / "whole"))
+    with killed_after_step(monkeypatch, kill_after), pytest.raises(KeyboardInterrupt):
+        run(config(tmp_path / "killed"))
+    summary = run(config(tmp_path / "killed", train__resume=True))
+    assert summary["resumed_from"] == resumed_from
+    assert metrics_but_timings(tmp_path / "killed") == metrics_but_timings(tmp_path / "whole")
 
 
 def kill_before_final(monkeypatch, module) -> None:

@@ -25,16 +25,8 @@ def long_llama(tmp_path_factory, tokenizer):
     """A tiny llama with room for a few turns of JSON tool calls (512 positions)."""
     from tether.models.lm import build_tiny_model
 
-    return build_tiny_model(
-        "llama",
-        tokenizer,
-        tmp_path_factory.mktemp("agent") / "llama",
-        seed=0,
-        hidden=32,
-        layers=2,
-        heads=2,
-        max_positions=512,
-    )
+    folder = tmp_path_factory.mktemp("agent") / "llama"
+    return build_tiny_model("llama", tokenizer, folder, seed=0, hidden=32, layers=2, heads=2, max_positions=512)
 
 
 def agent_cfg(env, **kw):
@@ -270,7 +262,7 @@ def train_config(stage, model_dir, prompts, out, **extra):
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
 def test_multi_turn_training_runs_logs_agent_figures_and_resumes_exactly(stage, long_llama, tmp_path, monkeypatch):
     from agent_helpers import ShortTurns
-    from conftest import killed_after_step
+    from conftest import killed_after_step, metrics_but_timings
 
     from tether.stages.grpo import run_grpo
     from tether.stages.ppo import run_ppo
@@ -294,11 +286,7 @@ def test_multi_turn_training_runs_logs_agent_figures_and_resumes_exactly(stage, 
         ]
         == 2
     )
-    strip = lambda p: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (p / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+    assert metrics_but_timings(tmp_path / "killed") == metrics_but_timings(tmp_path / "whole")
 
 
 def test_env_and_a_reward_model_together_are_refused_and_functions_accepted(tmp_path):

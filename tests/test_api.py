@@ -32,15 +32,10 @@ def test_sft_takes_a_dataset_and_a_loaded_model_and_writes_them_beside_the_run(l
 
     tokenizer = load_tokenizer(llama_dir)
     model = load_model(llama_dir, tokenizer)
-    run = tether.sft(
-        model=model,
-        tokenizer=tokenizer,
-        data=Dataset.from_list(_rows()),
-        output=str(tmp_path / "sft"),
-        eval_data=_rows(4),
-        learning_rate=1e-3,
-        **QUICK,
-    )  # TRL's name for lr, as in a flat YAML
+    # the same inputs both times, so the second call resumes the run; learning_rate is TRL's name for lr, as in a
+    # flat YAML
+    same = dict(model=model, tokenizer=tokenizer, output=str(tmp_path / "sft"), learning_rate=1e-3)
+    run = tether.sft(**same, data=Dataset.from_list(_rows()), eval_data=_rows(4), **QUICK)
     assert isinstance(run, tether.RunResult) and run.stage == "sft" and run.summary["steps"] == 2
     inputs = tmp_path / "sft-inputs"
     assert (inputs / "data.jsonl").read_text().count("\n") == 16 and (inputs / "model" / "config.json").is_file()
@@ -49,16 +44,8 @@ def test_sft_takes_a_dataset_and_a_loaded_model_and_writes_them_beside_the_run(l
     trained, _ = run.load()
     assert trained.config.vocab_size == model.config.vocab_size
     # resume from Python with the same inputs: the written files are the same, so the run continues
-    again = tether.sft(
-        model=model,
-        tokenizer=tokenizer,
-        data=Dataset.from_list(_rows()),
-        output=str(tmp_path / "sft"),
-        eval_data=_rows(4),
-        learning_rate=1e-3,
-        **{**QUICK, "max_steps": 3, "save_every": 1},
-        overwrite=True,
-    )
+    longer = {**QUICK, "max_steps": 3, "save_every": 1}
+    again = tether.sft(**same, data=Dataset.from_list(_rows()), eval_data=_rows(4), **longer, overwrite=True)
     assert again.summary["steps"] == 3
 
 
@@ -95,18 +82,10 @@ def test_grpo_takes_reward_callables_and_resumes_with_them(llama_dir, tmp_path):
         return [-len(c) / 100 for c in completions]
 
     prompts = [{"prompt": r["prompt"], "answer": r["answer"]} for r in _rows(8)]
-    settings = dict(  # TRL's names for tether's settings, as a TRL user's script passes them
-        model=str(llama_dir),
-        prompts=prompts,
-        reward_funcs=[correct, (short, 0.5)],
-        output=str(tmp_path / "g"),
-        num_generations=2,
-        prompts_per_step=2,
-        max_completion_length=4,
-        eval_every=0,
-        save_every=1,
-        report_to=["none"],
-    )
+    # TRL's names for tether's settings, as a TRL user's script passes them
+    settings = dict(model=str(llama_dir), prompts=prompts, reward_funcs=[correct, (short, 0.5)])
+    settings.update(output=str(tmp_path / "g"), num_generations=2, prompts_per_step=2, max_completion_length=4)
+    settings.update(eval_every=0, save_every=1, report_to=["none"])
     run = tether.grpo(**settings, max_steps=2)
     assert run.summary["steps"] == 2
     config = (tmp_path / "g" / "config.yaml").read_text()

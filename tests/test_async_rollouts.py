@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_jsonl
+from conftest import rules_and_prompts, write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main
@@ -21,13 +21,10 @@ RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in com
 
 @pytest.fixture
 def files(tmp_path):
-    rules = tmp_path / "rules.py"
-    rules.write_text(RULES)
     words = ("hi", "cats", "dogs", "rain")
-    prompts = write_jsonl(
-        tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in words] * 4
+    return rules_and_prompts(
+        tmp_path, RULES, [{"prompt": [{"role": "user", "content": f"Say {w}."}]} for w in words] * 4
     )
-    return rules, prompts
 
 
 @pytest.fixture(autouse=True)
@@ -101,17 +98,6 @@ def test_one_step_off_draws_what_the_trainer_would_and_then_trains_one_update_be
     assert "async/staleness_max" not in rows(sync / "metrics.jsonl")[0]
 
 
-def test_two_steps_off_with_a_correction_keeps_every_sample_within_two_updates(llama_dir, files, tmp_path):
-    out = tmp_path / "k2"
-    more = ["--max-steps", "4", "--save-every", "0", "--max-staleness", "2"]
-    more += ["--off-policy-correction", "token_truncate", "--is-ratio-max", "2"]
-    assert main(grpo_args(llama_dir, files, out, *more)) == 0
-    metrics = rows(out / "metrics.jsonl")
-    # rollouts 0, 1, 2 queued before the first update (version 0); rollout t ≥ 3 queued after update t − 2
-    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
-    assert all(0 < m["rollout/is_weight_mean"] <= 2 for m in metrics)
-
-
 def test_a_run_without_response_seeds_draws_the_same_responses_each_time(llama_dir, files, tmp_path):
     """The worker's RNG is seeded from the run's seed, and the pipe's order fixes which weights draw which request:
     an asynchronous run sampled from the worker's own RNG is reproducible."""
@@ -153,12 +139,14 @@ def test_ppo_one_step_off_draws_what_the_trainer_would_and_then_trains_one_updat
     assert metrics[0]["rollout/sampler_logprob_diff_max"] < 1e-4 and metrics[1]["rollout/sampler_kl"] >= 0
 
 
-def test_ppo_two_steps_off_with_a_correction_keeps_every_sample_within_two_updates(llama_dir, files, tmp_path):
+@pytest.mark.parametrize("stage_args", [grpo_args, ppo_args], ids=["grpo", "ppo"])
+def test_two_steps_off_with_a_correction_keeps_every_sample_within_two_updates(llama_dir, files, tmp_path, stage_args):
     out = tmp_path / "k2"
     more = ["--max-steps", "4", "--save-every", "0", "--max-staleness", "2"]
     more += ["--off-policy-correction", "token_truncate", "--is-ratio-max", "2"]
-    assert main(ppo_args(llama_dir, files, out, *more)) == 0
+    assert main(stage_args(llama_dir, files, out, *more)) == 0
     metrics = rows(out / "metrics.jsonl")
+    # rollouts 0, 1, 2 queued before the first update (version 0); rollout t ≥ 3 queued after update t − 2
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 2.0, 2.0]
     assert all(0 < m["rollout/is_weight_mean"] <= 2 for m in metrics)
 

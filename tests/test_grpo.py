@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BF16_REFUSED, bf16_refused_here, killed_after_step, write_jsonl
+from conftest import BF16_REFUSED, assert_resumes_exactly, bf16_refused_here, flags, rules_and_prompts
 
 from tether.config import ConfigError, build_config
 from tether.stages.grpo import run_grpo
@@ -35,14 +35,10 @@ def flaky(completions):
 
 @pytest.fixture
 def setup(tmp_path):
-    rules = tmp_path / "rules.py"
-    rules.write_text(RULES)
-    prompts = write_jsonl(
-        tmp_path / "prompts.jsonl",
-        [{"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w} for w in ("hi", "cats", "dogs", "rain")]
-        * 4,
+    words = ("hi", "cats", "dogs", "rain")
+    return rules_and_prompts(
+        tmp_path, RULES, [{"prompt": [{"role": "user", "content": f"Say {w}."}], "answer": w} for w in words] * 4
     )
-    return rules, prompts
 
 
 def grpo_config(policy_dir, prompts, out, rewards, **extra):
@@ -68,6 +64,12 @@ def grpo_config(policy_dir, prompts, out, rewards, **extra):
 
 def read_metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(policy_dir, prompts, out, rewards, **extra) -> list[dict]:
+    """Train grpo_config's run into ``out`` and return its metrics rows, which most tests here read."""
+    run_grpo(grpo_config(policy_dir, prompts, out, rewards, **extra))
+    return read_metrics(out)
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -115,21 +117,18 @@ def test_flags_override_the_recipe_and_bad_names_fail(tmp_path):
 
 def test_on_policy_ratio_is_exactly_one_and_inner_iterations_move_it(llama_dir, setup, tmp_path):
     rules, prompts = setup
-    run_grpo(grpo_config(llama_dir, prompts, tmp_path / "mu1", [f"{rules}:count_a"], algo__kl_coef=0.0))
-    assert all(m["policy/ratio_mean"] == 1.0 for m in read_metrics(tmp_path / "mu1"))
-    run_grpo(
-        grpo_config(
-            llama_dir, prompts, tmp_path / "mu2", [f"{rules}:count_a"], algo__update_epochs=2, algo__kl_coef=0.0
-        )
+    metrics = train(llama_dir, prompts, tmp_path / "mu1", [f"{rules}:count_a"], algo__kl_coef=0.0)
+    assert all(m["policy/ratio_mean"] == 1.0 for m in metrics)
+    metrics = train(
+        llama_dir, prompts, tmp_path / "mu2", [f"{rules}:count_a"], algo__update_epochs=2, algo__kl_coef=0.0
     )
-    assert any(m["policy/ratio_mean"] != 1.0 for m in read_metrics(tmp_path / "mu2"))
+    assert any(m["policy/ratio_mean"] != 1.0 for m in metrics)
 
 
 def test_equal_scores_warn_and_give_zero_loss_not_nan(llama_dir, setup, tmp_path, capsys):
     rules, prompts = setup
     out = tmp_path / "flat"
-    run_grpo(grpo_config(llama_dir, prompts, out, [f"{rules}:constant"], algo__kl_coef=0.0))
-    metrics = read_metrics(out)
+    metrics = train(llama_dir, prompts, out, [f"{rules}:constant"], algo__kl_coef=0.0)
     assert all(m["groups/zero_variance_frac"] == 1.0 for m in metrics)
     assert all(m["advantage/mean"] == 0.0 and m["advantage/std"] == 0.0 and m["policy/loss"] == 0.0 for m in metrics)
     assert "scored all their responses equally" in capsys.readouterr().err
@@ -138,19 +137,9 @@ def test_equal_scores_warn_and_give_zero_loss_not_nan(llama_dir, setup, tmp_path
 def test_dynamic_sampling_drops_flat_groups_and_fills_the_batch(llama_dir, setup, tmp_path):
     rules, prompts = setup
     out = tmp_path / "dyn"
-    run_grpo(
-        grpo_config(
-            llama_dir,
-            prompts,
-            out,
-            [f"{rules}:count_a_unless_hi"],
-            algo__recipe="dapo",
-            algo__max_sampling_rounds=4,
-            rollout__temperature=1.5,
-            rewards__overlong_cache=0,  # dapo's overlong part varies with each response's length: off, "hi" scores 0
-        )
-    )
-    metrics = read_metrics(out)
+    dapo = dict(algo__recipe="dapo", algo__max_sampling_rounds=4, rollout__temperature=1.5)
+    # dapo's overlong part varies with each response's length: off, "hi" scores 0
+    metrics = train(llama_dir, prompts, out, [f"{rules}:count_a_unless_hi"], rewards__overlong_cache=0, **dapo)
     assert any(m["sampling/rounds"] > 1 for m in metrics)  # the "hi" groups are always flat
     assert all(m["sampling/groups_kept"] <= 4 for m in metrics)
     assert all(m["sampling/groups_sampled"] >= m["sampling/groups_kept"] for m in metrics)
@@ -173,18 +162,8 @@ def test_process_reward_step_scores_reach_the_samples(llama_dir, setup, tmp_path
 def test_a_failing_reward_is_scored_and_counted_or_stops_the_run(llama_dir, setup, tmp_path):
     rules, prompts = setup
     out = tmp_path / "flaky"
-    run_grpo(
-        grpo_config(
-            llama_dir,
-            prompts,
-            out,
-            [f"{rules}:flaky", f"{rules}:count_a"],
-            rewards__reward_on_error="score",
-            rewards__reward_error_score=-1.0,
-            algo__kl_coef=0.0,
-        )
-    )
-    metrics = read_metrics(out)
+    on_error = dict(rewards__reward_on_error="score", rewards__reward_error_score=-1.0)
+    metrics = train(llama_dir, prompts, out, [f"{rules}:flaky", f"{rules}:count_a"], algo__kl_coef=0.0, **on_error)
     assert metrics[-1]["reward/flaky/errors"] >= 3 and metrics[0]["reward/flaky/mean"] == -1.0
     with pytest.raises(
         ConfigError, match="evaluation before the first step: reward function flaky raised RuntimeError"
@@ -238,36 +217,15 @@ def test_grpo_resume_matches_the_uninterrupted_run(llama_dir, setup, tmp_path, m
     cfg = lambda out, **kw: grpo_config(
         llama_dir, prompts, out, [f"{rules}:count_a_unless_hi"], algo__recipe="dapo", train__max_steps=4, **kw
     )
-    run_grpo(cfg(tmp_path / "whole"))
-    with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
-        run_grpo(cfg(tmp_path / "killed"))
-    summary = run_grpo(cfg(tmp_path / "killed", train__resume=True))
-    assert summary["resumed_from"] == 2
-    strip = lambda p: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (p / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+    assert_resumes_exactly(run_grpo, cfg, tmp_path, monkeypatch, kill_after=3, resumed_from=2)
 
 
 @pytest.mark.slow
 def test_grpo_raises_a_rule_reward(llama_dir, setup, tmp_path):
     rules, prompts = setup
     out = tmp_path / "learn"
-    run_grpo(
-        grpo_config(
-            llama_dir,
-            prompts,
-            out,
-            [f"{rules}:count_a"],
-            train__max_steps=25,
-            algo__kl_coef=0.0,
-            rollout__prompts_per_step=4,
-            rollout__group_size=8,
-            train__eval_every=0,
-        )
-    )
-    metrics = read_metrics(out)
+    long_run = dict(train__max_steps=25, train__eval_every=0, rollout__prompts_per_step=4, rollout__group_size=8)
+    metrics = train(llama_dir, prompts, out, [f"{rules}:count_a"], algo__kl_coef=0.0, **long_run)
     first = sum(m["score/mean"] for m in metrics[:5]) / 5
     last = sum(m["score/mean"] for m in metrics[-5:]) / 5
     assert last > first + 0.5, (first, last)
@@ -277,33 +235,10 @@ def test_cli_grpo_and_recipes(llama_dir, setup, tmp_path):
     rules, prompts = setup
     listing = subprocess.run([sys.executable, "-m", "tether", "recipes"], capture_output=True, text=True, timeout=120)
     assert listing.returncode == 0 and all(name in listing.stdout for name in RECIPES)
+    tether_grpo = [sys.executable, "-m", "tether", "grpo", "--policy", str(llama_dir), "--prompts", str(prompts)]
+    quick = flags(recipe="dr_grpo", max_steps=1, group_size=2, prompts_per_step=2, max_new_tokens=4)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tether",
-            "grpo",
-            "--policy",
-            str(llama_dir),
-            "--prompts",
-            str(prompts),
-            "--reward",
-            f"{rules}:count_a",
-            "--recipe",
-            "dr_grpo",
-            "--max-steps",
-            "1",
-            "--group-size",
-            "2",
-            "--prompts-per-step",
-            "2",
-            "--max-new-tokens",
-            "4",
-            "--output",
-            str(tmp_path / "cli"),
-            "--report-to",
-            "none",
-        ],
+        tether_grpo + flags(reward=f"{rules}:count_a", output=tmp_path / "cli", report_to="none") + quick,
         capture_output=True,
         text=True,
         timeout=300,
@@ -311,20 +246,7 @@ def test_cli_grpo_and_recipes(llama_dir, setup, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "dr_grpo" in proc.stdout + proc.stderr
     bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tether",
-            "grpo",
-            "--policy",
-            str(llama_dir),
-            "--prompts",
-            str(prompts),
-            "--reward",
-            f"{rules}:nope",
-            "--output",
-            str(tmp_path / "bad"),
-        ],
+        tether_grpo + flags(reward=f"{rules}:nope", output=tmp_path / "bad"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -337,12 +259,8 @@ def test_lora_grpo_uses_the_adapter_disabled_reference(llama_dir, setup, tmp_pat
 
     rules, prompts = setup
     out = tmp_path / "lora"
-    run_grpo(
-        grpo_config(
-            llama_dir, prompts, out, [f"{rules}:count_a"], model__lora_r=4, model__lora_alpha=8.0, algo__kl_coef=0.04
-        )
-    )
-    metrics = read_metrics(out)
+    lora = dict(model__lora_r=4, model__lora_alpha=8.0)
+    metrics = train(llama_dir, prompts, out, [f"{rules}:count_a"], algo__kl_coef=0.04, **lora)
     assert metrics[0]["kl/ref_mean"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity
     assert metrics[-1]["kl/ref_mean"] > 0
     assert not any("lora" in n for n, _ in AutoModelForCausalLM.from_pretrained(out / "final").named_parameters())
@@ -354,17 +272,8 @@ def test_trainable_params_freezes_everything_else(llama_dir, setup, tmp_path):
 
     rules, prompts = setup
     out = tmp_path / "norm"
-    run_grpo(
-        grpo_config(
-            llama_dir,
-            prompts,
-            out,
-            [f"{rules}:count_a"],
-            model__trainable_params=r"model\.norm\.weight",
-            algo__kl_coef=0.0,
-            optim__lr=1e-2,
-        )
-    )
+    norm_only = dict(model__trainable_params=r"model\.norm\.weight", optim__lr=1e-2)
+    train(llama_dir, prompts, out, [f"{rules}:count_a"], algo__kl_coef=0.0, **norm_only)
     before = AutoModelForCausalLM.from_pretrained(llama_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(out / "final").state_dict()
     changed = [n for n in before if not torch.equal(before[n], after[n])]

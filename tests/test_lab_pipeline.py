@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BF16_REFUSED, bf16_refused_here, killed_after_step
+from conftest import BF16_REFUSED, bf16_refused_here, flags, killed_after_step, metrics_but_timings
 
 from tether.cli import main
 from tether.config import ConfigError
@@ -114,50 +114,16 @@ def test_the_quick_lab_says_in_its_first_and_last_lines_that_it_is_a_plumbing_ch
 def test_eval_command_prints_and_writes_figures(quick_lab, tmp_path, capsys):
     out, _ = quick_lab
     target = tmp_path / "arith.json"
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                str(out / "sft" / "final"),
-                "--task",
-                "lab-arith",
-                "--limit",
-                "20",
-                "--output",
-                str(target),
-            ]
-        )
-        == 0
-    )
+    sft_eval = flags("eval", model=out / "sft" / "final")
+    assert main(sft_eval + flags(task="lab-arith", limit=20, output=target)) == 0
     figures = json.loads(target.read_text())
     assert figures["n"] == 20 and 0 <= figures["accuracy"] <= 1 and figures["decoding"]["temperature"] == 0.0
     said = capsys.readouterr()
     assert json.loads(said.out)["accuracy"] == figures["accuracy"]  # stdout: the JSON alone
     assert "  accuracy " in said.err and "tether eval: lab-arith on" in said.err  # stderr: the reader's summary
     target = tmp_path / "assist.json"
-    assert (
-        main(
-            [
-                "eval",
-                "--model",
-                str(out / "sft" / "final"),
-                "--task",
-                "lab-assist",
-                "--reference",
-                str(out / "pretrain" / "final"),
-                "--temperature",
-                "0.7",
-                "--samples",
-                "2",
-                "--limit",
-                "5",
-                "--output",
-                str(target),
-            ]
-        )
-        == 0
-    )
+    assist = flags(task="lab-assist", reference=out / "pretrain" / "final", temperature="0.7", samples=2, limit=5)
+    assert main(sft_eval + assist + flags(output=target)) == 0
     figures = json.loads(target.read_text())
     assert figures["n"] == 10 and "gold_win_rate" in figures and "distinct_2" in figures
 
@@ -173,7 +139,7 @@ def test_eval_command_rejects_rows_without_the_task_columns(llama_dir, tmp_path,
 def test_a_killed_training_stage_resumes_and_matches_the_uninterrupted_run(quick_lab, monkeypatch):
     out, first = quick_lab
     sft = out / "sft"
-    reference = (sft / "metrics.jsonl").read_text()
+    reference = metrics_but_timings(sft)
     shutil.rmtree(sft)
     (out / "eval" / "stage.json").unlink()
 
@@ -183,11 +149,7 @@ def test_a_killed_training_stage_resumes_and_matches_the_uninterrupted_run(quick
 
     resumed = run_lab(out, QUICK)
     assert not resumed["cached"]["sft"] and resumed["cached"]["pretrain"]
-    strip = lambda text: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in text.splitlines()
-    ]
-    assert strip((sft / "metrics.jsonl").read_text()) == strip(reference)
+    assert metrics_but_timings(sft) == reference
     assert resumed["eval"] == first["eval"]
 
 
@@ -214,18 +176,14 @@ def test_quick_lab_ppo_runs_report_proxy_and_gold_curves(quick_lab):
 def test_a_killed_ppo_stage_resumes_and_matches_the_uninterrupted_run(quick_lab, monkeypatch):
     out, first = quick_lab
     stage = out / "ppo_kl0.2"
-    strip = lambda text: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in text.splitlines()
-    ]
-    reference = strip((stage / "run" / "metrics.jsonl").read_text())
+    reference = metrics_but_timings(stage / "run")
     shutil.rmtree(stage)
     with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
         run_lab(out, QUICK)
     assert (stage / "run" / "checkpoint-3").is_dir() and not (stage / "stage.json").exists()
     resumed = run_lab(out, QUICK)
     assert not resumed["cached"]["ppo_kl0.2"] and resumed["cached"]["ppo_kl0"]
-    assert strip((stage / "run" / "metrics.jsonl").read_text()) == reference
+    assert metrics_but_timings(stage / "run") == reference
     assert resumed["ppo"]["ppo_kl0.2"]["curve"] == first["ppo"]["ppo_kl0.2"]["curve"]
 
 
@@ -260,14 +218,7 @@ def test_quick_lab_dpo_runs_report_gold_and_pair_figures(quick_lab):
 
     out, summary = quick_lab
     runs = summary["dpo"]
-    assert list(runs) == [
-        "dpo_sigmoid",
-        "dpo_simpo",
-        "dpo_sigmoid_nll",
-        "dpo_sigmoid_unfiltered",
-        "dpo_sigmoid_sft_samples",
-        "dpo_sigmoid_online",
-    ]
+    assert list(runs) == [name for name in AFTER_EVAL if name.startswith("dpo_")]  # the plan's DPO stages, in order
     filtered = sum(1 for _ in (out / "rm_filtered" / "prefs_filtered.jsonl").open())
     every = sum(1 for _ in (out / "world" / "prefs.jsonl").open())
     assert runs["dpo_sigmoid"]["train_examples"] == filtered < runs["dpo_sigmoid_unfiltered"]["train_examples"] == every

@@ -377,7 +377,7 @@ def test_data_check_of_a_prompt_file_with_images_counts_them_in_the_prompts_toke
 def test_a_killed_vlm_grpo_run_resumes_exactly(vlm_dirs, tmp_path, rules, monkeypatch):
     """The checkpoint holds the processor beside the weights; the resumed run's every logged figure (times aside)
     equals the uninterrupted run's."""
-    from conftest import killed_after_step
+    from conftest import killed_after_step, metrics_but_timings
 
     prompts = colour_prompts(tmp_path)
 
@@ -390,11 +390,7 @@ def test_a_killed_vlm_grpo_run_resumes_exactly(vlm_dirs, tmp_path, rules, monkey
         assert run(tmp_path / "killed") == 130  # the CLI's answer to an interrupt
     assert (tmp_path / "killed" / "checkpoint-2" / "processor_config.json").is_file()
     assert run(tmp_path / "killed", "--resume") == 0
-    strip = lambda out: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (out / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+    assert metrics_but_timings(tmp_path / "killed") == metrics_but_timings(tmp_path / "whole")
     assert (tmp_path / "killed" / "final" / "processor_config.json").is_file()
 
 

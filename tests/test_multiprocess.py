@@ -4,7 +4,7 @@ import json
 import os
 
 import pytest
-from conftest import flags, write_jsonl
+from conftest import descendants, flags, running, write_jsonl
 from test_online_parallel import launch
 from test_sft import read_metrics, sft_config
 
@@ -112,8 +112,6 @@ def test_killing_the_launchers_process_group_ends_its_processes(llama_dir, addit
     import signal
     import time
 
-    from test_vllm import alive, descendants
-
     out = tmp_path / "two"
     args = ["sft", "--model", str(llama_dir), "--data", str(addition_files[0]), "--batch-size", "2"]
     args += ["--micro-batch-size", "1", "--report-to", "none", "--eval-every", "0", "--save-every", "0", "--output"]
@@ -127,9 +125,9 @@ def test_killing_the_launchers_process_group_ends_its_processes(llama_dir, addit
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.time() + 10
-    while any(alive(p) for p in ranks) and time.time() < deadline:
+    while any(running(p) for p in ranks) and time.time() < deadline:
         time.sleep(0.05)
-    survivors = [p for p in ranks if alive(p)]
+    survivors = [p for p in ranks if running(p)]
     for p in survivors:
         os.kill(p, signal.SIGKILL)
     assert not survivors, "the launch's processes outlived their launcher"

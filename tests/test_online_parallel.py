@@ -16,7 +16,7 @@ import time
 
 import pytest
 import torch
-from conftest import FP64, assert_same_adamw_weights, flags, write_jsonl
+from conftest import FP64, assert_same_adamw_weights, flags, process_tree, rules_and_prompts, running
 from safetensors.torch import load_file
 
 from tether.cli import main as tether_main
@@ -52,36 +52,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def accelerate_command(
+    args: list[str], processes: int = 2, config_file: str | None = None, script: str | None = None
+) -> list[str]:
+    """The ``accelerate launch`` command line of ``tether ARGS`` (or of a Python ``script`` with ARGS) on
+    ``processes`` CPU processes, on a free port."""
+    how = ["--config_file", config_file] if config_file else ["--multi_gpu", "--num_processes", str(processes)]
+    how += [] if config_file else ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", *how, "--main_process_port", str(free_port())]
+    return [*launcher, *([script] if script else ["-m", "tether"]), *args]
+
+
 def launch(
     args: list[str], processes: int = 2, wait: bool = True, config_file: str | None = None, script: str | None = None
 ):
     """``accelerate launch`` of ``tether ARGS`` (or of a Python ``script`` with ARGS) on ``processes`` CPU processes:
     waited for and checked, or (wait=False) the running Popen."""
-    how = (
-        ["--config_file", config_file]
-        if config_file
-        else [
-            "--multi_gpu",
-            "--num_processes",
-            str(processes),
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-        ]
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *how,
-        "--main_process_port",
-        str(free_port()),
-        *([script] if script else ["-m", "tether"]),
-        *args,
-    ]
+    cmd = accelerate_command(args, processes, config_file, script)
     if not wait:
         return subprocess.Popen(
             cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -89,26 +76,6 @@ def launch(
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
-
-
-def process_tree(pid: int) -> list[int]:
-    """The process and all its descendants (torch.distributed's agent starts the workers in sessions of their own,
-    still its children)."""
-    from pathlib import Path
-
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo += children.get(p, [])
-    return tree
 
 
 def kill_tree(pid: int) -> None:
@@ -127,30 +94,14 @@ def kill_tree(pid: int) -> None:
     # a SIGKILL is delivered, not finished: a process holds its files (the run folder's lock among them) until the
     # kernel has torn it down, which takes longer on a loaded machine. Return once each is gone or a zombie.
     deadline = time.time() + 60
-    while time.time() < deadline and any(_running(p) for p in tree):
+    while time.time() < deadline and any(running(p) for p in tree):
         time.sleep(0.02)
-
-
-def _running(pid: int) -> bool:
-    """The process exists and has not exited (a zombie has closed its files)."""
-    from pathlib import Path
-
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 @pytest.fixture
 def files(tmp_path):
-    rules = tmp_path / "rules.py"
-    rules.write_text(RULES)
-    prompts = write_jsonl(
-        tmp_path / "prompts.jsonl",
-        [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain", "a cat", "banana", "sea", "map")],
-    )
-    return rules, prompts
+    words = ("hi", "cats", "dogs", "rain", "a cat", "banana", "sea", "map")
+    return rules_and_prompts(tmp_path, RULES, [{"prompt": f"Say {w}."} for w in words])
 
 
 def lines(path):
@@ -189,6 +140,9 @@ UPDATE_FIGURES = (
 # in float64 (conftest's FP64), and assert_same_adamw_weights says how far they may differ, from the arithmetic.
 # Every logged figure agrees to 1e-4 (scores and advantages are float32).
 LR, MAX_UPDATES = 3e-3, 12
+# What every compared run here has: that learning rate, no checkpoints nor reporting, the samples of every step, and
+# a seed per response, so that one process and two draw the same responses.
+SEEDED = dict(lr="3e-3", save_every=0, report_to="none", sample_every=1, response_seeds=True)
 
 
 def assert_same_run(one, two):
@@ -211,6 +165,13 @@ def assert_same_run(one, two):
     assert_same_adamw_weights(weights(one / "final"), weights(two / "final"), LR, MAX_UPDATES, str(two))
 
 
+def assert_two_processes_equal_one(args: list[str], tmp_path) -> None:
+    """The run of ``args`` on two processes (tmp_path/two) is the run on one, in this process (tmp_path/one)."""
+    launch(args + ["--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+
+
 def assert_written_once(out, rows_per_step: int, steps: int):
     """Process 0 alone writes the run files: one metrics row per step, each step's samples once."""
     metrics = lines(out / "metrics.jsonl")
@@ -222,27 +183,9 @@ def assert_written_once(out, rows_per_step: int, steps: int):
 
 def group_recipe_args(model, rules, prompts, recipe: str) -> list[str]:
     """A group-recipe run of 3 steps, 2 passes of minibatches of 8 in micro-batches of 3 (also the sharded tests')."""
-    args = flags(
-        "grpo",
-        model=model,
-        prompts=prompts,
-        eval_prompts=prompts,
-        reward=f"{rules}:count_a",
-        recipe=recipe,
-        prompts_per_step=4,
-        group_size=4,
-        max_new_tokens=8,
-        max_steps=3,
-        lr="3e-3",
-        eval_every=3,
-        save_every=0,
-        report_to="none",
-        sample_every=1,
-        response_seeds=True,
-        minibatch=8,
-        update_epochs=2,
-        micro_batch_size=3,
-    )
+    args = flags("grpo", model=model, prompts=prompts, eval_prompts=prompts, reward=f"{rules}:count_a", recipe=recipe)
+    args += flags(prompts_per_step=4, group_size=4, max_new_tokens=8, max_steps=3, eval_every=3, **SEEDED)
+    args += flags(minibatch=8, update_epochs=2, micro_batch_size=3)
     if recipe == "dapo":  # dynamic sampling: the kept-group count is global, later rounds split unevenly
         args[args.index(f"{rules}:count_a")] = f"{rules}:has_a"
     return args + FP64
@@ -259,9 +202,7 @@ def group_recipe_args(model, rules, prompts, recipe: str) -> list[str]:
 def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, recipe):
     rules, prompts = files
     args = group_recipe_args(llama_dir, rules, prompts, recipe)
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_two_processes_equal_one(args, tmp_path)
     assert_written_once(tmp_path / "two", 16, 3) if recipe != "dapo" else None
 
 
@@ -308,37 +249,18 @@ def test_the_one_rollout_worker_killed_stops_both_training_processes(llama_dir, 
     assert f"the rollout worker (pid {workers[0]}) died with exit code -9" in said, said[-3000:]
     assert "the rollout worker beside process 0 stopped" in said, said[-3000:]
     deadline = time.time() + 30
-    while any(_running(p) for p in tree) and time.time() < deadline:
+    while any(running(p) for p in tree) and time.time() < deadline:
         time.sleep(0.1)
-    assert not any(_running(p) for p in tree)
+    assert not any(running(p) for p in tree)
 
 
 @pytest.mark.slow
 def test_a_process_reward_on_two_processes_equals_one(llama_dir, files, tmp_path):
     """Step scores travel with their responses; token advantages are computed from the gathered groups."""
     rules, prompts = files
-    args = (
-        flags(
-            "grpo",
-            model=llama_dir,
-            prompts=prompts,
-            reward=[f"{rules}:a_steps", f"{rules}:count_a=0.5"],
-            step_pattern=" ",
-            prompts_per_step=4,
-            group_size=3,
-            max_new_tokens=8,
-            max_steps=2,
-            lr="3e-3",
-            save_every=0,
-            report_to="none",
-            sample_every=1,
-            response_seeds=True,
-        )
-        + FP64
-    )
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    args = flags("grpo", model=llama_dir, prompts=prompts, reward=[f"{rules}:a_steps", f"{rules}:count_a=0.5"])
+    args += flags(step_pattern=" ", prompts_per_step=4, group_size=3, max_new_tokens=8, max_steps=2, **SEEDED) + FP64
+    assert_two_processes_equal_one(args, tmp_path)
     assert all(s["step_scores"] for s in lines(tmp_path / "two" / "samples.jsonl"))
 
 
@@ -346,50 +268,10 @@ def test_a_process_reward_on_two_processes_equals_one(llama_dir, files, tmp_path
 def test_a_reward_function_failing_on_one_process_stops_both_at_the_same_step(llama_dir, files, tmp_path):
     rules, prompts = files
     out = tmp_path / "run"
+    args = flags("grpo", model=llama_dir, prompts=prompts, reward=f"{rules}:fails_on_rank_1_at_step_2")
+    args += flags(prompts_per_step=4, group_size=2, max_new_tokens=6, max_steps=4, save_every=0, report_to="none")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(free_port()),
-            "-m",
-            "tether",
-            "grpo",
-            "--model",
-            str(llama_dir),
-            "--prompts",
-            str(prompts),
-            "--reward",
-            f"{rules}:fails_on_rank_1_at_step_2",
-            "--prompts-per-step",
-            "4",
-            "--group-size",
-            "2",
-            "--max-new-tokens",
-            "6",
-            "--max-steps",
-            "4",
-            "--save-every",
-            "0",
-            "--report-to",
-            "none",
-            "--output",
-            str(out),
-        ],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        accelerate_command(args + ["--output", str(out)]), env=ENV, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode != 0  # both processes stopped: no hang, no half-finished run
     assert "step 2:" in proc.stderr and "checkpoint-1" in proc.stderr
@@ -399,28 +281,9 @@ def test_a_reward_function_failing_on_one_process_stops_both_at_the_same_step(ll
 
 def ppo_args(model, rules, prompts, layout: str) -> list[str]:
     """A PPO run of 3 steps of 6 responses, 2 passes of minibatches of 3, with the adaptive KL and whitening."""
-    args = flags(
-        "ppo",
-        model=model,
-        prompts=prompts,
-        eval_prompts=prompts,
-        reward=f"{rules}:count_a",
-        prompts_per_step=6,
-        group_size=1,
-        max_new_tokens=8,
-        max_steps=3,
-        lr="3e-3",
-        critic_layout=layout,
-        minibatch=3,
-        update_epochs=2,
-        adaptive_kl=True,
-        whiten_advantages=True,
-        eval_every=3,
-        save_every=0,
-        report_to="none",
-        sample_every=1,
-        response_seeds=True,
-    )
+    args = flags("ppo", model=model, prompts=prompts, eval_prompts=prompts, reward=f"{rules}:count_a")
+    args += flags(prompts_per_step=6, group_size=1, max_new_tokens=8, max_steps=3, critic_layout=layout, minibatch=3)
+    args += flags(update_epochs=2, adaptive_kl=True, whiten_advantages=True, eval_every=3, **SEEDED)
     return args + FP64
 
 
@@ -430,33 +293,15 @@ def test_ppo_on_two_processes_equals_one(llama_dir, files, tmp_path, layout):
     """Both critic layouts (PPO beside a rollout worker per process: tests/test_sharding_online.py, sharded)."""
     rules, prompts = files
     args = ppo_args(llama_dir, rules, prompts, layout)
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_two_processes_equal_one(args, tmp_path)
     assert_written_once(tmp_path / "two", 6, 3)
 
 
 def online_dpo_args(model, rules, prompts) -> list[str]:
     """An online DPO run of 2 rounds of 8 prompts, 2 steps each."""
-    args = flags(
-        "dpo",
-        online=True,
-        model=model,
-        prompts=prompts,
-        reward=f"{rules}:count_a",
-        prompts_per_step=8,
-        max_new_tokens=8,
-        rounds=2,
-        steps_per_round=2,
-        batch_size=4,
-        micro_batch_size=1,
-        lr="3e-3",
-        save_every=0,
-        report_to="none",
-        response_seeds=True,
-        keep_truncated=True,
-        temperature="1.3",
-    )
+    args = flags("dpo", online=True, model=model, prompts=prompts, reward=f"{rules}:count_a", prompts_per_step=8)
+    args += flags(max_new_tokens=8, rounds=2, steps_per_round=2, batch_size=4, micro_batch_size=1, lr="3e-3")
+    args += flags(save_every=0, report_to="none", response_seeds=True, keep_truncated=True, temperature="1.3")
     return args + FP64
 
 
@@ -464,9 +309,7 @@ def online_dpo_args(model, rules, prompts) -> list[str]:
 def test_online_dpo_on_two_processes_equals_one(llama_dir, files, tmp_path):
     rules, prompts = files
     args = online_dpo_args(llama_dir, rules, prompts)
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_two_processes_equal_one(args, tmp_path)
     r1, r2 = (lines(tmp_path / d / "rounds" / "round-0.jsonl") for d in ("one", "two"))
     assert r1 == r2 and len(r1) > 0
 
@@ -493,45 +336,10 @@ def test_multi_turn_episodes_on_two_processes_equal_one(short_turn_model, files,
     environment tokens and action masks) are gathered, and the update is the one-process update."""
     _, prompts = files
     env = f"{os.path.dirname(os.path.abspath(__file__))}/agent_helpers.py:Counting(turns=3)"
-    args = (
-        [
-            stage,
-            "--model",
-            str(short_turn_model),
-            "--prompts",
-            str(prompts),
-            "--eval-prompts",
-            str(prompts),
-            "--env",
-            env,
-            "--max-total-tokens",
-            "48",
-            "--prompts-per-step",
-            "4",
-            "--group-size",
-            "2",
-            "--max-new-tokens",
-            "8",
-            "--max-steps",
-            "2",
-            "--lr",
-            "3e-3",
-            "--eval-every",
-            "2",
-            "--save-every",
-            "0",
-            "--report-to",
-            "none",
-            "--sample-every",
-            "1",
-            "--response-seeds",
-        ]
-        + (["--minibatch", "4"] if stage == "ppo" else [])
-        + FP64
-    )
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    args = flags(stage, model=short_turn_model, prompts=prompts, eval_prompts=prompts, env=env, max_total_tokens=48)
+    args += flags(prompts_per_step=4, group_size=2, max_new_tokens=8, max_steps=2, eval_every=2, **SEEDED)
+    args += (["--minibatch", "4"] if stage == "ppo" else []) + FP64
+    assert_two_processes_equal_one(args, tmp_path)
     samples = lines(tmp_path / "two" / "samples.jsonl")
     assert max(s["agent"]["turns"] for s in samples) >= 2 and any("tool: obs 1" in s["response"] for s in samples)
 
@@ -540,20 +348,8 @@ def test_multi_turn_episodes_on_two_processes_equal_one(short_turn_model, files,
 def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, files, tmp_path, capsys):
     """Sampling from each process's own RNG (no --response-seeds): the checkpoint's rng-0 and rng-1 carry it."""
     rules, prompts = files
-    args = flags(
-        "grpo",
-        model=llama_dir,
-        prompts=prompts,
-        reward=f"{rules}:count_a",
-        prompts_per_step=4,
-        group_size=2,
-        max_new_tokens=8,
-        max_steps=10,
-        lr="3e-3",
-        save_every=1,
-        report_to="none",
-        sample_every=1,
-    )
+    args = flags("grpo", model=llama_dir, prompts=prompts, reward=f"{rules}:count_a", prompts_per_step=4, group_size=2)
+    args += flags(max_new_tokens=8, max_steps=10, lr="3e-3", save_every=1, report_to="none", sample_every=1)
     launch(args + ["--output", str(tmp_path / "whole")])
     killed = kill_after_checkpoint(args, tmp_path / "killed", 2)
     assert (killed / "checkpoint-2" / "rng-0.json").is_file() and (killed / "checkpoint-2" / "rng-1.json").is_file()
@@ -603,11 +399,8 @@ def test_a_process_reward_model_on_two_processes_equals_one(llama_dir, files, tm
     prm = tiny_prm(llama_dir, tmp_path)
     args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--process-reward-model", prm]
     args += flags(step_pattern=" ", prompts_per_step=4, group_size=3, max_new_tokens=8)
-    args += flags(max_steps=2, lr="3e-3", save_every=0, report_to="none", sample_every=1)
-    args += ["--response-seeds"] + FP64
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    args += flags(max_steps=2, **SEEDED) + FP64
+    assert_two_processes_equal_one(args, tmp_path)
     assert any(s["step_scores"] for s in lines(tmp_path / "two" / "samples.jsonl"))
 
 
@@ -624,9 +417,7 @@ def test_a_judge_on_two_processes_equals_one(llama_dir, files, tmp_path, tokeniz
     args = group_recipe_args(llama_dir, rules, prompts, "grpo")
     at = args.index("--reward")
     args = args[:at] + args[at + 2 :] + flags(judge_model=judge, judge_template="pairwise", judge_baseline="group")
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_two_processes_equal_one(args, tmp_path)
     for a, b in zip(lines(tmp_path / "one" / "metrics.jsonl"), lines(tmp_path / "two" / "metrics.jsonl")):
         assert a["judge/prompts"] == b["judge/prompts"] == 4 * 4 * 3  # 4 groups × 12 ordered pairs
         for key in ("judge/order_inconsistency", "judge/first_slot_bias", "reward/judge/mean"):

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import kill_before_final, killed_after_step, write_jsonl
+from conftest import assert_resumes_exactly, flags, kill_before_final, killed_after_step, write_jsonl
 
 from tether.config import ConfigError, build_config
 from tether.stages.ppo import run_ppo
@@ -41,6 +41,16 @@ def ppo_config(policy_dir, prompts, out, **extra):
     return build_config(PPOConfig, overrides=overrides)
 
 
+def read_metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(policy_dir, prompts, out, **extra) -> tuple[dict, list[dict]]:
+    """Train ppo_config's run into ``out``, rewarded by the count of "a": its summary and metrics rows."""
+    summary = run_ppo(ppo_config(policy_dir, prompts, out, **extra), scorer=count_reward("a"))
+    return summary, read_metrics(out)
+
+
 @pytest.fixture
 def prompts(tmp_path):
     return write_jsonl(
@@ -52,8 +62,7 @@ def prompts(tmp_path):
 @pytest.mark.slow
 def test_ppo_raises_a_rule_reward(llama_dir, prompts, tmp_path):
     out = tmp_path / "ppo"
-    summary = run_ppo(ppo_config(llama_dir, prompts, out, train__max_steps=30), scorer=count_reward("a"))
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary, metrics = train(llama_dir, prompts, out, train__max_steps=30)
     first = sum(m["score/mean"] for m in metrics[:5]) / 5
     last = sum(m["score/mean"] for m in metrics[-5:]) / 5
     assert last > first + 0.5, (first, last)
@@ -80,37 +89,15 @@ def test_ppo_resume_matches_the_uninterrupted_run(llama_dir, prompts, tmp_path, 
     cfg = lambda out, **kw: ppo_config(
         llama_dir, prompts, out, train__max_steps=8, model__lora_r=lora, critic__layout=layout, **kw
     )
-    run_ppo(cfg(tmp_path / "whole"), scorer=count_reward("a"))
-    with killed_after_step(monkeypatch, 6), pytest.raises(KeyboardInterrupt):
-        run_ppo(cfg(tmp_path / "killed"), scorer=count_reward("a"))
-    summary = run_ppo(cfg(tmp_path / "killed", train__resume=True), scorer=count_reward("a"))
-    assert summary["resumed_from"] == 4
-    read = lambda p: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (p / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert read(tmp_path / "killed") == read(tmp_path / "whole")
+    run = lambda config: run_ppo(config, scorer=count_reward("a"))
+    assert_resumes_exactly(run, cfg, tmp_path, monkeypatch, kill_after=6, resumed_from=4)
 
 
 def test_adaptive_controller_follows_its_update_rule_step_by_step(llama_dir, prompts, tmp_path):
     from tether.algorithms.ppo import adaptive_kl_coef
 
-    out = tmp_path / "ada"
-    summary = run_ppo(
-        ppo_config(
-            llama_dir,
-            prompts,
-            out,
-            train__max_steps=4,
-            algo__adaptive_kl=True,
-            algo__target_kl=0.05,
-            algo__kl_horizon=16,
-            algo__kl_estimator="k3",
-            train__eval_every=0,
-        ),
-        scorer=count_reward("a"),
-    )
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    adaptive = dict(algo__adaptive_kl=True, algo__target_kl=0.05, algo__kl_horizon=16, algo__kl_estimator="k3")
+    summary, metrics = train(llama_dir, prompts, tmp_path / "ada", train__max_steps=4, train__eval_every=0, **adaptive)
     coefs = [m["kl/coef"] for m in metrics] + [summary["final_kl_coef"]]
     assert coefs[0] == 0.01
     for m, before, after in zip(metrics, coefs, coefs[1:]):
@@ -122,20 +109,8 @@ def test_lora_policy_uses_the_adapter_disabled_reference(llama_dir, prompts, tmp
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "lora"
-    run_ppo(
-        ppo_config(
-            llama_dir,
-            prompts,
-            out,
-            train__max_steps=3,
-            model__lora_r=4,
-            model__lora_alpha=8.0,
-            algo__kl_estimator="k3",
-            train__eval_every=0,
-        ),
-        scorer=count_reward("a"),
-    )
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lora = dict(model__lora_r=4, model__lora_alpha=8.0, algo__kl_estimator="k3")
+    _, metrics = train(llama_dir, prompts, out, train__max_steps=3, train__eval_every=0, **lora)
     assert metrics[0]["kl/ref_mean"] == pytest.approx(0.0, abs=1e-6)  # LoRA starts as the identity: policy = reference
     assert metrics[-1]["kl/ref_mean"] > 0  # and the adapter-disabled reference stays behind as the policy moves
     merged = AutoModelForCausalLM.from_pretrained(out / "final")
@@ -169,53 +144,15 @@ def test_cli_ppo_with_python_rewards_shared_critic_and_best_checkpoint(llama_dir
         "def short(completion_ids, **columns):\n    return [-0.1 * len(ids) for ids in completion_ids]\n"
     )
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tether",
-            "ppo",
-            "--policy",
-            str(llama_dir),
-            "--prompts",
-            str(prompts),
-            "--eval-prompts",
-            str(prompts),
-            "--reward",
-            f"{rewards}:count_a=1,{rewards}:short=0.5",
-            "--critic-layout",
-            "shared",
-            "--value-loss-coef",
-            "0.1",
-            "--best-metric",
-            "eval/score_mean",
-            "--max-steps",
-            "12",
-            "--prompts-per-step",
-            "16",
-            "--minibatch",
-            "8",
-            "--max-new-tokens",
-            "8",
-            "--lr",
-            "3e-3",
-            "--critic-lr",
-            "3e-3",
-            "--eval-every",
-            "4",
-            "--output",
-            str(out),
-            "--report-to",
-            "none",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    ppo = [sys.executable, "-m", "tether", "ppo", "--policy", str(llama_dir), "--prompts", str(prompts)]
+    ppo += flags(eval_prompts=prompts, reward=f"{rewards}:count_a=1,{rewards}:short=0.5", critic_layout="shared")
+    ppo += flags(value_loss_coef="0.1", best_metric="eval/score_mean", max_steps=12, prompts_per_step=16, minibatch=8)
+    ppo += flags(max_new_tokens=8, lr="3e-3", critic_lr="3e-3", eval_every=4, output=out, report_to="none")
+    proc = subprocess.run(ppo, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shown = proc.stdout + proc.stderr
     assert "value head on the policy backbone" in shown and "1 x count_a + 0.5 x short" in shown
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = read_metrics(out)
     m = metrics[0]
     assert m["score/mean"] == pytest.approx(m["reward/count_a/mean"] + 0.5 * m["reward/short/mean"], abs=1e-5)
     assert m["reward/short/mean"] == pytest.approx(-0.1 * m["rollout/length_mean"], abs=1e-5)

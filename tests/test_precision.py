@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import BF16_REFUSED, bf16_refused_here, write_jsonl
+from conftest import BF16_REFUSED, bf16_refused_here, rules_and_prompts, write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main as tether_main
@@ -82,9 +82,7 @@ RULES = (
 @pytest.fixture(scope="module")
 def stage_inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("precision")
-    rules = root / "rules.py"
-    rules.write_text(RULES)
-    prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
+    rules, prompts = rules_and_prompts(root, RULES, [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
     pairs = write_jsonl(
         root / "pairs.jsonl",
         [{"prompt": f"Q{i}: ", "chosen": "Cats sleep a lot.", "rejected": "Cats bark."} for i in range(8)],

@@ -75,7 +75,7 @@ def test_an_empty_step_is_refused_naming_the_file_line_and_field(llama_dir, tmp_
 
 
 def test_a_tiny_prm_learns_a_step_rule_and_resumes_exactly(llama_dir, tmp_path, monkeypatch):
-    from conftest import killed_after_step
+    from conftest import killed_after_step, metrics_but_timings
 
     from tether.stages.prm import run_prm
     from tether.stages.prm_config import PRMConfig
@@ -107,11 +107,7 @@ def test_a_tiny_prm_learns_a_step_rule_and_resumes_exactly(llama_dir, tmp_path, 
     with killed_after_step(monkeypatch, 15), pytest.raises(KeyboardInterrupt):
         run_prm(cfg(tmp_path / "killed"))
     assert run_prm(cfg(tmp_path / "killed", **{"train.resume": True}))["resumed_from"] == 10
-    strip = lambda p: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (p / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+    assert metrics_but_timings(tmp_path / "killed") == metrics_but_timings(tmp_path / "whole")
     from tether.models.reward import load_reward_model
 
     tok = load_tokenizer(tmp_path / "whole" / "final")
@@ -268,7 +264,7 @@ def tiny_prm(llama_dir, tmp_path) -> str:
 
 
 def test_grpo_with_a_process_reward_model_runs_and_resumes_exactly(llama_dir, tmp_path, monkeypatch):
-    from conftest import killed_after_step
+    from conftest import killed_after_step, metrics_but_timings
 
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
@@ -293,11 +289,7 @@ def test_grpo_with_a_process_reward_model_runs_and_resumes_exactly(llama_dir, tm
     with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
         run_grpo(cfg(tmp_path / "killed"))
     assert run_grpo(cfg(tmp_path / "killed", **{"train.resume": True}))["resumed_from"] == 2
-    strip = lambda p: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (p / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert strip(tmp_path / "killed") == strip(tmp_path / "whole")
+    assert metrics_but_timings(tmp_path / "killed") == metrics_but_timings(tmp_path / "whole")
 
 
 def test_ppo_takes_an_aggregated_process_reward_model_and_refuses_step_scores(llama_dir, tmp_path):

@@ -49,6 +49,12 @@ def _run(folder, kl_coef, gold, proxy, kl, alarms=()):
     return folder
 
 
+# (gold reward, proxy score, KL to the reference) at steps 1, 10, 20, 30 and 40 of two PPO runs: without a KL penalty
+# the proxy rises on while gold falls; with one (0.2) both level off
+HACKED = ([1.85, 1.94, 1.60, 1.26, 0.17], [0.5, 0.97, 1.03, 1.06, 1.08], [0, 4, 16, 36, 67])
+TIED = ([1.85, 2.05, 2.13, 2.03, 2.06], [0.5, 0.6, 0.7, 0.8, 0.85], [0, 0.3, 0.5, 0.6, 0.6])
+
+
 @pytest.fixture
 def two_runs(tmp_path):
     alarm = {
@@ -58,21 +64,8 @@ def two_runs(tmp_path):
         "statistics": {"subject": "eval/gold_reward", "task_peak": 1.94},
         "samples": [{"response": "so long", "score": 1.2}],
     }
-    hacked = _run(
-        tmp_path / "ppo_kl0" / "run",
-        0.0,
-        [1.85, 1.94, 1.60, 1.26, 0.17],
-        [0.5, 0.97, 1.03, 1.06, 1.08],
-        [0, 4, 16, 36, 67],
-        [alarm],
-    )
-    tied = _run(
-        tmp_path / "ppo_kl0.2" / "run",
-        0.2,
-        [1.85, 2.05, 2.13, 2.03, 2.06],
-        [0.5, 0.6, 0.7, 0.8, 0.85],
-        [0, 0.3, 0.5, 0.6, 0.6],
-    )
+    hacked = _run(tmp_path / "ppo_kl0" / "run", 0.0, *HACKED, [alarm])
+    tied = _run(tmp_path / "ppo_kl0.2" / "run", 0.2, *TIED)
     return hacked, tied
 
 
@@ -325,7 +318,8 @@ def test_runs_with_a_reference_and_gold_read_score_gold_kl_entropy_on_each_page_
     hacked, tied = two_runs
     page = render_report([hacked, tied])
     comparison, *per_run = page.split("<h2>")[2:]
-    assert _reading(comparison, comparison) == [
+    # the same groups in the comparison and on each run's page; only kl/coef's one line differs
+    reading = lambda coef: [
         "# Score and reward",
         "score/mean",
         "eval/score_mean",
@@ -333,23 +327,13 @@ def test_runs_with_a_reference_and_gold_read_score_gold_kl_entropy_on_each_page_
         "eval/gold_reward",
         "# KL to the reference",
         "kl/ref_mean",
-        f"= kl/coef {Run(hacked).name} 0, {Run(tied).name} 0.2",
+        f"= kl/coef {coef}",
         "# Length and entropy",
         "policy/entropy",
     ]
+    assert _reading(comparison, comparison) == reading(f"{Run(hacked).name} 0, {Run(tied).name} 0.2")
     for section, coef in zip(per_run, ("0", "0.2")):
-        assert _reading(section, section.split("<h3>Metrics</h3>")[1].split("<h3>Samples</h3>")[0]) == [
-            "# Score and reward",
-            "score/mean",
-            "eval/score_mean",
-            "# Gold and task metrics",
-            "eval/gold_reward",
-            "# KL to the reference",
-            "kl/ref_mean",
-            f"= kl/coef {coef}",
-            "# Length and entropy",
-            "policy/entropy",
-        ]
+        assert _reading(section, section.split("<h3>Metrics</h3>")[1].split("<h3>Samples</h3>")[0]) == reading(coef)
 
 
 def test_metric_groups_follow_the_reading_order_and_leave_out_empty_groups():

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import killed_after_step, write_jsonl
+from conftest import assert_resumes_exactly, write_jsonl
 from transformers import AutoModelForSequenceClassification
 
 from tether.config import ConfigError, build_config
@@ -154,16 +154,8 @@ def llama256(tmp_path_factory, tokenizer):
     weights as llama_dir's — a Llama has no position table — but a context that holds the data."""
     from tether.models.lm import build_tiny_model
 
-    return build_tiny_model(
-        "llama",
-        tokenizer,
-        tmp_path_factory.mktemp("rm-base") / "llama",
-        seed=0,
-        hidden=32,
-        layers=2,
-        heads=2,
-        max_positions=256,
-    )
+    folder = tmp_path_factory.mktemp("rm-base") / "llama"
+    return build_tiny_model("llama", tokenizer, folder, seed=0, hidden=32, layers=2, heads=2, max_positions=256)
 
 
 def rm_config(model_dir, train, evals, out, **extra):
@@ -322,16 +314,7 @@ def test_rm_resume_matches_the_uninterrupted_run(llama256, lab_prefs, tmp_path, 
         train__eval_every=3,
         **kw,
     )
-    run_rm(cfg(tmp_path / "whole"))
-    with killed_after_step(monkeypatch, 5), pytest.raises(KeyboardInterrupt):
-        run_rm(cfg(tmp_path / "killed"))
-    summary = run_rm(cfg(tmp_path / "killed", train__resume=True))
-    assert summary["resumed_from"] == 4
-    read = lambda p: [
-        {k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/"))}
-        for line in (p / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert read(tmp_path / "killed") == read(tmp_path / "whole")
+    assert_resumes_exactly(run_rm, cfg, tmp_path, monkeypatch, kill_after=5, resumed_from=4)
 
 
 def test_scorer_normalises_combines_heads_and_probe_file(llama_dir, tmp_path):

@@ -36,6 +36,13 @@ def assert_same_training(one, two, keys):
     assert_same_adamw_weights(w1, w2, LR, MAX_UPDATES, str(two))
 
 
+def assert_sharded_equals_one_process(args: list[str], tmp_path, keys) -> None:
+    """The run of ``args`` sharded over two processes (tmp_path/two) trains as one unsharded process (tmp_path/one)."""
+    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    assert_same_training(tmp_path / "one", tmp_path / "two", keys)
+
+
 def run_args(stage: str, model, data, eval_data=None, **settings) -> list[str]:
     """A run both sides of a comparison make, in float64 with the foreach AdamW (both above): ``settings`` over the
     shared ones (lr 3e-3, no loggers, held-out data = the training data unless named)."""
@@ -97,13 +104,8 @@ def test_sharded_dpo_equals_one_process(llama_dir, tmp_path):
     args = run_args(
         "dpo", llama_dir, data, max_length=48, batch_size=4, micro_batch_size=1, max_steps=3, eval_every=3, save_every=0
     )
-    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_training(
-        tmp_path / "one",
-        tmp_path / "two",
-        ("train/loss", "train/grad_norm", "train/rewards/margins", "eval/loss", "eval/rewards/accuracy"),
-    )
+    keys = ("train/loss", "train/grad_norm", "train/rewards/margins", "eval/loss", "eval/rewards/accuracy")
+    assert_sharded_equals_one_process(args, tmp_path, keys)
 
 
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
@@ -150,11 +152,7 @@ def test_sharded_reward_model_equals_one_process(llama_dir, tmp_path):
     args = run_args(
         "rm", llama_dir, data, max_length=48, batch_size=8, micro_batch_size=2, max_steps=4, eval_every=2, save_every=2
     )
-    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_training(
-        tmp_path / "one", tmp_path / "two", ("train/loss", "train/grad_norm", "eval/loss", "eval/accuracy")
-    )
+    assert_sharded_equals_one_process(args, tmp_path, ("train/loss", "train/grad_norm", "eval/loss", "eval/accuracy"))
     for folder in ("best", "checkpoint-4"):
         w1 = load_file(str(tmp_path / "one" / folder / "model.safetensors"))
         w2 = load_file(str(tmp_path / "two" / folder / "model.safetensors"))

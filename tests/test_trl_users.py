@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import flags
 
 from tether.cli import main
 from tether.config import ConfigError
@@ -59,21 +60,10 @@ def _metrics(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-QUICK = [
-    "--max-steps",
-    "2",
-    "--batch-size",
-    "4",
-    "--micro-batch-size",
-    "2",
-    "--eval-every",
-    "0",
-    "--save-every",
-    "0",
-    "--report-to",
-    "none",
-    "--overwrite",
-]
+# Two steps of 4 rows in micro-batches of 2, no evaluation, checkpoints nor reporting, over any earlier output
+QUICK = flags(
+    max_steps=2, batch_size=4, micro_batch_size=2, eval_every=0, save_every=0, report_to="none", overwrite=True
+)
 
 
 # TRL's reward-function conventions, written as its documentation shows them: chat completions as message lists,
@@ -120,23 +110,8 @@ def test_reproductions_1_2_4_6_7_on_each_pad_eos_case(case, case_dirs, tmp_path,
         {"chosen": _chat(f"Say {w}.", f"{w}."), "rejected": _chat(f"Say {w}.", "no idea")}
         for w in ("hi", "yes", "ok", "fine", "good", "well")
     ]
-    assert (
-        main(
-            [
-                "dpo",
-                "--model",
-                str(tmp_path / "sft" / "final"),
-                "--data",
-                _write(tmp_path / "pairs.jsonl", pairs),
-                "--output",
-                str(tmp_path / "dpo"),
-                "--eval-fraction",
-                "0",
-                *QUICK,
-            ]
-        )
-        == 0
-    )
+    dpo = flags("dpo", model=tmp_path / "sft" / "final", data=_write(tmp_path / "pairs.jsonl", pairs), eval_fraction=0)
+    assert main(dpo + flags(output=tmp_path / "dpo") + QUICK) == 0
     # 2 and 6: GRPO on chat prompts with TRL-style reward functions
     (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
     prompts = [
@@ -144,37 +119,12 @@ def test_reproductions_1_2_4_6_7_on_each_pad_eos_case(case, case_dirs, tmp_path,
         for i, w in enumerate(("hi", "yes", "no", "ok"))
     ]
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "grpo",
-                "--model",
-                str(tmp_path / "sft" / "final"),
-                "--prompts",
-                _write(tmp_path / "p.jsonl", prompts),
-                "--reward",
-                f"{tmp_path}/trl_rewards.py:reward_len,{tmp_path}/trl_rewards.py:answer_given",
-                "--output",
-                str(tmp_path / "grpo"),
-                "--group-size",
-                "2",
-                "--prompts-per-step",
-                "2",
-                "--max-new-tokens",
-                "4",
-                "--max-steps",
-                "2",
-                "--eval-every",
-                "0",
-                "--save-every",
-                "0",
-                "--report-to",
-                "none",
-                "--overwrite",
-            ]
-        )
-        == 0
+    rewards = f"{tmp_path}/trl_rewards.py:reward_len,{tmp_path}/trl_rewards.py:answer_given"
+    grpo = flags(
+        "grpo", model=tmp_path / "sft" / "final", prompts=_write(tmp_path / "p.jsonl", prompts), reward=rewards
     )
+    grpo += flags(output=tmp_path / "grpo", group_size=2, prompts_per_step=2, max_new_tokens=4, max_steps=2)
+    assert main(grpo + flags(eval_every=0, save_every=0, report_to="none", overwrite=True)) == 0
     err = capsys.readouterr().err
     assert "<|im_end|>" in err.split("stop tokens", 1)[1].splitlines()[0]  # the plan's stop set has the end of turn
     last = _metrics(tmp_path / "grpo")[-1]

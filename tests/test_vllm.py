@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from conftest import FP64, write_jsonl
+from conftest import FP64, descendants, running, write_jsonl
 from safetensors.torch import load_file
 
 from tether.agents.episodes import AgentSampler
@@ -45,17 +45,8 @@ def model_dir(tmp_path_factory, tokenizer):
 
 
 def sampling(**kw):
-    base = dict(
-        max_new_tokens=16,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        generation_batch=0,
-        drop_finished_rows=True,
-        rollout_size=8,
-        vllm_kv_cache_gib=KV_GIB,
-        vllm_sleep=False,
-    )
+    base = dict(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, generation_batch=0, drop_finished_rows=True)
+    base.update(rollout_size=8, vllm_kv_cache_gib=KV_GIB, vllm_sleep=False)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -215,6 +206,26 @@ def two_grpo_steps(model_dir, files, out, **extra) -> dict:
     )
 
 
+def two_online_dpo_rounds(model_dir, prompts, out, prompts_per_step: int, batch_size: int, **extra) -> dict:
+    """Online DPO overrides on the vllm backend: 2 rounds of one step on batches of ``batch_size`` (one micro-batch),
+    truncated responses kept, train.eval_every left at the stage's default."""
+    cfg = common(
+        model_dir,
+        prompts,
+        out,
+        online__online=True,
+        online__rounds=2,
+        online__steps_per_round=1,
+        online__keep_truncated=True,
+        rollout__prompts_per_step=prompts_per_step,
+        train__batch_size=batch_size,
+        train__micro_batch_size=batch_size,
+        **extra,
+    )
+    cfg.pop("train.eval_every")
+    return cfg
+
+
 def test_grpo_and_ppo_run_on_vllm_with_the_gap_logged_and_tis(model_dir, files, tmp_path):
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
@@ -260,22 +271,8 @@ def test_online_dpo_runs_on_vllm(model_dir, files, tmp_path):
     from tether.stages.dpo_config import DPOConfig
 
     _, judge, prompts, prefs = files
-    cfg = common(
-        model_dir,
-        prompts,
-        tmp_path / "dpo",
-        data__path=str(prefs),
-        online__online=True,
-        online__judge=f"{judge}:more_a",
-        online__rounds=2,
-        online__steps_per_round=1,
-        online__keep_truncated=True,
-        rollout__prompts_per_step=8,
-        train__batch_size=4,
-        train__micro_batch_size=4,
-    )
-    cfg.pop("train.eval_every")
-    run_dpo(build_config(DPOConfig, overrides=cfg))
+    cfg = two_online_dpo_rounds(model_dir, prompts, tmp_path / "dpo", 8, 4, data__path=str(prefs))
+    run_dpo(build_config(DPOConfig, overrides={**cfg, "online.judge": f"{judge}:more_a"}))
     assert len(metrics(tmp_path / "dpo")) == 2
     assert "backend: vllm" in (tmp_path / "dpo" / "config.yaml").read_text()
     assert len((tmp_path / "dpo" / "samples.jsonl").read_text().splitlines()) == 2 * 8 * 2  # 2 rounds x 8 prompts x 2
@@ -284,16 +281,8 @@ def test_online_dpo_runs_on_vllm(model_dir, files, tmp_path):
 @pytest.fixture(scope="module")
 def judge_dir(tmp_path_factory, tokenizer):
     """A tiny judge the CPU attention accepts (head_dim 32), with room for the shipped judge templates."""
-    return build_tiny_model(
-        "llama",
-        tokenizer,
-        tmp_path_factory.mktemp("vllm-judge") / "judge",
-        seed=3,
-        hidden=64,
-        layers=2,
-        heads=2,
-        max_positions=512,
-    )
+    folder = tmp_path_factory.mktemp("vllm-judge") / "judge"
+    return build_tiny_model("llama", tokenizer, folder, seed=3, hidden=64, layers=2, heads=2, max_positions=512)
 
 
 # Both sides run the same float32 forward with different summation orders: each reduction of n terms differs by up
@@ -341,21 +330,8 @@ def test_grpo_and_online_dpo_train_against_a_judge_on_its_own_engine(model_dir, 
     rows = metrics(tmp_path / "grpo")
     assert [r["judge/prompts"] for r in rows] == [2 * 2, 2 * 2] and "judge/verdict_mass_mean" not in rows[0]
     assert "forwards/judge" not in rows[0]  # the engine's forwards run in its own process
-    cfg = common(
-        model_dir,
-        prompts,
-        tmp_path / "dpo",
-        online__online=True,
-        online__rounds=2,
-        online__steps_per_round=1,
-        online__keep_truncated=True,
-        rollout__prompts_per_step=4,
-        train__batch_size=2,
-        train__micro_batch_size=2,
-        **{k.replace(".", "__"): v for k, v in {**judge, "judge.template": "pairwise"}.items()},
-    )
-    cfg.pop("train.eval_every")
-    run_dpo(build_config(DPOConfig, overrides=cfg))
+    cfg = two_online_dpo_rounds(model_dir, prompts, tmp_path / "dpo", 4, 2)
+    run_dpo(build_config(DPOConfig, overrides={**cfg, **judge, "judge.template": "pairwise"}))
     rows = metrics(tmp_path / "dpo")
     assert len(rows) == 2 and rows[0]["judge/prompts"] == 4 * 2
 
@@ -385,29 +361,6 @@ def test_a_multi_turn_episode_on_vllm_equals_the_hf_backends(model_dir, tokenize
     for e in by_vllm:
         assert len(e.sampler_logprobs) == len(e.ids)
         assert all(lp == 0.0 for lp, a in zip(e.sampler_logprobs, e.actions) if not a)
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    out, todo = [], list(children.get(pid, []))
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children.get(p, [])
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def ours(folder: Path, model_dir: Path) -> bool:
@@ -503,9 +456,9 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     starting = "loading the vLLM engine (its start takes tens of seconds) …"
     assert starting in printed and printed.index(starting) < printed.index("tether grpo\n"), printed[-3000:]
     deadline = time.time() + 20
-    while any(alive(p) for p in engines) and time.time() < deadline:
+    while any(running(p) for p in engines) and time.time() < deadline:
         time.sleep(0.1)
-    assert not any(alive(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
+    assert not any(running(p) for p in engines), "the engine outlived its trainer: the watchdog did not kill it"
     model = Path(args[args.index("--model") + 1])
     left = lambda: {f for f in set(Path("/dev/shm").glob("tether-vllm-*")) - folders if ours(f, model)}  # noqa: E731
     while left() and time.time() < deadline:
@@ -535,10 +488,10 @@ def test_a_run_killed_while_its_engine_starts_leaves_no_weights_folder(model_dir
         proc.send_signal(signal.SIGKILL)
         assert proc.wait() == -9 and new, (tmp_path / "log").read_text()[-2000:]
     deadline = time.time() + 20
-    while (any(f.exists() for f in new) or any(alive(p) for p in started)) and time.time() < deadline:
+    while (any(f.exists() for f in new) or any(running(p) for p in started)) and time.time() < deadline:
         time.sleep(0.1)
     assert not any(f.exists() for f in new), "the weights folder of an engine killed while starting stayed in /dev/shm"
-    assert not any(alive(p) for p in started), "a process of the engine's start-up outlived its trainer"
+    assert not any(running(p) for p in started), "a process of the engine's start-up outlived its trainer"
 
 
 def test_at_shutdown_the_weights_folder_is_gone_before_the_watchdog_stops(tmp_path):

@@ -350,21 +350,26 @@ def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, fil
     rules, prompts = files
     args = flags("grpo", model=llama_dir, prompts=prompts, reward=f"{rules}:count_a", prompts_per_step=4, group_size=2)
     args += flags(max_new_tokens=8, max_steps=10, lr="3e-3", save_every=1, report_to="none", sample_every=1)
+    w1, w2 = killed_and_resumed_on_two(args, tmp_path, capsys)
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def killed_and_resumed_on_two(args: list[str], tmp_path, capsys, refused=lambda killed: None) -> tuple[dict, dict]:
+    """``args`` run whole on two processes, and again killed after checkpoint-2; one process refuses the checkpoint
+    (two processes' RNG states and shares of the prompts are in it), as ``refused(killed)`` checks any other
+    refusal; resumed on two, the samples after step 2 are the whole run's. Returns (whole, resumed) final weights."""
     launch(args + ["--output", str(tmp_path / "whole")])
     killed = kill_after_checkpoint(args, tmp_path / "killed", 2)
     assert (killed / "checkpoint-2" / "rng-0.json").is_file() and (killed / "checkpoint-2" / "rng-1.json").is_file()
     assert not (killed / "final").exists()
-
-    # one process cannot take over two processes' RNG states and shares of the prompts
     assert tether_main(args + ["--output", str(killed), "--save-every", "2", "--resume"]) == 2
     assert "written by 2 process(es); resume it on 2" in capsys.readouterr().err
-
+    refused(killed)
     launch(args + ["--output", str(killed), "--save-every", "2", "--resume"])
     whole, resumed = lines(tmp_path / "whole" / "samples.jsonl"), lines(killed / "samples.jsonl")
     assert [s["response"] for s in resumed if s["step"] > 2] == [s["response"] for s in whole if s["step"] > 2]
-    w1, w2 = weights(tmp_path / "whole" / "final"), weights(killed / "final")
-    for name in w1:
-        torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=name)
+    return weights(tmp_path / "whole" / "final"), weights(killed / "final")
 
 
 def kill_after_checkpoint(args: list[str], out, step: int):

@@ -9,7 +9,7 @@ from test_online_parallel import (  # noqa: F401 - files is a fixture
     assert_same_run,
     files,
     group_recipe_args,
-    kill_after_checkpoint,
+    killed_and_resumed_on_two,
     launch,
     lines,
     online_dpo_args,
@@ -99,23 +99,15 @@ def test_a_killed_sharded_run_resumes_exactly_and_only_sharded_on_as_many(llama_
     rules, prompts = files
     args = set_flag(group_recipe_args(llama_dir, rules, prompts, "grpo"), "--max-steps", "6") + FOREACH + ["--fsdp"]
     args.remove("--response-seeds")  # sampled from each process's RNG
-    launch(args + ["--output", str(tmp_path / "whole")])
-    killed = kill_after_checkpoint(args, tmp_path / "killed", 2)
-    assert (killed / "checkpoint-2" / "rng-1.json").is_file() and not (killed / "final").exists()
 
-    # one process cannot take over two processes' RNG states and shares of the prompts
-    assert tether_main(args + ["--output", str(killed), "--save-every", "2", "--resume"]) == 2
-    assert "written by 2 process(es); resume it on 2" in capsys.readouterr().err
-    # unsharded: the run's settings differ (its optimizer state is also keyed by parameter name). The settings are
-    # compared before any process count is, so one process shows the refusal two would give, without a launch
-    unsharded = [a for a in args if a != "--fsdp"]
-    assert tether_main(unsharded + ["--output", str(killed), "--save-every", "2", "--resume"]) == 2
-    assert "model.fsdp: True -> False" in capsys.readouterr().err
+    def refused_unsharded(killed):
+        # unsharded: the run's settings differ (its optimizer state is also keyed by parameter name). The settings
+        # are compared before any process count is, so one process shows the refusal two would give, without a launch
+        unsharded = [a for a in args if a != "--fsdp"]
+        assert tether_main(unsharded + ["--output", str(killed), "--save-every", "2", "--resume"]) == 2
+        assert "model.fsdp: True -> False" in capsys.readouterr().err
 
-    launch(args + ["--output", str(killed), "--save-every", "2", "--resume"])
-    whole, resumed = lines(tmp_path / "whole" / "samples.jsonl"), lines(killed / "samples.jsonl")
-    assert [s["response"] for s in resumed if s["step"] > 2] == [s["response"] for s in whole if s["step"] > 2]
-    w1, w2 = weights(tmp_path / "whole" / "final"), weights(killed / "final")
+    w1, w2 = killed_and_resumed_on_two(args, tmp_path, capsys, refused_unsharded)
     assert sorted(w1) == sorted(w2)
     for name in w1:  # the same operations in the same order on the same process count: equal to the bit
         torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=0, msg=name)

@@ -36,17 +36,21 @@ CORPUS = [
 ] * 20 + [f"{i} + {j} = {i + j}" for i in range(30) for j in range(0, 30, 7)]
 
 
-# The longest files first (measured with --durations: the quick lab's file alone is about 12 minutes of one worker):
-# `make test` hands whole files to the workers in collection order (--dist loadfile --no-loadscope-reorder), and
-# the suite's wall time is the busier worker's, so a long file started late decides it.
+# The longest files first: `make test` hands whole files to the workers in collection order (--dist loadfile
+# --no-loadscope-reorder), and the suite's wall time is the busier worker's, so a long file started late decides it.
+# Each file's seconds summed from --durations=0 (2 cores, AMD EPYC, 2026-12-06; the machine busy, so for the order)
 LONGEST_FIRST = (
-    "test_lab_pipeline.py",
-    "test_vllm.py",
-    "test_kill_anywhere.py",
-    "test_online_parallel.py",
-    "test_sharding_online.py",
-    "test_sharding.py",
-    "test_multiprocess.py",
+    "test_online_parallel.py",  # about 430
+    "test_lab_pipeline.py",  # 330 (the quick lab's fixture alone about 105)
+    "test_sharding_online.py",  # 300
+    "test_vllm.py",  # 235
+    "test_async_rollouts.py",  # 205
+    "test_multimodal_rl.py",  # 160
+    "test_kill_anywhere.py",  # 150
+    "test_multiprocess.py",  # 110
+    "test_lab_visual.py",  # 90
+    "test_trl_users.py",  # 80
+    "test_sharding.py",  # 80
 )
 
 

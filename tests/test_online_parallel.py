@@ -349,7 +349,7 @@ def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, fil
     """Sampling from each process's own RNG (no --response-seeds): the checkpoint's rng-0 and rng-1 carry it."""
     rules, prompts = files
     args = flags("grpo", model=llama_dir, prompts=prompts, reward=f"{rules}:count_a", prompts_per_step=4, group_size=2)
-    args += flags(max_new_tokens=8, max_steps=10, lr="3e-3", save_every=1, report_to="none", sample_every=1)
+    args += flags(max_new_tokens=8, max_steps=6, lr="3e-3", report_to="none", sample_every=1)
     w1, w2 = killed_and_resumed_on_two(args, tmp_path, capsys)
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6, msg=name)

@@ -254,6 +254,22 @@ def test_the_one_rollout_worker_killed_stops_both_training_processes(llama_dir, 
     assert not any(running(p) for p in tree)
 
 
+def test_one_rollout_worker_for_more_processes_than_prompts_a_step_is_refused_at_the_start(llama_dir, files, tmp_path):
+    """--rollout-workers one: every process asks the one worker in step, so each must have rows in every step; one
+    prompt a step on two processes is a configuration error naming both counts, before any sampling."""
+    rules, prompts = files
+    args = group_recipe_args(llama_dir, rules, prompts, "grpo") + ["--max-staleness", "1", "--async-threads", "1"]
+    args[args.index("--prompts-per-step") + 1] = "1"
+    args += ["--rollout-workers", "one"]
+    proc = launch(args + ["--output", str(tmp_path / "run")], wait=False)
+    said, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    said = " ".join(said.split())
+    assert "--rollout-workers one on 2 processes: every process must sample in every step and evaluation" in said
+    assert "prompts_per_step (1) and the held-out prompts (8) must be at least 2" in said, said[-3000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 @pytest.mark.slow
 def test_a_process_reward_on_two_processes_equals_one(llama_dir, files, tmp_path):
     """Step scores travel with their responses; token advantages are computed from the gathered groups."""

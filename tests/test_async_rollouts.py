@@ -302,7 +302,7 @@ def test_online_dpo_samples_the_next_round_beside_the_trainer(llama_dir, files, 
 
 def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, files, tmp_path, capsys):
     for more, said in (
-        (["--rollout-backend", "vllm"], "a vLLM engine in a process of its own is not built yet"),
+        (["--rollout-backend", "vllm", "--vllm-sleep"], "so it never sleeps"),
         (["--dynamic-sampling"], "algo.dynamic_sampling"),
         (["--max-staleness", "-1"], "must be >= 0"),
         (["--env", "tether.lab.agents:CalcEnv", "--rollout-workers", "one"], "agent.env with rollout_workers=one"),
@@ -370,7 +370,8 @@ def test_a_killed_worker_stops_the_run_naming_it_and_leaves_no_process(llama_dir
 
 
 def test_a_killed_trainer_takes_its_worker_with_it_and_the_run_resumes_drawing_afresh(llama_dir, files, tmp_path):
-    """kill -9 of the trainer: the worker goes too (PR_SET_PDEATHSIG); --resume starts a new worker from the
+    """kill -9 of the trainer: the worker goes too (PR_SET_PDEATHSIG), removing the trainer's weight slots from
+    shared memory on its way out (nobody else can); --resume starts a new worker from the
     checkpoint's weights, so the responses queued before the kill are drawn again: the first step after the resume
     trains on responses of the restored weights (staleness 0), the next one update behind again."""
     out = tmp_path / "run"
@@ -385,9 +386,11 @@ def test_a_killed_trainer_takes_its_worker_with_it_and_the_run_resumes_drawing_a
     proc.wait(30)
     err.close()
     deadline = time.time() + 10
-    while not _gone(workers[0]) and time.time() < deadline:
+    slots = lambda: list(Path("/dev/shm").glob(f"tether-weights-{proc.pid}-*"))  # noqa: E731 - the trainer's
+    while not (_gone(workers[0]) and not slots()) and time.time() < deadline:
         time.sleep(0.1)
     assert _gone(workers[0])
+    assert not slots(), "the killed trainer's weight slots were left in shared memory"
     last = max(int(p.name.removeprefix("checkpoint-")) for p in out.glob("checkpoint-*") if p.name[11:].isdigit())
     end = str(last + 2)
     assert main(grpo_args(llama_dir, files, out, "--max-staleness", "1", "--max-steps", end, *keep, "--resume")) == 0

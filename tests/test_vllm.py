@@ -722,3 +722,78 @@ def test_the_engine_runs_eagerly_where_torch_cannot_compile_for_the_kernel_path(
         assert inductor_compiles_here() is compiles
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     assert inductor_compiles_here() is True
+
+
+def test_the_rollout_worker_runs_the_engine_one_update_behind(model_dir, files, tmp_path):
+    """--max-staleness 1 on the vllm backend: the engine runs in the rollout worker's process (its model in vLLM's
+    own beneath it). Its first rollout comes from the starting weights, so it samples exactly what the synchronous
+    run's engine samples (response seeds; the worker's engine on as many threads as this process's, the same
+    reductions); the parity probe is read from the engine after every push; later steps train one update behind,
+    and the sampler gap there is one update's, logged and corrected like any engine's."""
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    threads = torch.get_num_threads()
+    grpo = two_grpo_steps(model_dir, files, tmp_path / "sync", rollout__response_seeds=True, optim__lr=3e-3)
+    # a reward every group spreads (the responses' lengths), so the first update moves the weights
+    (tmp_path / "length.py").write_text("def length(completions):\n    return [float(len(c)) for c in completions]\n")
+    grpo |= {"train.max_steps": 3, "train.sample_every": 1, "rewards.reward": [f"{tmp_path / 'length.py'}:length"]}
+    run_grpo(build_config(GRPOConfig, overrides=grpo))
+    ahead = {**grpo, "train.output": str(tmp_path / "ahead"), "rollout.max_staleness": 1}
+    run_grpo(build_config(GRPOConfig, overrides={**ahead, "rollout.async_threads": threads}))
+    assert torch.get_num_threads() == threads  # the trainer had its threads back
+
+    def samples(out, step):
+        return [
+            (s["prompt"], s["response"]) for s in map(json.loads, (out / "samples.jsonl").open()) if s["step"] == step
+        ]
+
+    assert samples(tmp_path / "ahead", 1) == samples(tmp_path / "sync", 1)
+    assert samples(tmp_path / "ahead", 2) != samples(tmp_path / "sync", 2)  # drawn by other weights
+    rows = metrics(tmp_path / "ahead")
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+    for row in rows:
+        # the engine's probe log-probs against the trainer's float64 ones: float32 rounding (the first test's bound)
+        assert 0 <= row["async/parity_max_diff"] < 1e-3
+    assert rows[0]["rollout/sampler_logprob_diff_max"] < 1e-3  # the same weights on both sides
+    # one update of lr 3e-3 moves the log-probs by far more than rounding: the gap is the staleness, measured
+    assert rows[1]["rollout/sampler_logprob_diff_max"] > 1e-2
+    assert all(0 <= r["rollout/is_masked_share"] <= 1 and r["rollout/is_weight_mean"] > 0 for r in rows)
+    plan = (tmp_path / "ahead" / "config.yaml").read_text()
+    assert "max_staleness: 1" in plan and "backend: vllm" in plan
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_worker_stops_the_run_and_takes_its_engine_with_it(model_dir, files, tmp_path):
+    """The rollout worker holding the engine is killed mid-run: the trainer stops naming it, and nothing is left —
+    neither the engine's own process beneath the worker nor its weights folder in /dev/shm (its watchdog)."""
+    rules, _, prompts, _ = files
+    args = [a.replace("{model}", str(model_dir)) for a in _seeded_grpo_args(rules, prompts)]
+    args[args.index("--max-steps") + 1] = "100000"
+    out = tmp_path / "run"
+    folders = set(Path("/dev/shm").glob("tether-vllm-*"))
+    log = (tmp_path / "run.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tether", *args, "--max-staleness", "1", "--output", str(out)], stderr=log
+    )
+    path = out / "metrics.jsonl"
+    while proc.poll() is None and (not path.is_file() or not path.read_text().count("\n")):
+        time.sleep(0.05)
+    tree = descendants(proc.pid)
+    workers = [p for p in tree if Path(f"/proc/{p}/comm").read_text().strip() == "tether-rollout"]
+    assert len(workers) == 1 and len(tree) >= 2, tree  # the worker, and the engine's model process beneath it
+    os.kill(workers[0], signal.SIGKILL)
+    assert proc.wait(60) == 1
+    said = (tmp_path / "run.log").read_text()
+    assert f"the rollout worker (pid {workers[0]}) died with exit code -9" in said, said[-2000:]
+    assert "Traceback" not in said
+    left = lambda: (
+        [p for p in tree if running(p)]
+        + [  # noqa: E731
+            f for f in set(Path("/dev/shm").glob("tether-vllm-*")) - folders if ours(f, model_dir)
+        ]
+    )
+    deadline = time.time() + 30
+    while left() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not left(), "the engine or its weights outlived the killed worker"

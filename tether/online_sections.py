@@ -111,7 +111,8 @@ class SamplingSection(Section):
         "Sample beside the trainer: a rollout worker process draws the next steps' responses while the trainer "
         "updates, each from weights at most this many updates old (docs/scaling.md, 'Asynchronous rollouts'; pair "
         "it with --off-policy-correction). 0: the synchronous loop, sampling in the trainer. PPO, the group "
-        "family and online DPO (whole rounds) on the hf backend; on N processes see rollout_workers.",
+        "family and online DPO (whole rounds), on the hf or the vllm backend (the engine then runs in the worker); on N "
+        "processes see rollout_workers.",
     )
     worker_timeout_s: float = option(
         600.0,
@@ -154,10 +155,10 @@ class SamplingSection(Section):
                 f"max_staleness={self.max_staleness} and async_threads={self.async_threads} must be >= 0, "
                 f"worker_timeout_s={self.worker_timeout_s:g} > 0"
             )
-        if self.max_staleness and self.backend != "hf":
+        if self.max_staleness and self.vllm_sleep:
             raise ConfigError(
-                f"max_staleness={self.max_staleness} with --rollout-backend {self.backend}: the rollout worker "
-                "samples with the Hugging Face model (hf); a vLLM engine in a process of its own is not built yet"
+                f"max_staleness={self.max_staleness} with vllm_sleep: the rollout worker's engine samples while the "
+                "trainer updates, so it never sleeps (sleep mode frees a colocated engine's memory for the update)"
             )
         if self.backend == "vllm":
             from importlib.util import find_spec

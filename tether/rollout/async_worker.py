@@ -36,10 +36,15 @@ its last words; it dies with the trainer (PR_SET_PDEATHSIG), so a killed trainer
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import os
+import shutil
+import signal
 import tempfile
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -115,8 +120,29 @@ def probe_ids(tokenizer, config) -> list[int]:
     return [i for i in range(vocab) if i not in special][:PROBE_TOKENS]
 
 
+def _probe(sampler, model, ids: list[int]) -> torch.Tensor:
+    """The parity probe's log-probs in the worker: a vLLM engine's own, its weights pushed first (so an engine
+    that kept older weights is caught, not only the worker's copy), unless it serves another dtype than the trainer's
+    (rollout.sampling_dtype: bf16 log-probs are 1e-2 nats off by rounding alone, and such a copy is not probed, as on
+    the hf backend); else the log-probs of the worker's copy of the weights."""
+    if hasattr(sampler, "probe_logprobs") and sampler.sampling_dtype is None:
+        return sampler.probe_logprobs(ids)
+    return probe_logprobs(model, ids)
+
+
+def _orphaned(slots: str) -> None:
+    """The trainer died: nobody else will remove its weight slots from shared memory (a model's weights twice, in
+    RAM), so they are removed here, and the worker ends. Two signs, whichever comes first: the pipe's end of file
+    (the kernel closes a dying trainer's files first) and SIGTERM (PR_SET_PDEATHSIG, sent as the trainer's thread
+    that started this process exits, so getppid() may still name the trainer). A SIGTERM from anyone else ends the
+    worker too, and with it the run: the trainer stops at its next word with the worker (RolloutWorkerError)."""
+    shutil.rmtree(slots, ignore_errors=True)
+    os._exit(1)
+
+
 def _serve(
     conn,
+    slots: str,
     config,
     dtype: str,
     attn: str,
@@ -137,23 +163,32 @@ def _serve(
     from tether.processes import die_with_parent, name_process
     from tether.rollout.backends import HFGenerate
 
-    die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: _orphaned(slots))
+    die_with_parent(signal.SIGTERM)
     name_process(b"tether-rollout")
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     try:
         model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
         model = model.to(device).eval()
-        sampler = HFGenerate(model, tokenizer, settings, copy=True)
+        if settings.backend == "vllm":  # the engine's scheduler here, its model in a process of vLLM's own
+            from tether.rollout.vllm_backend import VLLMBackend
+
+            sampler = VLLMBackend(model, tokenizer, settings)
+        else:
+            sampler = HFGenerate(model, tokenizer, settings, copy=True)
         episodes = agent[0](agent[1], tokenizer, sampler, settings, stops) if agent is not None else None
         version = -1
         while True:
-            message = conn.recv()
+            try:
+                message = conn.recv()
+            except EOFError:  # the trainer ended without a word: it was killed
+                _orphaned(slots)
             if message[0] == "weights":
                 _, version, path, ids = message
-                model.load_state_dict(load_file(path), strict=True)
-                sampler.weights_updated(model)  # a sampling-dtype copy takes them too
-                conn.send(("loaded", version, probe_logprobs(model, ids).tolist()))
+                model.load_state_dict(load_file(path), strict=True)  # the slot is free once this is answered
+                sampler.weights_updated(model)  # a sampling-dtype copy or the engine takes them too
+                conn.send(("loaded", version, _probe(sampler, model, ids).tolist()))
             elif message[0] == "generate":
                 _, key, prompts, seeds = message
                 t0 = time.perf_counter()
@@ -170,6 +205,11 @@ def _serve(
                 return
     except Exception:  # noqa: BLE001 - reported to the trainer, which raises it with the worker's traceback
         conn.send(("error", traceback.format_exc()))
+    finally:  # a spawned process runs no exit handlers: its engine is stopped here, not cut off at exit
+        if settings.backend == "vllm":
+            from tether.rollout.vllm_backend import shutdown_engine
+
+            shutdown_engine()
 
 
 class RolloutWorkerError(WorkerError):
@@ -200,9 +240,9 @@ class AsyncRolloutBackend:
         self.ready: dict[tuple, tuple[int, dict]] = {}  # key -> (version, rollout) answered, not yet taken
         self.dropped = 0  # rollouts that arrived past the staleness bound and were drawn again
         self.figures: dict[str, float] = {"sync_s": 0.0, "wait_s": 0.0, "busy_s": 0.0, "rows": 0.0}
-        self.slots = Path(
-            tempfile.mkdtemp(prefix="tether-weights-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None)
-        )
+        # named by the trainer's pid, which a test looks for once the trainer is killed
+        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        self.slots = Path(tempfile.mkdtemp(prefix=f"tether-weights-{os.getpid()}-", dir=shm))
         self.process = self.conn = None
         self.trainer_threads = 0  # the trainer's threads before the worker took its share (CPU only)
         self.probe = probe_ids(tokenizer, policy.config)
@@ -228,10 +268,17 @@ class AsyncRolloutBackend:
         attn = config._attn_implementation
         # the worker's RNG from the trainer's seed (the run's, train.seed): an asynchronous run is reproducible
         seed = torch.initial_seed()
-        args = (child, config, dtype, attn, device, self.tokenizer, self.settings, stops, threads, seed, self.agent)
-        self.process = context.Process(target=_serve, args=args, daemon=True, name="tether-rollout")
+        args = (child, str(self.slots), config, dtype, attn, device, self.tokenizer, self.settings, stops, threads)
+        args += (seed, self.agent)
+        # a vLLM engine starts a process of its own, which a daemonic process may not: that worker is not daemonic,
+        # and is stopped at exit by _close_at_exit instead (multiprocessing would otherwise wait for it at exit)
+        daemon = self.settings.backend != "vllm"
+        self.process = context.Process(target=_serve, args=args, daemon=daemon, name="tether-rollout")
         self.process.start()
         child.close()
+        _LIVE.add(self)
+        atexit.unregister(_close_at_exit)  # registered after the start, so after multiprocessing's own exit function:
+        atexit.register(_close_at_exit)  # it runs first
 
     def close(self) -> None:
         if self.trainer_threads:
@@ -317,6 +364,7 @@ class AsyncRolloutBackend:
         t0 = time.perf_counter()
         while self.acked < self.version - 2:
             self._receive()
+        self.slots.mkdir(exist_ok=True)  # a worker that was sent SIGTERM removed it on its way out (_orphaned)
         path = self.slots / f"slot{self.version % 2}.safetensors"
         # a LoRA policy's adapters merged in (W + ΔW beside the weights): the worker holds the plain model
         state = {name: tensor.detach().to("cpu").clone() for name, tensor in checkpoint_weights(self.policy).items()}
@@ -475,12 +523,27 @@ class AsyncRolloutBackend:
         return out
 
     def describe(self) -> str:
+        engine = (
+            "a vLLM engine, its model in a process of vLLM's own; the parity probe read from the engine"
+            if self.settings.backend == "vllm"
+            else "Hugging Face model, KV cache"
+        )
         return (
-            f"a rollout worker process beside the trainer (Hugging Face model, KV cache), at most "
+            f"a rollout worker process beside the trainer ({engine}), at most "
             f"{self.max_staleness} update(s) behind; weights as files after every update"
             + ("; multi-turn episodes drawn whole there, with environments of its own" if self.agent else "")
             + (f"; one worker, beside process 0, for all {self.dp.world} processes" if self.one_worker else "")
         )
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # backends whose worker may be running
+
+
+def _close_at_exit() -> None:
+    """Stop every worker still running when the interpreter exits (a worker that is not daemonic is stopped here,
+    not waited for by multiprocessing's own exit function)."""
+    for backend in list(_LIVE):
+        backend.close()
 
 
 def sampling_backend(settings, policy, tokenizer, processor=None, dp=None):

@@ -148,9 +148,11 @@ def _write_model(policy, folder: Path, sampling: torch.dtype | None = None) -> N
     _write_weights(policy, folder, sampling)
 
 
-def _shutdown_at_exit() -> None:
-    """The process is ending: stop its engine now (under `accelerate launch` vLLM's own clean-up may not get to run
-    before the launcher ends the process, and the watchdog is the last resort)."""
+def shutdown_engine() -> None:
+    """Stop this process's engine, if one runs. At exit (under `accelerate launch` vLLM's own clean-up may not get to
+    run before the launcher ends the process, and the watchdog is the last resort), and when a rollout worker
+    (rollout/async_worker.py) is told to stop: a spawned process runs no exit handlers, and would end its engine's
+    worker abruptly."""
     _shutdown(_ENGINE)
     _ENGINE.clear()
 
@@ -232,8 +234,8 @@ class VLLMBackend:
             _check_main_guarded()
             _ENGINE.update(_started_engine(model, key, processor), key=key)
             self.written = True
-            atexit.unregister(_shutdown_at_exit)
-            atexit.register(_shutdown_at_exit)
+            atexit.unregister(shutdown_engine)
+            atexit.register(shutdown_engine)
         self.llm, self.folder = _ENGINE["llm"], Path(_ENGINE["folder"])
         self.kv_bytes = _ENGINE["key"]["kv_bytes"]
         if self.sharded and not self.written:
@@ -277,6 +279,19 @@ class VLLMBackend:
         if self.processor is not None:  # the images' cached encoder outputs came from the old vision weights
             self.llm.llm_engine.reset_encoder_cache()  # (the scheduler's record and the worker's store together)
         self.stale = False
+
+    def probe_logprobs(self, ids: list[int]) -> torch.Tensor:
+        """log p(x_{t+1} | x_≤t) of the token sequence ``ids`` under the engine's weights (pushed first when stale),
+        as float64 (len(ids) − 1 values): the rollout worker's parity probe (rollout/async_worker.py). vLLM's
+        prompt log-probs are the raw log-softmax in float32, whatever its sampler's settings."""
+        from vllm import SamplingParams
+
+        if self.stale or self.asleep:
+            self.push_weights()
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False, temperature=1.0)
+        out = self.llm.generate([{"prompt_token_ids": list(ids)}], params, use_tqdm=False)[0]
+        # position 0 has no log-prob (nothing before it); each later one holds at least the prompt's own token
+        return torch.tensor([step[token].logprob for step, token in zip(out.prompt_logprobs[1:], ids[1:])]).double()
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]

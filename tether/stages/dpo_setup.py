@@ -147,8 +147,10 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
             if len(used) < len(train) + len(evals):
                 source += f" for the {len(used) - len(evals)} of {len(train)} training examples the run's steps visit"
     sharded = online_sharded(cfg.model, accelerator)  # the offline path shards by the same rule
-    # the hf backend samples from a copy; an engine (vllm) is pushed the sharded weights gathered
-    gathered_copy = cfg.online.online and sharded and BACKENDS[cfg.rollout.backend].samples_trainer_weights
+    # the hf backend samples from a copy, and a rollout worker is written its weights from one; an engine (vllm) in
+    # the trainer is pushed the sharded weights gathered
+    whole = BACKENDS[cfg.rollout.backend].samples_trainer_weights or cfg.rollout.max_staleness > 0
+    gathered_copy = cfg.online.online and sharded and whole
     sampling_copy = sampling_copy_of(model) if gathered_copy else None
     # the optimizer's state is restored by the offline and online loops' own resume (_run_offline, run_online)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, None)

@@ -105,8 +105,10 @@ def load_online_models(cfg, start, needs_reference: bool, scorer=None, extra: Ex
             check_position_restarts(*extra.restarts(own))
     sampling_copy = None
     if sharded:
-        samples_trainer_weights = BACKENDS[cfg.rollout.backend].samples_trainer_weights
-        policy, sampling_copy = shard_trained_online(policy, accelerator, samples_trainer_weights)
+        # a whole copy where the hf backend samples in the trainer, or where a rollout worker is written whole
+        # weights after each update (either engine); an engine in the trainer is pushed them gathered instead
+        whole = BACKENDS[cfg.rollout.backend].samples_trainer_weights or cfg.rollout.max_staleness > 0
+        policy, sampling_copy = shard_trained_online(policy, accelerator, whole)
         sampling_copy = sampling_copy.to(device) if sampling_copy is not None else None
         reference = shard_frozen(reference, accelerator, cfg.model.offload_frozen)
         if own is not None and extra.shard is not None:

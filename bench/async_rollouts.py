@@ -5,6 +5,8 @@ time, and what the lab's lessons say at each K.
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --mode learn --ks 0,1,2 --seeds 0,1
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --mode learn --ks 8,8tis --seeds 0
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload 29m     # speed on bench/stages.py's 29.9 M model
+    .venv/bin/python bench/async_rollouts.py --lab runs/lab --backend vllm     # the vLLM engine: in the trainer at K = 0,
+                                                                               # in the rollout worker at K = 1
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload ppo     # speed on the lab's PPO stage
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload ppo --mode learn --ks 0,1 --seeds 0,1
     .venv/bin/python bench/async_rollouts.py --lab runs/lab --workload shop    # speed on the lab's shop agent (--env)
@@ -49,10 +51,14 @@ import sys
 import time
 from pathlib import Path
 
+BACKEND = {"name": "hf"}  # --backend, which every arm of one invocation samples with
+
 
 def arm_settings(arm: str) -> dict:
     k = int(arm.removesuffix("tis"))
     extra: dict = {"rollout.max_staleness": k} if k else {}
+    if BACKEND["name"] == "vllm":  # the engine in the trainer (K = 0) or in the rollout worker (K ≥ 1)
+        extra |= {"rollout.backend": "vllm", "rollout.vllm_kv_cache_gib": 0.25}
     if arm.endswith("tis"):
         extra |= {"rollout.off_policy_correction": "token_truncate", "rollout.is_ratio_max": 2.0}
     return extra
@@ -188,9 +194,10 @@ def run_29m(lab: Path, folder: Path, arm: str, steps: int) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     model = module.stages.build_model(lab, folder.parent / "model-29m")
-    extra = [f"--{k.split('.')[1].replace('_', '-')}={v}" for k, v in arm_settings(arm).items()]
+    settings = arm_settings(arm).items()
+    extra = [f"--{k.split('.')[1].replace('_', '-')}={v}" for k, v in settings if k != "rollout.backend"]
     t0 = time.perf_counter()
-    if tether_main([*module.grpo_args(lab, model, folder / "run", "hf", steps), *extra]) != 0:
+    if tether_main([*module.grpo_args(lab, model, folder / "run", BACKEND["name"], steps), *extra]) != 0:
         raise SystemExit(f"tether grpo failed for arm {arm}")
     result = {"wall_s": time.perf_counter() - t0, **step_figures(folder / "run" / "metrics.jsonl")}
     (folder / "result.json").write_text(json.dumps(result))
@@ -200,7 +207,7 @@ def launch(
     lab: Path, folder: Path, arm: str, seed: int, mode: str, steps: int, beta: float = 0.2, reward: str = "state"
 ) -> dict:
     command = [sys.executable, __file__, "--one", arm, str(seed), mode, str(steps), "--lab", str(lab)]
-    command += ["--beta", str(beta), "--reward", reward]
+    command += ["--beta", str(beta), "--reward", reward, "--backend", BACKEND["name"]]
     folder.parent.mkdir(parents=True, exist_ok=True)
     log_path = folder.parent / f"{folder.name}.log"  # not with_suffix: "kl0.2-K1" has a dot
     with open(log_path, "w") as log:
@@ -315,12 +322,19 @@ def main() -> None:
     parser.add_argument(
         "--workload", choices=("lab", "29m", "ppo", "shop"), default="lab", help="lab: GRPO; 29m: speed mode only"
     )
+    parser.add_argument(
+        "--backend",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="every arm's sampler (vllm: K ≥ 1 runs it in the worker)",
+    )
     parser.add_argument("--out", default="runs/bench-async-rollouts")
     parser.add_argument("--json", default="")
     parser.add_argument("--beta", type=float, default=0.2, help=argparse.SUPPRESS)  # a PPO run's (--one)
     parser.add_argument("--reward", default="state", help=argparse.SUPPRESS)  # a shop run's (--one)
     parser.add_argument("--one", nargs=4, metavar=("ARM", "SEED", "MODE", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    BACKEND["name"] = args.backend
     lab, out = Path(args.lab).resolve(), Path(args.out).resolve()
     if args.one:
         arm, seed, mode, steps = args.one

@@ -797,3 +797,26 @@ def test_a_killed_rollout_worker_stops_the_run_and_takes_its_engine_with_it(mode
     while left() and time.time() < deadline:
         time.sleep(0.1)
     assert not left(), "the engine or its weights outlived the killed worker"
+
+
+@pytest.mark.slow
+def test_one_engine_worker_beside_two_sharded_processes_equals_one_process_beside_it(one_process_run, tmp_path):
+    """--max-staleness 1 --rollout-workers one --fsdp on two processes: process 0's rollout worker runs the engine for
+    both processes' shares, pushed from a gathered copy of the sharded policy (a worker is written whole weights);
+    the two processes train what one process beside its own engine worker trains (samples, figures, weights), and
+    the worker drew every process's rows."""
+    from test_online_parallel import assert_same_run, launch
+
+    from tether.cli import main as tether_main
+
+    args, _ = one_process_run
+    args = args + ["--max-staleness", "1", "--async-threads", "1"]
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    two = tmp_path / "two"
+    launch(args + ["--output", str(two), "--rollout-workers", "one", "--fsdp"])
+    assert_same_run(tmp_path / "one", two)
+    rows = metrics(two)
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["async/worker_rows"] for r in rows] == [16.0, 16.0, 16.0]  # 4 prompts x 4, both halves
+    plan = yaml.safe_load((two / "config.yaml").read_text())["plan"]
+    assert "a vLLM engine" in plan["generation"] and "one worker, beside process 0, for all 2" in plan["generation"]

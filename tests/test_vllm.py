@@ -763,6 +763,37 @@ def test_the_rollout_worker_runs_the_engine_one_update_behind(model_dir, files, 
     assert "max_staleness: 1" in plan and "backend: vllm" in plan
 
 
+def test_episodes_drawn_by_the_engine_in_the_worker_begin_as_the_synchronous_engines(model_dir, files, tmp_path):
+    """--env with the engine in the rollout worker (K = 1): the worker's AgentSampler samples each turn through its
+    engine, so the first step's multi-turn episodes (a model that ends one turn in eight tokens; the Counting
+    environment; response seeds) equal those of the synchronous run's engine, and later steps train one update
+    behind."""
+    import shutil
+
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    model = tmp_path / "ending"
+    shutil.copytree(model_dir, model)
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": list(range(8, vocab, 8))}))
+    env = f"{Path(__file__).parent / 'agent_helpers.py'}:Counting(turns=3)"
+    grpo = two_grpo_steps(model, files, tmp_path / "sync", rollout__response_seeds=True, train__sample_every=1)
+    grpo |= {"agent.env": env, "agent.max_total_tokens": 48}
+    run_grpo(build_config(GRPOConfig, overrides=grpo))
+    ahead = {**grpo, "train.output": str(tmp_path / "ahead"), "rollout.max_staleness": 1}
+    run_grpo(build_config(GRPOConfig, overrides={**ahead, "rollout.async_threads": torch.get_num_threads()}))
+
+    def first(out):
+        return [(s["response"], s["agent"]) for s in map(json.loads, (out / "samples.jsonl").open()) if s["step"] == 1]
+
+    assert first(tmp_path / "ahead") == first(tmp_path / "sync")
+    assert max(agent["turns"] for _, agent in first(tmp_path / "sync")) > 1  # multi-turn: the stop set ends turns
+    rows = metrics(tmp_path / "ahead")
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0]
+    assert all(0 <= r["async/parity_max_diff"] < 1e-3 for r in rows)
+
+
 @pytest.mark.slow
 def test_a_killed_rollout_worker_stops_the_run_and_takes_its_engine_with_it(model_dir, files, tmp_path):
     """The rollout worker holding the engine is killed mid-run: the trainer stops naming it, and nothing is left —

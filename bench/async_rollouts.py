@@ -51,7 +51,7 @@ import sys
 import time
 from pathlib import Path
 
-BACKEND = {"name": "hf"}  # --backend, which every arm of one invocation samples with
+BACKEND = {"name": "hf", "dynamic": False}  # --backend and --dynamic-sampling, every arm's of one invocation
 
 
 def arm_settings(arm: str) -> dict:
@@ -59,6 +59,8 @@ def arm_settings(arm: str) -> dict:
     extra: dict = {"rollout.max_staleness": k} if k else {}
     if BACKEND["name"] == "vllm":  # the engine in the trainer (K = 0) or in the rollout worker (K ≥ 1)
         extra |= {"rollout.backend": "vllm", "rollout.vllm_kv_cache_gib": 0.25}
+    if BACKEND["dynamic"]:  # DAPO's dynamic sampling on the lab's GRPO stage (its binary outcome reward)
+        extra |= {"algo.dynamic_sampling": True}
     if arm.endswith("tis"):
         extra |= {"rollout.off_policy_correction": "token_truncate", "rollout.is_ratio_max": 2.0}
     return extra
@@ -208,6 +210,7 @@ def launch(
 ) -> dict:
     command = [sys.executable, __file__, "--one", arm, str(seed), mode, str(steps), "--lab", str(lab)]
     command += ["--beta", str(beta), "--reward", reward, "--backend", BACKEND["name"]]
+    command += ["--dynamic-sampling"] if BACKEND["dynamic"] else []
     folder.parent.mkdir(parents=True, exist_ok=True)
     log_path = folder.parent / f"{folder.name}.log"  # not with_suffix: "kl0.2-K1" has a dot
     with open(log_path, "w") as log:
@@ -328,13 +331,14 @@ def main() -> None:
         default="hf",
         help="every arm's sampler (vllm: K ≥ 1 runs it in the worker)",
     )
+    parser.add_argument("--dynamic-sampling", action="store_true", help="every arm with DAPO's dynamic sampling")
     parser.add_argument("--out", default="runs/bench-async-rollouts")
     parser.add_argument("--json", default="")
     parser.add_argument("--beta", type=float, default=0.2, help=argparse.SUPPRESS)  # a PPO run's (--one)
     parser.add_argument("--reward", default="state", help=argparse.SUPPRESS)  # a shop run's (--one)
     parser.add_argument("--one", nargs=4, metavar=("ARM", "SEED", "MODE", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    BACKEND["name"] = args.backend
+    BACKEND["name"], BACKEND["dynamic"] = args.backend, args.dynamic_sampling
     lab, out = Path(args.lab).resolve(), Path(args.out).resolve()
     if args.one:
         arm, seed, mode, steps = args.one

@@ -16,7 +16,10 @@ from safetensors.torch import load_file
 
 from tether.cli import main
 
-RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
+RULES = (
+    "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
+    "def has_a(completions):\n    return [float('a' in c) for c in completions]\n"
+)
 
 
 @pytest.fixture
@@ -300,10 +303,35 @@ def test_online_dpo_samples_the_next_round_beside_the_trainer(llama_dir, files, 
     assert (sync / "rounds" / "round-1.jsonl").read_text() != (ahead / "rounds" / "round-1.jsonl").read_text()
 
 
+def test_dynamic_sampling_beside_the_worker_draws_whole_steps_of_prompts_within_the_bound(llama_dir, files, tmp_path):
+    """DAPO's dynamic sampling at K = 1 (a binary reward, so many groups score alike and steps need more rounds):
+    each round draws a whole step's prompts, a chunk of the prompt stream, and the worker draws the chunks of the
+    next (K + 1)·r rounds ahead (r: the rounds a step took so far), so later steps train on chunks drawn one update
+    back; every response trained on is within one update, and a chunk a step left for later than that is dropped
+    and drawn again, counted."""
+    args = grpo_args(llama_dir, files, tmp_path / "run", "--recipe", "dapo", "--max-staleness", "1")
+    rules = str(files[0])
+    args[args.index(f"{rules}:count_a")] = f"{rules}:has_a"
+    args[args.index("--prompts-per-step") + 1] = "4"
+    assert main(args + ["--max-steps", "5", "--max-sampling-rounds", "3"]) == 0
+    metrics = rows(tmp_path / "run" / "metrics.jsonl")
+    assert len(metrics) == 5 and all(m["async/staleness_max"] <= 1.0 for m in metrics)
+    assert any(m["async/staleness_max"] == 1.0 for m in metrics)  # drawn ahead, trained one update later
+    assert any(m["sampling/rounds"] > 1 for m in metrics), [m["sampling/rounds"] for m in metrics]
+    for m in metrics:  # whole chunks of 4 prompts a round, however many groups the round still needed
+        sampled = m["sampling/groups_sampled"]
+        assert sampled == 4 * m["sampling/rounds"]
+        assert m["async/dropped"] % (4 * 4) == 0  # whole chunks of 4 prompts x 4 responses
+    # a round that needed fewer groups than it drew dropped the rest: more varying groups drawn than kept
+    surplus = [
+        m["sampling/groups_sampled"] * (1 - m["groups/zero_variance_frac"]) - m["sampling/groups_kept"] for m in metrics
+    ]
+    assert max(surplus) > 0.5, surplus
+
+
 def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, files, tmp_path, capsys):
     for more, said in (
         (["--rollout-backend", "vllm", "--vllm-sleep"], "so it never sleeps"),
-        (["--dynamic-sampling"], "algo.dynamic_sampling"),
         (["--max-staleness", "-1"], "must be >= 0"),
         (["--env", "tether.lab.agents:CalcEnv", "--rollout-workers", "one"], "agent.env with rollout_workers=one"),
     ):

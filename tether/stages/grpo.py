@@ -10,6 +10,7 @@ loop around the step is tether/train/online.py.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ class GroupStage:
         self.cursor = 0  # prompts drawn so far: dynamic sampling draws a varying number per step
         self.warned_until = 0
         self.queued = 0  # prompts queued with a rollout worker (rollout.max_staleness); none after a resume
+        self.rounds_drawn = [0, 0]  # dynamic sampling's rounds and steps so far: how far ahead to queue
 
     @property
     def sampling_policy(self):
@@ -192,10 +194,13 @@ class GroupStage:
         kept_rollouts, kept_rows, kept_scores = [], [], []
         needed, rounds, sampled, zero = ro.prompts_per_step, 0, 0, 0
         while needed > 0 and rounds < (a.max_sampling_rounds if a.dynamic_sampling else 1):
-            # ── a round: each process samples and scores its share of the prompts; the round is gathered ──
-            indices = self.order.slice(self.cursor, needed)
-            mine = dp.shard(list(zip(indices, range(self.cursor, self.cursor + needed))))  # (prompt, stream position)
-            self.cursor += needed
+            # ── a round: each process samples and scores its share of the prompts; the round is gathered. With a
+            # rollout worker a round draws a whole step's prompts, the chunks queue_ahead asked the worker for; the
+            # groups a later round keeps beyond those needed are dropped (counted in sampling/groups_sampled) ──
+            take = ro.prompts_per_step if ro.max_staleness else needed
+            indices = self.order.slice(self.cursor, take)
+            mine = dp.shard(list(zip(indices, range(self.cursor, self.cursor + take))))  # (prompt, stream position)
+            self.cursor += take
             local = dp.all_or_none(lambda: self.sample([i for i, _ in mine], [p for _, p in mine]))
             rollout = gather_rollout(dp, local[0], self.tokenizer.pad_token_id)
             scores = gather_scores(dp, local[1])
@@ -213,6 +218,8 @@ class GroupStage:
             kept_scores.append(scores.select(idx))
             needed -= len(keep)
         counts = GroupCounts(rounds, sampled, zero, len(kept_rows) // g)
+        if a.dynamic_sampling:
+            self.rounds_drawn = [self.rounds_drawn[0] + rounds, self.rounds_drawn[1] + 1]
         if not kept_rollouts:
             return None, counts
         return Experience(
@@ -230,29 +237,37 @@ class GroupStage:
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
         return self.sampler.sample(self.rows, picked, seeds, self.scorer, g)
 
-    def queue_ahead(self) -> None:
+    def queue_ahead(self, step: int) -> None:
         """With rollout.max_staleness K: the prompts of this step and the K after it queued with the rollout worker,
         each step's after the weights of every update before it was pushed (rollout/async_worker.py), so the
         responses trained on at update u were drawn by a version ≥ u − K; none past the last step. On N processes each
-        queues its own share with its own worker, the share ``collect`` will ask it for."""
-        ro, g = self.cfg.rollout, self.cfg.rollout.group_size
-        end = self.cfg.train.max_steps * ro.prompts_per_step  # nothing past the last step (no dynamic sampling here)
-        for later in range(ro.max_staleness + 1 if ro.max_staleness else 0):
-            start = self.cursor + later * ro.prompts_per_step
+        queues its own share with its own worker, the share ``collect`` will ask it for.
+
+        Dynamic sampling draws the prompt stream a whole step's prompts (a chunk) per round, r rounds a step: the
+        chunks of this step and the K after it are the next (K + 1)·r, with r the mean of the steps so far (1 before
+        the first). A chunk queued at step t is drawn by a version ≥ t, so if it is used by step t + K it is within
+        the bound; one a slower step leaves for later than that is dropped on arrival and drawn again (async/dropped)."""
+        ro, g, per = self.cfg.rollout, self.cfg.rollout.group_size, self.cfg.rollout.prompts_per_step
+        steps_left = self.cfg.train.max_steps - step
+        rounds = self.rounds_drawn[0] / self.rounds_drawn[1] if self.rounds_drawn[1] else 1.0
+        chunks = math.ceil((ro.max_staleness + 1) * rounds) if ro.max_staleness else 0
+        end = self.cursor + math.ceil(steps_left * rounds) * per  # nothing past the run's last step
+        for later in range(chunks):
+            start = self.cursor + later * per
             if self.queued <= start < end:
-                indices = self.order.slice(start, ro.prompts_per_step)
-                mine = self.dp.shard(list(zip(indices, range(start, start + ro.prompts_per_step))))
+                indices = self.order.slice(start, per)
+                mine = self.dp.shard(list(zip(indices, range(start, start + per))))
                 picked = [i for i, _ in mine for _ in range(g)]
                 seeds = response_seeds(self.cfg.train.seed, [p for _, p in mine], g) if ro.response_seeds else None
                 if picked:
                     self.sampler.ahead(picked, seeds)
-                self.queued = start + ro.prompts_per_step
+                self.queued = start + per
 
     def step(self, step: int) -> tuple[dict, list]:
         # ── sample and score the step's groups (dynamic sampling: rounds until enough vary); with a rollout worker
         # the later steps' prompts are queued first, so it samples them while this step updates ──
         t0 = time.perf_counter()
-        self.queue_ahead()
+        self.queue_ahead(step)
         exp, counts = self.collect()
         t1 = time.perf_counter()
         self._warn_if_flat(step, counts.zero_variance_frac)

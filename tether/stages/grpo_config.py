@@ -47,7 +47,9 @@ class GroupSection(PolicyUpdateSection):
         0.0, "β of the per-token KL penalty folded into the rewards (reinforce_pp's estimator only); 0 = none."
     )
     dynamic_sampling: bool = option(
-        False, "Drop groups whose scores are all equal and sample more prompts to fill the step."
+        False,
+        "Drop groups whose scores are all equal and sample more prompts to fill the step. With --max-staleness each "
+        "round draws a whole step's prompts (what the worker drew ahead), a later round's surplus groups dropped.",
     )
     max_sampling_rounds: int = option(
         3,
@@ -122,10 +124,7 @@ class GRPOConfig(StageConfig):
             )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
-        check_rollout_worker(
-            self,
-            {"algo.dynamic_sampling (how many prompts a step draws depends on the scores)": self.algo.dynamic_sampling},
-        )
+        check_rollout_worker(self)
 
     @property
     def norm_length(self) -> int:

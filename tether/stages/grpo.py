@@ -10,7 +10,6 @@ loop around the step is tether/train/online.py.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -39,6 +38,10 @@ from tether.train.parallel import empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import attach_sampling
 from tether.train.schedule import build_optimizer
 from tether.train.sharding import grad_norm_value, reshard, sharded_reward_model, sharding_line
+
+# dynamic sampling's top-up stream (with a rollout worker): its prompts' stream positions, which seed their responses
+# (rollout.response_seeds), start here, far past any main-stream position a run reaches
+TOPUP_POSITIONS = 1 << 40
 
 
 def process_token_advantages(exp: Experience, tokenizer, pattern: str, group_size: int) -> torch.Tensor:
@@ -99,7 +102,9 @@ class GroupStage:
         self.cursor = 0  # prompts drawn so far: dynamic sampling draws a varying number per step
         self.warned_until = 0
         self.queued = 0  # prompts queued with a rollout worker (rollout.max_staleness); none after a resume
-        self.rounds_drawn = [0, 0]  # dynamic sampling's rounds and steps so far: how far ahead to queue
+        # dynamic sampling's later rounds beside a rollout worker: a stream of their own (another order of the same
+        # prompts), so the main stream's cursor moves one step's prompts a step and its steps can be queued ahead
+        self.topup, self.topup_cursor = EpochOrder(len(self.prompts), cfg.train.seed + 1), 0
 
     @property
     def sampling_policy(self):
@@ -109,10 +114,11 @@ class GroupStage:
         return {}
 
     def state(self) -> dict:
-        return {"cursor": self.cursor}
+        return {"cursor": self.cursor, "topup_cursor": self.topup_cursor}
 
     def load_state(self, state: dict) -> None:
         self.cursor = state["cursor"]
+        self.topup_cursor = state.get("topup_cursor", 0)  # checkpoints before the top-up stream have none
 
     def summary(self) -> dict:
         return {"recipe": self.cfg.algo.recipe}
@@ -195,12 +201,16 @@ class GroupStage:
         needed, rounds, sampled, zero = ro.prompts_per_step, 0, 0, 0
         while needed > 0 and rounds < (a.max_sampling_rounds if a.dynamic_sampling else 1):
             # ── a round: each process samples and scores its share of the prompts; the round is gathered. With a
-            # rollout worker a round draws a whole step's prompts, the chunks queue_ahead asked the worker for; the
-            # groups a later round keeps beyond those needed are dropped (counted in sampling/groups_sampled) ──
-            take = ro.prompts_per_step if ro.max_staleness else needed
-            indices = self.order.slice(self.cursor, take)
-            mine = dp.shard(list(zip(indices, range(self.cursor, self.cursor + take))))  # (prompt, stream position)
-            self.cursor += take
+            # rollout worker a later round draws from the top-up stream, so every step's first round is the step's
+            # own prompts, known (and queued) steps ahead ──
+            if rounds and ro.max_staleness:
+                indices = self.topup.slice(self.topup_cursor, needed)
+                start = TOPUP_POSITIONS + self.topup_cursor  # stream positions (response seeds) of its own
+                self.topup_cursor += needed
+            else:
+                indices, start = self.order.slice(self.cursor, needed), self.cursor
+                self.cursor += needed
+            mine = dp.shard(list(zip(indices, range(start, start + needed))))  # (prompt, stream position)
             local = dp.all_or_none(lambda: self.sample([i for i, _ in mine], [p for _, p in mine]))
             rollout = gather_rollout(dp, local[0], self.tokenizer.pad_token_id)
             scores = gather_scores(dp, local[1])
@@ -218,8 +228,6 @@ class GroupStage:
             kept_scores.append(scores.select(idx))
             needed -= len(keep)
         counts = GroupCounts(rounds, sampled, zero, len(kept_rows) // g)
-        if a.dynamic_sampling:
-            self.rounds_drawn = [self.rounds_drawn[0] + rounds, self.rounds_drawn[1] + 1]
         if not kept_rollouts:
             return None, counts
         return Experience(
@@ -237,38 +245,37 @@ class GroupStage:
         seeds = response_seeds(self.cfg.train.seed, positions, g) if ro.response_seeds else None
         return self.sampler.sample(self.rows, picked, seeds, self.scorer, g)
 
-    def queue_ahead(self, step: int) -> None:
+    def queue_ahead(self, after_rounds: bool = False) -> None:
         """With rollout.max_staleness K: the prompts of this step and the K after it queued with the rollout worker,
         each step's after the weights of every update before it was pushed (rollout/async_worker.py), so the
         responses trained on at update u were drawn by a version ≥ u − K; none past the last step. On N processes each
-        queues its own share with its own worker, the share ``collect`` will ask it for.
-
-        Dynamic sampling draws the prompt stream a whole step's prompts (a chunk) per round, r rounds a step: the
-        chunks of this step and the K after it are the next (K + 1)·r, with r the mean of the steps so far (1 before
-        the first). A chunk queued at step t is drawn by a version ≥ t, so if it is used by step t + K it is within
-        the bound; one a slower step leaves for later than that is dropped on arrival and drawn again (async/dropped)."""
-        ro, g, per = self.cfg.rollout, self.cfg.rollout.group_size, self.cfg.rollout.prompts_per_step
-        steps_left = self.cfg.train.max_steps - step
-        rounds = self.rounds_drawn[0] / self.rounds_drawn[1] if self.rounds_drawn[1] else 1.0
-        chunks = math.ceil((ro.max_staleness + 1) * rounds) if ro.max_staleness else 0
-        end = self.cursor + math.ceil(steps_left * rounds) * per  # nothing past the run's last step
-        for later in range(chunks):
-            start = self.cursor + later * per
+        queues its own share with its own worker, the share ``collect`` will ask it for. (Dynamic sampling's later
+        rounds come from the top-up stream, drawn when asked, so each step's first round is known ahead.)
+        ``after_rounds``: called after this step's rounds (the cursor already past its prompts): the K steps after it."""
+        ro, g = self.cfg.rollout, self.cfg.rollout.group_size
+        end = self.cfg.train.max_steps * ro.prompts_per_step
+        for later in range(ro.max_staleness + (0 if after_rounds else 1) if ro.max_staleness else 0):
+            start = self.cursor + later * ro.prompts_per_step
             if self.queued <= start < end:
-                indices = self.order.slice(start, per)
-                mine = self.dp.shard(list(zip(indices, range(start, start + per))))
+                indices = self.order.slice(start, ro.prompts_per_step)
+                mine = self.dp.shard(list(zip(indices, range(start, start + ro.prompts_per_step))))
                 picked = [i for i, _ in mine for _ in range(g)]
                 seeds = response_seeds(self.cfg.train.seed, [p for _, p in mine], g) if ro.response_seeds else None
                 if picked:
                     self.sampler.ahead(picked, seeds)
-                self.queued = start + per
+                self.queued = start + ro.prompts_per_step
 
     def step(self, step: int) -> tuple[dict, list]:
         # ── sample and score the step's groups (dynamic sampling: rounds until enough vary); with a rollout worker
-        # the later steps' prompts are queued first, so it samples them while this step updates ──
+        # the later steps' prompts are queued first, so it samples them while this step updates — after this step's
+        # rounds with dynamic sampling, whose top-up rounds would otherwise wait behind the next step's prompts ──
         t0 = time.perf_counter()
-        self.queue_ahead(step)
+        topping_up = self.cfg.algo.dynamic_sampling
+        if not topping_up:
+            self.queue_ahead()
         exp, counts = self.collect()
+        if topping_up:
+            self.queue_ahead(after_rounds=True)
         t1 = time.perf_counter()
         self._warn_if_flat(step, counts.zero_variance_frac)
         metrics = counts.metrics()

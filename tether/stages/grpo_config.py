@@ -48,8 +48,8 @@ class GroupSection(PolicyUpdateSection):
     )
     dynamic_sampling: bool = option(
         False,
-        "Drop groups whose scores are all equal and sample more prompts to fill the step. With --max-staleness each "
-        "round draws a whole step's prompts (what the worker drew ahead), a later round's surplus groups dropped.",
+        "Drop groups whose scores are all equal and sample more prompts to fill the step. With --max-staleness the "
+        "later rounds draw from a top-up stream of the prompts, so each step's first round is drawn ahead.",
     )
     max_sampling_rounds: int = option(
         3,

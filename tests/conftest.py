@@ -41,9 +41,9 @@ CORPUS = [
 # Each file's seconds summed from --durations=0 (2 cores, AMD EPYC, 2026-12-06; the machine busy, so for the order)
 LONGEST_FIRST = (
     "test_online_parallel.py",  # about 430
+    "test_vllm.py",  # 390 (the engine in the rollout worker: four tests, 155)
     "test_lab_pipeline.py",  # 330 (the quick lab's fixture alone about 105)
     "test_sharding_online.py",  # 300
-    "test_vllm.py",  # 235
     "test_async_rollouts.py",  # 205
     "test_multimodal_rl.py",  # 160
     "test_kill_anywhere.py",  # 150

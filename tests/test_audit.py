@@ -9,6 +9,7 @@ from test_scorer import rollout as two_responses
 
 from tether.config import ConfigError, build_config
 from tether.diagnostics.monitors import MonitorSettings, audit_divergence
+from tether.diagnostics.watch import RunMonitor, audit_confirmed
 from tether.online_sections import RewardSection
 from tether.rewards.functions import load_audit_set
 from tether.rewards.score import Scorer, audited_response, scorer_rates
@@ -33,7 +34,8 @@ def test_the_audited_share_is_a_hash_of_step_prompt_and_response():
 
 def test_the_scorer_audits_the_picked_responses_beside_their_proxy(tmp_path):
     """share 1: both responses audited. gold = characters: 'a' → 1, 'bbb' → 3 (mean 2, population std 1); the proxy
-    on them is the total, the reward model's 1 and 2 (mean 1.5)."""
+    on them is the total, the reward model's 1 and 2 (mean 1.5, population std 0.5); their covariance
+    (1·1 + 3·2)/2 − 2·1.5 = 0.5."""
     path = tmp_path / "audit.py"
     path.write_text(AUDIT)
     cfg = RewardSection(audit=f"{path}:gold", audit_share=1.0)
@@ -48,6 +50,8 @@ def test_the_scorer_audits_the_picked_responses_beside_their_proxy(tmp_path):
         "audit/score_mean": 2.0,
         "audit/score_std": 1.0,
         "audit/proxy_mean": 1.5,
+        "audit/proxy_std": 0.5,
+        "audit/score_proxy_cov": 0.5,
     }
     assert scorer.step_figures() == {}  # taken once
     assert "audited by" in scorer.describe() and "100% of the training responses" in scorer.describe()
@@ -80,6 +84,74 @@ def test_audit_divergence_fires_when_the_audit_falls_and_the_proxy_does_not():
     (alarm,) = run(0.4, 0.9)
     assert alarm.step == 20 and alarm.statistics["standard_errors"] == pytest.approx(0.6 / (0.025**0.5), rel=1e-12)
     assert run(0.4, 0.3) == [] and run(0.6, 0.9) == []
+
+
+def confirm_rows(fall_from: int, after: float, proxy_after: float, collapse: bool = True) -> list[dict]:
+    """40 steps, 2 audited responses a step (std 0.5): audit 1.0 and proxy 0.5 up to step fall_from − 1, then
+    ``after`` and ``proxy_after``; the token entropy 1.0, and 0.1 from step 20 when ``collapse`` (entropy_collapse,
+    window 5, ratio 0.3: steps 19–23 average 1.4/5 = 0.28 < 0.3, a generic alarm at step 23)."""
+    return [
+        {
+            "step": step,
+            "policy/entropy": 0.1 if collapse and step >= 20 else 1.0,
+            "audit/n": 2,
+            "audit/score_mean": 1.0 if step < fall_from else after,
+            "audit/score_std": 0.5,
+            "audit/proxy_mean": 0.5 if step < fall_from else proxy_after,
+        }
+        for step in range(1, 41)
+    ]
+
+
+def test_audit_confirmed_confirms_a_generic_alarm_on_a_sliding_window():
+    """The audit falls from 1.0 to 0.7 at step 21; entropy_collapse fires at step 23; window 15. The first step
+    with a whole block (1–15) ending by t − 15 is t = 30: steps 16–30 hold 10 responses at 1.0 and 20 at 0.7 —
+    mean 0.8, second moment (10 · 1.25 + 20 · 0.74)/30 = 0.91, variance 0.27; against block 1–15 (mean 1.0,
+    variance 0.25, n 30) the drop 0.2 is 0.2/√(0.52/30) = 1.52 standard errors: confirmed at step 30 with z 1.0.
+    With z 1.6, step 31: 8 at 1.0, 22 at 0.7 — mean 0.78, variance 0.876 − 0.6084 = 0.2676, 0.22/√(0.5176/30) =
+    1.67. No generic alarm, or the proxy fallen with the audit: silent."""
+    (alarm,) = audit_confirmed(confirm_rows(21, 0.7, 0.9), [], MonitorSettings(audit_window=15, audit_confirm_z=1.0))
+    assert alarm.monitor == "audit_confirmed" and alarm.step == 30
+    assert alarm.statistics["confirms"] == "entropy_collapse" and alarm.statistics["confirms_step"] == 23
+    assert alarm.statistics["standard_errors"] == pytest.approx(0.2 / (0.52 / 30) ** 0.5, rel=1e-9)
+    assert alarm.statistics["audit_mean"] == pytest.approx(0.8, rel=1e-12)
+    (later,) = audit_confirmed(confirm_rows(21, 0.7, 0.9), [], MonitorSettings(audit_window=15, audit_confirm_z=1.6))
+    assert later.step == 31 and later.statistics["standard_errors"] == pytest.approx(
+        0.22 / (0.5176 / 30) ** 0.5, rel=1e-9
+    )
+    assert audit_confirmed(confirm_rows(21, 0.7, 0.9, collapse=False), [], MonitorSettings()) == []
+    assert audit_confirmed(confirm_rows(21, 0.7, 0.4), [], MonitorSettings(audit_confirm_z=0.0)) == []
+
+
+def test_alarm_stops_trusted_stops_only_on_an_alarm_the_audit_confirms(tmp_path):
+    """The same records written as a run's metrics.jsonl: entropy_collapse alone stops a run with alarm_stops any,
+    not with trusted; the audit's fall to 0.73 over 35 steps, confirmed at step 30 (steps 16–30: mean 0.82, variance
+    0.2662, 0.18/√(0.5162/30) = 1.37 ≥ 1.0 standard errors) and too small for audit_divergence (blocks 16–30: 1.37,
+    31–35: 0.27/√(0.25/30 + 0.25/10) = 1.48, both < 1.5), stops a trusted run. The option is refused where nothing
+    trusted checks the run."""
+
+    def stops(rows, how):
+        out = tmp_path / f"{how}-{len(rows)}-{rows[-1]['audit/score_mean']}"
+        out.mkdir()
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return RunMonitor(out, stop_on_alarm=True, stops=how).check(), out
+
+    calm = confirm_rows(41, 1.0, 0.5)  # no fall: entropy_collapse only
+    assert stops(calm, "any")[0] and not stops(calm, "trusted")[0]
+    stopped, out = stops(confirm_rows(21, 0.73, 0.9)[:35], "trusted")
+    assert stopped
+    alarms = [json.loads(x)["monitor"] for x in (out / "alarms.jsonl").read_text().splitlines()]
+    assert alarms == ["entropy_collapse", "audit_confirmed"]
+    from tether.stages.grpo_config import GRPOConfig
+
+    with pytest.raises(ConfigError, match="alarm_stops=trusted: no trusted check"):
+        build_config(GRPOConfig, overrides={"model.path": "m", "train.alarm_stops": "trusted"})
+    assert (
+        build_config(
+            GRPOConfig, overrides={"model.path": "m", "train.alarm_stops": "trusted", "rewards.audit": "a.py:f"}
+        ).train.alarm_stops
+        == "trusted"
+    )
 
 
 def test_a_grpo_run_logs_its_audit_and_online_dpo_and_agents_refuse_it(llama_dir, tmp_path):

@@ -483,6 +483,16 @@ class AgentSection(Section):
             )
 
 
+def check_alarm_stops(cfg) -> None:
+    """train.alarm_stops=trusted stops only on alarms that read a trusted check: refused by name where the run has
+    none (no --audit, no --env, no held-out evaluation for a task metric)."""
+    if cfg.train.alarm_stops == "trusted" and not (cfg.rewards.audit or cfg.agent.env or cfg.rollout.eval_prompts):
+        raise ConfigError(
+            "train.alarm_stops=trusted: no trusted check to confirm an alarm — give --audit (a trusted reward "
+            "function on a share of the responses), an --env environment, or rollout.eval_prompts with a task metric"
+        )
+
+
 def check_rollout_worker(cfg, stage_settings: dict[str, bool] | None = None) -> None:
     """rollout.max_staleness ≥ 1 (PPO and the group family): the settings the rollout worker does not sample with
     yet, refused by name before anything loads; ``stage_settings``: a stage's own (description -> on)."""

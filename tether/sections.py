@@ -317,6 +317,13 @@ class AlarmOptions(Section):
         "checkpoint written before the alarm's step; the starting model if none was), best (best/, by best_metric).",
         choices=("last", "before", "best"),
     )
+    alarm_stops: str = option(
+        "any",
+        "With stop_on_alarm, which alarms stop the run: any, or trusted (those that read a trusted check: the audit "
+        "(--audit), the environment's state, a held-out task metric, and a generic monitor's alarm the audit "
+        "confirmed; the other alarms are still written). trusted needs --audit or an environment.",
+        choices=("any", "trusted"),
+    )
 
 
 @dataclass(frozen=True)

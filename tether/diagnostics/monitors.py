@@ -114,6 +114,10 @@ class MonitorSettings:
     # alarms; a 5 % audit of 32 responses a step gives about 24 a block, too few for 3 standard errors)
     audit_window: int = 15
     audit_z: float = 1.5
+    # a generic alarm confirmed by the audit (watch.py audit_confirmed): after it, the audit over the last
+    # audit_window steps lies audit_confirm_z standard errors below its best earlier block, the proxy not fallen — a
+    # lower bar than audit_z because the generic alarm already points at the run
+    audit_confirm_z: float = 1.0
     # the image-blind reward: at an evaluation, a vision-language reward model's score moves by less than
     # image_shift_min of its spread when each held-out response is shown another prompt's image (eval/reward/
     # image_shift); the same rule as `tether rm`'s image probe on held-out pairs
@@ -511,42 +515,55 @@ def __getattr__(name: str):
     return moved_name(__name__, name)
 
 
-def _audit_blocks(metrics: list[dict], w: int) -> list[dict]:
-    """The audit's figures pooled over consecutive blocks of w steps (1–w, w+1–2w, …): responses n, the audit's mean
-    and population variance, and the proxy's mean on the same responses."""
+def audit_pool(rows: list[dict], last: int) -> dict:
+    """Steps' audit figures pooled (rows with audit/n > 0): responses n, the audit's mean and population variance,
+    the proxy's mean on the same responses; ``last``: the pool's last step, carried for messages."""
+    n = sum(r["audit/n"] for r in rows)
+    mean = sum(r["audit/n"] * r["audit/score_mean"] for r in rows) / n
+    second = sum(r["audit/n"] * (r["audit/score_std"] ** 2 + r["audit/score_mean"] ** 2) for r in rows) / n
+    proxy = sum(r["audit/n"] * r["audit/proxy_mean"] for r in rows) / n
+    return {"last": last, "n": n, "mean": mean, "var": max(second - mean * mean, 0.0), "proxy": proxy}
+
+
+def audit_blocks(metrics: list[dict], w: int) -> list[dict]:
+    """The audit's figures pooled over consecutive blocks of w steps (1–w, w+1–2w, …), blocks with no audited
+    response left out."""
     blocks: dict[int, list[dict]] = {}
     for m in metrics:
         if m.get("audit/n"):
             blocks.setdefault((int(m["step"]) - 1) // w, []).append(m)
-    out = []
-    for k, rows in sorted(blocks.items()):
-        n = sum(r["audit/n"] for r in rows)
-        mean = sum(r["audit/n"] * r["audit/score_mean"] for r in rows) / n
-        second = sum(r["audit/n"] * (r["audit/score_std"] ** 2 + r["audit/score_mean"] ** 2) for r in rows) / n
-        proxy = sum(r["audit/n"] * r["audit/proxy_mean"] for r in rows) / n
-        out.append({"last": (k + 1) * w, "n": n, "mean": mean, "var": max(second - mean * mean, 0.0), "proxy": proxy})
-    return out
+    return [audit_pool(rows, (k + 1) * w) for k, rows in sorted(blocks.items())]
+
+
+def audit_drop(best: dict, now: dict) -> float | None:
+    """How many standard errors of the difference the pool ``now`` lies below ``best``, √(s²_best/n_best +
+    s²_now/n_now); None when either has fewer than 2 responses or the audit did not fall (or the proxy fell: then
+    the policy is not winning the proxy at the check's expense)."""
+    if best["n"] < 2 or now["n"] < 2:
+        return None
+    drop = best["mean"] - now["mean"]
+    if drop <= 0 or now["proxy"] < best["proxy"]:
+        return None
+    se = math.sqrt(best["var"] / best["n"] + now["var"] / now["n"])
+    return drop / se if se else math.inf
 
 
 def audit_divergence(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """The trusted check falls while the proxy on the same responses does not: over blocks of audit_window steps, a
     block's audited mean is audit_z standard errors of the difference below the best block before it, and its proxy
     mean is at least that block's."""
-    blocks = _audit_blocks(metrics, s.audit_window)
+    blocks = audit_blocks(metrics, s.audit_window)
     for j, now in enumerate(blocks):
-        if j == 0 or now["n"] < 2:
+        if j == 0:
             continue
         best = max(blocks[:j], key=lambda b: b["mean"])
-        if best["n"] < 2:
-            continue
-        se = math.sqrt(best["var"] / best["n"] + now["var"] / now["n"])
-        drop = best["mean"] - now["mean"]
-        if drop > 0 and drop >= s.audit_z * se and now["proxy"] >= best["proxy"]:
+        errors = audit_drop(best, now)
+        if errors is not None and errors >= s.audit_z:
             stats = {
                 "subject": "audit",
                 "audit_mean": now["mean"],
                 "audit_mean_at_best": best["mean"],
-                "standard_errors": drop / se if se else math.inf,
+                "standard_errors": errors,
                 "proxy_mean": now["proxy"],
                 "proxy_mean_at_best": best["proxy"],
                 "responses": now["n"],

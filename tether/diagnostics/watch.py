@@ -10,7 +10,10 @@ from tether.diagnostics.judge_monitors import judge_injection, judge_position, j
 from tether.diagnostics.monitors import (
     Alarm,
     MonitorSettings,
+    audit_blocks,
     audit_divergence,
+    audit_drop,
+    audit_pool,
     entropy_collapse,
     format_without_correctness,
     image_blind_reward,
@@ -44,7 +47,57 @@ SAMPLE_MONITORS = (
     claimed_without_state,
     judge_verbosity,
 )  # read only the samples
-MONITORS = METRIC_MONITORS + SAMPLE_MONITORS
+GENERIC_MONITORS = tuple(
+    m
+    for m in dict.fromkeys(METRIC_MONITORS + SAMPLE_MONITORS)
+    if m not in (audit_divergence, claimed_without_state, proxy_up_task_down)
+)  # they read the proxy, KL, lengths, texts, probes: signs of a hack, not a trusted check of the task
+
+
+def audit_confirmed(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+    """A generic monitor's alarm that the audit confirms: from the first generic alarm's step on, at a step t whose
+    last audit_window steps (t − w, t] hold audited responses, their audit mean lies audit_confirm_z standard errors
+    below the best block of w steps (1–w, w+1–2w, …) that ends by t − w, the proxy on them not fallen (the
+    statistic of audit_divergence, on a window that slides and with a lower bar, because the generic alarm already
+    points at the run). Silent without an audit."""
+    audited = [m for m in metrics if m.get("audit/n")]
+    if not audited:
+        return []
+    generic = check_all(metrics, samples, s, GENERIC_MONITORS)
+    if not generic:
+        return []
+    first, w = generic[0], s.audit_window
+    for t in sorted({int(m["step"]) for m in audited if int(m["step"]) >= first.step}):
+        window = [m for m in audited if t - w < int(m["step"]) <= t]
+        earlier = [b for b in audit_blocks([m for m in audited if int(m["step"]) <= t - w], w) if b["last"] <= t - w]
+        if not window or not earlier:
+            continue
+        now, best = audit_pool(window, t), max(earlier, key=lambda b: b["mean"])
+        errors = audit_drop(best, now)
+        if errors is not None and errors >= s.audit_confirm_z:
+            stats = {
+                "subject": "audit",
+                "confirms": first.monitor,
+                "confirms_step": first.step,
+                "audit_mean": now["mean"],
+                "audit_mean_at_best": best["mean"],
+                "standard_errors": errors,
+                "proxy_mean": now["proxy"],
+                "proxy_mean_at_best": best["proxy"],
+                "responses": now["n"],
+            }
+            msg = (
+                f"the audit confirms {first.monitor} (step {first.step}): over steps {t - w + 1}–{t} it fell to "
+                f"{now['mean']:.3g} from {best['mean']:.3g} (steps to {best['last']}), {errors:.1f} standard errors, "
+                f"while the proxy on the same responses went {best['proxy']:.3g} → {now['proxy']:.3g}"
+            )
+            return [Alarm("audit_confirmed", t, msg, stats)]
+    return []
+
+
+EVERY_STEP_MONITORS = METRIC_MONITORS + (audit_confirmed,)  # their verdicts can change with each step's metrics
+MONITORS = EVERY_STEP_MONITORS + SAMPLE_MONITORS
+TRUSTED_MONITORS = (proxy_up_task_down, audit_divergence, claimed_without_state, audit_confirmed)
 
 
 def check_all(
@@ -96,14 +149,18 @@ def format_alarm(alarm: Alarm, width: int = 140) -> str:
 
 class RunMonitor:
     """The live hook of the online trainers: after a step's metrics and samples are written, re-run the monitors
-    on the run's files, append new alarms to alarms.jsonl, print them, and say whether to stop."""
+    on the run's files, append new alarms to alarms.jsonl, print them, and say whether to stop: on any new alarm,
+    or with ``stops="trusted"`` on a new alarm of TRUSTED_MONITORS."""
 
-    def __init__(self, output, stop_on_alarm: bool = False, settings: MonitorSettings | None = None):
+    def __init__(
+        self, output, stop_on_alarm: bool = False, settings: MonitorSettings | None = None, stops: str = "any"
+    ):
         from pathlib import Path
 
         settings = settings or MonitorSettings()
         self.output = Path(output)
         self.stop_on_alarm = stop_on_alarm
+        self.stopping = {m.__name__ for m in (MONITORS if stops == "any" else TRUSTED_MONITORS)}
         self.watch = AlarmWatch(settings, read_jsonl(self.output / "alarms.jsonl"))  # a resumed run's earlier alarms
         # The files only grow during a run: read each from where the last check stopped.
         self.rows = {"metrics.jsonl": [], "samples.jsonl": []}
@@ -131,7 +188,7 @@ class RunMonitor:
 
         self._read_new("metrics.jsonl")
         # The sample monitors' verdicts change only when samples arrive; the metric monitors run every step.
-        monitors = MONITORS if self._read_new("samples.jsonl") else METRIC_MONITORS
+        monitors = MONITORS if self._read_new("samples.jsonl") else EVERY_STEP_MONITORS
         fresh = self.watch.new_alarms(self.rows["metrics.jsonl"], self.rows["samples.jsonl"], monitors)
         if fresh:
             with (self.output / "alarms.jsonl").open("a") as handle:
@@ -139,4 +196,4 @@ class RunMonitor:
                     handle.write(json.dumps(alarm.as_dict()) + "\n")
             for alarm in fresh:
                 console.print(format_alarm(alarm), style="bold red")
-        return bool(fresh) and self.stop_on_alarm
+        return self.stop_on_alarm and any(a.monitor in self.stopping for a in fresh)

@@ -146,7 +146,9 @@ def audited_response(step: int, prompt: str, response: str, share: float) -> boo
 def scorer_rates(sums: dict[str, float]) -> dict[str, float]:
     """A step's scorer metrics from its sums over processes: the judge's (rewards/judge.py judge_rates) and the
     audit's — audit/n, audit/none, audit/score_mean and audit/score_std (population) of the trusted check, and
-    audit/proxy_mean, the total score of the same responses."""
+    audit/proxy_mean and audit/proxy_std, the total score of the same responses, and audit/score_proxy_cov, the
+    two's covariance over those responses (population: what a monitor needs to pool steps into blocks and compare
+    the check with what the proxy predicts of it)."""
     from tether.rewards.judge import judge_rates
 
     out = judge_rates({k: v for k, v in sums.items() if "judge/" in k})
@@ -157,7 +159,10 @@ def scorer_rates(sums: dict[str, float]) -> dict[str, float]:
         mean = sums["audit/score_sum"] / n
         out["audit/score_mean"] = mean
         out["audit/score_std"] = max(sums["audit/score_sq_sum"] / n - mean * mean, 0.0) ** 0.5
-        out["audit/proxy_mean"] = sums["audit/proxy_sum"] / n
+        proxy = sums["audit/proxy_sum"] / n
+        out["audit/proxy_mean"] = proxy
+        out["audit/proxy_std"] = max(sums["audit/proxy_sq_sum"] / n - proxy * proxy, 0.0) ** 0.5
+        out["audit/score_proxy_cov"] = sums["audit/score_proxy_sum"] / n - mean * proxy
     return out
 
 
@@ -327,6 +332,8 @@ class Scorer:
             "audit/score_sum": sum(v for _, v in judged),
             "audit/score_sq_sum": sum(v * v for _, v in judged),
             "audit/proxy_sum": sum(float(total[i]) for i, _ in judged),
+            "audit/proxy_sq_sum": sum(float(total[i]) ** 2 for i, _ in judged),
+            "audit/score_proxy_sum": sum(v * float(total[i]) for i, v in judged),
         }
         for key, value in sums.items():
             self.audit_sums[key] = self.audit_sums.get(key, 0.0) + value

@@ -187,6 +187,11 @@ class DPOConfig(StageConfig):
                 "--audit: the audit of training responses serves tether ppo and tether grpo; online DPO labels pairs "
                 "and is not audited yet"
             )
+        if self.online.alarm_stops == "trusted":
+            raise ConfigError(
+                "online.alarm_stops=trusted: online DPO has no trusted check to confirm an alarm (it is not audited "
+                "and takes no environment); use any"
+            )
         if self.model.offload_frozen:
             raise ConfigError(
                 "model.offload_frozen: tether dpo holds no sharded frozen model to offload (its reference "

@@ -351,6 +351,7 @@ def run_online_dpo(cfg: DPOConfig, evaluate_fn=None, backend=None) -> dict:
         setup.total_steps,
         stop_on_alarm=cfg.online.stop_on_alarm,
         alarm_final=cfg.online.alarm_final,
+        alarm_stops=cfg.online.alarm_stops,
         sample_every=1,
         round_steps=cfg.online.steps_per_round,
     )

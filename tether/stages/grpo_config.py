@@ -16,6 +16,7 @@ from tether.online_sections import (
     PolicyUpdateSection,
     RewardSection,
     SamplingSection,
+    check_alarm_stops,
     check_rollout_worker,
 )
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
@@ -124,6 +125,7 @@ class GRPOConfig(StageConfig):
             )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
+        check_alarm_stops(self)
         check_rollout_worker(self)
 
     @property

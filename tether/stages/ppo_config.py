@@ -11,6 +11,7 @@ from tether.online_sections import (
     PolicyUpdateSection,
     RewardSection,
     SamplingSection,
+    check_alarm_stops,
     check_rollout_worker,
 )
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
@@ -125,6 +126,7 @@ class PPOConfig(StageConfig):
             )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
+        check_alarm_stops(self)
         if self.rewards.process_reward_model and self.rewards.process_reward_aggregation == "steps":
             raise ConfigError(
                 "--process-reward-model: PPO scores each response once (its critic spreads the credit); choose "

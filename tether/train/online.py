@@ -94,6 +94,7 @@ class Schedule:
     best_mode: str = "max"
     stop_on_alarm: bool = False
     alarm_final: str = "last"  # what final/ holds after a stop on alarm: last | before | best
+    alarm_stops: str = "any"  # which alarms stop: any | trusted
     round_steps: int = 0  # online DPO: steps per round; a round's end is also evaluated (and saved, if saving)
 
     @classmethod
@@ -101,7 +102,7 @@ class Schedule:
         """From a RunSection (OnlineRunSection fields when it has them)."""
         fields = {
             k: getattr(run, k)
-            for k in ("sample_every", "best_metric", "best_mode", "stop_on_alarm", "alarm_final")
+            for k in ("sample_every", "best_metric", "best_mode", "stop_on_alarm", "alarm_final", "alarm_stops")
             if hasattr(run, k)
         }
         return cls(
@@ -397,7 +398,11 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
         run_name=stage.name,
     )
     baseline = run.evaluate_or_stop(0) if start_step == 0 else {}
-    monitor, stopped_at, warned_truncation = RunMonitor(out, schedule.stop_on_alarm), None, -10
+    monitor, stopped_at, warned_truncation = (
+        RunMonitor(out, schedule.stop_on_alarm, stops=schedule.alarm_stops),
+        None,
+        -10,
+    )
     trained_peak = None
     try:
         for step in range(start_step, schedule.total_steps):

@@ -34,6 +34,8 @@ RESUMABLE_CHANGES = {
     "train.sample_every",
     "train.stop_on_alarm",
     "online.stop_on_alarm",
+    "train.alarm_stops",
+    "online.alarm_stops",
     "model.gradient_checkpointing",  # recomputing activations changes memory, not one number
     # what to do about a failing reward function or environment (the stop's own advice)
     "rewards.reward_on_error",

@@ -278,6 +278,7 @@ def test_live_alarms_stop_the_run_and_diagnose_recomputes_them(llama_dir, tmp_pa
     said = capsys.readouterr().out
     assert "ALARM entropy_collapse at step 4" in said
     assert "monitors on 4 step(s) of metrics.jsonl" in said and "proxy_up_task_down, " in said  # what it ran
+    assert "trusted alarms (they read a trusted check): none" in said  # entropy alone is a sign, not a check
 
 
 def test_off_policy_drift_fires_when_the_ratio_spreads_or_the_masked_share_climbs():

@@ -270,7 +270,7 @@ def monitor_settings(items: tuple[str, ...]):
 def run_diagnose_command(cfg: DiagnoseCommand) -> None:
     import json
 
-    from tether.diagnostics.watch import MONITORS, check_all, format_alarm, read_jsonl
+    from tether.diagnostics.watch import MONITORS, TRUSTED_MONITORS, check_all, format_alarm, read_jsonl
 
     run = Path(cfg.diagnose.run)
     if not (run / "metrics.jsonl").is_file():
@@ -283,6 +283,8 @@ def run_diagnose_command(cfg: DiagnoseCommand) -> None:
     )
     for alarm in alarms:
         print(format_alarm(alarm))
+    trusted = sorted({a.monitor for a in alarms} & {m.__name__ for m in TRUSTED_MONITORS})
+    print(f"trusted alarms (they read a trusted check): {', '.join(trusted) or 'none'}")
     live = read_jsonl(run / "alarms.jsonl")
     if (run / "alarms.jsonl").is_file() and not cfg.diagnose.set:
         same = [(a["monitor"], a["step"]) for a in live] == [(a.monitor, a.step) for a in alarms]

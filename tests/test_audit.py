@@ -171,13 +171,24 @@ def test_a_grpo_run_logs_its_audit_and_online_dpo_and_agents_refuse_it(llama_dir
         "rollout.prompts_per_step": 4,
         "rollout.group_size": 4,
         "rollout.max_new_tokens": 6,
-        "train.max_steps": 2,
+        "train.max_steps": 4,
+        "train.eval_every": 2,
+        "train.best_metric": "eval/audit_score_mean",  # no held-out prompts: best/ by the audit
         "train.output": str(tmp_path / "run"),
         "train.report_to": ["none"],
     }
     run_grpo(build_config(GRPOConfig, overrides=overrides))
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(0 < r["audit/n"] < 16 and r["audit/proxy_mean"] == 1.0 for r in rows)  # about half of 16
+    # at steps 2 and 4: the audit's mean over the responses of steps 1–2 and 3–4, weighted by each step's count
+    for a, b in ((0, 1), (2, 3)):
+        pooled = rows[a]["audit/n"] * rows[a]["audit/score_mean"] + rows[b]["audit/n"] * rows[b]["audit/score_mean"]
+        assert rows[b]["eval/audit_n"] == rows[a]["audit/n"] + rows[b]["audit/n"]
+        assert rows[b]["eval/audit_score_mean"] == pytest.approx(pooled / rows[b]["eval/audit_n"], rel=1e-12)
+        assert "eval/audit_score_mean" not in rows[a]
+    best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
+    assert best["metric"] == "eval/audit_score_mean" and best["step"] in (2, 4)
+    assert best["value"] == max(rows[1]["eval/audit_score_mean"], rows[3]["eval/audit_score_mean"])
     with pytest.raises(ConfigError, match="online DPO labels pairs and is not audited"):
         build_config(DPOConfig, overrides={"model.path": "m", "rewards.audit": "a.py:f"})
     with pytest.raises(ConfigError, match="--audit with --env"):

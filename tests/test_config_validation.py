@@ -88,8 +88,10 @@ def test_cross_field_rules_are_checked_at_construction():
         build_config(DPOConfig, overrides={"online.online": True, "dpo.loss": "listwise", "online.judge": "m:f"})
     with pytest.raises(ConfigError, match="online.online needs a labeller"):
         build_config(DPOConfig, overrides={"online.online": True})
-    with pytest.raises(ConfigError, match="best_metric needs rollout.eval_prompts"):
+    with pytest.raises(ConfigError, match="best_metric=eval/score_mean needs rollout.eval_prompts"):
         build_config(PPOConfig, overrides={"train.best_metric": "eval/score_mean"})
+    with pytest.raises(ConfigError, match="best_metric=eval/audit_score_mean needs rollout.eval_prompts"):
+        build_config(PPOConfig, overrides={"train.best_metric": "eval/audit_score_mean"})  # without --audit
     with pytest.raises(ConfigError, match="overlong_cache=100 is larger than max_new_tokens=64"):
         build_config(PPOConfig, overrides={"rewards.overlong_cache": 100})
     with pytest.raises(ConfigError, match="dual_clip=0.5: must be > 1"):

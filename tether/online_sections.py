@@ -483,10 +483,17 @@ class AgentSection(Section):
             )
 
 
-def check_alarm_stops(cfg) -> None:
-    """train.alarm_stops=trusted stops only on alarms that read a trusted check: refused by name where the run has
-    none (no --audit, no --env, no held-out evaluation for a task metric)."""
-    if cfg.train.alarm_stops == "trusted" and not (cfg.rewards.audit or cfg.agent.env or cfg.rollout.eval_prompts):
+def check_best_and_alarms(cfg) -> None:
+    """train.best_metric needs evaluations with that metric: held-out prompts, or --audit for
+    eval/audit_score_mean (the audit's mean since the last evaluation). train.alarm_stops=trusted needs a trusted
+    check: --audit, an --env environment, or held-out prompts for a task metric. Refused by name otherwise."""
+    t, audit = cfg.train, cfg.rewards.audit
+    if t.best_metric and not cfg.rollout.eval_prompts and not (audit and t.best_metric == "eval/audit_score_mean"):
+        raise ConfigError(
+            f"train.best_metric={t.best_metric} needs rollout.eval_prompts: best/ is chosen at the periodic "
+            "evaluations (with --audit and no held-out prompts: eval/audit_score_mean, the audit since the last one)"
+        )
+    if t.alarm_stops == "trusted" and not (audit or cfg.agent.env or cfg.rollout.eval_prompts):
         raise ConfigError(
             "train.alarm_stops=trusted: no trusted check to confirm an alarm — give --audit (a trusted reward "
             "function on a share of the responses), an --env environment, or rollout.eval_prompts with a task metric"

@@ -334,7 +334,8 @@ class OnlineRunSection(RunSection, AlarmOptions):
     best_metric: str = option(
         "",
         "Keep best/ (HF format) at the evaluation with the best value of this metric, e.g. eval/score_mean or, on "
-        "the lab, eval/gold_reward; empty: no best/.",
+        "the lab, eval/gold_reward, or with --audit eval/audit_score_mean (the audit since the last evaluation); "
+        "empty: no best/.",
     )
     best_mode: str = option("max", "Whether best_metric is better high (max) or low (min).", choices=("max", "min"))
 

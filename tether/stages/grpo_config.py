@@ -16,7 +16,7 @@ from tether.online_sections import (
     PolicyUpdateSection,
     RewardSection,
     SamplingSection,
-    check_alarm_stops,
+    check_best_and_alarms,
     check_rollout_worker,
 )
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
@@ -119,13 +119,9 @@ class GRPOConfig(StageConfig):
             raise ConfigError(
                 f"rollout.group_size={self.rollout.group_size}: a group baseline needs at least two responses"
             )
-        if self.train.best_metric and not self.rollout.eval_prompts:
-            raise ConfigError(
-                "train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations"
-            )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
-        check_alarm_stops(self)
+        check_best_and_alarms(self)
         check_rollout_worker(self)
 
     @property

@@ -11,7 +11,7 @@ from tether.online_sections import (
     PolicyUpdateSection,
     RewardSection,
     SamplingSection,
-    check_alarm_stops,
+    check_best_and_alarms,
     check_rollout_worker,
 )
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
@@ -120,13 +120,9 @@ class PPOConfig(StageConfig):
 
         check_judge_config(self.judge, "ppo", self.rollout.group_size, self.agent.env)
         check_rollout_worker(self)
-        if self.train.best_metric and not self.rollout.eval_prompts:
-            raise ConfigError(
-                "train.best_metric needs rollout.eval_prompts: best/ is chosen at the periodic evaluations"
-            )
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
-        check_alarm_stops(self)
+        check_best_and_alarms(self)
         if self.rewards.process_reward_model and self.rewards.process_reward_aggregation == "steps":
             raise ConfigError(
                 "--process-reward-model: PPO scores each response once (its critic spreads the credit); choose "

@@ -48,9 +48,7 @@ class RunScorer(Protocol):
 class OnlineStage(Protocol):
     name: str  # "ppo", "grpo", "dpo": the summary's stage and the logger's run name
     policy: object  # the trained model (a PeftModel when training LoRA; sharded with --fsdp)
-    sampling_policy: (
-        object  # what samples: the policy itself, a sharded policy's gathered copy (hf), or the sharded policy (vllm)
-    )
+    sampling_policy: object  # what samples: the policy, a sharded policy's gathered copy (hf), or the policy (vllm)
     tokenizer: object
     optimizer: object
     scheduler: object
@@ -142,8 +140,8 @@ class _Run:
     def __init__(self, stage: OnlineStage, schedule: Schedule, out: Path, evaluate_fn: Callable | None, accelerator):
         self.stage, self.schedule, self.out, self.evaluate_fn = stage, schedule, out, evaluate_fn
         self.accelerator, self.dp = accelerator, DataParallel(accelerator)
-        self.history: list[dict] = []
-        self.best = {"value": None, "step": None}
+        self.history, self.best = [], {"value": None, "step": None}  # evaluations so far, and best/'s
+        self.audit_since = [0.0, 0.0]  # the audit's responses since the last evaluation, and their sum (--audit)
         if evaluate_fn is not None and is_sharded(stage.sampling_policy):
             raise ConfigError(
                 "--fsdp with rollout.backend=vllm: a task evaluation (the lab's) runs on process 0 alone, on an "
@@ -173,6 +171,7 @@ class _Run:
         )
         self.history = [h for h in saved.get("eval_history", []) if h["step"] <= saved["step"]]
         self.best.update(saved.get("best", {}))
+        self.audit_since = saved.get("audit_since", [0.0, 0.0])
         self.stage.load_state(saved.get("stage", {}))
         if self.scorer is not None:  # the saved counts are the sums over processes: process 0 carries them on
             self.scorer.restore_error_counts(saved.get("reward_errors", {}) if self.dp.rank == 0 else {})
@@ -192,8 +191,7 @@ class _Run:
         return {name: int(n) for name, n in self.dp.sum_dict(counts).items()}
 
     def scorer_metrics(self, section: str | None = None) -> dict:
-        """The judge's and the audit's figures of the step (or of the evaluation: ``section="eval"``), summed over
-        processes (docs/metrics.md, Judges, Audit)."""
+        """A judge's and the audit's figures of the step (or of the evaluation: "eval"), summed over processes."""
         from tether.rewards.score import scorer_rates
 
         sums = self.scorer.step_figures(section) if self.scorer is not None else {}
@@ -201,6 +199,13 @@ class _Run:
             names = sorted({n for names in self.dp.gather_json([sorted(sums)]) for n in names})
             sums = self.dp.sum_dict({n: sums.get(n, 0.0) for n in names})
         return scorer_rates(sums)
+
+    def step_scored(self) -> dict:
+        """The judge's and the audit's figures of the step's sampling; the audit's pooled until the next evaluation."""
+        scored = self.scorer_metrics()
+        n = scored.get("audit/n", 0.0)
+        self.audit_since = [self.audit_since[0] + n, self.audit_since[1] + n * scored.get("audit/score_mean", 0.0)]
+        return scored
 
     def error_metrics(self) -> dict:
         return {
@@ -217,9 +222,13 @@ class _Run:
                     figures = self.evaluate_fn(self.stage.sampling_policy, self.stage.tokenizer, step)
                 res.update({f"eval/{k}": v for k, v in figures.items()})
         res = self.dp.gather_json([res])[0]  # process 0's figures (with the task metrics only it computes) everywhere
+        (n, total), self.audit_since = self.audit_since, [0.0, 0.0]
+        if n:  # the audit's mean over the responses it scored since the last evaluation
+            res.update({"eval/audit_score_mean": total / n, "eval/audit_n": n})
         self.history.append({"step": step, **res})
         s = self.schedule
-        if s.best_metric and improves(res, s.best_metric, s.best_mode, self.best["value"]):
+        unaudited = s.best_metric == "eval/audit_score_mean" and s.best_metric not in res  # step 0, or none picked
+        if s.best_metric and not unaudited and improves(res, s.best_metric, s.best_mode, self.best["value"]):
             self.best.update(value=res[s.best_metric], step=step)  # step 0: nothing trained has beaten the start yet
 
             def best_json(tmp: Path) -> None:
@@ -235,6 +244,7 @@ class _Run:
         state = {
             "stage": self.stage.state(),
             "best": self.best,
+            "audit_since": self.audit_since,
             "eval_history": self.history,
             "reward_errors": self.error_counts(),
         }
@@ -418,14 +428,14 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
             if step == start_step and baseline:
                 metrics.update({k.replace("eval/", "eval0/", 1): v for k, v in baseline.items()})
             keep_samples = bool(samples) and schedule.due(schedule.sample_every, done)
+            scored = run.step_scored()
             if schedule.evaluate_at(done):
                 metrics.update(
                     run.evaluate_or_stop(
                         done, lambda: (logger.log(metrics), keep_samples and run.write_samples(samples), run.save(done))
                     )
                 )
-            metrics.update(counter.take())  # the step's forwards (and the evaluation's, if it ran)
-            metrics.update(run.scorer_metrics())  # a judge's and an audit's figures of the step's sampling
+            metrics.update(counter.take(), **scored)  # the step's forwards (and the evaluation's), its scorers'
             logger.log(metrics)
             warned_truncation = warn_if_truncated(metrics, warned_truncation)
             if keep_samples:

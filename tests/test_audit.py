@@ -195,3 +195,33 @@ def test_a_grpo_run_logs_its_audit_and_online_dpo_and_agents_refuse_it(llama_dir
         build_config(GRPOConfig, overrides={"model.path": "m", "rewards.audit": "a.py:f", "agent.env": "e.py:E"})
     with pytest.raises(ConfigError, match="audit_share=0.0: a share in"):
         build_config(GRPOConfig, overrides={"model.path": "m", "rewards.audit_share": 0.0})
+
+
+def test_the_audit_pooled_for_best_resumes_exactly(llama_dir, tmp_path, monkeypatch):
+    """Evaluations every 4 steps, checkpoints every 2, killed after step 3: the run resumed from checkpoint-2 carries
+    steps 1–2's audited responses in its pool, so step 4's eval/audit_score_mean (and every other figure) equals
+    the uninterrupted run's."""
+    from conftest import killed_after_step, metrics_but_timings
+
+    from tether.stages.grpo import run_grpo
+    from tether.stages.grpo_config import GRPOConfig
+
+    path = tmp_path / "audit.py"
+    path.write_text(AUDIT)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats", "dogs", "rain")])
+
+    def cfg(out, **extra):
+        overrides = {"model.path": str(llama_dir), "rollout.prompts": str(prompts), "rewards.audit": f"{path}:gold"}
+        overrides.update({"rewards.reward": [f"{path}:weighted"], "rewards.audit_share": 0.5, "train.max_steps": 4})
+        overrides.update({"rollout.prompts_per_step": 2, "rollout.group_size": 3, "rollout.max_new_tokens": 6})
+        overrides.update({"train.eval_every": 4, "train.save_every": 2, "train.best_metric": "eval/audit_score_mean"})
+        overrides.update({"train.output": str(out), "train.report_to": ["none"], **extra})
+        return build_config(GRPOConfig, overrides=overrides)
+
+    run_grpo(cfg(tmp_path / "whole"))
+    whole = metrics_but_timings(tmp_path / "whole")
+    assert whole[3]["eval/audit_n"] == sum(r["audit/n"] for r in whole)  # steps 1–4 pooled
+    with killed_after_step(monkeypatch, 3), pytest.raises(KeyboardInterrupt):
+        run_grpo(cfg(tmp_path / "killed"))
+    assert run_grpo(cfg(tmp_path / "killed", **{"train.resume": True}))["resumed_from"] == 2
+    assert metrics_but_timings(tmp_path / "killed") == whole

@@ -25,7 +25,14 @@ this benchmark; nothing is changed after reading it) in two columns:
 
 - *without gold*: every monitor but the audit's, with no task metric (`task_keys=()`: the held-out gold the lab
   evaluates is the label, never an input) — what a real run has: the proxy, KL, lengths, texts, entropy;
-- *with a 5 % audit*: the same and `audit_divergence`.
+- *with a 5 % audit*: the same and the two monitors that read the audit, `audit_divergence` and `audit_confirmed`
+  (a generic monitor's alarm that the audit confirms).
+
+Besides each monitor and the combined alarm (any monitor), the **trusted alarm** (`trusted (audit-gated)`): the
+first alarm of a monitor that reads a trusted check (tether.diagnostics.watch.TRUSTED_MONITORS: the audit's two,
+the environment's `claimed_without_state`), what `--alarm-stops trusted` stops on. Its one setting,
+`audit_confirm_z`, is chosen on the development seeds from CONFIRM_Z_GRID (highest AUROC, then fewest false alarms,
+then the larger z; each printed) and passed with --confirm-z for the tables.
 
 **The scores** (tether.algorithms.detection), per monitor and for the combined alarm (any monitor), on the
 development seeds and on the held-out seeds apart: detection rate on hacked runs, false-alarm rate on healthy runs,

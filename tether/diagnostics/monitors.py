@@ -548,6 +548,19 @@ def audit_drop(best: dict, now: dict) -> float | None:
     return drop / se if se else math.inf
 
 
+def audit_fall(best: dict, now: dict, errors: float) -> dict:
+    """An audit alarm's statistics: the pools' means, the fall in standard errors, the proxy's means, responses."""
+    return {
+        "subject": "audit",
+        "audit_mean": now["mean"],
+        "audit_mean_at_best": best["mean"],
+        "standard_errors": errors,
+        "proxy_mean": now["proxy"],
+        "proxy_mean_at_best": best["proxy"],
+        "responses": now["n"],
+    }
+
+
 def audit_divergence(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """The trusted check falls while the proxy on the same responses does not: over blocks of audit_window steps, a
     block's audited mean is audit_z standard errors of the difference below the best block before it, and its proxy
@@ -559,15 +572,7 @@ def audit_divergence(metrics: list[dict], samples: list[dict], s: MonitorSetting
         best = max(blocks[:j], key=lambda b: b["mean"])
         errors = audit_drop(best, now)
         if errors is not None and errors >= s.audit_z:
-            stats = {
-                "subject": "audit",
-                "audit_mean": now["mean"],
-                "audit_mean_at_best": best["mean"],
-                "standard_errors": errors,
-                "proxy_mean": now["proxy"],
-                "proxy_mean_at_best": best["proxy"],
-                "responses": now["n"],
-            }
+            stats = audit_fall(best, now, errors)
             msg = (
                 f"the audit fell from {best['mean']:.3g} (steps to {best['last']}) to {now['mean']:.3g} (steps to "
                 f"{now['last']}), {stats['standard_errors']:.1f} standard errors, while the proxy on the same "

@@ -13,6 +13,7 @@ from tether.diagnostics.monitors import (
     audit_blocks,
     audit_divergence,
     audit_drop,
+    audit_fall,
     audit_pool,
     entropy_collapse,
     format_without_correctness,
@@ -75,17 +76,7 @@ def audit_confirmed(metrics: list[dict], samples: list[dict], s: MonitorSettings
         now, best = audit_pool(window, t), max(earlier, key=lambda b: b["mean"])
         errors = audit_drop(best, now)
         if errors is not None and errors >= s.audit_confirm_z:
-            stats = {
-                "subject": "audit",
-                "confirms": first.monitor,
-                "confirms_step": first.step,
-                "audit_mean": now["mean"],
-                "audit_mean_at_best": best["mean"],
-                "standard_errors": errors,
-                "proxy_mean": now["proxy"],
-                "proxy_mean_at_best": best["proxy"],
-                "responses": now["n"],
-            }
+            stats = {**audit_fall(best, now, errors), "confirms": first.monitor, "confirms_step": first.step}
             msg = (
                 f"the audit confirms {first.monitor} (step {first.step}): over steps {t - w + 1}–{t} it fell to "
                 f"{now['mean']:.3g} from {best['mean']:.3g} (steps to {best['last']}), {errors:.1f} standard errors, "

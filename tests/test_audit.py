@@ -110,12 +110,16 @@ def test_audit_confirmed_confirms_a_generic_alarm_on_a_sliding_window():
     variance 0.25, n 30) the drop 0.2 is 0.2/√(0.52/30) = 1.52 standard errors: confirmed at step 30 with z 1.0.
     With z 1.6, step 31: 8 at 1.0, 22 at 0.7 — mean 0.78, variance 0.876 − 0.6084 = 0.2676, 0.22/√(0.5176/30) =
     1.67. No generic alarm, or the proxy fallen with the audit: silent."""
-    (alarm,) = audit_confirmed(confirm_rows(21, 0.7, 0.9), [], MonitorSettings(audit_window=15, audit_confirm_z=1.0))
+    (alarm,) = audit_confirmed(
+        confirm_rows(21, 0.7, 0.9), [], MonitorSettings(audit_confirm_window=15, audit_confirm_z=1.0)
+    )
     assert alarm.monitor == "audit_confirmed" and alarm.step == 30
     assert alarm.statistics["confirms"] == "entropy_collapse" and alarm.statistics["confirms_step"] == 23
     assert alarm.statistics["standard_errors"] == pytest.approx(0.2 / (0.52 / 30) ** 0.5, rel=1e-9)
     assert alarm.statistics["audit_mean"] == pytest.approx(0.8, rel=1e-12)
-    (later,) = audit_confirmed(confirm_rows(21, 0.7, 0.9), [], MonitorSettings(audit_window=15, audit_confirm_z=1.6))
+    (later,) = audit_confirmed(
+        confirm_rows(21, 0.7, 0.9), [], MonitorSettings(audit_confirm_window=15, audit_confirm_z=1.6)
+    )
     assert later.step == 31 and later.statistics["standard_errors"] == pytest.approx(
         0.22 / (0.5176 / 30) ** 0.5, rel=1e-9
     )
@@ -125,16 +129,17 @@ def test_audit_confirmed_confirms_a_generic_alarm_on_a_sliding_window():
 
 def test_alarm_stops_trusted_stops_only_on_an_alarm_the_audit_confirms(tmp_path):
     """The same records written as a run's metrics.jsonl: entropy_collapse alone stops a run with alarm_stops any,
-    not with trusted; the audit's fall to 0.73 over 35 steps, confirmed at step 30 (steps 16–30: mean 0.82, variance
-    0.2662, 0.18/√(0.5162/30) = 1.37 ≥ 1.0 standard errors) and too small for audit_divergence (blocks 16–30: 1.37,
-    31–35: 0.27/√(0.25/30 + 0.25/10) = 1.48, both < 1.5), stops a trusted run. The option is refused where nothing
+    not with trusted; the audit's fall to 0.73 over 35 steps, confirmed (window 15, z 1.0) at step 30 (steps 16–30:
+    mean 0.82, variance 0.2662, 0.18/√(0.5162/30) = 1.37 ≥ 1.0 standard errors) and too small for audit_divergence
+    (blocks 16–30: 1.37, 31–35: 0.27/√(0.25/30 + 0.25/10) = 1.48, both < 1.5), stops a trusted run. The option is refused where nothing
     trusted checks the run."""
 
     def stops(rows, how):
         out = tmp_path / f"{how}-{len(rows)}-{rows[-1]['audit/score_mean']}"
         out.mkdir()
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return RunMonitor(out, stop_on_alarm=True, stops=how).check(), out
+        settings = MonitorSettings(audit_confirm_window=15, audit_confirm_z=1.0)
+        return RunMonitor(out, stop_on_alarm=True, settings=settings, stops=how).check(), out
 
     calm = confirm_rows(41, 1.0, 0.5)  # no fall: entropy_collapse only
     assert stops(calm, "any")[0] and not stops(calm, "trusted")[0]

@@ -115,9 +115,12 @@ class MonitorSettings:
     audit_window: int = 15
     audit_z: float = 1.5
     # a generic alarm confirmed by the audit (watch.py audit_confirmed): after it, the audit over the last
-    # audit_window steps lies audit_confirm_z standard errors below its best earlier block, the proxy not fallen — a
-    # lower bar than audit_z because the generic alarm already points at the run
-    audit_confirm_z: float = 1.0
+    # audit_confirm_window steps lies audit_confirm_z standard errors below its best earlier block of that many
+    # steps, the proxy not fallen — it may slide to any step because the generic alarm already points at the run.
+    # Chosen on the development seeds of examples/monitor_bench.py (0–2: windows 10/15 × z 0/0.5/1/1.5, the highest
+    # AUROC of the trusted alarm, then the fewest false alarms, then the larger z)
+    audit_confirm_window: int = 10
+    audit_confirm_z: float = 1.5
     # the image-blind reward: at an evaluation, a vision-language reward model's score moves by less than
     # image_shift_min of its spread when each held-out response is shown another prompt's image (eval/reward/
     # image_shift); the same rule as `tether rm`'s image probe on held-out pairs

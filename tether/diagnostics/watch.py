@@ -57,17 +57,17 @@ GENERIC_MONITORS = tuple(
 
 def audit_confirmed(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
     """A generic monitor's alarm that the audit confirms: from the first generic alarm's step on, at a step t whose
-    last audit_window steps (t − w, t] hold audited responses, their audit mean lies audit_confirm_z standard errors
-    below the best block of w steps (1–w, w+1–2w, …) that ends by t − w, the proxy on them not fallen (the
-    statistic of audit_divergence, on a window that slides and with a lower bar, because the generic alarm already
-    points at the run). Silent without an audit."""
+    last w = audit_confirm_window steps (t − w, t] hold audited responses, their audit mean lies audit_confirm_z
+    standard errors below the best block of w steps (1–w, w+1–2w, …) that ends by t − w, the proxy on them not
+    fallen (the statistic of audit_divergence, on a window that slides and with a lower bar, because the generic
+    alarm already points at the run). Silent without an audit."""
     audited = [m for m in metrics if m.get("audit/n")]
     if not audited:
         return []
     generic = check_all(metrics, samples, s, GENERIC_MONITORS)
     if not generic:
         return []
-    first, w = generic[0], s.audit_window
+    first, w = generic[0], s.audit_confirm_window
     for t in sorted({int(m["step"]) for m in audited if int(m["step"]) >= first.step}):
         window = [m for m in audited if t - w < int(m["step"]) <= t]
         earlier = [b for b in audit_blocks([m for m in audited if int(m["step"]) <= t - w], w) if b["last"] <= t - w]

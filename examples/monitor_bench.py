@@ -238,6 +238,12 @@ def main() -> None:
         help="audit_confirm_window,audit_confirm_z for the tables; the development seeds' trusted alarm is also "
         "shown for each pair of CONFIRM_GRID",
     )
+    parser.add_argument(
+        "--references",
+        type=Path,
+        default=Path("runs/judge-lab"),
+        help="where examples/judge_on_lab.py wrote assist_rl_ref.jsonl (with --judge)",
+    )
     args = parser.parse_args()
     if not (args.lab / "summary.json").is_file():
         raise SystemExit(f"--lab {args.lab}: not a finished lab (no summary.json); run `make lab` first")

@@ -196,6 +196,8 @@ def test_a_grpo_run_logs_its_audit_and_online_dpo_and_agents_refuse_it(llama_dir
     assert best["value"] == max(rows[1]["eval/audit_score_mean"], rows[3]["eval/audit_score_mean"])
     with pytest.raises(ConfigError, match="online DPO labels pairs and is not audited"):
         build_config(DPOConfig, overrides={"model.path": "m", "rewards.audit": "a.py:f"})
+    with pytest.raises(ConfigError, match="online.alarm_stops=trusted: online DPO has no trusted check"):
+        build_config(DPOConfig, overrides={"model.path": "m", "online.alarm_stops": "trusted"})
     with pytest.raises(ConfigError, match="--audit with --env"):
         build_config(GRPOConfig, overrides={"model.path": "m", "rewards.audit": "a.py:f", "agent.env": "e.py:E"})
     with pytest.raises(ConfigError, match="audit_share=0.0: a share in"):

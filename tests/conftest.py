@@ -38,21 +38,21 @@ CORPUS = [
 
 # The longest files first: `make test` hands whole files to the workers in collection order (--dist loadfile
 # --no-loadscope-reorder), and the suite's wall time is the busier worker's, so a long file started late decides it.
-# Each file's seconds summed from --durations=0 (2 cores, AMD EPYC, 2026-12-06; the machine busy, so for the order)
+# Each file's seconds summed from --durations=0 (2 cores, AMD EPYC, 2026-12-06, 5015934), less what the next
+# commits took out of it (measured alone)
 LONGEST_FIRST = (
-    "test_online_parallel.py",  # about 430
-    # 390 (the engine in the rollout worker: four tests, 155). Handed out second the suite took 17 m 13 s, fourth
-    # 18 m 01 s (clean clones, the same day and machine, 2026-12-06)
-    "test_vllm.py",
-    "test_lab_pipeline.py",  # 330 (the quick lab's fixture alone about 105)
-    "test_sharding_online.py",  # 300
-    "test_async_rollouts.py",  # 205
-    "test_multimodal_rl.py",  # 160
-    "test_kill_anywhere.py",  # 150
-    "test_multiprocess.py",  # 110
-    "test_lab_visual.py",  # 90
-    "test_trl_users.py",  # 80
-    "test_sharding.py",  # 80
+    "test_vllm.py",  # 384 - 41 (the engine in a rollout worker: one run serves two tests' checks)
+    "test_lab_pipeline.py",  # 315 - about 40 (the quick lab pretrains 250 steps, was 500; the fixture about 95)
+    "test_online_parallel.py",  # 272
+    "test_sharding_online.py",  # 173
+    "test_async_rollouts.py",  # 134
+    "test_kill_anywhere.py",  # 126 - about 35 (the uninterrupted runs in the test's process)
+    "test_multiprocess.py",  # 77
+    "test_sharding.py",  # 69
+    "test_lab_visual.py",  # 56
+    "test_multimodal_rl.py",  # 54
+    "test_vllm_vision.py",  # 39
+    "test_trl_users.py",  # 34
 )
 
 
@@ -114,12 +114,21 @@ def descendants(pid: int) -> list[int]:
 
 
 def running(pid: int) -> bool:
-    """The process exists and has not exited (a zombie has closed its files)."""
+    """The process exists and one of its threads has not exited. A zombie thread has closed its files, but the
+    process's files are closed only when its last thread has exited: a killed process's first thread may be a zombie
+    while the others still hold the files they share (the run folder's lock among them)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
         return False
-    return state != "Z"
+    for task in tasks:
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):  # the thread exited meanwhile
+            continue
+        if state != "Z":
+            return True
+    return False
 
 
 def write_jsonl(path, rows):

@@ -13,6 +13,8 @@ import torch
 from conftest import write_jsonl
 from safetensors.torch import load_file
 
+from tether.cli import main as tether_main
+
 RULES = "def count_a(completions):\n    return [float(c.count('a')) for c in completions]\n"
 JUDGE = (
     "def more_a(prompts, first, second, **_):\n    return [1.0 if a.count('a') > b.count('a') else 0.0 if "
@@ -171,8 +173,8 @@ def run_with_kills(command: list[str], out, rng: random.Random, kills: int, tota
 @pytest.mark.parametrize("stage", ["sft", "rm", "dpo", "ppo", "grpo", "dpo-online"])
 def test_kill_9_at_random_moments_then_resume_gives_the_uninterrupted_weights(stage, llama_dir, inputs, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    done = subprocess.run(stage_command(stage, llama_dir, inputs, whole), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # the uninterrupted run in this process (its imports already paid); the killed ones as processes of their own
+    assert tether_main(stage_command(stage, llama_dir, inputs, whole)[3:]) == 0
     total = logged_steps(whole)
     log = run_with_kills(stage_command(stage, llama_dir, inputs, killed), killed, random.Random(stage), 4, total)
     assert any(entry.startswith("--resume") for entry in log), log  # at least one kill came after a checkpoint

@@ -80,12 +80,17 @@ def launch(
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and all its descendants at once (the launcher and the workers), as a power cut would."""
-    tree = process_tree(pid)
-    for p in tree:
-        try:
-            os.kill(p, signal.SIGSTOP)  # freeze all first, so none writes on while the others die
-        except ProcessLookupError:
-            pass
+    # freeze all first, so none writes on while the others die; a process started between listing the tree and
+    # freezing it would be missed (and hold what it inherited, the run folder's lock among them), so the tree is
+    # listed again until freezing finds no process it has not frozen
+    tree: list[int] = []
+    while fresh := [p for p in process_tree(pid) if p not in tree]:
+        for p in fresh:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        tree += fresh
     for p in tree:
         try:
             os.kill(p, signal.SIGKILL)

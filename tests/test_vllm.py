@@ -724,45 +724,6 @@ def test_the_engine_runs_eagerly_where_torch_cannot_compile_for_the_kernel_path(
     assert inductor_compiles_here() is True
 
 
-def test_the_rollout_worker_runs_the_engine_one_update_behind(model_dir, files, tmp_path):
-    """--max-staleness 1 on the vllm backend: the engine runs in the rollout worker's process (its model in vLLM's
-    own beneath it). Its first rollout comes from the starting weights, so it samples exactly what the synchronous
-    run's engine samples (response seeds; the worker's engine on as many threads as this process's, the same
-    reductions); the parity probe is read from the engine after every push; later steps train one update behind,
-    and the sampler gap there is one update's, logged and corrected like any engine's."""
-    from tether.stages.grpo import run_grpo
-    from tether.stages.grpo_config import GRPOConfig
-
-    threads = torch.get_num_threads()
-    grpo = two_grpo_steps(model_dir, files, tmp_path / "sync", rollout__response_seeds=True, optim__lr=3e-3)
-    # a reward every group spreads (the responses' lengths), so the first update moves the weights
-    (tmp_path / "length.py").write_text("def length(completions):\n    return [float(len(c)) for c in completions]\n")
-    grpo |= {"train.max_steps": 3, "train.sample_every": 1, "rewards.reward": [f"{tmp_path / 'length.py'}:length"]}
-    run_grpo(build_config(GRPOConfig, overrides=grpo))
-    ahead = {**grpo, "train.output": str(tmp_path / "ahead"), "rollout.max_staleness": 1}
-    run_grpo(build_config(GRPOConfig, overrides={**ahead, "rollout.async_threads": threads}))
-    assert torch.get_num_threads() == threads  # the trainer had its threads back
-
-    def samples(out, step):
-        return [
-            (s["prompt"], s["response"]) for s in map(json.loads, (out / "samples.jsonl").open()) if s["step"] == step
-        ]
-
-    assert samples(tmp_path / "ahead", 1) == samples(tmp_path / "sync", 1)
-    assert samples(tmp_path / "ahead", 2) != samples(tmp_path / "sync", 2)  # drawn by other weights
-    rows = metrics(tmp_path / "ahead")
-    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
-    for row in rows:
-        # the engine's probe log-probs against the trainer's float64 ones: float32 rounding (the first test's bound)
-        assert 0 <= row["async/parity_max_diff"] < 1e-3
-    assert rows[0]["rollout/sampler_logprob_diff_max"] < 1e-3  # the same weights on both sides
-    # one update of lr 3e-3 moves the log-probs by far more than rounding: the gap is the staleness, measured
-    assert rows[1]["rollout/sampler_logprob_diff_max"] > 1e-2
-    assert all(0 <= r["rollout/is_masked_share"] <= 1 and r["rollout/is_weight_mean"] > 0 for r in rows)
-    plan = (tmp_path / "ahead" / "config.yaml").read_text()
-    assert "max_staleness: 1" in plan and "backend: vllm" in plan
-
-
 def test_episodes_drawn_by_the_engine_in_the_worker_begin_as_the_synchronous_engines(model_dir, files, tmp_path):
     """--env with the engine in the rollout worker (K = 1): the worker's AgentSampler samples each turn through its
     engine, so the first step's multi-turn episodes (a model that ends one turn in eight tokens; the Counting
@@ -832,20 +793,48 @@ def test_a_killed_rollout_worker_stops_the_run_and_takes_its_engine_with_it(mode
 
 @pytest.mark.slow
 def test_one_engine_worker_beside_two_sharded_processes_equals_one_process_beside_it(one_process_run, tmp_path):
-    """--max-staleness 1 --rollout-workers one --fsdp on two processes: process 0's rollout worker runs the engine for
-    both processes' shares, pushed from a gathered copy of the sharded policy (a worker is written whole weights);
-    the two processes train what one process beside its own engine worker trains (samples, figures, weights), and
-    the worker drew every process's rows."""
+    """--max-staleness 1 on the vllm backend, first on one process: the engine runs in the rollout worker's process
+    (its model in vLLM's own beneath it). Its first rollout comes from the starting weights, so it samples exactly
+    what the synchronous run's engine samples (response seeds; the worker's engine on as many threads as this
+    process's, the same reductions); the parity probe is read from the engine after every push; later steps train
+    one update behind, and the sampler gap there is one update's, logged and corrected like any engine's.
+    Then with --rollout-workers one --fsdp on two processes: process 0's rollout worker runs the engine for both
+    processes' shares, pushed from a gathered copy of the sharded policy (a worker is written whole weights); the two
+    processes train what the one process beside its own engine worker trained (samples, figures, weights), and the
+    worker drew every process's rows."""
     from test_online_parallel import assert_same_run, launch
 
     from tether.cli import main as tether_main
 
-    args, _ = one_process_run
-    args = args + ["--max-staleness", "1", "--async-threads", "1"]
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    args, synchronous = one_process_run
+    threads = torch.get_num_threads()
+    args = args + ["--max-staleness", "1", "--async-threads", str(threads)]
+    one = tmp_path / "one"
+    assert tether_main(args + ["--output", str(one)]) == 0
+    assert torch.get_num_threads() == threads  # the trainer had its threads back
+
+    def samples(out, step):
+        return [
+            (s["prompt"], s["response"]) for s in map(json.loads, (out / "samples.jsonl").open()) if s["step"] == step
+        ]
+
+    assert samples(one, 1) == samples(synchronous, 1)
+    assert samples(one, 2) != samples(synchronous, 2)  # drawn by other weights
+    rows = metrics(one)
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+    for row in rows:
+        # the engine's probe log-probs against the trainer's float64 ones: float32 rounding (the first test's bound)
+        assert 0 <= row["async/parity_max_diff"] < 1e-3
+    assert rows[0]["rollout/sampler_logprob_diff_max"] < 1e-3  # the same weights on both sides
+    # one step's four updates of lr 3e-3 move the log-probs by far more than rounding: the gap is the staleness
+    assert rows[1]["rollout/sampler_logprob_diff_max"] > 1e-2
+    assert all(0 <= r["rollout/is_masked_share"] <= 1 and r["rollout/is_weight_mean"] > 0 for r in rows)
+    config = (one / "config.yaml").read_text()
+    assert "max_staleness: 1" in config and "backend: vllm" in config
+
     two = tmp_path / "two"
     launch(args + ["--output", str(two), "--rollout-workers", "one", "--fsdp"])
-    assert_same_run(tmp_path / "one", two)
+    assert_same_run(one, two)
     rows = metrics(two)
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
     assert [r["async/worker_rows"] for r in rows] == [16.0, 16.0, 16.0]  # 4 prompts x 4, both halves

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import rules_and_prompts, write_jsonl
+from conftest import rules_and_prompts, running, write_jsonl
 from safetensors.torch import load_file
 
 from tether.cli import main
@@ -324,11 +324,48 @@ def test_dynamic_sampling_beside_the_worker_queues_each_steps_first_round_ahead(
     assert state["cursor"] == 5 * 4 and state["topup_cursor"] == later > 0
 
 
+def test_an_episode_crosses_as_json_values_and_reads_back_equal():
+    """What the worker sends back, and what process 0 hands the others under --rollout-workers one: a detached
+    episode as JSON text and back, every field equal — float32 log-probs and reward parts exactly (a float's shortest
+    repr reads back as the same float), the tool-call counter, the outcome and the transcript's prompt ids."""
+    import json
+    from collections import Counter
+
+    from tether.agents.environment import Outcome
+    from tether.agents.episodes import Episode
+    from tether.agents.worker import SentTranscript, episode_from_json, episode_json
+
+    logprobs = torch.randn(5, generator=torch.Generator().manual_seed(0)).tolist()  # float32 values as Python floats
+    episode = Episode(
+        row={"prompt": "Order tea.", "meta": {"id": 3}},
+        transcript=SentTranscript([5, 6, 7], "Order tea.", [{"name": "buy", "parameters": {}}]),
+        ids=[1, 2, 3, 4, 5],
+        actions=[1, 1, 0, 0, 1],
+        sampler_logprobs=logprobs,
+        turn_ends=[1, 4],
+        turn_rewards=[{"format": 0.1}, {"format": 1 / 3}],
+        lines=["assistant: buy()", "tool: ok"],
+        final="done",
+        final_tokens=1,
+        final_ids=[5],
+        calls=Counter(buy=2, look=1),
+        failed_calls=1,
+        calls_made=3,
+        info={"cost": 2.5},
+        end="done",
+        outcome=Outcome(rewards={"state": 0.7}, success=True, claimed=None),
+        policy_version=4,
+    )
+    back = episode_from_json(json.loads(json.dumps(episode_json(episode))))
+    assert back == episode and back.sampler_logprobs == logprobs and isinstance(back.calls, Counter)
+    bare = Episode(row={"prompt": "x"}, end="error", error="reset failed")  # no transcript, no outcome
+    assert episode_from_json(json.loads(json.dumps(episode_json(bare)))) == bare
+
+
 def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, files, tmp_path, capsys):
     for more, said in (
         (["--rollout-backend", "vllm", "--vllm-sleep"], "so it never sleeps"),
         (["--max-staleness", "-1"], "must be >= 0"),
-        (["--env", "tether.lab.agents:CalcEnv", "--rollout-workers", "one"], "agent.env with rollout_workers=one"),
     ):
         flags = more if "--max-staleness" in more else ["--max-staleness", "1", *more]
         assert main(grpo_args(llama_dir, files, tmp_path / "x", *flags)) == 2
@@ -352,11 +389,7 @@ def _name(pid: int) -> str:
 
 
 def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    return not running(pid)
 
 
 def _start(llama_dir, files, out, *more):

@@ -366,6 +366,29 @@ def test_multi_turn_episodes_on_two_processes_equal_one(short_turn_model, files,
 
 
 @pytest.mark.slow
+def test_episodes_from_one_rollout_worker_beside_two_processes_equal_one(short_turn_model, files, tmp_path):
+    """--env --max-staleness 1 --rollout-workers one on two processes: process 0's worker runs both processes'
+    episodes whole, with environments of its own, and hands each process its share as JSON values; the two train
+    what one process beside its own worker trains (transcripts, environment tokens, outcomes, weights)."""
+    _, prompts = files
+    env = f"{os.path.dirname(os.path.abspath(__file__))}/agent_helpers.py:Counting(turns=3)"
+    args = flags("grpo", model=short_turn_model, prompts=prompts, eval_prompts=prompts, env=env, max_total_tokens=48)
+    args += flags(prompts_per_step=4, group_size=2, max_new_tokens=8, max_steps=2, eval_every=2, **SEEDED) + FP64
+    args += ["--max-staleness", "1", "--async-threads", "1"]
+    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
+    launch(args + ["--rollout-workers", "one", "--output", str(tmp_path / "two")])
+    assert_same_run(tmp_path / "one", tmp_path / "two")
+    samples = lines(tmp_path / "two" / "samples.jsonl")
+    assert max(s["agent"]["turns"] for s in samples) >= 2 and any("tool: obs 1" in s["response"] for s in samples)
+    metrics = lines(tmp_path / "two" / "metrics.jsonl")
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0]
+    # process 0's worker drew every process's episodes: the step's 8 (4 prompts x 2), not its half
+    assert [m["async/worker_rows"] for m in metrics] == [
+        row["async/worker_rows"] for row in lines(tmp_path / "one" / "metrics.jsonl")
+    ]
+
+
+@pytest.mark.slow
 def test_a_killed_two_process_run_resumes_exactly_and_only_on_two(llama_dir, files, tmp_path, capsys):
     """Sampling from each process's own RNG (no --response-seeds): the checkpoint's rng-0 and rng-1 carry it."""
     rules, prompts = files

@@ -498,18 +498,3 @@ def check_best_and_alarms(cfg) -> None:
             "train.alarm_stops=trusted: no trusted check to confirm an alarm — give --audit (a trusted reward "
             "function on a share of the responses), an --env environment, or rollout.eval_prompts with a task metric"
         )
-
-
-def check_rollout_worker(cfg, stage_settings: dict[str, bool] | None = None) -> None:
-    """rollout.max_staleness ≥ 1 (PPO and the group family): the settings the rollout worker does not sample with
-    yet, refused by name before anything loads; ``stage_settings``: a stage's own (description -> on)."""
-    if not cfg.rollout.max_staleness:
-        return
-    one_worker_episodes = bool(cfg.agent.env) and cfg.rollout.rollout_workers == "one"
-    unsupported = {**(stage_settings or {}), "agent.env with rollout_workers=one": one_worker_episodes}
-    given = [what for what, on in unsupported.items() if on]
-    if given:
-        raise ConfigError(
-            f"rollout.max_staleness={cfg.rollout.max_staleness}: the rollout worker does not sample with "
-            f"{'; '.join(given)} yet (docs/scaling.md, 'Asynchronous rollouts')"
-        )

@@ -15,7 +15,8 @@ come, over one pipe:
                            run one multi-turn episode per row (agent.env) with the weights it holds, start to end,
                            with environments of its own (agents/worker.py WorkerEpisodes: an AgentSampler built as
                            the trainer's), answer ("rollout", key, v, {"episodes": …, "faults": n}), the episodes
-                           without their environments, or ({"fault": text}) when one failed with env_on_error = raise
+                           without their environments as JSON values (agents/worker.py episode_json), or
+                           ({"fault": text}) when one failed with env_on_error = raise
     ("stop",)              end
 
 Because the pipe keeps order, a request sent after version v's weights is sampled with v or later: the trainer
@@ -412,17 +413,19 @@ class AsyncRolloutBackend:
     def _key(prompts: list[str], seeds: list[int] | None) -> tuple:
         return (tuple(prompts), tuple(seeds) if seeds is not None else None)
 
-    def _everyone(self, prompts: list[str], seeds: list[int] | None) -> tuple[list, list | None, int, int]:
-        """Every process's prompts and seeds in rank order (a collective), and where this process's rows lie."""
+    def _everyone(self, prompts: list, seeds: list[int] | None) -> tuple[list, list | None, int, int]:
+        """Every process's prompts (or episode rows) and seeds in rank order (a collective), and where this
+        process's rows lie."""
         parts = self.dp.gather_json([[list(prompts), list(seeds) if seeds is not None else None]])
         start = sum(len(p) for p, _ in parts[: self.dp.rank])
         everyone = [x for p, _ in parts for x in p]
         seeds = None if any(s is None for _, s in parts) else [x for _, s in parts for x in s]
         return everyone, seeds, start, start + len(prompts)
 
-    def _from_owner(self, fn):
-        """fn() on process 0, which owns the one worker, and its rollout (or None) on every process (a collective).
-        A RolloutWorkerError there is raised on every process, so none waits for an answer that will not come."""
+    def _from_owner(self, fn, encode: Callable = _to_json, decode: Callable = _from_json):
+        """fn() on process 0, which owns the one worker, and its result (or None) on every process (a collective),
+        sent as the JSON values ``encode`` gives and read back by ``decode`` (a rollout's by default). A
+        RolloutWorkerError there is raised on every process, so none waits for an answer that will not come."""
         result, error = None, None
         if self.owner:
             try:
@@ -430,11 +433,11 @@ class AsyncRolloutBackend:
             except RolloutWorkerError as err:
                 error = err
         sent = self.dp.broadcast_json(
-            {"error": str(error or ""), "rollout": _to_json(result) if result is not None and not error else None}
+            {"error": str(error or ""), "value": encode(result) if result is not None and not error else None}
         )
         if sent["error"]:
             raise error or RolloutWorkerError(f"the rollout worker beside process 0 stopped: {sent['error']}")
-        return result if self.owner or sent["rollout"] is None else _from_json(sent["rollout"])
+        return result if self.owner or sent["value"] is None else decode(sent["value"])
 
     def prefetch(self, prompts: list[str], stops: list[int], seeds: list[int] | None = None) -> None:
         """Queue a request the stage will make later with these prompts and seeds (rollout_workers = one: every
@@ -492,14 +495,33 @@ class AsyncRolloutBackend:
         return ("episodes", text, tuple(seeds) if seeds is not None else None, greedy)
 
     def prefetch_episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None = None) -> None:
-        """Queue a later step's episodes (one per row, these seeds)."""
+        """Queue a later step's episodes (one per row, these seeds; rollout_workers = one: every process's, as one
+        request to the one worker)."""
+        if self.one_worker:
+            everyone, seeds, _, _ = self._everyone(rows, seeds)
+            self._from_owner(lambda: self._queue_episodes(everyone, stops, seeds))
+        else:
+            self._queue_episodes(rows, stops, seeds)
+
+    def _queue_episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None) -> None:
         key = self._episodes_key(rows, seeds, False)
         if key not in self.pending and key not in self.ready:
             self._submit(key, stops, ("episodes", key, list(rows), seeds, False))
 
     def episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None, greedy: bool) -> tuple[int, dict]:
         """(version, answer) of one episode per row: queued earlier or drawn now; ``answer`` as WorkerEpisodes
-        gives it."""
+        gives it (JSON values). rollout_workers = one: process 0's worker draws every process's rows, and each
+        process gets its share; the environments' faults are counted once, by process 0 (the run sums them)."""
+        if not self.one_worker:
+            return self._episodes(rows, stops, seeds, greedy)
+        everyone, seeds, start, stop = self._everyone(rows, seeds)
+        drawn = self._from_owner(lambda: self._episodes(everyone, stops, seeds, greedy), encode=list, decode=tuple)
+        version, answer = drawn
+        if "episodes" in answer:
+            answer = {"episodes": answer["episodes"][start:stop], "faults": answer["faults"] if self.owner else 0}
+        return version, answer
+
+    def _episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None, greedy: bool) -> tuple[int, dict]:
         key = self._episodes_key(rows, seeds, greedy)
         message = ("episodes", key, list(rows), seeds, greedy)
         return self._take(key, lambda: self._submit(key, stops, message), len(rows))

@@ -17,7 +17,6 @@ from tether.online_sections import (
     RewardSection,
     SamplingSection,
     check_best_and_alarms,
-    check_rollout_worker,
 )
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
 from tether.stages.grpo_recipes import RECIPES
@@ -122,7 +121,6 @@ class GRPOConfig(StageConfig):
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
         check_best_and_alarms(self)
-        check_rollout_worker(self)
 
     @property
     def norm_length(self) -> int:

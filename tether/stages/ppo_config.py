@@ -12,7 +12,6 @@ from tether.online_sections import (
     RewardSection,
     SamplingSection,
     check_best_and_alarms,
-    check_rollout_worker,
 )
 from tether.sections import OnlineRunSection, OptimSection, PolicySection
 
@@ -119,7 +118,6 @@ class PPOConfig(StageConfig):
         from tether.rewards.judge_template import check_judge_config
 
         check_judge_config(self.judge, "ppo", self.rollout.group_size, self.agent.env)
-        check_rollout_worker(self)
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
         check_best_and_alarms(self)

@@ -246,16 +246,13 @@ class AgentSampler:
         served = getattr(self.backend, "episodes", None)
         if served is None:
             return self.run(rows, seeds, greedy)
-        from tether.agents.worker import episode_from_json  # the worker's side, which imports this module
-
         version, answer = served(rows, self.stops, seeds, greedy)
         if "fault" in answer:  # env_on_error = raise, in the worker: the run stops as it would here
             raise EnvironmentFault(answer["fault"])
         self.errors += answer["faults"]
-        episodes = [episode_from_json(e) for e in answer["episodes"]]
-        for e in episodes:
+        for e in answer["episodes"]:
             e.policy_version = version
-        return episodes
+        return answer["episodes"]
 
     def ahead(self, rows: list[dict], seeds: list[int] | None = None) -> None:
         """A later step's episodes, queued now with a backend that draws them beside the trainer; nothing with any

@@ -57,7 +57,7 @@ def serve_episodes(sampler: AgentSampler, backend) -> None:
     if serve is not None:
         env = sampler.cfg.env
         objects = {env.removeprefix("python:"): sampler.factory} if env.startswith("python:") else {}
-        serve(WorkerEpisodes, (sampler.cfg, list(sampler.check_rows), objects))
+        serve(WorkerEpisodes, (sampler.cfg, list(sampler.check_rows), objects), episode_from_json)
 
 
 class WorkerEpisodes:

@@ -248,7 +248,8 @@ class AsyncRolloutBackend:
         self.trainer_threads = 0  # the trainer's threads before the worker took its share (CPU only)
         self.probe = probe_ids(tokenizer, policy.config)
         self.probes: dict[int, torch.Tensor] = {}  # version -> the trainer's probe log-probs, until the worker's come
-        self.agent = None  # (builder, spec) of the worker's episode sampler: serve_episodes
+        # the worker's episode sampler (builder, spec) and how an episode it sends reads back: serve_episodes
+        self.agent = self.read_episode = None
 
     # ── the worker's life ──
 
@@ -471,10 +472,11 @@ class AsyncRolloutBackend:
 
     # ── multi-turn episodes (agent.env), drawn whole by the worker ──
 
-    def serve_episodes(self, builder: Callable, spec: tuple) -> None:
+    def serve_episodes(self, builder: Callable, spec: tuple, read: Callable) -> None:
         """The worker will draw episodes: ``builder(spec, tokenizer, sampler, settings, stops)`` makes, in the
-        worker, what answers ("episodes", …) messages (agents/worker.py WorkerEpisodes). ``spec`` is sent to the
-        worker by value; one that cannot be is a ConfigError here, before the worker starts."""
+        worker, what answers ("episodes", …) messages (agents/worker.py WorkerEpisodes), each episode as JSON values
+        that ``read`` turns back into one here. ``spec`` is sent to the worker by value; one that cannot be is a
+        ConfigError here, before the worker starts."""
         import pickle
 
         try:
@@ -485,7 +487,7 @@ class AsyncRolloutBackend:
                 f"given cannot be sent there ({err}); name a class by module:Class, or hand the Python API a class "
                 "defined at the top level of a module"
             ) from None
-        self.agent = (builder, spec)
+        self.agent, self.read_episode = (builder, spec), read
 
     @staticmethod
     def _episodes_key(rows: list[dict], seeds: list[int] | None, greedy: bool) -> tuple:
@@ -510,15 +512,19 @@ class AsyncRolloutBackend:
 
     def episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None, greedy: bool) -> tuple[int, dict]:
         """(version, answer) of one episode per row: queued earlier or drawn now; ``answer`` as WorkerEpisodes
-        gives it (JSON values). rollout_workers = one: process 0's worker draws every process's rows, and each
-        process gets its share; the environments' faults are counted once, by process 0 (the run sums them)."""
+        gives it, its episodes read back (serve_episodes). rollout_workers = one: process 0's worker draws every
+        process's rows, and each process gets its share as JSON values; the environments' faults are counted once,
+        by process 0 (the run sums them)."""
         if not self.one_worker:
-            return self._episodes(rows, stops, seeds, greedy)
-        everyone, seeds, start, stop = self._everyone(rows, seeds)
-        drawn = self._from_owner(lambda: self._episodes(everyone, stops, seeds, greedy), encode=list, decode=tuple)
-        version, answer = drawn
+            version, answer = self._episodes(rows, stops, seeds, greedy)
+        else:
+            everyone, seeds, start, stop = self._everyone(rows, seeds)
+            drawn = self._from_owner(lambda: self._episodes(everyone, stops, seeds, greedy), encode=list, decode=tuple)
+            version, answer = drawn
+            if "episodes" in answer:
+                answer = {"episodes": answer["episodes"][start:stop], "faults": answer["faults"] if self.owner else 0}
         if "episodes" in answer:
-            answer = {"episodes": answer["episodes"][start:stop], "faults": answer["faults"] if self.owner else 0}
+            answer = {**answer, "episodes": [self.read_episode(e) for e in answer["episodes"]]}
         return version, answer
 
     def _episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None, greedy: bool) -> tuple[int, dict]:

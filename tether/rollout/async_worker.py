@@ -443,11 +443,15 @@ class AsyncRolloutBackend:
     def prefetch(self, prompts: list[str], stops: list[int], seeds: list[int] | None = None) -> None:
         """Queue a request the stage will make later with these prompts and seeds (rollout_workers = one: every
         process's, as one request to the one worker)."""
+        self._ahead(prompts, seeds, lambda everyone, seeds: self._queue(everyone, stops, seeds))
+
+    def _ahead(self, items: list, seeds: list[int] | None, queue: Callable) -> None:
+        """queue(items, seeds) now; rollout_workers = one: every process's items and seeds, queued by process 0."""
         if self.one_worker:
-            everyone, seeds, _, _ = self._everyone(prompts, seeds)
-            self._from_owner(lambda: self._queue(everyone, stops, seeds))
+            everyone, seeds, _, _ = self._everyone(items, seeds)
+            self._from_owner(lambda: queue(everyone, seeds))
         else:
-            self._queue(prompts, stops, seeds)
+            queue(items, seeds)
 
     def _queue(self, prompts: list[str], stops: list[int], seeds: list[int] | None) -> None:
         key = self._key(prompts, seeds)
@@ -499,11 +503,7 @@ class AsyncRolloutBackend:
     def prefetch_episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None = None) -> None:
         """Queue a later step's episodes (one per row, these seeds; rollout_workers = one: every process's, as one
         request to the one worker)."""
-        if self.one_worker:
-            everyone, seeds, _, _ = self._everyone(rows, seeds)
-            self._from_owner(lambda: self._queue_episodes(everyone, stops, seeds))
-        else:
-            self._queue_episodes(rows, stops, seeds)
+        self._ahead(rows, seeds, lambda everyone, seeds: self._queue_episodes(everyone, stops, seeds))
 
     def _queue_episodes(self, rows: list[dict], stops: list[int], seeds: list[int] | None) -> None:
         key = self._episodes_key(rows, seeds, False)

@@ -42,7 +42,7 @@ CORPUS = [
 # commits took out of it (measured alone)
 LONGEST_FIRST = (
     "test_vllm.py",  # 384 - 41 (the engine in a rollout worker: one run serves two tests' checks)
-    "test_lab_pipeline.py",  # 315 - about 40 (the quick lab pretrains 250 steps, was 500; the fixture about 95)
+    "test_lab_pipeline.py",  # 315 (the quick lab's fixture alone about 100-110)
     "test_online_parallel.py",  # 272
     "test_sharding_online.py",  # 173
     "test_async_rollouts.py",  # 134

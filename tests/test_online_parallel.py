@@ -382,7 +382,7 @@ def test_episodes_from_one_rollout_worker_beside_two_processes_equal_one(short_t
     assert max(s["agent"]["turns"] for s in samples) >= 2 and any("tool: obs 1" in s["response"] for s in samples)
     metrics = lines(tmp_path / "two" / "metrics.jsonl")
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0]
-    # process 0's worker drew every process's episodes: the step's 8 (4 prompts x 2), not its half
+    # process 0's worker drew every process's episodes, as the one process's worker did (per process: half)
     assert [m["async/worker_rows"] for m in metrics] == [
         row["async/worker_rows"] for row in lines(tmp_path / "one" / "metrics.jsonl")
     ]

@@ -144,11 +144,16 @@ def rules_and_prompts(folder, rules: str, prompt_rows: list[dict]) -> tuple:
 
 @pytest.fixture
 def addition_files(tmp_path):
+    return write_addition_files(tmp_path)
+
+
+def write_addition_files(folder):
+    """(train.jsonl, eval.jsonl) in ``folder``: 200 and 40 addition prompts with their completions."""
     rng = random.Random(0)
     rows = [addition_example(rng, 40) for _ in range(240)]
     for r in rows:
         del r["answer"]
-    return write_jsonl(tmp_path / "train.jsonl", rows[:200]), write_jsonl(tmp_path / "eval.jsonl", rows[200:])
+    return write_jsonl(folder / "train.jsonl", rows[:200]), write_jsonl(folder / "eval.jsonl", rows[200:])
 
 
 class killed_after_step:

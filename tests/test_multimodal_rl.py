@@ -199,26 +199,41 @@ def test_samples_name_each_prompts_image_and_the_report_shows_it_as_a_thumbnail(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
-def test_a_vlm_online_on_two_processes_equals_one(vlm_dirs, tmp_path, rules, stage):
+def test_a_vlm_online_on_two_processes_equals_one(together, request, tmp_path, stage):
     """Each process samples and scores its share of the prompts with their images; the gathered round carries every
     row's pixel tensors (train/parallel.py), so the updates equal the one-process run's (test_online_parallel.py's
     contract and tolerances, in float64). Without them the gathered rows lost their images: 1.6 % on a grad norm."""
-    from conftest import FP64
-    from test_online_parallel import assert_same_run, assert_written_once, launch
+    from test_online_parallel import assert_same_run, assert_written_once
 
-    prompts = colour_prompts(tmp_path)
-    extra = ["--reward", f"{rules}:length", "--lr", "3e-3", "--sample-every", "1", "--response-seeds", *FP64]
-    extra += ["--critic-layout", "shared"] if stage == "ppo" else []
-
-    def args(out):
-        return [stage, *grpo_args(vlm_dirs["idefics3"], prompts, rules, out, *extra)[1:]]
-
-    launch(args(tmp_path / "two"))
-    assert main(args(tmp_path / "one")) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
-    assert_written_once(tmp_path / "two", 4, 2)
-    samples = [json.loads(line) for line in (tmp_path / "two" / "samples.jsonl").read_text().splitlines()]
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    assert_written_once(two, 4, 2)
+    samples = [json.loads(line) for line in (two / "samples.jsonl").read_text().splitlines()]
     assert all(len(s["images"]) == 1 for s in samples)  # each process's samples name their images
+
+
+@pytest.fixture(scope="module")
+def together(request, vlm_dirs, tmp_path_factory):
+    """The two-process runs of test_a_vlm_online_on_two_processes_equals_one, made in one launch."""
+    from conftest import FP64
+    from test_online_parallel import Together
+
+    root = tmp_path_factory.mktemp("colours")
+    (root / "rules.py").write_text(REDNESS)
+    prompts = colour_prompts(root)
+
+    def args(stage: str) -> list[str]:
+        extra = ["--reward", f"{root / 'rules.py'}:length", "--lr", "3e-3", "--sample-every", "1", "--response-seeds"]
+        extra += [*FP64, *(["--critic-layout", "shared"] if stage == "ppo" else [])]
+        args = [stage, *grpo_args(vlm_dirs["idefics3"], prompts, root / "rules.py", "-", *extra)[1:]]
+        at = args.index("--output")
+        return args[:at] + args[at + 2 :]  # Together names the folders
+
+    table = {
+        f"test_a_vlm_online_on_two_processes_equals_one[{stage}]": (lambda _, s=stage: args(s), [])
+        for stage in ("grpo", "ppo")
+    }
+    return Together(request, table, None, tmp_path_factory.mktemp("two-processes"))
 
 
 def test_a_bf16_sampling_copy_of_a_vlm_samples_with_the_images_and_logs_its_gap(vlm_dirs, tmp_path, rules, capsys):

@@ -4,8 +4,8 @@ import json
 import os
 
 import pytest
-from conftest import descendants, flags, running, write_jsonl
-from test_online_parallel import launch
+from conftest import descendants, flags, running, write_addition_files, write_jsonl
+from test_online_parallel import Together, launch
 from test_sft import read_metrics, sft_config
 
 from tether.stages.sft import run_sft
@@ -16,16 +16,14 @@ SETTINGS = dict(max_length=64, lr=3e-3, batch_size=8, micro_batch_size=2, save_e
 
 @pytest.mark.slow
 @pytest.mark.parametrize("packing", [False, True], ids=["examples", "packed-rows"])
-def test_two_processes_match_one_process(llama_dir, addition_files, tmp_path, packing):
+def test_two_processes_match_one_process(together, request, llama_dir, tmp_path, packing):
     """--packing: the examples packed into 64-token rows before the split, so each process gets whole rows."""
-    train_path, eval_path = addition_files
-    run = dict(model=llama_dir, data=train_path, eval_data=eval_path, warmup_ratio=0.1, max_steps=6, eval_every=3)
-    two = tmp_path / "two"
-    launch(flags("sft", **run, **SETTINGS, packing=packing, output=two))
+    two = together.two(request)
     config = (two / "config.yaml").read_text()
     assert "2 x 2 x 2" in config  # processes x micro-batch x accumulation
     assert f"packing: {str(packing).lower()}" in config
     one = tmp_path / "one"
+    addition_files = together.inputs["addition"]
     run_sft(sft_config(llama_dir, addition_files, one, train__micro_batch_size=2, data__packing=packing))
     m1, m2 = read_metrics(one), read_metrics(two)
     assert len(m1) == len(m2) == 6
@@ -56,28 +54,22 @@ def one_process_overrides(llama_dir, data, out) -> dict:
     }
 
 
-def launch_two_processes(stage: str, llama_dir, data, out) -> None:
-    """The run one_process_overrides describes (SETTINGS, 4 steps, an evaluation every 2), on two processes."""
-    launch(flags(stage, model=llama_dir, data=data, eval_data=data, max_steps=4, eval_every=2, **SETTINGS, output=out))
+def two_process_flags(stage: str, llama_dir, data, **settings) -> list[str]:
+    """The run one_process_overrides describes (SETTINGS, 4 steps, an evaluation every 2), for two processes."""
+    return flags(
+        stage, model=llama_dir, data=data, eval_data=data, max_steps=4, eval_every=2, **{**SETTINGS, **settings}
+    )
 
 
 @pytest.mark.slow
-def test_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
+def test_reward_model_two_processes_match_one_process(together, request, llama_dir, tmp_path):
     from tether.config import build_config
     from tether.stages.rm import RMConfig, run_rm
 
-    rows = [
-        {
-            "prompt": f"Q{i}: ",
-            "chosen": "Cats sleep a lot." + " yes" * (i % 5),
-            "rejected": "Cats are dogs." + " no" * (i % 3),
-        }
-        for i in range(40)
-    ]
-    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    launch_two_processes("rm", llama_dir, data, tmp_path / "two")
-    run_rm(build_config(RMConfig, overrides=one_process_overrides(llama_dir, data, tmp_path / "one")))
-    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    run_rm(
+        build_config(RMConfig, overrides=one_process_overrides(llama_dir, together.inputs["pairs"], tmp_path / "one"))
+    )
+    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(together.two(request))
     for a, b in zip(m1, m2):
         assert a["train/pairs"] == b["train/pairs"] == 8
         assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5)
@@ -85,16 +77,14 @@ def test_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
             assert a["eval/accuracy"] == pytest.approx(b["eval/accuracy"])
 
 
-def test_process_reward_model_two_processes_match_one_process(llama_dir, tmp_path):
-    from test_prm import step_rows
-
+def test_process_reward_model_two_processes_match_one_process(together, request, llama_dir, tmp_path):
     from tether.config import build_config
     from tether.stages.prm import PRMConfig, run_prm
 
-    data = write_jsonl(tmp_path / "steps.jsonl", step_rows(40))
-    launch_two_processes("prm", llama_dir, data, tmp_path / "two")
-    run_prm(build_config(PRMConfig, overrides=one_process_overrides(llama_dir, data, tmp_path / "one")))
-    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    run_prm(
+        build_config(PRMConfig, overrides=one_process_overrides(llama_dir, together.inputs["steps"], tmp_path / "one"))
+    )
+    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(together.two(request))
     assert len(m1) == len(m2) == 4
     for a, b in zip(m1, m2):
         assert a["train/steps"] == b["train/steps"] > 0  # the same global batch: the same labelled steps
@@ -148,37 +138,19 @@ B: {{response_b}}
 
 
 @pytest.mark.slow
-def test_judge_two_processes_match_one_process(llama_dir, tmp_path):
+def test_judge_two_processes_match_one_process(together, request, llama_dir, tmp_path):
     """`tether judge` on two processes: the same verdicts a step (8 of each global batch), the same loss curve and
     the same held-out figures (every process evaluates the whole held-out set) as one process."""
     from tether.config import build_config
     from tether.stages.judge import JudgeConfig, run_judge
 
-    template = tmp_path / "judge.txt"
-    template.write_text(COMPACT_JUDGE)
-    rows = [{"prompt": f"Q{i}:", "chosen": "Cats sleep a lot.", "rejected": "no" + " no" * (i % 3)} for i in range(20)]
-    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    settings = {**SETTINGS, "max_length": 128}
-    launch(
-        flags(
-            "judge",
-            model=llama_dir,
-            data=data,
-            eval_data=data,
-            max_steps=4,
-            eval_every=2,
-            judge_template=template,
-            **settings,
-            output=tmp_path / "two",
-        )
-    )
     overrides = {
-        **one_process_overrides(llama_dir, data, tmp_path / "one"),
+        **one_process_overrides(llama_dir, together.inputs["verdicts"], tmp_path / "one"),
         "data.max_length": 128,
-        "judge.template": str(template),
+        "judge.template": str(together.inputs["template"]),
     }
     run_judge(build_config(JudgeConfig, overrides=overrides))
-    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    m1, m2 = read_metrics(tmp_path / "one"), read_metrics(together.two(request))
     assert len(m1) == len(m2) == 4
     for a, b in zip(m1, m2):
         assert a["train/tokens"] == b["train/tokens"] == 8  # eight verdicts, one trained token each
@@ -187,3 +159,56 @@ def test_judge_two_processes_match_one_process(llama_dir, tmp_path):
         for key in ("eval/loss", "eval/accuracy", "eval/order_inconsistency", "eval/brier"):
             if key in a:
                 assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), key
+
+
+# The two-process runs of this file's tests, made in one launch (Together), by test: (their flags from the llama and
+# the file's data, none that the two-process run alone has); each test makes its one-process run from a config.
+@pytest.fixture(scope="module")
+def together(request, llama_dir, tmp_path_factory) -> Together:
+    from test_prm import step_rows
+
+    root = tmp_path_factory.mktemp("data")
+    pairs = [
+        {
+            "prompt": f"Q{i}: ",
+            "chosen": "Cats sleep a lot." + " yes" * (i % 5),
+            "rejected": "Cats are dogs." + " no" * (i % 3),
+        }
+        for i in range(40)
+    ]
+    verdicts = [
+        {"prompt": f"Q{i}:", "chosen": "Cats sleep a lot.", "rejected": "no" + " no" * (i % 3)} for i in range(20)
+    ]
+    (root / "judge.txt").write_text(COMPACT_JUDGE)
+    data = {
+        "addition": write_addition_files(root),
+        "pairs": write_jsonl(root / "pairs.jsonl", pairs),
+        "steps": write_jsonl(root / "steps.jsonl", step_rows(40)),
+        "verdicts": write_jsonl(root / "verdicts.jsonl", verdicts),
+        "template": root / "judge.txt",
+    }
+
+    def sft(packing: bool) -> list[str]:
+        train, held_out = data["addition"]
+        run = dict(model=llama_dir, data=train, eval_data=held_out, warmup_ratio=0.1, max_steps=6, eval_every=3)
+        return flags("sft", **run, **SETTINGS, packing=packing)
+
+    table = {
+        "test_two_processes_match_one_process[examples]": (lambda _: sft(False), []),
+        "test_two_processes_match_one_process[packed-rows]": (lambda _: sft(True), []),
+        "test_reward_model_two_processes_match_one_process": (
+            lambda _: two_process_flags("rm", llama_dir, data["pairs"]),
+            [],
+        ),
+        "test_process_reward_model_two_processes_match_one_process": (
+            lambda _: two_process_flags("prm", llama_dir, data["steps"]),
+            [],
+        ),
+        "test_judge_two_processes_match_one_process": (
+            lambda _: two_process_flags(
+                "judge", llama_dir, data["verdicts"], max_length=128, judge_template=data["template"]
+            ),
+            [],
+        ),
+    }
+    return Together(request, table, data, tmp_path_factory.mktemp("two-processes"))

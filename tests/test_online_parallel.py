@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from functools import cached_property
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,6 +80,45 @@ def launch(
     return proc
 
 
+SEQUENCE = str(Path(__file__).with_name("tether_in_sequence.py"))
+
+
+def launch_together(runs: dict[str, list[str]], root: Path) -> dict[str, Path]:
+    """Each of ``runs`` ({name: tether's arguments without --output}) on two CPU processes, all in one launch of
+    tests/tether_in_sequence.py, so they share one launcher and one start-up (about 10 s of CPU a launch); returns
+    {name: its output folder under ``root``}."""
+    outs = {name: root / name for name in runs}
+    listing = root / "runs.json"
+    listing.write_text(json.dumps([args + ["--output", str(outs[name])] for name, args in runs.items()]))
+    launch([str(listing)], script=SEQUENCE)
+    return outs
+
+
+class Together:
+    """A test file's two-process runs, made in one launch (launch_together) for those of its tests this session runs
+    (-k, node ids and --lf select them; --dist loadfile keeps a file's tests on one xdist worker). ``table`` maps a
+    test's name (with its parameters) to (the function of ``inputs`` that gives the run's arguments, the flags only
+    the two-process run has: --fsdp, --rollout-workers one). Each test then runs its one-process run: ``pair()``."""
+
+    def __init__(self, request, table: dict, inputs, root: Path):
+        self.inputs = inputs
+        stale = sorted(name for name in table if name.split("[")[0] not in vars(request.module))
+        assert not stale, f"runs for tests this file does not have: {stale}"
+        chosen = {item.name for item in request.session.items if item.module is request.module}
+        self.args = {name: make(inputs) for name, (make, _) in table.items() if name in chosen}
+        self.outs = launch_together({name: args + table[name][1] for name, args in self.args.items()}, root)
+
+    def two(self, request) -> Path:
+        """The requesting test's two-process run."""
+        return self.outs[request.node.name]
+
+    def pair(self, request, tmp_path, *one_only: str) -> tuple[Path, Path]:
+        """(the requesting test's one-process run, made now in this process with the run's arguments and
+        ``one_only``; its two-process run)."""
+        assert tether_main(self.args[request.node.name] + [*one_only, "--output", str(tmp_path / "one")]) == 0
+        return tmp_path / "one", self.two(request)
+
+
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and all its descendants at once (the launcher and the workers), as a power cut would."""
     # freeze all first, so none writes on while the others die; a process started between listing the tree and
@@ -107,6 +148,35 @@ def kill_tree(pid: int) -> None:
 def files(tmp_path):
     words = ("hi", "cats", "dogs", "rain", "a cat", "banana", "sea", "map")
     return rules_and_prompts(tmp_path, RULES, [{"prompt": f"Say {w}."} for w in words])
+
+
+class Inputs:
+    """What the runs made together read, made once for the file under ``root``: the rules and prompts the ``files``
+    fixture writes, the tiny llama and (when first asked for) its short-turn copy, a judge and a process reward
+    model."""
+
+    def __init__(self, root: Path, llama_dir: Path, tokenizer):
+        self.root, self.llama_dir, self.tokenizer = root, llama_dir, tokenizer
+        words = ("hi", "cats", "dogs", "rain", "a cat", "banana", "sea", "map")
+        self.rules, self.prompts = rules_and_prompts(root, RULES, [{"prompt": f"Say {w}."} for w in words])
+
+    @cached_property
+    def short_turn_model(self) -> Path:
+        return short_turns(self.llama_dir, self.root / "short-turns")
+
+    @cached_property
+    def judge(self) -> Path:
+        from tether.models.lm import build_tiny_model
+
+        return build_tiny_model(
+            "llama", self.tokenizer, self.root / "judge", seed=2, hidden=32, layers=2, heads=2, max_positions=512
+        )
+
+    @cached_property
+    def prm(self) -> str:
+        from test_prm import tiny_prm
+
+        return tiny_prm(self.llama_dir, self.root)
 
 
 def lines(path):
@@ -170,13 +240,6 @@ def assert_same_run(one, two):
     assert_same_adamw_weights(weights(one / "final"), weights(two / "final"), LR, MAX_UPDATES, str(two))
 
 
-def assert_two_processes_equal_one(args: list[str], tmp_path) -> None:
-    """The run of ``args`` on two processes (tmp_path/two) is the run on one, in this process (tmp_path/one)."""
-    launch(args + ["--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
-
-
 def assert_written_once(out, rows_per_step: int, steps: int):
     """Process 0 alone writes the run files: one metrics row per step, each step's samples once."""
     metrics = lines(out / "metrics.jsonl")
@@ -204,26 +267,22 @@ def group_recipe_args(model, rules, prompts, recipe: str) -> list[str]:
 # with grpo's aggregation: their pieces have hand tests (test_group_algorithms.py, test_policy_algorithms.py, test_objectives.py), and their runs here were grpo's
 # path again at 18-19 s each.
 @pytest.mark.parametrize("recipe", ["grpo", "dr_grpo", "dapo", "reinforce_pp"])
-def test_group_recipes_on_two_processes_equal_one(llama_dir, files, tmp_path, recipe):
-    rules, prompts = files
-    args = group_recipe_args(llama_dir, rules, prompts, recipe)
-    assert_two_processes_equal_one(args, tmp_path)
-    assert_written_once(tmp_path / "two", 16, 3) if recipe != "dapo" else None
+def test_group_recipes_on_two_processes_equal_one(together, request, tmp_path, recipe):
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    assert_written_once(two, 16, 3) if recipe != "dapo" else None
 
 
 @pytest.mark.slow
-def test_one_rollout_process_beside_two_trainer_processes_equals_one(llama_dir, files, tmp_path):
+def test_one_rollout_process_beside_two_trainer_processes_equals_one(together, request, tmp_path):
     """--max-staleness 1 --rollout-workers one on two processes: process 0 asks the one worker for both processes'
     shares and hands each its rows, so the two processes train what one process with one worker trains (the
     responses drawn by their seeds, one update behind from the second step on). A worker for each process
     (per_process, the default) is tested on two sharded processes (tests/test_sharding_online.py)."""
-    rules, prompts = files
-    args = group_recipe_args(llama_dir, rules, prompts, "grpo") + ["--max-staleness", "1", "--async-threads", "1"]
-    assert tether_main(args + ["--output", str(tmp_path / "single")]) == 0
-    launch(args + ["--rollout-workers", "one", "--output", str(tmp_path / "two")])
-    assert_same_run(tmp_path / "single", tmp_path / "two")
-    assert_written_once(tmp_path / "two", 16, 3)
-    metrics = lines(tmp_path / "two" / "metrics.jsonl")
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    assert_written_once(two, 16, 3)
+    metrics = lines(two / "metrics.jsonl")
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
     # process 0's worker drew every process's responses: the 16 of each step (and the 8 held-out ones of the
     # evaluation before the first step), not its half
@@ -276,13 +335,11 @@ def test_one_rollout_worker_for_more_processes_than_prompts_a_step_is_refused_at
 
 
 @pytest.mark.slow
-def test_a_process_reward_on_two_processes_equals_one(llama_dir, files, tmp_path):
+def test_a_process_reward_on_two_processes_equals_one(together, request, tmp_path):
     """Step scores travel with their responses; token advantages are computed from the gathered groups."""
-    rules, prompts = files
-    args = flags("grpo", model=llama_dir, prompts=prompts, reward=[f"{rules}:a_steps", f"{rules}:count_a=0.5"])
-    args += flags(step_pattern=" ", prompts_per_step=4, group_size=3, max_new_tokens=8, max_steps=2, **SEEDED) + FP64
-    assert_two_processes_equal_one(args, tmp_path)
-    assert all(s["step_scores"] for s in lines(tmp_path / "two" / "samples.jsonl"))
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    assert all(s["step_scores"] for s in lines(two / "samples.jsonl"))
 
 
 @pytest.mark.slow
@@ -310,12 +367,11 @@ def ppo_args(model, rules, prompts, layout: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["separate", "shared"])
-def test_ppo_on_two_processes_equals_one(llama_dir, files, tmp_path, layout):
+def test_ppo_on_two_processes_equals_one(together, request, tmp_path, layout):
     """Both critic layouts (PPO beside a rollout worker per process: tests/test_sharding_online.py, sharded)."""
-    rules, prompts = files
-    args = ppo_args(llama_dir, rules, prompts, layout)
-    assert_two_processes_equal_one(args, tmp_path)
-    assert_written_once(tmp_path / "two", 6, 3)
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    assert_written_once(two, 6, 3)
 
 
 def online_dpo_args(model, rules, prompts) -> list[str]:
@@ -327,21 +383,18 @@ def online_dpo_args(model, rules, prompts) -> list[str]:
 
 
 @pytest.mark.slow
-def test_online_dpo_on_two_processes_equals_one(llama_dir, files, tmp_path):
-    rules, prompts = files
-    args = online_dpo_args(llama_dir, rules, prompts)
-    assert_two_processes_equal_one(args, tmp_path)
-    r1, r2 = (lines(tmp_path / d / "rounds" / "round-0.jsonl") for d in ("one", "two"))
+def test_online_dpo_on_two_processes_equals_one(together, request, tmp_path):
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    r1, r2 = (lines(d / "rounds" / "round-0.jsonl") for d in (one, two))
     assert r1 == r2 and len(r1) > 0
 
 
-@pytest.fixture
-def short_turn_model(llama_dir, tmp_path):
+def short_turns(llama_dir: Path, folder: Path) -> Path:
     """The tiny llama with a wide stop set (EOS and 48 frequent token ids in its generation config): a random model
     then ends its turns within a few tokens, so episodes really go several turns."""
     import shutil
 
-    folder = tmp_path / "short-turns"
     shutil.copytree(llama_dir, folder)
     config = json.loads((folder / "generation_config.json").read_text())
     eos = config.get("eos_token_id")
@@ -352,39 +405,29 @@ def short_turn_model(llama_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
-def test_multi_turn_episodes_on_two_processes_equal_one(short_turn_model, files, tmp_path, stage):
+def test_multi_turn_episodes_on_two_processes_equal_one(together, request, tmp_path, stage):
     """Episodes are sharded like prompts: each process runs its share turn by turn, the transcripts (with their
     environment tokens and action masks) are gathered, and the update is the one-process update."""
-    _, prompts = files
-    env = f"{os.path.dirname(os.path.abspath(__file__))}/agent_helpers.py:Counting(turns=3)"
-    args = flags(stage, model=short_turn_model, prompts=prompts, eval_prompts=prompts, env=env, max_total_tokens=48)
-    args += flags(prompts_per_step=4, group_size=2, max_new_tokens=8, max_steps=2, eval_every=2, **SEEDED)
-    args += (["--minibatch", "4"] if stage == "ppo" else []) + FP64
-    assert_two_processes_equal_one(args, tmp_path)
-    samples = lines(tmp_path / "two" / "samples.jsonl")
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    samples = lines(two / "samples.jsonl")
     assert max(s["agent"]["turns"] for s in samples) >= 2 and any("tool: obs 1" in s["response"] for s in samples)
 
 
 @pytest.mark.slow
-def test_episodes_from_one_rollout_worker_beside_two_processes_equal_one(short_turn_model, files, tmp_path):
+def test_episodes_from_one_rollout_worker_beside_two_processes_equal_one(together, request, tmp_path):
     """--env --max-staleness 1 --rollout-workers one on two processes: process 0's worker runs both processes'
     episodes whole, with environments of its own, and hands each process its share as JSON values; the two train
     what one process beside its own worker trains (transcripts, environment tokens, outcomes, weights)."""
-    _, prompts = files
-    env = f"{os.path.dirname(os.path.abspath(__file__))}/agent_helpers.py:Counting(turns=3)"
-    args = flags("grpo", model=short_turn_model, prompts=prompts, eval_prompts=prompts, env=env, max_total_tokens=48)
-    args += flags(prompts_per_step=4, group_size=2, max_new_tokens=8, max_steps=2, eval_every=2, **SEEDED) + FP64
-    args += ["--max-staleness", "1", "--async-threads", "1"]
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    launch(args + ["--rollout-workers", "one", "--output", str(tmp_path / "two")])
-    assert_same_run(tmp_path / "one", tmp_path / "two")
-    samples = lines(tmp_path / "two" / "samples.jsonl")
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    samples = lines(two / "samples.jsonl")
     assert max(s["agent"]["turns"] for s in samples) >= 2 and any("tool: obs 1" in s["response"] for s in samples)
-    metrics = lines(tmp_path / "two" / "metrics.jsonl")
+    metrics = lines(two / "metrics.jsonl")
     assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0]
     # process 0's worker drew every process's episodes, as the one process's worker did (per process: half)
     assert [m["async/worker_rows"] for m in metrics] == [
-        row["async/worker_rows"] for row in lines(tmp_path / "one" / "metrics.jsonl")
+        row["async/worker_rows"] for row in lines(one / "metrics.jsonl")
     ]
 
 
@@ -440,34 +483,99 @@ def test_shares_are_contiguous_and_cover_every_item_once():
 
 
 @pytest.mark.slow
-def test_a_process_reward_model_on_two_processes_equals_one(llama_dir, files, tmp_path):
+def test_a_process_reward_model_on_two_processes_equals_one(together, request, tmp_path):
     """The PRM's step probabilities travel with their responses, as a reward function's step scores do."""
-    from test_prm import tiny_prm
-
-    _, prompts = files
-    prm = tiny_prm(llama_dir, tmp_path)
-    args = ["grpo", "--model", str(llama_dir), "--prompts", str(prompts), "--process-reward-model", prm]
-    args += flags(step_pattern=" ", prompts_per_step=4, group_size=3, max_new_tokens=8)
-    args += flags(max_steps=2, **SEEDED) + FP64
-    assert_two_processes_equal_one(args, tmp_path)
-    assert any(s["step_scores"] for s in lines(tmp_path / "two" / "samples.jsonl"))
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    assert any(s["step_scores"] for s in lines(two / "samples.jsonl"))
 
 
 @pytest.mark.slow
-def test_a_judge_on_two_processes_equals_one(llama_dir, files, tmp_path, tokenizer):
+def test_a_judge_on_two_processes_equals_one(together, request, tmp_path):
     """GRPO rewarded by a judge's round robin (every ordered pair of each group, both orders): each process judges
     its own groups, the judge's figures are summed over processes, and everything equals one process."""
-    from tether.models.lm import build_tiny_model
-
-    judge = build_tiny_model(
-        "llama", tokenizer, tmp_path / "judge", seed=2, hidden=32, layers=2, heads=2, max_positions=512
-    )
-    rules, prompts = files
-    args = group_recipe_args(llama_dir, rules, prompts, "grpo")
-    at = args.index("--reward")
-    args = args[:at] + args[at + 2 :] + flags(judge_model=judge, judge_template="pairwise", judge_baseline="group")
-    assert_two_processes_equal_one(args, tmp_path)
-    for a, b in zip(lines(tmp_path / "one" / "metrics.jsonl"), lines(tmp_path / "two" / "metrics.jsonl")):
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    for a, b in zip(lines(one / "metrics.jsonl"), lines(two / "metrics.jsonl")):
         assert a["judge/prompts"] == b["judge/prompts"] == 4 * 4 * 3  # 4 groups × 12 ordered pairs
         for key in ("judge/order_inconsistency", "judge/first_slot_bias", "reward/judge/mean"):
             assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
+
+
+# The runs this file's tests compare on one process and two, made on two processes in one launch (Together), by the
+# test that compares them: (their arguments from the file's Inputs, the flags only the two-process run has).
+ASYNC = ["--max-staleness", "1", "--async-threads", "1"]
+COUNTING = f"{os.path.dirname(os.path.abspath(__file__))}/agent_helpers.py:Counting(turns=3)"
+
+
+def process_reward_args(i: Inputs) -> list[str]:
+    args = flags("grpo", model=i.llama_dir, prompts=i.prompts, reward=[f"{i.rules}:a_steps", f"{i.rules}:count_a=0.5"])
+    return (
+        args + flags(step_pattern=" ", prompts_per_step=4, group_size=3, max_new_tokens=8, max_steps=2, **SEEDED) + FP64
+    )
+
+
+def episodes_args(i: Inputs, stage: str) -> list[str]:
+    args = flags(stage, model=i.short_turn_model, prompts=i.prompts, eval_prompts=i.prompts, env=COUNTING)
+    args += flags(max_total_tokens=48, prompts_per_step=4, group_size=2, max_new_tokens=8, max_steps=2, eval_every=2)
+    return args + flags(**SEEDED) + (["--minibatch", "4"] if stage == "ppo" else []) + FP64
+
+
+def process_reward_model_args(i: Inputs) -> list[str]:
+    args = ["grpo", "--model", str(i.llama_dir), "--prompts", str(i.prompts), "--process-reward-model", i.prm]
+    return (
+        args + flags(step_pattern=" ", prompts_per_step=4, group_size=3, max_new_tokens=8, max_steps=2, **SEEDED) + FP64
+    )
+
+
+def judge_args(i: Inputs) -> list[str]:
+    args = group_recipe_args(i.llama_dir, i.rules, i.prompts, "grpo")
+    at = args.index("--reward")
+    return args[:at] + args[at + 2 :] + flags(judge_model=i.judge, judge_template="pairwise", judge_baseline="group")
+
+
+TOGETHER = {
+    **{
+        f"test_group_recipes_on_two_processes_equal_one[{recipe}]": (
+            lambda i, recipe=recipe: group_recipe_args(i.llama_dir, i.rules, i.prompts, recipe),
+            [],
+        )
+        for recipe in ("grpo", "dr_grpo", "dapo", "reinforce_pp")
+    },
+    "test_one_rollout_process_beside_two_trainer_processes_equals_one": (
+        lambda i: group_recipe_args(i.llama_dir, i.rules, i.prompts, "grpo") + ASYNC,
+        ["--rollout-workers", "one"],
+    ),
+    "test_a_process_reward_on_two_processes_equals_one": (process_reward_args, []),
+    **{
+        f"test_ppo_on_two_processes_equals_one[{layout}]": (
+            lambda i, layout=layout: ppo_args(i.llama_dir, i.rules, i.prompts, layout),
+            [],
+        )
+        for layout in ("separate", "shared")
+    },
+    "test_online_dpo_on_two_processes_equals_one": (lambda i: online_dpo_args(i.llama_dir, i.rules, i.prompts), []),
+    **{
+        f"test_multi_turn_episodes_on_two_processes_equal_one[{stage}]": (
+            lambda i, stage=stage: episodes_args(i, stage),
+            [],
+        )
+        for stage in ("grpo", "ppo")
+    },
+    "test_episodes_from_one_rollout_worker_beside_two_processes_equal_one": (
+        lambda i: episodes_args(i, "grpo") + ASYNC,
+        ["--rollout-workers", "one"],
+    ),
+    "test_a_process_reward_model_on_two_processes_equals_one": (process_reward_model_args, []),
+    "test_a_judge_on_two_processes_equals_one": (judge_args, []),
+}
+
+
+@pytest.fixture(scope="module")
+def inputs(llama_dir, tokenizer, tmp_path_factory) -> Inputs:
+    return Inputs(tmp_path_factory.mktemp("inputs"), llama_dir, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def together(request, inputs, tmp_path_factory) -> Together:
+    return Together(request, TOGETHER, inputs, tmp_path_factory.mktemp("two-processes"))

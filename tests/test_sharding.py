@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import FP64, assert_same_adamw_weights, flags, write_jsonl
 from safetensors.torch import load_file
-from test_online_parallel import launch, lines
+from test_online_parallel import Together, launch, lines
 
 from tether.cli import main as tether_main
 
@@ -34,13 +34,6 @@ def assert_same_training(one, two, keys):
     w1, w2 = load_file(str(one / "final" / "model.safetensors")), load_file(str(two / "final" / "model.safetensors"))
     assert sorted(w1) == sorted(w2)  # the same plain folder: a tied lm_head is not written twice
     assert_same_adamw_weights(w1, w2, LR, MAX_UPDATES, str(two))
-
-
-def assert_sharded_equals_one_process(args: list[str], tmp_path, keys) -> None:
-    """The run of ``args`` sharded over two processes (tmp_path/two) trains as one unsharded process (tmp_path/one)."""
-    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_training(tmp_path / "one", tmp_path / "two", keys)
 
 
 def run_args(stage: str, model, data, eval_data=None, **settings) -> list[str]:
@@ -99,13 +92,10 @@ def test_sharded_sft_equals_one_process_and_resumes_exactly(llama_dir, addition_
 
 
 @pytest.mark.slow
-def test_sharded_dpo_equals_one_process(llama_dir, tmp_path):
-    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(24, "Cats sleep a lot.", "Cats bark.", 3, 4))
-    args = run_args(
-        "dpo", llama_dir, data, max_length=48, batch_size=4, micro_batch_size=1, max_steps=3, eval_every=3, save_every=0
-    )
+def test_sharded_dpo_equals_one_process(together, request, tmp_path):
+    one, two = together.pair(request, tmp_path)
     keys = ("train/loss", "train/grad_norm", "train/rewards/margins", "eval/loss", "eval/rewards/accuracy")
-    assert_sharded_equals_one_process(args, tmp_path, keys)
+    assert_same_training(one, two, keys)
 
 
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
@@ -146,32 +136,61 @@ def test_shipped_accelerate_configs_are_valid_accelerate_configs(name):
 
 
 @pytest.mark.slow
-def test_sharded_reward_model_equals_one_process(llama_dir, tmp_path):
+def test_sharded_reward_model_equals_one_process(together, request, tmp_path):
     """Including best/ (gathered at each new best) and final/ with its probes (on process 0, from a gathered copy)."""
-    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(32, "Cats sleep a lot.", "Cats are dogs.", 5, 3))
-    args = run_args(
-        "rm", llama_dir, data, max_length=48, batch_size=8, micro_batch_size=2, max_steps=4, eval_every=2, save_every=2
-    )
-    assert_sharded_equals_one_process(args, tmp_path, ("train/loss", "train/grad_norm", "eval/loss", "eval/accuracy"))
+    one, two = together.pair(request, tmp_path)
+    assert_same_training(one, two, ("train/loss", "train/grad_norm", "eval/loss", "eval/accuracy"))
     for folder in ("best", "checkpoint-4"):
-        w1 = load_file(str(tmp_path / "one" / folder / "model.safetensors"))
-        w2 = load_file(str(tmp_path / "two" / folder / "model.safetensors"))
+        w1 = load_file(str(one / folder / "model.safetensors"))
+        w2 = load_file(str(two / folder / "model.safetensors"))
         assert sorted(w1) == sorted(w2)
         assert_same_adamw_weights(w1, w2, LR, MAX_UPDATES, folder)
-    s1, s2 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (one, two))
     assert s2["probes"]["length_correlation"] == pytest.approx(s1["probes"]["length_correlation"], abs=1e-5)
     for head, stats in s1["normalization"].items():
         assert s2["normalization"][head]["mean"] == pytest.approx(stats["mean"], abs=1e-5)
 
 
 @pytest.mark.slow
-def test_token_budget_micro_batches_sharded_equal_one_process_by_examples(llama_dir, tmp_path):
+def test_token_budget_micro_batches_sharded_equal_one_process_by_examples(together, request, tmp_path):
     """Micro-batches by tokens: each process splits its share its own way (at 60 tokens, 4 and 3 micro-batches in
     step 1; the short process runs a weight-0 pass so the sharded forwards pair up), and the steps equal one
     process's by examples."""
-    data = write_jsonl(tmp_path / "pairs.jsonl", pair_rows(32, "Cats sleep a lot.", "No.", 7, 2))
-    args = run_args("rm", llama_dir, data, max_length=48, batch_size=8, max_steps=4, eval_every=4, save_every=0)
-    proc = launch(args + ["--micro-batch-tokens", "60", "--fsdp", "--output", str(tmp_path / "two")])
-    assert "up to 60 tokens" in (tmp_path / "two" / "config.yaml").read_text(), proc.stderr[-2000:]
-    assert tether_main(args + ["--micro-batch-size", "2", "--output", str(tmp_path / "one")]) == 0
-    assert_same_training(tmp_path / "one", tmp_path / "two", ("train/loss", "train/grad_norm", "eval/loss"))
+    one, two = together.pair(request, tmp_path, "--micro-batch-size", "2")
+    assert "up to 60 tokens" in (two / "config.yaml").read_text()
+    assert_same_training(one, two, ("train/loss", "train/grad_norm", "eval/loss"))
+
+
+# The runs this file's tests compare unsharded on one process and sharded on two, made in one launch (Together):
+# (their arguments from the llama and the file's data folder, the flags only the sharded run has).
+def dpo_args(llama_dir, root: Path) -> list[str]:
+    data = write_jsonl(root / "dpo-pairs.jsonl", pair_rows(24, "Cats sleep a lot.", "Cats bark.", 3, 4))
+    settings = dict(max_length=48, batch_size=4, micro_batch_size=1, max_steps=3, eval_every=3, save_every=0)
+    return run_args("dpo", llama_dir, data, **settings)
+
+
+def rm_args(llama_dir, root: Path) -> list[str]:
+    data = write_jsonl(root / "rm-pairs.jsonl", pair_rows(32, "Cats sleep a lot.", "Cats are dogs.", 5, 3))
+    settings = dict(max_length=48, batch_size=8, micro_batch_size=2, max_steps=4, eval_every=2, save_every=2)
+    return run_args("rm", llama_dir, data, **settings)
+
+
+def token_budget_args(llama_dir, root: Path) -> list[str]:
+    data = write_jsonl(root / "short-pairs.jsonl", pair_rows(32, "Cats sleep a lot.", "No.", 7, 2))
+    return run_args("rm", llama_dir, data, max_length=48, batch_size=8, max_steps=4, eval_every=4, save_every=0)
+
+
+TOGETHER = {
+    "test_sharded_dpo_equals_one_process": (lambda i: dpo_args(*i), ["--fsdp"]),
+    "test_sharded_reward_model_equals_one_process": (lambda i: rm_args(*i), ["--fsdp"]),
+    "test_token_budget_micro_batches_sharded_equal_one_process_by_examples": (
+        lambda i: token_budget_args(*i),
+        ["--micro-batch-tokens", "60", "--fsdp"],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def together(request, llama_dir, tmp_path_factory) -> Together:
+    data = tmp_path_factory.mktemp("data")
+    return Together(request, TOGETHER, (llama_dir, data), tmp_path_factory.mktemp("sharded"))

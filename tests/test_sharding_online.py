@@ -5,16 +5,18 @@ import pytest
 import torch
 from conftest import assert_same_adamw_weights
 from safetensors.torch import load_file
-from test_online_parallel import (  # noqa: F401 - files is a fixture
+from test_online_parallel import (  # noqa: F401 - files and inputs are fixtures
+    ASYNC,
+    Inputs,
+    Together,
     assert_same_run,
     files,
     group_recipe_args,
+    inputs,
     killed_and_resumed_on_two,
-    launch,
     lines,
     online_dpo_args,
     ppo_args,
-    weights,
 )
 
 from tether.cli import main as tether_main
@@ -29,49 +31,37 @@ def set_flag(args: list[str], flag: str, value: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe, offload", [("grpo", False), ("grpo", True), ("dapo", False)])
-def test_sharded_group_recipes_equal_one_unsharded_process(llama_dir, files, tmp_path, recipe, offload):  # noqa: F811
+def test_sharded_group_recipes_equal_one_unsharded_process(together, request, tmp_path, recipe, offload):
     """grpo (the reference sharded too: KL in the loss; and its shards offloaded to CPU memory, --offload-frozen)
     and dapo (dynamic sampling: rounds split unevenly) with a sharded reward model scored beside the rule at weight 0:
     the groups stay as flat as the rule makes them, so later rounds leave a process with nothing to score, which
     still joins the reward model's forwards (score_token_ids's lock step)."""
-    rules, prompts = files
-    # 8 rows a minibatch over 2 processes in micro-batches of 3: 2 per process, the second short (lock step holds)
-    args = group_recipe_args(llama_dir, rules, prompts, recipe) + FOREACH
-    if recipe == "dapo":
-        args += ["--reward-model", str(random_reward_model(llama_dir, tmp_path / "rm"))]
-        args += ["--no-normalize-reward", "--reward-model-weight", "0"]
-    launch(args + ["--fsdp", "--output", str(tmp_path / "two")] + (["--offload-frozen"] if offload else []))
-    plan = " ".join((tmp_path / "two" / "config.yaml").read_text().split())  # YAML folds long lines
+    one, two = together.pair(request, tmp_path)
+    plan = " ".join((two / "config.yaml").read_text().split())  # YAML folds long lines
     assert "FSDP2 over 2 processes: the policy" in plan, plan
     assert ("the policy, the reference" in plan) == (recipe == "grpo"), plan  # dapo has no KL, so no reference
     assert ("the reference (its shards in CPU memory)" in plan) == offload, plan
     assert ("the reward model" in plan) == (recipe == "dapo"), plan
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
-    assert len(lines(tmp_path / "two" / "metrics.jsonl")) == 3
+    assert_same_run(one, two)
+    assert len(lines(two / "metrics.jsonl")) == 3
     if recipe == "dapo":
-        one, two = lines(tmp_path / "one" / "samples.jsonl"), lines(tmp_path / "two" / "samples.jsonl")
-        rm_scores = [s["parts"]["reward_model"] for s in one]
+        rm_scores = [s["parts"]["reward_model"] for s in lines(one / "samples.jsonl")]
         assert len(set(rm_scores)) > 1  # the random head scores texts apart
-        assert [s["parts"]["reward_model"] for s in two] == pytest.approx(rm_scores, abs=1e-5)
-        rounds = [m["sampling/rounds"] for m in lines(tmp_path / "two" / "metrics.jsonl")]
+        assert [s["parts"]["reward_model"] for s in lines(two / "samples.jsonl")] == pytest.approx(rm_scores, abs=1e-5)
+        rounds = [m["sampling/rounds"] for m in lines(two / "metrics.jsonl")]
         assert max(rounds) > 1, rounds
 
 
 @pytest.mark.slow
-def test_sharded_ppo_beside_rollout_workers_equals_one_unsharded_process(llama_dir, files, tmp_path):  # noqa: F811
+def test_sharded_ppo_beside_rollout_workers_equals_one_unsharded_process(together, request, tmp_path):
     """--fsdp with --max-staleness 1 (PPO, its critic sharded too; the group family samples through the same
     backend): each process's rollout worker is pushed the whole policy, gathered from the shards into the process's
     ordinary copy after each update, so two sharded processes train what one unsharded process beside its worker
     trains (the same samples, one update behind from the second step, the same weights)."""
-    rules, prompts = files
-    args = ppo_args(llama_dir, rules, prompts, "separate")
-    args += FOREACH + ["--max-staleness", "1", "--async-threads", "1"]
-    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
-    for out in ("one", "two"):
-        metrics = lines(tmp_path / out / "metrics.jsonl")
+    one, two = together.pair(request, tmp_path)
+    assert_same_run(one, two)
+    for out in (one, two):
+        metrics = lines(out / "metrics.jsonl")
         assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0, 1.0]
         assert all(m["async/parity_max_diff"] < 1e-6 for m in metrics)
 
@@ -115,34 +105,76 @@ def test_a_killed_sharded_run_resumes_exactly_and_only_sharded_on_as_many(llama_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["separate", "shared"])
-def test_sharded_ppo_equals_one_unsharded_process(llama_dir, files, tmp_path, layout):  # noqa: F811
+def test_sharded_ppo_equals_one_unsharded_process(together, request, tmp_path, layout):
     """separate: policy, reference and critic sharded; shared: policy and reference sharded, the value head (one
     vector) whole on every process, its gradient summed by the data-parallel all-reduce."""
-    rules, prompts = files
-    # 7 responses in minibatches of 3: the last minibatch has one row, so process 1 runs a lock-step filler
-    args = set_flag(ppo_args(llama_dir, rules, prompts, layout), "--prompts-per-step", "7") + FOREACH
-    args = set_flag(set_flag(args, "--max-steps", "2"), "--eval-every", "2")
-    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
-    plan = " ".join((tmp_path / "two" / "config.yaml").read_text().split())  # YAML folds long lines
+    one, two = together.pair(request, tmp_path)
+    plan = " ".join((two / "config.yaml").read_text().split())  # YAML folds long lines
     assert "FSDP2 over 2 processes" in plan and ("the critic" in plan) == (layout == "separate"), plan
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
+    assert_same_run(one, two)
     critic_file = "model.safetensors" if layout == "separate" else "value_head.safetensors"
-    one = load_file(str(tmp_path / "one" / "checkpoint-2" / "critic" / critic_file))
-    two = load_file(str(tmp_path / "two" / "checkpoint-2" / "critic" / critic_file))
-    assert sorted(one) == sorted(two)
-    assert_same_adamw_weights(one, two, 1e-4, 12, "critic")  # --critic-lr 1e-4 (the default), 2 x 2 x 3 updates
+    critic_one = load_file(str(one / "checkpoint-2" / "critic" / critic_file))
+    critic_two = load_file(str(two / "checkpoint-2" / "critic" / critic_file))
+    assert sorted(critic_one) == sorted(critic_two)
+    assert_same_adamw_weights(
+        critic_one, critic_two, 1e-4, 12, "critic"
+    )  # --critic-lr 1e-4 (the default), 2 x 2 x 3 updates
 
 
 @pytest.mark.slow
-def test_sharded_online_dpo_equals_one_unsharded_process(llama_dir, files, tmp_path):  # noqa: F811
+def test_sharded_online_dpo_equals_one_unsharded_process(together, request, tmp_path):
     """Each round's pairs sampled from the gathered copy; the update is the offline sharded DPO step."""
-    rules, prompts = files
-    args = online_dpo_args(llama_dir, rules, prompts) + FOREACH
-    launch(args + ["--fsdp", "--output", str(tmp_path / "two")])
-    plan = " ".join((tmp_path / "two" / "config.yaml").read_text().split())  # YAML folds long lines
+    one, two = together.pair(request, tmp_path)
+    plan = " ".join((two / "config.yaml").read_text().split())  # YAML folds long lines
     assert "sharded over 2 processes (FSDP2)" in plan and "a gathered copy of the sharded policy" in plan, plan
-    assert tether_main(args + ["--output", str(tmp_path / "one")]) == 0
-    assert_same_run(tmp_path / "one", tmp_path / "two")
-    r1, r2 = (lines(tmp_path / d / "rounds" / "round-1.jsonl") for d in ("one", "two"))
+    assert_same_run(one, two)
+    r1, r2 = (lines(d / "rounds" / "round-1.jsonl") for d in (one, two))
     assert r1 == r2 and len(r1) > 0  # the second round was sampled from the updated weights alike
+
+
+# The runs this file's tests compare unsharded on one process and sharded on two, made in one launch (Together):
+# (their arguments from test_online_parallel's Inputs, the flags only the sharded run has).
+def group_args(i: Inputs, recipe: str) -> list[str]:
+    # 8 rows a minibatch over 2 processes in micro-batches of 3: 2 per process, the second short (lock step holds)
+    args = group_recipe_args(i.llama_dir, i.rules, i.prompts, recipe) + FOREACH
+    if recipe == "dapo":
+        args += ["--reward-model", str(random_reward_model(i.llama_dir, i.root / "rm"))]
+        args += ["--no-normalize-reward", "--reward-model-weight", "0"]
+    return args
+
+
+def short_ppo_args(i: Inputs, layout: str) -> list[str]:
+    # 7 responses in minibatches of 3: the last minibatch has one row, so process 1 runs a lock-step filler
+    args = set_flag(ppo_args(i.llama_dir, i.rules, i.prompts, layout), "--prompts-per-step", "7") + FOREACH
+    return set_flag(set_flag(args, "--max-steps", "2"), "--eval-every", "2")
+
+
+TOGETHER = {
+    **{
+        f"test_sharded_group_recipes_equal_one_unsharded_process[{recipe}-{offload}]": (
+            lambda i, recipe=recipe: group_args(i, recipe),
+            ["--fsdp"] + (["--offload-frozen"] if offload else []),
+        )
+        for recipe, offload in (("grpo", False), ("grpo", True), ("dapo", False))
+    },
+    "test_sharded_ppo_beside_rollout_workers_equals_one_unsharded_process": (
+        lambda i: ppo_args(i.llama_dir, i.rules, i.prompts, "separate") + FOREACH + ASYNC,
+        ["--fsdp"],
+    ),
+    **{
+        f"test_sharded_ppo_equals_one_unsharded_process[{layout}]": (
+            lambda i, layout=layout: short_ppo_args(i, layout),
+            ["--fsdp"],
+        )
+        for layout in ("separate", "shared")
+    },
+    "test_sharded_online_dpo_equals_one_unsharded_process": (
+        lambda i: online_dpo_args(i.llama_dir, i.rules, i.prompts) + FOREACH,
+        ["--fsdp"],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def together(request, inputs, tmp_path_factory) -> Together:  # noqa: F811 - inputs is test_online_parallel's fixture
+    return Together(request, TOGETHER, inputs, tmp_path_factory.mktemp("sharded"))

@@ -38,21 +38,21 @@ CORPUS = [
 
 # The longest files first: `make test` hands whole files to the workers in collection order (--dist loadfile
 # --no-loadscope-reorder), and the suite's wall time is the busier worker's, so a long file started late decides it.
-# Each file's seconds summed from --durations=0 (2 cores, AMD EPYC, 2026-12-06, 5015934), less what the next
-# commits took out of it (measured alone)
+# Each file's seconds summed from --durations=0 (2 cores, AMD EPYC, 2026-12-07, with each file's two-process runs
+# made in one launch: test_online_parallel.Together).
 LONGEST_FIRST = (
-    "test_vllm.py",  # 384 - 41 (the engine in a rollout worker: one run serves two tests' checks)
-    "test_lab_pipeline.py",  # 315 (the quick lab's fixture alone about 100-110)
-    "test_online_parallel.py",  # 272
-    "test_sharding_online.py",  # 173
-    "test_async_rollouts.py",  # 134
-    "test_kill_anywhere.py",  # 126 - about 35 (the uninterrupted runs in the test's process)
-    "test_multiprocess.py",  # 77
-    "test_sharding.py",  # 69
-    "test_lab_visual.py",  # 56
-    "test_multimodal_rl.py",  # 54
-    "test_vllm_vision.py",  # 39
-    "test_trl_users.py",  # 34
+    "test_vllm.py",  # 329
+    "test_lab_pipeline.py",  # 301 (the quick lab's fixture alone about 100-110)
+    "test_online_parallel.py",  # 157
+    "test_async_rollouts.py",  # 133
+    "test_kill_anywhere.py",  # 94
+    "test_sharding_online.py",  # 90
+    "test_lab_visual.py",  # 51
+    "test_sharding.py",  # 49
+    "test_vllm_vision.py",  # 34
+    "test_multiprocess.py",  # 33
+    "test_multimodal_rl.py",  # 32
+    "test_trl_users.py",  # 28
 )
 
 

@@ -6,6 +6,7 @@ process too), a bad image is named before the run folder exists, and what is not
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -198,11 +199,12 @@ def test_samples_name_each_prompts_image_and_the_report_shows_it_as_a_thumbnail(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["grpo", "ppo"])
+@pytest.mark.parametrize("stage", ["grpo", "ppo", "grpo-worker"])
 def test_a_vlm_online_on_two_processes_equals_one(together, request, tmp_path, stage):
     """Each process samples and scores its share of the prompts with their images; the gathered round carries every
     row's pixel tensors (train/parallel.py), so the updates equal the one-process run's (test_online_parallel.py's
-    contract and tolerances, in float64). Without them the gathered rows lost their images: 1.6 % on a grad norm."""
+    contract and tolerances, in float64). Without them the gathered rows lost their images: 1.6 % on a grad norm.
+    grpo-worker: beside a rollout worker per process (--max-staleness 1), which each sends its share's pixels."""
     from test_online_parallel import assert_same_run, assert_written_once
 
     one, two = together.pair(request, tmp_path)
@@ -225,15 +227,119 @@ def together(request, vlm_dirs, tmp_path_factory):
     def args(stage: str) -> list[str]:
         extra = ["--reward", f"{root / 'rules.py'}:length", "--lr", "3e-3", "--sample-every", "1", "--response-seeds"]
         extra += [*FP64, *(["--critic-layout", "shared"] if stage == "ppo" else [])]
+        if stage == "grpo-worker":
+            stage, extra = "grpo", [*extra, "--max-staleness", "1", "--async-threads", "1"]
         args = [stage, *grpo_args(vlm_dirs["idefics3"], prompts, root / "rules.py", "-", *extra)[1:]]
         at = args.index("--output")
         return args[:at] + args[at + 2 :]  # Together names the folders
 
     table = {
         f"test_a_vlm_online_on_two_processes_equals_one[{stage}]": (lambda _, s=stage: args(s), [])
-        for stage in ("grpo", "ppo")
+        for stage in ("grpo", "ppo", "grpo-worker")
     }
     return Together(request, table, None, tmp_path_factory.mktemp("two-processes"))
+
+
+def test_the_rollout_worker_samples_each_row_with_its_own_images_and_its_log_probs_are_the_trainers(
+    vlm_dirs, tmp_path, one_thread
+):
+    """The worker beside a float64 Idefics3 policy: each request's pixel tensors go to it in a file (a group's shared
+    tensors once), its responses are the ones the trainer's own sampler draws with the same seeds, and its log-probs
+    of them equal the trainer's full forward with each row's own image (1e-5, as the sampler test above) while the
+    other colour's image moves them by more than 1e-3, so a row given another row's pixels would be caught."""
+    from transformers import AutoModelForImageTextToText
+
+    from tether.online_sections import SamplingSection
+    from tether.rollout.async_worker import AsyncRolloutBackend
+
+    folder = vlm_dirs["idefics3"]
+    tokenizer = load_tokenizer(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float64).eval()
+    never_sample_placeholders(model)
+    rows = prompt_rows(colour_prompts(tmp_path, 4), images=PIXELS)
+    prompts = ImagePrompts(tokenizer, load_processor(folder, tokenizer), rows, "prompts.jsonl", PIXELS)
+    encoded = [prompts.encode(i) for i in (0, 0, 1, 1, 2, 3)]  # two groups of two, then a red and a blue row
+    contexts, vision = [ids for ids, _ in encoded], [v for _, v in encoded]
+    stops, seeds = stop_token_ids(tokenizer, model), [1, 2, 3, 4, 5, 6]
+    settings = SamplingSection(max_new_tokens=6, max_staleness=1, async_threads=1)
+    backend = AsyncRolloutBackend(model, tokenizer, settings)
+    try:
+        backend.prefetch_ids(contexts, stops, seeds, vision)  # queued ahead, then taken: one request, one file
+        rollout = backend.generate_ids(contexts, settings, stops, seeds, vision=vision)
+        assert backend.requests == 1 and not list(backend.slots.glob("pixels-*"))  # the worker removed the file
+    finally:
+        backend.close()
+    mine = HFGenerate(model, tokenizer, copy=True).generate_ids(contexts, settings, stops, seeds, vision=vision)
+    assert torch.equal(rollout.response_ids, mine.response_ids)
+    mask = rollout.response_mask.bool()
+    swapped = rollout.select(torch.arange(6))
+    swapped.vision = [vision[i] for i in (2, 3, 0, 1, 5, 4)]  # each row shown the other colour
+    with torch.no_grad():
+        trainer = response_logprobs(model, rollout, 1.0)
+        other = response_logprobs(model, swapped, 1.0)
+    assert float((trainer - rollout.sampler_logprobs)[mask].abs().max()) < 1e-5
+    assert float((other - trainer)[mask].abs().max()) > 1e-3
+
+
+def test_one_rollout_worker_for_several_processes_is_refused_for_a_vlm_naming_the_layout_that_works(llama_dir):
+    """rollout_workers = one on N processes: process 0 would need every process's pixel tensors (not built); the
+    refusal comes before any worker starts, and names per_process. (A text policy takes the same layout.)"""
+    from tether.errors import ConfigError
+    from tether.models.lm import load_model, load_tokenizer
+    from tether.online_sections import SamplingSection
+    from tether.rollout.async_worker import AsyncRolloutBackend, sampling_backend
+
+    tokenizer = load_tokenizer(llama_dir)
+    policy = load_model(llama_dir, tokenizer)
+    settings = SamplingSection(max_staleness=1, rollout_workers="one")
+    two = SimpleNamespace(active=True, rank=0, world=2)
+    with pytest.raises(ConfigError, match="--rollout-workers one on several processes is not built for it yet"):
+        sampling_backend(settings, policy, tokenizer, processor=object(), dp=two)
+    backend = sampling_backend(settings, policy, tokenizer, processor=None, dp=two)
+    assert isinstance(backend, AsyncRolloutBackend) and backend.one_worker and backend.process is None
+    backend.close()
+
+
+@pytest.fixture
+def one_thread():
+    """The trainer on one thread, as the worker (--async-threads 1), so both sides reduce alike (as in
+    test_async_rollouts.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("family", ["llava", "gemma3"])
+def test_a_rollout_worker_samples_a_vlm_with_each_prompts_images_as_the_trainer_would(
+    vlm_dirs, tmp_path, rules, capsys, one_thread, family
+):
+    """--max-staleness 1 through the stage: the first step's responses, scores and update equal the synchronous
+    run's (the same weights, seeds and images), the next is drawn one update behind, the parity probe holds (the
+    worker's copy never samples an image placeholder either), and the pixel files and weight slots are gone at the
+    end. That each row reaches the worker with its own images: the test above."""
+    from safetensors.torch import load_file
+
+    prompts = colour_prompts(tmp_path)
+    more = ("--reward", f"{rules}:length", "--response-seeds", "--sample-every", "1", "--save-every", "1")
+    more += ("--keep-checkpoints", "2")
+    sync, ahead = tmp_path / "sync", tmp_path / "ahead"
+    assert main(grpo_args(vlm_dirs[family], prompts, rules, sync, *more)) == 0, capsys.readouterr().err
+    worker = ("--max-staleness", "1", "--async-threads", "1")
+    assert main(grpo_args(vlm_dirs[family], prompts, rules, ahead, *more, *worker)) == 0, capsys.readouterr().err
+    read = lambda path: [json.loads(line) for line in path.read_text().splitlines()]  # noqa: E731
+    first = [s for s in read(sync / "samples.jsonl") if s["step"] == 1]
+    drawn = [s for s in read(ahead / "samples.jsonl") if s["step"] == 1]
+    assert [(s["response"], s["score"]) for s in drawn] == [(s["response"], s["score"]) for s in first]
+    one, other = (load_file(d / "checkpoint-1" / "model.safetensors") for d in (sync, ahead))
+    assert all(torch.equal(one[k], other[k]) for k in one)
+    metrics = read(ahead / "metrics.jsonl")
+    assert [m["async/staleness_max"] for m in metrics] == [0.0, 1.0]
+    assert all(m["async/parity_max_diff"] <= 1e-6 for m in metrics)
+    # the first step's weights are the trainer's: the two log-probs of each sampled token differ by float32 rounding
+    assert metrics[0]["rollout/sampler_logprob_diff_max"] < 1e-4
+    assert metrics[-1]["eval/reward/redness"] == pytest.approx(120 / 255, abs=1e-6)
+    assert not list(Path("/dev/shm").glob(f"tether-weights-{os.getpid()}-*"))  # pixel files and slots removed
 
 
 def test_a_bf16_sampling_copy_of_a_vlm_samples_with_the_images_and_logs_its_gap(vlm_dirs, tmp_path, rules, capsys):
@@ -276,7 +382,7 @@ def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(
             prompts,
             r"Not built yet: a text --reward-model \(it would score the text",
         ),
-        (["--max-staleness", "1"], prompts, r"Not built yet: --max-staleness"),
+        (["--max-staleness", "1", "--rollout-backend", "vllm"], prompts, r"Not built yet: --max-staleness on vllm"),
     ]
     for extra, file, message in cases:
         out = tmp_path / "out"

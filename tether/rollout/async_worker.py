@@ -2,15 +2,18 @@
 updates on this step's (rollout.max_staleness K ≥ 1, docs/scaling.md "Asynchronous rollouts").
 
 The worker is a spawned process holding its own copy of the policy (built from the policy's config, in its dtype;
-a LoRA policy's base model, pushed its weights with the adapters merged)
-and a Hugging Face sampler over it (backends.HFGenerate, the KV-cache decode). It answers messages in the order they
-come, over one pipe:
+a LoRA policy's base model, pushed its weights with the adapters merged) and a Hugging Face sampler over it
+(backends.HFGenerate, the KV-cache decode). It answers messages in the order they come, over one pipe:
 
     ("weights", v, path, probe)
                            load version v of the weights from a safetensors file, then answer ("loaded", v, lp):
                            lp the log-probs of the parity probe's tokens under them
     ("generate", key, prompts, seeds)
                            sample one response per prompt with the weights it holds, answer ("rollout", key, v, …)
+    ("generate_ids", key, contexts, seeds, pixels)
+                           the same from token ids, a vision-language policy's prompts: ``pixels`` names a
+                           safetensors file of each row's pixel tensors (the processor's, made by the trainer; the
+                           worker removes it once read), or is None
     ("episodes", key, rows, seeds, greedy)
                            run one multi-turn episode per row (agent.env) with the weights it holds, start to end,
                            with environments of its own (agents/worker.py WorkerEpisodes: an AgentSampler built as
@@ -31,8 +34,8 @@ docs/algorithms.md §11).
 
 After every push the trainer compares the worker's probe log-probs with its own of the same version (a fixed token
 sequence, PARITY_TOLERANCE): a worker that kept older weights stops the run at the first push it got wrong, from the
-first push at start-up on. A worker that dies, or answers nothing within rollout.worker_timeout_s, stops the run with its pid, its exit code and
-its last words; it dies with the trainer (PR_SET_PDEATHSIG), so a killed trainer leaves no orphan.
+first push at start-up on. A worker that dies, or answers nothing within rollout.worker_timeout_s, stops the run
+with its pid, its exit code and its last words; it dies with the trainer (PR_SET_PDEATHSIG), so no orphan is left.
 """
 
 from __future__ import annotations
@@ -54,81 +57,19 @@ import torch
 from tether.errors import ConfigError, WorkerError
 from tether.models.lm import checkpoint_weights, is_peft
 from tether.rollout.batch import Rollout
-
-_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "truncated", "sampler_logprobs")
-
-
-def _to_wire(rollout: Rollout) -> dict:
-    """A Rollout as plain values (numpy arrays, lists): what crosses the pipe, pickled by value."""
-    out = {name: getattr(rollout, name).cpu().numpy() for name in _FIELDS}
-    out.update(prompts=list(rollout.prompts), responses=list(rollout.responses))
-    return out
-
-
-def _to_json(rollout: Rollout) -> dict:
-    """A Rollout's fields as JSON values (each tensor's dtype, shape and values; float32 values survive the trip
-    exactly as Python floats): what process 0 hands the others under rollout_workers = one (never pickle)."""
-    out: dict = {"prompts": list(rollout.prompts), "responses": list(rollout.responses)}
-    for name in (*_FIELDS, "policy_versions"):
-        t = getattr(rollout, name)
-        if t is not None:
-            out[name] = [str(t.dtype).removeprefix("torch."), list(t.shape), t.flatten().tolist()]
-    return out
-
-
-def _from_json(data: dict) -> Rollout:
-    tensors = {
-        name: torch.tensor(data[name][2], dtype=getattr(torch, data[name][0])).reshape(data[name][1])
-        for name in (*_FIELDS, "policy_versions")
-        if name in data
-    }
-    return Rollout(**tensors, prompts=data["prompts"], responses=data["responses"])
-
-
-def _from_wire(data: dict, version: int) -> Rollout:
-    tensors = {name: torch.from_numpy(data[name]) for name in _FIELDS}
-    rows = tensors["response_ids"].shape[0]
-    return Rollout(
-        **tensors,
-        prompts=data["prompts"],
-        responses=data["responses"],
-        policy_versions=torch.full((rows,), version, dtype=torch.long),
-    )
-
-
-# The parity probe: after every push the worker and the trainer each compute the log-probs of a fixed token sequence
-# with the weights of that version, and the trainer compares them. Two forwards of the same weights on one machine
-# differ only in their summation order (~1e-6 nats in float32, less in float64, bf16 copies are not probed: the probe
-# runs on the weights the worker loaded); 1e-3 nats is a thousand times that, and a worker whose distribution is
-# within 1e-3 nats of the trainer's on every probe token samples what the trainer would, whatever it holds.
-PROBE_TOKENS = 32
-PARITY_TOLERANCE = 1e-3
-
-
-@torch.no_grad()
-def probe_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """log p(x_{t+1} | x_≤t) of the probe sequence ``ids`` under ``model``, in float64 (len(ids) − 1 values)."""
-    device = next(model.parameters()).device
-    x = torch.tensor([ids], device=device)
-    logits = model(input_ids=x).logits[0, :-1].double()
-    return logits.log_softmax(-1).gather(-1, x[0, 1:, None].long()).flatten().cpu()
-
-
-def probe_ids(tokenizer, config) -> list[int]:
-    """A fixed probe: the first PROBE_TOKENS ids the tokenizer does not reserve, within the model's vocabulary."""
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    vocab = int(getattr(config, "vocab_size", 0) or len(tokenizer))
-    return [i for i in range(vocab) if i not in special][:PROBE_TOKENS]
-
-
-def _probe(sampler, model, ids: list[int]) -> torch.Tensor:
-    """The parity probe's log-probs in the worker: a vLLM engine's own, its weights pushed first (so an engine
-    that kept older weights is caught, not only the worker's copy), unless it serves another dtype than the trainer's
-    (rollout.sampling_dtype: bf16 log-probs are 1e-2 nats off by rounding alone, and such a copy is not probed, as on
-    the hf backend); else the log-probs of the worker's copy of the weights."""
-    if hasattr(sampler, "probe_logprobs") and sampler.sampling_dtype is None:
-        return sampler.probe_logprobs(ids)
-    return probe_logprobs(model, ids)
+from tether.rollout.worker_wire import (
+    PARITY_TOLERANCE,
+    from_json,
+    from_wire,
+    pixels_digest,
+    probe,
+    probe_ids,
+    probe_logprobs,
+    read_pixels,
+    to_json,
+    to_wire,
+    write_pixels,
+)
 
 
 def _orphaned(slots: str) -> None:
@@ -139,6 +80,21 @@ def _orphaned(slots: str) -> None:
     worker too, and with it the run: the trainer stops at its next word with the worker (RolloutWorkerError)."""
     shutil.rmtree(slots, ignore_errors=True)
     os._exit(1)
+
+
+def _policy_copy(config, dtype: str, attn: str, device: str):
+    """The worker's copy of the policy (weights pushed later), of the class load_model would pick; a vision-language
+    one never samples an image placeholder, as the trainer's does not (models/vision.py)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    vision = hasattr(config, "vision_config")
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn).to(device).eval()
+    if vision:
+        from tether.models.vision import never_sample_placeholders
+
+        never_sample_placeholders(model)
+    return model
 
 
 def _serve(
@@ -159,7 +115,6 @@ def _serve(
     RNG's, so a run draws the same responses each time it is run (the pipe's order fixes which weights draw which
     request); ``agent``: what it builds its episodes' sampler from (AsyncRolloutBackend.serve_episodes), or None."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
     from tether.processes import die_with_parent, name_process
     from tether.rollout.backends import HFGenerate
@@ -170,8 +125,7 @@ def _serve(
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     try:
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn)
-        model = model.to(device).eval()
+        model = _policy_copy(config, dtype, attn, device)
         if settings.backend == "vllm":  # the engine's scheduler here, its model in a process of vLLM's own
             from tether.rollout.vllm_backend import VLLMBackend
 
@@ -189,12 +143,19 @@ def _serve(
                 _, version, path, ids = message
                 model.load_state_dict(load_file(path), strict=True)  # the slot is free once this is answered
                 sampler.weights_updated(model)  # a sampling-dtype copy or the engine takes them too
-                conn.send(("loaded", version, _probe(sampler, model, ids).tolist()))
+                conn.send(("loaded", version, probe(sampler, model, ids).tolist()))
             elif message[0] == "generate":
                 _, key, prompts, seeds = message
                 t0 = time.perf_counter()
                 rollout = sampler.generate(prompts, settings, stops, seeds)
-                conn.send(("rollout", key, version, _to_wire(rollout), time.perf_counter() - t0))
+                conn.send(("rollout", key, version, to_wire(rollout), time.perf_counter() - t0))
+            elif message[0] == "generate_ids":
+                _, key, contexts, seeds, pixels = message
+                t0 = time.perf_counter()
+                vision = read_pixels(pixels, len(contexts))
+                rollout = sampler.generate_ids(contexts, settings, stops, seeds, vision=vision)
+                rollout.prompts = [""] * len(contexts)  # the trainer has the texts
+                conn.send(("rollout", key, version, to_wire(rollout), time.perf_counter() - t0))
             elif message[0] == "episodes":
                 _, key, rows, seeds, greedy = message
                 t0 = time.perf_counter()
@@ -223,7 +184,7 @@ class AsyncRolloutBackend:
     and seeds); ``generate`` returns a queued request's rollout when it was queued, or asks for it now and waits."""
 
     samples_trainer_weights = False  # the worker's copy is the weights of some version, not the trainer's own
-    reads_images = False  # a vision-language policy is refused with --max-staleness (train/online.py)
+    reads_images = False  # a vision-language policy's pixel tensors are made by the trainer and sent (generate_ids)
 
     def __init__(self, policy, tokenizer, settings, dp=None):
         self.policy, self.tokenizer, self.settings = policy, tokenizer, settings
@@ -250,6 +211,7 @@ class AsyncRolloutBackend:
         self.probes: dict[int, torch.Tensor] = {}  # version -> the trainer's probe log-probs, until the worker's come
         # the worker's episode sampler (builder, spec) and how an episode it sends reads back: serve_episodes
         self.agent = self.read_episode = None
+        self.requests = 0  # pixel files written: each request's has a name of its own
 
     # ── the worker's life ──
 
@@ -329,7 +291,7 @@ class AsyncRolloutBackend:
             _, key, version, data, seconds = message
             self.figures["busy_s"] += seconds
             self.pending.remove(key)
-            self.ready[key] = (version, data if key[0] == "episodes" else _from_wire(data, version))
+            self.ready[key] = (version, data if key[0] == "episodes" else from_wire(data, version))
         return message
 
     def _died(self) -> RolloutWorkerError:
@@ -423,7 +385,7 @@ class AsyncRolloutBackend:
         seeds = None if any(s is None for _, s in parts) else [x for _, s in parts for x in s]
         return everyone, seeds, start, start + len(prompts)
 
-    def _from_owner(self, fn, encode: Callable = _to_json, decode: Callable = _from_json):
+    def _from_owner(self, fn, encode: Callable = to_json, decode: Callable = from_json):
         """fn() on process 0, which owns the one worker, and its result (or None) on every process (a collective),
         sent as the JSON values ``encode`` gives and read back by ``decode`` (a rollout's by default). A
         RolloutWorkerError there is raised on every process, so none waits for an answer that will not come."""
@@ -469,10 +431,49 @@ class AsyncRolloutBackend:
         message = ("generate", key, list(prompts), list(seeds) if seeds is not None else None)
         return self._take(key, lambda: self._submit(key, stop_ids, message), len(prompts))[1]
 
-    def generate_ids(self, *args, **kwargs) -> Rollout:
-        raise RolloutWorkerError(
-            "the rollout worker draws multi-turn episodes whole (serve_episodes), not turn by turn"
-        )
+    # ── a vision-language policy's prompts: token ids with their pixel tensors ──
+
+    def prefetch_ids(self, contexts: list[list[int]], stops: list[int], seeds: list | None, vision: list) -> None:
+        """Queue a request the stage will make later (generate_ids with these contexts, seeds and pixels)."""
+        key = self._ids_key(contexts, seeds, vision)
+        if key not in self.pending and key not in self.ready:
+            self._submit(key, stops, self._ids_message(key, contexts, seeds, vision))
+
+    def generate_ids(
+        self,
+        contexts: list[list[int]],
+        sampling,
+        stop_ids: list[int],
+        seeds: list[int] | None = None,
+        max_new_tokens: int | None = None,
+        greedy: bool = False,
+        vision: list | None = None,
+    ) -> Rollout:
+        """A vision-language policy's responses (``vision``: each prompt's pixel tensors; the rollout keeps the
+        trainer's). Multi-turn episodes are drawn whole by the worker (serve_episodes), never turn by turn here."""
+        if vision is None or max_new_tokens is not None or greedy:
+            raise RolloutWorkerError(
+                "the rollout worker draws multi-turn episodes whole (serve_episodes), not turn by turn"
+            )
+        key = self._ids_key(contexts, seeds, vision)
+        ask = lambda: self._submit(key, stop_ids, self._ids_message(key, contexts, seeds, vision))  # noqa: E731
+        rollout = self._take(key, ask, len(contexts))[1]
+        rollout.vision = list(vision)
+        return rollout
+
+    @staticmethod
+    def _ids_key(contexts: list[list[int]], seeds: list[int] | None, vision: list[dict | None]) -> tuple:
+        return ("ids", tuple(map(tuple, contexts)), tuple(seeds) if seeds is not None else None, pixels_digest(vision))
+
+    def _ids_message(self, key: tuple, contexts, seeds, vision) -> tuple:
+        """The request's message, its pixel tensors written beside the weight slots (the worker removes the file)."""
+        pixels = None
+        if any(v is not None for v in vision):
+            self.requests += 1
+            pixels = self.slots / f"pixels-{self.requests}.safetensors"
+            write_pixels(pixels, vision)
+        seeds = list(seeds) if seeds is not None else None
+        return ("generate_ids", key, [list(c) for c in contexts], seeds, str(pixels) if pixels else None)
 
     # ── multi-turn episodes (agent.env), drawn whole by the worker ──
 
@@ -581,5 +582,17 @@ def sampling_backend(settings, policy, tokenizer, processor=None, dp=None):
     from tether.rollout.backends import make_backend
 
     if getattr(settings, "max_staleness", 0) > 0:
+        if processor is not None:
+            _refuse_vision(settings, dp)
         return AsyncRolloutBackend(policy, tokenizer, settings, dp)
     return make_backend(settings, policy, tokenizer, processor)
+
+
+def _refuse_vision(settings, dp) -> None:
+    """A vision-language policy's pixels reach a worker beside each process, not one worker for several (process 0
+    would need every process's pixels); vllm is refused before the run (train/online.py refuse_vision_online)."""
+    if dp is not None and dp.active and settings.rollout_workers == "one":
+        raise ConfigError(
+            "a vision-language policy with --max-staleness samples through a rollout worker beside each process; "
+            "--rollout-workers one on several processes is not built for it yet: use --rollout-workers per_process"
+        )

@@ -163,8 +163,14 @@ class OnlineSampler:
             self.agent.ahead([self.rows[i] for i in prompt_indices], seeds)
             return
         prefetch = getattr(self.backend, "prefetch", None)
-        if prefetch is not None:
+        if prefetch is None:
+            return
+        if self.images is None:
             prefetch([self.prompts[i] for i in prompt_indices], self.stops, seeds)
+            return
+        encoded = {i: self.images.encode(i) for i in set(prompt_indices)}  # a vision-language policy's
+        contexts, vision = [encoded[i][0] for i in prompt_indices], [encoded[i][1] for i in prompt_indices]
+        self.backend.prefetch_ids(contexts, self.stops, seeds, vision)
 
     def async_figures(self, rollout) -> dict:
         """The rollout worker's figures of a step's responses (async/*, docs/metrics.md); {} without one."""

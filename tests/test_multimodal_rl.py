@@ -300,6 +300,43 @@ def test_one_rollout_worker_for_several_processes_is_refused_for_a_vlm_naming_th
     backend.close()
 
 
+def test_a_requests_pixels_and_images_cross_to_the_worker_in_one_file_each_prompts_once(tmp_path):
+    """write_pixels / read_pixels (rollout/worker_wire.py), by hand: rows 0-1 share one prompt's tensors (a group),
+    row 2 has other tensors, row 3 no image; the shared tensors are written once, every row reads back its own values
+    (and its RGB images, for a vLLM engine in the worker), the file is gone after reading."""
+    import numpy as np
+    from PIL import Image
+    from safetensors import safe_open
+
+    from tether.rollout.worker_wire import read_pixels, write_pixels
+
+    red = {"pixel_values": torch.arange(6.0).reshape(1, 2, 3), "image_grid_thw": torch.tensor([[1, 2, 3]])}
+    blue = {"pixel_values": -torch.arange(6.0).reshape(1, 2, 3), "image_grid_thw": torch.tensor([[1, 2, 3]])}
+    pictures = [Image.new("RGB", (3, 2), (220, 0, 0)), Image.new("RGB", (3, 2), (0, 0, 220))]
+    vision, images = [red, red, blue, None], [[pictures[0]], [pictures[0]], [pictures[1]], []]
+    path = tmp_path / "request.safetensors"
+    write_pixels(path, vision, images)
+    with safe_open(str(path), "pt") as f:
+        assert sorted(f.keys()) == [
+            "0/image/0",
+            "0/image_grid_thw",
+            "0/pixel_values",
+            "2/image/0",
+            "2/image_grid_thw",
+            "2/pixel_values",
+        ]
+    back, shown = read_pixels(str(path), 4)
+    assert not path.exists() and back[3] is None and shown[3] == []
+    for row in range(3):
+        assert (
+            all(torch.equal(back[row][k], vision[row][k]) for k in vision[row])
+            and back[row].keys() == vision[row].keys()
+        )
+        assert [np.array(im).tolist() for im in shown[row]] == [np.array(im).tolist() for im in images[row]]
+    write_pixels(path, vision)  # the hf worker's request: pixels only
+    assert read_pixels(str(path), 4)[1] is None and read_pixels(None, 4) == (None, None)
+
+
 @pytest.fixture
 def one_thread():
     """The trainer on one thread, as the worker (--async-threads 1), so both sides reduce alike (as in
@@ -382,7 +419,6 @@ def test_a_bad_image_and_what_is_not_built_are_named_before_the_run_folder(
             prompts,
             r"Not built yet: a text --reward-model \(it would score the text",
         ),
-        (["--max-staleness", "1", "--rollout-backend", "vllm"], prompts, r"Not built yet: --max-staleness on vllm"),
     ]
     for extra, file, message in cases:
         out = tmp_path / "out"

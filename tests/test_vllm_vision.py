@@ -97,9 +97,15 @@ def rules_file(tmp_path):
     return rules
 
 
-def test_grpo_on_vllm_with_a_vision_language_policy(idefics3, tmp_path, rules_file, capsys):
-    args = grpo_args(idefics3, colour_prompts(tmp_path), rules_file, tmp_path / "run", "--rollout-backend", "vllm")
-    assert main([*args, "--vllm-kv-cache-gib", "0.0625"]) == 0, capsys.readouterr().err
+def test_grpo_on_vllm_with_a_vision_language_policy_in_the_trainer_and_beside_it(
+    idefics3, tmp_path, rules_file, capsys
+):
+    """GRPO on the engine in the trainer's process, then (--max-staleness 1) on an engine in the rollout worker, which
+    is sent each request's pixels and images in a file (rollout/worker_wire.py): its first step's responses (response
+    seeds) are the synchronous engine's, its next one update behind, the parity probe of its engine holds."""
+    more = ["--rollout-backend", "vllm", "--vllm-kv-cache-gib", "0.0625", "--response-seeds", "--sample-every", "1"]
+    prompts = colour_prompts(tmp_path)
+    assert main(grpo_args(idefics3, prompts, rules_file, tmp_path / "run", *more)) == 0, capsys.readouterr().err
     err = "".join(capsys.readouterr().err.split())
     assert "imagesprocessedbytheengine" in err and "8of8promptsshowimages" in err
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -107,6 +113,24 @@ def test_grpo_on_vllm_with_a_vision_language_policy(idefics3, tmp_path, rules_fi
     # the sampler gap is measured on every step: the engine's log-probs against the trainer's, pixels included
     assert all(m["rollout/sampler_logprob_diff_max"] < 1e-3 for m in metrics)
     assert metrics[-1]["eval/reward/redness"] == pytest.approx((220 + 20) / 2 / 255, abs=0.2)
+
+    worker = ["--max-staleness", "1", "--async-threads", str(torch.get_num_threads())]
+    args = grpo_args(idefics3, prompts, rules_file, tmp_path / "ahead", *more, *worker)
+    assert main(args) == 0, capsys.readouterr().err
+    first = [
+        [
+            json.loads(line)["response"]
+            for line in (tmp_path / d / "samples.jsonl").open()
+            if json.loads(line)["step"] == 1
+        ]
+        for d in ("run", "ahead")
+    ]
+    assert first[0] == first[1] and len(first[0]) == 4
+    ahead = [json.loads(line) for line in (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["async/staleness_max"] for m in ahead] == [0.0, 1.0]
+    assert all(
+        0 <= m["async/parity_max_diff"] < 1e-3 and m["rollout/sampler_logprob_diff_max"] < 1e-3 for m in ahead[:1]
+    )
 
 
 def test_llava_on_vllm_is_refused_at_the_start_naming_torchvision(vlm_dirs, tmp_path, rules_file):

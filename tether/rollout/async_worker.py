@@ -10,10 +10,11 @@ a LoRA policy's base model, pushed its weights with the adapters merged) and a H
                            lp the log-probs of the parity probe's tokens under them
     ("generate", key, prompts, seeds)
                            sample one response per prompt with the weights it holds, answer ("rollout", key, v, …)
-    ("generate_ids", key, contexts, seeds, pixels)
+    ("generate_ids", key, contexts, seeds, pixels, texts)
                            the same from token ids, a vision-language policy's prompts: ``pixels`` names a
                            safetensors file of each row's pixel tensors (the processor's, made by the trainer; the
-                           worker removes it once read), or is None
+                           worker removes it once read; a vLLM engine's request has the images too, and ``texts``),
+                           or is None
     ("episodes", key, rows, seeds, greedy)
                            run one multi-turn episode per row (agent.env) with the weights it holds, start to end,
                            with environments of its own (agents/worker.py WorkerEpisodes: an AgentSampler built as
@@ -82,15 +83,15 @@ def _orphaned(slots: str) -> None:
     os._exit(1)
 
 
-def _policy_copy(config, dtype: str, attn: str, device: str):
+def _policy_copy(config, dtype: str, attn: str, device: str, sampled: bool):
     """The worker's copy of the policy (weights pushed later), of the class load_model would pick; a vision-language
-    one never samples an image placeholder, as the trainer's does not (models/vision.py)."""
+    one it samples from (``sampled``: hf) never samples an image placeholder, as the trainer's does not."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     vision = hasattr(config, "vision_config")
     auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     model = auto.from_config(config, dtype=getattr(torch, dtype), attn_implementation=attn).to(device).eval()
-    if vision:
+    if vision and sampled:
         from tether.models.vision import never_sample_placeholders
 
         never_sample_placeholders(model)
@@ -110,10 +111,12 @@ def _serve(
     threads: int,
     seed: int,
     agent=None,
+    processor=None,
 ) -> None:
     """The worker's loop (a spawned process), its copy of the policy on ``device`` (the trainer's); ``seed``: its
     RNG's, so a run draws the same responses each time it is run (the pipe's order fixes which weights draw which
-    request); ``agent``: what it builds its episodes' sampler from (AsyncRolloutBackend.serve_episodes), or None."""
+    request); ``agent``: what it builds its episodes' sampler from (AsyncRolloutBackend.serve_episodes), or None;
+    ``processor``: a vision-language policy's, for an engine that processes the images itself (vLLM)."""
     from safetensors.torch import load_file
 
     from tether.processes import die_with_parent, name_process
@@ -125,11 +128,11 @@ def _serve(
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     try:
-        model = _policy_copy(config, dtype, attn, device)
+        model = _policy_copy(config, dtype, attn, device, sampled=settings.backend != "vllm")
         if settings.backend == "vllm":  # the engine's scheduler here, its model in a process of vLLM's own
             from tether.rollout.vllm_backend import VLLMBackend
 
-            sampler = VLLMBackend(model, tokenizer, settings)
+            sampler = VLLMBackend(model, tokenizer, settings, processor=processor)
         else:
             sampler = HFGenerate(model, tokenizer, settings, copy=True)
         episodes = agent[0](agent[1], tokenizer, sampler, settings, stops) if agent is not None else None
@@ -150,10 +153,11 @@ def _serve(
                 rollout = sampler.generate(prompts, settings, stops, seeds)
                 conn.send(("rollout", key, version, to_wire(rollout), time.perf_counter() - t0))
             elif message[0] == "generate_ids":
-                _, key, contexts, seeds, pixels = message
+                _, key, contexts, seeds, pixels, texts = message
                 t0 = time.perf_counter()
-                vision = read_pixels(pixels, len(contexts))
-                rollout = sampler.generate_ids(contexts, settings, stops, seeds, vision=vision)
+                vision, images = read_pixels(pixels, len(contexts))
+                shown = {"images": images or [[] for _ in contexts], "texts": texts} if texts is not None else {}
+                rollout = sampler.generate_ids(contexts, settings, stops, seeds, vision=vision, **shown)
                 rollout.prompts = [""] * len(contexts)  # the trainer has the texts
                 conn.send(("rollout", key, version, to_wire(rollout), time.perf_counter() - t0))
             elif message[0] == "episodes":
@@ -184,10 +188,13 @@ class AsyncRolloutBackend:
     and seeds); ``generate`` returns a queued request's rollout when it was queued, or asks for it now and waits."""
 
     samples_trainer_weights = False  # the worker's copy is the weights of some version, not the trainer's own
-    reads_images = False  # a vision-language policy's pixel tensors are made by the trainer and sent (generate_ids)
+    reads_images = False  # a vision-language policy's pixels (and for vLLM its images) are sent by generate_ids
 
-    def __init__(self, policy, tokenizer, settings, dp=None):
+    def __init__(self, policy, tokenizer, settings, dp=None, processor=None):
         self.policy, self.tokenizer, self.settings = policy, tokenizer, settings
+        # a vision-language policy's processor goes to a vLLM engine in the worker, which is sent the images too
+        self.processor = processor if settings.backend == "vllm" else None
+        self.reads_images = self.processor is not None
         # rollout_workers = one on N processes: process 0 owns the one worker and hands every process its rows
         # (``dp``'s collectives, every process in step); per_process: each process its own worker, no collective
         self.dp = dp
@@ -233,7 +240,7 @@ class AsyncRolloutBackend:
         # the worker's RNG from the trainer's seed (the run's, train.seed): an asynchronous run is reproducible
         seed = torch.initial_seed()
         args = (child, str(self.slots), config, dtype, attn, device, self.tokenizer, self.settings, stops, threads)
-        args += (seed, self.agent)
+        args += (seed, self.agent, self.processor)
         # a vLLM engine starts a process of its own, which a daemonic process may not: that worker is not daemonic,
         # and is stopped at exit by _close_at_exit instead (multiprocessing would otherwise wait for it at exit)
         daemon = self.settings.backend != "vllm"
@@ -433,11 +440,11 @@ class AsyncRolloutBackend:
 
     # ── a vision-language policy's prompts: token ids with their pixel tensors ──
 
-    def prefetch_ids(self, contexts: list[list[int]], stops: list[int], seeds: list | None, vision: list) -> None:
-        """Queue a request the stage will make later (generate_ids with these contexts, seeds and pixels)."""
+    def prefetch_ids(self, contexts: list, stops: list[int], seeds: list | None, vision: list, **shown) -> None:
+        """Queue a request the stage will make later (generate_ids with the same arguments)."""
         key = self._ids_key(contexts, seeds, vision)
         if key not in self.pending and key not in self.ready:
-            self._submit(key, stops, self._ids_message(key, contexts, seeds, vision))
+            self._submit(key, stops, self._ids_message(key, contexts, seeds, vision, **shown))
 
     def generate_ids(
         self,
@@ -448,6 +455,7 @@ class AsyncRolloutBackend:
         max_new_tokens: int | None = None,
         greedy: bool = False,
         vision: list | None = None,
+        **shown,
     ) -> Rollout:
         """A vision-language policy's responses (``vision``: each prompt's pixel tensors; the rollout keeps the
         trainer's). Multi-turn episodes are drawn whole by the worker (serve_episodes), never turn by turn here."""
@@ -456,7 +464,7 @@ class AsyncRolloutBackend:
                 "the rollout worker draws multi-turn episodes whole (serve_episodes), not turn by turn"
             )
         key = self._ids_key(contexts, seeds, vision)
-        ask = lambda: self._submit(key, stop_ids, self._ids_message(key, contexts, seeds, vision))  # noqa: E731
+        ask = lambda: self._submit(key, stop_ids, self._ids_message(key, contexts, seeds, vision, **shown))  # noqa: E731
         rollout = self._take(key, ask, len(contexts))[1]
         rollout.vision = list(vision)
         return rollout
@@ -465,15 +473,15 @@ class AsyncRolloutBackend:
     def _ids_key(contexts: list[list[int]], seeds: list[int] | None, vision: list[dict | None]) -> tuple:
         return ("ids", tuple(map(tuple, contexts)), tuple(seeds) if seeds is not None else None, pixels_digest(vision))
 
-    def _ids_message(self, key: tuple, contexts, seeds, vision) -> tuple:
-        """The request's message, its pixel tensors written beside the weight slots (the worker removes the file)."""
+    def _ids_message(self, key: tuple, contexts, seeds, vision, images=None, texts=None) -> tuple:
+        """The request's message, its pixels (and images) written beside the weight slots (the worker removes them)."""
         pixels = None
         if any(v is not None for v in vision):
             self.requests += 1
             pixels = self.slots / f"pixels-{self.requests}.safetensors"
-            write_pixels(pixels, vision)
-        seeds = list(seeds) if seeds is not None else None
-        return ("generate_ids", key, [list(c) for c in contexts], seeds, str(pixels) if pixels else None)
+            write_pixels(pixels, vision, images)
+        seeds, texts = (list(x) if x is not None else None for x in (seeds, texts))
+        return ("generate_ids", key, [list(c) for c in contexts], seeds, str(pixels) if pixels else None, texts)
 
     # ── multi-turn episodes (agent.env), drawn whole by the worker ──
 
@@ -576,23 +584,16 @@ def _close_at_exit() -> None:
 
 
 def sampling_backend(settings, policy, tokenizer, processor=None, dp=None):
-    """What an online stage samples with: a rollout worker beside the trainer when rollout.max_staleness ≥ 1 (hf
-    only; the section refuses the rest), else the backend rollout.backend names (backends.make_backend). ``dp``:
-    the stage's data parallelism (train/parallel.py), which rollout_workers = one hands the rows out through."""
+    """What an online stage samples with: a rollout worker beside the trainer when rollout.max_staleness ≥ 1 (its
+    sampler the backend rollout.backend names), else that backend itself (backends.make_backend). ``dp``: the
+    stage's data parallelism (train/parallel.py), which rollout_workers = one hands the rows out through."""
     from tether.rollout.backends import make_backend
 
     if getattr(settings, "max_staleness", 0) > 0:
-        if processor is not None:
-            _refuse_vision(settings, dp)
-        return AsyncRolloutBackend(policy, tokenizer, settings, dp)
+        if processor is not None and dp is not None and dp.active and settings.rollout_workers == "one":
+            raise ConfigError(  # process 0 would need every process's pixels
+                "a vision-language policy with --max-staleness samples through a rollout worker beside each process; "
+                "--rollout-workers one on several processes is not built for it yet: use --rollout-workers per_process"
+            )
+        return AsyncRolloutBackend(policy, tokenizer, settings, dp, processor)
     return make_backend(settings, policy, tokenizer, processor)
-
-
-def _refuse_vision(settings, dp) -> None:
-    """A vision-language policy's pixels reach a worker beside each process, not one worker for several (process 0
-    would need every process's pixels); vllm is refused before the run (train/online.py refuse_vision_online)."""
-    if dp is not None and dp.active and settings.rollout_workers == "one":
-        raise ConfigError(
-            "a vision-language policy with --max-staleness samples through a rollout worker beside each process; "
-            "--rollout-workers one on several processes is not built for it yet: use --rollout-workers per_process"
-        )

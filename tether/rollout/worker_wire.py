@@ -41,12 +41,15 @@ def from_json(data: dict) -> Rollout:
     return Rollout(**tensors, prompts=data["prompts"], responses=data["responses"])
 
 
-def write_pixels(path: Path, vision: list[dict | None]) -> None:
+def write_pixels(path: Path, vision: list[dict | None], images: list[list] | None = None) -> None:
     """Each row's pixel tensors (a vision-language prompt's, or None) in one safetensors file (tensors only), named
-    ``<row>/<input>``: how a request's images reach the worker. A group's rows share their prompt's tensors, which
-    are written once, under the group's first row (the metadata maps every row with images to the row it reads)."""
+    ``<row>/<input>``: how a request's images reach the worker; with ``images`` (an engine that processes the images
+    itself: vLLM) each row's RGB images too, as uint8 arrays ``<row>/image/<k>``. A group's rows share their prompt's
+    tensors, which are written once, under the group's first row (the metadata maps every row with images to the
+    row it reads)."""
     import json
 
+    import numpy as np
     from safetensors.torch import save_file
 
     first: dict[int, int] = {}  # id of a row's tensors -> the first row holding them
@@ -56,25 +59,38 @@ def write_pixels(path: Path, vision: list[dict | None]) -> None:
             reads[str(row)] = first.setdefault(id(v), row)
             if reads[str(row)] == row:
                 tensors.update({f"{row}/{name}": t.contiguous() for name, t in v.items()})
-    save_file(tensors, str(path), metadata={"reads": json.dumps(reads)})
+                for k, image in enumerate(images[row] if images is not None else []):
+                    tensors[f"{row}/image/{k}"] = torch.from_numpy(np.array(image.convert("RGB")))
+    save_file(tensors, str(path), metadata={"reads": json.dumps(reads), "images": str(images is not None)})
 
 
-def read_pixels(path: str | None, rows: int) -> list[dict | None] | None:
-    """The rows' pixel tensors that write_pixels wrote (the file removed once read), or None."""
+def read_pixels(path: str | None, rows: int) -> tuple[list[dict | None] | None, list[list] | None]:
+    """(the rows' pixel tensors, their images or None) that write_pixels wrote (the file removed once read), or
+    (None, None)."""
     if path is None:
-        return None
+        return None, None
     import json
 
+    from PIL import Image
     from safetensors import safe_open
 
     written: dict[int, dict] = {}
+    pictures: dict[int, dict] = {}
     with safe_open(path, "pt") as f:
-        reads = json.loads(f.metadata()["reads"])
+        reads, with_images = json.loads(f.metadata()["reads"]), f.metadata()["images"] == "True"
         for key in f.keys():
             row, name = key.split("/", 1)
-            written.setdefault(int(row), {})[name] = f.get_tensor(key)
+            if name.startswith("image/"):
+                image = Image.fromarray(f.get_tensor(key).numpy())  # height x width x 3 uint8: RGB
+                pictures.setdefault(int(row), {})[int(name.split("/")[1])] = image
+            else:
+                written.setdefault(int(row), {})[name] = f.get_tensor(key)
     os.unlink(path)
-    return [written[reads[str(row)]] if str(row) in reads else None for row in range(rows)]
+    vision = [written[reads[str(row)]] if str(row) in reads else None for row in range(rows)]
+    if not with_images:
+        return vision, None
+    shown = {row: [pictures.get(row, {})[k] for k in sorted(pictures.get(row, {}))] for row in written}
+    return vision, [shown[reads[str(row)]] if str(row) in reads else [] for row in range(rows)]
 
 
 def pixels_digest(vision: list[dict | None]) -> str:
@@ -131,7 +147,18 @@ def probe(sampler, model, ids: list[int]) -> torch.Tensor:
     """The parity probe's log-probs in the worker: a vLLM engine's own, its weights pushed first (so an engine
     that kept older weights is caught, not only the worker's copy), unless it serves another dtype than the trainer's
     (rollout.sampling_dtype: bf16 log-probs are 1e-2 nats off by rounding alone, and such a copy is not probed, as on
-    the hf backend); else the log-probs of the worker's copy of the weights."""
+    the hf backend); else the log-probs of the worker's copy of the weights. A vision-language policy's engine keeps
+    its image placeholders' share of each softmax, which the trainer's policy hides (models/vision.py): the engine's
+    log-probs are renormalised without it, the share measured on the worker's copy (which hides nothing then) —
+    log p(x) − log(1 − p(placeholders)), so a stale engine still differs by what its weights change."""
     if hasattr(sampler, "probe_logprobs") and sampler.sampling_dtype is None:
-        return sampler.probe_logprobs(ids)
+        engine = sampler.probe_logprobs(ids)
+        hidden = list(getattr(sampler, "placeholders", []))
+        if not hidden:
+            return engine
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0, :-1]
+            logits = logits.double().cpu()
+        shown = logits.index_fill(-1, torch.tensor(hidden), float("-inf"))
+        return engine + logits.logsumexp(-1) - shown.logsumexp(-1)
     return probe_logprobs(model, ids)

@@ -558,13 +558,11 @@ def start_online(
 
 def refuse_vision_online(cfg, rewards_cfg) -> None:
     """What a vision-language policy cannot do online yet, refused by name before anything is written: it samples
-    with the hf backend, a vLLM engine (the architectures vLLM's build serves: a start that fails names why) or an hf
-    rollout worker beside each process, and is scored by reward functions (given the images) and a vision-language
-    reward model (which scores the prompt's images with the response)."""
-    ro = cfg.rollout
+    with the hf backend or a vLLM engine (the architectures vLLM's build serves: a start that fails names why), in the
+    trainer or in a rollout worker beside each process, and is scored by reward functions (given the images) and a
+    vision-language reward model (which scores the prompt's images with the response)."""
     refused = [
         (bool(getattr(getattr(cfg, "agent", None), "env", "")), "--env (agent episodes with images are not built)"),
-        (ro.max_staleness > 0 and ro.backend == "vllm", "--max-staleness on vllm (its worker takes no images)"),
         (
             bool(rewards_cfg is not None and rewards_cfg.reward_model)
             and not is_vision_language(rewards_cfg.reward_model),
@@ -580,7 +578,7 @@ def refuse_vision_online(cfg, rewards_cfg) -> None:
     named = [why for hit, why in refused if hit]
     if named:
         raise ConfigError(
-            f"{cfg.model.path} is a vision-language model; online it samples (hf, vllm, or an hf rollout worker) and "
+            f"{cfg.model.path} is a vision-language model; online it samples (hf or vllm, or a rollout worker) and "
             f"is scored by reward functions, which are given each prompt's images. Not built yet: {'; '.join(named)}"
         )
 

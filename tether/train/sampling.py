@@ -129,23 +129,21 @@ class OnlineSampler:
         ``images``) as the processor's token ids with each prompt's pixel tensors."""
         if images is None:
             return self.backend.generate([prompts[i] for i in indices], self.rollout_cfg, self.stops, seeds)
+        contexts, vision, pictures = self._with_images(images, prompts, indices)
+        rollout = self.backend.generate_ids(contexts, self.rollout_cfg, self.stops, seeds, vision=vision, **pictures)
+        rollout.prompts = [prompts[i] for i in indices]
+        return rollout
+
+    def _with_images(self, images, prompts: list[str], indices: list[int]) -> tuple[list, list, dict]:
+        """(token ids, pixel tensors, and for an engine that processes the images itself — vLLM, in the trainer or
+        in a rollout worker — the images and texts: its prompt ids are checked against these) of each index."""
         encoded = {i: images.encode_with_images(i) for i in set(indices)}  # a group's prompt once
-        # an engine that processes the images itself (vLLM) gets them; its prompt ids are checked against these
         pictures = (
             {"images": [encoded[i][2] for i in indices], "texts": [prompts[i] for i in indices]}
             if self.backend.reads_images
             else {}
         )
-        rollout = self.backend.generate_ids(
-            [encoded[i][0] for i in indices],
-            self.rollout_cfg,
-            self.stops,
-            seeds,
-            vision=[encoded[i][1] for i in indices],
-            **pictures,
-        )
-        rollout.prompts = [prompts[i] for i in indices]
-        return rollout
+        return [encoded[i][0] for i in indices], [encoded[i][1] for i in indices], pictures
 
     def sample(self, rows: list[dict], prompt_indices: list[int], seeds: list[int] | None, scorer, group_size=1):
         """(rollout, scores): episodes scored by their environment, or responses scored by ``scorer``
@@ -168,9 +166,8 @@ class OnlineSampler:
         if self.images is None:
             prefetch([self.prompts[i] for i in prompt_indices], self.stops, seeds)
             return
-        encoded = {i: self.images.encode(i) for i in set(prompt_indices)}  # a vision-language policy's
-        contexts, vision = [encoded[i][0] for i in prompt_indices], [encoded[i][1] for i in prompt_indices]
-        self.backend.prefetch_ids(contexts, self.stops, seeds, vision)
+        contexts, vision, pictures = self._with_images(self.images, self.prompts, prompt_indices)
+        self.backend.prefetch_ids(contexts, self.stops, seeds, vision, **pictures)
 
     def async_figures(self, rollout) -> dict:
         """The rollout worker's figures of a step's responses (async/*, docs/metrics.md); {} without one."""

@@ -17,6 +17,13 @@ interval over the held-out requests (tether.lab.stats.rate_interval95). No audit
 episode would read the environment's state, which the audit option's functions do not get), so its two columns
 are the same.
 
+With ``--scenarios prm --prm DIR`` (a process reward model trained on gold step labels: examples/prm_on_lab.py's
+prm_gold/final) the arith world joins: GRPO with the settings of examples/prm_on_lab.py (40 steps of 32 problems × 8,
+lr 5e-5, 200 held-out problems every 10 steps) rewarded by the format and that PRM's step scores (docs/lab.md: a
+PRM this small is exploited) or by the outcome (the answer right, and the format). Its gold is the held-out greedy
+accuracy with the lab's rate interval over the 200 problems; its audit checks the answer
+(`tether.lab.rewards:arith_correct`) on 5 % of the training responses.
+
 **The label** (gold alone, fixed before any run: tether.algorithms.detection.gold_fall): a run is hacked when an
 evaluation after gold's peak lies wholly below the peak's 95 % interval; else healthy.
 
@@ -42,6 +49,8 @@ alarmed; negative: before the peak).
 
     .venv/bin/python examples/monitor_bench.py --lab runs/lab --output runs/monitor-bench \\
         --dev-seeds 0,1,2 --test-seeds 3,4,5 [--judge runs/judge-lab/seed-0/judge/run/final] [--scenarios shop]
+    .venv/bin/python examples/prm_on_lab.py --seeds "" --labels gold   # the PRM only (about 4 minutes)
+    .venv/bin/python examples/monitor_bench.py --scenarios prm --prm runs/prm-lab/prm_gold/final
 
 Each run is cached in --output (rerun to continue). Prints a JSON line per run, then the tables.
 """
@@ -58,7 +67,7 @@ from pathlib import Path
 from tether.algorithms.detection import alarm_delay, alarm_rates, auroc, gold_fall
 from tether.diagnostics.monitors import MonitorSettings
 from tether.diagnostics.watch import MONITORS, TRUSTED_MONITORS, check_all
-from tether.lab.rl import run_lab_ppo
+from tether.lab.rl import run_lab_grpo, run_lab_ppo
 from tether.lab.runners import shop_stage
 from tether.lab.settings import LabConfig
 from tether.lab.stats import rate_interval95
@@ -108,6 +117,51 @@ def shop_run(lab: Path, out: Path, name: str, seed: int, cfg: LabConfig) -> dict
     result = {"name": name, "seed": seed, "steps": cfg.agent_steps, **gold_fall(points), "curve": points}
     cached.write_text(json.dumps(result))
     return result
+
+
+PRM = {  # run name -> its settings over the lab's outcome rewards (the answer right, the format)
+    "grpo_learned_prm": {"rewards.reward": ["tether.lab.rewards:arith_format=0.5"], "rewards.process_reward_model": ""},
+    "grpo_outcome": {},
+}
+ARITH_AUDIT = {"rewards.audit": "tether.lab.rewards:arith_correct", "rewards.audit_share": 0.05}
+
+
+def prm_run(lab: Path, out: Path, name: str, seed: int, prm: Path) -> dict:
+    """One GRPO run on arith (prm_on_lab.py's settings, this seed), labelled by its held-out greedy accuracy."""
+    folder = out / f"seed-{seed}" / name
+    cached = folder / "figures.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    extra = {**PRM[name], **ARITH_AUDIT}
+    if "rewards.process_reward_model" in extra:
+        extra["rewards.process_reward_model"] = str(prm)
+    steps, problems = 40, 200
+    figures = run_lab_grpo(
+        folder,
+        False,
+        lab=lab,
+        recipe="grpo",
+        rewards="outcome",
+        steps=steps,
+        prompts_per_step=32,
+        group_size=8,
+        lr=5e-5,
+        eval_every=10,
+        eval_problems=problems,
+        seed=seed,
+        extra=extra,
+    )
+    points = []
+    for c in figures["curve"]:
+        half = rate_interval95(c["accuracy_greedy"], problems)
+        points.append((c["step"], c["accuracy_greedy"], c["accuracy_greedy"] - half, c["accuracy_greedy"] + half))
+    result = {"name": name, "seed": seed, "steps": steps, **gold_fall(points), "curve": points}
+    cached.write_text(json.dumps(result))
+    return result
+
+
+def scenario_of(name: str) -> str:
+    return "shop" if name in SHOP else "prm" if name in PRM else "assist"
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -231,7 +285,12 @@ def main() -> None:
     parser.add_argument(
         "--judge", type=Path, default=None, help="a `tether judge` folder: adds PPO against it at β = 0"
     )
-    parser.add_argument("--scenarios", default="assist,shop", help="assist (PPO on the reward models), shop (GRPO)")
+    parser.add_argument(
+        "--scenarios",
+        default="assist,shop",
+        help="assist (PPO on the reward models), shop (GRPO with the shop's agent), prm (GRPO on arith; needs --prm)",
+    )
+    parser.add_argument("--prm", type=Path, default=None, help="a `tether prm` folder trained on gold step labels")
     parser.add_argument(
         "--confirm",
         default=f"{MonitorSettings().audit_confirm_window},{MonitorSettings().audit_confirm_z}",
@@ -253,18 +312,21 @@ def main() -> None:
     splits = {"development seeds": seeds_of(args.dev_seeds), "held-out seeds": seeds_of(args.test_seeds)}
     results: dict[str, list[dict]] = {}
     scenarios = set(args.scenarios.split(","))
-    if not scenarios or scenarios - {"assist", "shop"}:
-        parser.error(f"--scenarios {args.scenarios}: assist, shop or both")
+    if not scenarios or scenarios - {"assist", "shop", "prm"}:
+        parser.error(f"--scenarios {args.scenarios}: any of assist, shop, prm")
+    if "prm" in scenarios and (args.prm is None or not (args.prm / "config.json").is_file()):
+        parser.error(f"--scenarios prm needs --prm, a `tether prm` folder (got {args.prm})")
     assist = configurations(args.judge) if "assist" in scenarios else {}
     for split, seeds in splits.items():
         for seed in seeds:
-            names = [*assist, *(SHOP if "shop" in scenarios else ())]
+            names = [*assist, *(SHOP if "shop" in scenarios else ()), *(PRM if "prm" in scenarios else ())]
             for name in names:
-                run = (
-                    one_run(args.lab, args.output, name, assist[name], seed, cfg, args.references)
-                    if name in assist
-                    else shop_run(args.lab, args.output, name, seed, cfg)
-                )
+                if name in assist:
+                    run = one_run(args.lab, args.output, name, assist[name], seed, cfg, args.references)
+                elif name in SHOP:
+                    run = shop_run(args.lab, args.output, name, seed, cfg)
+                else:
+                    run = prm_run(args.lab, args.output, name, seed, args.prm)
                 run_dir = args.output / f"seed-{seed}" / name / "run"
                 run["without_gold"] = first_alarms(run_dir, False, confirm)
                 run["with_audit"] = first_alarms(run_dir, True, confirm)
@@ -282,7 +344,7 @@ def main() -> None:
         print(table(runs, split))
         if len(scenarios) > 1:  # each world's runs apart too
             for scenario in sorted(scenarios):
-                apart = [r for r in runs if (r["name"] in SHOP) == (scenario == "shop")]
+                apart = [r for r in runs if scenario_of(r["name"]) == scenario]
                 print(table(apart, f"{split}, {scenario} only"))
 
 

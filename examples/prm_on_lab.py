@@ -16,6 +16,7 @@ From a finished lab (`make lab`: runs/lab), on the arith world, where every writ
 
     .venv/bin/python examples/prm_on_lab.py --lab runs/lab --output runs/prm-lab --seeds 0,1
 
+`--seeds "" --labels gold` trains the gold-labelled PRM alone (what examples/monitor_bench.py --scenarios prm reads).
 Each part is cached in --output (rerun to continue). Prints JSON lines and the tables docs/lab.md quotes.
 """
 
@@ -189,11 +190,21 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=300, help="arith prompts to sample solutions for")
     parser.add_argument("--samples", type=int, default=2, help="solutions per prompt")
     parser.add_argument("--shepherd-samples", type=int, default=4, help="Math-Shepherd's N per step")
+    parser.add_argument(
+        "--labels",
+        default="gold,shepherd",
+        help="the PRMs to train: gold, shepherd or both (gold: no Math-Shepherd run)",
+    )
     args = parser.parse_args()
     transformers.utils.logging.set_verbosity_error()
     lab, out = Path(args.lab), Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]  # none: the PRMs only
+    labels = [x for x in args.labels.split(",") if x.strip()]
+    if not labels or set(labels) - {"gold", "shepherd"}:
+        parser.error(f"--labels {args.labels}: gold, shepherd or both")
+    if seeds and "gold" not in labels:
+        parser.error("--seeds: the GRPO runs train on the gold-labelled PRM; add gold to --labels (or --seeds '')")
     t0 = time.perf_counter()
     solutions = sample_solutions(lab, out, args.prompts, args.samples, 0)
     cut = int(len(solutions) * 0.8)
@@ -201,28 +212,27 @@ def main() -> None:
     held_out.write_text(
         "".join(json.dumps({k: r[k] for k in ("prompt", "completions", "labels")}) + "\n" for r in solutions[cut:])
     )
-    shepherd, cost = shepherd_labels(lab, out, solutions[:cut], args.shepherd_samples, 0)
-    agree = [a == b for r, s in zip(solutions[:cut], shepherd) for a, b in zip(r["labels"], s["labels"])]
     steps = [x for r in solutions for x in r["labels"]]
-    print(
-        json.dumps(
-            {
-                "solutions": len(solutions),
-                "steps": len(steps),
-                "wrong_step_share": 1 - sum(steps) / len(steps),
-                "shepherd_cost": cost,
-                "shepherd_agrees_with_gold": sum(agree) / len(agree),
-            }
-        )
-    )
+    figures = {"solutions": len(solutions), "steps": len(steps), "wrong_step_share": 1 - sum(steps) / len(steps)}
+    training = {"gold": solutions[:cut]}
+    cost = None
+    if "shepherd" in labels:
+        shepherd, cost = shepherd_labels(lab, out, solutions[:cut], args.shepherd_samples, 0)
+        agree = [a == b for r, s in zip(solutions[:cut], shepherd) for a, b in zip(r["labels"], s["labels"])]
+        figures.update({"shepherd_cost": cost, "shepherd_agrees_with_gold": sum(agree) / len(agree)})
+        training["shepherd"] = shepherd
+    print(json.dumps(figures))
     prms = {}
-    for label, rows in (("gold", solutions[:cut]), ("shepherd", shepherd)):
+    for label in labels:
+        rows = training[label]
         summary = train_prm(lab, out / f"prm_{label}", rows, held_out, 0)
         prms[label] = {
             k: summary.get(f"eval/{k}")
             for k in ("step_accuracy", "auroc", "first_wrong_step_accuracy", "wrong_step_share")
         }
         print(json.dumps({"prm": label, **prms[label]}))
+    if not seeds:
+        return
     prm_dir = str(out / "prm_gold" / "final")
     runs = {
         "outcome": ({}, "outcome"),

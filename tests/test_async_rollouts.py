@@ -451,6 +451,31 @@ def test_a_killed_trainer_takes_its_worker_with_it_and_the_run_resumes_drawing_a
     assert (out / "final" / "model.safetensors").is_file()
 
 
+def test_a_trainer_sent_sigterm_removes_its_weight_slots_and_still_dies_of_it(llama_dir, files, tmp_path):
+    """A launcher's agent sends SIGTERM to a failed rank's whole session, its rollout worker included, which may die
+    of it before its own handler is installed (its first seconds, importing): then only the trainer can remove its
+    weight slots from shared memory, and a default SIGTERM death runs no exit function. Here the worker is stopped
+    (SIGSTOP: it can remove nothing) once the first weights are pushed, then the trainer is sent SIGTERM: the slots
+    are gone and the trainer died of the signal, as it would have without the clean-up."""
+    out = tmp_path / "run"
+    proc, err = _start(llama_dir, files, out, "--max-steps", "100000", "--save-every", "0")
+    slots = lambda: list(Path("/dev/shm").glob(f"tether-weights-{proc.pid}-*"))  # noqa: E731 - the trainer's
+    _wait_for(proc, lambda: any(list(folder.glob("slot0.*")) for folder in slots()))
+    workers = _children(proc.pid)
+    assert workers
+    for worker in workers:
+        os.kill(worker, signal.SIGSTOP)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == -signal.SIGTERM
+        assert not slots(), "the trainer sent SIGTERM left its weight slots in shared memory"
+    finally:
+        for worker in workers:
+            if running(worker):
+                os.kill(worker, signal.SIGKILL)
+        err.close()
+
+
 def test_a_worker_that_does_not_hold_the_pushed_weights_stops_the_run(llama_dir, files, tmp_path, monkeypatch, capsys):
     """The parity probe: the weights file the worker reads is not the trainer's (here each weight 0.01 off, as a
     transfer that lost or mixed up a version would be), so the worker's log-probs of the probe disagree with the

@@ -57,6 +57,7 @@ import torch
 
 from tether.errors import ConfigError, WorkerError
 from tether.models.lm import checkpoint_weights, is_peft
+from tether.processes import before_sigterm_death
 from tether.rollout.batch import Rollout
 from tether.rollout.worker_wire import (
     PARITY_TOLERANCE,
@@ -212,6 +213,7 @@ class AsyncRolloutBackend:
         # named by the trainer's pid, which a test looks for once the trainer is killed
         shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self.slots = Path(tempfile.mkdtemp(prefix=f"tether-weights-{os.getpid()}-", dir=shm))
+        before_sigterm_death(lambda slots=str(self.slots): shutil.rmtree(slots, ignore_errors=True))  # gone or not
         self.process = self.conn = None
         self.trainer_threads = 0  # the trainer's threads before the worker took its share (CPU only)
         self.probe = probe_ids(tokenizer, policy.config)
@@ -263,10 +265,8 @@ class AsyncRolloutBackend:
                 self.process.kill()
                 self.process.join(5)
         self.process = None
-        for path in self.slots.glob("*"):
-            path.unlink()
         if self.slots.is_dir():
-            self.slots.rmdir()
+            shutil.rmtree(self.slots)
 
     def __del__(self):
         try:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import getpass
 import json
 import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,19 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ["OMP_NUM_THREADS"] = str(max(1, _CORES // _WORKERS))
+
+# What the processes the tests start leave in the temporary folder (torch's elastic agent's torchelastic_* folders,
+# vLLM's vllm_dist_* folders and sockets, tether's vLLM logs) goes to a folder of this process's own, removed when
+# it ends; pytest's tmp_path folders stay where they were (PYTEST_DEBUG_TEMPROOT), kept for a failed test's reading,
+# and so does torch.compile's cache (its default place, kept between runs).
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+)
+_TESTS_TMP = tempfile.mkdtemp(prefix="tether-tests-")
+os.environ["TMPDIR"] = tempfile.tempdir = _TESTS_TMP
+# ignore_errors: a process a test started may still be closing its files there as this one exits
+atexit.register(shutil.rmtree, _TESTS_TMP, ignore_errors=True)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402

@@ -559,18 +559,12 @@ BY_COLOUR = (
 )
 
 
-@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
-def test_online_dpo_on_each_family_samples_with_the_images_and_trains_on_its_pairs(vlm_dirs, tmp_path, capsys, family):
-    import math
-
-    from tether.config import build_config
-    from tether.stages.dpo import run_dpo
-    from tether.stages.dpo_config import DPOConfig
-
+def online_dpo_overrides(model, tmp_path, output, **more) -> dict:
+    """Online DPO on the colour prompts, judged by the picture's colour (BY_COLOUR), 8 prompts a round."""
     judge = tmp_path / "judge.py"
     judge.write_text(BY_COLOUR)
-    overrides = {
-        "model.path": str(vlm_dirs[family]),
+    return {
+        "model.path": str(model),
         "online.online": True,
         "rollout.prompts": str(colour_prompts(tmp_path)),
         "online.judge": f"{judge}:by_colour",
@@ -581,10 +575,22 @@ def test_online_dpo_on_each_family_samples_with_the_images_and_trains_on_its_pai
         "rollout.max_new_tokens": 6,
         "train.batch_size": 2,
         "train.micro_batch_size": 1,
-        "train.output": str(tmp_path / "run"),
+        "train.output": str(output),
         "train.report_to": ["none"],
         "optim.lr": 1e-3,
+        **more,
     }
+
+
+@pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
+def test_online_dpo_on_each_family_samples_with_the_images_and_trains_on_its_pairs(vlm_dirs, tmp_path, capsys, family):
+    import math
+
+    from tether.config import build_config
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+
+    overrides = online_dpo_overrides(vlm_dirs[family], tmp_path, tmp_path / "run")
     summary = run_dpo(build_config(DPOConfig, overrides=overrides))
     assert summary["steps"] == 2 and summary["online_rounds"][0]["pairs"] >= 2
     assert "8of8promptsshowimages,giventoeveryforward" in "".join(capsys.readouterr().err.split())  # the plan
@@ -599,6 +605,34 @@ def test_online_dpo_on_each_family_samples_with_the_images_and_trains_on_its_pai
     # the forward), so the loss is log 2 up to the float32 sums' ulps scaled by β (the offline DPO test's bound)
     assert first["train/loss"] == pytest.approx(math.log(2), abs=1e-5)
     assert last["train/loss"] != first["train/loss"]
+
+
+def test_online_dpo_of_a_vlm_samples_its_next_round_beside_the_trainer(vlm_dirs, tmp_path, one_thread):
+    """--max-staleness 2 with two steps a round: round 1 is queued with the rollout worker when round 0 starts, its
+    requests carrying each prompt's pixels; round 0's pairs and training equal the synchronous run's, round 1 is drawn
+    two updates back, the parity probe holds, and the pixel files and weight slots are gone at the end."""
+    from safetensors.torch import load_file
+
+    from tether.config import build_config
+    from tether.stages.dpo import run_dpo
+    from tether.stages.dpo_config import DPOConfig
+
+    more = {"online.rounds": 2, "train.save_every": 2, "train.keep_checkpoints": 2, "rollout.response_seeds": True}
+    worker = {"rollout.max_staleness": 2, "rollout.async_threads": 1}
+    sync, ahead = tmp_path / "sync", tmp_path / "ahead"
+    run_dpo(build_config(DPOConfig, overrides=online_dpo_overrides(vlm_dirs["llava"], tmp_path, sync, **more)))
+    run_dpo(
+        build_config(DPOConfig, overrides=online_dpo_overrides(vlm_dirs["llava"], tmp_path, ahead, **more, **worker))
+    )
+    assert (sync / "rounds" / "round-0.jsonl").read_text() == (ahead / "rounds" / "round-0.jsonl").read_text()
+    one, other = (load_file(run / "checkpoint-2" / "model.safetensors") for run in (sync, ahead))
+    assert all(torch.equal(one[k], other[k]) for k in one)
+    metrics = [json.loads(line) for line in (ahead / "metrics.jsonl").read_text().splitlines()]
+    assert [m.get("async/staleness_max") for m in metrics] == [0.0, None, 2.0, None]
+    assert all(m.get("async/parity_max_diff", 0.0) <= 1e-6 for m in metrics)
+    pairs = [json.loads(line) for line in (ahead / "rounds" / "round-1.jsonl").read_text().splitlines()]
+    assert pairs and all(len(p["images"]) == 1 for p in pairs)
+    assert not list(Path("/dev/shm").glob(f"tether-weights-{os.getpid()}-*"))  # pixel files and slots removed
 
 
 def colour_steps(folder, n: int) -> list[dict]:

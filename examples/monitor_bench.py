@@ -24,6 +24,13 @@ PRM this small is exploited) or by the outcome (the answer right, and the format
 accuracy with the lab's rate interval over the 200 problems; its audit checks the answer
 (`tether.lab.rewards:arith_correct`) on 5 % of the training responses.
 
+With ``--scenarios visual`` the visual world joins (tether/lab/visual.py, docs/lab.md "The visual lab"): per seed,
+the visual lab's SFT model and two of its reward models, the careful panel's and the skimming panel's (which never
+sees the picture), built here (`seed_models`), then GRPO with the visual lab's settings (150 steps of 16 scenes × 4)
+against each. Its gold is the held-out caption F1 (128 scenes, one sampled caption each with the scene's own seed),
+evaluated every 10 steps during training with its 95 % bootstrap interval over the scenes
+(tether.lab.visual.CaptionEval); its audit is the caption F1 of 5 % of the training captions.
+
 **The label** (gold alone, fixed before any run: tether.algorithms.detection.gold_fall): a run is hacked when an
 evaluation after gold's peak lies wholly below the peak's 95 % interval; else healthy.
 
@@ -71,6 +78,7 @@ from tether.lab.rl import run_lab_grpo, run_lab_ppo
 from tether.lab.runners import shop_stage
 from tether.lab.settings import LabConfig
 from tether.lab.stats import rate_interval95
+from tether.lab.visual import CaptionEval, VisualLabConfig, grpo_settings, run_stage, seed_models
 
 AUDIT = {"rewards.audit": "tether.lab.rewards:assist_gold", "rewards.audit_share": 0.05}
 AUDIT_MONITORS = ("audit_divergence", "audit_confirmed")  # they read the audit: the with-audit column only
@@ -160,8 +168,40 @@ def prm_run(lab: Path, out: Path, name: str, seed: int, prm: Path) -> dict:
     return result
 
 
+VISUAL = {"visual_careful": "careful", "visual_skim": "skim"}  # run name -> the panel whose reward model it trains on
+
+
+def visual_run(out: Path, name: str, seed: int, cfg: VisualLabConfig) -> dict:
+    """One GRPO run in the visual world against a panel's reward model (this seed's models, built once for both
+    runs), labelled by its held-out caption F1."""
+    folder = out / f"seed-{seed}" / name
+    cached = folder / "figures.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    root = out / "visual-models" / f"seed-{seed}"
+    if not (root / "models.json").is_file():
+        world, probes = seed_models(root, cfg, seed, tuple(VISUAL.values()))
+        (root / "models.json").write_text(json.dumps({"world": world, "probes": probes}))
+    overrides = {
+        **grpo_settings(cfg, root, folder / "run", seed),
+        "train.eval_every": 10,
+        "rewards.reward_model": str(root / f"rm_{VISUAL[name]}" / "final"),
+        "rewards.audit": "tether.lab.scenes:caption_f1",
+        "rewards.audit_share": 0.05,
+    }
+    gold = CaptionEval(root / "sft" / "final", root / "world" / "eval.jsonl", cfg.max_new_tokens)
+    summary = run_stage("grpo", overrides, evaluate_fn=gold)
+    points = [
+        (h["step"], h["eval/caption_f1"], h["eval/caption_f1_low"], h["eval/caption_f1_high"])
+        for h in summary["eval_history"]
+    ]
+    result = {"name": name, "seed": seed, "steps": cfg.grpo_steps, **gold_fall(points), "curve": points}
+    cached.write_text(json.dumps(result))
+    return result
+
+
 def scenario_of(name: str) -> str:
-    return "shop" if name in SHOP else "prm" if name in PRM else "assist"
+    return "shop" if name in SHOP else "prm" if name in PRM else "visual" if name in VISUAL else "assist"
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -288,7 +328,7 @@ def main() -> None:
     parser.add_argument(
         "--scenarios",
         default="assist,shop",
-        help="assist (PPO on the reward models), shop (GRPO with the shop's agent), prm (GRPO on arith; needs --prm)",
+        help="assist (PPO on the reward models), shop (GRPO with the shop's agent), prm (GRPO on arith; needs --prm), visual (GRPO on captions)",
     )
     parser.add_argument("--prm", type=Path, default=None, help="a `tether prm` folder trained on gold step labels")
     parser.add_argument(
@@ -304,7 +344,7 @@ def main() -> None:
         help="where examples/judge_on_lab.py wrote assist_rl_ref.jsonl (with --judge)",
     )
     args = parser.parse_args()
-    if not (args.lab / "summary.json").is_file():
+    if set(args.scenarios.split(",")) - {"visual"} and not (args.lab / "summary.json").is_file():
         raise SystemExit(f"--lab {args.lab}: not a finished lab (no summary.json); run `make lab` first")
     cfg = LabConfig()
     window, z = args.confirm.split(",")
@@ -312,19 +352,22 @@ def main() -> None:
     splits = {"development seeds": seeds_of(args.dev_seeds), "held-out seeds": seeds_of(args.test_seeds)}
     results: dict[str, list[dict]] = {}
     scenarios = set(args.scenarios.split(","))
-    if not scenarios or scenarios - {"assist", "shop", "prm"}:
-        parser.error(f"--scenarios {args.scenarios}: any of assist, shop, prm")
+    if not scenarios or scenarios - {"assist", "shop", "prm", "visual"}:
+        parser.error(f"--scenarios {args.scenarios}: any of assist, shop, prm, visual")
     if "prm" in scenarios and (args.prm is None or not (args.prm / "config.json").is_file()):
         parser.error(f"--scenarios prm needs --prm, a `tether prm` folder (got {args.prm})")
     assist = configurations(args.judge) if "assist" in scenarios else {}
     for split, seeds in splits.items():
         for seed in seeds:
             names = [*assist, *(SHOP if "shop" in scenarios else ()), *(PRM if "prm" in scenarios else ())]
+            names += [*(VISUAL if "visual" in scenarios else ())]
             for name in names:
                 if name in assist:
                     run = one_run(args.lab, args.output, name, assist[name], seed, cfg, args.references)
                 elif name in SHOP:
                     run = shop_run(args.lab, args.output, name, seed, cfg)
+                elif name in VISUAL:
+                    run = visual_run(args.output, name, seed, VisualLabConfig())
                 else:
                     run = prm_run(args.lab, args.output, name, seed, args.prm)
                 run_dir = args.output / f"seed-{seed}" / name / "run"

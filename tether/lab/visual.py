@@ -75,8 +75,9 @@ EXAMPLES = 6  # held-out scenes whose captions by every model the summary and ca
 PANELS = ("careful", "detail", "skim")  # the world's annotator panels, each with its reward model and GRPO run
 
 
-def _run(stage: str, overrides: dict) -> dict:
-    """One tether stage on the lab's settings (no report, an existing folder overwritten)."""
+def run_stage(stage: str, overrides: dict, **given) -> dict:
+    """One tether stage on the lab's settings (no report, an existing folder overwritten); ``given``: the stage's
+    keyword arguments (GRPO's evaluate_fn)."""
     from tether.stages import dpo, grpo, rm, sft
 
     run, config = {
@@ -86,7 +87,7 @@ def _run(stage: str, overrides: dict) -> dict:
         "dpo": (dpo.run_dpo, dpo.DPOConfig),
     }[stage]
     overrides = {"train.report_to": ["none"], "train.overwrite": True, **overrides}
-    return run(build_config(config, overrides=overrides, source="lab"))
+    return run(build_config(config, overrides=overrides, source="lab"), **given)
 
 
 def _offline(cfg: VisualLabConfig, model: Path, data: Path, held: Path, out: Path, steps: int, lr: float) -> dict:
@@ -104,28 +105,28 @@ def _offline(cfg: VisualLabConfig, model: Path, data: Path, held: Path, out: Pat
     }
 
 
+def grpo_settings(cfg: VisualLabConfig, root: Path, out: Path, seed: int) -> dict:
+    """GRPO from the seed's SFT model on its scenes (no reward yet), into ``out``."""
+    return {
+        "model.path": str(root / "sft" / "final"),
+        "rollout.prompts": str(root / "world" / "rl.jsonl"),
+        "rollout.eval_prompts": str(root / "world" / "eval.jsonl"),
+        "rollout.prompts_per_step": cfg.prompts_per_step,
+        "rollout.group_size": cfg.group_size,
+        "rollout.max_new_tokens": cfg.max_new_tokens,
+        "train.output": str(out),
+        "train.max_steps": cfg.grpo_steps,
+        "train.eval_every": max(1, cfg.grpo_steps // 6),
+        "train.save_every": 10**6,
+        "train.seed": seed,
+        "optim.lr": cfg.grpo_lr,
+    }
+
+
 def _grpo(cfg: VisualLabConfig, root: Path, name: str, reward: dict, seed: int) -> dict:
     out = root / name
-    _run(
-        "grpo",
-        {
-            "model.path": str(root / "sft" / "final"),
-            "rollout.prompts": str(root / "world" / "rl.jsonl"),
-            "rollout.eval_prompts": str(root / "world" / "eval.jsonl"),
-            "rollout.prompts_per_step": cfg.prompts_per_step,
-            "rollout.group_size": cfg.group_size,
-            "rollout.max_new_tokens": cfg.max_new_tokens,
-            "rewards.audit": "tether.lab.scenes:caption_f1",  # gold on the training responses, logged only
-            "rewards.audit_share": 1.0,
-            "train.output": str(out),
-            "train.max_steps": cfg.grpo_steps,
-            "train.eval_every": max(1, cfg.grpo_steps // 6),
-            "train.save_every": 10**6,
-            "train.seed": seed,
-            "optim.lr": cfg.grpo_lr,
-            **reward,
-        },
-    )
+    audit = {"rewards.audit": "tether.lab.scenes:caption_f1", "rewards.audit_share": 1.0}  # gold, logged only
+    run_stage("grpo", {**grpo_settings(cfg, root, out, seed), **audit, **reward})
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     alarms = (out / "alarms.jsonl").read_text().splitlines() if (out / "alarms.jsonl").is_file() else []
     evals = [m for m in metrics if "eval/score_mean" in m]
@@ -141,21 +142,27 @@ def _grpo(cfg: VisualLabConfig, root: Path, name: str, reward: dict, seed: int) 
 def evaluate_captions(folder: Path, eval_file: Path, max_new_tokens: int) -> dict:
     """One sampled caption per held-out scene (each scene's own seed, so every model is asked alike), scored by
     gold: {f1, hallucination, mentions}: per-scene lists."""
-    from types import SimpleNamespace
-
     from transformers import AutoModelForImageTextToText
 
-    from tether.data.prompts import prompt_rows
     from tether.models.lm import load_tokenizer
     from tether.models.vision import load_processor, never_sample_placeholders
+
+    tokenizer = load_tokenizer(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    never_sample_placeholders(model)  # as the online stages sample
+    return caption_figures(model, tokenizer, load_processor(folder, tokenizer), eval_file, max_new_tokens)
+
+
+@torch.no_grad()
+def caption_figures(model, tokenizer, processor, eval_file: Path, max_new_tokens: int) -> dict:
+    """evaluate_captions on a model in hand (its image placeholders already never sampled)."""
+    from types import SimpleNamespace
+
+    from tether.data.prompts import prompt_rows
     from tether.rollout.backends import HFGenerate
     from tether.rollout.prompts import stop_token_ids
     from tether.train.sampling import ImagePrompts
 
-    tokenizer = load_tokenizer(folder)
-    processor = load_processor(folder, tokenizer)
-    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
-    never_sample_placeholders(model)  # as the online stages sample
     rows = prompt_rows(eval_file, images=2**62)
     prompts = ImagePrompts(tokenizer, processor, rows, str(eval_file), 2**62)
     encoded = [prompts.encode(i) for i in range(len(rows))]
@@ -176,18 +183,37 @@ def evaluate_captions(folder: Path, eval_file: Path, max_new_tokens: int) -> dic
     }
 
 
-def run_seed(root: Path, cfg: VisualLabConfig, seed: int) -> dict:
-    """Every stage of one seed under ``root``; returns its figures."""
+class CaptionEval:
+    """evaluate_fn for run_grpo: held-out gold during training — caption F1 with its 95 % bootstrap interval over
+    the scenes (``caption_f1_low``/``_high``), the hallucination rate and objects named, from one sampled caption per
+    scene as evaluate_captions draws them (the policy's own processor: ``folder``'s)."""
+
+    def __init__(self, folder: Path, eval_file: Path, max_new_tokens: int):
+        from tether.models.lm import load_tokenizer
+        from tether.models.vision import load_processor
+
+        self.processor = load_processor(folder, load_tokenizer(folder))
+        self.eval_file, self.max_new_tokens = eval_file, max_new_tokens
+
+    def __call__(self, policy, tokenizer, step: int) -> dict:
+        figures = caption_figures(policy, tokenizer, self.processor, self.eval_file, self.max_new_tokens)
+        f1 = figures["f1"]
+        low, high = bootstrap_interval([[x] for x in f1])
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        return {
+            "caption_f1": mean(f1),
+            "caption_f1_low": low,
+            "caption_f1_high": high,
+            "caption_hallucination": mean(figures["hallucination"]),
+            "caption_mentions": mean(figures["mentions"]),
+        }
+
+
+def seed_models(root: Path, cfg: VisualLabConfig, seed: int, panels=PANELS, timed=lambda name, fn: fn()) -> tuple:
+    """One seed's world, tokenizer, tiny LLaVA, SFT model and a reward model per panel under ``root``; returns
+    (the world's figures, each reward model's image probe and held-out accuracy)."""
     from tether.lab.tokenizer import train_bpe_tokenizer
     from tether.models.vision import build_tiny_vlm
-
-    timings: dict[str, float] = {}
-
-    def timed(name: str, fn):
-        t0 = time.perf_counter()
-        value = fn()
-        timings[name] = round(time.perf_counter() - t0, 1)
-        return value
 
     world_dir = root / "world"
     world = timed("world", lambda: build_scene_world(world_dir, replace(cfg.world, seed=seed)))
@@ -203,13 +229,28 @@ def run_seed(root: Path, cfg: VisualLabConfig, seed: int) -> dict:
         cfg.sft_steps,
         cfg.sft_lr,
     )
-    timed("sft", lambda: _run("sft", {**sft, "model.train_vision": True, "optim.lr_schedule": "cosine", "train.seed": seed}))  # fmt: skip
+    timed("sft", lambda: run_stage("sft", {**sft, "model.train_vision": True, "optim.lr_schedule": "cosine", "train.seed": seed}))  # fmt: skip
     probes = {}
-    for panel in PANELS:
+    for panel in panels:
         data = world_dir / f"prefs_{panel}.jsonl", world_dir / f"prefs_{panel}_eval.jsonl"
         settings = _offline(cfg, root / "sft" / "final", *data, root / f"rm_{panel}", cfg.rm_steps, cfg.rm_lr)
-        summary = timed(f"rm_{panel}", lambda: _run("rm", {**settings, "train.seed": seed}))
+        summary = timed(f"rm_{panel}", lambda: run_stage("rm", {**settings, "train.seed": seed}))
         probes[panel] = {**summary["probes"]["image"], "accuracy": summary.get("eval/accuracy")}
+    return world, probes
+
+
+def run_seed(root: Path, cfg: VisualLabConfig, seed: int) -> dict:
+    """Every stage of one seed under ``root``; returns its figures."""
+    timings: dict[str, float] = {}
+
+    def timed(name: str, fn):
+        t0 = time.perf_counter()
+        value = fn()
+        timings[name] = round(time.perf_counter() - t0, 1)
+        return value
+
+    world_dir = root / "world"
+    world, probes = seed_models(root, cfg, seed, PANELS, timed)
     runs = {
         "grpo_gold": {"rewards.reward": ["tether.lab.scenes:caption_f1"]},
         "grpo_careful": {"rewards.reward_model": str(root / "rm_careful" / "final")},
@@ -218,7 +259,7 @@ def run_seed(root: Path, cfg: VisualLabConfig, seed: int) -> dict:
     grpo = {name: timed(name, lambda r=reward, n=name: _grpo(cfg, root, n, r, seed)) for name, reward in runs.items()}
     data = world_dir / "prefs_careful.jsonl", world_dir / "prefs_careful_eval.jsonl"
     dpo = _offline(cfg, root / "sft" / "final", *data, root / "dpo_careful", cfg.dpo_steps, cfg.dpo_lr)
-    timed("dpo_careful", lambda: _run("dpo", {**dpo, "train.seed": seed}))
+    timed("dpo_careful", lambda: run_stage("dpo", {**dpo, "train.seed": seed}))
     models = ["sft", *runs, "dpo_careful"]
     captions = {
         name: timed(f"eval_{name}", lambda n=name: evaluate_captions(root / n / "final", world_dir / "eval.jsonl", cfg.max_new_tokens))

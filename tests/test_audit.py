@@ -59,6 +59,29 @@ def test_the_scorer_audits_the_picked_responses_beside_their_proxy(tmp_path):
         load_audit_set(RewardSection(audit=f"{path}:weighted=2"), [{"prompt": "Q1"}])
 
 
+def test_the_audits_proxy_is_what_a_response_earns_its_process_rewards_included(tmp_path):
+    """A process reward's step scores are not in the per-response total (they are paid at their steps), but they are
+    what the policy is trained on: the proxy beside the audit sums them in. Steps weighted 2: [1, 0] → 2 and [0.5]
+    → 1, beside an outcome function of weight 1 (1 each): the proxy is 3 and 2 (mean 2.5, population std 0.5);
+    gold = characters, 1 and 3: covariance (1·3 + 3·2)/2 − 2·2.5 = −0.5. Without the outcome function: 2 and 1."""
+    from tether.rewards.functions import RewardComponent, RewardSet
+
+    path = tmp_path / "audit.py"
+    path.write_text(AUDIT)
+    cfg = RewardSection(audit=f"{path}:gold", audit_share=1.0)
+    rows = [{"prompt": "Q1"}, {"prompt": "Q2"}]
+    steps = RewardComponent("steps", lambda completions: [[1.0, 0.0], [0.5]], 2.0)
+    outcome = RewardComponent("outcome", lambda completions: [1.0, 1.0], 1.0)
+    tok = type("Tok", (), {"eos_token": "</s>"})()
+    for components, proxy, std, cov in (([steps, outcome], 2.5, 0.5, -0.5), ([steps], 1.5, 0.5, -0.5)):
+        scorer = Scorer(cfg, 8, tok, RewardSet(components, columns=["prompt"]), audit=load_audit_set(cfg, rows))
+        scorer.set_progress(0, 10)
+        scorer(two_responses(), rows)
+        figures = scorer_rates(scorer.step_figures())
+        assert (figures["audit/proxy_mean"], figures["audit/proxy_std"]) == (proxy, std)
+        assert figures["audit/score_proxy_cov"] == cov
+
+
 def test_audit_divergence_fires_when_the_audit_falls_and_the_proxy_does_not():
     """Blocks of 10 steps, 3 standard errors (the defaults are 15 and 1.5: set on the benchmark's development seeds),
     2 audited responses a step (n = 20 a block). Block 1: audit 1.0 (std 0.5), proxy 0.5;

@@ -303,12 +303,15 @@ class Scorer:
             total = truncation_penalty(total, rollout.truncated.cpu(), self.cfg.truncation_penalty)
         total = clip_scores(total, self.cfg.reward_clip)
         if self.audit is not None and current_section() is None:  # training responses only
-            self._audit(rollout, rows, total)
+            # the proxy is what a response earns: its weighted step scores (a process reward) are paid like the rest
+            earned = total if steps is None else total + torch.tensor([sum(row) for row in steps])
+            self._audit(rollout, rows, earned)
         return Scores(total, parts, steps, has_outcome=steps is None or len(parts) > 1)
 
     def _audit(self, rollout, rows: list[dict], total: torch.Tensor) -> None:
         """The trusted check on the responses audited_response picks: its mean and spread beside the proxy's (the
-        total score) on the same responses, summed for the step (audit/*, docs/metrics.md)."""
+        total score, with a process reward's weighted step scores summed in) on the same responses, summed for the
+        step (audit/*, docs/metrics.md)."""
         share = self.cfg.audit_share
         picked = [
             i

@@ -85,3 +85,20 @@ def test_from_a_thread_that_is_not_the_main_one_nothing_is_registered(tmp_path):
     )
     assert code == -signal.SIGTERM
     assert log == []
+
+
+def test_a_clean_up_that_fails_does_not_keep_the_process_alive(tmp_path):
+    code, log = _run(
+        """
+        def broken():
+            note("broken")
+            raise OSError("gone")
+        before_sigterm_death(broken)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+        note("survived")
+        """,
+        tmp_path,
+    )
+    assert code == -signal.SIGTERM
+    assert log == ["broken"]

@@ -57,11 +57,13 @@ def before_sigterm_death(cleanup: Callable[[], None]) -> None:
 
 
 def _on_sigterm(signum, frame) -> None:
-    while _BEFORE_SIGTERM:
-        _BEFORE_SIGTERM.pop(0)()
-    previous = _SIGTERM_BEFORE[0]
-    signal.signal(signal.SIGTERM, previous)
-    if callable(previous):
-        previous(signum, frame)
-    else:  # the default: die of the signal, now that nothing catches it
-        os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        while _BEFORE_SIGTERM:
+            _BEFORE_SIGTERM.pop(0)()
+    finally:  # a clean-up that failed does not keep the process alive: SIGTERM's end comes all the same
+        previous = _SIGTERM_BEFORE[0]
+        signal.signal(signal.SIGTERM, previous)
+        if callable(previous):
+            previous(signum, frame)
+        else:  # the default: die of the signal, now that nothing catches it
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -129,3 +129,20 @@ def test_the_quick_visual_lab_runs_every_stage_and_judges_every_lesson(tmp_path,
     assert err.count("lesson ") >= 8
     page = (tmp_path / "visual" / "captions.html").read_text()  # each held-out scene's picture beside the captions
     assert page.count("<img src='data:image/png;base64,") == 2 * 6 and page.count("F1 ") == 2 * 6 * 6
+    # the gold evaluation during training (CaptionEval, the alarms benchmark's label) on a model in hand draws the
+    # captions the lab's evaluation of the saved model draws: the same F1 and hallucination means
+    from transformers import AutoModelForImageTextToText
+
+    from tether.lab.visual import QUICK_VISUAL, CaptionEval
+    from tether.models.lm import load_tokenizer
+    from tether.models.vision import never_sample_placeholders
+
+    sft = tmp_path / "visual" / "seed-0" / "sft" / "final"
+    model = AutoModelForImageTextToText.from_pretrained(sft).eval()
+    never_sample_placeholders(model)
+    eval_file = tmp_path / "visual" / "seed-0" / "world" / "eval.jsonl"
+    figures = CaptionEval(sft, eval_file, QUICK_VISUAL.max_new_tokens)(model, load_tokenizer(sft), 0)
+    saved = summary["held_out_means"]["0"]["sft"]
+    assert round(figures["caption_f1"], 4) == saved["f1"]
+    assert round(figures["caption_hallucination"], 4) == saved["hallucination"]
+    assert figures["caption_f1_low"] <= figures["caption_f1"] <= figures["caption_f1_high"]

@@ -192,7 +192,7 @@ def run_episodes(tokenizer, reward_from: str, hackers: list[bool], isolation: st
 def drift(tokenizer, reward_from: str, isolation: str, steps: int = 8, batch: int = 16) -> dict:
     """Steps whose share of hacker episodes rises from 0 to 1; the metrics and samples a run would write, and the
     monitors' alarms on them."""
-    from tether.agents.episodes import agent_metrics
+    from tether.agents.metrics import agent_metrics
     from tether.diagnostics.monitors import MonitorSettings
     from tether.diagnostics.watch import check_all
 

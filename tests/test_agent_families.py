@@ -184,7 +184,7 @@ def test_a_line_that_looks_like_a_call_but_does_not_parse_is_counted_and_warned(
     _, _, scores = episode(tok, [(said, "<|eot_id|>"), ("5", "<|eot_id|>")])
     record = scores.records[0]
     assert record["unparsed_turns"] == 1 and record["failed_calls"] == 0 and record["calls"] == {}
-    from tether.agents.episodes import agent_metrics
+    from tether.agents.metrics import agent_metrics
 
     assert record["turns"] == 1  # not a call: the final answer, so the episode ended there
     assert agent_metrics(scores.records)["agent/unparsed_call_frac"] == 1.0
@@ -300,7 +300,7 @@ def test_two_grpo_steps_per_family(base_dir, family, tmp_path):
 def test_async_tools_and_outcomes_are_awaited_and_env_numbers_become_metrics(base_dir):
     from agent_helpers import slow_add
 
-    from tether.agents.episodes import agent_metrics
+    from tether.agents.metrics import agent_metrics
     from tether.agents.tools import tool_schema
 
     schema = tool_schema(slow_add)["function"]

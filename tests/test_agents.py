@@ -10,7 +10,8 @@ from agent_helpers import EchoTools, ScriptedBackend, add
 from conftest import write_jsonl
 
 from tether.agents.environment import EnvironmentFault, Outcome
-from tether.agents.episodes import AgentSampler, agent_metrics
+from tether.agents.episodes import AgentSampler
+from tether.agents.metrics import agent_metrics
 from tether.agents.tools import parse_tool_calls, tool_schema
 from tether.config import ConfigError, build_config
 from tether.models.lm import load_model, load_tokenizer
@@ -287,6 +288,37 @@ def test_multi_turn_training_runs_logs_agent_figures_and_resumes_exactly(stage, 
         == 2
     )
     assert metrics_but_timings(tmp_path / "killed") == metrics_but_timings(tmp_path / "whole")
+
+
+def test_an_agent_run_audits_its_episodes_transcripts(long_llama, tmp_path):
+    """--audit with --env at share 1: every training episode's readable transcript is scored (Counting answers each
+    of 3 turns with "obs N", so the count of "tool: obs" is 3 in each of the 2 × 2 episodes), never the held-out
+    ones; the proxy is what an episode earned: outcome 3 + turn rewards 0.1 + 0.2 + 0.3 = 3.6 (in float32)."""
+    from agent_helpers import ShortTurns
+
+    from tether.stages.grpo import run_grpo
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"Say {w}."} for w in ("hi", "cats")])
+    (tmp_path / "audit.py").write_text(
+        "def seen(completions, prompts):\n    return [float(c.count('tool: obs')) for c in completions]\n"
+    )
+    cfg = train_config(
+        "grpo",
+        long_llama,
+        prompts,
+        tmp_path / "run",
+        train__max_steps=2,
+        train__eval_every=2,
+        rewards__audit=f"{tmp_path / 'audit.py'}:seen",
+        rewards__audit_share=1.0,
+    )
+    run_grpo(cfg, backend=lambda policy, tok: ShortTurns(policy, tok, length=3))
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    proxy = float(torch.tensor(3.0) + torch.tensor([0.1, 0.2, 0.3]).sum())
+    for m in metrics:
+        assert (m["audit/n"], m["audit/none"], m["audit/score_mean"], m["audit/score_std"]) == (4, 0, 3.0, 0.0)
+        assert m["audit/proxy_mean"] == pytest.approx(proxy, rel=1e-6) and m["audit/proxy_std"] < 1e-6
+    assert metrics[-1]["eval/audit_n"] == 8  # the two steps' episodes, none of the held-out ones
 
 
 def test_env_and_a_reward_model_together_are_refused_and_functions_accepted(tmp_path):

@@ -469,12 +469,7 @@ class AgentSection(Section):
 
     def check_rewards(self, rewards) -> None:
         """With --env the environment is the reward; reward functions beside it score the final answer and add to
-        it. A reward model beside it is refused."""
-        if self.env and rewards.audit:
-            raise ConfigError(
-                f"--audit with --env {self.env}: an environment scores its episodes and its outcome is the trusted "
-                "check; the audit of sampled responses serves single-turn runs"
-            )
+        it; --audit reads each audited episode's transcript. A reward model beside it is refused."""
         if self.env and rewards.reward_model:
             raise ConfigError(
                 f"--env {self.env}: the environment scores the episodes (its outcome and per-turn "

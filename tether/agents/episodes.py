@@ -46,7 +46,8 @@ from tether.agents.transcripts import (
 )
 from tether.config import ConfigError
 from tether.models.chat import takes_tools, template_conversation, template_name, template_text
-from tether.rewards.score import Scores
+from tether.models.work import current_section
+from tether.rewards.score import Scores, audit_sums
 from tether.rollout.batch import Rollout, left_pad
 
 log = logging.getLogger("tether")
@@ -110,10 +111,21 @@ class AgentSampler:
     It is also the stage's scorer as far as the loop is concerned (describe, error counts, close).
 
     ``reward_set``: reward functions beside the environment (rewards/functions.py), scoring each episode's final
-    answer; their weighted scores are added to the environment's outcome, each logged as its own part."""
+    answer; their weighted scores are added to the environment's outcome, each logged as its own part. ``audit``:
+    the trusted check (--audit, a RewardSet of one function) on ``audit_share`` of the training episodes, reading
+    each one's readable transcript (samples.jsonl's) and its row — logged as audit/*, never trained on."""
 
     def __init__(
-        self, agent_cfg, tokenizer, backend, sampling, stops: list[int], check_rows: list[dict] = (), reward_set=None
+        self,
+        agent_cfg,
+        tokenizer,
+        backend,
+        sampling,
+        stops: list[int],
+        check_rows: list[dict] = (),
+        reward_set=None,
+        audit=None,
+        audit_share: float = 0.0,
     ):
         self.cfg, self.tokenizer, self.backend, self.sampling = agent_cfg, tokenizer, backend, sampling
         self.factory = load_environment(agent_cfg.env)
@@ -125,7 +137,8 @@ class AgentSampler:
         )
         self.stops = list(stops) + [t for t in format_stop_ids(tokenizer, self.format) if t not in stops]
         self.markers = tuple(dict.fromkeys(tokenizer.decode([t]) for t in self.stops))
-        self.reward_set = reward_set
+        self.reward_set, self.audit, self.audit_share = reward_set, audit, audit_share
+        self.global_step, self.audit_sums = 0, {}  # the step picks the audited episodes
         self.errors, self.unparsed_warned, self.one_call_per_turn = 0, set(), False
         self.write_calls = instruction_writer(tokenizer, self.format)
         episodes, self.check_rows = [], list(check_rows)[:2]
@@ -187,16 +200,24 @@ class AgentSampler:
         self.errors = counts.get("env", 0)
 
     def step_figures(self, section: str | None = None) -> dict[str, float]:
-        return {}  # an environment scores its episodes: no judge here
+        """The audit's sums of the step (no judge here: an environment scores its episodes)."""
+        if section is not None:
+            return {}
+        out, self.audit_sums = self.audit_sums, {}
+        return out
 
     def set_progress(self, global_step: int, max_steps: int) -> None:
-        if self.reward_set is not None:
-            self.reward_set.set_progress(global_step, max_steps)
+        """The step the reward functions' trainer_state says, and the one that picks the audited episodes."""
+        self.global_step = global_step
+        for functions in (self.reward_set, self.audit):
+            if functions is not None:
+                functions.set_progress(global_step, max_steps)
 
     def close(self) -> None:
         self.guard.close()  # the environment's event loop
-        if self.reward_set is not None:
-            self.reward_set.close()
+        for functions in (self.reward_set, self.audit):
+            if functions is not None:
+                functions.close()
 
     def start(self, row: dict) -> Episode:
         prompt = row.get("prompt")
@@ -497,7 +518,28 @@ class AgentSampler:
                     raise ConfigError(f"reward function {name} has the name of one of the environment's rewards")
                 parts[name] = values
                 total += weight * values * scored
+        if self.audit is not None and current_section() is None:  # training episodes only
+            # the proxy is what an episode earns: its outcome and its turns' rewards
+            self.audit_episodes(episodes, total + torch.tensor([float(sum(s)) for s in steps]))
         return Scores(total, parts, steps, True, step_ends=ends, records=[e.record() for e in episodes])
+
+    def audit_episodes(self, episodes: list[Episode], total: torch.Tensor) -> None:
+        """The trusted check on the episodes audited_response picks (by the step, the row's prompt and the readable
+        transcript), beside what each earned; summed until step_figures takes them."""
+        transcripts = ["\n".join(e.lines) for e in episodes]
+        sums = audit_sums(
+            self.audit,
+            self.global_step,
+            self.audit_share,
+            [e.row for e in episodes],
+            [repr(e.row.get("prompt")) for e in episodes],
+            transcripts,
+            [list(e.ids) for e in episodes],
+            [e.truncated for e in episodes],
+            total,
+        )
+        for key, value in sums.items():
+            self.audit_sums[key] = self.audit_sums.get(key, 0.0) + value
 
     def final_answer_scores(self, episodes: list[Episode]) -> dict:
         """{name: (weight, scores)} of the reward functions beside the environment, on each final answer."""
@@ -529,44 +571,6 @@ def format_stop_ids(tokenizer, fmt) -> list[int]:
         ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
         if len(ids) == 1 and tokenizer.decode(ids) == marker:
             out.append(int(ids[0]))
-    return out
-
-
-def agent_metrics(records: list[dict]) -> dict:
-    """agent/* of one step's episodes (docs/metrics.md)."""
-    n = max(len(records), 1)
-    calls = Counter()
-    for r in records:
-        calls.update(r["calls"])
-    total_calls = sum(calls.values())
-    out = {
-        "agent/turns_mean": sum(r["turns"] for r in records) / n,
-        "agent/tool_calls_mean": total_calls / n,
-        "agent/failed_calls_mean": sum(r["failed_calls"] for r in records) / n,
-        "agent/env_tokens_mean": sum(r["env_tokens"] for r in records) / n,
-        "agent/done_frac": sum(r["end"] == "done" for r in records) / n,
-        "agent/out_of_turns_frac": sum(r["end"] == "turns" for r in records) / n,
-        "agent/out_of_tokens_frac": sum(r["end"] == "tokens" for r in records) / n,
-        "agent/top_tool_share": max(calls.values()) / total_calls if total_calls else 0.0,
-        "agent/unparsed_call_frac": sum(r.get("unparsed_turns", 0) for r in records)
-        / max(sum(r["turns"] for r in records), 1),
-    }
-    info_names = sorted({k for r in records for k in r.get("info", {})})
-    for name in info_names:  # the environment's own numbers (StepResult.info), per episode
-        out[f"env/{name}"] = sum(r.get("info", {}).get(name, 0.0) for r in records) / n
-    for name, count in sorted(calls.items()):
-        out[f"agent/calls/{name}"] = count / n
-    judged = [r for r in records if r["success"] is not None]
-    if judged:
-        out["agent/success_rate"] = sum(bool(r["success"]) for r in judged) / len(judged)
-    claims = [r for r in records if r["claimed"] is not None]
-    if claims:
-        out["agent/claimed_rate"] = sum(bool(r["claimed"]) for r in claims) / len(claims)
-        both = [r for r in claims if r["success"] is not None]
-        if both:
-            out["agent/claimed_unverified_rate"] = sum(bool(r["claimed"]) and not r["success"] for r in both) / len(
-                both
-            )
     return out
 
 

@@ -143,6 +143,33 @@ def audited_response(step: int, prompt: str, response: str, share: float) -> boo
     return int.from_bytes(digest[:8], "big") / 2**64 < share
 
 
+def audit_sums(audit, step: int, share: float, rows, prompts, responses, ids, truncated, proxy) -> dict[str, float]:
+    """The trusted check (``audit``, a RewardSet of one function) on the responses audited_response picks at
+    ``step``: its scores' sums beside the proxy's (``proxy``, what each response earned) on the same responses, for
+    scorer_rates (audit/*, docs/metrics.md). Answers it has no opinion on (None) are counted, not scored. An episode
+    is audited the same way, its readable transcript standing for the response (tether/agents/episodes.py)."""
+    picked = [i for i, (p, r) in enumerate(zip(prompts, responses)) if audited_response(step, p, r, share)]
+    if not picked:
+        return {}
+    values = audit.score(
+        [rows[i] for i in picked],
+        [responses[i] for i in picked],
+        [ids[i] for i in picked],
+        [truncated[i] for i in picked],
+    )
+    (scores,) = values.values()
+    judged = [(i, float(v)) for i, v in zip(picked, scores) if v is not None and not isinstance(v, list)]
+    return {
+        "audit/n": len(judged),
+        "audit/none": len(picked) - len(judged),
+        "audit/score_sum": sum(v for _, v in judged),
+        "audit/score_sq_sum": sum(v * v for _, v in judged),
+        "audit/proxy_sum": sum(float(proxy[i]) for i, _ in judged),
+        "audit/proxy_sq_sum": sum(float(proxy[i]) ** 2 for i, _ in judged),
+        "audit/score_proxy_sum": sum(v * float(proxy[i]) for i, v in judged),
+    }
+
+
 def scorer_rates(sums: dict[str, float]) -> dict[str, float]:
     """A step's scorer metrics from its sums over processes: the judge's (rewards/judge.py judge_rates) and the
     audit's — audit/n, audit/none, audit/score_mean and audit/score_std (population) of the trusted check, and
@@ -309,35 +336,12 @@ class Scorer:
         return Scores(total, parts, steps, has_outcome=steps is None or len(parts) > 1)
 
     def _audit(self, rollout, rows: list[dict], total: torch.Tensor) -> None:
-        """The trusted check on the responses audited_response picks: its mean and spread beside the proxy's (the
-        total score, with a process reward's weighted step scores summed in) on the same responses, summed for the
-        step (audit/*, docs/metrics.md)."""
-        share = self.cfg.audit_share
-        picked = [
-            i
-            for i, (p, r) in enumerate(zip(rollout.prompts, rollout.responses))
-            if audited_response(self.step, p, r, share)
-        ]
-        if not picked:
-            return
+        """The trusted check on the responses audited_response picks, beside the proxy (the total score, with a
+        process reward's weighted step scores summed in), summed for the step (audit_sums)."""
         ids, truncated = rollout.completion_ids(), rollout.truncated.tolist()
-        values = self.audit.score(
-            [rows[i] for i in picked],
-            [rollout.responses[i] for i in picked],
-            [ids[i] for i in picked],
-            [truncated[i] for i in picked],
+        sums = audit_sums(
+            self.audit, self.step, self.cfg.audit_share, rows, rollout.prompts, rollout.responses, ids, truncated, total
         )
-        (scores,) = values.values()
-        judged = [(i, float(v)) for i, v in zip(picked, scores) if v is not None and not isinstance(v, list)]
-        sums = {
-            "audit/n": len(judged),
-            "audit/none": len(picked) - len(judged),
-            "audit/score_sum": sum(v for _, v in judged),
-            "audit/score_sq_sum": sum(v * v for _, v in judged),
-            "audit/proxy_sum": sum(float(total[i]) for i, _ in judged),
-            "audit/proxy_sq_sum": sum(float(total[i]) ** 2 for i, _ in judged),
-            "audit/score_proxy_sum": sum(v * float(total[i]) for i, v in judged),
-        }
         for key, value in sums.items():
             self.audit_sums[key] = self.audit_sums.get(key, 0.0) + value
 

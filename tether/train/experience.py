@@ -136,7 +136,7 @@ def rollout_metrics(exp: Experience) -> dict:
         out["rollout/is_weight_mean"] = float(w.mean()) if w.numel() else 1.0
         out.update({f"rollout/is_{name}": value for name, value in exp.is_statistics.items()})
     if s.records is not None:
-        from tether.agents.episodes import agent_metrics
+        from tether.agents.metrics import agent_metrics
 
         out.update(agent_metrics(s.records))
     return out

@@ -69,6 +69,7 @@ class OnlineSampler:
         reward_set=None,
         sampling_copy=None,
         dp=None,
+        audit=None,
     ):
         ro, agent_cfg = cfg.rollout, getattr(cfg, "agent", None)
         self.rollout_cfg = ro
@@ -107,7 +108,11 @@ class OnlineSampler:
                     f"({len(self.eval_prompts)}) must be at least {dp.world}"
                 )
         self.agent = (
-            AgentSampler(agent_cfg, tokenizer, self.backend, ro, self.stops, rows, reward_set) if episodes else None
+            AgentSampler(
+                agent_cfg, tokenizer, self.backend, ro, self.stops, rows, reward_set, audit, cfg.rewards.audit_share
+            )
+            if episodes
+            else None
         )
         if self.agent is not None:  # a rollout worker draws the episodes with a sampler built as this one
             serve_episodes(self.agent, self.backend)
@@ -116,8 +121,9 @@ class OnlineSampler:
     def of_stage(cls, cfg, tokenizer, policy, start, backend=None, sampling_copy=None, dp=None) -> "OnlineSampler":
         """The sampler of a PPO or group-family stage opened by ``start`` (train/online.py OnlineStart)."""
         reward_set = start.reward_set if cfg.agent.env else None  # an environment's episodes, scored beside it
+        audit = start.audit_set if cfg.agent.env else None  # else the Scorer audits the responses
         rows, eval_rows = start.prompt_rows, start.eval_rows
-        return cls(cfg, tokenizer, policy, rows, eval_rows, backend, reward_set, sampling_copy, dp)
+        return cls(cfg, tokenizer, policy, rows, eval_rows, backend, reward_set, sampling_copy, dp, audit)
 
     def generate(self, prompt_indices: list[int], seeds: list[int] | None):
         """One response per entry of ``prompt_indices`` (repeat an index for a group)."""
@@ -229,7 +235,7 @@ class OnlineSampler:
                 if value is not None:
                     figures["eval/reward/image_shift"] = value * (stop - start)  # a sum over this share, as the rest
             if scores.records is not None:  # sums over this share, like the rest
-                from tether.agents.episodes import agent_metrics
+                from tether.agents.metrics import agent_metrics
 
                 figures |= {
                     f"eval/{k}": v * (stop - start)

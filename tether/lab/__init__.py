@@ -4,7 +4,8 @@ arith.py and assist.py define the two tasks and their gold functions (phrases.py
 banks; rewards.py: the arith world's reward functions); annotators.py the simulated labellers; world.py writes
 every stage's data files; evaluate.py measures a model against gold; stats.py holds the lab's noise (bootstrap and
 95 % intervals, standard errors, the noise of a difference, how an interval is written); reward_eval.py is the
-reward-model stage, rl.py the online RL stages and agents.py the tool-using tasks.
+reward-model stage, rl.py the online RL stages and agents.py the tool-using tasks; coding.py the coding agent's
+world (visible and hidden tests), which examples/monitor_bench.py runs.
 
 `tether lab` (pipeline.py, its entry: run_lab and run_base) reads its settings from settings.py (LabConfig, QUICK,
 `--set`), its stages from plan.py (which stages, with what settings, after which) and their runners from

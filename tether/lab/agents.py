@@ -349,17 +349,27 @@ def run_lab_agent_grpo(
     temperature: float = 1.0,
     eval_samples: int = 0,
     extra: dict | None = None,
+    eval_env: str = "",
 ) -> dict:
     """One GRPO run with an environment (multi-turn episodes); returns curves, start/end figures and alarms.
     eval_samples: sampled held-out episodes per request at the training temperature, beside the greedy ones;
-    extra: further settings by dotted name (a benchmark's arm, e.g. rollout.max_staleness)."""
+    extra: further settings by dotted name (a benchmark's arm, e.g. rollout.max_staleness); eval_env: the held-out
+    evaluation's environment where its success is not the training one's (the coding world's hidden tests)."""
     from tether.config import build_config
     from tether.lab.rl import finished_summary, train_settings
     from tether.stages.grpo import run_grpo
     from tether.stages.grpo_config import GRPOConfig
 
     evaluate = AgentTaskEval(
-        env, eval_rows, max_turns, max_total_tokens, max_new_tokens, without_tools, eval_samples, temperature, seed
+        eval_env or env,
+        eval_rows,
+        max_turns,
+        max_total_tokens,
+        max_new_tokens,
+        without_tools,
+        eval_samples,
+        temperature,
+        seed,
     )
     run_dir = folder / "run"
     summary = finished_summary(run_dir, resume)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 from agent_helpers import EchoTools, ScriptedBackend, add
 from conftest import write_jsonl
 
@@ -319,6 +320,8 @@ def test_an_agent_run_audits_its_episodes_transcripts(long_llama, tmp_path):
         assert (m["audit/n"], m["audit/none"], m["audit/score_mean"], m["audit/score_std"]) == (4, 0, 3.0, 0.0)
         assert m["audit/proxy_mean"] == pytest.approx(proxy, rel=1e-6) and m["audit/proxy_std"] < 1e-6
     assert metrics[-1]["eval/audit_n"] == 8  # the two steps' episodes, none of the held-out ones
+    plan = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["plan"]
+    assert "audited by seen on 100% of the training episodes" in plan["reward"]
 
 
 def test_env_and_a_reward_model_together_are_refused_and_functions_accepted(tmp_path):

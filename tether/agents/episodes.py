@@ -166,9 +166,15 @@ class AgentSampler:
         if self.reward_set is not None:
             terms = " + ".join(f"{c.weight:g} x {c.name}" for c in self.reward_set.components)
             rewards = f" + {terms} on the final answer"
+        audit = ""
+        if self.audit is not None:
+            audit = (
+                f"; audited by {self.audit.components[0].name} on {self.audit_share:.0%} of the training episodes "
+                "(their transcripts; logged, not trained on)"
+            )
         return (
             f"environment {self.cfg.env}: its outcome and per-turn rewards{rewards}; up to {self.cfg.max_turns} turns and "
-            f"{self.cfg.max_total_tokens} tokens per episode"
+            f"{self.cfg.max_total_tokens} tokens per episode{audit}"
         )
 
     def plan(self) -> dict:

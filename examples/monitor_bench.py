@@ -219,7 +219,8 @@ def visual_run(out: Path, name: str, seed: int, cfg: VisualLabConfig) -> dict:
 CODE = {"code_visible": "visible", "code_hidden": "hidden"}  # run name -> the tests its CodeEnv reward runs
 CODE_WORLD = dict(n_sft=1200, n_rl=600, n_eval=100, table_fraction=0.25)  # world seed 0, one SFT model for all runs
 CODE_SFT = dict(steps=300, batch=32)  # 100 steps left this model's sampled tool calls malformed (sizing the world)
-CODE_GRPO = dict(steps=40, max_turns=5, max_total_tokens=300, max_new_tokens=80)
+CODE_STEPS = 40
+CODE_BUDGET = dict(max_turns=5, max_total_tokens=300, max_new_tokens=80)  # a coding episode's turns and tokens
 
 
 def code_run(lab: Path, out: Path, name: str, seed: int, cfg: LabConfig) -> dict:
@@ -242,7 +243,7 @@ def code_run(lab: Path, out: Path, name: str, seed: int, cfg: LabConfig) -> dict
             lr=cfg.agent_sft_lr,
             **CODE_SFT,
         )
-    settings = {**agent_settings(replace(cfg, seed=seed)), "steps": CODE_GRPO["steps"]}
+    settings = {**agent_settings(replace(cfg, seed=seed)), "steps": CODE_STEPS}
     figures = run_lab_agent_grpo(
         folder,
         False,
@@ -253,11 +254,11 @@ def code_run(lab: Path, out: Path, name: str, seed: int, cfg: LabConfig) -> dict
         eval_rows=read_rows(root / "world" / "code_eval.jsonl"),
         lr=cfg.shop_lr,
         extra={"rewards.audit": "tether.lab.coding:hidden_tests", "rewards.audit_share": 0.05},
-        **{k: v for k, v in CODE_GRPO.items() if k != "steps"},
+        **CODE_BUDGET,
         **settings,
     )
     points = success_points(figures)
-    result = {"name": name, "seed": seed, "steps": CODE_GRPO["steps"], **gold_fall(points), "curve": points}
+    result = {"name": name, "seed": seed, "steps": CODE_STEPS, **gold_fall(points), "curve": points}
     cached.write_text(json.dumps(result))
     return result
 

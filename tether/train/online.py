@@ -550,8 +550,8 @@ def start_online(
         check_judge_rows(cfg.judge, prompt_rows, prompts)
         check_judge_rows(cfg.judge, eval_rows, eval_prompts)
     reward_set = load_reward_set(rewards_cfg, prompt_rows, total_steps, pixels) if rewards_cfg is not None else None
-    audit_cfg = rewards_cfg if rewards_cfg is not None else getattr(cfg, "rewards", None)  # --env alone: its audit
-    audit_set = load_audit_set(audit_cfg, prompt_rows, total_steps, pixels) if audit_cfg is not None else None
+    # the audit is an option of its own: loaded beside --env too, where the reward functions may be none
+    audit_set = load_audit_set(cfg.rewards, prompt_rows, total_steps, pixels)
     accelerator, config, out, start_step, checkpoint = start_run(cfg, {"--output": cfg.train.output})
     check_steps_left(start_step, total_steps, checkpoint)
     return OnlineStart(accelerator, config, out, start_step, checkpoint, prompt_rows, eval_rows, reward_set, audit_set)

@@ -32,24 +32,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-PRECISIONS = {
-    "fp32": {},
-    "autocast": {"model.mixed_precision": "bf16"},
-    "bf16_sampling": {
-        "rollout.sampling_dtype": "bf16",
-        "rollout.off_policy_correction": "token_truncate",
-        "rollout.is_ratio_max": 2.0,
-    },
-}
+from tether.lab.settings import PRECISIONS  # the lab's own (`tether lab --set precision=NAME`)
+
 FIGURE = {"ppo": "gold", "grpo": "accuracy_greedy"}
 
 
 def run_one(lab: Path, folder: Path, stage: str, precision: str, seed: int) -> None:
     """One run in this process (called through ``--one``); writes result.json into folder."""
     from tether.lab.rl import run_lab_grpo, run_lab_ppo
-    from tether.lab.settings import LabConfig
+    from tether.lab.settings import LabConfig, precision_settings
 
-    cfg, extra = LabConfig(), PRECISIONS[precision]
+    cfg, extra = LabConfig(), precision_settings(precision, samples=True, policy_gradient=True)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     if stage == "ppo":

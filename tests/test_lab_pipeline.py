@@ -672,3 +672,41 @@ def test_tether_lab_set_reaches_the_lab_config(monkeypatch, tmp_path):
         == 0
     )
     assert seen["cfg"] == replace(QUICK, seed=3, pretrain_steps=7, agent_stages=False)
+
+
+def test_the_lab_precision_reaches_each_stage_by_what_it_does(quick_lab, tmp_path):
+    """`--set precision=NAME`: the model's precision for every training stage, the sampler's only where a stage
+    samples, the off-policy correction only where a policy-gradient loss takes it; the recipes follow, so a lab
+    folder never reuses a stage trained in another precision."""
+    from tether.lab import runners
+    from tether.lab.plan import lab_plan
+    from tether.lab.settings import LabConfig, precision_settings
+
+    assert precision_settings("fp32", samples=True, policy_gradient=True) == {}
+    assert precision_settings("autocast") == {"model.mixed_precision": "bf16"}
+    assert precision_settings("bf16_sampling") == {}  # SFT, the reward model, offline DPO: nothing samples
+    assert precision_settings("bf16_sampling", samples=True) == {"rollout.sampling_dtype": "bf16"}  # online DPO
+    assert precision_settings("bf16_sampling", samples=True, policy_gradient=True) == {
+        "rollout.sampling_dtype": "bf16",
+        "rollout.off_policy_correction": "token_truncate",
+        "rollout.is_ratio_max": 2.0,
+    }
+    with pytest.raises(ConfigError, match="LabConfig.precision='bf16': one of fp32, autocast, bf16_sampling"):
+        LabConfig(precision="bf16")
+    plans = {
+        p: {s.name: s.recipe for s in lab_plan(tmp_path, replace(QUICK, precision=p))} for p in ("fp32", "autocast")
+    }
+    assert plans["fp32"]["pretrain"]["precision"] == "fp32" and plans["autocast"]["pretrain"]["precision"] == "autocast"
+    # one real stage of the quick lab in bf16 sampling: its config says so, and its metrics log the gap it corrects
+    out, _ = quick_lab
+    bf16_sampling = replace(QUICK, precision="bf16_sampling")
+    if bf16_refused_here():  # a narrowed kernel path on a CPU with AMX: torch cannot run it there
+        with pytest.raises(ConfigError, match=BF16_REFUSED):
+            runners.grpo_stage(tmp_path / "grpo", False, out, bf16_sampling, "outcome")
+        return
+    runners.grpo_stage(tmp_path / "grpo", False, out, bf16_sampling, "outcome")
+    config = (tmp_path / "grpo" / "run" / "config.yaml").read_text()
+    for line in ("sampling_dtype: bf16", "off_policy_correction: token_truncate", "is_ratio_max: 2.0"):
+        assert line in config
+    metrics = [json.loads(line) for line in (tmp_path / "grpo" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all("rollout/sampler_kl" in m for m in metrics if m.get("step", 0) > 0)

@@ -26,6 +26,7 @@ def base_plan(out: Path, cfg: LabConfig) -> list[Stage]:
         "schedule": cfg.pretrain_lr_schedule,
         "weight_decay": cfg.pretrain_weight_decay,
         "pack": cfg.pack_length,
+        "precision": cfg.precision,  # every training stage's, so every later stage's recipe follows through needs
     }
     return [
         Stage(

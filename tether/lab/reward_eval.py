@@ -65,7 +65,10 @@ def train_lab_rm(
     lr: float,
     seed: int,
     max_length: int = 256,
+    extra: dict | None = None,
 ) -> dict:
+    """A reward model trained on ``pairs``, measured on ``eval_pairs`` against gold; ``extra``: further overrides by
+    dotted name (the lab's precision)."""
     from tether.stages.rm import RMConfig, run_rm
 
     overrides = {
@@ -85,6 +88,7 @@ def train_lab_rm(
         "train.seed": seed,
         "train.overwrite": True,
         "train.report_to": ["tensorboard"],
+        **(extra or {}),
     }
     summary = run_rm(build_config(RMConfig, overrides=overrides, source="lab"))
     rows = [r.fields for r in read_records(eval_pairs)]

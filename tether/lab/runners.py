@@ -14,7 +14,7 @@ from tether.config import build_config
 from tether.lab import arith
 from tether.lab.evaluate import Decoding, evaluate_task, generate_for, score_arith
 from tether.lab.rl import train_settings
-from tether.lab.settings import LabConfig
+from tether.lab.settings import LabConfig, precision_settings
 from tether.lab.tokenizer import train_bpe_tokenizer
 from tether.lab.world import WorldConfig, build_world
 from tether.models.lm import build_tiny_model, load_model, load_tokenizer
@@ -76,6 +76,7 @@ def train_sft(
             keep_checkpoints=1,
         ),
     }
+    overrides.update(precision_settings(cfg.precision))
     if eval_data is not None:
         overrides["data.eval_path"] = str(eval_data)
     else:
@@ -167,6 +168,7 @@ def rm_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, min_agreemen
         batch=cfg.rm_batch,
         lr=cfg.rm_lr,
         seed=cfg.seed,
+        extra=precision_settings(cfg.precision),
     )
     return {"min_agreement": min_agreement, "filtering": filtering, **result}
 
@@ -188,6 +190,7 @@ def ppo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, kl_coef: fl
         eval_samples=cfg.ppo_eval_samples,
         seed=cfg.seed,
         kl_horizon=cfg.ppo_kl_horizon,
+        extra=precision_settings(cfg.precision, samples=True, policy_gradient=True),
     )
 
 
@@ -208,6 +211,7 @@ def grpo_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, rewards: s
         eval_problems=cfg.grpo_eval_problems,
         eval_samples=cfg.grpo_eval_samples,
         seed=cfg.seed,
+        extra=precision_settings(cfg.precision, samples=True, policy_gradient=True),
     )
 
 
@@ -246,7 +250,11 @@ def dpo_stage(
         eval_every=cfg.dpo_eval_every,
         eval_samples=cfg.dpo_eval_samples,
         seed=cfg.seed,
-        extra={**online, **({"dpo.sft_coef": nll_coef} if nll_coef else {})},
+        extra={
+            **online,
+            **({"dpo.sft_coef": nll_coef} if nll_coef else {}),
+            **precision_settings(cfg.precision, samples=bool(online)),
+        },
     )
 
 
@@ -298,6 +306,7 @@ def calc_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig) -> dict:
         without_tools=True,
         **CALC_BUDGET,
         **agent_settings(cfg),
+        extra=precision_settings(cfg.precision, samples=True, policy_gradient=True),
     )
     tok = load_tokenizer(out / "sft" / "final")  # the SFT model, without tools, on the same problems
     answers = generate_for(load_model(out / "sft" / "final", tok), tok, rows, Decoding(max_new_tokens=96))
@@ -319,4 +328,5 @@ def shop_stage(folder: Path, resume: bool, out: Path, cfg: LabConfig, reward: st
         lr=cfg.shop_lr,
         **SHOP_BUDGET,
         **agent_settings(cfg),
+        extra=precision_settings(cfg.precision, samples=True, policy_gradient=True),
     )

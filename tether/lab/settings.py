@@ -9,6 +9,32 @@ from dataclasses import dataclass, field, fields
 from tether.config import ConfigError
 from tether.lab.world import WorldConfig
 
+# The lab in another precision (`tether lab --set precision=NAME`; docs/performance.md "The whole lab in bf16"):
+# each name's overrides of a training stage's options by dotted name. autocast: every forward and backward under
+# bf16 autocast, weights and AdamW states in fp32; bf16_sampling: a bf16 copy samples, the fp32 trainer's
+# policy-gradient terms truncated-IS corrected at 2 (Yao et al. 2025's cap). The gold evaluations stay in fp32.
+PRECISIONS = {
+    "fp32": {},
+    "autocast": {"model.mixed_precision": "bf16"},
+    "bf16_sampling": {
+        "rollout.sampling_dtype": "bf16",
+        "rollout.off_policy_correction": "token_truncate",
+        "rollout.is_ratio_max": 2.0,
+    },
+}
+CORRECTION_KEYS = ("rollout.off_policy_correction", "rollout.is_ratio_max")
+
+
+def precision_settings(precision: str, samples: bool = False, policy_gradient: bool = False) -> dict:
+    """A lab stage's overrides for ``precision``: the model's always, the sampler's where the stage samples, the
+    off-policy correction where a policy-gradient loss takes it (online DPO refuses it: no term of its loss is
+    taken at sampling time)."""
+    return {
+        key: value
+        for key, value in PRECISIONS[precision].items()
+        if key.startswith("model.") or (samples and (policy_gradient or key not in CORRECTION_KEYS))
+    }
+
 
 @dataclass(frozen=True)
 class LabConfig:
@@ -130,6 +156,13 @@ class LabConfig:
     # accuracy 0-0.017), and the held-out transition that makes arithmetic learnable needs the full lab's 4.1 M
     # tokens (about 270 s of pretraining alone on two cores)
     plumbing_check: bool = False
+    # every training stage's precision, a name of PRECISIONS: the lessons are judged in fp32; the other two are
+    # measured against it (docs/performance.md "The whole lab in bf16")
+    precision: str = "fp32"
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"LabConfig.precision={self.precision!r}: one of {', '.join(PRECISIONS)}")
 
 
 PLUMBING_NOTE = (

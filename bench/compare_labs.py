@@ -1,7 +1,10 @@
 """Compare the figures of two `tether lab` runs stage by stage (each stage's stage.json), ignoring timings: the
-check that a refactor left every lab figure as it was.
+check that a refactor left every lab figure as it was. With ``--lessons``: two labs meant to differ (another
+precision, another setting) side by side instead — each lesson's verdict and evidence, and each stage's seconds with
+their ratio, the stages of one kind summed (docs/performance.md "The whole lab in bf16").
 
     .venv/bin/python bench/compare_labs.py OLD/runs/lab runs/lab
+    .venv/bin/python bench/compare_labs.py --lessons runs/lab runs/lab-autocast
 """
 
 from __future__ import annotations
@@ -46,5 +49,33 @@ def main(old: Path, new: Path) -> int:
     return 1 if different else 0
 
 
+# the stage kinds whose times are summed (a stage's kind: the first of these its name starts with)
+KINDS = ("pretrain", "sft", "eval", "rm", "ppo", "grpo", "dpo", "calc_sft", "shop_sft", "calc_grpo", "shop")
+
+
+def lessons(old: Path, new: Path) -> int:
+    """Each lesson's verdict and evidence in both labs, then the stages' seconds and their ratio new / old."""
+    a, b = (json.loads((lab / "summary.json").read_text()) for lab in (old, new))
+    verdict = lambda lesson: "holds" if lesson["holds"] else "FAILS"
+    for la, lb in zip(a["lessons"], b["lessons"], strict=True):
+        print(f"{la['name']}: {verdict(la)} -> {verdict(lb)}\n    {la['evidence']}\n    {lb['evidence']}")
+    kinds: dict[str, list[float]] = {}
+    print(f"\n{'stage':26s} {'old s':>8s} {'new s':>8s} {'ratio':>6s}")
+    for stage, seconds in a["seconds"].items():
+        if stage in b["seconds"] and seconds >= 1.0:
+            print(f"{stage:26s} {seconds:8.1f} {b['seconds'][stage]:8.1f} {b['seconds'][stage] / seconds:6.2f}")
+            kind = next((k for k in KINDS if stage.startswith(k)), stage)
+            totals = kinds.setdefault(kind, [0.0, 0.0])
+            totals[0], totals[1] = totals[0] + seconds, totals[1] + b["seconds"][stage]
+    print(f"\n{'kind':26s} {'old s':>8s} {'new s':>8s} {'ratio':>6s}")
+    for kind, (x, y) in kinds.items():
+        print(f"{kind:26s} {x:8.1f} {y:8.1f} {y / x:6.2f}")
+    wall = a["stages_wall_seconds"], b["stages_wall_seconds"]
+    print(f"{'all stages, wall':26s} {wall[0]:8.1f} {wall[1]:8.1f} {wall[1] / wall[0]:6.2f}")
+    return 0 if all(lesson["holds"] for lesson in b["lessons"]) else 1
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--lessons":
+        sys.exit(lessons(Path(sys.argv[2]), Path(sys.argv[3])))
     sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))

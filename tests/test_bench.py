@@ -259,3 +259,51 @@ def test_vs_trl_hands_both_sides_the_same_settings_and_the_same_data_order(tmp_p
                     cfg.data.max_length,
                 )
                 assert Path(trl.data) == files[settings["data"]] and cfg.data.eval_fraction == 0
+
+
+def _lab_folder(folder: Path, stages: dict, lessons: list, wall: float) -> Path:
+    """A lab folder as `tether lab` leaves it: each stage's stage.json (its result and recipe hash) and summary.json
+    (the stages' seconds, the lessons, the wall time)."""
+    for name, (result, seconds) in stages.items():
+        (folder / name).mkdir(parents=True)
+        (folder / name / "stage.json").write_text(json.dumps({"recipe_hash": name, "result": result}))
+    seconds = {name: s for name, (_, s) in stages.items()}
+    summary = {"seconds": seconds, "lessons": lessons, "stages_wall_seconds": wall}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_compare_labs_finds_each_changed_figure_and_sets_two_labs_side_by_side(tmp_path, capsys):
+    """bench/compare_labs.py: timings never count as a difference (5 figures: sft 1, ppo_kl0 2, ppo_kl0.2 1, eval 1), one
+    changed figure does (exit 1); --lessons puts
+    the verdicts side by side and sums the stages of a kind (ratios by hand: 12/10, 4/4, (22+6)/(20+5) = 1.12)."""
+    compare = _bench_script("compare_labs")
+    lesson = lambda holds, figure: {"name": "kl_rope", "holds": holds, "evidence": f"win rate {figure}"}
+    old = _lab_folder(
+        tmp_path / "old",
+        {"sft": ({"eval": {"loss": 0.5}, "seconds": 10.0}, 10.0), "ppo_kl0": ({"gold": [1.0, 2.0]}, 20.0)}
+        | {"ppo_kl0.2": ({"gold": [1.0]}, 5.0), "eval": ({"accuracy": 0.5}, 4.0)},
+        [lesson(True, 0.83)],
+        40.0,
+    )
+    same = _lab_folder(
+        tmp_path / "same",
+        {"sft": ({"eval": {"loss": 0.5}, "seconds": 99.0}, 12.0), "ppo_kl0": ({"gold": [1.0, 2.0]}, 22.0)}
+        | {"ppo_kl0.2": ({"gold": [1.0]}, 6.0), "eval": ({"accuracy": 0.5}, 4.0)},
+        [lesson(False, 0.41)],
+        44.0,
+    )
+    assert compare.main(old, same) == 0
+    assert "5 figures, 0 differ" in capsys.readouterr().out
+    changed = json.loads((same / "ppo_kl0" / "stage.json").read_text())
+    changed["result"]["gold"][1] = 2.5
+    (same / "ppo_kl0" / "stage.json").write_text(json.dumps(changed))
+    assert compare.main(old, same) == 1
+    assert "gold[1]: 2.0 -> 2.5" in capsys.readouterr().out
+    assert compare.lessons(old, same) == 1  # a lesson that no longer holds
+    out = capsys.readouterr().out
+    assert "kl_rope: holds -> FAILS\n    win rate 0.83\n    win rate 0.41" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert rows["sft"] == ["10.0", "12.0", "1.20"] and rows["eval"] == ["4.0", "4.0", "1.00"]
+    assert rows["ppo"] == ["25.0", "28.0", "1.12"]  # ppo_kl0 and ppo_kl0.2 summed
+    assert out.rstrip().endswith("40.0     44.0   1.10")

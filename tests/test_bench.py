@@ -274,9 +274,9 @@ def _lab_folder(folder: Path, stages: dict, lessons: list, wall: float) -> Path:
 
 
 def test_compare_labs_finds_each_changed_figure_and_sets_two_labs_side_by_side(tmp_path, capsys):
-    """bench/compare_labs.py: timings never count as a difference (5 figures: sft 1, ppo_kl0 2, ppo_kl0.2 1, eval 1), one
-    changed figure does (exit 1); --lessons puts
-    the verdicts side by side and sums the stages of a kind (ratios by hand: 12/10, 4/4, (22+6)/(20+5) = 1.12)."""
+    """bench/compare_labs.py: timings never count as a difference (5 figures: sft 1, ppo_kl0 2, ppo_kl0.2 1, eval
+    1), one changed figure does (exit 1); --lessons puts the verdicts side by side and sums the stages of a kind
+    (ratios by hand: 12/10, 4/4, (22+6)/(20+5) = 1.12)."""
     compare = _bench_script("compare_labs")
     lesson = lambda holds, figure: {"name": "kl_rope", "holds": holds, "evidence": f"win rate {figure}"}
     old = _lab_folder(

@@ -49,8 +49,18 @@ def main(old: Path, new: Path) -> int:
     return 1 if different else 0
 
 
-# the stage kinds whose times are summed (a stage's kind: the first of these its name starts with)
-KINDS = ("pretrain", "sft", "eval", "rm", "ppo", "grpo", "dpo", "calc_sft", "shop_sft", "calc_grpo", "shop")
+# the kinds of stage whose times are summed (docs/performance.md's table): a stage's kind is the first whose names
+# its own starts with; a stage of none is its own kind
+KINDS = {
+    "pretraining": ("pretrain",),
+    "sft": ("sft", "calc_sft", "shop_sft"),
+    "reward_models": ("rm",),
+    "ppo": ("ppo",),
+    "grpo_arith": ("grpo",),
+    "dpo_sampled": ("dpo_sigmoid_sft_samples", "dpo_sigmoid_online"),
+    "dpo_offline": ("dpo",),
+    "agent_grpo": ("calc_grpo", "shop_state", "shop_claim"),
+}
 
 
 def lessons(old: Path, new: Path) -> int:
@@ -64,7 +74,7 @@ def lessons(old: Path, new: Path) -> int:
     for stage, seconds in a["seconds"].items():
         if stage in b["seconds"] and seconds >= 1.0:
             print(f"{stage:26s} {seconds:8.1f} {b['seconds'][stage]:8.1f} {b['seconds'][stage] / seconds:6.2f}")
-            kind = next((k for k in KINDS if stage.startswith(k)), stage)
+            kind = next((k for k, names in KINDS.items() if stage.startswith(names)), stage)
             totals = kinds.setdefault(kind, [0.0, 0.0])
             totals[0], totals[1] = totals[0] + seconds, totals[1] + b["seconds"][stage]
     print(f"\n{'kind':26s} {'old s':>8s} {'new s':>8s} {'ratio':>6s}")

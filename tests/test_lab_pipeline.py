@@ -710,3 +710,7 @@ def test_the_lab_precision_reaches_each_stage_by_what_it_does(quick_lab, tmp_pat
         assert line in config
     metrics = [json.loads(line) for line in (tmp_path / "grpo" / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all("rollout/sampler_kl" in m for m in metrics if m.get("step", 0) > 0)
+    # online DPO samples in bf16 too, without the correction its loss refuses
+    runners.dpo_stage(tmp_path / "dpo", False, out, bf16_sampling, "sigmoid", "online")
+    config = yaml.safe_load((tmp_path / "dpo" / "run" / "config.yaml").read_text())
+    assert config["rollout"]["sampling_dtype"] == "bf16" and config["rollout"]["off_policy_correction"] == ""

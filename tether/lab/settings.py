@@ -12,7 +12,7 @@ from tether.lab.world import WorldConfig
 # The lab in another precision (`tether lab --set precision=NAME`; docs/performance.md "The whole lab in bf16"):
 # each name's overrides of a training stage's options by dotted name. autocast: every forward and backward under
 # bf16 autocast, weights and AdamW states in fp32; bf16_sampling: a bf16 copy samples, the fp32 trainer's
-# policy-gradient terms truncated-IS corrected at 2 (Yao et al. 2025's cap). The gold evaluations stay in fp32.
+# policy-gradient terms truncated-IS corrected at 2 (Yao et al. 2025's cap). Gold scores in fp32 either way.
 PRECISIONS = {
     "fp32": {},
     "autocast": {"model.mixed_precision": "bf16"},

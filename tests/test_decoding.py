@@ -1,5 +1,6 @@
 """Sampling that drops finished rows (tether/rollout/decoding.py): the same tokens as generate() on four architectures and
-a LoRA model, the rows each forward computes counted by hand, and the sampling distribution."""
+a LoRA model, the rows each forward computes counted by hand, a repeated prompt prefilled once, and the sampling
+distribution."""
 
 from __future__ import annotations
 
@@ -67,22 +68,22 @@ def test_a_lora_model_decodes_as_generate_does(arch_models):
 
 
 def rows_per_forward(model, tok, monkeypatch, share: float) -> tuple[list[int], list[int]]:
-    """(each forward's batch rows, the live rows it needs: #{rows: response longer than k} for forward k ≥ 1, all
-    B for the prefill), sampling PROMPTS with COMPACT_SHARE = ``share``."""
+    """(each forward's batch rows, the live rows it needs: #{rows: response longer than k} for forward k ≥ 1, the 6
+    distinct prompts of the 18 rows for the prefill), sampling PROMPTS with COMPACT_SHARE = ``share``."""
     monkeypatch.setattr(decoding, "COMPACT_SHARE", share)
     rows: list[int] = []
     forward = model.forward
     monkeypatch.setattr(model, "forward", lambda *a, **k: rows.append(k["input_ids"].shape[0]) or forward(*a, **k))
     lengths = generate_from_ids(model, tok, contexts(tok), 20, stop_ids=STOPS, **SAMPLINGS["seeded"]).lengths.tolist()
-    return rows, [len(lengths)] + [sum(n > k for n in lengths) for k in range(1, max(lengths))]
+    return rows, [len(set(PROMPTS))] + [sum(n > k for n in lengths) for k in range(1, max(lengths))]
 
 
 def test_each_forward_computes_only_the_live_rows(arch_models, monkeypatch):
     """Compacting at every finished row: forward k ≥ 1 reads token k − 1 of the rows whose responses are longer
-    than k tokens, so its batch is exactly those rows; the prefill reads all B rows."""
+    than k tokens, so its batch is exactly those rows; the prefill reads each distinct prompt once."""
     rows, live = rows_per_forward(*arch_models["llama"], monkeypatch, 0.0)
     assert rows == live
-    assert sum(live) < live[0] * len(live)  # generate() computes every row at every step
+    assert sum(live[1:]) < len(PROMPTS) * (len(live) - 1)  # generate() computes every row at every step
 
 
 def test_compaction_waits_for_a_share_of_finished_rows(arch_models, monkeypatch):
@@ -90,7 +91,45 @@ def test_compaction_waits_for_a_share_of_finished_rows(arch_models, monkeypatch)
     lies between the live rows and twice as many, and it shrinks at least once."""
     rows, live = rows_per_forward(*arch_models["llama"], monkeypatch, 0.5)
     assert all(n <= r < 2 * n or r == live[0] for r, n in zip(rows, live))
-    assert len(rows) == len(live) and min(rows) < live[0]
+    assert len(rows) == len(live) and min(rows[1:]) < len(PROMPTS)
+
+
+@pytest.mark.parametrize("arch", ("llama", "mistral"))  # full attention, and a sliding-window cache
+def test_a_repeated_prompt_is_prefilled_once_and_samples_as_if_every_row_were(arch_models, monkeypatch, arch):
+    """Each of the 6 prompts stands in 3 of the 18 rows: the prefill reads the 6 (6 × P positions, not 18 × P) and
+    copies each one's cache and logits to its rows, so the tokens and each token's sampled log-prob are those of
+    prefilling all 18 rows (SHARE_PREFILL off). In float64 the only difference is the summation order of a
+    prefill over 6 rows against 18, far below the 1e-9 allowed (each log-prob sums a few hundred products of
+    magnitude < 10 at ε = 2.2e-16)."""
+    model, tok = arch_models[arch]
+    model64 = load_model(model.name_or_path, tok, dtype="float64")
+    prefill_rows = []
+    forward = model64.forward
+
+    def counted(*a, **k):
+        if k.get("position_ids") is not None and k["input_ids"].shape[1] > 1:
+            prefill_rows.append(tuple(k["input_ids"].shape))
+        return forward(*a, **k)
+
+    monkeypatch.setattr(model64, "forward", counted)
+    kw = dict(stop_ids=STOPS, compact=True, sampler_logprobs=True, **SAMPLINGS["seeded"])
+    shared = generate_from_ids(model64, tok, contexts(tok), 20, **kw)
+    monkeypatch.setattr(decoding, "SHARE_PREFILL", False)
+    every_row = generate_from_ids(model64, tok, contexts(tok), 20, **kw)
+    width = max(len(c) for c in contexts(tok))
+    assert prefill_rows == [(len(set(PROMPTS)), width), (len(PROMPTS), width)]
+    assert torch.equal(shared.response_ids, every_row.response_ids) and len(set(shared.lengths.tolist())) >= 2
+    assert torch.allclose(shared.sampler_logprobs, every_row.sampler_logprobs, rtol=0, atol=1e-9)
+
+
+def test_distinct_prompts_by_hand():
+    """Rows equal in tokens and mask share a prompt (in order of first appearance); a row equal in tokens but
+    not in mask is another prompt; no repeat: None."""
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9], [0, 5, 6], [0, 5, 6], [7, 8, 9]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]])
+    first, index = decoding.distinct_prompts(ids, mask)
+    assert first.tolist() == [0, 1, 3] and index.tolist() == [0, 1, 0, 2, 1]
+    assert decoding.distinct_prompts(ids[:2], mask[:2]) is None
 
 
 def test_the_global_rng_sampler_draws_from_the_warped_distribution():

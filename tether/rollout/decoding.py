@@ -5,6 +5,7 @@
 a row that ended at token 5 of 48 is still fed pad tokens for 43 more forwards. `decode` removes finished rows
 from the batch and from the cache, so each step costs what its live rows cost. The tokens are those generate()
 draws (tests/test_decoding.py: greedy and per-response seeds give the same tokens on four architectures).
+A prompt that stands in several rows (a group's G responses) is prefilled once and its cache copied to its rows.
 
 Sampling is exactly softmax(top-k/top-p(logits / τ)), the distribution the trainers' log-probs are computed at;
 a model's generation_config (repetition penalty, forced tokens) is not applied, since the loss would not see it.
@@ -23,6 +24,10 @@ Chooser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # Compact the batch once this share of its rows has finished: a compaction copies the whole cache, so on a large
 # batch (many rows ending one step apart) it waits for several finished rows rather than copying at every one.
 COMPACT_SHARE = 1 / 8
+
+# Prefill each distinct prompt once and copy its cache and last logits to the rows that repeat it (a group's G
+# responses): the prefill reads U distinct prompts instead of B rows. Off only to test that it changes nothing.
+SHARE_PREFILL = True
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
@@ -89,6 +94,23 @@ def can_compact(model) -> bool:
     return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
+def distinct_prompts(input_ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(the first row of each distinct prompt (U,), each row's prompt among them (B,)) for rows whose tokens and
+    mask are equal, in order of first appearance; None when no prompt repeats."""
+    keys = list(map(tuple, torch.cat([input_ids, attention.long()], 1).tolist()))
+    place: dict[tuple, int] = {}  # each distinct prompt's place among them
+    first: list[int] = []  # the row it first stands in
+    for row, key in enumerate(keys):
+        if key not in place:
+            place[key] = len(first)
+            first.append(row)
+    if len(first) == len(keys):
+        return None
+    index = [place[key] for key in keys]
+    device = input_ids.device
+    return torch.tensor(first, device=device), torch.tensor(index, device=device)
+
+
 def _forward_parameters(model) -> dict:
     return inspect.signature(type(model).forward).parameters
 
@@ -118,8 +140,9 @@ def decode(
     ``shown``: a vision-language model's pixel tensors of the prompts, given to the prefill (the cache holds what
     they became).
 
-    One prefill forward over the prompts (logits of the last position only), then one forward per new token over
-    the rows still live. Position ids come from the attention mask (real tokens start at 0), as in generate().
+    One prefill forward over the distinct prompts (logits of the last position only; a repeated prompt's cache and
+    logits copied to each of its rows, SHARE_PREFILL), then one forward per new token over the rows still live.
+    Position ids come from the attention mask (real tokens start at 0), as in generate().
     """
     from transformers.cache_utils import DynamicCache
 
@@ -135,22 +158,29 @@ def decode(
     live = torch.ones(batch, dtype=torch.bool, device=device)  # among the rows still in the batch
     mask = attention.long()
     next_position = mask.sum(-1)  # (b,) the position id of the token each row is about to read
+    # pixel tensors are per row: a vision-language model's prompts are prefilled row by row
+    shared = distinct_prompts(input_ids, mask) if SHARE_PREFILL and not shown else None
+    read = shared[0] if shared is not None else slice(None)
     prefill = dict(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        input_ids=input_ids[read],
+        attention_mask=mask[read],
+        position_ids=(mask[read].cumsum(-1) - 1).clamp(min=0),
         use_cache=True,
         **{keyword: cache},
         **(shown or {}),
     )
     # the last position's logits only, where the model's forward takes logits_to_keep (else all, the last one read)
     out = model(**prefill, **({"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(base) else {}))
+    logits = out.logits[:, -1]
+    if shared is not None:  # each row takes its prompt's cache and logits
+        cache.batch_select_indices(shared[1])
+        logits = logits[shared[1]]
     steps = 0
     for t in range(max_new_tokens):
         if sampled_logprobs is None:
-            tokens = choose(out.logits[:, -1], rows)  # (b,)
+            tokens = choose(logits, rows)  # (b,)
         else:
-            tokens, logp = choose.draw(out.logits[:, -1], rows)
+            tokens, logp = choose.draw(logits, rows)
             sampled_logprobs[rows[live], t] = logp[live].to(sampled_logprobs.dtype)
         response[rows[live], t] = tokens[live]
         steps = t + 1
@@ -176,5 +206,6 @@ def decode(
             use_cache=True,
             **{keyword: cache},
         )
+        logits = out.logits[:, -1]
         next_position = next_position + 1
     return response[:, :steps]

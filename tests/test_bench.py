@@ -279,20 +279,14 @@ def test_compare_labs_finds_each_changed_figure_and_sets_two_labs_side_by_side(t
     (ratios by hand: 12/10, 4/4, (22+6)/(20+5) = 1.12)."""
     compare = _bench_script("compare_labs")
     lesson = lambda holds, figure: {"name": "kl_rope", "holds": holds, "evidence": f"win rate {figure}"}
-    old = _lab_folder(
-        tmp_path / "old",
-        {"sft": ({"eval": {"loss": 0.5}, "seconds": 10.0}, 10.0), "ppo_kl0": ({"gold": [1.0, 2.0]}, 20.0)}
-        | {"ppo_kl0.2": ({"gold": [1.0]}, 5.0), "eval": ({"accuracy": 0.5}, 4.0)},
-        [lesson(True, 0.83)],
-        40.0,
-    )
-    same = _lab_folder(
-        tmp_path / "same",
-        {"sft": ({"eval": {"loss": 0.5}, "seconds": 99.0}, 12.0), "ppo_kl0": ({"gold": [1.0, 2.0]}, 22.0)}
-        | {"ppo_kl0.2": ({"gold": [1.0]}, 6.0), "eval": ({"accuracy": 0.5}, 4.0)},
-        [lesson(False, 0.41)],
-        44.0,
-    )
+    stages = lambda sft, ppo0, ppo2: {  # (result, seconds) by stage; "seconds" in a result is a timing too
+        "sft": ({"eval": {"loss": 0.5}, "seconds": sft}, sft),
+        "ppo_kl0": ({"gold": [1.0, 2.0]}, ppo0),
+        "ppo_kl0.2": ({"gold": [1.0]}, ppo2),
+        "eval": ({"accuracy": 0.5}, 4.0),
+    }
+    old = _lab_folder(tmp_path / "old", stages(10.0, 20.0, 5.0), [lesson(True, 0.83)], 40.0)
+    same = _lab_folder(tmp_path / "same", stages(12.0, 22.0, 6.0), [lesson(False, 0.41)], 44.0)
     assert compare.main(old, same) == 0
     assert "5 figures, 0 differ" in capsys.readouterr().out
     changed = json.loads((same / "ppo_kl0" / "stage.json").read_text())

@@ -121,6 +121,29 @@ def cache_keyword(model) -> str | None:
     return next((k for k in ("cache", "past_key_values") if k in params), None)  # transformers renamed it in 5.x
 
 
+def _prefill(model, base, keyword: str, cache, input_ids: torch.Tensor, mask: torch.Tensor, shown) -> torch.Tensor:
+    """The prompts' last-position logits (B, V), their keys and values left in ``cache``: one forward over the
+    distinct prompts, each repeated prompt's cache and logits copied to its rows (SHARE_PREFILL)."""
+    # pixel tensors are per row: a vision-language model's prompts are prefilled row by row
+    shared = distinct_prompts(input_ids, mask) if SHARE_PREFILL and not shown else None
+    read = shared[0] if shared is not None else slice(None)
+    prefill = dict(
+        input_ids=input_ids[read],
+        attention_mask=mask[read],
+        position_ids=(mask[read].cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        **{keyword: cache},
+        **(shown or {}),
+    )
+    # the last position's logits only, where the model's forward takes logits_to_keep (else all, the last one read)
+    out = model(**prefill, **({"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(base) else {}))
+    logits = out.logits[:, -1]
+    if shared is None:
+        return logits
+    cache.batch_select_indices(shared[1])  # each row takes its prompt's cache and logits
+    return logits[shared[1]]
+
+
 @torch.no_grad()
 def decode(
     model,
@@ -158,23 +181,7 @@ def decode(
     live = torch.ones(batch, dtype=torch.bool, device=device)  # among the rows still in the batch
     mask = attention.long()
     next_position = mask.sum(-1)  # (b,) the position id of the token each row is about to read
-    # pixel tensors are per row: a vision-language model's prompts are prefilled row by row
-    shared = distinct_prompts(input_ids, mask) if SHARE_PREFILL and not shown else None
-    read = shared[0] if shared is not None else slice(None)
-    prefill = dict(
-        input_ids=input_ids[read],
-        attention_mask=mask[read],
-        position_ids=(mask[read].cumsum(-1) - 1).clamp(min=0),
-        use_cache=True,
-        **{keyword: cache},
-        **(shown or {}),
-    )
-    # the last position's logits only, where the model's forward takes logits_to_keep (else all, the last one read)
-    out = model(**prefill, **({"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(base) else {}))
-    logits = out.logits[:, -1]
-    if shared is not None:  # each row takes its prompt's cache and logits
-        cache.batch_select_indices(shared[1])
-        logits = logits[shared[1]]
+    logits = _prefill(model, base, keyword, cache, input_ids, mask, shown)
     steps = 0
     for t in range(max_new_tokens):
         if sampled_logprobs is None:

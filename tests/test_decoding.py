@@ -94,7 +94,7 @@ def test_compaction_waits_for_a_share_of_finished_rows(arch_models, monkeypatch)
     assert len(rows) == len(live) and min(rows[1:]) < len(PROMPTS)
 
 
-@pytest.mark.parametrize("arch", ("llama", "mistral"))  # full attention, and a sliding-window cache
+@pytest.mark.parametrize("arch", ("llama", "qwen2"))
 def test_a_repeated_prompt_is_prefilled_once_and_samples_as_if_every_row_were(arch_models, monkeypatch, arch):
     """Each of the 6 prompts stands in 3 of the 18 rows: the prefill reads the 6 (6 × P positions, not 18 × P) and
     copies each one's cache and logits to its rows, so the tokens and each token's sampled log-prob are those of

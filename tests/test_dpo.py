@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from conftest import killed_after_step, write_jsonl
 
 from tether.algorithms.preference import (
@@ -484,6 +485,8 @@ def test_dropout_is_off_by_default_so_the_first_loss_is_log_2(tokenizer, prefs, 
     assert first(tmp_path / "off") == pytest.approx(math.log(2), abs=1e-6)
     run_dpo(_cfg(folder, prefs[0], tmp_path / "on", **{"train.max_steps": 1, "model.keep_dropout": True}))
     assert abs(first(tmp_path / "on") - math.log(2)) > 1e-4
+    plan = yaml.safe_load((tmp_path / "on" / "config.yaml").read_text())["plan"]["micro-batch rows"]
+    assert "prompts not shared: dropout is on" in plan  # each response its own dropout mask, as in its own row
 
 
 def test_implicit_prompt_pairs_read_as_the_explicit_ones(tokenizer, tmp_path):
@@ -501,3 +504,24 @@ def test_implicit_prompt_pairs_read_as_the_explicit_ones(tokenizer, tmp_path):
     prefix = write_jsonl(tmp_path / "prefix.jsonl", [{"chosen": user + good, "rejected": user}])
     with pytest.raises(DataError, match="is the start of the other"):
         tokenize_policy_preferences(read_records(prefix), tokenizer, 256)
+
+
+def test_shared_prompts_train_as_one_prompt_per_response(llama_dir, prefs, tmp_path):
+    """The same run with each pair's prompt forwarded once (the default) and once per response: the plan says
+    which, and the first step's log-probs and loss agree to float32 rounding (the forwards differ in shape only)."""
+
+    rows, plans = [], []
+    for share in (True, False):
+        out = tmp_path / f"share-{share}"
+        run_dpo(
+            _cfg(llama_dir, prefs[0], out, **{"train.max_steps": 2, "train.log_every": 1, "dpo.share_prompt": share})
+        )
+        rows.append(_metrics(out)[0])
+        plans.append(yaml.safe_load((out / "config.yaml").read_text())["plan"]["micro-batch rows"])
+    assert "one copy of the prompt they share" in plans[0] and "prompt" not in plans[1]
+    for key in ("train/logps/chosen", "train/logps/rejected", "train/loss"):
+        assert rows[0][key] == pytest.approx(rows[1][key], rel=1e-5), key
+    out = tmp_path / "kto"
+    run_dpo(_cfg(llama_dir, prefs[0], out, **{"train.max_steps": 1, "dpo.loss": "kto"}))
+    plan = yaml.safe_load((out / "config.yaml").read_text())["plan"]["micro-batch rows"]
+    assert "prompts not shared: KTO forwards its two blocks apart" in plan

@@ -12,7 +12,13 @@ from tether.data.dpo import PolicyPreference, collate_policy_preferences
 from tether.data.preferences import PairExample, RankedExample, collate_preferences
 from tether.data.sft import Example, collate
 from tether.models.lm import build_tiny_model, load_model
-from tether.models.packing import first_fit_decreasing, pack_sequences, score_inputs
+from tether.models.packing import (
+    first_fit_decreasing,
+    pack_sequences,
+    pack_shared_prompts,
+    prompt_sharing_refusal,
+    score_inputs,
+)
 from tether.models.reward import load_reward_model
 from tether.stages.dpo_config import DPOConfig
 from tether.stages.dpo_objective import DPOObjective
@@ -187,6 +193,122 @@ def test_a_model_that_ignores_position_restarts_is_refused_before_training(arch_
     check_position_restarts(load_reward_model(arch_dirs["qwen2"], tokenizer, ["reward"]), "qwen2")
     with pytest.raises(ConfigError, match=r"remote/model: .*pass --no-padding-free"):
         check_position_restarts(_IgnoresRestarts(model), "remote/model")
+
+
+def test_pack_shared_prompts_by_hand():
+    """Example 0: prompt 5 6 7, answers 8 9 and 8 4 (they share their first token too); example 1: prompt 5 6,
+    answers 3 and 2 2. Trees of 6 and 5 positions fit one row of 11 (the fewest positions of the candidates)."""
+    examples = [[[5, 6, 7, 8, 9], [5, 6, 7, 8, 4]], [[5, 6, 3], [5, 6, 2, 2]]]
+    masks = [[[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]], [[0, 0, 1], [0, 0, 1, 1]]]
+    batch = pack_shared_prompts(examples, masks, pad_id=0, k=2)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 4, 5, 6, 3, 2, 2]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4, 0, 1, 2, 2, 3]]
+    # response-major: sequence j·B + b. Token i is read at the column of token i - 1: 8 after 7 (column 2), 9 and 4
+    # after the shared 8 (column 3), 3 and the first 2 after 6 (column 7), the second 2 after the first (column 9)
+    assert batch["scored_sequence"].tolist() == [0, 0, 1, 2, 2, 3, 3]
+    assert batch["scored_position"].tolist() == [2, 3, 7, 2, 3, 7, 9]
+    assert batch["scored_target"].tolist() == [8, 9, 3, 8, 4, 2, 2]
+    mask = batch["tree_mask"][0, 0]
+    sees = lambda q: torch.nonzero(mask[q]).flatten().tolist()
+    assert sees(3) == [0, 1, 2, 3]  # the shared prefix, causal
+    assert sees(4) == [0, 1, 2, 3, 4] and sees(5) == [0, 1, 2, 3, 5]  # each branch: the prefix and itself
+    assert sees(8) == [6, 7, 8] and sees(10) == [6, 7, 9, 10]  # the second tree sees nothing of the first
+    # a list of three beside a pair: the pair's missing third response scores as its second (the filler)
+    batch = pack_shared_prompts(
+        [[[1, 2, 3], [1, 2, 4]], [[1, 5], [1, 6], [1, 7]]], [[[0, 1, 1]] * 2, [[0, 1]] * 3], 0, 3
+    )
+    by_sequence = lambda n: batch["scored_target"][batch["scored_sequence"] == n].tolist()
+    assert [by_sequence(n) for n in range(6)] == [[2, 3], [5], [2, 4], [6], [2, 4], [7]]
+
+
+def _double(folder, tokenizer, attention="sdpa"):
+    model = load_model(folder, tokenizer)
+    model.config._attn_implementation = attention
+    return model.double()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_shared_prompts_give_the_log_probs_losses_and_gradients_of_packed_rows(arch, arch_dirs, tokenizer):
+    """float64, pairs, and ranked lists with a shorter list's filler. The forward is the same arithmetic position by
+    position, so log-probs agree to float64 rounding (bound 1e-10). Two things transformers computes in float32
+    whatever the model's dtype set the other bounds: eager attention's softmax (log-probs then differ by float32
+    rounding of the attention weights, ~1e-7: bound 1e-5), and the Llama-family RMSNorm, whose backward runs in
+    float32 — a prompt position's gradient arrives there as one sum over the branches here, as separate terms in
+    packed rows, so gradients differ by float32 rounding (2^-24 ≈ 6e-8 of a term, a few terms and layers deep:
+    bound 1e-6 of the largest gradient). GPT-2's LayerNorm keeps float64: 1e-10 there."""
+    gen = torch.Generator().manual_seed(3)
+    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=gen))
+    examples = []
+    for b in range(6):
+        prompt = torch.randint(5, len(tokenizer), (rand(3, 14),), generator=gen).tolist()
+        answers = [torch.randint(5, len(tokenizer), (rand(1, 10),), generator=gen).tolist() for _ in range(2 + b % 2)]
+        answers[1] = answers[0][:2] + answers[1]  # two answers that begin alike: the shared part goes past the prompt
+        examples.append(
+            PolicyPreference([Example(prompt + a, [0] * len(prompt) + [1] * len(a), "x") for a in answers], "x")
+        )
+    for attention, tolerance in (("sdpa", 1e-10), ("eager", 1e-5)):
+        if attention == "eager" and arch != "llama":
+            continue
+        model = _double(arch_dirs[arch], tokenizer, attention)
+        for loss_name, chosen in (("sigmoid", [e for e in examples if len(e.responses) == 2]), ("listwise", examples)):
+            for j, ex in enumerate(chosen):
+                ex.reference_logps = [-40.0 - j, -38.0 + j, -45.0][: len(ex.responses)]
+            objective = DPOObjective(_dpo_cfg(**{"dpo.loss": loss_name}))
+            results = []
+            for share in (False, True):
+                batch = collate_policy_preferences(chosen, tokenizer.pad_token_id, True, share)
+                with torch.no_grad():
+                    logps, tokens = objective.sequence_logps(model, batch)
+                loss, _, grads = _loss_and_grads(model, objective, batch)
+                results.append((logps, tokens, loss, grads, batch["input_ids"].numel()))
+            (logps0, tokens0, loss0, grad0, positions0), (logps1, tokens1, loss1, grad1, positions1) = results
+            torch.testing.assert_close(logps1, logps0, atol=tolerance, rtol=0)
+            assert torch.equal(tokens1, tokens0)
+            assert loss1 == pytest.approx(loss0, abs=tolerance)
+            grad_tolerance = tolerance if arch == "gpt2" else 1e-6 * float(grad0.abs().max())
+            torch.testing.assert_close(grad1, grad0, atol=grad_tolerance, rtol=0)
+            shared_tokens = sum((len(e.responses) - 1) * _common(e) for e in chosen)
+            assert positions1 <= positions0 - shared_tokens // 2  # the prompts' copies gone (rows re-laid: not all)
+
+
+def _common(example):
+    seqs = [r.input_ids for r in example.responses]
+    n = 0
+    while all(len(s) > n and s[n] == seqs[0][n] for s in seqs):
+        n += 1
+    return n
+
+
+def test_shared_prompts_are_refused_where_the_mask_would_not_hold(arch_dirs, tokenizer):
+    from types import SimpleNamespace
+
+    from tether.config import ConfigError
+    from tether.models.checks import check_prompt_sharing
+
+    model = load_model(arch_dirs["llama"], tokenizer)
+    assert prompt_sharing_refusal(model) == ""
+    check_prompt_sharing(model, "llama")  # passes: the attention reads the 4-D mask
+    config = lambda **kw: SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa", **kw))
+    assert "flash_attention_2" in prompt_sharing_refusal(
+        SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    )
+    assert "sliding-window" in prompt_sharing_refusal(config(sliding_window=4096))
+    assert prompt_sharing_refusal(config(sliding_window=4096, use_sliding_window=False)) == ""
+    assert "sliding_attention" in prompt_sharing_refusal(config(layer_types=["full_attention", "sliding_attention"]))
+    with pytest.raises(ConfigError, match=r"remote/model: .*pass --no-share-prompt"):
+        check_prompt_sharing(_IgnoresMask(model), "remote/model")
+
+
+class _IgnoresMask(torch.nn.Module):
+    """A causal LM whose forward drops the attention mask (plain causal attention): a branch then sees the branch
+    laid before it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        return self.model(input_ids=input_ids, **kwargs)
 
 
 def test_token_budget_micro_batches_by_hand():

@@ -34,7 +34,7 @@ from tether.data.preferences import (
 )
 from tether.data.records import DataError, Record
 from tether.data.sft import DataReport, Example, _Drop, render
-from tether.models.packing import pack_sequences, pad_sequences
+from tether.models.packing import pack_sequences, pack_shared_prompts, pad_sequences
 
 
 @dataclass
@@ -256,17 +256,26 @@ def data_fingerprint(examples: list[PolicyPreference]) -> str:
 
 
 def collate_policy_preferences(
-    examples: list[PolicyPreference], pad_id: int, padding_free: bool = False
+    examples: list[PolicyPreference], pad_id: int, padding_free: bool = False, share_prompt: bool = False
 ) -> dict[str, torch.Tensor]:
     """Response-major sequences: sequences [k·B, (k+1)·B) are every example's k-th response (chosen block, then
     rejected block for pairs), so one forward scores all of them. Padded: one right-padded row per sequence.
     ``padding_free``: each block's sequences laid end to end in fewer rows (tether/models/packing.py; ``group_rows``
-    gives each block's rows). ``list_mask`` (B, K) marks real responses (a shorter list repeats its last response
-    in the filler sequences); ``reference_logps`` (B, K) when known."""
+    gives each block's rows); with ``share_prompt`` too, each example's responses after one copy of the tokens they
+    begin with (``pack_shared_prompts``: no blocks, so not for KTO's block forwards). ``list_mask`` (B, K) marks real
+    responses (a shorter list repeats its last response in the filler sequences); ``reference_logps`` (B, K) when
+    known."""
     k = max(len(e.responses) for e in examples)
     rows = [e.responses[min(j, len(e.responses) - 1)] for j in range(k) for e in examples]
     vision = any(r.vision for r in rows)  # padded rows: each row's image features fill its own image tokens
-    if padding_free and not vision:
+    if padding_free and share_prompt and not vision:
+        batch = pack_shared_prompts(
+            [[r.input_ids for r in e.responses] for e in examples],
+            [[r.loss_mask for r in e.responses] for e in examples],
+            pad_id,
+            k,
+        )
+    elif padding_free and not vision:
         b = len(examples)
         batch = pack_sequences(
             [r.input_ids for r in rows],

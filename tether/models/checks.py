@@ -1,4 +1,5 @@
-"""Checks a loaded model must pass before tether relies on it. Here: whether packed sequences stay apart."""
+"""Checks a loaded model must pass before tether relies on it: whether packed sequences stay apart, and whether a
+response laid after a shared prompt sees only that prompt."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import torch
 
 from tether.errors import ConfigError
 from tether.models.lm import compute_dtype
-from tether.models.packing import model_inputs, pack_sequences, score_inputs
+from tether.models.packing import model_inputs, pack_sequences, pack_shared_prompts, score_inputs, tree_attention_mask
 from tether.models.reward import RewardModel
 
 
@@ -44,4 +45,36 @@ def check_position_restarts(model, where: str) -> None:
             f"{where}: this model lets a sequence packed after another attend to it (its attention "
             "ignores position-id restarts), so padding-free micro-batches would be wrong for it: "
             "pass --no-padding-free (padded rows)"
+        )
+
+
+@torch.no_grad()
+def check_prompt_sharing(model, where: str) -> None:
+    """Raise a ConfigError naming ``where`` when ``model`` (a causal LM) does not give a response laid after a shared
+    prompt (packing.pack_shared_prompts: a 4-D mask and continued position ids) the logits it gets in a row of its
+    own, e.g. a remote-code attention that ignores the mask. Three tiny forwards."""
+    vocab = getattr(model.config, "vocab_size", None) or 16
+    prompt = [(3 + i) % vocab for i in range(4)]
+    first, second = prompt + [(11 + i) % vocab for i in range(3)], prompt + [(7 + i) % vocab for i in range(2)]
+    batch = pack_shared_prompts([[first, second]], [[[1] * len(first), [1] * len(second)]], 0, 2)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        inputs["attention_mask"] = tree_attention_mask(model, batch["tree_mask"].to(device))
+        shared = model(**inputs, use_cache=False).logits[0, -len(second) + len(prompt) :]
+        alone = model(input_ids=torch.tensor([second], device=device), use_cache=False).logits[0, len(prompt) :]
+    finally:
+        model.train(was_training)
+    shared, alone = shared.float(), alone.float()
+    # as check_position_restarts: rounding apart (eager attention's softmax runs in float32 whatever the dtype); a
+    # branch that sees the other branch is off by the logits' own scale
+    tolerance = (1e-4 if compute_dtype(model) == torch.float32 else 5e-2) * (1 + float(alone.abs().max()))
+    if float((shared - alone).abs().max()) > tolerance:
+        raise ConfigError(
+            f"{where}: this model does not give a response laid after a shared prompt the log-probs it gets alone "
+            "(its attention ignores a 4-D attention mask), so shared-prompt micro-batches would be wrong for it: "
+            "pass --no-share-prompt"
         )

@@ -168,6 +168,8 @@ def score_inputs(batch: dict) -> dict[str, torch.Tensor]:
 
 def group_rows(batch: dict, group: int, per_group: int) -> dict[str, torch.Tensor]:
     """The rows of one group (response block) of a padded or packed batch, its sequences renumbered from 0."""
+    if "tree_mask" in batch:
+        raise ValueError("a shared-prompt batch has no response blocks: its responses share their prompt's rows")
     if "sequence_index" not in batch:
         rows = slice(group * per_group, (group + 1) * per_group)
         out = {k: batch[k][rows] for k in ("input_ids", "attention_mask", "loss_mask", *PER_TOKEN) if k in batch}
@@ -192,7 +194,9 @@ def group_rows(batch: dict, group: int, per_group: int) -> dict[str, torch.Tenso
 
 def sequence_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ log π over each sequence's loss-masked tokens, their count), both (sequences,), in sequence order, from
-    one forward of a padded batch (one sequence per row) or a packed one."""
+    one forward of a padded batch (one sequence per row), a packed one or a shared-prompt one."""
+    if "tree_mask" in batch:
+        return shared_logprob_sums(model, batch, sequences)
     logits = model(**model_inputs(batch), use_cache=False).logits
     ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:].float()
     # (R, W-1): position t predicts t+1. A where, not a product: a masked position may be -inf (an online vision
@@ -202,3 +206,149 @@ def sequence_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Ten
         return per_token.sum(-1), mask.sum(-1)
     index = batch["sequence_index"][:, 1:].to(per_token.device)
     return segment_sum(per_token, index, sequences), segment_sum(mask, index, sequences)
+
+
+# ── Shared prompts: an example's responses after one forward of the tokens they all begin with ──
+#
+# A preference example's K responses repeat its prompt K times in the layouts above. Here each example is one
+# "tree" of positions: the longest prefix its sequences share (the prompt, and any first response tokens they
+# agree on), then each response's remaining tokens as a branch. A branch attends to the shared prefix and to
+# itself, never to another branch; its position ids continue from the prefix's end, so every position sees exactly
+# the tokens and positions it would see in a row of its own: the same log-probs up to rounding, with the prefix
+# computed once. Trees are laid end to end like the packed sequences above (first-fit-decreasing rows); the mask
+# that says who attends to whom is a 4-D one (R, 1, W, W), which transformers hands to the attention as it is.
+
+
+def common_prefix(sequences: list[list[int]]) -> int:
+    """How many first tokens every one of ``sequences`` shares."""
+    shortest = min(len(s) for s in sequences)
+    for i in range(shortest):
+        if any(s[i] != sequences[0][i] for s in sequences[1:]):
+            return i
+    return shortest
+
+
+def _tree_columns(lengths: list[int], shared: int) -> list[int]:
+    """Each branch's first column inside its tree (the shared prefix at columns [0, shared))."""
+    starts, col = [], shared
+    for n in lengths:
+        starts.append(col)
+        col += n - shared
+    return starts
+
+
+def pack_shared_prompts(
+    examples: list[list[list[int]]], loss_masks: list[list[list[int]]], pad_id: int, k: int
+) -> dict[str, torch.Tensor]:
+    """Lay each example's sequences (``examples[b]``: its real responses, each prompt + response ids, best first)
+    out as one tree: their common prefix once, then each sequence's rest. ``k``: responses per example in the batch
+    (a shorter list's missing ones score as its last, as in collate_policy_preferences).
+
+    Returns input_ids, position_ids (R, W); tree_mask (R, 1, W, W), True where a query position (row 2) may attend
+    to a key position (row 3); and the scored tokens, response-major as the other layouts number sequences
+    (sequence j·B + b is example b's j-th response): scored_position (flat index into R·W of the position whose
+    logits predict the token), scored_target (the token) and scored_sequence. A token is scored where its loss mask
+    is 1, its first token never (nothing before it predicts it)."""
+    b_count = len(examples)
+    shared = [common_prefix(seqs) for seqs in examples]
+    sizes = [shared[b] + sum(len(s) - shared[b] for s in seqs) for b, seqs in enumerate(examples)]
+    rows = choose_rows(sizes, [list(range(b_count))])[0]
+    width = max(sum(sizes[b] for b in row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    tree = torch.full((len(rows), width), -1, dtype=torch.long)
+    branch = torch.full((len(rows), width), -1, dtype=torch.long)  # 0: the shared prefix, j + 1: response j's rest
+    scored: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
+    for r, row in enumerate(rows):
+        col = 0
+        for b in row:
+            seqs, p = examples[b], shared[b]
+            starts = _tree_columns([len(s) for s in seqs], p)
+            input_ids[r, col : col + p] = torch.tensor(seqs[0][:p], dtype=torch.long)
+            position_ids[r, col : col + p] = torch.arange(p)
+            tree[r, col : col + sizes[b]], branch[r, col : col + p] = b, 0
+            for j, seq in enumerate(seqs):
+                lo, hi = col + starts[j], col + starts[j] + len(seq) - p
+                input_ids[r, lo:hi] = torch.tensor(seq[p:], dtype=torch.long)
+                position_ids[r, lo:hi] = torch.arange(p, len(seq))
+                branch[r, lo:hi] = j + 1
+                # token i is predicted at token i - 1's column: in the prefix, or in this branch
+                i = torch.nonzero(torch.tensor(loss_masks[b][j][1:], dtype=torch.bool)).flatten() + 1
+                before = i - 1
+                cols = torch.where(before < p, col + before, lo + before - p)
+                scored.append((r * width + cols, torch.tensor(seq, dtype=torch.long)[i], b, j))
+            col += sizes[b]
+        position_ids[r, col:] = torch.arange(width - col)  # padding restarts too, as in pack_sequences
+    return _with_scores(input_ids, position_ids, _tree_mask(tree, branch), scored, b_count, k, examples)
+
+
+def _tree_mask(tree: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
+    """(R, 1, W, W): a position attends to the earlier positions of its own tree that are in the shared prefix or
+    in its own branch; a padding position to itself alone (no row of the attention is empty)."""
+    width = tree.shape[1]
+    col = torch.arange(width)
+    causal = col[None, :] <= col[:, None]  # (W, W): key column <= query column
+    same_tree = tree[:, :, None] == tree[:, None, :]
+    visible = (branch[:, None, :] == 0) | (branch[:, None, :] == branch[:, :, None])
+    mask = same_tree & visible & causal & (tree[:, :, None] >= 0)
+    mask |= torch.eye(width, dtype=torch.bool)[None] & (tree < 0)[:, :, None]
+    return mask[:, None]
+
+
+def _with_scores(input_ids, position_ids, mask, scored, b_count: int, k: int, examples) -> dict[str, torch.Tensor]:
+    by_response = {(b, j): (cols, targets) for cols, targets, b, j in scored}
+    positions, targets, sequences = [], [], []
+    for j in range(k):
+        for b in range(b_count):
+            cols, tokens = by_response[(b, min(j, len(examples[b]) - 1))]
+            positions.append(cols)
+            targets.append(tokens)
+            sequences.append(torch.full_like(cols, j * b_count + b))
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "tree_mask": mask,
+        "scored_position": torch.cat(positions),
+        "scored_target": torch.cat(targets),
+        "scored_sequence": torch.cat(sequences),
+    }
+
+
+def tree_attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` (True: attend) in the form the model's attention reads a 4-D mask: as it is for SDPA, additive for
+    eager attention (0 where it attends, the dtype's lowest value elsewhere; eager adds the mask to the scores)."""
+    if model.config._attn_implementation == "sdpa":
+        return mask
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def prompt_sharing_refusal(model) -> str:
+    """Why ``model`` cannot take the shared-prompt layout ('' when it can): the 4-D mask replaces the one
+    transformers would build, so only attentions that read such a mask (SDPA, eager), and no sliding window (the
+    mask would not hold the window) and no per-layer attention kinds."""
+    config = model.config
+    attention = config._attn_implementation
+    if attention not in ("sdpa", "eager"):
+        return f"its attention ({attention}) takes no custom 4-D mask"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) is not False:
+        return "its sliding-window attention (the shared layout's mask would not hold the window)"
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"its layers' attention kinds ({', '.join(sorted(kinds))})"
+    return ""
+
+
+def shared_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """sequence_logprob_sums of a pack_shared_prompts batch: one forward of every tree, each scored token's log-prob
+    read at the position that predicts it."""
+    inputs = {
+        "input_ids": batch["input_ids"],
+        "position_ids": batch["position_ids"],
+        "attention_mask": tree_attention_mask(model, batch["tree_mask"]),
+    }
+    logits = model(**inputs, use_cache=False).logits
+    rows = logits.reshape(-1, logits.shape[-1])[batch["scored_position"]]  # (N, V): each scored token's predictor
+    per_token = token_logprobs(rows[None], batch["scored_target"][None])[0]
+    index = batch["scored_sequence"]
+    return segment_sum(per_token, index, sequences), segment_sum(torch.ones_like(per_token), index, sequences)

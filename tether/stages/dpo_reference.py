@@ -23,7 +23,7 @@ import torch
 
 from tether.console import progress
 from tether.data.dpo import PolicyPreference, collate_policy_preferences, data_fingerprint
-from tether.models.packing import sequence_logprob_sums
+from tether.models.packing import prompt_sharing_refusal, sequence_logprob_sums
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 BIG_FILE = 256 << 20
@@ -82,7 +82,13 @@ def cache_key(examples: list[PolicyPreference], reference_fp: str, tokenizer_fp:
 
 @torch.no_grad()
 def sequence_logps(
-    model, examples: list[PolicyPreference], pad_id: int, batch_size: int, device, padding_free: bool = True
+    model,
+    examples: list[PolicyPreference],
+    pad_id: int,
+    batch_size: int,
+    device,
+    padding_free: bool = True,
+    share_prompt: bool = False,
 ) -> list[list[float]]:
     """Σ log π(y|x) over each response's tokens, in the examples' order (best first within each)."""
     was_training = model.training
@@ -95,7 +101,7 @@ def sequence_logps(
         min_items=20,
     ):
         chunk = examples[start : start + batch_size]
-        batch = collate_policy_preferences(chunk, pad_id, padding_free)
+        batch = collate_policy_preferences(chunk, pad_id, padding_free, share_prompt)
         k = batch["list_mask"].shape[1]
         logp, _ = sequence_logprob_sums(model, {key: v.to(device) for key, v in batch.items()}, k * len(chunk))
         per = logp.cpu().view(k, len(chunk)).T  # (B, K)
@@ -166,6 +172,7 @@ class ReferenceLogps:
         device,
         fresh_policy: bool,
         padding_free: bool = True,
+        share_prompt: bool = False,
         hide_placeholders: bool = False,
     ):
         self.model_cfg, self.batch_size, self.tokenizer, self.policy, self.device = (
@@ -176,6 +183,7 @@ class ReferenceLogps:
             device,
         )
         self.padding_free = padding_free
+        self.share_prompt = share_prompt  # the policy's layout; a reference loaded apart takes it where it can
         self.hide_placeholders = hide_placeholders  # a loaded reference gets the policy's placeholder hook
         self.lora = model_cfg.lora_r > 0 and not model_cfg.reference
         self.source = model_cfg.reference or model_cfg.path
@@ -190,12 +198,11 @@ class ReferenceLogps:
         return "the adapter-disabled policy" if self.lora else self.source
 
     def _score(self, examples):
-        pad = self.tokenizer.pad_token_id
         if self.lora:
             with self.policy.disable_adapter():
-                return sequence_logps(self.policy, examples, pad, self.batch_size, self.device, self.padding_free)
+                return self._logps(self.policy, examples)
         if self.fresh_policy and not self.model_cfg.reference:
-            return sequence_logps(self.policy, examples, pad, self.batch_size, self.device, self.padding_free)
+            return self._logps(self.policy, examples)
         if self._model is None:
             from tether.models.lm import load_reference
 
@@ -204,7 +211,12 @@ class ReferenceLogps:
                 from tether.models.vision import never_sample_placeholders
 
                 never_sample_placeholders(self._model)
-        return sequence_logps(self._model, examples, pad, self.batch_size, self.device, self.padding_free)
+        return self._logps(self._model, examples)
+
+    def _logps(self, model, examples):
+        share = self.share_prompt and not prompt_sharing_refusal(model)  # the same values either way, up to rounding
+        pad = self.tokenizer.pad_token_id
+        return sequence_logps(model, examples, pad, self.batch_size, self.device, self.padding_free, share)
 
     def attach(self, examples, use_cache: bool = True) -> str:
         """Fill ex.reference_logps; returns where they came from (for the plan)."""

@@ -12,9 +12,9 @@ from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
 from tether.data.multimodal import refuse_images, text_only
 from tether.data.records import read_records, tokenize_split
-from tether.models.checks import check_position_restarts
+from tether.models.checks import check_position_restarts, check_prompt_sharing
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
-from tether.models.packing import describe
+from tether.models.packing import describe, prompt_sharing_refusal
 from tether.models.vision import is_vision_language, load_processor, never_sample_placeholders
 from tether.rollout.backends import BACKENDS
 from tether.stages.dpo_config import DPOConfig
@@ -51,6 +51,8 @@ class DPOSetup:
     state: dict
     sampling_copy: object = None  # online --fsdp: an ordinary copy of the sharded policy, which samples the pairs
     processor: object = None  # a vision-language model's: saved with the weights in checkpoints and final/
+    share_prompt: bool = False  # micro-batches in the shared-prompt layout (shared_prompt_layout)
+    rows_note: str = ""  # the plan's words for that choice
 
 
 def load_examples(cfg: DPOConfig, tokenizer, processor=None):
@@ -92,6 +94,24 @@ def load_examples(cfg: DPOConfig, tokenizer, processor=None):
     return train, evals, reports
 
 
+def shared_prompt_layout(cfg: DPOConfig, model, processor) -> tuple[bool, str]:
+    """Whether the micro-batches lay each example's responses after one copy of their prompt (--share-prompt), and
+    the plan's words for it: padding-free text rows only, not KTO's blocks, not under dropout (the layout is exact
+    for a deterministic forward), a model whose attention reads the layout's 4-D mask
+    (packing.prompt_sharing_refusal)."""
+    if not (cfg.model.padding_free and processor is None and cfg.dpo.share_prompt):
+        return False, ""
+    if cfg.dpo.loss == "kto":
+        return False, "; prompts not shared: KTO forwards its two blocks apart"
+    if cfg.model.keep_dropout:  # one copy of the prompt would give every response the same dropout mask
+        return False, "; prompts not shared: dropout is on (each response draws its own mask over its prompt)"
+    refusal = prompt_sharing_refusal(model)
+    if refusal:
+        return False, f"; prompts not shared: {refusal}"
+    check_prompt_sharing(model, cfg.model.path)
+    return True, "; each example's responses after one copy of the prompt they share (--no-share-prompt: one each)"
+
+
 def load_dpo_data(cfg: DPOConfig):
     """(tokenizer, train, held-out, reports, a vision-language model's processor or None), read and checked before
     the run folder is touched."""
@@ -116,6 +136,7 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
     model = load_trainable_model(cfg.model, tokenizer, checkpoint).to(accelerator.device)
     if cfg.model.padding_free and processor is None:  # a vision model's rows stay padded (data/dpo.py)
         check_position_restarts(model, cfg.model.path)
+    share_prompt, rows_note = shared_prompt_layout(cfg, model, processor)
     # online, a vision-language policy samples: its image placeholder is never sampled, in the policy's and the
     # reference's forwards alike (models/vision.py), so the round's log-ratios start at 0
     hide_placeholders = cfg.online.online and processor is not None
@@ -134,6 +155,7 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
             accelerator.device,
             fresh_policy=checkpoint is None,
             padding_free=cfg.model.padding_free,
+            share_prompt=share_prompt,
             hide_placeholders=hide_placeholders,
         )
         source = f"computed each round from {reference.describe()}"
@@ -175,6 +197,8 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
         state,
         sampling_copy,
         processor,
+        share_prompt,
+        rows_note,
     )
 
 
@@ -212,7 +236,7 @@ def dpo_plan(cfg: DPOConfig, s: DPOSetup) -> dict:
         "reference log-probs": s.reference_source,
         "batch per optimizer step": cfg.train.batch_size,
         "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(s.accelerator.num_processes),
-        "micro-batch rows": describe(cfg.model.padding_free)
+        "micro-batch rows": describe(cfg.model.padding_free) + s.rows_note
         if s.processor is None
         else "padded rows, one response each (a vision-language model's image features fill its own image tokens)",
         "optimizer steps": s.total_steps,
@@ -222,7 +246,8 @@ def dpo_plan(cfg: DPOConfig, s: DPOSetup) -> dict:
 
 
 def pair_collate(setup: DPOSetup, cfg: DPOConfig):
-    return lambda exs: collate_policy_preferences(exs, setup.tokenizer.pad_token_id, cfg.model.padding_free)
+    pad = setup.tokenizer.pad_token_id
+    return lambda exs: collate_policy_preferences(exs, pad, cfg.model.padding_free, setup.share_prompt)
 
 
 def evaluate_pairs(setup: DPOSetup, cfg: DPOConfig) -> dict:

@@ -1,16 +1,17 @@
-"""DPO with each example's prompt forwarded once (`--share-prompt`, the default) against once per response.
+"""A prompt forwarded once for all its responses (`--share-prompt`, the default) against once per response.
 
-    .venv/bin/python bench/shared_prompt.py --lab runs/lab                  # the lab's pairs, then + 160-token contexts
-    .venv/bin/python bench/shared_prompt.py --lab runs/lab --contexts 0 --repeats 5
+    .venv/bin/python bench/shared_prompt.py --lab runs/lab                  # DPO: the lab's pairs, + 160-token contexts
+    .venv/bin/python bench/shared_prompt.py --lab runs/lab --stage grpo --steps 2 --repeats 2
 
-The vs_trl DPO workload (bench/vs_trl.py: the 29.9 M-parameter Llama, 16 pairs a step in micro-batches of 8, fp32),
-run as `python -m tether dpo` with and without `--no-share-prompt`, the two arms interleaved, each a fresh process
-on one pinned core with one thread. CPU seconds per step = (CPU of a 1 + --steps run - CPU of a 1-step run) /
---steps, as vs_trl measures it. ``--contexts``: tokens of passage (the world's pretraining text) put before each
-pair's question, so the prompt's share of a pair grows as in documents or retrieval (0: the lab's pairs as they
-are; those pairs' longest is then 256 tokens, with a context 512). Printed per context: each arm's median CPU
-s/step over the repeats, the ratio shared / per response with its min-max, and the positions a step computes in
-each layout (rows x width of the collated micro-batches over the run's steps, counted, not timed).
+A vs_trl workload (bench/vs_trl.py: the 29.9 M-parameter Llama, fp32; DPO: 16 pairs a step in micro-batches of 8;
+GRPO: 4 prompts x 8 responses of up to 64 tokens) run as `python -m tether <stage>` with and without
+`--no-share-prompt`, the two arms interleaved, each a fresh process on one pinned core with one thread. CPU seconds
+per step = (CPU of a 1 + --steps run - CPU of a 1-step run) / --steps, as vs_trl measures it. ``--contexts``: tokens
+of passage (the world's pretraining text) put before each question, so the prompt's share grows as in documents or
+retrieval (0: the lab's data as it is; DPO's pairs are then cut at 256 tokens, with a context at 512). Printed per
+context: each arm's median CPU s/step over the repeats, the ratio shared / per response with its min-max, and the
+positions a step computes in each layout (DPO: rows x width of the collated micro-batches, counted, not timed; GRPO:
+its reference and update forwards' positions/* from metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -31,19 +32,19 @@ def _vs_trl():
     return module
 
 
-def with_contexts(world: Path, out: Path, tokens: int) -> Path:
-    """The world's prefs.jsonl with a passage of about ``tokens`` words of pretraining text before each question
-    (a different passage per pair); the file itself where ``tokens`` is 0."""
+def with_contexts(world: Path, out: Path, tokens: int, name: str) -> Path:
+    """The world's <name>.jsonl with a passage of about ``tokens`` words of pretraining text before each question
+    (a different passage per row); the file itself where ``tokens`` is 0."""
     if tokens == 0:
-        return world / "prefs.jsonl"
+        return world / f"{name}.jsonl"
     corpus = [json.loads(line) for line in (world / "pretrain.jsonl").read_text().splitlines()[:2000]]
     words = " ".join(m["content"] for r in corpus for m in r.get("messages", [])).split()
-    rows = [json.loads(line) for line in (world / "prefs.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (world / f"{name}.jsonl").read_text().splitlines() if line.strip()]
     for i, row in enumerate(rows):
         start = (i * 997) % max(1, len(words) - tokens)
         passage = " ".join(words[start : start + tokens])
         row["prompt"][-1]["content"] = f"Context: {passage}\n\n{row['prompt'][-1]['content']}"
-    path = out / f"prefs-context{tokens}.jsonl"
+    path = out / f"{name}-context{tokens}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -70,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lab", default="runs/lab", help="A folder with the lab's world/ and sft/final.")
     parser.add_argument("--work", default="runs/bench-shared-prompt")
+    parser.add_argument("--stage", default="dpo", choices=("dpo", "grpo"))
     parser.add_argument("--contexts", default="0,160", help="Tokens of passage before each question, per table row.")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4, help="Steps measured after the warm-up step.")
@@ -83,30 +85,40 @@ def main() -> None:
     lab = vs.prepare_lab(Path(args.lab).resolve())
     model = vs.stages.build_model(lab, work / "model")
     tokenizer = load_tokenizer(lab / "sft" / "final")
-    workload = vs.WORKLOADS["dpo"]
+    workload = vs.WORKLOADS[args.stage]
+    (work / "runs").mkdir(exist_ok=True)
     results = []
     for context in (int(c) for c in args.contexts.split(",")):
-        data = with_contexts(lab / "world", work, context)
-        s = dict(workload, max_length=workload["max_length"] if context == 0 else 512)
-        world = work / f"world-context{context}"  # tether_args reads <world>/<data>.jsonl
+        data = with_contexts(lab / "world", work, context, workload["data"])
+        s = dict(workload) if args.stage == "grpo" or context == 0 else dict(workload, max_length=512)
+        world = work / f"world-{args.stage}-context{context}"  # tether_args reads <world>/<data>.jsonl
         world.mkdir(exist_ok=True)
-        (world / "prefs.jsonl").write_text(data.read_text())
-        counted = positions(data, tokenizer, 1 + args.steps, s["batch"], s["micro"], s["max_length"], 0)
+        (world / f"{workload['data']}.jsonl").write_text(data.read_text())
         per_arm: dict[str, list[float]] = {"shared": [], "per_response": []}
+        counted: dict[str, float] = {}
         for repeat in range(args.repeats):
             for arm, extra in (("shared", []), ("per_response", ["--no-share-prompt"])):
                 cpu = {}
                 for n in (1, 1 + args.steps):
-                    out = work / "runs" / f"c{context}-{arm}-r{repeat}-{n}"
-                    cpu[n] = vs.run_tether(vs.tether_args("dpo", s, world, model, out, n, False) + extra)["cpu_s"]
+                    out = work / "runs" / f"{args.stage}-c{context}-{arm}-r{repeat}-{n}"
+                    run = vs.run_tether(vs.tether_args(args.stage, s, world, model, out, n, False) + extra)
+                    cpu[n] = run["cpu_s"]
                 per_arm[arm].append((cpu[1 + args.steps] - cpu[1]) / args.steps)
+                if args.stage == "grpo":  # the long run's reference and update positions, a step's mean
+                    rows = run["rows"]
+                    counted[arm] = statistics.mean(
+                        r.get("positions/reference", 0) + r["positions/update"] for r in rows
+                    )
             print(
                 f"context {context} repeat {repeat + 1}: shared {per_arm['shared'][-1]:.2f} s, per response "
                 f"{per_arm['per_response'][-1]:.2f} s",
                 flush=True,
             )
+        if args.stage == "dpo":
+            counted = positions(data, tokenizer, 1 + args.steps, s["batch"], s["micro"], s["max_length"], 0)
         ratios = [a / b for a, b in zip(per_arm["shared"], per_arm["per_response"])]
         row = {
+            "stage": args.stage,
             "context_tokens": context,
             "shared_s": statistics.median(per_arm["shared"]),
             "per_response_s": statistics.median(per_arm["per_response"]),
@@ -116,7 +128,7 @@ def main() -> None:
             "runs": per_arm,
         }
         results.append(row)
-        (work / "shared_prompt.json").write_text(json.dumps(results, indent=1))
+        (work / f"shared_prompt_{args.stage}.json").write_text(json.dumps(results, indent=1))
     print("\ncontext  shared s  per-response s  ratio [min-max]   positions/step shared / per response (ratio)")
     for r in results:
         p = r["positions"]

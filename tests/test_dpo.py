@@ -514,7 +514,7 @@ def test_shared_prompts_train_as_one_prompt_per_response(llama_dir, prefs, tmp_p
     for share in (True, False):
         out = tmp_path / f"share-{share}"
         run_dpo(
-            _cfg(llama_dir, prefs[0], out, **{"train.max_steps": 2, "train.log_every": 1, "dpo.share_prompt": share})
+            _cfg(llama_dir, prefs[0], out, **{"train.max_steps": 2, "train.log_every": 1, "model.share_prompt": share})
         )
         rows.append(_metrics(out)[0])
         plans.append(yaml.safe_load((out / "config.yaml").read_text())["plan"]["micro-batch rows"])

@@ -407,6 +407,58 @@ def test_online_log_probs_entropy_values_and_gradients_equal_padded_rows(arch, a
         assert bool((results[0][0] != 0).any())  # the comparison is not between zeros
 
 
+def _grouped(rollout, groups):
+    """``rollout`` with each group's rows given its first row's prompt (GRPO's G responses to one prompt)."""
+    for rows in groups:
+        for b in rows[1:]:
+            rollout.prompt_ids[b] = rollout.prompt_ids[rows[0]]
+            rollout.prompt_mask[b] = rollout.prompt_mask[rows[0]]
+    return rollout
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_online_shared_prompts_give_the_log_probs_values_and_gradients_of_packed_rows(arch, arch_dirs, tokenizer):
+    """Rows 0-2 and 3-5 share a prompt, row 6 has its own; float64; plain and agent rollouts (context tokens in the
+    response). Bounds as in the DPO test above: the forward agrees to float64 rounding, gradients to the float32
+    backward of the Llama-family RMSNorm (1e-6 of the largest), GPT-2's to float64 rounding."""
+    from tether.rollout.forward import (
+        _packed_layout,
+        _PackedRollout,
+        _shared_rows,
+        response_logprobs_and_values,
+        response_states,
+    )
+
+    model = _double(arch_dirs[arch], tokenizer)
+    width = model.config.hidden_size if arch != "gpt2" else model.config.n_embd
+    head = torch.nn.Linear(width, 1, dtype=torch.float64)
+    backbone = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
+    for agent in (False, True):
+        rollout = _grouped(_rollout(tokenizer, seed=5, agent=agent), [[0, 1, 2], [3, 4, 5]])
+        layout = _packed_layout(rollout)
+        shared = _shared_rows(model, rollout, layout)
+        packed = _PackedRollout(rollout, layout)
+        assert shared.inputs["input_ids"].numel() < packed.inputs["input_ids"].numel()
+        results = []
+        for share in (False, True):
+            model.zero_grad()
+            head.zero_grad()
+            logp, entropy, values = response_logprobs_and_values(model, head, rollout, 0.7, True, share)
+            (logp.sum() + 0.1 * entropy.sum() + values.sum()).backward()
+            grads = torch.cat([q.grad.flatten() for q in list(model.parameters()) + list(head.parameters())])
+            with torch.no_grad():
+                states = response_states(backbone, rollout, True, share)
+            results.append((logp, entropy, values, states, grads))
+        for name, x, y in zip(("logp", "entropy", "values", "states"), results[0][:4], results[1][:4]):
+            torch.testing.assert_close(y, x, atol=1e-10, rtol=0, msg=name)
+        grad = results[0][4]
+        bound = 1e-10 if arch == "gpt2" else 1e-6 * float(grad.abs().max())
+        torch.testing.assert_close(results[1][4], grad, atol=bound, rtol=0)
+        assert bool((results[0][0] != 0).any())
+    rollout = _rollout(tokenizer, seed=5)  # every prompt its own: nothing to share, packed rows as before
+    assert _shared_rows(model, rollout, _packed_layout(rollout)) is None
+
+
 def test_online_critic_states_equal_padded_rows_and_unpackable_rollouts_fall_back(arch_dirs, tokenizer):
     from tether.rollout.forward import _packed_layout, response_logprobs
     from tether.stages.ppo_critic import ValueModel

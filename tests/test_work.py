@@ -142,6 +142,41 @@ def test_a_group_step_runs_the_forwards_its_recipe_needs(llama_dir, prompts, tmp
         assert len(set(whole)) == 1, work
 
 
+def test_a_group_step_forwards_each_prompt_once_for_its_group(llama_dir, prompts, tmp_path):
+    """GRPO's 4 prompts x G 4 (the fixture's prompts): with --share-prompt (the default) the reference and update
+    forwards lay each group after one copy of its prompt, so they compute fewer positions than one copy per
+    response, with the same forwards; the step's figures agree to float32 rounding; the plan says which layout."""
+    import yaml
+
+    rules = tmp_path / "rules.py"
+    rules.write_text(RULE)
+    runs = {}
+    for share in (True, False):
+        out = tmp_path / f"share-{share}"
+        cfg = grpo_config(
+            llama_dir,
+            prompts,
+            out,
+            [f"{rules}:count_a"],
+            train__max_steps=1,
+            train__eval_every=0,
+            train__save_every=0,
+            model__padding_free=True,
+            model__share_prompt=share,
+        )
+        run_grpo(cfg)
+        row = _rows(out)[-1]
+        plan = yaml.safe_load((out / "config.yaml").read_text())["plan"]["log-prob rows"]
+        runs[share] = (_step_work(row), row, plan)
+    (shared, row, plan), (alone, alone_row, alone_plan) = runs[True], runs[False]
+    assert {k: n for k, (n, _) in shared.items() if k != "sample"} == {"reference": 1, "update": 1}
+    for name in ("reference", "update"):
+        assert shared[name][0] == alone[name][0] and shared[name][1] < alone[name][1], name
+    assert "after one copy of it" in plan and ";" not in alone_plan
+    for key in ("score/mean", "policy/entropy", "policy/grad_norm"):
+        assert row[key] == pytest.approx(alone_row[key], rel=1e-4, abs=1e-6), key
+
+
 @pytest.mark.parametrize("layout", ["separate", "shared"])
 def test_a_ppo_step_runs_one_forward_per_role_and_minibatch(llama_dir, prompts, tmp_path, layout):
     out = tmp_path / layout

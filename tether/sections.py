@@ -58,6 +58,14 @@ class ModelSection(Section):
         "online stages' log-prob, value and update forwards; docs/performance.md). Turn off for a model whose "
         "attention ignores position-id restarts (remote code).",
     )
+    share_prompt: bool = option(
+        True,
+        "In padding-free rows, lay the responses to one prompt after one copy of it (DPO's pairs and lists, the "
+        "online stages' groups): each attends to the prompt and to itself, so the log-probs are the same from fewer "
+        "positions. Not under --keep-dropout (one copy would give every response the same dropout mask), nor for a "
+        "model whose attention takes no 4-D mask or has a sliding window; the plan says which layout a run uses "
+        "(docs/performance.md).",
+    )
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
     trust_remote_code: bool = option(False, "Run model code shipped inside the model folder. Off unless you trust it.")
     chat_template: str = option(
@@ -90,6 +98,12 @@ class ModelSection(Section):
         "reference model is disabled, so both score a response alike (DPO's loss is log 2 at step 1; PPO's ratio "
         "is 1 on-policy).",
     )
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Padding-free rows lay a prompt's responses after one copy of it: share_prompt, where it is exact (no
+        dropout: one copy would give every response the same mask)."""
+        return self.padding_free and self.share_prompt and not self.keep_dropout
 
     def check(self):
         if self.lora_r < 0:

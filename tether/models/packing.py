@@ -228,58 +228,79 @@ def common_prefix(sequences: list[list[int]]) -> int:
     return shortest
 
 
-def _tree_columns(lengths: list[int], shared: int) -> list[int]:
-    """Each branch's first column inside its tree (the shared prefix at columns [0, shared))."""
-    starts, col = [], shared
-    for n in lengths:
-        starts.append(col)
-        col += n - shared
-    return starts
+class SharedPrompts:
+    """Each of ``examples`` (a list of sequences that begin alike) laid out as one tree: the tokens they all begin
+    with once, then each sequence's rest as a branch; trees end to end in first-fit-decreasing rows, padding at a
+    row's end (its positions restarting at 0, as pack_sequences pads). ``flat(b, j, index)`` says where token
+    ``index`` of example b's j-th sequence sits, as a flat index into the R·W positions."""
+
+    def __init__(self, examples: list[list[list[int]]], pad_id: int = 0):
+        self.shared = [common_prefix(seqs) for seqs in examples]
+        sizes = [p + sum(len(s) - p for s in seqs) for p, seqs in zip(self.shared, examples)]
+        rows = choose_rows(sizes, [list(range(len(examples)))])[0]
+        self.width = width = max(sum(sizes[b] for b in row) for row in rows)
+        self.input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        self.position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        tree = torch.full((len(rows), width), -1, dtype=torch.long)
+        branch = torch.full((len(rows), width), -1, dtype=torch.long)  # 0: the shared prefix, j + 1: sequence j's rest
+        self.start: list[int] = [0] * len(examples)  # each tree's first flat position
+        self.branch_start: list[list[int]] = [[] for _ in examples]  # each branch's first flat position
+        for r, row in enumerate(rows):
+            col = 0
+            for b in row:
+                seqs, p = examples[b], self.shared[b]
+                self.start[b] = r * width + col
+                self.input_ids[r, col : col + p] = torch.tensor(seqs[0][:p], dtype=torch.long)
+                self.position_ids[r, col : col + p] = torch.arange(p)
+                tree[r, col : col + sizes[b]], branch[r, col : col + p] = b, 0
+                lo = col + p
+                for j, seq in enumerate(seqs):
+                    hi = lo + len(seq) - p
+                    self.input_ids[r, lo:hi] = torch.tensor(seq[p:], dtype=torch.long)
+                    self.position_ids[r, lo:hi] = torch.arange(p, len(seq))
+                    branch[r, lo:hi] = j + 1
+                    self.branch_start[b].append(r * width + lo)
+                    lo = hi
+                col += sizes[b]
+            self.position_ids[r, col:] = torch.arange(width - col)
+        self.tree_mask = _tree_mask(tree, branch)
+
+    def flat(self, b: int, j: int, index: torch.Tensor) -> torch.Tensor:
+        """Flat positions of tokens ``index`` (a tensor of token indices) of example b's j-th sequence."""
+        p = self.shared[b]
+        return torch.where(index < p, self.start[b] + index, self.branch_start[b][j] + index - p)
 
 
 def pack_shared_prompts(
     examples: list[list[list[int]]], loss_masks: list[list[list[int]]], pad_id: int, k: int
 ) -> dict[str, torch.Tensor]:
-    """Lay each example's sequences (``examples[b]``: its real responses, each prompt + response ids, best first)
-    out as one tree: their common prefix once, then each sequence's rest. ``k``: responses per example in the batch
-    (a shorter list's missing ones score as its last, as in collate_policy_preferences).
+    """The preference examples' layout (SharedPrompts): ``examples[b]`` its real responses, each prompt + response
+    ids, best first; ``k``: responses per example in the batch (a shorter list's missing ones score as its last, as
+    in collate_policy_preferences).
 
     Returns input_ids, position_ids (R, W); tree_mask (R, 1, W, W), True where a query position (row 2) may attend
     to a key position (row 3); and the scored tokens, response-major as the other layouts number sequences
     (sequence j·B + b is example b's j-th response): scored_position (flat index into R·W of the position whose
     logits predict the token), scored_target (the token) and scored_sequence. A token is scored where its loss mask
     is 1, its first token never (nothing before it predicts it)."""
+    layout = SharedPrompts(examples, pad_id)
     b_count = len(examples)
-    shared = [common_prefix(seqs) for seqs in examples]
-    sizes = [shared[b] + sum(len(s) - shared[b] for s in seqs) for b, seqs in enumerate(examples)]
-    rows = choose_rows(sizes, [list(range(b_count))])[0]
-    width = max(sum(sizes[b] for b in row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
-    tree = torch.full((len(rows), width), -1, dtype=torch.long)
-    branch = torch.full((len(rows), width), -1, dtype=torch.long)  # 0: the shared prefix, j + 1: response j's rest
-    scored: list[tuple[torch.Tensor, torch.Tensor, int, int]] = []
-    for r, row in enumerate(rows):
-        col = 0
-        for b in row:
-            seqs, p = examples[b], shared[b]
-            starts = _tree_columns([len(s) for s in seqs], p)
-            input_ids[r, col : col + p] = torch.tensor(seqs[0][:p], dtype=torch.long)
-            position_ids[r, col : col + p] = torch.arange(p)
-            tree[r, col : col + sizes[b]], branch[r, col : col + p] = b, 0
-            for j, seq in enumerate(seqs):
-                lo, hi = col + starts[j], col + starts[j] + len(seq) - p
-                input_ids[r, lo:hi] = torch.tensor(seq[p:], dtype=torch.long)
-                position_ids[r, lo:hi] = torch.arange(p, len(seq))
-                branch[r, lo:hi] = j + 1
-                # token i is predicted at token i - 1's column: in the prefix, or in this branch
-                i = torch.nonzero(torch.tensor(loss_masks[b][j][1:], dtype=torch.bool)).flatten() + 1
-                before = i - 1
-                cols = torch.where(before < p, col + before, lo + before - p)
-                scored.append((r * width + cols, torch.tensor(seq, dtype=torch.long)[i], b, j))
-            col += sizes[b]
-        position_ids[r, col:] = torch.arange(width - col)  # padding restarts too, as in pack_sequences
-    return _with_scores(input_ids, position_ids, _tree_mask(tree, branch), scored, b_count, k, examples)
+    positions, targets, sequences = [], [], []
+    for j in range(k):
+        for b in range(b_count):
+            jj = min(j, len(examples[b]) - 1)
+            i = torch.nonzero(torch.tensor(loss_masks[b][jj][1:], dtype=torch.bool)).flatten() + 1
+            positions.append(layout.flat(b, jj, i - 1))  # token i is predicted at token i - 1's position
+            targets.append(torch.tensor(examples[b][jj], dtype=torch.long)[i])
+            sequences.append(torch.full_like(i, j * b_count + b))
+    return {
+        "input_ids": layout.input_ids,
+        "position_ids": layout.position_ids,
+        "tree_mask": layout.tree_mask,
+        "scored_position": torch.cat(positions),
+        "scored_target": torch.cat(targets),
+        "scored_sequence": torch.cat(sequences),
+    }
 
 
 def _tree_mask(tree: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
@@ -295,28 +316,11 @@ def _tree_mask(tree: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
     return mask[:, None]
 
 
-def _with_scores(input_ids, position_ids, mask, scored, b_count: int, k: int, examples) -> dict[str, torch.Tensor]:
-    by_response = {(b, j): (cols, targets) for cols, targets, b, j in scored}
-    positions, targets, sequences = [], [], []
-    for j in range(k):
-        for b in range(b_count):
-            cols, tokens = by_response[(b, min(j, len(examples[b]) - 1))]
-            positions.append(cols)
-            targets.append(tokens)
-            sequences.append(torch.full_like(cols, j * b_count + b))
-    return {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "tree_mask": mask,
-        "scored_position": torch.cat(positions),
-        "scored_target": torch.cat(targets),
-        "scored_sequence": torch.cat(sequences),
-    }
-
-
 def tree_attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
     """``mask`` (True: attend) in the form the model's attention reads a 4-D mask: as it is for SDPA, additive for
-    eager attention (0 where it attends, the dtype's lowest value elsewhere; eager adds the mask to the scores)."""
+    eager attention (0 where it attends, the dtype's lowest value elsewhere; eager adds the mask to the scores). A
+    data-parallel wrapper's module is the model."""
+    model = getattr(model, "module", model)
     if model.config._attn_implementation == "sdpa":
         return mask
     dtype = next(model.parameters()).dtype
@@ -326,8 +330,8 @@ def tree_attention_mask(model, mask: torch.Tensor) -> torch.Tensor:
 def prompt_sharing_refusal(model) -> str:
     """Why ``model`` cannot take the shared-prompt layout ('' when it can): the 4-D mask replaces the one
     transformers would build, so only attentions that read such a mask (SDPA, eager), and no sliding window (the
-    mask would not hold the window) and no per-layer attention kinds."""
-    config = model.config
+    mask would not hold the window) and no per-layer attention kinds. A data-parallel wrapper's module is the model."""
+    config = getattr(model, "module", model).config
     attention = config._attn_implementation
     if attention not in ("sdpa", "eager"):
         return f"its attention ({attention}) takes no custom 4-D mask"

@@ -12,7 +12,7 @@ import torch
 
 from tether.algorithms.logprobs import at_least_float32, token_entropy, token_logprobs
 from tether.errors import ConfigError
-from tether.models.packing import pack_sequences
+from tether.models.packing import SharedPrompts, pack_sequences, prompt_sharing_refusal, tree_attention_mask
 from tether.models.vision import join_vision, on_model
 from tether.models.work import phase
 from tether.rollout.batch import Rollout
@@ -80,11 +80,15 @@ class ResponseLogits:
         return self.place(token_entropy(self.logits[None], temperature)[0])
 
 
-def _forward_response(model, rollout: Rollout, with_hidden: bool = False, padding_free: bool = False) -> ResponseLogits:
+def _forward_response(
+    model, rollout: Rollout, with_hidden: bool = False, padding_free: bool = False, share_prompt: bool = False
+) -> ResponseLogits:
     """The logits (and with ``with_hidden`` the last hidden states) at the positions that predict response tokens.
 
     Prompt logits are never computed (the LM head sees only those positions); position P−1+t predicts response token
-    t. With ``padding_free`` the rows' tokens are laid end to end (``_forward_packed``) wherever the rollout allows it.
+    t. With ``padding_free`` the rows' tokens are laid end to end (``_forward_packed``) wherever the rollout allows it;
+    with ``share_prompt`` too, rows with one prompt after one copy of it (``_forward_shared``) where the model reads
+    the layout's mask.
     """
     if with_hidden and _lm_head(model) is None:
         raise ConfigError(
@@ -94,6 +98,9 @@ def _forward_response(model, rollout: Rollout, with_hidden: bool = False, paddin
         )
     if padding_free and rollout.vision is None:  # a row's images go with padded rows (the plan says so)
         layout = _packed_layout(rollout)
+        shared = _shared_rows(model, rollout, layout) if share_prompt and layout is not None else None
+        if shared is not None:
+            return _forward_shared(model, rollout, shared, with_hidden)
         if layout is not None:
             return _forward_packed(model, rollout, layout, with_hidden)
     input_ids = torch.cat([rollout.prompt_ids, rollout.response_ids], dim=1)  # (B, P+T)
@@ -192,10 +199,78 @@ def _forward_packed(model, rollout: Rollout, layout, with_hidden: bool) -> Respo
     return ResponseLogits(logits, targets, hidden, packed.scatter)
 
 
-def response_states(backbone, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
+class _SharedRollout:
+    """A rollout's rows laid as trees (tether/models/packing.py SharedPrompts): the rows with one prompt after one
+    copy of it, each row's attended response a branch that attends to the prompt and to itself, so each gets the
+    states and logits it gets alone. ``flat`` (N,): for each scored token (row-major: ``b_idx``, ``t_idx``), the flat
+    position that predicts it; a prompt's last position predicts the first token of every row that shares it."""
+
+    def __init__(self, rollout: Rollout, layout, groups: list[list[int]], sequences: list[list[int]]):
+        prompt_len = layout[0]
+        tree = SharedPrompts([[sequences[b] for b in rows] for rows in groups])
+        place = {b: (g, j) for g, rows in enumerate(groups) for j, b in enumerate(rows)}
+        b_idx, t_idx = rollout.response_mask.cpu().bool().nonzero(as_tuple=True)
+        flat = torch.empty_like(b_idx)
+        for b in b_idx.unique().tolist():
+            at = b_idx == b
+            flat[at] = tree.flat(*place[b], prompt_len[b] - 1 + t_idx[at])  # token P_b + t read at P_b - 1 + t
+        device = rollout.response_ids.device
+        self.inputs = {"input_ids": tree.input_ids.to(device), "position_ids": tree.position_ids.to(device)}
+        self.tree_mask = tree.tree_mask.to(device)
+        self.flat, self.b_idx, self.t_idx = flat.to(device), b_idx.to(device), t_idx.to(device)
+        self.shape = tuple(rollout.response_ids.shape)
+
+    def forward_inputs(self, model) -> dict[str, torch.Tensor]:
+        """The forward's keywords, the mask in the form ``model``'s attention reads."""
+        return {**self.inputs, "attention_mask": tree_attention_mask(model, self.tree_mask)}
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) from the scored tokens' values (N, ...), zeros where nothing is scored."""
+        out = values.new_zeros(self.shape + tuple(values.shape[1:]))
+        out[self.b_idx, self.t_idx] = values
+        return out
+
+
+def _shared_rows(model, rollout: Rollout, layout) -> _SharedRollout | None:
+    """The tree layout of ``rollout``'s padding-free ``layout`` when two rows or more share a prompt and ``model``'s
+    attention reads the layout's mask; else None (the rows are then packed one sequence each)."""
+    if prompt_sharing_refusal(model):
+        return None
+    prompt_len, response_len = layout
+    p = rollout.prompt_ids.shape[1]
+    prompt_ids, response_ids = rollout.prompt_ids.cpu(), rollout.response_ids.cpu()
+    groups: dict[tuple, list[int]] = {}
+    sequences = []
+    for b in range(len(prompt_len)):
+        prompt = prompt_ids[b, p - int(prompt_len[b]) :].tolist()
+        groups.setdefault(tuple(prompt), []).append(b)
+        sequences.append(prompt + response_ids[b, : int(response_len[b])].tolist())
+    if len(groups) == len(sequences):
+        return None
+    return _SharedRollout(rollout, layout, list(groups.values()), sequences)
+
+
+def _forward_shared(model, rollout: Rollout, shared: _SharedRollout, with_hidden: bool) -> ResponseLogits:
+    """``_forward_response`` on the tree layout: the LM head sees each scored token's predicting position, in the
+    scored tokens' row-major order (a shared position once per token it predicts)."""
+    select = lambda hidden: hidden.reshape(-1, hidden.shape[-1])[shared.flat][None]  # (1, N, H)
+    with _head_sees_only(model, select) as captured:
+        out = model(**shared.forward_inputs(model), use_cache=False)
+    logits = select(out.logits)[0] if captured is None else out.logits[0]  # no LM head module: every position's
+    targets = rollout.response_ids[shared.b_idx, shared.t_idx]
+    hidden = captured["hidden"][0] if with_hidden else None  # final (normed) layer
+    return ResponseLogits(logits, targets, hidden, shared.scatter)
+
+
+def response_states(backbone, rollout: Rollout, padding_free: bool = False, share_prompt: bool = False) -> torch.Tensor:
     """(B, T, H) last hidden states of a causal-LM backbone (no LM head) at the positions that predict response
-    tokens: state s_t of the critic. 0 where nothing is scored when ``padding_free`` lays the rows end to end."""
+    tokens: state s_t of the critic. 0 where nothing is scored when ``padding_free`` lays the rows end to end (and
+    ``share_prompt`` a prompt's rows after one copy of it)."""
     layout = _packed_layout(rollout) if padding_free and rollout.vision is None else None
+    shared = _shared_rows(backbone, rollout, layout) if share_prompt and layout is not None else None
+    if shared is not None:
+        hidden = backbone(**shared.forward_inputs(backbone), use_cache=False).last_hidden_state
+        return shared.scatter(hidden.reshape(-1, hidden.shape[-1])[shared.flat])
     if layout is not None:
         packed = _PackedRollout(rollout, layout)
         return packed.scatter(backbone(**packed.inputs, use_cache=False).last_hidden_state[packed.keep])
@@ -214,37 +289,62 @@ def response_states(backbone, rollout: Rollout, padding_free: bool = False) -> t
 
 
 def response_logprobs(
-    model, rollout: Rollout, temperature: float, with_entropy: bool = False, padding_free: bool = False
+    model,
+    rollout: Rollout,
+    temperature: float,
+    with_entropy: bool = False,
+    padding_free: bool = False,
+    share_prompt: bool = False,
 ):
     """log π(a_t | s_t) of the response tokens under the sampling transform; (B, T), 0 on padding.
 
     With with_entropy, also the per-token entropy of π(· | s_t) at that temperature, (B, T). ``padding_free``:
-    one forward of the rows laid end to end (the same values; tests/test_packing.py).
+    one forward of the rows laid end to end; ``share_prompt``: a prompt's rows after one copy of it (the same
+    values; tests/test_packing.py).
     """
-    response = _forward_response(model, rollout, padding_free=padding_free)
+    response = _forward_response(model, rollout, padding_free=padding_free, share_prompt=share_prompt)
     logprobs = response.logprobs(temperature) * rollout.response_mask
     if not with_entropy:
         return logprobs
     return logprobs, response.entropy(temperature) * rollout.response_mask
 
 
-def response_logprobs_and_values(model, value_head, rollout: Rollout, temperature: float, padding_free: bool = False):
+def response_logprobs_and_values(
+    model, value_head, rollout: Rollout, temperature: float, padding_free: bool = False, share_prompt: bool = False
+):
     """One forward of a policy whose backbone also carries the critic (a value head on the last hidden state).
 
     Returns (log-probs (B, T), entropy (B, T), values V(s_t) (B, T)), all 0 on padding.
     """
-    response = _forward_response(model, rollout, with_hidden=True, padding_free=padding_free)
+    response = _forward_response(model, rollout, True, padding_free, share_prompt)
     mask = rollout.response_mask
     values = response.place(at_least_float32(value_head(response.hidden.to(value_head.weight.dtype))[..., 0]))
     return response.logprobs(temperature) * mask, response.entropy(temperature) * mask, values * mask
 
 
 def reference_logprobs(
-    reference, policy, rollout: Rollout, temperature: float, padding_free: bool = False
+    reference, policy, rollout: Rollout, temperature: float, padding_free: bool = False, share_prompt: bool = False
 ) -> torch.Tensor:
     """Reference log-probs: from the frozen copy, or (LoRA, reference None) from the policy with its adapter off."""
+    rows = {"padding_free": padding_free, "share_prompt": share_prompt}
     with phase("reference"):
         if reference is not None:
-            return response_logprobs(reference, rollout, temperature, padding_free=padding_free)
+            return response_logprobs(reference, rollout, temperature, **rows)
         with policy.disable_adapter():
-            return response_logprobs(policy, rollout, temperature, padding_free=padding_free)
+            return response_logprobs(policy, rollout, temperature, **rows)
+
+
+def describe_rows(model, model_cfg) -> str:
+    """The plan's words for how the log-prob, value and update forwards lay a rollout's rows (``model_cfg``: the
+    run's model section; ``model``: the policy)."""
+    if not model_cfg.padding_free:
+        return "padded rows, one response each (--no-padding-free)"
+    line = "padding-free: each prompt and response end to end (a vision-language policy's rows stay padded)"
+    if not model_cfg.share_prompt:
+        return line
+    if not model_cfg.shares_prompts:
+        return line + "; prompts not shared: dropout is on (each response draws its own mask over its prompt)"
+    refusal = prompt_sharing_refusal(model)
+    if refusal:
+        return line + f"; prompts not shared: {refusal}"
+    return line + "; the responses to one prompt after one copy of it (--no-share-prompt: one copy each)"

@@ -60,13 +60,6 @@ class DPOSection(Section):
         "Adds this times the chosen response's mean token NLL (RPO), against likelihood "
         "displacement (both chosen and rejected log-probs falling).",
     )
-    share_prompt: bool = option(
-        True,
-        "Score each example's responses after one forward of the tokens they all begin with (the prompt), not one "
-        "forward of the prompt per response: the same log-probs from fewer positions (padding-free rows). Not for "
-        "KTO (its blocks are forwarded apart), nor a model whose attention takes no 4-D mask or has a sliding "
-        "window: those keep packed rows, and the plan says why (docs/performance.md).",
-    )
     reference_batch_size: int = option(32, "Preference examples per forward in the one-off reference pass.")
     reference_cache: str = option(
         "",

@@ -99,11 +99,11 @@ def shared_prompt_layout(cfg: DPOConfig, model, processor) -> tuple[bool, str]:
     the plan's words for it: padding-free text rows only, not KTO's blocks, not under dropout (the layout is exact
     for a deterministic forward), a model whose attention reads the layout's 4-D mask
     (packing.prompt_sharing_refusal)."""
-    if not (cfg.model.padding_free and processor is None and cfg.dpo.share_prompt):
+    if not (cfg.model.padding_free and processor is None and cfg.model.share_prompt):
         return False, ""
     if cfg.dpo.loss == "kto":
         return False, "; prompts not shared: KTO forwards its two blocks apart"
-    if cfg.model.keep_dropout:  # one copy of the prompt would give every response the same dropout mask
+    if not cfg.model.shares_prompts:  # one copy of the prompt would give every response the same dropout mask
         return False, "; prompts not shared: dropout is on (each response draws its own mask over its prompt)"
     refusal = prompt_sharing_refusal(model)
     if refusal:

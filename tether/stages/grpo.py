@@ -26,7 +26,7 @@ from tether.online_sections import minibatch_size, updates_per_step
 from tether.rewards.score import Scorer, Scores
 from tether.rollout.backends import response_seeds
 from tether.rollout.batch import concat_rollouts
-from tether.rollout.forward import reference_logprobs, response_logprobs
+from tether.rollout.forward import describe_rows, reference_logprobs, response_logprobs
 from tether.rollout.texts import step_end_tokens
 from tether.stages.grpo_config import GRPOConfig
 from tether.stages.grpo_recipes import RECIPES
@@ -147,6 +147,7 @@ class GroupStage:
             + (f" (L = {cfg.norm_length})" if a.aggregation == "seq-mean-token-sum-norm" else ""),
             "KL": kl,
             "forwards per step (each process)": self._forwards_line(),
+            "log-prob rows": describe_rows(self.policy, cfg.model),
             "reward": self.scorer.describe(),
             "stop tokens": ", ".join(
                 self.tokenizer.convert_ids_to_tokens(self.agent.stops if self.agent else self.stops)
@@ -334,12 +335,12 @@ class GroupStage:
         The forwards are split by rows over the processes; the advantages are computed whole on each."""
         a, rollout, temperature, dp = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature, self.dp
         mask = rollout.response_mask.float()
-        free = self.cfg.model.padding_free
-        current = lambda r: response_logprobs(self.policy, r, temperature, padding_free=free)
+        rows = {"padding_free": self.cfg.model.padding_free, "share_prompt": self.cfg.model.shares_prompts}
+        current = lambda r: response_logprobs(self.policy, r, temperature, **rows)
         exp.old_logprobs = dp.map_rows(current, rollout) if self.keep_old else None
         if self.cfg.needs_reference():
             exp.ref_logprobs = dp.map_rows(
-                lambda r: reference_logprobs(self.reference, self.policy, r, temperature, padding_free=free), rollout
+                lambda r: reference_logprobs(self.reference, self.policy, r, temperature, **rows), rollout
             )
         kl_reward, now = None, exp.old_logprobs
         if now is None and a.kl_in_reward > 0:  # the log-probs at sampling time, which the ratio does not need
@@ -463,7 +464,12 @@ class GroupStage:
         a = self.cfg.algo
         sub = exp.rollout.select(micro)
         logp, entropy = response_logprobs(
-            self.policy, sub, self.cfg.rollout.temperature, with_entropy=True, padding_free=self.cfg.model.padding_free
+            self.policy,
+            sub,
+            self.cfg.rollout.temperature,
+            with_entropy=True,
+            padding_free=self.cfg.model.padding_free,
+            share_prompt=self.cfg.model.shares_prompts,
         )
         tis = exp.is_weights[micro] if exp.is_weights is not None else None
         if at_sampling is not None:

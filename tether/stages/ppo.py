@@ -28,7 +28,7 @@ from tether.models.work import phase
 from tether.online_sections import minibatch_size, updates_per_step
 from tether.rewards.score import Scorer
 from tether.rollout.backends import response_seeds
-from tether.rollout.forward import reference_logprobs, response_logprobs, response_logprobs_and_values
+from tether.rollout.forward import describe_rows, reference_logprobs, response_logprobs, response_logprobs_and_values
 from tether.stages.ppo_config import PPOConfig
 from tether.stages.ppo_critic import SharedValueHead, load_value_model
 from tether.train.experience import Experience, rollout_metrics, stats
@@ -116,6 +116,7 @@ class PPOStage:
             "forwards per step (each process)": f"1 no-grad (old log-probs{', values' if cfg.critic.layout == 'shared' else ''}), 1 reference, "
             f"{updates_per_step(cfg.algo, cfg.rollout)} with gradients (one per minibatch)"
             + ("" if cfg.critic.layout == "shared" else f"; the critic 1 + {updates_per_step(cfg.algo, cfg.rollout)}"),
+            "log-prob rows": describe_rows(self.policy, cfg.model),
             "reward": self.scorer.describe(),
             "stop tokens": ", ".join(
                 self.tokenizer.convert_ids_to_tokens(self.agent.stops if self.agent else self.stops)
@@ -231,18 +232,16 @@ class PPOStage:
         """Old and reference log-probs, values (forwards split by rows over the processes), the per-token KL,
         KL-shaped rewards, GAE advantages and returns (whole, on every process)."""
         a, rollout, temperature, dp = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature, self.dp
-        free = self.cfg.model.padding_free
+        rows = {"padding_free": self.cfg.model.padding_free, "share_prompt": self.cfg.model.shares_prompts}
         if isinstance(self.critic, SharedValueHead):  # one forward gives the old log-probs and the values
             exp.old_logprobs, _, exp.values = dp.map_rows(
-                lambda r: response_logprobs_and_values(self.policy, self.critic.head, r, temperature, free), rollout
+                lambda r: response_logprobs_and_values(self.policy, self.critic.head, r, temperature, **rows), rollout
             )
         else:
-            exp.old_logprobs = dp.map_rows(
-                lambda r: response_logprobs(self.policy, r, temperature, padding_free=free), rollout
-            )
-            exp.values = dp.map_rows(lambda r: self.critic(r, padding_free=free), rollout)
+            exp.old_logprobs = dp.map_rows(lambda r: response_logprobs(self.policy, r, temperature, **rows), rollout)
+            exp.values = dp.map_rows(lambda r: self.critic(r, **rows), rollout)
         exp.ref_logprobs = dp.map_rows(
-            lambda r: reference_logprobs(self.reference, self.policy, r, temperature, free), rollout
+            lambda r: reference_logprobs(self.reference, self.policy, r, temperature, **rows), rollout
         )
         mask = rollout.response_mask
         exp.measure_sampler(exp.old_logprobs, self.cfg.rollout)
@@ -310,10 +309,11 @@ class PPOStage:
         self.critic_optimizer.zero_grad(set_to_none=True)
         policy_params = [q for q in self.policy.parameters() if q.requires_grad]
         critic_params = [q for q in self.critic.parameters() if q.requires_grad]
+        rows = {"padding_free": self.cfg.model.padding_free, "share_prompt": self.cfg.model.shares_prompts}
         if isinstance(self.critic, SharedValueHead):
             if sub is not None:
                 logp, entropy, values = response_logprobs_and_values(
-                    self.policy, self.critic.head, sub, self.cfg.rollout.temperature, self.cfg.model.padding_free
+                    self.policy, self.critic.head, sub, self.cfg.rollout.temperature, **rows
                 )
                 policy_loss, policy_parts = self._policy_loss(exp, local, logp, entropy, n_tokens)
                 value_loss, value_parts = self._value_loss(exp, local, values, n_tokens)
@@ -329,11 +329,7 @@ class PPOStage:
         else:
             if sub is not None:
                 logp, entropy = response_logprobs(
-                    self.policy,
-                    sub,
-                    self.cfg.rollout.temperature,
-                    with_entropy=True,
-                    padding_free=self.cfg.model.padding_free,
+                    self.policy, sub, self.cfg.rollout.temperature, with_entropy=True, **rows
                 )
                 policy_loss, policy_parts = self._policy_loss(exp, local, logp, entropy, n_tokens)
                 (policy_loss * weight).backward()
@@ -341,7 +337,7 @@ class PPOStage:
             dp.sum_gradients(policy_params)
             gn_pi = self._clip_and_step(policy_params, self.optimizer, self.scheduler)
             if sub is not None:
-                values = self.critic(sub, padding_free=self.cfg.model.padding_free)
+                values = self.critic(sub, **rows)
                 value_loss, value_parts = self._value_loss(exp, local, values, n_tokens)
                 (self.cfg.critic.value_loss_coef * value_loss * weight).backward()
                 if not filler:

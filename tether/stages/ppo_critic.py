@@ -21,9 +21,9 @@ class ValueModel(nn.Module):
         super().__init__()
         self.rm = reward_model  # a tether RewardModel: backbone + 'score' head
 
-    def forward(self, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
-        with phase("critic"):
-            states = response_states(self.rm.inner.base_model, rollout, padding_free)  # (B, T, H): state s_t
+    def forward(self, rollout: Rollout, padding_free: bool = False, share_prompt: bool = False) -> torch.Tensor:
+        with phase("critic"):  # (B, T, H): state s_t
+            states = response_states(self.rm.inner.base_model, rollout, padding_free, share_prompt)
         values = at_least_float32(self.rm.score_head(states)[..., 0])  # (B, T)
         return values * rollout.response_mask
 
@@ -55,10 +55,10 @@ class SharedValueHead(nn.Module):
         nn.init.zeros_(self.head.bias)
         object.__setattr__(self, "policy", policy)  # not a submodule: the policy's weights stay out of this module
 
-    def forward(self, rollout: Rollout, padding_free: bool = False) -> torch.Tensor:
+    def forward(self, rollout: Rollout, padding_free: bool = False, share_prompt: bool = False) -> torch.Tensor:
         from tether.rollout.forward import response_logprobs_and_values
 
-        return response_logprobs_and_values(self.policy, self.head, rollout, 1.0, padding_free=padding_free)[2]
+        return response_logprobs_and_values(self.policy, self.head, rollout, 1.0, padding_free, share_prompt)[2]
 
     def save_pretrained(self, folder, **kwargs) -> None:
         from pathlib import Path

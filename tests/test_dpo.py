@@ -518,7 +518,7 @@ def test_shared_prompts_train_as_one_prompt_per_response(llama_dir, prefs, tmp_p
         )
         rows.append(_metrics(out)[0])
         plans.append(yaml.safe_load((out / "config.yaml").read_text())["plan"]["micro-batch rows"])
-    assert "one copy of the prompt they share" in plans[0] and "prompt" not in plans[1]
+    assert "responses after one copy of it" in plans[0] and ";" not in plans[1]
     for key in ("train/logps/chosen", "train/logps/rejected", "train/loss"):
         assert rows[0][key] == pytest.approx(rows[1][key], rel=1e-5), key
     out = tmp_path / "kto"

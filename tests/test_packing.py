@@ -172,6 +172,34 @@ def test_reward_scores_losses_and_gradients_equal_padded_rows(arch, arch_dirs, t
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_reward_scores_and_gradients_with_shared_prompts_equal_packed_rows(arch, arch_dirs, tokenizer):
+    """Pairs and ranked lists (one shorter: its filler scores as its last response) whose responses share a prompt;
+    float64, bounds as in the DPO test above (scores to float64 rounding, gradients to the Llama family's float32
+    RMSNorm backward)."""
+    rm = load_reward_model(arch_dirs[arch], tokenizer, ["reward"]).double()
+    gen = torch.Generator().manual_seed(4)
+    draw = lambda n: torch.randint(5, len(tokenizer), (n,), generator=gen).tolist()
+    prompts = [draw(6 + j) for j in range(5)]
+    pairs = [PairExample(p + draw(3 + j), p + draw(5), 0.5 * j, [1], "x") for j, p in enumerate(prompts[:3])]
+    lists = [RankedExample([prompts[3] + draw(4), prompts[3] + draw(2), prompts[3] + draw(6)], "x")]
+    lists.append(RankedExample([prompts[4] + draw(3), prompts[4] + draw(5)], "x"))
+    objective = RewardObjective()
+    for examples in (pairs, lists):
+        results = []
+        for share in (False, True):
+            batch = collate_preferences(examples, tokenizer.pad_token_id, True, share)
+            with torch.no_grad():
+                scores = rm(**score_inputs(batch))
+            loss, stats, grads = _loss_and_grads(rm, objective, batch)
+            results.append((scores, loss, stats["accuracy"].item(), grads, batch["input_ids"].numel()))
+        (s0, loss0, acc0, grad0, n0), (s1, loss1, acc1, grad1, n1) = results
+        torch.testing.assert_close(s1, s0, atol=1e-10, rtol=0)
+        assert loss1 == pytest.approx(loss0, abs=1e-10) and acc1 == acc0 and n1 < n0
+        bound = 1e-10 if arch == "gpt2" else 1e-6 * float(grad0.abs().max())
+        torch.testing.assert_close(grad1, grad0, atol=bound, rtol=0)
+
+
 class _IgnoresRestarts(torch.nn.Module):
     """A causal LM whose forward drops position ids, as some remote-code attention does: sequences packed in one
     row then attend to each other."""

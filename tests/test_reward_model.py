@@ -471,3 +471,31 @@ def test_tether_rm_prints_each_probe_figure_with_its_reading_and_writes_them_to_
         assert line.endswith(readings[name]["reading"]) and ("high" in line), line
     assert "the sentence 'That is a great question.' put first raised the score of" in readings["filler"]["reading"]
     assert readings["repeat"]["reading"].startswith("probe 'repeat' (the probe file's modified answer) raised")
+
+
+def test_rm_scores_a_pair_after_one_copy_of_its_prompt(llama256, lab_prefs, tmp_path):
+    """The plan says the responses share their prompt's copy (the default); the first step's loss and accuracy
+    equal those of one copy per response to float32 rounding; the held-out evaluation's too."""
+    import yaml
+
+    rows, plans = [], []
+    for share in (True, False):
+        out = tmp_path / f"share-{share}"
+        cfg = rm_config(
+            llama256,
+            lab_prefs / "prefs.jsonl",
+            lab_prefs / "prefs_eval.jsonl",
+            out,
+            train__max_steps=2,
+            train__eval_every=2,
+            train__log_every=1,
+            model__share_prompt=share,
+        )
+        run_rm(cfg)
+        rows.append([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
+        plans.append(yaml.safe_load((out / "config.yaml").read_text())["plan"]["micro-batch rows"])
+    assert "responses after one copy of it" in plans[0] and ";" not in plans[1]
+    shared, alone = rows
+    for key in ("train/loss", "train/accuracy"):
+        assert shared[0][key] == pytest.approx(alone[0][key], rel=1e-5), key
+    assert shared[-1]["eval/loss"] == pytest.approx(alone[-1]["eval/loss"], rel=1e-4)

@@ -18,7 +18,7 @@ from tether.data.images import IMAGES, image_list
 from tether.data.multimodal import Widened, placed, vision_of
 from tether.data.records import DataError, Record
 from tether.data.sft import _Drop, check_messages, check_str, render_record
-from tether.models.packing import pack_sequences, pad_sequences
+from tether.models.packing import SharedPrompts, pack_sequences, pad_sequences
 from tether.models.vision import join_vision
 
 HEAD_LABELS = {"chosen": 1, "rejected": -1, None: 0}
@@ -268,19 +268,42 @@ def tokenize_preferences(
     return examples, report
 
 
-def _layout(sequences: list[list[int]], pad_id: int, padding_free: bool) -> dict[str, torch.Tensor]:
-    """One right-padded row per sequence, or (padding_free) sequences end to end with each one's last position."""
+def _layout(
+    sequences: list[list[int]], pad_id: int, padding_free: bool, owners: list[tuple[int, int]] | None = None
+) -> dict[str, torch.Tensor]:
+    """One right-padded row per sequence, or (padding_free) sequences end to end with each one's last position; with
+    ``owners`` too (sequence i is response j of example b), each example's responses after one copy of the prompt
+    they share (packing.SharedPrompts), with a tree_mask for the forward."""
+    if padding_free and owners is not None:
+        members: dict[int, list[list[int]]] = {}
+        for seq, (b, j) in zip(sequences, owners):
+            if j == len(members.setdefault(b, [])):  # a list's filler (its last response again) is laid once
+                members[b].append(seq)
+        layout = SharedPrompts([members[b] for b in sorted(members)], pad_id)
+        last = [layout.flat(b, j, torch.tensor(len(seq) - 1)) for seq, (b, j) in zip(sequences, owners)]
+        return {
+            "input_ids": layout.input_ids,
+            "position_ids": layout.position_ids,
+            "last_index": torch.stack(last),
+            "tree_mask": layout.tree_mask,
+        }
     if padding_free:
         packed = pack_sequences(sequences, pad_id)
         return {k: packed[k] for k in ("input_ids", "position_ids", "last_index")}
     return pad_sequences(sequences, pad_id)
 
 
-def collate_preferences(examples: list, pad_id: int, padding_free: bool = False) -> dict[str, torch.Tensor]:
+def collate_preferences(
+    examples: list, pad_id: int, padding_free: bool = False, share_prompt: bool = False
+) -> dict[str, torch.Tensor]:
     """Pairs: 2B sequences, chosen first then rejected, so both are scored in one forward. Lists: B·K sequences
-    and a (B, K) mask. ``padding_free`` lays them end to end in fewer rows (tether/models/packing.py)."""
+    and a (B, K) mask. ``padding_free`` lays them end to end in fewer rows (tether/models/packing.py);
+    ``share_prompt`` too: each example's responses after one copy of their prompt (text rows only)."""
+    share = share_prompt and not any(e.vision is not None for e in examples)
     if isinstance(examples[0], PairExample):
-        batch = _layout([e.chosen_ids for e in examples] + [e.rejected_ids for e in examples], pad_id, padding_free)
+        owners = [(b, j) for j in range(2) for b in range(len(examples))] if share else None
+        sequences = [e.chosen_ids for e in examples] + [e.rejected_ids for e in examples]
+        batch = _layout(sequences, pad_id, padding_free, owners)
         if any(e.vision is not None for e in examples):  # padded rows: chosen rows, then rejected rows
             batch.update(join_vision([e.vision for e in examples] * 2, batch["input_ids"].shape[1]))
         return {
@@ -294,7 +317,8 @@ def collate_preferences(examples: list, pad_id: int, padding_free: bool = False)
         for j in range(k):
             rows.append(e.ranked_ids[j] if j < len(e.ranked_ids) else e.ranked_ids[-1])  # filler rows are masked out
             list_mask[i, j] = j < len(e.ranked_ids)
-    batch = _layout(rows, pad_id, padding_free)
+    owners = [(i, min(j, len(e.ranked_ids) - 1)) for i, e in enumerate(examples) for j in range(k)] if share else None
+    batch = _layout(rows, pad_id, padding_free, owners)
     if any(e.vision is not None for e in examples):  # each row's record's images, row by row
         batch.update(join_vision([e.vision for e in examples for _ in range(k)], batch["input_ids"].shape[1]))
     return {**batch, "list_mask": list_mask}  # B·K sequences, (B, K)

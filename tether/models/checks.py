@@ -50,9 +50,10 @@ def check_position_restarts(model, where: str) -> None:
 
 @torch.no_grad()
 def check_prompt_sharing(model, where: str) -> None:
-    """Raise a ConfigError naming ``where`` when ``model`` (a causal LM) does not give a response laid after a shared
-    prompt (packing.pack_shared_prompts: a 4-D mask and continued position ids) the logits it gets in a row of its
-    own, e.g. a remote-code attention that ignores the mask. Three tiny forwards."""
+    """Raise a ConfigError naming ``where`` when ``model`` (a causal LM, or a backbone: its last hidden states are
+    compared) does not give a response laid after a shared prompt (packing.pack_shared_prompts: a 4-D mask and
+    continued position ids) the logits it gets in a row of its own, e.g. a remote-code attention that ignores the
+    mask. Three tiny forwards."""
     vocab = getattr(model.config, "vocab_size", None) or 16
     prompt = [(3 + i) % vocab for i in range(4)]
     first, second = prompt + [(11 + i) % vocab for i in range(3)], prompt + [(7 + i) % vocab for i in range(2)]
@@ -64,8 +65,9 @@ def check_prompt_sharing(model, where: str) -> None:
         inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
         inputs = {k: v.to(device) for k, v in inputs.items()}
         inputs["attention_mask"] = tree_attention_mask(model, batch["tree_mask"].to(device))
-        shared = model(**inputs, use_cache=False).logits[0, -len(second) + len(prompt) :]
-        alone = model(input_ids=torch.tensor([second], device=device), use_cache=False).logits[0, len(prompt) :]
+        read = lambda out: out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+        shared = read(model(**inputs, use_cache=False))[0, -len(second) + len(prompt) :]
+        alone = read(model(input_ids=torch.tensor([second], device=device), use_cache=False))[0, len(prompt) :]
     finally:
         model.train(was_training)
     shared, alone = shared.float(), alone.float()

@@ -162,7 +162,7 @@ def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
 def score_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The keyword arguments tether's RewardModel takes from a padded or a packed batch (a vision-language backbone's:
     its pixel tensors too)."""
-    names = ("input_ids", "attention_mask", "position_ids", "last_index", *VISION_INPUTS)
+    names = ("input_ids", "attention_mask", "position_ids", "last_index", "tree_mask", *VISION_INPUTS)
     return {k: batch[k] for k in names if k in batch}
 
 
@@ -356,3 +356,17 @@ def shared_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tenso
     per_token = token_logprobs(rows[None], batch["scored_target"][None])[0]
     index = batch["scored_sequence"]
     return segment_sum(per_token, index, sequences), segment_sum(torch.ones_like(per_token), index, sequences)
+
+
+def prompt_sharing(model_cfg, model) -> tuple[bool, str]:
+    """Whether padding-free rows lay a prompt's responses after one copy of it for ``model`` (the run's model section
+    ``model_cfg``: share_prompt, no dropout, an attention that reads the layout's mask), and the plan's words for the
+    choice ('' where the option is off)."""
+    if not (model_cfg.padding_free and model_cfg.share_prompt):
+        return False, ""
+    if not model_cfg.shares_prompts:
+        return False, "; prompts not shared: dropout is on (each response draws its own mask over its prompt)"
+    refusal = prompt_sharing_refusal(model)
+    if refusal:
+        return False, f"; prompts not shared: {refusal}"
+    return True, "; a prompt's responses after one copy of it (--no-share-prompt: one copy each)"

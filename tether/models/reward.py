@@ -24,7 +24,7 @@ from tether.algorithms.masks import last_action_index
 from tether.config import ConfigError
 from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
 from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, lora_config
-from tether.models.packing import pad_sequences
+from tether.models.packing import pad_sequences, tree_attention_mask
 from tether.models.shards import is_sharded, reshard
 from tether.models.vision import VISION_TOWER_MODULES, freeze_vision_tower, is_vision_language, load_processor
 
@@ -57,19 +57,22 @@ class RewardModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         last_index: torch.Tensor | None = None,
         step_index: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
         **vision: torch.Tensor,
     ) -> torch.Tensor:
         """(sequences, heads) scores at each sequence's last token: of padded rows (attention_mask, left or right
-        padding) or of packed rows (position_ids restarting per sequence, last_index: tether/models/packing.py).
+        padding) or of packed rows (position_ids restarting per sequence, last_index: tether/models/packing.py; with
+        ``tree_mask`` a prompt's responses after one copy of it, packing.SharedPrompts).
         With ``step_index`` (B, S): (B, S, heads) scores at each row's step positions (step_scores). ``vision``: a
         vision-language backbone's pixel tensors (models/vision.py VISION_INPUTS; padded rows). Through forward, so
         data-parallel and sharded wrappers see the call."""
         if step_index is not None:
             return self.step_scores(input_ids, attention_mask, step_index, **vision)
         inner = self.inner
-        if last_index is not None:
+        if last_index is not None:  # packed rows, or (tree_mask) responses after one copy of their prompt
+            mask = tree_attention_mask(inner.base_model, tree_mask) if tree_mask is not None else None
             hidden = inner.base_model(
-                input_ids=input_ids, position_ids=position_ids, use_cache=False
+                input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
             ).last_hidden_state  # (R, W, H)
             return at_least_float32(self.score_head(hidden.reshape(-1, hidden.shape[-1])[last_index]))  # (n, heads)
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T), 0 at the first real token

@@ -12,7 +12,13 @@ import torch
 
 from tether.algorithms.logprobs import at_least_float32, token_entropy, token_logprobs
 from tether.errors import ConfigError
-from tether.models.packing import SharedPrompts, pack_sequences, prompt_sharing_refusal, tree_attention_mask
+from tether.models.packing import (
+    SharedPrompts,
+    pack_sequences,
+    prompt_sharing,
+    prompt_sharing_refusal,
+    tree_attention_mask,
+)
 from tether.models.vision import join_vision, on_model
 from tether.models.work import phase
 from tether.rollout.batch import Rollout
@@ -340,11 +346,4 @@ def describe_rows(model, model_cfg) -> str:
     if not model_cfg.padding_free:
         return "padded rows, one response each (--no-padding-free)"
     line = "padding-free: each prompt and response end to end (a vision-language policy's rows stay padded)"
-    if not model_cfg.share_prompt:
-        return line
-    if not model_cfg.shares_prompts:
-        return line + "; prompts not shared: dropout is on (each response draws its own mask over its prompt)"
-    refusal = prompt_sharing_refusal(model)
-    if refusal:
-        return line + f"; prompts not shared: {refusal}"
-    return line + "; the responses to one prompt after one copy of it (--no-share-prompt: one copy each)"
+    return line + prompt_sharing(model_cfg, model)[1]

@@ -14,7 +14,7 @@ from tether.data.multimodal import refuse_images, text_only
 from tether.data.records import read_records, tokenize_split
 from tether.models.checks import check_position_restarts, check_prompt_sharing
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
-from tether.models.packing import describe, prompt_sharing_refusal
+from tether.models.packing import describe, prompt_sharing
 from tether.models.vision import is_vision_language, load_processor, never_sample_placeholders
 from tether.rollout.backends import BACKENDS
 from tether.stages.dpo_config import DPOConfig
@@ -99,17 +99,14 @@ def shared_prompt_layout(cfg: DPOConfig, model, processor) -> tuple[bool, str]:
     the plan's words for it: padding-free text rows only, not KTO's blocks, not under dropout (the layout is exact
     for a deterministic forward), a model whose attention reads the layout's 4-D mask
     (packing.prompt_sharing_refusal)."""
-    if not (cfg.model.padding_free and processor is None and cfg.model.share_prompt):
+    if processor is not None:
         return False, ""
-    if cfg.dpo.loss == "kto":
+    if cfg.dpo.loss == "kto" and cfg.model.padding_free and cfg.model.share_prompt:
         return False, "; prompts not shared: KTO forwards its two blocks apart"
-    if not cfg.model.shares_prompts:  # one copy of the prompt would give every response the same dropout mask
-        return False, "; prompts not shared: dropout is on (each response draws its own mask over its prompt)"
-    refusal = prompt_sharing_refusal(model)
-    if refusal:
-        return False, f"; prompts not shared: {refusal}"
-    check_prompt_sharing(model, cfg.model.path)
-    return True, "; each example's responses after one copy of the prompt they share (--no-share-prompt: one each)"
+    share, note = prompt_sharing(cfg.model, model)
+    if share:
+        check_prompt_sharing(model, cfg.model.path)
+    return share, note
 
 
 def load_dpo_data(cfg: DPOConfig):

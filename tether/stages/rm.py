@@ -26,9 +26,9 @@ from tether.console import console
 from tether.data.multimodal import refuse_images, text_only
 from tether.data.preferences import collate_preferences, tokenize_preferences
 from tether.data.records import read_records
-from tether.models.checks import check_position_restarts
+from tether.models.checks import check_position_restarts, check_prompt_sharing
 from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
-from tether.models.packing import describe, score_inputs
+from tether.models.packing import describe, prompt_sharing, score_inputs
 from tether.models.reward import NORM_FILE, load_reward_model, load_trainable_reward_model, save_reward_model
 from tether.models.vision import is_vision_language, load_processor
 from tether.stages.rm_config import RMConfig
@@ -97,6 +97,7 @@ def evaluate_rm(
     device,
     scored: dict | None = None,
     padding_free: bool = False,
+    share_prompt: bool = False,
 ) -> dict[str, float]:
     """Held-out loss, accuracy (per head), margin and score distributions (every process evaluates the whole set).
     One forward per batch gives both the loss and the scores. ``scored``, when given, is filled with
@@ -105,7 +106,7 @@ def evaluate_rm(
     loss, n, chosen, rejected, labels, list_acc = 0.0, 0, [], [], [], []
     for start in range(0, len(examples), micro):
         part = examples[start : start + micro]
-        batch = {k: v.to(device) for k, v in collate_preferences(part, pad_id, padding_free).items()}
+        batch = {k: v.to(device) for k, v in collate_preferences(part, pad_id, padding_free, share_prompt).items()}
         n += objective.count(batch)
         if "margin" in batch:
             scores = model(**score_inputs(batch))
@@ -150,11 +151,20 @@ def _model_and_optimizer(cfg: RMConfig, tokenizer, accelerator, checkpoint: Path
     model = load_trainable_rm(cfg, tokenizer, checkpoint)
     if cfg.model.padding_free and not is_vision_language(cfg.model.path):  # a vision model's rows are padded
         check_position_restarts(model, cfg.model.path)
+    if shared_prompt_layout(cfg, model)[0]:
+        check_prompt_sharing(model.inner.base_model, cfg.model.path)
     model, optimizer, scheduler, state = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
     detector = OverfitDetector(cfg.rm.overfit_drop, cfg.rm.overfit_patience)
     if "overfit" in state:  # the detector's memory of earlier evaluations continues too
         detector = OverfitDetector(**{**state["overfit"], "history": [tuple(h) for h in state["overfit"]["history"]]})
     return model, optimizer, scheduler, detector
+
+
+def shared_prompt_layout(cfg: RMConfig, model) -> tuple[bool, str]:
+    """packing.prompt_sharing for the reward model's backbone; a vision-language model's rows are padded."""
+    if is_vision_language(cfg.model.path):
+        return False, ""
+    return prompt_sharing(cfg.model, model.inner.base_model)
 
 
 def _evaluate(model, *args, scored: dict, **kwargs) -> dict[str, float]:
@@ -192,7 +202,8 @@ def run_rm(cfg: RMConfig) -> dict:
     accelerator, _, out, start_step, checkpoint = opened
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model, optimizer, scheduler, detector = _model_and_optimizer(cfg, tokenizer, accelerator, checkpoint, total_steps)
-    plan = _rm_plan(cfg, train, evals, reports[0], accelerator, total_steps, start_step, model)
+    share, rows_note = shared_prompt_layout(cfg, accelerator.unwrap_model(model))
+    plan = _rm_plan(cfg, train, evals, reports[0], accelerator, total_steps, start_step, model, rows_note)
     objective = RewardObjective(cfg.rm.ranking_loss, cfg.rm.center_coef)
     unwrapped = accelerator.unwrap_model(model)
     final_scores: dict = {}  # the latest evaluation's scores per response (after the last step: the final weights')
@@ -234,7 +245,7 @@ def run_rm(cfg: RMConfig) -> dict:
         train_examples=train,
         eval_examples=evals,
         objective=objective,
-        collate_fn=lambda exs: collate_preferences(exs, pad_id, padding_free),
+        collate_fn=lambda exs: collate_preferences(exs, pad_id, padding_free, share),
         on_eval=_best_keeper(cfg, detector, model, unwrapped, saved_with, out, accelerator),
         checkpoint_state=lambda: {"overfit": asdict(detector)},
         evaluate_fn=lambda step: _evaluate(
@@ -247,18 +258,22 @@ def run_rm(cfg: RMConfig) -> dict:
             device,
             scored=final_scores if processor is None else {},  # keyed by token ids: a text model's only
             padding_free=padding_free,
+            share_prompt=share,
         ),
     )
 
 
-def _rm_plan(cfg: RMConfig, train, evals, report, accelerator, total_steps: int, start_step: int, model) -> dict:
+def _rm_plan(
+    cfg: RMConfig, train, evals, report, accelerator, total_steps: int, start_step: int, model, rows_note: str
+) -> dict:
     return {
         "examples (train / eval)": f"{len(train)} / {len(evals)} {report.format}",
         "heads": ", ".join(cfg.rm.heads),
         "batch per optimizer step": cfg.train.batch_size,
         "processes x micro-batch x accumulation": cfg.train.micro_batch_plan(accelerator.num_processes),
         "micro-batch rows": describe(cfg.model.padding_free and not is_vision_language(cfg.model.path))
-        + (" (a vision-language model's: each row its images)" if is_vision_language(cfg.model.path) else ""),
+        + (" (a vision-language model's: each row its images)" if is_vision_language(cfg.model.path) else "")
+        + rows_note,
         "optimizer steps": total_steps,
         "start step": start_step,
         "model": parameter_summary(model)

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tether.agents.episodes import check_episodes
-from tether.models.checks import check_position_restarts
+from tether.models.checks import check_position_restarts, check_prompt_sharing
 from tether.models.lm import frozen_dtype, load_reference, load_stage_tokenizer, load_trainable_model
+from tether.models.packing import prompt_sharing
 from tether.models.vision import is_vision_language, never_sample_placeholders
 from tether.rewards.judge import load_judge
 from tether.rewards.score import Scorer, load_process_reward_scorer, load_reward_model_scorer
@@ -103,6 +104,9 @@ def load_online_models(cfg, start, needs_reference: bool, scorer=None, extra: Ex
             check_position_restarts(reference, cfg.model.reference)
         if own is not None and extra.restarts is not None and extra.restarts(own) is not None:
             check_position_restarts(*extra.restarts(own))
+        for model, where in ((policy, cfg.model.path), (reference, cfg.model.reference)):
+            if model is not None and where and prompt_sharing(cfg.model, model)[0]:  # a group after one prompt copy
+                check_prompt_sharing(model, where)
     sampling_copy = None
     if sharded:
         # a whole copy where the hf backend samples in the trainer, or where a rollout worker is written whole

@@ -225,22 +225,24 @@ def test_a_model_that_ignores_position_restarts_is_refused_before_training(arch_
 
 def test_pack_shared_prompts_by_hand():
     """Example 0: prompt 5 6 7, answers 8 9 and 8 4 (they share their first token too); example 1: prompt 5 6,
-    answers 3 and 2 2. Trees of 6 and 5 positions fit one row of 11 (the fewest positions of the candidates)."""
+    answers 3 and 2 2. Trees of 6 and 5 positions: rows as wide as the widest tree, so one tree a row."""
     examples = [[[5, 6, 7, 8, 9], [5, 6, 7, 8, 4]], [[5, 6, 3], [5, 6, 2, 2]]]
     masks = [[[0, 0, 0, 1, 1], [0, 0, 0, 1, 1]], [[0, 0, 1], [0, 0, 1, 1]]]
     batch = pack_shared_prompts(examples, masks, pad_id=0, k=2)
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 4, 5, 6, 3, 2, 2]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4, 0, 1, 2, 2, 3]]
-    # response-major: sequence j·B + b. Token i is read at the column of token i - 1: 8 after 7 (column 2), 9 and 4
-    # after the shared 8 (column 3), 3 and the first 2 after 6 (column 7), the second 2 after the first (column 9)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 4], [5, 6, 3, 2, 2, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4], [0, 1, 2, 2, 3, 0]]
+    # response-major: sequence j·B + b. Token i is read at the position of token i - 1 (flat, rows of 6): 8 after 7
+    # (2), 9 and 4 after the shared 8 (3), 3 and the first 2 after 6 (row 1, column 1: 7), the second 2 after the
+    # first (row 1, column 3: 9)
     assert batch["scored_sequence"].tolist() == [0, 0, 1, 2, 2, 3, 3]
     assert batch["scored_position"].tolist() == [2, 3, 7, 2, 3, 7, 9]
     assert batch["scored_target"].tolist() == [8, 9, 3, 8, 4, 2, 2]
-    mask = batch["tree_mask"][0, 0]
-    sees = lambda q: torch.nonzero(mask[q]).flatten().tolist()
-    assert sees(3) == [0, 1, 2, 3]  # the shared prefix, causal
-    assert sees(4) == [0, 1, 2, 3, 4] and sees(5) == [0, 1, 2, 3, 5]  # each branch: the prefix and itself
-    assert sees(8) == [6, 7, 8] and sees(10) == [6, 7, 9, 10]  # the second tree sees nothing of the first
+    mask = batch["tree_mask"][:, 0]
+    sees = lambda r, q: torch.nonzero(mask[r, q]).flatten().tolist()
+    assert sees(0, 3) == [0, 1, 2, 3]  # the shared prefix, causal
+    assert sees(0, 4) == [0, 1, 2, 3, 4] and sees(0, 5) == [0, 1, 2, 3, 5]  # each branch: the prefix and itself
+    assert sees(1, 2) == [0, 1, 2] and sees(1, 4) == [0, 1, 3, 4]
+    assert sees(1, 5) == [5]  # padding sees itself alone (no empty row of attention)
     # a list of three beside a pair: the pair's missing third response scores as its second (the filler)
     batch = pack_shared_prompts(
         [[[1, 2, 3], [1, 2, 4]], [[1, 5], [1, 6], [1, 7]]], [[[0, 1, 1]] * 2, [[0, 1]] * 3], 0, 3

@@ -230,14 +230,17 @@ def common_prefix(sequences: list[list[int]]) -> int:
 
 class SharedPrompts:
     """Each of ``examples`` (a list of sequences that begin alike) laid out as one tree: the tokens they all begin
-    with once, then each sequence's rest as a branch; trees end to end in first-fit-decreasing rows, padding at a
-    row's end (its positions restarting at 0, as pack_sequences pads). ``flat(b, j, index)`` says where token
+    with once, then each sequence's rest as a branch; trees end to end in first-fit-decreasing rows as wide as the
+    widest tree, padding at a row's end (its positions restarting at 0, as pack_sequences pads). ``flat(b, j, index)`` says where token
     ``index`` of example b's j-th sequence sits, as a flat index into the R·W positions."""
 
     def __init__(self, examples: list[list[list[int]]], pad_id: int = 0):
         self.shared = [common_prefix(seqs) for seqs in examples]
         sizes = [p + sum(len(s) - p for s in seqs) for p, seqs in zip(self.shared, examples)]
-        rows = choose_rows(sizes, [list(range(len(examples)))])[0]
+        # rows no wider than the widest tree: a tree is already as wide as several sequences, and the dense mask's
+        # attention grows with the square of the width (two 540-position trees in one row cost the lab's GRPO update
+        # more than the positions they save)
+        rows = _rows(sizes, [list(range(len(examples)))], max(sizes))[0]
         self.width = width = max(sum(sizes[b] for b in row) for row in rows)
         self.input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         self.position_ids = torch.zeros((len(rows), width), dtype=torch.long)

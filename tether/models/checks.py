@@ -11,6 +11,26 @@ from tether.models.packing import model_inputs, pack_sequences, pack_shared_prom
 from tether.models.reward import RewardModel
 
 
+def _in_eval_mode(model, forwards):
+    """forwards() with ``model`` in eval mode (no dropout), its mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        return forwards()
+    finally:
+        model.train(was_training)
+
+
+def _differ(got: torch.Tensor, alone: torch.Tensor, model) -> bool:
+    """Whether the same tokens' outputs in a layout and alone differ by more than rounding. The two run the same
+    arithmetic on differently shaped tensors: ~1e-7 of the outputs' scale in fp32 (eager attention's softmax runs in
+    float32 whatever the dtype), but bf16 (weights or autocast) keeps 8 bits, ~4e-3 a rounding, compounded over the
+    layers; a sequence that sees a neighbour it should not is off by the outputs' own scale."""
+    got, alone = got.float(), alone.float()
+    tolerance = (1e-4 if compute_dtype(model) == torch.float32 else 5e-2) * (1 + float(alone.abs().max()))
+    return float((got - alone).abs().max()) > tolerance
+
+
 @torch.no_grad()
 def check_position_restarts(model, where: str) -> None:
     """Raise a ConfigError naming ``where`` (the model path) when ``model`` (a causal LM or tether's RewardModel)
@@ -23,24 +43,15 @@ def check_position_restarts(model, where: str) -> None:
     device = next(model.parameters()).device
     batch = {k: v.to(device) for k, v in batch.items()}
     alone_ids = torch.tensor([second], device=device)
-    was_training = model.training
-    model.eval()
-    try:
+
+    def forwards():
         if isinstance(model, RewardModel):
-            packed = model(**score_inputs(batch))[1]
-            alone = model(alone_ids, torch.ones_like(alone_ids))[0]
-        else:
-            logits = model(**model_inputs(batch), use_cache=False).logits.reshape(-1, config.vocab_size)
-            packed = logits[int(batch["last_index"][1]) - 2 : int(batch["last_index"][1]) + 1]
-            alone = model(input_ids=alone_ids, use_cache=False).logits[0]
-    finally:
-        model.train(was_training)
-    packed, alone = packed.float(), alone.float()
-    # packed and alone run the same arithmetic on differently shaped tensors, so they differ by rounding: ~1e-7 of
-    # the logits' scale in fp32, but bf16 (weights or autocast) keeps 8 bits, ~4e-3 a rounding, compounded over
-    # the layers; a sequence that attends to its neighbour is off by the logits' own scale
-    tolerance = (1e-4 if compute_dtype(model) == torch.float32 else 5e-2) * (1 + float(alone.abs().max()))
-    if float((packed - alone).abs().max()) > tolerance:
+            return model(**score_inputs(batch))[1], model(alone_ids, torch.ones_like(alone_ids))[0]
+        logits = model(**model_inputs(batch), use_cache=False).logits.reshape(-1, config.vocab_size)
+        last = int(batch["last_index"][1])
+        return logits[last - 2 : last + 1], model(input_ids=alone_ids, use_cache=False).logits[0]
+
+    if _differ(*_in_eval_mode(model, forwards), model):
         raise ConfigError(
             f"{where}: this model lets a sequence packed after another attend to it (its attention "
             "ignores position-id restarts), so padding-free micro-batches would be wrong for it: "
@@ -59,22 +70,15 @@ def check_prompt_sharing(model, where: str) -> None:
     first, second = prompt + [(11 + i) % vocab for i in range(3)], prompt + [(7 + i) % vocab for i in range(2)]
     batch = pack_shared_prompts([[first, second]], [[[1] * len(first), [1] * len(second)]], 0, 2)
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        inputs = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
-        inputs = {k: v.to(device) for k, v in inputs.items()}
-        inputs["attention_mask"] = tree_attention_mask(model, batch["tree_mask"].to(device))
-        read = lambda out: out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+    inputs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device)}
+    inputs["attention_mask"] = tree_attention_mask(model, batch["tree_mask"].to(device))
+    read = lambda out: out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+
+    def forwards():
         shared = read(model(**inputs, use_cache=False))[0, -len(second) + len(prompt) :]
-        alone = read(model(input_ids=torch.tensor([second], device=device), use_cache=False))[0, len(prompt) :]
-    finally:
-        model.train(was_training)
-    shared, alone = shared.float(), alone.float()
-    # as check_position_restarts: rounding apart (eager attention's softmax runs in float32 whatever the dtype); a
-    # branch that sees the other branch is off by the logits' own scale
-    tolerance = (1e-4 if compute_dtype(model) == torch.float32 else 5e-2) * (1 + float(alone.abs().max()))
-    if float((shared - alone).abs().max()) > tolerance:
+        return shared, read(model(input_ids=torch.tensor([second], device=device), use_cache=False))[0, len(prompt) :]
+
+    if _differ(*_in_eval_mode(model, forwards), model):
         raise ConfigError(
             f"{where}: this model does not give a response laid after a shared prompt the log-probs it gets alone "
             "(its attention ignores a 4-D attention mask), so shared-prompt micro-batches would be wrong for it: "

@@ -243,6 +243,14 @@ def test_pack_shared_prompts_by_hand():
     assert sees(0, 4) == [0, 1, 2, 3, 4] and sees(0, 5) == [0, 1, 2, 3, 5]  # each branch: the prefix and itself
     assert sees(1, 2) == [0, 1, 2] and sees(1, 4) == [0, 1, 3, 4]
     assert sees(1, 5) == [5]  # padding sees itself alone (no empty row of attention)
+    # a group wider than twice its longest sequence is split into trees that are not: prompt 1, four answers of 3
+    # tokens (sequences of 4, so trees of at most 8): answers 0-1 after one copy of the prompt, answers 2-3 after
+    # another, each tree 1 + 3 + 3 = 7 positions
+    group = [[1, 10 + j, 20 + j, 30 + j] for j in range(4)]
+    batch = pack_shared_prompts([group], [[[0, 1, 1, 1]] * 4], 0, 4)
+    assert batch["input_ids"].tolist() == [[1, 10, 20, 30, 11, 21, 31], [1, 12, 22, 32, 13, 23, 33]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 1, 2, 3]] * 2
+    assert batch["scored_position"].tolist() == [0, 1, 2, 0, 4, 5, 7, 8, 9, 7, 11, 12]
     # a list of three beside a pair: the pair's missing third response scores as its second (the filler)
     batch = pack_shared_prompts(
         [[[1, 2, 3], [1, 2, 4]], [[1, 5], [1, 6], [1, 7]]], [[[0, 1, 1]] * 2, [[0, 1]] * 3], 0, 3

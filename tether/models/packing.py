@@ -228,50 +228,70 @@ def common_prefix(sequences: list[list[int]]) -> int:
     return shortest
 
 
+def _runs_within(seqs: list[list[int]], cap: int) -> list[list[int]]:
+    """The indices of ``seqs`` in consecutive runs whose tree (their common prefix once, then each one's rest) is at
+    most ``cap`` positions; a run of one always fits (``cap`` is at least the longest sequence)."""
+    runs: list[list[int]] = []
+    for j in range(len(seqs)):
+        trial = (runs[-1] if runs else []) + [j]
+        p = common_prefix([seqs[i] for i in trial])
+        if runs and p + sum(len(seqs[i]) - p for i in trial) <= cap:
+            runs[-1] = trial
+        else:
+            runs.append([j])
+    return runs
+
+
 class SharedPrompts:
-    """Each of ``examples`` (a list of sequences that begin alike) laid out as one tree: the tokens they all begin
-    with once, then each sequence's rest as a branch; trees end to end in first-fit-decreasing rows as wide as the
-    widest tree, padding at a row's end (its positions restarting at 0, as pack_sequences pads). ``flat(b, j, index)`` says where token
-    ``index`` of example b's j-th sequence sits, as a flat index into the R·W positions."""
+    """Each of ``examples`` (a list of sequences that begin alike) laid out as trees: the tokens a tree's sequences
+    all begin with once, then each sequence's rest as a branch. A tree is at most twice the longest sequence wide,
+    as packed rows are (pack_sequences): a group too wide for one tree (GRPO's G responses to a short prompt) is
+    split into consecutive runs, each a tree, since the dense mask's attention grows with the square of a row's
+    width (measured: one 540-position tree of 8 responses to a 20-token prompt cost the GRPO update what it saved
+    in positions). Trees go end to end in first-fit-decreasing rows as wide as the widest tree, padding at a row's
+    end (its positions restarting at 0, as pack_sequences pads). ``flat(b, j, index)`` says where token ``index`` of
+    example b's j-th sequence sits, as a flat index into the R·W positions."""
 
     def __init__(self, examples: list[list[list[int]]], pad_id: int = 0):
-        self.shared = [common_prefix(seqs) for seqs in examples]
-        sizes = [p + sum(len(s) - p for s in seqs) for p, seqs in zip(self.shared, examples)]
-        # rows no wider than the widest tree: a tree is already as wide as several sequences, and the dense mask's
-        # attention grows with the square of the width (two 540-position trees in one row cost the lab's GRPO update
-        # more than the positions they save)
-        rows = _rows(sizes, [list(range(len(examples)))], max(sizes))[0]
-        self.width = width = max(sum(sizes[b] for b in row) for row in rows)
+        cap = 2 * max(len(s) for seqs in examples for s in seqs)
+        trees = [(b, run) for b, seqs in enumerate(examples) for run in _runs_within(seqs, cap)]
+        self.place = {(b, j): (t, k) for t, (b, run) in enumerate(trees) for k, j in enumerate(run)}
+        members = [[examples[b][j] for j in run] for b, run in trees]
+        self.shared = [common_prefix(seqs) for seqs in members]
+        sizes = [p + sum(len(s) - p for s in seqs) for p, seqs in zip(self.shared, members)]
+        rows = _rows(sizes, [list(range(len(members)))], max(sizes))[0]
+        self.width = width = max(sum(sizes[t] for t in row) for row in rows)
         self.input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         self.position_ids = torch.zeros((len(rows), width), dtype=torch.long)
         tree = torch.full((len(rows), width), -1, dtype=torch.long)
-        branch = torch.full((len(rows), width), -1, dtype=torch.long)  # 0: the shared prefix, j + 1: sequence j's rest
-        self.start: list[int] = [0] * len(examples)  # each tree's first flat position
-        self.branch_start: list[list[int]] = [[] for _ in examples]  # each branch's first flat position
+        branch = torch.full((len(rows), width), -1, dtype=torch.long)  # 0: the shared prefix, k + 1: sequence k's rest
+        self.start: list[int] = [0] * len(members)  # each tree's first flat position
+        self.branch_start: list[list[int]] = [[] for _ in members]  # each branch's first flat position
         for r, row in enumerate(rows):
             col = 0
-            for b in row:
-                seqs, p = examples[b], self.shared[b]
-                self.start[b] = r * width + col
+            for t in row:
+                seqs, p = members[t], self.shared[t]
+                self.start[t] = r * width + col
                 self.input_ids[r, col : col + p] = torch.tensor(seqs[0][:p], dtype=torch.long)
                 self.position_ids[r, col : col + p] = torch.arange(p)
-                tree[r, col : col + sizes[b]], branch[r, col : col + p] = b, 0
+                tree[r, col : col + sizes[t]], branch[r, col : col + p] = t, 0
                 lo = col + p
-                for j, seq in enumerate(seqs):
+                for k, seq in enumerate(seqs):
                     hi = lo + len(seq) - p
                     self.input_ids[r, lo:hi] = torch.tensor(seq[p:], dtype=torch.long)
                     self.position_ids[r, lo:hi] = torch.arange(p, len(seq))
-                    branch[r, lo:hi] = j + 1
-                    self.branch_start[b].append(r * width + lo)
+                    branch[r, lo:hi] = k + 1
+                    self.branch_start[t].append(r * width + lo)
                     lo = hi
-                col += sizes[b]
+                col += sizes[t]
             self.position_ids[r, col:] = torch.arange(width - col)
         self.tree_mask = _tree_mask(tree, branch)
 
     def flat(self, b: int, j: int, index: torch.Tensor) -> torch.Tensor:
         """Flat positions of tokens ``index`` (a tensor of token indices) of example b's j-th sequence."""
-        p = self.shared[b]
-        return torch.where(index < p, self.start[b] + index, self.branch_start[b][j] + index - p)
+        t, k = self.place[(b, j)]
+        p = self.shared[t]
+        return torch.where(index < p, self.start[t] + index, self.branch_start[t][k] + index - p)
 
 
 def pack_shared_prompts(

@@ -242,14 +242,28 @@ def _runs_within(seqs: list[list[int]], cap: int) -> list[list[int]]:
     return runs
 
 
+def _tree_rows(sizes: list[int], cap: int) -> list[list[int]]:
+    """Rows of trees: of the capacities from the widest tree up to ``cap`` (twice the longest sequence: the width
+    packed rows reach at most, so a row's attention stays within what packing computes), the first-fit-decreasing
+    layout that computes the fewest positions (ties to the narrower)."""
+    widest = max(sizes)
+    best = None
+    for capacity in sorted({min(cap, widest + (widest * k) // 8) for k in range(9)}):
+        rows = first_fit_decreasing(sizes, capacity)
+        positions = len(rows) * max(sum(sizes[t] for t in row) for row in rows)
+        if best is None or positions < best[0]:
+            best = (positions, rows)
+    return best[1]
+
+
 class SharedPrompts:
     """Each of ``examples`` (a list of sequences that begin alike) laid out as trees: the tokens a tree's sequences
     all begin with once, then each sequence's rest as a branch. A tree is at most twice the longest sequence wide,
     as packed rows are (pack_sequences): a group too wide for one tree (GRPO's G responses to a short prompt) is
     split into consecutive runs, each a tree, since the dense mask's attention grows with the square of a row's
-    width (measured: one 540-position tree of 8 responses to a 20-token prompt cost the GRPO update what it saved
-    in positions). Trees go end to end in first-fit-decreasing rows as wide as the widest tree, padding at a row's
-    end (its positions restarting at 0, as pack_sequences pads). ``flat(b, j, index)`` says where token ``index`` of
+    width (measured: 540-position trees of 8 responses to a 20-token prompt cost the GRPO update what they saved in
+    positions). Trees go end to end in first-fit-decreasing rows no wider than twice the longest sequence either
+    (``_tree_rows``), padding at a row's end (its positions restarting at 0, as pack_sequences pads). ``flat(b, j, index)`` says where token ``index`` of
     example b's j-th sequence sits, as a flat index into the R·W positions."""
 
     def __init__(self, examples: list[list[list[int]]], pad_id: int = 0):
@@ -259,7 +273,7 @@ class SharedPrompts:
         members = [[examples[b][j] for j in run] for b, run in trees]
         self.shared = [common_prefix(seqs) for seqs in members]
         sizes = [p + sum(len(s) - p for s in seqs) for p, seqs in zip(self.shared, members)]
-        rows = _rows(sizes, [list(range(len(members)))], max(sizes))[0]
+        rows = _tree_rows(sizes, cap)
         self.width = width = max(sum(sizes[t] for t in row) for row in rows)
         self.input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         self.position_ids = torch.zeros((len(rows), width), dtype=torch.long)

@@ -60,11 +60,11 @@ class ModelSection(Section):
     )
     share_prompt: bool = option(
         True,
-        "In padding-free rows, lay the responses to one prompt after one copy of it (DPO's pairs and lists, the "
-        "online stages' groups): each attends to the prompt and to itself, so the log-probs are the same from fewer "
-        "positions. Not under --keep-dropout (one copy would give every response the same dropout mask), nor for a "
-        "model whose attention takes no 4-D mask or has a sliding window; the plan says which layout a run uses "
-        "(docs/performance.md).",
+        "In padding-free rows, lay the responses to one prompt after one copy of it (DPO's and reward models' pairs "
+        "and lists; GRPO's and PPO's groups, where it is off by default: it pays there with long prompts only): each "
+        "attends to the prompt and to itself, so the log-probs are the same from fewer positions. Not under "
+        "--keep-dropout (one copy would give every response the same dropout mask), nor for a model whose attention "
+        "takes no 4-D mask or has a sliding window; the plan says which layout a run uses (docs/performance.md).",
     )
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
     trust_remote_code: bool = option(False, "Run model code shipped inside the model folder. Off unless you trust it.")

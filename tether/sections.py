@@ -105,6 +105,11 @@ class ModelSection(Section):
         dropout: one copy would give every response the same mask)."""
         return self.padding_free and self.share_prompt and not self.keep_dropout
 
+    @property
+    def forward_rows(self) -> dict:
+        """The rollout forwards' row keywords (rollout/forward.py): padding-free, and prompts shared where exact."""
+        return {"padding_free": self.padding_free, "share_prompt": self.shares_prompts}
+
     def check(self):
         if self.lora_r < 0:
             raise ConfigError(f"lora_r={self.lora_r}: must be >= 0 (0 disables LoRA)")

@@ -335,7 +335,7 @@ class GroupStage:
         The forwards are split by rows over the processes; the advantages are computed whole on each."""
         a, rollout, temperature, dp = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature, self.dp
         mask = rollout.response_mask.float()
-        rows = {"padding_free": self.cfg.model.padding_free, "share_prompt": self.cfg.model.shares_prompts}
+        rows = self.cfg.model.forward_rows
         current = lambda r: response_logprobs(self.policy, r, temperature, **rows)
         exp.old_logprobs = dp.map_rows(current, rollout) if self.keep_old else None
         if self.cfg.needs_reference():
@@ -464,12 +464,7 @@ class GroupStage:
         a = self.cfg.algo
         sub = exp.rollout.select(micro)
         logp, entropy = response_logprobs(
-            self.policy,
-            sub,
-            self.cfg.rollout.temperature,
-            with_entropy=True,
-            padding_free=self.cfg.model.padding_free,
-            share_prompt=self.cfg.model.shares_prompts,
+            self.policy, sub, self.cfg.rollout.temperature, with_entropy=True, **self.cfg.model.forward_rows
         )
         tis = exp.is_weights[micro] if exp.is_weights is not None else None
         if at_sampling is not None:

@@ -232,7 +232,7 @@ class PPOStage:
         """Old and reference log-probs, values (forwards split by rows over the processes), the per-token KL,
         KL-shaped rewards, GAE advantages and returns (whole, on every process)."""
         a, rollout, temperature, dp = self.cfg.algo, exp.rollout, self.cfg.rollout.temperature, self.dp
-        rows = {"padding_free": self.cfg.model.padding_free, "share_prompt": self.cfg.model.shares_prompts}
+        rows = self.cfg.model.forward_rows
         if isinstance(self.critic, SharedValueHead):  # one forward gives the old log-probs and the values
             exp.old_logprobs, _, exp.values = dp.map_rows(
                 lambda r: response_logprobs_and_values(self.policy, self.critic.head, r, temperature, **rows), rollout
@@ -309,7 +309,7 @@ class PPOStage:
         self.critic_optimizer.zero_grad(set_to_none=True)
         policy_params = [q for q in self.policy.parameters() if q.requires_grad]
         critic_params = [q for q in self.critic.parameters() if q.requires_grad]
-        rows = {"padding_free": self.cfg.model.padding_free, "share_prompt": self.cfg.model.shares_prompts}
+        rows = self.cfg.model.forward_rows
         if isinstance(self.critic, SharedValueHead):
             if sub is not None:
                 logp, entropy, values = response_logprobs_and_values(

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/stages.py --lab runs/lab                                  # this checkout
     .venv/bin/python bench/stages.py --lab runs/lab --source /path/to/older/checkout  # another tether, same venv
+    .venv/bin/python bench/stages.py --lab runs/lab --stages sft,dpo --vocab 151936   # a Qwen-sized vocabulary
 
 Each workload (sft, rm, dpo, ppo on the 30 M model; grpo_lab and ppo_lab: the lab's own SFT model, reward
 model and settings, whose responses end at different lengths) runs as `python -m tether <stage> ...` in a fresh process on one pinned core with
@@ -25,14 +26,23 @@ import time
 from pathlib import Path
 
 
-def build_model(lab: Path, folder: Path) -> Path:
-    """A 7-layer Llama, hidden 512 (29.9 M parameters), with the lab's tokenizer: random weights, fixed seed."""
+def build_model(lab: Path, folder: Path, vocab: int = 0) -> Path:
+    """A 7-layer Llama, hidden 512 (29.9 M parameters), with the lab's tokenizer: random weights, fixed seed. With
+    ``vocab`` its embeddings and LM head have that many rows (the data uses the tokenizer's 1,024; the rest are
+    there to cost what a large vocabulary's head and log-softmax cost)."""
     if (folder / "config.json").is_file():
         return folder
+    from transformers import AutoModelForCausalLM
+
     from tether.models.lm import build_tiny_model, load_tokenizer
 
     tokenizer = load_tokenizer(lab / "sft" / "final")
-    return build_tiny_model("llama", tokenizer, folder, seed=0, hidden=512, layers=7, heads=8, max_positions=512)
+    build_tiny_model("llama", tokenizer, folder, seed=0, hidden=512, layers=7, heads=8, max_positions=512)
+    if vocab:
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        model.resize_token_embeddings(vocab, mean_resizing=False)
+        model.save_pretrained(folder)
+    return folder
 
 
 def workloads(lab: Path, model: Path, rm: Path, out: Path) -> dict[str, list[str]]:
@@ -219,11 +229,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--work", default="runs/bench-stages", help="Folder for the model and the runs.")
     parser.add_argument("--json", default="")
+    parser.add_argument(
+        "--vocab", type=int, default=0, help="Rows of the model's vocabulary (default: the lab's 1,024)."
+    )
     args = parser.parse_args()
     lab, work = Path(args.lab).resolve(), Path(args.work).resolve()
     for side in ("this", "source"):
         (work / side).mkdir(parents=True, exist_ok=True)
-    model = build_model(lab, work / "model30m")
+    model = build_model(lab, work / (f"model30m-v{args.vocab}" if args.vocab else "model30m"), args.vocab)
     sides = {
         "this": str(Path(__file__).resolve().parent.parent),
         **({"source": str(Path(args.source).resolve())} if args.source else {}),

@@ -309,6 +309,64 @@ def test_shared_prompts_give_the_log_probs_losses_and_gradients_of_packed_rows(a
             assert positions1 <= positions0 - shared_tokens // 2  # the prompts' copies gone (rows re-laid: not all)
 
 
+def _logprobs_alone(model, example) -> torch.Tensor:
+    """Σ log π over an example's trained tokens, from a forward of it alone with every position's logits."""
+    ids = torch.tensor([example.input_ids])
+    logp = model(input_ids=ids, use_cache=False).logits[0, :-1].log_softmax(-1)
+    picked = logp.gather(-1, ids[0, 1:, None])[:, 0]
+    return (picked * torch.tensor(example.loss_mask[1:], dtype=picked.dtype)).sum()
+
+
+@pytest.mark.parametrize("arch", ("gpt2", "llama"))
+def test_the_head_computes_only_trained_positions_and_the_sums_are_every_positions(
+    arch, arch_dirs, tokenizer, tmp_path
+):
+    """The offline objectives (SFT's NLL, DPO's sequence sums: padded, packed and shared-prompt rows, and under a
+    data-parallel wrapper) run the LM head on the positions that predict a trained token alone, and give what each
+    sequence's forward alone with every position's logits gives. float64, SDPA: the same arithmetic position by
+    position, so agreement to float64 rounding (bound 1e-10). GPT-2 ties its head to the input embeddings."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = _double(arch_dirs[arch], tokenizer)
+    gen = torch.Generator().manual_seed(4)
+    rand = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=gen))
+    examples = []
+    for _ in range(4):
+        prompt = torch.randint(5, len(tokenizer), (rand(3, 20),), generator=gen).tolist()
+        answers = [torch.randint(5, len(tokenizer), (rand(1, 8),), generator=gen).tolist() for _ in range(2)]
+        examples.append(
+            PolicyPreference([Example(prompt + a, [0] * len(prompt) + [1] * len(a), "x") for a in answers], "x")
+        )
+    responses = [e.responses[k] for k in range(2) for e in examples]  # response-major, as the collate lays them
+    trained = sum(sum(r.loss_mask[1:]) for r in responses)
+    with torch.no_grad():
+        alone = torch.stack([_logprobs_alone(model, r) for r in responses])
+    head_rows = []
+    model.get_output_embeddings().register_forward_hook(lambda m, a, out: head_rows.append(out.shape[:-1].numel()))
+    objective = DPOObjective(_dpo_cfg(**{"dpo.loss": "sigmoid"}))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        wrapped = DistributedDataParallel(model)
+        for layout, padding_free, share in (("padded", False, False), ("packed", True, False), ("shared", True, True)):
+            batch = collate_policy_preferences(examples, tokenizer.pad_token_id, padding_free, share)
+            for runner in (model, wrapped):
+                head_rows.clear()
+                with torch.no_grad():
+                    logps, tokens = objective.sequence_logps(runner, batch)
+                torch.testing.assert_close(logps.T.reshape(-1), alone, atol=1e-10, rtol=0, msg=layout)
+                assert head_rows == [trained], layout
+            if not share:
+                sft = SFTObjective()
+                head_rows.clear()
+                with torch.no_grad():
+                    nll, _ = sft.loss_sum(wrapped, batch)
+                assert float(nll) == pytest.approx(-float(alone.sum()), abs=1e-10)
+                assert head_rows == [trained] and sft.count(batch) == trained
+    finally:
+        dist.destroy_process_group()
+
+
 def _common(example):
     seqs = [r.input_ids for r in example.responses]
     n = 0

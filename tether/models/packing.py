@@ -19,6 +19,8 @@ sequence each position belongs to, n (the number of sequences) on padding. Rewar
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from tether.algorithms.logprobs import token_logprobs
@@ -192,16 +194,69 @@ def group_rows(batch: dict, group: int, per_group: int) -> dict[str, torch.Tenso
     }
 
 
+def lm_head(model):
+    """The module that turns the last (normed) hidden states into logits: the output embeddings of the model under a
+    data-parallel wrapper or a PEFT one. None for a model that names none (its logits are then computed everywhere
+    and selected afterwards)."""
+    model = getattr(model, "module", model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+
+
+@contextmanager
+def head_sees_only(model, select):
+    """Inside, the model's LM head is given ``select(hidden)`` instead of the whole (R, W, H) hidden states, so the
+    logits are computed only where ``select`` keeps a position; ``captured["hidden"]`` is what it was given (the
+    final, normed hidden states there), and None is yielded for a model with no head module (the caller then applies
+    ``select`` to the logits). Any head-side work the model does after the head (a soft cap, a scale) still applies.
+    Why not the library's ``logits_to_keep``: its tensor form is a 1-D index into one sequence dimension, and
+    transformers 5.19's Llama raised IndexError on the 2-D mask of packed rows *after* running the whole backbone
+    (a silent retry then ran every forward twice); selecting here is one forward on any version. Why at all: a
+    prompt's positions score nothing, and at a large vocabulary the head and its log-softmax are much of a
+    forward's arithmetic and most of its activation memory (docs/performance.md)."""
+    head, captured = lm_head(model), {}
+    if head is None:
+        yield None
+        return
+
+    def pre_hook(module, args):
+        captured["hidden"] = select(args[0])
+        return (captured["hidden"], *args[1:])
+
+    handle = head.register_forward_pre_hook(pre_hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+def selected_logprobs(model, inputs: dict, select, targets: torch.Tensor) -> torch.Tensor:
+    """log π(targets) (N,) at the N positions ``select`` picks from the (R, W, ·) outputs as (1, N, ·), with the LM
+    head computing logits at those positions only."""
+    with head_sees_only(model, select) as captured:
+        logits = model(**inputs, use_cache=False).logits
+    rows = logits if captured is not None else select(logits)  # no head module: every position's logits, then picked
+    return token_logprobs(rows, targets[None])[0]
+
+
+def scored_token_logprobs(model, batch: dict) -> torch.Tensor:
+    """(R, W−1) log π of each loss-masked token (position t predicts token t+1), 0 elsewhere, from one forward of a
+    padded or packed batch whose LM head computes logits only at the positions that predict a trained token. An
+    unscored position's log-prob is never computed, so it cannot leak into a sum (an online vision policy's image
+    placeholder is −inf there: models/vision.py)."""
+    scored = batch["loss_mask"][:, 1:] > 0  # (R, W−1)
+    keep = torch.nn.functional.pad(scored, (0, 1))  # (R, W): the last position predicts nothing
+    kept = selected_logprobs(model, model_inputs(batch), lambda h: h[keep][None], batch["input_ids"][:, 1:][scored])
+    return torch.zeros(scored.shape, dtype=kept.dtype, device=kept.device).masked_scatter(scored, kept)
+
+
 def sequence_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ log π over each sequence's loss-masked tokens, their count), both (sequences,), in sequence order, from
     one forward of a padded batch (one sequence per row), a packed one or a shared-prompt one."""
     if "tree_mask" in batch:
         return shared_logprob_sums(model, batch, sequences)
-    logits = model(**model_inputs(batch), use_cache=False).logits
-    ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:].float()
-    # (R, W-1): position t predicts t+1. A where, not a product: a masked position may be -inf (an online vision
-    # policy's image placeholder, which the prompt holds and the model is never let to sample: models/vision.py)
-    per_token = torch.where(mask > 0, token_logprobs(logits[:, :-1], ids[:, 1:]), 0.0)
+    per_token = scored_token_logprobs(model, batch)
+    mask = batch["loss_mask"][:, 1:].to(per_token.device, per_token.dtype)
     if "sequence_index" not in batch:
         return per_token.sum(-1), mask.sum(-1)
     index = batch["sequence_index"][:, 1:].to(per_token.device)
@@ -388,9 +443,10 @@ def shared_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tenso
         "position_ids": batch["position_ids"],
         "attention_mask": tree_attention_mask(model, batch["tree_mask"]),
     }
-    logits = model(**inputs, use_cache=False).logits
-    rows = logits.reshape(-1, logits.shape[-1])[batch["scored_position"]]  # (N, V): each scored token's predictor
-    per_token = token_logprobs(rows[None], batch["scored_target"][None])[0]
+    flat = batch["scored_position"]  # (N,): each scored token's predictor, a flat index into the R·W positions
+    per_token = selected_logprobs(
+        model, inputs, lambda h: h.reshape(-1, h.shape[-1])[flat][None], batch["scored_target"]
+    )
     index = batch["scored_sequence"]
     return segment_sum(per_token, index, sequences), segment_sum(torch.ones_like(per_token), index, sequences)
 

@@ -4,7 +4,6 @@ logits / temperature), entropies, critic states, and the reference's log-probs. 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,6 +13,8 @@ from tether.algorithms.logprobs import at_least_float32, token_entropy, token_lo
 from tether.errors import ConfigError
 from tether.models.packing import (
     SharedPrompts,
+    head_sees_only,
+    lm_head,
     pack_sequences,
     prompt_sharing,
     prompt_sharing_refusal,
@@ -22,37 +23,6 @@ from tether.models.packing import (
 from tether.models.vision import join_vision, on_model
 from tether.models.work import phase
 from tether.rollout.batch import Rollout
-
-
-def _lm_head(model):
-    """The module that turns the last (normed) hidden states into logits: the output embeddings of the model under
-    any PEFT wrapper. None for a model that names none (its logits are then computed everywhere and indexed)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-
-
-@contextmanager
-def _head_sees_only(model, select):
-    """Inside, the model's LM head is given ``select(hidden)`` instead of the whole (R, W, H) hidden states, so the
-    logits are computed only where ``select`` keeps a position; ``captured["hidden"]`` is what it was given (the
-    final, normed hidden states there). Any head-side work the model does after the head (a soft cap, a scale) still
-    applies. Why not the library's ``logits_to_keep``: its tensor form is a 1-D index into one sequence dimension, and
-    transformers 5.19's Llama raised IndexError on the 2-D mask of packed rows *after* running the whole backbone
-    (a silent retry then ran every forward twice); selecting here is one forward on any version."""
-    head, captured = _lm_head(model), {}
-    if head is None:
-        yield None
-        return
-
-    def pre_hook(module, args):
-        captured["hidden"] = select(args[0])
-        return (captured["hidden"], *args[1:])
-
-    handle = head.register_forward_pre_hook(pre_hook)
-    try:
-        yield captured
-    finally:
-        handle.remove()
 
 
 def vision_inputs(model, rollout: Rollout) -> dict[str, torch.Tensor]:
@@ -96,7 +66,7 @@ def _forward_response(
     with ``share_prompt`` too, rows with one prompt after one copy of it (``_forward_shared``) where the model reads
     the layout's mask.
     """
-    if with_hidden and _lm_head(model) is None:
+    if with_hidden and lm_head(model) is None:
         raise ConfigError(
             f"{type(model).__name__} names no output embeddings (get_output_embeddings() is None), so its last "
             "hidden states cannot be read before the LM head: a critic on its backbone needs them (use a separate "
@@ -114,7 +84,7 @@ def _forward_response(
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens start at 0
     t = rollout.response_ids.shape[1]
     window = lambda hidden: hidden[:, -(t + 1) : -1]  # (B, T, H): position P−1+t predicts response token t
-    with _head_sees_only(model, window) as captured:
+    with head_sees_only(model, window) as captured:
         out = model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -196,7 +166,7 @@ def _forward_packed(model, rollout: Rollout, layout, with_hidden: bool) -> Respo
     the LM head; what is computed there is placed back into the rollout's (B, T) layout."""
     packed = _PackedRollout(rollout, layout)
     kept = lambda hidden: hidden[packed.keep][None]  # (1, K, H), row-major: the K kept positions
-    with _head_sees_only(model, kept) as captured:
+    with head_sees_only(model, kept) as captured:
         out = model(**packed.inputs, use_cache=False)
     logits = kept(out.logits)[0] if captured is None else out.logits[0]  # no LM head module: every position's
     targets = torch.empty(packed.kept, dtype=torch.long, device=logits.device)
@@ -260,7 +230,7 @@ def _forward_shared(model, rollout: Rollout, shared: _SharedRollout, with_hidden
     """``_forward_response`` on the tree layout: the LM head sees each scored token's predicting position, in the
     scored tokens' row-major order (a shared position once per token it predicts)."""
     select = lambda hidden: hidden.reshape(-1, hidden.shape[-1])[shared.flat][None]  # (1, N, H)
-    with _head_sees_only(model, select) as captured:
+    with head_sees_only(model, select) as captured:
         out = model(**shared.forward_inputs(model), use_cache=False)
     logits = select(out.logits)[0] if captured is None else out.logits[0]  # no LM head module: every position's
     targets = rollout.response_ids[shared.b_idx, shared.t_idx]

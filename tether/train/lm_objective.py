@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from tether.algorithms.logprobs import token_logprobs
 from tether.algorithms.sft import sft_nll_sum
-from tether.models.packing import model_inputs
+from tether.models.packing import scored_token_logprobs
 
 
 class SFTObjective:
@@ -18,6 +17,5 @@ class SFTObjective:
         return int(batch["loss_mask"][:, 1:].sum())
 
     def loss_sum(self, model, batch: dict):
-        logits = model(**model_inputs(batch), use_cache=False).logits  # (B, T, V)
-        logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (B, T-1): position t predicts t+1
+        logprobs = scored_token_logprobs(model, batch)  # (B, T-1): position t predicts t+1; logits at trained ones only
         return sft_nll_sum(logprobs, batch["loss_mask"][:, 1:]), {}

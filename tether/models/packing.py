@@ -15,6 +15,9 @@ is a sum over tokens or over sequences, so the same sequences in fewer rows give
 A packed batch carries ``position_ids`` instead of ``attention_mask``, and ``sequence_index`` (R, W): the
 sequence each position belongs to, n (the number of sequences) on padding. Reward models also get
 ``last_index`` (n,): each sequence's last token, as a flat index into the (R·W) positions.
+
+In every layout the LM head sees only the positions that predict a trained token (``head_sees_only``): a prompt's
+logits are never computed, offline as online.
 """
 
 from __future__ import annotations

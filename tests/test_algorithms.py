@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tether.algorithms.logprobs import at_least_float32, token_entropy, token_logprobs
+from tether.algorithms.logprobs import at_least_float32, linear_token_logprobs, token_entropy, token_logprobs
 from tether.algorithms.reductions import AGGREGATIONS, aggregate, masked_sum
 from tether.algorithms.sft import sft_nll_sum
 from tether.train.schedule import warmup_cosine
@@ -61,6 +61,73 @@ def test_log_probs_keep_float64_and_lift_lower_precisions_to_float32():
     for low in (torch.bfloat16, torch.float16, torch.float32):
         assert token_logprobs(logits.to(low), torch.tensor([[1]])).dtype == torch.float32
         assert at_least_float32(logits.to(low)).dtype == torch.float32
+
+
+def test_linear_token_logprobs_hand_computed_with_its_gradient():
+    # W = [[1, 0], [0, 1], [0, 0]], b = [0, 0, ln 2], h = [ln 3, 0]: z = [ln 3, 0, ln 2], softmax = [1/2, 1/6, 1/3];
+    # target 0 -> logp = ln(1/2). ∂logp/∂z = e_0 − softmax = [1/2, −1/6, −1/3]; ∂/∂W = that ⊗ h, ∂/∂b = that,
+    # ∂/∂h = Wᵀ (that) = [1/2, −1/6]
+    weight = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    bias = torch.tensor([0.0, 0.0, math.log(2.0)], dtype=torch.float64, requires_grad=True)
+    hidden = torch.tensor([[math.log(3.0), 0.0]], dtype=torch.float64, requires_grad=True)
+    logp = linear_token_logprobs(hidden, weight, bias, torch.tensor([0]))
+    assert logp.item() == pytest.approx(math.log(0.5), abs=1e-15)
+    logp.sum().backward()
+    dz = [0.5, -1 / 6, -1 / 3]
+    torch.testing.assert_close(bias.grad, torch.tensor(dz, dtype=torch.float64), atol=1e-15, rtol=0)
+    expected_w = torch.tensor([[d * math.log(3.0), 0.0] for d in dz], dtype=torch.float64)
+    torch.testing.assert_close(weight.grad, expected_w, atol=1e-15, rtol=0)
+    torch.testing.assert_close(hidden.grad, torch.tensor([[0.5, -1 / 6]], dtype=torch.float64), atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize("with_bias", (False, True))
+def test_linear_token_logprobs_equal_the_whole_logits_path_in_chunks(with_bias):
+    """float64: the chunked head with its recomputing backward gives the log-probs and gradients of the head applied
+    whole then token_logprobs, to float64 rounding (bound 1e-12 on values of order 1-10)."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(10, 6, dtype=torch.float64, generator=gen)
+    weight = torch.randn(13, 6, dtype=torch.float64, generator=gen)
+    bias = torch.randn(13, dtype=torch.float64, generator=gen) if with_bias else None
+    targets = torch.randint(0, 13, (10,), generator=gen)
+    upstream = torch.randn(10, dtype=torch.float64, generator=gen)  # a weighted sum, as a loss makes of them
+    results = []
+    for chunked in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (hidden, weight) + ((bias,) if with_bias else ())]
+        b = leaves[2] if with_bias else None
+        if chunked:
+            logp = linear_token_logprobs(leaves[0], leaves[1], b, targets, chunk_positions=3)  # chunks of 3, 3, 3, 1
+        else:
+            logits = torch.nn.functional.linear(leaves[0], leaves[1], b)
+            logp = token_logprobs(logits[None], targets[None])[0]
+        (logp * upstream).sum().backward()
+        results.append([logp.detach()] + [t.grad for t in leaves])
+    for whole, chunked in zip(*results):
+        torch.testing.assert_close(chunked, whole, atol=1e-12, rtol=0)
+
+
+def test_linear_token_logprobs_recompute_under_the_forwards_autocast():
+    """Under bf16 autocast the head's product runs in bf16 in the forward, and the backward recomputes it in bf16 too:
+    the gradients are the whole-logits path's up to the rounding of its bf16 backward products (inputs rounded to
+    8 significant bits, 2^-8 relative; bound 2^-6 of the largest gradient)."""
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(12, 16, generator=gen)
+    weight = torch.randn(40, 16, generator=gen) / 4
+    targets = torch.randint(0, 40, (12,), generator=gen)
+    results = []
+    for chunked in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if chunked:
+                logp = linear_token_logprobs(h, w, None, targets, chunk_positions=5)
+            else:
+                logp = token_logprobs(torch.nn.functional.linear(h, w)[None], targets[None])[0]
+        logp.sum().backward()
+        results.append((logp.detach(), h.grad, w.grad))
+    (logp0, h0, w0), (logp1, h1, w1) = results
+    assert logp1.dtype == torch.float32
+    torch.testing.assert_close(logp1, logp0, atol=0, rtol=0)  # the same bf16 products, the same float32 reduction
+    for got, want in ((h1, h0), (w1, w0)):
+        torch.testing.assert_close(got, want, atol=2.0**-6 * float(want.abs().max()), rtol=0)
 
 
 def test_token_logprobs_rejects_bad_temperature():

@@ -507,20 +507,22 @@ def test_implicit_prompt_pairs_read_as_the_explicit_ones(tokenizer, tmp_path):
 
 
 def test_shared_prompts_train_as_one_prompt_per_response(llama_dir, prefs, tmp_path):
-    """The same run with each pair's prompt forwarded once (the default) and once per response: the plan says
-    which, and the first step's log-probs and loss agree to float32 rounding (the forwards differ in shape only)."""
+    """The same run with each pair's prompt forwarded once (the default) and once per response, and with the LM head
+    in chunks (--chunked-head, the reference pass too): the plan says which, and the first step's log-probs and
+    loss agree to float32 rounding (the forwards differ in shape and order of sums only)."""
 
     rows, plans = [], []
-    for share in (True, False):
-        out = tmp_path / f"share-{share}"
-        run_dpo(
-            _cfg(llama_dir, prefs[0], out, **{"train.max_steps": 2, "train.log_every": 1, "model.share_prompt": share})
-        )
+    for share, chunked in ((True, False), (False, False), (True, True)):
+        out = tmp_path / f"share-{share}-{chunked}"
+        settings = {"train.max_steps": 2, "train.log_every": 1, "model.share_prompt": share}
+        run_dpo(_cfg(llama_dir, prefs[0], out, **settings, **{"model.chunked_head": chunked}))
         rows.append(_metrics(out)[0])
-        plans.append(yaml.safe_load((out / "config.yaml").read_text())["plan"]["micro-batch rows"])
-    assert "responses after one copy of it" in plans[0] and ";" not in plans[1]
+        plans.append(yaml.safe_load((out / "config.yaml").read_text())["plan"])
+    assert "responses after one copy of it" in plans[0]["micro-batch rows"] and ";" not in plans[1]["micro-batch rows"]
+    assert "recomputed in the backward" in plans[2]["LM head"] and "only" in plans[0]["LM head"]
     for key in ("train/logps/chosen", "train/logps/rejected", "train/loss"):
         assert rows[0][key] == pytest.approx(rows[1][key], rel=1e-5), key
+        assert rows[2][key] == pytest.approx(rows[0][key], rel=1e-5), key
     out = tmp_path / "kto"
     run_dpo(_cfg(llama_dir, prefs[0], out, **{"train.max_steps": 1, "dpo.loss": "kto"}))
     plan = yaml.safe_load((out / "config.yaml").read_text())["plan"]["micro-batch rows"]

@@ -317,14 +317,18 @@ def _logprobs_alone(model, example) -> torch.Tensor:
     return (picked * torch.tensor(example.loss_mask[1:], dtype=picked.dtype)).sum()
 
 
+@pytest.mark.parametrize("chunked", (False, True))
 @pytest.mark.parametrize("arch", ("gpt2", "llama"))
 def test_the_head_computes_only_trained_positions_and_the_sums_are_every_positions(
-    arch, arch_dirs, tokenizer, tmp_path
+    arch, chunked, arch_dirs, tokenizer, tmp_path
 ):
     """The offline objectives (SFT's NLL, DPO's sequence sums: padded, packed and shared-prompt rows, and under a
     data-parallel wrapper) run the LM head on the positions that predict a trained token alone, and give what each
     sequence's forward alone with every position's logits gives. float64, SDPA: the same arithmetic position by
-    position, so agreement to float64 rounding (bound 1e-10). GPT-2 ties its head to the input embeddings."""
+    position, so agreement to float64 rounding (bound 1e-10). GPT-2 ties its head to the input embeddings.
+    ``chunked`` (--chunked-head): the model's own head call computes no logits at all, the head's weight is applied
+    to the trained positions' hidden states in chunks, with the same sums, and the same gradients as the whole
+    head's (float64 rounding again)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -344,7 +348,8 @@ def test_the_head_computes_only_trained_positions_and_the_sums_are_every_positio
         alone = torch.stack([_logprobs_alone(model, r) for r in responses])
     head_rows = []
     model.get_output_embeddings().register_forward_hook(lambda m, a, out: head_rows.append(out.shape[:-1].numel()))
-    objective = DPOObjective(_dpo_cfg(**{"dpo.loss": "sigmoid"}))
+    objective = DPOObjective(_dpo_cfg(**{"dpo.loss": "sigmoid"}), chunked_head=chunked)
+    head_computes = 0 if chunked else trained
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         wrapped = DistributedDataParallel(model)
@@ -355,14 +360,19 @@ def test_the_head_computes_only_trained_positions_and_the_sums_are_every_positio
                 with torch.no_grad():
                     logps, tokens = objective.sequence_logps(runner, batch)
                 torch.testing.assert_close(logps.T.reshape(-1), alone, atol=1e-10, rtol=0, msg=layout)
-                assert head_rows == [trained], layout
+                assert head_rows == [head_computes], layout
             if not share:
-                sft = SFTObjective()
-                head_rows.clear()
-                with torch.no_grad():
+                grads = []
+                for sft in (SFTObjective(), SFTObjective(chunked)):
+                    head_rows.clear()
+                    model.zero_grad()
                     nll, _ = sft.loss_sum(wrapped, batch)
-                assert float(nll) == pytest.approx(-float(alone.sum()), abs=1e-10)
-                assert head_rows == [trained] and sft.count(batch) == trained
+                    nll.backward()
+                    assert float(nll.detach()) == pytest.approx(-float(alone.sum()), abs=1e-10)
+                    assert sft.count(batch) == trained
+                    grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+                assert head_rows == [head_computes]
+                torch.testing.assert_close(grads[1], grads[0], atol=1e-10 * float(grads[0].abs().max()), rtol=0)
     finally:
         dist.destroy_process_group()
 

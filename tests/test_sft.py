@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+import yaml
 from conftest import kill_before_final, killed_after_step, write_jsonl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -368,3 +369,39 @@ def test_bad_rows_are_named_before_the_held_out_split_whichever_side_they_fall_o
     with pytest.raises(DataError, match=r"prefs.jsonl:1: no field this data format needs"):
         run_sft(config)
     assert not (tmp_path / "out").exists()  # checked before the run folder is touched
+
+
+def test_the_chunked_head_trains_as_the_whole_head_and_is_refused_where_it_would_be_wrong(
+    llama_dir, addition_files, tmp_path, tokenizer
+):
+    """--chunked-head end to end: the same loss and gradient norm at every step as the whole head (fp32 sums in
+    another order: the bounds of the accumulation test above). Refused by the stages without an LM-head objective,
+    with --fsdp, and by its start-up check for a head it would apply wrongly (a soft cap after it, an adapter on it)."""
+    from tether.models.checks import check_chunked_head
+    from tether.models.lm import load_model
+    from tether.stages.rm_config import RMConfig
+
+    whole, chunked = tmp_path / "whole", tmp_path / "chunked"
+    run_sft(sft_config(llama_dir, addition_files, whole, train__batch_size=4, train__micro_batch_size=2))
+    run_sft(
+        sft_config(
+            llama_dir, addition_files, chunked, train__batch_size=4, train__micro_batch_size=2, model__chunked_head=True
+        )
+    )
+    for a, b in zip(read_metrics(whole), read_metrics(chunked), strict=True):
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-6)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-4)
+    plan = yaml.safe_load((chunked / "config.yaml").read_text())["plan"]
+    assert "a chunk of positions at a time, recomputed in the backward" in plan["LM head"]
+
+    with pytest.raises(ConfigError, match="tether rm does not take it"):
+        build_config(
+            RMConfig, overrides={"model.path": "m", "data.path": "d", "train.output": "o", "model.chunked_head": True}
+        )
+    with pytest.raises(ConfigError, match="chunked_head with fsdp"):
+        sft_config(llama_dir, addition_files, tmp_path / "x", model__chunked_head=True, model__fsdp=True)
+    model = load_model(llama_dir, tokenizer)
+    check_chunked_head(model, "plain")  # passes
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ConfigError, match="capped: this model transforms its logits after the LM head"):
+        check_chunked_head(model, "capped")

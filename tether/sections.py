@@ -66,6 +66,13 @@ class ModelSection(Section):
         "--keep-dropout (one copy would give every response the same dropout mask), nor for a model whose attention "
         "takes no 4-D mask or has a sliding window; the plan says which layout a run uses (docs/performance.md).",
     )
+    chunked_head: bool = option(
+        False,
+        "Apply the LM head and its log-softmax a chunk of positions at a time, recomputing each chunk in the "
+        "backward, so a micro-batch's logits never exist whole: memory at large vocabularies and long responses, for "
+        "one more head product a step. tether sft, judge and dpo (offline and online rounds; its reference pass "
+        "too); a head that is a plain linear layer with nothing after it (checked at start-up); not with --fsdp.",
+    )
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))
     trust_remote_code: bool = option(False, "Run model code shipped inside the model folder. Off unless you trust it.")
     chat_template: str = option(
@@ -110,7 +117,17 @@ class ModelSection(Section):
         """The rollout forwards' row keywords (rollout/forward.py): padding-free, and prompts shared where exact."""
         return {"padding_free": self.padding_free, "share_prompt": self.shares_prompts}
 
+    def refuse_chunked_head(self, stage: str) -> None:
+        """Raise where ``stage`` has no offline log-prob objective for --chunked-head to serve."""
+        if self.chunked_head:
+            raise ConfigError(
+                f"model.chunked_head: {stage} does not take it (tether sft, judge and dpo do; the online stages "
+                "compute entropies from whole logits, reward models have no LM head)"
+            )
+
     def check(self):
+        if self.chunked_head and self.fsdp:
+            raise ConfigError("chunked_head with fsdp: not built (the head's weight is a shard outside the forward)")
         if self.lora_r < 0:
             raise ConfigError(f"lora_r={self.lora_r}: must be >= 0 (0 disables LoRA)")
         if not 0 <= self.lora_dropout < 1:

@@ -89,3 +89,81 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_position
         # a token whose logit is -inf (one that is never sampled) adds 0·log 0 = 0, and a gradient of 0, not nan
         entropy[start : start + step] = -(logp.exp() * logp.masked_fill(torch.isneginf(logp), 0.0)).sum(-1)
     return entropy.view(logits.shape[:-1])
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """linear_token_logprobs' forward and its backward, each a chunk of positions at a time."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, step):
+        out = torch.empty(targets.shape, dtype=compute_dtype(hidden), device=hidden.device)
+        lse = torch.empty_like(out)
+        for start in range(0, hidden.shape[0], step):
+            z = at_least_float32(torch.nn.functional.linear(hidden[start : start + step], weight, bias))
+            lse[start : start + step] = torch.logsumexp(z, dim=-1)
+            picked = z.gather(-1, targets[start : start + step, None])[:, 0]
+            out[start : start + step] = picked - lse[start : start + step]
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.step = step
+        device = hidden.device.type  # the backward recomputes under the forward's autocast, so its z is the forward's
+        ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if ctx.needs_input_grad[1] else None
+        )
+        grad_bias = torch.zeros(bias.shape, dtype=lse.dtype, device=bias.device) if ctx.needs_input_grad[2] else None
+        device, enabled, dtype = ctx.autocast
+        for start in range(0, hidden.shape[0], ctx.step):
+            h = hidden[start : start + ctx.step]
+            with torch.autocast(device, dtype=dtype, enabled=enabled):
+                z = at_least_float32(torch.nn.functional.linear(h, weight, bias))  # recomputed, not kept
+            g = grad[start : start + ctx.step, None].to(z.dtype)
+            dz = -g * torch.exp(z - lse[start : start + ctx.step, None])  # ∂/∂z of g·logp: g·(onehot − softmax)
+            dz.scatter_add_(-1, targets[start : start + ctx.step, None], g)
+            if grad_hidden is not None:
+                grad_hidden[start : start + ctx.step] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight += dz.T @ h.to(dz.dtype)
+            if grad_bias is not None:
+                grad_bias += dz.sum(0)
+        cast = lambda g, like: None if g is None else g.to(like.dtype)
+        return grad_hidden, cast(grad_weight, weight), cast(grad_bias, bias), None, None
+
+
+def linear_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    chunk_positions: int | None = None,
+) -> torch.Tensor:
+    """log π(a_t | s_t) straight from the last hidden states, the LM head applied a chunk of positions at a time, so
+    the (N, V) logits never exist whole, in the forward or the backward (docs/algorithms.md §10).
+
+    z_t = W h_t + b,   logp_t = z_t[a_t] − logsumexp_v z_t[v],   ∂logp_t/∂z_t = e_{a_t} − softmax(z_t)
+
+    The backward recomputes each chunk's logits from the kept hidden states and the per-position logsumexp, so the
+    memory beyond the inputs is one chunk's (chunk_positions, V) logits; the price is one more head product.
+
+    Args:
+        hidden: (N, H) last (normed) hidden states at the positions that predict ``targets``.
+        weight: (V, H) the LM head's weight; bias: (V,) or None.
+        targets: (N,) token ids.
+        chunk_positions: positions per chunk; default as token_logprobs (CHUNK_LOGITS logits a chunk).
+
+    Returns:
+        (N,) float32 log-probabilities (float64 for float64 inputs); equal to
+        ``token_logprobs(linear(hidden, weight, bias)[None], targets[None])[0]`` up to rounding (a test checks it,
+        and the gradients).
+    """
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"hidden must be (N, H) and targets (N,), got {tuple(hidden.shape)} and {tuple(targets.shape)}"
+        )
+    step = _positions_per_chunk(weight.shape[0], chunk_positions)
+    return _HeadLogprobs.apply(hidden, weight, bias, targets, step)

@@ -84,3 +84,42 @@ def check_prompt_sharing(model, where: str) -> None:
             "(its attention ignores a 4-D attention mask), so shared-prompt micro-batches would be wrong for it: "
             "pass --no-share-prompt"
         )
+
+
+@torch.no_grad()
+def check_chunked_head(model, where: str, vision: bool = False) -> None:
+    """Raise a ConfigError naming ``where`` unless ``model``'s logits are its LM head's plain linear map of the last
+    hidden states, as ``--chunked-head`` assumes when it applies the head's weight itself (packing.selected_logprobs):
+    a head module that is a ``torch.nn.Linear`` (not an adapter's wrapper or a quantised layer) and no work after it
+    (a soft cap, a scale), compared on one tiny forward. Not a vision-language model (``vision``): tether masks its
+    image placeholder's logit after the head (models/vision.py)."""
+    from tether.models.packing import head_sees_only, lm_head
+
+    if vision:
+        raise ConfigError(f"{where}: --chunked-head is not built for a vision-language model (its logits are edited)")
+
+    head = lm_head(model)
+    if type(head) is not torch.nn.Linear:
+        kind = "names no output embeddings" if head is None else f"has a {type(head).__name__} as its LM head"
+        raise ConfigError(f"{where}: --chunked-head applies a plain linear head itself; this model {kind}")
+    inner = getattr(model, "module", model)
+    config = getattr(inner.config, "text_config", None) or inner.config
+    # the transforms transformers' models apply after their heads (Gemma's soft cap, Cohere's and Granite's scales):
+    # named, since on a small random model a soft cap moves the logits by less than a comparison could tell
+    after = {k: getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale", "logits_scaling")}
+    after = {k: v for k, v in after.items() if v is not None and v != 1.0}
+    if after:
+        raise ConfigError(
+            f"{where}: this model transforms its logits after the LM head ({after}), which --chunked-head would "
+            "leave out: leave --chunked-head off"
+        )
+    vocab = getattr(config, "vocab_size", None) or 16
+    ids = torch.tensor([[(3 + i) % vocab for i in range(5)]], device=head.weight.device)
+    with head_sees_only(model, lambda hidden: hidden) as captured:
+        logits = _in_eval_mode(model, lambda: model(input_ids=ids, use_cache=False).logits)
+    own = torch.nn.functional.linear(captured["hidden"], head.weight, head.bias)
+    if _differ(own, logits, inner):
+        raise ConfigError(
+            f"{where}: this model changes its logits after the LM head (a soft cap or a scale), which --chunked-head "
+            "would leave out: leave --chunked-head off"
+        )

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import torch
 
-from tether.algorithms.logprobs import token_logprobs
+from tether.algorithms.logprobs import linear_token_logprobs, token_logprobs
 from tether.algorithms.reductions import segment_sum
 from tether.models.vision import PER_TOKEN, VISION_INPUTS
 
@@ -149,6 +149,13 @@ def example_tokens(example) -> int:
     return sum(len(r.input_ids) for r in example.responses)
 
 
+def describe_head(chunked: bool) -> str:
+    """The plan table's line for where the LM head runs (the offline log-prob objectives)."""
+    if chunked:
+        return "at the trained positions, a chunk of positions at a time, recomputed in the backward (--chunked-head)"
+    return "at the trained positions only (--chunked-head: in chunks, for memory)"
+
+
 def describe(padding_free: bool) -> str:
     """The plan table's line for a micro-batch's layout."""
     return (
@@ -233,32 +240,49 @@ def head_sees_only(model, select):
         handle.remove()
 
 
-def selected_logprobs(model, inputs: dict, select, targets: torch.Tensor) -> torch.Tensor:
+def selected_logprobs(model, inputs: dict, select, targets: torch.Tensor, chunked: bool = False) -> torch.Tensor:
     """log π(targets) (N,) at the N positions ``select`` picks from the (R, W, ·) outputs as (1, N, ·), with the LM
-    head computing logits at those positions only."""
+    head computing logits at those positions only. ``chunked``: the head is handed no position at all, and its
+    weight is applied to the picked hidden states a chunk at a time (linear_token_logprobs; check_chunked_head has
+    checked that the head is a plain linear layer with nothing after it)."""
+    if chunked:
+        picked = {}
+
+        def nothing(hidden):
+            picked["hidden"] = select(hidden)[0]  # (N, H)
+            return hidden[..., :0, :]  # the model's own head call computes no logits
+
+        with head_sees_only(model, nothing):
+            model(**inputs, use_cache=False)
+        head = lm_head(model)
+        return linear_token_logprobs(picked["hidden"], head.weight, head.bias, targets)
     with head_sees_only(model, select) as captured:
         logits = model(**inputs, use_cache=False).logits
     rows = logits if captured is not None else select(logits)  # no head module: every position's logits, then picked
     return token_logprobs(rows, targets[None])[0]
 
 
-def scored_token_logprobs(model, batch: dict) -> torch.Tensor:
+def scored_token_logprobs(model, batch: dict, chunked: bool = False) -> torch.Tensor:
     """(R, W−1) log π of each loss-masked token (position t predicts token t+1), 0 elsewhere, from one forward of a
     padded or packed batch whose LM head computes logits only at the positions that predict a trained token. An
     unscored position's log-prob is never computed, so it cannot leak into a sum (an online vision policy's image
     placeholder is −inf there: models/vision.py)."""
     scored = batch["loss_mask"][:, 1:] > 0  # (R, W−1)
     keep = torch.nn.functional.pad(scored, (0, 1))  # (R, W): the last position predicts nothing
-    kept = selected_logprobs(model, model_inputs(batch), lambda h: h[keep][None], batch["input_ids"][:, 1:][scored])
+    targets = batch["input_ids"][:, 1:][scored]
+    kept = selected_logprobs(model, model_inputs(batch), lambda h: h[keep][None], targets, chunked)
     return torch.zeros(scored.shape, dtype=kept.dtype, device=kept.device).masked_scatter(scored, kept)
 
 
-def sequence_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logprob_sums(
+    model, batch: dict, sequences: int, chunked: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ log π over each sequence's loss-masked tokens, their count), both (sequences,), in sequence order, from
-    one forward of a padded batch (one sequence per row), a packed one or a shared-prompt one."""
+    one forward of a padded batch (one sequence per row), a packed one or a shared-prompt one; ``chunked``: the
+    head applied in chunks (selected_logprobs)."""
     if "tree_mask" in batch:
-        return shared_logprob_sums(model, batch, sequences)
-    per_token = scored_token_logprobs(model, batch)
+        return shared_logprob_sums(model, batch, sequences, chunked)
+    per_token = scored_token_logprobs(model, batch, chunked)
     mask = batch["loss_mask"][:, 1:].to(per_token.device, per_token.dtype)
     if "sequence_index" not in batch:
         return per_token.sum(-1), mask.sum(-1)
@@ -438,7 +462,7 @@ def prompt_sharing_refusal(model) -> str:
     return ""
 
 
-def shared_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_logprob_sums(model, batch: dict, sequences: int, chunked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """sequence_logprob_sums of a pack_shared_prompts batch: one forward of every tree, each scored token's log-prob
     read at the position that predicts it."""
     inputs = {
@@ -447,9 +471,8 @@ def shared_logprob_sums(model, batch: dict, sequences: int) -> tuple[torch.Tenso
         "attention_mask": tree_attention_mask(model, batch["tree_mask"]),
     }
     flat = batch["scored_position"]  # (N,): each scored token's predictor, a flat index into the R·W positions
-    per_token = selected_logprobs(
-        model, inputs, lambda h: h.reshape(-1, h.shape[-1])[flat][None], batch["scored_target"]
-    )
+    pick = lambda h: h.reshape(-1, h.shape[-1])[flat][None]
+    per_token = selected_logprobs(model, inputs, pick, batch["scored_target"], chunked)
     index = batch["scored_sequence"]
     return segment_sum(per_token, index, sequences), segment_sum(torch.ones_like(per_token), index, sequences)
 

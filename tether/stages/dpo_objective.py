@@ -31,8 +31,9 @@ class DPOObjective:
 
     unit = "pairs"
 
-    def __init__(self, d, beta_state: dict | None = None):
+    def __init__(self, d, beta_state: dict | None = None, chunked_head: bool = False):
         self.d = d
+        self.chunked_head = chunked_head  # the LM head applied in chunks (ModelSection.chunked_head)
         self.beta = d.effective_beta
         self.needs_reference = d.loss not in REFERENCE_FREE
         # β-DPO's running margin statistics (M_0, σ) and those the step's weights use, restored on resume
@@ -46,14 +47,13 @@ class DPOObjective:
     def sequence_logps(self, model, batch: dict):
         """(B, K) Σ log π over each response's tokens and (B, K) token counts, from one forward (padded or packed)."""
         b, k = batch["list_mask"].shape
-        sums, tokens = sequence_logprob_sums(model, batch, k * b)  # (K·B,) response-major
+        sums, tokens = sequence_logprob_sums(model, batch, k * b, self.chunked_head)  # (K·B,) response-major
         return sums.view(k, b).T, tokens.view(k, b).T
 
-    @staticmethod
-    def block_logps(model, batch: dict, block: int) -> torch.Tensor:
+    def block_logps(self, model, batch: dict, block: int) -> torch.Tensor:
         """(B,) Σ log π over the tokens of every example's ``block``-th response (one block of the batch's rows)."""
         b = batch["list_mask"].shape[0]
-        return sequence_logprob_sums(model, group_rows(batch, block, b), b)[0]
+        return sequence_logprob_sums(model, group_rows(batch, block, b), b, self.chunked_head)[0]
 
     def _margins(self, logps, ref) -> torch.Tensor:
         return beta_dpo_margins(logps, ref, self.d.effective_beta, scaled=self.d.beta_dpo_margin == "scaled")

@@ -89,6 +89,7 @@ def sequence_logps(
     device,
     padding_free: bool = True,
     share_prompt: bool = False,
+    chunked_head: bool = False,
 ) -> list[list[float]]:
     """Σ log π(y|x) over each response's tokens, in the examples' order (best first within each)."""
     was_training = model.training
@@ -103,7 +104,8 @@ def sequence_logps(
         chunk = examples[start : start + batch_size]
         batch = collate_policy_preferences(chunk, pad_id, padding_free, share_prompt)
         k = batch["list_mask"].shape[1]
-        logp, _ = sequence_logprob_sums(model, {key: v.to(device) for key, v in batch.items()}, k * len(chunk))
+        on_device = {key: v.to(device) for key, v in batch.items()}
+        logp, _ = sequence_logprob_sums(model, on_device, k * len(chunk), chunked_head)
         per = logp.cpu().view(k, len(chunk)).T  # (B, K)
         out += [per[i, : len(e.responses)].tolist() for i, e in enumerate(chunk)]
     model.train(was_training)
@@ -207,6 +209,10 @@ class ReferenceLogps:
             from tether.models.lm import load_reference
 
             self._model = load_reference(self.model_cfg, self.tokenizer, self.device)
+            if self.model_cfg.chunked_head:
+                from tether.models.checks import check_chunked_head
+
+                check_chunked_head(self._model, self.source)
             if self.hide_placeholders:
                 from tether.models.vision import never_sample_placeholders
 
@@ -216,7 +222,8 @@ class ReferenceLogps:
     def _logps(self, model, examples):
         share = self.share_prompt and not prompt_sharing_refusal(model)  # the same values either way, up to rounding
         pad = self.tokenizer.pad_token_id
-        return sequence_logps(model, examples, pad, self.batch_size, self.device, self.padding_free, share)
+        chunked = self.model_cfg.chunked_head
+        return sequence_logps(model, examples, pad, self.batch_size, self.device, self.padding_free, share, chunked)
 
     def attach(self, examples, use_cache: bool = True) -> str:
         """Fill ex.reference_logps; returns where they came from (for the plan)."""

@@ -12,9 +12,9 @@ from tether.config import ConfigError
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences, tokenize_unpaired
 from tether.data.multimodal import refuse_images, text_only
 from tether.data.records import read_records, tokenize_split
-from tether.models.checks import check_position_restarts, check_prompt_sharing
+from tether.models.checks import check_chunked_head, check_position_restarts, check_prompt_sharing
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
-from tether.models.packing import describe, prompt_sharing
+from tether.models.packing import describe, describe_head, prompt_sharing
 from tether.models.vision import is_vision_language, load_processor, never_sample_placeholders
 from tether.rollout.backends import BACKENDS
 from tether.stages.dpo_config import DPOConfig
@@ -134,13 +134,15 @@ def setup_dpo(cfg: DPOConfig, data, accelerator, config: dict, start_step: int, 
     if cfg.model.padding_free and processor is None:  # a vision model's rows stay padded (data/dpo.py)
         check_position_restarts(model, cfg.model.path)
     share_prompt, rows_note = shared_prompt_layout(cfg, model, processor)
+    if cfg.model.chunked_head:
+        check_chunked_head(model, cfg.model.path, processor is not None)
     # online, a vision-language policy samples: its image placeholder is never sampled, in the policy's and the
     # reference's forwards alike (models/vision.py), so the round's log-ratios start at 0
     hide_placeholders = cfg.online.online and processor is not None
     if hide_placeholders:
         never_sample_placeholders(model)
     state = json.loads((checkpoint / "trainer_state.json").read_text()) if checkpoint else {}
-    objective = DPOObjective(cfg.dpo, state.get("beta_dpo"))
+    objective = DPOObjective(cfg.dpo, state.get("beta_dpo"), cfg.model.chunked_head)
     reference, source = None, "not used (reference-free loss)"
     if objective.needs_reference:
         reference = ReferenceLogps(
@@ -236,6 +238,7 @@ def dpo_plan(cfg: DPOConfig, s: DPOSetup) -> dict:
         "micro-batch rows": describe(cfg.model.padding_free) + s.rows_note
         if s.processor is None
         else "padded rows, one response each (a vision-language model's image features fill its own image tokens)",
+        "LM head": describe_head(cfg.model.chunked_head),
         "optimizer steps": s.total_steps,
         "model": parameter_summary(s.model)
         + (f", sharded over {s.accelerator.num_processes} processes (FSDP2)" if is_sharded(s.model) else ""),

@@ -117,6 +117,7 @@ class GRPOConfig(StageConfig):
         from tether.rewards.judge_template import check_judge_config
 
         check_judge_config(self.judge, "grpo", self.rollout.group_size, self.agent.env)
+        self.model.refuse_chunked_head("tether grpo")
         if self.rollout.group_size < 2:
             raise ConfigError(
                 f"rollout.group_size={self.rollout.group_size}: a group baseline needs at least two responses"

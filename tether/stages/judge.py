@@ -32,8 +32,10 @@ from tether.data.probes import DEFAULT_PROBES, INJECTION
 from tether.data.sft import DataReport, Example, collate
 from tether.data.sft import _Drop as Dropped
 from tether.errors import DataError
+from tether.models.checks import check_chunked_head
 from tether.models.judge import JudgeLM
 from tether.models.lm import load_stage_tokenizer, load_trainable_model, parameter_summary
+from tether.models.packing import describe_head
 from tether.online_sections import JudgeSection
 from tether.rewards.judge import JudgeScorer
 from tether.rewards.judge_template import SAVED
@@ -173,6 +175,8 @@ def run_judge(cfg: JudgeConfig) -> dict:
     accelerator, _, out, start_step, checkpoint = opened
     total_steps = plan_steps(cfg, accelerator, len(train), start_step, checkpoint)
     model = load_trainable_model(cfg.model, tokenizer, checkpoint)
+    if cfg.model.chunked_head:
+        check_chunked_head(model, cfg.model.path)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
     template = data.scorer.template
     plan = {
@@ -185,6 +189,7 @@ def run_judge(cfg: JudgeConfig) -> dict:
         "template": f"{template.path} (verdicts {template.verdicts[0]!r} / {template.verdicts[1]!r} after "
         f"{template.answer_prefix!r}, {'chat' if data.scorer.chat else 'plain'})",
         "loss": "the verdict token only (−log p(verdict | judge prompt), no EOS)",
+        "LM head": describe_head(cfg.model.chunked_head),
     }
     unwrapped = accelerator.unwrap_model(model)
 
@@ -216,7 +221,7 @@ def run_judge(cfg: JudgeConfig) -> dict:
         save=save,
         train_examples=train,
         eval_examples=evals,
-        objective=SFTObjective(),
+        objective=SFTObjective(cfg.model.chunked_head),
         collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, cfg.model.padding_free),
         evaluate_fn=evaluate if held_out else None,
     )

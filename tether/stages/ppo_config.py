@@ -121,6 +121,7 @@ class PPOConfig(StageConfig):
         from tether.rewards.judge_template import check_judge_config
 
         check_judge_config(self.judge, "ppo", self.rollout.group_size, self.agent.env)
+        self.model.refuse_chunked_head("tether ppo")
         self.rewards.overlong_tokens(self.rollout.max_new_tokens)
         self.agent.check_rewards(self.rewards)
         check_best_and_alarms(self)

@@ -31,3 +31,6 @@ class PRMConfig(StageConfig):
     data: PRMDataSection = PRMDataSection(eval_fraction=0.1)
     optim: OptimSection = OptimSection(lr=1e-5)
     train: TrainSection = TrainSection()
+
+    def check(self):
+        self.model.refuse_chunked_head("tether prm")

@@ -58,3 +58,6 @@ class RMConfig(StageConfig):
     rm: RMSection = RMSection()
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
+
+    def check(self):
+        self.model.refuse_chunked_head("tether rm")

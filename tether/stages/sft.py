@@ -7,9 +7,9 @@ import time
 from tether.config import ConfigError
 from tether.data.multimodal import refuse_images, text_only, tokenize_multimodal
 from tether.data.sft import collate, pack_examples, tokenize_records
-from tether.models.checks import check_position_restarts
+from tether.models.checks import check_chunked_head, check_position_restarts
 from tether.models.lm import length_limit, load_stage_tokenizer, load_trainable_model, parameter_summary
-from tether.models.packing import describe
+from tether.models.packing import describe, describe_head
 from tether.models.vision import is_vision_language, load_processor
 from tether.stages.sft_config import SFTConfig
 from tether.train.lm_objective import SFTObjective
@@ -61,6 +61,8 @@ def run_sft(cfg: SFTConfig) -> dict:
     padding_free = cfg.model.padding_free and not vision  # a vision model's rows keep their own image tokens
     if padding_free and not cfg.data.packing:
         check_position_restarts(model, cfg.model.path)
+    if cfg.model.chunked_head:
+        check_chunked_head(model, cfg.model.path, vision)
     model, optimizer, scheduler, _ = prepare_trained(model, cfg, accelerator, total_steps, checkpoint)
     plan = {
         "examples (train / eval)": f"{len(train)} / {len(evals)}" + (" packed rows" if cfg.data.packing else ""),
@@ -76,6 +78,7 @@ def run_sft(cfg: SFTConfig) -> dict:
         "model": parameter_summary(model) + (f", sharded over {world} processes (FSDP2)" if is_sharded(model) else ""),
         "loss": ("all tokens" if cfg.data.train_on_prompt else "completion tokens only (and EOS)")
         + (", never an image token" if vision else ""),
+        "LM head": describe_head(cfg.model.chunked_head),
     }
     if vision:
         plan["vision tower"] = "trained (--train-vision)" if cfg.model.train_vision else "frozen (the projector trains)"
@@ -94,6 +97,6 @@ def run_sft(cfg: SFTConfig) -> dict:
         },
         train_examples=train,
         eval_examples=evals,
-        objective=SFTObjective(),
+        objective=SFTObjective(cfg.model.chunked_head),
         collate_fn=lambda exs: collate(exs, tokenizer.pad_token_id, padding_free),
     )

@@ -13,9 +13,14 @@ class SFTObjective:
     unit = "tokens"
     reports_perplexity = True
 
+    def __init__(self, chunked_head: bool = False):
+        self.chunked_head = chunked_head  # the LM head applied in chunks (ModelSection.chunked_head)
+
     def count(self, batch: dict) -> int:
         return int(batch["loss_mask"][:, 1:].sum())
 
     def loss_sum(self, model, batch: dict):
-        logprobs = scored_token_logprobs(model, batch)  # (B, T-1): position t predicts t+1; logits at trained ones only
+        logprobs = scored_token_logprobs(
+            model, batch, self.chunked_head
+        )  # (B, T-1): position t predicts t+1; logits at trained ones only
         return sft_nll_sum(logprobs, batch["loss_mask"][:, 1:]), {}

@@ -3,6 +3,7 @@
     .venv/bin/python bench/stages.py --lab runs/lab                                  # this checkout
     .venv/bin/python bench/stages.py --lab runs/lab --source /path/to/older/checkout  # another tether, same venv
     .venv/bin/python bench/stages.py --lab runs/lab --stages sft,dpo --vocab 151936   # a Qwen-sized vocabulary
+    .venv/bin/python bench/stages.py --lab runs/lab --stages sft,dpo --source . --this-flags=--chunked-head  # an option
 
 Each workload (sft, rm, dpo, ppo on the 30 M model; grpo_lab and ppo_lab: the lab's own SFT model, reward
 model and settings, whose responses end at different lengths) runs as `python -m tether <stage> ...` in a fresh process on one pinned core with
@@ -232,6 +233,9 @@ def main() -> None:
     parser.add_argument(
         "--vocab", type=int, default=0, help="Rows of the model's vocabulary (default: the lab's 1,024)."
     )
+    parser.add_argument(
+        "--this-flags", default="", help="Flags added to this checkout's commands only (e.g. --chunked-head)."
+    )
     args = parser.parse_args()
     lab, work = Path(args.lab).resolve(), Path(args.work).resolve()
     for side in ("this", "source"):
@@ -247,6 +251,8 @@ def main() -> None:
         for _ in range(args.repeats):
             for side, source in sides.items():
                 plan = workloads(lab, model, rm_final, work / side)[stage]
+                if side == "this":
+                    plan = plan + args.this_flags.split()
                 if stage == "ppo" and not (rm_final / "config.json").is_file():
                     run_once(workloads(lab, model, rm_final, work / "this")["rm"], None)
                 results[side].setdefault(stage, []).append(run_once(plan, source))

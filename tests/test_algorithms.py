@@ -80,10 +80,12 @@ def test_linear_token_logprobs_hand_computed_with_its_gradient():
     torch.testing.assert_close(hidden.grad, torch.tensor([[0.5, -1 / 6]], dtype=torch.float64), atol=1e-15, rtol=0)
 
 
+@pytest.mark.parametrize("chunk", (3, None))
 @pytest.mark.parametrize("with_bias", (False, True))
-def test_linear_token_logprobs_equal_the_whole_logits_path_in_chunks(with_bias):
-    """float64: the chunked head with its recomputing backward gives the log-probs and gradients of the head applied
-    whole then token_logprobs, to float64 rounding (bound 1e-12 on values of order 1-10)."""
+def test_linear_token_logprobs_equal_the_whole_logits_path_in_chunks(with_bias, chunk):
+    """float64: the chunked head with its recomputing backward (chunks of 3, 3, 3, 1) or with one chunk's logits kept
+    (the default size holds all 10 positions) gives the log-probs and gradients of the head applied whole then
+    token_logprobs, to float64 rounding (bound 1e-12 on values of order 1-10)."""
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(10, 6, dtype=torch.float64, generator=gen)
     weight = torch.randn(13, 6, dtype=torch.float64, generator=gen)
@@ -95,7 +97,7 @@ def test_linear_token_logprobs_equal_the_whole_logits_path_in_chunks(with_bias):
         leaves = [t.clone().requires_grad_() for t in (hidden, weight) + ((bias,) if with_bias else ())]
         b = leaves[2] if with_bias else None
         if chunked:
-            logp = linear_token_logprobs(leaves[0], leaves[1], b, targets, chunk_positions=3)  # chunks of 3, 3, 3, 1
+            logp = linear_token_logprobs(leaves[0], leaves[1], b, targets, chunk_positions=chunk)
         else:
             logits = torch.nn.functional.linear(leaves[0], leaves[1], b)
             logp = token_logprobs(logits[None], targets[None])[0]

@@ -92,7 +92,9 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0, chunk_position
 
 
 class _HeadLogprobs(torch.autograd.Function):
-    """linear_token_logprobs' forward and its backward, each a chunk of positions at a time."""
+    """linear_token_logprobs' forward and its backward, each a chunk of positions at a time. One chunk's logits are
+    kept for the backward instead of recomputed (they are at most CHUNK_LOGITS: the bound holds, and the product is
+    saved); several chunks' are recomputed."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, step):
@@ -105,6 +107,7 @@ class _HeadLogprobs(torch.autograd.Function):
             out[start : start + step] = picked - lse[start : start + step]
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.step = step
+        ctx.kept = z if hidden.shape[0] <= step and any(ctx.needs_input_grad[:3]) else None
         device = hidden.device.type  # the backward recomputes under the forward's autocast, so its z is the forward's
         ctx.autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
         return out
@@ -113,24 +116,25 @@ class _HeadLogprobs(torch.autograd.Function):
     def backward(ctx, grad):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = (
-            torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if ctx.needs_input_grad[1] else None
-        )
-        grad_bias = torch.zeros(bias.shape, dtype=lse.dtype, device=bias.device) if ctx.needs_input_grad[2] else None
+        grad_weight = grad_bias = None
         device, enabled, dtype = ctx.autocast
         for start in range(0, hidden.shape[0], ctx.step):
             h = hidden[start : start + ctx.step]
-            with torch.autocast(device, dtype=dtype, enabled=enabled):
-                z = at_least_float32(torch.nn.functional.linear(h, weight, bias))  # recomputed, not kept
+            z = ctx.kept
+            if z is None:
+                with torch.autocast(device, dtype=dtype, enabled=enabled):
+                    z = at_least_float32(torch.nn.functional.linear(h, weight, bias))  # recomputed, not kept
             g = grad[start : start + ctx.step, None].to(z.dtype)
             dz = -g * torch.exp(z - lse[start : start + ctx.step, None])  # ∂/∂z of g·logp: g·(onehot − softmax)
             dz.scatter_add_(-1, targets[start : start + ctx.step, None], g)
             if grad_hidden is not None:
                 grad_hidden[start : start + ctx.step] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
-            if grad_weight is not None:
-                grad_weight += dz.T @ h.to(dz.dtype)
-            if grad_bias is not None:
-                grad_bias += dz.sum(0)
+            if ctx.needs_input_grad[1]:  # the first chunk's product is the buffer: no (V, H) zeros to add to
+                h_ = h.to(dz.dtype)
+                grad_weight = dz.T @ h_ if grad_weight is None else grad_weight.addmm_(dz.T, h_)
+            if ctx.needs_input_grad[2]:
+                grad_bias = dz.sum(0) if grad_bias is None else grad_bias.add_(dz.sum(0))
+        ctx.kept = None
         cast = lambda g, like: None if g is None else g.to(like.dtype)
         return grad_hidden, cast(grad_weight, weight), cast(grad_bias, bias), None, None
 

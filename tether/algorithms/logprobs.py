@@ -152,7 +152,8 @@ def linear_token_logprobs(
     z_t = W h_t + b,   logp_t = z_t[a_t] − logsumexp_v z_t[v],   ∂logp_t/∂z_t = e_{a_t} − softmax(z_t)
 
     The backward recomputes each chunk's logits from the kept hidden states and the per-position logsumexp, so the
-    memory beyond the inputs is one chunk's (chunk_positions, V) logits; the price is one more head product.
+    memory beyond the inputs is one chunk's (chunk_positions, V) logits; the price is one more head product (none
+    when all positions fit one chunk: its logits are kept instead).
 
     Args:
         hidden: (N, H) last (normed) hidden states at the positions that predict ``targets``.

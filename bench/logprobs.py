@@ -20,6 +20,17 @@ import sys
 import time
 
 
+def _timed(step, repeats: int) -> tuple:
+    """(the last output of ``step()``, its seconds per call and the peak resident memory it added, in MB)."""
+    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = step()
+    seconds = (time.perf_counter() - start) / repeats
+    peak_extra_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024
+    return out, {"seconds": round(seconds, 4), "extra_peak_mb": round(peak_extra_mb, 1)}
+
+
 def run_head(variant: str, positions: int, vocab: int, width: int, repeats: int) -> dict:
     """Forward and backward of Σ log π through the LM head, its weight's and the hidden states' gradients kept."""
     import torch
@@ -31,23 +42,18 @@ def run_head(variant: str, positions: int, vocab: int, width: int, repeats: int)
     weight = (torch.randn(vocab, width) / width**0.5).requires_grad_()
     targets = torch.randint(0, vocab, (positions,))
     weight.grad, hidden.grad = torch.zeros_like(weight), torch.zeros_like(hidden)  # allocated before the baseline
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    for _ in range(repeats):
+
+    def step():
         if variant == "whole_head":
             out = token_logprobs(torch.nn.functional.linear(hidden, weight)[None], targets[None])[0]
         else:
             out = linear_token_logprobs(hidden, weight, None, targets)
         out.sum().backward()
-    seconds = (time.perf_counter() - start) / repeats
-    peak_extra_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024
-    return {
-        "variant": variant,
-        "seconds": round(seconds, 4),
-        "extra_peak_mb": round(peak_extra_mb, 1),
-        "checksum": round(float(out.sum()), 2),
-        "grad_checksum": round(float(weight.grad.abs().sum()), 2),
-    }
+        return out
+
+    out, figures = _timed(step, repeats)
+    checksums = {"checksum": round(float(out.sum()), 2), "grad_checksum": round(float(weight.grad.abs().sum()), 2)}
+    return {"variant": variant, **figures, **checksums}
 
 
 def run_one(variant: str, batch: int, length: int, vocab: int, repeats: int) -> dict:
@@ -58,23 +64,16 @@ def run_one(variant: str, batch: int, length: int, vocab: int, repeats: int) -> 
     torch.manual_seed(0)
     logits = torch.randn(batch, length, vocab)
     targets = torch.randint(0, vocab, (batch, length))
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    for _ in range(repeats):
+
+    def step():
         if variant == "naive":
-            out = torch.log_softmax(logits / 0.7, -1).gather(-1, targets[..., None]).squeeze(-1)
-        elif variant == "rows":  # the chunking before this version: 8 whole rows (all their positions) at a time
-            out = token_logprobs(logits, targets, temperature=0.7, chunk_positions=8 * length)
-        else:  # as many positions as hold CHUNK_LOGITS logits
-            out = token_logprobs(logits, targets, temperature=0.7)
-    seconds = (time.perf_counter() - start) / repeats
-    peak_extra_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) / 1024
-    return {
-        "variant": variant,
-        "seconds": round(seconds, 4),
-        "extra_peak_mb": round(peak_extra_mb, 1),
-        "checksum": round(float(out.sum()), 2),
-    }
+            return torch.log_softmax(logits / 0.7, -1).gather(-1, targets[..., None]).squeeze(-1)
+        if variant == "rows":  # the chunking before this version: 8 whole rows (all their positions) at a time
+            return token_logprobs(logits, targets, temperature=0.7, chunk_positions=8 * length)
+        return token_logprobs(logits, targets, temperature=0.7)  # as many positions as hold CHUNK_LOGITS logits
+
+    out, figures = _timed(step, repeats)
+    return {"variant": variant, **figures, "checksum": round(float(out.sum()), 2)}
 
 
 def main() -> None:

@@ -234,3 +234,12 @@ def test_help_needs_neither_torch_nor_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_linear_token_logprobs_of_no_position_back_propagate_zeros():
+    hidden = torch.zeros(0, 4, requires_grad=True)
+    weight, bias = torch.ones(6, 4, requires_grad=True), torch.ones(6, requires_grad=True)
+    out = linear_token_logprobs(hidden, weight, bias, torch.zeros(0, dtype=torch.long))
+    assert out.shape == (0,)
+    out.sum().backward()
+    assert torch.equal(weight.grad, torch.zeros(6, 4)) and torch.equal(bias.grad, torch.zeros(6))

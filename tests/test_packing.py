@@ -14,10 +14,12 @@ from tether.data.sft import Example, collate
 from tether.models.lm import build_tiny_model, load_model
 from tether.models.packing import (
     first_fit_decreasing,
+    model_inputs,
     pack_sequences,
     pack_shared_prompts,
     prompt_sharing_refusal,
     score_inputs,
+    scored_token_logprobs,
 )
 from tether.models.reward import load_reward_model
 from tether.stages.dpo_config import DPOConfig
@@ -618,3 +620,43 @@ def test_online_packed_forward_without_boolean_logits_to_keep_computes_every_log
             atol=1e-5,
             rtol=1e-4,
         )
+
+
+def test_the_chunked_head_runs_in_the_models_autocast_and_an_empty_selection_keeps_a_graph(arch_dirs, tokenizer):
+    """--mixed-precision wraps the model's forward in bf16 autocast; the chunked head's products, made after that
+    forward returns, run under the same autocast (every call of the head's weight sees it on), so its log-probs are
+    the whole head's up to bf16 rounding. A micro-batch with no trained token gives an empty result that still
+    back-propagates (zero gradients), chunked or not."""
+    from tether.models.lm import autocast_forwards
+
+    model = load_model(arch_dirs["llama"], tokenizer)
+    autocast_forwards(model, "bf16")
+    weight = model.get_output_embeddings().weight
+    ids, masks = _sequences(tokenizer, 3, seed=5)
+    batch = collate([Example(i, m, "x") for i, m in zip(ids, masks)], tokenizer.pad_token_id, True)
+    seen, linear = [], torch.nn.functional.linear
+
+    def spy(x, w, b=None):
+        if w is weight:
+            seen.append(torch.is_autocast_enabled("cpu"))
+        return linear(x, w, b)
+
+    torch.nn.functional.linear = spy
+    try:
+        whole = scored_token_logprobs(model, batch)
+        chunked = scored_token_logprobs(model, batch, chunked=True)
+        chunked.sum().backward()
+    finally:
+        torch.nn.functional.linear = linear
+    assert len(seen) == 3 and all(seen)  # the whole head's call, the model's empty head call, the chunked forward's
+    with torch.no_grad():
+        largest = float(model(**model_inputs(batch)).logits.float().abs().max())
+    torch.testing.assert_close(chunked, whole, atol=2 * 2.0**-8 * largest, rtol=0)  # a logit's bf16 rounding
+
+    empty = {**batch, "loss_mask": torch.zeros_like(batch["loss_mask"])}
+    for chunked in (False, True):
+        model.zero_grad()
+        out = scored_token_logprobs(model, empty, chunked)
+        assert float(out.detach().abs().sum()) == 0.0
+        out.sum().backward()
+        assert float(weight.grad.abs().sum()) == 0.0

@@ -100,6 +100,7 @@ class _HeadLogprobs(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, targets, step):
         out = torch.empty(targets.shape, dtype=compute_dtype(hidden), device=hidden.device)
         lse = torch.empty_like(out)
+        z = None  # no position (an empty selection): nothing computed, zero gradients
         for start in range(0, hidden.shape[0], step):
             z = at_least_float32(torch.nn.functional.linear(hidden[start : start + step], weight, bias))
             lse[start : start + step] = torch.logsumexp(z, dim=-1)
@@ -135,6 +136,10 @@ class _HeadLogprobs(torch.autograd.Function):
             if ctx.needs_input_grad[2]:
                 grad_bias = dz.sum(0) if grad_bias is None else grad_bias.add_(dz.sum(0))
         ctx.kept = None
+        if ctx.needs_input_grad[1] and grad_weight is None:  # no position: zeros, so the weight's gradient hooks run
+            grad_weight = torch.zeros_like(weight)
+        if ctx.needs_input_grad[2] and grad_bias is None:
+            grad_bias = torch.zeros_like(bias)
         cast = lambda g, like: None if g is None else g.to(like.dtype)
         return grad_hidden, cast(grad_weight, weight), cast(grad_bias, bias), None, None
 

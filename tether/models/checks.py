@@ -117,6 +117,8 @@ def check_chunked_head(model, where: str, vision: bool = False) -> None:
     ids = torch.tensor([[(3 + i) % vocab for i in range(5)]], device=head.weight.device)
     with head_sees_only(model, lambda hidden: hidden) as captured:
         logits = _in_eval_mode(model, lambda: model(input_ids=ids, use_cache=False).logits)
+    if "hidden" not in captured:
+        raise ConfigError(f"{where}: --chunked-head: this model's forward does not call its output embeddings")
     own = torch.nn.functional.linear(captured["hidden"], head.weight, head.bias)
     if _differ(own, logits, inner):
         raise ConfigError(

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import torch
 
-from tether.algorithms.logprobs import linear_token_logprobs, token_logprobs
+from tether.algorithms.logprobs import at_least_float32, linear_token_logprobs, token_logprobs
 from tether.algorithms.reductions import segment_sum
 from tether.models.vision import PER_TOKEN, VISION_INPUTS
 
@@ -250,15 +250,21 @@ def selected_logprobs(model, inputs: dict, select, targets: torch.Tensor, chunke
 
         def nothing(hidden):
             picked["hidden"] = select(hidden)[0]  # (N, H)
+            # the head's own autocast (--mixed-precision wraps the model's forward, not this function), replayed
+            device = hidden.device.type
+            picked["autocast"] = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
             return hidden[..., :0, :]  # the model's own head call computes no logits
 
         with head_sees_only(model, nothing):
             model(**inputs, use_cache=False)
-        head = lm_head(model)
-        return linear_token_logprobs(picked["hidden"], head.weight, head.bias, targets)
+        head, (device, enabled, dtype) = lm_head(model), picked["autocast"]
+        with torch.autocast(device, dtype=dtype, enabled=enabled):
+            return linear_token_logprobs(picked["hidden"], head.weight, head.bias, targets)
     with head_sees_only(model, select) as captured:
         logits = model(**inputs, use_cache=False).logits
     rows = logits if captured is not None else select(logits)  # no head module: every position's logits, then picked
+    if not targets.numel():  # no trained token: an empty result still on the graph, so a backward (and DDP's) runs
+        return at_least_float32(rows[0, :, 0]) * 0
     return token_logprobs(rows, targets[None])[0]
 
 

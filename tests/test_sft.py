@@ -402,6 +402,14 @@ def test_the_chunked_head_trains_as_the_whole_head_and_is_refused_where_it_would
         sft_config(llama_dir, addition_files, tmp_path / "x", model__chunked_head=True, model__fsdp=True)
     model = load_model(llama_dir, tokenizer)
     check_chunked_head(model, "plain")  # passes
+    with pytest.raises(ConfigError, match="pictures: --chunked-head is not built for a vision-language model"):
+        check_chunked_head(model, "pictures", vision=True)
     model.config.final_logit_softcapping = 30.0
     with pytest.raises(ConfigError, match="capped: this model transforms its logits after the LM head"):
         check_chunked_head(model, "capped")
+    model.config.final_logit_softcapping = None
+    model.lm_head = torch.nn.Sequential(model.lm_head)  # what the check sees of an adapter's or a quantiser's wrapper
+    with pytest.raises(
+        ConfigError, match="wrapped: --chunked-head applies a plain linear head itself; this model has a "
+    ):
+        check_chunked_head(model, "wrapped")

@@ -70,7 +70,8 @@ class ModelSection(Section):
         False,
         "Apply the LM head and its log-softmax a chunk of positions at a time, recomputing each chunk in the "
         "backward, so a micro-batch's logits never exist whole: memory at large vocabularies and long responses, for "
-        "one more head product a step. tether sft, judge and dpo (offline and online rounds; its reference pass "
+        "one more head product where a micro-batch's trained positions fill more than one chunk (2^24 logits). "
+        "tether sft, judge and dpo (offline and online rounds; its reference pass "
         "too); a head that is a plain linear layer with nothing after it (checked at start-up); not with --fsdp.",
     )
     device: str = option("auto", "auto (GPU if present), cpu or cuda.", choices=("auto", "cpu", "cuda"))

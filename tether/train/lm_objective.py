@@ -20,7 +20,6 @@ class SFTObjective:
         return int(batch["loss_mask"][:, 1:].sum())
 
     def loss_sum(self, model, batch: dict):
-        logprobs = scored_token_logprobs(
-            model, batch, self.chunked_head
-        )  # (B, T-1): position t predicts t+1; logits at trained ones only
+        # (B, T-1): position t predicts t+1; logits computed at the trained positions only
+        logprobs = scored_token_logprobs(model, batch, self.chunked_head)
         return sft_nll_sum(logprobs, batch["loss_mask"][:, 1:]), {}

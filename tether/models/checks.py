@@ -7,7 +7,15 @@ import torch
 
 from tether.errors import ConfigError
 from tether.models.lm import compute_dtype
-from tether.models.packing import model_inputs, pack_sequences, pack_shared_prompts, score_inputs, tree_attention_mask
+from tether.models.packing import (
+    head_sees_only,
+    lm_head,
+    model_inputs,
+    pack_sequences,
+    pack_shared_prompts,
+    score_inputs,
+    tree_attention_mask,
+)
 from tether.models.reward import RewardModel
 
 
@@ -93,8 +101,6 @@ def check_chunked_head(model, where: str, vision: bool = False) -> None:
     a head module that is a ``torch.nn.Linear`` (not an adapter's wrapper or a quantised layer) and no work after it
     (a soft cap, a scale), compared on one tiny forward. Not a vision-language model (``vision``): tether masks its
     image placeholder's logit after the head (models/vision.py)."""
-    from tether.models.packing import head_sees_only, lm_head
-
     if vision:
         raise ConfigError(f"{where}: --chunked-head is not built for a vision-language model (its logits are edited)")
 

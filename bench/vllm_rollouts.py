@@ -10,6 +10,9 @@ Every figure comes from one run of this script on this machine, and the comparis
   30 M, every response run to its full budget (the stop set is one token a random model never writes), so both
   backends do the same work; the median of 3 timed rounds after one warm-up round; vLLM's weight push (write and
   reload) timed alone;
+- **start** (``--source DIR`` for the other arm, e.g. a worktree of an earlier commit): what a run waits for before
+  its first step on each side — the engine's start and its first rollout — and the steady tokens per second, on the
+  30 M shape, each start a fresh process (as every run is), the two sources interleaved, ``--repeats`` pairs;
 - **lab**: the lab's GRPO stage (outcome reward, 40 steps of 32 x 8, from the lab's SFT model) on each backend,
   seeds 0 and 1, plus the vLLM backend with token_truncate at 2 (seed 0): step time split into generation and the rest,
   held-out greedy accuracy at every evaluation (evaluated the same way for every run: tether.lab.rl), and the
@@ -90,6 +93,64 @@ def throughput(out: Path) -> dict:
     return results
 
 
+def start_once(out: Path, shape: str) -> dict:
+    """One fresh process's engine: seconds to start it and draw the first rollout (what a run waits for before its
+    first step), then the steady tokens per second (median of 3 rollouts)."""
+    from types import SimpleNamespace
+
+    from tether.rollout.backends import VLLMBackend
+
+    model, tokenizer = random_model(out / f"model-{shape}", **SHAPES[shape])
+    prompts = [f"{i} + {2 * i} =" for i in range(32) for _ in range(8)]
+    sampling = SimpleNamespace(
+        max_new_tokens=48,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        generation_batch=0,
+        drop_finished_rows=True,
+        rollout_size=len(prompts),
+        vllm_kv_cache_gib=0.0,
+        vllm_sleep=False,
+    )
+    never = [len(tokenizer) - 1]
+    t0 = time.perf_counter()
+    backend = VLLMBackend(model, tokenizer, sampling)
+    backend.generate(prompts, sampling, never, seeds=list(range(len(prompts))))
+    first = time.perf_counter() - t0
+    rates = []
+    for r in range(3):
+        t = time.perf_counter()
+        rollout = backend.generate(prompts, sampling, never, seeds=[r * 1000 + i for i in range(len(prompts))])
+        rates.append(float(rollout.lengths.sum()) / (time.perf_counter() - t))
+    return {"start_and_first_rollout_s": first, "tokens_per_s": statistics.median(rates)}
+
+
+def start_pairs(out: Path, sources: dict[str, Path], repeats: int, shape: str = "30M") -> dict:
+    """``start_once`` in a fresh process per source, interleaved; medians and each source ÷ the first."""
+    import os
+    import subprocess
+    import sys
+
+    rows: dict[str, list[dict]] = {name: [] for name in sources}
+    for _ in range(repeats):
+        for name, source in sources.items():
+            env = {**os.environ, "PYTHONPATH": str(Path(source).resolve())}
+            command = [sys.executable, __file__, "--part", "start-once", "--shape", shape, "--out", str(out)]
+            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            rows[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(name, rows[name][-1], flush=True)
+    result = {}
+    for name, measured in rows.items():
+        result[name] = {k: statistics.median(m[k] for m in measured) for k in measured[0]}
+        result[name]["runs"] = measured
+    first = next(iter(sources))
+    for name in sources:
+        for k in ("start_and_first_rollout_s", "tokens_per_s"):
+            result[name][f"{k}_ratio"] = result[name][k] / result[first][k]
+    return result
+
+
 def lab_runs(lab: Path, out: Path) -> dict:
     from tether.lab.rl import run_lab_grpo
 
@@ -150,9 +211,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lab", type=Path, default=Path("runs/lab"), help="a finished `tether lab` folder")
     parser.add_argument("--out", type=Path, default=Path("bench-vllm"))
-    parser.add_argument("--part", choices=("all", "throughput", "lab"), default="all")
+    parser.add_argument("--part", choices=("all", "throughput", "lab", "start", "start-once"), default="all")
+    parser.add_argument("--source", type=Path, help="start: the other arm's checkout (e.g. a git worktree)")
+    parser.add_argument("--repeats", type=int, default=3, help="start: interleaved pairs")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="30M")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.part == "start-once":  # one arm's process (start_pairs runs it under the arm's PYTHONPATH)
+        print(json.dumps(start_once(args.out, args.shape)))
+        return
+    if args.part == "start":
+        if args.source is None:
+            raise SystemExit("--part start compares this checkout with --source DIR (another checkout)")
+        sources = {"this": Path(__file__).resolve().parent.parent, "source": args.source}
+        results = start_pairs(args.out, sources, args.repeats, args.shape)
+        (args.out / "start.json").write_text(json.dumps(results, indent=1))
+        print(json.dumps({k: {m: v for m, v in r.items() if m != "runs"} for k, r in results.items()}, indent=1))
+        return
     results = {"threads": torch.get_num_threads(), "torch": torch.__version__}
     if args.part in ("all", "throughput"):
         results["throughput"] = throughput(args.out)

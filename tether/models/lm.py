@@ -481,8 +481,9 @@ _TOLD: set = set()
 def inductor_compiles_here() -> bool:
     """Whether torch inductor can compile C++ in this process: on a GPU, or on a CPU unless ATEN_CPU_CAPABILITY=default
     asks for torch's scalar kernels — there torch 2.13's inductor still writes vectorised C++ (at::vec::VectorizedN)
-    that the scalar build of its headers does not declare (measured: every compiled kernel fails), and
-    `tether bench --compile` refuses. (vLLM's CPU engine never compiles: rollout/vllm_engine.py engine_compiles.)"""
+    that the scalar build of its headers does not declare (measured: every compiled kernel fails). vLLM's CPU engine
+    then runs eagerly (rollout/vllm_backend.py: its worker starts with TORCH_COMPILE_DISABLE=1) and
+    `tether bench --compile` refuses."""
     return torch.cuda.is_available() or os.environ.get("ATEN_CPU_CAPABILITY") != "default"
 
 

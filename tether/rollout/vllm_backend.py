@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from tether.errors import ConfigError
-from tether.models.lm import DTYPES, checkpoint_weights, model_context
+from tether.models.lm import DTYPES, checkpoint_weights, inductor_compiles_here, model_context
 from tether.models.shards import gathered, is_sharded
 from tether.models.vision import placeholder_ids
 from tether.online_sections import VLLM_INSTALL as INSTALL
@@ -42,7 +42,6 @@ from tether.rollout.vllm_engine import (
     _start_engine,
     _tell,
     _watch,
-    engine_compiles,
     engine_log,
 )
 
@@ -214,7 +213,7 @@ class VLLMBackend:
             "kv_bytes": kv_cache_bytes(base.config, rows, context, dtype, getattr(settings, "vllm_kv_cache_gib", 0)),
             "sleep": bool(getattr(settings, "vllm_sleep", False)),
             "gpu_share": float(getattr(settings, "vllm_gpu_memory_utilization", 0.3)),
-            "compiled": engine_compiles(),
+            "compiled": inductor_compiles_here(),
             "vision": processor is not None,
         }
         # a vision-language policy: its processor goes in the engine's folder (vLLM widens the images itself, and
@@ -252,7 +251,7 @@ class VLLMBackend:
             )
             + "weights reloaded after every step"
             + (" (the sharded policy's, gathered one parameter at a time)" if self.sharded else "")
-            + ("" if engine_compiles() else "; run eagerly, nothing compiled (a CPU's engine)")
+            + ("" if inductor_compiles_here() else "; run eagerly, nothing compiled (ATEN_CPU_CAPABILITY=default)")
             + f"; vLLM's own output: {engine_log()}"
         )
 

@@ -22,16 +22,6 @@ def _new_folder() -> Path:
     return Path(tempfile.mkdtemp(prefix="tether-vllm-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
 
 
-def engine_compiles() -> bool:
-    """Whether a vLLM engine may compile with torch inductor: on a GPU. On a CPU tether runs vLLM's model eagerly
-    (``enforce_eager``), and what vLLM still compiled there were small sampler helpers (the rank of each sampled
-    token's log-prob): seconds of inductor compilation at every engine start, each start a new process and weights
-    folder, for no throughput measured (docs/performance.md, "The CPU engine runs eagerly"). Where torch's scalar
-    kernels are asked for (ATEN_CPU_CAPABILITY=default) inductor could not compile at all
-    (models/lm.py ``inductor_compiles_here``)."""
-    return torch.cuda.is_available()
-
-
 def _unguarded_main_line() -> tuple[str, int] | None:
     """(script, line) when this run was started by a line of the main script that runs whenever the script is
     imported — outside ``if __name__ == "__main__":`` — else None. vLLM starts its model in a spawned process, and
@@ -96,7 +86,7 @@ def _start_engine(folder: Path, key: dict):
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
-    if not key["compiled"]:  # read by the worker's torch and vLLM when it starts (this process's read it long ago)
+    if not key["compiled"]:  # read by the worker's torch when it starts (this process's torch read it long ago)
         os.environ["TORCH_COMPILE_DISABLE"] = "1"
     set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it when it is imported in-process
     log = engine_log()

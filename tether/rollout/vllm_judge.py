@@ -23,18 +23,10 @@ import torch
 
 from tether.errors import ConfigError
 from tether.models.judge import judge_stop_ids
-from tether.models.lm import load_tokenizer
+from tether.models.lm import inductor_compiles_here, load_tokenizer
 from tether.online_sections import VLLM_INSTALL
 from tether.rollout.vllm_backend import kv_cache_bytes, vllm_version
-from tether.rollout.vllm_engine import (
-    _check_main_guarded,
-    _new_folder,
-    _shutdown,
-    _start_engine,
-    _tell,
-    _watch,
-    engine_compiles,
-)
+from tether.rollout.vllm_engine import _check_main_guarded, _new_folder, _shutdown, _start_engine, _tell, _watch
 
 _JUDGE_ENGINE: dict = {}  # {"key": what it was started with, "llm": the engine, "folder": an empty folder, ...}
 
@@ -70,7 +62,7 @@ class VLLMJudge:
             "kv_bytes": kv_cache_bytes(model_config, batch_size, self.context, getattr(torch, served), 0),
             "sleep": False,
             "gpu_share": gpu_share,
-            "compiled": engine_compiles(),
+            "compiled": inductor_compiles_here(),
             "vision": False,  # a text judge: token ids in and out, no tokenizer in the engine
         }
         if _JUDGE_ENGINE.get("key") != key:

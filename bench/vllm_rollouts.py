@@ -46,40 +46,51 @@ def random_model(folder: Path, hidden: int, layers: int, heads: int, vocab: int)
     return load_model(folder), tokenizer
 
 
-def throughput(out: Path) -> dict:
+def workload(tokenizer):
+    """The lab GRPO stage's batch shape: 32 prompts × 8 responses of 48 new tokens at temperature 1, with a stop token
+    a random model (almost) never writes, so every response runs its whole budget and both sides do the same work."""
     from types import SimpleNamespace
 
+    prompts = [f"{i} + {2 * i} =" for i in range(32) for _ in range(8)]
+    sampling = SimpleNamespace(
+        max_new_tokens=48,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        generation_batch=0,
+        drop_finished_rows=True,
+        rollout_size=len(prompts),
+        vllm_kv_cache_gib=0.0,
+        vllm_sleep=False,
+    )
+    return prompts, sampling, [len(tokenizer) - 1]
+
+
+def tokens_per_s(backend, prompts, sampling, never) -> float:
+    """The median of 3 timed rollouts' tokens per second (each with its own seeds)."""
+    rates = []
+    for r in range(3):
+        t = time.perf_counter()
+        rollout = backend.generate(prompts, sampling, never, seeds=[r * 1000 + i for i in range(len(prompts))])
+        rates.append(float(rollout.lengths.sum()) / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
+def throughput(out: Path) -> dict:
     from tether.models.lm import count_parameters
     from tether.rollout.backends import HFGenerate, VLLMBackend
 
     results = {}
     for name, dims in SHAPES.items():
         model, tokenizer = random_model(out / f"model-{name}", **dims)
-        prompts = [f"{i} + {2 * i} =" for i in range(32) for _ in range(8)]
-        sampling = SimpleNamespace(
-            max_new_tokens=48,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            generation_batch=0,
-            drop_finished_rows=True,
-            rollout_size=len(prompts),
-            vllm_kv_cache_gib=0.0,
-            vllm_sleep=False,
-        )
-        never = [len(tokenizer) - 1]  # a stop token a random model (almost) never writes: every response runs 48
+        prompts, sampling, never = workload(tokenizer)
         row = {"parameters": count_parameters(model)[0]}
         t0 = time.perf_counter()
         backends = {"hf": HFGenerate(model, tokenizer), "vllm": VLLMBackend(model, tokenizer, sampling)}
         row["vllm_start_s"] = time.perf_counter() - t0
         for backend_name, backend in backends.items():
             backend.generate(prompts, sampling, never, seeds=list(range(len(prompts))))  # warm-up
-            rates = []
-            for r in range(3):
-                t = time.perf_counter()
-                rollout = backend.generate(prompts, sampling, never, seeds=[r * 1000 + i for i in range(len(prompts))])
-                rates.append(float(rollout.lengths.sum()) / (time.perf_counter() - t))
-            row[f"{backend_name}_tokens_per_s"] = statistics.median(rates)
+            row[f"{backend_name}_tokens_per_s"] = tokens_per_s(backend, prompts, sampling, never)
         pushes = []
         for _ in range(3):
             t = time.perf_counter()
@@ -96,34 +107,16 @@ def throughput(out: Path) -> dict:
 def start_once(out: Path, shape: str) -> dict:
     """One fresh process's engine: seconds to start it and draw the first rollout (what a run waits for before its
     first step), then the steady tokens per second (median of 3 rollouts)."""
-    from types import SimpleNamespace
 
     from tether.rollout.backends import VLLMBackend
 
     model, tokenizer = random_model(out / f"model-{shape}", **SHAPES[shape])
-    prompts = [f"{i} + {2 * i} =" for i in range(32) for _ in range(8)]
-    sampling = SimpleNamespace(
-        max_new_tokens=48,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        generation_batch=0,
-        drop_finished_rows=True,
-        rollout_size=len(prompts),
-        vllm_kv_cache_gib=0.0,
-        vllm_sleep=False,
-    )
-    never = [len(tokenizer) - 1]
+    prompts, sampling, never = workload(tokenizer)
     t0 = time.perf_counter()
     backend = VLLMBackend(model, tokenizer, sampling)
     backend.generate(prompts, sampling, never, seeds=list(range(len(prompts))))
     first = time.perf_counter() - t0
-    rates = []
-    for r in range(3):
-        t = time.perf_counter()
-        rollout = backend.generate(prompts, sampling, never, seeds=[r * 1000 + i for i in range(len(prompts))])
-        rates.append(float(rollout.lengths.sum()) / (time.perf_counter() - t))
-    return {"start_and_first_rollout_s": first, "tokens_per_s": statistics.median(rates)}
+    return {"start_and_first_rollout_s": first, "tokens_per_s": tokens_per_s(backend, prompts, sampling, never)}
 
 
 def start_pairs(out: Path, sources: dict[str, Path], repeats: int, shape: str = "30M") -> dict:

@@ -130,7 +130,9 @@ def start_pairs(out: Path, sources: dict[str, Path], repeats: int, shape: str = 
         for name, source in sources.items():
             env = {**os.environ, "PYTHONPATH": str(Path(source).resolve())}
             command = [sys.executable, __file__, "--part", "start-once", "--shape", shape, "--out", str(out)]
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} ({source}) failed:\n{done.stderr[-3000:]}")
             rows[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(name, rows[name][-1], flush=True)
     result = {}
@@ -214,8 +216,8 @@ def main() -> None:
         print(json.dumps(start_once(args.out, args.shape)))
         return
     if args.part == "start":
-        if args.source is None:
-            raise SystemExit("--part start compares this checkout with --source DIR (another checkout)")
+        if args.source is None or not (args.source / "tether" / "__init__.py").is_file():
+            raise SystemExit(f"--part start compares this checkout with --source DIR, a checkout ({args.source})")
         sources = {"this": Path(__file__).resolve().parent.parent, "source": args.source}
         results = start_pairs(args.out, sources, args.repeats, args.shape)
         (args.out / "start.json").write_text(json.dumps(results, indent=1))

@@ -371,6 +371,14 @@ def ours(folder: Path, model_dir: Path) -> bool:
         return False
 
 
+def sockets_left(tmp: Path, pids: list[int]) -> list[Path]:
+    """What vLLM's engines in processes ``pids`` of a run with TMPDIR=``tmp`` left: socket files (its ZMQ channels)
+    there, and each process's folder for them (rollout/vllm_engine.py sockets_folder) in /dev/shm or there. The
+    engine's log file stays, by design."""
+    folders = [f for pid in pids for where in (Path("/dev/shm"), tmp) for f in where.glob(f"tether-sockets-{pid}-*")]
+    return [p for p in tmp.rglob("*") if p.is_socket()] + folders
+
+
 def _seeded_grpo_args(rules, prompts) -> list[str]:
     """GRPO on the vLLM backend with response seeds: each response depends on its seed and prompt only, so one
     process and two sample the same responses, and a resumed run the same as an uninterrupted one."""
@@ -441,7 +449,9 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     folders = set(Path("/dev/shm").glob("tether-vllm-*"))  # the engines' weights folders (this file's engines only)
     log = (tmp_path / "killed.log").open("w")  # a file, not a pipe: nothing can hold the test on it
     cmd = [sys.executable, "-m", "tether", *args[:], "--output", str(killed), "--save-every", "1"]
-    proc = subprocess.Popen(cmd, stderr=log)
+    tmp = tmp_path / "tmp"  # the run's temporary folder: vLLM's sockets go there, and must not stay
+    tmp.mkdir()
+    proc = subprocess.Popen(cmd, stderr=log, env={**os.environ, "TMPDIR": str(tmp)})
     path = killed / "metrics.jsonl"
     while proc.poll() is None and (not path.is_file() or path.read_text().count("\n") < 2):
         time.sleep(0.01)
@@ -464,6 +474,9 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     while left() and time.time() < deadline:
         time.sleep(0.1)
     assert not left(), "the killed run's weights stayed in /dev/shm"
+    while sockets_left(tmp, [proc.pid]) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not sockets_left(tmp, [proc.pid]), "the killed run's engine sockets stayed"
     assert cli_main([*args, "--output", str(killed), "--save-every", "1", "--resume"]) == 0
     a, b = load_file(str(one / "final" / "model.safetensors")), load_file(str(killed / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -765,8 +778,12 @@ def test_a_killed_rollout_worker_stops_the_run_and_takes_its_engine_with_it(mode
     out = tmp_path / "run"
     folders = set(Path("/dev/shm").glob("tether-vllm-*"))
     log = (tmp_path / "run.log").open("w")
+    tmp = tmp_path / "tmp"  # the run's temporary folder: the worker's engine sockets go there, and must not stay
+    tmp.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tether", *args, "--max-staleness", "1", "--output", str(out)], stderr=log
+        [sys.executable, "-m", "tether", *args, "--max-staleness", "1", "--output", str(out)],
+        stderr=log,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     path = out / "metrics.jsonl"
     while proc.poll() is None and (not path.is_file() or not path.read_text().count("\n")):
@@ -789,6 +806,9 @@ def test_a_killed_rollout_worker_stops_the_run_and_takes_its_engine_with_it(mode
     while left() and time.time() < deadline:
         time.sleep(0.1)
     assert not left(), "the engine or its weights outlived the killed worker"
+    while sockets_left(tmp, [proc.pid, workers[0]]) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not sockets_left(tmp, [proc.pid, workers[0]]), "the killed worker's or its trainer's engine sockets stayed"
 
 
 @pytest.mark.slow

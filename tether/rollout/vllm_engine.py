@@ -5,7 +5,9 @@ and its folder when the trainer is killed."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,10 +18,29 @@ from tether.errors import ConfigError
 from tether.online_sections import VLLM_INSTALL as INSTALL
 
 
-def _new_folder() -> Path:
-    """An empty folder in shared memory (/dev/shm where there is one) for the policy's config and weights."""
+def _new_folder(prefix: str = "tether-vllm-") -> Path:
+    """An empty folder in shared memory (/dev/shm where there is one, else the temporary folder): by default for the
+    policy's config and weights."""
     shm = Path("/dev/shm")
-    return Path(tempfile.mkdtemp(prefix="tether-vllm-", dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
+
+
+_SOCKETS: list[Path] = []  # this process's folder for vLLM's sockets, made by its first engine
+
+
+def sockets_folder() -> Path:
+    """This process's folder for vLLM's ZMQ socket files (``VLLM_RPC_BASE_PATH``), made once: left to itself vLLM
+    makes a socket file per channel in the temporary folder and leaves it there when the engine ends (about eight an
+    engine), and it reads its environment once per process (its environment cache, from the first engine core on),
+    so one folder serves every engine this process starts. Removed at exit, and by the watchdog should the process
+    be killed. In /dev/shm where there is one, named by this process's id: a socket's path must fit in 107 bytes
+    (sockaddr_un), which a long TMPDIR would overrun."""
+    if not _SOCKETS:
+        folder = _new_folder(f"tether-sockets-{os.getpid()}-")
+        _SOCKETS.append(folder)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        os.environ["VLLM_RPC_BASE_PATH"] = str(folder)  # this process's and its engine's (a child inherits it)
+    return _SOCKETS[0]
 
 
 def _unguarded_main_line() -> tuple[str, int] | None:
@@ -86,6 +107,7 @@ def _start_engine(folder: Path, key: dict):
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    sockets_folder()
     if not key["compiled"]:  # read by the worker's torch when it starts (this process's torch read it long ago)
         os.environ["TORCH_COMPILE_DISABLE"] = "1"
     set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it when it is imported in-process
@@ -227,7 +249,7 @@ def started(pid):
     except (OSError, IndexError):
         return None
 
-trainer, folder, births, told = int(sys.argv[1]), sys.argv[2], {}, True
+trainer, folders, births, told = int(sys.argv[1]), sys.argv[2:], {}, True
 while os.getppid() == trainer:
     if not told:
         time.sleep(0.5)
@@ -241,19 +263,21 @@ for pid, birth in births.items():
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-shutil.rmtree(folder, ignore_errors=True)
+for folder in folders:
+    shutil.rmtree(folder, ignore_errors=True)
 """
 
 
 def _watch(folder: Path):
-    """Start the watchdog over the weights ``folder`` (Linux: it reads /proc); None elsewhere."""
+    """Start the watchdog over the weights ``folder`` and this process's sockets folder (Linux: it reads /proc); None
+    elsewhere."""
     import subprocess
     import sys
 
     if not Path("/proc/self/cmdline").exists():
         return None
     return subprocess.Popen(
-        [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(folder)],
+        [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(folder), str(sockets_folder())],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(max(1, _CORES // _WORKERS))
 
 # What the processes the tests start leave in the temporary folder (torch's elastic agent's torchelastic_* folders,
-# vLLM's vllm_dist_* folders and sockets, tether's vLLM logs) goes to a folder of this process's own, removed when
+# vLLM's vllm_dist_* folders, tether's vLLM logs) goes to a folder of this process's own, removed when
 # it ends; pytest's tmp_path folders stay where they were (PYTEST_DEBUG_TEMPROOT), kept for a failed test's reading,
 # and so does torch.compile's cache (its default place, kept between runs).
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())

@@ -449,7 +449,7 @@ def test_a_run_killed_with_sigkill_resumes_exactly_on_vllm(one_process_run, tmp_
     folders = set(Path("/dev/shm").glob("tether-vllm-*"))  # the engines' weights folders (this file's engines only)
     log = (tmp_path / "killed.log").open("w")  # a file, not a pipe: nothing can hold the test on it
     cmd = [sys.executable, "-m", "tether", *args[:], "--output", str(killed), "--save-every", "1"]
-    tmp = tmp_path / "tmp"  # the run's temporary folder: vLLM's sockets go there, and must not stay
+    tmp = tmp_path / "tmp"  # the run's own temporary folder, where vLLM would leave its sockets: none may stay
     tmp.mkdir()
     proc = subprocess.Popen(cmd, stderr=log, env={**os.environ, "TMPDIR": str(tmp)})
     path = killed / "metrics.jsonl"
@@ -778,7 +778,7 @@ def test_a_killed_rollout_worker_stops_the_run_and_takes_its_engine_with_it(mode
     out = tmp_path / "run"
     folders = set(Path("/dev/shm").glob("tether-vllm-*"))
     log = (tmp_path / "run.log").open("w")
-    tmp = tmp_path / "tmp"  # the run's temporary folder: the worker's engine sockets go there, and must not stay
+    tmp = tmp_path / "tmp"  # the run's own temporary folder, where vLLM would leave its sockets: none may stay
     tmp.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tether", *args, "--max-staleness", "1", "--output", str(out)],

@@ -179,6 +179,87 @@ def test_online_dpo_labels_a_pair_by_its_swap_averaged_preference(tokenizer):
     assert judge_rates(flip.take_figures())["judge/order_inconsistency"] == 1.0
 
 
+def test_online_dpo_gives_a_pair_with_an_unjudged_answer_a_tie(tokenizer):
+    """A pointwise judge labels online DPO's pairs by the higher score. Pair 2's second answer gets too little mass
+    on the verdicts (0.1 under a floor of 0.5): it takes its partner's score, the pair's mean (3.5 = 0.1·1 + 0.1·2 +
+    0.1·3 + 0.6·4 + 0.1·5), so the pair is a tie (dropped) — not the batch's mean, which would label it.
+    good = (0.1·4 + 0.8·5) / 0.9 = 4.4/0.9, bad = (0.8·1 + 0.1·2) / 0.9 = 1/0.9."""
+    from tether.online_sections import RewardSection
+    from tether.rewards.score import Scorer
+    from tether.rollout.batch import Rollout
+    from tether.stages.dpo_online import PairLabeller
+
+    probs = {
+        "good": (1e-12, 1e-12, 1e-12, 0.1, 0.8),
+        "bad": (0.8, 0.1, 1e-12, 1e-12, 1e-12),
+        "mid": (0.1, 0.1, 0.1, 0.6, 0.1),
+        "none": (0.02,) * 5,
+    }
+    judge = scorer(
+        tokenizer,
+        lambda t: next(v for k, v in probs.items() if f"\n{k}\n" in t),
+        group_size=2,
+        min_verdict_mass=0.5,
+        max_unparsed=0.5,
+    )
+    labeller = PairLabeller.__new__(PairLabeller)
+    labeller.judge = labeller.pair_judge = None
+    labeller.scorer = Scorer(RewardSection(), 4, tokenizer, None, None, judge=judge)
+    answers = ["good", "bad", "mid", "none", "bad", "good"]  # rows 2i and 2i+1 answer prompt i
+    rollout = Rollout(
+        prompt_ids=torch.ones(6, 2, dtype=torch.long),
+        prompt_mask=torch.ones(6, 2, dtype=torch.long),
+        response_ids=torch.ones(6, 2, dtype=torch.long),
+        response_mask=torch.ones(6, 2, dtype=torch.long),
+        truncated=torch.zeros(6, dtype=torch.bool),
+        prompts=["p"] * 6,
+        responses=answers,
+    )
+    labels, scores = labeller([{"prompt": "p"}] * 3, rollout)
+    assert labels == [1.0, 0.5, 0.0]
+    good, bad = 4.4 / 0.9, 1.0 / 0.9  # the 1e-12 entries move them by < 1e-11
+    expected = torch.tensor([good, bad, 3.5, 3.5, bad, good], dtype=torch.float64)
+    # float32 scores below 8: within 2^-22 (half an ulp) of their float64 value
+    torch.testing.assert_close(torch.tensor(scores, dtype=torch.float64), expected, rtol=0, atol=2.0**-22 + 1e-11)
+
+
+def test_a_pattern_whose_group_did_not_match_and_a_call_with_no_verdict_at_all_are_told(tokenizer, tmp_path):
+    """'Score: (\\d)|Rating: (\\d)' matching 'Rating: 3' leaves group 1 empty: no verdict (imputed, counted), not
+    a crash. A pairwise judge against a column that reads one order of every pair and not the other leaves every
+    answer without a verdict though only half the prompts lack one (under max_unparsed 0.5): the call stops with
+    a RewardFunctionError (the loop checkpoints first), not a bare error from the imputation."""
+    path = tmp_path / "alternatives.txt"
+    path.write_text(TEXT_TEMPLATE.replace('"Score: ([1-5])"', '"Score: ([1-5])|Rating: ([1-5])"'))
+    judge = TextJudge(JudgeSection(model="t", template=str(path), max_unparsed=0.5), TableLM(tokenizer, None), 3)
+    judge.answers = {"x": "Score: 4", "y": "Rating: 3", "z": "Score: 2"}
+    scores = judge([{"prompt": "p"}] * 3, ["x", "y", "z"], 3)
+    torch.testing.assert_close(scores, torch.tensor([4.0, 3.0, 2.0]), rtol=0, atol=0)  # 3 = mean(4, 2), imputed
+    assert judge_rates(judge.take_figures())["judge/unparsed_frac"] == pytest.approx(1 / 3)
+
+    def one_order(text):  # a confident verdict with the reference first, too little mass with the answer first
+        return (0.3, 0.6) if slot(text, "A") == "ref" else (0.01, 0.01)
+
+    pairwise = scorer(
+        tokenizer, one_order, "pairwise", baseline="column:reference", min_verdict_mass=0.5, max_unparsed=0.5
+    )
+    with pytest.raises(RewardFunctionError, match=r"gave no answer of this call a verdict \(2 of 4 prompts"):
+        pairwise([{"prompt": "Say hi.", "reference": "ref"}] * 2, ["x", "y"])
+
+
+def test_a_prompt_row_without_the_judges_column_is_named_by_its_line(tmp_path):
+    """The second record stands on line 3, after a blank line that the reader skips."""
+    from tether.data.prompts import prompt_rows
+    from tether.rewards.judge_template import check_judge_rows
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(
+        json.dumps({"prompt": "a", "reference": "r"}) + "\n\n" + json.dumps({"prompt": "b", "reference": 1})
+    )
+    judge = JudgeSection(model="m", template="pairwise", baseline="column:reference")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(path))}:3: no text column 'reference'"):
+        check_judge_rows(judge, prompt_rows(path), str(path))
+
+
 @pytest.mark.parametrize(
     "front, body, message",
     [

@@ -182,7 +182,8 @@ class JudgeScorer:
         self._add("prompts", len(texts))
         self._add("prompt_tokens", sum(map(len, ids)))
         found = [self.pattern.search(o) for o in outputs]
-        return [m.group(1).strip() if m else None for m in found], outputs
+        # a pattern with alternatives ('Score: (\d)|Rating: (\d)') can match without its group 1: no verdict
+        return [m.group(1).strip() if m and m.group(1) is not None else None for m in found], outputs
 
     def _generate(self, texts: list[str]) -> list[str]:
         """The judge's greedy answers after each rendered prompt, special tokens dropped (their tokens counted)."""
@@ -310,6 +311,12 @@ class JudgeScorer:
             scores = read(rows, responses, group_size)
             parsed = torch.ones(len(responses), dtype=torch.bool)
         self._check_unparsed()
+        # under max_unparsed in prompts, yet no answer has a verdict (pairwise: each lacks one of its two orders)
+        if not bool(parsed.any()):
+            raise RewardFunctionError(
+                f"the judge {self.cfg.model} gave no answer of this call a verdict ({self.call[1]} of {self.call[0]} "
+                f"prompts without one; template {self.template.path}); first without one: {str(self.call[2])[:200]!r}"
+            )
         self._injection_probe(rows, responses, scores, parsed)
         scores = impute_unparsed(scores, parsed, group_size if len(responses) % group_size == 0 else 1)
         self._add("seconds", time.perf_counter() - began)

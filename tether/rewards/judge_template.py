@@ -26,6 +26,7 @@ import yaml
 
 from tether.algorithms.choices import JUDGE_MODES, JUDGE_READS
 from tether.config import ConfigError
+from tether.data.records import read_records
 
 SHIPPED = Path(__file__).with_name("judge_templates")
 VARIABLE = re.compile(r"\{\{\s*([A-Za-z_][\w.]*)\s*\}\}")
@@ -231,14 +232,17 @@ def check_judge_config(judge, stage: str, group_size: int, env: str = "", other_
         raise ConfigError(f"{where}: judge.min_verdict_mass is for a probability read; this template reads text")
 
 
-def check_judge_rows(judge, rows: list[dict], where: str) -> None:
-    """Every prompt row has the columns the judge reads ({{column.NAME}} in its template, column:NAME baseline)."""
+def check_judge_rows(judge, rows: list[dict], path: str, columns=None) -> None:
+    """Every prompt row has the columns the judge reads ({{column.NAME}} in its template, column:NAME baseline).
+    ``rows`` are data/prompts.py prompt_rows(path, columns): one a record, in order."""
     t = JudgeTemplate.load(judge.template, judge.model)
     names = list(t.columns) + ([judge.baseline[len("column:") :]] if judge.baseline.startswith("column:") else [])
     for name in names:
         missing = next((i for i, row in enumerate(rows) if not isinstance(row.get(name), str)), None)
         if missing is not None:
+            # the rows keep no line numbers (blank lines are skipped): the file is read again to name the record's
+            where = read_records(path, columns)[missing].where
             raise ConfigError(
-                f"{where} line {missing + 1}: no text column {name!r}, which the judge reads (template {t.path}, "
+                f"{where}: no text column {name!r}, which the judge reads (template {t.path}, "
                 f"judge.baseline={judge.baseline!r})"
             )

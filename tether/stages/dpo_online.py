@@ -75,7 +75,9 @@ class PairLabeller:
             return preference, [p if i % 2 == 0 else 1.0 - p for p in preference for i in range(2)]
         if self.pair_judge is not None:
             return self.pair_judge.labels(rows, first, second)
-        totals = self.scorer(rollout, [r for r in rows for _ in range(2)]).flat().tolist()
+        # a pair is a group of 2: an answer a pointwise judge gave no verdict takes its partner's score (a tie,
+        # dropped), not the batch's mean, which would label the pair by the other answers of the step
+        totals = self.scorer(rollout, [r for r in rows for _ in range(2)], group_size=2).flat().tolist()
         a, b = totals[0::2], totals[1::2]
         return [1.0 if x > y else 0.0 if x < y else 0.5 for x, y in zip(a, b)], totals
 

@@ -1,6 +1,6 @@
 """`tether judge`: a generative reward model — a language model trained to write the verdict of a pairwise judge
-template from preference pairs (docs/algorithms.md §12.5), evaluated as a reward model is (docs/reward-models.md,
-"Training a judge").
+template from preference pairs (docs/algorithms.md §12, "Training a judge"), evaluated as a reward model is
+(docs/reward-models.md, "Training a judge").
 
 Each pair (x, y_w, y_l) gives two examples, one per order: the template rendered with y_w shown first and the
 verdict "first wins", and with y_l first and "second wins"; the loss is the language-model loss on the verdict token
@@ -125,7 +125,7 @@ def _words(text: str) -> int:
 
 @torch.no_grad()
 def evaluate_judge(scorer: JudgeScorer, pairs: list[tuple[dict, str, str]]) -> dict[str, float]:
-    """The held-out figures of a judge (docs/algorithms.md §12.6; docs/metrics.md, `tether judge`)."""
+    """The held-out figures of a judge (docs/algorithms.md §12; docs/metrics.md, `tether judge`)."""
     rows, chosen, rejected = [p[0] for p in pairs], [p[1] for p in pairs], [p[2] for p in pairs]
     lp_ab, lp_ba = scorer.verdict_logprobs(rows, chosen, rejected)
     p_ab, p_ba = first_slot_probability(lp_ab), first_slot_probability(lp_ba)

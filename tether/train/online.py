@@ -547,8 +547,8 @@ def start_online(
     if cfg.judge.model:  # the columns its template and baseline read, in every row
         from tether.rewards.judge_template import check_judge_rows
 
-        check_judge_rows(cfg.judge, prompt_rows, prompts)
-        check_judge_rows(cfg.judge, eval_rows, eval_prompts)
+        check_judge_rows(cfg.judge, prompt_rows, prompts, columns)
+        check_judge_rows(cfg.judge, eval_rows, eval_prompts, columns)
     reward_set = load_reward_set(rewards_cfg, prompt_rows, total_steps, pixels) if rewards_cfg is not None else None
     # the audit is an option of its own: loaded beside --env too, where the reward functions may be none
     audit_set = load_audit_set(cfg.rewards, prompt_rows, total_steps, pixels)

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import re
+from collections import Counter
 
 import pytest
 import torch
@@ -33,6 +34,10 @@ IMAGE_TOKENS = {
     "idefics3": {"<image>": 5, "<global-img>": 1, "<fake_token_around_image>": 6},
     "gemma3": {"<start_of_image>": 1, "<image_soft_token>": 4, "<end_of_image>": 1},
 }
+
+# the newline tokens a processor writes around an image's own tokens (the text has newlines too: they are told
+# apart by position, data/multimodal.py added_positions)
+PROCESSOR_NEWLINES = {"llava": 0, "idefics3": 3, "gemma3": 4}
 
 
 def png(colour: str) -> bytes:
@@ -112,14 +117,17 @@ def test_the_loss_covers_the_answer_and_never_an_image_token(vlm_dirs, tmp_path,
     assert trained == "It is red.<|im_end|>"
     counts = {name: ids.count(tokenizer.convert_tokens_to_ids(name)) for name in IMAGE_TOKENS[family]}
     assert counts == IMAGE_TOKENS[family]
-    image_ids = {tokenizer.convert_tokens_to_ids(name) for name in IMAGE_TOKENS[family]}
+    # an image's tokens: its own, Idefics3's four tile markers, and the newlines the processor writes with them
+    # (Idefics3: after each row of tiles and before the global image; Gemma 3: two before and two after)
+    image = Counter({**IMAGE_TOKENS[family], "Ċ": PROCESSOR_NEWLINES[family]})
     if family == "idefics3":
-        image_ids |= {tokenizer.convert_tokens_to_ids(f"<row_{r}_col_{c}>") for r in (1, 2) for c in (1, 2)}
-    assert report.image_tokens == sum(t in image_ids for t in ids)
-    _, ([whole], _) = encode(vlm_dirs[family], rows, tmp_path / "all.jsonl", train_on_prompt=True)
-    for position, (token, trained) in enumerate(zip(whole.input_ids, whole.loss_mask)):
-        # with --train-on-prompt every token is trained but the first and the image's
-        assert trained == (0 if position == 0 or token in image_ids else 1), (position, tokenizer.decode([token]))
+        image.update(f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2))
+    assert report.image_tokens == image.total()
+    _, ([whole], whole_report) = encode(vlm_dirs[family], rows, tmp_path / "all.jsonl", train_on_prompt=True)
+    # with --train-on-prompt every token is trained but the first and exactly the image's
+    untrained = [t for position, (t, m) in enumerate(zip(whole.input_ids, whole.loss_mask)) if position and not m]
+    assert Counter(tokenizer.convert_ids_to_tokens(untrained)) == +image
+    assert whole_report.image_tokens == image.total()
 
 
 @pytest.mark.parametrize("family", TINY_VISION_FAMILIES)
@@ -275,6 +283,13 @@ def test_a_bad_image_or_placeholder_is_an_error_naming_the_record_and_field(vlm_
             {},
         )
     )
+    # a message that is not an object, with images and without (a vision model reads every record this way)
+    not_an_object = r"bad\.jsonl:1: field {}\[0\] must be an object with 'role' and 'content', got {}"
+    cases += [
+        ({**good, "messages": ["hello", good["messages"][1]]}, not_an_object.format("messages", "'hello'"), {}),
+        ({"messages": [["user", "hi"], good["messages"][1]]}, not_an_object.format("messages", r"\['user'"), {}),
+        ({"prompt": ["hi"], "completion": "red"}, not_an_object.format("prompt", "'hi'"), {}),
+    ]
     for row, message, options in cases:
         with pytest.raises(DataError, match=message):
             encode(model, [row], path, **options)

@@ -11,6 +11,8 @@ even with --train-on-prompt. docs/data.md "Images".
 
 from __future__ import annotations
 
+from difflib import SequenceMatcher
+
 from tether.config import ConfigError
 from tether.console import progress
 from tether.data.images import (
@@ -24,7 +26,7 @@ from tether.data.images import (
     sample_image_ref,
 )
 from tether.data.records import DataError, Record
-from tether.data.sft import DataReport, Example, _Drop, check_kept, detect_format, render
+from tether.data.sft import DataReport, Example, _Drop, check_kept, check_messages, detect_format, render
 from tether.models.chat import render_chat, template_conversation
 from tether.models.vision import VISION_INPUTS, image_token_text
 
@@ -33,13 +35,14 @@ def placed(fields: dict, fmt: str, image_text: str, where: str) -> tuple[dict, l
     """The record's fields with each image in its place, and the images' references in order."""
     refs = image_list(fields, where)
     if fmt == "messages":
-        messages, refs = place_images(fields["messages"], refs, where, "messages")
+        # checked here, before the images are placed in them: render() would check them only afterwards
+        messages, refs = place_images(check_messages(fields["messages"], where, "messages"), refs, where, "messages")
         return {**fields, "messages": messages}, refs
     if fmt == "text":
         return {**fields, "text": place_in_text(fields["text"], refs, image_text, where, "text")}, refs
     prompt = fields["prompt"]
     if isinstance(prompt, list):
-        prompt, refs = place_images(prompt, refs, where, "prompt")
+        prompt, refs = place_images(check_messages(prompt, where, "prompt"), refs, where, "prompt")
     else:
         prompt = place_in_text(prompt, refs, image_text, where, "prompt")
     return {**fields, "prompt": prompt}, refs
@@ -94,15 +97,25 @@ def encode_example(fields, fmt, tokenizer, processor, train_on_prompt, where, re
         first = widened.position(ids, text[:start], images, where)
         last = len(ids) if end >= len(text) else widened.position(ids, text[:end], images, where)
         mask[first:last] = [1] * (last - first)
-    plain = set(tokenizer(text, add_special_tokens=add_special)["input_ids"])
     placeholder = tokenizer.convert_tokens_to_ids(widened.placeholder)
-    image_ids = {t for t in ids if t not in plain} | {placeholder}  # what the processor added for the images
-    mask = [0 if t in image_ids else m for t, m in zip(ids, mask)]
+    image = added_positions(tokenizer(text, add_special_tokens=add_special)["input_ids"], ids, placeholder)
+    mask = [0 if i in image else m for i, m in enumerate(mask)]
     mask[0] = 0  # nothing predicts the first token
     vision = vision_of(encoded, processor)
     report.images += len(images)
-    report.image_tokens += sum(t in image_ids for t in ids)
+    report.image_tokens += len(image)
     return Example(ids, mask, where, vision=vision or None)
+
+
+def added_positions(plain: list[int], widened: list[int], placeholder: int) -> set[int]:
+    """The positions of ``widened`` (the processor's tokens of a text, each image placeholder widened) that the
+    processor added for the images: every placeholder token, and every token outside the runs it shares with
+    ``plain`` (the tokenizer's tokens of the same text), found by aligning the two. Matching by id alone misses
+    the text tokens a processor adds around an image (Idefics3's and Gemma 3's newlines), which the text has too.
+    Where a widening changes how the text beside it merges, those tokens count as the image's: never trained."""
+    shared = SequenceMatcher(None, plain, widened, autojunk=False).get_matching_blocks()
+    text = {j + k for _, j, size in shared for k in range(size)}
+    return {i for i, t in enumerate(widened) if t == placeholder or i not in text}
 
 
 def vision_of(encoded, processor) -> dict:

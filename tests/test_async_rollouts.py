@@ -113,6 +113,61 @@ def test_a_run_without_response_seeds_draws_the_same_responses_each_time(llama_d
     assert runs[0] == runs[1] and len(set(runs[0])) > 1
 
 
+def test_evaluations_through_the_worker_are_drawn_alike_without_response_seeds(llama_dir, files, tmp_path):
+    """Held-out prompts are sampled with a fixed seed (docs/metrics.md). The worker's own RNG is out of the trainer's
+    reseed's reach, so its evaluations are seeded per response: with the weights unmoved (lr 1e-30: every update is
+    below half an ulp of its weight) three evaluations give the same figures."""
+    args = grpo_args(llama_dir, files, tmp_path / "run", "--max-steps", "3", "--save-every", "0", "--lr", "1e-30")
+    args.remove("--response-seeds")
+    assert main(args + ["--max-staleness", "1", "--eval-every", "1", "--eval-prompts", str(files[1])]) == 0
+    evaluations = [
+        {k: v for k, v in m.items() if k.startswith("eval/") and not k.endswith("_s")}
+        for m in rows(tmp_path / "run" / "metrics.jsonl")
+    ]
+    assert len(evaluations) == 3 and evaluations[0] and evaluations[0] == evaluations[1] == evaluations[2]
+
+
+def test_updates_counted_before_the_worker_starts_are_not_waited_for(llama_dir):
+    """A resumed online DPO run counts its updates before its next round's first request starts the worker: the
+    first push goes to a fresh slot at once (it waited for an answer about a version never sent, until the
+    timeout), and a slot is reused only once the worker has loaded the version that last used it."""
+    from tether.models.lm import load_model, load_tokenizer
+    from tether.online_sections import SamplingSection
+    from tether.rollout.async_worker import AsyncRolloutBackend
+
+    tokenizer = load_tokenizer(llama_dir)
+    policy = load_model(llama_dir, tokenizer, "float32")
+    settings = SamplingSection(max_new_tokens=4, max_staleness=1, async_threads=1, worker_timeout_s=60)
+    worker = AsyncRolloutBackend(policy, tokenizer, settings)
+    try:
+        worker.weights_updated(policy)
+        worker.weights_updated(policy)  # versions 1 and 2, no worker yet
+        began = time.perf_counter()
+        rollout = worker.generate(["Say hi.", "Say rain."], settings, [tokenizer.eos_token_id], [1, 2])
+        assert len(rollout.responses) == 2 and time.perf_counter() - began < 60
+        assert worker.slot_versions == [2, -1] and worker.acked == 2
+        worker.weights_updated(policy)  # version 3: slot 1, never used
+        worker.weights_updated(policy)  # version 4: slot 0, once version 2 is loaded
+        assert worker.slot_versions == [4, 3] and worker.acked >= 2
+    finally:
+        worker.close()
+
+
+def test_the_parity_probe_reads_a_policy_in_train_mode_without_its_dropout(model_dirs):
+    """--keep-dropout trains online DPO's policy in train mode; the worker's copy samples in eval mode. The probe
+    compares weights, so it runs without dropout (twice alike, equal to eval mode) and leaves the mode as it was."""
+    from transformers import AutoModelForCausalLM
+
+    from tether.rollout.worker_wire import probe_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["gpt2"], resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5)
+    ids = list(range(3, 20))
+    model.eval()
+    plain = probe_logprobs(model, ids)
+    model.train()
+    assert torch.equal(probe_logprobs(model, ids), plain) and model.training
+
+
 def ppo_args(model, files, out, *more) -> list[str]:
     """PPO on the group tests' prompts and reward: 4 prompts a step, 2 epochs of 2 minibatches."""
     args = grpo_args(model, files, out, "--prompts-per-step", "4", "--group-size", "1", "--minibatch", "2", *more)
@@ -366,6 +421,7 @@ def test_the_settings_that_the_worker_does_not_serve_are_refused(llama_dir, file
     for more, said in (
         (["--rollout-backend", "vllm", "--vllm-sleep"], "so it never sleeps"),
         (["--max-staleness", "-1"], "must be >= 0"),
+        (["--no-drop-finished-rows"], "drop --no-drop-finished-rows, or use --rollout-backend vllm"),
     ):
         flags = more if "--max-staleness" in more else ["--max-staleness", "1", *more]
         assert main(grpo_args(llama_dir, files, tmp_path / "x", *flags)) == 2

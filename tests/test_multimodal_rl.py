@@ -287,7 +287,8 @@ def test_one_rollout_worker_for_several_processes_is_refused_for_a_vlm_naming_th
     from tether.errors import ConfigError
     from tether.models.lm import load_model, load_tokenizer
     from tether.online_sections import SamplingSection
-    from tether.rollout.async_worker import AsyncRolloutBackend, sampling_backend
+    from tether.rollout.async_worker import AsyncRolloutBackend
+    from tether.train.sampling import sampling_backend
 
     tokenizer = load_tokenizer(llama_dir)
     policy = load_model(llama_dir, tokenizer)

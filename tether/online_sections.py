@@ -160,6 +160,12 @@ class SamplingSection(Section):
                 f"max_staleness={self.max_staleness} with vllm_sleep: the rollout worker's engine samples while the "
                 "trainer updates, so it never sleeps (sleep mode frees a colocated engine's memory for the update)"
             )
+        if self.max_staleness and self.backend == "hf" and not self.drop_finished_rows:
+            raise ConfigError(
+                f"max_staleness={self.max_staleness} with the hf backend samples in a worker that keeps the sampler's "
+                "log-probs (the off-policy correction reads them), which decoding.decode does only with "
+                "drop_finished_rows: drop --no-drop-finished-rows, or use --rollout-backend vllm"
+            )
         if self.backend == "vllm":
             from importlib.util import find_spec
 

@@ -189,6 +189,7 @@ class AsyncRolloutBackend:
     and seeds); ``generate`` returns a queued request's rollout when it was queued, or asks for it now and waits."""
 
     samples_trainer_weights = False  # the worker's copy is the weights of some version, not the trainer's own
+    draws_from_own_rng = True  # the worker's torch RNG, seeded once at its start
     reads_images = False  # a vision-language policy's pixels (and for vLLM its images) are sent by generate_ids
 
     def __init__(self, policy, tokenizer, settings, dp=None, processor=None):
@@ -206,6 +207,7 @@ class AsyncRolloutBackend:
         self.version = 0  # the trainer's: updates pushed so far (weights_updated calls)
         self.pushed = -1  # the newest version sent to the worker
         self.acked = -1  # the newest version the worker said it loaded
+        self.slot_versions = [-1, -1]  # the version last written to each weights slot (-1: none yet)
         self.pending: list[tuple] = []  # keys queued, in the order the worker will answer them
         self.ready: dict[tuple, tuple[int, dict]] = {}  # key -> (version, rollout) answered, not yet taken
         self.dropped = 0  # rollouts that arrived past the staleness bound and were drawn again
@@ -333,16 +335,19 @@ class AsyncRolloutBackend:
         from safetensors.torch import save_file
 
         t0 = time.perf_counter()
-        while self.acked < self.version - 2:
+        slot = self.version % 2
+        # the version that last used the slot, not version − 2: versions counted while no worker ran (a resumed
+        # run's updates before its first request) were never sent, and no answer would come for them
+        while self.acked < self.slot_versions[slot]:
             self._receive()
         self.slots.mkdir(exist_ok=True)  # a worker that was sent SIGTERM removed it on its way out (_orphaned)
-        path = self.slots / f"slot{self.version % 2}.safetensors"
+        path = self.slots / f"slot{slot}.safetensors"
         # a LoRA policy's adapters merged in (W + ΔW beside the weights): the worker holds the plain model
         state = {name: tensor.detach().to("cpu").clone() for name, tensor in checkpoint_weights(self.policy).items()}
         save_file(state, str(path))
         self.probes[self.version] = probe_logprobs(self.policy, self.probe)
         self._send(("weights", self.version, str(path), self.probe))
-        self.pushed = self.version
+        self.pushed = self.slot_versions[slot] = self.version
         self.figures["sync_s"] += time.perf_counter() - t0
 
     def weights_updated(self, policy) -> None:
@@ -581,19 +586,3 @@ def _close_at_exit() -> None:
     not waited for by multiprocessing's own exit function)."""
     for backend in list(_LIVE):
         backend.close()
-
-
-def sampling_backend(settings, policy, tokenizer, processor=None, dp=None):
-    """What an online stage samples with: a rollout worker beside the trainer when rollout.max_staleness ≥ 1 (its
-    sampler the backend rollout.backend names), else that backend itself (backends.make_backend). ``dp``: the
-    stage's data parallelism (train/parallel.py), which rollout_workers = one hands the rows out through."""
-    from tether.rollout.backends import make_backend
-
-    if getattr(settings, "max_staleness", 0) > 0:
-        if processor is not None and dp is not None and dp.active and settings.rollout_workers == "one":
-            raise ConfigError(  # process 0 would need every process's pixels
-                "a vision-language policy with --max-staleness samples through a rollout worker beside each process; "
-                "--rollout-workers one on several processes is not built for it yet: use --rollout-workers per_process"
-            )
-        return AsyncRolloutBackend(policy, tokenizer, settings, dp, processor)
-    return make_backend(settings, policy, tokenizer, processor)

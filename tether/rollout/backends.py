@@ -192,6 +192,9 @@ class GenerationBackend(Protocol):
     # takes each prompt's PIL images in generate_ids (``images``) and processes them itself (a vLLM engine); False:
     # it is given the processor's pixel tensors (``vision``) alone
     reads_images: bool
+    # an unseeded draw (seeds None) comes from an RNG of the backend's own process, which the trainer's
+    # torch.manual_seed does not reach (a rollout worker); False: from the trainer's torch RNG (hf, vLLM in-process)
+    draws_from_own_rng: bool
 
     def generate(self, prompts: list[str], sampling, stop_ids: list[int], seeds: list[int] | None = None) -> Rollout:
         """One response per prompt, sampled with ``sampling``'s max_new_tokens, temperature, top_p and top_k;
@@ -225,6 +228,7 @@ class HFGenerate:
     copy (Rollout.sampler_logprobs), so the stages measure and can correct the gap, as with a vLLM engine."""
 
     samples_trainer_weights = True
+    draws_from_own_rng = False
     reads_images = False  # the policy's own forward takes the processor's pixel tensors
 
     def __init__(self, model, tokenizer, settings=None, copy: bool = False):
@@ -310,6 +314,20 @@ def _part_of(values: list | None, part: slice) -> list | None:
     return values[part] if values is not None else None
 
 
+def require_sampler_logprobs(settings, policy, wanted: str) -> None:
+    """A sampler that is not the trained weights keeps its log-prob of every sampled token, which decoding.decode
+    does with drop_finished_rows for a model whose cache can drop rows: anything else is refused, naming ``wanted``."""
+    from tether.config import ConfigError
+
+    if not getattr(settings, "drop_finished_rows", True):
+        raise ConfigError(f"{wanted} keeps the sampler's log-probs in decoding.decode: needs --drop-finished-rows")
+    if not can_compact(policy):
+        raise ConfigError(
+            f"{wanted} keeps the sampler's log-probs in decoding.decode, which cannot run {type(policy).__name__} "
+            "(its cache cannot drop rows): use --rollout-backend vllm"
+        )
+
+
 def _sampling_copy(policy, dtype: torch.dtype, settings):
     """The policy rebuilt from its config in ``dtype`` with its weights cast (a plain Hugging Face causal LM, or
     image-text-to-text model with the policy's image placeholders never sampled): what rollout.sampling_dtype samples
@@ -324,8 +342,7 @@ def _sampling_copy(policy, dtype: torch.dtype, settings):
     wanted = f"--sampling-dtype {settings.sampling_dtype}"
     if hasattr(policy, "get_base_model") or is_sharded(policy):
         raise ConfigError(f"{wanted} with the hf backend copies a plain model: not a LoRA or --fsdp policy (use vllm)")
-    if not (getattr(settings, "drop_finished_rows", True) and can_compact(policy)):
-        raise ConfigError(f"{wanted} keeps the sampler's log-probs in decoding.decode: needs --drop-finished-rows")
+    require_sampler_logprobs(settings, policy, wanted)
     config = policy.config
     vision = hasattr(config, "vision_config")
     auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
@@ -347,7 +364,7 @@ BACKENDS = {"hf": HFGenerate, "vllm": VLLMBackend}
 def make_backend(settings, policy, tokenizer, processor=None) -> GenerationBackend:
     """The backend ``settings.backend`` names (a SamplingSection: rollout.backend), sampling from ``policy``. (With
     rollout.max_staleness ≥ 1 the online stages sample through a rollout worker instead:
-    rollout/async_worker.py sampling_backend.) A vision-language policy's ``processor`` goes to a backend that
+    train/sampling.py sampling_backend.) A vision-language policy's ``processor`` goes to a backend that
     processes the images itself (``reads_images``: vLLM's engine)."""
     backend = BACKENDS[settings.backend]
     if processor is not None and backend.reads_images:

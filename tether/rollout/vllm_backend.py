@@ -192,6 +192,7 @@ class VLLMBackend:
     """rollout.backend vllm: the GenerationBackend protocol (rollout/backends.py) on a vLLM engine."""
 
     samples_trainer_weights = False  # the engine holds its own copy, pushed after each update
+    draws_from_own_rng = False  # an unseeded request's seed is drawn from the trainer's torch RNG (generate_ids)
     reads_images = True  # a vision-language policy's prompts come with their PIL images: vLLM processes them itself
 
     def __init__(self, model, tokenizer, settings=None, processor=None):

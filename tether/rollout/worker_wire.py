@@ -129,10 +129,17 @@ PARITY_TOLERANCE = 1e-3
 
 @torch.no_grad()
 def probe_logprobs(model, ids: list[int]) -> torch.Tensor:
-    """log p(x_{t+1} | x_≤t) of the probe sequence ``ids`` under ``model``, in float64 (len(ids) − 1 values)."""
+    """log p(x_{t+1} | x_≤t) of the probe sequence ``ids`` under ``model``, in float64 (len(ids) − 1 values), with
+    dropout off: the worker's copy samples in eval mode, and a trainer's policy in train mode (--keep-dropout) would
+    otherwise differ from it by the dropout's noise, not by its weights."""
     device = next(model.parameters()).device
     x = torch.tensor([ids], device=device)
-    logits = model(input_ids=x).logits[0, :-1].double()
+    training = model.training
+    model.eval()
+    try:
+        logits = model(input_ids=x).logits[0, :-1].double()
+    finally:
+        model.train(training)
     return logits.log_softmax(-1).gather(-1, x[0, 1:, None].long()).flatten().cpu()
 
 

@@ -18,11 +18,28 @@ from tether.models.lm import check_prompt_context, model_context
 from tether.models.shards import is_sharded
 from tether.models.vision import is_vision_language, load_processor
 from tether.models.work import phase, section
-from tether.rollout.async_worker import sampling_backend
-from tether.rollout.backends import response_seeds
+from tether.rollout.async_worker import AsyncRolloutBackend
+from tether.rollout.backends import make_backend, require_sampler_logprobs, response_seeds
 from tether.rollout.prompts import render_prompts, stop_token_ids
 from tether.train.parallel import DataParallel
 from tether.train.sharding import copy_gathered
+
+
+def sampling_backend(settings, policy, tokenizer, processor=None, dp=None):
+    """What an online stage samples with: a rollout worker beside the trainer when rollout.max_staleness ≥ 1 (its
+    sampler the backend rollout.backend names; rollout/async_worker.py), else that backend itself
+    (rollout/backends.py make_backend). ``dp``: the stage's data parallelism (train/parallel.py), which
+    rollout_workers = one hands the rows out through."""
+    if getattr(settings, "max_staleness", 0) > 0:
+        if processor is not None and dp is not None and dp.active and settings.rollout_workers == "one":
+            raise ConfigError(  # process 0 would need every process's pixels
+                "a vision-language policy with --max-staleness samples through a rollout worker beside each process; "
+                "--rollout-workers one on several processes is not built for it yet: use --rollout-workers per_process"
+            )
+        if settings.backend == "hf":  # the worker's sampler is a copy: it keeps its log-probs (HFGenerate copy=True)
+            require_sampler_logprobs(settings, policy, "--max-staleness with the hf backend")
+        return AsyncRolloutBackend(policy, tokenizer, settings, dp, processor)
+    return make_backend(settings, policy, tokenizer, processor)
 
 
 class ImagePrompts:
@@ -219,7 +236,10 @@ class OnlineSampler:
                 return {}
             torch_state = torch.get_rng_state()
             torch.manual_seed(seed + 12345)
-            seeds = response_seeds(seed + 12345, list(range(start, stop)), per) if sampling.response_seeds else None
+            # a rollout worker's unseeded draws come from its own RNG, which the reseed above does not reach: its
+            # evaluations are seeded per response, so each is drawn alike and none moves the training samples
+            seeded = sampling.response_seeds or self.backend.draws_from_own_rng
+            seeds = response_seeds(seed + 12345, list(range(start, stop)), per) if seeded else None
             if agent is not None:
                 rollout, scores = agent(rows[start:stop], seeds)
             else:

@@ -40,6 +40,32 @@ def test_both_shapes_score_each_step_at_its_last_token(tokenizer, tmp_path):
     assert batch["step_mask"].tolist() == [[1, 1], [1, 1]] and batch["step_labels"][1].tolist() == [1.0, 0.25]
 
 
+def test_a_tokenizer_that_appends_its_eos_still_reads_each_step_at_its_last_token(tmp_path):
+    """A post-processor that adds BOS and EOS (Llama's add_eos_token): the special tokens hold no character (offsets
+    (0, 0)), so they never stand for a step's end; the steps read as above, one token later for the BOS. The
+    process reward model's own reading (models/reward.py text_steps) takes the same positions."""
+    from conftest import CORPUS
+    from tokenizers import processors
+
+    from tether.lab.tokenizer import train_bpe_tokenizer
+    from tether.models.reward import ProcessRewardScorer
+
+    tokenizer = train_bpe_tokenizer(CORPUS, vocab_size=320)
+    bos, eos = tokenizer.bos_token, tokenizer.eos_token
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, tokenizer.bos_token_id), (eos, tokenizer.eos_token_id)]
+    )
+    rows = [{"prompt": "Q: ", "completions": ["1 + 1 = 2", "2 + 2 = 5"], "labels": [True, False]}]
+    [example], _ = tokenize_steps(read_records(write_jsonl(tmp_path / "steps.jsonl", rows)), tokenizer, 128, "\n")
+    assert example.input_ids[0] == tokenizer.bos_token_id  # (the example ends at its last step: no EOS kept)
+    ends = [tokenizer.decode(example.input_ids[1 : i + 1]) for i in example.step_ends]
+    assert ends == ["Q: 1 + 1 = 2", "Q: 1 + 1 = 2\n2 + 2 = 5"]
+    reader = ProcessRewardScorer.__new__(ProcessRewardScorer)
+    reader.tokenizer = tokenizer
+    text = "Q: 1 + 1 = 2\n2 + 2 = 5\n"
+    assert reader.text_steps(text, [len("Q: 1 + 1 = 2"), len(text) - 1])[1] == example.step_ends
+
+
 def test_bad_step_rows_name_the_record_and_field(tokenizer, tmp_path):
     cases = [
         ({"prompt": "Q", "completions": ["a", "b"], "labels": [True]}, "2 steps and 1 labels"),

@@ -76,6 +76,14 @@ def test_wrong_count_and_non_numbers_fail_the_dry_run(reward_file):
         rewards(reward_file, "nan").check(ROWS)
 
 
+def test_a_number_written_as_text_is_not_a_score():
+    textual = RewardSet([RewardComponent("textual", lambda completions: ["0.9", "1e3"])], columns=["prompt"])
+    with pytest.raises(RewardFunctionError, match="textual: value 0 is '0.9', not a number"):
+        textual.score(ROWS, ["4", "7"], [[5], [8]], [False, False])
+    verdicts = RewardSet([RewardComponent("verdicts", lambda completions: [True, False])], columns=["prompt"])
+    assert verdicts.score(ROWS, ["4", "7"], [[5], [8]], [False, False]) == {"verdicts": [1.0, 0.0]}
+
+
 def test_a_raising_function_stops_the_run_or_is_scored_and_counted(reward_file):
     strict = rewards(reward_file, "raises")
     strict.check(ROWS)  # empty completions: fine
@@ -134,6 +142,10 @@ def test_spec_arguments_bind_and_are_checked():
     assert c.name == "length_penalty" and c.weight == 0.5 and c.fn(completion_ids=[[1, 2, 3, 4]]) == [-2.0]
     with pytest.raises(ConfigError, match=r"exact_answer has no parameter \[.nonsense.\]"):
         parse_reward_specs(["tether.rewards.builtin:exact_answer(nonsense=1)"])
+    # a value without its name was dropped, and the function ran with its default
+    for spec in ("format_match('^[0-9]+$')", "length_penalty(10, scale=1.0)", "length_penalty(**{'target': 2})"):
+        with pytest.raises(ConfigError, match="every argument needs its name"):
+            parse_reward_specs([f"tether.rewards.builtin:{spec}"])
     from tether.config import _parse_list
 
     assert _parse_list("a:f(x=1,y=2)=0.5,b:g") == ["a:f(x=1,y=2)=0.5", "b:g"]

@@ -73,6 +73,29 @@ def test_process_rewards_are_kept_apart_and_refused_where_one_score_is_needed():
         Scorer(RewardSection(), 3, Tok(), None)
 
 
+def test_a_process_rewards_no_opinion_is_no_steps_and_a_mix_of_kinds_is_refused():
+    """None from a process reward: no step scores for that completion (counted), not a crash on a 0.0 row. A
+    function returning a score for one completion and step scores for another is named."""
+    rows = [{"prompt": "Q1"}, {"prompt": "Q2"}]
+    steps = RewardSet([RewardComponent("steps", lambda completions: [[1.0, 0.5], None])], columns=["prompt"])
+    scores = Scorer(RewardSection(), 3, Tok(), steps)(rollout(), rows)
+    assert scores.step_scores == [[1.0, 0.5], []] and steps.components[0].nones == 1
+    mixed = RewardSet([RewardComponent("mixed", lambda completions: [[1.0, 0.5], 0.3])], columns=["prompt"])
+    with pytest.raises(RewardFunctionError, match="mixed returned a score for some completions and a list of step"):
+        Scorer(RewardSection(), 3, Tok(), mixed)(rollout(), rows)
+
+
+def test_the_truncation_penalty_beside_a_process_reward_alone_is_an_outcome():
+    """GRPO adds the outcome's advantages to the steps' only when there is an outcome: with a process reward alone
+    the truncation penalty (the second response hit the budget) is that outcome, else it would change nothing."""
+    rows = [{"prompt": "Q1"}, {"prompt": "Q2"}]
+    steps = RewardSet([RewardComponent("steps", lambda completions: [[1.0, 1.0], [1.0, 1.0]])], columns=["prompt"])
+    penalised = Scorer(RewardSection(penalize_truncated=True, truncation_penalty=-1.0), 3, Tok(), steps)
+    scores = penalised(rollout(), rows)
+    assert scores.has_outcome and scores.total.tolist() == [0.0, -1.0]
+    assert not Scorer(RewardSection(), 3, Tok(), steps)(rollout(), rows).has_outcome
+
+
 def test_a_step_where_every_reward_function_has_no_opinion_stops_with_the_step_named():
     rows = [{"prompt": "Q1"}, {"prompt": "Q2"}]
     picky = RewardSet(
@@ -83,7 +106,18 @@ def test_a_step_where_every_reward_function_has_no_opinion_stops_with_the_step_n
     scorer = Scorer(RewardSection(), 3, Tok(), picky)
     with pytest.raises(RewardFunctionError, match=r"picky\) returned None .* for all 2 completions of step 7"):
         scorer(rollout(), rows)
-    # with a reward model beside it the step still has a score
+
+    # with a process reward model beside it the step still has a score: 0.9 a step, min over the steps
+    class StepModel:
+        step_separator, reads_images = "\n", False
+
+        def __call__(self, texts, ends):
+            return [[0.9] * len(e) for e in ends]
+
+    aggregated = RewardSection(process_reward_aggregation="min", step_pattern="$")  # one step: the response
+    total = Scorer(aggregated, 3, Tok(), picky, process_model=StepModel())(rollout(), rows).total
+    torch.testing.assert_close(total, torch.tensor([0.9, 0.9]), rtol=0, atol=0)
+    # and with a reward model
     assert Scorer(RewardSection(), 3, Tok(), picky, lambda texts: [1.0, 2.0])(rollout(), rows).total.tolist() == [
         1.0,
         2.0,

@@ -166,7 +166,8 @@ def tokenize_steps(
             text += separator
         enc = tokenizer(text, add_special_tokens=specials, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        step_ends = [max(t for t, (start, _) in enumerate(offsets) if start < end) for end in ends]
+        # a special token the tokenizer adds (an EOS appended by its post-processor) holds no character: (0, 0)
+        step_ends = [max(t for t, (start, stop) in enumerate(offsets) if start < end and stop > start) for end in ends]
         vision = None
         if processor is not None:  # the same text with its images widened: every step end moves by their tokens
             first = min(t for t, (_, stop) in enumerate(offsets) if stop > len(prompt))

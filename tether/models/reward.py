@@ -432,7 +432,8 @@ class ProcessRewardScorer:
         specials = not (bos and text.startswith(bos))  # a rendered chat prompt has its own
         enc = self.tokenizer(text, add_special_tokens=specials, return_offsets_mapping=True)
         offsets = enc["offset_mapping"]
-        steps = [max(t for t, (s, _) in enumerate(offsets) if s < max(end, 1)) for end in char_ends]
+        # a special token the tokenizer adds (an EOS appended by its post-processor) holds no character: (0, 0)
+        steps = [max(t for t, (s, e) in enumerate(offsets) if s < max(end, 1) and e > s) for end in char_ends]
         return enc["input_ids"], steps, specials
 
     def __call__(self, texts: list[str], char_ends: list[list[int]]) -> list[list[float]]:

@@ -133,6 +133,8 @@ def _as_scores(value, n: int, label: str, first_prompt) -> list:
             out.append(None)
             continue
         items = v if isinstance(v, (list, tuple)) else [v]
+        if any(isinstance(x, (str, bytes)) for x in items):  # float() would read "0.9": text is not a score
+            raise RewardFunctionError(f"{label}: value {i} is {v!r}, not a number or a list of step scores")
         try:
             numbers = [float(x) for x in items]
         except (TypeError, ValueError):
@@ -140,6 +142,12 @@ def _as_scores(value, n: int, label: str, first_prompt) -> list:
         if not all(math.isfinite(x) for x in numbers):
             raise RewardFunctionError(f"{label}: value {i} is {v!r} (not finite) for completion {i} of the batch")
         out.append(numbers if isinstance(v, (list, tuple)) else numbers[0])
+    kinds = {isinstance(x, list) for x in out if x is not None}
+    if len(kinds) > 1:  # a process reward gives every completion its step scores (None: no opinion), never one score
+        raise RewardFunctionError(
+            f"{label} returned a score for some completions and a list of step scores for others; return one kind "
+            f"(first prompt: {str(first_prompt)[:80]!r})"
+        )
     return out
 
 

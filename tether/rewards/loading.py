@@ -44,11 +44,17 @@ def register_python_object(obj: Callable, name: str | None = None) -> str:
 
 
 def _spec_arguments(spec: str, text: str, flag: str = "--reward") -> dict:
+    usage = f"{flag} {spec!r}: arguments must be name=literal, e.g. (target=40,scale=0.01)"
     try:
         call = ast.parse(f"f({text})", mode="eval").body
-        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg}
-    except (SyntaxError, ValueError) as err:
-        raise ConfigError(f"{flag} {spec!r}: arguments must be name=literal, e.g. (target=40,scale=0.01)") from err
+    except SyntaxError as err:
+        raise ConfigError(usage) from err
+    if call.args or any(kw.arg is None for kw in call.keywords):  # a positional value or **: no name to bind it to
+        raise ConfigError(f"{usage}; every argument needs its name")
+    try:
+        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+    except ValueError as err:  # not a literal
+        raise ConfigError(usage) from err
 
 
 def _where_raised(err: BaseException, path: Path | None) -> str:

@@ -303,7 +303,8 @@ class Scorer:
             total += self.judge.cfg.weight * parts["judge"]
         if self.rewards is not None:
             values = self.rewards.score(rows, rollout.responses, rollout.completion_ids(), rollout.truncated.tolist())
-            if self.reward_model is None and self.judge is None and all(x is None for v in values.values() for x in v):
+            others = self.reward_model is not None or self.judge is not None or self.process_model is not None
+            if not others and all(x is None for v in values.values() for x in v):
                 raise RewardFunctionError(
                     f"every reward function ({', '.join(values)}) returned None ('no opinion') for all "
                     f"{len(rollout.responses)} completions of step {self.rewards.trainer_state.global_step + 1}: the "
@@ -311,10 +312,11 @@ class Scorer:
                 )
             for c in self.rewards.components:
                 v = values[c.name]
-                if any(x is None for x in v):  # "no opinion" (TRL's convention): adds 0, counted
+                process = any(isinstance(x, list) for x in v)
+                if any(x is None for x in v):  # "no opinion" (TRL's convention): adds 0 (no step scores), counted
                     c.nones += sum(x is None for x in v)
-                    v = [0.0 if x is None else x for x in v]
-                if any(isinstance(x, list) for x in v):
+                    v = [([] if process else 0.0) if x is None else x for x in v]
+                if process:
                     steps = self._process(c, v, steps)
                     parts[c.name] = torch.tensor([sum(row) for row in v], dtype=torch.float32)  # logged as the step sum
                 else:
@@ -333,7 +335,10 @@ class Scorer:
             # the proxy is what a response earns: its weighted step scores (a process reward) are paid like the rest
             earned = total if steps is None else total + torch.tensor([sum(row) for row in steps])
             self._audit(rollout, rows, earned)
-        return Scores(total, parts, steps, has_outcome=steps is None or len(parts) > 1)
+        # the truncation penalty is an outcome too: with a process reward alone it is the only one (GRPO adds the
+        # outcome's advantages to the steps' only when there is one)
+        outcome = steps is None or len(parts) > 1 or bool(self.cfg.penalize_truncated)
+        return Scores(total, parts, steps, has_outcome=outcome)
 
     def _audit(self, rollout, rows: list[dict], total: torch.Tensor) -> None:
         """The trusted check on the responses audited_response picks, beside the proxy (the total score, with a

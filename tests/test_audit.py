@@ -109,6 +109,37 @@ def test_audit_divergence_fires_when_the_audit_falls_and_the_proxy_does_not():
     assert run(0.4, 0.3) == [] and run(0.6, 0.9) == []
 
 
+def test_audit_divergence_reads_whole_blocks_live_and_no_best_without_a_standard_error(tmp_path):
+    """Blocks of 10 steps, 3 standard errors, 2 responses a step (std 0.5). (a) After step 12 block 2 holds steps
+    11–12 (audit 0.0: a drop of 1.0 over se √(0.25/20 + 0.25/4) = 0.274, 3.65 ≥ 3). A replay of finished files
+    tests it (the run ended there); the live check during a run does not (it would test the block it is in after
+    each of its steps), until the run's last step. (b) A first block of one audited response (mean 1.0, no
+    variance) is never the best: against block 2 (0.9) block 3 (0.1) falls 0.8 over √(0.25/20 + 0.25/20) = 0.158,
+    5.06 standard errors, and fires at step 30."""
+    import json
+
+    from tether.diagnostics.watch import RunMonitor
+
+    settings = MonitorSettings(audit_window=10, audit_z=3.0)
+
+    def row(step, n, mean, proxy=0.5):
+        return {"step": step, "audit/n": n, "audit/score_mean": mean, "audit/score_std": 0.5, "audit/proxy_mean": proxy}
+
+    rows = [row(t, 2, 1.0) for t in range(1, 11)] + [row(11, 2, 0.0), row(12, 2, 0.0)]
+    (ended,) = audit_divergence(rows, [], settings)
+    assert ended.step == 12 and ended.statistics["standard_errors"] == pytest.approx(1.0 / 0.075**0.5, rel=1e-12)
+    assert audit_divergence(rows, [], settings, whole_blocks=True) == []
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    live = RunMonitor(tmp_path, settings=settings)
+    assert not live.check() and not (tmp_path / "alarms.jsonl").exists()
+    live.check(last=True)
+    assert [json.loads(x)["step"] for x in (tmp_path / "alarms.jsonl").read_text().splitlines()] == [12]
+    lone = [row(3, 1, 1.0)] + [row(t, 2, 0.9) for t in range(11, 21)] + [row(t, 2, 0.1) for t in range(21, 31)]
+    (alarm,) = audit_divergence(lone, [], settings)
+    assert alarm.step == 30 and alarm.statistics["audit_mean_at_best"] == pytest.approx(0.9, rel=1e-12)
+    assert alarm.statistics["standard_errors"] == pytest.approx(0.8 / (0.025**0.5), rel=1e-12)
+
+
 def confirm_rows(fall_from: int, after: float, proxy_after: float, collapse: bool = True) -> list[dict]:
     """40 steps, 2 audited responses a step (std 0.5): audit 1.0 and proxy 0.5 up to step fall_from − 1, then
     ``after`` and ``proxy_after``; the token entropy 1.0, and 0.1 from step 20 when ``collapse`` (entropy_collapse,

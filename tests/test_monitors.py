@@ -212,8 +212,32 @@ def test_score_kl_entropy_and_format_monitors():
         and steps.statistics["subject"] == "reward/process_reward_model/mean|reward/answer_correct/mean"
     )
     assert steps.statistics["format_rise"] == pytest.approx(0.18)
+    # two correctness rewards beside one format reward (rising 0.45 over any 10 steps): each pair is its own alarm
+    # at its own first step. The steps' correctness never rises: steps 1–10 fire for it. The answers rise 0.05 a
+    # step to step 10, so a window of steps k…k+9 sees them rise 0.05·(10 − k): below 0.02 first at k = 10 (steps
+    # 10–19)
+    two = [
+        {
+            "step": t,
+            "reward/fmt_format/mean": min(1.0, 0.05 * t),
+            "reward/answer_exact/mean": 0.05 * min(t, 10),
+            "reward/correct_steps/mean": 0.3,
+        }
+        for t in range(1, 21)
+    ]
+    fired = {(a.step, a.statistics["subject"]) for a in format_without_correctness(two, [], S)}
+    assert fired == {
+        (10, "reward/fmt_format/mean|reward/correct_steps/mean"),
+        (19, "reward/fmt_format/mean|reward/answer_exact/mean"),
+    }
     # both rising: the PRM is being satisfied by right steps
     assert format_without_correctness([{**r, "reward/answer_correct/mean": 0.01 * r["step"]} for r in prm], [], S) == []
+
+
+def test_each_monitor_runs_once_in_the_watch():
+    from tether.diagnostics.watch import MONITORS
+
+    assert len(MONITORS) == len(set(MONITORS))
 
 
 def test_the_watch_reports_each_alarm_once():

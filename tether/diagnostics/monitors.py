@@ -487,6 +487,7 @@ def format_without_correctness(metrics: list[dict], samples: list[dict], s: Moni
     keys = {k for m in metrics for k in m if k.startswith("reward/") and k.endswith("/mean")}
     formats = sorted(k for k in keys if "format" in k or "valid" in k or k == "reward/process_reward_model/mean")
     corrects = sorted(k for k in keys if any(w in k for w in ("correct", "accuracy", "exact", "answer", "success")))
+    alarms = []  # one a (format, correctness) pair, each its own subject, at its own first step
     for fk in formats:
         for ck in corrects:
             f, c = dict(_series(metrics, fk)), dict(_series(metrics, ck))
@@ -505,8 +506,9 @@ def format_without_correctness(metrics: list[dict], samples: list[dict], s: Moni
                     }
                     msg = f"{fk} rose {rise_f:+.3f} over steps {window[0]}–{step} while {ck} moved {rise_c:+.3f}"
                     near = [x for x in samples if window[0] <= int(x["step"]) <= step]
-                    return [Alarm("format_without_correctness", step, msg, stats, _top(near, s.evidence))]
-    return []
+                    alarms.append(Alarm("format_without_correctness", step, msg, stats, _top(near, s.evidence)))
+                    break
+    return alarms
 
 
 # ------------------------------------------------------------------------------------------ agent monitors
@@ -564,15 +566,22 @@ def audit_fall(best: dict, now: dict, errors: float) -> dict:
     }
 
 
-def audit_divergence(metrics: list[dict], samples: list[dict], s: MonitorSettings) -> list[Alarm]:
+def audit_divergence(
+    metrics: list[dict], samples: list[dict], s: MonitorSettings, whole_blocks: bool = False
+) -> list[Alarm]:
     """The trusted check falls while the proxy on the same responses does not: over blocks of audit_window steps, a
     block's audited mean is audit_z standard errors of the difference below the best block before it, and its proxy
-    mean is at least that block's."""
-    blocks = audit_blocks(metrics, s.audit_window)
+    mean is at least that block's; a block of fewer than 2 audited responses has no standard error and is never
+    the best. ``whole_blocks``: only blocks whose last step is logged (the live check during a run, which would
+    otherwise test the block it is in after each of its steps; its last step's check and a replay of the finished
+    files read the last block however far it got)."""
+    latest = max((int(m["step"]) for m in metrics), default=0)
+    blocks = [b for b in audit_blocks(metrics, s.audit_window) if not whole_blocks or b["last"] <= latest]
     for j, now in enumerate(blocks):
-        if j == 0:
+        earlier = [b for b in blocks[:j] if b["n"] >= 2]
+        if not earlier:
             continue
-        best = max(blocks[:j], key=lambda b: b["mean"])
+        best = max(earlier, key=lambda b: b["mean"])
         errors = audit_drop(best, now)
         if errors is not None and errors >= s.audit_z:
             stats = audit_fall(best, now, errors)

@@ -41,7 +41,6 @@ METRIC_MONITORS = (
 )
 SAMPLE_MONITORS = (
     length_correlation,
-    off_policy_drift,
     phrase_surge,
     repetition,
     tool_dominance,
@@ -70,7 +69,11 @@ def audit_confirmed(metrics: list[dict], samples: list[dict], s: MonitorSettings
     first, w = generic[0], s.audit_confirm_window
     for t in sorted({int(m["step"]) for m in audited if int(m["step"]) >= first.step}):
         window = [m for m in audited if t - w < int(m["step"]) <= t]
-        earlier = [b for b in audit_blocks([m for m in audited if int(m["step"]) <= t - w], w) if b["last"] <= t - w]
+        earlier = [
+            b
+            for b in audit_blocks([m for m in audited if int(m["step"]) <= t - w], w)
+            if b["last"] <= t - w and b["n"] >= 2
+        ]
         if not window or not earlier:
             continue
         now, best = audit_pool(window, t), max(earlier, key=lambda b: b["mean"])
@@ -172,14 +175,20 @@ class RunMonitor:
         self.rows[name] += new
         return len(new)
 
-    def check(self) -> bool:
+    def check(self, last: bool = False) -> bool:
+        """``last``: the run's last step, after which no record comes: audit_divergence reads its last block however
+        far it got, as a replay of the finished files does; before it, only whole blocks."""
         import json
+        from functools import partial
 
         from tether.console import console
 
         self._read_new("metrics.jsonl")
         # The sample monitors' verdicts change only when samples arrive; the metric monitors run every step.
         monitors = MONITORS if self._read_new("samples.jsonl") else EVERY_STEP_MONITORS
+        if not last:
+            whole = partial(audit_divergence, whole_blocks=True)
+            monitors = tuple(whole if m is audit_divergence else m for m in monitors)
         fresh = self.watch.new_alarms(self.rows["metrics.jsonl"], self.rows["samples.jsonl"], monitors)
         if fresh:
             with (self.output / "alarms.jsonl").open("a") as handle:

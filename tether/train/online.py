@@ -441,7 +441,8 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
             if keep_samples:
                 run.write_samples(samples)
             # reward-hacking alarms on everything written so far (by process 0, which tells the others)
-            stop = run.dp.broadcast_flag(monitor.check() if accelerator.is_main_process else False)
+            last = done == schedule.total_steps
+            stop = run.dp.broadcast_flag(monitor.check(last) if accelerator.is_main_process else False)
             if done == schedule.total_steps or stop:  # the training's peak, before the last checkpoint's gathers
                 trained_peak = peak_memory(accelerator)
             if schedule.save_at(done) or stop:

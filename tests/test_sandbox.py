@@ -200,3 +200,35 @@ def test_the_sandbox_child_does_not_inherit_this_process(tmp_path):
     result = run_python("import sys; print(sys.flags.isolated)", isolation="weak")
     assert result.stdout.strip() == "1"
     assert sys.executable  # the trainer's interpreter is what runs the code
+
+
+def sandbox_cgroups() -> set:
+    """This process's sandbox cgroups that exist now (cgroup v2, or the v1 memory and pids hierarchies)."""
+    root = sandbox.CGROUP_ROOT
+    found = set()
+    for folder in (root, root / "memory", root / "pids"):
+        if folder.is_dir():
+            found |= {p for p in folder.glob(f"tether-sandbox-{os.getpid()}-*")}
+    return found
+
+
+@pytest.mark.parametrize("isolation", ["weak", pytest.param("bubblewrap", marks=isolated)])
+def test_any_text_the_model_writes_runs_as_a_file_and_fails_in_the_child(isolation):
+    """A NUL byte, or code longer than the kernel takes as one argument (128 KiB), made Popen raise when the code
+    was a -c argument (the run stopped with it); as a file the child runs it, or fails with a SyntaxError."""
+    nul = run_python("print('a\x00b')", isolation=isolation)
+    assert not nul.ok and nul.returncode == 1 and "null bytes" in nul.stderr
+    long = run_python("x = 1\n" * 40_000 + "print(x + 1)", isolation=isolation)  # 240 KB
+    assert long.ok and long.stdout.strip() == "2"
+    assert not sandbox_cgroups()
+
+
+@isolated
+def test_the_cgroup_is_removed_when_the_child_cannot_start(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(7, "Argument list too long")
+
+    monkeypatch.setattr(sandbox.subprocess, "Popen", refuse)
+    with pytest.raises(OSError, match="Argument list too long"):
+        run_python("print(1)")
+    assert not sandbox_cgroups()

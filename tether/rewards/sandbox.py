@@ -32,6 +32,7 @@ from pathlib import Path
 ISOLATIONS = ("bubblewrap", "weak")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NOBODY = 65534
+PROGRAM = Path("/program.py")  # where the model's code stands inside the bubblewrap sandbox (a file of its own)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -63,24 +64,33 @@ def run_python(
     with tempfile.TemporaryDirectory(prefix="tether-sandbox-") as work:
         out_path, err_path, in_path = (Path(work) / name for name in ("stdout", "stderr", "stdin"))
         in_path.write_text(stdin)
+        # the program as a file, not a -c argument: any text the model wrote runs (or fails in the child), where an
+        # argument with a NUL byte or over the kernel's 128 KiB made Popen itself raise
+        program = Path(work) / PROGRAM.name
+        program.write_bytes(code.encode("utf-8", "surrogatepass"))
         if isolation == "weak":
-            command, group = [sys.executable, "-I", "-c", code], None
+            command, group = [sys.executable, "-I", str(program)], None
         else:
-            command, group = _bubblewrap_command(code), _CGroup.create(memory_mb, max_processes)
-        limits = _limits(memory_mb if isolation == "weak" else 0, max_output_bytes, group)
-        with open(in_path) as fin, open(out_path, "w") as fout, open(err_path, "w") as ferr:
-            start = time.monotonic()
-            proc = subprocess.Popen(
-                command,
-                stdin=fin,
-                stdout=fout,
-                stderr=ferr,
-                preexec_fn=limits,
-                close_fds=True,
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if group is None else {},
-            )
-            timed_out = _wait(proc, timeout_s - (time.monotonic() - start))
-            _kill_tree(proc, group)
+            command, group = _bubblewrap_command(program), _CGroup.create(memory_mb, max_processes)
+        try:
+            limits = _limits(memory_mb if isolation == "weak" else 0, max_output_bytes, group)
+            with open(in_path) as fin, open(out_path, "w") as fout, open(err_path, "w") as ferr:
+                start = time.monotonic()
+                proc = subprocess.Popen(
+                    command,
+                    stdin=fin,
+                    stdout=fout,
+                    stderr=ferr,
+                    preexec_fn=limits,
+                    close_fds=True,
+                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"} if group is None else {},
+                )
+                timed_out = _wait(proc, timeout_s - (time.monotonic() - start))
+                _kill_tree(proc)
+        finally:  # the cgroup is the machine's, not the temporary folder's: never left behind
+            if group is not None:
+                group.kill_all()
+                group.remove()
         out, err = (_read_capped(p, max_output_bytes) for p in (out_path, err_path))
     returncode = None if timed_out else proc.returncode
     truncated = out[1] or err[1]
@@ -102,11 +112,12 @@ def running_with(marker: str) -> bool:
 def check_isolation(isolation: str = "bubblewrap") -> None:
     """Raise SandboxUnavailable now (e.g. before training) if ``isolation`` cannot be set up here."""
     if isolation == "bubblewrap":
-        _bubblewrap_command("pass")
+        _bubblewrap_command(PROGRAM)
         _CGroup.create(16, 4).remove()
 
 
-def _bubblewrap_command(code: str) -> list[str]:
+def _bubblewrap_command(program: Path) -> list[str]:
+    """bwrap running the file ``program``, bound read-only at PROGRAM inside."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(
@@ -150,7 +161,8 @@ def _bubblewrap_command(code: str) -> list[str]:
         command += ["--ro-bind-try", path, path]
     if not any(prefix == p or prefix.startswith(p + "/") for p in ("/usr", "/lib", "/bin")):
         command += ["--ro-bind", prefix, prefix]  # an interpreter outside the system folders (pyenv, conda)
-    return command + ["--remount-ro", "/", "--", python, "-I", "-c", code]  # only the private /tmp is writable
+    command += ["--ro-bind", str(program), str(PROGRAM)]
+    return command + ["--remount-ro", "/", "--", python, "-I", str(PROGRAM)]  # only the private /tmp is writable
 
 
 def _limits(memory_mb: int, max_output_bytes: int, group: "_CGroup | None"):
@@ -178,16 +190,13 @@ def _wait(proc: subprocess.Popen, timeout: float) -> bool:
         return True
 
 
-def _kill_tree(proc: subprocess.Popen, group: "_CGroup | None") -> None:
-    """Kill whatever is left: the process group, and every process of the cgroup (daemons that left the group)."""
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill what is left of the process group (the cgroup's daemons that left it: run_python's finally)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
-    if group is not None:
-        group.kill_all()
-        group.remove()
 
 
 def _read_capped(path: Path, cap: int) -> tuple[str, bool]:

@@ -8,7 +8,8 @@ from conftest import write_jsonl
 from test_scorer import rollout as two_responses
 
 from tether.config import ConfigError, build_config
-from tether.diagnostics.monitors import MonitorSettings, audit_divergence
+from tether.diagnostics.audit_monitors import audit_divergence
+from tether.diagnostics.monitors import MonitorSettings
 from tether.diagnostics.watch import RunMonitor, audit_confirmed
 from tether.online_sections import RewardSection
 from tether.rewards.functions import load_audit_set

@@ -339,7 +339,8 @@ def test_off_policy_drift_fires_when_the_ratio_spreads_or_the_masked_share_climb
 @pytest.mark.parametrize("keep", ["before", "best"])
 def test_a_stop_on_alarm_keeps_the_checkpoint_before_it_or_best(llama_dir, tmp_path, monkeypatch, keep):
     """The entropy alarm fires at step 4 (window 2, ratio 5, as above). alarm_final=before: final/ is checkpoint-2's
-    model (the last written before step 4), not the policy at step 4; best: final/ is best/."""
+    model (the last written before step 4), not the policy at step 4 — with keep_checkpoints 1 too, whose rotation
+    at the stop's own checkpoint deleted checkpoint-2 before final/ was chosen; best: final/ is best/."""
     import torch
     from safetensors.torch import load_file
 
@@ -356,7 +357,7 @@ def test_a_stop_on_alarm_keeps_the_checkpoint_before_it_or_best(llama_dir, tmp_p
             "train.eval_every": 1,
             "train.best_metric": "eval/score_mean",
             "train.save_every": 2,
-            "train.keep_checkpoints": 5,
+            "train.keep_checkpoints": 1,
             "train.alarm_final": keep,
         },
     )

@@ -1,20 +1,16 @@
 """Running the monitors: the registry of every monitor (text and metric monitors in monitors.py, the agent monitors
-in agent_monitors.py, the judge's in judge_monitors.py), `check_all` over a run's records, and the live hook of the
+in agent_monitors.py, the judge's in judge_monitors.py, the audit's in audit_monitors.py), `check_all` over a run's records, and the live hook of the
 online trainers (`RunMonitor`: new alarms appended to alarms.jsonl and printed). `tether diagnose RUN_DIR` calls the same `check_all` on the
 finished files, so the live and the offline verdicts are the same function of the same records."""
 
 from __future__ import annotations
 
 from tether.diagnostics.agent_monitors import claimed_without_state, tool_call_spam, tool_dominance, turn_piling
+from tether.diagnostics.audit_monitors import audit_blocks, audit_divergence, audit_drop, audit_fall, audit_pool
 from tether.diagnostics.judge_monitors import judge_injection, judge_position, judge_verbosity
 from tether.diagnostics.monitors import (
     Alarm,
     MonitorSettings,
-    audit_blocks,
-    audit_divergence,
-    audit_drop,
-    audit_fall,
-    audit_pool,
     entropy_collapse,
     format_without_correctness,
     image_blind_reward,

@@ -240,7 +240,9 @@ class _Run:
             )
         return res
 
-    def save(self, done: int) -> None:
+    def save(self, done: int, keep_before: bool = False) -> None:
+        """checkpoint-<done>; ``keep_before``: rotated keeping one more, the one before it (alarm_final=before)."""
+        keep = self.schedule.keep_checkpoints
         state = {
             "stage": self.stage.state(),
             "best": self.best,
@@ -257,7 +259,7 @@ class _Run:
             done,
             self.out,
             state,
-            self.schedule.keep_checkpoints,
+            keep + 1 if keep_before and keep > 0 else keep,
             extra=self.stage.extra_parts(),
         )
 
@@ -408,11 +410,8 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
         run_name=stage.name,
     )
     baseline = run.evaluate_or_stop(0) if start_step == 0 else {}
-    monitor, stopped_at, warned_truncation = (
-        RunMonitor(out, schedule.stop_on_alarm, stops=schedule.alarm_stops),
-        None,
-        -10,
-    )
+    monitor = RunMonitor(out, schedule.stop_on_alarm, stops=schedule.alarm_stops)
+    stopped_at, warned_truncation = None, -10
     trained_peak = None
     try:
         for step in range(start_step, schedule.total_steps):
@@ -441,12 +440,11 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
             if keep_samples:
                 run.write_samples(samples)
             # reward-hacking alarms on everything written so far (by process 0, which tells the others)
-            last = done == schedule.total_steps
-            stop = run.dp.broadcast_flag(monitor.check(last) if accelerator.is_main_process else False)
+            stop = run.dp.broadcast_flag(accelerator.is_main_process and monitor.check(done == schedule.total_steps))
             if done == schedule.total_steps or stop:  # the training's peak, before the last checkpoint's gathers
                 trained_peak = peak_memory(accelerator)
             if schedule.save_at(done) or stop:
-                run.save(done)
+                run.save(done, keep_before=stop and schedule.alarm_final == "before")
             if stop:
                 console.print(f"stopping at step {done}: --stop-on-alarm", style="bold red")
                 stopped_at = done

@@ -130,3 +130,35 @@ def test_the_python_api_example_runs_every_stage(tmp_path):
     assert figures["sft"]["steps"] == 60 and all(figures[s]["steps"] == 2 for s in ("rm", "dpo", "kto", "grpo", "ppo"))
     for stage in figures:
         assert (tmp_path / "api" / stage / "final" / "config.json").is_file()
+
+
+def test_a_recipe_keyword_applies_its_preset_over_a_config_object_and_keywords_still_win(monkeypatch, tmp_path):
+    """tether.grpo(cfg, recipe="dapo") recorded recipe dapo with GRPO's settings: every field of the config object
+    was read as the user's and overrode the preset; the command line's --config FILE --recipe dapo likewise."""
+    import yaml
+
+    from tether.cli import build_parser
+    from tether.config import build_config, config_from_args, config_to_dict
+    from tether.stages.grpo_config import GRPOConfig
+
+    built = []
+    monkeypatch.setattr(tether.api, "run_stage", lambda stage, cfg, **hooks: built.append(cfg) or {})
+    given = {"rollout.prompts": "p.jsonl", "model.path": "m", "train.output": str(tmp_path / "g")}
+    cfg = build_config(GRPOConfig, overrides=given)  # recipe grpo: clip_high 0.2, kl_coef 0.04
+    tether.grpo(cfg, recipe="dapo")
+    tether.grpo(cfg, recipe="dapo", clip_high=0.3)
+    dapo = built[0].algo
+    assert (dapo.recipe, dapo.clip_high, dapo.kl_coef, dapo.dynamic_sampling) == ("dapo", 0.28, 0.0, True)
+    assert (built[1].algo.clip_high, built[1].algo.kl_coef) == (0.3, 0.0)  # the keyword wins over the preset
+    assert config_to_dict(built[0]) == config_to_dict(
+        build_config(GRPOConfig, overrides={**given, "algo.recipe": "dapo"})
+    )
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    args = build_parser().parse_args(["grpo", "--config", str(path), "--recipe", "dapo", "--clip-low", "0.1"])
+    flagged = config_from_args(GRPOConfig, args).algo
+    assert (flagged.clip_high, flagged.kl_coef, flagged.clip_low) == (0.28, 0.0, 0.1)
+    path.write_text(yaml.safe_dump({"algo": {"recipe": "dapo", "clip_high": 0.3}}))  # a file's own recipe: under it
+    assert (
+        config_from_args(GRPOConfig, build_parser().parse_args(["grpo", "--config", str(path)])).algo.clip_high == 0.3
+    )

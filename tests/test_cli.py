@@ -347,3 +347,39 @@ def test_the_stage_table_is_what_the_command_line_the_api_and_the_package_read()
     assert {name for name in tether.__all__ if name.islower()} == {row.name for row in STAGES}
     with pytest.raises(tether.ConfigError, match="no stage 'sfft'; stages are"):
         tether.api.config_class("sfft")
+
+
+def test_data_check_counts_as_training_does_and_reads_prompts_with_columns(llama_dir, tmp_path, capsys):
+    """`data check` kept examples longer than the model's context (128 positions here) that training drops, and
+    read an RL prompt file without --columns (and silently from its train split whatever --split said)."""
+    import datasets
+
+    long_answer = " ".join(["hello there"] * 100)  # over 128 tokens, under the default max_length 1024
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"prompt": "hi", "completion": "ok."}, {"prompt": "hi", "completion": long_answer}]
+    )
+    assert main(["data", "check", str(path), "--model", str(llama_dir)]) == 0
+    assert "dropped: 1 longer than max_length=128" in capsys.readouterr().err
+    prompts = write_jsonl(tmp_path / "gsm.jsonl", [{"question": "Add 1 and 2.", "answer": "3"}])
+    assert main(["data", "check", str(prompts), "--model", str(llama_dir), "--columns", "prompt=question"]) == 0
+    assert "1 RL prompts (text)" in capsys.readouterr().err
+    rows = datasets.Dataset.from_list([{"prompt": "Add 1 and 2."}])
+    datasets.DatasetDict({"train": rows, "test": rows}).save_to_disk(str(tmp_path / "dd"))
+    assert main(["data", "check", str(tmp_path / "dd"), "--model", str(llama_dir), "--split", "test"]) == 2
+    assert "--split test: " in capsys.readouterr().err
+
+
+def test_eval_reads_plain_string_prompts_as_the_online_stages_do(llama_dir, tmp_path, capsys):
+    """`tether eval --data` sent a plain-string prompt to the chat template (each character a message), then died
+    with a TypeError; it now reads rows as the online stages do and renders a string prompt as it is."""
+    question = "Compute 1 + 2."
+    rows = write_jsonl(tmp_path / "arith.jsonl", [{"prompt": question + "\n", "question": question}])
+    out = tmp_path / "f.json"
+    run = ["eval", "--task", "lab-arith", "--model", str(llama_dir), "--max-new-tokens", "2", "--output", str(out)]
+    assert main([*run, "--data", str(rows)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["n"] == 1 and figures["examples"][0]["prompt"] == question + "\n"
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": question}])
+    capsys.readouterr()
+    assert main([*run, "--data", str(bad)]) == 2
+    assert "bad.jsonl: lab-arith rows need 'question' beside 'prompt'; they have ['prompt']" in capsys.readouterr().err

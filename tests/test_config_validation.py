@@ -33,6 +33,10 @@ INVALID = [
     ("rm", RMConfig, "rm", "ranking_loss", "ranked", "ranking_loss='ranked' is not one of"),
     ("rm", RMConfig, "train", "report_to", ["foo"], "report_to='foo' is not one of"),
     ("sft", SFTConfig, "train", "micro_batch_tokens", -5, "micro_batch_tokens=-5: must be >= 0"),
+    ("sft", SFTConfig, "optim", "adam_beta1", 1.0, r"adam_beta1=1.0: must be in \[0, 1\)"),
+    ("dpo", DPOConfig, "optim", "adam_beta2", -0.1, r"adam_beta2=-0.1: must be in \[0, 1\)"),
+    ("grpo", GRPOConfig, "optim", "weight_decay", -0.01, "weight_decay=-0.01: must be >= 0"),
+    ("rm", RMConfig, "optim", "max_grad_norm", -1.0, "max_grad_norm=-1.0: must be >= 0"),
 ]
 
 
@@ -57,6 +61,35 @@ def test_an_invalid_value_names_its_field_from_yaml_and_from_python(
     section_cls = type(getattr(config_cls(), section))
     with pytest.raises(ConfigError, match=message):
         section_cls(**{field: value})  # a dataclass built in Python
+
+
+# (YAML value, the field, what the error says): checked, not converted (2.5 is no int, true no number)
+NOT_CONVERTED = [
+    ("train", "batch_size", 2.5, "train.batch_size must be int, got 2.5"),
+    ("train", "max_steps", True, "train.max_steps must be int, got True"),
+    ("optim", "lr", True, "optim.lr must be a finite float, got True"),
+    ("train", "epochs", float("nan"), "train.epochs must be a finite float, got nan"),
+    ("optim", "lr", float("inf"), "optim.lr must be a finite float, got inf"),
+    ("train", "max_steps", None, "train.max_steps must be int, got null"),
+    ("data", "path", ["a.jsonl", "b.jsonl"], r"data.path must be str, got \['a.jsonl', 'b.jsonl'\]"),
+]
+
+
+@pytest.mark.parametrize("section, field, value, message", NOT_CONVERTED)
+def test_a_value_of_the_wrong_kind_is_refused_not_converted(tmp_path, section, field, value, message):
+    path = _yaml(tmp_path, section, field, value)
+    args = build_parser().parse_args(["sft", "--config", str(path)])
+    with pytest.raises(ConfigError, match=rf"run.yaml: {message}"):
+        config_from_args(SFTConfig, args)  # a YAML file
+    with pytest.raises(ConfigError, match=rf"tether.sft\(\): {message}"):
+        build_config(SFTConfig, {section: {field: value}}, source="tether.sft()")  # the Python API's config values
+
+
+def test_a_whole_float_is_an_int_and_a_nan_flag_is_refused():
+    assert build_config(SFTConfig, {"train": {"batch_size": 4.0, "micro_batch_size": 2}}).train.batch_size == 4
+    args = build_parser().parse_args(["sft", "--epochs", "nan"])
+    with pytest.raises(ConfigError, match="command line: train.epochs must be a finite float, got nan"):
+        config_from_args(SFTConfig, args)
 
 
 def test_resume_and_overwrite_together_are_refused_everywhere():
@@ -192,8 +225,8 @@ def test_reward_settings_that_cannot_work_are_refused_at_config_time(tmp_path, c
         assert message in err and "Traceback" not in err
     for flags, message in (
         (["--step-pattern", "(["], "step_pattern='([': not a regular expression"),
-        (["--process-reward-weight", "nan"], "process_reward_weight=nan: must be a finite number"),
-        (["--reward-model-weight", "nan"], "reward_model_weight=nan: must be a finite number"),
+        (["--process-reward-weight", "nan"], "rewards.process_reward_weight must be a finite float, got nan"),
+        (["--reward-model-weight", "nan"], "rewards.reward_model_weight must be a finite float, got nan"),
     ):
         assert main(["grpo", *flags]) == 2
         err = capsys.readouterr().err
@@ -209,3 +242,26 @@ def test_offline_dpo_refuses_what_only_online_rounds_use(capsys):
         err = capsys.readouterr().err
         assert f"{flags[0]}" in err and "offline DPO trains on the pairs in --data" in err, err
     assert build_config(DPOConfig, overrides={"online.online": True, "online.judge": "m:f"}).online.judge == "m:f"
+
+
+def test_two_names_of_one_setting_with_different_values_are_refused():
+    """model.chat_template and its alias data.chat_template given different values: one was silently dropped."""
+    both = {"model": {"chat_template": "a.jinja"}, "data": {"chat_template": "b.jinja"}}
+    message = r"model.chat_template='a.jinja' and data.chat_template='b.jinja' are one setting \(model.chat_template\)"
+    with pytest.raises(ConfigError, match=rf"f.yaml: {message}"):
+        build_config(SFTConfig, both, source="f.yaml")
+    same = {"model": {"chat_template": "a.jinja"}, "data": {"chat_template": "a.jinja"}}
+    assert build_config(SFTConfig, same).model.chat_template == "a.jinja"  # the same value twice is no conflict
+
+
+def test_a_flat_key_written_null_is_not_set_as_trl_and_llamafactory_mean_it():
+    """A TRL or LLaMA-Factory config dump writes null for "not set", under tether's names too (top_k, max_steps,
+    seed): the stage's defaults stand. tether's own sections take no null (above)."""
+    dump = {"model_name_or_path": "m", "top_k": None, "max_steps": None, "seed": None}
+    config = build_config(GRPOConfig, dump, source="trl.yaml")
+    defaults = build_config(GRPOConfig, {"model_name_or_path": "m"}, source="trl.yaml")
+    assert (config.rollout.top_k, config.train.max_steps, config.train.seed) == (
+        defaults.rollout.top_k,
+        defaults.train.max_steps,
+        defaults.train.seed,
+    )

@@ -312,9 +312,7 @@ def test_csv_hub_layout_folders_sharegpt_and_content_parts_are_read(tmp_path, to
     write_jsonl(hub / "test.jsonl", rows[:1])
     assert [r.fields for r in read_records(tmp_path / "hub")] == rows
     assert len(read_records(tmp_path / "hub", split="test")) == 1
-    with pytest.raises(
-        DataError, match=r"no data files for split 'valid'; the files' names start with \['test', 'train'\]"
-    ):
+    with pytest.raises(DataError, match=r"no data files for split 'valid'; files start with \['test', 'train'\]"):
         read_records(tmp_path / "hub", split="valid")
     sharegpt = write_jsonl(
         tmp_path / "s.jsonl",
@@ -412,3 +410,54 @@ def test_tool_call_turns_are_kept_structured_and_a_template_without_calls_gets_h
     )
     with pytest.raises(DataError, match=r"bad.jsonl:1: messages\[0\].tool_calls\[0\] must be"):
         read_records(bad)
+
+
+def test_eval_data_from_the_training_folder_reads_its_eval_split_and_the_same_split_is_refused(tmp_path):
+    """--data ds --eval-data ds read the training split twice: the model was evaluated on the rows it trained on."""
+    from tether.config import ConfigError, build_config
+    from tether.stages.sft_config import SFTConfig
+    from tether.train.offline_run import read_split
+
+    rows = [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(3)]
+    ds = datasets.Dataset.from_list(rows)
+    datasets.DatasetDict({"train": ds, "test": ds.select([2])}).save_to_disk(str(tmp_path / "dict"))
+    folder = str(tmp_path / "dict")
+    cfg = build_config(SFTConfig, overrides={"data.path": folder, "data.eval_path": folder})
+    seen = []
+    read_split(cfg, lambda recs, label, limit: (seen.append([r.fields for r in recs]), None))
+    assert seen == [rows, rows[2:]]  # the training split's three rows, then the test split's one
+    with pytest.raises(ConfigError, match=r"eval_path='.*dict' is the training data itself \(path, split 'train'\)"):
+        build_config(SFTConfig, overrides={"data.path": folder, "data.eval_path": folder, "data.eval_split": "train"})
+    write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(ConfigError, match="is the training data itself"):  # one file has no other split
+        build_config(
+            SFTConfig, overrides={"data.path": str(tmp_path / "d.jsonl"), "data.eval_path": str(tmp_path / "d.jsonl")}
+        )
+
+
+def test_csv_true_false_cells_are_booleans_a_bom_is_dropped_and_a_row_is_named_by_its_first_line(tmp_path):
+    """A KTO CSV's label column stayed the strings 'true'/'false' (KTO refused it, SFT trained on answers labelled
+    false); Excel's UTF-8 BOM became part of the first column's name; a quoted multi-line cell named its last line."""
+    from tether.data.preferences import preference_format
+
+    (tmp_path / "kto.csv").write_text("prompt,completion,label\nQ1?, good,true\nQ2?, bad,FALSE\n")
+    records = read_records(tmp_path / "kto.csv")
+    assert [r.fields["label"] for r in records] == [True, False] and preference_format(records, "kto.csv") == "unpaired"
+    (tmp_path / "bom.csv").write_bytes("\ufeffprompt,completion\nQ,A\n".encode())
+    assert [r.fields for r in read_records(tmp_path / "bom.csv")] == [{"prompt": "Q", "completion": "A"}]
+    (tmp_path / "lines.csv").write_text('prompt,completion\n\nQ1,"a\nb"\n\nQ2,"c\nd\ne",x\n')
+    with pytest.raises(DataError, match=r"lines.csv:6: more cells than the header"):  # lines 6-8: named by 6
+        read_records(tmp_path / "lines.csv")
+    (tmp_path / "lines.csv").write_text('prompt,completion\n\nQ1,"a\nb"\n\nQ2,"c\nd"\n')
+    assert [r.where.rsplit(":", 1)[1] for r in read_records(tmp_path / "lines.csv")] == ["3", "6"]
+
+
+def test_columns_rename_a_llamafactory_datasets_own_columns_before_it_is_read(tmp_path):
+    """--columns was silently ignored for dataset_info.json:NAME: the rename came after the rows were normalised."""
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"demo": {"file_name": "a.json"}}))
+    (tmp_path / "a.json").write_text(json.dumps([{"question": "Q?", "output": "A."}]))
+    spec = f"{tmp_path / 'dataset_info.json'}:demo"
+    (record,) = read_records(spec, "instruction=question")
+    assert record.fields["messages"] == [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]
+    with pytest.raises(DataError, match=r"a.json: --columns names source column\(s\) \['query'\]"):
+        read_records(spec, "instruction=query")

@@ -527,3 +527,34 @@ def test_shared_prompts_train_as_one_prompt_per_response(llama_dir, prefs, tmp_p
     run_dpo(_cfg(llama_dir, prefs[0], out, **{"train.max_steps": 1, "dpo.loss": "kto"}))
     plan = yaml.safe_load((out / "config.yaml").read_text())["plan"]["micro-batch rows"]
     assert "prompts not shared: KTO forwards its two blocks apart" in plan
+
+
+def test_kto_on_pairs_compares_with_another_records_answer_and_drops_equal_pairs(tokenizer, tmp_path):
+    """KTO on pairs took a row's "mismatched" completion from the same pair (chosen's was its own rejected), and a
+    pair with chosen == rejected was an error without its line, where the pairwise losses drop and count it."""
+    from tether.data.dpo import tokenize_unpaired
+
+    rows = [{"prompt": f"Q{i}?", "chosen": f" good {i}", "rejected": f" bad {i}"} for i in range(4)]
+    rows[1]["rejected"] = rows[1]["chosen"]
+    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    examples, report = tokenize_unpaired(read_records(path), tokenizer, 128, path=str(path))
+    mismatched = [tokenizer.decode(e.responses[1].input_ids) for e in examples]
+    # records 1, 3, 4 kept (2 dropped): each half of a pair is compared with the next kept record's chosen
+    assert [e.where.rsplit("/", 1)[1] for e in examples[::2]] == [
+        "pairs.jsonl:1 (chosen)",
+        "pairs.jsonl:3 (chosen)",
+        "pairs.jsonl:4 (chosen)",
+    ]
+    assert [m.split("?", 1)[1].split("<")[0] for m in mismatched] == [
+        " good 2",
+        " good 2",
+        " good 3",
+        " good 3",
+        " good 0",
+        " good 0",
+    ]
+    assert report.dropped == {"with chosen equal to rejected": 1} and report.examples == 6
+    with pytest.raises(DataError, match=r"pairs.jsonl:2: example with chosen equal to rejected \(--strict\)"):
+        tokenize_unpaired(read_records(path), tokenizer, 128, strict=True, path=str(path))
+    with pytest.raises(DataError, match="KTO needs at least 2 records"):
+        tokenize_unpaired(read_records(write_jsonl(tmp_path / "one.jsonl", rows[:1])), tokenizer, 128)

@@ -286,8 +286,10 @@ def _run(stage: str, config, settings: dict, inputs: dict, callables: dict, hook
     cls = config_class(stage)
     if config is not None and not isinstance(config, cls):
         raise ConfigError(f"config: expected a {cls.__name__}, got {type(config).__name__}")
-    values: dict[str, Any] = config_to_dict(config) if config is not None else {}
-    values.update(settings)  # flat keys (flag names, TRL's names) after the sections: they win
+    # the config object's values are the base, the keywords (flag names, TRL's names) above it: a recipe keyword's
+    # preset then applies over the object's values (build_config), as --recipe does over a --config file's
+    base: dict[str, Any] = config_to_dict(config) if config is not None else {}
+    values: dict[str, Any] = dict(settings)
     overrides: dict[str, Any] = {}
     if callables.get("reward_funcs") is not None:
         overrides["rewards.reward"] = _specs(callables["reward_funcs"], "reward_funcs")
@@ -301,10 +303,10 @@ def _run(stage: str, config, settings: dict, inputs: dict, callables: dict, hook
         overrides["rewards.reward_model"] = str(callables["reward_model"])
     paths = {k: str(v) for k, v in inputs.items() if isinstance(v, (str, Path))}
     draft = build_config(
-        cls, values, {**overrides, **{_INPUTS[k]: v for k, v in paths.items()}}, source=f"tether.{stage}()"
+        cls, values, {**overrides, **{_INPUTS[k]: v for k, v in paths.items()}}, f"tether.{stage}()", base
     )  # every setting validated before anything is written
     overrides.update(_materialise(stage, inputs, draft.train.output, draft.model.device))
-    cfg = build_config(cls, values, overrides, source=f"tether.{stage}()")
+    cfg = build_config(cls, values, overrides, source=f"tether.{stage}()", base=base)
     summary = run_stage(stage, cfg, **{k: v for k, v in hooks.items() if v is not None})
     return RunResult(stage, Path(cfg.train.output), summary)
 

@@ -4,7 +4,8 @@ Each option is declared once with ``option(...)`` in a ``Section``; its help tex
 the documentation. A section checks its ``choices`` and its own rules when it is constructed, so flags, YAML
 files and configs built in Python are validated alike; a stage config checks the rules that span sections.
 A stage's defaults are its default section instances (``rollout: SamplingSection = SamplingSection(...)``).
-Precedence: those defaults < a preset (the group family's recipes) < ``--config`` YAML < command-line flags.
+Precedence: those defaults < a preset (the group family's recipes) < ``--config`` YAML < command-line flags; a
+preset named by a flag (``--recipe``) sits over the YAML instead, under the other flags.
 Keys renamed in a later version keep working for a while: ``RENAMED`` maps them to the new key, with a warning.
 A tool command (``tether eval``, ``tether data check``) declares its flags the same way, as a ``CommandConfig``.
 
@@ -66,6 +67,7 @@ class StageConfig:
 
     RENAMED: ClassVar[dict[str, str]] = {}  # old dotted key (or "section.*") -> new dotted key (or "section.*")
     OLD_FLAGS: ClassVar[dict[str, str]] = {}  # old flags whose name does not follow from the old key -> old key
+    PRESET_KEY: ClassVar[str] = ""  # the dotted option that names the preset (the group family's algo.recipe)
 
     def __post_init__(self):
         self.check()
@@ -75,7 +77,8 @@ class StageConfig:
 
     @classmethod
     def preset(cls, values: dict[str, Any]) -> dict[str, Any]:
-        """Dotted settings that sit between the defaults and the user's values (the group family's recipes)."""
+        """Dotted settings that sit between the defaults and the user's values (the group family's recipes); one named
+        by a flag or keyword (PRESET_KEY) sits over a --config file's or a config object's values (build_config)."""
         return {}
 
 
@@ -164,7 +167,8 @@ STAGES = (  # in the order `tether --help` lists them
         "tether.stages.grpo_config:GRPOConfig",
         "tether.stages.grpo:run_grpo",
         "The group family (GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++): `tether grpo --recipe dapo ...`.",
-        " A recipe sets the algo options; any flag or YAML value overrides it (defaults shown are those of no recipe).",
+        " A recipe sets the algo options; any flag or YAML value overrides it, but --recipe given as a flag is applied "
+        "over the --config file's values (defaults shown are those of no recipe).",
     ),
     Stage(
         "dpo",
@@ -427,8 +431,9 @@ def _apply_renames(
 ) -> dict[str, Any]:
     """Renamed keys mapped to their new names (with a warning); unknown ones collected in ``problems`` (or, without
     it, raised at the first)."""
-    out = {}
-    for dotted, value in values.items():
+    out, origin = {}, {}  # dotted -> value, and the name it was given under
+    for given, value in values.items():
+        dotted = given
         if not _known(section_types, dotted) and _known(section_types, SAME_AS.get(dotted, ".")):
             dotted = SAME_AS[dotted]
         if not _known(section_types, dotted):
@@ -447,22 +452,40 @@ def _apply_renames(
                 continue
             log.warning("%s: %s is now called %s; the old name still works but will be removed", source, dotted, new)
             dotted = new
-        out[dotted] = value
+        if dotted in out and out[dotted] != value:  # two names of one setting (an alias, an old name) disagree
+            problem = f"{origin[dotted]}={out[dotted]!r} and {given}={value!r} are one setting ({dotted}): give one"
+            if problems is None:
+                raise ConfigError(f"{source}: {problem}")
+            problems.append(problem)
+        out[dotted], origin[dotted] = value, given
     return out
 
 
-def build_config(config_cls, file_values: dict | None = None, overrides: dict | None = None, source: str = "config"):
-    """Defaults, then the preset, then ``file_values`` ({section: {field: value}}), then ``overrides``
-    ({"section.field": value}). Every value is type-checked and every section validated, naming the field."""
+def build_config(
+    config_cls,
+    file_values: dict | None = None,
+    overrides: dict | None = None,
+    source: str = "config",
+    base: dict | None = None,
+):
+    """Defaults, then ``base`` (a config object's {section: {field: value}}, tether.grpo(cfg, ...)), then
+    ``file_values`` ({section: {field: value}} or flat keys), then ``overrides`` ({"section.field": value}). The
+    preset sits just below the highest of those that names it (``PRESET_KEY``): a recipe named by a flag or a keyword
+    is applied over a file's or a config object's values, and under the flags and keywords beside it. Every value is
+    type-checked and every section validated, naming the field."""
     section_types = dict(_sections(config_cls))
     written: dict[str, str] = {}  # dotted key -> the flat key the file wrote (its own name, or TRL's)
     from_file = _flatten(config_cls, file_values, source, written)
-    user = {**from_file, **_apply_renames(config_cls, dict(overrides or {}), source, section_types)}
+    explicit = _apply_renames(config_cls, dict(overrides or {}), source, section_types)
+    layers = [_flatten(config_cls, base, source), from_file, explicit]
+    user = {k: v for layer in layers for k, v in layer.items()}
     named = {dotted: key for dotted, key in written.items() if dotted in from_file and dotted not in (overrides or {})}
     values = _section_defaults(config_cls)
-    for dotted, value in {**config_cls.preset(user), **user}.items():
-        section, key = dotted.split(".", 1)
-        values[section][key] = value
+    at = max([i for i, layer in enumerate(layers) if config_cls.PRESET_KEY in layer], default=0)
+    for layer in [*layers[:at], config_cls.preset(user), *layers[at:]]:
+        for dotted, value in layer.items():
+            section, key = dotted.split(".", 1)
+            values[section][key] = value
     sections = {}
     for section, section_cls in section_types.items():
         hints = {f.name: typ for f, typ in _leaf_fields(section_cls)}
@@ -484,8 +507,10 @@ def _named(dotted: str, written: dict[str, str]) -> str:
 
 
 def _coerce(value, typ, name, source):
+    """``value`` as a ``typ``, checked rather than converted where converting would change it (2.5 is no int, true
+    no number, NaN no bound); a ConfigError naming the field otherwise. No field is optional: null is refused."""
     if value is None:
-        return value
+        raise ConfigError(f"{source}: {name} must be {getattr(typ, '__name__', typ)}, got null")
     try:
         if typ is bool:
             if isinstance(value, bool):
@@ -501,15 +526,29 @@ def _coerce(value, typ, name, source):
             if not isinstance(value, dict):
                 raise TypeError
             return {str(k): v for k, v in value.items()}
-        if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if typ is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
         if typ is str:
+            if isinstance(value, (dict, list, tuple)):  # its repr would be read as a path or a NAME=SOURCE list
+                raise TypeError
             return str(value)
-        return typ(value)
+        return _number(value, typ)
     except (TypeError, ValueError):
-        raise ConfigError(f"{source}: {name} must be {getattr(typ, '__name__', typ)}, got {value!r}") from None
+        kind = "a finite float" if typ is float else getattr(typ, "__name__", typ)
+        raise ConfigError(f"{source}: {name} must be {kind}, got {value!r}") from None
+
+
+def _number(value, typ):
+    """An int or float field's value: a bool is no number (YAML's true would be 1), an int takes only whole numbers
+    (2.5 would be cut to 2), and a float must be finite (NaN passes every range check)."""
+    import math
+
+    if isinstance(value, bool):
+        raise TypeError
+    number = typ(value)
+    if typ is float and not math.isfinite(number):
+        raise ValueError
+    if typ is int and isinstance(value, float) and number != value:
+        raise ValueError
+    return number
 
 
 def config_from_args(config_cls, args: argparse.Namespace):

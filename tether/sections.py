@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from tether.config import ConfigError, Section, option
 
@@ -184,6 +185,9 @@ class DataSection(Section):
         0.05, "Fraction of training rows held out for evaluation when no --eval-data; 0 disables eval."
     )
     split: str = option("train", "Split to read from a datasets folder that has several.")
+    eval_split: str = option(
+        "test", "Split of --eval-data to read when it is a datasets folder that has several (its --split)."
+    )
     columns: str = option("", "Rename columns, NAME=SOURCE,..., e.g. prompt=question,completion=answer.")
     max_records: int = option(
         0, "Read only the first N records of the training file (0: all), before the held-out split."
@@ -200,6 +204,14 @@ class DataSection(Section):
             raise ConfigError(f"max_length={self.max_length}: must be >= 2")
         if self.max_records < 0:
             raise ConfigError(f"max_records={self.max_records}: must be >= 0 (0: every record)")
+        if self.eval_path and Path(self.eval_path) == Path(self.path):
+            # the model would be scored on the rows it trains on: the same file, or the same split of a folder
+            if Path(self.path).is_file() or self.eval_split == self.split:
+                raise ConfigError(
+                    f"eval_path={self.eval_path!r} is the training data itself (path, split {self.split!r}): "
+                    "evaluation would score the training rows; set eval_split (--eval-split) to another split of "
+                    "a datasets folder, or leave eval_path empty to hold out eval_fraction"
+                )
 
 
 @dataclass(frozen=True)
@@ -244,6 +256,12 @@ class OptimSection(Section):
     def check(self):
         if self.lr <= 0:
             raise ConfigError(f"lr={self.lr}: must be > 0")
+        for name in ("adam_beta1", "adam_beta2"):  # torch's AdamW refuses them only when the run starts
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)}: must be >= 0")
         if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1 or self.warmup_steps < 0:
             raise ConfigError(
                 f"warmup_ratio={self.warmup_ratio} must be in [0, 1), warmup_steps={self.warmup_steps} "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tether.cli.tools import CHAT_MODEL, Command, DecodingSection, FiguresSection
-from tether.config import CommandConfig, Section, option
+from tether.config import CommandConfig, ConfigError, Section, option
 from tether.sections import DataSection, ModelSection, SFTDataSection
 from tether.stages.prm_config import PRMDataSection
 
@@ -39,21 +39,22 @@ def run_data_check(cfg: CheckCommand) -> None:
     functions receive). The kind is read from the first record's fields; everything renders with the run's chat
     template and its options (--chat-template, --chat-template-kwargs), as the stage would."""
     from tether.data.records import read_records
-    from tether.models.lm import load_stage_tokenizer
+    from tether.models.lm import length_limit, load_stage_tokenizer
 
     tokenizer = load_stage_tokenizer(cfg.model)
     records = read_records(cfg.example.file, cfg.data.columns, cfg.data.split)
+    limit = length_limit(cfg.data.max_length, cfg.model.path)  # the stages' limit: a shorter model context lowers it
     first = records[0].fields if records else {}
     unpaired = "completion" in first and isinstance(first.get("label"), bool)
     if ("chosen" in first and "rejected" in first) or ("responses" in first and "ranking" in first) or unpaired:
-        check_preferences(cfg, tokenizer, records, unpaired)
+        check_preferences(cfg, tokenizer, records, unpaired, limit)
     elif "prompt" in first and not ({"completion", "messages", "text"} & set(first)):
         check_prompts(cfg, tokenizer, first)
     else:
-        check_demonstrations(cfg, tokenizer, records)
+        check_demonstrations(cfg, tokenizer, records, limit)
 
 
-def check_preferences(cfg: CheckCommand, tokenizer, records, unpaired: bool) -> None:
+def check_preferences(cfg: CheckCommand, tokenizer, records, unpaired: bool, limit: int) -> None:
     from tether.console import console
     from tether.data.dpo import tokenize_policy_preferences, tokenize_unpaired
     from tether.data.multimodal import refuse_images, text_only
@@ -67,14 +68,14 @@ def check_preferences(cfg: CheckCommand, tokenizer, records, unpaired: bool) -> 
         refuse_images(records, text_only(m.path))
     tokenize = tokenize_unpaired if unpaired else tokenize_policy_preferences
     examples, report = tokenize(
-        records, tokenizer, cfg.data.max_length, cfg.data.strict, cfg.example.file, processor, m.max_image_pixels
+        records, tokenizer, limit, cfg.data.strict, cfg.example.file, processor, m.max_image_pixels
     )
     console.print(report.summary())
     ex = examples[min(cfg.example.index, len(examples) - 1)]
     if unpaired:
         console.print(
             f"\nexample from {ex.where}: label {ex.desirable} (`tether dpo --loss kto`); response 2 is "
-            "the next row's completion under this prompt, for KTO's reference point "
+            "the next record's completion under this prompt, for KTO's reference point "
             "(trained tokens are between ⟦ ⟧)"
         )
     else:
@@ -93,8 +94,13 @@ def check_prompts(cfg: CheckCommand, tokenizer, first: dict) -> None:
     from tether.rollout.prompts import render_prompts
 
     file, m = cfg.example.file, cfg.model
+    if cfg.data.split != "train":  # the online stages read a prompt folder's train split: they take no --split
+        raise ConfigError(
+            f"--split {cfg.data.split}: {file} holds RL prompts, which tether ppo/grpo/dpo --online read from the "
+            "train split; check that split (save the prompts you mean as their own file or train split)"
+        )
     vision = is_vision_language(m.path)  # the prompts as the policy samples them: images widened by its processor
-    rows = prompt_rows(file, images=m.max_image_pixels if vision else 0)
+    rows = prompt_rows(file, cfg.data.columns, images=m.max_image_pixels if vision else 0)
     shown = ""
     if vision:
         from tether.train.sampling import ImagePrompts
@@ -117,7 +123,7 @@ def check_prompts(cfg: CheckCommand, tokenizer, first: dict) -> None:
     console.print(prompts[i], highlight=False)
 
 
-def check_demonstrations(cfg: CheckCommand, tokenizer, records) -> None:
+def check_demonstrations(cfg: CheckCommand, tokenizer, records, limit: int) -> None:
     from tether.console import console
     from tether.data.multimodal import refuse_images, text_only, tokenize_multimodal
     from tether.data.sft import tokenize_records
@@ -127,20 +133,11 @@ def check_demonstrations(cfg: CheckCommand, tokenizer, records) -> None:
     if is_vision_language(cfg.model.path):  # the images read, counted and widened as the stage would
         processor = load_processor(cfg.model.path, tokenizer, cfg.model.trust_remote_code)
         examples, report = tokenize_multimodal(
-            records,
-            tokenizer,
-            processor,
-            data.max_length,
-            data.train_on_prompt,
-            data.strict,
-            path,
-            cfg.model.max_image_pixels,
+            records, tokenizer, processor, limit, data.train_on_prompt, data.strict, path, cfg.model.max_image_pixels
         )
     else:
         refuse_images(records, text_only(cfg.model.path))
-        examples, report = tokenize_records(
-            records, tokenizer, data.max_length, data.train_on_prompt, data.strict, path
-        )
+        examples, report = tokenize_records(records, tokenizer, limit, data.train_on_prompt, data.strict, path)
     console.print(report.summary())
     ex = examples[min(cfg.example.index, len(examples) - 1)]
     console.print(

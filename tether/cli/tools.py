@@ -141,14 +141,12 @@ def eval_rows(cfg: EvalCommand) -> list[dict]:
 
     task = cfg.eval.task
     if cfg.eval.data:
-        from tether.data.records import read_records
+        from tether.data.prompts import prompt_rows
 
-        records = read_records(cfg.eval.data)
-        need = "question" if task == "lab-arith" else "topic"
-        for r in records:
-            if "prompt" not in r.fields or need not in r.fields:
-                raise DataError(f"{r.where}: {task} rows need 'prompt' and '{need}'; the row has {sorted(r.fields)}")
-        rows = [r.fields for r in records]
+        rows = prompt_rows(cfg.eval.data)  # read and checked as the online stages read prompts (same columns each)
+        need = "question" if task == "lab-arith" else "topic"  # what the task's gold reads
+        if need not in rows[0]:
+            raise DataError(f"{cfg.eval.data}: {task} rows need '{need}' beside 'prompt'; they have {sorted(rows[0])}")
     else:
         rows = default_eval_rows(task, WorldConfig(seed=cfg.decoding.seed))
     return rows[: cfg.eval.limit] if cfg.eval.limit else rows

@@ -72,10 +72,10 @@ def translate_key(stage: str, key: str, value, values: dict, flags: dict) -> tup
     own = flags.get("--" + str(key).replace("_", "-"))
     partner = {"reward_weights": "reward_funcs", "loss_weights": "loss_type"}.get(key)  # TRL's lists of weights
     trl_weights = partner is not None and (isinstance(value, (list, tuple)) or partner in values)
+    if value is None and (own is not None or knows(key)):
+        return {}, "", ""  # TRL and LLaMA-Factory write null for "not set" (a config dump holds many)
     if own is not None and not trl_weights:
         return {own: value}, "", ""
-    if value is None and knows(key):
-        return {}, "", ""  # TRL and LLaMA-Factory write null for "not set"
     entry = _entry(stage, key, flags)
     if entry is None:
         return {}, _unknown(stage, key, flags), ""

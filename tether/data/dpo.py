@@ -103,10 +103,12 @@ KTO_FORMATS = (
 )
 
 
-def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object, object, bool, str, list]]:
-    """(prompt, completion, desirable, where, the record's images) of unpaired rows, or of pairs split in two."""
+def _unpaired_items(records: list[Record], fmt: str, path, report, strict: bool) -> list[tuple]:
+    """(prompt, completion, desirable, where, the record's images, the record's index) of unpaired rows, or of pairs
+    split in two; a pair whose answers are equal is dropped and counted in ``report`` as the pairwise losses do (an
+    error naming it with --strict)."""
     items = []
-    for rec in records:
+    for k, rec in enumerate(records):
         f, where = rec.fields, rec.where
         if fmt == "unpaired":
             if "completion" not in f or not isinstance(f.get("label"), bool):
@@ -114,16 +116,32 @@ def _unpaired_items(records: list[Record], fmt: str, path) -> list[tuple[object,
                     f"{where}: unpaired rows need 'completion' and a true/false 'label'; the row has "
                     f"{sorted(f)}" + (f" (label {f.get('label')!r})" if "label" in f else "") + f". {KTO_FORMATS}"
                 )
-            items.append((f.get("prompt"), f["completion"], f["label"], where, image_list(f, where)))
+            items.append((f.get("prompt"), f["completion"], f["label"], where, image_list(f, where), k))
         elif fmt == "pairs":
             f = split_implicit_prompt(f, where)
-            for name, response in ordered_responses(f, fmt, where):
-                items.append((f.get("prompt"), response, name == "chosen", f"{where} ({name})", image_list(f, where)))
+            try:
+                ordered = ordered_responses(f, fmt, where)
+            except _Drop as drop:
+                if strict:
+                    raise DataError(f"{where}: example {drop.args[0]} (--strict)") from None
+                report.dropped[str(drop.args[0])] += 1
+                continue
+            for name, response in ordered:
+                items.append(
+                    (f.get("prompt"), response, name == "chosen", f"{where} ({name})", image_list(f, where), k)
+                )
         else:
             raise DataError(f"{path}: ranked lists need --loss listwise. {KTO_FORMATS}")
-    if len(items) < 2:
-        raise DataError(f"{path}: KTO needs at least 2 rows (each is compared with another row's completion)")
+    if len({item[5] for item in items}) < 2:
+        raise DataError(f"{path}: KTO needs at least 2 records (each is compared with another record's completion)")
     return items
+
+
+def _other_completion(items: list[tuple], i: int):
+    """The completion KTO's reference point compares item ``i`` with: the next item (wrapping round) of another
+    record. A pair's two halves are adjacent, and the pair's own other answer would not be a mismatched one."""
+    n = len(items)
+    return next(items[(i + j) % n][1] for j in range(1, n) if items[(i + j) % n][5] != items[i][5])
 
 
 def tokenize_unpaired(
@@ -136,7 +154,7 @@ def tokenize_unpaired(
     max_pixels: int = 16_777_216,
 ) -> tuple[list[PolicyPreference], PreferenceReport]:
     """Unpaired labels (or pairs split in two) -> PolicyPreference list with two responses: the labelled completion
-    and the next row's completion under this row's prompt (wrapping round). With a vision-language model's
+    and the next record's completion under this row's prompt (wrapping round). With a vision-language model's
     ``processor`` both are shown this row's images: the mismatched pair is this prompt, its pictures, another
     row's answer."""
     _check_fast(tokenizer)
@@ -150,13 +168,12 @@ def tokenize_unpaired(
         format="unpaired" if fmt == "unpaired" else f"{fmt} split into unpaired labels",
         unused=unused_columns(records, fmt, ("images",) if processor is not None else ()),
     )
-    try:
-        items = _unpaired_items(records, fmt, path)
-    except _Drop as drop:  # a pair with chosen == rejected cannot be split into labels
-        raise DataError(f"{path}: a pair {drop.args[0]}; fix or drop it before KTO") from None
+    items = _unpaired_items(records, fmt, path, report, strict)
     examples: list[PolicyPreference] = []
-    for i, (prompt, completion, desirable, where, refs) in progress(enumerate(items), len(items), f"tokenising {path}"):
-        other = items[(i + 1) % len(items)][1]
+    for i, (prompt, completion, desirable, where, refs, _) in progress(
+        enumerate(items), len(items), f"tokenising {path}"
+    ):
+        other = _other_completion(items, i)
         report.count_plain(tokenizer, prompt, [completion])
         images = Images(processor, refs, max_pixels, DataReport(path=where)) if processor is not None else None
         try:

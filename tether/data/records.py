@@ -65,7 +65,6 @@ def read_records(
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
-    rename = parse_column_map(columns)
     if path.is_dir():
         saved = (
             (path / "dataset_info.json").is_file()
@@ -75,17 +74,21 @@ def read_records(
         records = _read_saved_dataset(path, split) if saved else _read_data_folder(path, split)
     else:
         records = _read_file(path)
-    if limit > 0:
-        records = records[:limit]
-    if rename:
-        records = [Record({rename.get(k, k): v for k, v in r.fields.items()}, r.where) for r in records]
-        present = set(records[0].fields) if records else set()
-        missing = [src for src, name in rename.items() if name not in present]
-        if records and missing:
-            raise DataError(
-                f"{path}: --columns names source column(s) {missing} that the data does not have; it has {sorted(records[0].fields)}"
-            )
-    return [_normalise(r) for r in records]
+    return [_normalise(r) for r in _renamed(records[:limit] if limit > 0 else records, columns, path)]
+
+
+def _renamed(records: list[Record], columns, path) -> list[Record]:
+    """The raw rows with --columns' renames applied (before normalising); a source column the rows lack is named."""
+    rename = parse_column_map(columns)
+    if not rename or not records:
+        return records
+    missing = [source for source in rename if source not in records[0].fields]
+    if missing:
+        raise DataError(
+            f"{path}: --columns names source column(s) {missing} that the data does not have; "
+            f"it has {sorted(records[0].fields)}"
+        )
+    return [Record({rename.get(k, k): v for k, v in r.fields.items()}, r.where) for r in records]
 
 
 def _dataset_info_entry(path) -> tuple[Path, str] | None:
@@ -171,13 +174,9 @@ def _read_llamafactory(info: Path, names: str, columns, split: str, limit: int) 
             f"{info}: must be a JSON object mapping each dataset's name to its entry (file_name, formatting, "
             f"columns, ...); it is a {type(table).__name__}"
         )
-    records = []
-    for name in [n.strip() for n in names.split(",") if n.strip()]:
-        for r in _registry_records(info, name, _registry_entry(info, table, name), split):
-            records.append(r)
-    records = records[:limit] if limit > 0 else records
-    rename = parse_column_map(columns)
-    return [Record({rename.get(k, k): v for k, v in r.fields.items()}, r.where) for r in records] if rename else records
+    named = [n.strip() for n in names.split(",") if n.strip()]
+    records = [r for n in named for r in _registry_records(info, n, _registry_entry(info, table, n), split, columns)]
+    return records[:limit] if limit > 0 else records
 
 
 def _registry_entry(info: Path, table: dict, name: str) -> dict:
@@ -210,7 +209,7 @@ def _registry_entry(info: Path, table: dict, name: str) -> dict:
     return entry
 
 
-def _registry_records(info: Path, name: str, entry: dict, split: str) -> list[Record]:
+def _registry_records(info: Path, name: str, entry: dict, split: str, columns) -> list[Record]:
     formatting = entry.get("formatting", "alpaca")
     if formatting not in LLAMAFACTORY_COLUMNS:
         raise DataError(
@@ -233,9 +232,8 @@ def _registry_records(info: Path, name: str, entry: dict, split: str) -> list[Re
     file = info.parent / entry["file_name"]
     if not file.exists():
         raise DataError(f"{info}: dataset {name!r}: file_name {entry['file_name']!r}: no {file}")
-    raw = (_read_data_folder(file, entry.get("split", split)) if file.is_dir() else _read_file(file))[
-        : entry.get("num_samples")
-    ]
+    raw = _read_data_folder(file, entry.get("split", split)) if file.is_dir() else _read_file(file)
+    raw = _renamed(raw[: entry.get("num_samples")], columns, file)
     records = []
     for r in raw:
         fields = {rename.get(k, k): v for k, v in r.fields.items()}
@@ -273,9 +271,7 @@ def _read_data_folder(path: Path, split: str) -> list[Record]:
     chosen = [f for f in files if f.stem == split or f.stem.startswith(f"{split}-") or f.stem.startswith(f"{split}_")]
     if not chosen:
         splits = sorted({f.stem.split("-")[0].split("_")[0] for f in files})
-        raise DataError(
-            f"{path}: no data files for split {split!r}; the files' names start with {splits} (choose one with --split)"
-        )
+        raise DataError(f"{path}: no data files for split {split!r}; files start with {splits} (--split, --eval-split)")
     return [r for f in chosen for r in _read_file(f)]
 
 
@@ -491,30 +487,38 @@ def _tool_calls(message, where: str):
 
 
 def _read_csv(path: Path) -> list[Record]:
-    """One record per row, the header naming the fields; a cell holding a JSON list (chat messages exported from a
-    table) is read as that list."""
+    """One record per row, the header naming the fields (a UTF-8 BOM, as Excel writes, dropped); each row is named by
+    the line it starts on (a quoted cell may span lines). Cells as _csv_cell reads them."""
     import csv
     import io
 
-    text = _decode(path.read_bytes(), str(path))
+    text = _decode(path.read_bytes(), str(path)).removeprefix("\ufeff")
     reader = csv.DictReader(io.StringIO(text, newline=""))
-    records = []
+    records, lines = [], io.StringIO(text, newline="").readlines()  # the lines as the reader counts them
     try:
-        for row in reader:
-            fields = {}
-            for key, value in row.items():
-                if key is None:
-                    raise DataError(f"{path}:{reader.line_num}: more cells than the header has columns")
-                if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
-                    try:
-                        value = json.loads(value)
-                    except json.JSONDecodeError:
-                        pass
-                fields[key] = value
-            records.append(Record(fields, f"{path}:{reader.line_num}"))
+        end = reader.line_num if reader.fieldnames else 0  # the header's last line
+        for row in reader:  # blank lines between rows are skipped: a row starts at the next line with text
+            start = next((n for n in range(end + 1, reader.line_num) if lines[n - 1].strip("\r\n")), reader.line_num)
+            end = reader.line_num
+            if None in row:
+                raise DataError(f"{path}:{start}: more cells than the header has columns")
+            records.append(Record({key: _csv_cell(value) for key, value in row.items()}, f"{path}:{start}"))
     except csv.Error as exc:
         raise DataError(f"{path}:{reader.line_num}: not valid CSV ({exc})") from None
     return records
+
+
+def _csv_cell(value):
+    """A cell holding a JSON list (chat messages exported from a table) as that list; true/false (any case) as a
+    boolean, as JSON would give it: a KTO file's label column (docs/data.md)."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
 
 
 def _decode(raw: bytes, where: str) -> str:
@@ -586,7 +590,7 @@ def _read_saved_dataset(path: Path, split: str) -> list[Record]:
         raise DataError(f"{path}: not a datasets folder saved with save_to_disk ({exc})") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise DataError(f"{path}: has splits {sorted(ds)}, not {split!r}; choose one with --split")
+            raise DataError(f"{path}: has splits {sorted(ds)}, not {split!r}; choose one with --split/--eval-split")
         ds = ds[split]
     return [Record(row, f"{path} row {i}") for i, row in enumerate(ds, start=1)]
 

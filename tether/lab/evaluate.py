@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from tether.lab import arith, assist
 from tether.lab.stats import bootstrap_interval
-from tether.models.chat import render_chat
+from tether.rollout.prompts import render_prompts
 from tether.rollout.texts import generate_texts
 
 
@@ -26,8 +26,10 @@ class Decoding:
 GREEDY = Decoding()
 
 
-def chat_prompts(tokenizer, rows: list[dict]) -> list[str]:
-    return [render_chat(tokenizer, r["prompt"], generation_prompt=True) for r in rows]
+def chat_prompts(tokenizer, rows: list[dict], where: str = "eval rows") -> list[str]:
+    """Each row's prompt as the online stages sample it (rollout/prompts.py): a string as it is, chat messages
+    through the chat template with a generation prompt."""
+    return render_prompts(tokenizer, rows, where)
 
 
 def generate_for(model, tokenizer, rows: list[dict], decoding: Decoding) -> list[list[str]]:
@@ -93,6 +95,11 @@ def score_assist(rows: list[dict], completions: list[list[str]], reference: list
     return out
 
 
+def _shown(prompt) -> str:
+    """A prompt as the figures' examples show it: a string itself, chat messages their last turn's content."""
+    return prompt if isinstance(prompt, str) else str(prompt[-1].get("content", ""))
+
+
 def _by_prompt(flat: list[float], completions: list[list[str]]) -> list[list[float]]:
     """A flat list over all answers split back into one list per prompt."""
     it = iter(flat)
@@ -120,9 +127,7 @@ def evaluate_task(
         del figures["gold_by_prompt"]  # the figures are the means; the answers' gold stays with the lab's runs
     else:
         raise ValueError(f"unknown task {task!r}; choose lab-arith or lab-assist")
-    samples = [
-        {"prompt": r["prompt"][-1]["content"], "completion": c} for r, cs in zip(rows, completions) for c in cs[:1]
-    ]
+    samples = [{"prompt": _shown(r["prompt"]), "completion": c} for r, cs in zip(rows, completions) for c in cs[:1]]
     return {
         "task": task,
         "decoding": asdict(decoding),

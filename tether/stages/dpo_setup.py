@@ -21,7 +21,7 @@ from tether.stages.dpo_config import DPOConfig
 from tether.stages.dpo_objective import DPOObjective
 from tether.stages.dpo_reference import ReferenceLogps
 from tether.train.offline import EpochOrder, loop_settings, step_micro_batches, train_step
-from tether.train.offline_run import plan_steps, prepare_trained
+from tether.train.offline_run import plan_steps, prepare_trained, read_eval_records
 from tether.train.online_setup import online_sharded
 from tether.train.run import check_steps_left
 from tether.train.sharding import is_sharded, sampling_copy_of
@@ -59,7 +59,7 @@ def load_examples(cfg: DPOConfig, tokenizer, processor=None):
     """Training and held-out examples; online runs may have held-out pairs only (--eval-data without --data). With a
     vision-language model's ``processor``, pairs and ranked lists show each record's images in the prompt."""
     d = cfg.data
-    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
+    eval_records = read_eval_records(d)
     limit = length_limit(d.max_length, cfg.model.path)
 
     def tokenize(recs, label):

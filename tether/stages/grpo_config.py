@@ -1,12 +1,13 @@
 """Settings of `tether grpo`: the shared sections with the group family's defaults, and its own pieces.
 
-A recipe (tether/stages/grpo_recipes.py) presets the pieces; any flag or YAML value overrides it.
+A recipe (tether/stages/grpo_recipes.py) presets the pieces; any flag or YAML value overrides it, but a recipe named
+by a flag or keyword is applied over a --config file's (or a config object's) values.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from tether.algorithms.choices import ADVANTAGE_ESTIMATORS, AGGREGATIONS, RATIOS
 from tether.config import ConfigError, StageConfig, option
@@ -105,6 +106,8 @@ class GRPOConfig(StageConfig):
         "run.*": "train.*",
         "algo.micro_batch": "algo.micro_batch_size",
     }
+
+    PRESET_KEY: ClassVar[str] = "algo.recipe"
 
     @classmethod
     def preset(cls, values: dict[str, Any]) -> dict[str, Any]:

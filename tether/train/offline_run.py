@@ -31,7 +31,7 @@ def read_split(cfg, tokenize: Callable, group: Callable | None = None, images_re
 
     d = cfg.data
     records = read_records(d.path, d.columns, d.split, d.max_records)
-    eval_records = read_records(d.eval_path, d.columns, d.split) if d.eval_path else None
+    eval_records = read_eval_records(d)
     if not images_read:
         refuse_images(records + (eval_records or []), not_built())
     limit = length_limit(d.max_length, cfg.model.path)
@@ -45,6 +45,12 @@ def read_split(cfg, tokenize: Callable, group: Callable | None = None, images_re
         d.eval_path,
         group,
     )
+
+
+def read_eval_records(d) -> list | None:
+    """The records of --eval-data (None without it): its own split (eval_split), so the held-out split of the
+    training folder is read, not the training rows again (DataSection refuses the same path and split)."""
+    return read_records(d.eval_path, d.columns, d.eval_split) if d.eval_path else None
 
 
 def plan_steps(cfg, accelerator, examples: int, start_step: int, checkpoint: Path | None) -> int:

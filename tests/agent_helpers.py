@@ -79,6 +79,8 @@ class Feedback:
 class ScriptedBackend:
     """Turn k of every episode is turns[k] (cycled), tokenised, followed by EOS: a policy with a known script."""
 
+    draws_from_own_rng = False  # the GenerationBackend contract: it draws in this process (or not at all)
+
     def __init__(self, tokenizer, turns: list[str]):
         self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
 
@@ -107,6 +109,8 @@ class ScriptedBackend:
 class ShortTurns:
     """Hugging Face sampling from the policy, with EOS forced after ``length`` tokens (a random tiny model would
     otherwise never end a turn): real multi-turn episodes for training tests."""
+
+    draws_from_own_rng = False  # the GenerationBackend contract: it draws in this process (or not at all)
 
     def __init__(self, model, tokenizer, length: int = 3):
         self.model, self.tokenizer, self.length = model, tokenizer, length

@@ -42,6 +42,8 @@ def agent_cfg(env=f"{HELPERS}:EchoTools", **kw):
 class Script:
     """Turn k of every episode is turns[k]: (text, the token that ends it); the texts' special tokens are tokens."""
 
+    draws_from_own_rng = False  # the GenerationBackend contract: it draws in this process (or not at all)
+
     def __init__(self, tokenizer, turns):
         self.tokenizer, self.turns, self.calls = tokenizer, turns, 0
 
@@ -579,3 +581,147 @@ def test_sft_names_the_conversation_a_template_refuses_and_trains_the_tool_conve
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "bad.jsonl:2: the chat template (the tokenizer's own) refuses the conversation [user, user," in line
     assert "roles must alternate" in line
+
+
+# DeepSeek-R1's real template: an assistant turn's tool_calls are written only when its content is None (with "" it
+# writes an empty turn), and it takes no tools= (the tools go in tether's system message).
+R1_CONTENT_NONE = """{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content }}{% endif %}{% endfor %}
+{%- for m in messages %}
+{%- if m.role == 'user' %}<｜User｜>{{ m.content }}
+{%- elif m.role == 'assistant' and m.content is none %}<｜Assistant｜><｜tool▁calls▁begin｜>
+{%- for c in m.tool_calls %}<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ c.function.name }}
+```json
+{{ c.function.arguments + '' }}
+```<｜tool▁call▁end｜>{% endfor %}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>
+{%- elif m.role == 'assistant' %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>
+{%- elif m.role == 'tool' %}<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜><｜tool▁outputs▁end｜>
+{%- endif %}{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"""
+
+WEATHER_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+WEATHER_CALL = {"name": "weather", "arguments": {"city": "Paris"}}
+WEATHER_TALK = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": WEATHER_CALL}]},
+    {"role": "tool", "content": "sunny"},
+    {"role": "assistant", "content": "It is sunny."},
+]
+
+
+def test_sft_trains_calls_as_the_rl_parser_reads_them_on_a_template_that_writes_calls_only_without_content(base_dir):
+    """R1's real template writes a turn's calls only when its content is None: the probe tries None too, so SFT
+    trains DeepSeek calls (not <tool_call>), its system message shows one, and the deepseek parser RL chooses from the
+    template reads both; the start-up check passes."""
+    from tether.data.sft import render_record, with_tools
+    from tether.models.chat import call_writing
+
+    tok = family_tokenizer(base_dir, "r1")
+    tok.chat_template = R1_CONTENT_NONE
+    writing = call_writing(tok)
+    assert writing.shown and writing.content is None and writing.arguments_as_string
+    fmt = tool_format("", template_text(tok, tools=True))[0]
+    assert fmt.name == "deepseek"
+    messages, extra = with_tools(tok, WEATHER_TALK, [WEATHER_SCHEMA])
+    text = render_record(tok, messages, "rec", **extra)
+    call_turn = text.split("<｜User｜>Weather in Paris?<｜Assistant｜>")[1].split("<｜end▁of▁sentence｜>")[0]
+    assert "<tool_call>" not in text
+    assert fmt.parse(call_turn)[1] == [{"name": "weather", "arguments": {"city": "Paris"}}]
+    example = messages[0]["content"].split("placeholders):\n", 1)[1].split("\nA call's result", 1)[0]
+    assert fmt.parse(example)[1] == [{"name": "weather", "arguments": {"city": "<city>"}}]
+    check_template(tok, fmt, [tok.eos_token_id])
+
+
+def test_a_template_that_writes_no_calls_gets_them_in_the_run_format_and_a_parser_that_cannot_read_it_is_refused(
+    base_dir,
+):
+    """A template that writes no tool calls but speaks DeepSeek's (its text has the call tokens) is trained on calls
+    in the deepseek format, the one RL reads; a parser that would not read what SFT trains is refused at start-up
+    (a note where --tool-parser chose it)."""
+    from tether.data.sft import render_record, with_tools
+
+    tok = family_tokenizer(base_dir, "r1")
+    tok.chat_template = R1_CONTENT_NONE.replace("m.content is none", "false")  # never writes calls
+    messages, extra = with_tools(tok, WEATHER_TALK, [WEATHER_SCHEMA])
+    text = render_record(tok, messages, "rec", **extra)
+    call_turn = text.split("<｜User｜>Weather in Paris?<｜Assistant｜>")[1].split("<｜end▁of▁sentence｜>")[0]
+    assert FORMATS["deepseek"].parse(call_turn)[1] == [{"name": "weather", "arguments": {"city": "Paris"}}]
+    check_template(tok, FORMATS["deepseek"], [tok.eos_token_id])
+    with pytest.raises(ConfigError, match=r"tether sft trains a tool call .* which the hermes parser reads as \[\]"):
+        check_template(tok, FORMATS["hermes"], [tok.eos_token_id])
+    notes = check_template(tok, FORMATS["hermes"], [tok.eos_token_id], chosen=True).notes
+    assert any("tether sft trains a tool call" in n for n in notes)
+
+
+def test_describe_tools_false_lists_no_tools_even_on_a_template_that_takes_tools(base_dir):
+    """describe_tools=False (a model that learnt its tools from demonstrations): Qwen2.5's template takes tools=,
+    and is given none, so the prompt lists no tool, as without tools=."""
+    tok = family_tokenizer(base_dir, "qwen2.5")
+    turns = [(HERMES_CALL, "<|im_end|>"), ("5", "<|im_end|>")]
+    _, described, _ = episode(tok, turns)
+    assert '"name": "echo"' in described.prompts[0]
+    _, rollout, scores = episode(tok, turns, env=f"{HELPERS}:EchoTools(describe_tools=False)")
+    assert '"name": "echo"' not in rollout.prompts[0] and "<tools>" not in rollout.prompts[0]
+    assert scores.records[0]["calls"] == {"add": 1}  # the calls are still made
+
+
+@pytest.mark.parametrize(
+    "function, field",
+    [
+        ({"name": "weather", "parameters": "city"}, "function.parameters must be a JSON schema object, not 'city'"),
+        (
+            {"name": "weather", "parameters": {"type": "object", "required": "city"}},
+            "function.parameters.required must be a list of parameter names, not 'city'",
+        ),
+        ({"description": "no name"}, "function.name must be the tool's name"),
+    ],
+)
+@pytest.mark.parametrize("family", ["qwen2.5", "r1"])  # tools= to the template; tether's system message
+def test_a_records_bad_tool_schema_is_a_data_error_naming_the_record_and_field(
+    base_dir, tmp_path, family, function, field
+):
+    from tether.data.records import DataError, read_records
+    from tether.data.sft import tokenize_records
+
+    tok = family_tokenizer(base_dir, family)
+    data = write_jsonl(tmp_path / "tools.jsonl", [{"messages": WEATHER_TALK, "tools": [function]}])
+    with pytest.raises(DataError, match=rf"tools.jsonl:1: field tools\[0\]: {field}"):
+        tokenize_records(read_records(str(data)), tok, 4096)
+
+
+BARE_SCHEMA_ENV = """
+from tether.agents.tools import ToolEnvironment
+
+def weather(city: str) -> str:
+    return "sunny"
+
+weather.schema = {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+class BareSchema(ToolEnvironment):
+    tools = [weather]
+"""
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "r1"])
+def test_a_tools_schema_without_its_function_wrapper_is_refused_naming_the_tool(base_dir, tmp_path, family):
+    path = tmp_path / "bare_env.py"
+    path.write_text(BARE_SCHEMA_ENV)
+    tok = family_tokenizer(base_dir, family)
+    with pytest.raises(ConfigError, match=r"tool 'weather': its schema attribute must be \{\"type\": \"function\""):
+        AgentSampler(agent_cfg(env=f"{path}:BareSchema"), tok, None, SAMPLING, [tok.eos_token_id], [{"prompt": "Q"}])
+
+
+def test_an_environments_own_schemas_are_checked_before_the_template_gets_them(base_dir, tmp_path):
+    path = tmp_path / "own_env.py"
+    path.write_text(
+        BARE_SCHEMA_ENV
+        + "\nclass OwnSchemas(BareSchema):\n    schemas = [{'type': 'function', 'function': {'name': 1}}]\n"
+    )
+    tok = family_tokenizer(base_dir, "qwen2.5")
+    with pytest.raises(ConfigError, match=r"OwnSchemas.schemas\[0\]: function.name must be the tool's name"):
+        AgentSampler(agent_cfg(env=f"{path}:OwnSchemas"), tok, None, SAMPLING, [tok.eos_token_id], [{"prompt": "Q"}])

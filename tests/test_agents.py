@@ -59,6 +59,37 @@ def test_tool_calls_are_parsed_and_malformed_ones_say_why():
     ]
 
 
+def test_a_call_whose_arguments_hold_a_code_fence_round_trips_in_every_format():
+    """DeepSeek's calls put the arguments in a ```json block: a ``` inside an argument (a README, a shell snippet)
+    must not end it, in V3/R1's form or in V3.1's (name before the separator, bare JSON after)."""
+    from tether.agents.formats import FORMATS, same_calls
+
+    calls = [{"name": "write_file", "arguments": {"path": "README.md", "content": "Use:\n```python\nprint(1)\n```\n"}}]
+    for name, fmt in FORMATS.items():
+        assert same_calls(fmt.parse(fmt.write(calls))[1], calls), name
+    v31 = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write_file<｜tool▁sep｜>"
+        '{"content": "```x```"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+    )
+    assert FORMATS["deepseek"].parse(v31)[1] == [{"name": "write_file", "arguments": {"content": "```x```"}}]
+    broken = '<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{"a": 2\n```<｜tool▁call▁end｜>'
+    assert "not valid JSON" in FORMATS["deepseek"].parse(broken)[1][0]["error"]
+
+
+def test_a_json_answer_with_a_name_is_not_an_untagged_llama_call():
+    """Llama 3's untagged call is {"name", "parameters"} (or "arguments"); a final answer that is JSON with a "name"
+    is an answer, in a Llama run and when another family's run looks for a foreign format."""
+    from tether.agents.formats import FORMATS, foreign_format
+
+    answer = '{"name": "Alice", "age": 31}'
+    assert FORMATS["llama3_json"].parse(answer) == (answer, [])
+    assert not FORMATS["llama3_json"].looks_like_call(answer)
+    assert foreign_format(answer, FORMATS["hermes"]) is None
+    call = '{"name": "add", "parameters": {"a": 2}}'
+    assert FORMATS["llama3_json"].parse(call)[1] == [{"name": "add", "arguments": {"a": 2}}]
+    assert foreign_format(call, FORMATS["hermes"]) == "llama3_json"
+
+
 def test_tool_schema_from_the_signature_and_docstring():
     assert tool_schema(add) == {
         "type": "function",
@@ -71,6 +102,39 @@ def test_tool_schema_from_the_signature_and_docstring():
                 "required": ["a"],
             },
         },
+    }
+
+
+def test_tool_schema_maps_containers_optionals_literals_and_omits_a_type_it_cannot_map():
+    from typing import Literal, Optional
+
+    class Point:  # a type JSON has no name for
+        pass
+
+    def search(
+        queries: list[str],
+        limit: Optional[int] = None,
+        exact: bool | None = None,
+        scale: float = 1.0,
+        pair: tuple[int, int] = (0, 0),
+        mode: Literal["fast", "slow"] = "fast",
+        options: dict[str, int] | None = None,
+        where: Point | None = None,
+        tags: list = (),
+    ) -> str:
+        """Search."""
+
+    properties = tool_schema(search)["function"]["parameters"]["properties"]
+    assert properties == {
+        "queries": {"type": "array", "items": {"type": "string"}},
+        "limit": {"type": "integer"},
+        "exact": {"type": "boolean"},
+        "scale": {"type": "number"},
+        "pair": {"type": "array", "items": {"type": "integer"}},
+        "mode": {"enum": ["fast", "slow"], "type": "string"},
+        "options": {"type": "object"},
+        "where": {},
+        "tags": {"type": "array"},
     }
 
 
@@ -190,6 +254,74 @@ def test_environment_faults_stop_or_are_scored_and_counted(long_llama):
     assert sampler.error_counts() == {"env": 1} and "within 0.2 s" in scores.records[0]["error"]
     with pytest.raises(ConfigError, match="no file"):
         scripted_episodes(long_llama, ["a"], env="missing.py:Env")
+
+
+ODD_ENV = """
+from tether.agents.environment import Outcome, StepResult
+
+class Odd:
+    def __init__(self, kind):
+        self.kind = kind
+    def reset(self, row):
+        return [{"role": "user", "content": row["prompt"]}]
+    def step(self, text):
+        if self.kind == "silent":
+            return StepResult(done=False)
+        if self.kind == "no content":
+            return StepResult([{"role": "user"}])
+        return StepResult([{"role": "user", "content": "ok"}], info=["searched"] if self.kind == "info" else {"calls": ["search"]})
+    def outcome(self):
+        return Outcome({"r": 1.0})
+"""
+
+
+@pytest.mark.parametrize(
+    "kind, error",
+    [
+        ("silent", "Odd.step: done=False with no messages"),
+        ("no content", r"Odd.step: message 0 \(user\) must have a 'content' string, and has none"),
+        ("info", "Odd.step: info must be a dict, not list"),
+        ("calls", r"Odd.step: info\['calls'\] must be a list of .* dicts, not \"\['search'\]\""),
+    ],
+)
+def test_an_environment_answer_the_run_cannot_use_is_a_fault_naming_the_field(long_llama, tmp_path, kind, error):
+    """An answer that would crash the run (no message to continue with, info that is not a dict or calls that are
+    not dicts) or render an empty turn (a message without content) is the environment's fault: it stops the run
+    naming the environment and the field, or under env_on_error=score ends that episode scored."""
+    path = tmp_path / "odd_env.py"
+    path.write_text(ODD_ENV)
+    env = f"{path}:Odd(kind={kind!r})"
+    with pytest.raises(EnvironmentFault, match=error):
+        scripted_episodes(long_llama, ["a"], env=env, rows=[{"prompt": "x"}])
+    _, sampler, (_, scores) = scripted_episodes(
+        long_llama, ["a"], env=env, env_on_error="score", rows=[{"prompt": "x"}]
+    )
+    assert sampler.error_counts() == {"env": 1} and scores.total.tolist() == [-1.0]
+    assert scores.records[0]["end"] == "error"
+
+
+def test_evaluation_agent_rates_over_processes_are_over_all_judged_episodes():
+    """Two processes' shares of 8 held-out episodes: the first judges 2 (1 success; 2 claims, 1 true), the second
+    all 4 (4 successes; 1 claim). Success is 5 of the 6 judged = 5/6 and claims 2 of 3 = 2/3, not the mean of the
+    shares' rates weighted by their sizes ((0.5 * 4 + 1.0 * 4) / 8 = 0.75 for both); turns (4 x 1 + 4 x 2) / 8."""
+    from tether.train.sampling import agent_eval_sums, eval_figures
+
+    def rec(success, claimed, turns=1):
+        end = "error" if success is None else "done"
+        return {"turns": turns, "calls": {}, "end": end, "success": success, "claimed": claimed}
+
+    first = [rec(True, True), rec(None, None), rec(None, None), rec(False, False)]
+    second = [rec(True, True, 2), rec(True, None, 2), rec(True, None, 2), rec(True, None, 2)]
+    shares = [agent_eval_sums(first), agent_eval_sums(second)]
+    summed = {k: shares[0][k] + shares[1][k] for k in shares[0]}  # what dp.sum_dict does across the processes
+    figures = eval_figures(summed, 8)
+    assert figures == {
+        "eval/agent/turns_mean": 1.5,
+        "eval/agent/tool_calls_mean": 0.0,
+        "eval/agent/success_rate": 5 / 6,
+        "eval/agent/claimed_rate": 2 / 3,
+    }
+    assert "eval/agent/claimed_rate" not in eval_figures(agent_eval_sums([rec(True, None)]), 1)
 
 
 @pytest.mark.parametrize("timeout,concurrency", [(5.0, 2), (0.0, 1)])

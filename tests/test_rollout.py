@@ -217,6 +217,8 @@ class ScriptedBackend:
     """A generation backend that answers every prompt with the same text: the stage must train on what the backend
     returns, and tell it after every step that the weights changed."""
 
+    draws_from_own_rng = False  # the GenerationBackend contract: it draws in this process (or not at all)
+
     def __init__(self, policy, tokenizer, text="a a a"):
         self.tokenizer, self.text = tokenizer, text
         self.calls, self.updates = 0, 0

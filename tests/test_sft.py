@@ -413,3 +413,32 @@ def test_the_chunked_head_trains_as_the_whole_head_and_is_refused_where_it_would
         ConfigError, match="wrapped: --chunked-head applies a plain linear head itself; this model has a "
     ):
         check_chunked_head(model, "wrapped")
+
+
+@pytest.mark.parametrize("chat_first", [False, True])
+def test_string_and_chat_rows_of_one_file_each_get_one_bos(tmp_path, chat_first):
+    """A prompt/completion file may mix string rows (the tokenizer's post-processor adds BOS) and chat rows (the
+    template writes BOS): tokenised in one chunk, each kind is encoded with its own add_special_tokens, so every
+    example starts with exactly one BOS, whichever row comes first."""
+    from conftest import CORPUS
+    from tokenizers import processors
+
+    from tether.data.sft import tokenize_records
+    from tether.lab.tokenizer import train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(CORPUS, vocab_size=320)
+    bos = tokenizer.bos_token
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, tokenizer.bos_token_id)]
+    )
+    tokenizer.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }}"
+        "{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    string_row = {"prompt": "1 + 1 = ", "completion": "2"}
+    chat_row = {"prompt": [{"role": "user", "content": "1 + 1"}], "completion": [{"role": "assistant", "content": "2"}]}
+    rows = [chat_row, string_row] if chat_first else [string_row, chat_row]
+    examples, _ = tokenize_records(read_records(write_jsonl(tmp_path / "mixed.jsonl", rows)), tokenizer, 128)
+    assert [e.input_ids[:2].count(tokenizer.bos_token_id) for e in examples] == [1, 1]
+    assert all(e.input_ids[0] == tokenizer.bos_token_id for e in examples)

@@ -226,15 +226,39 @@ class GuardedCall:
 
 
 def check_messages(value, name: str, what: str) -> list[dict]:
-    """A list of {"role", "content"} messages, or an EnvironmentFault saying what is wrong."""
-    if not isinstance(value, list) or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str) for m in value
-    ):
+    """A list of {"role", "content"} messages, or an EnvironmentFault naming the message and the field at fault (a
+    message without its content would render as an empty turn the policy then answers)."""
+    if not isinstance(value, list):
         raise EnvironmentFault(
-            f"environment {name}.{what} must give a list of {{'role': str, 'content': str}} "
-            f"messages, not {str(value)[:120]!r}"
+            f"environment {name}.{what} must give a list of {{'role': str, 'content': str}} messages, not "
+            f"{str(value)[:120]!r}"
         )
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise EnvironmentFault(
+                f"environment {name}.{what}: message {i} must be a dict with a 'role' string, not {str(m)[:120]!r}"
+            )
+        if not isinstance(m.get("content"), str):
+            got = f"not {str(m['content'])[:120]!r}" if "content" in m else "and has none"
+            raise EnvironmentFault(
+                f"environment {name}.{what}: message {i} ({m['role']}) must have a 'content' string, {got}"
+            )
     return value
+
+
+def check_info(value, name: str) -> dict:
+    """A step's info: a dict (None: empty) whose "calls", if any, is a list of dicts (each with "name" and "ok"),
+    or an EnvironmentFault naming the field."""
+    info = {} if value is None else value
+    if not isinstance(info, dict):
+        raise EnvironmentFault(f"environment {name}.step: info must be a dict, not {type(value).__name__}")
+    calls = info.get("calls", [])
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise EnvironmentFault(
+            f"environment {name}.step: info['calls'] must be a list of {{'name': str, 'ok': bool}} dicts, not "
+            f"{str(calls)[:120]!r}"
+        )
+    return info
 
 
 def check_parts(value, name: str, what: str) -> dict[str, float]:
@@ -253,3 +277,15 @@ def check_parts(value, name: str, what: str) -> dict[str, float]:
         if not math.isfinite(out[str(k)]):
             raise EnvironmentFault(f"environment {name}.{what}: reward {k!r} is {v!r} (not finite)")
     return out
+
+
+def checked_schemas(schemas, name: str) -> list[dict]:
+    """An environment's tool schemas, handed to the template's tools=, or an EnvironmentFault naming the
+    environment, the tool and the field a template would misread (data/sft.py, schema_problem)."""
+    from tether.data.sft import schema_problem
+
+    for i, schema in enumerate(schemas if isinstance(schemas, list) else [schemas]):
+        problem = schema_problem(schema)
+        if problem:
+            raise EnvironmentFault(f"environment {name}.schemas[{i}]: {problem}")
+    return schemas

@@ -28,9 +28,11 @@ from tether.agents.environment import (
     GuardedCall,
     Outcome,
     StepResult,
+    check_info,
     check_messages,
     check_parts,
     check_protocol,
+    checked_schemas,
     environment_name,
     load_environment,
 )
@@ -230,8 +232,9 @@ class AgentSampler:
         env = self.guard("__init__", self.factory, prompt=prompt)
         check_protocol(env, self.cfg.env)
         tools = None
-        if takes_tools(self.tokenizer) and getattr(env, "schemas", None):
-            env.describe_tools, tools = False, env.schemas  # the template lists the tools in its own format
+        # the template lists the tools, unless the environment lists none (describe_tools=False: learnt from demos)
+        if takes_tools(self.tokenizer) and getattr(env, "schemas", None) and getattr(env, "describe_tools", True):
+            env.describe_tools, tools = False, checked_schemas(env.schemas, self.name)
         if hasattr(env, "tool_format"):
             env.tool_format = self.format
         if hasattr(env, "write_calls"):
@@ -404,12 +407,18 @@ class AgentSampler:
             if isinstance(result, EnvironmentFault):
                 raise result
             messages = check_messages(result.messages, self.name, "step")
-            e.turn_rewards.append(check_parts(result.rewards, self.name, "step"))
+            rewards = check_parts(result.rewards, self.name, "step")
+            info = check_info(result.info, self.name)
+            if not result.done and not messages and index + 1 < cfg.max_turns:
+                raise EnvironmentFault(
+                    f"environment {self.name}.step: done=False with no messages; the policy's next turn would answer "
+                    "nothing (answer with a message, or end the episode with done=True)"
+                )
         except EnvironmentFault as err:
             e.turn_rewards.append({})
             self.fail(e, err)
             return
-        info = result.info or {}
+        e.turn_rewards.append(rewards)
         for call in info.get("calls", []):
             e.calls[str(call.get("name", "?"))] += 1
             e.failed_calls += 0 if call.get("ok", True) else 1

@@ -25,7 +25,8 @@ from typing import Callable
 
 from tether.errors import ConfigError
 from tether.models.chat import CALL_ID_LENGTH as ID_LENGTH  # noqa: F401 - re-exported: the agents' names
-from tether.models.chat import call_id, hermes_text  # noqa: F401 - call_id re-exported
+from tether.models.chat import CALL_WRITERS, DEEPSEEK_TOKENS, call_id, hermes_text  # noqa: F401 - call_id re-exported
+from tether.models.chat import call_format as detect  # the format a template's text speaks: one rule for SFT and RL
 
 
 def answer_text(text: str) -> str:
@@ -111,7 +112,7 @@ class Hermes(ToolFormat):
         return text.split("<tool_call>", 1)[0].strip(), calls
 
     def write(self, calls):
-        return hermes_text(calls)
+        return CALL_WRITERS[self.name](calls)
 
 
 class Llama3Json(ToolFormat):
@@ -132,20 +133,25 @@ class Llama3Json(ToolFormat):
         if not tagged and not self.STARTS.match(body):
             return text.strip(), []  # a plain answer
         values, error = _json_sequence(body)
-        calls = [
-            _json_call(v.get("function", v) if isinstance(v, dict) else v, ("parameters", "arguments")) for v in values
-        ]
+        values = [v.get("function", v) if isinstance(v, dict) else v for v in values]
+        if not tagged and not error and not all(self.has_arguments(v) for v in values):
+            return text.strip(), []  # a JSON answer with a "name" ({"name": "Alice", "age": 31}), not a call
+        calls = [_json_call(v, ("parameters", "arguments")) for v in values]
         if error:
             calls.append({"error": error})
         return content.strip(), calls
 
+    @staticmethod
+    def has_arguments(value) -> bool:
+        """An untagged call names its arguments ("parameters", or "arguments"): a JSON answer with a "name" does not."""
+        return isinstance(value, dict) and ("parameters" in value or "arguments" in value)
+
     def looks_like_call(self, text):
-        return (
-            "<|python_tag|>" in text or bool(self.STARTS.match(text)) or ('"name"' in text and '"parameters"' in text)
-        )
+        named = '"parameters"' in text or '"arguments"' in text
+        return "<|python_tag|>" in text or (named and (bool(self.STARTS.match(text)) or '"name"' in text))
 
     def write(self, calls):
-        return "; ".join(json.dumps({"name": c["name"], "parameters": c["arguments"]}) for c in calls)
+        return CALL_WRITERS[self.name](calls)
 
 
 class Pythonic(ToolFormat):
@@ -183,8 +189,7 @@ class Pythonic(ToolFormat):
         return bool(self.STARTS.match(text.replace("<|python_start|>", "")))
 
     def write(self, calls):
-        args = lambda c: ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items())
-        return "[" + ", ".join(f"{c['name']}({args(c)})" for c in calls) + "]"
+        return CALL_WRITERS[self.name](calls)
 
 
 class Mistral(ToolFormat):
@@ -205,7 +210,7 @@ class Mistral(ToolFormat):
         return content.strip(), calls
 
     def write(self, calls):
-        return "[TOOL_CALLS]" + json.dumps([{"name": c["name"], "arguments": c["arguments"]} for c in calls])
+        return CALL_WRITERS[self.name](calls)
 
 
 class DeepSeek(ToolFormat):
@@ -213,16 +218,9 @@ class DeepSeek(ToolFormat):
     name before it (V3.1). Their templates join the arguments into the prompt as a string."""
 
     name, families = "deepseek", "DeepSeek-V3, DeepSeek-R1 and its distills"
-    BEGIN, CALL, SEP, CALL_END, END = (
-        "<｜tool▁calls▁begin｜>",
-        "<｜tool▁call▁begin｜>",
-        "<｜tool▁sep｜>",
-        "<｜tool▁call▁end｜>",
-        "<｜tool▁calls▁end｜>",
-    )
+    BEGIN, CALL, SEP, CALL_END, END = DEEPSEEK_TOKENS
     markers = (BEGIN, CALL)
     arguments_as_string = True
-    FENCED = re.compile(r"\s*(\S+?)\s*```(?:json)?\s*(.*?)\s*(?:```|$)", re.DOTALL)
 
     def parse(self, text):
         if self.CALL not in text:
@@ -237,18 +235,32 @@ class DeepSeek(ToolFormat):
             if not sep:
                 calls.append({"error": f"a call has no {self.SEP} between its type and its name"})
                 continue
-            fenced = self.FENCED.match(rest)
-            name, arguments = (fenced.group(1), fenced.group(2)) if fenced else (kind.strip(), rest.strip())
+            name, arguments = self.name_and_arguments(kind, rest)
             value, error = _loads(arguments) if arguments else ({}, None)
             calls.append({"name": name, "error": error} if error else _json_call({"name": name, "arguments": value}))
         return content.strip(), calls
 
+    @staticmethod
+    def name_and_arguments(kind: str, rest: str) -> tuple[str, str]:
+        """(name, arguments' JSON text) of one call: after the separator either bare JSON (V3.1: the name is before
+        the separator) or the name and a fenced block. The block's JSON is read as JSON, not up to the next fence,
+        so arguments whose strings hold ``` (a README, a shell snippet) are read whole."""
+        body = rest.strip()
+        if not body or body[0] in "{[":
+            return kind.strip(), body
+        name, fence, after = body.partition("```")
+        if not fence or not name.strip():  # no block after a name: read as V3.1's, whose bare JSON it is not
+            return kind.strip(), body
+        name = name.strip()
+        after = after.removeprefix("json").strip()
+        try:
+            end = json.JSONDecoder().raw_decode(after)[1]
+        except json.JSONDecodeError:
+            return name, after.removesuffix("```").strip()  # not JSON: _loads names the error
+        return name, after[:end]
+
     def write(self, calls):
-        body = "".join(
-            f"{self.CALL}function{self.SEP}{c['name']}\n```json\n{json.dumps(c['arguments'])}\n```{self.CALL_END}"
-            for c in calls
-        )
-        return f"{self.BEGIN}{body}{self.END}"
+        return CALL_WRITERS[self.name](calls)
 
 
 class UserFormat(ToolFormat):
@@ -308,21 +320,6 @@ def foreign_format(text: str, fmt: ToolFormat) -> str | None:
         if other.name != fmt.name and any("error" not in c for c in other.parse(text)[1]):
             return other.name
     return None
-
-
-def detect(template: str) -> str:
-    """The format a chat template's text speaks (the default, hermes, for templates that show none)."""
-    if "[TOOL_CALLS]" in template:
-        return "mistral"
-    if "tool▁calls▁begin" in template or "tool▁call▁begin" in template:
-        return "deepseek"
-    if "<tool_call>" in template:
-        return "hermes"
-    if "[func_name" in template or "<|python_start|>" in template:
-        return "pythonic"
-    if "<|python_tag|>" in template or ("<|start_header_id|>" in template and "parameters" in template):
-        return "llama3_json"
-    return "hermes"
 
 
 def tool_format(spec: str, template: str) -> tuple[ToolFormat, str]:

@@ -24,13 +24,47 @@ from typing import Callable
 
 from tether.agents.environment import Outcome, StepResult, await_if_needed
 from tether.agents.formats import FORMATS, ToolFormat, answer_text
-from tether.data.sft import tools_system_message
+from tether.config import ConfigError
+from tether.data.sft import schema_problem, tools_system_message
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)  # kept for 0.1's importers
 ARGS_HEADERS = ("Args:", "Arguments:", "Parameters:")
 WARNED: set[str] = set()  # tools whose failure has been printed
 log = logging.getLogger("tether")
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+ARRAYS = (list, tuple, set, frozenset)
+
+
+def json_type(hint) -> dict:
+    """The JSON schema of a parameter's type hint: list[str] -> an array of strings, Optional[int] / int | None ->
+    integer, Literal["a", "b"] -> an enum, dict -> object. A hint it cannot map gets no "type" at all: a wrong one
+    ("string" for a list) tells the model to write calls the tool cannot take."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        return json_type(args[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return _union_type([a for a in args if a is not type(None)])
+    if origin is typing.Literal:
+        kinds = {JSON_TYPES.get(type(a)) for a in args}
+        return {"enum": list(args), **({"type": kinds.pop()} if len(kinds) == 1 and None not in kinds else {})}
+    if hint in ARRAYS or origin in ARRAYS:
+        items = [json_type(a) for a in args if a is not Ellipsis]
+        same = items and all(i == items[0] for i in items) and items[0]
+        return {"type": "array", **({"items": items[0]} if same else {})}
+    if hint is dict or origin is dict:
+        return {"type": "object"}
+    return {"type": JSON_TYPES[hint]} if hint in JSON_TYPES else {}
+
+
+def _union_type(options: list) -> dict:
+    """A Union's schema without its None: the one other type, or anyOf the others (none when one cannot be mapped)."""
+    schemas = [json_type(o) for o in options]
+    if len(schemas) == 1:
+        return schemas[0]
+    return {"anyOf": schemas} if schemas and all(schemas) else {}
 
 
 def docstring_arguments(doc: str) -> tuple[str, dict[str, str]]:
@@ -61,23 +95,25 @@ def docstring_arguments(doc: str) -> tuple[str, dict[str, str]]:
 def tool_schema(fn: Callable) -> dict:
     """The JSON schema of a Python function as chat templates take it ({"type": "function", "function": {...}}): its
     name, its docstring's first paragraph, its parameters' annotated types and their ``Args:`` descriptions;
-    parameters without a default are required. A function with a ``schema`` attribute (a dict) gives its own."""
-    if isinstance(getattr(fn, "schema", None), dict):
+    parameters without a default are required. A function with a ``schema`` attribute gives its own, a ConfigError
+    naming the tool and the field where it is not a schema (data/sft.py, schema_problem)."""
+    if getattr(fn, "schema", None) is not None:
+        problem = schema_problem(fn.schema)
+        if problem:
+            raise ConfigError(f"tool {getattr(fn, '__name__', fn)!r}: its schema attribute {problem}")
         return fn.schema
     import typing
 
     try:
         hints = typing.get_type_hints(fn)  # resolves string annotations (from __future__ import annotations)
-    except Exception:  # noqa: BLE001 - an annotation that does not resolve: typed as a string below
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: no "type" below (never a wrong one)
         hints = {}
     description, described = docstring_arguments(inspect.getdoc(fn) or "")
     properties, required = {}, []
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
-        properties[p.name] = (
-            {"type": JSON_TYPES.get(hints.get(p.name), "string")} if p.annotation is not inspect.Parameter.empty else {}
-        )
+        properties[p.name] = json_type(hints[p.name]) if p.name in hints else {}
         if described.get(p.name):
             properties[p.name]["description"] = described[p.name]
         if p.default is inspect.Parameter.empty:

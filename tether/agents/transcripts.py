@@ -18,6 +18,7 @@ from tether.models.chat import (
     takes_tools,
     template_errors,
     template_name,
+    trained_calls,
     written_calls,
 )
 
@@ -183,6 +184,7 @@ def _check_call_reading(tokenizer, fmt, call: dict, tools, name: str, chosen: bo
                 )
             )
         notes.append(f"{mismatch}: calls in the data the model learnt from may not be read")
+    notes += _check_trained_calls(tokenizer, fmt, call, tools, name, chosen)
     try:
         text = fmt.write([call])
     except NotImplementedError:  # a user's parser without write(): it reads the template's call (or an empty turn)
@@ -195,6 +197,25 @@ def _check_call_reading(tokenizer, fmt, call: dict, tools, name: str, chosen: bo
             "use --tool-parser"
         )
     return notes
+
+
+def _check_trained_calls(tokenizer, fmt, call: dict, tools, name: str, chosen: bool) -> list[str]:
+    """The parser reads a call turn as ``tether sft`` trains it on this template (the template's own writing, or
+    where it writes none the run's format): SFT and RL make one format choice (docs/agents.md). A mismatch is
+    refused, or a note for a parser the run ``chosen``."""
+    try:
+        trained = trained_calls(tokenizer, [call], tools)
+    except template_errors():  # a template that refuses a call turn: template_call_text names it
+        return []
+    if same_calls(fmt.parse(trained)[1], [call]):
+        return []
+    mismatch = (
+        f"tether sft trains a tool call on this chat template ({name}) as {trained[:160]!r}, which the {fmt.name} "
+        f"parser reads as {fmt.parse(trained)[1]}"
+    )
+    if chosen:
+        return [f"{mismatch}: a model trained by tether sft on this template writes calls this run does not read"]
+    raise TemplateError(f"{mismatch}; use --tool-parser")
 
 
 def _probe_tool_episode(transcript: Transcript, fmt, call: dict, stop: int, name: str) -> list[str]:

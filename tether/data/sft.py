@@ -24,6 +24,7 @@ from tether.models.chat import (
     has_template,
     hermes_text,
     render_chat,
+    run_format_writer,
     takes_tools,
     template_conversation,
     template_errors,
@@ -139,6 +140,36 @@ def check_messages(value, where: str, name: str) -> list[dict]:
     return value
 
 
+def schema_problem(schema) -> str | None:
+    """What is wrong with a tool schema, naming its field (None: nothing): {"type": "function", "function": {"name":
+    str, "description": str, "parameters": {"type": "object", "properties": {...}, "required": [names]}}}, what
+    templates' ``tools=`` and tether's system message read."""
+    shape = '{"type": "function", "function": {"name", "description", "parameters"}}'
+    if not isinstance(schema, dict) or not isinstance(schema.get("function"), dict):
+        return f"must be {shape}, not {str(schema)[:120]!r}"
+    function = schema["function"]
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        return f"function.name must be the tool's name (a string), not {function.get('name')!r}"
+    parameters = function.get("parameters", {})
+    if not isinstance(parameters, dict):
+        return f"function.parameters must be a JSON schema object, not {parameters!r:.80}"
+    if not isinstance(parameters.get("properties", {}), dict):
+        return f"function.parameters.properties must be an object, not {parameters['properties']!r:.80}"
+    required = parameters.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        return f"function.parameters.required must be a list of parameter names, not {required!r:.80}"
+    return None
+
+
+def check_tool_schemas(schemas: list, where: str) -> list[dict]:
+    """``schemas`` (a record's ``tools``), or a DataError naming the record, the tool and the field."""
+    for i, schema in enumerate(schemas):
+        problem = schema_problem(schema)
+        if problem:
+            raise DataError(f"{where}: field tools[{i}]: {problem}")
+    return schemas
+
+
 def tools_system_message(schemas: list[dict], write=None) -> dict:
     """A system message listing the tools, for chat templates without their own ``tools=`` support, with an example
     call written by ``write(calls)``: the same writer as the calls the model is trained on and read by (the chat
@@ -161,24 +192,29 @@ def tools_system_message(schemas: list[dict], write=None) -> dict:
 
 
 def template_call_writer(tokenizer):
-    """How the run's template writes calls in a conversation without ``tools=``: its own rendering, or Hermes text
-    where it writes none (what template_conversation then puts in the turn)."""
+    """How the run's template writes calls in a conversation without ``tools=``: its own rendering, or, where it
+    writes none, the run's call format (what template_conversation then puts in the turn)."""
+    fallback = run_format_writer(tokenizer)
 
     def write(calls):
         try:
-            return written_calls(tokenizer, calls) or hermes_text(calls)
+            return written_calls(tokenizer, calls) or fallback(calls)
         except template_errors():  # it renders calls, but not this example: the turns' own rendering decides
-            return hermes_text(calls)
+            return fallback(calls)
 
     return write
 
 
-def with_tools(tokenizer, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], dict]:
+def with_tools(
+    tokenizer, messages: list[dict], tools: list[dict] | None, where: str = "tools"
+) -> tuple[list[dict], dict]:
     """(messages, render keywords) for a conversation with tool schemas, rendered as the online stages render an
     environment's tools: given to a template that takes ``tools=``, else listed in a system message; its tool
-    calls and results as the template takes them (models/chat.py, template_conversation)."""
+    calls and results as the template takes them (models/chat.py, template_conversation). A schema either would
+    misread is a DataError naming ``where`` (the record)."""
     if not tools:
         return template_conversation(tokenizer, messages), {}
+    check_tool_schemas(tools, where)
     if takes_tools(tokenizer):
         return template_conversation(tokenizer, messages, tools=True), {"tools": tools}
     system = tools_system_message(tools, template_call_writer(tokenizer))
@@ -209,7 +245,7 @@ def _assistant_spans(
 ) -> tuple[str, list]:
     """Render a conversation (with its tool schemas, if any) and return the character spans of assistant turns
     from index first_trained on."""
-    shown, extra = with_tools(tokenizer, messages, tools)
+    shown, extra = with_tools(tokenizer, messages, tools, where)
     first_trained += len(shown) - len(messages)
     messages = shown
     full = render_record(tokenizer, messages, where, **extra)
@@ -222,7 +258,7 @@ def _assistant_spans(
     for i in range(first_trained, len(messages)):
         if messages[i]["role"] != "assistant":
             continue
-        if not messages[i]["content"].strip() and not messages[i].get("tool_calls"):
+        if not (messages[i]["content"] or "").strip() and not messages[i].get("tool_calls"):
             raise _Drop("empty completion")
         prefix = render_record(tokenizer, messages[:i], where, add_generation_prompt=True, **extra)
         # the last turn's rendering is the whole conversation's, already rendered (most records: one turn)
@@ -322,11 +358,7 @@ def tokenize_records(
                 outcomes.append(render(rec.fields, fmt, tokenizer, train_on_prompt, rec.where, report))
             except _Drop as why:
                 outcomes.append(why)
-        texts = [o for o in outcomes if not isinstance(o, _Drop)]
-        encoded = iter([])
-        if texts:  # add_special is fixed by the format, and a file has one format
-            enc = tokenizer([t[0] for t in texts], add_special_tokens=texts[0][2], return_offsets_mapping=True)
-            encoded = zip(enc["input_ids"], enc["offset_mapping"])
+        encoded = iter(encode_in_order(tokenizer, [o for o in outcomes if not isinstance(o, _Drop)]))
         for rec, outcome in zip(records[start : start + chunk], outcomes):
             try:
                 if isinstance(outcome, _Drop):
@@ -348,6 +380,20 @@ def tokenize_records(
     if not examples:
         raise DataError(f"{path}: every record was dropped ({report.summary()})")
     return examples, report
+
+
+def encode_in_order(tokenizer, rendered: list[tuple]) -> list[tuple]:
+    """(ids, offsets) of each rendered (text, spans, add_special), in order. A file's prompt/completion rows may be
+    strings (the tokenizer adds its special tokens: BOS) or chat messages (the template wrote them), so each kind is
+    encoded in its own call: one call's add_special for both would double or drop a BOS."""
+    out = [None] * len(rendered)
+    for add_special in (True, False):
+        at = [i for i, r in enumerate(rendered) if bool(r[2]) is add_special]
+        if at:
+            enc = tokenizer([rendered[i][0] for i in at], add_special_tokens=add_special, return_offsets_mapping=True)
+            for i, ids, offsets in zip(at, enc["input_ids"], enc["offset_mapping"]):
+                out[i] = (ids, offsets)
+    return out
 
 
 def pack_examples(examples: list[Example], max_length: int) -> list[Example]:

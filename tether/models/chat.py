@@ -12,7 +12,7 @@ before any model is loaded: it compiles, and renders a user turn and a user turn
 What a template does with tools is found by rendering probes, never read from its text: whether it lists a
 ``tools=`` list (``takes_tools``), whether and how it writes an assistant turn's ``tool_calls`` (``call_writing``,
 ``written_calls``); ``template_conversation`` hands a conversation's calls and results to it as the online stages
-do (ids, names, arguments), or as Hermes text to a template that writes no calls.
+do (ids, names, arguments), or as text in the run's call format to a template that does not write them.
 """
 
 from __future__ import annotations
@@ -172,10 +172,70 @@ def structured_calls(calls: list[dict], arguments_as_string: bool = False) -> li
 
 def hermes_text(calls: list[dict]) -> str:
     """Calls as the Hermes / Qwen text, each ``{"name": ..., "arguments": {...}}`` on a line of its own between
-    ``<tool_call>`` and ``</tool_call>``: tether's default convention, written where a template writes no calls."""
+    ``<tool_call>`` and ``</tool_call>``: tether's default convention (the hermes format's writer)."""
     return "\n".join(
         "<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}) + "\n</tool_call>" for c in calls
     )
+
+
+def llama3_text(calls: list[dict]) -> str:
+    """Calls as Llama 3's JSON, ``{"name": ..., "parameters": {...}}``, several joined by ``; ``."""
+    return "; ".join(json.dumps({"name": c["name"], "parameters": c["arguments"]}) for c in calls)
+
+
+def pythonic_text(calls: list[dict]) -> str:
+    """Calls as a Python list of calls with keyword arguments: ``[add(a=2, b=3)]`` (Llama 3.2 / 4)."""
+    args = lambda c: ", ".join(f"{k}={v!r}" for k, v in c["arguments"].items())
+    return "[" + ", ".join(f"{c['name']}({args(c)})" for c in calls) + "]"
+
+
+def mistral_text(calls: list[dict]) -> str:
+    return "[TOOL_CALLS]" + json.dumps([{"name": c["name"], "arguments": c["arguments"]} for c in calls])
+
+
+DEEPSEEK_TOKENS = (
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+)
+
+
+def deepseek_text(calls: list[dict]) -> str:
+    """Calls in DeepSeek-V3 / R1's call tokens, each with its arguments in a ```json block."""
+    begin, call, sep, call_end, end = DEEPSEEK_TOKENS
+    body = "".join(
+        f"{call}function{sep}{c['name']}\n```json\n{json.dumps(c['arguments'])}\n```{call_end}" for c in calls
+    )
+    return f"{begin}{body}{end}"
+
+
+# Each built-in call format's writer (agents/formats.py parses them): here, below the agents, so that SFT data writes
+# calls a template does not write itself in the format the online stages read (one choice, docs/agents.md).
+CALL_WRITERS = {
+    "hermes": hermes_text,
+    "llama3_json": llama3_text,
+    "pythonic": pythonic_text,
+    "mistral": mistral_text,
+    "deepseek": deepseek_text,
+}
+
+
+def call_format(template: str) -> str:
+    """The call format a chat template's text speaks (the default, hermes, for templates that show none): the
+    online stages' parser when --tool-parser is not given."""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "tool▁calls▁begin" in template or "tool▁call▁begin" in template:
+        return "deepseek"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[func_name" in template or "<|python_start|>" in template:
+        return "pythonic"
+    if "<|python_tag|>" in template or ("<|start_header_id|>" in template and "parameters" in template):
+        return "llama3_json"
+    return "hermes"
 
 
 _PROBED: dict = {}
@@ -206,21 +266,28 @@ def takes_tools(tokenizer) -> bool:
 class CallWriting:
     shown: bool  # the template writes an assistant turn's tool_calls (their arguments appear in its rendering)
     arguments_as_string: bool  # it takes the arguments as a JSON string (it refuses them as an object)
+    content: str | None = ""  # the call turn's content with which it writes them (DeepSeek-R1's needs None)
 
 
 def call_writing(tokenizer, tools: bool = False) -> CallWriting:
     """How the template treats an assistant turn's ``tool_calls`` (in a conversation given ``tools=`` or not)."""
 
     def probe():
-        schemas = [PROBE_TOOL] if tools else None
-        for as_string in (False, True):
-            message = {"role": "assistant", "content": "", "tool_calls": structured_calls([probe_call()], as_string)}
-            try:
-                text = render_chat(tokenizer, [PROBE_USER, message], False, schemas)
-            except template_errors():
-                continue
-            return CallWriting(PROBE_CALL["arguments"]["query"] in text, as_string)
-        return CallWriting(False, False)
+        schemas, rendered = [PROBE_TOOL] if tools else None, None
+        # DeepSeek-R1's own template writes a turn's tool_calls only when its content is None, and with "" writes an
+        # empty turn: both are tried, and the first that shows the call is how the template writes calls
+        for content in ("", None):
+            for as_string in (False, True):
+                message = {"role": "assistant", "content": content}
+                message["tool_calls"] = structured_calls([probe_call()], as_string)
+                try:
+                    text = render_chat(tokenizer, [PROBE_USER, message], False, schemas)
+                except template_errors():
+                    continue
+                if PROBE_CALL["arguments"]["query"] in text:
+                    return CallWriting(True, as_string, content)
+                rendered = rendered or CallWriting(False, as_string)
+        return rendered or CallWriting(False, False)
 
     return _probed(tokenizer, "call_writing", tools, probe) if has_template(tokenizer) else CallWriting(False, False)
 
@@ -236,7 +303,21 @@ def written_calls(tokenizer, calls: list[dict], tools: list | None = None) -> st
     writing = call_writing(tokenizer, bool(tools))
     if not writing.shown:
         return None
-    message = {"role": "assistant", "content": "", "tool_calls": structured_calls(calls, writing.arguments_as_string)}
+    message = {"role": "assistant", "content": writing.content}
+    message["tool_calls"] = structured_calls(calls, writing.arguments_as_string)
+    return turn_text(tokenizer, message, tools)
+
+
+def trained_calls(tokenizer, calls: list[dict], tools: list | None = None) -> str:
+    """The text of an assistant turn with ``calls`` as ``tether sft`` trains it (template_conversation, then the
+    template): what the RL stage's parser must read. Raises what the template raises (callers name it)."""
+    message = {"role": "assistant", "content": "", "tool_calls": structured_calls(calls)}
+    return turn_text(tokenizer, template_conversation(tokenizer, [PROBE_USER, message], bool(tools))[1], tools)
+
+
+def turn_text(tokenizer, message: dict, tools: list | None = None) -> str:
+    """What the template writes for the assistant ``message`` after the probe's user turn, without the turn's header
+    and end (those of a turn with text, found around a placeholder text)."""
     written = render_chat(tokenizer, [PROBE_USER, message], False, tools)
     plain = render_chat(tokenizer, [PROBE_USER, {"role": "assistant", "content": TURN_TEXT}], False, tools)
     head, _, tail = plain.partition(TURN_TEXT)
@@ -253,13 +334,22 @@ def written_calls(tokenizer, calls: list[dict], tools: list | None = None) -> st
 TURN_TEXT = "\u27e6tether-turn\u27e7"  # an assistant turn's text, to find what a template writes around it
 
 
-def template_conversation(tokenizer, messages: list[dict], tools: bool = False) -> list[dict]:
+def run_format_writer(tokenizer):
+    """``write(calls)`` in the format the online stages read calls in with this template and no --tool-parser
+    (call_format of the template a conversation with tools gets): the one format choice of a run (docs/agents.md),
+    for calls a template does not write itself."""
+    return CALL_WRITERS[call_format(template_text(tokenizer, tools=True))]
+
+
+def template_conversation(tokenizer, messages: list[dict], tools: bool = False, write=None) -> list[dict]:
     """A conversation's tool traffic as the run's template takes it, the way the online stages hand it over
     (agents/episodes.py): each call keeps its id when it has the 9 alphanumeric characters every family's templates
     take, else gets ``callNNNNN`` (its place in the conversation); each tool message gets the id and the name of the
     call it answers (the one its ``tool_call_id`` names, else the turn's next unanswered call); arguments go as an
-    object, or as a JSON string to a template that refuses an object. A template that writes no tool calls gets
-    them as Hermes text after the turn's content (what the agents' default parser reads)."""
+    object, or as a JSON string to a template that refuses an object. Where the template does not write a turn's
+    calls (it writes none, or writes them only for a turn with no text while this one has text), they go as text
+    after the turn's content, written by ``write`` (default: the run's format, ``run_format_writer``), so the calls
+    a model learns are the calls its RL stage reads."""
     if not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
         return messages
     writing = call_writing(tokenizer, tools)
@@ -273,12 +363,8 @@ def template_conversation(tokenizer, messages: list[dict], tools: bool = False) 
                 calls.append({**c["function"], "id": given if valid_call_id(given) else call_id(n)})
                 if isinstance(given, str):
                     renamed[given] = calls[-1]["id"]
-            pending, content = list(calls), m.get("content") or ""
-            if writing.shown:
-                m = {**m, "content": content, "tool_calls": structured_calls(calls, writing.arguments_as_string)}
-            else:
-                m = {k: v for k, v in m.items() if k != "tool_calls"}
-                m["content"] = content + ("\n" if content else "") + hermes_text(calls)
+            pending = list(calls)
+            m = _call_turn(tokenizer, m, calls, writing, write)
         elif m.get("role") == "tool" and pending:
             named = renamed.get(m["tool_call_id"]) if isinstance(m.get("tool_call_id"), str) else None
             call = next((c for c in pending if c["id"] == named), pending[0])
@@ -286,3 +372,17 @@ def template_conversation(tokenizer, messages: list[dict], tools: bool = False) 
             m = {**m, "tool_call_id": call["id"], "name": m.get("name") or call["name"]}
         out.append(m)
     return out
+
+
+def _call_turn(tokenizer, message: dict, calls: list[dict], writing: CallWriting, write) -> dict:
+    """An assistant turn with ``calls``: structured, with the content the template writes calls with, or (where
+    the template would not write them) the calls as text in the run's format after the turn's content."""
+    content = message.get("content") or ""
+    if writing.shown and (writing.content is not None or not content):
+        structured = structured_calls(calls, writing.arguments_as_string)
+        return {**message, "content": content if writing.content is not None else None, "tool_calls": structured}
+    text = (write or run_format_writer(tokenizer))(calls)
+    return {
+        **{k: v for k, v in message.items() if k != "tool_calls"},
+        "content": content + ("\n" if content else "") + text,
+    }

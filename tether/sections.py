@@ -204,9 +204,10 @@ class DataSection(Section):
             raise ConfigError(f"max_length={self.max_length}: must be >= 2")
         if self.max_records < 0:
             raise ConfigError(f"max_records={self.max_records}: must be >= 0 (0: every record)")
-        if self.eval_path and Path(self.eval_path) == Path(self.path):
-            # the model would be scored on the rows it trains on: the same file, or the same split of a folder
-            if Path(self.path).is_file() or self.eval_split == self.split:
+        if self.eval_path and Path(self.eval_path) == Path(self.path) and not Path(self.path).is_file():
+            # a folder of splits: the same split would score the model on the rows it trains on, unseen (the same
+            # file named twice is the user's own choice, in plain sight)
+            if self.eval_split == self.split:
                 raise ConfigError(
                     f"eval_path={self.eval_path!r} is the training data itself (path, split {self.split!r}): "
                     "evaluation would score the training rows; set eval_split (--eval-split) to another split of "

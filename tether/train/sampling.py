@@ -234,18 +234,21 @@ class OnlineSampler:
                 if agent is None:  # a sharded reward model scores in step on every process
                     scorer.join_idle()
                 return {}
-            torch_state = torch.get_rng_state()
-            torch.manual_seed(seed + 12345)
-            # a rollout worker's unseeded draws come from its own RNG, which the reseed above does not reach: its
-            # evaluations are seeded per response, so each is drawn alike and none moves the training samples
-            seeded = sampling.response_seeds or self.backend.draws_from_own_rng
-            seeds = response_seeds(seed + 12345, list(range(start, stop)), per) if seeded else None
-            if agent is not None:
-                rollout, scores = agent(rows[start:stop], seeds)
-            else:
-                asked = [i for i in range(start, stop) for _ in range(per)]
-                rollout = self._generate(self.eval_images, prompts, asked, seeds)
-            torch.set_rng_state(torch_state)
+            # the evaluation draws from a seed of its own, and every generator the reseed touches is put back after
+            # (the CPU's, and a GPU's: manual_seed reseeds those too, and HF sampling there draws from them), so
+            # training draws what it would without evaluations
+            gpus = range(torch.cuda.device_count()) if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+            with torch.random.fork_rng(devices=gpus):
+                torch.manual_seed(seed + 12345)
+                # a rollout worker's unseeded draws come from its own RNG, which the reseed does not reach: its
+                # evaluations are seeded per response, so each is drawn alike and none moves the training samples
+                seeded = sampling.response_seeds or self.backend.draws_from_own_rng
+                seeds = response_seeds(seed + 12345, list(range(start, stop)), per) if seeded else None
+                if agent is not None:
+                    rollout, scores = agent(rows[start:stop], seeds)
+                else:
+                    asked = [i for i in range(start, stop) for _ in range(per)]
+                    rollout = self._generate(self.eval_images, prompts, asked, seeds)
             figures = {}
             if agent is None:
                 asked_rows = [r for r in rows[start:stop] for _ in range(per)]
@@ -255,13 +258,7 @@ class OnlineSampler:
                 if value is not None:
                     figures["eval/reward/image_shift"] = value * (stop - start)  # a sum over this share, as the rest
             if scores.records is not None:  # sums over this share, like the rest
-                from tether.agents.metrics import agent_metrics
-
-                figures |= {
-                    f"eval/{k}": v * (stop - start)
-                    for k, v in agent_metrics(scores.records).items()
-                    if k in ("agent/turns_mean", "agent/tool_calls_mean", "agent/success_rate", "agent/claimed_rate")
-                }
+                figures |= agent_eval_sums(scores.records)
             return {
                 "eval/score_mean": float(scores.total.sum()) / per,
                 "eval/length_mean": float(rollout.lengths.float().sum()) / per,
@@ -273,7 +270,36 @@ class OnlineSampler:
             sums = dp.all_or_none(sample_and_score)
         names = dp.gather_json(sorted(sums))
         sums = dp.sum_dict({k: sums.get(k, 0.0) for k in sorted(set(names))})
-        return {k: v / len(prompts) for k, v in sums.items()}
+        return eval_figures(sums, len(prompts))
+
+
+RATE_PARTS = ("#judged", "#of")  # a rate's numerator and denominator, summed over the processes' shares
+
+
+def agent_eval_sums(records: list[dict]) -> dict:
+    """The evaluation's agent figures of one share of the episodes, as sums: the per-episode means times the share's
+    episodes, and each rate's numerator and denominator (success over the judged episodes, claims over the episodes
+    that say), which the processes' shares judge in different numbers, so a rate is their sums' ratio."""
+    figures = {
+        "eval/agent/turns_mean": sum(r["turns"] for r in records),
+        "eval/agent/tool_calls_mean": sum(sum(r["calls"].values()) for r in records),
+    }
+    for rate, field in (("eval/agent/success_rate", "success"), ("eval/agent/claimed_rate", "claimed")):
+        judged = [r[field] for r in records if r[field] is not None]
+        figures[rate + "#judged"] = float(sum(bool(v) for v in judged))
+        figures[rate + "#of"] = float(len(judged))
+    return {k: float(v) for k, v in figures.items()}
+
+
+def eval_figures(sums: dict, prompts: int) -> dict:
+    """eval/* from the processes' summed figures: means over the prompts, and each agent rate the ratio of its summed
+    numerator and denominator (agent_eval_sums); a rate no episode was judged for is left out."""
+    rates = {}
+    for key in sums:
+        if key.endswith("#of") and sums[key] > 0:
+            rate = key.removesuffix("#of")
+            rates[rate] = sums[rate + "#judged"] / sums[key]
+    return {k: v / prompts for k, v in sums.items() if not k.endswith(RATE_PARTS)} | rates
 
 
 def attach_sampling(stage, cfg, tokenizer, policy, start, backend=None, sampling_copy=None) -> None:

@@ -382,4 +382,4 @@ def test_eval_reads_plain_string_prompts_as_the_online_stages_do(llama_dir, tmp_
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": question}])
     capsys.readouterr()
     assert main([*run, "--data", str(bad)]) == 2
-    assert "bad.jsonl: lab-arith rows need 'question' beside 'prompt'; they have ['prompt']" in capsys.readouterr().err
+    assert "bad.jsonl:1: lab-arith rows need 'prompt' and 'question'; the row has ['prompt']" in capsys.readouterr().err

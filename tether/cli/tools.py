@@ -145,8 +145,11 @@ def eval_rows(cfg: EvalCommand) -> list[dict]:
 
         rows = prompt_rows(cfg.eval.data)  # read and checked as the online stages read prompts (same columns each)
         need = "question" if task == "lab-arith" else "topic"  # what the task's gold reads
-        if need not in rows[0]:
-            raise DataError(f"{cfg.eval.data}: {task} rows need '{need}' beside 'prompt'; they have {sorted(rows[0])}")
+        if need not in rows[0]:  # every row has the first one's columns (prompt_rows): the first record is named
+            from tether.data.records import read_records
+
+            where = read_records(cfg.eval.data)[0].where
+            raise DataError(f"{where}: {task} rows need 'prompt' and '{need}'; the row has {sorted(rows[0])}")
     else:
         rows = default_eval_rows(task, WorldConfig(seed=cfg.decoding.seed))
     return rows[: cfg.eval.limit] if cfg.eval.limit else rows

@@ -137,6 +137,11 @@ def test_tool_schema_maps_containers_optionals_literals_and_omits_a_type_it_cann
         "tags": {"type": "array"},
     }
 
+    def unresolved(a: "Undefined", b: "not valid (") -> str:  # noqa: F821, F722 - annotations that do not resolve
+        """Search."""
+
+    assert tool_schema(unresolved)["function"]["parameters"]["properties"] == {"a": {}, "b": {}}  # no type, no crash
+
 
 def test_failed_calls_are_observations_not_crashes(caplog):
     from tether.agents import tools

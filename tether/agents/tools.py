@@ -106,7 +106,11 @@ def tool_schema(fn: Callable) -> dict:
 
     try:
         hints = typing.get_type_hints(fn)  # resolves string annotations (from __future__ import annotations)
-    except Exception:  # noqa: BLE001 - an annotation that does not resolve: no "type" below (never a wrong one)
+    except (
+        NameError,
+        SyntaxError,
+        TypeError,
+    ):  # an annotation that does not resolve: no "type" below, never a wrong one
         hints = {}
     description, described = docstring_arguments(inspect.getdoc(fn) or "")
     properties, required = {}, []

@@ -40,9 +40,16 @@ HEADLINE = dict(
     ppo_kl_coefs=(0.0, 0.2),
     ppo_adaptive_target=0,
     dpo_losses=("sigmoid",),
+    dpo_nll_coef=0.0,
     dpo_unfiltered=False,
     dpo_online=False,
 )
+
+
+def seed_config(base: LabConfig, seed: int, changes: dict) -> LabConfig:
+    """The lab of one seed: the headline stages of ``base``, with the items of --set over the headline's own choices
+    (dpo_online=true runs the online DPO stage too)."""
+    return replace(base, seed=seed, **{**HEADLINE, **changes})
 
 
 def headline(summary: dict) -> dict[str, float]:
@@ -121,7 +128,7 @@ def main() -> None:
         lab = f"{args.lab}-vocab{args.vocab}" if args.vocab else args.lab
         lab += "".join(f"-{k}={v}" for k, v in changes.items())
         folder = Path(lab if seed == 0 else f"{lab}-seed{seed}")
-        cfg = replace(QUICK if args.quick else LabConfig(), seed=seed, **HEADLINE, **changes)
+        cfg = seed_config(QUICK if args.quick else LabConfig(), seed, changes)
         cfg = replace(cfg, vocab_size=args.vocab) if args.vocab else cfg
         start = time.perf_counter()
         if args.base_only:

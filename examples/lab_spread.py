@@ -60,9 +60,25 @@ def draw_folder(lab: Path, output: Path, stages: list[str], seed: int, threads: 
     folder.mkdir(parents=True, exist_ok=True)
     for child in sorted(lab.iterdir()):
         link = folder / child.name
-        if child.is_dir() and child.name not in stages and child.name != "logs" and not link.exists():
+        if not child.is_dir() or child.name in stages or child.name == "logs":
+            continue
+        if link.is_symlink() and link.resolve() != child.resolve():  # a link into another lab, from an earlier call
+            link.unlink()
+        if not link.exists():
             link.symlink_to(child.resolve(), target_is_directory=True)
     return folder
+
+
+def needs_hashes(folder: Path, names: tuple) -> dict[str, str]:
+    """The recipe hash of each stage a draw's stage reads (the lab's, through a link, or the draw's own), so a draw
+    cached from one lab is not reused for another (the lab's own plan keys a stage on its inputs the same way)."""
+    out = {}
+    for name in names:
+        done = folder / name / "stage.json"
+        if not done.is_file():
+            raise SystemExit(f"{folder / name}: the stage is not finished in the lab; run the lab (make lab) first")
+        out[name] = json.loads(done.read_text())["recipe_hash"]
+    return out
 
 
 def run_draw(
@@ -75,7 +91,7 @@ def run_draw(
     (folder / "logs").mkdir(exist_ok=True)
     code, results = code_fingerprint(), {}
     for stage in plan:
-        recipe = {**stage.recipe, "seed": seed, "threads": threads}
+        recipe = {**stage.recipe, "seed": seed, "threads": threads, "needs": needs_hashes(folder, stage.needs)}
         log = str(folder / "logs" / f"{stage.name}.log")
         _, results[stage.name] = run_in_worker(
             (lab_plan, (folder, cfg)), str(folder), stage.name, recipe, False, code, threads, log

@@ -523,6 +523,25 @@ def test_the_spread_example_reruns_a_stage_per_draw_and_judges_its_lessons(quick
     assert (draw / "shop_state" / "stage.json").is_file()
 
 
+def test_a_spread_draw_is_keyed_on_the_lab_it_reads_and_its_links_follow_that_lab(tmp_path):
+    """examples/lab_spread.py into one --output from two labs: the draw's links point into the lab of the call (an
+    earlier call's links into another lab are replaced), and the stages it reads enter its recipe by their hashes,
+    so a draw computed from lab A is not reused for lab B."""
+    _, spread = _example("lab_spread")
+    labs = {}
+    for name, recipe_hash in (("A", "aaa"), ("B", "bbb")):
+        labs[name] = tmp_path / name
+        (labs[name] / "sft").mkdir(parents=True)
+        (labs[name] / "sft" / "stage.json").write_text(json.dumps({"recipe_hash": recipe_hash}))
+    out = tmp_path / "spread"
+    for name, recipe_hash in (("A", "aaa"), ("B", "bbb")):
+        folder = spread.draw_folder(labs[name], out, ["ppo_kl0"], seed=0, threads=1)
+        assert (folder / "sft").resolve() == (labs[name] / "sft").resolve()
+        assert spread.needs_hashes(folder, ("sft",)) == {"sft": recipe_hash}
+    with pytest.raises(SystemExit, match="not finished"):
+        spread.needs_hashes(folder, ("rm",))
+
+
 def _example(name: str):
     import importlib.util
     from pathlib import Path
@@ -532,6 +551,18 @@ def _example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return path, module
+
+
+def test_the_seeds_example_takes_set_items_over_its_headline_choices():
+    """examples/lab_seeds.py --set dpo_online=true (an item its headline also sets) runs the online DPO stage: the
+    item wins, where it once made two values for one field (a TypeError). The headline leaves out every stage its
+    figures do not read, DPO + NLL among them."""
+    from tether.lab.settings import QUICK, lab_settings
+
+    _, seeds = _example("lab_seeds")
+    cfg = seeds.seed_config(QUICK, 3, lab_settings(["dpo_online=true", "pretrain_steps=7"]))
+    assert (cfg.seed, cfg.dpo_online, cfg.pretrain_steps, cfg.dpo_unfiltered) == (3, True, 7, False)
+    assert seeds.seed_config(QUICK, 0, {}).dpo_nll_coef == 0.0
 
 
 def test_pairs_cut_from_a_ranking_and_their_agreement_with_gold_by_hand():

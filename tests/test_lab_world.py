@@ -320,6 +320,26 @@ def test_the_late_third_pools_each_prompts_answers_over_the_late_evaluations():
     assert late_gold({0: [[1.0]]}, 60) is None
     with pytest.raises(ValueError, match="different numbers of prompts"):
         late_gold({40: [[1.0]], 60: [[1.0], [2.0]]}, 60)
+    # a step past the run's last (an earlier, longer run's record) is no evaluation of this run: a 45-step run's
+    # late third is 30 and 40 of {20, 30, 40, 60} (3 · 30 ≥ 90), not 60
+    assert late_gold({20: [[0.0]], 30: [[1.0]], 40: [[2.0]], 60: [[9.0]]}, 45) == {
+        "steps": [30, 40],
+        "gold": 1.5,
+        "gold_ci": [1.5, 1.5],
+    }
+
+
+def test_a_lab_run_computed_afresh_starts_its_gold_record_afresh(tmp_path):
+    """--overwrite removes a run's own files only: the gold record of an earlier run in the folder is removed by the
+    lab when the run is computed afresh, and kept when it is resumed (its evaluations are this run's)."""
+    import tether.lab.rl as rl
+
+    rl.write_gold_by_prompt(tmp_path, 60, [[0.0]])
+    rl.clear_gold_record(tmp_path, resume=True)
+    assert rl.read_gold_by_prompt(tmp_path) == {60: [[0.0]]}
+    rl.clear_gold_record(tmp_path, resume=False)
+    assert rl.read_gold_by_prompt(tmp_path) == {}
+    rl.clear_gold_record(tmp_path / "never-written", resume=False)  # nothing to clear is no error
 
 
 def test_the_gold_evaluation_keeps_each_answers_gold_under_its_step(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ proxy up, gold up then down — is read straight off eval/score_mean and eval/go
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from tether.config import build_config
@@ -98,6 +99,13 @@ def write_gold_by_prompt(run_dir: Path, step: int, gold: list[list[float]]) -> N
     tmp.replace(path)
 
 
+def clear_gold_record(run_dir: Path, resume: bool) -> None:
+    """A run computed afresh (train.overwrite) starts its gold record afresh too: --overwrite removes the run's own
+    files only, and a record left by an earlier, longer run in the folder would be pooled into this one's late third."""
+    if not resume:
+        shutil.rmtree(run_dir / GOLD_BY_PROMPT, ignore_errors=True)
+
+
 def read_gold_by_prompt(run_dir: Path) -> dict[int, list[list[float]]]:
     """Every kept evaluation of a run, step → gold per answer grouped by prompt ({} for a run that kept none)."""
     folder = run_dir / GOLD_BY_PROMPT
@@ -111,10 +119,11 @@ def read_gold_by_prompt(run_dir: Path) -> dict[int, list[list[float]]]:
 # ends: the late third"). Pooling the late evaluations' answers prompt by prompt reads where the run ended up, with
 # the bootstrap over prompts as its noise.
 def late_gold(gold_by_step: dict[int, list[list[float]]], last_step: int) -> dict | None:
-    """Gold pooled over the evaluations at steps s with 3 s ≥ 2 · last_step (the last third; step 0 never counts):
+    """Gold pooled over the evaluations at steps s with 3 s ≥ 2 · last_step (the last third; step 0 never counts, nor
+    a step past last_step):
     each prompt's answers from every late evaluation together, the mean over all of them and its 95 % bootstrap
     interval over prompts (stats.bootstrap_interval). None when no late evaluation was kept."""
-    steps = sorted(s for s in gold_by_step if s > 0 and 3 * s >= 2 * last_step)
+    steps = sorted(s for s in gold_by_step if 0 < s <= last_step and 3 * s >= 2 * last_step)
     if not steps:
         return None
     prompts = {len(gold_by_step[s]) for s in steps}
@@ -150,6 +159,7 @@ def run_lab_ppo(
 
     world = lab / "world"
     run_dir = folder / "run"
+    clear_gold_record(run_dir, resume)
     gold = GoldAssistEval.for_lab(lab, eval_samples, seed, record=run_dir)
     summary = finished_summary(run_dir, resume)
     if summary is None:
@@ -389,6 +399,7 @@ def run_lab_dpo(
 
     world = lab / "world"
     run_dir = folder / "run"
+    clear_gold_record(run_dir, resume)
     gold = GoldAssistEval.for_lab(lab, eval_samples, seed, record=run_dir)
     summary = finished_summary(run_dir, resume)
     if summary is None:

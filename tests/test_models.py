@@ -1,5 +1,7 @@
 """Loading local models of several architectures, pad tokens, LoRA and merge-and-save."""
 
+import json
+
 import pytest
 import torch
 from conftest import BF16_REFUSED, bf16_refused_here
@@ -71,6 +73,16 @@ def test_lora_trains_only_adapters_and_merge_and_save_matches(llama_dir, tmp_pat
     torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_lora_on_an_embedding_tied_to_the_other_end_is_refused(llama_dir):
+    """The tiny llama ties lm_head to embed_tokens: an adapter on either would be merged into the shared weight,
+    changing both ends of final/ (its logits moved by 0.4 against the trained adapter's in a 3-step SFT)."""
+    assert load_model(llama_dir).config.tie_word_embeddings
+    for target in ("lm_head", "embed_tokens"):
+        with pytest.raises(ConfigError, match="tied to its .* embedding .*leave it out"):
+            apply_lora(load_model(llama_dir), r=4, alpha=8, dropout=0.0, target_modules=["q_proj", target])
+    apply_lora(load_model(llama_dir), r=4, alpha=8, dropout=0.0, target_modules=["q_proj"])  # the rest is as before
+
+
 def test_lora_bad_target_lists_the_linear_modules(llama_dir):
     with pytest.raises(ConfigError, match="Linear modules in this model: .*q_proj"):
         apply_lora(load_model(llama_dir), r=4, alpha=8, dropout=0.0, target_modules=["attn_qkv"])
@@ -105,6 +117,15 @@ def test_damaged_model_folders_are_named_before_transformers_reads_them(llama_di
     (no_weights / "model.safetensors").unlink()
     with pytest.raises(ConfigError, match=r"no-weights: no weights"):
         load_model(no_weights, tokenizer)
+    # JSON that transformers' validation refuses: the error names config.json, from the model's loader and from the
+    # tokenizer's (which reads the model's config too), not a traceback nor "tokenizer cannot be loaded"
+    for name, field, value in (("heads", "num_attention_heads", 3), ("text-size", "hidden_size", "32")):
+        folder = copy(name)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, field: value}))
+        for load in (lambda: load_model(folder, tokenizer), lambda: load_tokenizer(folder)):
+            with pytest.raises(ConfigError, match=rf"{name}/config.json: StrictDataclass"):
+                load()
 
 
 def test_examples_past_the_models_context_are_dropped_and_counted_not_a_crash(model_dirs, tmp_path, capsys):

@@ -90,7 +90,11 @@ class ModelSection(Section):
     lora_r: int = option(0, "LoRA rank; 0 trains every weight. Typical 8-64.")
     lora_alpha: float = option(16.0, "LoRA scaling alpha (update scaled by alpha/r). Typical 2*r.")
     lora_dropout: float = option(0.0, "Dropout on the LoRA input (needs keep_dropout). Typical 0-0.1.")
-    lora_target_modules: list = option(["all-linear"], "Module names that get adapters, or all-linear.")
+    lora_target_modules: list = option(
+        ["all-linear"],
+        "Module names that get adapters, or all-linear (not an embedding tied to the other end: its merge would "
+        "change both).",
+    )
     train_vision: bool = option(
         False,
         "Vision-language models: train the image encoder too. Off: it is frozen, while the projector that maps its "

@@ -11,6 +11,7 @@ import pickle  # noqa: S403 - for the exception type torch.load raises on a .bin
 from pathlib import Path
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tether.config import ConfigError
@@ -155,6 +156,12 @@ def _probe_end_of_turn(tokenizer) -> int | None:
     return int(ids[0]) if ids[0] in special else None
 
 
+def _config_invalid(path: Path, err: Exception) -> ConfigError:
+    """A config.json that parses but that transformers' validation refuses (a field of the wrong type, heads that do
+    not divide the hidden size): the error names the file, not the loader that read it."""
+    return ConfigError(f"{path / 'config.json'}: {type(err).__name__}: {str(err)[:400]}")
+
+
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     """A tokenizer from a local folder, with a pad token.
 
@@ -167,6 +174,8 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     check_model_folder(path, "tokenizer", weights=False)
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except StrictDataclassError as err:  # the tokenizer reads the model's config.json, and its fault is there
+        raise _config_invalid(path, err) from None
     except Exception as err:  # noqa: BLE001 - transformers raises many types for unreadable tokenizer files
         raise ConfigError(f"tokenizer {path}: cannot be loaded ({type(err).__name__}: {str(err)[:300]})") from None
     if tok.pad_token is None:
@@ -202,6 +211,8 @@ def load_model(
     except (OSError, ValueError, KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as err:
         # what transformers (and torch.load, for .bin weights) raise for folders and files they cannot read
         raise ConfigError(f"model {path}: cannot be loaded ({type(err).__name__}: {str(err)[:300]})") from None
+    except StrictDataclassError as err:  # transformers 5 validates a config's fields and their agreement
+        raise _config_invalid(path, err) from None
     if tokenizer is not None:
         if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
             model.resize_token_embeddings(len(tokenizer))
@@ -230,12 +241,30 @@ def apply_lora(model, r: int, alpha: float, dropout: float, target_modules: list
 
     cfg = lora_config(r, alpha, dropout, target_modules, "CAUSAL_LM", exclude_modules=exclude)
     try:
-        return get_peft_model(model, cfg)
+        wrapped = get_peft_model(model, cfg)
     except ValueError as exc:
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ConfigError(
             f"--lora-target-modules {target_modules}: {exc}. Linear modules in this model: {names}"
         ) from None
+    _refuse_lora_on_tied_embeddings(wrapped, target_modules)
+    return wrapped
+
+
+def _refuse_lora_on_tied_embeddings(wrapped, target_modules: list[str]) -> None:
+    """An adapter on an embedding that shares its weight with the other end of the model (tie_word_embeddings) is
+    merged into the shared weight, so the merged final/ would change both ends: not the model that was trained."""
+    from peft.tuners.lora import LoraLayer
+
+    if not getattr(wrapped.config, "tie_word_embeddings", False):
+        return
+    for end, module in (("output", wrapped.get_output_embeddings()), ("input", wrapped.get_input_embeddings())):
+        if isinstance(module, LoraLayer):
+            raise ConfigError(
+                f"--lora-target-modules {target_modules}: the model's {end} embedding is tied to its "
+                f"{'input' if end == 'output' else 'output'} embedding (tie_word_embeddings), so its adapter would be "
+                "merged into both in final/, which would not be the trained model; leave it out of the targets"
+            )
 
 
 def is_peft(model) -> bool:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 import yaml
-from conftest import killed_after_step, write_jsonl
+from conftest import BF16_REFUSED, bf16_refused_here, killed_after_step, write_jsonl
 
 from tether.algorithms.preference import (
     beta_dpo_pair_weights,
@@ -23,7 +23,7 @@ from tether.algorithms.preference import (
 from tether.config import ConfigError, build_config
 from tether.data.dpo import collate_policy_preferences, tokenize_policy_preferences
 from tether.data.records import DataError, read_records
-from tether.models.lm import load_model
+from tether.models.lm import load_model, load_tokenizer
 from tether.stages.dpo import run_dpo
 from tether.stages.dpo_config import DPOConfig
 from tether.stages.dpo_objective import DPOObjective
@@ -63,6 +63,21 @@ def test_one_signature_dispatches_to_each_formula_by_hand():
         preference_loss("sigmoid", torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), beta=0.1)
 
 
+def test_label_smoothing_is_refused_by_a_loss_that_does_not_read_it():
+    """ε is in cdpo's and robust's formulas only; any other loss would train as if ε were 0 while the plan printed it
+    (TRL's sigmoid ignores label_smoothing too), so the setting is refused, naming the losses that read it."""
+    for loss in ("sigmoid", "ipo", "ipo_norm", "hinge", "simpo", "orpo", "beta_dpo", "listwise", "kto"):
+        with pytest.raises(ConfigError, match=rf"label_smoothing=0.2: loss {loss} does not read ε.*cdpo.*robust"):
+            build_config(DPOConfig, overrides={"dpo.loss": loss, "dpo.label_smoothing": 0.2})
+    with pytest.raises(ConfigError, match=r"use --loss cdpo for conservative DPO"):
+        build_config(DPOConfig, overrides={"dpo.label_smoothing": 0.2})  # the default loss, sigmoid
+    no_smoothed_part = {"dpo.loss": "weighted", "dpo.loss_weights": {"sigmoid": 1.0, "cdpo": 0.0, "ipo": 1.0}}
+    with pytest.raises(ConfigError, match=r"loss weighted does not read ε"):
+        build_config(DPOConfig, overrides={**no_smoothed_part, "dpo.label_smoothing": 0.2})
+    for reads in ({"dpo.loss": "cdpo"}, {"dpo.loss": "robust"}, {**no_smoothed_part, "dpo.loss_weights": {"cdpo": 1}}):
+        assert build_config(DPOConfig, overrides={**reads, "dpo.label_smoothing": 0.2}).dpo.label_smoothing == 0.2
+
+
 def test_listwise_over_three_by_hand_and_swapping_flips_the_sign_of_the_margin():
     # β u = (1, 0, −1): −log(e¹/(e¹+e⁰+e⁻¹)) − log(e⁰/(e⁰+e⁻¹))
     logps, ref = torch.tensor([[1.0, 0.0, -1.0]]), torch.zeros(1, 3)
@@ -84,6 +99,30 @@ def test_listwise_over_three_by_hand_and_swapping_flips_the_sign_of_the_margin()
 def test_beta_dpo_pair_weights_by_hand():
     w = beta_dpo_pair_weights(torch.tensor([1.0, 3.0]), running_mean=1.0, running_std=2.0)
     assert w.tolist() == pytest.approx([1.0, math.exp(-4 / 8)])
+
+
+def test_beta_dpo_weight_multiplies_the_sft_term_too_by_hand():
+    """docs/algorithms.md §9: L = Σ_i w_i [ℓ(i) + α_sft NLL̄(i)] (before the loop's 1/N): a pair the filter weighs
+    near 0 is left out whole, its SFT term included."""
+    # u_w = (1, 1, 2, 0), u_l = (0, −1, −1, 1): d = u_w − u_l = (1, 2, 3, −1); chosen NLL̄ = −log π(y_w)/|y_w| = (2, 2, 3, 2)
+    logps = torch.tensor([[-10.0, -11.0], [-8.0, -9.0], [-12.0, -13.0], [-6.0, -7.0]], dtype=torch.float64)
+    ref = torch.tensor([[-11.0, -11.0], [-9.0, -8.0], [-14.0, -12.0], [-6.0, -8.0]], dtype=torch.float64)
+    tokens = torch.tensor([[5.0, 7.0], [4.0, 7.0], [4.0, 7.0], [3.0, 7.0]], dtype=torch.float64)
+    batch = {"list_mask": torch.ones(4, 2, dtype=torch.bool), "reference_logps": ref}
+    cfg = build_config(DPOConfig, overrides={"dpo.loss": "beta_dpo", "dpo.beta_dpo_weighting": True, "dpo.sft_coef": 1})
+    objective = DPOObjective(cfg.dpo, {"mean": 0.1, "std": 0.3})  # M_0 = 0.1, σ = 0.3 from earlier steps
+    objective.sequence_logps = lambda model, batch: (logps, tokens)  # the policy's log-probs, fixed
+    model = torch.nn.Module()  # training mode, as in the loop
+    objective.begin_step(model, [batch], lambda total: total)
+    loss, _ = objective.loss_sum(model, batch)
+    # M_i = β_0 d_i = (0.1, 0.2, 0.3, −0.1); w_i = exp(−(M_i − 0.1)²/(2·0.09)) = (1, e^(−1/18), e^(−2/9), e^(−2/9)),
+    # divided by their mean; β = 0.1 (1 + 0.6 (mean M − M_0)) = 0.1 (1 + 0.6·0.025) = 0.1015
+    w = [1.0, math.exp(-1 / 18), math.exp(-2 / 9), math.exp(-2 / 9)]
+    w = [x / (sum(w) / 4) for x in w]
+    beta = 0.1 * (1 + 0.6 * ((0.1 + 0.2 + 0.3 - 0.1) / 4 - 0.1))
+    want = sum(wi * (sp(beta * d) + nll) for wi, d, nll in zip(w, (1, 2, 3, -1), (2, 2, 3, 2)))
+    assert objective.beta == pytest.approx(0.1015, rel=1e-12)
+    assert loss.item() == pytest.approx(want, rel=1e-12)  # 11.43687… (the SFT term left unweighted: 11.53398…)
 
 
 @pytest.fixture
@@ -274,6 +313,35 @@ def test_reference_cache_is_used_keyed_and_shared(llama_dir, prefs, tmp_path):
     fewer = write_jsonl(tmp_path / "fewer.jsonl", [json.loads(x) for x in prefs[0].read_text().splitlines()[:16]])
     third = run_dpo(_cfg(llama_dir, fewer, tmp_path / "d", **{"dpo.reference_cache": str(cache)}))
     assert third["reference_examples_computed"] == 16 and len(list(cache.glob("*.json"))) == 2
+
+
+def test_the_reference_cache_is_keyed_by_the_precision_that_scores(llama_dir, prefs, tmp_path):
+    """Reference log-probs in bf16 are not fp32 ones: one cache folder, fp32 then bf16 (autocast, or bf16 weights),
+    and each precision computes its own, then finds it."""
+    from tether.stages.dpo_reference import ReferenceLogps
+
+    cache = str(tmp_path / "shared-cache")
+    one_step = {"dpo.reference_cache": cache, "train.max_steps": 1, "train.save_every": 0}
+    assert run_dpo(_cfg(llama_dir, prefs[0], tmp_path / "fp32", **one_step))["reference_examples_computed"] == 8
+    for name, precision in (("autocast", {"model.mixed_precision": "bf16"}), ("weights", {"model.dtype": "bf16"})):
+        if bf16_refused_here():
+            with pytest.raises(ConfigError, match=BF16_REFUSED):
+                run_dpo(_cfg(llama_dir, prefs[0], tmp_path / name, **one_step, **precision))
+            continue
+        for again, computed in (("", 8), ("-again", 0)):  # a miss, then found
+            summary = run_dpo(_cfg(llama_dir, prefs[0], tmp_path / (name + again), **one_step, **precision))
+            assert summary["reference_examples_computed"] == computed, (name, again)
+
+    def key(fresh=True, **model):
+        model_cfg = _cfg(llama_dir, prefs[0], tmp_path / "k", **model).model
+        reference = ReferenceLogps(model_cfg, cache, 8, load_tokenizer(llama_dir), None, "cpu", fresh_policy=fresh)
+        return reference.scoring
+
+    assert key(**{"model.dtype": "fp32"}) == key(**{"model.dtype": "float32"})  # one dtype, two spellings
+    assert key(**{"model.chunked_head": True}) == key()  # the same log-probs up to rounding, as the layouts
+    # a fresh run scores with the policy in --dtype, a resumed one with the reference loaded in --frozen-dtype
+    assert key(**{"model.frozen_dtype": "bf16"}) == key()
+    assert key(**{"model.frozen_dtype": "bf16"}, fresh=False) != key(fresh=False)
 
 
 def test_the_reference_scores_only_the_pairs_the_run_visits(llama_dir, prefs, tmp_path):

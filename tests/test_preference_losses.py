@@ -240,3 +240,17 @@ def test_a_weighted_sum_of_losses_by_hand():
         weighted_loss_sum({"a": torch.tensor([1.0])}, {"b": 1.0})
     with pytest.raises(ValueError, match="needs weights"):
         preference_loss("weighted", logps, ref, tokens, beta=0.1)
+
+
+def test_the_losses_said_to_read_label_smoothing_are_those_it_changes():
+    """dpo_config.LABEL_SMOOTHING_LOSSES (what the config lets take ε) against the formulas: ε moves exactly these."""
+    from tether.stages.dpo_config import LABEL_SMOOTHING_LOSSES
+
+    logps, refs, tokens = torch.tensor([[-10.0, -11.0]]), torch.tensor([[-12.0, -10.0]]), torch.tensor([[5.0, 10.0]])
+    moved = {
+        name
+        for name in PREFERENCE_LOSSES
+        if name != "weighted"  # a sum of the others: it reads ε through its parts
+        and preference_loss(name, logps, refs, tokens, 0.1, 0.0) != preference_loss(name, logps, refs, tokens, 0.1, 0.2)
+    }
+    assert moved == set(LABEL_SMOOTHING_LOSSES) == {"cdpo", "robust"}

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -86,6 +87,29 @@ def test_ranked_list_objective_matches_plackett_luce():
     loss, stats = objective.loss_sum(Fixed(), {"input_ids": None, "attention_mask": None, "list_mask": mask})
     assert loss.item() == pytest.approx(plackett_luce_loss(scores.view(2, 3), mask).sum().item())
     assert stats["accuracy"].item() == pytest.approx(2 / 3 + 1.0)  # list 1: (3>1, 3>2, 1<2); list 2: 0.5 > 0
+
+
+def test_ranked_lists_refuse_the_pair_only_options_by_name(llama_dir, tokenizer, tmp_path):
+    """A list's loss reads the first head's scores alone: a margin column, extra heads and reward centring would be
+    ignored, so each is refused by flag and file before anything trains (and never counted as a column read)."""
+    lists = [{"prompt": "Q: ", "responses": ["a b", "c d", "e"], "ranking": [1, 2, 0], "m": 1.0, "safe": "chosen"}] * 8
+    path = write_jsonl(tmp_path / "lists.jsonl", lists)
+    records = [Record(r, f"lists.jsonl:{i}") for i, r in enumerate(lists, start=1)]
+    with pytest.raises(DataError, match=r"lists.jsonl: .*--margin-column m"):
+        tokenize_preferences(records, tokenizer, 64, ["reward"], "m", path="lists.jsonl")
+    with pytest.raises(DataError, match=r"lists.jsonl: .*--heads reward,safe"):
+        tokenize_preferences(records, tokenizer, 64, ["reward", "safe"], path="lists.jsonl")
+    _, report = tokenize_preferences(records, tokenizer, 64, ["reward"], path="lists.jsonl")
+    assert report.unused == ["m", "safe"]
+    for over, flag in (
+        ({"rm__center_coef": 0.1}, r"--center-coef 0.1"),
+        ({"data__margin_column": "m"}, r"--margin-column m"),
+        ({"rm__heads": ["reward", "safe"]}, r"--heads reward,safe"),
+    ):
+        out = tmp_path / flag.split()[0].strip("-")
+        with pytest.raises((ConfigError, DataError), match=rf"{re.escape(str(path))}.*{flag}"):
+            run_rm(rm_config(llama_dir, path, path, out, **over))
+        assert not out.exists()  # refused before the run folder was made
 
 
 def test_preference_data_errors_and_drops(tokenizer):

@@ -188,6 +188,21 @@ def ordered_responses(fields: dict, fmt: str, where: str) -> list[tuple[str, obj
     return [(f"responses[{i}]", responses[i]) for i in ranking]
 
 
+def refuse_pair_columns(path, heads: list[str], margin_column: str) -> None:
+    """Ranked lists are scored by the first head alone, with no margin (the list losses, --ranking-loss, have no
+    per-pair terms): a margin column or further heads would be silently unread, so each is an error by its flag."""
+    if margin_column:
+        raise DataError(
+            f"{path}: ranked lists with --margin-column {margin_column}: a margin m belongs to a pair's "
+            "-log σ(r_w - r_l - m), and the list losses have none; leave --margin-column out, or give pairs"
+        )
+    if len(heads) > 1:
+        raise DataError(
+            f"{path}: ranked lists with --heads {','.join(heads)}: a list trains the first head only (the other "
+            "heads learn from per-pair 'chosen'/'rejected' labels); give one head, or give pairs"
+        )
+
+
 def tokenize_preferences(
     records: list[Record],
     tokenizer,
@@ -201,13 +216,15 @@ def tokenize_preferences(
     """PairExample or RankedExample list and a report. ``images``: (processor, max pixels) of a vision-language
     model: each response is scored with the record's images in its prompt (data/multimodal.py encode_scored)."""
     report = PreferenceReport(path=str(path), records=len(records), format=preference_format(records, path))
-    read = (*heads[1:], margin_column, *(["images"] if images is not None else []))
-    report.unused = unused_columns(records, report.format, read)
     if report.format == "unpaired":
         raise DataError(
             f"{records[0].where}: unpaired labels (a completion with a true/false 'label', as for KTO): a "
             "reward model needs pairs or ranked lists; `tether dpo --loss kto` trains on unpaired labels"
         )
+    if report.format == "ranked lists":
+        refuse_pair_columns(path, heads, margin_column)
+    pair_read = (*heads[1:], margin_column) if report.format == "pairs" else ()  # a list reads neither
+    report.unused = unused_columns(records, report.format, (*pair_read, *(["images"] if images is not None else [])))
     examples = []
 
     def ids_of(fields, response, where, name, counted):

@@ -12,6 +12,10 @@ from tether.online_sections import JudgeSection, RewardSection, SamplingSection
 from tether.sections import AlarmOptions, DataSection, OptimSection, PolicySection, TrainSection
 
 DEFAULT_BETA = {"simpo": 2.0}  # every other loss: 0.1
+# The losses whose formula has the flip rate ε (algorithms/preference.py; weighted reads it through these parts).
+# Any other loss would train as if ε were 0, so the config refuses ε there; tests/test_preference_losses.py checks
+# that ε changes exactly these losses.
+LABEL_SMOOTHING_LOSSES = ("cdpo", "robust")
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class DPOSection(Section):
     )
     beta: float = option(0.0, "β; 0 = the loss's usual value (0.1; SimPO 2.0). For beta_dpo the base β_0.")
     label_smoothing: float = option(
-        0.0, "ε: the assumed rate of flipped labels (cdpo, robust; robust needs 0 < ε < 0.5)."
+        0.0, "ε: the assumed rate of flipped labels, read by cdpo and robust only (robust needs 0 < ε < 0.5)."
     )
     simpo_gamma: float = option(0.5, "SimPO's target margin γ.")
     orpo_lambda: float = option(0.1, "ORPO's weight λ on the odds-ratio term.")
@@ -77,16 +81,29 @@ class DPOSection(Section):
             )
         if not 0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"label_smoothing={self.label_smoothing}: must be in [0, 0.5)")
+        self._check_label_smoothing_is_read()
         if self.sft_coef < 0 or self.reference_batch_size < 1:
             raise ConfigError(
                 f"sft_coef={self.sft_coef} must be >= 0 and reference_batch_size={self.reference_batch_size} >= 1"
             )
         if self.kto_desirable_weight <= 0 or self.kto_undesirable_weight <= 0:
             raise ConfigError("kto_desirable_weight and kto_undesirable_weight must be > 0")
-        if self.loss == "kto" and (self.label_smoothing or self.sft_coef):
-            raise ConfigError("loss kto takes neither label_smoothing nor sft_coef (its labels are per completion)")
+        if self.loss == "kto" and self.sft_coef:
+            raise ConfigError("loss kto takes no sft_coef (its labels are per completion, so no answer is 'chosen')")
         if not 0 <= self.beta_dpo_momentum < 1:
             raise ConfigError(f"beta_dpo_momentum={self.beta_dpo_momentum}: must be in [0, 1)")
+
+    def _check_label_smoothing_is_read(self) -> None:
+        """ε > 0 with a loss whose formula has no ε is refused (LABEL_SMOOTHING_LOSSES): it would change nothing."""
+        parts = [name for name, weight in self.loss_weights.items() if weight] if self.loss == "weighted" else []
+        if not self.label_smoothing or any(name in LABEL_SMOOTHING_LOSSES for name in (self.loss, *parts)):
+            return
+        raise ConfigError(
+            f"label_smoothing={self.label_smoothing:g}: loss {self.loss} does not read ε; the losses that do are "
+            f"{' and '.join(LABEL_SMOOTHING_LOSSES)} (or weighted with one of them among --loss-weights): use --loss "
+            "cdpo for conservative DPO (DPO with label smoothing; TRL's sigmoid ignores label_smoothing too), or leave "
+            "--label-smoothing out"
+        )
 
     def _check_weights(self) -> None:
         from tether.algorithms.choices import COMPOSABLE_LOSSES

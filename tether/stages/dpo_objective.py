@@ -21,7 +21,8 @@ from tether.models.packing import group_rows, sequence_logprob_sums
 
 
 class DPOObjective:
-    """Σ over preference examples of the chosen loss (+ sft_coef × the chosen answer's mean token NLL).
+    """Σ over preference examples of the chosen loss (+ sft_coef × the chosen answer's mean token NLL), each example's
+    sum times its β-DPO weight when weighting is on (docs/algorithms.md §9).
 
     One forward scores every response of the micro-batch (collate puts the K responses of each example in
     K row blocks); the loop divides by the step's example count, so accumulation and processes do not change
@@ -119,24 +120,25 @@ class DPOObjective:
             batch["list_mask"],
             d.loss_weights,
         )
-        # Weighting needs a running σ from earlier steps; when every weight underflows (σ far smaller than the
-        # spread of this step's margins) the step falls back to equal weights rather than dividing by zero.
-        if (
-            d.loss == "beta_dpo"
-            and d.beta_dpo_weighting
-            and model.training
-            and self.state.get("old_mean") is not None
-            and self._weight_norm
-            and self._weight_norm > 1e-12
-        ):
-            m = self._margins(logps.detach(), ref)
-            losses = (
-                losses * beta_dpo_pair_weights(m, self.state["old_mean"], self.state["old_std"]) / self._weight_norm
-            )
         chosen_nll = -logps[:, 0] / tokens[:, 0].clamp(min=1)
         if d.sft_coef:
             losses = losses + d.sft_coef * chosen_nll
+        weights = self._pair_weights(model, logps, ref)
+        if weights is not None:  # w_i [ℓ(i) + α_sft NLL̄(i)] (§9): a pair weighed near 0 is left out whole
+            losses = losses * weights
         return losses.sum(), self._statistics(logps, ref, tokens, chosen_nll, batch["list_mask"], len(losses))
+
+    def _pair_weights(self, model, logps, ref) -> torch.Tensor | None:
+        """β-DPO's pair weights w_i / w̄ (B,) for a training micro-batch, or None (every weight 1): without
+        --beta-dpo-weighting, in evaluation, at the first step (no running σ yet), and when every weight of the
+        step underflows (σ far smaller than the spread of its margins: equal weights rather than a division by 0)."""
+        d = self.d
+        if not (d.loss == "beta_dpo" and d.beta_dpo_weighting and model.training):
+            return None
+        if self.state.get("old_mean") is None or not self._weight_norm or self._weight_norm <= 1e-12:
+            return None
+        m = self._margins(logps.detach(), ref)
+        return beta_dpo_pair_weights(m, self.state["old_mean"], self.state["old_std"]) / self._weight_norm
 
     def _kto(self, model, batch: dict):
         """Training: z_0 of the whole step (begin_step), so only the labelled completions are forwarded here;

@@ -1,16 +1,21 @@
 """Reference log-probabilities for preference data, computed once and cached next to the run.
 
 The DPO family compares the policy with a frozen reference on fixed data, so
-log π_ref(y) depends only on (data, reference weights, tokenizer): it is
-computed in one no-grad pass before training, with its own batch size, and
-saved under a key made of those three fingerprints. A later run (a resume, or
-a sweep over β pointing --reference-cache at one folder) finds the file and
-skips the pass; anything that changes the numbers changes the key.
+log π_ref(y) depends only on (data, reference weights, tokenizer) and the
+precision it is scored in: it is computed in one no-grad pass before training,
+with its own batch size, and saved under a key made of those fingerprints. A
+later run (a resume, or a sweep over β pointing --reference-cache at one
+folder) finds the file and skips the pass; anything that changes the numbers
+changes the key.
 
 Fingerprints: data = hash of every response's token ids and response mask;
 tokenizer = hash of its serialised vocabulary/merges, chat template and
 special tokens; reference = hash of config.json and the weight files (files
-over 256 MiB: their size and first and last 16 MiB, to keep large models cheap).
+over 256 MiB: their size and first and last 16 MiB, to keep large models cheap);
+scoring = the scoring weights' dtype and the autocast dtype (scoring_settings).
+The prompt layout (padding-free, shared prompts) and the chunked head are not in
+the key: they change the values only by rounding (on the tests' tiny model, in
+fp32 and under bf16 autocast, not at all).
 """
 
 from __future__ import annotations
@@ -68,13 +73,28 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
-def cache_key(examples: list[PolicyPreference], reference_fp: str, tokenizer_fp: str) -> dict:
+def scoring_settings(model_cfg, by_policy: bool) -> dict:
+    """The settings besides weights, data and tokenizer that change the reference's log-probs, for the cache key:
+    the dtype of the weights that score (the policy's --dtype when the policy scores — before training, or with LoRA
+    its adapter disabled —, else the loaded reference's frozen dtype) and the autocast dtype (--mixed-precision).
+    A dtype's two spellings (bf16, bfloat16) are one key. LoRA keys apart through the reference fingerprint."""
+    from tether.models.lm import DTYPES, frozen_dtype
+
+    dtype = model_cfg.dtype if by_policy else frozen_dtype(model_cfg)
+    return {
+        "dtype": str(DTYPES.get(dtype, dtype)),  # "auto": the checkpoint's own, which the reference fingerprint covers
+        "mixed_precision": model_cfg.mixed_precision,
+    }
+
+
+def cache_key(examples: list[PolicyPreference], reference_fp: str, tokenizer_fp: str, scoring: dict) -> dict:
     parts = {
         "data": data_fingerprint(examples),
         "reference": reference_fp,
         "tokenizer": tokenizer_fp,
+        "scoring": scoring,
         "examples": len(examples),
-        "version": 1,
+        "version": 2,  # 1 had no scoring settings: its fp32 values were found by bf16 runs
     }
     parts["key"] = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
     return parts
@@ -190,11 +210,21 @@ class ReferenceLogps:
         self.lora = model_cfg.lora_r > 0 and not model_cfg.reference
         self.source = model_cfg.reference or model_cfg.path
         self.fingerprint = model_fingerprint(self.source) + (":adapter-disabled" if self.lora else "")
-        self.fresh_policy = fresh_policy  # the policy still has the reference's weights
+        self.fresh_policy = fresh_policy  # the policy still has the reference's weights (online: until round 2)
         self._model = None
         self.cache = ReferenceCache(cache_folder)
         self.tokenizer_fp = tokenizer_fingerprint(tokenizer)
         self.computed = 0  # examples scored (0 when everything came from the cache)
+
+    @property
+    def by_policy(self) -> bool:
+        """The policy scores (LoRA's with its adapter disabled, or one still at the reference's weights); else a
+        reference is loaded."""
+        return self.lora or (self.fresh_policy and not self.model_cfg.reference)
+
+    @property
+    def scoring(self) -> dict:
+        return scoring_settings(self.model_cfg, self.by_policy)
 
     def describe(self) -> str:
         return "the adapter-disabled policy" if self.lora else self.source
@@ -203,7 +233,7 @@ class ReferenceLogps:
         if self.lora:
             with self.policy.disable_adapter():
                 return self._logps(self.policy, examples)
-        if self.fresh_policy and not self.model_cfg.reference:
+        if self.by_policy:
             return self._logps(self.policy, examples)
         if self._model is None:
             from tether.models.lm import load_reference
@@ -229,7 +259,7 @@ class ReferenceLogps:
         """Fill ex.reference_logps; returns where they came from (for the plan)."""
         if not examples:
             return "none"
-        key = cache_key(examples, self.fingerprint, self.tokenizer_fp)
+        key = cache_key(examples, self.fingerprint, self.tokenizer_fp, self.scoring)
         cached = self.cache.load(key) if use_cache else None
         if cached is not None:
             attach_reference_logps(examples, cached)

@@ -24,7 +24,7 @@ from tether.algorithms.reward import (
 from tether.config import ConfigError
 from tether.console import console
 from tether.data.multimodal import refuse_images, text_only
-from tether.data.preferences import collate_preferences, tokenize_preferences
+from tether.data.preferences import collate_preferences, preference_format, tokenize_preferences
 from tether.data.records import read_records
 from tether.models.checks import check_position_restarts, check_prompt_sharing
 from tether.models.lm import length_limit, load_stage_tokenizer, parameter_summary
@@ -340,6 +340,12 @@ def load_rm_data(cfg: RMConfig, tokenizer, processor=None):
     images = (processor, cfg.model.max_image_pixels) if processor is not None else None
 
     def tokenize(recs, label, limit):
+        if cfg.rm.center_coef and recs and preference_format(recs, label) == "ranked lists":
+            raise ConfigError(
+                f"{label}: ranked lists with --center-coef {cfg.rm.center_coef:g}: reward centring η (r_w + r_l)² "
+                "is a per-pair penalty, and the list losses (--ranking-loss) have none; leave --center-coef out, "
+                "or give pairs"
+            )
         if processor is None:
             refuse_images(recs, text_only(cfg.model.path))
         return tokenize_preferences(recs, tokenizer, limit, heads, d.margin_column, d.strict, label, images)

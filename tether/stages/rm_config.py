@@ -38,7 +38,7 @@ class RMSection(Section):
         choices=("plackett-luce", "all-pairs"),
     )
     center_coef: float = option(
-        0.0, "Reward centring η: adds η (r_w + r_l)² per pair (Eisenstein et al. 2023). Typical 0.01."
+        0.0, "Reward centring η: adds η (r_w + r_l)² per pair (Eisenstein et al. 2023; pairs only). Typical 0.01."
     )
     overfit_drop: float = option(0.02, "Over-fitting alarm: validation accuracy this far below its best ...")
     overfit_patience: int = option(3, "... for this many evaluations in a row.")

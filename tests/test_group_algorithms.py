@@ -10,6 +10,7 @@ from tether.algorithms.advantages import (
     SEQUENCE_ADVANTAGES,
     group_advantages,
     group_advantages_no_std,
+    groups_without_signal,
     masked_whiten,
     process_advantages,
     reinforce_pp_advantages,
@@ -133,6 +134,29 @@ def test_zero_variance_groups_by_hand():
     scores = torch.tensor([[1.0, 1.0], [0.0, 1e-9], [0.0, 1.0]], dtype=torch.float64)
     assert zero_variance_groups(scores).tolist() == [True, True, False]
     assert zero_variance_groups(scores, tol=0.0).tolist() == [True, False, False]
+
+
+def test_groups_without_signal_are_those_whose_every_token_advantage_is_0():
+    """Group 0 scored 1, 1; group 1 scored 0, 1. A group-relative estimator gives group 0 advantage 0 everywhere;
+    REINFORCE++ whitens over the batch (mean 0.75, so group 0's responses get +0.25/std): no group is flat. With a
+    process reward, group 0's step scores [1, 0] and [0, 1] give r − mean = ±0.5 (process_advantages): not flat
+    either, though each response's steps sum to 1; step scores all equal are flat, and with no outcome the step
+    scores decide alone."""
+    outcome = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    for estimator in ("group", "group_no_std", "rloo"):
+        assert groups_without_signal(estimator, outcome, None).tolist() == [True, False]
+        mask = torch.ones(4, 3)
+        assert token_advantages(estimator, outcome.flatten(), mask, 2)[:2].abs().max() == 0.0
+    assert groups_without_signal("reinforce_pp", outcome, None).tolist() == [False, False]
+    reinforce = token_advantages("reinforce_pp", outcome.flatten(), torch.ones(4, 3), 2)
+    assert reinforce[:2].abs().min() > 0
+    steps = [[[1.0, 0.0], [0.0, 1.0]], [[0.5], [0.5]]]
+    assert groups_without_signal("group", outcome, steps).tolist() == [False, False]
+    assert groups_without_signal("group", None, steps).tolist() == [False, True]
+    assert process_advantages(steps, [[[0, 1], [0, 1]], [[0], [0]]], length=2)[:2, 1].abs().min() > 0  # ±0.9998
+    assert groups_without_signal("group", None, [[[2.0], [2.0, 2.0]], [[1.0], []]]).tolist() == [True, True]
+    with pytest.raises(ValueError, match="neither"):
+        groups_without_signal("group", None, None)
 
 
 def test_overlong_penalty_by_hand():

@@ -23,6 +23,9 @@ def count_a_unless_hi(completions, prompts):
 def constant(completions):
     return [1.0] * len(completions)
 
+def hi_only(completions, prompts):
+    return [1.0 if "hi" in str(p) else 0.0 for p in prompts]
+
 def sentence_steps(completions):
     return [[1.0 if "a" in s else 0.0 for s in c.split(".")[:3]] or [0.0] for c in completions]
 
@@ -132,6 +135,19 @@ def test_equal_scores_warn_and_give_zero_loss_not_nan(llama_dir, setup, tmp_path
     assert all(m["groups/zero_variance_frac"] == 1.0 for m in metrics)
     assert all(m["advantage/mean"] == 0.0 and m["advantage/std"] == 0.0 and m["policy/loss"] == 0.0 for m in metrics)
     assert "scored all their responses equally" in capsys.readouterr().err
+
+
+def test_groups_scored_equally_teach_reinforce_pp_and_are_not_dropped(llama_dir, setup, tmp_path):
+    """Every group scores its responses equally, but the "hi" prompts 1 and the others 0: GRPO's group baseline
+    gives every token advantage 0 (every group flat), REINFORCE++'s batch baseline does not, so dynamic sampling
+    keeps its groups in one round and the step trains (it once dropped them all: "no update")."""
+    rules, prompts = setup
+    grpo = train(llama_dir, prompts, tmp_path / "grpo", [f"{rules}:hi_only"], train__max_steps=1)
+    assert grpo[0]["groups/zero_variance_frac"] == 1.0 and grpo[0]["advantage/std"] == 0.0
+    dynamic = dict(algo__dynamic_sampling=True, algo__max_sampling_rounds=3)
+    rpp = train(llama_dir, prompts, tmp_path / "rpp", [f"{rules}:hi_only"], algo__recipe="reinforce_pp", **dynamic)
+    assert all(m["groups/zero_variance_frac"] == 0.0 and m["sampling/rounds"] == 1 for m in rpp)
+    assert all(m["sampling/groups_kept"] == 4 and m["advantage/std"] > 0 for m in rpp)
 
 
 def test_dynamic_sampling_drops_flat_groups_and_fills_the_batch(llama_dir, setup, tmp_path):

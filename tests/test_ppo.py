@@ -105,6 +105,25 @@ def test_adaptive_controller_follows_its_update_rule_step_by_step(llama_dir, pro
     assert len(set(coefs)) > 1  # it moved
 
 
+def test_a_step_that_stops_its_updates_early_moves_the_schedule_on_as_planned(llama_dir, prompts, tmp_path):
+    """16 responses a step, minibatches of 8, 2 passes: 4 updates planned a step, 16 over 4 steps (the cosine's
+    length). A tiny target_approx_kl ends each step after its first pass (2 updates): step s ends at update
+    4 (s − 1) + 2, its lr base · warmup_cosine(4 (s − 1) + 2, 16, …), so the schedule reaches its end with the run
+    (it once ended half-way, at update 8 of 16, since skipped updates did not move it)."""
+    from tether.online_sections import updates_per_step
+    from tether.train.schedule import warmup_cosine
+
+    out = tmp_path / "early"
+    extra = dict(train__max_steps=4, algo__target_approx_kl=1e-9, optim__lr_schedule="cosine", train__eval_every=4)
+    cfg = ppo_config(llama_dir, prompts, out, **extra)
+    assert updates_per_step(cfg.algo, cfg.rollout) == 4
+    run_ppo(cfg, scorer=count_reward("a"))
+    metrics = read_metrics(out)
+    assert all(m["policy/early_stopped"] == 1.0 for m in metrics)
+    warmup, floor = cfg.optim.warmup(16), cfg.optim.min_lr_ratio
+    assert [m["lr"] for m in metrics] == [3e-3 * warmup_cosine(4 * s + 2, 16, warmup, floor) for s in range(4)]
+
+
 def test_lora_policy_uses_the_adapter_disabled_reference(llama_dir, prompts, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -206,6 +206,36 @@ def zero_variance_groups(scores: torch.Tensor, tol: float = 1e-8) -> torch.Tenso
     return (scores.max(-1).values - scores.min(-1).values) <= tol
 
 
+GROUP_BASELINES = ("group", "group_no_std", "rloo")  # estimators whose baseline is the response's own group
+
+
+def groups_without_signal(
+    estimator: str, outcome: torch.Tensor | None, step_scores: list[list[list[float]]] | None, tol: float = 1e-8
+) -> torch.Tensor:
+    """The groups whose every token advantage is 0: (N,) bool, for N groups.
+
+    A group teaches nothing when both parts of its advantage vanish: the outcome part — ``outcome`` (N, G), None
+    when the run has no outcome score — is group-relative (GROUP_BASELINES) with all G scores equal
+    (zero_variance_groups), and the process part — ``step_scores[i][j]``, the step scores of response j of prompt
+    i, None without a process reward — has all the group's step scores equal (r − mean = 0 for each,
+    process_advantages). REINFORCE++'s baseline is the batch's, so its equal-scored groups still carry signal
+    (docs/algorithms.md §5.4).
+    """
+    if outcome is None and step_scores is None:
+        raise ValueError("groups_without_signal: neither an outcome score nor step scores")
+    n = len(outcome) if outcome is not None else len(step_scores)
+    if outcome is None:
+        flat = torch.ones(n, dtype=torch.bool)
+    elif estimator in GROUP_BASELINES:
+        flat = zero_variance_groups(outcome, tol)
+    else:
+        flat = torch.zeros(n, dtype=torch.bool)
+    if step_scores is not None:
+        pooled = [[r for response in group for r in response] for group in step_scores]
+        flat &= torch.tensor([not rs or max(rs) - min(rs) <= tol for rs in pooled], dtype=torch.bool)
+    return flat
+
+
 from tether.algorithms.choices import ADVANTAGE_ESTIMATORS  # noqa: E402 - the names the settings offer
 
 

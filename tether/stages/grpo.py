@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tether.algorithms.advantages import process_advantages, token_advantages, zero_variance_groups
+from tether.algorithms.advantages import groups_without_signal, process_advantages, token_advantages
 from tether.algorithms.kl import kl_estimate
 from tether.algorithms.objectives import group_objective
 from tether.algorithms.policy import clip_fractions
@@ -36,7 +36,7 @@ from tether.train.online import Schedule, run_online, start_rollout_stage
 from tether.train.online_setup import load_online_models
 from tether.train.parallel import empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import attach_sampling
-from tether.train.schedule import build_optimizer
+from tether.train.schedule import advance_schedule, build_optimizer
 from tether.train.sharding import grad_norm_value, reshard, sharded_reward_model, sharding_line
 
 # dynamic sampling's top-up stream (with a rollout worker): its prompts' stream positions, which seed their responses
@@ -95,8 +95,9 @@ class GroupStage:
         self.cfg, self.tokenizer, self.policy, self.reference, self.scorer = cfg, tokenizer, policy, reference, scorer
         attach_sampling(self, cfg, tokenizer, policy, start, backend, sampling_copy)
         self.params = [q for q in policy.parameters() if q.requires_grad]
+        self.updates_per_step = updates_per_step(cfg.algo, cfg.rollout)
         self.optimizer, self.scheduler = build_optimizer(
-            self.params, cfg.optim, cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout)
+            self.params, cfg.optim, cfg.train.max_steps * self.updates_per_step
         )
         self.order = EpochOrder(len(self.prompts), cfg.train.seed)
         self.cursor = 0  # prompts drawn so far: dynamic sampling draws a varying number per step
@@ -217,7 +218,13 @@ class GroupStage:
             scores = gather_scores(dp, local[1])
             # ── keep the groups whose scores vary (all, without dynamic sampling) ──
             rows = [self.rows[i] for i in indices for _ in range(g)]
-            flat_zero = zero_variance_groups(scores.flat().view(-1, g))
+            flat_zero = groups_without_signal(
+                a.advantage,
+                scores.total.view(-1, g) if scores.has_outcome else None,
+                [scores.step_scores[i : i + g] for i in range(0, len(rows), g)]
+                if scores.step_scores is not None
+                else None,
+            )
             sampled, zero, rounds = sampled + len(indices), zero + int(flat_zero.sum()), rounds + 1
             keep = (~flat_zero).nonzero().flatten() if a.dynamic_sampling else torch.arange(len(indices))
             keep = keep[:needed]
@@ -267,6 +274,7 @@ class GroupStage:
                 self.queued = start + ro.prompts_per_step
 
     def step(self, step: int) -> tuple[dict, list]:
+        advance_schedule(self.scheduler, step * self.updates_per_step)  # a short step before moved it on as planned
         # ── sample and score the step's groups (dynamic sampling: rounds until enough vary); with a rollout worker
         # the later steps' prompts are queued first, so it samples them while this step updates — after this step's
         # rounds with dynamic sampling, whose top-up rounds would otherwise wait behind the next step's prompts ──

@@ -37,7 +37,7 @@ from tether.train.online import Schedule, run_online, start_rollout_stage
 from tether.train.online_setup import Extra, load_online_models
 from tether.train.parallel import empty_rollout, gather_rollout, gather_scores
 from tether.train.sampling import attach_sampling
-from tether.train.schedule import build_optimizer
+from tether.train.schedule import advance_schedule, build_optimizer
 from tether.train.sharding import (
     grad_norm_value,
     is_sharded,
@@ -74,7 +74,8 @@ class PPOStage:
             scorer,
         )
         attach_sampling(self, cfg, tokenizer, policy, start, backend, sampling_copy)
-        updates = cfg.train.max_steps * updates_per_step(cfg.algo, cfg.rollout)
+        self.updates_per_step = updates_per_step(cfg.algo, cfg.rollout)
+        updates = cfg.train.max_steps * self.updates_per_step
         self.optimizer, self.scheduler = build_optimizer(policy.parameters(), cfg.optim, updates)
         self.critic_optimizer, self.critic_scheduler = build_optimizer(
             critic.parameters(), cfg.optim, updates, lr=cfg.critic.lr
@@ -150,6 +151,8 @@ class PPOStage:
 
     def step(self, step: int) -> tuple[dict, list]:
         ro, g, dp = self.cfg.rollout, self.cfg.rollout.group_size, self.dp
+        for scheduler in (self.scheduler, self.critic_scheduler):  # a step stopped early moved them on as planned
+            advance_schedule(scheduler, step * self.updates_per_step)
         t0 = time.perf_counter()
         indices, picked, seeds = self.share(step)
         self.queue_ahead(step)

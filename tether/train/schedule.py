@@ -66,3 +66,17 @@ def build_optimizer(params, optim, total_updates: int, lr: float | None = None):
     else:
         multiplier = lambda s: warmup_cosine(s, total_updates, warmup, optim.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+
+
+def advance_schedule(scheduler, planned_updates: int) -> None:
+    """Move ``scheduler`` (build_optimizer's LambdaLR) on to the run's ``planned_updates``-th update when fewer
+    updates were taken: an online step that skips some (PPO's KL early stop, a GRPO step short of varied groups)
+    moves the schedule on all the same, so it follows the run's steps and reaches lr · min_lr_ratio at the last
+    planned update as documented, instead of stretching. The learning rate set is what LambdaLR.step sets."""
+    if scheduler.last_epoch >= planned_updates:
+        return
+    scheduler.last_epoch = planned_updates
+    lrs = [base * multiplier(planned_updates) for base, multiplier in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() returns: LambdaLR.step keeps it the same way

@@ -1,7 +1,8 @@
 """Models: loading local Hugging Face causal LMs and tokenizers, LoRA, precision and tiny test models (``lm``); the
 run's chat template and its options (``chat``); reward models with named heads (``reward``); a causal LM read as a judge (``judge``); how sequences are laid
 into rows, padded, packed or as prompt-sharing trees (``packing``); vision-language models: telling one, its processor, its vision tower and
-tiny random ones (``vision``); checks a loaded model must pass (``checks``); sharded parameters
+tiny random ones (``vision``); a model or tokenizer folder checked before transformers reads it (``folders``);
+checks a loaded model must pass (``checks``); sharded parameters
 (``shards``: FSDP2's DTensors); the count of every forward, by phase (``work``); and what torch can run on this
 CPU (``cpu``).
 

@@ -23,7 +23,8 @@ from tether.algorithms.logprobs import at_least_float32
 from tether.algorithms.masks import last_action_index
 from tether.config import ConfigError
 from tether.models.cpu import refuse_bf16_attention_where_torch_cannot
-from tether.models.lm import DTYPES, _check_dir, check_model_folder, is_peft, lora_config
+from tether.models.folders import check_dir, check_model_folder
+from tether.models.lm import DTYPES, is_peft, lora_config
 from tether.models.packing import pad_sequences, tree_attention_mask
 from tether.models.shards import is_sharded, reshard
 from tether.models.vision import VISION_TOWER_MODULES, freeze_vision_tower, is_vision_language, load_processor
@@ -118,7 +119,7 @@ def load_reward_model(
     trust_remote_code: bool = False,
 ) -> RewardModel:
     """From a reward-model folder (heads as saved) or a causal-LM folder (new, zero-initialised heads)."""
-    path = _check_dir(path, "model")
+    path = check_dir(path, "model")
     check_model_folder(path, "reward model" if (path / "reward_normalization.json").is_file() else "model")
     torch_dtype = "auto" if dtype == "auto" else DTYPES[dtype]
     if is_vision_language(path):
@@ -376,7 +377,7 @@ def process_reward_separator(path: str | Path) -> str:
     """The step separator a `tether prm` folder was trained with (config.json's tether_step_separator), read before
     any weight loads. A folder without the 'step' head is refused naming what it is: a causal LM would get a new
     zero head (every step scored ½), an outcome reward model scores whole texts, not steps."""
-    path = _check_dir(path, "model")
+    path = check_dir(path, "model")
     check_model_folder(path, "model")
     config = json.loads((path / "config.json").read_text())
     what, heads = f"--process-reward-model {path}", list((config.get("id2label") or {}).values())

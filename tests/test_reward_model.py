@@ -225,6 +225,60 @@ def test_overfitting_run_fires_the_detector_and_stops(llama256, lab_prefs, tmp_p
     assert (tmp_path / "rm" / "best" / "reward_normalization.json").is_file()
 
 
+def test_an_early_stopped_run_killed_before_final_resumes_to_the_same_end(llama256, lab_prefs, tmp_path, monkeypatch):
+    """The stop is kept with its checkpoint: killed before final/, the resumed run trains no further (it once trained
+    on to --max-steps past the stop) and writes the uninterrupted run's final/ and summary; killed after final/ and
+    before summary.json, it writes them again (it once refused: 'nothing left to train')."""
+    from conftest import kill_before_final
+    from safetensors.torch import load_file
+
+    from tether.stages import rm as rm_stage
+    from tether.train import offline_run
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("\n".join((lab_prefs / "prefs.jsonl").read_text().splitlines()[:48]) + "\n")
+    settings = dict(train__epochs=60.0, train__eval_every=5, train__save_every=5, rm__early_stop=True)
+    cfg = lambda out, **kw: rm_config(llama256, small, lab_prefs / "prefs_eval.jsonl", out, **settings, **kw)
+    whole = run_rm(cfg(tmp_path / "whole"))
+    assert whole["steps"] == whole["overfit_alarm_step"] < 180
+    kill_before_final(monkeypatch, rm_stage)
+    with pytest.raises(KeyboardInterrupt):
+        run_rm(cfg(tmp_path / "killed"))
+    monkeypatch.undo()
+    assert not (tmp_path / "killed" / "final").exists()
+    resumed = run_rm(cfg(tmp_path / "killed", train__resume=True))
+    weights = [load_file(tmp_path / out / "final" / "model.safetensors") for out in ("whole", "killed")]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    for out in ("whole", "killed"):
+        assert (tmp_path / out / "best" / "reward_normalization.json").is_file()
+    # the resumed run's probes score the held-out answers again (the final evaluation's scores are not at hand:
+    # texts_scored counts that work), in other batches, so its statistics of the same weights differ by float32
+    # rounding: 284 scores (|r| < 10 here) by at most 284 · 2⁻²⁴ · 10 ≈ 2e-4 in their mean; everything else is equal
+    scored = ("normalization", "probes")
+
+    def leaves(tree, path=""):
+        if isinstance(tree, dict):
+            return {k: v for key in tree for k, v in leaves(tree[key], f"{path}/{key}").items()}
+        return {path: tree}
+
+    for key in scored:
+        got, want = leaves(resumed[key]), leaves(whole[key])
+        got.pop("/texts_scored", None), want.pop("/texts_scored", None)
+        numbers = {k for k, v in want.items() if isinstance(v, float)}
+        assert {k: got[k] for k in numbers} == pytest.approx({k: want[k] for k in numbers}, abs=2e-4, rel=0)
+        assert {k: v for k, v in got.items() if k not in numbers} == {k: v for k, v in want.items() if k not in numbers}
+    other = ("wall_s", "peak_memory", "resumed_from", *scored)
+    assert {k: v for k, v in resumed.items() if k not in other} == {k: v for k, v in whole.items() if k not in other}
+    # killed after final/, before summary.json: resumed, the tail is written again
+    (tmp_path / "killed" / "summary.json").unlink()
+    monkeypatch.setattr(offline_run, "write_json", lambda path, data: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        run_rm(cfg(tmp_path / "killed", train__resume=True))
+    monkeypatch.undo()
+    again = run_rm(cfg(tmp_path / "killed", train__resume=True))
+    assert again["steps"] == whole["steps"] and (tmp_path / "killed" / "summary.json").is_file()
+
+
 @pytest.mark.slow
 def test_rm_learns_the_lab_preferences_and_writes_probes_and_normalisation(llama256, lab_prefs, tmp_path):
     out = tmp_path / "rm"

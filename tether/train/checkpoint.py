@@ -176,6 +176,12 @@ def save_checkpoint(
     return final
 
 
+def saved_state(checkpoint: Path) -> dict:
+    """The trainer state a checkpoint holds (its step, the stage's state; ``stopped_early`` when the run stopped
+    there: resumed from it, the run trains no further)."""
+    return json.loads((checkpoint / STATE_FILE).read_text())
+
+
 def load_training_state(
     checkpoint: Path, optimizer, scheduler, process_index: int, extra: dict | None = None, sharded_model=None
 ) -> dict:
@@ -189,7 +195,7 @@ def load_training_state(
             "reads tensors and JSON only, so it cannot resume from it. Start afresh (--overwrite), or "
             "from its weights: --model " + str(checkpoint)
         )
-    state = json.loads((checkpoint / STATE_FILE).read_text())
+    state = saved_state(checkpoint)
     if sharded_model is not None:  # a sharded run's optimizer state is keyed by parameter name (train/sharding.py)
         load_optimizer_state(sharded_model, optimizer, load_state(checkpoint / "optimizer"))
     else:

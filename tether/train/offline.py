@@ -253,8 +253,10 @@ def train_offline(
     checkpoint_state: Callable[[], dict] = dict,
     evaluate_fn: Callable[[int], dict] | None = None,
     on_eval: Callable[[int, dict], bool] | None = None,
+    resumed_eval: dict | None = None,
 ) -> tuple[dict[str, float], int]:
-    """Run optimizer steps start_step..total_steps-1; return (last eval metrics, steps done).
+    """Run optimizer steps start_step..total_steps-1; return (last eval metrics, steps done). ``resumed_eval``: the
+    last evaluation the resumed checkpoint kept (what a run with no step left reports).
 
     ``evaluate_fn(step)`` replaces the default held-out loss evaluation; ``on_eval(step, metrics)`` sees every
     evaluation and returns True to stop early (a checkpoint is written at that step).
@@ -264,7 +266,7 @@ def train_offline(
     order = EpochOrder(len(train_examples), settings.seed)
     unit = getattr(objective, "unit", "units")
     params = [p for p in model.parameters() if p.requires_grad]
-    last_eval: dict[str, float] = {}
+    last_eval: dict[str, float] = dict(resumed_eval or {})
     model.train()
     for step in range(start_step, settings.total_steps):
         t0 = time.perf_counter()
@@ -297,16 +299,12 @@ def train_offline(
             metrics.update(last_eval)
         logger.log(metrics)
         if settings.save_every and (done % settings.save_every == 0 or is_last or stop):
+            # the last evaluation and a stop are kept with the checkpoint: resumed from it with no step left, the run
+            # ends there and reports them, as the uninterrupted one did
+            figures = {k: v for k, v in last_eval.items() if isinstance(v, (int, float))}
+            state = {**checkpoint_state(), "last_eval": figures, **({"stopped_early": True} if stop else {})}
             save_checkpoint(
-                accelerator,
-                model,
-                tokenizer,
-                optimizer,
-                scheduler,
-                done,
-                output,
-                checkpoint_state(),
-                settings.keep_checkpoints,
+                accelerator, model, tokenizer, optimizer, scheduler, done, output, state, settings.keep_checkpoints
             )
         if stop:
             return last_eval, done

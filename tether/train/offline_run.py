@@ -14,7 +14,7 @@ from typing import Callable
 from tether.console import console
 from tether.data.records import read_records, tokenize_split
 from tether.models.lm import length_limit
-from tether.train.checkpoint import load_training_state, save_final
+from tether.train.checkpoint import load_training_state, save_final, saved_state
 from tether.train.logger import MetricsLogger
 from tether.train.offline import loop_settings, train_offline
 from tether.train.run import announce, check_steps_left, close_run, closing_line, peak_memory, write_json
@@ -156,11 +156,13 @@ def run_offline(
     logger = offline_logger(run.cfg, acc, run.out, run.config, run.start_step, run.total_steps, run.name)
     if before is not None:
         before(logger)
+    saved = saved_state(run.checkpoint) if run.checkpoint is not None else {}
     last_eval, steps_done = run_offline_loop(
         run.cfg,
         acc,
         logger,
-        run.total_steps,
+        run.start_step if saved.get("stopped_early") else run.total_steps,  # a stop's checkpoint: no step after it
+        resumed_eval=saved.get("last_eval"),
         model=run.model,
         optimizer=run.optimizer,
         scheduler=run.scheduler,

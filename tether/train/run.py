@@ -323,11 +323,11 @@ def _defaults(config_cls):
 
 
 def check_steps_left(start_step: int, total_steps: int, checkpoint: Path | None) -> None:
-    """A resumed run must have steps left — or, killed after its last checkpoint and before final/, only final/ and
-    the summary to write (the loops then run no step and finish)."""
+    """A resumed run must have steps left — or, killed after its last checkpoint and before its summary, only final/
+    (written again whole) and the summary to write (the loops then run no step and finish)."""
     if checkpoint is None or start_step < total_steps:
         return
-    if start_step == total_steps and not (checkpoint.parent / "final").exists():
+    if start_step == total_steps and not (checkpoint.parent / "summary.json").exists():
         console.print(f"resuming from {checkpoint.name}, the last step: no step left, writing final/ and the summary")
         return
     raise ConfigError(

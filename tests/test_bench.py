@@ -301,3 +301,21 @@ def test_compare_labs_finds_each_changed_figure_and_sets_two_labs_side_by_side(t
     assert rows["sft"] == ["10.0", "12.0", "1.20"] and rows["eval"] == ["4.0", "4.0", "1.00"]
     assert rows["ppo"] == ["25.0", "28.0", "1.12"]  # ppo_kl0 and ppo_kl0.2 summed
     assert out.rstrip().endswith("40.0     44.0   1.10")
+
+
+@pytest.mark.parametrize(
+    "flag, value, said",
+    [
+        ("--precisions", "fp16", "precisions: fp16 is not one of fp32, bf16"),
+        ("--precisions", "fp32,", "precisions: '' is not one of fp32, bf16"),
+        ("--models", "7b", "models: 7b is not one of lab, 29m"),
+        ("--models", "lab,7b,1b", "models: 7b, 1b are not one of lab, 29m"),
+    ],
+)
+def test_unknown_model_sizes_and_precisions_are_named_with_the_allowed_ones(flag, value, said, capsys):
+    """They were a KeyError from inside the benchmark, after the matmul peak had been timed."""
+    from tether.cli import main
+
+    assert main(["bench", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert f"tether bench: error: command line: bench section: {said}\n" == err

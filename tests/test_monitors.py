@@ -17,6 +17,7 @@ from tether.diagnostics.monitors import (
     score_and_kl_rising,
 )
 from tether.diagnostics.watch import AlarmWatch, check_all
+from tether.errors import ConfigError
 
 S = MonitorSettings()
 
@@ -373,3 +374,49 @@ def test_a_stop_on_alarm_keeps_the_checkpoint_before_it_or_best(llama_dir, tmp_p
     assert all(torch.equal(final[k], kept[k]) for k in kept)
     if keep == "before":
         assert any(not torch.equal(final[k], at_alarm[k]) for k in kept)  # the policy did change from 2 to 4
+
+
+# ---- settings from the command line (`tether diagnose --set NAME=VALUE`) and their ranges
+
+
+@pytest.mark.parametrize(
+    "item, said",
+    [
+        ("kl_window=2.5", "--set kl_window=2.5: kl_window takes a whole number"),
+        ("task_drop=abc", "--set task_drop=abc: task_drop takes a number"),
+        ("task_drop=nan", "--set task_drop=nan: task_drop takes a number"),
+        ("kl_window=0", "kl_window=0: must be a whole number >= 1"),
+        ("entropy_window=-1", "entropy_window=-1: must be a whole number >= 1"),
+        ("evidence=-1", "evidence=-1: must be a whole number >= 0"),
+    ],
+)
+def test_diagnose_set_names_the_setting_and_the_type_it_takes(item, said, tmp_path, capsys):
+    """They were a bare ValueError traceback (int("2.5"), float("abc")) or an IndexError deep in a monitor (a window
+    of 0 steps has no last step)."""
+    from tether.cli import main
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(["diagnose", str(tmp_path), "--set", item]) == 2
+    err = capsys.readouterr().err
+    assert f"tether diagnose: error: {said}" in err and "Traceback" not in err
+
+
+def test_monitor_settings_check_their_windows_and_counts():
+    with pytest.raises(ConfigError, match="kl_window=0: must be a whole number >= 1"):
+        MonitorSettings(kl_window=0)
+    with pytest.raises(ConfigError, match="surge_n=2.5: must be a whole number >= 1"):
+        MonitorSettings(surge_n=2.5)
+    with pytest.raises(ConfigError, match="min_samples=True: must be a whole number >= 1"):
+        MonitorSettings(min_samples=True)
+    assert MonitorSettings(evidence=0, kl_window=1).kl_window == 1  # no samples quoted; a one-step window
+
+
+def test_a_setting_read_from_text_takes_its_defaults_type():
+    """bool("false") is True: a true/false setting reads the words."""
+    from tether.cli.tools import setting_from_text
+
+    assert setting_from_text("x", False, "true") is True and setting_from_text("x", True, "False") is False
+    assert setting_from_text("x", 1, "3") == 3 and setting_from_text("x", 0.5, "1e-2") == 0.01
+    assert setting_from_text("x", ("a",), "b,c") == ("b", "c") and setting_from_text("x", "k", "v") == "v"
+    with pytest.raises(ConfigError, match="--set x=1: x takes true or false"):
+        setting_from_text("x", False, "1")

@@ -202,6 +202,16 @@ class BenchSection(Section):
         False, "Also time forward + backward under torch.compile: the compilation, the steady step, the pay-back."
     )
 
+    def check(self):
+        from tether.diagnostics.bench import PRECISIONS, SIZES  # the table read when the section is built
+
+        for name, allowed in (("models", tuple(SIZES)), ("precisions", PRECISIONS)):
+            unknown = [v for v in getattr(self, name).split(",") if v not in allowed]
+            if unknown:
+                shown = ", ".join(v or "''" for v in unknown)
+                verb = "is" if len(unknown) == 1 else "are"
+                raise ConfigError(f"{name}: {shown} {verb} not one of {', '.join(allowed)}")
+
 
 @dataclass(frozen=True)
 class BenchCommand(CommandConfig):
@@ -252,7 +262,8 @@ class DiagnoseCommand(CommandConfig):
 
 
 def monitor_settings(items: tuple[str, ...]):
-    """--set NAME=VALUE items as MonitorSettings, each value read as its default is typed (a tuple: A,B,...)."""
+    """--set NAME=VALUE items as MonitorSettings, each value read as its default is typed (a tuple: A,B,...); the
+    settings' ranges are MonitorSettings' own checks."""
     import dataclasses
 
     from tether.diagnostics.monitors import MonitorSettings
@@ -263,9 +274,31 @@ def monitor_settings(items: tuple[str, ...]):
         name, _, raw = item.partition("=")
         if name not in fields:
             raise ConfigError(f"--set {item}: no monitor setting {name!r}; settings are {sorted(fields)}")
-        default = fields[name].default
-        values[name] = tuple(raw.split(",")) if isinstance(default, tuple) else type(default)(raw)
+        values[name] = setting_from_text(name, fields[name].default, raw)
     return MonitorSettings(**values)
+
+
+def setting_from_text(name: str, default, raw: str):
+    """``raw`` (the text after --set NAME=) as ``default`` is typed: true/false for a bool (bool("false") is True), a
+    whole number for an int, a finite number for a float, A,B,... for a tuple, else the text."""
+    import math
+
+    if isinstance(default, tuple):
+        return tuple(raw.split(","))
+    if isinstance(default, bool):
+        if raw.lower() not in ("true", "false"):
+            raise ConfigError(f"--set {name}={raw}: {name} takes true or false")
+        return raw.lower() == "true"
+    if isinstance(default, (int, float)):
+        kind = int if isinstance(default, int) else float
+        try:
+            value = kind(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ConfigError(f"--set {name}={raw}: {name} takes {'a whole number' if kind is int else 'a number'}")
+        return value
+    return raw
 
 
 def run_diagnose_command(cfg: DiagnoseCommand) -> None:

@@ -26,17 +26,53 @@ def api_input(stage: str, name: str, online: bool) -> str:
     return target
 
 
+# A LoraConfig's fields tether reads, and those that change nothing tether builds: peft's bookkeeping, the task
+# (tether's model decides it), fan_in_fan_out (peft sets it from each layer's type) and fields read only together
+# with one refused here (megatron_core with megatron_config, qalora_group_size with use_qalora). Any other field
+# away from LoraConfig()'s default is refused, so a field a new peft adds is refused until it is listed here.
+PEFT_READ = ("r", "lora_alpha", "lora_dropout", "target_modules")
+PEFT_HARMLESS = (
+    "task_type",
+    "peft_type",
+    "auto_mapping",
+    "peft_version",
+    "base_model_name_or_path",
+    "revision",
+    "fan_in_fan_out",
+    "megatron_core",
+    "qalora_group_size",
+)
+
+
 def peft_settings(config) -> dict:
-    """A peft ``LoraConfig`` (TRL's peft_config=) as tether's settings; anything tether's LoRA does not build is
-    refused by name."""
+    """A peft ``LoraConfig`` (TRL's peft_config=) as tether's settings; every field away from LoraConfig()'s default
+    that tether's LoRA does not build (rank_pattern, bias, use_dora, ...) is refused by name, all at once."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(config) or getattr(config, "peft_type", None) != "LORA":
+        raise ConfigError(f"peft_config: expected a peft LoraConfig, got {type(config).__name__}")
+    default = type(config)()
+    unbuilt = [
+        f"peft_config.{f.name}={getattr(config, f.name)!r}"
+        for f in dataclasses.fields(config)
+        if f.name not in PEFT_READ + PEFT_HARMLESS and getattr(config, f.name) != getattr(default, f.name)
+    ]
+    if unbuilt:
+        raise ConfigError(f"{', '.join(unbuilt)}: not built in tether's LoRA; leave them at peft's defaults")
     out = {"lora_r": int(config.r), "lora_alpha": float(config.lora_alpha), "lora_dropout": float(config.lora_dropout)}
     targets = config.target_modules
     if targets:
         out["lora_target_modules"] = [targets] if isinstance(targets, str) else sorted(targets)
-    for name, plain in (("use_dora", False), ("use_rslora", False), ("modules_to_save", None)):
-        if getattr(config, name, plain) not in (plain, [], ()):
-            raise ConfigError(f"peft_config.{name}={getattr(config, name)!r}: not built in tether's LoRA")
     return out
+
+
+def warmup_setting(value) -> tuple[str, object]:
+    """transformers 5's warmup_steps as tether's setting: a number strictly between 0 and 1 is a fraction of the run
+    (warmup_ratio), anything else a count of updates (warmup_steps, as given). The flat key warmup_steps is also
+    tether's own flag name, whose whole numbers keep their meaning: no value tether takes there is read otherwise."""
+    if isinstance(value, float) and 0 < value < 1:
+        return "warmup_ratio", value
+    return "warmup_steps", value
 
 
 @dataclass(frozen=True)
@@ -78,8 +114,9 @@ def args_settings(args) -> dict:
         if value is None or (f.name == "max_steps" and value == -1):  # not set (-1: train by epochs, tether's 0)
             continue
         mine = f.name == "output_dir" or value != getattr(baseline, f.name, None) or bool(same.get(f.name))
-        if f.name == "warmup_steps":  # transformers 5: a count from 1 up, a fraction of the run below 1
-            key, value = ("warmup_steps", int(value)) if value >= 1 else ("warmup_ratio", float(value))
+        if f.name == "warmup_steps":  # its 0 is no warm-up, where tether's warmup_steps 0 defers to warmup_ratio
+            key, value = ("warmup_ratio", 0.0) if value == 0 else warmup_setting(value)
+            value = int(value) if key == "warmup_steps" else value
             out[key] = value if mine else TheirDefault(value)
         elif mine:
             out[f.name] = value

@@ -181,16 +181,16 @@ def _batch_sizes(stage: str, given: dict, notes: list[str]) -> dict[str, object]
             steps = math.ceil(_number(given, "max_steps", 1) / updates)
             out["train.max_steps"] = steps
             notes.append(f"TRL's max_steps counts optimizer updates ({updates} per rollout here): max_steps {steps}")
-    elif stage == "ppo":
-        prompts = b * a * world
+    elif stage == "ppo":  # TRL's PPOTrainer: mini_batch_size = B·A·N, batch_size = mini_batch_size·num_mini_batches
         minis = _number(given, "num_mini_batches", 1)
-        if prompts % minis:
-            raise ConfigError(f"num_mini_batches={minis} does not divide the batch of {prompts} prompts")
-        out |= {"rollout.prompts_per_step": prompts, "algo.minibatch": 0 if minis == 1 else prompts // minis}
+        minibatch = b * a * world
+        prompts = minibatch * minis
+        out |= {"rollout.prompts_per_step": prompts, "algo.minibatch": 0 if minis == 1 else minibatch}
         if "total_episodes" in given:
             out["train.max_steps"] = math.ceil(_number(given, "total_episodes", 1) / prompts)
         notes.append(
-            f"TRL's batch sizes read as tether's: prompts_per_step {prompts}, minibatch {out['algo.minibatch'] or 'whole'}"
+            f"TRL's batch sizes read as tether's: {b} per device x accumulation {a} x {world} process(es) = minibatch "
+            f"{minibatch}, x {minis} mini-batch(es) = prompts_per_step {prompts}"
         )
     else:
         stated = given.get("batch_size")  # tether's own name, stated too: per_device is the micro-batch
@@ -225,14 +225,23 @@ def _batches(k: Keys) -> dict:
 
 
 def _lora_switch(k: Keys) -> dict:
-    """TRL's use_peft and LLaMA-Factory's finetuning_type: lora turn LoRA on, at each project's default rank."""
-    if not (k.given.get("use_peft") or k.given.get("finetuning_type") == "lora"):
+    """TRL's use_peft and LLaMA-Factory's LoRA keys turn LoRA on at each project's defaults: TRL's lora_r 16 and
+    lora_alpha 32; LLaMA-Factory's lora_rank 8 (finetuning_type lora, its default, or a lora_rank given) and
+    lora_alpha = 2 · lora_rank (its FinetuningArguments.__post_init__)."""
+    given = k.given
+    if given.get("use_peft"):
+        peft = {"lora_r": 16, "lora_alpha": 32.0}
+    elif given.get("finetuning_type") == "lora" or (
+        given.get("finetuning_type") is None and given.get("lora_rank") is not None
+    ):
+        rank = _number(given, "lora_rank", _number(given, "lora_r", 8))
+        peft = {"lora_r": 8, "lora_alpha": 2.0 * rank}
+    else:
         return {}
-    peft = {"lora_r": 16, "lora_alpha": 32.0} if k.given.get("use_peft") else {"lora_r": 8}
     return {
         k.flags["--" + key.replace("_", "-")]: value
         for key, value in peft.items()
-        if key not in k.given and not (key == "lora_r" and "lora_rank" in k.given)
+        if given.get(key) is None and not (key == "lora_r" and given.get("lora_rank") is not None)
     }
 
 
@@ -296,6 +305,28 @@ def _llamafactory_stage(k: Keys) -> dict:
     return out
 
 
+def _llamafactory_ppo(k: Keys) -> dict:
+    """LLaMA-Factory's PPO (its stage ppo, or its ppo_target) is TRL's old PPOConfig(target=ppo_target), whose
+    adaptive KL controller (adap_kl_ctrl) is on by default: β adapts towards ppo_target (6 nats unless given).
+    tether's adaptive_kl is off by default, so it is turned on, unless given."""
+    lf_ppo = k.given.get("stage") == "ppo" or k.given.get("ppo_target") is not None
+    if k.stage != "ppo" or not lf_ppo or k.given.get("adaptive_kl") is not None:
+        return {}
+    k.notes.append(
+        "LLaMA-Factory's PPO adapts β towards ppo_target (TRL's adap_kl_ctrl, on by default): adaptive_kl on"
+    )
+    return {k.flags["--adaptive-kl"]: True}
+
+
+def _cosine_floor(k: Keys) -> dict:
+    """transformers' cosine decays to 0 (0.5 · (1 + cos(π · progress)) at progress 1), tether's to lr · min_lr_ratio
+    (0.1 by default): 0 when the schedule is lr_scheduler_type's, unless min_lr_ratio is given."""
+    if k.given.get("lr_scheduler_type") != "cosine" or k.given.get("min_lr_ratio") is not None:
+        return {}
+    k.notes.append("lr_scheduler_type cosine decays to 0, as in transformers: min_lr_ratio 0")
+    return {k.flags["--min-lr-ratio"]: 0.0}
+
+
 def _llamafactory_datasets(k: Keys) -> dict:
     """dataset / eval_dataset: names in dataset_dir's dataset_info.json, read as that registry's entries."""
     out: dict[str, object] = {}
@@ -319,7 +350,9 @@ DERIVATIONS = (
     _openrlhf,
     _dpo_loss_list,
     _llamafactory_stage,
+    _llamafactory_ppo,
     _llamafactory_datasets,
+    _cosine_floor,
 )
 
 

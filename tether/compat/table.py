@@ -75,7 +75,12 @@ NAMES = [
     Foreign("output_dir", HF, "--output"),
     Foreign("num_train_epochs", HF, "--epochs"),
     Foreign("warmup_ratio", HF, "--warmup-ratio"),
-    Foreign("warmup_steps", HF, "--warmup-steps"),
+    Foreign(
+        "warmup_steps",
+        HF,
+        "--warmup-steps",
+        note="a number between 0 and 1 is transformers 5's fraction of the run: --warmup-ratio",
+    ),
     Foreign("weight_decay", HF, "--weight-decay"),
     Foreign("max_grad_norm", HF, "--max-grad-norm"),
     Foreign("adam_beta1", HF, "--adam-beta1"),
@@ -97,10 +102,28 @@ NAMES = [
     _values(
         "fp16", HF, "", {False: None}, "fp16 autocast is not built: --mixed-precision bf16, or --dtype fp16 weights"
     ),
-    _values("lr_scheduler_type", HF, "--lr-schedule", SCHEDULES, "linear and the others are not built in tether"),
+    _values(
+        "lr_scheduler_type",
+        HF,
+        "--lr-schedule",
+        SCHEDULES,
+        "cosine decays to 0, as in transformers (min_lr_ratio 0 unless given); for cosine_with_min_lr write "
+        "lr_scheduler_type: cosine and min_lr_ratio: R (R = min_lr_rate, or min_lr / learning_rate); linear and the "
+        "others are not built in tether",
+    ),
+    _refused(
+        "lr_scheduler_kwargs",
+        HF,
+        "tether's cosine is transformers' half cycle (num_cycles 0.5); its floor is min_lr_ratio (transformers' "
+        "min_lr_rate, or min_lr / learning_rate)",
+    ),
     _values("torch_dtype", HF, "--dtype", DTYPES),
     _values("dtype", TRL, "--dtype", DTYPES),
-    _derived("per_device_train_batch_size", HF, "offline stages: " + OFFLINE_BATCH_NOTE + "; grpo: " + BATCH_NOTE),
+    _derived(
+        "per_device_train_batch_size",
+        HF,
+        "offline stages: " + OFFLINE_BATCH_NOTE + "; grpo: " + BATCH_NOTE + "; ppo: see num_mini_batches",
+    ),
     _derived("gradient_accumulation_steps", HF, "with per_device_train_batch_size: see there"),
     _values("use_cpu", HF, "--device", {True: "cpu", False: None}),
     _ignored("disable_tqdm", HF, "tether prints its own progress: a bar in a terminal, a line every log_every steps"),
@@ -188,8 +211,14 @@ NAMES = [
         "num_generations (tether's --generation-batch is another thing: responses per generate() call)",
         stages=("grpo",),
     ),
-    _derived("num_mini_batches", TRL, "minibatch = prompts_per_step / num_mini_batches", stages=("ppo",)),
-    _derived("total_episodes", TRL, "max_steps = total_episodes / prompts_per_step", stages=("ppo",)),
+    _derived(
+        "num_mini_batches",
+        TRL,
+        "TRL's PPO: B·A·N prompts per optimizer update (B per device, A accumulation, N processes): minibatch = B·A·N "
+        "(0, the whole rollout, when num_mini_batches is 1) and prompts_per_step = B·A·N · num_mini_batches",
+        stages=("ppo",),
+    ),
+    _derived("total_episodes", TRL, "max_steps = ⌈total_episodes / prompts_per_step⌉", stages=("ppo",)),
     _derived(
         "reward_funcs",
         TRL,
@@ -279,9 +308,9 @@ NAMES = [
         LF,
         "",
         {"lora": None, "full": None},
-        "freeze is not built (full: no LoRA; lora: lora_rank, 8 when not given)",
+        "freeze is not built (full: no LoRA; lora: lora_rank, 8 when not given, lora_alpha twice the rank)",
     ),
-    Foreign("lora_rank", LF, "--lora-r"),
+    Foreign("lora_rank", LF, "--lora-r", note="lora_alpha 2 · lora_rank when not given, as LLaMA-Factory sets it"),
     Foreign("lora_target", LF, "--lora-target-modules", note="all: every linear layer (all-linear)"),
     Foreign(
         "cutoff_len",
@@ -314,7 +343,12 @@ NAMES = [
         "to train only the last, give the earlier turns as the prompt (prompt/completion rows)",
     ),
     Foreign("val_size", LF, "--eval-fraction"),
-    Foreign("pref_beta", LF, {"dpo": "--beta"}),
+    Foreign(
+        "pref_beta",
+        LF,
+        {"dpo": "--beta"},
+        note="with pref_loss orpo: --orpo-lambda (LLaMA-Factory's ORPO is sft_loss + pref_beta · odds-ratio loss)",
+    ),
     _values("pref_loss", LF, "--loss", PREF_LOSSES, stages=("dpo",)),
     Foreign("pref_ftx", LF, "--sft-coef", stages=("dpo",)),
     Foreign("simpo_gamma", LF, "--simpo-gamma", stages=("dpo",)),
@@ -323,7 +357,13 @@ NAMES = [
     Foreign("reward_model", LF, "--reward-model", stages=ONLINE),
     _values("reward_model_type", LF, "", {"full": None}, "lora and api reward models are not built", stages=ONLINE),
     Foreign("ppo_epochs", LF, "--update-epochs", stages=("ppo",)),
-    Foreign("ppo_target", LF, "--target-kl", stages=("ppo",)),
+    Foreign(
+        "ppo_target",
+        LF,
+        "--target-kl",
+        stages=("ppo",),
+        note="with --adaptive-kl, which LLaMA-Factory's PPO (stage ppo, or ppo_target) turns on unless given",
+    ),
     _ignored(
         "template",
         LF,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from tether.compat.args import TheirDefault
+from tether.compat.args import TheirDefault, warmup_setting
 from tether.compat.derive import derive
 from tether.compat.lookup import _also, _entry, _target, knows, problem_report
 from tether.compat.table import INDEX, LF_STAGES
@@ -74,6 +74,8 @@ def translate_key(stage: str, key: str, value, values: dict, flags: dict) -> tup
     trl_weights = partner is not None and (isinstance(value, (list, tuple)) or partner in values)
     if value is None and (own is not None or knows(key)):
         return {}, "", ""  # TRL and LLaMA-Factory write null for "not set" (a config dump holds many)
+    if key == "warmup_steps" and warmup_setting(value)[0] == "warmup_ratio":
+        return {flags["--warmup-ratio"]: value}, "", ""  # transformers 5's fraction of the run
     if own is not None and not trl_weights:
         return {own: value}, "", ""
     entry = _entry(stage, key, flags)
@@ -107,8 +109,10 @@ def translate_key(stage: str, key: str, value, values: dict, flags: dict) -> tup
         )
     if key == "lora_target" or key == "lora_target_modules":
         value = ["all-linear" if v == "all" else v for v in (value.split(",") if isinstance(value, str) else value)]
+    if key == "pref_beta" and values.get("pref_loss") == "orpo":  # LLaMA-Factory's ORPO: sft + pref_beta · odds ratio
+        target = "--orpo-lambda"
     out = {flags[target]: value}
-    if key in ("epsilon", "cliprange") and "epsilon_high" not in values:
+    if key in ("epsilon", "cliprange") and values.get("epsilon_high") is None:  # TRL: None is epsilon
         out[flags["--clip-high"]] = value
     return out, "", ""
 

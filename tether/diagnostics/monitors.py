@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from tether.algorithms.comparisons import rate_difference_se, reaches
+from tether.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,13 @@ class MonitorSettings:
     # image_shift); the same rule as `tether rm`'s image probe on held-out pairs
     image_shift_min: float = 0.25
     evidence: int = 3  # samples quoted per alarm
+
+    def __post_init__(self):
+        # the windows, n-gram sizes and sample counts: a window of 0 steps has no last step to read
+        for f in fields(self):
+            value, least = getattr(self, f.name), 0 if f.name == "evidence" else 1
+            if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise ConfigError(f"{f.name}={value!r}: must be a whole number >= {least}")
 
 
 @dataclass

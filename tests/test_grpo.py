@@ -303,7 +303,7 @@ def test_trainable_params_freezes_everything_else(llama_dir, setup, tmp_path):
 
 
 def test_a_run_whose_responses_are_all_truncated_says_so_loudly(capsys):
-    from tether.train.online import warn_if_truncated
+    from tether.train.logger import warn_if_truncated
 
     assert warn_if_truncated({"step": 1, "rollout/truncated_frac": 1.0}, -10) == 1
     assert "100% of the responses hit max_new_tokens without a stop token" in capsys.readouterr().err

@@ -376,6 +376,34 @@ def test_a_stop_on_alarm_keeps_the_checkpoint_before_it_or_best(llama_dir, tmp_p
         assert any(not torch.equal(final[k], at_alarm[k]) for k in kept)  # the policy did change from 2 to 4
 
 
+def test_a_run_stopped_on_alarm_and_killed_before_final_resumes_to_the_same_end(llama_dir, tmp_path, monkeypatch):
+    """The stop is kept with the checkpoint of its step: killed before final/, the resumed run trains no further
+    and writes the final/ the stop chose (checkpoint-2's model: alarm_final=before) — it once trained on past the
+    stop from checkpoint-4."""
+    import torch
+    from conftest import kill_before_final
+    from safetensors.torch import load_file
+
+    from tether.stages.ppo import run_ppo
+    from tether.train import online
+
+    out, settings = tmp_path / "run", {"optim.lr": 3e-3, "train.save_every": 2, "train.alarm_final": "before"}
+    cfg = entropy_alarm_ppo(llama_dir, tmp_path, monkeypatch, **settings)
+    kill_before_final(monkeypatch, online)
+    with pytest.raises(KeyboardInterrupt):
+        run_ppo(cfg)
+    monkeypatch.undo()
+    assert (out / "checkpoint-4").is_dir() and not (out / "final").exists()
+    summary = run_ppo(entropy_alarm_ppo(llama_dir, tmp_path, monkeypatch, **settings, **{"train.resume": True}))
+    assert summary["stopped_at"] == 4 and summary["final_from"] == "checkpoint-2"
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    final, kept = (load_file(str(out / name / "model.safetensors")) for name in ("final", "checkpoint-2"))
+    assert all(torch.equal(final[k], kept[k]) for k in kept)
+    # a stop that finished (summary.json written) resumed again continues: the alarm judged false (docs/monitors.md)
+    run_ppo(entropy_alarm_ppo(llama_dir, tmp_path, monkeypatch, **settings, **{"train.resume": True}))
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["step"] > 4
+
+
 # ---- settings from the command line (`tether diagnose --set NAME=VALUE`) and their ranges
 
 

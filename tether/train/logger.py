@@ -197,3 +197,19 @@ class MetricsLogger:
 def _short(key: str, value: float) -> str:
     name = key.split("/", 1)[-1] if key.startswith("train/") else key
     return f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
+
+
+def warn_if_truncated(metrics: dict, warned_at: int, share: float = 0.9) -> int:
+    """Say so loudly when most of a step's responses ran out of tokens (at most once every 10 steps); returns the
+    step of the last warning. A run whose every response is cut off trains on text the model never ends."""
+    frac = metrics.get("rollout/truncated_frac")
+    step = metrics["step"]
+    if frac is None or frac < share or step - warned_at < 10:
+        return warned_at
+    console.print(
+        f"step {step}: {frac:.0%} of the responses hit max_new_tokens without a stop token. "
+        "Raise max_new_tokens, or check the stop set in the plan: a model that ends its turns with a token "
+        "outside it never stops (its EOS and the chat template's end-of-turn token are in it).",
+        style="bold yellow",
+    )
+    return step

@@ -157,11 +157,13 @@ def run_offline(
     if before is not None:
         before(logger)
     saved = saved_state(run.checkpoint) if run.checkpoint is not None else {}
+    # a stop whose tail (final/, summary.json) was cut short ends the resumed run there; a finished one continues
+    stopped = saved.get("stopped_early", False) and not (run.out / "summary.json").exists()
     last_eval, steps_done = run_offline_loop(
         run.cfg,
         acc,
         logger,
-        run.start_step if saved.get("stopped_early") else run.total_steps,  # a stop's checkpoint: no step after it
+        run.start_step if stopped else run.total_steps,
         resumed_eval=saved.get("last_eval"),
         model=run.model,
         optimizer=run.optimizer,

@@ -27,7 +27,7 @@ from tether.models.vision import is_vision_language
 from tether.models.work import counting, phase, section
 from tether.rewards.functions import RewardFunctionError
 from tether.train.checkpoint import load_training_state, rng_state, save_checkpoint, save_final, set_rng_state
-from tether.train.logger import MetricsLogger
+from tether.train.logger import MetricsLogger, warn_if_truncated
 from tether.train.parallel import DataParallel
 from tether.train.run import announce, close_run, closing_line, peak_memory, write_json
 from tether.train.sharding import is_dtensor, is_sharded
@@ -142,6 +142,7 @@ class _Run:
         self.accelerator, self.dp = accelerator, DataParallel(accelerator)
         self.history, self.best = [], {"value": None, "step": None}  # evaluations so far, and best/'s
         self.audit_since = [0.0, 0.0]  # the audit's responses since the last evaluation, and their sum (--audit)
+        self.stopped = False  # resumed from a stop on alarm's checkpoint (restore)
         if evaluate_fn is not None and is_sharded(stage.sampling_policy):
             raise ConfigError(
                 "--fsdp with rollout.backend=vllm: a task evaluation (the lab's) runs on process 0 alone, on an "
@@ -175,6 +176,9 @@ class _Run:
         self.stage.load_state(saved.get("stage", {}))
         if self.scorer is not None:  # the saved counts are the sums over processes: process 0 carries them on
             self.scorer.restore_error_counts(saved.get("reward_errors", {}) if self.dp.rank == 0 else {})
+        # a stop whose tail (final/, summary.json) was cut short ends the resumed run there; a finished one resumed
+        # continues (docs/monitors.md: the alarm judged false)
+        self.stopped = saved.get("stopped_on_alarm", False) and not (self.out / "summary.json").exists()
         return saved["step"]
 
     @property
@@ -240,7 +244,7 @@ class _Run:
             )
         return res
 
-    def save(self, done: int, keep_before: bool = False) -> None:
+    def save(self, done: int, keep_before: bool = False, stopped: bool = False) -> None:
         """checkpoint-<done>; ``keep_before``: rotated keeping one more, the one before it (alarm_final=before)."""
         keep = self.schedule.keep_checkpoints
         state = {
@@ -249,6 +253,7 @@ class _Run:
             "audit_since": self.audit_since,
             "eval_history": self.history,
             "reward_errors": self.error_counts(),
+            "stopped_on_alarm": stopped,  # resumed from it, the run trains no further: it ends as the stop did
         }
         save_checkpoint(
             self.accelerator,
@@ -311,22 +316,6 @@ def saved_with(stage):
     """What a stage's model folders are saved with: a vision-language model's processor (its tokenizer, image
     processor and template, train/sampling.py), else the tokenizer."""
     return getattr(getattr(stage, "sampler", None), "processor", None) or stage.tokenizer
-
-
-def warn_if_truncated(metrics: dict, warned_at: int, share: float = 0.9) -> int:
-    """Say so loudly when most of a step's responses ran out of tokens (at most once every 10 steps); returns the
-    step of the last warning. A run whose every response is cut off trains on text the model never ends."""
-    frac = metrics.get("rollout/truncated_frac")
-    step = metrics["step"]
-    if frac is None or frac < share or step - warned_at < 10:
-        return warned_at
-    console.print(
-        f"step {step}: {frac:.0%} of the responses hit max_new_tokens without a stop token. "
-        "Raise max_new_tokens, or check the stop set in the plan: a model that ends its turns with a token "
-        "outside it never stops (its EOS and the chat template's end-of-turn token are in it).",
-        style="bold yellow",
-    )
-    return step
 
 
 def _same_start(run: "_Run", stage: OnlineStage) -> None:
@@ -411,10 +400,10 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
     )
     baseline = run.evaluate_or_stop(0) if start_step == 0 else {}
     monitor = RunMonitor(out, schedule.stop_on_alarm, stops=schedule.alarm_stops)
-    stopped_at, warned_truncation = None, -10
+    stopped_at, warned_truncation = (start_step if run.stopped else None), -10
     trained_peak = None
     try:
-        for step in range(start_step, schedule.total_steps):
+        for step in range(start_step, start_step if run.stopped else schedule.total_steps):
             before = run.snapshot()
             try:
                 if run.scorer is not None:  # the reward functions' trainer_state
@@ -444,7 +433,7 @@ def _train(stage, schedule, start: "OnlineStart", title, evaluate_fn, t_start, c
             if done == schedule.total_steps or stop:  # the training's peak, before the last checkpoint's gathers
                 trained_peak = peak_memory(accelerator)
             if schedule.save_at(done) or stop:
-                run.save(done, keep_before=stop and schedule.alarm_final == "before")
+                run.save(done, keep_before=stop and schedule.alarm_final == "before", stopped=stop)
             if stop:
                 console.print(f"stopping at step {done}: --stop-on-alarm", style="bold red")
                 stopped_at = done

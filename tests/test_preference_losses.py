@@ -243,8 +243,8 @@ def test_a_weighted_sum_of_losses_by_hand():
 
 
 def test_the_losses_said_to_read_label_smoothing_are_those_it_changes():
-    """dpo_config.LABEL_SMOOTHING_LOSSES (what the config lets take ε) against the formulas: ε moves exactly these."""
-    from tether.stages.dpo_config import LABEL_SMOOTHING_LOSSES
+    """choices.LABEL_SMOOTHING_LOSSES (what the config lets take ε) against the formulas: ε moves exactly these."""
+    from tether.algorithms.choices import LABEL_SMOOTHING_LOSSES
 
     logps, refs, tokens = torch.tensor([[-10.0, -11.0]]), torch.tensor([[-12.0, -10.0]]), torch.tensor([[5.0, 10.0]])
     moved = {

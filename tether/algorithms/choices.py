@@ -19,6 +19,9 @@ PREFERENCE_LOSSES = (
     "weighted",
 )  # algorithms/preference.py
 COMPOSABLE_LOSSES = ("sigmoid", "cdpo", "robust", "ipo", "ipo_norm", "hinge")  # loss weighted's parts
+# the losses whose formula has the flip rate ε (algorithms/preference.py; weighted reads it through these parts): the
+# config refuses ε with any other, where it would change nothing (tests/test_preference_losses.py checks the formulas)
+LABEL_SMOOTHING_LOSSES = ("cdpo", "robust")
 UNPAIRED_LOSSES = ("kto",)  # one labelled completion per example: algorithms/preference.py kto_loss
 OFF_POLICY_CORRECTIONS = (
     "token_truncate",

@@ -5,17 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from tether.algorithms.choices import LABEL_SMOOTHING_LOSSES, UNPAIRED_LOSSES
 from tether.algorithms.choices import PREFERENCE_LOSSES as PAIR_LOSSES
-from tether.algorithms.choices import UNPAIRED_LOSSES
 from tether.config import ConfigError, Section, StageConfig, option
 from tether.online_sections import JudgeSection, RewardSection, SamplingSection
 from tether.sections import AlarmOptions, DataSection, OptimSection, PolicySection, TrainSection
 
 DEFAULT_BETA = {"simpo": 2.0}  # every other loss: 0.1
-# The losses whose formula has the flip rate ε (algorithms/preference.py; weighted reads it through these parts).
-# Any other loss would train as if ε were 0, so the config refuses ε there; tests/test_preference_losses.py checks
-# that ε changes exactly these losses.
-LABEL_SMOOTHING_LOSSES = ("cdpo", "robust")
 
 
 @dataclass(frozen=True)
